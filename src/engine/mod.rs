@@ -1,0 +1,1 @@
+//! Reactors, pollers, timers and cross-core mailboxes.

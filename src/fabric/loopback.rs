@@ -1,0 +1,1 @@
+//! In-process fabric with fault injection.

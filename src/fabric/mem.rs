@@ -1,0 +1,319 @@
+//! Registered memory: owned buffers ([`MemBuf`]), registrations ([`Mr`]) and
+//! fast-registration slots ([`FastMr`]).
+//!
+//! RDMA memory is shared with the hardware (or, on the software fabrics, with the
+//! peer's receive path): a peer may write into a registration at any time its rkey is
+//! valid. So registered memory is never handed out as a long-lived `&mut [u8]`; it is
+//! read and written by copying ([`Mr::read_at`], [`Mr::write_at`]) or through the
+//! `unsafe` slice accessors whose callers state why nobody else writes meanwhile (RTRS
+//! owns a chunk or a buffer between a request's post and its response).
+
+use std::alloc::{self, Layout};
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Alignment of [`MemBuf`]: a page, as registered memory usually is.
+pub const MEM_ALIGN: usize = 4096;
+
+/// A zeroed, page-aligned heap buffer, the usual thing to register.
+pub struct MemBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: MemBuf owns its allocation exclusively; the bytes are plain data.
+unsafe impl Send for MemBuf {}
+// SAFETY: shared access only hands out raw pointers or copies; see the module doc.
+unsafe impl Sync for MemBuf {}
+
+impl MemBuf {
+    /// Allocates `len` zeroed bytes aligned to [`MEM_ALIGN`].
+    ///
+    /// # Panics
+    /// When `len` is 0 or the allocation fails (as `Vec` does on out-of-memory).
+    pub fn zeroed(len: usize) -> MemBuf {
+        assert!(len > 0, "MemBuf of zero bytes");
+        let layout = Layout::from_size_align(len, MEM_ALIGN).expect("MemBuf layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        MemBuf { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for MemBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, MEM_ALIGN).expect("MemBuf layout");
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl fmt::Debug for MemBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemBuf({:p}, {} bytes)", self.ptr, self.len)
+    }
+}
+
+/// The memory behind a registration: owned, or the caller's (see
+/// [`super::Fabric::register_raw`]). Shared by the [`Mr`] and by whatever in the backend
+/// may still touch it, so it outlives every access.
+#[derive(Debug)]
+pub enum Backing {
+    Owned(MemBuf),
+    External { addr: *mut u8, len: usize },
+}
+
+// SAFETY: an External backing is the caller's promise (register_raw's contract) that
+// the memory is valid from any thread for the registration's lifetime.
+unsafe impl Send for Backing {}
+// SAFETY: as above; access goes through raw pointers and copies only.
+unsafe impl Sync for Backing {}
+
+impl Backing {
+    pub fn addr(&self) -> *mut u8 {
+        match self {
+            Backing::Owned(b) => b.as_ptr(),
+            Backing::External { addr, .. } => *addr,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Backing::Owned(b) => b.len(),
+            Backing::External { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A memory registration. Dropping it deregisters first, then frees owned memory.
+pub struct Mr {
+    lkey: u32,
+    rkey: u32,
+    access: super::Access,
+    // Field order is drop order: the backend's registration goes before the memory.
+    handle: Box<dyn Any + Send + Sync>,
+    backing: Arc<Backing>,
+}
+
+impl Mr {
+    /// For backends: assembles a registration. `handle` is the backend's own state
+    /// (deregistration on drop); `backing` is the memory.
+    pub fn from_parts(
+        lkey: u32,
+        rkey: u32,
+        access: super::Access,
+        handle: Box<dyn Any + Send + Sync>,
+        backing: Arc<Backing>,
+    ) -> Mr {
+        Mr { lkey, rkey, access, handle, backing }
+    }
+
+    /// For backends: their state, to check a registration is theirs.
+    pub fn handle(&self) -> &(dyn Any + Send + Sync) {
+        &*self.handle
+    }
+
+    /// For backends: the memory, to keep it alive while they access it.
+    pub fn backing(&self) -> &Arc<Backing> {
+        &self.backing
+    }
+
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    pub fn access(&self) -> super::Access {
+        self.access
+    }
+
+    /// Virtual address of the first byte (also the iova peers use with the rkey).
+    pub fn addr(&self) -> u64 {
+        self.backing.addr() as u64
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.backing.addr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.backing.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backing.is_empty()
+    }
+
+    /// An SGE for `[offset, offset+len)` of this registration.
+    ///
+    /// # Panics
+    /// When the range is outside the registration or `len` exceeds `u32::MAX`.
+    pub fn sge(&self, offset: usize, len: usize) -> super::Sge {
+        self.check(offset, len);
+        super::Sge { addr: self.addr() + offset as u64, len: len as u32, lkey: self.lkey }
+    }
+
+    /// Copies `data` into the registration at `offset`.
+    ///
+    /// # Panics
+    /// When the range is outside the registration.
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: in bounds (checked); the memory is valid while `self` lives. Concurrent
+        // remote writes to the same bytes are a protocol error of the caller, not UB in
+        // this copy's own bookkeeping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the registration.
+    ///
+    /// # Panics
+    /// When the range is outside the registration.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: as in write_at.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Borrows `[offset, offset+len)`.
+    ///
+    /// # Safety
+    /// Nothing (local code or a peer through an rkey) may write those bytes while the
+    /// slice lives.
+    ///
+    /// # Panics
+    /// When the range is outside the registration.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        self.check(offset, len);
+        // SAFETY: in bounds; exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.as_ptr().add(offset), len) }
+    }
+
+    /// Borrows `[offset, offset+len)` mutably.
+    ///
+    /// # Safety
+    /// Nothing else may read or write those bytes while the slice lives.
+    ///
+    /// # Panics
+    /// When the range is outside the registration.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        self.check(offset, len);
+        // SAFETY: in bounds; exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr().add(offset), len) }
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        let end = offset.checked_add(len).expect("Mr range overflows");
+        assert!(
+            end <= self.len() && len <= u32::MAX as usize,
+            "range {offset}..{end} outside registration of {} bytes",
+            self.len()
+        );
+    }
+}
+
+impl fmt::Debug for Mr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+/// A fast-registration slot (an rkey with no memory until bound by
+/// [`super::SendOp::RegMr`]). Its current rkey advances with every binding.
+pub struct FastMr {
+    rkey: AtomicU32,
+    handle: Box<dyn Any + Send + Sync>,
+}
+
+impl FastMr {
+    /// For backends: a slot with its initial rkey and the backend's state.
+    pub fn from_parts(rkey: u32, handle: Box<dyn Any + Send + Sync>) -> FastMr {
+        FastMr { rkey: AtomicU32::new(rkey), handle }
+    }
+
+    /// For backends.
+    pub fn handle(&self) -> &(dyn Any + Send + Sync) {
+        &*self.handle
+    }
+
+    /// For backends: records the rkey a posted binding installed.
+    pub fn set_rkey(&self, rkey: u32) {
+        self.rkey.store(rkey, Ordering::Release);
+    }
+
+    /// The rkey of the latest binding posted (the initial one before any).
+    pub fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for FastMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FastMr(rkey {:#x})", self.rkey())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn membuf_is_zeroed_and_aligned() {
+        let b = MemBuf::zeroed(10_000);
+        assert_eq!(b.as_ptr() as usize % MEM_ALIGN, 0);
+        // SAFETY: freshly allocated, exclusively owned here.
+        let s = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+        assert!(s.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn mr_copies_and_bounds() {
+        let mr = Mr::from_parts(
+            1,
+            2,
+            crate::fabric::Access::LOCAL_WRITE,
+            Box::new(()),
+            Arc::new(Backing::Owned(MemBuf::zeroed(64))),
+        );
+        mr.write_at(60, &[1, 2, 3, 4]);
+        let mut out = [0u8; 4];
+        mr.read_at(60, &mut out);
+        assert_eq!(out, [1, 2, 3, 4]);
+        let sge = mr.sge(8, 16);
+        assert_eq!((sge.addr - mr.addr(), sge.len, sge.lkey), (8, 16, 1));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mr.write_at(61, &[0; 4])));
+        assert!(r.is_err());
+    }
+}

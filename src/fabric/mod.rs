@@ -1,0 +1,584 @@
+//! The fabric: the subset of RDMA verbs that RTRS uses, as a trait every backend meets.
+//!
+//! RTRS (like the kernel's `rtrs.c`) needs reliable-connected queue pairs, memory
+//! registration with remote keys, fast re-registration and invalidation of those keys,
+//! one-sided RDMA WRITE (with and without immediate data), two-sided SEND, and a
+//! connection manager that carries 56 bytes of private data on REQ, REP and REJ.
+//! Nothing here knows about RTRS; nothing in RTRS knows which backend it runs on.
+//!
+//! # The contract every backend meets
+//!
+//! The conformance suite (`tests/fabric_conformance.rs`) checks each point below against
+//! every backend, unchanged.
+//!
+//! **Memory.** [`Fabric::register`] registers memory and returns an [`Mr`] with an lkey
+//! and an rkey. Addresses are virtual addresses of the registering process: an
+//! [`Sge`] names local memory as `(addr, len, lkey)`, a remote operation names peer
+//! memory as `(remote_addr, rkey)`. A backend checks every local SGE against its lkey
+//! (a violation completes that work request with [`WcStatus::LocalProtection`]) and
+//! every incoming remote access against its own registrations: rkey known and valid,
+//! the access right granted, `[addr, addr+len)` inside the region. A violation
+//! completes the sender's work request with [`WcStatus::RemoteAccess`] and breaks the
+//! connection on both sides. Zero-length remote writes check no key.
+//!
+//! **Fast registration.** A [`FastMr`] is a key slot with no memory of its own. Posting
+//! [`SendOp::RegMr`] binds it to a range of a registered [`Mr`] with the given access
+//! and the given new rkey (callers pass [`inc_rkey`] of the slot's current rkey, as the
+//! kernel's `ib_inc_rkey`). The binding takes effect in send-queue order: operations
+//! posted after it on the same connection, and every peer operation that learned the key
+//! from one of them, see it. [`SendOp::LocalInv`] and an incoming [`SendOp::SendWithInv`]
+//! retire an rkey; later accesses with it are remote-access errors. Over verbs a slot is a
+//! type-2 memory window (userspace verbs has no REG_MR work request); the peer only ever
+//! sees rkeys, so the wire is the same as the kernel's.
+//!
+//! **Work requests.** [`Conn::post_send`] takes a chain: all of it is accepted or, on the
+//! first bad request, nothing from that one on ([`PostError::index`] says which). A send
+//! work request occupies a send-queue slot from posting until a completion is generated
+//! for it or for a later request on the same connection; with the queue full a post fails
+//! with [`PostErrorKind::QueueFull`] (verbs' `ENOMEM`) and the caller retries after
+//! polling. Unsignaled requests generate no completion when they succeed, so a caller
+//! must signal at least every `max_send_wr`-th request (RTRS signals every
+//! `signal_interval`-th). Receives ([`Conn::post_recv`]) have no buffer (for
+//! RDMA_WRITE_WITH_IMM and data-less SEND_WITH_INV) or one small buffer.
+//!
+//! **Completions.** [`Conn::poll_cq`] fills a caller-owned slice with [`Wc`]s and returns
+//! how many; it never blocks and never allocates. On the software fabrics it is also
+//! where the connection makes progress (socket reads and writes, delivery), so a
+//! connection that nobody polls makes none. A receive completion reports the opcode
+//! ([`WcOpcode::Recv`] or [`WcOpcode::RecvRdmaWithImm`]), `byte_len` (bytes received, or
+//! bytes written by an RDMA_WRITE_WITH_IMM), the immediate data in host order, and the
+//! rkey invalidated by a SEND_WITH_INV.
+//!
+//! **Ordering.** As on an RC queue pair: operations from one connection reach the peer in
+//! posting order, and the data of an RDMA WRITE is in place before the peer sees the
+//! completion of any later operation (for example the immediate of a response).
+//! Completions of one connection come out in the order the work completed.
+//!
+//! **Receive not ready.** A SEND or RDMA_WRITE_WITH_IMM arriving when the peer has no
+//! receive posted waits until one is posted (RTRS connects with `rnr_retry_count = 7`,
+//! which retries for ever); nothing is dropped and later operations wait behind it.
+//!
+//! **Errors and disconnect.** After a connection breaks (error, peer gone, or
+//! [`Conn::disconnect`]) every receive still posted and every send request not yet
+//! completed comes out of [`Conn::poll_cq`] with [`WcStatus::WrFlush`], and further posts
+//! fail with [`PostErrorKind::NotConnected`]. Both sides see [`CmEvent::Disconnected`].
+//!
+//! **Connection manager.** [`Fabric::connect`] returns at once with a connection whose
+//! [`Conn::poll_cm`] later yields [`CmEvent::Established`] with the acceptor's private
+//! data, [`CmEvent::Rejected`] with the rejector's, or [`CmEvent::Error`]. A
+//! [`Listener`] yields [`ConnRequest`]s carrying the initiator's private data; the
+//! acceptor answers with [`ConnRequest::accept`] or [`ConnRequest::reject`], each with up
+//! to [`PRIVATE_DATA_LEN`] bytes. An accepted connection also yields `Established`.
+//! Private data arrives zero-padded to the length the transport carries, never shorter
+//! than what was sent.
+//!
+//! **Threads.** A connection is polled and posted to by one thread at a time (it is
+//! `Send`, not `Sync`); registrations ([`Mr`], [`FastMr`]) may be used from any thread.
+//! Peers may live on different threads.
+
+pub mod mem;
+pub mod soft;
+
+pub mod loopback;
+pub mod tcp;
+pub mod verbs;
+
+use std::fmt;
+use std::net::SocketAddr;
+
+pub use mem::{FastMr, MemBuf, Mr};
+
+/// Largest private data carried on a connect request, accept or reject (as RDMA CM over
+/// InfiniBand: 56 bytes; RTRS's conn_req and conn_rsp are exactly this long).
+pub const PRIVATE_DATA_LEN: usize = 56;
+
+/// The next rkey of a fast-registration slot: the low 8 bits (the "key" part) advance,
+/// the index bits stay. Same as the kernel's `ib_inc_rkey`.
+#[inline]
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & 0xffff_ff00) | (rkey.wrapping_add(1) & 0xff)
+}
+
+/// Access rights of a registration, as verbs' `IBV_ACCESS_*`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No remote access; the memory may still be read locally as a send source.
+    pub const NONE: Access = Access(0);
+    /// The HCA may write the memory locally (receive buffers, RDMA READ targets).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may RDMA WRITE into the memory. Verbs requires `LOCAL_WRITE` with it.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may RDMA READ the memory (RTRS never issues reads; kept for completeness).
+    pub const REMOTE_READ: Access = Access(4);
+
+    /// The raw bits, as `IBV_ACCESS_*` values.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    /// Whether every right in `other` is granted here.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Both sets of rights.
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if self.contains(Access::LOCAL_WRITE) {
+            parts.push("LOCAL_WRITE");
+        }
+        if self.contains(Access::REMOTE_WRITE) {
+            parts.push("REMOTE_WRITE");
+        }
+        if self.contains(Access::REMOTE_READ) {
+            parts.push("REMOTE_READ");
+        }
+        if parts.is_empty() {
+            parts.push("NONE");
+        }
+        write!(f, "{}", parts.join("|"))
+    }
+}
+
+/// A scatter/gather element naming local registered memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Virtual address inside the registration named by `lkey`.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key of the registration ([`Mr::lkey`]).
+    pub lkey: u32,
+}
+
+/// What a send work request does.
+#[derive(Clone, Copy, Debug)]
+pub enum SendOp<'a> {
+    /// Two-sided send of the SGEs' bytes into the peer's next receive.
+    Send,
+    /// Send with 32 bits of immediate data (host order) reported in the peer's completion.
+    SendWithImm { imm: u32 },
+    /// Send that also invalidates `rkey` in the peer's registrations (remote invalidation).
+    SendWithInv { rkey: u32 },
+    /// One-sided write of the SGEs' bytes to peer memory; the peer sees no completion.
+    RdmaWrite { remote_addr: u64, rkey: u32 },
+    /// One-sided write that also consumes a peer receive and reports `imm` (host order)
+    /// there. With no SGEs it writes nothing and `remote_addr`/`rkey` are ignored.
+    RdmaWriteWithImm { remote_addr: u64, rkey: u32, imm: u32 },
+    /// Fast registration: bind `slot` to `[addr, addr+len)` of `region` with `access`
+    /// and the new key `rkey` (normally `inc_rkey(slot.rkey())`).
+    RegMr {
+        slot: &'a FastMr,
+        region: &'a Mr,
+        addr: u64,
+        len: u32,
+        access: Access,
+        rkey: u32,
+    },
+    /// Retire `rkey` (a fast-registration slot's current key) locally.
+    LocalInv { rkey: u32 },
+}
+
+/// A send work request: one element of a chain given to [`Conn::post_send`].
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    pub op: SendOp<'a>,
+    /// Local memory to send or write. Must be empty for `RegMr` and `LocalInv`.
+    pub sges: &'a [Sge],
+    /// Generate a completion on success (failures always generate one).
+    pub signaled: bool,
+}
+
+/// A receive work request: no buffer, or one small buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sge: Option<Sge>,
+}
+
+/// Completion status, as verbs' `ibv_wc_status` (the subset RTRS can see).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcStatus {
+    #[default]
+    Success,
+    /// An incoming message was longer than the receive buffer.
+    LocalLength,
+    /// A local SGE was outside its registration or named an unknown lkey.
+    LocalProtection,
+    /// A local operation failed (for example a bind of a range outside its region).
+    LocalQpOperation,
+    /// The peer refused the access: unknown or retired rkey, missing right, out of bounds.
+    RemoteAccess,
+    /// The peer could not execute the request (for example invalidating an unknown key).
+    RemoteInvalidRequest,
+    /// The connection broke before the request completed.
+    WrFlush,
+    /// The transport failed (peer unreachable, connection reset).
+    Transport,
+}
+
+impl WcStatus {
+    pub fn is_ok(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// What completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcOpcode {
+    #[default]
+    Send,
+    RdmaWrite,
+    RegMr,
+    LocalInv,
+    /// A receive consumed by a SEND (with or without imm or invalidate).
+    Recv,
+    /// A receive consumed by an RDMA_WRITE_WITH_IMM.
+    RecvRdmaWithImm,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Receives: bytes received, or bytes written by an RDMA_WRITE_WITH_IMM.
+    pub byte_len: u32,
+    /// Immediate data, host order.
+    pub imm: Option<u32>,
+    /// The local rkey a SEND_WITH_INV invalidated.
+    pub invalidated_rkey: Option<u32>,
+}
+
+/// Queue sizes of a connection (as `ibv_qp_cap` plus the CQ size derived from them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 2 }
+    }
+}
+
+/// Private data of a CM exchange: up to [`PRIVATE_DATA_LEN`] bytes, inline.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PrivateData {
+    bytes: [u8; PRIVATE_DATA_LEN],
+    len: u8,
+}
+
+impl PrivateData {
+    /// Copies `data`; fails with its length when it is longer than [`PRIVATE_DATA_LEN`].
+    pub fn new(data: &[u8]) -> Result<PrivateData, FabricError> {
+        if data.len() > PRIVATE_DATA_LEN {
+            return Err(FabricError::PrivateDataTooLong { len: data.len() });
+        }
+        let mut bytes = [0u8; PRIVATE_DATA_LEN];
+        bytes[..data.len()].copy_from_slice(data);
+        Ok(PrivateData { bytes, len: data.len() as u8 })
+    }
+
+    pub fn empty() -> PrivateData {
+        PrivateData { bytes: [0; PRIVATE_DATA_LEN], len: 0 }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PrivateData({} bytes)", self.len)
+    }
+}
+
+/// A connection-manager event of one connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// The connection is up; carries the acceptor's private data (empty on the acceptor).
+    Established { private_data: PrivateData },
+    /// The acceptor refused; carries its private data (RTRS puts a conn_rsp with the
+    /// errno there; the kernel reads it only when the length is right).
+    Rejected { private_data: PrivateData },
+    /// The connection went away: peer disconnect, local disconnect, or a transport error
+    /// after establishment.
+    Disconnected,
+    /// Establishment failed (address unreachable, refused, timed out).
+    Error { reason: String },
+}
+
+/// State of a connection as the connection manager sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    Connecting,
+    Connected,
+    /// Broken or disconnected; outstanding work flushes.
+    Disconnected,
+}
+
+/// Which backend a fabric is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FabricKind {
+    Loopback,
+    Tcp,
+    Verbs,
+}
+
+impl fmt::Display for FabricKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FabricKind::Loopback => "loopback",
+            FabricKind::Tcp => "tcp",
+            FabricKind::Verbs => "verbs",
+        })
+    }
+}
+
+/// Limits of a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FabricCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    /// Largest length one registration or one fast-registration binding may cover.
+    pub max_mr_size: u64,
+}
+
+/// A device context with its protection domain: registrations and connections made
+/// through one fabric belong together (as `ibv_pd` in verbs).
+pub trait Fabric: Send + Sync {
+    fn kind(&self) -> FabricKind;
+
+    fn caps(&self) -> FabricCaps;
+
+    /// Registers an owned buffer; the [`Mr`] keeps it alive.
+    ///
+    /// # Errors
+    /// [`FabricError::Register`] when the backend refuses (size, resources).
+    fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError>;
+
+    /// Registers memory the caller owns (for example buffers from SPDK's allocator).
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must be valid for reads and writes, and must stay allocated and
+    /// not be used through Rust references that assume exclusive access while the
+    /// returned [`Mr`] (and any fast registration bound to it) exists.
+    ///
+    /// # Errors
+    /// As [`Fabric::register`].
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, FabricError>;
+
+    /// Allocates a fast-registration slot; it is bound by posting [`SendOp::RegMr`].
+    ///
+    /// # Errors
+    /// [`FabricError::Register`] when the backend has no slot left.
+    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError>;
+
+    /// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
+    ///
+    /// # Errors
+    /// [`FabricError::Listen`] naming the address and the failing call.
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
+
+    /// Starts connecting to `dst`; the result arrives as a [`CmEvent`] on the connection.
+    ///
+    /// # Errors
+    /// [`FabricError::Connect`] when the attempt cannot even start (bad address, no
+    /// device); later failures come as [`CmEvent::Error`] or [`CmEvent::Rejected`].
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError>;
+}
+
+/// One reliable connection: a queue pair with its own completion queue.
+pub trait Conn: Send {
+    /// Posts a chain of send work requests.
+    ///
+    /// # Errors
+    /// [`PostError`] with the index of the first request not accepted.
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
+
+    /// Posts receives.
+    ///
+    /// # Errors
+    /// [`PostError`] with the index of the first receive not accepted.
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError>;
+
+    /// Makes progress and moves up to `wcs.len()` completions into `wcs`.
+    fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize;
+
+    /// The next connection-manager event, if any. Polling it also makes progress.
+    fn poll_cm(&mut self) -> Option<CmEvent>;
+
+    /// Starts a graceful disconnect; both sides then see [`CmEvent::Disconnected`].
+    fn disconnect(&mut self);
+
+    fn state(&self) -> ConnState;
+
+    fn caps(&self) -> QpCaps;
+
+    /// The peer's address, once known.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+
+    /// This end's address, once known.
+    fn local_addr(&self) -> Option<SocketAddr>;
+}
+
+/// A listening endpoint.
+pub trait Listener: Send {
+    /// The next incoming connection request, if any. Never blocks.
+    fn poll(&mut self) -> Option<ConnRequest>;
+
+    fn local_addr(&self) -> SocketAddr;
+}
+
+/// An incoming connection request, answered by [`accept`](ConnRequest::accept) or
+/// [`reject`](ConnRequest::reject). Dropping it unanswered rejects it with no data.
+pub struct ConnRequest {
+    pub private_data: PrivateData,
+    pub peer: SocketAddr,
+    pub pending: Box<dyn PendingConn>,
+}
+
+impl fmt::Debug for ConnRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnRequest")
+            .field("private_data", &self.private_data)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl ConnRequest {
+    /// Accepts with `private_data` (≤ 56 bytes) and queues sized by `caps`.
+    ///
+    /// # Errors
+    /// [`FabricError::Accept`] when the connection cannot be created or the peer is gone.
+    pub fn accept(self, caps: QpCaps, private_data: &[u8]) -> Result<Box<dyn Conn>, FabricError> {
+        let pd = PrivateData::new(private_data)?;
+        self.pending.accept(caps, pd)
+    }
+
+    /// Rejects with `private_data` (≤ 56 bytes), which the initiator sees in
+    /// [`CmEvent::Rejected`].
+    ///
+    /// # Errors
+    /// [`FabricError::PrivateDataTooLong`].
+    pub fn reject(self, private_data: &[u8]) -> Result<(), FabricError> {
+        let pd = PrivateData::new(private_data)?;
+        self.pending.reject(pd);
+        Ok(())
+    }
+}
+
+/// Backend half of a [`ConnRequest`].
+pub trait PendingConn: Send {
+    fn accept(self: Box<Self>, caps: QpCaps, private_data: PrivateData)
+        -> Result<Box<dyn Conn>, FabricError>;
+    fn reject(self: Box<Self>, private_data: PrivateData);
+}
+
+/// Why a post was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostErrorKind {
+    /// The send or receive queue is full; poll and retry.
+    QueueFull,
+    /// More SGEs than the connection's `max_send_sge`, or SGEs on a request that takes none.
+    TooManySge,
+    /// The connection is not (or no longer) connected.
+    NotConnected,
+    /// The request itself is malformed (for example a bind longer than the backend allows).
+    Invalid,
+    /// Fault injection refused the post (loopback only).
+    Injected,
+}
+
+/// A refused post: which request of the chain, and why. Requests before `index` were
+/// accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("post refused at work request {index}: {kind:?}")]
+pub struct PostError {
+    pub index: usize,
+    pub kind: PostErrorKind,
+}
+
+/// Errors of fabric set-up operations (registration, listen, connect, accept).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FabricError {
+    #[error("no RDMA device found{0}")]
+    NoDevice(String),
+    #[error("memory registration of {len} bytes failed: {reason}")]
+    Register { len: usize, reason: String },
+    #[error("listen on {addr} failed: {reason}")]
+    Listen { addr: SocketAddr, reason: String },
+    #[error("connect to {addr} failed: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("accept failed: {reason}")]
+    Accept { reason: String },
+    #[error("private data of {len} bytes exceeds the {max}-byte limit", max = PRIVATE_DATA_LEN)]
+    PrivateDataTooLong { len: usize },
+    #[error("{call} failed: {source}")]
+    Os {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inc_rkey_advances_only_the_key_byte() {
+        assert_eq!(inc_rkey(0x1234_5600), 0x1234_5601);
+        assert_eq!(inc_rkey(0x1234_56ff), 0x1234_5600);
+        assert_eq!(inc_rkey(0xffff_ffff), 0xffff_ff00);
+    }
+
+    #[test]
+    fn private_data_limit() {
+        assert!(PrivateData::new(&[1; 56]).is_ok());
+        let err = PrivateData::new(&[1; 57]).unwrap_err();
+        assert!(err.to_string().contains("57 bytes"), "{err}");
+        assert_eq!(PrivateData::new(&[7, 8]).unwrap().as_bytes(), &[7, 8]);
+    }
+
+    #[test]
+    fn access_rights() {
+        let a = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        assert!(a.contains(Access::REMOTE_WRITE));
+        assert!(!a.contains(Access::REMOTE_READ));
+        assert_eq!(format!("{a:?}"), "LOCAL_WRITE|REMOTE_WRITE");
+    }
+}

@@ -1,0 +1,1 @@
+//! Software RDMA shared by the loopback and tcp fabrics: the registration table and the reliable-connection semantics.

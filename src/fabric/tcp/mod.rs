@@ -1,0 +1,1 @@
+//! Software RDMA over TCP.

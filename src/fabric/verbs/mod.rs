@@ -1,0 +1,1 @@
+//! RDMA NICs through rdma-core (libibverbs + librdmacm).

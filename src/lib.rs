@@ -1,0 +1,18 @@
+//! # rtrs-spdk
+//!
+//! The Linux kernel's RTRS transport (RDMA Transport, protocol 2.0) and the RNBD block
+//! protocol above it, as a userspace, polled-mode engine: byte-compatible with the
+//! kernel's `rtrs-clt`/`rtrs-srv` and `rnbd-clt`/`rnbd-srv`, and built to run inside
+//! SPDK applications as well as in its own reactors.
+//!
+//! ## Layers
+//! - [`proto`]: the wire format only. Bytes in, typed messages or a typed error out.
+//! - [`fabric`]: the subset of RDMA verbs RTRS needs, as a trait, with three backends:
+//!   `loopback` (in-process, with fault injection), `tcp` (one-sided semantics carried
+//!   over TCP, keys and bounds checked as a NIC would) and `verbs` (rdma-core).
+//! - [`engine`]: when code runs: pollers, timers and cross-core mailboxes, driven by our
+//!   pinned reactors or, inside SPDK, by SPDK pollers.
+
+pub mod engine;
+pub mod fabric;
+pub mod proto;
