@@ -35,11 +35,18 @@ pub struct LoopbackConn {
     stalled: Option<Frame>,
     /// The client has seen the answer to its request (always true on the acceptor).
     answered: bool,
+    /// The client's address, handed back to the fabric's name table on drop.
+    _name: Option<super::EphemeralName>,
 }
 
 impl LoopbackConn {
     /// The connecting end, waiting for the acceptor's answer.
-    pub(super) fn client(table: Arc<MrTable>, caps: QpCaps, link: Arc<Link>) -> LoopbackConn {
+    pub(super) fn client(
+        table: Arc<MrTable>,
+        caps: QpCaps,
+        link: Arc<Link>,
+        name: super::EphemeralName,
+    ) -> LoopbackConn {
         LoopbackConn {
             qp: SoftQp::new(table, caps),
             link,
@@ -47,6 +54,7 @@ impl LoopbackConn {
             events: VecDeque::new(),
             stalled: None,
             answered: false,
+            _name: Some(name),
         }
     }
 
@@ -65,6 +73,7 @@ impl LoopbackConn {
             events,
             stalled: None,
             answered: true,
+            _name: None,
         }
     }
 

@@ -57,13 +57,26 @@ struct Inner {
 #[derive(Default)]
 struct Names {
     listeners: HashMap<SocketAddr, Arc<Backlog>>,
-    /// Addresses given to connecting ends (never reused while the fabric lives, up to
-    /// the port range).
+    /// Addresses of live connecting ends.
     ephemeral: HashSet<SocketAddr>,
     next_listen_port: u16,
     next_ephemeral_port: u16,
     /// Every connection, for [`LoopbackFabric::faults`].
     links: Vec<Weak<Link>>,
+}
+
+/// A connecting end's address, released from the name table when that end drops.
+struct EphemeralName {
+    inner: Weak<Inner>,
+    addr: SocketAddr,
+}
+
+impl Drop for EphemeralName {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.names().ephemeral.remove(&self.addr);
+        }
+    }
 }
 
 /// Requests waiting for a listener's `poll`.
@@ -278,10 +291,15 @@ impl Fabric for LoopbackFabric {
         }
         names.links.retain(|l| l.strong_count() > 0);
         names.links.push(Arc::downgrade(&link));
+        let name = EphemeralName {
+            inner: Arc::downgrade(&self.inner),
+            addr: local,
+        };
         Ok(Box::new(LoopbackConn::client(
             self.inner.table.clone(),
             caps,
             link,
+            name,
         )))
     }
 }

@@ -102,3 +102,17 @@ fn faults_are_found_from_either_end() {
         "another fabric's connection"
     );
 }
+
+#[test]
+fn connecting_ends_release_their_address() {
+    let f = LoopbackFabric::new();
+    let l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let local = c.local_addr().unwrap();
+    assert!(f.inner.names().ephemeral.contains(&local));
+    drop(c);
+    assert!(
+        f.inner.names().ephemeral.is_empty(),
+        "address kept after the end dropped"
+    );
+}
