@@ -54,8 +54,10 @@ pub enum Handshake {
 pub struct EndState {
     /// Cumulative ack: every operation of the peer up to this seq has been executed.
     pub ack: AtomicU64,
-    /// The peer's operation this end refused, and why (set once, before `closed`).
-    pub nak: Mutex<Option<(u64, WcStatus)>>,
+    /// The peer's operation this end refused, and why (set once, before `closed`);
+    /// `has_nak` spares the reader a lock on every poll.
+    nak: Mutex<Option<(u64, WcStatus)>>,
+    has_nak: AtomicBool,
     /// This end broke or disconnected.
     pub closed: AtomicBool,
     /// Faults on this end (see `Faults`).
@@ -108,8 +110,19 @@ impl Link {
 }
 
 impl EndState {
-    pub fn nak(&self) -> std::sync::MutexGuard<'_, Option<(u64, WcStatus)>> {
-        self.nak.lock().unwrap_or_else(|e| e.into_inner())
+    /// Records the refusal of the peer's operation `seq`.
+    pub fn set_nak(&self, seq: u64, status: WcStatus) {
+        *self.nak.lock().unwrap_or_else(|e| e.into_inner()) = Some((seq, status));
+        self.has_nak.store(true, Ordering::Release);
+    }
+
+    /// The refusal recorded by this end, once.
+    pub fn take_nak(&self) -> Option<(u64, WcStatus)> {
+        if !self.has_nak.load(Ordering::Acquire) {
+            return None;
+        }
+        self.has_nak.store(false, Ordering::Release);
+        self.nak.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Whether delivery to this end is held for this poll (counting the poll).
