@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::link::{Frame, Handshake, Link, CLIENT, SERVER};
+use crossbeam_queue::ArrayQueue;
+
+use super::link::{EndState, Frame, Handshake, Link, CLIENT, SERVER};
 use crate::fabric::soft::{InboundError, MrTable, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
@@ -201,14 +203,28 @@ impl End {
 
     /// Step 3: executes the peer's operations, in order, up to the budget.
     fn deliver(&mut self, link: &Link) {
-        let mine = &link.ends[self.me];
         let Some(queues) = link.queues.get() else {
             return;
         };
-        if self.qp.state() != ConnState::Connected || link.is_blackholed() || mine.delivery_held() {
+        let inbox = &queues.to[self.me];
+        let (mine, peer) = (&link.ends[self.me], &link.ends[self.peer()]);
+        if (self.stalled.is_none() && inbox.is_empty())
+            || self.qp.state() != ConnState::Connected
+            || mine.delivery_held()
+        {
             return;
         }
-        let inbox = &queues.to[self.me];
+        // Busy first, then check that the peer has not closed (see `EndState::busy`).
+        let _busy = mine.busy_guard();
+        if !peer.closed.load(Ordering::SeqCst)
+            && !link.broken.load(Ordering::SeqCst)
+            && !link.blackhole.load(Ordering::SeqCst)
+        {
+            self.execute(inbox, mine);
+        }
+    }
+
+    fn execute(&mut self, inbox: &ArrayQueue<Frame>, mine: &EndState) {
         for _ in 0..DELIVERY_BUDGET {
             let Some(frame) = self.stalled.take().or_else(|| inbox.pop()) else {
                 return;
@@ -242,9 +258,7 @@ impl End {
             }
         }
         if self.qp.take_disconnect() {
-            if !silent {
-                mine.closed.store(true, Ordering::Release);
-            }
+            mine.close_and_quiesce(&link.ends[self.peer()], !silent);
             self.events.push_back(CmEvent::Disconnected);
         }
     }
