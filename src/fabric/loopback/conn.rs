@@ -1,4 +1,5 @@
-//! One end of a loopback connection: a soft RC queue pair driven over a [`Link`].
+//! One end of a loopback connection: what the kernel's RTRS holds as an `rdma_cm_id`
+//! with its RC `ib_qp` and `ib_cq` — here a soft RC queue pair driven over a [`Link`].
 //!
 //! Progress happens in `poll_cq` and `poll_cm` (and posting hands new operations to the
 //! link at once, so a peer polled on another thread need not wait for our next poll):
