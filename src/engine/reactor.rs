@@ -12,8 +12,8 @@
 //! other reactors reach it only through messages. That is why pollers may hold `Rc` and
 //! `RefCell` and why nothing here takes a lock.
 //!
-//! **One loop** ([`Reactor::run_once`]): read the clock once; run the messages waiting in
-//! the mailbox (at most its capacity, so a flood cannot starve pollers); call every
+//! **One loop** ([`Reactor::run_once`]): read the clock once; run the messages that were
+//! waiting in the mailbox when the loop began (so a flood cannot starve pollers); call every
 //! started poller once; run every timer due at the loop's time; then start what was
 //! registered during the loop. No allocation happens when there is nothing to do.
 
@@ -187,8 +187,11 @@ impl Reactor {
 
         let mut busy = PollResult::Idle;
 
+        // Only the messages already waiting: one sent during this loop (even to this
+        // reactor) runs on the next loop, so a message chain cannot starve the pollers.
+        let waiting = self.mailboxes.pending(self.core);
         let mut messages = 0u64;
-        for _ in 0..self.mailboxes.capacity() {
+        for _ in 0..waiting {
             let Some(msg) = self.mailboxes.pop(self.core) else {
                 break;
             };

@@ -121,7 +121,9 @@ impl Simulation {
 
     /// Clean shutdown, as the threaded engine does it but without waiting for time:
     /// [`Reactor::begin_shutdown`] on every reactor, then steps until all are idle with
-    /// empty mailboxes (at most `max_steps`), then closes every reactor.
+    /// empty mailboxes (at most `max_steps`), then closes every reactor. Virtual time
+    /// does not move meanwhile, so timers not yet due are dropped without firing
+    /// (advance the clock before calling this to let them fire).
     pub fn shutdown(mut self, max_steps: usize) -> SimShutdown {
         for r in &mut self.reactors {
             r.begin_shutdown();

@@ -133,7 +133,11 @@ impl Engine {
             match spawned {
                 Ok(handle) => engine.threads.push(Some(handle)),
                 Err(source) => {
-                    // Dropping the engine stops and joins the reactors already running.
+                    // Reactors that never start count as finished, so the running ones do
+                    // not wait for them; dropping the engine stops and joins those.
+                    for _ in core..cpus.len() {
+                        mailboxes.mark_finished();
+                    }
                     drop(engine);
                     return Err(EngineError::Spawn { core, cpu, source });
                 }
