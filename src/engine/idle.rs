@@ -103,3 +103,60 @@ impl IdleState {
         self.sleep = (self.sleep * 2).min(a.max_sleep);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::clock::VirtualClock;
+    use crate::engine::poller::{Ctx, Timer};
+
+    fn reactor() -> (Reactor, Arc<Mailboxes>) {
+        let mb = Mailboxes::new(1, 4);
+        let r = Reactor::new(0, Arc::clone(&mb), Arc::new(VirtualClock::new()));
+        (r, mb)
+    }
+
+    #[test]
+    fn adaptive_backs_off_to_the_cap_and_resets_on_busy() {
+        let (r, mb) = reactor();
+        let a = Adaptive {
+            spin_loops: 2,
+            min_sleep: Duration::from_nanos(100),
+            max_sleep: Duration::from_nanos(400),
+        };
+        let mut s = IdleState::new(IdleStrategy::Adaptive(a));
+        let mut sleeps = Vec::new();
+        for _ in 0..6 {
+            s.after_loop(PollResult::Idle, &r, &mb);
+            sleeps.push(s.sleep.as_nanos());
+        }
+        // Two spins, then sleeps of 100, 200, 400, 400 ns (the value shown is the next).
+        assert_eq!(sleeps, [100, 100, 200, 400, 400, 400]);
+        s.after_loop(PollResult::Busy, &r, &mb);
+        assert_eq!((s.idle_run, s.sleep.as_nanos()), (0, 100));
+    }
+
+    #[test]
+    fn a_due_timer_prevents_sleeping_and_busy_poll_never_sleeps() {
+        let (mut r, mb) = reactor();
+        r.register_timer(
+            Timer::once_ns(0),
+            Box::new(|_: &mut dyn Ctx| PollResult::Idle),
+        );
+        let a = Adaptive {
+            spin_loops: 0,
+            min_sleep: Duration::from_secs(3600),
+            max_sleep: Duration::from_secs(3600),
+        };
+        let mut s = IdleState::new(IdleStrategy::Adaptive(a));
+        // Would park for an hour if the due timer were ignored.
+        s.after_loop(PollResult::Idle, &r, &mb);
+        assert_eq!(s.sleep, Duration::from_secs(3600));
+
+        let mut busy = IdleState::new(IdleStrategy::default());
+        busy.after_loop(PollResult::Idle, &r, &mb);
+        assert_eq!(busy.idle_run, 0);
+    }
+}
