@@ -17,12 +17,14 @@ mod spdk {
     pub fn generate() {
         println!("cargo:rerun-if-env-changed=SPDK_DIR");
         println!("cargo:rerun-if-changed=vendor-spdk/wrapper.h");
-        let dir = env::var_os("SPDK_DIR").map(PathBuf::from).unwrap_or_else(|| {
-            panic!(
-                "the `spdk` feature needs SPDK_DIR: the prefix of an SPDK installation \
+        let dir = env::var_os("SPDK_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                panic!(
+                    "the `spdk` feature needs SPDK_DIR: the prefix of an SPDK installation \
                  (tested version in vendor-spdk/VERSION), e.g. SPDK_DIR=/opt/spdk"
-            )
-        });
+                )
+            });
         let include = dir.join("include");
         if !include.join("spdk/bdev_module.h").exists() {
             panic!(
