@@ -122,6 +122,7 @@ macro_rules! conformance_tests {
             keys::send_with_inv_retires_peer_rkey,
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::bind_outside_region_fails,
+            keys::rebinding_a_bound_slot_fails,
         );
     };
     (@each $backend:expr; $($module:ident :: $name:ident),+ $(,)?) => {
