@@ -12,7 +12,8 @@
 //!   as SPDK's `spdk_bdev_queue_io_wait` does.
 //! - Accepted IOs complete later, exactly once each, through
 //!   [`BlockBackend::poll`] on the thread that polls (the reactor), into a caller-owned
-//!   slice: no allocation on the data path.
+//!   slice: no allocation on the data path. Backends may batch the start of IO until the
+//!   next poll (the io_uring engine submits there), so a submitter must keep polling.
 //! - Buffers are raw memory ([`IoBuf`]), normally a request's RTRS chunk, which the
 //!   request owns exclusively until its response; a backend touches it only between
 //!   submission and completion. Dropping a backend waits for IO still in flight.
