@@ -168,6 +168,29 @@ fn ram_spec_opens_with_rnbd_geometry() {
         RamBackend::new(4096, 1000),
         Err(OpenError::BadBlockSize { block_size: 1000 })
     ));
+    // Block sizes travel in 16 bits: 64 KiB cannot be exported.
+    assert!(matches!(
+        RamBackend::new(1 << 20, 65536),
+        Err(OpenError::BadBlockSize { block_size: 65536 })
+    ));
+    let mut big = RamBackend::new(1 << 20, 4096).unwrap();
+    assert_eq!(big.geometry().logical_block_size, 4096);
+    let mem = MemBuf::zeroed(8192);
+    let e = big.submit(BlockIo::read(1, 512, io_buf(&mem))).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SubmitError::Misaligned {
+                block_size: 4096,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        run_one(&mut big, BlockIo::read(2, 4096, io_buf(&mem))),
+        Ok(())
+    );
     assert!(matches!(
         RamBackend::new(4096, 512).unwrap().with_queue_depth(0),
         Err(OpenError::BadQueueDepth { depth: 0 })

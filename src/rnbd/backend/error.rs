@@ -94,7 +94,7 @@ pub enum OpenError {
         size: u64,
         block_size: u32,
     },
-    #[error("block size {block_size} is not a power of two between 512 and 65536")]
+    #[error("block size {block_size} is not a power of two between 512 and 32768 (RNBD sends it in 16 bits)")]
     BadBlockSize { block_size: u32 },
     #[error("size {size} is not a positive multiple of the {block_size}-byte block size")]
     BadSize { size: u64, block_size: u32 },

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::error::{OpenError, SubmitError};
 use super::plan::{FileKind, Plan};
 use super::pool::Pool;
-use super::ram::{check_block_size, check_queue_depth};
+use super::ram::{check_block_size, check_queue_depth, MAX_BLOCK_SIZE};
 use super::uring::Uring;
 use super::{
     sys, BlockBackend, BlockCompletion, BlockIo, Geometry, DEFAULT_MAX_DISCARD,
@@ -136,7 +136,7 @@ impl FileBackend {
         let geometry = Geometry {
             size,
             logical_block_size: lbs,
-            physical_block_size: pbs.max(lbs),
+            physical_block_size: pbs.clamp(lbs, MAX_BLOCK_SIZE),
             max_transfer: DEFAULT_MAX_TRANSFER,
             max_discard: discard.0 - discard.0 % lbs,
             discard_granularity: discard.1,

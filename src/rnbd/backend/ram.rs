@@ -14,9 +14,12 @@ use crate::fabric::mem::MemBuf;
 /// Largest accepted queue depth (any backend).
 pub(super) const MAX_QUEUE_DEPTH: usize = 32768;
 
-/// Checks a logical block size: a power of two in 512..=65536.
+/// Largest block size: `rnbd_msg_open_rsp` carries block sizes in 16 bits.
+pub(super) const MAX_BLOCK_SIZE: u32 = 32768;
+
+/// Checks a logical block size: a power of two in 512..=[`MAX_BLOCK_SIZE`].
 pub(super) fn check_block_size(block_size: u32) -> Result<(), OpenError> {
-    if block_size.is_power_of_two() && (512..=65536).contains(&block_size) {
+    if block_size.is_power_of_two() && (512..=MAX_BLOCK_SIZE).contains(&block_size) {
         Ok(())
     } else {
         Err(OpenError::BadBlockSize { block_size })
@@ -44,7 +47,7 @@ impl RamBackend {
     /// queue depth. Memory is reserved up front but pages are touched lazily.
     ///
     /// # Errors
-    /// A block size that is not a power of two in 512..=65536, or a size that is not a
+    /// A block size that is not a power of two in 512..=32768, or a size that is not a
     /// positive multiple of it (or does not fit in memory's address space).
     pub fn new(size: u64, block_size: u32) -> Result<RamBackend, OpenError> {
         check_block_size(block_size)?;
