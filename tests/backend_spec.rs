@@ -338,3 +338,28 @@ fn write_zeroes_on_tmpfs_falls_back_and_reads_zero() {
         assert_eq!(run_one(&mut b, BlockIo::write(4, 0, io_buf(&mem))), Ok(()));
     }
 }
+
+/// A file truncated behind the export's back: reads past the new end fail with EIO
+/// (end of file inside the device), they neither hang nor return stale data.
+#[test]
+fn file_shrunk_under_the_export_gives_eio() {
+    for mode in [IoMode::Auto, IoMode::ThreadPool] {
+        let f = TempFile::new(&vec![1u8; 64 << 10]);
+        let opts = FileOptions {
+            mode,
+            ..FileOptions::default()
+        };
+        let mut b = FileBackend::open(&f.0, &opts).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f.0)
+            .and_then(|file| file.set_len(16 << 10))
+            .unwrap();
+        let mem = MemBuf::zeroed(4096);
+        let past = BlockIo::read(1, 32 << 10, io_buf(&mem));
+        assert_eq!(run_one(&mut b, past), Err(-libc::EIO), "{mode:?}");
+        let inside = BlockIo::read(2, 8 << 10, io_buf(&mem));
+        assert_eq!(run_one(&mut b, inside), Ok(()), "{mode:?}");
+        assert!(mem_bytes(&mem).iter().all(|&x| x == 1));
+    }
+}
