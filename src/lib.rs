@@ -16,3 +16,4 @@
 pub mod engine;
 pub mod fabric;
 pub mod proto;
+pub mod rnbd;

@@ -1,0 +1,249 @@
+//! Every `unsafe` of the block backends, fenced in one place: the IO buffer handle
+//! ([`IoBuf`], raw chunk memory), RAM copies, the libc calls of the file backend
+//! (`pread`, `pwritev2`, `fdatasync`, `fallocate`, the `BLK*` ioctls) and pushing io_uring
+//! submission entries that point at raw buffers.
+//!
+//! The kernel's `rnbd-srv` hands the block layer a bio mapped over the RTRS chunk
+//! (`rnbd_bio_map_kern`); here the chunk travels as an [`IoBuf`] and is touched only
+//! through the functions below.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use io_uring::{opcode, squeue, types};
+
+use super::plan::Step;
+use crate::fabric::mem::MemBuf;
+
+/// Raw memory an IO reads into or writes from: usually (part of) an RTRS chunk, which a
+/// request owns exclusively from its arrival until its response.
+///
+/// Copyable on purpose: a submission refused with
+/// [`SubmitError::Busy`](super::SubmitError::Busy) is retried with the same value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `IoBuf::new`'s contract makes the memory valid from any thread until the IO
+// completes; backends hand it to worker threads or the kernel only for that span.
+unsafe impl Send for IoBuf {}
+// SAFETY: as above; an `IoBuf` itself is an address and a length.
+unsafe impl Sync for IoBuf {}
+
+impl IoBuf {
+    /// Describes `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// From the submission of an IO carrying this buffer until its completion has been
+    /// returned by [`poll`](super::BlockBackend::poll) (or the backend has been dropped,
+    /// which waits for in-flight IO), the memory must stay allocated, be valid for reads
+    /// and writes of `len` bytes from any thread, and nothing else may access it (a read
+    /// writes into it; a write is read by the kernel or a worker thread meanwhile).
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> IoBuf {
+        IoBuf { ptr, len }
+    }
+
+    /// The whole of an owned buffer.
+    ///
+    /// # Safety
+    /// As for [`IoBuf::new`]: `mem` must outlive the IO and nothing else may touch it
+    /// meanwhile.
+    pub unsafe fn from_mem(mem: &MemBuf) -> IoBuf {
+        IoBuf {
+            ptr: mem.as_ptr(),
+            len: mem.len(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The address `offset` bytes in (no dereference, so no `unsafe`).
+    pub(super) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        self.ptr.wrapping_add(offset)
+    }
+}
+
+/// Copies `len` bytes of `store` at `offset` into the start of `buf`.
+///
+/// # Panics
+/// When the range leaves `store` or `buf` (callers validate first; this is the last guard).
+pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
+    assert!(
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= store.len())
+            && len <= buf.len
+    );
+    // SAFETY: both ranges are in bounds (asserted); `buf` is valid and exclusively ours
+    // until the IO completes (IoBuf::new's contract); the store is private to the backend,
+    // so the ranges cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(store.as_ptr().add(offset), buf.ptr, len) }
+}
+
+/// Copies the first `len` bytes of `buf` into `store` at `offset`.
+///
+/// # Panics
+/// As [`ram_read`].
+pub(super) fn ram_write(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
+    assert!(
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= store.len())
+            && len <= buf.len
+    );
+    // SAFETY: as in ram_read, in the other direction.
+    unsafe { std::ptr::copy_nonoverlapping(buf.ptr, store.as_ptr().add(offset), len) }
+}
+
+/// Zeroes `len` bytes of `store` at `offset`.
+///
+/// # Panics
+/// When the range leaves `store`.
+pub(super) fn ram_zero(store: &MemBuf, offset: usize, len: usize) {
+    assert!(offset
+        .checked_add(len)
+        .is_some_and(|end| end <= store.len()));
+    // SAFETY: in bounds (asserted); the store is private to the backend's thread.
+    unsafe { std::ptr::write_bytes(store.as_ptr().add(offset), 0, len) }
+}
+
+// <linux/fs.h>: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 123), _IO(0x12, 119).
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKPBSZGET: libc::c_ulong = 0x127b;
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// Size, logical and physical block size of a block device.
+pub(super) fn blockdev_geometry(fd: RawFd) -> Result<(u64, u32, u32), (&'static str, io::Error)> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
+    if unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size as *mut u64) } < 0 {
+        return Err(("ioctl(BLKGETSIZE64)", io::Error::last_os_error()));
+    }
+    let mut lbs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which is valid.
+    if unsafe { libc::ioctl(fd, BLKSSZGET as _, &mut lbs as *mut libc::c_int) } < 0 {
+        return Err(("ioctl(BLKSSZGET)", io::Error::last_os_error()));
+    }
+    let mut pbs: libc::c_uint = 0;
+    // SAFETY: BLKPBSZGET writes one unsigned int through the pointer, which is valid.
+    if unsafe { libc::ioctl(fd, BLKPBSZGET as _, &mut pbs as *mut libc::c_uint) } < 0 {
+        return Err(("ioctl(BLKPBSZGET)", io::Error::last_os_error()));
+    }
+    Ok((size, lbs as u32, pbs))
+}
+
+fn neg_errno() -> i32 {
+    -io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Runs one step synchronously (the thread pool's way): the byte count or 0 on success,
+/// a negative errno on failure. Blocks; never call it on a reactor thread.
+pub(super) fn exec(fd: RawFd, step: Step) -> i32 {
+    let ret: isize = match step {
+        // SAFETY: `ptr` is valid for `len` bytes and exclusively ours until the IO
+        // completes (IoBuf::new's contract, checked against `len` at submission).
+        Step::Read { offset, ptr, len } => unsafe {
+            libc::pread(fd, ptr.cast(), len as usize, offset as libc::off_t)
+        },
+        Step::Write {
+            offset,
+            ptr,
+            len,
+            dsync,
+        } => {
+            let iov = libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: len as usize,
+            };
+            let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+            // SAFETY: one iovec over memory valid for `len` bytes (as for Read).
+            unsafe { libc::pwritev2(fd, &iov, 1, offset as libc::off_t, flags) }
+        }
+        // SAFETY: plain syscall on an fd the backend keeps open.
+        Step::Sync => unsafe { libc::fdatasync(fd) as isize },
+        Step::Fallocate { offset, len, mode } => {
+            // SAFETY: plain syscall on an fd the backend keeps open.
+            unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) as isize }
+        }
+        Step::BlkDiscard { offset, len } => {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64 (start, length) through the pointer.
+            unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) as isize }
+        }
+    };
+    if ret < 0 {
+        neg_errno()
+    } else {
+        ret as i32
+    }
+}
+
+/// The io_uring entry for `step`, or `None` for a step io_uring cannot run
+/// ([`Step::BlkDiscard`], an ioctl).
+fn entry(fd: RawFd, step: Step) -> Option<squeue::Entry> {
+    let fd = types::Fd(fd);
+    Some(match step {
+        Step::Read { offset, ptr, len } => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+        Step::Write {
+            offset,
+            ptr,
+            len,
+            dsync,
+        } => opcode::Write::new(fd, ptr, len)
+            .offset(offset)
+            .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
+            .build(),
+        Step::Sync => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        Step::Fallocate { offset, len, mode } => opcode::Fallocate::new(fd, len)
+            .offset(offset)
+            .mode(mode)
+            .build(),
+        Step::BlkDiscard { .. } => return None,
+    })
+}
+
+/// Why a step could not be queued on the ring.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum PushFailed {
+    /// The submission queue is full; submit and try again.
+    Full,
+    /// io_uring has no opcode for this step.
+    NotRingable,
+}
+
+/// Queues `step` on the ring with `user_data`.
+///
+/// The caller keeps the step's plan (and so the buffer's ownership) in the slot that
+/// `user_data` names until the matching completion has been reaped; [`IoBuf::new`]'s
+/// contract keeps the memory valid that long.
+pub(super) fn push(
+    sq: &mut squeue::SubmissionQueue<'_>,
+    fd: RawFd,
+    step: Step,
+    user_data: u64,
+) -> Result<(), PushFailed> {
+    let entry = entry(fd, step)
+        .ok_or(PushFailed::NotRingable)?
+        .user_data(user_data);
+    // SAFETY: the entry's buffer (if any) is valid until its completion (see above) and
+    // the fd stays open while the ring lives (the file backend drops the ring, after
+    // draining it, before closing the file).
+    unsafe { sq.push(&entry) }.map_err(|_| PushFailed::Full)
+}
