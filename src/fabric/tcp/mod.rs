@@ -1,1 +1,3 @@
 //! Software RDMA over TCP.
+
+pub mod frame;
