@@ -1,0 +1,231 @@
+//! The transmit side of one tcp-fabric connection: turns the soft queue pair's posted
+//! wire operations, its cumulative acks and the connection's control frames into frames,
+//! and writes them with one gathered `sendmsg` for many frames (the software counterpart
+//! of a NIC's send engine walking the send queue).
+//!
+//! A *batch* is a list of iovecs: 40-byte headers from a fixed header buffer and payload
+//! pieces pointing straight at the source memory (no copy). The batch keeps a clone of
+//! every source `MemRef`, so a frame that is half written when the queue pair breaks
+//! (and flushes its requests) can still be finished, which keeps the stream parseable
+//! for the NAK or DISCONNECT that follows it. A new batch is built only when the
+//! previous one is completely written.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use super::frame::{Header, Opcode, CM_FRAME_LEN, HEADER_LEN};
+use super::sys::{self, IoVecs};
+use crate::fabric::soft::{MemRef, SoftQp, WireKind, WireOp};
+
+/// Frames per batch (headers buffer size).
+const MAX_FRAMES: usize = 256;
+/// Iovecs per batch.
+const IOV_CAP: usize = sys::IOV_MAX;
+/// Batches written per [`Tx::flush`] call before yielding to other work.
+const BATCH_BUDGET: usize = 16;
+
+pub(crate) struct Tx {
+    hdrs: Box<[[u8; HEADER_LEN]; MAX_FRAMES]>,
+    nhdrs: usize,
+    cm: Box<[u8; CM_FRAME_LEN]>,
+    cm_pending: bool,
+    /// NAK or DISCONNECT: written after everything already in a batch, then nothing else.
+    last: Option<Header>,
+    last_written: bool,
+    iov: IoVecs,
+    /// First iovec of `iov` not completely written.
+    pos: usize,
+    /// Whether `iov[pos]` is partly written.
+    partial: bool,
+    /// For each frame of the batch, the index of the iovec after its last one.
+    frame_ends: Vec<usize>,
+    keep: Vec<MemRef>,
+}
+
+/// The header of a wire operation.
+pub(crate) fn wire_header(op: &WireOp) -> Header {
+    let opcode = match op.kind {
+        WireKind::Send => Opcode::Send,
+        WireKind::SendWithImm => Opcode::SendWithImm,
+        WireKind::SendWithInv => Opcode::SendWithInv,
+        WireKind::RdmaWrite => Opcode::RdmaWrite,
+        WireKind::RdmaWriteWithImm => Opcode::RdmaWriteWithImm,
+    };
+    let remote = matches!(op.kind, WireKind::RdmaWrite | WireKind::RdmaWriteWithImm);
+    let imm = matches!(op.kind, WireKind::SendWithImm | WireKind::RdmaWriteWithImm);
+    Header {
+        opcode,
+        len: op.len,
+        rkey: if remote { op.rkey } else { 0 },
+        remote_addr: if remote { op.remote_addr } else { 0 },
+        imm: if imm { op.imm } else { 0 },
+        inv_rkey: if op.kind == WireKind::SendWithInv {
+            op.inv_rkey
+        } else {
+            0
+        },
+        seq: op.seq,
+    }
+}
+
+impl Tx {
+    pub(crate) fn new() -> Tx {
+        Tx {
+            hdrs: Box::new([[0; HEADER_LEN]; MAX_FRAMES]),
+            nhdrs: 0,
+            cm: Box::new([0; CM_FRAME_LEN]),
+            cm_pending: false,
+            last: None,
+            last_written: false,
+            iov: IoVecs::with_capacity(IOV_CAP),
+            pos: 0,
+            partial: false,
+            frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
+            keep: Vec::with_capacity(IOV_CAP),
+        }
+    }
+
+    /// Queues a CM frame (REQ or REP) to go first.
+    pub(crate) fn queue_cm(&mut self, frame: [u8; CM_FRAME_LEN]) {
+        *self.cm = frame;
+        self.cm_pending = true;
+    }
+
+    /// Queues the closing frame (NAK or DISCONNECT); later calls are ignored.
+    pub(crate) fn queue_last(&mut self, h: Header) {
+        if self.last.is_none() && !self.last_written {
+            self.last = Some(h);
+        }
+    }
+
+    /// Whether the closing frame (if any was queued) and everything before it is written.
+    pub(crate) fn drained(&self) -> bool {
+        self.pos == self.iov.len() && !self.cm_pending && self.last.is_none()
+    }
+
+    /// Writes as much as the socket takes: the rest of the current batch, then new
+    /// batches from `qp` (`None` once the connection is closing: only the CM and closing
+    /// frames go out then).
+    ///
+    /// # Errors
+    /// The socket's error (never `WouldBlock`: that just ends the call).
+    pub(crate) fn flush(&mut self, fd: RawFd, mut qp: Option<&mut SoftQp>) -> io::Result<()> {
+        for _ in 0..BATCH_BUDGET {
+            while self.pos < self.iov.len() {
+                // SAFETY: every iovec points into `self.hdrs`, `self.cm` (boxed, not
+                // moved or rewritten while the batch is in flight) or at source memory
+                // kept alive by `self.keep`.
+                match unsafe { sys::send_gather(fd, &self.iov.as_slice()[self.pos..]) } {
+                    Ok(n) => self.partial = self.iov.consume(&mut self.pos, n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.iov.clear();
+            self.keep.clear();
+            self.frame_ends.clear();
+            self.nhdrs = 0;
+            self.pos = 0;
+            self.partial = false;
+            if !self.build(qp.as_deref_mut()) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection broke: of the batch in flight keep only the frame being written
+    /// (it must be finished for the stream to stay parseable), drop the frames after it.
+    pub(crate) fn cut_after_current(&mut self) {
+        let cut = if self.pos == 0 && !self.partial {
+            0
+        } else if !self.partial && self.frame_ends.contains(&self.pos) {
+            self.pos
+        } else {
+            match self.frame_ends.iter().find(|&&e| e > self.pos) {
+                Some(&e) => e,
+                None => self.iov.len(),
+            }
+        };
+        self.iov.truncate(cut);
+        self.frame_ends.retain(|&e| e <= cut);
+    }
+
+    fn push_header(&mut self, h: &Header) {
+        let slot = &mut self.hdrs[self.nhdrs];
+        h.encode(slot);
+        let ptr = slot.as_ptr();
+        self.nhdrs += 1;
+        self.iov.push(ptr, HEADER_LEN);
+    }
+
+    /// Fills a new batch; false when there is nothing to send.
+    fn build(&mut self, qp: Option<&mut SoftQp>) -> bool {
+        if self.cm_pending {
+            self.cm_pending = false;
+            self.iov.push(self.cm.as_ptr(), CM_FRAME_LEN);
+            self.frame_ends.push(self.iov.len());
+        }
+        if let Some(qp) = qp {
+            if let Some(seq) = qp.take_ack() {
+                self.push_header(&Header::ack(seq));
+                self.frame_ends.push(self.iov.len());
+            }
+            let mut n = 0;
+            for (op, srcs) in qp.outbound() {
+                // Keep one header slot for the closing frame.
+                if self.nhdrs + 2 > MAX_FRAMES || self.iov.len() + 1 + srcs.len() > IOV_CAP {
+                    break;
+                }
+                self.push_header(&wire_header(&op));
+                for s in srcs.iter().filter(|s| !s.is_empty()) {
+                    self.iov.push(s.as_ptr(), s.len());
+                    self.keep.push(s.clone());
+                }
+                self.frame_ends.push(self.iov.len());
+                n += 1;
+            }
+            qp.mark_transmitted(n);
+        }
+        if let Some(h) = self.last.take() {
+            self.push_header(&h);
+            self.frame_ends.push(self.iov.len());
+            self.last_written = true;
+        }
+        self.iov.len() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::tcp::frame::Header as H;
+
+    #[test]
+    fn wire_header_uses_only_the_fields_of_its_kind() {
+        let op = WireOp {
+            seq: 3,
+            kind: WireKind::SendWithImm,
+            len: 10,
+            remote_addr: 99,
+            rkey: 5,
+            imm: 7,
+            inv_rkey: 8,
+        };
+        let h = wire_header(&op);
+        assert_eq!(
+            (h.opcode, h.len, h.imm, h.seq),
+            (Opcode::SendWithImm, 10, 7, 3)
+        );
+        assert_eq!((h.rkey, h.remote_addr, h.inv_rkey), (0, 0, 0));
+        assert_eq!(H::decode(&h.to_bytes()), Ok(h));
+        let w = WireOp {
+            kind: WireKind::RdmaWrite,
+            ..op
+        };
+        let h = wire_header(&w);
+        assert_eq!((h.rkey, h.remote_addr, h.imm), (5, 99, 0));
+        assert_eq!(H::decode(&h.to_bytes()), Ok(h));
+    }
+}
