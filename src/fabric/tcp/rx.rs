@@ -136,7 +136,13 @@ impl Rx {
             match &mut self.state {
                 State::Stalled(op) => {
                     if !qp.recv_ready() {
-                        return RxStop::Idle;
+                        // The peer's DISCONNECT or EOF is behind the stalled operation;
+                        // a peer that went away must still break the connection.
+                        return match sys::peer_hung_up(stream.as_raw_fd()) {
+                            Ok(false) => RxStop::Idle,
+                            Ok(true) => RxStop::Eof,
+                            Err(e) => RxStop::Io(e),
+                        };
                     }
                     let op = *op;
                     if let Some(stop) = self.start_op(op, qp) {

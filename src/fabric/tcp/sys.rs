@@ -139,3 +139,23 @@ impl IoVecs {
         partial
     }
 }
+
+/// Whether the peer has shut its side down (or the socket failed), without reading:
+/// a stream stalled on receive-not-ready cannot read up to the peer's DISCONNECT or EOF,
+/// so it asks the socket directly.
+///
+/// # Errors
+/// The OS error of `poll`.
+pub(crate) fn peer_hung_up(fd: RawFd) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+}

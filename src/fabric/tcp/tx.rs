@@ -21,6 +21,8 @@ use crate::fabric::soft::{MemRef, SoftQp, WireKind, WireOp};
 const MAX_FRAMES: usize = 256;
 /// Iovecs per batch.
 const IOV_CAP: usize = sys::IOV_MAX;
+/// Header slots and iovecs a batch keeps for the ack and the closing frame.
+const RESERVED: usize = 2;
 /// Batches written per [`Tx::flush`] call before yielding to other work.
 const BATCH_BUDGET: usize = 16;
 
@@ -40,6 +42,10 @@ pub(crate) struct Tx {
     /// For each frame of the batch, the index of the iovec after its last one.
     frame_ends: Vec<usize>,
     keep: Vec<MemRef>,
+    /// Cumulative ack owed to the peer, not yet in a batch.
+    ack: Option<u64>,
+    /// The owed ack already waited one round for a frame to ride with.
+    ack_held: bool,
 }
 
 /// The header of a wire operation.
@@ -82,6 +88,8 @@ impl Tx {
             partial: false,
             frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
             keep: Vec::with_capacity(IOV_CAP),
+            ack: None,
+            ack_held: false,
         }
     }
 
@@ -169,13 +177,14 @@ impl Tx {
         }
         if let Some(qp) = qp {
             if let Some(seq) = qp.take_ack() {
-                self.push_header(&Header::ack(seq));
-                self.frame_ends.push(self.iov.len());
+                self.ack = Some(seq);
             }
             let mut n = 0;
             for (op, srcs) in qp.outbound() {
-                // Keep one header slot for the closing frame.
-                if self.nhdrs + 2 > MAX_FRAMES || self.iov.len() + 1 + srcs.len() > IOV_CAP {
+                // Keep room for the ack and the closing frame.
+                if self.nhdrs + 1 + RESERVED > MAX_FRAMES
+                    || self.iov.len() + 1 + srcs.len() + RESERVED > IOV_CAP
+                {
                     break;
                 }
                 self.push_header(&wire_header(&op));
@@ -187,6 +196,19 @@ impl Tx {
                 n += 1;
             }
             qp.mark_transmitted(n);
+            // Delayed ack: an ack rides with the frames going out anyway; alone it waits
+            // one round (the local user usually answers a request by then), which saves
+            // a syscall per request on both sides.
+            if let Some(seq) = self.ack {
+                if n > 0 || self.ack_held {
+                    self.push_header(&Header::ack(seq));
+                    self.frame_ends.push(self.iov.len());
+                    self.ack = None;
+                    self.ack_held = false;
+                } else {
+                    self.ack_held = true;
+                }
+            }
         }
         if let Some(h) = self.last.take() {
             self.push_header(&h);
