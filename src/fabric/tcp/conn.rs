@@ -244,6 +244,12 @@ impl TcpConn {
     }
 
     fn run_connected(&mut self) {
+        if self.qp.state() == ConnState::Disconnected {
+            // Broken locally (a post-time error): say goodbye.
+            self.tx.queue_last(Header::new(Opcode::Disconnect));
+            self.phase = Phase::Closing;
+            return;
+        }
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
@@ -271,12 +277,7 @@ impl TcpConn {
             return;
         };
         if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
-            return self.lost(&format!("socket write failed: {e}"));
-        }
-        if self.qp.state() == ConnState::Disconnected {
-            // Broken locally (a post-time protection error): say goodbye.
-            self.tx.queue_last(Header::new(Opcode::Disconnect));
-            self.phase = Phase::Closing;
+            self.lost(&format!("socket write failed: {e}"));
         }
     }
 
