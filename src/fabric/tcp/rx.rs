@@ -10,7 +10,6 @@
 //! none is posted stalls the stream (RNR) until one is.
 
 use std::io::{self, Read};
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 use super::frame::{peek_version, CmPayload, FrameError, Header, Opcode};
@@ -99,7 +98,7 @@ impl Rx {
 
     /// Reads more into the staging buffer, making room first (a frame header or CM
     /// frame always fits contiguously after this).
-    fn fill(&mut self, stream: &mut TcpStream) -> Fill {
+    fn fill<S: Read>(&mut self, stream: &mut S) -> Fill {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -131,7 +130,11 @@ impl Rx {
 
     /// Reads and executes frames until the socket has nothing more, the stream stalls
     /// (RNR), the budget is spent, or the connection must end.
-    pub(crate) fn progress(&mut self, stream: &mut TcpStream, qp: &mut SoftQp) -> RxStop {
+    pub(crate) fn progress<S: Read + AsRawFd>(
+        &mut self,
+        stream: &mut S,
+        qp: &mut SoftQp,
+    ) -> RxStop {
         for _ in 0..FRAME_BUDGET {
             match &mut self.state {
                 State::Stalled(op) => {
@@ -279,9 +282,9 @@ impl Rx {
 
     /// Initiator only: the acceptor's answer (CM_REP or CM_REJ) once it is completely
     /// in, `Ok(None)` while it is not. Frames after it stay staged for [`Rx::progress`].
-    pub(crate) fn read_cm(
+    pub(crate) fn read_cm<S: Read>(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut S,
     ) -> Result<Option<(Opcode, CmPayload)>, CmReadError> {
         loop {
             if self.staged() >= HEADER_LEN {
@@ -319,7 +322,7 @@ impl Rx {
     /// Closing: reads and throws away whatever the peer still sends, so that closing
     /// our socket later does not reset the peer's unread data (our NAK or DISCONNECT).
     /// Returns `Eof`, `Io` or `Idle`.
-    pub(crate) fn discard(&mut self, stream: &mut TcpStream) -> RxStop {
+    pub(crate) fn discard<S: Read>(&mut self, stream: &mut S) -> RxStop {
         self.start = 0;
         self.end = 0;
         for _ in 0..FRAME_BUDGET {
@@ -334,3 +337,7 @@ impl Rx {
         RxStop::Idle
     }
 }
+
+#[cfg(test)]
+#[path = "rx_tests.rs"]
+mod tests;
