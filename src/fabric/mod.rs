@@ -8,7 +8,8 @@
 //!
 //! # The contract every backend meets
 //!
-//! The conformance suite (`tests/fabric_conformance.rs`) checks each point below against
+//! The conformance suite (`tests/conformance/`, instantiated by one
+//! `tests/fabric_conformance_<backend>.rs` per backend) checks each point below against
 //! every backend, unchanged.
 //!
 //! **Memory.** [`Fabric::register`] registers memory and returns an [`Mr`] with an lkey
@@ -24,7 +25,8 @@
 //! **Fast registration.** A [`FastMr`] is a key slot with no memory of its own. Posting
 //! [`SendOp::RegMr`] binds it to a range of a registered [`Mr`] with the given access
 //! and the given new rkey (callers pass [`inc_rkey`] of the slot's current rkey, as the
-//! kernel's `ib_inc_rkey`). The binding takes effect in send-queue order: operations
+//! kernel's `ib_inc_rkey`). A bound slot must be invalidated before it is bound again
+//! (binding a bound slot completes with [`WcStatus::LocalQpOperation`]). The binding takes effect in send-queue order: operations
 //! posted after it on the same connection, and every peer operation that learned the key
 //! from one of them, see it. [`SendOp::LocalInv`] and an incoming [`SendOp::SendWithInv`]
 //! retire an rkey; later accesses with it are remote-access errors. Over verbs a slot is a
@@ -395,9 +397,10 @@ pub trait Fabric: Send + Sync {
     /// Registers memory the caller owns (for example buffers from SPDK's allocator).
     ///
     /// # Safety
-    /// `[addr, addr+len)` must be valid for reads and writes, and must stay allocated and
-    /// not be used through Rust references that assume exclusive access while the
-    /// returned [`Mr`] (and any fast registration bound to it) exists.
+    /// `[addr, addr+len)` must be valid for reads and writes, must stay allocated until
+    /// the returned [`Mr`] is dropped *and* every operation that used it (as a local SGE,
+    /// a fast-registration binding or a remote target) has completed, and must not be used
+    /// meanwhile through Rust references that assume exclusive access.
     ///
     /// # Errors
     /// As [`Fabric::register`].

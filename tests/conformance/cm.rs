@@ -1,6 +1,6 @@
 //! Connection-manager scenarios: private data on REQ, REP and REJ, addresses, states.
 
-use rtrs_spdk::fabric::{CmEvent, ConnState, PrivateData, PRIVATE_DATA_LEN};
+use rtrs_spdk::fabric::{CmEvent, ConnState, FabricError, PrivateData, PRIVATE_DATA_LEN};
 
 use super::{connect_with, pattern, start_connect, wait_cm, wait_request, Backend, Side};
 
@@ -53,18 +53,7 @@ pub fn reject_carries_private_data(b: &dyn Backend) {
     let req = wait_request(&mut *listener, &mut client);
     assert_private_data(&req.private_data, b"hello", "connect request private data");
     req.reject(&rej_pd).expect("reject");
-    let start = std::time::Instant::now();
-    let ev = loop {
-        client.pump();
-        if let Some(ev) = client.cm.pop_front() {
-            break ev;
-        }
-        assert!(
-            start.elapsed() < super::DEADLINE,
-            "timed out waiting for Rejected"
-        );
-        std::thread::yield_now();
-    };
+    let ev = wait_client_cm(&mut client, "Rejected");
     let CmEvent::Rejected { private_data } = ev else {
         panic!("expected CmEvent::Rejected, got {ev:?}");
     };
@@ -165,5 +154,53 @@ pub fn connections_are_independent(b: &dyn Backend) {
             want,
             "data reached the right connection"
         );
+    }
+}
+
+/// A request dropped unanswered is a reject with no data.
+pub fn dropped_request_rejects(b: &dyn Backend) {
+    let (mut listener, mut client, _sf) = start_connect(b, b.caps(), b"dropped");
+    drop(wait_request(&mut *listener, &mut client));
+    let ev = wait_client_cm(&mut client, "Rejected after a dropped request");
+    let CmEvent::Rejected { private_data } = ev else {
+        panic!("expected CmEvent::Rejected, got {ev:?}");
+    };
+    assert_private_data(&private_data, &[], "private data of an implicit reject");
+}
+
+/// Connecting where nobody listens fails (refused or rejected, as the transport says).
+pub fn connect_to_nobody_fails(b: &dyn Backend) {
+    let dst = {
+        let listener = b.server_fabric().listen(b.listen_addr()).expect("listen");
+        listener.local_addr()
+    };
+    let conn = match b.client_fabric().connect(dst, b.caps(), b"anyone?") {
+        Ok(conn) => conn,
+        // Refused at once: the contract allows failing before any event.
+        Err(FabricError::Connect { .. }) => return,
+        Err(e) => panic!("connect to {dst} with no listener: unexpected error {e}"),
+    };
+    let mut client = Side::new("client", conn, b.client_fabric());
+    let ev = wait_client_cm(&mut client, "the failure of a connect to nobody");
+    assert!(
+        matches!(ev, CmEvent::Error { .. } | CmEvent::Rejected { .. }),
+        "connect to {dst} with no listener: {ev:?}"
+    );
+    assert_ne!(client.conn.state(), ConnState::Connected);
+}
+
+/// The next CM event of a side with no peer to poll.
+fn wait_client_cm(client: &mut Side, what: &str) -> CmEvent {
+    let start = std::time::Instant::now();
+    loop {
+        client.pump();
+        if let Some(ev) = client.cm.pop_front() {
+            return ev;
+        }
+        assert!(
+            start.elapsed() < super::DEADLINE,
+            "timed out waiting for {what}"
+        );
+        std::thread::yield_now();
     }
 }

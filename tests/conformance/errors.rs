@@ -197,6 +197,36 @@ pub fn short_receive_buffer_is_local_length(b: &dyn Backend) {
     );
 }
 
+/// A receive whose buffer names an unknown lkey fails when a message lands in it.
+pub fn receive_with_bad_lkey_is_local_protection(b: &dyn Backend) {
+    let mut p = connect(b);
+    let rbuf = p.server.reg(4096, Access::LOCAL_WRITE);
+    let src = p.client.reg(4096, Access::NONE);
+    let sge = Sge {
+        lkey: bogus_rkey(rbuf.lkey()),
+        ..rbuf.sge(0, 64)
+    };
+    p.server.post_recv(&[RecvWr {
+        wr_id: 5,
+        sge: Some(sge),
+    }]);
+    let sges = [src.sge(0, 16)];
+    p.client.post_send(&[wr(6, SendOp::Send, &sges)]);
+    let wc = wait_wr(&mut p.server, &mut p.client, 5);
+    expect(
+        &wc,
+        WcStatus::LocalProtection,
+        WcOpcode::Recv,
+        "a SEND into a bad receive",
+    );
+    let wc = wait_wr(&mut p.client, &mut p.server, 6);
+    assert_ne!(
+        wc.status,
+        WcStatus::Success,
+        "the sender into a bad receive: {wc:?}"
+    );
+}
+
 pub fn post_errors_name_the_index(b: &dyn Backend) {
     let caps = QpCaps {
         max_recv_wr: 8,

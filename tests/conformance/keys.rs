@@ -227,3 +227,29 @@ pub fn bind_outside_region_fails(b: &dyn Backend) {
         "REG_MR past the region's end",
     );
 }
+
+/// REG_MR of a slot that is still bound fails locally: a binding is invalidated first
+/// (LOCAL_INV or a peer's SEND_WITH_INV), as fast-registration MRs and type-2 memory
+/// windows require.
+pub fn rebinding_a_bound_slot_fails(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+    let op = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey: inc_rkey(r1),
+    };
+    p.server.post_send(&[wr(50, op, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, 50);
+    expect(
+        &wc,
+        WcStatus::LocalQpOperation,
+        WcOpcode::RegMr,
+        "REG_MR of a slot that is still bound",
+    );
+}

@@ -8,13 +8,23 @@
 //! ```ignore
 //! #[macro_use]
 //! mod conformance;
-//! struct Tcp;
-//! impl conformance::Backend for Tcp { /* ... */ }
-//! conformance_tests!(Tcp);
+//!
+//! struct Tcp { server: Arc<TcpFabric>, client: Arc<TcpFabric> }
+//! impl conformance::Backend for Tcp {
+//!     fn server_fabric(&self) -> Arc<dyn Fabric> { self.server.clone() }
+//!     fn client_fabric(&self) -> Arc<dyn Fabric> { self.client.clone() }
+//!     fn listen_addr(&self) -> SocketAddr { "127.0.0.1:0".parse().unwrap() }
+//! }
+//! conformance_tests!(Tcp { server: Arc::new(TcpFabric::new()), client: Arc::new(TcpFabric::new()) });
 //! ```
 //!
-//! Scenarios use only the traits of `rtrs_spdk::fabric`. Every wait is bounded by
-//! [`DEADLINE`] and panics with what it was waiting for; nothing asserts on timing.
+//! The expression is evaluated afresh for every test. A backend that knowingly
+//! deviates lists the scenario in [`Backend::expected_failures`] (with the reason); the
+//! test then checks that it still fails, so a fix is noticed.
+//!
+//! Scenarios use only the traits of `rtrs_spdk::fabric`, and one test thread polls both
+//! ends. Every wait is bounded by [`DEADLINE`] and panics with what it was waiting for
+//! (and every completion and CM event seen so far); nothing asserts on timing.
 
 #![allow(dead_code)]
 
@@ -84,6 +94,8 @@ macro_rules! conformance_tests {
             cm::reject_carries_private_data,
             cm::addresses_and_state,
             cm::connections_are_independent,
+            cm::dropped_request_rejects,
+            cm::connect_to_nobody_fails,
             data::send_into_posted_receive,
             data::send_with_imm_reports_imm,
             data::write_then_imm_is_ordered,
@@ -101,6 +113,7 @@ macro_rules! conformance_tests {
             errors::bad_lkey_is_local_protection,
             errors::sge_outside_region_is_local_protection,
             errors::short_receive_buffer_is_local_length,
+            errors::receive_with_bad_lkey_is_local_protection,
             errors::post_errors_name_the_index,
             errors::disconnect_flushes_outstanding_work,
             errors::disconnect_flushes_peer_receives,
@@ -109,6 +122,7 @@ macro_rules! conformance_tests {
             keys::send_with_inv_retires_peer_rkey,
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::bind_outside_region_fails,
+            keys::rebinding_a_bound_slot_fails,
         );
     };
     (@each $backend:expr; $($module:ident :: $name:ident),+ $(,)?) => {

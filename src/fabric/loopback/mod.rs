@@ -6,7 +6,7 @@
 //!   plain `SocketAddr` names registered in it (no sockets); connecting and listening
 //!   sides must use the same instance (clone it freely).
 //! - Every connection end is a soft RC queue pair ([`crate::fabric::soft`]); the two are
-//!   joined by a [`link`] of bounded lock-free queues, so the ends may be polled from
+//!   joined by a link of bounded lock-free queues, so the ends may be polled from
 //!   different threads. The receiving end copies each payload straight from the
 //!   sender's registered memory into its place: one copy, no allocation per operation.
 //! - [`Faults`] breaks, silences, delays or refuses posts on a connection.
@@ -39,8 +39,9 @@ use super::{
 /// Largest send and receive queues a loopback connection accepts.
 pub const MAX_QUEUE_WR: u32 = 1 << 16;
 
-/// First port handed out for `listen` on port 0, and for connecting ends.
+/// Where the search for a free port starts for `listen` on port 0 ...
 const FIRST_LISTEN_PORT: u16 = 1024;
+/// ... and for the address of a connecting end.
 const FIRST_EPHEMERAL_PORT: u16 = 49152;
 
 /// The in-process fabric. Clones share the same registrations and name table.
@@ -57,13 +58,26 @@ struct Inner {
 #[derive(Default)]
 struct Names {
     listeners: HashMap<SocketAddr, Arc<Backlog>>,
-    /// Addresses given to connecting ends (never reused while the fabric lives, up to
-    /// the port range).
+    /// Addresses of live connecting ends.
     ephemeral: HashSet<SocketAddr>,
     next_listen_port: u16,
     next_ephemeral_port: u16,
     /// Every connection, for [`LoopbackFabric::faults`].
     links: Vec<Weak<Link>>,
+}
+
+/// A connecting end's address, released from the name table when that end drops.
+struct EphemeralName {
+    inner: Weak<Inner>,
+    addr: SocketAddr,
+}
+
+impl Drop for EphemeralName {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.names().ephemeral.remove(&self.addr);
+        }
+    }
 }
 
 /// Requests waiting for a listener's `poll`.
@@ -278,10 +292,15 @@ impl Fabric for LoopbackFabric {
         }
         names.links.retain(|l| l.strong_count() > 0);
         names.links.push(Arc::downgrade(&link));
+        let name = EphemeralName {
+            inner: Arc::downgrade(&self.inner),
+            addr: local,
+        };
         Ok(Box::new(LoopbackConn::client(
             self.inner.table.clone(),
             caps,
             link,
+            name,
         )))
     }
 }

@@ -108,6 +108,9 @@ pub struct SoftQp {
     sq: Vec<SqSlot>,
     sq_head: usize,
     sq_len: usize,
+    /// Slots from `sq_head` known complete (acked, or completed locally); an unsignaled
+    /// one waits there for a later completion to free it.
+    sq_done: usize,
     /// Slots from `sq_head` already handed to the transport (only wire kinds count, but
     /// local ones in between are skipped over too).
     sq_sent: usize,
@@ -141,6 +144,7 @@ impl SoftQp {
             sq,
             sq_head: 0,
             sq_len: 0,
+            sq_done: 0,
             sq_sent: 0,
             next_seq: 1,
             peer_acked: 0,
@@ -394,30 +398,49 @@ impl SoftQp {
         self.break_now();
     }
 
-    /// Moves completed send requests from the head of the send queue to the CQ.
+    /// Moves completed send requests to the CQ and frees their slots. As on a NIC, an
+    /// unsignaled request that succeeded keeps its slot until a later request of the
+    /// same queue generates a completion; that completion frees everything before it.
     fn advance(&mut self) {
-        while self.sq_len > 0 {
-            let acked = self.peer_acked;
-            let head = self.slot(0);
-            let status = match (head.status, head.wire) {
-                (Some(s), _) => s,
+        let acked = self.peer_acked;
+        let mut free_through = None;
+        // Extend the prefix of requests known to be complete.
+        while self.sq_done < self.sq_len {
+            let i = self.sq_done;
+            let s = self.slot(i);
+            let status = match (s.status, s.wire) {
+                (Some(st), _) => st,
                 (None, Some(w)) if w.seq <= acked => WcStatus::Success,
                 _ => break,
             };
+            let generates = s.signaled || !status.is_ok();
+            self.slot_mut(i).status = Some(status);
+            if generates {
+                free_through = Some(i);
+            }
+            self.sq_done += 1;
+        }
+        // A completion-generating request frees itself and every slot before it.
+        let Some(last) = free_through else {
+            return;
+        };
+        for _ in 0..=last {
+            let head = self.slot(0);
+            let status = head.status.unwrap_or(WcStatus::Success);
             if head.signaled || !status.is_ok() {
-                let wc = Wc {
+                self.cq.push_back(Wc {
                     wr_id: head.wr_id,
                     status,
                     opcode: head.opcode,
                     byte_len: 0,
                     imm: None,
                     invalidated_rkey: None,
-                };
-                self.cq.push_back(wc);
+                });
             }
             self.slot_mut(0).srcs.clear();
             self.sq_head = (self.sq_head + 1) % self.sq.len();
             self.sq_len -= 1;
+            self.sq_done -= 1;
             self.sq_sent = self.sq_sent.saturating_sub(1);
         }
     }
@@ -593,6 +616,12 @@ impl SoftQp {
             s.status.get_or_insert(WcStatus::WrFlush);
         }
         self.advance();
+        // What is left succeeded unsignaled with no completion after it: it just goes.
+        for i in 0..self.sq_len {
+            self.slot_mut(i).srcs.clear();
+        }
+        self.sq_len = 0;
+        self.sq_done = 0;
         self.sq_sent = 0;
         while !self.rq.is_empty() {
             self.complete_recv(WcStatus::WrFlush, WcOpcode::Recv, 0, None, None);

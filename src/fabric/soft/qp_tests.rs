@@ -483,3 +483,68 @@ fn fail_flushes_transmitted_but_unacked_sends() {
         }])
         .is_err());
 }
+
+#[test]
+fn unsignaled_slots_wait_for_a_later_completion() {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+    };
+    let mut p = pair(caps);
+    p.b.post_recv(
+        &(0..8)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sge: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let unsignaled: Vec<_> = (0..3).map(|i| wr(i, SendOp::Send, &[], false)).collect();
+    p.a.post_send(&unsignaled).unwrap();
+    pump(&mut p.a, &mut p.b);
+    assert!(drain(&mut p.a).is_empty());
+    // Executed by the peer, but their slots are still held: one slot is left.
+    p.a.post_send(&[wr(3, SendOp::Send, &[], true)]).unwrap();
+    let err =
+        p.a.post_send(&[wr(4, SendOp::Send, &[], false)])
+            .unwrap_err();
+    assert_eq!(err.kind, PostErrorKind::QueueFull);
+    // The signaled one's completion frees all four.
+    pump(&mut p.a, &mut p.b);
+    let wcs = drain(&mut p.a);
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![3]);
+    p.a.post_send(&unsignaled).unwrap();
+    p.a.post_send(&[wr(5, SendOp::Send, &[], true)]).unwrap();
+}
+
+#[test]
+fn a_bound_slot_must_be_invalidated_before_rebinding() {
+    let mut p = pair(QpCaps::default());
+    let region = buf(&p, 4096, RW);
+    let slot = p.table.alloc_fast_mr();
+    let k1 = inc_rkey(slot.rkey());
+    let bind = |rkey| SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey,
+    };
+    p.a.post_send(&[wr(1, bind(k1), &[], false)]).unwrap();
+    p.a.post_send(&[
+        wr(2, SendOp::LocalInv { rkey: k1 }, &[], false),
+        wr(3, bind(inc_rkey(k1)), &[], true),
+    ])
+    .unwrap();
+    assert_eq!(drain(&mut p.a)[0].status, WcStatus::Success);
+    p.a.post_send(&[wr(4, bind(inc_rkey(inc_rkey(k1))), &[], true)])
+        .unwrap();
+    let wcs = drain(&mut p.a);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (4, WcStatus::LocalQpOperation)
+    );
+}

@@ -300,7 +300,9 @@ impl MrTable {
     ///
     /// # Errors
     /// [`WcStatus::LocalQpOperation`] when the slot or region belongs to another table,
-    /// `rkey` is not of the slot's index, or the range is outside the region.
+    /// `rkey` is not of the slot's index, the range is outside the region, or the slot is
+    /// still bound: as with fast-registration MRs and type-2 memory windows on a NIC, a
+    /// binding must be invalidated (LOCAL_INV or SEND_WITH_INV) before the next one.
     pub fn bind(
         self: &Arc<Self>,
         slot: &FastMr,
@@ -323,6 +325,9 @@ impl MrTable {
         }
         let backing = r.backing.clone();
         let e = &mut inner.entries[slot_index as usize];
+        if e.valid {
+            return Err(bad);
+        }
         *e = Entry {
             kind: Kind::Slot,
             key: rkey as u8,
@@ -459,6 +464,11 @@ mod tests {
             "outside binding"
         );
         let k2 = inc_rkey(k1);
+        assert!(
+            t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).is_err(),
+            "still bound"
+        );
+        t.invalidate(k1).unwrap();
         t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).unwrap();
         assert!(
             t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
