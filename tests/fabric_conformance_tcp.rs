@@ -34,13 +34,6 @@ impl conformance::Backend for Tcp {
     fn listen_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 0))
     }
-    fn expected_failures(&self) -> &'static [(&'static str, &'static str)] {
-        &[(
-            "unsignaled_slots_held_until_a_completion",
-            "the soft RC core frees a send slot when the peer acks, not when a completion \
-             covers it (SoftQp::advance); not tcp-specific",
-        )]
-    }
 }
 
 conformance_tests!(Tcp::new());
