@@ -37,7 +37,7 @@ pub struct TcpConn {
     stream: Option<TcpStream>,
     phase: Phase,
     write_shut: bool,
-    /// The batch in flight was cut back to its current frame (once, entering Closing).
+    /// The batch in flight was detached from user memory (once, entering Closing).
     cut_done: bool,
     qp: SoftQp,
     tx: Tx,
@@ -283,8 +283,10 @@ impl TcpConn {
 
     fn run_closing(&mut self) {
         if !self.cut_done {
-            self.tx.cut_after_current();
             self.cut_done = true;
+            if !self.tx.detach() {
+                return self.lost("the frame in flight is too large to finish after a break");
+            }
         }
         let Some(stream) = self.stream.as_mut() else {
             self.phase = Phase::Closed;

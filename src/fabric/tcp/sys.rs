@@ -114,11 +114,6 @@ impl IoVecs {
         &self.0
     }
 
-    /// Keeps only the first `n` pieces.
-    pub(crate) fn truncate(&mut self, n: usize) {
-        self.0.truncate(n);
-    }
-
     /// Drops the first `n` written bytes from the pieces starting at `*pos`, advancing
     /// `*pos` past the pieces that are complete and trimming a partly written one.
     /// Returns whether the piece now at `*pos` is partly written.
@@ -158,4 +153,33 @@ pub(crate) fn peer_hung_up(fd: RawFd) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     Ok(r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+}
+
+impl IoVecs {
+    /// Appends the bytes of pieces `from..to` to `out`.
+    ///
+    /// # Safety
+    /// Those pieces must describe memory valid for reads.
+    pub(crate) unsafe fn copy_out(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        for v in &self.0[from..to] {
+            out.reserve(v.iov_len);
+            // SAFETY: the source is readable per the caller's contract (copied through raw
+            // pointers, never borrowed: registered memory may change under us); the
+            // destination is `out`'s reserved spare capacity, a distinct allocation, and
+            // the new length covers exactly the bytes just written.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    v.iov_base as *const u8,
+                    out.as_mut_ptr().add(out.len()),
+                    v.iov_len,
+                );
+                out.set_len(out.len() + v.iov_len);
+            }
+        }
+    }
+
+    /// Total bytes of pieces `from..to`.
+    pub(crate) fn bytes(&self, from: usize, to: usize) -> usize {
+        self.0[from..to].iter().map(|v| v.iov_len).sum()
+    }
 }

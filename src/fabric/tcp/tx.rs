@@ -23,6 +23,8 @@ const MAX_FRAMES: usize = 256;
 const IOV_CAP: usize = sys::IOV_MAX;
 /// Header slots and iovecs a batch keeps for the ack and the closing frame.
 const RESERVED: usize = 2;
+/// Largest rest of a half-written frame [`Tx::detach`] copies.
+const MAX_TAIL: usize = 64 << 20;
 /// Batches written per [`Tx::flush`] call before yielding to other work.
 const BATCH_BUDGET: usize = 16;
 
@@ -42,6 +44,8 @@ pub(crate) struct Tx {
     /// For each frame of the batch, the index of the iovec after its last one.
     frame_ends: Vec<usize>,
     keep: Vec<MemRef>,
+    /// The rest of the frame in flight when the connection broke (see [`Tx::detach`]).
+    tail: Vec<u8>,
     /// Cumulative ack owed to the peer, not yet in a batch.
     ack: Option<u64>,
     /// The owed ack already waited one round for a frame to ride with.
@@ -88,6 +92,7 @@ impl Tx {
             partial: false,
             frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
             keep: Vec::with_capacity(IOV_CAP),
+            tail: Vec::new(),
             ack: None,
             ack_held: false,
         }
@@ -143,12 +148,14 @@ impl Tx {
         Ok(())
     }
 
-    /// The connection broke: of the batch in flight keep only the frame being written
-    /// (it must be finished for the stream to stay parseable), drop the frames after it.
-    pub(crate) fn cut_after_current(&mut self) {
-        let cut = if self.pos == 0 && !self.partial {
-            0
-        } else if !self.partial && self.frame_ends.contains(&self.pos) {
+    /// The connection broke. Of the batch in flight only the frame being written is
+    /// kept (it must be finished for the stream to stay parseable before the NAK or
+    /// DISCONNECT); and since the queue pair is flushing its requests, whose memory a NIC
+    /// no longer touches once they complete, the rest of that frame is copied into a
+    /// buffer of our own now, before the user can see a flush completion. Returns false
+    /// when the rest is too large to copy ([`MAX_TAIL`]): the caller closes abruptly.
+    pub(crate) fn detach(&mut self) -> bool {
+        let cut = if !self.partial && (self.pos == 0 || self.frame_ends.contains(&self.pos)) {
             self.pos
         } else {
             match self.frame_ends.iter().find(|&&e| e > self.pos) {
@@ -156,8 +163,26 @@ impl Tx {
                 None => self.iov.len(),
             }
         };
-        self.iov.truncate(cut);
-        self.frame_ends.retain(|&e| e <= cut);
+        let rest = self.iov.bytes(self.pos, cut);
+        if rest > MAX_TAIL {
+            return false;
+        }
+        self.tail.clear();
+        self.tail.reserve(rest);
+        // SAFETY: pieces of the batch in flight point into our header buffers or at
+        // source memory kept alive by `self.keep`, which is only released below.
+        unsafe { self.iov.copy_out(self.pos, cut, &mut self.tail) };
+        self.iov.clear();
+        self.keep.clear();
+        self.frame_ends.clear();
+        self.pos = 0;
+        self.partial = false;
+        if !self.tail.is_empty() {
+            // The tail is not touched again until this batch is written.
+            self.iov.push(self.tail.as_ptr(), self.tail.len());
+            self.frame_ends.push(1);
+        }
+        true
     }
 
     fn push_header(&mut self, h: &Header) {
@@ -371,12 +396,17 @@ mod tests {
         tx.partial = tx.iov.consume(&mut tx.pos, HEADER_LEN + 5);
         assert!(tx.partial);
         qp.fail();
-        tx.cut_after_current();
+        assert!(tx.detach());
+        mr.write_at(0, b"XXXXXXXXXXXX");
         tx.queue_last(H::new(Opcode::Disconnect));
         tx.flush(a.as_raw_fd(), None).unwrap();
         assert!(tx.drained());
         let got = read_all(&mut b);
-        assert_eq!(&got[..7], b"56789ab", "the rest of the first frame");
+        assert_eq!(
+            &got[..7],
+            b"56789ab",
+            "the rest of the first frame, copied at the break"
+        );
         assert_eq!(header(&got[7..]).opcode, Opcode::Disconnect);
         assert_eq!(got.len(), 7 + HEADER_LEN, "the second frame was dropped");
     }
