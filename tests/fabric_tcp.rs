@@ -5,6 +5,8 @@
 
 #[path = "fabric_tcp/cm.rs"]
 mod cm;
+#[path = "fabric_tcp/counting.rs"]
+mod counting;
 #[path = "fabric_tcp/data.rs"]
 mod data;
 #[path = "fabric_tcp/errors.rs"]
@@ -20,6 +22,9 @@ use rtrs_spdk::fabric::{
     inc_rkey, Access, CmEvent, Conn, ConnState, Fabric, FabricKind, Listener, MemBuf, Mr,
     PostErrorKind, PrivateData, QpCaps, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -378,3 +378,66 @@ fn thousands_of_operations_in_flight_in_order() {
     let ids: Vec<u64> = p.cw.iter().map(|w| w.wr_id).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
 }
+
+#[test]
+fn the_data_path_does_not_allocate() {
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+    };
+    let mut p = Pair::new(caps);
+    let src = reg(&p.cf, 8192, Access::NONE);
+    let dst = reg(&p.sf, 8192, RW);
+    let rbuf = reg(&p.sf, 8192, Access::LOCAL_WRITE);
+    let sges = [src.sge(0, 2048), src.sge(4096, 2048)];
+    let write = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: 1,
+    };
+    let mut wcs = [Wc::default(); 16];
+    let mut round = |i: u64, c: &mut Box<dyn Conn>, s: &mut Box<dyn Conn>| {
+        s.post_recv(&[
+            RecvWr {
+                wr_id: i,
+                sge: None,
+            },
+            RecvWr {
+                wr_id: i,
+                sge: Some(rbuf.sge(0, 4096)),
+            },
+        ])
+        .unwrap();
+        let ops = [
+            wr(i, write, &sges, i % 4 == 0),
+            wr(i, SendOp::SendWithImm { imm: 2 }, &sges[..1], true),
+        ];
+        c.post_send(&ops).unwrap();
+        let mut got = 0;
+        let start = Instant::now();
+        while got < 2 {
+            got += s.poll_cq(&mut wcs);
+            c.poll_cq(&mut wcs);
+            assert!(start.elapsed() < DEADLINE, "round {i} stuck");
+        }
+    };
+    for i in 0..100 {
+        round(i, &mut p.c, &mut p.s);
+    }
+    let probe = counting::allocations();
+    drop(std::hint::black_box(vec![0u8; 16]));
+    assert!(
+        counting::allocations() > probe,
+        "the allocation counter counts"
+    );
+    let before = counting::allocations();
+    for i in 100..2100 {
+        round(i, &mut p.c, &mut p.s);
+    }
+    assert_eq!(
+        counting::allocations() - before,
+        0,
+        "allocations on the tcp data path"
+    );
+}
