@@ -164,3 +164,29 @@ fn unknown_version_is_rejected_at_connect() {
         e => panic!("expected an error, got {e:?}"),
     }
 }
+
+#[test]
+fn ipv6_loopback_works_too() {
+    let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
+    let addr: SocketAddr = "[::1]:0".parse().unwrap();
+    let mut l = match sf.listen(addr) {
+        Ok(l) => l,
+        // A host without IPv6 cannot run this scenario; the error must name the address.
+        Err(e) => return assert!(e.to_string().contains("::1"), "{e}"),
+    };
+    let mut c = cf
+        .connect(l.local_addr(), QpCaps::default(), b"v6")
+        .unwrap();
+    let req = until("request over ::1", || {
+        c.poll_cm();
+        l.poll()
+    });
+    assert_eq!(req.private_data.as_bytes(), b"v6");
+    assert!(req.peer.is_ipv6());
+    let s = req.accept(QpCaps::default(), b"").unwrap();
+    assert!(matches!(
+        until("established", || c.poll_cm()),
+        CmEvent::Established { .. }
+    ));
+    assert_eq!(c.peer_addr(), s.local_addr());
+}
