@@ -1,1 +1,177 @@
-//! Software RDMA over TCP.
+//! The `tcp` fabric: software RDMA over TCP.
+//!
+//! Each connection is one non-blocking TCP socket carrying the frames specified in
+//! `docs/tcp-fabric.md` ([`frame`]): the five wire operations of an RC queue pair,
+//! cumulative ACKs, NAKs, and the connection manager's REQ/REP/REJ with 56 bytes of
+//! private data. The queue-pair semantics (key and bounds checks as a NIC makes them,
+//! receive matching, RNR, completions, flush) are the shared soft RC core's
+//! ([`crate::fabric::soft`]); this module only moves bytes and drives progress, inside
+//! `poll_cq`/`poll_cm`, with no thread of its own.
+//!
+//! One [`TcpFabric`] is one protection domain (its own registration table), so two
+//! instances in one process behave as two hosts.
+//!
+//! Files: `frame` (wire format), `tx`/`rx` (the send and receive engines of a
+//! connection), `conn` (a connection and its CM state machine), `listen` (the passive
+//! side), `sys` (the libc calls, all of this module's `unsafe`).
+
+pub mod frame;
+
+mod conn;
+mod listen;
+mod rx;
+mod sys;
+mod tx;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use conn::TcpConn;
+pub use listen::{TcpListener, TcpPending};
+
+use crate::fabric::mem::Backing;
+use crate::fabric::soft::MrTable;
+use crate::fabric::{
+    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr,
+    PrivateData, QpCaps,
+};
+
+/// The limits of the tcp fabric: generous, as nothing but memory bounds them.
+pub const TCP_CAPS: FabricCaps = FabricCaps {
+    max_send_wr: 16 * 1024,
+    max_recv_wr: 16 * 1024,
+    max_send_sge: 32,
+    max_mr_size: 1 << 30,
+};
+
+/// Software RDMA over TCP (see the module docs).
+#[derive(Debug)]
+pub struct TcpFabric {
+    table: Arc<MrTable>,
+}
+
+impl TcpFabric {
+    /// A new protection domain with no registrations.
+    pub fn new() -> TcpFabric {
+        TcpFabric {
+            table: MrTable::new(),
+        }
+    }
+}
+
+impl Default for TcpFabric {
+    fn default() -> Self {
+        TcpFabric::new()
+    }
+}
+
+/// Checks queue sizes against [`TCP_CAPS`]; the error names the field.
+fn check_caps(caps: QpCaps) -> Result<(), String> {
+    let over = |what: &str, v: u32, max: u32| {
+        format!("tcp fabric: {what} {v} exceeds the fabric's limit of {max}")
+    };
+    if caps.max_send_wr == 0 || caps.max_send_wr > TCP_CAPS.max_send_wr {
+        return Err(over("max_send_wr", caps.max_send_wr, TCP_CAPS.max_send_wr));
+    }
+    if caps.max_recv_wr > TCP_CAPS.max_recv_wr {
+        return Err(over("max_recv_wr", caps.max_recv_wr, TCP_CAPS.max_recv_wr));
+    }
+    if caps.max_send_sge > TCP_CAPS.max_send_sge {
+        return Err(over(
+            "max_send_sge",
+            caps.max_send_sge,
+            TCP_CAPS.max_send_sge,
+        ));
+    }
+    Ok(())
+}
+
+fn check_len(len: usize) -> Result<(), FabricError> {
+    if len == 0 || len as u64 > TCP_CAPS.max_mr_size {
+        return Err(FabricError::Register {
+            len,
+            reason: format!(
+                "tcp fabric registrations must be 1..={} bytes (max_mr_size)",
+                TCP_CAPS.max_mr_size
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl Fabric for TcpFabric {
+    fn kind(&self) -> FabricKind {
+        FabricKind::Tcp
+    }
+
+    fn caps(&self) -> FabricCaps {
+        TCP_CAPS
+    }
+
+    fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
+        check_len(buf.len())?;
+        Ok(self.table.register_buf(buf, access))
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, FabricError> {
+        check_len(len)?;
+        if addr.is_null() {
+            return Err(FabricError::Register {
+                len,
+                reason: "null address".into(),
+            });
+        }
+        Ok(self
+            .table
+            .register(Arc::new(Backing::External { addr, len }), access))
+    }
+
+    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
+        Ok(self.table.alloc_fast_mr())
+    }
+
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+        Ok(Box::new(TcpListener::bind(addr, self.table.clone())?))
+    }
+
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let pd = PrivateData::new(private_data)?;
+        let fail = |reason: String| FabricError::Connect { addr: dst, reason };
+        check_caps(caps).map_err(fail)?;
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(dst),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .map_err(|e| fail(format!("socket: {e}")))?;
+        sock.set_nonblocking(true)
+            .map_err(|e| fail(format!("set_nonblocking: {e}")))?;
+        sock.set_tcp_nodelay(true)
+            .map_err(|e| fail(format!("TCP_NODELAY: {e}")))?;
+        let connect_error = match sock.connect(&dst.into()) {
+            Ok(()) => None,
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(e) => Some(e),
+        };
+        let stream: std::net::TcpStream = sock.into();
+        Ok(Box::new(TcpConn::connecting(
+            stream,
+            dst,
+            self.table.clone(),
+            caps,
+            pd,
+            connect_error,
+        )))
+    }
+}

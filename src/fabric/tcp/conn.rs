@@ -1,0 +1,374 @@
+//! One tcp-fabric connection ([`TcpConn`]): a non-blocking socket, the soft RC queue
+//! pair, and the connection-manager state machine around them (what `rdma_cm` plus an
+//! RC QP are on verbs: `rdma_connect`/`rdma_accept`, the established, rejected and
+//! disconnected events, and the QP moving to the error state on a break).
+//!
+//! There is no thread: everything happens inside [`Conn::poll_cq`] and [`Conn::poll_cm`],
+//! which read what arrived, execute it, and write what is pending.
+
+use std::collections::VecDeque;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use super::frame::{cm_frame, CmPayload, Header, Opcode, RejectReason, VERSION};
+use super::rx::{CmReadError, Rx, RxStop};
+use super::sys;
+use super::tx::Tx;
+use crate::fabric::soft::{MrTable, SoftQp};
+use crate::fabric::{CmEvent, Conn, ConnState, PostError, PrivateData, QpCaps, RecvWr, SendWr, Wc};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Initiator: the non-blocking TCP connect is in progress.
+    TcpConnecting,
+    /// Initiator: CM_REQ queued or sent, waiting for CM_REP / CM_REJ.
+    AwaitAnswer,
+    Connected,
+    /// The queue pair broke: finish the frame in flight and the NAK or DISCONNECT, shut
+    /// our side down, and discard input until the peer closes.
+    Closing,
+    /// The socket is gone.
+    Closed,
+}
+
+/// A tcp-fabric connection.
+pub struct TcpConn {
+    stream: Option<TcpStream>,
+    phase: Phase,
+    write_shut: bool,
+    /// The batch in flight was detached from user memory (once, entering Closing).
+    cut_done: bool,
+    qp: SoftQp,
+    tx: Tx,
+    rx: Rx,
+    events: VecDeque<CmEvent>,
+    peer: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    /// The address given to `connect` (for error messages before `peer` is known).
+    dst: Option<SocketAddr>,
+}
+
+impl TcpConn {
+    fn with(stream: Option<TcpStream>, phase: Phase, table: Arc<MrTable>, caps: QpCaps) -> TcpConn {
+        TcpConn {
+            stream,
+            phase,
+            write_shut: false,
+            cut_done: false,
+            qp: SoftQp::new(table, caps),
+            tx: Tx::new(),
+            rx: Rx::new(),
+            events: VecDeque::with_capacity(4),
+            peer: None,
+            local: None,
+            dst: None,
+        }
+    }
+
+    /// Initiator: a connection whose TCP connect is under way (or already failed with
+    /// `connect_error`, reported as the first CM event), with CM_REQ queued.
+    pub(crate) fn connecting(
+        stream: TcpStream,
+        dst: SocketAddr,
+        table: Arc<MrTable>,
+        caps: QpCaps,
+        private_data: PrivateData,
+        connect_error: Option<std::io::Error>,
+    ) -> TcpConn {
+        let mut c = TcpConn::with(Some(stream), Phase::TcpConnecting, table, caps);
+        c.dst = Some(dst);
+        c.tx.queue_cm(cm_frame(
+            Opcode::CmReq,
+            &CmPayload::new(RejectReason::None, private_data),
+        ));
+        if let Some(e) = connect_error {
+            c.fail_connect(format!("tcp fabric: connect to {dst} failed: {e}"));
+        }
+        c
+    }
+
+    /// Acceptor: an accepted connection; CM_REP with `private_data` goes out first.
+    pub(crate) fn accepted(
+        stream: TcpStream,
+        table: Arc<MrTable>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> TcpConn {
+        let peer = stream.peer_addr().ok();
+        let local = stream.local_addr().ok();
+        let mut c = TcpConn::with(Some(stream), Phase::Connected, table, caps);
+        c.peer = peer;
+        c.local = local;
+        c.tx.queue_cm(cm_frame(
+            Opcode::CmRep,
+            &CmPayload::new(RejectReason::None, private_data),
+        ));
+        c.qp.set_connected();
+        c.events.push_back(CmEvent::Established {
+            private_data: PrivateData::empty(),
+        });
+        c.progress();
+        c
+    }
+
+    fn who(&self) -> String {
+        who(self.peer.or(self.dst))
+    }
+
+    /// Establishment failed: report `reason`, flush what was posted, drop the socket.
+    fn fail_connect(&mut self, reason: String) {
+        tracing::debug!(%reason, "tcp fabric connect failed");
+        self.events.push_back(CmEvent::Error { reason });
+        self.end_before_established();
+    }
+
+    fn end_before_established(&mut self) {
+        self.qp.fail();
+        // A connection that never came up reports Error or Rejected, not Disconnected.
+        let _ = self.qp.take_disconnect();
+        self.stream = None;
+        self.phase = Phase::Closed;
+    }
+
+    /// The socket failed or the peer broke the protocol: break at once, no goodbye.
+    fn lost(&mut self, why: &str) {
+        tracing::debug!(peer = %self.who(), why, "tcp fabric connection lost");
+        self.qp.fail();
+        if let Some(s) = self.stream.take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.phase = Phase::Closed;
+    }
+
+    /// Drives the connection: connect, CM answer, frames in and out, closing.
+    fn progress(&mut self) {
+        if self.phase == Phase::TcpConnecting {
+            self.check_connected();
+        }
+        if self.phase == Phase::AwaitAnswer {
+            self.await_answer();
+        }
+        if self.phase == Phase::Connected {
+            self.run_connected();
+        }
+        if self.phase == Phase::Closing {
+            self.run_closing();
+        }
+        if self.qp.take_disconnect() {
+            self.events.push_back(CmEvent::Disconnected);
+        }
+    }
+
+    fn check_connected(&mut self) {
+        let Some(stream) = &self.stream else { return };
+        match sys::poll_writable(stream.as_raw_fd()) {
+            Ok(false) => {}
+            Ok(true) => match stream.take_error() {
+                Ok(None) => {
+                    self.peer = stream.peer_addr().ok();
+                    self.local = stream.local_addr().ok();
+                    self.phase = Phase::AwaitAnswer;
+                }
+                Ok(Some(e)) | Err(e) => {
+                    let who = self.who();
+                    self.fail_connect(format!("tcp fabric: connect to {who} failed: {e}"));
+                }
+            },
+            Err(e) => {
+                let who = self.who();
+                self.fail_connect(format!("tcp fabric: connect to {who}: poll failed: {e}"));
+            }
+        }
+    }
+
+    fn await_answer(&mut self) {
+        let addr = self.peer.or(self.dst);
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), None) {
+            let who = who(addr);
+            self.fail_connect(format!(
+                "tcp fabric: sending the connect request to {who} failed: {e}"
+            ));
+            return;
+        }
+        let answer = match self.rx.read_cm(stream) {
+            Ok(None) => return,
+            Ok(Some(a)) => a,
+            Err(e) => {
+                let who = who(addr);
+                let reason = match e {
+                    CmReadError::Eof => format!(
+                        "tcp fabric: {who} closed the connection before answering the connect request"
+                    ),
+                    CmReadError::Io(e) => format!("tcp fabric: connect to {who} failed: {e}"),
+                    CmReadError::BadMagic(m) => format!(
+                        "tcp fabric: {who} does not speak the tcp fabric protocol (frame magic {m:#010x})"
+                    ),
+                    CmReadError::Version(v) => format!(
+                        "tcp fabric: {who} answered with frame version {v}; this build speaks version {VERSION}"
+                    ),
+                    CmReadError::Garbage(e) => format!("tcp fabric: invalid answer from {who}: {e}"),
+                    CmReadError::Unexpected(op) => format!(
+                        "tcp fabric: {who} answered the connect request with a {op:?} frame"
+                    ),
+                };
+                self.fail_connect(reason);
+                return;
+            }
+        };
+        match answer {
+            (Opcode::CmRep, p) => {
+                self.qp.set_connected();
+                self.events.push_back(CmEvent::Established {
+                    private_data: p.private_data,
+                });
+                self.phase = Phase::Connected;
+            }
+            (_, p) if p.reason == RejectReason::UnsupportedVersion => {
+                let who = who(addr);
+                self.fail_connect(format!(
+                    "tcp fabric: {who} rejected frame version {VERSION}: it speaks versions up to {}",
+                    p.max_version
+                ));
+            }
+            (_, p) => {
+                self.events.push_back(CmEvent::Rejected {
+                    private_data: p.private_data,
+                });
+                self.end_before_established();
+            }
+        }
+    }
+
+    fn run_connected(&mut self) {
+        if self.qp.state() == ConnState::Disconnected {
+            // Broken locally (a post-time error): say goodbye.
+            self.tx.queue_last(Header::new(Opcode::Disconnect));
+            self.phase = Phase::Closing;
+            return;
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        match self.rx.progress(stream, &mut self.qp) {
+            RxStop::Idle => {}
+            RxStop::Eof => return self.lost("the peer closed the connection"),
+            RxStop::Io(e) => return self.lost(&format!("socket read failed: {e}")),
+            RxStop::Garbage(e) => return self.lost(&format!("invalid frame: {e}")),
+            RxStop::Unexpected(op) => return self.lost(&format!("unexpected {op:?} frame")),
+            RxStop::Refused { seq, status } => {
+                tracing::debug!(peer = %self.who(), seq, ?status, "tcp fabric: refusing operation");
+                self.tx.queue_last(Header::nak(seq, status));
+                self.phase = Phase::Closing;
+            }
+            RxStop::PeerNak => self.phase = Phase::Closing,
+            RxStop::PeerDisconnect => {
+                self.qp.fail();
+                self.phase = Phase::Closing;
+            }
+        }
+        if self.phase != Phase::Connected {
+            return;
+        }
+        let Some(stream) = self.stream.as_ref() else {
+            return;
+        };
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
+            self.lost(&format!("socket write failed: {e}"));
+        }
+    }
+
+    fn run_closing(&mut self) {
+        if !self.cut_done {
+            self.cut_done = true;
+            if !self.tx.detach() {
+                return self.lost("the frame in flight is too large to finish after a break");
+            }
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            self.phase = Phase::Closed;
+            return;
+        };
+        if !self.write_shut {
+            if let Err(e) = self.tx.flush(stream.as_raw_fd(), None) {
+                return self.lost(&format!("socket write failed while closing: {e}"));
+            }
+            if self.tx.drained() {
+                let _ = stream.shutdown(Shutdown::Write);
+                self.write_shut = true;
+            }
+        }
+        match self.rx.discard(stream) {
+            RxStop::Idle => {}
+            _ => {
+                self.stream = None;
+                self.phase = Phase::Closed;
+            }
+        }
+    }
+}
+
+fn who(addr: Option<SocketAddr>) -> String {
+    match addr {
+        Some(a) => a.to_string(),
+        None => "unknown peer".to_string(),
+    }
+}
+
+impl Conn for TcpConn {
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.qp.post_send(wrs)
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.qp.post_recv(wrs)
+    }
+
+    fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize {
+        self.progress();
+        self.qp.poll(wcs)
+    }
+
+    fn poll_cm(&mut self) -> Option<CmEvent> {
+        if self.events.is_empty() {
+            self.progress();
+        }
+        self.events.pop_front()
+    }
+
+    fn disconnect(&mut self) {
+        match self.phase {
+            Phase::TcpConnecting | Phase::AwaitAnswer => {
+                self.qp.fail();
+                self.stream = None;
+                self.phase = Phase::Closed;
+            }
+            Phase::Connected => {
+                self.qp.fail();
+                self.tx.queue_last(Header::new(Opcode::Disconnect));
+                self.phase = Phase::Closing;
+            }
+            Phase::Closing | Phase::Closed => {}
+        }
+        self.progress();
+    }
+
+    fn state(&self) -> ConnState {
+        self.qp.state()
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+}

@@ -1,0 +1,343 @@
+//! The receive side of one tcp-fabric connection: parses frames from the socket and
+//! executes them through the soft queue pair, in stream order (the responder half of an
+//! RC queue pair).
+//!
+//! Headers and small frames come through a staging buffer, read in large pieces. A
+//! payload goes straight into the memory the queue pair placed it at: whatever of it is
+//! already staged is copied, the rest is read with one `readv` into the target memory
+//! *and* the staging buffer, so the same call also fetches the headers that follow. No
+//! payload ever passes through a bounce buffer. An operation that needs a receive when
+//! none is posted stalls the stream (RNR) until one is.
+
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+
+use super::frame::{peek_version, CmPayload, FrameError, Header, Opcode};
+use super::frame::{CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, VERSION};
+use super::sys;
+use crate::fabric::soft::{InboundError, MemRef, SoftQp, WireKind, WireOp};
+use crate::fabric::WcStatus;
+
+/// Size of the staging buffer.
+const STAGE_LEN: usize = 64 * 1024;
+/// Frames (or socket reads) handled per [`Rx::progress`] call before yielding.
+const FRAME_BUDGET: usize = 1024;
+
+enum State {
+    Header,
+    Payload {
+        op: WireOp,
+        dest: MemRef,
+        done: usize,
+    },
+    /// Receive not ready: `op` waits for a posted receive.
+    Stalled(WireOp),
+}
+
+/// Why [`Rx::progress`] returned.
+#[derive(Debug)]
+pub(crate) enum RxStop {
+    /// Nothing more to read now, stalled on RNR, or out of budget.
+    Idle,
+    /// The peer closed its side.
+    Eof,
+    Io(io::Error),
+    /// The peer broke the frame format.
+    Garbage(FrameError),
+    /// A frame that is valid but not allowed here (for example a CM frame mid-stream).
+    Unexpected(Opcode),
+    /// The queue pair refused operation `seq`: NAK it and close.
+    Refused {
+        seq: u64,
+        status: WcStatus,
+    },
+    /// The peer refused one of ours (the queue pair has the status already).
+    PeerNak,
+    /// The peer disconnected gracefully.
+    PeerDisconnect,
+}
+
+/// Why the initiator's wait for CM_REP / CM_REJ failed.
+#[derive(Debug)]
+pub(crate) enum CmReadError {
+    Eof,
+    Io(io::Error),
+    BadMagic(u32),
+    Version(u8),
+    Garbage(FrameError),
+    Unexpected(Opcode),
+}
+
+pub(crate) struct Rx {
+    stage: Box<[u8]>,
+    start: usize,
+    end: usize,
+    state: State,
+}
+
+enum Fill {
+    Data,
+    Eof,
+    WouldBlock,
+    Err(io::Error),
+}
+
+impl Rx {
+    pub(crate) fn new() -> Rx {
+        Rx {
+            stage: vec![0; STAGE_LEN].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            state: State::Header,
+        }
+    }
+
+    fn staged(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Reads more into the staging buffer, making room first (a frame header or CM
+    /// frame always fits contiguously after this).
+    fn fill<S: Read>(&mut self, stream: &mut S) -> Fill {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > STAGE_LEN / 2 || self.end == STAGE_LEN {
+            self.stage.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        loop {
+            match stream.read(&mut self.stage[self.end..]) {
+                Ok(0) => return Fill::Eof,
+                Ok(n) => {
+                    self.end += n;
+                    return Fill::Data;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Fill::WouldBlock,
+                Err(e) => return Fill::Err(e),
+            }
+        }
+    }
+
+    fn take_header(&mut self) -> Result<Header, FrameError> {
+        let mut b = [0u8; HEADER_LEN];
+        b.copy_from_slice(&self.stage[self.start..self.start + HEADER_LEN]);
+        self.start += HEADER_LEN;
+        Header::decode(&b)
+    }
+
+    /// Reads and executes frames until the socket has nothing more, the stream stalls
+    /// (RNR), the budget is spent, or the connection must end.
+    pub(crate) fn progress<S: Read + AsRawFd>(
+        &mut self,
+        stream: &mut S,
+        qp: &mut SoftQp,
+    ) -> RxStop {
+        for _ in 0..FRAME_BUDGET {
+            match &mut self.state {
+                State::Stalled(op) => {
+                    if !qp.recv_ready() {
+                        // The peer's DISCONNECT or EOF is behind the stalled operation;
+                        // a peer that went away must still break the connection.
+                        return match sys::peer_hung_up(stream.as_raw_fd()) {
+                            Ok(false) => RxStop::Idle,
+                            Ok(true) => RxStop::Eof,
+                            Err(e) => RxStop::Io(e),
+                        };
+                    }
+                    let op = *op;
+                    if let Some(stop) = self.start_op(op, qp) {
+                        return stop;
+                    }
+                }
+                State::Payload { op, dest, done } => {
+                    let len = op.len as usize;
+                    let staged = (self.end - self.start).min(len - *done);
+                    if staged > 0 {
+                        dest.write_at(*done, &self.stage[self.start..self.start + staged]);
+                        self.start += staged;
+                        *done += staged;
+                    }
+                    if *done < len {
+                        // Nothing staged: read the rest of the payload into place and the
+                        // following frames into the staging buffer, in one call.
+                        self.start = 0;
+                        self.end = 0;
+                        let rest = len - *done;
+                        let iov = [
+                            sys::iovec(dest.as_ptr().wrapping_add(*done), rest),
+                            sys::iovec(self.stage.as_mut_ptr(), STAGE_LEN),
+                        ];
+                        // SAFETY: the first piece is inside `dest`, registered memory
+                        // checked for this remote access and kept alive by the MemRef;
+                        // the second is our own staging buffer, borrowed mutably here.
+                        match unsafe { sys::recv_scatter(stream.as_raw_fd(), &iov) } {
+                            Ok(0) => return RxStop::Eof,
+                            Ok(n) if n <= rest => *done += n,
+                            Ok(n) => {
+                                *done = len;
+                                self.end = n - rest;
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxStop::Idle,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return RxStop::Io(e),
+                        }
+                    }
+                    if *done == len {
+                        let op = *op;
+                        self.state = State::Header;
+                        qp.inbound_done(&op);
+                    }
+                }
+                State::Header => {
+                    if self.staged() < HEADER_LEN {
+                        match self.fill(stream) {
+                            Fill::Data => continue,
+                            Fill::Eof => return RxStop::Eof,
+                            Fill::WouldBlock => return RxStop::Idle,
+                            Fill::Err(e) => return RxStop::Io(e),
+                        }
+                    }
+                    let h = match self.take_header() {
+                        Ok(h) => h,
+                        Err(e) => return RxStop::Garbage(e),
+                    };
+                    if let Some(stop) = self.dispatch(h, qp) {
+                        return stop;
+                    }
+                }
+            }
+        }
+        RxStop::Idle
+    }
+
+    fn dispatch(&mut self, h: Header, qp: &mut SoftQp) -> Option<RxStop> {
+        let kind = match h.opcode {
+            Opcode::Send => WireKind::Send,
+            Opcode::SendWithImm => WireKind::SendWithImm,
+            Opcode::SendWithInv => WireKind::SendWithInv,
+            Opcode::RdmaWrite => WireKind::RdmaWrite,
+            Opcode::RdmaWriteWithImm => WireKind::RdmaWriteWithImm,
+            Opcode::Ack => {
+                qp.on_ack(h.seq);
+                return None;
+            }
+            Opcode::Nak => {
+                qp.on_nak(h.seq, h.nak_status());
+                return Some(RxStop::PeerNak);
+            }
+            Opcode::Disconnect => return Some(RxStop::PeerDisconnect),
+            op @ (Opcode::CmReq | Opcode::CmRep | Opcode::CmRej) => {
+                return Some(RxStop::Unexpected(op))
+            }
+        };
+        let op = WireOp {
+            seq: h.seq,
+            kind,
+            len: h.len,
+            remote_addr: h.remote_addr,
+            rkey: h.rkey,
+            imm: h.imm,
+            inv_rkey: h.inv_rkey,
+        };
+        self.start_op(op, qp)
+    }
+
+    /// Asks the queue pair where `op` goes and starts placing its payload.
+    fn start_op(&mut self, op: WireOp, qp: &mut SoftQp) -> Option<RxStop> {
+        match qp.inbound(&op) {
+            Ok(Some(dest)) if dest.len() == op.len as usize && op.len > 0 => {
+                self.state = State::Payload { op, dest, done: 0 };
+                None
+            }
+            Ok(None) if op.len == 0 => {
+                self.state = State::Header;
+                qp.inbound_done(&op);
+                None
+            }
+            Ok(_) => {
+                // A placement that does not match the payload: never accept bytes we
+                // cannot put where they belong.
+                qp.fail();
+                Some(RxStop::Refused {
+                    seq: op.seq,
+                    status: WcStatus::RemoteInvalidRequest,
+                })
+            }
+            Err(InboundError::NotReady) => {
+                self.state = State::Stalled(op);
+                Some(RxStop::Idle)
+            }
+            Err(InboundError::Refuse(status)) => {
+                self.state = State::Header;
+                Some(RxStop::Refused {
+                    seq: op.seq,
+                    status,
+                })
+            }
+        }
+    }
+
+    /// Initiator only: the acceptor's answer (CM_REP or CM_REJ) once it is completely
+    /// in, `Ok(None)` while it is not. Frames after it stay staged for [`Rx::progress`].
+    pub(crate) fn read_cm<S: Read>(
+        &mut self,
+        stream: &mut S,
+    ) -> Result<Option<(Opcode, CmPayload)>, CmReadError> {
+        loop {
+            if self.staged() >= HEADER_LEN {
+                let mut b = [0u8; HEADER_LEN];
+                b.copy_from_slice(&self.stage[self.start..self.start + HEADER_LEN]);
+                let (magic, version, _) = peek_version(&b);
+                if magic != MAGIC {
+                    return Err(CmReadError::BadMagic(magic));
+                }
+                if version != VERSION {
+                    return Err(CmReadError::Version(version));
+                }
+                let h = Header::decode(&b).map_err(CmReadError::Garbage)?;
+                if !matches!(h.opcode, Opcode::CmRep | Opcode::CmRej) {
+                    return Err(CmReadError::Unexpected(h.opcode));
+                }
+                if self.staged() >= CM_FRAME_LEN {
+                    let mut p = [0u8; CM_PAYLOAD_LEN];
+                    let at = self.start + HEADER_LEN;
+                    p.copy_from_slice(&self.stage[at..at + CM_PAYLOAD_LEN]);
+                    let payload = CmPayload::decode(&p).map_err(CmReadError::Garbage)?;
+                    self.start += CM_FRAME_LEN;
+                    return Ok(Some((h.opcode, payload)));
+                }
+            }
+            match self.fill(stream) {
+                Fill::Data => {}
+                Fill::Eof => return Err(CmReadError::Eof),
+                Fill::WouldBlock => return Ok(None),
+                Fill::Err(e) => return Err(CmReadError::Io(e)),
+            }
+        }
+    }
+
+    /// Closing: reads and throws away whatever the peer still sends, so that closing
+    /// our socket later does not reset the peer's unread data (our NAK or DISCONNECT).
+    /// Returns `Eof`, `Io` or `Idle`.
+    pub(crate) fn discard<S: Read>(&mut self, stream: &mut S) -> RxStop {
+        self.start = 0;
+        self.end = 0;
+        for _ in 0..FRAME_BUDGET {
+            match stream.read(&mut self.stage[..]) {
+                Ok(0) => return RxStop::Eof,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxStop::Idle,
+                Err(e) => return RxStop::Io(e),
+            }
+        }
+        RxStop::Idle
+    }
+}
+
+#[cfg(test)]
+#[path = "rx_tests.rs"]
+mod tests;

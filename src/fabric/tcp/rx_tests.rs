@@ -1,0 +1,230 @@
+//! Unit tests of the receive engine over a socket pair: staged and direct payloads,
+//! acks, RNR stall and resume, refusal, garbage.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use super::*;
+use crate::fabric::soft::MrTable;
+use crate::fabric::{Access, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode};
+
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+struct Setup {
+    table: Arc<MrTable>,
+    qp: SoftQp,
+    rx: Rx,
+    ours: UnixStream,
+    peer: UnixStream,
+}
+
+fn setup() -> Setup {
+    let (ours, peer) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let table = MrTable::new();
+    let mut qp = SoftQp::new(table.clone(), QpCaps::default());
+    qp.set_connected();
+    Setup {
+        table,
+        qp,
+        rx: Rx::new(),
+        ours,
+        peer,
+    }
+}
+
+fn write_frame(peer: &mut UnixStream, h: Header, payload: &[u8]) {
+    peer.write_all(&h.to_bytes()).unwrap();
+    peer.write_all(payload).unwrap();
+}
+
+fn write_op(seq: u64, dst: &Mr, at: usize, len: u32, with_imm: Option<u32>) -> Header {
+    let opcode = if with_imm.is_some() {
+        Opcode::RdmaWriteWithImm
+    } else {
+        Opcode::RdmaWrite
+    };
+    Header {
+        len,
+        rkey: dst.rkey(),
+        remote_addr: dst.addr() + at as u64,
+        imm: with_imm.unwrap_or(0),
+        seq,
+        ..Header::new(opcode)
+    }
+}
+
+fn wcs(qp: &mut SoftQp) -> Vec<Wc> {
+    let mut w = [Wc::default(); 16];
+    let n = qp.poll(&mut w);
+    w[..n].to_vec()
+}
+
+#[test]
+fn small_and_large_payloads_land_in_place() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW);
+    s.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sge: None,
+    }])
+    .unwrap();
+    let small: Vec<u8> = (0..100u8).collect();
+    let large: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    write_frame(&mut s.peer, write_op(1, &dst, 0, 100, None), &small);
+    let big = write_op(2, &dst, 4096, large.len() as u32, Some(9));
+    // The large payload is written from another thread: it exceeds the socket buffer.
+    let mut peer = s.peer.try_clone().unwrap();
+    let data = large.clone();
+    let writer = std::thread::spawn(move || write_frame(&mut peer, big, &data));
+    let mut got = Vec::new();
+    for _ in 0..1_000_000 {
+        assert!(matches!(
+            s.rx.progress(&mut s.ours, &mut s.qp),
+            RxStop::Idle
+        ));
+        got.extend(wcs(&mut s.qp));
+        if !got.is_empty() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    writer.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].opcode, got[0].imm, got[0].byte_len),
+        (WcOpcode::RecvRdmaWithImm, Some(9), 300_000)
+    );
+    let mut out = vec![0u8; 100];
+    dst.read_at(0, &mut out);
+    assert_eq!(out, small);
+    let mut out = vec![0u8; large.len()];
+    dst.read_at(4096, &mut out);
+    assert!(out == large, "large payload corrupted");
+    assert_eq!(s.qp.take_ack(), Some(2));
+}
+
+#[test]
+fn rnr_stalls_the_stream_until_a_receive_is_posted() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
+    write_frame(
+        &mut s.peer,
+        Header {
+            seq: 1,
+            imm: 5,
+            ..Header::new(Opcode::SendWithImm)
+        },
+        &[],
+    );
+    write_frame(&mut s.peer, write_op(2, &dst, 0, 4, None), b"abcd");
+    for _ in 0..10 {
+        assert!(matches!(
+            s.rx.progress(&mut s.ours, &mut s.qp),
+            RxStop::Idle
+        ));
+    }
+    assert!(wcs(&mut s.qp).is_empty());
+    let mut out = [0u8; 4];
+    dst.read_at(0, &mut out);
+    assert_eq!(out, [0; 4], "the write behind the stalled send waits");
+    s.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }])
+    .unwrap();
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Idle
+    ));
+    assert_eq!(wcs(&mut s.qp)[0].imm, Some(5));
+    dst.read_at(0, &mut out);
+    assert_eq!(&out, b"abcd");
+}
+
+#[test]
+fn a_departed_peer_breaks_a_stalled_stream() {
+    let mut s = setup();
+    write_frame(
+        &mut s.peer,
+        Header {
+            seq: 1,
+            ..Header::new(Opcode::Send)
+        },
+        &[],
+    );
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Idle
+    ));
+    s.peer.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(matches!(s.rx.progress(&mut s.ours, &mut s.qp), RxStop::Eof));
+}
+
+#[test]
+fn acks_naks_refusals_and_garbage() {
+    let mut s = setup();
+    let src = s.table.register_buf(MemBuf::zeroed(64), Access::NONE);
+    let sg = [src.sge(0, 8)];
+    s.qp.post_send(&[
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sges: &sg,
+            signaled: true,
+        },
+        SendWr {
+            wr_id: 2,
+            op: SendOp::Send,
+            sges: &sg,
+            signaled: true,
+        },
+    ])
+    .unwrap();
+    s.qp.mark_transmitted(2);
+    write_frame(&mut s.peer, Header::ack(1), &[]);
+    write_frame(&mut s.peer, Header::nak(2, WcStatus::RemoteAccess), &[]);
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::PeerNak
+    ));
+    let w = wcs(&mut s.qp);
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::Success));
+    assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::RemoteAccess));
+
+    // A write to a key that does not exist is refused before any payload is read.
+    let mut s = setup();
+    let h = Header {
+        len: 8,
+        rkey: 0x4200,
+        remote_addr: 64,
+        seq: 1,
+        ..Header::new(Opcode::RdmaWrite)
+    };
+    write_frame(&mut s.peer, h, &[1; 8]);
+    match s.rx.progress(&mut s.ours, &mut s.qp) {
+        RxStop::Refused {
+            seq: 1,
+            status: WcStatus::RemoteAccess,
+        } => {}
+        other => panic!("{other:?}"),
+    }
+
+    // Garbage and frames out of place end the connection.
+    let mut s = setup();
+    s.peer.write_all(&[0xee; HEADER_LEN]).unwrap();
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Garbage(FrameError::BadMagic { .. })
+    ));
+    let mut s = setup();
+    write_frame(&mut s.peer, Header::cm(Opcode::CmReq), &[0; 64]);
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Unexpected(Opcode::CmReq)
+    ));
+    let mut s = setup();
+    drop(s.peer);
+    assert!(matches!(s.rx.progress(&mut s.ours, &mut s.qp), RxStop::Eof));
+}

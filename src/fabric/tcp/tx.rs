@@ -1,0 +1,440 @@
+//! The transmit side of one tcp-fabric connection: turns the soft queue pair's posted
+//! wire operations, its cumulative acks and the connection's control frames into frames,
+//! and writes them with one gathered `sendmsg` for many frames (the software counterpart
+//! of a NIC's send engine walking the send queue).
+//!
+//! A *batch* is a list of iovecs: 40-byte headers from a fixed header buffer and payload
+//! pieces pointing straight at the source memory (no copy). The batch keeps a clone of
+//! every source `MemRef`, so a frame that is half written when the queue pair breaks
+//! (and flushes its requests) can still be finished, which keeps the stream parseable
+//! for the NAK or DISCONNECT that follows it. A new batch is built only when the
+//! previous one is completely written.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use super::frame::{Header, Opcode, CM_FRAME_LEN, HEADER_LEN};
+use super::sys::{self, IoVecs};
+use crate::fabric::soft::{MemRef, SoftQp, WireKind, WireOp};
+
+/// Frames per batch (headers buffer size).
+const MAX_FRAMES: usize = 256;
+/// Iovecs per batch.
+const IOV_CAP: usize = sys::IOV_MAX;
+/// Header slots and iovecs a batch keeps for the ack and the closing frame.
+const RESERVED: usize = 2;
+/// Largest rest of a half-written frame [`Tx::detach`] copies.
+const MAX_TAIL: usize = 64 << 20;
+/// Batches written per [`Tx::flush`] call before yielding to other work.
+const BATCH_BUDGET: usize = 16;
+
+pub(crate) struct Tx {
+    hdrs: Box<[[u8; HEADER_LEN]; MAX_FRAMES]>,
+    nhdrs: usize,
+    cm: Box<[u8; CM_FRAME_LEN]>,
+    cm_pending: bool,
+    /// NAK or DISCONNECT: written after everything already in a batch, then nothing else.
+    last: Option<Header>,
+    last_written: bool,
+    iov: IoVecs,
+    /// First iovec of `iov` not completely written.
+    pos: usize,
+    /// Whether `iov[pos]` is partly written.
+    partial: bool,
+    /// For each frame of the batch, the index of the iovec after its last one.
+    frame_ends: Vec<usize>,
+    keep: Vec<MemRef>,
+    /// The rest of the frame in flight when the connection broke (see [`Tx::detach`]).
+    tail: Vec<u8>,
+    /// Cumulative ack owed to the peer, not yet in a batch.
+    ack: Option<u64>,
+    /// The owed ack already waited one round for a frame to ride with.
+    ack_held: bool,
+}
+
+/// The header of a wire operation.
+pub(crate) fn wire_header(op: &WireOp) -> Header {
+    let opcode = match op.kind {
+        WireKind::Send => Opcode::Send,
+        WireKind::SendWithImm => Opcode::SendWithImm,
+        WireKind::SendWithInv => Opcode::SendWithInv,
+        WireKind::RdmaWrite => Opcode::RdmaWrite,
+        WireKind::RdmaWriteWithImm => Opcode::RdmaWriteWithImm,
+    };
+    let remote = matches!(op.kind, WireKind::RdmaWrite | WireKind::RdmaWriteWithImm);
+    let imm = matches!(op.kind, WireKind::SendWithImm | WireKind::RdmaWriteWithImm);
+    Header {
+        opcode,
+        len: op.len,
+        rkey: if remote { op.rkey } else { 0 },
+        remote_addr: if remote { op.remote_addr } else { 0 },
+        imm: if imm { op.imm } else { 0 },
+        inv_rkey: if op.kind == WireKind::SendWithInv {
+            op.inv_rkey
+        } else {
+            0
+        },
+        seq: op.seq,
+    }
+}
+
+impl Tx {
+    pub(crate) fn new() -> Tx {
+        Tx {
+            hdrs: Box::new([[0; HEADER_LEN]; MAX_FRAMES]),
+            nhdrs: 0,
+            cm: Box::new([0; CM_FRAME_LEN]),
+            cm_pending: false,
+            last: None,
+            last_written: false,
+            iov: IoVecs::with_capacity(IOV_CAP),
+            pos: 0,
+            partial: false,
+            frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
+            keep: Vec::with_capacity(IOV_CAP),
+            tail: Vec::new(),
+            ack: None,
+            ack_held: false,
+        }
+    }
+
+    /// Queues a CM frame (REQ or REP) to go first.
+    pub(crate) fn queue_cm(&mut self, frame: [u8; CM_FRAME_LEN]) {
+        *self.cm = frame;
+        self.cm_pending = true;
+    }
+
+    /// Queues the closing frame (NAK or DISCONNECT); later calls are ignored.
+    pub(crate) fn queue_last(&mut self, h: Header) {
+        if self.last.is_none() && !self.last_written {
+            self.last = Some(h);
+        }
+    }
+
+    /// Whether the closing frame (if any was queued) and everything before it is written.
+    pub(crate) fn drained(&self) -> bool {
+        self.pos == self.iov.len() && !self.cm_pending && self.last.is_none()
+    }
+
+    /// Writes as much as the socket takes: the rest of the current batch, then new
+    /// batches from `qp` (`None` once the connection is closing: only the CM and closing
+    /// frames go out then).
+    ///
+    /// # Errors
+    /// The socket's error (never `WouldBlock`: that just ends the call).
+    pub(crate) fn flush(&mut self, fd: RawFd, mut qp: Option<&mut SoftQp>) -> io::Result<()> {
+        for _ in 0..BATCH_BUDGET {
+            while self.pos < self.iov.len() {
+                // SAFETY: every iovec points into `self.hdrs`, `self.cm` (boxed, not
+                // moved or rewritten while the batch is in flight) or at source memory
+                // kept alive by `self.keep`.
+                match unsafe { sys::send_gather(fd, &self.iov.as_slice()[self.pos..]) } {
+                    Ok(n) => self.partial = self.iov.consume(&mut self.pos, n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.iov.clear();
+            self.keep.clear();
+            self.frame_ends.clear();
+            self.nhdrs = 0;
+            self.pos = 0;
+            self.partial = false;
+            if !self.build(qp.as_deref_mut()) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection broke. Of the batch in flight only the frame being written is
+    /// kept (it must be finished for the stream to stay parseable before the NAK or
+    /// DISCONNECT); and since the queue pair is flushing its requests, whose memory a NIC
+    /// no longer touches once they complete, the rest of that frame is copied into a
+    /// buffer of our own now, before the user can see a flush completion. Returns false
+    /// when the rest is too large to copy ([`MAX_TAIL`]): the caller closes abruptly.
+    pub(crate) fn detach(&mut self) -> bool {
+        let cut = if !self.partial && (self.pos == 0 || self.frame_ends.contains(&self.pos)) {
+            self.pos
+        } else {
+            match self.frame_ends.iter().find(|&&e| e > self.pos) {
+                Some(&e) => e,
+                None => self.iov.len(),
+            }
+        };
+        let rest = self.iov.bytes(self.pos, cut);
+        if rest > MAX_TAIL {
+            return false;
+        }
+        self.tail.clear();
+        self.tail.reserve(rest);
+        // SAFETY: pieces of the batch in flight point into our header buffers or at
+        // source memory kept alive by `self.keep`, which is only released below.
+        unsafe { self.iov.copy_out(self.pos, cut, &mut self.tail) };
+        self.iov.clear();
+        self.keep.clear();
+        self.frame_ends.clear();
+        self.pos = 0;
+        self.partial = false;
+        if !self.tail.is_empty() {
+            // The tail is not touched again until this batch is written.
+            self.iov.push(self.tail.as_ptr(), self.tail.len());
+            self.frame_ends.push(1);
+        }
+        true
+    }
+
+    fn push_header(&mut self, h: &Header) {
+        let slot = &mut self.hdrs[self.nhdrs];
+        h.encode(slot);
+        let ptr = slot.as_ptr();
+        self.nhdrs += 1;
+        self.iov.push(ptr, HEADER_LEN);
+    }
+
+    /// Fills a new batch; false when there is nothing to send.
+    fn build(&mut self, qp: Option<&mut SoftQp>) -> bool {
+        if self.cm_pending {
+            self.cm_pending = false;
+            self.iov.push(self.cm.as_ptr(), CM_FRAME_LEN);
+            self.frame_ends.push(self.iov.len());
+        }
+        if let Some(qp) = qp {
+            if let Some(seq) = qp.take_ack() {
+                self.ack = Some(seq);
+            }
+            let mut n = 0;
+            for (op, srcs) in qp.outbound() {
+                // Keep room for the ack and the closing frame.
+                if self.nhdrs + 1 + RESERVED > MAX_FRAMES
+                    || self.iov.len() + 1 + srcs.len() + RESERVED > IOV_CAP
+                {
+                    break;
+                }
+                self.push_header(&wire_header(&op));
+                for s in srcs.iter().filter(|s| !s.is_empty()) {
+                    self.iov.push(s.as_ptr(), s.len());
+                    self.keep.push(s.clone());
+                }
+                self.frame_ends.push(self.iov.len());
+                n += 1;
+            }
+            qp.mark_transmitted(n);
+            // Delayed ack: an ack rides with the frames going out anyway; alone it waits
+            // one round (the local user usually answers a request by then), which saves
+            // a syscall per request on both sides.
+            if let Some(seq) = self.ack {
+                if n > 0 || self.ack_held {
+                    self.push_header(&Header::ack(seq));
+                    self.frame_ends.push(self.iov.len());
+                    self.ack = None;
+                    self.ack_held = false;
+                } else {
+                    self.ack_held = true;
+                }
+            }
+        }
+        if let Some(h) = self.last.take() {
+            self.push_header(&h);
+            self.frame_ends.push(self.iov.len());
+            self.last_written = true;
+        }
+        self.iov.len() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::soft::MrTable;
+    use crate::fabric::tcp::frame::{cm_frame, CmPayload, Header as H, RejectReason};
+    use crate::fabric::{Access, MemBuf, PrivateData, QpCaps, SendOp, SendWr};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    fn read_all(b: &mut UnixStream) -> Vec<u8> {
+        b.set_nonblocking(true).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = b.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    }
+
+    fn header(bytes: &[u8]) -> H {
+        H::decode(bytes[..HEADER_LEN].try_into().unwrap()).unwrap()
+    }
+
+    /// A queue pair that has executed one incoming operation (so it owes an ack).
+    fn qp_owing_an_ack(table: &Arc<MrTable>) -> SoftQp {
+        let mut qp = SoftQp::new(table.clone(), QpCaps::default());
+        qp.set_connected();
+        let op = WireOp {
+            seq: 1,
+            kind: WireKind::RdmaWrite,
+            len: 0,
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+            inv_rkey: 0,
+        };
+        assert!(qp.inbound(&op).unwrap().is_none());
+        qp.inbound_done(&op);
+        qp
+    }
+
+    #[test]
+    fn a_batch_carries_cm_frame_headers_payloads_and_the_ack() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mr = table.register_buf(MemBuf::zeroed(4096), Access::NONE);
+        mr.write_at(0, b"hello world!");
+        let mut qp = qp_owing_an_ack(&table);
+        let two = [mr.sge(0, 5), mr.sge(5, 7)];
+        let one = [mr.sge(0, 3)];
+        qp.post_send(&[
+            SendWr {
+                wr_id: 1,
+                op: SendOp::SendWithImm { imm: 5 },
+                sges: &two,
+                signaled: true,
+            },
+            SendWr {
+                wr_id: 2,
+                op: SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: 0x300,
+                },
+                sges: &one,
+                signaled: true,
+            },
+        ])
+        .unwrap();
+        let mut tx = Tx::new();
+        let pd = PrivateData::new(b"rep").unwrap();
+        tx.queue_cm(cm_frame(
+            Opcode::CmRep,
+            &CmPayload::new(RejectReason::None, pd),
+        ));
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert!(tx.drained());
+        assert_eq!(qp.outbound().count(), 0, "both operations handed over");
+
+        let got = read_all(&mut b);
+        assert_eq!(
+            got.len(),
+            CM_FRAME_LEN + HEADER_LEN + 12 + HEADER_LEN + 3 + HEADER_LEN
+        );
+        assert_eq!(header(&got).opcode, Opcode::CmRep);
+        let mut at = CM_FRAME_LEN;
+        let h = header(&got[at..]);
+        assert_eq!(
+            (h.opcode, h.len, h.imm, h.seq),
+            (Opcode::SendWithImm, 12, 5, 1)
+        );
+        at += HEADER_LEN;
+        assert_eq!(&got[at..at + 12], b"hello world!");
+        at += 12;
+        let h = header(&got[at..]);
+        assert_eq!(
+            (h.opcode, h.rkey, h.remote_addr, h.seq),
+            (Opcode::RdmaWrite, 0x300, 0x1000, 2)
+        );
+        at += HEADER_LEN + 3;
+        assert_eq!(header(&got[at..]), H::ack(1), "the owed ack rides along");
+    }
+
+    #[test]
+    fn a_lone_ack_waits_one_round() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mut qp = qp_owing_an_ack(&table);
+        let mut tx = Tx::new();
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert!(read_all(&mut b).is_empty());
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
+    }
+
+    #[test]
+    fn a_break_finishes_only_the_frame_in_flight() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mr = table.register_buf(MemBuf::zeroed(4096), Access::NONE);
+        mr.write_at(0, b"0123456789ab");
+        let mut qp = SoftQp::new(table.clone(), QpCaps::default());
+        qp.set_connected();
+        let s = [mr.sge(0, 12)];
+        let wrs = [
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Send,
+                sges: &s,
+                signaled: true,
+            },
+            SendWr {
+                wr_id: 2,
+                op: SendOp::Send,
+                sges: &s,
+                signaled: true,
+            },
+        ];
+        qp.post_send(&wrs).unwrap();
+        let mut tx = Tx::new();
+        assert!(tx.build(Some(&mut qp)));
+        // As if the socket had taken the first header and 5 payload bytes.
+        tx.partial = tx.iov.consume(&mut tx.pos, HEADER_LEN + 5);
+        assert!(tx.partial);
+        qp.fail();
+        assert!(tx.detach());
+        mr.write_at(0, b"XXXXXXXXXXXX");
+        tx.queue_last(H::new(Opcode::Disconnect));
+        tx.flush(a.as_raw_fd(), None).unwrap();
+        assert!(tx.drained());
+        let got = read_all(&mut b);
+        assert_eq!(
+            &got[..7],
+            b"56789ab",
+            "the rest of the first frame, copied at the break"
+        );
+        assert_eq!(header(&got[7..]).opcode, Opcode::Disconnect);
+        assert_eq!(got.len(), 7 + HEADER_LEN, "the second frame was dropped");
+    }
+
+    #[test]
+    fn wire_header_uses_only_the_fields_of_its_kind() {
+        let op = WireOp {
+            seq: 3,
+            kind: WireKind::SendWithImm,
+            len: 10,
+            remote_addr: 99,
+            rkey: 5,
+            imm: 7,
+            inv_rkey: 8,
+        };
+        let h = wire_header(&op);
+        assert_eq!(
+            (h.opcode, h.len, h.imm, h.seq),
+            (Opcode::SendWithImm, 10, 7, 3)
+        );
+        assert_eq!((h.rkey, h.remote_addr, h.inv_rkey), (0, 0, 0));
+        assert_eq!(H::decode(&h.to_bytes()), Ok(h));
+        let w = WireOp {
+            kind: WireKind::RdmaWrite,
+            ..op
+        };
+        let h = wire_header(&w);
+        assert_eq!((h.rkey, h.remote_addr, h.imm), (5, 99, 0));
+        assert_eq!(H::decode(&h.to_bytes()), Ok(h));
+    }
+}
