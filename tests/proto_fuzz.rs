@@ -89,7 +89,9 @@ fn random_ctx(r: &mut Rng) -> Ctx {
         2 => 512,
         _ => r.range(1, 65535) as u16,
     };
-    let chunk_size = if r.chance(4) {
+    let chunk_size = if r.chance(8) {
+        r.range(1, 40) as u32
+    } else if r.chance(4) {
         r.range(1, 1 << 20) as u32
     } else {
         1 << r.range(12, 20)

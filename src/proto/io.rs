@@ -327,7 +327,7 @@ impl ChunkReq {
                     msg,
                     "offset",
                     offset,
-                    Expected::AtMost(u64::from(chunk_size) - len as u64),
+                    Expected::AtMost(u64::from(chunk_size).saturating_sub(len as u64)),
                 ))
             }
         };

@@ -138,6 +138,18 @@ fn chunk_checks() {
 }
 
 #[test]
+fn tiny_chunks_are_refused_without_overflow() {
+    // Found by cargo-fuzz: a chunk smaller than the trailer.
+    for cs in 1..=24u32 {
+        for off in 0..cs {
+            let e = ChunkReq::decode(&[3, 0, 0, 0, 0, 0, 1, 0], off, cs);
+            assert!(e.is_err(), "chunk {cs} offset {off}");
+        }
+    }
+    assert!(ChunkReq::decode_in_chunk(&[], 0).is_err());
+}
+
+#[test]
 fn placement_limits() {
     // Header limit (the kernel's -EMSGSIZE): usr_len + trailer <= max_hdr_size.
     assert!(write_placement(0, 4092, 8192, 4096).is_ok());
