@@ -7,10 +7,11 @@
 //! See PROTOCOL.md §2.2, §2.3, §3.2, §3.3, §9.1 and §9.2.
 
 use super::constants::{
-    ceil_log2, chunk_bits, CM_PRIVATE_DATA_LEN, IMM_PAYLOAD_BITS, MAGIC, MAX_CID_NUM,
-    MSG_NEW_RKEY_F, VERSION, VERSION_MAJOR,
+    ceil_log2, chunk_bits, signal_interval, CM_PRIVATE_DATA_LEN, IMM_PAYLOAD_BITS, MAGIC,
+    MAX_CID_NUM, MSG_NEW_RKEY_F, VERSION, VERSION_MAJOR,
 };
 use super::error::{DecodeError, EncodeError, Expected};
+use super::imm::ImmLayout;
 use super::io::RDMA_READ_MAX_TRAILER_LEN;
 use super::wire::{get_u16, get_u32, head, head_mut, put_u16, put_u32};
 
@@ -177,6 +178,28 @@ impl ConnAccept {
         self.max_io_size as u64 + self.max_hdr_size as u64
     }
 
+    /// The IO_REQ imm layout for this session (queue depth, chunk size).
+    ///
+    /// # Errors
+    /// [`EncodeError::BadValue`] if the values break the imm budget (never for an
+    /// accept that came out of [`ConnRsp::decode_accept`]).
+    pub fn imm_layout(&self) -> Result<ImmLayout, EncodeError> {
+        let chunk = u32::try_from(self.chunk_size()).map_err(|_| {
+            EncodeError::value(
+                "conn_rsp",
+                "max_io_size",
+                self.max_io_size,
+                Expected::Rule("max_io_size + max_hdr_size < 2^32"),
+            )
+        })?;
+        ImmLayout::new(self.queue_depth, chunk)
+    }
+
+    /// Every n-th send work request is signaled: `min(queue_depth, 512)`.
+    pub const fn signal_interval(&self) -> u32 {
+        signal_interval(self.queue_depth)
+    }
+
     /// Checks everything §9.2 asks of an accept; `min_usr_hdr` is the largest user
     /// header the caller will send (an RTRS READ trailer with one descriptor must fit
     /// beside it in `max_hdr_size`).
@@ -279,7 +302,7 @@ impl ConnRsp {
                         "conn_rsp",
                         "errno",
                         rej.errno,
-                        Expected::Range(1, 32767),
+                        Expected::Rule("a negative errno in -32768..=-1"),
                     ));
                 };
                 put_u16(&mut a, 4, e as u16);
@@ -441,6 +464,17 @@ mod tests {
         let good = ConnRsp::accept(512, 126976, 4096, true).to_bytes().unwrap();
         let acc = ConnRsp::decode_accept(&good, 32).unwrap();
         assert_eq!(acc.chunk_size(), 131072);
+        assert_eq!(acc.signal_interval(), 512);
+        let l = acc.imm_layout().unwrap();
+        assert_eq!(
+            (l.queue_depth(), l.chunk_size(), l.mem_bits()),
+            (512, 131072, 19)
+        );
+        let huge = ConnAccept {
+            max_io_size: u32::MAX,
+            ..acc
+        };
+        assert!(huge.imm_layout().is_err());
         assert!(ConnRsp::decode_accept(&good, 4096).is_err());
         let mut b = good;
         put_u16(&mut b, 6, 0);

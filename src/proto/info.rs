@@ -130,7 +130,7 @@ impl<'a> InfoReq<'a> {
 /// is a non-zero multiple of `chunk_size`, `addr + len` does not wrap, the lengths
 /// sum (in 64 bits) to exactly `queue_depth·chunk_size`, and the imm bit budget holds
 /// for `queue_depth`. The kernel's extra `queue_depth % sg_cnt == 0` is not required:
-/// the mapping below works for uneven splits (PROTOCOL.md §9.4 [NOTE]).
+/// the mapping below works for uneven splits (PROTOCOL.md §9.4, the note on uneven splits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InfoRsp<'a> {
     descs: &'a [u8],

@@ -402,9 +402,10 @@ impl ChunkReq {
         ChunkReq::decode(tail, offset, chunk_size)
     }
 
-    /// Bytes of data (WRITE) or of the reply area (READ): `offset - usr_len`.
+    /// Bytes of data (WRITE) or of the reply area (READ): `offset - usr_len`
+    /// (decoding guarantees `usr_len <= offset`; a hand-built value saturates at 0).
     pub const fn data_len(&self) -> u32 {
-        self.offset - self.usr_len as u32
+        self.offset.saturating_sub(self.usr_len as u32)
     }
 
     /// Chunk range of the data / reply area.
