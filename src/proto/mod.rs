@@ -34,7 +34,8 @@
 //!
 //! Client: [`ConnReq::new`]`(..).encode(..)` for each connection;
 //! [`ConnRsp::decode_accept`] on ESTABLISHED or [`ConnRsp::reject_errno`] on REJECTED;
-//! [`ImmLayout::new`]`(qd, accept.chunk_size())`; [`InfoReq::encode`];
+//! [`ConnAccept::imm_layout`] (the session's [`ImmLayout`]); [`InfoReq::encode`];
+//! a receive buffer of [`InfoRsp::wire_len`]`(qd)` bytes, then
 //! [`InfoRsp::decode`]`(..).chunks()` to fill the per-chunk table; per request
 //! [`write_placement`]/[`read_placement`], [`RdmaWrite`]/[`RdmaRead`] after the user
 //! header and [`ImmLayout::io_req`]; on completion [`Imm::decode`] →
@@ -42,7 +43,8 @@
 //!
 //! Server: [`ConnReq::decode`], [`ConnRsp::accept`] / [`ConnRsp::reject`];
 //! [`InfoReq::decode`], [`InfoRsp::encode`]; per imm [`Imm::decode`] →
-//! [`ImmLayout::decode_io_req`] → [`ChunkReq::decode`]; respond with
+//! [`ImmLayout::decode_io_req`] → [`ChunkReq::decode`] (then the user header at
+//! [`ChunkReq::usr_range`]); respond with
 //! [`IoRsp::new`]`(..).to_imm()` and, with NEW_RKEY_F, [`RkeyRsp::encode`].
 //! RNBD on top: [`rnbd::RnbdMsg::decode`] on the user header.
 
