@@ -8,8 +8,8 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
-echo "== cargo test"
-cargo test --all-targets
+echo "== cargo test (lib, tests, doc tests)"
+cargo test
 # Benches are plain programs; build them so they cannot rot.
 echo "== cargo build --benches"
 cargo build --benches -q
