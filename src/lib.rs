@@ -12,8 +12,14 @@
 //!   over TCP, keys and bounds checked as a NIC would) and `verbs` (rdma-core).
 //! - [`engine`]: when code runs: pollers, timers and cross-core mailboxes, driven by our
 //!   pinned reactors or, inside SPDK, by SPDK pollers.
+//! - [`rnbd`]: the block protocol above RTRS, with the block backends it exports.
+//!
+//! Each layer has its own precise error type; [`Error`] gathers them.
 
 pub mod engine;
+pub mod error;
 pub mod fabric;
 pub mod proto;
 pub mod rnbd;
+
+pub use error::{Error, Result};
