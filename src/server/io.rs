@@ -145,20 +145,57 @@ impl CorePoller {
         if !self.sh.cfg.always_invalidate {
             return self.after_inv(cx, idx);
         }
-        let rkey = path.mrs[usize::from(req.buf_id)].rkey();
+        if !self.post_inv(cx, idx) {
+            if let Some(slot) = self.cons[i].as_mut() {
+                slot.inv_wait.push_back(idx);
+            }
+        }
+    }
+
+    /// Posts the LOCAL_INV of request `idx`'s chunk key on its connection. False when
+    /// the send budget is exhausted (retry later); a failed post closes the path.
+    pub(crate) fn post_inv(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
+        let op = &self.ops[idx as usize];
+        let (i, buf_id) = (op.con, op.buf_id);
+        let Some(path) = op.path.clone() else {
+            return true;
+        };
         let Some(slot) = self.cons[i].as_mut() else {
-            return;
+            self.drop_op(idx, false);
+            return true;
         };
         let wr = SendWr {
             wr_id: WR_INV | u64::from(idx),
-            op: SendOp::LocalInv { rkey },
+            op: SendOp::LocalInv {
+                rkey: path.mrs[usize::from(buf_id)].rkey(),
+            },
             sges: &[],
             signaled: true,
         };
-        if let Err(e) = slot.con.post_send(&[wr]) {
-            self.drop_op(idx, false);
-            self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+        match slot.con.post_send(&[wr]) {
+            Ok(()) => true,
+            Err(e) if e.is_budget() => false,
+            Err(e) => {
+                self.drop_op(idx, false);
+                self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+                true
+            }
         }
+    }
+
+    /// Retries LOCAL_INVs of connection `i` that waited for send slots.
+    pub(crate) fn retry_invs(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
+        let mut any = false;
+        while let Some(&idx) = self.cons[i].as_ref().and_then(|s| s.inv_wait.front()) {
+            if !self.post_inv(cx, idx) {
+                break;
+            }
+            any = true;
+            if let Some(s) = self.cons[i].as_mut() {
+                s.inv_wait.pop_front();
+            }
+        }
+        any
     }
 
     /// The chunk key is retired (or there is none): read and check the trailer.

@@ -71,12 +71,22 @@ pub fn info_req(name: &str) -> [u8; InfoReq::LEN] {
 /// Connects one raw connection with `req` as private data; the accepted connection
 /// or the reject errno.
 pub fn raw_connect(h: &mut Harness, req: &[u8]) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
+    let addr = h.addr;
+    raw_connect_to(h, addr, req)
+}
+
+/// [`raw_connect`] to a given server address.
+pub fn raw_connect_to(
+    h: &mut Harness,
+    addr: std::net::SocketAddr,
+    req: &[u8],
+) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
     let caps = QpCaps {
         max_send_wr: 4096,
         max_recv_wr: 4096,
         max_send_sge: 2,
     };
-    let mut c = h.fabric.connect(h.addr, caps, req).expect("connect");
+    let mut c = h.fabric.connect(addr, caps, req).expect("connect");
     for _ in 0..MAX_STEPS {
         h.step();
         match c.poll_cm() {
@@ -121,11 +131,25 @@ impl TestPath {
         ids: Ids,
         first_conn: bool,
     ) -> Result<TestPath, i32> {
-        TestPath::connect_info(h, &info_req(name), cid_num, ids, first_conn)
+        let addr = h.addr;
+        TestPath::connect_info(h, addr, &info_req(name), cid_num, ids, first_conn)
+    }
+
+    /// [`TestPath::connect`] to a given server address.
+    pub fn connect_to(
+        h: &mut Harness,
+        addr: std::net::SocketAddr,
+        name: &str,
+        cid_num: u16,
+        ids: Ids,
+        first_conn: bool,
+    ) -> Result<TestPath, i32> {
+        TestPath::connect_info(h, addr, &info_req(name), cid_num, ids, first_conn)
     }
 
     pub fn connect_info(
         h: &mut Harness,
+        addr: std::net::SocketAddr,
         info: &[u8; InfoReq::LEN],
         cid_num: u16,
         ids: Ids,
@@ -144,7 +168,7 @@ impl TestPath {
             )
             .to_bytes()
             .unwrap();
-            let (c, a) = raw_connect(h, &req)?;
+            let (c, a) = raw_connect_to(h, addr, &req)?;
             cons.push(c);
             acc.get_or_insert(a);
         }
