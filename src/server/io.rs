@@ -13,7 +13,8 @@
 //!    runs a request on it — a failed-over request — this one waits on this core;
 //! 5. the handler gets it; its answer builds the response chain (case A or B) on the
 //!    request's connection, queued when the send budget is exhausted, dropped when the
-//!    path is no longer connected. The chunk is released once the response is posted.
+//!    path is no longer connected. The chunk and buf id are released just before the
+//!    response is posted (the client may reuse the buf id as soon as it sees it).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -435,26 +436,26 @@ impl CorePoller {
         let Some(slot) = self.cons[ci].as_mut() else {
             return true;
         };
-        match slot.con.post_send(&chain) {
-            Ok(()) => {
-                drop(chain);
-                self.drop_op(idx, false);
-                true
+        if chain.len() > slot.con.sq_avail() as usize {
+            if !queued {
+                self.ops[idx as usize].stage = Stage::RspQueued;
+                slot.rsp_wait.push_back(idx);
+                PathCounters::add(&path.counters.rsp_queued, 1);
             }
-            Err(e) if e.is_budget() => {
-                if !queued {
-                    self.ops[idx as usize].stage = Stage::RspQueued;
-                    slot.rsp_wait.push_back(idx);
-                    PathCounters::add(&path.counters.rsp_queued, 1);
-                }
-                false
-            }
-            Err(e) => {
-                drop(chain);
-                self.drop_op(idx, true);
-                self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
-                true
-            }
+            return false;
         }
+        // Release the chunk and the buf id before the response can reach the client:
+        // once it has the response it may send the next request for this buf id, on
+        // any connection of the path, and that one must not look like a duplicate.
+        self.drop_op(idx, false);
+        let Some(slot) = self.cons[ci].as_mut() else {
+            return true;
+        };
+        if let Err(e) = slot.con.post_send(&chain) {
+            drop(chain);
+            PathCounters::add(&path.counters.dropped, 1);
+            self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
+        }
+        true
     }
 }
