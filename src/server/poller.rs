@@ -133,7 +133,10 @@ impl CorePoller {
                 if !self.closing.iter().any(|p| Arc::ptr_eq(p, &path)) {
                     self.closing.push(path);
                 }
-                let _ = cx;
+            }
+            CoreCmd::Close(path) => {
+                self.sh
+                    .close_path(cx, &path, format_args!("disconnect requested"));
             }
         }
     }
