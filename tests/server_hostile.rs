@@ -173,6 +173,16 @@ fn usr_len_above_offset() {
 }
 
 #[test]
+fn usr_len_above_max_hdr() {
+    only_attacker_closes(false, 16, |p| {
+        let t = RdmaWrite { usr_len: 5000 }.to_bytes();
+        let mut b = vec![0u8; 6000];
+        b.extend_from_slice(&t);
+        p.post_raw(1, 2, 0, &b, io_imm(16, 2, 6000));
+    });
+}
+
+#[test]
 fn trailer_beyond_chunk_end() {
     only_attacker_closes(false, 16, |p| {
         // A READ header two bytes before the chunk end: its descriptor would lie outside.

@@ -8,7 +8,8 @@
 //! 2. under always_invalidate the chunk's key on this path is retired with a signaled
 //!    LOCAL_INV first, so the client can no longer write the chunk;
 //! 3. the trailer is read from the chunk and checked ([`ChunkReq::decode`]: type, usr_len
-//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len);
+//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len; and usr_len ≤
+//!    max_hdr_size, the most a client may send);
 //! 4. the chunk is claimed for the path in the session; if another (dying) path still
 //!    runs a request on it — a failed-over request — this one waits on this core;
 //! 5. the handler gets it; its answer builds the response chain (case A or B) on the
@@ -72,6 +73,12 @@ impl Op {
             errno: 0,
             counted_wait: false,
         }
+    }
+
+    /// Whether this slot still holds the request a LOCAL_INV with this generation
+    /// (24 bits, as carried in the work request id) was posted for.
+    pub fn inv_matches(&self, gen24: u32) -> bool {
+        self.stage == Stage::Inv && self.gen & 0xff_ffff == gen24
     }
 
     /// Whether this request waits for a LOCAL_INV on connection `con`.
@@ -166,7 +173,9 @@ impl CorePoller {
             return true;
         };
         let wr = SendWr {
-            wr_id: WR_INV | u64::from(idx),
+            wr_id: WR_INV
+                | u64::from(self.ops[idx as usize].gen & 0xff_ffff) << 32
+                | u64::from(idx),
             op: SendOp::LocalInv {
                 rkey: path.mrs[usize::from(buf_id)].rkey(),
             },
@@ -216,6 +225,17 @@ impl CorePoller {
         sess.chunks
             .read_at(sess.chunk_off(buf_id) + offset as usize, &mut tr[..n]);
         match ChunkReq::decode(&tr[..n], offset, cs) {
+            Ok(r) if u32::from(r.usr_len) > self.sh.cfg.max_hdr => {
+                self.drop_op(idx, false);
+                return self.close_con_path(
+                    cx,
+                    con,
+                    format_args!(
+                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {}",
+                        r.usr_len, self.sh.cfg.max_hdr
+                    ),
+                );
+            }
             Ok(r) => self.ops[idx as usize].req = Some(r),
             Err(e) => {
                 self.drop_op(idx, false);

@@ -113,7 +113,7 @@ impl Shared {
         }
         if self.log.allow(cx.now()) {
             tracing::warn!(
-                "rtrs-srv: session {} path {} ({} -> {}): closing: {why}",
+                "rtrs-srv: {} path {:?} ({}@{}): closing: {why}",
                 path.sess.id,
                 path.name(),
                 path.peer,
