@@ -47,8 +47,15 @@ pub(crate) struct Acceptor {
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
     last_reap: u64,
+    /// Loops since the listeners were last polled.
+    skipped: u32,
     done: bool,
 }
+
+/// Listeners are polled every this many loops (a tcp listener costs an `accept` system
+/// call per poll, which the reactor's IO loop should not pay every time); a loop that
+/// found a request polls again on the next one.
+const LISTEN_EVERY: u32 = 32;
 
 fn is_zombie(p: &Path, now: u64) -> bool {
     let ts = p.conn_ts.load(Ordering::Acquire);
@@ -62,6 +69,7 @@ impl Acceptor {
             listeners,
             pending: Vec::new(),
             last_reap: 0,
+            skipped: LISTEN_EVERY,
             done: false,
         }
     }
@@ -401,11 +409,16 @@ impl Poller for Acceptor {
             }
             return busy;
         }
-        for i in 0..self.listeners.len() {
-            while let Some(req) = self.listeners[i].poll() {
-                let local = self.listeners[i].local_addr();
-                self.on_request(cx, req, local);
-                busy = PollResult::Busy;
+        self.skipped += 1;
+        if self.skipped >= LISTEN_EVERY {
+            self.skipped = 0;
+            for i in 0..self.listeners.len() {
+                while let Some(req) = self.listeners[i].poll() {
+                    let local = self.listeners[i].local_addr();
+                    self.on_request(cx, req, local);
+                    busy = PollResult::Busy;
+                    self.skipped = LISTEN_EVERY;
+                }
             }
         }
         let now = cx.now();
