@@ -56,6 +56,7 @@ fn io_roundtrip(always_invalidate: bool, cores: usize, cid_num: u16) {
     assert_eq!(ps.state, "connected");
     assert_eq!((ps.write_cnt, ps.read_cnt), (45, 11));
     assert!(ps.read_bytes > 0 && ps.write_bytes > 0);
+    assert_eq!(ps.handler_lat_us_log2.iter().sum::<u64>(), 56);
     assert!(st.to_json().contains("\"write_cnt\":45"));
     let ev = h.shared.events.lock().unwrap().clone();
     assert_eq!(ev.len(), 1);

@@ -110,7 +110,9 @@ fn exercise(t: &mut Threaded) {
         );
     }
     let st = t.server.stats();
-    assert_eq!(st.sessions[0].paths[0].write_cnt, 19, "{st:?}");
+    let ps = &st.sessions[0].paths[0];
+    assert_eq!(ps.write_cnt, 19, "{st:?}");
+    assert_eq!(ps.handler_lat_us_log2.iter().sum::<u64>(), 22);
 }
 
 #[test]
