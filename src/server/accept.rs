@@ -32,6 +32,7 @@ const ECONNRESET: i32 = 104;
 const ENXIO: i32 = 6;
 const EEXIST: i32 = 17;
 const ENOMEM: i32 = 12;
+const EBUSY: i32 = 16;
 
 /// How often half-open paths are looked for.
 const REAP_EVERY_NS: u64 = 1_000_000_000;
@@ -123,6 +124,15 @@ impl Acceptor {
             None if !msg.first_conn => {
                 let why = "unknown session (paths_uuid) and first_conn not set".to_string();
                 return (Err((ENXIO, why)), zombies);
+            }
+            None if t.sessions.iter().filter(|e| e.up == 0).count()
+                >= self.sh.cfg.max_pending_sessions =>
+            {
+                let why = format!(
+                    "{} sessions are still being set up (max_pending_sessions)",
+                    self.sh.cfg.max_pending_sessions
+                );
+                return (Err((EBUSY, why)), zombies);
             }
             None => match self.new_session(msg.paths_uuid) {
                 Ok(sess) => {
