@@ -205,3 +205,33 @@ fn administrative_close_of_a_session() {
     assert_eq!(q.write(&mut h, 2, 0, 0, b"q"), 0);
     h.stop();
 }
+
+#[test]
+fn stop_waits_for_requests_with_the_handler() {
+    use std::sync::atomic::Ordering;
+    let mut h = Harness::new(2, Harness::config(true));
+    let mut p = h.connect("held", 3);
+    h.shared.hold.on.store(true, Ordering::SeqCst);
+    p.post_write(1, 4, &0u64.to_le_bytes(), b"late");
+    for _ in 0..100 {
+        h.step();
+    }
+    assert_eq!(h.shared.hold.held.load(Ordering::SeqCst), 1);
+    h.server.stop();
+    for _ in 0..500 {
+        h.step();
+        p.poll();
+    }
+    assert!(p.down, "stop closes the path");
+    assert!(
+        !h.server.is_stopped(),
+        "a request is still with the handler"
+    );
+    h.shared.hold.on.store(false, Ordering::SeqCst);
+    for _ in 0..500 {
+        h.step();
+    }
+    assert!(h.server.is_stopped());
+    let st = h.server.stats();
+    assert!(st.sessions.is_empty(), "{st:?}");
+}
