@@ -12,14 +12,20 @@
 //!   over TCP, keys and bounds checked as a NIC would) and `verbs` (rdma-core).
 //! - [`engine`]: when code runs: pollers, timers and cross-core mailboxes, driven by our
 //!   pinned reactors or, inside SPDK, by SPDK pollers.
+//! - [`common`]: what the RTRS client and server share: connections, message buffers,
+//!   the heartbeat.
+//! - [`server`]: the RTRS server: listeners, sessions and paths, the chunk pool, IO
+//!   dispatch to a per-core handler.
 //! - [`rnbd`]: the block protocol above RTRS, with the block backends it exports.
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
+pub mod common;
 pub mod engine;
 pub mod error;
 pub mod fabric;
 pub mod proto;
 pub mod rnbd;
+pub mod server;
 
 pub use error::{Error, Result};
