@@ -15,6 +15,7 @@
 //! - [`common`]: what the RTRS client and server share: connections, message buffers,
 //!   the heartbeat.
 
+pub mod client;
 pub mod common;
 pub mod engine;
 pub mod fabric;
