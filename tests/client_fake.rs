@@ -265,3 +265,115 @@ fn no_reconnect_when_attempts_are_zero() {
     assert_eq!(t.strays, 0);
     assert!(t.errors.iter().all(|&e| e == -ENOTCONN));
 }
+
+#[test]
+fn protocol_violations_are_path_errors_and_io_survives() {
+    use client_util::fake_server::Evil;
+    for (evil, new_rkey) in [
+        (Evil::WInvOnWrite, false),
+        (Evil::UnknownImm, false),
+        (Evil::RkeyBufIdMismatch, true),
+    ] {
+        let mut h = Harness::new(Setup {
+            paths: 2,
+            new_rkey,
+            load_qd: 8,
+            ..Setup::default()
+        });
+        h.connect();
+        h.start_load(0);
+        assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 50));
+        h.srv.borrow_mut().evil = Some(evil);
+        // The violating response takes its path down; the request is failed over and
+        // completes on the other path; the path comes back.
+        assert!(
+            h.run_until(100_000, 1000, |h| h
+                .sess
+                .paths()
+                .iter()
+                .any(|(_, s)| *s != PathState::Connected)),
+            "{evil:?} did not take the path down"
+        );
+        assert!(
+            h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 2),
+            "{:?}",
+            h.sess.paths()
+        );
+        let v = h.total().verified;
+        assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+        h.drain(100_000, 1000);
+        clean(&h);
+    }
+}
+
+#[test]
+fn queue_depth_change_is_renegotiated() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        qd: 64,
+        load_qd: 4,
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 20));
+    h.srv.borrow_mut().stop();
+    h.stop_load();
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 0));
+    {
+        let mut s = h.srv.borrow_mut();
+        s.qd = 32;
+        s.restart();
+    }
+    assert!(
+        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    h.run_until(100, 1000, |_| false);
+    assert_eq!(h.loads[0].borrow().core.queue_depth(), 32);
+    assert_eq!(h.loads[0].borrow().core.permits(), 16);
+    // Requests waiting across the change ended (−ECONNRESET) or completed; none twice.
+    assert!(h.run_until(10_000, 1000, |h| h.outstanding() == 0));
+    let t = h.total();
+    assert_eq!(t.strays, 0);
+    assert_eq!(t.mismatches, 0);
+    assert!(t.errors.iter().all(|&e| e == -104), "{:?}", t.errors);
+    let errs = t.errors.len();
+    h.start_load(0);
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.drain(100_000, 1000);
+    assert_eq!(h.total().errors.len(), errs);
+    assert_eq!(h.total().mismatches, 0);
+}
+
+#[test]
+fn data_over_tcp_on_127_0_0_1() {
+    for new_rkey in [false, true] {
+        let mut h = Harness::new(Setup {
+            tcp: true,
+            paths: 2,
+            new_rkey,
+            load_qd: 8,
+            sizes: vec![512, 4096, 61440],
+            ..Setup::default()
+        });
+        h.connect();
+        h.sess.set_policy(MpPolicy::RoundRobin);
+        h.start_load(0);
+        assert!(
+            h.run_until(2_000_000, 1000, |h| h.total().verified >= 200),
+            "{:?}",
+            h.total()
+        );
+        h.drain(2_000_000, 1000);
+        clean(&h);
+        let st = h.sess.stats();
+        assert!(
+            st.paths.iter().all(|p| p.rdma.write_cnt > 0),
+            "round-robin used both paths: {}",
+            st.to_json()
+        );
+    }
+}

@@ -38,7 +38,9 @@ pub struct FakeStats {
 }
 
 pub struct FakeServer {
-    pub fabric: Arc<LoopbackFabric>,
+    pub fabric: Arc<dyn Fabric>,
+    /// The loopback fabric, when the server runs on one (fault injection).
+    pub lo: Option<Arc<LoopbackFabric>>,
     pub addrs: Vec<SocketAddr>,
     listeners: Vec<Option<Box<dyn Listener>>>,
     pub qd: u16,
@@ -53,6 +55,19 @@ pub struct FakeServer {
     pub stats: FakeStats,
     /// Stop answering heartbeats (a server that lost interest, for timeouts).
     pub mute_hb: bool,
+    /// Hostile behaviour for the next response.
+    pub evil: Option<Evil>,
+}
+
+/// Protocol violations the server can commit once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evil {
+    /// Answer a WRITE with IO_RSP_W_INV.
+    WInvOnWrite,
+    /// Send an imm of unknown type 5 instead of the response.
+    UnknownImm,
+    /// RKEY_RSP naming another buf_id than the imm.
+    RkeyBufIdMismatch,
 }
 
 impl FakeServer {
@@ -65,8 +80,24 @@ impl FakeServer {
         new_rkey: bool,
         disk: usize,
     ) -> FakeServer {
+        let f: Arc<dyn Fabric> = fabric.clone();
+        FakeServer::on(f, Some(fabric), n, qd, chunk, new_rkey, disk)
+    }
+
+    /// On any fabric (fault injection only with `lo`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn on(
+        fabric: Arc<dyn Fabric>,
+        lo: Option<Arc<LoopbackFabric>>,
+        n: usize,
+        qd: u16,
+        chunk: u32,
+        new_rkey: bool,
+        disk: usize,
+    ) -> FakeServer {
         let mut s = FakeServer {
             fabric,
+            lo,
             addrs: Vec::new(),
             listeners: Vec::new(),
             qd,
@@ -80,6 +111,7 @@ impl FakeServer {
             conns: Vec::new(),
             stats: FakeStats::default(),
             mute_hb: false,
+            evil: None,
         };
         for _ in 0..n {
             let l = s
@@ -103,7 +135,7 @@ impl FakeServer {
     /// Breaks every connection of path `i` (as a transport failure).
     pub fn break_path(&mut self, i: usize) {
         for c in self.conns.iter().filter(|c| c.listener == i && c.alive) {
-            if let Some(f) = self.fabric.faults(c.con.conn()) {
+            if let Some(f) = self.lo.as_ref().and_then(|lo| lo.faults(c.con.conn())) {
                 f.break_now();
             }
         }
@@ -112,7 +144,7 @@ impl FakeServer {
     /// Makes path `i` silent: everything vanishes, nobody is told.
     pub fn blackhole_path(&mut self, i: usize) {
         for c in self.conns.iter().filter(|c| c.listener == i && c.alive) {
-            if let Some(f) = self.fabric.faults(c.con.conn()) {
+            if let Some(f) = self.lo.as_ref().and_then(|lo| lo.faults(c.con.conn())) {
                 f.blackhole();
             }
         }
@@ -304,16 +336,28 @@ impl FakeServer {
                 }
             }
         }
-        let imm = IoRsp::new(u32::from(req.buf_id), 0, w_inv)
+        let evil = self.evil.take();
+        if evil == Some(Evil::WInvOnWrite) && !cr.is_read() {
+            w_inv = true;
+        }
+        let mut imm = IoRsp::new(u32::from(req.buf_id), 0, w_inv)
             .unwrap()
             .to_imm();
+        if evil == Some(Evil::UnknownImm) {
+            imm = 0x5000_0000 | u32::from(req.buf_id);
+        }
+        let rkey_buf_id = if evil == Some(Evil::RkeyBufIdMismatch) {
+            (req.buf_id + 1) % self.qd
+        } else {
+            req.buf_id
+        };
         let rk;
         if self.new_rkey {
             let pool = self.rkey_bufs.as_ref().unwrap();
             pool.write(
                 usize::from(req.buf_id),
                 &RkeyRsp {
-                    buf_id: req.buf_id,
+                    buf_id: rkey_buf_id,
                     rkey: mr.rkey(),
                 }
                 .to_bytes(),

@@ -64,7 +64,7 @@ pub struct LoadStats {
 pub struct Load {
     pub core: SessionCore,
     buf: Option<Mr>,
-    fabric: Arc<LoopbackFabric>,
+    fabric: Arc<dyn Fabric>,
     slots: Vec<Slot>,
     qd: usize,
     sizes: Vec<u32>,
@@ -246,7 +246,7 @@ impl Load {
 /// A client session on `cores` simulated reactors against a [`FakeServer`].
 pub struct Harness {
     pub sim: Simulation,
-    pub fabric: Arc<LoopbackFabric>,
+    pub fabric: Arc<dyn Fabric>,
     pub srv: Rc<RefCell<FakeServer>>,
     pub sess: Session,
     pub loads: Vec<Rc<RefCell<Load>>>,
@@ -263,6 +263,8 @@ pub struct Setup {
     pub load_qd: usize,
     pub sizes: Vec<u32>,
     pub tweak: fn(&mut ClientConfig),
+    /// Run over the tcp fabric on 127.0.0.1 instead of loopback (no fault injection).
+    pub tcp: bool,
 }
 
 impl Default for Setup {
@@ -276,16 +278,23 @@ impl Default for Setup {
             load_qd: 4,
             sizes: vec![4096],
             tweak: |_| {},
+            tcp: false,
         }
     }
 }
 
 impl Harness {
     pub fn new(s: Setup) -> Harness {
-        let fabric = Arc::new(LoopbackFabric::new());
+        let (fabric, lo): (Arc<dyn Fabric>, Option<Arc<LoopbackFabric>>) = if s.tcp {
+            (Arc::new(rtrs_spdk::fabric::tcp::TcpFabric::new()), None)
+        } else {
+            let lo = Arc::new(LoopbackFabric::new());
+            (lo.clone(), Some(lo))
+        };
         let disk = s.cores * s.load_qd.max(1) * s.chunk as usize;
-        let srv = Rc::new(RefCell::new(FakeServer::new(
+        let srv = Rc::new(RefCell::new(FakeServer::on(
             fabric.clone(),
+            lo,
             s.paths,
             s.qd,
             s.chunk,
@@ -305,7 +314,7 @@ impl Harness {
         cfg.io_wait_timeout = Duration::from_secs(10);
         (s.tweak)(&mut cfg);
         let events = Rc::new(RefCell::new(Vec::new()));
-        let f: Arc<dyn Fabric> = fabric.clone();
+        let f = fabric.clone();
         let ev = Box::new(Events(events.clone()));
         let (sess, cores) = sim
             .reactor(0)
