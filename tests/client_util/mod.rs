@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod fake_server;
+pub mod real;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -77,8 +78,18 @@ pub struct Load {
     core_idx: usize,
 }
 
-fn pattern(slot: usize, seq: u64, i: usize) -> u8 {
-    (seq.wrapping_mul(31) as usize ^ i.wrapping_mul(7) ^ slot.wrapping_mul(13) ^ (i >> 8)) as u8
+/// The data of write `seq` of `slot`: 8-byte words that differ per word, slot and seq
+/// (cheap enough for debug builds).
+fn pattern(slot: usize, seq: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    let base = (seq << 32) ^ ((slot as u64) << 48) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut w = 0u64;
+    while v.len() < len {
+        v.extend_from_slice(&(base.wrapping_add(w.wrapping_mul(0x1000_0001))).to_le_bytes());
+        w += 1;
+    }
+    v.truncate(len);
+    v
 }
 
 impl Load {
@@ -171,7 +182,7 @@ impl Load {
                     self.slots[slot].seq = seq;
                     self.slots[slot].len = len;
                     let mr = self.buf.as_ref().unwrap();
-                    let data: Vec<u8> = (0..len as usize).map(|i| pattern(slot, seq, i)).collect();
+                    let data = pattern(slot, seq, len as usize);
                     mr.write_at(slot * self.max_io(), &data);
                     if !self.start(cx, slot, false) {
                         break;
@@ -220,11 +231,7 @@ impl Load {
                     .as_ref()
                     .unwrap()
                     .read_at(slot * self.max_io(), &mut got);
-                if got
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &b)| b != pattern(slot, s.seq, i))
-                {
+                if got != pattern(slot, s.seq, s.len as usize) {
                     self.stats.mismatches += 1;
                 }
                 self.stats.verified += 1;
@@ -244,10 +251,11 @@ impl Load {
 }
 
 /// A client session on `cores` simulated reactors against a [`FakeServer`].
-pub struct Harness {
+/// A client session on simulated reactors with a per-core workload, whatever the
+/// target.
+pub struct Rig {
     pub sim: Simulation,
     pub fabric: Arc<dyn Fabric>,
-    pub srv: Rc<RefCell<FakeServer>>,
     pub sess: Session,
     pub loads: Vec<Rc<RefCell<Load>>>,
     pub events: Rc<RefCell<Vec<LinkEvent>>>,
@@ -302,12 +310,48 @@ impl Harness {
             disk,
         )));
         let mut sim = Simulation::new(s.cores, 1024);
-        let paths: Vec<PathAddr> = srv
-            .borrow()
-            .addrs
-            .iter()
-            .map(|a| PathAddr::new(*a))
-            .collect();
+        let s2 = srv.clone();
+        sim.reactor(0).register(Box::new(move |_cx: &mut dyn Ctx| {
+            if s2.borrow_mut().poll() {
+                PollResult::Busy
+            } else {
+                PollResult::Idle
+            }
+        }));
+        let addrs = srv.borrow().addrs.clone();
+        let rig = Rig::open(sim, fabric, &addrs, &s);
+        Harness { rig, srv }
+    }
+}
+
+/// A [`Rig`] against the scripted [`FakeServer`].
+pub struct Harness {
+    pub rig: Rig,
+    pub srv: Rc<RefCell<FakeServer>>,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = Rig;
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut Rig {
+        &mut self.rig
+    }
+}
+
+impl Rig {
+    /// Opens the session (on reactor 0) over `addrs` and sets up one workload per core.
+    pub fn open(
+        mut sim: Simulation,
+        fabric: Arc<dyn Fabric>,
+        addrs: &[std::net::SocketAddr],
+        s: &Setup,
+    ) -> Rig {
+        let paths: Vec<PathAddr> = addrs.iter().map(|a| PathAddr::new(*a)).collect();
         let mut cfg = ClientConfig::new("test-sess", paths.clone());
         cfg.reconnect_delay = Duration::from_millis(200);
         cfg.reconnect_jitter = Duration::from_millis(300);
@@ -320,14 +364,6 @@ impl Harness {
             .reactor(0)
             .with_ctx(|cx| Session::open(cx, f, cfg, ev))
             .expect("open");
-        let s2 = srv.clone();
-        sim.reactor(0).register(Box::new(move |_cx: &mut dyn Ctx| {
-            if s2.borrow_mut().poll() {
-                PollResult::Busy
-            } else {
-                PollResult::Idle
-            }
-        }));
         let mut loads = Vec::new();
         for (k, core) in cores.into_iter().enumerate() {
             let load = Rc::new(RefCell::new(Load {
@@ -356,10 +392,9 @@ impl Harness {
                 .register(Box::new(move |cx: &mut dyn Ctx| l2.borrow_mut().poll(cx)));
             loads.push(load);
         }
-        Harness {
+        Rig {
             sim,
             fabric,
-            srv,
             sess,
             loads,
             events,
@@ -372,7 +407,7 @@ impl Harness {
         &mut self,
         max_steps: usize,
         tick_ns: u64,
-        mut cond: impl FnMut(&Harness) -> bool,
+        mut cond: impl FnMut(&Rig) -> bool,
     ) -> bool {
         for _ in 0..max_steps {
             if cond(self) {
