@@ -377,3 +377,35 @@ fn data_over_tcp_on_127_0_0_1() {
         );
     }
 }
+
+#[test]
+fn reads_answered_without_remote_invalidation_are_invalidated_locally() {
+    for new_rkey in [false, true] {
+        let mut h = Harness::new(Setup {
+            paths: 1,
+            new_rkey,
+            load_qd: 4,
+            sizes: vec![4096, 512],
+            ..Setup::default()
+        });
+        h.connect();
+        h.srv.borrow_mut().no_inv = true;
+        h.start_load(0);
+        // Every permit is reused many times: each READ re-binds a slot whose previous
+        // binding was never retired remotely, so LOCAL_INV must come first or the
+        // binding would fail and take the path down.
+        assert!(
+            h.run_until(200_000, 1000, |h| h.total().verified >= 400),
+            "{:?}",
+            h.total()
+        );
+        h.drain(100_000, 1000);
+        clean(&h);
+        assert_eq!(
+            h.sess.stats().paths[0].reconnects_ok,
+            0,
+            "the path never went down"
+        );
+        assert_eq!(h.events.borrow().as_slice(), &[LinkEvent::Connected]);
+    }
+}

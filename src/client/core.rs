@@ -116,9 +116,21 @@ pub(super) struct Res {
     pub bounce: Mr,
     /// The READ reply's key slot per permit.
     pub fmr: Vec<FastMr>,
-    /// The slot may still be bound (no remote invalidation seen): replace it before
-    /// the next binding.
-    pub fmr_dirty: Vec<bool>,
+    /// Whether each slot's binding is retired, live, or unknown.
+    pub fmr_state: Vec<FmrState>,
+}
+
+/// The binding of a permit's fast-registration slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FmrState {
+    /// Never bound, or retired (the server's SEND_WITH_INV, IO_RSP_W_INV).
+    Free,
+    /// Bound and not retired: a LOCAL_INV goes before the next binding (the kernel's
+    /// local invalidation when the response came without W_INV).
+    Bound,
+    /// Unknown (the path died with the request in flight): the slot is replaced by a
+    /// fresh one, so a late write through the old key can never reach reused memory.
+    Unknown,
 }
 
 /// This core's connection of one path.
@@ -384,7 +396,7 @@ impl SessionCore {
                     hdr,
                     bounce,
                     fmr,
-                    fmr_dirty: vec![false; n],
+                    fmr_state: vec![FmrState::Free; n],
                 });
                 self.permits = Permits::new(range);
             }

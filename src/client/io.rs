@@ -15,8 +15,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::core::{CorePath, RState, SessionCore, ENOTCONN, MAX_SGL};
+use super::core::{CorePath, FmrState, RState, SessionCore, ENOTCONN, MAX_SGL};
 use super::policy::PathSet;
+use smallvec::SmallVec;
+
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 use crate::proto::{
@@ -89,6 +91,7 @@ impl SessionCore {
         let bounce_addr = res.bounce.addr() + (i * params.max_io_size as usize) as u64;
         let mut sges = [Sge::default(); 2];
         let mut reg: Option<SendWr<'_>> = None;
+        let mut inv: Option<SendWr<'_>> = None;
         let (hdr_len, imm_offset, remote) = match r.dir {
             Dir::Write => {
                 let pl = write_placement(
@@ -116,17 +119,27 @@ impl SessionCore {
                 .map_err(|_| PostFail::Broken)?;
                 let mut desc = None;
                 if r.data_len > 0 {
-                    if res.fmr_dirty[i] {
+                    if res.fmr_state[i] == FmrState::Unknown {
                         match self.fabric.alloc_fast_mr() {
                             Ok(f) => {
                                 res.fmr[i] = f;
-                                res.fmr_dirty[i] = false;
+                                res.fmr_state[i] = FmrState::Free;
                             }
                             Err(e) => {
                                 tracing::warn!("cannot replace a fast-registration slot: {e}");
                                 return Err(PostFail::Budget);
                             }
                         }
+                    }
+                    if res.fmr_state[i] == FmrState::Bound {
+                        inv = Some(SendWr {
+                            wr_id: 0,
+                            op: SendOp::LocalInv {
+                                rkey: res.fmr[i].rkey(),
+                            },
+                            sges: &[],
+                            signaled: false,
+                        });
                     }
                     let new_key = inc_rkey(res.fmr[i].rkey());
                     reg = Some(SendWr {
@@ -189,20 +202,21 @@ impl SessionCore {
             sges: &sges[..nsge],
             signaled: false,
         };
-        let result = match reg {
-            Some(reg) => cp.io.con.post_send(&[reg, io_wr]),
-            None => cp.io.con.post_send(&[io_wr]),
-        };
+        let chain: SmallVec<[SendWr<'_>; 3]> = inv.into_iter().chain(reg).chain([io_wr]).collect();
+        let result = cp.io.con.post_send(&chain);
         match result {
             Ok(()) => {}
             Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
             Err(e) => {
                 if r.has_desc() {
-                    res.fmr_dirty[i] = true;
+                    res.fmr_state[i] = FmrState::Unknown;
                 }
                 tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, "post failed: {e}");
                 return Err(PostFail::Broken);
             }
+        }
+        if r.has_desc() {
+            res.fmr_state[i] = FmrState::Bound;
         }
         let st = &cp.shared.core_stats[self.core];
         st.on_post(
@@ -359,8 +373,8 @@ impl SessionCore {
             return;
         }
         let res = self.res.as_mut().expect("res");
-        if r.has_desc() && !rsp.w_inv() {
-            res.fmr_dirty[i] = true;
+        if rsp.w_inv() {
+            res.fmr_state[i] = FmrState::Free;
         }
         if rsp.errno() == 0 && r.has_desc() {
             let mut off = i * params.max_io_size as usize;
@@ -444,7 +458,7 @@ impl SessionCore {
             }
             if r.has_desc() {
                 if let Some(res) = self.res.as_mut() {
-                    res.fmr_dirty[i] = true;
+                    res.fmr_state[i] = FmrState::Unknown;
                 }
             }
             let q = &mut self.reqs[i];

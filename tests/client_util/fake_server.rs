@@ -57,6 +57,8 @@ pub struct FakeServer {
     pub mute_hb: bool,
     /// Hostile behaviour for the next response.
     pub evil: Option<Evil>,
+    /// Answer READs without SEND_WITH_INV (the client then invalidates locally).
+    pub no_inv: bool,
 }
 
 /// Protocol violations the server can commit once.
@@ -112,6 +114,7 @@ impl FakeServer {
             stats: FakeStats::default(),
             mute_hb: false,
             evil: None,
+            no_inv: false,
         };
         for _ in 0..n {
             let l = s
@@ -324,7 +327,7 @@ impl FakeServer {
                         sges: &sge,
                         signaled: false,
                     });
-                    if need_inval {
+                    if need_inval && !self.no_inv {
                         w_inv = true;
                         chain.push(SendWr {
                             wr_id: 0,
