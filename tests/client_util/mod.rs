@@ -76,6 +76,9 @@ pub struct Load {
     pub target: u64,
     region: usize,
     core_idx: usize,
+    /// Called with `true` before and `false` after every call into the client (to count
+    /// allocations made by the client alone).
+    pub measure: Option<fn(bool)>,
 }
 
 /// The data of write `seq` of `slot`: 8-byte words that differ per word, slot and seq
@@ -133,7 +136,14 @@ impl Load {
             sgl: &sgl[..n],
             admin: false,
         };
-        match self.core.submit(cx, io) {
+        if let Some(m) = self.measure {
+            m(true);
+        }
+        let res = self.core.submit(cx, io);
+        if let Some(m) = self.measure {
+            m(false);
+        }
+        match res {
             Ok(()) => {
                 self.stats.submitted += 1;
                 let s = &mut self.slots[slot];
@@ -155,7 +165,13 @@ impl Load {
 
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let mut out = [ClientCompletion::default(); 32];
+        if let Some(m) = self.measure {
+            m(true);
+        }
         let n = self.core.poll(cx, &mut out);
+        if let Some(m) = self.measure {
+            m(false);
+        }
         if self.buf.is_none() && self.core.max_io_size() > 0 {
             let len = self.qd.max(1) * self.max_io();
             self.buf = Some(
@@ -386,6 +402,7 @@ impl Rig {
                 target: 0,
                 region: 0,
                 core_idx: k,
+                measure: None,
             }));
             let l2 = load.clone();
             sim.reactor(k)
