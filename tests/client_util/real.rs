@@ -69,7 +69,7 @@ pub struct Ram {
     pub events: Mutex<Vec<(String, LinkEvent)>>,
 }
 
-struct RamHandler(Arc<Ram>);
+pub struct RamHandler(pub Arc<Ram>);
 
 impl ServerHandler for RamHandler {
     fn link_event(&mut self, _cx: &mut dyn Ctx, _sess: SessionId, name: &str, ev: LinkEvent) {
