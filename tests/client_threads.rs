@@ -154,39 +154,36 @@ fn client_and_server_on_reactor_threads_over_tcp() {
     let counters = Arc::new(Counters::default());
     let (tx, rx) = mpsc::channel::<Session>();
     let (f2, c2) = (fabric.clone(), counters.clone());
-    engine
-        .send(
-            0,
-            Msg::new(move |cx: &mut dyn Ctx| {
-                let cfg = ClientConfig::new("threads", vec![PathAddr::new(addr)]);
-                let events = Box::new(Events(Default::default()));
-                let (sess, cores) = Session::open(cx, f2.clone(), cfg, events).expect("open");
-                for (k, core) in cores.into_iter().enumerate() {
-                    let w = Worker {
-                        core,
-                        fabric: f2.clone(),
-                        buf: None,
-                        state: [0; QD],
-                        seq: [0; QD],
-                        c: c2.clone(),
-                        k,
-                    };
-                    let mut w = Some(w);
-                    cx.send(
-                        k,
-                        Msg::new(move |cx: &mut dyn Ctx| {
-                            let mut w = w.take().unwrap();
-                            cx.register(Box::new(move |cx: &mut dyn Ctx| w.poll(cx)));
-                        }),
-                    )
-                    .ok()
-                    .expect("mailbox");
-                }
-                tx.send(sess).unwrap();
-            }),
-        )
-        .ok()
-        .expect("send");
+    let sent = engine.send(
+        0,
+        Msg::new(move |cx: &mut dyn Ctx| {
+            let cfg = ClientConfig::new("threads", vec![PathAddr::new(addr)]);
+            let events = Box::new(Events(Default::default()));
+            let (sess, cores) = Session::open(cx, f2.clone(), cfg, events).expect("open");
+            for (k, core) in cores.into_iter().enumerate() {
+                let w = Worker {
+                    core,
+                    fabric: f2.clone(),
+                    buf: None,
+                    state: [0; QD],
+                    seq: [0; QD],
+                    c: c2.clone(),
+                    k,
+                };
+                let mut w = Some(w);
+                let sent = cx.send(
+                    k,
+                    Msg::new(move |cx: &mut dyn Ctx| {
+                        let mut w = w.take().unwrap();
+                        cx.register(Box::new(move |cx: &mut dyn Ctx| w.poll(cx)));
+                    }),
+                );
+                assert!(sent.is_ok(), "mailbox of core {k}");
+            }
+            tx.send(sess).unwrap();
+        }),
+    );
+    assert!(sent.is_ok(), "mailbox of core 0");
     let sess = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("session opened");
