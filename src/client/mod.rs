@@ -29,6 +29,7 @@
 //!   no invalidation are path errors (PROTOCOL.md §9.6 "Add").
 
 mod config;
+mod connect;
 mod core;
 mod ctl;
 mod error;
@@ -36,6 +37,7 @@ mod io;
 pub mod permit;
 pub mod policy;
 pub mod reconnect;
+mod recovery;
 mod session;
 mod shared;
 pub mod state;
