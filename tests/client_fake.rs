@@ -409,3 +409,56 @@ fn reads_answered_without_remote_invalidation_are_invalidated_locally() {
         assert_eq!(h.events.borrow().as_slice(), &[LinkEvent::Connected]);
     }
 }
+
+#[test]
+fn rejected_connects_are_retried_then_succeed() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 2,
+        ..Setup::default()
+    });
+    h.srv.borrow_mut().reject_next = 3;
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    let st = h.sess.stats();
+    assert_eq!(st.paths[0].reconnects_fail, 3, "{}", st.to_json());
+    assert_eq!(st.paths[0].reconnects_ok, 0);
+    // 3 rejected cid-0 requests, then cid 0 and one IO connection per core.
+    assert_eq!(h.srv.borrow().requests, 3 + 3);
+    h.start_load(20);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 40));
+    h.drain(100_000, 1000);
+    clean(&h);
+}
+
+#[test]
+fn reconnect_attempts_are_bounded() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 1,
+        tweak: |c| c.max_reconnect_attempts = 2,
+        ..Setup::default()
+    });
+    h.srv.borrow_mut().reject_next = 100;
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.path_state(h.paths[0])
+            == Some(PathState::Closed)),
+        "{:?}",
+        h.sess.paths()
+    );
+    // The first try plus two reconnect attempts.
+    assert_eq!(h.srv.borrow().requests, 3);
+    h.run_until(5_000, MS, |_| false);
+    assert_eq!(h.srv.borrow().requests, 3, "no attempt after giving up");
+    // A manual reconnect starts over.
+    h.srv.borrow_mut().reject_next = 0;
+    h.sess.reconnect_path(h.paths[0]);
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+}

@@ -59,6 +59,11 @@ pub struct FakeServer {
     pub evil: Option<Evil>,
     /// Answer READs without SEND_WITH_INV (the client then invalidates locally).
     pub no_inv: bool,
+    /// Reject this many connection requests with `reject_errno`.
+    pub reject_next: u32,
+    pub reject_errno: i32,
+    /// Connection requests seen, accepted or not.
+    pub requests: u64,
 }
 
 /// Protocol violations the server can commit once.
@@ -115,6 +120,9 @@ impl FakeServer {
             mute_hb: false,
             evil: None,
             no_inv: false,
+            reject_next: 0,
+            reject_errno: -6,
+            requests: 0,
         };
         for _ in 0..n {
             let l = s
@@ -198,6 +206,12 @@ impl FakeServer {
                     let _ = req.reject(&ConnRsp::reject(104).to_bytes().unwrap());
                     continue;
                 };
+                self.requests += 1;
+                if self.reject_next > 0 {
+                    self.reject_next -= 1;
+                    let _ = req.reject(&ConnRsp::reject(self.reject_errno).to_bytes().unwrap());
+                    continue;
+                }
                 self.ensure_session();
                 let rsp = ConnRsp::accept(self.qd, self.max_io(), self.max_hdr, self.new_rkey)
                     .to_bytes()
