@@ -174,7 +174,7 @@ fn blackholed_path_dead_within_heartbeat_bound() {
     let mut h = RealHarness::new(
         Setup {
             paths: 2,
-            load_qd: 1,
+            load_qd: 4,
             tweak: |c| {
                 c.hb.interval = Duration::from_secs(1);
                 c.reconnect_delay = Duration::from_secs(1000);
@@ -185,12 +185,14 @@ fn blackholed_path_dead_within_heartbeat_bound() {
     );
     h.connect();
     h.run_until(3_000, MS, |_| false);
-    assert!(h
-        .sess
-        .stats()
-        .paths
-        .iter()
-        .all(|p| p.cur_latency_ns > 0 || p.state == "connected"));
+    let st = h.sess.stats();
+    assert!(
+        st.paths.iter().all(|p| p.cur_latency_ns > 0),
+        "heartbeat latency measured: {}",
+        st.to_json()
+    );
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 50));
     h.blackhole_path(1);
     let t0 = h.sim.now();
     assert!(h.run_until(20_000, MS, |h| h.sess.path_state(h.paths[1])
@@ -201,4 +203,11 @@ fn blackholed_path_dead_within_heartbeat_bound() {
         "dead after {after} ns (interval 1 s, missed_max 5)"
     );
     assert_eq!(h.sess.path_state(h.paths[0]), Some(PathState::Connected));
+    // Requests stuck on the silent path were failed over; all complete, intact.
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.drain(100_000, 1000);
+    clean(&h);
+    let st = h.sess.stats();
+    assert!(st.paths[0].rdma.failover_cnt > 0, "{}", st.to_json());
 }

@@ -161,6 +161,10 @@ pub struct SessionCore {
     pub(super) max_send_sge: u32,
     /// One past the highest path slot this core has seen (bounds the per-IO scans).
     pub(super) nslots: usize,
+    /// Rate limit of data-path warnings: next time one may be logged, and how many were
+    /// suppressed since the last.
+    pub(super) warn_next_ns: u64,
+    pub(super) warn_suppressed: u64,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -198,6 +202,8 @@ impl SessionCore {
             done: VecDeque::new(),
             max_send_sge: 1,
             nslots: 0,
+            warn_next_ns: 0,
+            warn_suppressed: 0,
         }
     }
 
@@ -412,6 +418,17 @@ impl SessionCore {
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
         self.params = Some(params);
+    }
+
+    /// Whether a data-path warning may be logged now (at most one per second per core);
+    /// returns how many were suppressed before it.
+    pub(super) fn may_warn(&mut self, now: u64) -> Option<u64> {
+        if now < self.warn_next_ns {
+            self.warn_suppressed += 1;
+            return None;
+        }
+        self.warn_next_ns = now.saturating_add(1_000_000_000);
+        Some(std::mem::take(&mut self.warn_suppressed))
     }
 
     /// Completes request `i` with `errno` and returns its permit.

@@ -352,7 +352,9 @@ impl SessionCore {
     fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, now: u64) {
         let params = self.params.expect("params");
         if rsp.check_msg_id(params.queue_depth).is_err() {
-            tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), "response for an unknown msg_id ignored");
+            if let Some(suppressed) = self.may_warn(now) {
+                tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), suppressed, "response for a msg_id beyond the queue depth ignored");
+            }
             return;
         }
         let buf_id = rsp.msg_id() as u16;
