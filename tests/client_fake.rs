@@ -462,3 +462,35 @@ fn reconnect_attempts_are_bounded() {
         h.sess.paths()
     );
 }
+
+#[test]
+fn duplicate_and_out_of_range_responses_are_ignored() {
+    use client_util::fake_server::Evil;
+    for (evil, new_rkey) in [
+        (Evil::Duplicate, false),
+        (Evil::Duplicate, true),
+        (Evil::BadMsgId, false),
+    ] {
+        let mut h = Harness::new(Setup {
+            paths: 1,
+            new_rkey,
+            load_qd: 8,
+            ..Setup::default()
+        });
+        h.connect();
+        h.start_load(0);
+        for _ in 0..20 {
+            let v = h.total().verified;
+            h.srv.borrow_mut().evil = Some(evil);
+            assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 10));
+        }
+        h.drain(100_000, 1000);
+        clean(&h);
+        assert_eq!(
+            h.sess.stats().paths[0].reconnects_ok,
+            0,
+            "{evil:?} did not take the path down"
+        );
+        assert_eq!(h.sess.paths_up(), 1);
+    }
+}

@@ -75,6 +75,10 @@ pub enum Evil {
     UnknownImm,
     /// RKEY_RSP naming another buf_id than the imm.
     RkeyBufIdMismatch,
+    /// Send the response twice (the second must be ignored).
+    Duplicate,
+    /// Send a response for a msg_id beyond the queue depth first (must be ignored).
+    BadMsgId,
 }
 
 impl FakeServer {
@@ -397,6 +401,28 @@ impl FakeServer {
                 sges: &[],
                 signaled: false,
             });
+        }
+        if evil == Some(Evil::Duplicate) {
+            let last = *chain.last().unwrap();
+            chain.push(last);
+        }
+        if evil == Some(Evil::BadMsgId) {
+            let bad = IoRsp::new(u32::from(self.qd) + 5, 0, false)
+                .unwrap()
+                .to_imm();
+            chain.insert(
+                0,
+                SendWr {
+                    wr_id: 0,
+                    op: SendOp::RdmaWriteWithImm {
+                        remote_addr: 0,
+                        rkey: 0,
+                        imm: bad,
+                    },
+                    sges: &[],
+                    signaled: false,
+                },
+            );
         }
         let c = &mut self.conns[ci];
         if let Err(e) = c.con.post_send(&chain) {
