@@ -494,3 +494,66 @@ fn duplicate_and_out_of_range_responses_are_ignored() {
         assert_eq!(h.sess.paths_up(), 1);
     }
 }
+
+#[test]
+fn a_dropped_core_handle_does_not_hold_up_teardown() {
+    use client_util::{Events, FakeServer};
+    use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session};
+    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    let lo = Arc::new(LoopbackFabric::new());
+    let srv = Rc::new(RefCell::new(FakeServer::new(
+        lo.clone(),
+        1,
+        64,
+        64 * 1024,
+        false,
+        1 << 20,
+    )));
+    let mut sim = Simulation::new(2, 256);
+    let s2 = srv.clone();
+    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
+        if s2.borrow_mut().poll() {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }));
+    let addr = PathAddr::new(srv.borrow().addrs[0]);
+    let mut cfg = ClientConfig::new("drop", vec![addr]);
+    cfg.reconnect_delay = Duration::from_millis(100);
+    let (sess, mut cores) = sim
+        .reactor(0)
+        .with_ctx(|cx| Session::open(cx, lo.clone(), cfg, Box::new(Events(Default::default()))))
+        .unwrap();
+    let mut core0 = cores.remove(0);
+    drop(cores);
+    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
+        let mut out = [ClientCompletion::default(); 4];
+        core0.poll(cx, &mut out);
+        PollResult::Idle
+    }));
+    let mut step_until = |sim: &mut Simulation, cond: &dyn Fn() -> bool| {
+        for _ in 0..20_000 {
+            if cond() {
+                return true;
+            }
+            sim.advance(MS);
+            sim.step();
+        }
+        cond()
+    };
+    assert!(step_until(&mut sim, &|| sess.paths_up() == 1));
+    srv.borrow_mut().break_path(0);
+    // The teardown does not wait for the missing core, and the path comes back.
+    assert!(
+        step_until(&mut sim, &|| sess.stats().paths[0].reconnects_ok >= 1
+            && sess.paths_up() == 1),
+        "{:?}",
+        sess.paths()
+    );
+}

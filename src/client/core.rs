@@ -178,6 +178,28 @@ impl std::fmt::Debug for SessionCore {
     }
 }
 
+impl Drop for SessionCore {
+    /// A core handle going away disconnects its connections and stops taking part in
+    /// teardowns, so the other cores' paths are not held up waiting for it.
+    fn drop(&mut self) {
+        self.sess.core_gone[self.core].store(true, Ordering::Release);
+        for cp in self.paths.iter_mut().flatten() {
+            cp.io.con.disconnect();
+        }
+        while let Some(cmd) = self.sess.to_core[self.core].pop() {
+            match cmd {
+                CoreCmd::Down { slot } => {
+                    let p = self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].clone();
+                    if let Some(p) = p {
+                        p.acks.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                CoreCmd::Up { mut conn, .. } => conn.con.disconnect(),
+            }
+        }
+    }
+}
+
 impl SessionCore {
     pub(super) fn new(
         core: usize,

@@ -144,10 +144,17 @@ impl Ctl {
             }
         }
         pc.shared.acks.store(0, Ordering::Release);
-        for q in &self.sess.to_core {
+        for (k, q) in self.sess.to_core.iter().enumerate() {
             q.push(CoreCmd::Down {
                 slot: pc.shared.slot,
             });
+            // A dropped core handle answers nothing; count it here. (If it dropped
+            // after the push, its drop acknowledged too: one ack too many only lets
+            // the teardown finish while the remaining cores still work through their
+            // queues, where any later `Up` waits behind the `Down`.)
+            if self.sess.core_gone[k].load(Ordering::Acquire) {
+                pc.shared.acks.fetch_add(1, Ordering::AcqRel);
+            }
         }
         pc.phase = Phase::Teardown { then };
     }
