@@ -537,7 +537,7 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
         core0.poll(cx, &mut out);
         PollResult::Idle
     }));
-    let mut step_until = |sim: &mut Simulation, cond: &dyn Fn() -> bool| {
+    let step_until = |sim: &mut Simulation, cond: &dyn Fn() -> bool| {
         for _ in 0..20_000 {
             if cond() {
                 return true;
