@@ -133,7 +133,10 @@ impl CorePoller {
                 if !self.closing.iter().any(|p| Arc::ptr_eq(p, &path)) {
                     self.closing.push(path);
                 }
-                let _ = cx;
+            }
+            CoreCmd::Close(path) => {
+                self.sh
+                    .close_path(cx, &path, format_args!("disconnect requested"));
             }
         }
     }
@@ -192,7 +195,15 @@ impl CorePoller {
             || kind == WR_RECV
             || kind == WR_INFO_REQ;
         if kind == WR_INV {
-            let op = (wc.wr_id & !KIND_MASK) as u32;
+            let op = wc.wr_id as u32;
+            let gen24 = ((wc.wr_id >> 32) & 0xff_ffff) as u32;
+            if !self
+                .ops
+                .get(op as usize)
+                .is_some_and(|o| o.inv_matches(gen24))
+            {
+                return;
+            }
             if wc.status.is_ok() {
                 self.after_inv(cx, op);
             } else {

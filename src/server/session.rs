@@ -185,8 +185,10 @@ impl Path {
     pub fn stats(&self) -> PathStats {
         let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, rsp_queued, dropped] =
             self.counters.snapshot();
+        let (handler_lat_us_log2, handler_lat_sum_ns) = self.counters.latency();
         PathStats {
             name: self.name(),
+            addr: format!("{}@{}", self.peer, self.local),
             state: state_name(self.state()),
             cid_num: self.cid_num,
             recon_cnt: self.recon_cnt,
@@ -198,6 +200,8 @@ impl Path {
             failover_waits,
             rsp_queued,
             dropped,
+            handler_lat_us_log2,
+            handler_lat_sum_ns,
         }
     }
 }

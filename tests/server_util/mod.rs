@@ -24,6 +24,32 @@ pub use handler::{RamHandler, Shared};
 /// Upper bound of simulation steps for one wait.
 pub const MAX_STEPS: usize = 20_000;
 
+/// What the test client needs from whoever runs the server.
+pub trait Driver {
+    /// Lets the server make progress (one simulation step, or a short pause).
+    fn step(&mut self);
+    /// The fabric the client connects and registers with.
+    fn client_fabric(&self) -> Arc<dyn Fabric>;
+    /// The server's first listening address.
+    fn addr(&self) -> SocketAddr;
+    /// Bound of the steps one wait may take.
+    fn max_steps(&self) -> usize {
+        MAX_STEPS
+    }
+}
+
+impl Driver for Harness {
+    fn step(&mut self) {
+        self.sim.step();
+    }
+    fn client_fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(self.fabric.clone())
+    }
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
 /// A server on `cores` simulated reactors over one loopback fabric.
 pub struct Harness {
     pub sim: Simulation,
