@@ -31,6 +31,8 @@ use crate::proto::constants::MAX_SEGMENTS;
 pub const MAX_SGL: usize = MAX_SEGMENTS as usize;
 /// Errno of a request that found no path within the wait (positive value).
 pub const ENOTCONN: i32 = 107;
+/// Errno of a request that cannot be encoded for the session (positive value).
+pub const EINVAL: i32 = 22;
 /// Errno of a waiting request dropped by a queue-depth change (positive value).
 pub const ECONNRESET: i32 = 104;
 
@@ -339,6 +341,7 @@ impl SessionCore {
         };
         match self.try_post(i, now) {
             super::io::Posted::Yes => {}
+            super::io::Posted::Invalid => self.finish(i, -EINVAL, now),
             super::io::Posted::NoPath | super::io::Posted::Retry => self.wait.push_back(buf_id),
         }
         Ok(())

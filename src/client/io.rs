@@ -15,7 +15,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::core::{CorePath, FmrState, RState, SessionCore, ENOTCONN, MAX_SGL};
+use super::core::{CorePath, FmrState, RState, SessionCore, EINVAL, ENOTCONN, MAX_SGL};
 use super::policy::PathSet;
 use smallvec::SmallVec;
 
@@ -32,12 +32,16 @@ pub(super) enum Posted {
     NoPath,
     /// A path is usable but its send queue is full: retry on a later poll.
     Retry,
+    /// The request cannot be encoded for this session (checked at submit, so only a
+    /// session whose limits changed underneath it gets here): fail it with −EINVAL.
+    Invalid,
 }
 
 /// Why a post on one path failed.
 enum PostFail {
     Budget,
     Broken,
+    Invalid,
 }
 
 impl SessionCore {
@@ -67,6 +71,7 @@ impl SessionCore {
             match self.post_on(i, p, policy, now) {
                 Ok(()) => return Posted::Yes,
                 Err(PostFail::Budget) => return Posted::Retry,
+                Err(PostFail::Invalid) => return Posted::Invalid,
                 Err(PostFail::Broken) => {
                     tried.insert(p);
                     self.path_failed(p, now);
@@ -100,7 +105,7 @@ impl SessionCore {
                     params.chunk_size,
                     params.max_hdr_size,
                 )
-                .map_err(|_| PostFail::Broken)?;
+                .map_err(|_| PostFail::Invalid)?;
                 res.hdr.mr().write_at(
                     i * res.hdr.size() + usize::from(r.usr_len),
                     &RdmaWrite { usr_len: r.usr_len }.to_bytes(),
@@ -116,7 +121,7 @@ impl SessionCore {
                     params.chunk_size,
                     params.max_hdr_size,
                 )
-                .map_err(|_| PostFail::Broken)?;
+                .map_err(|_| PostFail::Invalid)?;
                 let mut desc = None;
                 if r.data_len > 0 {
                     if res.fmr_state[i] == FmrState::Unknown {
@@ -167,7 +172,7 @@ impl SessionCore {
                     need_inval: desc.is_some(),
                 };
                 let mut t = [0u8; crate::proto::RDMA_READ_MAX_TRAILER_LEN];
-                let n = trailer.encode(&mut t).map_err(|_| PostFail::Broken)?;
+                let n = trailer.encode(&mut t).map_err(|_| PostFail::Invalid)?;
                 res.hdr
                     .mr()
                     .write_at(i * res.hdr.size() + usize::from(r.usr_len), &t[..n]);
@@ -191,7 +196,7 @@ impl SessionCore {
         let imm = params
             .layout
             .io_req(buf_id, imm_offset)
-            .map_err(|_| PostFail::Broken)?;
+            .map_err(|_| PostFail::Invalid)?;
         let io_wr = SendWr {
             wr_id: u64::from(buf_id),
             op: SendOp::RdmaWriteWithImm {
@@ -255,7 +260,10 @@ impl SessionCore {
         }
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
-        if n > 0 {
+        let received = wcs[..n].iter().any(|w| {
+            w.status.is_ok() && matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        });
+        if received {
             cp.shared.rx_seen.store(true, Ordering::Relaxed);
         }
         for wc in &wcs[..n] {
@@ -482,6 +490,7 @@ impl SessionCore {
             let i = usize::from(b - self.permits.range().start);
             match self.try_post(i, now) {
                 Posted::Yes => {}
+                Posted::Invalid => self.finish(i, -EINVAL, now),
                 Posted::Retry => self.wait.push_back(b),
                 Posted::NoPath => {
                     if now >= self.reqs[i].deadline || !live {
