@@ -211,3 +211,30 @@ fn blackholed_path_dead_within_heartbeat_bound() {
     let st = h.sess.stats();
     assert!(st.paths[0].rdma.failover_cnt > 0, "{}", st.to_json());
 }
+
+#[test]
+fn kernel_defaults_on_both_sides() {
+    // Server: queue depth 512, 128 KiB chunks, always_invalidate; client: defaults.
+    let mut h = RealHarness::new(
+        Setup {
+            load_qd: 32,
+            sizes: vec![4096, 126976],
+            ..Setup::default()
+        },
+        ServerConfig::default(),
+    );
+    h.connect();
+    {
+        let l = h.loads[0].borrow();
+        let core = &l.core;
+        assert_eq!(
+            (core.queue_depth(), core.max_io_size(), core.permits()),
+            (512, 126976, 256)
+        );
+        assert_eq!(core.max_usr_hdr(), 4096 - 24);
+    }
+    h.start_load(64);
+    assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 128));
+    h.drain(100_000, 1000);
+    clean(&h);
+}
