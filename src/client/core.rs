@@ -167,6 +167,8 @@ pub struct SessionCore {
     /// suppressed since the last.
     pub(super) warn_next_ns: u64,
     pub(super) warn_suppressed: u64,
+    /// Calls of `poll` so far.
+    pub(super) polls: u64,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -228,6 +230,7 @@ impl SessionCore {
             nslots: 0,
             warn_next_ns: 0,
             warn_suppressed: 0,
+            polls: 0,
         }
     }
 
@@ -351,6 +354,7 @@ impl SessionCore {
     /// `out.len()` completions into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [ClientCompletion]) -> usize {
         let now = cx.now();
+        self.polls = self.polls.wrapping_add(1);
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);
         }

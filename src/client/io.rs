@@ -25,6 +25,9 @@ use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
 
+/// Polls of a core between connection-manager checks of its IO connections.
+const CM_POLL_EVERY: u64 = 64;
+
 /// Result of trying to post a request.
 pub(super) enum Posted {
     Yes,
@@ -249,15 +252,6 @@ impl SessionCore {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
-        let mut broken = false;
-        while let Some(ev) = cp.io.con.poll_cm() {
-            if matches!(
-                ev,
-                crate::fabric::CmEvent::Disconnected | crate::fabric::CmEvent::Error { .. }
-            ) {
-                broken = true;
-            }
-        }
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
         let received = wcs[..n].iter().any(|w| {
@@ -265,6 +259,21 @@ impl SessionCore {
         });
         if received {
             cp.shared.rx_seen.store(true, Ordering::Relaxed);
+        }
+        // A break shows in the CQ first (the posted receives flush); the CM is asked then,
+        // and otherwise only every CM_POLL_EVERY polls (on the software fabrics asking
+        // it costs a progress pass of its own).
+        let flushed = wcs[..n].iter().any(|w| !w.status.is_ok());
+        let mut broken = false;
+        if flushed || self.polls % CM_POLL_EVERY == 0 {
+            while let Some(ev) = cp.io.con.poll_cm() {
+                if matches!(
+                    ev,
+                    crate::fabric::CmEvent::Disconnected | crate::fabric::CmEvent::Error { .. }
+                ) {
+                    broken = true;
+                }
+            }
         }
         for wc in &wcs[..n] {
             if self.paths[slot].is_none() {
