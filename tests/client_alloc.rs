@@ -52,10 +52,11 @@ fn measure(on: bool) {
 
 #[test]
 fn submit_and_poll_do_not_allocate() {
-    for new_rkey in [false, true] {
+    for (new_rkey, direct) in [(false, false), (true, false), (true, true)] {
         let mut h = Harness::new(Setup {
             paths: 2,
             new_rkey,
+            direct,
             load_qd: 16,
             sizes: vec![512, 4096, 16384, 60000],
             ..Setup::default()

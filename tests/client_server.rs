@@ -238,3 +238,37 @@ fn kernel_defaults_on_both_sides() {
     h.drain(100_000, 1000);
     clean(&h);
 }
+
+#[test]
+fn zero_copy_reads_into_registered_regions() {
+    for ai in [true, false] {
+        let mut h = RealHarness::new(
+            Setup {
+                paths: 2,
+                load_qd: 16,
+                direct: true,
+                sizes: vec![512, 4096, 65536, 126976],
+                ..Setup::default()
+            },
+            server_cfg(64, ai),
+        );
+        h.connect();
+        h.start_load(0);
+        assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 300));
+        // Failover of zero-copy reads too.
+        h.break_path(1);
+        let v = h.total().verified;
+        assert!(h.run_until(200_000, 1000, |h| h.total().verified >= v + 300));
+        h.drain(200_000, 1000);
+        clean(&h);
+        let st = h.sess.stats();
+        let direct: u64 = st.paths.iter().map(|p| p.direct_reads).sum();
+        let reads: u64 = st.paths.iter().map(|p| p.rdma.read_cnt).sum();
+        // Every third request of the workload has three segments (bounce); the others
+        // are single-segment reads into the registered buffer.
+        assert!(
+            direct > reads / 2 && direct < reads,
+            "direct {direct} of {reads} reads"
+        );
+    }
+}

@@ -87,6 +87,8 @@ pub(super) struct Req {
     pub start_ns: u64,
     pub deadline: u64,
     pub failed_over: bool,
+    /// The READ reply went straight into the caller's registered region.
+    pub direct: bool,
 }
 
 impl Req {
@@ -103,6 +105,7 @@ impl Req {
         start_ns: 0,
         deadline: 0,
         failed_over: false,
+        direct: false,
     };
 
     pub fn has_desc(&self) -> bool {
@@ -169,6 +172,8 @@ pub struct SessionCore {
     pub(super) warn_suppressed: u64,
     /// Calls of `poll` so far.
     pub(super) polls: u64,
+    /// Regions the caller registered for zero-copy READs ([`SessionCore::add_region`]).
+    pub(super) regions: Vec<Arc<Mr>>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -231,6 +236,7 @@ impl SessionCore {
             warn_next_ns: 0,
             warn_suppressed: 0,
             polls: 0,
+            regions: Vec::new(),
         }
     }
 
@@ -257,6 +263,22 @@ impl SessionCore {
     /// Permits this core owns (its share of the queue depth).
     pub fn permits(&self) -> u32 {
         self.permits.capacity()
+    }
+
+    /// Lets single-segment READs into `mr` skip the bounce area: the permit's
+    /// fast-registration slot is bound to the caller's segment inside `mr` and the
+    /// server writes there directly (the kernel's way; zero copy). `mr` must come from
+    /// the session's fabric; it is kept alive here until [`remove_region`](Self::remove_region).
+    pub fn add_region(&mut self, mr: Arc<Mr>) {
+        if !self.regions.iter().any(|m| Arc::ptr_eq(m, &mr)) {
+            self.regions.push(mr);
+        }
+    }
+
+    /// Stops using the region with local key `lkey` for zero-copy READs. Requests
+    /// already posted into it still complete into it.
+    pub fn remove_region(&mut self, lkey: u32) {
+        self.regions.retain(|m| m.lkey() != lkey);
     }
 
     /// Requests submitted here and not yet completed.
@@ -341,6 +363,7 @@ impl SessionCore {
             start_ns: now,
             deadline: now.saturating_add(self.io_wait_ns),
             failed_over: false,
+            direct: false,
         };
         match self.try_post(i, now) {
             super::io::Posted::Yes => {}

@@ -100,6 +100,7 @@ impl SessionCore {
         let mut sges = [Sge::default(); 2];
         let mut reg: Option<SendWr<'_>> = None;
         let mut inv: Option<SendWr<'_>> = None;
+        let mut direct = false;
         let (hdr_len, imm_offset, remote) = match r.dir {
             Dir::Write => {
                 let pl = write_placement(
@@ -149,13 +150,30 @@ impl SessionCore {
                             signaled: false,
                         });
                     }
+                    // A single segment inside a region the caller registered with this
+                    // core is written by the server directly; otherwise the bounce area.
+                    let seg = self.sgl[i * MAX_SGL];
+                    let region = (r.nsg == 1)
+                        .then(|| {
+                            self.regions.iter().find(|m| {
+                                m.lkey() == seg.lkey
+                                    && seg.addr >= m.addr()
+                                    && seg.addr + u64::from(seg.len) <= m.addr() + m.len() as u64
+                            })
+                        })
+                        .flatten();
+                    direct = region.is_some();
+                    let (region, target) = match region {
+                        Some(m) => (&**m, seg.addr),
+                        None => (&res.bounce, bounce_addr),
+                    };
                     let new_key = inc_rkey(res.fmr[i].rkey());
                     reg = Some(SendWr {
                         wr_id: 0,
                         op: SendOp::RegMr {
                             slot: &res.fmr[i],
-                            region: &res.bounce,
-                            addr: bounce_addr,
+                            region,
+                            addr: target,
                             len: r.data_len,
                             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
                             rkey: new_key,
@@ -164,7 +182,7 @@ impl SessionCore {
                         signaled: false,
                     });
                     desc = Some(SgDesc {
-                        addr: bounce_addr,
+                        addr: target,
                         key: new_key,
                         len: r.data_len,
                     });
@@ -239,7 +257,11 @@ impl SessionCore {
             cp.inflight += 1;
             st.inflight.add(1);
         }
+        if direct {
+            st.direct_reads.add(1);
+        }
         let q = &mut self.reqs[i];
+        q.direct = direct;
         q.state = RState::InFlight;
         q.path = p;
         q.policy = policy;
@@ -395,7 +417,7 @@ impl SessionCore {
         if rsp.w_inv() {
             res.fmr_state[i] = FmrState::Free;
         }
-        if rsp.errno() == 0 && r.has_desc() {
+        if rsp.errno() == 0 && r.has_desc() && !r.direct {
             let mut off = i * params.max_io_size as usize;
             let mut left = r.data_len as usize;
             for s in &self.sgl[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)] {

@@ -19,9 +19,11 @@
 //! - Reconnect jitter is uniformly random up to `reconnect_jitter` (500 ms by default),
 //!   not 0–7 ms; a changed queue depth on reconnect is re-negotiated once no other path
 //!   uses the old one (requests waiting at that moment fail with −ECONNRESET).
-//! - READ replies always land in the permit's registered bounce area, fast-registered
-//!   with NEED_INVAL as the kernel does, and are copied to the caller's segments: the
-//!   request names memory by SGE only, and a fast registration needs the region.
+//! - A request names memory by SGE only, and a fast registration needs the region: a
+//!   single-segment READ into a region the caller announced with
+//!   [`SessionCore::add_region`] is fast-registered in place (zero copy, as the kernel);
+//!   any other READ lands in the permit's registered bounce area (fast-registered with
+//!   NEED_INVAL the same way) and is copied to the caller's segments.
 //! - Administrative requests (`ClientIo::admin`) travel on the submitting core's IO
 //!   connection like other requests; the server treats all connections alike, and this
 //!   keeps every completion on its submitting core.

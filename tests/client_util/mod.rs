@@ -64,7 +64,9 @@ pub struct LoadStats {
 /// One core's workload: `qd` slots, each writing then reading back its own disk region.
 pub struct Load {
     pub core: SessionCore,
-    buf: Option<Mr>,
+    buf: Option<Arc<Mr>>,
+    /// Register the buffer with the core for zero-copy single-segment READs.
+    direct: bool,
     fabric: Arc<dyn Fabric>,
     slots: Vec<Slot>,
     qd: usize,
@@ -174,7 +176,7 @@ impl Load {
         }
         if self.buf.is_none() && self.core.max_io_size() > 0 {
             let len = self.qd.max(1) * self.max_io();
-            self.buf = Some(
+            let mr = Arc::new(
                 self.fabric
                     .register(
                         MemBuf::zeroed(len),
@@ -182,6 +184,10 @@ impl Load {
                     )
                     .unwrap(),
             );
+            if self.direct {
+                self.core.add_region(mr.clone());
+            }
+            self.buf = Some(mr);
             self.region = self.max_io();
         }
         for c in &out[..n] {
@@ -289,6 +295,8 @@ pub struct Setup {
     pub tweak: fn(&mut ClientConfig),
     /// Run over the tcp fabric on 127.0.0.1 instead of loopback (no fault injection).
     pub tcp: bool,
+    /// Zero-copy READs into the workload's registered buffer.
+    pub direct: bool,
 }
 
 impl Default for Setup {
@@ -303,6 +311,7 @@ impl Default for Setup {
             sizes: vec![4096],
             tweak: |_| {},
             tcp: false,
+            direct: false,
         }
     }
 }
@@ -385,6 +394,7 @@ impl Rig {
             let load = Rc::new(RefCell::new(Load {
                 core,
                 buf: None,
+                direct: s.direct,
                 fabric: fabric.clone(),
                 slots: vec![
                     Slot {
