@@ -7,14 +7,18 @@
 //!   the cores serving that session.
 //! - [`Dispatcher`]: one core's request processor (`rnbd_srv_rdma_ev`): SESS_INFO, OPEN,
 //!   CLOSE and IO onto that core's backend instances.
+//! - [`SessionTable`] / [`SessionCache`]: RNBD sessions by RTRS session, shared, with a
+//!   per-core cache for the data path.
 
 mod dispatch;
 mod exports;
+mod registry;
 mod session;
 
 pub use super::Dir;
 pub use dispatch::{Completion, Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportId, Exports, ExportsError};
+pub use registry::{SessionCache, SessionTable};
 pub use session::{Mapping, RnbdSession};
 
 /// Negative errnos as RNBD puts them in the RTRS response.

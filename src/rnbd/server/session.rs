@@ -133,6 +133,11 @@ impl RnbdSession {
         }
     }
 
+    /// Whether [`end`](Self::end) ran: the RTRS session is gone.
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+
     /// Export and mode of `device_id`, for an IO.
     pub fn lookup(&self, device_id: u32) -> Option<(ExportId, AccessMode)> {
         let devices = self.read();
