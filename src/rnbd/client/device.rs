@@ -87,6 +87,8 @@ pub enum DeviceError {
     Unsupported { op: &'static str },
     #[error("{op} of zero bytes")]
     ZeroLength { op: &'static str },
+    #[error("admin reply buffer of {len} bytes is too small (at least 64 needed)")]
+    ReplyBuffer { len: usize },
 }
 
 impl DeviceError {
@@ -102,7 +104,8 @@ impl DeviceError {
             | DeviceError::BadReply { .. }
             | DeviceError::Misaligned { .. }
             | DeviceError::TooLarge { .. }
-            | DeviceError::ZeroLength { .. } => libc::EINVAL,
+            | DeviceError::ZeroLength { .. }
+            | DeviceError::ReplyBuffer { .. } => libc::EINVAL,
         }
     }
 }
@@ -220,6 +223,12 @@ impl RnbdDevice {
             DevState::Mapped => self.info.map(|i| i.device_id),
             _ => None,
         }
+    }
+
+    /// Updates the session's `max_io_size` (known once RTRS connected), used by the
+    /// next [`open_done`](Self::open_done).
+    pub fn set_session_max_io(&mut self, max_io: u32) {
+        self.session_max_io = max_io;
     }
 
     /// OPEN's user header (264 bytes), sent as an RTRS READ with a 56-byte reply

@@ -1,9 +1,14 @@
-//! The RNBD client (the kernel's `rnbd-clt`), independent of the RTRS transport: message
-//! builders ([`msg`]) and the per-device state machine ([`RnbdDevice`]).
+//! The RNBD client (the kernel's `rnbd-clt`): message builders ([`msg`]), the per-device
+//! state machine ([`RnbdDevice`]), both free of any transport, and [`RnbdClient`], which
+//! drives devices over one core's RTRS session handle ([`RtrsPort`]).
 
 pub mod msg;
 
 mod device;
+mod port;
+mod session;
 
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
+pub use port::{PortCompletion, PortError, PortIo, RtrsPort};
+pub use session::{ClientEvent, DevHandle, IoError, RnbdClient, ADMIN_TAG, REPLY_SLOT};
