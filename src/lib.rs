@@ -12,7 +12,11 @@
 //!   over TCP, keys and bounds checked as a NIC would) and `verbs` (rdma-core).
 //! - [`engine`]: when code runs: pollers, timers and cross-core mailboxes, driven by our
 //!   pinned reactors or, inside SPDK, by SPDK pollers.
+//! - [`common`]: what the RTRS client and server share: connections, message buffers,
+//!   the heartbeat.
 
+pub mod client;
+pub mod common;
 pub mod engine;
 pub mod fabric;
 pub mod proto;

@@ -1,0 +1,272 @@
+//! [`Con`]: one reliable connection of an RTRS path, with the bookkeeping both sides
+//! need around it — the kernel's `struct rtrs_con` plus `rtrs_post_recv_empty`,
+//! `rtrs_post_rdma_write_imm_empty` and the `signal_interval` / `sq_wr_avail` rules of
+//! `rtrs-srv.c` and `rtrs-clt.c` (PROTOCOL.md §4.7).
+//!
+//! # Send-queue budget and signaling
+//! A fabric send slot stays held from posting until a completion is generated for that
+//! work request or a later one of the same connection. Most requests are posted
+//! unsignaled, so slots come back only with the completion of a later *signaled* one.
+//! `Con` keeps that account exactly, in work requests:
+//! - every posted request takes one slot of the budget (`max_send_wr` of the queue pair);
+//! - the last request of a chain is signaled when `signal_interval` requests have gone
+//!   out since the previous signaled one, or when the budget is running low (so slots
+//!   held by unsignaled requests always have a signaled request behind them that will
+//!   return them); a request the caller marks signaled stays signaled;
+//! - each signaled request remembers how many slots it covers, and its successful
+//!   completion (seen by [`Con::poll`], in order, as RC delivers them) returns them.
+//!
+//! A chain that does not fit the budget is refused with [`ConPostError::Budget`] before
+//! anything is posted: the caller queues it and retries after polling (the kernel's
+//! `rsp_wr_wait_list`). Nothing here allocates after construction.
+
+use std::collections::VecDeque;
+
+use smallvec::SmallVec;
+
+use crate::fabric::{CmEvent, Conn, ConnState, PostError, RecvWr, SendOp, SendWr, Wc, WcOpcode};
+
+/// Receives posted per `post_recv` call by [`Con::post_recv_empty`].
+pub const RECV_BATCH: usize = 32;
+
+/// Why [`Con::post_send`] refused a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ConPostError {
+    /// Not enough send-queue slots: retry after [`Con::poll`] returned some.
+    #[error("connection cid {cid}: send queue budget exhausted (chain of {need} work requests, {avail} slots free); retry after polling")]
+    Budget { cid: u16, need: usize, avail: u32 },
+    /// The fabric refused the post; requests before `index` were accepted.
+    #[error("connection cid {cid}: {source}")]
+    Post {
+        cid: u16,
+        #[source]
+        source: PostError,
+    },
+}
+
+impl ConPostError {
+    /// Whether this is only a full budget (worth queueing), not a broken connection.
+    pub fn is_budget(&self) -> bool {
+        matches!(self, ConPostError::Budget { .. })
+    }
+}
+
+/// One connection of a path: its index (`cid`) and the fabric connection, with
+/// signaling and send-budget bookkeeping.
+pub struct Con {
+    cid: u16,
+    conn: Box<dyn Conn>,
+    /// Signal at least every this many work requests.
+    signal_interval: u32,
+    /// Signal whenever the budget left after a chain is at most this.
+    low_water: u32,
+    /// Work requests posted since the last signaled one.
+    pending: u32,
+    /// Free send slots.
+    sq_avail: u32,
+    /// Slots each outstanding signaled request returns on completion, oldest first.
+    credits: VecDeque<u32>,
+}
+
+impl std::fmt::Debug for Con {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Con")
+            .field("cid", &self.cid)
+            .field("state", &self.conn.state())
+            .field("sq_avail", &self.sq_avail)
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl Con {
+    /// Wraps connection `cid`. `signal_interval` is the path's (`min(queue_depth, 512)`);
+    /// the budget is the connection's `max_send_wr`. The effective interval is capped at
+    /// half the budget so that a signaled request is always outstanding before the
+    /// budget runs out.
+    pub fn new(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> Con {
+        let max = conn.caps().max_send_wr.max(1);
+        let interval = signal_interval.clamp(1, (max / 2).max(1));
+        Con {
+            cid,
+            conn,
+            signal_interval: interval,
+            low_water: interval.min(max / 4),
+            pending: 0,
+            sq_avail: max,
+            credits: VecDeque::with_capacity(max as usize + 1),
+        }
+    }
+
+    /// The connection index in its path (0 = service connection).
+    pub fn cid(&self) -> u16 {
+        self.cid
+    }
+
+    /// The effective signal interval.
+    pub fn signal_interval(&self) -> u32 {
+        self.signal_interval
+    }
+
+    /// Free send-queue slots.
+    pub fn sq_avail(&self) -> u32 {
+        self.sq_avail
+    }
+
+    /// The fabric connection (for addresses, state, fault injection in tests).
+    pub fn conn(&self) -> &dyn Conn {
+        &*self.conn
+    }
+
+    /// The fabric connection, mutably (prefer the methods here for posting and polling).
+    pub fn conn_mut(&mut self) -> &mut dyn Conn {
+        &mut *self.conn
+    }
+
+    /// Gives the fabric connection back.
+    pub fn into_conn(self) -> Box<dyn Conn> {
+        self.conn
+    }
+
+    /// The connection manager's view of the connection.
+    pub fn state(&self) -> ConnState {
+        self.conn.state()
+    }
+
+    /// The next connection-manager event, if any.
+    pub fn poll_cm(&mut self) -> Option<CmEvent> {
+        self.conn.poll_cm()
+    }
+
+    /// Starts a graceful disconnect; outstanding work then flushes.
+    pub fn disconnect(&mut self) {
+        self.conn.disconnect();
+    }
+
+    /// Posts a chain of send work requests, choosing which are signaled (see the module
+    /// doc). The chain is copied (inline up to 8 requests) to set the flags.
+    ///
+    /// # Errors
+    /// [`ConPostError::Budget`] when the chain does not fit the free slots (nothing is
+    /// posted); [`ConPostError::Post`] when the fabric refuses (requests before the
+    /// error's index were posted and are accounted for).
+    pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ConPostError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > self.sq_avail as usize {
+            return Err(ConPostError::Budget {
+                cid: self.cid,
+                need: wrs.len(),
+                avail: self.sq_avail,
+            });
+        }
+        let mut chain: SmallVec<[SendWr<'_>; 8]> = SmallVec::from_slice(wrs);
+        let mut pending = self.pending;
+        let mut avail = self.sq_avail;
+        let last = chain.len() - 1;
+        for (i, wr) in chain.iter_mut().enumerate() {
+            pending += 1;
+            avail -= 1;
+            if wr.signaled
+                || (i == last && (pending >= self.signal_interval || avail <= self.low_water))
+            {
+                wr.signaled = true;
+                pending = 0;
+            }
+        }
+        let (accepted, res) = match self.conn.post_send(&chain) {
+            Ok(()) => (chain.len(), Ok(())),
+            Err(e) => (
+                e.index.min(chain.len()),
+                Err(ConPostError::Post {
+                    cid: self.cid,
+                    source: e,
+                }),
+            ),
+        };
+        for wr in &chain[..accepted] {
+            self.pending += 1;
+            self.sq_avail -= 1;
+            if wr.signaled {
+                self.credits.push_back(self.pending);
+                self.pending = 0;
+            }
+        }
+        res
+    }
+
+    /// Posts an RDMA_WRITE_WITH_IMM with no data (heartbeats, and responses without
+    /// NEW_RKEY_F), as `rtrs_post_rdma_write_imm_empty`.
+    ///
+    /// # Errors
+    /// As [`Con::post_send`].
+    pub fn post_imm_empty(&mut self, wr_id: u64, imm: u32) -> Result<(), ConPostError> {
+        self.post_send(&[SendWr {
+            wr_id,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: 0,
+                rkey: 0,
+                imm,
+            },
+            sges: &[],
+            signaled: false,
+        }])
+    }
+
+    /// Posts `n` receives without a buffer, all with `wr_id`, in batches of
+    /// [`RECV_BATCH`] (as `rtrs_post_recv_empty` in a loop).
+    ///
+    /// # Errors
+    /// The fabric's [`PostError`]; its index counts from the start of the failing batch.
+    pub fn post_recv_empty(&mut self, n: u32, wr_id: u64) -> Result<(), ConPostError> {
+        let batch = [RecvWr { wr_id, sge: None }; RECV_BATCH];
+        let mut left = n as usize;
+        while left > 0 {
+            let k = left.min(RECV_BATCH);
+            self.conn
+                .post_recv(&batch[..k])
+                .map_err(|source| ConPostError::Post {
+                    cid: self.cid,
+                    source,
+                })?;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    /// Posts receives as given (with or without buffers).
+    ///
+    /// # Errors
+    /// The fabric's [`PostError`].
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), ConPostError> {
+        self.conn
+            .post_recv(wrs)
+            .map_err(|source| ConPostError::Post {
+                cid: self.cid,
+                source,
+            })
+    }
+
+    /// Polls the completion queue into `wcs` and returns how many completions were
+    /// written; successful send-side completions return their slots to the budget.
+    pub fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        let n = self.conn.poll_cq(wcs);
+        for wc in &wcs[..n] {
+            let send_side = matches!(
+                wc.opcode,
+                WcOpcode::Send | WcOpcode::RdmaWrite | WcOpcode::RegMr | WcOpcode::LocalInv
+            );
+            if send_side && wc.status.is_ok() {
+                if let Some(c) = self.credits.pop_front() {
+                    self.sq_avail += c;
+                }
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+#[path = "con_tests.rs"]
+mod tests;
