@@ -16,8 +16,4 @@ pub mod server;
 /// The RTRS direction of an RNBD request: READ (the server fills the data area: a reply
 /// or read data; also a bare flush, which carries nothing) or WRITE (the data area holds
 /// the client's data, or nothing for CLOSE, discard and write-zeroes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dir {
-    Read,
-    Write,
-}
+pub use crate::common::Dir;

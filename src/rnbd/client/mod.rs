@@ -6,9 +6,11 @@ pub mod msg;
 
 mod device;
 mod port;
+mod rtrs;
 mod session;
 
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
 pub use port::{PortCompletion, PortError, PortIo, RtrsPort};
+pub use rtrs::LinkListener;
 pub use session::{ClientEvent, DevHandle, IoError, RnbdClient, ADMIN_TAG, REPLY_SLOT};

@@ -14,6 +14,8 @@ use std::collections::VecDeque;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
 use super::msg::{self, BlockRequest, DeviceInfo};
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
+use super::rtrs::LinkListener;
+use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{AccessMode, OpenRsp, SessInfo};
@@ -114,6 +116,7 @@ pub struct RnbdClient<P> {
     sess_info_inflight: bool,
     events: VecDeque<ClientEvent>,
     scratch: Vec<PortCompletion>,
+    links: Option<LinkListener>,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
@@ -137,6 +140,7 @@ impl<P: RtrsPort> RnbdClient<P> {
             sess_info_inflight: false,
             events: VecDeque::with_capacity(4 * BATCH),
             scratch: vec![PortCompletion::default(); BATCH],
+            links: None,
         })
     }
 
@@ -280,8 +284,21 @@ impl<P: RtrsPort> RnbdClient<P> {
         self.pump(cx);
     }
 
+    /// Takes the session's link events from `links` (the listener given to the RTRS
+    /// session) on every [`poll`](Self::poll): `Disconnected` → [`link_down`](Self::link_down),
+    /// `Connected` → [`link_up`](Self::link_up).
+    pub fn listen(&mut self, links: LinkListener) {
+        self.links = Some(links);
+    }
+
     /// Makes progress and moves up to `out.len()` events into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [ClientEvent]) -> usize {
+        while let Some(ev) = self.links.as_ref().and_then(LinkListener::take) {
+            match ev {
+                LinkEvent::Disconnected => self.link_down(),
+                LinkEvent::Connected => self.link_up(cx),
+            }
+        }
         loop {
             let n = self.port.poll(cx, &mut self.scratch);
             for i in 0..n {
