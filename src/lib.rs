@@ -14,6 +14,8 @@
 //!   pinned reactors or, inside SPDK, by SPDK pollers.
 //! - [`common`]: what the RTRS client and server share: connections, message buffers,
 //!   the heartbeat.
+//! - [`server`]: the RTRS server: listeners, sessions and paths, the chunk pool, IO
+//!   dispatch to a per-core handler.
 
 pub mod client;
 pub mod common;
@@ -21,3 +23,4 @@ pub mod engine;
 pub mod fabric;
 pub mod proto;
 pub mod rnbd;
+pub mod server;

@@ -1,0 +1,426 @@
+//! Listeners and CONNECT_REQUEST handling: the kernel's `rtrs_srv_rdma_cm_handler` /
+//! `rtrs_rdma_connect` (PROTOCOL.md §3.3, §6.4, §6.5, §9.1), as one poller on the core
+//! that started the server.
+//!
+//! A request is decoded and checked by [`ConnReq::decode`]; the session is found by
+//! `paths_uuid` (created only with `first_conn`: the chunk pool is registered here), the
+//! path by `sess_uuid`. Refusals carry a conn_rsp with the kernel's errno. Beyond the
+//! kernel: a connection request for cid 0 whose `recon_cnt` differs from the stored
+//! path's is a reconnect, so the stale path is closed and replaced at once (the kernel
+//! refuses until its heartbeat kills the old path), and half-open paths are reaped by a
+//! periodic check as well as on collision. An accepted connection gets its receives
+//! posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO cids) and is
+//! moved to its core in a [`Msg`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::common::{Con, IuPool, Uuid};
+use crate::engine::{Ctx, Msg, PollResult, Poller};
+use crate::fabric::{Access, ConnRequest, Listener, MemBuf, QpCaps};
+use crate::proto::constants::{MAX_CONN_TIMEOUT_MS, MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
+use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
+
+use super::handler::SessionId;
+use super::poller::{WR_INFO_REQ, WR_RECV};
+use super::session::{lock, state_name, Path, SessEntry, Session, CONNECTING};
+use super::shared::{CoreCmd, Shared};
+use super::stats::PathCounters;
+
+const ECONNRESET: i32 = 104;
+const ENXIO: i32 = 6;
+const EEXIST: i32 = 17;
+const ENOMEM: i32 = 12;
+
+/// How often half-open paths are looked for.
+const REAP_EVERY_NS: u64 = 1_000_000_000;
+const ZOMBIE_NS: u64 = MAX_CONN_TIMEOUT_MS * 1_000_000;
+
+/// A path to accept the connection into, or a refusal (errno, reason).
+type Admit = Result<Arc<Path>, (i32, String)>;
+
+/// The listeners' poller.
+pub(crate) struct Acceptor {
+    sh: Arc<Shared>,
+    listeners: Vec<Box<dyn Listener>>,
+    /// Connections whose move to their core met a full mailbox.
+    pending: Vec<(usize, Msg)>,
+    last_reap: u64,
+    done: bool,
+}
+
+fn is_zombie(p: &Path, now: u64) -> bool {
+    let ts = p.conn_ts.load(Ordering::Acquire);
+    p.state() == CONNECTING && ts != 0 && now.saturating_sub(ts) > ZOMBIE_NS
+}
+
+impl Acceptor {
+    pub fn new(sh: Arc<Shared>, listeners: Vec<Box<dyn Listener>>) -> Acceptor {
+        Acceptor {
+            sh,
+            listeners,
+            pending: Vec::new(),
+            last_reap: 0,
+            done: false,
+        }
+    }
+
+    fn refuse(&self, cx: &mut dyn Ctx, req: ConnRequest, errno: i32, why: &str) {
+        if self.sh.log.allow(cx.now()) {
+            tracing::warn!(
+                "rtrs-srv: refusing connection from {}: {why} (errno -{errno})",
+                req.peer
+            );
+        }
+        let rsp = ConnRsp::reject(errno)
+            .to_bytes()
+            .unwrap_or([0; ConnRsp::LEN]);
+        let _ = req.reject(&rsp);
+    }
+
+    fn on_request(&mut self, cx: &mut dyn Ctx, req: ConnRequest, local: SocketAddr) {
+        let msg = match ConnReq::decode(req.private_data.as_bytes()) {
+            Ok(m) => m,
+            Err(e) => return self.refuse(cx, req, ECONNRESET, &e.to_string()),
+        };
+        let (res, zombies) = self.admit(cx.now(), &msg, req.peer, local);
+        for z in &zombies {
+            self.sh
+                .close_path(cx, z, format_args!("stale or half-open path replaced"));
+        }
+        match res {
+            Ok(path) => self.accept(cx, req, &msg, path),
+            Err((errno, why)) => self.refuse(cx, req, errno, &why),
+        }
+    }
+
+    /// Finds or creates the session and path for `msg` (under the table lock). Returns
+    /// the path or a refusal, plus paths to close (zombies, stale paths).
+    fn admit(
+        &self,
+        now: u64,
+        msg: &ConnReq,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> (Admit, Vec<Arc<Path>>) {
+        let mut zombies = Vec::new();
+        let mut t = lock(&self.sh.table);
+        let idx = match t
+            .sessions
+            .iter()
+            .position(|e| e.sess.paths_uuid == msg.paths_uuid)
+        {
+            Some(i) => i,
+            None if !msg.first_conn => {
+                let why = "unknown session (paths_uuid) and first_conn not set".to_string();
+                return (Err((ENXIO, why)), zombies);
+            }
+            None => match self.new_session(msg.paths_uuid) {
+                Ok(sess) => {
+                    t.sessions.push(SessEntry {
+                        sess,
+                        paths: Vec::new(),
+                        all: Vec::new(),
+                        up: 0,
+                    });
+                    t.sessions.len() - 1
+                }
+                Err(why) => return (Err((ENOMEM, why)), zombies),
+            },
+        };
+        let res = self.admit_path(&mut t.sessions[idx], now, msg, peer, local, &mut zombies);
+        if res.is_err() && t.sessions[idx].all.is_empty() {
+            t.sessions.remove(idx);
+        }
+        (res, zombies)
+    }
+
+    fn admit_path(
+        &self,
+        e: &mut SessEntry,
+        now: u64,
+        msg: &ConnReq,
+        peer: SocketAddr,
+        local: SocketAddr,
+        zombies: &mut Vec<Arc<Path>>,
+    ) -> Admit {
+        let cid = usize::from(msg.cid);
+        if let Some(pi) = e.paths.iter().position(|p| p.sess_uuid == msg.sess_uuid) {
+            let p = Arc::clone(&e.paths[pi]);
+            if p.recon_cnt != msg.recon_cnt {
+                if msg.cid != 0 {
+                    return Err((
+                        ECONNRESET,
+                        format!(
+                            "cid {} of reconnect attempt {} before its cid 0 (path is at attempt {})",
+                            msg.cid, msg.recon_cnt, p.recon_cnt
+                        ),
+                    ));
+                }
+                e.paths.remove(pi);
+                zombies.push(p);
+            } else {
+                if p.state() != CONNECTING {
+                    return Err((
+                        ECONNRESET,
+                        format!("path is {}, not connecting", state_name(p.state())),
+                    ));
+                }
+                if p.cid_num != msg.cid_num {
+                    return Err((
+                        ECONNRESET,
+                        format!(
+                            "cid_num {} differs from the path's {}",
+                            msg.cid_num, p.cid_num
+                        ),
+                    ));
+                }
+                let mut present = lock(&p.present);
+                if present[cid] {
+                    drop(present);
+                    if is_zombie(&p, now) {
+                        zombies.push(p);
+                    }
+                    return Err((ECONNRESET, format!("connection cid {cid} already exists")));
+                }
+                present[cid] = true;
+                drop(present);
+                p.conn_ts.store(now.max(1), Ordering::Release);
+                return Ok(p);
+            }
+        }
+        if e.all.len() >= MAX_PATHS_NUM {
+            return Err((
+                ECONNRESET,
+                format!("session already has {MAX_PATHS_NUM} paths"),
+            ));
+        }
+        if let Some(dup) = e
+            .paths
+            .iter()
+            .find(|p| p.peer.ip() == peer.ip() && p.local == local)
+        {
+            if is_zombie(dup, now) {
+                zombies.push(Arc::clone(dup));
+            }
+            return Err((
+                EEXIST,
+                format!("session already has a path from {} to {local}", peer.ip()),
+            ));
+        }
+        let path = self
+            .new_path(&e.sess, msg, peer, local, now)
+            .map_err(|why| (ENOMEM, why))?;
+        e.paths.push(Arc::clone(&path));
+        e.all.push(Arc::clone(&path));
+        Ok(path)
+    }
+
+    fn new_session(&self, paths_uuid: Uuid) -> Result<Arc<Session>, String> {
+        let cfg = &self.sh.cfg;
+        let (qd, cs) = (cfg.queue_depth, cfg.chunk_size);
+        let layout = ImmLayout::new(qd, cs).map_err(|e| e.to_string())?;
+        let access = if cfg.always_invalidate {
+            Access::LOCAL_WRITE
+        } else {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        };
+        let len = usize::from(qd) * cs as usize;
+        let chunks = self
+            .sh
+            .fabric
+            .register(MemBuf::zeroed(len), access)
+            .map_err(|e| format!("chunk pool of {qd} x {cs} bytes: {e}"))?;
+        let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let home = self.sh.next_home.fetch_add(1, Ordering::Relaxed) % self.sh.ncores;
+        Ok(Arc::new(Session {
+            id: SessionId(id),
+            paths_uuid,
+            home,
+            layout,
+            chunks,
+            owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
+            name: Mutex::new(String::new()),
+        }))
+    }
+
+    fn new_path(
+        &self,
+        sess: &Arc<Session>,
+        msg: &ConnReq,
+        peer: SocketAddr,
+        local: SocketAddr,
+        now: u64,
+    ) -> Result<Arc<Path>, String> {
+        let fabric = &*self.sh.fabric;
+        let qd = sess.queue_depth();
+        let ai = self.sh.cfg.always_invalidate;
+        let mrs = if ai {
+            (0..qd)
+                .map(|_| fabric.alloc_fast_mr())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("chunk keys: {e}"))?
+        } else {
+            Vec::new()
+        };
+        let io =
+            |n, size| IuPool::new(fabric, n, size, Access::LOCAL_WRITE).map_err(|e| e.to_string());
+        let rkey_ius = if ai {
+            Some(io(usize::from(qd), RkeyRsp::LEN)?)
+        } else {
+            None
+        };
+        let mut present = vec![false; usize::from(msg.cid_num)];
+        present[usize::from(msg.cid)] = true;
+        Ok(Arc::new(Path {
+            id: (self.sh.next_id.fetch_add(1, Ordering::Relaxed) as u32).max(1),
+            sess: Arc::clone(sess),
+            sess_uuid: msg.sess_uuid,
+            cid_num: msg.cid_num,
+            recon_cnt: msg.recon_cnt,
+            peer,
+            local,
+            state: AtomicU8::new(CONNECTING),
+            present: Mutex::new(present),
+            conn_ts: AtomicU64::new(now.max(1)),
+            mrs,
+            rkey_ius,
+            info_req: io(1, InfoReq::LEN)?,
+            info_rsp: io(1, InfoRsp::wire_len(qd))?,
+            busy: (0..usize::from(qd).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            ops: AtomicU32::new(0),
+            live_cons: AtomicU32::new(0),
+            traffic: AtomicBool::new(false),
+            name: Mutex::new(format!("{peer}@{local}")),
+            counters: PathCounters::default(),
+        }))
+    }
+
+    fn caps_for(&self, cid: u16) -> QpCaps {
+        let fc = self.sh.fabric.caps();
+        let qd = u32::from(self.sh.cfg.queue_depth);
+        let ai = self.sh.cfg.always_invalidate;
+        let (send, recv) = if cid == 0 {
+            let base = 2 * SERVICE_CON_QUEUE_DEPTH + 2;
+            (base + if ai { qd } else { 0 }, base)
+        } else {
+            (qd * if ai { 5 } else { 3 } + 1, qd + 1)
+        };
+        QpCaps {
+            max_send_wr: send.min(fc.max_send_wr).max(8),
+            max_recv_wr: recv.min(fc.max_recv_wr),
+            max_send_sge: 1,
+        }
+    }
+
+    fn accept(&mut self, cx: &mut dyn Ctx, req: ConnRequest, msg: &ConnReq, path: Arc<Path>) {
+        let sh = Arc::clone(&self.sh);
+        let cfg = &sh.cfg;
+        let qd = cfg.queue_depth;
+        let rsp = ConnRsp::accept(qd, cfg.max_io_size(), cfg.max_hdr, cfg.always_invalidate);
+        let rsp = match rsp.to_bytes() {
+            Ok(b) => b,
+            Err(e) => {
+                sh.close_path(cx, &path, format_args!("conn_rsp: {e}"));
+                return self.refuse(cx, req, ECONNRESET, &e.to_string());
+            }
+        };
+        let conn = match req.accept(self.caps_for(msg.cid), &rsp) {
+            Ok(c) => c,
+            Err(e) => {
+                sh.close_path(cx, &path, format_args!("accept of cid {}: {e}", msg.cid));
+                return;
+            }
+        };
+        let mut con = Con::new(msg.cid, conn, signal_interval(qd));
+        let posted = if msg.cid == 0 {
+            con.post_recv(&[path.info_req.recv_wr(0, WR_INFO_REQ)])
+        } else {
+            con.post_recv_empty(qd.into(), WR_RECV)
+        };
+        if let Err(e) = posted {
+            sh.close_path(cx, &path, format_args!("posting receives: {e}"));
+            con.disconnect();
+            return;
+        }
+        path.live_cons.fetch_add(1, Ordering::AcqRel);
+        let core = sh.core_of(msg.cid, path.sess.home);
+        let sh2 = Arc::clone(&sh);
+        let m = Msg::new(move |cx: &mut dyn Ctx| {
+            sh2.inbox[cx.core()].push(CoreCmd::AddCon { path, con });
+        });
+        if let Err(e) = cx.send(core, m) {
+            self.pending.push((core, e.into_msg()));
+        }
+    }
+
+    fn reap(&self, cx: &mut dyn Ctx, now: u64) {
+        let zombies: Vec<Arc<Path>> = {
+            let t = lock(&self.sh.table);
+            t.sessions
+                .iter()
+                .flat_map(|e| e.all.iter())
+                .filter(|p| is_zombie(p, now))
+                .cloned()
+                .collect()
+        };
+        for z in &zombies {
+            self.sh.close_path(
+                cx,
+                z,
+                format_args!("half-open for more than {MAX_CONN_TIMEOUT_MS} ms"),
+            );
+        }
+    }
+}
+
+impl Poller for Acceptor {
+    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
+        if self.done {
+            return PollResult::Idle;
+        }
+        let mut busy = PollResult::Idle;
+        while let Some((core, m)) = self.pending.pop() {
+            if let Err(e) = cx.send(core, m) {
+                self.pending.push((core, e.into_msg()));
+                break;
+            }
+            busy = PollResult::Busy;
+        }
+        if self.sh.stop.load(Ordering::Acquire) {
+            if self.pending.is_empty() {
+                self.listeners.clear();
+                self.done = true;
+                self.sh.pollers.fetch_sub(1, Ordering::AcqRel);
+                if let Some(id) = cx.current() {
+                    cx.unregister(id);
+                }
+            }
+            return busy;
+        }
+        for i in 0..self.listeners.len() {
+            while let Some(req) = self.listeners[i].poll() {
+                let local = self.listeners[i].local_addr();
+                self.on_request(cx, req, local);
+                busy = PollResult::Busy;
+            }
+        }
+        let now = cx.now();
+        if now.saturating_sub(self.last_reap) >= REAP_EVERY_NS {
+            self.last_reap = now;
+            self.reap(cx, now);
+        }
+        busy
+    }
+
+    fn shutdown(&mut self, _cx: &mut dyn Ctx) {
+        self.sh.stop.store(true, Ordering::Release);
+    }
+
+    fn name(&self) -> &str {
+        "rtrs-srv-accept"
+    }
+}

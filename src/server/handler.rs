@@ -1,0 +1,164 @@
+//! The interface to the layer above the RTRS server (the RNBD server): the kernel's
+//! `struct rtrs_srv_ops` (`rdma_ev` for requests, `link_ev` for session events) and
+//! `rtrs_srv_resp_rdma` for the answer.
+//!
+//! One [`ServerHandler`] instance runs per reactor core, made by the factory given to
+//! [`super::Server::start`]; it is only ever called on its own core, for the connections
+//! that core polls, so it needs no locks. A request's chunk belongs to the handler from
+//! [`ServerHandler::request`] until it answers through the [`Responder`] (at once or on a
+//! later poll of the same core).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::rc::Rc;
+
+use crate::common::{Dir, LinkEvent};
+use crate::engine::Ctx;
+
+/// Identifies a server session (one client session, all its paths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "session#{}", self.0)
+    }
+}
+
+/// Identifies one request on the core that received it (slot and generation, so a late
+/// or repeated answer for a finished request is recognised and ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IoId(pub u64);
+
+impl IoId {
+    pub(crate) fn new(slot: u32, gen: u32) -> IoId {
+        IoId(u64::from(gen) << 32 | u64::from(slot))
+    }
+    pub(crate) fn slot(self) -> u32 {
+        self.0 as u32
+    }
+    pub(crate) fn gen(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// The data area of a request's chunk: for a WRITE the client's data, for a READ the
+/// space where the handler puts the reply (`len()` bytes, the request's data length).
+#[derive(Debug, Clone, Copy)]
+pub struct DataArea {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl DataArea {
+    pub(crate) fn new(ptr: *mut u8, len: usize) -> DataArea {
+        DataArea { ptr, len }
+    }
+
+    /// Bytes in the area.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the request carries no data (a flush, a data-less READ).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the area (registered memory of the session's chunk pool).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Borrows the area.
+    ///
+    /// # Safety
+    /// Only between the [`ServerHandler::request`] call that handed out this area and
+    /// the [`Responder::respond`] for it: in that window the request owns its chunk
+    /// (under always_invalidate the client's key is revoked; otherwise a correct client
+    /// does not touch a chunk it has a request outstanding on). The slice must not
+    /// outlive the answer.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: ptr/len describe chunk memory kept alive by the session for as long
+        // as the request is outstanding; exclusivity is the caller's contract above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Borrows the area mutably (to produce READ data).
+    ///
+    /// # Safety
+    /// As [`DataArea::as_slice`], and no other borrow of the area may exist meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in as_slice; uniqueness is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: the area is plain memory of a registration that outlives the request; the
+// handler may pass it to a backend thread that completes back on the owning core.
+unsafe impl Send for DataArea {}
+
+/// One request handed to the handler.
+#[derive(Debug)]
+pub struct SrvIo<'a> {
+    /// Answer with this id.
+    pub id: IoId,
+    /// The session it came from.
+    pub sess: SessionId,
+    /// READ (produce `data.len()` bytes into `data`) or WRITE (consume `data`).
+    pub dir: Dir,
+    /// The user header (a copy; valid during the call).
+    pub usr: &'a [u8],
+    /// The chunk's data area.
+    pub data: DataArea,
+}
+
+/// Answers requests. Cheap to clone; only usable on the core it was given on.
+#[derive(Clone, Default)]
+pub struct Responder {
+    queue: Rc<RefCell<VecDeque<(IoId, i32)>>>,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Responder({} queued)", self.queue.borrow().len())
+    }
+}
+
+impl Responder {
+    /// Answers request `id` with `errno` (0 or a negative errno; magnitudes above 511
+    /// do not fit the wire and are sent as EIO). The response goes out on the server's
+    /// next poll of this core; an id already answered is ignored.
+    pub fn respond(&self, id: IoId, errno: i32) {
+        self.queue.borrow_mut().push_back((id, errno));
+    }
+
+    pub(crate) fn with_capacity(n: usize) -> Responder {
+        Responder {
+            queue: Rc::new(RefCell::new(VecDeque::with_capacity(n))),
+        }
+    }
+
+    pub(crate) fn pop(&self) -> Option<(IoId, i32)> {
+        self.queue.borrow_mut().pop_front()
+    }
+}
+
+/// The layer above: one instance per core, called on that core only.
+pub trait ServerHandler {
+    /// First path of a session up ([`LinkEvent::Connected`]) or last path gone
+    /// ([`LinkEvent::Disconnected`]). Called on the session's home core.
+    fn link_event(&mut self, cx: &mut dyn Ctx, sess: SessionId, sessname: &str, ev: LinkEvent);
+
+    /// A request; answer it (now or later, on this core) with
+    /// [`Responder::respond`]`(io.id, errno)`.
+    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, responder: &Responder);
+}

@@ -1,0 +1,423 @@
+//! Requests on one core: the kernel's `rtrs_srv_rdma_done` IO_REQ branch,
+//! `process_read`/`process_write` and `rtrs_srv_resp_rdma` with `rdma_write_sg` /
+//! `send_io_resp_imm` (PROTOCOL.md §4.5, §9.5).
+//!
+//! A request lives in a slot of the core's table from its IO_REQ imm to its response:
+//! 1. the imm is split and checked ([`crate::proto::ImmLayout::decode_io_req`]); the
+//!    buf id is marked busy on the path (already busy: a broken client, the path closes);
+//! 2. under always_invalidate the chunk's key on this path is retired with a signaled
+//!    LOCAL_INV first, so the client can no longer write the chunk;
+//! 3. the trailer is read from the chunk and checked ([`ChunkReq::decode`]: type, usr_len
+//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len);
+//! 4. the chunk is claimed for the path in the session; if another (dying) path still
+//!    runs a request on it — a failed-over request — this one waits on this core;
+//! 5. the handler gets it; its answer builds the response chain (case A or B) on the
+//!    request's connection, queued when the send budget is exhausted, dropped when the
+//!    path is no longer connected. The chunk is released once the response is posted.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::common::Dir;
+use crate::engine::Ctx;
+use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
+use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
+
+use super::handler::{DataArea, IoId, SrvIo};
+use super::poller::{CorePoller, WR_INV, WR_RSP};
+use super::session::Path;
+use super::stats::PathCounters;
+
+const EIO: i32 = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Free,
+    /// LOCAL_INV posted, waiting for its completion.
+    Inv,
+    /// Waiting for the chunk to be released by another path.
+    Waiting,
+    /// With the handler.
+    Handler,
+    /// Answered; the response waits for send slots.
+    RspQueued,
+}
+
+/// One request on this core.
+pub(crate) struct Op {
+    gen: u32,
+    stage: Stage,
+    path: Option<Arc<Path>>,
+    con: usize,
+    buf_id: u16,
+    offset: u32,
+    req: Option<ChunkReq>,
+    errno: i32,
+    counted_wait: bool,
+}
+
+impl Op {
+    fn free(gen: u32) -> Op {
+        Op {
+            gen,
+            stage: Stage::Free,
+            path: None,
+            con: 0,
+            buf_id: 0,
+            offset: 0,
+            req: None,
+            errno: 0,
+            counted_wait: false,
+        }
+    }
+
+    /// Whether this request waits for a LOCAL_INV on connection `con`.
+    pub fn pending_inv_on(&self, con: usize) -> bool {
+        self.stage == Stage::Inv && self.con == con
+    }
+}
+
+impl CorePoller {
+    fn alloc_op(&mut self, path: Arc<Path>, con: usize, buf_id: u16, offset: u32) -> u32 {
+        path.ops.fetch_add(1, Ordering::AcqRel);
+        let idx = match self.free_ops.pop() {
+            Some(i) => i,
+            None => {
+                self.ops.push(Op::free(0));
+                (self.ops.len() - 1) as u32
+            }
+        };
+        let op = &mut self.ops[idx as usize];
+        op.stage = Stage::Inv;
+        op.path = Some(path);
+        op.con = con;
+        op.buf_id = buf_id;
+        op.offset = offset;
+        op.req = None;
+        op.errno = 0;
+        op.counted_wait = false;
+        idx
+    }
+
+    /// Ends request `idx`: releases its chunk and buf id and frees the slot. `dropped`
+    /// counts it as dropped unanswered.
+    pub(crate) fn drop_op(&mut self, idx: u32, dropped: bool) {
+        let op = &mut self.ops[idx as usize];
+        if op.stage == Stage::Free {
+            return;
+        }
+        if let Some(p) = op.path.take() {
+            p.sess.release(op.buf_id, p.id);
+            p.clear_busy(op.buf_id);
+            if dropped {
+                PathCounters::add(&p.counters.dropped, 1);
+            }
+            p.ops.fetch_sub(1, Ordering::AcqRel);
+        }
+        op.stage = Stage::Free;
+        op.gen = op.gen.wrapping_add(1);
+        self.free_ops.push(idx);
+    }
+
+    /// An IO_REQ imm arrived on connection `i`.
+    pub(crate) fn on_io_req(&mut self, cx: &mut dyn Ctx, i: usize, payload: u32) {
+        let Some(slot) = self.cons[i].as_ref() else {
+            return;
+        };
+        let path = Arc::clone(&slot.path);
+        let req = match path.sess.layout.decode_io_req(payload) {
+            Ok(r) => r,
+            Err(e) => return self.close_con_path(cx, i, format_args!("IO_REQ: {e}")),
+        };
+        if !path.mark_busy(req.buf_id) {
+            return self.close_con_path(
+                cx,
+                i,
+                format_args!(
+                    "IO_REQ for buf_id {} already in flight on this path",
+                    req.buf_id
+                ),
+            );
+        }
+        let idx = self.alloc_op(Arc::clone(&path), i, req.buf_id, req.offset);
+        if !self.sh.cfg.always_invalidate {
+            return self.after_inv(cx, idx);
+        }
+        let rkey = path.mrs[usize::from(req.buf_id)].rkey();
+        let Some(slot) = self.cons[i].as_mut() else {
+            return;
+        };
+        let wr = SendWr {
+            wr_id: WR_INV | u64::from(idx),
+            op: SendOp::LocalInv { rkey },
+            sges: &[],
+            signaled: true,
+        };
+        if let Err(e) = slot.con.post_send(&[wr]) {
+            self.drop_op(idx, false);
+            self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+        }
+    }
+
+    /// The chunk key is retired (or there is none): read and check the trailer.
+    pub(crate) fn after_inv(&mut self, cx: &mut dyn Ctx, idx: u32) {
+        let op = &self.ops[idx as usize];
+        if op.stage != Stage::Inv {
+            return;
+        }
+        let Some(path) = op.path.clone() else {
+            return;
+        };
+        let (con, buf_id, offset) = (op.con, op.buf_id, op.offset);
+        let sess = &path.sess;
+        let cs = sess.chunk_size();
+        let mut tr = [0u8; RDMA_READ_MAX_TRAILER_LEN];
+        let n = tr.len().min(cs.saturating_sub(offset) as usize);
+        sess.chunks
+            .read_at(sess.chunk_off(buf_id) + offset as usize, &mut tr[..n]);
+        match ChunkReq::decode(&tr[..n], offset, cs) {
+            Ok(r) => self.ops[idx as usize].req = Some(r),
+            Err(e) => {
+                self.drop_op(idx, false);
+                return self.close_con_path(cx, con, format_args!("buf_id {buf_id}: {e}"));
+            }
+        }
+        if !self.try_dispatch(cx, idx) {
+            self.waiting.push_back(idx);
+        }
+    }
+
+    /// Dispatches `idx` if its chunk is free; false if it must wait.
+    fn try_dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
+        let op = &mut self.ops[idx as usize];
+        let Some(path) = op.path.clone() else {
+            return true;
+        };
+        if !path.is_connected() {
+            self.drop_op(idx, true);
+            return true;
+        }
+        if path.sess.try_own(op.buf_id, path.id).is_err() {
+            op.stage = Stage::Waiting;
+            if !op.counted_wait {
+                op.counted_wait = true;
+                PathCounters::add(&path.counters.failover_waits, 1);
+            }
+            return false;
+        }
+        self.dispatch(cx, idx, &path);
+        true
+    }
+
+    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32, path: &Arc<Path>) {
+        let op = &mut self.ops[idx as usize];
+        let Some(req) = op.req else {
+            return;
+        };
+        op.stage = Stage::Handler;
+        let id = IoId::new(idx, op.gen);
+        let sess = &path.sess;
+        let base = sess.chunk_off(op.buf_id);
+        let usr = req.usr_range();
+        let ulen = usr.len();
+        sess.chunks.read_at(base + usr.start, &mut self.usr[..ulen]);
+        let c = &path.counters;
+        let dir = if req.is_read() {
+            PathCounters::add(&c.read_cnt, 1);
+            PathCounters::add(&c.read_bytes, req.offset.into());
+            Dir::Read
+        } else {
+            PathCounters::add(&c.write_cnt, 1);
+            PathCounters::add(&c.write_bytes, req.offset.into());
+            Dir::Write
+        };
+        // SAFETY: base + data_len stays inside the pool (decode checked the request
+        // against the chunk size, buf_id < queue_depth).
+        let ptr = unsafe { sess.chunks.as_ptr().add(base) };
+        let io = SrvIo {
+            id,
+            sess: sess.id,
+            dir,
+            usr: &self.usr[..ulen],
+            data: DataArea::new(ptr, req.data_len() as usize),
+        };
+        self.handler.request(cx, io, &self.responder);
+    }
+
+    /// Retries waiting requests once each; true if any moved.
+    pub(crate) fn run_waiting(&mut self, cx: &mut dyn Ctx) -> bool {
+        let mut moved = false;
+        for _ in 0..self.waiting.len() {
+            let Some(idx) = self.waiting.pop_front() else {
+                break;
+            };
+            if self.ops[idx as usize].stage != Stage::Waiting {
+                continue;
+            }
+            if self.try_dispatch(cx, idx) {
+                moved = true;
+            } else {
+                self.waiting.push_back(idx);
+            }
+        }
+        moved
+    }
+
+    /// Sends the handler's answers.
+    pub(crate) fn drain_responses(&mut self, cx: &mut dyn Ctx) -> bool {
+        let mut any = false;
+        while let Some((id, errno)) = self.responder.pop() {
+            any = true;
+            let idx = id.slot();
+            let ok = self
+                .ops
+                .get(idx as usize)
+                .is_some_and(|o| o.gen == id.gen() && o.stage == Stage::Handler);
+            if !ok {
+                tracing::debug!("rtrs-srv: answer for unknown or finished request {id:?}");
+                continue;
+            }
+            self.ops[idx as usize].errno = errno;
+            self.send_response(cx, idx, false);
+        }
+        any
+    }
+
+    /// Retries responses of connection `i` that waited for send slots.
+    pub(crate) fn retry_responses(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
+        let mut any = false;
+        while let Some(&idx) = self.cons[i].as_ref().and_then(|s| s.rsp_wait.front()) {
+            if !self.send_response(cx, idx, true) {
+                break;
+            }
+            any = true;
+            if let Some(s) = self.cons[i].as_mut() {
+                s.rsp_wait.pop_front();
+            }
+        }
+        any
+    }
+
+    /// Posts the response of `idx`. Returns false when it had to wait for send slots
+    /// (it is then on its connection's wait list).
+    fn send_response(&mut self, cx: &mut dyn Ctx, idx: u32, queued: bool) -> bool {
+        let op = &self.ops[idx as usize];
+        let (Some(path), Some(req)) = (op.path.clone(), op.req) else {
+            return true;
+        };
+        let (ci, buf_id, errno) = (op.con, op.buf_id, op.errno);
+        let usable = path.is_connected()
+            && self.cons[ci]
+                .as_ref()
+                .is_some_and(|s| !s.closing && Arc::ptr_eq(&s.path, &path));
+        if !usable {
+            // A queued one is popped from its wait list by the caller.
+            self.drop_op(idx, true);
+            return true;
+        }
+        let sess = &path.sess;
+        let ai = self.sh.cfg.always_invalidate;
+        let (desc, need_inval) = match req.op {
+            ChunkOp::Read { desc, need_inval } => (desc, need_inval && desc.is_some()),
+            ChunkOp::Write => (None, false),
+        };
+        let case_b = errno == 0 && desc.is_some();
+        let rsp = IoRsp::new(buf_id.into(), errno, need_inval)
+            .or_else(|_| IoRsp::new(buf_id.into(), -EIO, need_inval));
+        let Ok(rsp) = rsp else {
+            self.drop_op(idx, true);
+            return true;
+        };
+        let imm = rsp.to_imm();
+        let base = sess.chunk_off(buf_id);
+        let chunk_addr = sess.chunks.addr() + base as u64;
+        let new_rkey = ai.then(|| inc_rkey(path.mrs[usize::from(buf_id)].rkey()));
+        let data_sge;
+        let rkey_sge;
+        let mut chain: SmallVec<[SendWr<'_>; 4]> = SmallVec::new();
+        let reg = new_rkey.map(|rkey| SendWr {
+            wr_id: WR_RSP,
+            op: SendOp::RegMr {
+                slot: &path.mrs[usize::from(buf_id)],
+                region: &sess.chunks,
+                addr: chunk_addr,
+                len: sess.chunk_size(),
+                access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                rkey,
+            },
+            sges: &[],
+            signaled: false,
+        });
+        let inv = desc.filter(|_| need_inval).map(|d| SendWr {
+            wr_id: WR_RSP,
+            op: SendOp::SendWithInv { rkey: d.key },
+            sges: &[],
+            signaled: false,
+        });
+        if let (true, Some(d)) = (case_b, desc) {
+            data_sge = [sess.chunks.sge(base, d.len as usize)];
+            chain.push(SendWr {
+                wr_id: WR_RSP,
+                op: SendOp::RdmaWrite {
+                    remote_addr: d.addr,
+                    rkey: d.key,
+                },
+                sges: &data_sge,
+                signaled: false,
+            });
+            chain.extend(reg);
+            chain.extend(inv);
+        } else {
+            chain.extend(inv);
+            chain.extend(reg);
+        }
+        match (new_rkey, &path.rkey_ius) {
+            (Some(rkey), Some(ius)) => {
+                ius.write(usize::from(buf_id), &RkeyRsp { buf_id, rkey }.to_bytes());
+                rkey_sge = [ius.sge(usize::from(buf_id), RkeyRsp::LEN)];
+                chain.push(SendWr {
+                    wr_id: WR_RSP,
+                    op: SendOp::SendWithImm { imm },
+                    sges: &rkey_sge,
+                    signaled: false,
+                });
+            }
+            _ => chain.push(SendWr {
+                wr_id: WR_RSP,
+                op: SendOp::RdmaWriteWithImm {
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm,
+                },
+                sges: &[],
+                signaled: false,
+            }),
+        }
+        let Some(slot) = self.cons[ci].as_mut() else {
+            return true;
+        };
+        match slot.con.post_send(&chain) {
+            Ok(()) => {
+                drop(chain);
+                self.drop_op(idx, false);
+                true
+            }
+            Err(e) if e.is_budget() => {
+                if !queued {
+                    self.ops[idx as usize].stage = Stage::RspQueued;
+                    slot.rsp_wait.push_back(idx);
+                    PathCounters::add(&path.counters.rsp_queued, 1);
+                }
+                false
+            }
+            Err(e) => {
+                drop(chain);
+                self.drop_op(idx, true);
+                self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
+                true
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Server sessions and paths: the kernel's `struct rtrs_srv_sess` (one per client
+//! session, owning the chunk pool shared by all its paths) and `struct rtrs_srv_path`
+//! (one per client path: its connections, its chunk keys, its state).
+//!
+//! Both are shared across cores (`Arc`): a path's connections are polled by several
+//! cores. What changes on the data path is atomic — the path state, the per-path and
+//! per-session in-flight buf-id tables, counters — and everything else is written under
+//! the session table lock on the control path (connect, INFO_REQ, close).
+//!
+//! **Buf-id ownership** (PROTOCOL.md §6.2 [NOTE], DESIGN.md §7): `Path::busy` marks a
+//! buf id from the IO_REQ's arrival until its answer on that path (a second arrival is a
+//! broken client: the path closes). `Session::owner` names the path whose request is
+//! executing on a chunk; a failed-over request finding its chunk owned by another (dying)
+//! path waits until that owner releases it, so two requests never use a chunk at once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::common::{IuPool, Uuid};
+use crate::fabric::{FastMr, Mr};
+use crate::proto::{ImmLayout, SgDesc};
+
+use super::handler::SessionId;
+use super::stats::{PathCounters, PathStats};
+
+/// Path states (PROTOCOL.md §6.5).
+pub(crate) const CONNECTING: u8 = 0;
+pub(crate) const CONNECTED: u8 = 1;
+pub(crate) const CLOSING: u8 = 2;
+pub(crate) const CLOSED: u8 = 3;
+
+pub(crate) fn state_name(s: u8) -> &'static str {
+    match s {
+        CONNECTING => "connecting",
+        CONNECTED => "connected",
+        CLOSING => "closing",
+        _ => "closed",
+    }
+}
+
+/// A client session on this server.
+pub(crate) struct Session {
+    pub id: SessionId,
+    pub paths_uuid: Uuid,
+    /// Core polling cid 0 of every path (heartbeats, INFO, link events, teardown).
+    pub home: usize,
+    pub layout: ImmLayout,
+    /// The chunk pool: queue_depth × chunk_size, registered once.
+    pub chunks: Mr,
+    /// Path id executing on each chunk, 0 when free.
+    pub owner: Box<[AtomicU32]>,
+    pub name: Mutex<String>,
+}
+
+impl Session {
+    pub fn chunk_size(&self) -> u32 {
+        self.layout.chunk_size()
+    }
+
+    pub fn queue_depth(&self) -> u16 {
+        self.layout.queue_depth()
+    }
+
+    /// Offset of chunk `buf_id` in the pool.
+    pub fn chunk_off(&self, buf_id: u16) -> usize {
+        usize::from(buf_id) * self.chunk_size() as usize
+    }
+
+    /// Claims chunk `buf_id` for path `pid`; `Err(owner)` when another holds it.
+    pub fn try_own(&self, buf_id: u16, pid: u32) -> Result<(), u32> {
+        self.owner[usize::from(buf_id)]
+            .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+    }
+
+    /// Releases chunk `buf_id` if path `pid` holds it.
+    pub fn release(&self, buf_id: u16, pid: u32) {
+        let _ = self.owner[usize::from(buf_id)].compare_exchange(
+            pid,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn name(&self) -> String {
+        lock(&self.name).clone()
+    }
+}
+
+/// One client path of a session.
+pub(crate) struct Path {
+    /// Unique, non-zero (chunk owner tag).
+    pub id: u32,
+    pub sess: Arc<Session>,
+    pub sess_uuid: Uuid,
+    pub cid_num: u16,
+    pub recon_cnt: u16,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub state: AtomicU8,
+    /// Connections accepted so far, by cid (control path only, under the table lock).
+    pub present: Mutex<Vec<bool>>,
+    /// `connection_timeout`: time of the latest connection request while CONNECTING,
+    /// 0 once INFO_REQ completed.
+    pub conn_ts: AtomicU64,
+    /// always_invalidate: one fast-registration slot per chunk.
+    pub mrs: Vec<FastMr>,
+    /// always_invalidate: one RKEY_RSP buffer per chunk.
+    pub rkey_ius: Option<IuPool>,
+    /// INFO_REQ receive buffer (slot 0) — INFO_RSP is built in `info_rsp`.
+    pub info_req: IuPool,
+    pub info_rsp: IuPool,
+    /// Buf ids with a request on this path, one bit each.
+    pub busy: Box<[AtomicU64]>,
+    /// Requests of this path held by some core (any state).
+    pub ops: AtomicU32,
+    /// Connections of this path still held by some core.
+    pub live_cons: AtomicU32,
+    /// Set by any receive on the path; consumed by the heartbeat on the home core.
+    pub traffic: AtomicBool,
+    pub name: Mutex<String>,
+    pub counters: PathCounters,
+}
+
+impl Path {
+    pub fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.state() == CONNECTED
+    }
+
+    /// Marks `buf_id` busy on this path; false if it already was (a duplicate).
+    pub fn mark_busy(&self, buf_id: u16) -> bool {
+        let (w, b) = (usize::from(buf_id) / 64, buf_id % 64);
+        self.busy[w].fetch_or(1 << b, Ordering::AcqRel) & (1 << b) == 0
+    }
+
+    pub fn clear_busy(&self, buf_id: u16) {
+        let (w, b) = (usize::from(buf_id) / 64, buf_id % 64);
+        self.busy[w].fetch_and(!(1u64 << b), Ordering::AcqRel);
+    }
+
+    pub fn name(&self) -> String {
+        lock(&self.name).clone()
+    }
+
+    /// The INFO_RSP descriptors: one per chunk (always_invalidate, keys as the pending
+    /// REG_MRs will install them) or the pool cut into equal regions under its own key.
+    pub fn descs(&self, always_invalidate: bool) -> Vec<SgDesc> {
+        let s = &self.sess;
+        let cs = u64::from(s.chunk_size());
+        let qd = u64::from(s.queue_depth());
+        let base = s.chunks.addr();
+        if always_invalidate {
+            return self
+                .mrs
+                .iter()
+                .enumerate()
+                .map(|(i, m)| SgDesc {
+                    addr: base + i as u64 * cs,
+                    key: crate::fabric::inc_rkey(m.rkey()),
+                    len: cs as u32,
+                })
+                .collect();
+        }
+        // The most chunks per descriptor that divides the depth evenly (kernel clients
+        // require queue_depth % sg_cnt == 0) and keeps len within 32 bits.
+        let per = (1..=qd)
+            .rev()
+            .find(|&n| qd % n == 0 && n * cs <= u64::from(u32::MAX))
+            .unwrap_or(1);
+        (0..qd / per)
+            .map(|k| SgDesc {
+                addr: base + k * per * cs,
+                key: s.chunks.rkey(),
+                len: (per * cs) as u32,
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> PathStats {
+        let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, rsp_queued, dropped] =
+            self.counters.snapshot();
+        PathStats {
+            name: self.name(),
+            state: state_name(self.state()),
+            cid_num: self.cid_num,
+            recon_cnt: self.recon_cnt,
+            read_cnt,
+            read_bytes,
+            write_cnt,
+            write_bytes,
+            inflight: self.ops.load(Ordering::Relaxed).into(),
+            failover_waits,
+            rsp_queued,
+            dropped,
+        }
+    }
+}
+
+/// A session with its paths, as kept in the table.
+pub(crate) struct SessEntry {
+    pub sess: Arc<Session>,
+    /// Paths found by sess_uuid (a stale path replaced by a reconnect leaves this list
+    /// at once but stays in `all` until drained).
+    pub paths: Vec<Arc<Path>>,
+    /// Every path not yet finalised.
+    pub all: Vec<Arc<Path>>,
+    /// Paths that reached CONNECTED and are not finalised.
+    pub up: usize,
+}
+
+/// All sessions, under one lock (control path only).
+#[derive(Default)]
+pub(crate) struct SessionTable {
+    pub sessions: Vec<SessEntry>,
+}
+
+impl SessionTable {
+    pub fn by_id(&mut self, id: SessionId) -> Option<&mut SessEntry> {
+        self.sessions.iter_mut().find(|e| e.sess.id == id)
+    }
+}
+
+/// Locks, ignoring poisoning (a panicking core must not wedge the others).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,128 @@
+//! State shared by every core of one server: configuration, the session table, the
+//! per-core inboxes that carry connections and teardown work between cores, and the
+//! rate-limited protocol-violation log. Also the one place a path is closed from
+//! (the kernel's `close_path` → `rtrs_srv_close_work` trigger).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_queue::SegQueue;
+
+use crate::common::Con;
+use crate::engine::{Ctx, Msg};
+use crate::fabric::Fabric;
+
+use super::session::{Path, SessionTable, CLOSING, CONNECTED, CONNECTING};
+use super::ServerConfig;
+
+/// Work for one core, delivered through its inbox.
+pub(crate) enum CoreCmd {
+    /// Serve this connection (a cid of `path`) on this core.
+    AddCon { path: Arc<Path>, con: Con },
+    /// Home core: finalise `path` once it has drained.
+    Finalize(Arc<Path>),
+}
+
+/// At most this many violation messages per second are logged; the rest are counted.
+const LOG_PER_SEC: u64 = 20;
+
+/// A simple per-second budget for warnings about peers (the kernel rate-limits these).
+#[derive(Default)]
+pub(crate) struct RateLog {
+    window: AtomicU64,
+    count: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl RateLog {
+    /// Whether a message at `now` (ns) may be logged.
+    pub fn allow(&self, now: u64) -> bool {
+        let sec = now / 1_000_000_000;
+        if self.window.swap(sec, Ordering::Relaxed) != sec {
+            let s = self.suppressed.swap(0, Ordering::Relaxed);
+            if s > 0 {
+                tracing::warn!("rtrs-srv: {s} similar messages suppressed");
+            }
+            self.count.store(0, Ordering::Relaxed);
+        }
+        if self.count.fetch_add(1, Ordering::Relaxed) < LOG_PER_SEC {
+            true
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub cfg: ServerConfig,
+    pub fabric: Arc<dyn Fabric>,
+    pub ncores: usize,
+    pub table: Mutex<SessionTable>,
+    pub inbox: Vec<SegQueue<CoreCmd>>,
+    pub stop: AtomicBool,
+    pub next_home: AtomicUsize,
+    pub next_id: AtomicU64,
+    /// Pollers (acceptor and cores) still registered.
+    pub pollers: AtomicUsize,
+    pub log: RateLog,
+}
+
+fn wake(_: &mut dyn Ctx, _: u64) {}
+
+impl Shared {
+    /// Delivers `cmd` to `core`'s inbox and wakes that core.
+    pub fn post(&self, cx: &mut dyn Ctx, core: usize, cmd: CoreCmd) {
+        self.inbox[core].push(cmd);
+        if core != cx.core() {
+            // Only a wake-up: the inbox is drained on every poll, so a full mailbox
+            // delays nothing beyond the reactor's next loop.
+            let _ = cx.send(core, Msg::call(wake, 0));
+        }
+    }
+
+    /// Core serving connection `cid` of a path whose session lives on `home`.
+    pub fn core_of(&self, cid: u16, home: usize) -> usize {
+        if cid == 0 {
+            home
+        } else {
+            (usize::from(cid) - 1) % self.ncores
+        }
+    }
+
+    /// Closes `path` (from CONNECTING or CONNECTED; later calls do nothing): every core
+    /// disconnects its connections of the path on its next poll, requests still with the
+    /// handler are answered into the void, and the home core finalises the path once all
+    /// of that has drained. `why` is logged (rate-limited).
+    pub fn close_path(&self, cx: &mut dyn Ctx, path: &Arc<Path>, why: fmt::Arguments<'_>) {
+        let mut cur = path.state();
+        loop {
+            if cur != CONNECTING && cur != CONNECTED {
+                return;
+            }
+            match path
+                .state
+                .compare_exchange(cur, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        if self.log.allow(cx.now()) {
+            tracing::warn!(
+                "rtrs-srv: session {} path {} ({} -> {}): closing: {why}",
+                path.sess.id,
+                path.name(),
+                path.peer,
+                path.local
+            );
+        }
+        self.post(cx, path.sess.home, CoreCmd::Finalize(Arc::clone(path)));
+        for core in 0..self.ncores {
+            if core != path.sess.home && core != cx.core() {
+                let _ = cx.send(core, Msg::call(wake, 0));
+            }
+        }
+    }
+}

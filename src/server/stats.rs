@@ -1,0 +1,190 @@
+//! Server statistics: the kernel's `rtrs-srv-stats.c` per-path `rdma` counters (read and
+//! write counts and bytes, bytes being the imm offset = data + user header) plus what a
+//! polled engine sees for free: requests in flight, requests that waited for a chunk
+//! still busy on another path (failover), responses queued for lack of send slots, and
+//! requests dropped because their path was closing. Snapshots serialise to JSON by hand
+//! (no serde dependency).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters of one path (atomics: written by the cores serving its connections).
+#[derive(Debug, Default)]
+pub(crate) struct PathCounters {
+    pub read_cnt: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_cnt: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub failover_waits: AtomicU64,
+    pub rsp_queued: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl PathCounters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> [u64; 7] {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            g(&self.read_cnt),
+            g(&self.read_bytes),
+            g(&self.write_cnt),
+            g(&self.write_bytes),
+            g(&self.failover_waits),
+            g(&self.rsp_queued),
+            g(&self.dropped),
+        ]
+    }
+}
+
+/// One path's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PathStats {
+    /// Path name as the kernel prints it: `<client addr>@<server addr>`.
+    pub name: String,
+    /// `connecting`, `connected`, `closing` or `closed`.
+    pub state: &'static str,
+    /// Connections in the path (cid_num).
+    pub cid_num: u16,
+    /// The client's reconnect counter from the latest connection request.
+    pub recon_cnt: u16,
+    pub read_cnt: u64,
+    pub read_bytes: u64,
+    pub write_cnt: u64,
+    pub write_bytes: u64,
+    /// Requests currently owned by the server (in the handler or queued).
+    pub inflight: u64,
+    /// Requests that waited for their chunk to be released by another path.
+    pub failover_waits: u64,
+    /// Responses that had to wait for send-queue slots.
+    pub rsp_queued: u64,
+    /// Requests dropped unanswered because the path was no longer connected.
+    pub dropped: u64,
+}
+
+/// One session's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionStats {
+    pub id: u64,
+    /// The client's session name (empty until the first INFO_REQ).
+    pub name: String,
+    pub queue_depth: u16,
+    pub chunk_size: u32,
+    pub paths: Vec<PathStats>,
+}
+
+/// The whole server's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerStats {
+    pub sessions: Vec<SessionStats>,
+}
+
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+impl PathStats {
+    /// The kernel's `stats/rdma` line: `read_cnt read_bytes write_cnt write_bytes`.
+    pub fn rdma_line(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.read_cnt, self.read_bytes, self.write_cnt, self.write_bytes
+        )
+    }
+
+    fn write_json(&self, out: &mut String) {
+        out.push_str("{\"name\":");
+        json_str(out, &self.name);
+        out.push_str(",\"state\":");
+        json_str(out, self.state);
+        let _ = write!(
+            out,
+            ",\"cid_num\":{},\"recon_cnt\":{},\"read_cnt\":{},\"read_bytes\":{},\
+             \"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_waits\":{},\
+             \"rsp_queued\":{},\"dropped\":{}}}",
+            self.cid_num,
+            self.recon_cnt,
+            self.read_cnt,
+            self.read_bytes,
+            self.write_cnt,
+            self.write_bytes,
+            self.inflight,
+            self.failover_waits,
+            self.rsp_queued,
+            self.dropped
+        );
+    }
+}
+
+impl ServerStats {
+    /// One JSON object: `{"sessions":[{"id":..,"name":..,"paths":[{..}]}]}`.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"sessions\":[");
+        for (i, s) in self.sessions.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{{\"id\":{},\"name\":", s.id);
+            json_str(&mut out, &s.name);
+            let _ = write!(
+                out,
+                ",\"queue_depth\":{},\"chunk_size\":{},\"paths\":[",
+                s.queue_depth, s.chunk_size
+            );
+            for (j, p) in s.paths.iter().enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                p.write_json(&mut out);
+            }
+            out.push_str("]}");
+        }
+        out.push_str("]}");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_and_escaping() {
+        let st = ServerStats {
+            sessions: vec![SessionStats {
+                id: 3,
+                name: "a\"b".into(),
+                queue_depth: 4,
+                chunk_size: 8192,
+                paths: vec![PathStats {
+                    name: "x@y".into(),
+                    state: "connected",
+                    read_cnt: 2,
+                    read_bytes: 100,
+                    ..PathStats::default()
+                }],
+            }],
+        };
+        let j = st.to_json();
+        assert!(
+            j.starts_with("{\"sessions\":[{\"id\":3,\"name\":\"a\\\"b\""),
+            "{j}"
+        );
+        assert!(j.contains("\"read_cnt\":2,\"read_bytes\":100"), "{j}");
+        assert!(j.ends_with("\"dropped\":0}]}]}"), "{j}");
+        assert_eq!(st.sessions[0].paths[0].rdma_line(), "2 100 0 0");
+    }
+}
