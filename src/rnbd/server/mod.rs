@@ -9,15 +9,19 @@
 //!   CLOSE and IO onto that core's backend instances.
 //! - [`SessionTable`] / [`SessionCache`]: RNBD sessions by RTRS session, shared, with a
 //!   per-core cache for the data path.
+//! - [`RnbdServer`]: all of it as the RTRS server's per-core handler
+//!   ([`RnbdServer::factory`] for `Server::start`).
 
 mod dispatch;
 mod exports;
+mod handler;
 mod registry;
 mod session;
 
 pub use super::Dir;
 pub use dispatch::{Completion, Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportId, Exports, ExportsError};
+pub use handler::RnbdServer;
 pub use registry::{SessionCache, SessionTable};
 pub use session::{Mapping, RnbdSession};
 

@@ -1,0 +1,360 @@
+//! RNBD end to end over RTRS on the loopback fabric: an RTRS server whose per-core
+//! handlers are `RnbdServer`s over RAM exports, and RTRS client sessions carrying
+//! `RnbdClient`s, all on two simulated reactors stepped by hand. Access modes across
+//! sessions, data verification at every size up to max_io_size, flush / discard /
+//! write-zeroes, close, unknown device ids, and a path disconnect and reconnect after
+//! which the device is re-opened under the id the new server session gives.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+use rtrs_spdk::fabric::loopback::LoopbackFabric;
+use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
+use rtrs_spdk::rnbd::client::{
+    BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortIo, RnbdClient, RtrsPort,
+};
+use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
+use rtrs_spdk::rnbd::Dir;
+use rtrs_spdk::server::{Server, ServerConfig};
+
+/// Upper bound of simulation steps for one wait.
+const MAX_STEPS: usize = 50_000;
+const CHUNK: u32 = 64 << 10;
+
+struct Rig {
+    sim: Simulation,
+    fabric: Arc<dyn Fabric>,
+    addr: SocketAddr,
+    exports: Arc<Exports>,
+    server: Server,
+}
+
+struct Clt {
+    session: Session,
+    rnbd: RnbdClient<SessionCore>,
+    path: PathAddr,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let mut sim = Simulation::new(2, 4096);
+        let fabric: Arc<dyn Fabric> = Arc::new(LoopbackFabric::new());
+        let exports = Arc::new(Exports::ram(&[("vol", 8 << 20), ("aux", 1 << 20)]).unwrap());
+        let cfg = ServerConfig {
+            queue_depth: 32,
+            chunk_size: CHUNK,
+            ..ServerConfig::default()
+        };
+        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let (f, ex) = (Arc::clone(&fabric), Arc::clone(&exports));
+        let server = sim
+            .reactor(0)
+            .with_ctx(|cx| Server::start(cx, f, &[listen], cfg, RnbdServer::factory(ex)))
+            .expect("server start");
+        let addr = server.local_addrs()[0];
+        sim.run_until_idle(100);
+        Rig {
+            sim,
+            fabric,
+            addr,
+            exports,
+            server,
+        }
+    }
+
+    /// Stops the server and steps until its pollers are gone.
+    fn stop(mut self) {
+        self.server.stop();
+        for _ in 0..MAX_STEPS {
+            self.sim.step();
+            if self.server.is_stopped() {
+                return;
+            }
+        }
+        panic!("server did not stop");
+    }
+
+    fn mr(&self, len: usize) -> Mr {
+        self.fabric
+            .register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
+            .unwrap()
+    }
+
+    /// A client session named `name`; core 1's handle is polled by a poller there.
+    fn client(&mut self, name: &str) -> Clt {
+        let path = PathAddr::new(self.addr);
+        let mut cfg = ClientConfig::new(name, vec![path]);
+        cfg.reconnect_delay = Duration::from_millis(10);
+        cfg.reconnect_jitter = Duration::from_millis(1);
+        let links = LinkListener::new();
+        let (f, l) = (Arc::clone(&self.fabric), links.clone());
+        let (session, mut cores) = self
+            .sim
+            .reactor(0)
+            .with_ctx(|cx| Session::open(cx, f, cfg, Box::new(l)))
+            .expect("session open");
+        assert_eq!(cores.len(), 2);
+        let mut other = cores.pop().unwrap();
+        self.sim
+            .reactor(1)
+            .register(Box::new(move |cx: &mut dyn Ctx| {
+                let mut out = [Default::default(); 8];
+                if other.poll(cx, &mut out) > 0 {
+                    PollResult::Busy
+                } else {
+                    PollResult::Idle
+                }
+            }));
+        let mut rnbd = RnbdClient::new(cores.pop().unwrap(), self.mr(4096)).unwrap();
+        rnbd.listen(links);
+        Clt {
+            session,
+            rnbd,
+            path,
+        }
+    }
+
+    /// Steps the reactors and polls `c` until `want` events arrived.
+    fn events(&mut self, c: &mut Clt, want: usize) -> Vec<ClientEvent> {
+        let mut got = Vec::new();
+        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+        for _ in 0..MAX_STEPS {
+            self.sim.step();
+            let n = self.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
+            got.extend(out.drain(..n));
+            out.resize(8, ClientEvent::Io { tag: 0, errno: 0 });
+            if got.len() >= want {
+                break;
+            }
+        }
+        assert_eq!(got.len(), want, "events: {got:?}");
+        got
+    }
+
+    /// Opens `name`; the device id or the errno.
+    fn open(&mut self, c: &mut Clt, name: &str, mode: AccessMode) -> (DevHandle, Result<u32, i32>) {
+        let first = c.rnbd.ver().is_none();
+        let h = self
+            .sim
+            .reactor(0)
+            .with_ctx(|cx| c.rnbd.open(cx, name, mode))
+            .unwrap();
+        let ev = self.events(c, if first { 2 } else { 1 });
+        if first {
+            assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
+        }
+        match ev.last().unwrap() {
+            ClientEvent::Opened { dev, info, .. } if *dev == h => (h, Ok(info.device_id)),
+            ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno())),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// One block request to completion, with `buf` as its data or reply space.
+    fn io(&mut self, c: &mut Clt, dev: DevHandle, req: BlockRequest, buf: &Mr) -> i32 {
+        let sgl = if req.data_len() > 0 {
+            vec![buf.sge(0, req.data_len() as usize)]
+        } else {
+            vec![]
+        };
+        self.sim
+            .reactor(0)
+            .with_ctx(|cx| c.rnbd.submit(cx, dev, 77, &req, &sgl))
+            .unwrap();
+        match &self.events(c, 1)[0] {
+            ClientEvent::Io { tag: 77, errno } => *errno,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn modes_data_and_close_over_rtrs() {
+    let mut rig = Rig::new();
+    let mut a = rig.client("clt-a");
+    let mut b = rig.client("clt-b");
+    let (a_vol, id) = rig.open(&mut a, "vol", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(0));
+    assert_eq!(
+        rig.open(&mut b, "vol", AccessMode::ReadWrite).1,
+        Err(-libc::EPERM)
+    );
+    let (b_vol, _) = rig.open(&mut b, "vol", AccessMode::ReadOnly);
+    assert_eq!(
+        rig.open(&mut b, "missing", AccessMode::ReadOnly).1,
+        Err(-libc::ENOENT)
+    );
+    let (b_aux, _) = rig.open(&mut b, "aux", AccessMode::Migration);
+    let (a_aux, _) = rig.open(&mut a, "aux", AccessMode::Migration);
+    let mut c = rig.client("clt-c");
+    assert_eq!(
+        rig.open(&mut c, "aux", AccessMode::Migration).1,
+        Err(-libc::EPERM)
+    );
+
+    let info = *a.rnbd.device(a_vol).unwrap().info().unwrap();
+    assert_eq!(info.size, 8 << 20);
+    let max_io = info.max_io_size;
+    assert!(max_io > 0 && max_io <= CHUNK, "max_io_size {max_io}");
+
+    // Data written by A's RW mapping, read back through B's RO mapping.
+    let wbuf = rig.mr(max_io as usize);
+    let rbuf = rig.mr(max_io as usize);
+    let mut sizes: Vec<u32> = (0..)
+        .map(|k| 512u32 << k)
+        .take_while(|&s| s < max_io)
+        .collect();
+    sizes.push(max_io);
+    let mut off = 0u64;
+    for &len in &sizes {
+        let pattern: Vec<u8> = (0..len)
+            .map(|i| (i / 512 + len / 512 + (i % 251)) as u8)
+            .collect();
+        wbuf.write_at(0, &pattern);
+        assert_eq!(
+            rig.io(&mut a, a_vol, BlockRequest::write(off, len).fua(), &wbuf),
+            0
+        );
+        assert_eq!(
+            rig.io(&mut b, b_vol, BlockRequest::read(off, len), &rbuf),
+            0
+        );
+        let mut got = vec![0; len as usize];
+        rbuf.read_at(0, &mut got);
+        assert!(got == pattern, "mismatch at size {len}");
+        off += u64::from(len);
+    }
+    assert_eq!(rig.io(&mut a, a_vol, BlockRequest::flush(), &wbuf), 0);
+    assert_eq!(
+        rig.io(&mut a, a_vol, BlockRequest::discard(0, 4096), &wbuf),
+        0
+    );
+    assert_eq!(
+        rig.io(
+            &mut a,
+            a_vol,
+            BlockRequest::write_zeroes(4096, 4096).nounmap(),
+            &wbuf
+        ),
+        0
+    );
+    assert_eq!(rig.io(&mut b, b_vol, BlockRequest::read(0, 8192), &rbuf), 0);
+    let mut got = vec![1; 8192];
+    rbuf.read_at(0, &mut got);
+    assert!(got.iter().all(|&x| x == 0));
+    // Both migration writers write.
+    wbuf.write_at(0, &[3; 512]);
+    assert_eq!(rig.io(&mut a, a_aux, BlockRequest::write(0, 512), &wbuf), 0);
+    assert_eq!(rig.io(&mut b, b_aux, BlockRequest::read(0, 512), &rbuf), 0);
+    let mut one = [0; 512];
+    rbuf.read_at(0, &mut one);
+    assert_eq!(one, [3; 512]);
+
+    // An IO naming a device id the server never gave: ENOTCONN.
+    let usr = Io {
+        device_id: 99,
+        sector: 0,
+        op: RnbdOp::Read,
+        flags: IoFlags::NONE,
+        bi_size: 512,
+        prio: 0,
+    }
+    .to_bytes();
+    let sge = [rbuf.sge(0, 512)];
+    rig.sim.reactor(0).with_ctx(|cx| {
+        let io = PortIo {
+            tag: 5,
+            dir: Dir::Read,
+            usr: &usr,
+            sgl: &sge,
+            admin: false,
+        };
+        RtrsPort::submit(c.rnbd.port_mut(), cx, io).unwrap()
+    });
+    assert_eq!(
+        rig.events(&mut c, 1)[0],
+        ClientEvent::Io {
+            tag: 5,
+            errno: -libc::ENOTCONN
+        }
+    );
+
+    // A closes its RW mapping: C may now open vol RW.
+    rig.sim
+        .reactor(0)
+        .with_ctx(|cx| a.rnbd.close(cx, a_vol))
+        .unwrap();
+    assert_eq!(
+        rig.events(&mut a, 1),
+        vec![ClientEvent::Closed { dev: a_vol }]
+    );
+    let vol = rig.exports.lookup(b"vol").unwrap();
+    assert_eq!(rig.exports.writers(vol), 0);
+    let (c_vol, _) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    assert_eq!(rig.io(&mut c, c_vol, BlockRequest::read(0, 512), &rbuf), 0);
+    rig.stop();
+}
+
+#[test]
+fn reconnect_reopens_the_device() {
+    let mut rig = Rig::new();
+    let mut a = rig.client("clt-r");
+    let (x, _) = rig.open(&mut a, "aux", AccessMode::ReadWrite);
+    let (y, id) = rig.open(&mut a, "vol", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(1));
+    let buf = rig.mr(4096);
+    buf.write_at(0, &[0x42; 4096]);
+    assert_eq!(
+        rig.io(&mut a, y, BlockRequest::write(1 << 20, 4096), &buf),
+        0
+    );
+    rig.sim
+        .reactor(0)
+        .with_ctx(|cx| a.rnbd.close(cx, x))
+        .unwrap();
+    rig.events(&mut a, 1);
+
+    // The only path goes down: the server ends the RNBD session (writers released).
+    a.session.disconnect_path(a.path);
+    let vol = rig.exports.lookup(b"vol").unwrap();
+    for _ in 0..MAX_STEPS {
+        rig.sim.step();
+        let mut out = [];
+        rig.sim.reactor(0).with_ctx(|cx| a.rnbd.poll(cx, &mut out));
+        if a.rnbd.device(y).unwrap().state() == DevState::MappedDisconnected
+            && rig.exports.writers(vol) == 0
+        {
+            break;
+        }
+    }
+    assert_eq!(
+        a.rnbd.device(y).unwrap().state(),
+        DevState::MappedDisconnected
+    );
+    assert_eq!(rig.exports.writers(vol), 0);
+
+    // Back: SESS_INFO and the re-open, which adopts id 0 from the new server session.
+    a.session.reconnect_path(a.path);
+    let ev = rig.events(&mut a, 2);
+    assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
+    match &ev[1] {
+        ClientEvent::Opened { dev, info, remap } => {
+            assert_eq!((*dev, info.device_id, *remap), (y, 0, true));
+        }
+        other => panic!("{other:?}"),
+    }
+    let back = rig.mr(4096);
+    assert_eq!(
+        rig.io(&mut a, y, BlockRequest::read(1 << 20, 4096), &back),
+        0
+    );
+    let mut got = vec![0; 4096];
+    back.read_at(0, &mut got);
+    assert_eq!(got, vec![0x42; 4096]);
+    assert_eq!(rig.exports.writers(vol), 1);
+    rig.stop();
+}
