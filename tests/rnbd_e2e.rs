@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
-use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortIo, RnbdClient, RtrsPort,
+    BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortCompletion, PortIo,
+    RnbdClient, RnbdCore, RtrsPort,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::rnbd::Dir;
@@ -35,7 +36,10 @@ struct Rig {
 
 struct Clt {
     session: Session,
+    /// Core 0, the session's home core: admin requests, link events, IO.
     rnbd: RnbdClient<SessionCore>,
+    /// Core 1: IO of the same devices.
+    other: RnbdCore<SessionCore>,
     path: PathAddr,
 }
 
@@ -84,7 +88,8 @@ impl Rig {
             .unwrap()
     }
 
-    /// A client session named `name`; core 1's handle is polled by a poller there.
+    /// A client session named `name`: its home core 0 runs the `RnbdClient`, core 1 an
+    /// `RnbdCore` over the same devices (both polled by `turn`).
     fn client(&mut self, name: &str) -> Clt {
         let path = PathAddr::new(self.addr);
         let mut cfg = ClientConfig::new(name, vec![path]);
@@ -98,35 +103,42 @@ impl Rig {
             .with_ctx(|cx| Session::open(cx, f, cfg, Box::new(l)))
             .expect("session open");
         assert_eq!(cores.len(), 2);
-        let mut other = cores.pop().unwrap();
-        self.sim
-            .reactor(1)
-            .register(Box::new(move |cx: &mut dyn Ctx| {
-                let mut out = [Default::default(); 8];
-                if other.poll(cx, &mut out) > 0 {
-                    PollResult::Busy
-                } else {
-                    PollResult::Idle
-                }
-            }));
+        let core1 = cores.pop().unwrap();
         let mut rnbd = RnbdClient::new(cores.pop().unwrap(), self.mr(4096)).unwrap();
         rnbd.listen(links);
+        let other = RnbdCore::new(core1, rnbd.shared());
         Clt {
             session,
             rnbd,
+            other,
             path,
         }
     }
 
-    /// Steps the reactors and polls `c` until `want` events arrived.
+    /// One step of both reactors, then both of `c`'s cores polled: what they reported
+    /// (core 1's completions as `ClientEvent::Io`).
+    fn turn(&mut self, c: &mut Clt) -> Vec<ClientEvent> {
+        self.sim.step();
+        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+        let n = self.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
+        out.truncate(n);
+        let mut done = [PortCompletion::default(); 8];
+        let n = self
+            .sim
+            .reactor(1)
+            .with_ctx(|cx| c.other.poll(cx, &mut done));
+        out.extend(done[..n].iter().map(|d| ClientEvent::Io {
+            tag: d.tag,
+            errno: d.errno,
+        }));
+        out
+    }
+
+    /// Steps and polls until `want` events arrived.
     fn events(&mut self, c: &mut Clt, want: usize) -> Vec<ClientEvent> {
         let mut got = Vec::new();
-        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
         for _ in 0..MAX_STEPS {
-            self.sim.step();
-            let n = self.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
-            got.extend(out.drain(..n));
-            out.resize(8, ClientEvent::Io { tag: 0, errno: 0 });
+            got.extend(self.turn(c));
             if got.len() >= want {
                 break;
             }
@@ -154,16 +166,32 @@ impl Rig {
         }
     }
 
-    /// One block request to completion, with `buf` as its data or reply space.
+    /// One block request to completion from core 0, with `buf` as its data or reply
+    /// space.
     fn io(&mut self, c: &mut Clt, dev: DevHandle, req: BlockRequest, buf: &Mr) -> i32 {
+        self.io_on(0, c, dev, req, buf)
+    }
+
+    /// As [`io`](Self::io), from core `core`.
+    fn io_on(
+        &mut self,
+        core: usize,
+        c: &mut Clt,
+        dev: DevHandle,
+        req: BlockRequest,
+        buf: &Mr,
+    ) -> i32 {
         let sgl = if req.data_len() > 0 {
             vec![buf.sge(0, req.data_len() as usize)]
         } else {
             vec![]
         };
         self.sim
-            .reactor(0)
-            .with_ctx(|cx| c.rnbd.submit(cx, dev, 77, &req, &sgl))
+            .reactor(core)
+            .with_ctx(|cx| match core {
+                0 => c.rnbd.submit(cx, dev, 77, &req, &sgl),
+                _ => c.other.submit(cx, dev, 77, &req, &sgl),
+            })
             .unwrap();
         match &self.events(c, 1)[0] {
             ClientEvent::Io { tag: 77, errno } => *errno,
@@ -322,9 +350,7 @@ fn reconnect_reopens_the_device() {
     a.session.disconnect_path(a.path);
     let vol = rig.exports.lookup(b"vol").unwrap();
     for _ in 0..MAX_STEPS {
-        rig.sim.step();
-        let mut out = [];
-        rig.sim.reactor(0).with_ctx(|cx| a.rnbd.poll(cx, &mut out));
+        assert_eq!(rig.turn(&mut a), vec![]);
         if a.rnbd.device(y).unwrap().state() == DevState::MappedDisconnected
             && rig.exports.writers(vol) == 0
         {

@@ -10,11 +10,13 @@
 //! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
 use super::msg::{self, BlockRequest, DeviceInfo};
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use super::rtrs::LinkListener;
+use super::shared::{send_io, SharedDevices};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
@@ -31,6 +33,13 @@ const BATCH: usize = 64;
 /// A device of an [`RnbdClient`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DevHandle(usize);
+
+impl DevHandle {
+    /// Position among the session's devices (handles are never reused).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
 
 /// What [`RnbdClient::poll`] reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +126,7 @@ pub struct RnbdClient<P> {
     events: VecDeque<ClientEvent>,
     scratch: Vec<PortCompletion>,
     links: Option<LinkListener>,
+    shared: Arc<SharedDevices>,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
@@ -141,6 +151,7 @@ impl<P: RtrsPort> RnbdClient<P> {
             events: VecDeque::with_capacity(4 * BATCH),
             scratch: vec![PortCompletion::default(); BATCH],
             links: None,
+            shared: Arc::default(),
         })
     }
 
@@ -150,6 +161,17 @@ impl<P: RtrsPort> RnbdClient<P> {
 
     pub fn port_mut(&mut self) -> &mut P {
         &mut self.port
+    }
+
+    /// The devices as other cores see them (for [`RnbdCore`](super::RnbdCore)s).
+    pub fn shared(&self) -> Arc<SharedDevices> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Publishes device `i` to the other cores.
+    fn publish(&self, i: usize) {
+        let d = &self.devices[i];
+        self.shared.set(i, (!d.gone).then_some(&d.dev));
     }
 
     /// The negotiated RNBD version, once SESS_INFO was answered (reset on link down).
@@ -186,6 +208,7 @@ impl<P: RtrsPort> RnbdClient<P> {
             opening: true,
             gone: false,
         });
+        self.publish(h);
         if self.ver.is_none() {
             self.queue_sess_info();
         }
@@ -202,7 +225,7 @@ impl<P: RtrsPort> RnbdClient<P> {
         let d = self
             .devices
             .get_mut(dev.0)
-            .filter(|d| !d.gone)
+            .filter(|d| !d.gone && d.dev.state() != DevState::Unmapped)
             .ok_or(IoError::NoDevice)?;
         let id = d.dev.device_id();
         d.dev.close();
@@ -216,6 +239,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                 self.events.push_back(ClientEvent::Closed { dev });
             }
         }
+        self.publish(dev.0);
         self.pump(cx);
         Ok(())
     }
@@ -233,29 +257,12 @@ impl<P: RtrsPort> RnbdClient<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        if tag & ADMIN_TAG != 0 {
-            return Err(IoError::BadTag { tag });
-        }
-        let d = self.device(dev).ok_or(IoError::NoDevice)?;
-        let (usr, dir) = d.io_msg(req)?;
-        let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
-        if have != u64::from(req.data_len()) {
-            return Err(IoError::SglLength {
-                have,
-                want: req.data_len(),
-            });
-        }
-        self.port.submit(
-            cx,
-            PortIo {
-                tag,
-                dir,
-                usr: &usr,
-                sgl,
-                admin: false,
-            },
-        )?;
-        Ok(())
+        let d = self
+            .devices
+            .get(dev.0)
+            .filter(|d| !d.gone)
+            .ok_or(IoError::NoDevice)?;
+        send_io(&mut self.port, cx, &d.dev, tag, req, sgl)
     }
 
     /// The session lost its last path: devices wait for a re-open; the version is
@@ -263,6 +270,9 @@ impl<P: RtrsPort> RnbdClient<P> {
     pub fn link_down(&mut self) {
         for d in self.devices.iter_mut().filter(|d| !d.gone) {
             d.dev.link_down();
+        }
+        for i in 0..self.devices.len() {
+            self.publish(i);
         }
         self.ver = None;
     }
@@ -421,6 +431,7 @@ impl<P: RtrsPort> RnbdClient<P> {
             Admin::Close { dev, .. } => {
                 if let Some(i) = dev {
                     self.devices[i].gone = true;
+                    self.publish(i);
                     self.events
                         .push_back(ClientEvent::Closed { dev: DevHandle(i) });
                 }
@@ -449,6 +460,7 @@ impl<P: RtrsPort> RnbdClient<P> {
         match d.dev.open_done(errno, reply) {
             Ok(info) => {
                 let info = *info;
+                self.publish(i);
                 self.events.push_back(ClientEvent::Opened {
                     dev: DevHandle(i),
                     info,
