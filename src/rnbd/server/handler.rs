@@ -18,6 +18,7 @@ use super::exports::{Exports, ExportsError};
 use super::registry::{SessionCache, SessionTable};
 use crate::common::LinkEvent;
 use crate::engine::{Ctx, PollResult};
+use crate::proto::rnbd::RnbdMsgType;
 use crate::rnbd::backend::IoBuf;
 use crate::server::{IoId, Responder, ServerHandler, SessionId, SrvIo};
 
@@ -163,10 +164,18 @@ impl ServerHandler for RnbdServer {
         if c.responder.is_none() {
             c.responder = Some(responder.clone());
         }
-        // A request may beat the Connected event to this core: admin messages create
-        // the session (named after its id until the event names it); IO finds none.
-        let name = io.sess.to_string();
-        let sess = Arc::clone(c.sessions.session_or_create(io.sess, &name));
+        let Core { disp, sessions, .. } = &mut *c;
+        let sess = match sessions.session(io.sess) {
+            Some(s) => s,
+            None => match RnbdMsgType::peek(io.usr) {
+                // No session: its devices are gone (IO) or were never there (CLOSE).
+                Ok(RnbdMsgType::Io) => return responder.respond(io.id, -libc::ENOTCONN),
+                Ok(RnbdMsgType::Close) => return responder.respond(io.id, 0),
+                // SESS_INFO or OPEN may beat the Connected event to this core: create
+                // the session (named after its id; the event cannot rename it).
+                _ => sessions.session_or_create(io.sess, &io.sess.to_string()),
+            },
+        };
         // SAFETY: the RTRS server gives the request's chunk data area to this handler
         // until it responds (DataArea's contract), and nobody else touches it meanwhile;
         // the dispatcher and the backend use it only until the answer.
@@ -177,7 +186,7 @@ impl ServerHandler for RnbdServer {
             usr: io.usr,
             data,
         };
-        match c.disp.process(&sess, req) {
+        match disp.process(sess, req) {
             Outcome::Done(errno) => responder.respond(io.id, errno),
             Outcome::Submitted => {}
         }
