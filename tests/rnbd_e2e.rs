@@ -14,6 +14,7 @@ use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
+use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortCompletion, PortIo,
     RnbdClient, RnbdCore, RtrsPort,
@@ -45,12 +46,18 @@ struct Clt {
 
 impl Rig {
     fn new() -> Rig {
+        let exports = Exports::ram(&[("vol", 8 << 20), ("aux", 1 << 20)]).unwrap();
+        Rig::with(exports, true)
+    }
+
+    fn with(exports: Exports, always_invalidate: bool) -> Rig {
         let mut sim = Simulation::new(2, 4096);
         let fabric: Arc<dyn Fabric> = Arc::new(LoopbackFabric::new());
-        let exports = Arc::new(Exports::ram(&[("vol", 8 << 20), ("aux", 1 << 20)]).unwrap());
+        let exports = Arc::new(exports);
         let cfg = ServerConfig {
             queue_depth: 32,
             chunk_size: CHUNK,
+            always_invalidate,
             ..ServerConfig::default()
         };
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -162,6 +169,34 @@ impl Rig {
         match ev.last().unwrap() {
             ClientEvent::Opened { dev, info, .. } if *dev == h => (h, Ok(info.device_id)),
             ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno())),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Sends raw `usr` from core 0 (bypassing the client's checks): the errno.
+    fn raw(
+        &mut self,
+        c: &mut Clt,
+        usr: &[u8],
+        dir: Dir,
+        reply: &Mr,
+        len: usize,
+        admin: bool,
+    ) -> i32 {
+        let sge = [reply.sge(0, len.max(1))];
+        let sgl: &[_] = if len == 0 { &[] } else { &sge };
+        self.sim.reactor(0).with_ctx(|cx| {
+            let io = PortIo {
+                tag: 5,
+                dir,
+                usr,
+                sgl,
+                admin,
+            };
+            RtrsPort::submit(c.rnbd.port_mut(), cx, io).unwrap()
+        });
+        match &self.events(c, 1)[0] {
+            ClientEvent::Io { tag: 5, errno } => *errno,
             other => panic!("{other:?}"),
         }
     }
@@ -292,24 +327,59 @@ fn modes_data_and_close_over_rtrs() {
         prio: 0,
     }
     .to_bytes();
+    assert_eq!(
+        rig.raw(&mut c, &usr, Dir::Read, &rbuf, 512, false),
+        -libc::ENOTCONN
+    );
+    // Malformed RNBD messages: EINVAL, and the session carries on.
+    let junk: [&[u8]; 4] = [&[9, 0, 0, 0], &[3, 0, 0, 0], &[2, 0, 0, 0, 1], &usr[..20]];
+    for j in junk {
+        assert_eq!(
+            rig.raw(&mut c, j, Dir::Read, &rbuf, 56, true),
+            -libc::EINVAL
+        );
+    }
+    let open_vol = {
+        let mut b = [0u8; 264];
+        rtrs_spdk::proto::rnbd::Open {
+            access_mode: AccessMode::ReadOnly,
+            dev_name: b"vol",
+        }
+        .encode(&mut b)
+        .unwrap();
+        b
+    };
+    // OPEN with too little reply space.
+    assert_eq!(
+        rig.raw(&mut c, &open_vol, Dir::Read, &rbuf, 40, true),
+        -libc::EINVAL
+    );
+    // IO whose data length is not bi_size.
+    let (b_usr, _) = b
+        .rnbd
+        .device(b_vol)
+        .unwrap()
+        .io_msg(&BlockRequest::read(0, 1024))
+        .unwrap();
     let sge = [rbuf.sge(0, 512)];
     rig.sim.reactor(0).with_ctx(|cx| {
         let io = PortIo {
-            tag: 5,
+            tag: 6,
             dir: Dir::Read,
-            usr: &usr,
+            usr: &b_usr,
             sgl: &sge,
             admin: false,
         };
-        RtrsPort::submit(c.rnbd.port_mut(), cx, io).unwrap()
+        RtrsPort::submit(b.rnbd.port_mut(), cx, io).unwrap()
     });
     assert_eq!(
-        rig.events(&mut c, 1)[0],
+        rig.events(&mut b, 1)[0],
         ClientEvent::Io {
-            tag: 5,
-            errno: -libc::ENOTCONN
+            tag: 6,
+            errno: -libc::EINVAL
         }
     );
+    assert_eq!(rig.io(&mut b, b_vol, BlockRequest::read(0, 512), &rbuf), 0);
 
     // A closes its RW mapping: C may now open vol RW.
     rig.sim
@@ -383,4 +453,76 @@ fn reconnect_reopens_the_device() {
     assert_eq!(got, vec![0x42; 4096]);
     assert_eq!(rig.exports.writers(vol), 1);
     rig.stop();
+}
+
+#[test]
+fn file_export_without_always_invalidate() {
+    let path = std::env::temp_dir().join(format!("rnbd-e2e-{}", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let spec = ExportSpec::parse(&format!("disk=file:{}", path.display())).unwrap();
+    let exports = Exports::new(&[spec], &FileOptions::default()).unwrap();
+    let mut rig = Rig::with(exports, false);
+    let mut a = rig.client("clt-f");
+    let (d, id) = rig.open(&mut a, "disk", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(0));
+    let max_io = a.rnbd.device(d).unwrap().info().unwrap().max_io_size;
+    let wbuf = rig.mr(max_io as usize);
+    let rbuf = rig.mr(max_io as usize);
+    let mut off = 0u64;
+    for len in [512, 4096, 12288, max_io] {
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i % 253) as u8 ^ (len / 512) as u8)
+            .collect();
+        wbuf.write_at(0, &data);
+        assert_eq!(
+            rig.io(&mut a, d, BlockRequest::write(off, len).fua(), &wbuf),
+            0
+        );
+        assert_eq!(
+            rig.io_on(1, &mut a, d, BlockRequest::read(off, len), &rbuf),
+            0
+        );
+        let mut got = vec![0; len as usize];
+        rbuf.read_at(0, &mut got);
+        assert!(got == data, "size {len}");
+        off += u64::from(len);
+    }
+    assert_eq!(rig.io(&mut a, d, BlockRequest::flush(), &wbuf), 0);
+    assert_eq!(
+        rig.io(&mut a, d, BlockRequest::write_zeroes(0, 4096), &wbuf),
+        0
+    );
+    assert_eq!(rig.io(&mut a, d, BlockRequest::read(0, 4096), &rbuf), 0);
+    let mut got = vec![1; 4096];
+    rbuf.read_at(0, &mut got);
+    assert!(got.iter().all(|&x| x == 0));
+    // Past the end of the 2 MiB file: refused locally, and by the server.
+    let e = rig.sim.reactor(0).with_ctx(|cx| {
+        a.rnbd.submit(
+            cx,
+            d,
+            1,
+            &BlockRequest::read(2 << 20, 512),
+            &[rbuf.sge(0, 512)],
+        )
+    });
+    assert_eq!(e.unwrap_err().errno(), -libc::EIO);
+    let past = Io {
+        device_id: 0,
+        sector: (2 << 20) / 512,
+        op: RnbdOp::Read,
+        flags: IoFlags::NONE,
+        bi_size: 512,
+        prio: 0,
+    }
+    .to_bytes();
+    assert_eq!(
+        rig.raw(&mut a, &past, Dir::Read, &rbuf, 512, false),
+        -libc::EIO
+    );
+    rig.stop();
+    let _ = std::fs::remove_file(&path);
 }
