@@ -34,6 +34,10 @@ struct DirectPort {
     /// tag → (chunk, dir, the client's SGEs)
     inflight: HashMap<u64, (usize, Dir, Vec<Sge>)>,
     done: VecDeque<PortCompletion>,
+    /// While set, block requests are kept (as RTRS keeps IO while no path is up) and
+    /// sent by `replay`.
+    hold: bool,
+    held: Vec<(u64, Dir, Vec<u8>, Vec<Sge>)>,
 }
 
 impl DirectPort {
@@ -52,6 +56,23 @@ impl DirectPort {
             free: (0..depth).rev().collect(),
             inflight: HashMap::new(),
             done: VecDeque::new(),
+            hold: false,
+            held: Vec::new(),
+        }
+    }
+
+    /// Sends the held block requests (the path is back).
+    fn replay(&mut self, cx: &mut dyn Ctx) {
+        self.hold = false;
+        for (tag, dir, usr, sgl) in std::mem::take(&mut self.held) {
+            let io = PortIo {
+                tag,
+                dir,
+                usr: &usr,
+                sgl: &sgl,
+                admin: false,
+            };
+            self.submit(cx, io).unwrap();
         }
     }
 
@@ -88,6 +109,11 @@ unsafe fn sge_slice(s: &Sge) -> &mut [u8] {
 
 impl RtrsPort for DirectPort {
     fn submit(&mut self, _cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
+        if self.hold && !io.admin {
+            self.held
+                .push((io.tag, io.dir, io.usr.to_vec(), io.sgl.to_vec()));
+            return Ok(());
+        }
         if !self.connected {
             return Err(PortError::Refused {
                 errno: -libc::ENOTCONN,
@@ -153,7 +179,9 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let ex = Arc::new(Exports::ram(&[("vol", 4 << 20), ("aux", 1 << 20)]).unwrap());
+        let ex = Arc::new(
+            Exports::ram(&[("vol", 4 << 20), ("aux", 1 << 20), ("spare", 1 << 20)]).unwrap(),
+        );
         Rig {
             sim: Simulation::new(1, 16),
             fabric: LoopbackFabric::new(),
@@ -353,7 +381,11 @@ fn two_sessions_modes_data_and_close() {
     assert!(matches!(e, Err(IoError::NoDevice)));
     let (b_rw, id) = rig.open(&mut b, "aux", AccessMode::Migration);
     assert_eq!(id, Ok(1));
-    assert_eq!(rig.open(&mut b, "vol", AccessMode::ReadWrite).1, Ok(0)); // same name: same mapping
+    // A name already open in the session is refused locally.
+    let e = rig
+        .cx(|cx| b.open(cx, "vol", AccessMode::ReadWrite))
+        .unwrap_err();
+    assert_eq!(e.errno(), -libc::EEXIST);
     assert_eq!(rig.io(&mut b, b_rw, BlockRequest::write(0, 512), &buf), 0);
     let vol = rig.ex.lookup(b"vol").unwrap();
     assert_eq!(rig.ex.writers(vol), 0);
@@ -452,4 +484,78 @@ fn busy_ports_are_retried() {
     for i in 0..64 {
         assert!(got[i * 512..(i + 1) * 512].iter().all(|&x| x == i as u8));
     }
+}
+
+#[test]
+fn reopen_waits_for_requests_built_with_old_ids() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(11, 8);
+    // Ids: spare 0, vol 1, aux 2; spare closes, so a re-open in order would make vol 0
+    // and aux 1, the old id of vol.
+    let (spare, _) = rig.open(&mut c, "spare", AccessMode::ReadOnly);
+    let (vol, id_vol) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    let (aux, id_aux) = rig.open(&mut c, "aux", AccessMode::ReadWrite);
+    assert_eq!((id_vol, id_aux), (Ok(1), Ok(2)));
+    rig.cx(|cx| c.close(cx, spare)).unwrap();
+    rig.events(&mut c, 1);
+
+    // A write to vol is in flight (kept by the transport) when the session drops.
+    let buf = rig.mr(512);
+    buf.write_at(0, &[0xaa; 512]);
+    c.port_mut().hold = true;
+    rig.cx(|cx| c.submit(cx, vol, 1, &BlockRequest::write(0, 512), &[buf.sge(0, 512)]))
+        .unwrap();
+    rig.table.remove(11);
+    c.link_down();
+    assert_eq!(c.shared().in_flight(), 1);
+
+    // The path is back, the write still waits: SESS_INFO goes, the re-opens do not.
+    rig.cx(|cx| c.link_up(cx));
+    assert_eq!(rig.events(&mut c, 1), vec![ClientEvent::SessInfo(Ok(2))]);
+    assert_eq!(c.device(vol).unwrap().state(), DevState::MappedDisconnected);
+    assert!(rig.table.get(11).unwrap().mappings().is_empty());
+
+    // The write goes out with its old id; the new server session has no devices yet.
+    rig.cx(|cx| c.port_mut().replay(cx));
+    let ev = rig.events(&mut c, 3);
+    assert_eq!(
+        ev[0],
+        ClientEvent::Io {
+            tag: 1,
+            errno: -libc::ENOTCONN
+        }
+    );
+    let ids: Vec<(DevHandle, u32)> = ev[1..]
+        .iter()
+        .map(|e| match e {
+            ClientEvent::Opened {
+                dev,
+                info,
+                remap: true,
+            } => (*dev, info.device_id),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, [(vol, 0), (aux, 1)]);
+    assert_eq!(c.shared().in_flight(), 0);
+    // Neither device was written.
+    let back = rig.mr(512);
+    for dev in [vol, aux] {
+        assert_eq!(rig.io(&mut c, dev, BlockRequest::read(0, 512), &back), 0);
+        let mut got = [1u8; 512];
+        back.read_at(0, &mut got);
+        assert_eq!(got, [0; 512]);
+    }
+}
+
+#[test]
+fn a_name_is_opened_once_per_session() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(12, 4);
+    let (_, id) = rig.open(&mut c, "vol", AccessMode::ReadOnly);
+    assert_eq!(id, Ok(0));
+    let e = rig
+        .cx(|cx| c.open(cx, "vol", AccessMode::ReadWrite))
+        .unwrap_err();
+    assert_eq!(e.errno(), -libc::EEXIST);
 }

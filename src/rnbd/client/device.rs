@@ -89,6 +89,8 @@ pub enum DeviceError {
     ZeroLength { op: &'static str },
     #[error("admin reply buffer of {len} bytes is too small (at least 64 needed)")]
     ReplyBuffer { len: usize },
+    #[error("device '{name}' is already open in this session")]
+    AlreadyOpen { name: String },
 }
 
 impl DeviceError {
@@ -100,6 +102,7 @@ impl DeviceError {
             DeviceError::ReadOnly { .. } => libc::EROFS,
             DeviceError::OutOfRange { .. } => libc::EIO,
             DeviceError::Unsupported { .. } => libc::EOPNOTSUPP,
+            DeviceError::AlreadyOpen { .. } => libc::EEXIST,
             DeviceError::BadName { .. }
             | DeviceError::BadReply { .. }
             | DeviceError::Misaligned { .. }

@@ -10,6 +10,7 @@
 //! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
@@ -52,7 +53,8 @@ pub enum ClientEvent {
         info: DeviceInfo,
         remap: bool,
     },
-    /// OPEN failed; the device stays as it was (INIT, or disconnected on a remap).
+    /// OPEN failed: a first open leaves no device (the handle is dead); a failed
+    /// re-open after a reconnect leaves the device disconnected.
     OpenFailed { dev: DevHandle, error: DeviceError },
     /// A device is unmapped and its handle no longer valid.
     Closed { dev: DevHandle },
@@ -127,6 +129,10 @@ pub struct RnbdClient<P> {
     scratch: Vec<PortCompletion>,
     links: Option<LinkListener>,
     shared: Arc<SharedDevices>,
+    /// This core's block requests in flight (one of `shared`'s counters).
+    inflight: Arc<AtomicUsize>,
+    /// Reconnected; devices are re-opened once no block request is in flight.
+    reopen_pending: bool,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
@@ -140,6 +146,8 @@ impl<P: RtrsPort> RnbdClient<P> {
         if n == 0 {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
+        let shared = Arc::<SharedDevices>::default();
+        let inflight = shared.counter();
         Ok(RnbdClient {
             port,
             replies,
@@ -151,7 +159,9 @@ impl<P: RtrsPort> RnbdClient<P> {
             events: VecDeque::with_capacity(4 * BATCH),
             scratch: vec![PortCompletion::default(); BATCH],
             links: None,
-            shared: Arc::default(),
+            shared,
+            inflight,
+            reopen_pending: false,
         })
     }
 
@@ -194,7 +204,8 @@ impl<P: RtrsPort> RnbdClient<P> {
     /// OPEN; [`ClientEvent::Opened`] or [`ClientEvent::OpenFailed`] tells the outcome.
     ///
     /// # Errors
-    /// A name OPEN cannot carry.
+    /// A name OPEN cannot carry, or one already open in this session (the server would
+    /// answer with the existing mapping, whatever the mode).
     pub fn open(
         &mut self,
         cx: &mut dyn Ctx,
@@ -202,6 +213,11 @@ impl<P: RtrsPort> RnbdClient<P> {
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
         let dev = RnbdDevice::new(name, mode, self.port.max_io_size())?;
+        if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
+            return Err(DeviceError::AlreadyOpen {
+                name: name.to_string(),
+            });
+        }
         let h = self.devices.len();
         self.devices.push(Dev {
             dev,
@@ -262,7 +278,7 @@ impl<P: RtrsPort> RnbdClient<P> {
             .get(dev.0)
             .filter(|d| !d.gone)
             .ok_or(IoError::NoDevice)?;
-        send_io(&mut self.port, cx, &d.dev, tag, req, sgl)
+        send_io(&mut self.port, &self.inflight, cx, &d.dev, tag, req, sgl)
     }
 
     /// The session lost its last path: devices wait for a re-open; the version is
@@ -275,23 +291,30 @@ impl<P: RtrsPort> RnbdClient<P> {
             self.publish(i);
         }
         self.ver = None;
+        self.reopen_pending = false;
     }
 
     /// The session has a path again: SESS_INFO, then OPEN for every device that was
-    /// mapped (adopting the ids the new server session gives).
+    /// mapped (adopting the ids the new server session gives) once no block request
+    /// of any core is in flight any more (see [`SharedDevices`]).
     pub fn link_up(&mut self, cx: &mut dyn Ctx) {
-        let mut any = false;
+        self.queue_sess_info();
+        self.reopen_pending = true;
+        self.try_reopen();
+        self.pump(cx);
+    }
+
+    fn try_reopen(&mut self) {
+        if !self.reopen_pending || self.shared.in_flight() != 0 {
+            return;
+        }
+        self.reopen_pending = false;
         for (i, d) in self.devices.iter_mut().enumerate() {
             if !d.gone && !d.opening && d.dev.needs_reopen() {
                 d.opening = true;
                 self.queued.push_back(Admin::Open(i));
-                any = true;
             }
         }
-        if any || self.ver.is_none() {
-            self.queue_sess_info();
-        }
-        self.pump(cx);
     }
 
     /// Takes the session's link events from `links` (the listener given to the RTRS
@@ -316,6 +339,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                 if c.tag & ADMIN_TAG != 0 {
                     self.admin_done((c.tag & !ADMIN_TAG) as usize, c.errno);
                 } else {
+                    self.inflight.fetch_sub(1, Ordering::SeqCst);
                     self.events.push_back(ClientEvent::Io {
                         tag: c.tag,
                         errno: c.errno,
@@ -326,6 +350,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                 break;
             }
         }
+        self.try_reopen();
         self.pump(cx);
         let mut n = 0;
         while n < out.len() {
@@ -477,6 +502,10 @@ impl<P: RtrsPort> RnbdClient<P> {
                         dev: None,
                         device_id,
                     });
+                }
+                if was == DevState::Init {
+                    self.devices[i].gone = true;
+                    self.publish(i);
                 }
                 self.events.push_back(ClientEvent::OpenFailed {
                     dev: DevHandle(i),

@@ -6,9 +6,15 @@
 //! per-hardware-queue `rnbd_queue_rq` on a shared `rnbd_clt_dev`).
 //!
 //! A device re-opened after a reconnect may get a new id; a core picks it up at its
-//! next submission. Requests already handed to RTRS keep the id they were built with.
+//! next submission. Requests already handed to RTRS keep the id they were built with,
+//! and the RTRS client may re-send them once a path is back: had the device been
+//! re-opened by then, an old id could name another device of the new server session.
+//! So every core counts its block requests in flight, and the client re-opens devices
+//! only once none is left (after a reconnect the new server session answers old ids
+//! with −ENOTCONN until then, since it has no devices yet).
 
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::device::{DevState, RnbdDevice};
 use super::msg::BlockRequest;
@@ -21,9 +27,31 @@ use crate::fabric::Sge;
 #[derive(Debug, Default)]
 pub struct SharedDevices {
     slots: RwLock<Vec<Option<RnbdDevice>>>,
+    /// Block requests in flight, one counter per core handle.
+    counters: Mutex<Vec<Arc<AtomicUsize>>>,
 }
 
 impl SharedDevices {
+    /// A new in-flight counter for one core handle.
+    pub(super) fn counter(&self) -> Arc<AtomicUsize> {
+        let c = Arc::new(AtomicUsize::new(0));
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(&c));
+        c
+    }
+
+    /// Block requests in flight over all core handles.
+    pub fn in_flight(&self) -> usize {
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum()
+    }
+
     /// Publishes device `i` (`None`: closed).
     pub(super) fn set(&self, i: usize, dev: Option<&RnbdDevice>) {
         // A panic elsewhere cannot leave the table half-written (one assignment).
@@ -46,9 +74,10 @@ impl SharedDevices {
     }
 }
 
-/// Checks and sends one block request of `dev` on `port`.
+/// Checks and sends one block request of `dev` on `port`, counting it in `inflight`.
 pub(super) fn send_io<P: RtrsPort + ?Sized>(
     port: &mut P,
+    inflight: &AtomicUsize,
     cx: &mut dyn Ctx,
     dev: &RnbdDevice,
     tag: u64,
@@ -76,6 +105,7 @@ pub(super) fn send_io<P: RtrsPort + ?Sized>(
             admin: false,
         },
     )?;
+    inflight.fetch_add(1, Ordering::SeqCst);
     Ok(())
 }
 
@@ -83,13 +113,19 @@ pub(super) fn send_io<P: RtrsPort + ?Sized>(
 pub struct RnbdCore<P> {
     port: P,
     devices: Arc<SharedDevices>,
+    inflight: Arc<AtomicUsize>,
 }
 
 impl<P: RtrsPort> RnbdCore<P> {
     /// This core's handle: `port` is this core's RTRS session handle, `devices` what
     /// [`RnbdClient::shared`](super::RnbdClient::shared) returns.
     pub fn new(port: P, devices: Arc<SharedDevices>) -> RnbdCore<P> {
-        RnbdCore { port, devices }
+        let inflight = devices.counter();
+        RnbdCore {
+            port,
+            devices,
+            inflight,
+        }
     }
 
     pub fn port(&self) -> &P {
@@ -116,15 +152,17 @@ impl<P: RtrsPort> RnbdCore<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        let port = &mut self.port;
+        let (port, inflight) = (&mut self.port, &*self.inflight);
         self.devices
-            .with(dev, |d| send_io(port, cx, d, tag, req, sgl))
+            .with(dev, |d| send_io(port, inflight, cx, d, tag, req, sgl))
             .unwrap_or(Err(IoError::NoDevice))
     }
 
     /// Moves finished block requests of this core into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
-        self.port.poll(cx, out)
+        let n = self.port.poll(cx, out);
+        self.inflight.fetch_sub(n, Ordering::SeqCst);
+        n
     }
 }
 
