@@ -177,3 +177,30 @@ fn default_config_is_the_kernels() {
     };
     assert!(bad.validate().unwrap_err().to_string().contains("28"));
 }
+
+#[test]
+fn administrative_close_of_a_session() {
+    let mut h = Harness::new(2, Harness::config(true));
+    let mut keep = h.connect("keep", 3);
+    let mut p = h.connect("drop-me", 3);
+    assert_eq!(h.server.close_session("drop-me"), 1);
+    assert_eq!(h.server.close_session("no-such"), 0);
+    assert!(p.wait_down(&mut h));
+    h.sim.run_until_idle(1000);
+    let names: Vec<String> = h
+        .server
+        .stats()
+        .sessions
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["keep"]);
+    assert_eq!(keep.write(&mut h, 1, 0, 0, b"k"), 0);
+    let re = server_util::client::Ids {
+        recon_cnt: p.ids.recon_cnt + 1,
+        ..p.ids
+    };
+    let mut q = server_util::TestPath::connect(&mut h, "drop-me", 3, re, true).expect("reconnect");
+    assert_eq!(q.write(&mut h, 2, 0, 0, b"q"), 0);
+    h.stop();
+}

@@ -147,6 +147,8 @@ pub struct SessionCore {
     pub(super) wait: VecDeque<u16>,
     pub(super) done: VecDeque<ClientCompletion>,
     pub(super) max_send_sge: u32,
+    /// One past the highest path slot this core has seen (bounds the per-IO scans).
+    pub(super) nslots: usize,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -183,6 +185,7 @@ impl SessionCore {
             wait: VecDeque::new(),
             done: VecDeque::new(),
             max_send_sge: 1,
+            nslots: 0,
         }
     }
 
@@ -309,7 +312,7 @@ impl SessionCore {
             self.on_cmd(cmd, now);
         }
         let mut wcs = [Wc::default(); 32];
-        for slot in 0..MAX_PATHS {
+        for slot in 0..self.nslots {
             if self.paths[slot].is_none() {
                 continue;
             }
@@ -333,6 +336,7 @@ impl SessionCore {
                 }
                 self.max_send_sge = conn.con.conn().caps().max_send_sge;
                 let slot = path.slot;
+                self.nslots = self.nslots.max(slot + 1);
                 self.paths[slot] = Some(super::core::CorePath {
                     io: conn,
                     shared: path,
@@ -394,7 +398,7 @@ impl SessionCore {
         self.reqs = vec![Req::FREE; n];
         self.sgl = vec![Sge::default(); n * MAX_SGL];
         self.wait = VecDeque::with_capacity(n);
-        self.done = VecDeque::with_capacity(2 * n);
+        self.done.reserve(2 * n);
         self.params = Some(params);
     }
 

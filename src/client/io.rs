@@ -40,7 +40,8 @@ enum PostFail {
 
 impl SessionCore {
     fn refresh_cands(&mut self) {
-        for (c, p) in self.cands.iter_mut().zip(&self.paths) {
+        let n = self.nslots;
+        for (c, p) in self.cands[..n].iter_mut().zip(&self.paths[..n]) {
             *c = match p {
                 Some(cp) => super::policy::Candidate {
                     usable: cp.shared.connected(),
@@ -58,7 +59,7 @@ impl SessionCore {
         let policy = self.sess.policy.get();
         loop {
             self.refresh_cands();
-            let Some(p) = self.sel.select(policy, &self.cands, tried) else {
+            let Some(p) = self.sel.select(policy, &self.cands[..self.nslots], tried) else {
                 return Posted::NoPath;
             };
             match self.post_on(i, p, policy, now) {

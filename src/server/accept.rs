@@ -294,7 +294,7 @@ impl Acceptor {
             ops: AtomicU32::new(0),
             live_cons: AtomicU32::new(0),
             traffic: AtomicBool::new(false),
-            name: Mutex::new(format!("{peer}@{local}")),
+            name: Mutex::new(String::new()),
             counters: PathCounters::default(),
         }))
     }

@@ -8,12 +8,14 @@
 //! 2. under always_invalidate the chunk's key on this path is retired with a signaled
 //!    LOCAL_INV first, so the client can no longer write the chunk;
 //! 3. the trailer is read from the chunk and checked ([`ChunkReq::decode`]: type, usr_len
-//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len);
+//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len; and usr_len ≤
+//!    max_hdr_size, the most a client may send);
 //! 4. the chunk is claimed for the path in the session; if another (dying) path still
 //!    runs a request on it — a failed-over request — this one waits on this core;
 //! 5. the handler gets it; its answer builds the response chain (case A or B) on the
 //!    request's connection, queued when the send budget is exhausted, dropped when the
-//!    path is no longer connected. The chunk is released once the response is posted.
+//!    path is no longer connected. The chunk and buf id are released just before the
+//!    response is posted (the client may reuse the buf id as soon as it sees it).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -71,6 +73,12 @@ impl Op {
             errno: 0,
             counted_wait: false,
         }
+    }
+
+    /// Whether this slot still holds the request a LOCAL_INV with this generation
+    /// (24 bits, as carried in the work request id) was posted for.
+    pub fn inv_matches(&self, gen24: u32) -> bool {
+        self.stage == Stage::Inv && self.gen & 0xff_ffff == gen24
     }
 
     /// Whether this request waits for a LOCAL_INV on connection `con`.
@@ -145,20 +153,59 @@ impl CorePoller {
         if !self.sh.cfg.always_invalidate {
             return self.after_inv(cx, idx);
         }
-        let rkey = path.mrs[usize::from(req.buf_id)].rkey();
+        if !self.post_inv(cx, idx) {
+            if let Some(slot) = self.cons[i].as_mut() {
+                slot.inv_wait.push_back(idx);
+            }
+        }
+    }
+
+    /// Posts the LOCAL_INV of request `idx`'s chunk key on its connection. False when
+    /// the send budget is exhausted (retry later); a failed post closes the path.
+    pub(crate) fn post_inv(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
+        let op = &self.ops[idx as usize];
+        let (i, buf_id) = (op.con, op.buf_id);
+        let Some(path) = op.path.clone() else {
+            return true;
+        };
         let Some(slot) = self.cons[i].as_mut() else {
-            return;
+            self.drop_op(idx, false);
+            return true;
         };
         let wr = SendWr {
-            wr_id: WR_INV | u64::from(idx),
-            op: SendOp::LocalInv { rkey },
+            wr_id: WR_INV
+                | u64::from(self.ops[idx as usize].gen & 0xff_ffff) << 32
+                | u64::from(idx),
+            op: SendOp::LocalInv {
+                rkey: path.mrs[usize::from(buf_id)].rkey(),
+            },
             sges: &[],
             signaled: true,
         };
-        if let Err(e) = slot.con.post_send(&[wr]) {
-            self.drop_op(idx, false);
-            self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+        match slot.con.post_send(&[wr]) {
+            Ok(()) => true,
+            Err(e) if e.is_budget() => false,
+            Err(e) => {
+                self.drop_op(idx, false);
+                self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+                true
+            }
         }
+    }
+
+    /// Retries LOCAL_INVs of connection `i` that waited for send slots.
+    pub(crate) fn retry_invs(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
+        let mut any = false;
+        while let Some(&idx) = self.cons[i].as_ref().and_then(|s| s.inv_wait.front()) {
+            if !self.post_inv(cx, idx) {
+                break;
+            }
+            any = true;
+            if let Some(s) = self.cons[i].as_mut() {
+                s.inv_wait.pop_front();
+            }
+        }
+        any
     }
 
     /// The chunk key is retired (or there is none): read and check the trailer.
@@ -178,6 +225,17 @@ impl CorePoller {
         sess.chunks
             .read_at(sess.chunk_off(buf_id) + offset as usize, &mut tr[..n]);
         match ChunkReq::decode(&tr[..n], offset, cs) {
+            Ok(r) if u32::from(r.usr_len) > self.sh.cfg.max_hdr => {
+                self.drop_op(idx, false);
+                return self.close_con_path(
+                    cx,
+                    con,
+                    format_args!(
+                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {}",
+                        r.usr_len, self.sh.cfg.max_hdr
+                    ),
+                );
+            }
             Ok(r) => self.ops[idx as usize].req = Some(r),
             Err(e) => {
                 self.drop_op(idx, false);
@@ -398,26 +456,26 @@ impl CorePoller {
         let Some(slot) = self.cons[ci].as_mut() else {
             return true;
         };
-        match slot.con.post_send(&chain) {
-            Ok(()) => {
-                drop(chain);
-                self.drop_op(idx, false);
-                true
+        if chain.len() > slot.con.sq_avail() as usize {
+            if !queued {
+                self.ops[idx as usize].stage = Stage::RspQueued;
+                slot.rsp_wait.push_back(idx);
+                PathCounters::add(&path.counters.rsp_queued, 1);
             }
-            Err(e) if e.is_budget() => {
-                if !queued {
-                    self.ops[idx as usize].stage = Stage::RspQueued;
-                    slot.rsp_wait.push_back(idx);
-                    PathCounters::add(&path.counters.rsp_queued, 1);
-                }
-                false
-            }
-            Err(e) => {
-                drop(chain);
-                self.drop_op(idx, true);
-                self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
-                true
-            }
+            return false;
         }
+        // Release the chunk and the buf id before the response can reach the client:
+        // once it has the response it may send the next request for this buf id, on
+        // any connection of the path, and that one must not look like a duplicate.
+        self.drop_op(idx, false);
+        let Some(slot) = self.cons[ci].as_mut() else {
+            return true;
+        };
+        if let Err(e) = slot.con.post_send(&chain) {
+            drop(chain);
+            PathCounters::add(&path.counters.dropped, 1);
+            self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
+        }
+        true
     }
 }

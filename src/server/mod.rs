@@ -295,6 +295,21 @@ impl Server {
         lock(&self.sh.table).sessions.len()
     }
 
+    /// Closes every path of the session named `name` (the kernel's sysfs `disconnect`,
+    /// for a whole session); the client may reconnect. Returns how many paths were
+    /// asked to close.
+    pub fn close_session(&self, name: &str) -> usize {
+        let t = lock(&self.sh.table);
+        let mut n = 0;
+        for e in t.sessions.iter().filter(|e| e.sess.name() == name) {
+            for p in &e.all {
+                self.sh.inbox[e.sess.home].push(shared::CoreCmd::Close(Arc::clone(p)));
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Stops listening and closes every path; the pollers unregister themselves once
     /// every request has been answered by the handlers.
     pub fn stop(&self) {

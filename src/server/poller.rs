@@ -54,6 +54,8 @@ pub(crate) struct ConSlot {
     pub closing: bool,
     /// Requests whose response waits for send slots.
     pub rsp_wait: VecDeque<u32>,
+    /// Requests whose LOCAL_INV waits for send slots.
+    pub inv_wait: VecDeque<u32>,
     /// cid 0 once connected: heartbeat and its next tick.
     pub hb: Option<(Heartbeat, u64)>,
     pub info: InfoState,
@@ -118,6 +120,7 @@ impl CorePoller {
                     con,
                     closing: false,
                     rsp_wait: VecDeque::new(),
+                    inv_wait: VecDeque::new(),
                     hb: None,
                     info: InfoState::Idle,
                 };
@@ -130,7 +133,10 @@ impl CorePoller {
                 if !self.closing.iter().any(|p| Arc::ptr_eq(p, &path)) {
                     self.closing.push(path);
                 }
-                let _ = cx;
+            }
+            CoreCmd::Close(path) => {
+                self.sh
+                    .close_path(cx, &path, format_args!("disconnect requested"));
             }
         }
     }
@@ -177,6 +183,7 @@ impl CorePoller {
             return busy;
         }
         busy |= self.retry_responses(cx, i);
+        busy |= self.retry_invs(cx, i);
         busy |= self.heartbeat(cx, i);
         busy |= self.post_info_rsp(cx, i);
         busy
@@ -188,7 +195,15 @@ impl CorePoller {
             || kind == WR_RECV
             || kind == WR_INFO_REQ;
         if kind == WR_INV {
-            let op = (wc.wr_id & !KIND_MASK) as u32;
+            let op = wc.wr_id as u32;
+            let gen24 = ((wc.wr_id >> 32) & 0xff_ffff) as u32;
+            if !self
+                .ops
+                .get(op as usize)
+                .is_some_and(|o| o.inv_matches(gen24))
+            {
+                return;
+            }
             if wc.status.is_ok() {
                 self.after_inv(cx, op);
             } else {
@@ -244,8 +259,12 @@ impl CorePoller {
                 let Some(slot) = self.cons[i].as_mut() else {
                     return;
                 };
-                if let Err(e) = slot.con.post_imm_empty(WR_HB, HB_ACK_IMM) {
-                    self.close_con_path(cx, i, format_args!("sending HB_ACK: {e}"));
+                // Out of send slots the ack is skipped: traffic is flowing anyway.
+                match slot.con.post_imm_empty(WR_HB, HB_ACK_IMM) {
+                    Err(e) if !e.is_budget() => {
+                        self.close_con_path(cx, i, format_args!("sending HB_ACK: {e}"))
+                    }
+                    _ => {}
                 }
             }
             Ok(Imm::HbAck) if cid == 0 => {}
@@ -263,7 +282,7 @@ impl CorePoller {
         let Some(slot) = self.cons[i].take() else {
             return;
         };
-        for idx in slot.rsp_wait {
+        for idx in slot.rsp_wait.into_iter().chain(slot.inv_wait) {
             self.drop_op(idx, true);
         }
         for idx in 0..self.ops.len() as u32 {

@@ -187,6 +187,7 @@ impl Path {
             self.counters.snapshot();
         PathStats {
             name: self.name(),
+            addr: format!("{}@{}", self.peer, self.local),
             state: state_name(self.state()),
             cid_num: self.cid_num,
             recon_cnt: self.recon_cnt,

@@ -22,6 +22,8 @@ pub(crate) enum CoreCmd {
     AddCon { path: Arc<Path>, con: Con },
     /// Home core: finalise `path` once it has drained.
     Finalize(Arc<Path>),
+    /// Close `path` (an administrative disconnect).
+    Close(Arc<Path>),
 }
 
 /// At most this many violation messages per second are logged; the rest are counted.
@@ -111,7 +113,7 @@ impl Shared {
         }
         if self.log.allow(cx.now()) {
             tracing::warn!(
-                "rtrs-srv: session {} path {} ({} -> {}): closing: {why}",
+                "rtrs-srv: {} path {:?} ({}@{}): closing: {why}",
                 path.sess.id,
                 path.name(),
                 path.peer,

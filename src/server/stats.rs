@@ -42,8 +42,11 @@ impl PathCounters {
 /// One path's statistics.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PathStats {
-    /// Path name as the kernel prints it: `<client addr>@<server addr>`.
+    /// The client's pathname from INFO_REQ (empty before it).
     pub name: String,
+    /// The path's addresses as the kernel names its sysfs directory:
+    /// `<client addr>@<server addr>`.
+    pub addr: String,
     /// `connecting`, `connected`, `closing` or `closed`.
     pub state: &'static str,
     /// Connections in the path (cid_num).
@@ -108,6 +111,8 @@ impl PathStats {
     fn write_json(&self, out: &mut String) {
         out.push_str("{\"name\":");
         json_str(out, &self.name);
+        out.push_str(",\"addr\":");
+        json_str(out, &self.addr);
         out.push_str(",\"state\":");
         json_str(out, self.state);
         let _ = write!(

@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 
 use rtrs_spdk::common::{random_uuid, IuPool, Uuid};
-use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::fabric::{
     inc_rkey, Access, CmEvent, Conn, FastMr, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc,
     WcOpcode, WcStatus,
@@ -14,7 +13,7 @@ use rtrs_spdk::proto::{
     SgDesc, HB_ACK_IMM,
 };
 
-use super::{Harness, MAX_STEPS};
+use super::Driver;
 
 const WR_INFO: u64 = 1 << 40;
 const WR_EMPTY: u64 = 2 << 40;
@@ -70,14 +69,24 @@ pub fn info_req(name: &str) -> [u8; InfoReq::LEN] {
 
 /// Connects one raw connection with `req` as private data; the accepted connection
 /// or the reject errno.
-pub fn raw_connect(h: &mut Harness, req: &[u8]) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
+pub fn raw_connect(h: &mut dyn Driver, req: &[u8]) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
+    let addr = h.addr();
+    raw_connect_to(h, addr, req)
+}
+
+/// [`raw_connect`] to a given server address.
+pub fn raw_connect_to(
+    h: &mut dyn Driver,
+    addr: std::net::SocketAddr,
+    req: &[u8],
+) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
     let caps = QpCaps {
         max_send_wr: 4096,
         max_recv_wr: 4096,
         max_send_sge: 2,
     };
-    let mut c = h.fabric.connect(h.addr, caps, req).expect("connect");
-    for _ in 0..MAX_STEPS {
+    let mut c = h.client_fabric().connect(addr, caps, req).expect("connect");
+    for _ in 0..h.max_steps() {
         h.step();
         match c.poll_cm() {
             Some(CmEvent::Established { private_data }) => {
@@ -115,17 +124,31 @@ impl TestPath {
     /// Full handshake: every cid, then INFO_REQ `name`. Err: reject errno, or -1 if the
     /// server closed the path during INFO.
     pub fn connect(
-        h: &mut Harness,
+        h: &mut dyn Driver,
         name: &str,
         cid_num: u16,
         ids: Ids,
         first_conn: bool,
     ) -> Result<TestPath, i32> {
-        TestPath::connect_info(h, &info_req(name), cid_num, ids, first_conn)
+        let addr = h.addr();
+        TestPath::connect_info(h, addr, &info_req(name), cid_num, ids, first_conn)
+    }
+
+    /// [`TestPath::connect`] to a given server address.
+    pub fn connect_to(
+        h: &mut dyn Driver,
+        addr: std::net::SocketAddr,
+        name: &str,
+        cid_num: u16,
+        ids: Ids,
+        first_conn: bool,
+    ) -> Result<TestPath, i32> {
+        TestPath::connect_info(h, addr, &info_req(name), cid_num, ids, first_conn)
     }
 
     pub fn connect_info(
-        h: &mut Harness,
+        h: &mut dyn Driver,
+        addr: std::net::SocketAddr,
         info: &[u8; InfoReq::LEN],
         cid_num: u16,
         ids: Ids,
@@ -144,16 +167,16 @@ impl TestPath {
             )
             .to_bytes()
             .unwrap();
-            let (c, a) = raw_connect(h, &req)?;
+            let (c, a) = raw_connect_to(h, addr, &req)?;
             cons.push(c);
             acc.get_or_insert(a);
         }
         let acc = acc.expect("cid_num >= 1");
         let qd = acc.queue_depth;
         let cs = acc.chunk_size() as u32;
-        let f = h.fabric.clone();
+        let f = h.client_fabric();
         let pool = IuPool::new(
-            &f,
+            &*f,
             2,
             InfoRsp::wire_len(qd).max(InfoReq::LEN),
             Access::LOCAL_WRITE,
@@ -172,7 +195,7 @@ impl TestPath {
             .unwrap();
         let mut wcs = [Wc::default(); 16];
         let mut got = None;
-        'wait: for _ in 0..MAX_STEPS {
+        'wait: for _ in 0..h.max_steps() {
             h.step();
             while let Some(ev) = cons[0].poll_cm() {
                 if ev == CmEvent::Disconnected {
@@ -208,7 +231,7 @@ impl TestPath {
         for (cid, c) in cons.iter_mut().enumerate() {
             let depth = if cid == 0 { 1024 } else { 2 * usize::from(qd) };
             if acc.new_rkey {
-                let p = IuPool::new(&f, depth, RkeyRsp::LEN, Access::LOCAL_WRITE).unwrap();
+                let p = IuPool::new(&*f, depth, RkeyRsp::LEN, Access::LOCAL_WRITE).unwrap();
                 let wrs: Vec<RecvWr> = (0..depth).map(|i| p.recv_wr(i, i as u64)).collect();
                 c.post_recv(&wrs).unwrap();
                 rkey_bufs.push(Some(p));
@@ -419,8 +442,8 @@ impl TestPath {
     }
 
     /// Steps until the response for `buf_id` arrives.
-    pub fn wait_rsp(&mut self, h: &mut Harness, buf_id: u16) -> Event {
-        for _ in 0..MAX_STEPS {
+    pub fn wait_rsp(&mut self, h: &mut dyn Driver, buf_id: u16) -> Event {
+        for _ in 0..h.max_steps() {
             h.step();
             self.poll();
             if let Some(i) = self
@@ -440,7 +463,14 @@ impl TestPath {
     }
 
     /// WRITE `data` at RAM offset `off` through chunk `buf_id`; the errno.
-    pub fn write(&mut self, h: &mut Harness, cid: u16, buf_id: u16, off: u64, data: &[u8]) -> i32 {
+    pub fn write(
+        &mut self,
+        h: &mut dyn Driver,
+        cid: u16,
+        buf_id: u16,
+        off: u64,
+        data: &[u8],
+    ) -> i32 {
         self.post_write(cid, buf_id, &off.to_le_bytes(), data);
         match self.wait_rsp(h, buf_id) {
             Event::Rsp { errno, w_inv, .. } => {
@@ -454,7 +484,7 @@ impl TestPath {
     /// READ `len` bytes at RAM offset `off` through chunk `buf_id`; errno and data.
     pub fn read(
         &mut self,
-        h: &mut Harness,
+        h: &mut dyn Driver,
         cid: u16,
         buf_id: u16,
         off: u64,
@@ -480,8 +510,8 @@ impl TestPath {
     }
 
     /// Steps until the server closes this path; false if it never does.
-    pub fn wait_down(&mut self, h: &mut Harness) -> bool {
-        for _ in 0..MAX_STEPS {
+    pub fn wait_down(&mut self, h: &mut dyn Driver) -> bool {
+        for _ in 0..h.max_steps() {
             h.step();
             self.poll();
             if self.down {

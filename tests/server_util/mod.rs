@@ -17,11 +17,38 @@ use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::server::{Server, ServerConfig};
 
+#[allow(unused_imports)]
 pub use client::{Event, TestPath};
 pub use handler::{RamHandler, Shared};
 
 /// Upper bound of simulation steps for one wait.
 pub const MAX_STEPS: usize = 20_000;
+
+/// What the test client needs from whoever runs the server.
+pub trait Driver {
+    /// Lets the server make progress (one simulation step, or a short pause).
+    fn step(&mut self);
+    /// The fabric the client connects and registers with.
+    fn client_fabric(&self) -> Arc<dyn Fabric>;
+    /// The server's first listening address.
+    fn addr(&self) -> SocketAddr;
+    /// Bound of the steps one wait may take.
+    fn max_steps(&self) -> usize {
+        MAX_STEPS
+    }
+}
+
+impl Driver for Harness {
+    fn step(&mut self) {
+        self.sim.step();
+    }
+    fn client_fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(self.fabric.clone())
+    }
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
 
 /// A server on `cores` simulated reactors over one loopback fabric.
 pub struct Harness {
@@ -29,32 +56,47 @@ pub struct Harness {
     pub fabric: LoopbackFabric,
     pub server: Server,
     pub addr: SocketAddr,
+    /// A second listening address (for a second path of one session).
+    pub addr2: SocketAddr,
     pub shared: Arc<Shared>,
 }
 
 impl Harness {
     pub fn new(cores: usize, cfg: ServerConfig) -> Harness {
-        let mut sim = Simulation::new(cores, 4096);
         let fabric = LoopbackFabric::new();
+        let f: Arc<dyn Fabric> = Arc::new(fabric.clone());
+        Harness::with_fabric(cores, cfg, fabric, f)
+    }
+
+    /// The server on `server_fabric` (which must share `fabric`'s name table and
+    /// registrations, e.g. a wrapper around it); the test client uses `fabric`.
+    pub fn with_fabric(
+        cores: usize,
+        cfg: ServerConfig,
+        fabric: LoopbackFabric,
+        f: Arc<dyn Fabric>,
+    ) -> Harness {
+        let mut sim = Simulation::new(cores, 4096);
         let shared = Arc::new(Shared::default());
         let sh = Arc::clone(&shared);
-        let f: Arc<dyn Fabric> = Arc::new(fabric.clone());
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let server = sim
             .reactor(0)
             .with_ctx(|cx| {
-                Server::start(cx, f, &[listen], cfg, move |core| {
+                Server::start(cx, f, &[listen, listen], cfg, move |core| {
                     Box::new(RamHandler::new(core, Arc::clone(&sh)))
                 })
             })
             .expect("server start");
         let addr = server.local_addrs()[0];
+        let addr2 = server.local_addrs()[1];
         sim.run_until_idle(100);
         Harness {
             sim,
             fabric,
             server,
             addr,
+            addr2,
             shared,
         }
     }

@@ -1,0 +1,144 @@
+//! The server on real reactor threads (two, adaptive idle) with the test client on the
+//! test thread: over loopback and over tcp on 127.0.0.1. Every wait is bounded.
+
+mod server_util;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rtrs_spdk::engine::{CpuMask, Engine, EngineConfig, IdleStrategy};
+use rtrs_spdk::fabric::loopback::LoopbackFabric;
+use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::server::{Server, ServerConfig};
+use server_util::client::Ids;
+use server_util::{Driver, Harness, RamHandler, Shared, TestPath};
+
+struct Threaded {
+    engine: Option<Engine>,
+    server: Server,
+    client: Arc<dyn Fabric>,
+    addr: SocketAddr,
+}
+
+impl Driver for Threaded {
+    fn step(&mut self) {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    fn client_fabric(&self) -> Arc<dyn Fabric> {
+        Arc::clone(&self.client)
+    }
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn max_steps(&self) -> usize {
+        // ~100 µs each: at least 10 s of wall time.
+        100_000
+    }
+}
+
+impl Threaded {
+    fn start(
+        server_fabric: Arc<dyn Fabric>,
+        client: Arc<dyn Fabric>,
+        cfg: ServerConfig,
+    ) -> Threaded {
+        let mut ec = EngineConfig::new(CpuMask::from_cpus(&[0, 1]).unwrap());
+        ec.idle = IdleStrategy::adaptive();
+        ec.pin = false;
+        let engine = Engine::start(ec).expect("engine");
+        let shared = Arc::new(Shared::default());
+        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let server =
+            Server::start_on_engine(&engine, 0, server_fabric, &[listen], cfg, move |core| {
+                Box::new(RamHandler::new(core, Arc::clone(&shared)))
+            })
+            .expect("server");
+        let addr = server.local_addrs()[0];
+        Threaded {
+            engine: Some(engine),
+            server,
+            client,
+            addr,
+        }
+    }
+
+    fn stop(mut self) {
+        self.server.stop();
+        for _ in 0..100_000 {
+            if self.server.is_stopped() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        assert!(self.server.is_stopped(), "server pollers still running");
+        self.engine
+            .take()
+            .unwrap()
+            .shutdown()
+            .expect("engine shutdown");
+    }
+}
+
+fn exercise(t: &mut Threaded) {
+    let mut p = TestPath::connect(t, "threads", 3, Ids::random(), true).expect("connect");
+    let mut off = 0u64;
+    for (k, len) in [512usize, 4096, 12288].into_iter().enumerate() {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + k) as u8).collect();
+        let cid = 1 + (k % 2) as u16;
+        assert_eq!(p.write(t, cid, k as u16, off, &data), 0);
+        let (e, got) = p.read(t, cid, 8 + k as u16, off, len as u32, k % 2 == 0);
+        assert_eq!(e, 0);
+        assert_eq!(got, data);
+        off += len as u64;
+    }
+    // A window of requests on both IO connections at once.
+    for buf in 0..16u16 {
+        p.post_write(
+            1 + buf % 2,
+            buf,
+            &(u64::from(buf) * 64).to_le_bytes(),
+            &[buf as u8; 64],
+        );
+    }
+    for buf in 0..16u16 {
+        let ev = p.wait_rsp(t, buf);
+        assert!(
+            matches!(ev, server_util::Event::Rsp { errno: 0, .. }),
+            "{ev:?}"
+        );
+    }
+    let st = t.server.stats();
+    assert_eq!(st.sessions[0].paths[0].write_cnt, 19, "{st:?}");
+}
+
+#[test]
+fn threaded_loopback() {
+    let f = LoopbackFabric::new();
+    let mut t = Threaded::start(Arc::new(f.clone()), Arc::new(f), Harness::config(true));
+    exercise(&mut t);
+    t.stop();
+}
+
+#[test]
+fn threaded_tcp() {
+    let mut t = Threaded::start(
+        Arc::new(TcpFabric::new()),
+        Arc::new(TcpFabric::new()),
+        Harness::config(false),
+    );
+    exercise(&mut t);
+    t.stop();
+}
+
+#[test]
+fn threaded_tcp_always_invalidate() {
+    let mut t = Threaded::start(
+        Arc::new(TcpFabric::new()),
+        Arc::new(TcpFabric::new()),
+        Harness::config(true),
+    );
+    exercise(&mut t);
+    t.stop();
+}
