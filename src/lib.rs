@@ -14,6 +14,8 @@
 //!   pinned reactors or, inside SPDK, by SPDK pollers.
 //! - [`common`]: what the RTRS client and server share: connections, message buffers,
 //!   the heartbeat.
+//! - [`client`]: the RTRS client: sessions of several paths, per-core permits and IO,
+//!   multipath policies, failover, reconnect, statistics.
 //! - [`server`]: the RTRS server: listeners, sessions and paths, the chunk pool, IO
 //!   dispatch to a per-core handler.
 //! - [`rnbd`]: the block protocol above RTRS, with the block backends it exports.
