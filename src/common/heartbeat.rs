@@ -10,13 +10,19 @@ use std::time::Duration;
 
 use crate::proto::constants::{HB_INTERVAL_MS, HB_MISSED_MAX};
 
-/// Heartbeat parameters. Defaults are the kernel's: every 5 s, dead after more than 5
-/// missed.
+/// Heartbeat parameters. Defaults are the kernel's numbers: every 5 s, 5 missed.
+///
+/// The kernel declares a path dead on the tick that finds *more than* `missed_max` missed,
+/// which is up to `(missed_max + 2) × interval` after traffic stops (35 s by default).
+/// Here the path is dead on the tick that finds `missed_max - 1` ticks missed after the
+/// probe (at least one), so a silent path is declared dead within
+/// `interval × missed_max` of going silent (25 s by default). The wire is unchanged: one
+/// HB_MSG per silence, answered by HB_ACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HbConfig {
     /// Time between ticks.
     pub interval: Duration,
-    /// The path is dead when a tick finds more than this many missed.
+    /// A path silent for this many intervals is dead (see the type's doc).
     pub missed_max: u32,
 }
 
@@ -82,10 +88,12 @@ impl Heartbeat {
         self.interval_ns
     }
 
-    /// The timer fired at `now`: with more than `missed_max` missed the path is dead;
-    /// with some missed just count one more; otherwise count one and send a heartbeat.
+    /// The timer fired at `now`. With no tick missed, count one and send a heartbeat (the
+    /// probe); with some missed, count one more, unless the probe has already gone
+    /// unanswered for `missed_max - 1` ticks (at least one): then the path is dead. A
+    /// healthy idle path answers every probe within one interval, so it never gets there.
     pub fn on_tick(&mut self, now: u64) -> HbAction {
-        if self.missed > self.missed_max {
+        if self.missed >= self.missed_max.saturating_sub(1).max(1) {
             return HbAction::Dead;
         }
         let was = self.missed;
@@ -143,16 +151,28 @@ mod tests {
     }
 
     #[test]
-    fn silence_is_dead_on_the_seventh_tick_with_one_hb_sent() {
+    fn silence_is_dead_within_missed_max_intervals_with_one_hb_sent() {
+        // Traffic last seen just after tick 0: the probe goes at tick 1, death at tick 5,
+        // so no more than 5 intervals of silence.
         let mut hb = Heartbeat::new(10, 5);
-        let acts: Vec<_> = (1..=7).map(|t| hb.on_tick(t * 10)).collect();
+        let acts: Vec<_> = (1..=5).map(|t| hb.on_tick(t * 10)).collect();
         assert_eq!(acts[0], HbAction::SendHb);
         assert!(
-            acts[1..6].iter().all(|&a| a == HbAction::Nothing),
+            acts[1..4].iter().all(|&a| a == HbAction::Nothing),
             "{acts:?}"
         );
-        assert_eq!(acts[6], HbAction::Dead);
-        assert_eq!(hb.on_tick(80), HbAction::Dead);
+        assert_eq!(acts[4], HbAction::Dead);
+        assert_eq!(hb.on_tick(60), HbAction::Dead);
+    }
+
+    #[test]
+    fn a_healthy_idle_path_never_dies() {
+        // Nothing but heartbeats: every probe is answered within its interval.
+        let mut hb = Heartbeat::new(10, 2);
+        for t in 1..100 {
+            assert_eq!(hb.on_tick(t * 10), HbAction::SendHb, "tick {t}");
+            assert_eq!(hb.on_ack(t * 10 + 3), Some(3));
+        }
     }
 
     #[test]
@@ -163,7 +183,7 @@ mod tests {
         hb.on_traffic();
         assert_eq!(hb.missed(), 0);
         assert_eq!(hb.on_tick(30), HbAction::SendHb);
-        for t in 4..=8 {
+        for t in 4..=6 {
             assert_eq!(hb.on_tick(t * 10), HbAction::Nothing);
         }
         hb.on_traffic();
@@ -185,8 +205,11 @@ mod tests {
     }
 
     #[test]
-    fn missed_max_zero_dies_on_second_tick() {
+    fn small_missed_max_still_probes_once() {
         let mut hb = Heartbeat::new(1, 0);
+        assert_eq!(hb.on_tick(1), HbAction::SendHb);
+        assert_eq!(hb.on_tick(2), HbAction::Dead);
+        let mut hb = Heartbeat::new(1, 2);
         assert_eq!(hb.on_tick(1), HbAction::SendHb);
         assert_eq!(hb.on_tick(2), HbAction::Dead);
     }
