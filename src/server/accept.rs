@@ -416,6 +416,9 @@ impl Poller for Acceptor {
                 if let Some(id) = cx.current() {
                     cx.unregister(id);
                 }
+            } else {
+                // Connections still to hand over: keep a draining driver running us.
+                busy = PollResult::Busy;
             }
             return busy;
         }

@@ -362,15 +362,21 @@ impl Poller for CorePoller {
         busy |= self.drain_responses(cx);
         busy |= self.run_waiting(cx);
         busy |= self.finalize(cx);
-        if stopping
-            && self.cons.iter().all(Option::is_none)
-            && self.free_ops.len() == self.ops.len()
-            && self.closing.is_empty()
-        {
-            self.done = true;
-            self.sh.pollers.fetch_sub(1, Ordering::AcqRel);
-            if let Some(id) = cx.current() {
-                cx.unregister(id);
+        if stopping {
+            if self.cons.iter().all(Option::is_none)
+                && self.free_ops.len() == self.ops.len()
+                && self.closing.is_empty()
+            {
+                self.done = true;
+                self.sh.pollers.fetch_sub(1, Ordering::AcqRel);
+                if let Some(id) = cx.current() {
+                    cx.unregister(id);
+                }
+            } else {
+                // Still closing paths or waiting for in-flight requests: report work, so
+                // a driver draining before shutdown (the engine's idle-loop count) keeps
+                // running us until we are done.
+                busy = true;
             }
         }
         if busy {
