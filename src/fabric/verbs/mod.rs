@@ -19,6 +19,10 @@
 //!   [`Conn::poll_cq`] reads the CQ.
 //! - A failed completion breaks the connection on both sides (`rdma_disconnect`: the QP
 //!   goes to the error state, outstanding work flushes, the peer sees DISCONNECTED).
+//!   A peer's disconnect is noticed by [`Conn::poll_cm`] (the CQ alone does not see
+//!   it), which then flushes the local queue pair; poll both, as RTRS does.
+//! - Chains of any length are posted in pieces of 16 work requests from arrays
+//!   allocated with the queue pair; posting and polling do not allocate.
 //!
 //! # What could not be verified where this was written
 //! The machine had no RDMA device and no kernel RDMA support (no rxe/siw). What was
@@ -85,8 +89,9 @@ impl VerbsFabric {
     /// or librdmacm cannot use it; [`FabricError::Os`] when querying the device or
     /// allocating the protection domain fails.
     pub fn open(device: Option<&str>) -> Result<VerbsFabric, FabricError> {
+        let named = device.map(|d| format!(" named {d:?}")).unwrap_or_default();
         let names = sys::device_names()
-            .map_err(|e| FabricError::NoDevice(format!(": {e}; {NO_DEVICE_HINT}")))?;
+            .map_err(|e| FabricError::NoDevice(format!("{named}: {e}; {NO_DEVICE_HINT}")))?;
         let name = match device {
             Some(want) if names.iter().any(|n| n == want) => want.to_owned(),
             Some(want) if names.is_empty() => {

@@ -32,6 +32,32 @@ mod qp;
 pub(super) use cm::{CmEventKind, CmId, EventChannel, RawEvent};
 pub(super) use qp::{Endpoint, RawWc, SendReq, SendReqOp, MAX_CHAIN};
 
+// The structs rdma-sys writes by hand (unions bindgen cannot express) must match the C
+// layout of the installed rdma-core headers (sizes and offsets taken from them with a C
+// compiler on x86_64). A mismatch would corrupt every post and poll, so it fails the
+// build.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<ffi::ibv_send_wr>() == 128);
+    assert!(offset_of!(ffi::ibv_send_wr, imm_data_invalidated_rkey_union) == 36);
+    assert!(offset_of!(ffi::ibv_send_wr, wr) == 40);
+    assert!(offset_of!(ffi::ibv_send_wr, bind_mw_tso_union) == 80);
+    assert!(size_of::<ffi::ibv_mw_bind_info>() == 32);
+    assert!(size_of::<ffi::ibv_recv_wr>() == 32);
+    assert!(size_of::<ffi::ibv_wc>() == 48);
+    assert!(offset_of!(ffi::ibv_wc, imm_data_invalidated_rkey_union) == 24);
+    assert!(offset_of!(ffi::ibv_wc, wc_flags) == 36);
+    assert!(size_of::<ffi::rdma_cm_event>() == 80);
+    assert!(offset_of!(ffi::rdma_cm_event, param) == 24);
+    assert!(size_of::<ffi::rdma_conn_param>() == 24);
+    assert!(size_of::<ffi::rdma_cm_id>() == 416);
+    assert!(offset_of!(ffi::rdma_cm_id, qp) == 24);
+    let addr = offset_of!(ffi::rdma_cm_id, route) + offset_of!(ffi::rdma_route, addr);
+    assert!(addr + offset_of!(ffi::rdma_addr, src_addr_union) == 32);
+    assert!(addr + offset_of!(ffi::rdma_addr, dst_addr_union) == 160);
+};
+
 /// A failed verbs or rdma_cm call: its name and the errno it reported.
 #[derive(Debug)]
 pub(super) struct SysError {
