@@ -83,7 +83,8 @@ fn device() -> (VerbsFabric, IpAddr) {
         .expect("set RTRS_TEST_ADDR to an IP address of that device")
         .parse()
         .expect("RTRS_TEST_ADDR is not an IP address");
-    let fabric = VerbsFabric::open(Some(&dev)).expect("opening RTRS_TEST_DEVICE");
+    let fabric = VerbsFabric::open(Some(&dev))
+        .unwrap_or_else(|e| panic!("opening RTRS_TEST_DEVICE={dev}: {e}"));
     (fabric, addr)
 }
 

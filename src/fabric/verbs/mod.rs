@@ -190,6 +190,14 @@ fn check_caps(shared: &Shared, caps: QpCaps) -> Result<(), String> {
             ));
         }
     }
+    let cqe = u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr);
+    if cqe > u64::from(shared.attr.max_cqe) {
+        return Err(format!(
+            "max_send_wr + max_recv_wr = {cqe} exceeds the device's max_cqe of {} (one CQ \
+             serves both queues)",
+            shared.attr.max_cqe
+        ));
+    }
     Ok(())
 }
 

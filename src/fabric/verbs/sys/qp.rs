@@ -127,9 +127,22 @@ pub(in crate::fabric::verbs) struct Endpoint {
 // time); verbs objects may be used from any thread.
 unsafe impl Send for Endpoint {}
 
-fn zeroed_slice<T>(n: usize) -> Box<[T]> {
-    // SAFETY: only instantiated below with C structs of integers, raw pointers and unions
-    // of those, for which all-zero bytes are a valid value.
+/// Types for which all-zero bytes are a valid value.
+///
+/// # Safety
+/// Implement only for types made of integers, raw pointers and unions of those.
+unsafe trait ZeroValid {}
+// SAFETY: C structs of integers, raw pointers and unions of those.
+unsafe impl ZeroValid for ffi::ibv_send_wr {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_recv_wr {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_sge {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_wc {}
+
+fn zeroed_slice<T: ZeroValid>(n: usize) -> Box<[T]> {
+    // SAFETY: `T: ZeroValid`.
     (0..n).map(|_| unsafe { mem::zeroed::<T>() }).collect()
 }
 
@@ -147,7 +160,7 @@ impl Endpoint {
     }
 
     /// Creates the CQ (sized for both queues, at most `max_cqe`) and the RC queue pair
-    /// through `rdma_create_qp`; returns the capacities the provider granted. Fails when
+    /// through `rdma_create_qp`; returns the capacities to use. Fails when
     /// the cm_id is bound to another device than `pd`'s.
     pub fn create_qp(
         &mut self,
@@ -217,11 +230,9 @@ impl Endpoint {
         }
         // SAFETY: a successful rdma_create_qp stored the new QP in the id.
         let raw = unsafe { (*self.id.raw).qp };
-        let granted = QpCaps {
-            max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
-            max_send_sge: attr.cap.max_send_sge.max(caps.max_send_sge),
-        };
+        // Providers grant at least what was asked. Report (and enforce) exactly that:
+        // the CQ was sized from it, so using more send or receive slots could overrun it.
+        let granted = caps;
         let per = granted.max_send_sge.max(1) as usize;
         self.qp = Some(Qp {
             raw,
