@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::cm::{self, Phase, Step};
+use super::slots::QueueSlots;
 use super::sys::{CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
 use super::{wc, Shared};
 use crate::fabric::{
@@ -31,6 +32,7 @@ pub(super) struct VerbsConn {
     pending: Option<CmEvent>,
     /// A failed `ibv_poll_cq` is logged once per connection, not per poll.
     poll_error_logged: bool,
+    slots: QueueSlots,
 }
 
 impl VerbsConn {
@@ -58,6 +60,7 @@ impl VerbsConn {
             passive: false,
             pending: None,
             poll_error_logged: false,
+            slots: QueueSlots::new(caps),
         })
     }
 
@@ -73,6 +76,7 @@ impl VerbsConn {
             passive: true,
             pending: None,
             poll_error_logged: false,
+            slots: QueueSlots::new(caps),
         }
     }
 
@@ -260,13 +264,19 @@ impl Conn for VerbsConn {
                     }
                 }
             }
+            // Past the requested queue size the post is refused here, even where the
+            // provider rounded the queue up.
+            let room = self.slots.send_room();
+            let full = n > room;
+            let n = n.min(room);
             let posted = self.ep.post_send(&reqs[..n]);
-            // The slots of accepted bindings now carry their new keys.
             let accepted = match posted {
                 Ok(()) => n,
                 Err(f) => f.index,
             };
             for wr in &chunk[..accepted] {
+                self.slots.sent(wr.signaled);
+                // The slots of accepted bindings now carry their new keys.
                 if let SendOp::RegMr { slot, rkey, .. } = wr.op {
                     slot.set_rkey(rkey);
                 }
@@ -275,6 +285,12 @@ impl Conn for VerbsConn {
                 return Err(PostError {
                     index: base + f.index,
                     kind: wc::post_error_kind(f.errno),
+                });
+            }
+            if full {
+                return Err(PostError {
+                    index: base + n,
+                    kind: PostErrorKind::QueueFull,
                 });
             }
             if let Some(kind) = bad {
@@ -295,10 +311,23 @@ impl Conn for VerbsConn {
             });
         }
         for (c, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
-            self.ep.post_recv(chunk).map_err(|f| PostError {
-                index: c * MAX_CHAIN + f.index,
+            let base = c * MAX_CHAIN;
+            let n = chunk.len().min(self.slots.recv_room());
+            let posted = self.ep.post_recv(&chunk[..n]);
+            self.slots.recvs_posted(match posted {
+                Ok(()) => n,
+                Err(f) => f.index,
+            });
+            posted.map_err(|f| PostError {
+                index: base + f.index,
                 kind: wc::post_error_kind(f.errno),
             })?;
+            if n < chunk.len() {
+                return Err(PostError {
+                    index: base + n,
+                    kind: PostErrorKind::QueueFull,
+                });
+            }
         }
         Ok(())
     }
@@ -309,8 +338,10 @@ impl Conn for VerbsConn {
         while filled < wcs.len() {
             let out = &mut wcs[filled..];
             let mut k = 0;
+            let slots = &mut self.slots;
             let res = self.ep.poll_cq(out.len(), |raw| {
                 let w = wc::completion(&raw);
+                slots.completed(&w);
                 failed |= !w.status.is_ok();
                 out[k] = w;
                 k += 1;

@@ -45,6 +45,7 @@
 mod cm;
 mod conn;
 mod listener;
+mod slots;
 mod sys;
 mod wc;
 
