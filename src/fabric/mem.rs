@@ -125,7 +125,13 @@ impl Mr {
         handle: Box<dyn Any + Send + Sync>,
         backing: Arc<Backing>,
     ) -> Mr {
-        Mr { lkey, rkey, access, handle, backing }
+        Mr {
+            lkey,
+            rkey,
+            access,
+            handle,
+            backing,
+        }
     }
 
     /// For backends: their state, to check a registration is theirs.
@@ -173,7 +179,11 @@ impl Mr {
     /// When the range is outside the registration or `len` exceeds `u32::MAX`.
     pub fn sge(&self, offset: usize, len: usize) -> super::Sge {
         self.check(offset, len);
-        super::Sge { addr: self.addr() + offset as u64, len: len as u32, lkey: self.lkey }
+        super::Sge {
+            addr: self.addr() + offset as u64,
+            len: len as u32,
+            lkey: self.lkey,
+        }
     }
 
     /// Copies `data` into the registration at `offset`.
@@ -197,7 +207,9 @@ impl Mr {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
         self.check(offset, out.len());
         // SAFETY: as in write_at.
-        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+        }
     }
 
     /// Borrows `[offset, offset+len)`.
@@ -260,7 +272,10 @@ pub struct FastMr {
 impl FastMr {
     /// For backends: a slot with its initial rkey and the backend's state.
     pub fn from_parts(rkey: u32, handle: Box<dyn Any + Send + Sync>) -> FastMr {
-        FastMr { rkey: AtomicU32::new(rkey), handle }
+        FastMr {
+            rkey: AtomicU32::new(rkey),
+            handle,
+        }
     }
 
     /// For backends.

@@ -177,7 +177,11 @@ pub enum SendOp<'a> {
     RdmaWrite { remote_addr: u64, rkey: u32 },
     /// One-sided write that also consumes a peer receive and reports `imm` (host order)
     /// there. With no SGEs it writes nothing and `remote_addr`/`rkey` are ignored.
-    RdmaWriteWithImm { remote_addr: u64, rkey: u32, imm: u32 },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
     /// Fast registration: bind `slot` to `[addr, addr+len)` of `region` with `access`
     /// and the new key `rkey` (normally `inc_rkey(slot.rkey())`).
     RegMr {
@@ -276,7 +280,11 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 2 }
+        QpCaps {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_send_sge: 2,
+        }
     }
 }
 
@@ -295,11 +303,17 @@ impl PrivateData {
         }
         let mut bytes = [0u8; PRIVATE_DATA_LEN];
         bytes[..data.len()].copy_from_slice(data);
-        Ok(PrivateData { bytes, len: data.len() as u8 })
+        Ok(PrivateData {
+            bytes,
+            len: data.len() as u8,
+        })
     }
 
     pub fn empty() -> PrivateData {
-        PrivateData { bytes: [0; PRIVATE_DATA_LEN], len: 0 }
+        PrivateData {
+            bytes: [0; PRIVATE_DATA_LEN],
+            len: 0,
+        }
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -502,8 +516,11 @@ impl ConnRequest {
 
 /// Backend half of a [`ConnRequest`].
 pub trait PendingConn: Send {
-    fn accept(self: Box<Self>, caps: QpCaps, private_data: PrivateData)
-        -> Result<Box<dyn Conn>, FabricError>;
+    fn accept(
+        self: Box<Self>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError>;
     fn reject(self: Box<Self>, private_data: PrivateData);
 }
 

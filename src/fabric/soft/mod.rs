@@ -1,1 +1,18 @@
-//! Software RDMA shared by the loopback and tcp fabrics: the registration table and the reliable-connection semantics.
+//! Software RDMA shared by the `loopback` and `tcp` fabrics.
+//!
+//! Both are a *transport* that moves wire operations between two endpoints, plus this
+//! core, which gives every endpoint the semantics of an RC queue pair in a NIC:
+//! - [`table`]: the protection domain: registrations, fast-registration slots, and the
+//!   checks a NIC makes on every local SGE and every incoming remote access;
+//! - [`qp`]: one endpoint: send queue with slots held until the peer acknowledges,
+//!   receive queue, completion queue, receive-not-ready stalls, refusals (naks) and flush
+//!   on break.
+//!
+//! So the fabrics differ only in how bytes move; every rule of the contract in
+//! [`crate::fabric`] is implemented once, here.
+
+pub mod qp;
+pub mod table;
+
+pub use qp::{InboundError, SoftQp, WireKind, WireOp};
+pub use table::{MemRef, MrTable, MAX_MR_SIZE};

@@ -1,1 +1,0 @@
-//! In-process fabric with fault injection.

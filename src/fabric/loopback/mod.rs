@@ -1,0 +1,407 @@
+//! The loopback fabric: RDMA semantics between endpoints of one process, with fault
+//! injection. It stands in for an RDMA NIC and its connection manager (the kernel's
+//! `ib_device` + `rdma_cm`) in deterministic protocol tests and for an in-process target.
+//!
+//! - A [`LoopbackFabric`] is one protection domain with its own name table: addresses are
+//!   plain `SocketAddr` names registered in it (no sockets); connecting and listening
+//!   sides must use the same instance (clone it freely).
+//! - Every connection end is a soft RC queue pair ([`crate::fabric::soft`]); the two are
+//!   joined by a [`link`] of bounded lock-free queues, so the ends may be polled from
+//!   different threads. The receiving end copies each payload straight from the
+//!   sender's registered memory into its place: one copy, no allocation per operation.
+//! - [`Faults`] breaks, silences, delays or refuses posts on a connection.
+//! - With both ends on one thread the same calls give the same completions, every run.
+
+mod conn;
+mod faults;
+mod link;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+pub use conn::LoopbackConn;
+pub use faults::Faults;
+pub use link::MAX_SGE;
+
+use link::{Handshake, Link, Queues, CLIENT, SERVER};
+
+use super::mem::Backing;
+use super::soft::{MrTable, MAX_MR_SIZE};
+use super::{
+    Access, Conn, ConnRequest, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
+    MemBuf, Mr, PendingConn, PrivateData, QpCaps,
+};
+
+/// Largest send and receive queues a loopback connection accepts.
+pub const MAX_QUEUE_WR: u32 = 1 << 16;
+
+/// First port handed out for `listen` on port 0, and for connecting ends.
+const FIRST_LISTEN_PORT: u16 = 1024;
+const FIRST_EPHEMERAL_PORT: u16 = 49152;
+
+/// The in-process fabric. Clones share the same registrations and name table.
+#[derive(Clone)]
+pub struct LoopbackFabric {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Arc<MrTable>,
+    names: Mutex<Names>,
+}
+
+#[derive(Default)]
+struct Names {
+    listeners: HashMap<SocketAddr, Arc<Backlog>>,
+    /// Addresses of live connecting ends.
+    ephemeral: HashSet<SocketAddr>,
+    next_listen_port: u16,
+    next_ephemeral_port: u16,
+    /// Every connection, for [`LoopbackFabric::faults`].
+    links: Vec<Weak<Link>>,
+}
+
+/// A connecting end's address, released from the name table when that end drops.
+struct EphemeralName {
+    inner: Weak<Inner>,
+    addr: SocketAddr,
+}
+
+impl Drop for EphemeralName {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.names().ephemeral.remove(&self.addr);
+        }
+    }
+}
+
+/// Requests waiting for a listener's `poll`.
+struct Backlog {
+    requests: Mutex<VecDeque<Pending>>,
+}
+
+impl Backlog {
+    fn requests(&self) -> MutexGuard<'_, VecDeque<Pending>> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Default for LoopbackFabric {
+    fn default() -> Self {
+        LoopbackFabric::new()
+    }
+}
+
+impl std::fmt::Debug for LoopbackFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoopbackFabric")
+    }
+}
+
+impl LoopbackFabric {
+    pub fn new() -> LoopbackFabric {
+        let names = Names {
+            next_listen_port: FIRST_LISTEN_PORT,
+            next_ephemeral_port: FIRST_EPHEMERAL_PORT,
+            ..Names::default()
+        };
+        LoopbackFabric {
+            inner: Arc::new(Inner {
+                table: MrTable::new(),
+                names: Mutex::new(names),
+            }),
+        }
+    }
+
+    /// The fault controls of `conn`'s end of its connection, if `conn` is a connection of
+    /// this fabric (found by its local and peer addresses).
+    pub fn faults(&self, conn: &dyn Conn) -> Option<Faults> {
+        self.faults_between(conn.local_addr()?, conn.peer_addr()?)
+    }
+
+    /// The fault controls of the end at `local` of the connection between `local` and
+    /// `peer` (the newest such connection still alive).
+    pub fn faults_between(&self, local: SocketAddr, peer: SocketAddr) -> Option<Faults> {
+        let names = self.inner.names();
+        names
+            .links
+            .iter()
+            .rev()
+            .filter_map(Weak::upgrade)
+            .find_map(|link| {
+                let end = if link.addrs == [local, peer] {
+                    CLIENT
+                } else if link.addrs == [peer, local] {
+                    SERVER
+                } else {
+                    return None;
+                };
+                Some(Faults::new(link, end))
+            })
+    }
+}
+
+impl Inner {
+    fn names(&self) -> MutexGuard<'_, Names> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Names {
+    fn taken(&self, addr: &SocketAddr) -> bool {
+        self.listeners.contains_key(addr) || self.ephemeral.contains(addr)
+    }
+
+    /// A free port on `ip`, searching from `*next` upwards within `[first, 65535]`.
+    fn free_port(&self, ip: IpAddr, first: u16, next: u16) -> Option<u16> {
+        let span = u32::from(u16::MAX - first) + 1;
+        (0..span)
+            .map(|i| first + ((u32::from(next - first) + i) % span) as u16)
+            .find(|&p| !self.taken(&SocketAddr::new(ip, p)))
+    }
+}
+
+fn check_caps(caps: &QpCaps) -> Result<(), String> {
+    if caps.max_send_sge as usize > MAX_SGE {
+        return Err(format!(
+            "max_send_sge {} exceeds the loopback limit {MAX_SGE}",
+            caps.max_send_sge
+        ));
+    }
+    if caps.max_send_wr == 0 || caps.max_send_wr > MAX_QUEUE_WR {
+        return Err(format!(
+            "max_send_wr {} is outside 1..={MAX_QUEUE_WR}",
+            caps.max_send_wr
+        ));
+    }
+    if caps.max_recv_wr > MAX_QUEUE_WR {
+        return Err(format!(
+            "max_recv_wr {} exceeds {MAX_QUEUE_WR}",
+            caps.max_recv_wr
+        ));
+    }
+    Ok(())
+}
+
+impl Fabric for LoopbackFabric {
+    fn kind(&self) -> FabricKind {
+        FabricKind::Loopback
+    }
+
+    fn caps(&self) -> FabricCaps {
+        FabricCaps {
+            max_send_wr: MAX_QUEUE_WR,
+            max_recv_wr: MAX_QUEUE_WR,
+            max_send_sge: MAX_SGE as u32,
+            max_mr_size: MAX_MR_SIZE,
+        }
+    }
+
+    fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
+        Ok(self.inner.table.register_buf(buf, access))
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, FabricError> {
+        if addr.is_null() || len as u64 > MAX_MR_SIZE {
+            return Err(FabricError::Register {
+                len,
+                reason: format!("address {addr:p} is null or the length exceeds {MAX_MR_SIZE}"),
+            });
+        }
+        Ok(self
+            .inner
+            .table
+            .register(Arc::new(Backing::External { addr, len }), access))
+    }
+
+    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
+        Ok(self.inner.table.alloc_fast_mr())
+    }
+
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+        let mut names = self.inner.names();
+        let addr = if addr.port() == 0 {
+            let port = names
+                .free_port(addr.ip(), FIRST_LISTEN_PORT, names.next_listen_port)
+                .ok_or_else(|| FabricError::Listen {
+                    addr,
+                    reason: "no free port left".into(),
+                })?;
+            names.next_listen_port = port.checked_add(1).unwrap_or(FIRST_LISTEN_PORT);
+            SocketAddr::new(addr.ip(), port)
+        } else if names.taken(&addr) {
+            return Err(FabricError::Listen {
+                addr,
+                reason: "address already in use in this loopback fabric".into(),
+            });
+        } else {
+            addr
+        };
+        let backlog = Arc::new(Backlog {
+            requests: Mutex::new(VecDeque::new()),
+        });
+        names.listeners.insert(addr, backlog.clone());
+        Ok(Box::new(LoopbackListener {
+            inner: self.inner.clone(),
+            backlog,
+            addr,
+        }))
+    }
+
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let private_data = PrivateData::new(private_data)?;
+        check_caps(&caps).map_err(|reason| FabricError::Connect { addr: dst, reason })?;
+        let mut names = self.inner.names();
+        let ip = if dst.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        };
+        let port = names
+            .free_port(ip, FIRST_EPHEMERAL_PORT, names.next_ephemeral_port)
+            .ok_or_else(|| FabricError::Connect {
+                addr: dst,
+                reason: "no free local port left".into(),
+            })?;
+        names.next_ephemeral_port = port.checked_add(1).unwrap_or(FIRST_EPHEMERAL_PORT);
+        let local = SocketAddr::new(ip, port);
+        names.ephemeral.insert(local);
+        let link = Arc::new(Link::new(local, dst, caps));
+        match names.listeners.get(&dst) {
+            Some(backlog) => backlog.requests().push_back(Pending {
+                table: self.inner.table.clone(),
+                link: link.clone(),
+                private_data,
+            }),
+            None => *link.handshake() = Handshake::Unreachable,
+        }
+        names.links.retain(|l| l.strong_count() > 0);
+        names.links.push(Arc::downgrade(&link));
+        let name = EphemeralName {
+            inner: Arc::downgrade(&self.inner),
+            addr: local,
+        };
+        Ok(Box::new(LoopbackConn::client(
+            self.inner.table.clone(),
+            caps,
+            link,
+            name,
+        )))
+    }
+}
+
+/// A listening name.
+struct LoopbackListener {
+    inner: Arc<Inner>,
+    backlog: Arc<Backlog>,
+    addr: SocketAddr,
+}
+
+impl Listener for LoopbackListener {
+    fn poll(&mut self) -> Option<ConnRequest> {
+        loop {
+            let pending = self.backlog.requests().pop_front()?;
+            if matches!(*pending.link.handshake(), Handshake::Requested) {
+                return Some(ConnRequest {
+                    private_data: pending.private_data,
+                    peer: pending.link.addrs[CLIENT],
+                    pending: Box::new(pending),
+                });
+            }
+        }
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for LoopbackListener {
+    fn drop(&mut self) {
+        let mut names = self.inner.names();
+        if names
+            .listeners
+            .get(&self.addr)
+            .is_some_and(|b| Arc::ptr_eq(b, &self.backlog))
+        {
+            names.listeners.remove(&self.addr);
+        }
+        drop(names);
+        // Unanswered requests are rejected as their `Pending`s drop.
+        self.backlog.requests().clear();
+    }
+}
+
+/// A connection request not yet answered; dropping it rejects with no data.
+struct Pending {
+    table: Arc<MrTable>,
+    link: Arc<Link>,
+    private_data: PrivateData,
+}
+
+impl PendingConn for Pending {
+    fn accept(
+        self: Box<Self>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        check_caps(&caps).map_err(|reason| FabricError::Accept { reason })?;
+        let mut hs = self.link.handshake();
+        if !matches!(*hs, Handshake::Requested) {
+            return Err(FabricError::Accept {
+                reason: format!("the connecting end {} went away", self.link.addrs[CLIENT]),
+            });
+        }
+        // Each direction holds at most its sender's max_send_wr frames.
+        let queues = Queues {
+            to: [
+                crossbeam_queue::ArrayQueue::new(caps.max_send_wr as usize),
+                crossbeam_queue::ArrayQueue::new(self.link.client_caps.max_send_wr as usize),
+            ],
+        };
+        if self.link.queues.set(queues).is_err() {
+            return Err(FabricError::Accept {
+                reason: "connection request answered twice".into(),
+            });
+        }
+        *hs = Handshake::Accepted { private_data };
+        drop(hs);
+        Ok(Box::new(LoopbackConn::server(
+            self.table.clone(),
+            caps,
+            self.link.clone(),
+        )))
+    }
+
+    fn reject(self: Box<Self>, private_data: PrivateData) {
+        let mut hs = self.link.handshake();
+        if matches!(*hs, Handshake::Requested) {
+            *hs = Handshake::Rejected { private_data };
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut hs = self.link.handshake();
+        if matches!(*hs, Handshake::Requested) {
+            *hs = Handshake::Rejected {
+                private_data: PrivateData::empty(),
+            };
+        }
+    }
+}

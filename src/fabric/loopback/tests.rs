@@ -1,0 +1,118 @@
+//! Unit tests of the loopback fabric's name table, handshake and fault lookup (the data
+//! path is covered by the conformance suite and `tests/fabric_loopback.rs`).
+
+use super::*;
+use crate::fabric::{CmEvent, ConnState};
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("test address")
+}
+
+#[test]
+fn listen_port_zero_picks_distinct_ports() {
+    let f = LoopbackFabric::new();
+    let a = f.listen(addr("127.0.0.1:0")).unwrap();
+    let b = f.listen(addr("127.0.0.1:0")).unwrap();
+    assert_ne!(a.local_addr(), b.local_addr());
+    assert_ne!(a.local_addr().port(), 0);
+    let err = f
+        .listen(a.local_addr())
+        .err()
+        .expect("the same address twice");
+    assert!(err.to_string().contains("already in use"), "{err}");
+    let addr_a = a.local_addr();
+    drop(a);
+    assert!(
+        f.listen(addr_a).is_ok(),
+        "a dropped listener frees its address"
+    );
+}
+
+#[test]
+fn connect_to_nobody_is_a_cm_error() {
+    let f = LoopbackFabric::new();
+    let mut c = f
+        .connect(addr("127.0.0.1:9"), QpCaps::default(), b"x")
+        .unwrap();
+    match c.poll_cm() {
+        Some(CmEvent::Error { reason }) => assert!(reason.contains("127.0.0.1:9"), "{reason}"),
+        other => panic!("expected CmEvent::Error, got {other:?}"),
+    }
+    assert_eq!(c.state(), ConnState::Disconnected);
+    assert_eq!(c.poll_cm(), None, "no Disconnected after a failed attempt");
+}
+
+#[test]
+fn caps_beyond_the_limits_are_refused() {
+    let f = LoopbackFabric::new();
+    let l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let caps = QpCaps {
+        max_send_sge: MAX_SGE as u32 + 1,
+        ..QpCaps::default()
+    };
+    let err = f
+        .connect(l.local_addr(), caps, &[])
+        .err()
+        .expect("too many SGEs");
+    assert!(err.to_string().contains("max_send_sge"), "{err}");
+}
+
+#[test]
+fn dropped_request_and_dropped_listener_reject() {
+    let f = LoopbackFabric::new();
+    let mut l = f.listen(addr("[::1]:0")).unwrap();
+    let mut c1 = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let mut c2 = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    assert!(c1.local_addr().unwrap().is_ipv6());
+    drop(l.poll().expect("first request"));
+    drop(l);
+    for c in [&mut c1, &mut c2] {
+        match c.poll_cm() {
+            Some(CmEvent::Rejected { private_data }) => assert!(private_data.as_bytes().is_empty()),
+            other => panic!("expected CmEvent::Rejected, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn accept_after_the_client_left_fails() {
+    let f = LoopbackFabric::new();
+    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let mut c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let req = l.poll().expect("request");
+    c.disconnect();
+    let err = req
+        .accept(QpCaps::default(), &[])
+        .err()
+        .expect("accept of a withdrawn request");
+    assert!(err.to_string().contains("went away"), "{err}");
+}
+
+#[test]
+fn faults_are_found_from_either_end() {
+    let f = LoopbackFabric::new();
+    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
+    let fc = f.faults(&*c).expect("client end");
+    let fs = f.faults(&*s).expect("server end");
+    assert_eq!(format!("{:?}", fc.peer()), format!("{fs:?}"));
+    assert!(
+        LoopbackFabric::new().faults(&*c).is_none(),
+        "another fabric's connection"
+    );
+}
+
+#[test]
+fn connecting_ends_release_their_address() {
+    let f = LoopbackFabric::new();
+    let l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let local = c.local_addr().unwrap();
+    assert!(f.inner.names().ephemeral.contains(&local));
+    drop(c);
+    assert!(
+        f.inner.names().ephemeral.is_empty(),
+        "address kept after the end dropped"
+    );
+}

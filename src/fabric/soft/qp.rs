@@ -1,0 +1,605 @@
+//! One endpoint of a software reliable connection: the send queue, the receive queue,
+//! the completion queue, and the responder's checks — what an RC queue pair does in a
+//! NIC, with the wire left to a transport.
+//!
+//! # How a transport drives it
+//! Sending: [`SoftQp::outbound`] lists the posted wire operations not yet handed over, in
+//! order, each a [`WireOp`] header plus its source memory; the transport moves them and
+//! calls [`SoftQp::mark_transmitted`]. The peer answers with cumulative acks
+//! ([`SoftQp::on_ack`]) or one nak ([`SoftQp::on_nak`]); send completions come from
+//! those, as RC ACKs, so a remote refusal becomes the sender's own completion error and
+//! a send-queue slot is held until the peer has executed the operation.
+//!
+//! Receiving: for each incoming operation, in order, [`SoftQp::inbound`] checks it and
+//! says where its payload goes (or that no receive is posted: stall and retry, the
+//! `rnr_retry = 7` behaviour; or that it is refused: nak it and close). The transport
+//! puts the payload there and calls [`SoftQp::inbound_done`]. [`SoftQp::take_ack`] gives
+//! the cumulative ack to send back.
+//!
+//! Breaking ([`SoftQp::fail`], or a refusal either way) flushes every posted receive and
+//! every uncompleted send request with [`WcStatus::WrFlush`]. The transport learns that
+//! it must tell its peer and raise `CmEvent::Disconnected` from
+//! [`SoftQp::take_disconnect`], which is true exactly once.
+//!
+//! Nothing here allocates after construction: the queues are rings sized by the
+//! connection's caps, and each send slot keeps its source list's capacity.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::table::{MemRef, MrTable};
+use crate::fabric::{
+    Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
+    WcStatus,
+};
+
+/// What a wire operation does at the responder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireKind {
+    Send,
+    SendWithImm,
+    SendWithInv,
+    RdmaWrite,
+    RdmaWriteWithImm,
+}
+
+impl WireKind {
+    fn consumes_recv(self) -> bool {
+        !matches!(self, WireKind::RdmaWrite)
+    }
+}
+
+/// A one-sided or two-sided operation as it travels: the header; the payload (`len`
+/// bytes) travels beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireOp {
+    /// Position in the sender's stream of wire operations, from 1; acks name it.
+    pub seq: u64,
+    pub kind: WireKind,
+    pub len: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Immediate data (host order) for the `*WithImm` kinds, else 0.
+    pub imm: u32,
+    /// The responder's rkey to retire, for [`WireKind::SendWithInv`], else 0.
+    pub inv_rkey: u32,
+}
+
+/// Why [`SoftQp::inbound`] did not place an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InboundError {
+    /// No receive is posted: keep the operation (and everything behind it) pending and
+    /// retry once a receive is posted.
+    NotReady,
+    /// Refused: nak `seq` with this status to the sender. The queue pair is already
+    /// broken.
+    Refuse(WcStatus),
+}
+
+struct SqSlot {
+    wr_id: u64,
+    signaled: bool,
+    opcode: WcOpcode,
+    /// The wire operation, for transmitted kinds; `None` for local ones.
+    wire: Option<WireOp>,
+    /// Set when the slot completed locally (local operations, post-time errors, flushes).
+    status: Option<WcStatus>,
+    srcs: Vec<MemRef>,
+}
+
+struct RqSlot {
+    wr_id: u64,
+    /// The buffer, `None` for an empty receive, or the lkey check's failure.
+    buf: Result<Option<MemRef>, WcStatus>,
+}
+
+/// The receive an operation in progress will consume.
+struct InProgress {
+    seq: u64,
+    invalidated: Option<u32>,
+}
+
+/// A software RC queue pair.
+pub struct SoftQp {
+    table: Arc<MrTable>,
+    caps: QpCaps,
+    state: ConnState,
+    disconnect_pending: bool,
+    sq: Vec<SqSlot>,
+    sq_head: usize,
+    sq_len: usize,
+    /// Slots from `sq_head` already handed to the transport (only wire kinds count, but
+    /// local ones in between are skipped over too).
+    sq_sent: usize,
+    next_seq: u64,
+    peer_acked: u64,
+    rq: VecDeque<RqSlot>,
+    cq: VecDeque<Wc>,
+    executed: u64,
+    ack_sent: u64,
+    in_progress: Option<InProgress>,
+}
+
+impl SoftQp {
+    pub fn new(table: Arc<MrTable>, caps: QpCaps) -> SoftQp {
+        let sq = (0..caps.max_send_wr.max(1))
+            .map(|_| SqSlot {
+                wr_id: 0,
+                signaled: false,
+                opcode: WcOpcode::Send,
+                wire: None,
+                status: None,
+                srcs: Vec::with_capacity(caps.max_send_sge as usize),
+            })
+            .collect();
+        let cq_len = (caps.max_send_wr + caps.max_recv_wr) as usize;
+        SoftQp {
+            table,
+            caps,
+            state: ConnState::Connecting,
+            disconnect_pending: false,
+            sq,
+            sq_head: 0,
+            sq_len: 0,
+            sq_sent: 0,
+            next_seq: 1,
+            peer_acked: 0,
+            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
+            cq: VecDeque::with_capacity(cq_len),
+            executed: 0,
+            ack_sent: 0,
+            in_progress: None,
+        }
+    }
+
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    pub fn state(&self) -> ConnState {
+        self.state
+    }
+
+    pub fn table(&self) -> &Arc<MrTable> {
+        &self.table
+    }
+
+    /// The connection manager established the connection: sends may be posted.
+    pub fn set_connected(&mut self) {
+        if self.state == ConnState::Connecting {
+            self.state = ConnState::Connected;
+        }
+    }
+
+    fn slot(&self, i: usize) -> &SqSlot {
+        &self.sq[(self.sq_head + i) % self.sq.len()]
+    }
+
+    fn slot_mut(&mut self, i: usize) -> &mut SqSlot {
+        let n = self.sq.len();
+        &mut self.sq[(self.sq_head + i) % n]
+    }
+
+    /// Posts a chain of send requests (see `Conn::post_send`).
+    ///
+    /// # Errors
+    /// [`PostError`] naming the first request not accepted.
+    pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        for (index, wr) in wrs.iter().enumerate() {
+            let refuse = |kind| Err(PostError { index, kind });
+            if self.state != ConnState::Connected
+                && !(self.state == ConnState::Disconnected && index > 0)
+            {
+                return refuse(PostErrorKind::NotConnected);
+            }
+            if self.sq_len == self.sq.len() {
+                return refuse(PostErrorKind::QueueFull);
+            }
+            let local_op = matches!(wr.op, SendOp::RegMr { .. } | SendOp::LocalInv { .. });
+            if wr.sges.len() > self.caps.max_send_sge as usize || (local_op && !wr.sges.is_empty())
+            {
+                return refuse(PostErrorKind::TooManySge);
+            }
+            let total = wr
+                .sges
+                .iter()
+                .try_fold(0u32, |acc, s| acc.checked_add(s.len));
+            let Some(len) = total else {
+                return refuse(PostErrorKind::Invalid);
+            };
+            self.push_send(wr, len);
+        }
+        self.advance();
+        Ok(())
+    }
+
+    fn push_send(&mut self, wr: &SendWr<'_>, len: u32) {
+        let i = self.sq_len;
+        self.sq_len += 1;
+        let broken = self.state == ConnState::Disconnected;
+        let table = self.table.clone();
+        let seq = self.next_seq;
+        let slot = self.slot_mut(i);
+        slot.wr_id = wr.wr_id;
+        slot.signaled = wr.signaled;
+        slot.wire = None;
+        slot.status = None;
+        slot.srcs.clear();
+        let (kind, remote_addr, rkey, imm, inv_rkey) = match wr.op {
+            SendOp::Send => (WireKind::Send, 0, 0, 0, 0),
+            SendOp::SendWithImm { imm } => (WireKind::SendWithImm, 0, 0, imm, 0),
+            SendOp::SendWithInv { rkey } => (WireKind::SendWithInv, 0, 0, 0, rkey),
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                (WireKind::RdmaWrite, remote_addr, rkey, 0, 0)
+            }
+            SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (WireKind::RdmaWriteWithImm, remote_addr, rkey, imm, 0),
+            SendOp::RegMr {
+                slot: fmr,
+                region,
+                addr,
+                len,
+                access,
+                rkey,
+            } => {
+                slot.opcode = WcOpcode::RegMr;
+                slot.status = Some(if broken {
+                    WcStatus::WrFlush
+                } else {
+                    match table.bind(fmr, region, addr, len, access, rkey) {
+                        Ok(()) => WcStatus::Success,
+                        Err(s) => s,
+                    }
+                });
+                self.break_on_local_error(i);
+                return;
+            }
+            SendOp::LocalInv { rkey } => {
+                slot.opcode = WcOpcode::LocalInv;
+                slot.status = Some(if broken {
+                    WcStatus::WrFlush
+                } else if table.invalidate(rkey).is_ok() {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocalQpOperation
+                });
+                self.break_on_local_error(i);
+                return;
+            }
+        };
+        slot.opcode = match kind {
+            WireKind::RdmaWrite | WireKind::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+            _ => WcOpcode::Send,
+        };
+        if broken {
+            slot.status = Some(WcStatus::WrFlush);
+            return;
+        }
+        for sge in wr.sges {
+            match table.local(sge, Access::NONE) {
+                Ok(m) => slot.srcs.push(m),
+                Err(s) => {
+                    slot.srcs.clear();
+                    slot.status = Some(s);
+                    self.break_on_local_error(i);
+                    return;
+                }
+            }
+        }
+        slot.wire = Some(WireOp {
+            seq,
+            kind,
+            len,
+            remote_addr,
+            rkey,
+            imm,
+            inv_rkey,
+        });
+        self.next_seq += 1;
+    }
+
+    fn break_on_local_error(&mut self, i: usize) {
+        if self
+            .slot(i)
+            .status
+            .is_some_and(|s| !s.is_ok() && s != WcStatus::WrFlush)
+        {
+            self.break_now();
+        }
+    }
+
+    /// Posts receives (allowed before the connection is established, as verbs allows in
+    /// the INIT and RTR states).
+    ///
+    /// # Errors
+    /// [`PostError`] naming the first receive not accepted.
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        for (index, wr) in wrs.iter().enumerate() {
+            if self.state == ConnState::Disconnected {
+                return Err(PostError {
+                    index,
+                    kind: PostErrorKind::NotConnected,
+                });
+            }
+            if self.rq.len() >= self.caps.max_recv_wr as usize {
+                return Err(PostError {
+                    index,
+                    kind: PostErrorKind::QueueFull,
+                });
+            }
+            let buf = match wr.sge {
+                None => Ok(None),
+                Some(sge) => self.table.local(&sge, Access::LOCAL_WRITE).map(Some),
+            };
+            self.rq.push_back(RqSlot {
+                wr_id: wr.wr_id,
+                buf,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a receive is posted (an operation stalled on [`InboundError::NotReady`]
+    /// can be retried).
+    pub fn recv_ready(&self) -> bool {
+        !self.rq.is_empty()
+    }
+
+    /// The wire operations posted and not yet handed to the transport, in order.
+    pub fn outbound(&self) -> impl Iterator<Item = (WireOp, &[MemRef])> + '_ {
+        (self.sq_sent..self.sq_len).filter_map(move |i| {
+            let s = self.slot(i);
+            s.wire
+                .filter(|_| s.status.is_none())
+                .map(|w| (w, s.srcs.as_slice()))
+        })
+    }
+
+    /// The first `n` operations of [`SoftQp::outbound`] were handed over.
+    pub fn mark_transmitted(&mut self, mut n: usize) {
+        while n > 0 && self.sq_sent < self.sq_len {
+            let s = self.slot(self.sq_sent);
+            if s.wire.is_some() && s.status.is_none() {
+                n -= 1;
+            }
+            self.sq_sent += 1;
+        }
+        // Local operations right behind the last transmitted one are "sent" too.
+        while self.sq_sent < self.sq_len && self.slot(self.sq_sent).wire.is_none() {
+            self.sq_sent += 1;
+        }
+    }
+
+    /// The peer executed every operation up to `seq`.
+    pub fn on_ack(&mut self, seq: u64) {
+        if seq > self.peer_acked && seq < self.next_seq {
+            self.peer_acked = seq;
+        }
+        self.advance();
+    }
+
+    /// The peer refused operation `seq` with `status`: it completes with that status and
+    /// the queue pair breaks.
+    pub fn on_nak(&mut self, seq: u64, status: WcStatus) {
+        self.on_ack(seq.saturating_sub(1));
+        for i in 0..self.sq_len {
+            let s = self.slot_mut(i);
+            if s.status.is_none() && s.wire.is_some_and(|w| w.seq == seq) {
+                s.status = Some(status);
+            }
+        }
+        self.break_now();
+    }
+
+    /// Moves completed send requests from the head of the send queue to the CQ.
+    fn advance(&mut self) {
+        while self.sq_len > 0 {
+            let acked = self.peer_acked;
+            let head = self.slot(0);
+            let status = match (head.status, head.wire) {
+                (Some(s), _) => s,
+                (None, Some(w)) if w.seq <= acked => WcStatus::Success,
+                _ => break,
+            };
+            if head.signaled || !status.is_ok() {
+                let wc = Wc {
+                    wr_id: head.wr_id,
+                    status,
+                    opcode: head.opcode,
+                    byte_len: 0,
+                    imm: None,
+                    invalidated_rkey: None,
+                };
+                self.cq.push_back(wc);
+            }
+            self.slot_mut(0).srcs.clear();
+            self.sq_head = (self.sq_head + 1) % self.sq.len();
+            self.sq_len -= 1;
+            self.sq_sent = self.sq_sent.saturating_sub(1);
+        }
+    }
+
+    /// Checks the next incoming operation and says where its payload goes (`None` when
+    /// it carries none).
+    ///
+    /// # Errors
+    /// [`InboundError::NotReady`] when it needs a receive and none is posted;
+    /// [`InboundError::Refuse`] when the responder refuses it (the queue pair is then
+    /// broken).
+    pub fn inbound(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
+        if self.state == ConnState::Disconnected {
+            return Err(InboundError::Refuse(WcStatus::WrFlush));
+        }
+        if op.seq != self.executed + 1 {
+            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+        }
+        let mut invalidated = None;
+        let place = if op.kind.consumes_recv() {
+            let Some(recv) = self.rq.front() else {
+                return Err(InboundError::NotReady);
+            };
+            match &recv.buf {
+                Err(status) => {
+                    let status = *status;
+                    self.complete_recv(status, WcOpcode::Recv, 0, None, None);
+                    return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+                }
+                Ok(buf) if op.kind != WireKind::RdmaWriteWithImm => {
+                    let room = buf.as_ref().map_or(0, |b| b.len());
+                    if op.len as usize > room {
+                        self.complete_recv(WcStatus::LocalLength, WcOpcode::Recv, 0, None, None);
+                        return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+                    }
+                    if op.kind == WireKind::SendWithInv {
+                        if self.table.invalidate(op.inv_rkey).is_err() {
+                            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+                        }
+                        invalidated = Some(op.inv_rkey);
+                    }
+                    buf.as_ref()
+                        .filter(|_| op.len > 0)
+                        .map(|b| b.prefix(op.len as usize))
+                }
+                Ok(_) => self.remote_place(op)?,
+            }
+        } else {
+            self.remote_place(op)?
+        };
+        self.in_progress = Some(InProgress {
+            seq: op.seq,
+            invalidated,
+        });
+        Ok(place)
+    }
+
+    fn remote_place(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
+        if op.len == 0 {
+            return Ok(None);
+        }
+        match self
+            .table
+            .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
+        {
+            Ok(m) => Ok(Some(m)),
+            Err(status) => Err(self.refuse(status)),
+        }
+    }
+
+    fn refuse(&mut self, status: WcStatus) -> InboundError {
+        self.break_now();
+        InboundError::Refuse(status)
+    }
+
+    /// The payload of the operation [`SoftQp::inbound`] placed is in memory: consume its
+    /// receive and record the ack.
+    ///
+    /// # Panics
+    /// When `op` is not the operation `inbound` accepted last (a transport bug).
+    pub fn inbound_done(&mut self, op: &WireOp) {
+        let p = self
+            .in_progress
+            .take()
+            .expect("inbound_done without inbound");
+        assert_eq!(p.seq, op.seq, "inbound_done for another operation");
+        self.executed = op.seq;
+        match op.kind {
+            WireKind::RdmaWrite => {}
+            WireKind::RdmaWriteWithImm => self.complete_recv(
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                op.len,
+                Some(op.imm),
+                None,
+            ),
+            WireKind::SendWithImm => self.complete_recv(
+                WcStatus::Success,
+                WcOpcode::Recv,
+                op.len,
+                Some(op.imm),
+                None,
+            ),
+            WireKind::Send | WireKind::SendWithInv => self.complete_recv(
+                WcStatus::Success,
+                WcOpcode::Recv,
+                op.len,
+                None,
+                p.invalidated,
+            ),
+        }
+    }
+
+    fn complete_recv(
+        &mut self,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        inv: Option<u32>,
+    ) {
+        if let Some(r) = self.rq.pop_front() {
+            let wc = Wc {
+                wr_id: r.wr_id,
+                status,
+                opcode,
+                byte_len,
+                imm,
+                invalidated_rkey: inv,
+            };
+            self.cq.push_back(wc);
+        }
+    }
+
+    /// The cumulative ack owed to the peer, once per new executed operation.
+    pub fn take_ack(&mut self) -> Option<u64> {
+        (self.executed > self.ack_sent).then(|| {
+            self.ack_sent = self.executed;
+            self.executed
+        })
+    }
+
+    /// Moves up to `wcs.len()` completions out.
+    pub fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        let n = wcs.len().min(self.cq.len());
+        for (slot, wc) in wcs.iter_mut().zip(self.cq.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// The connection broke (transport error, peer disconnect, local disconnect).
+    pub fn fail(&mut self) {
+        self.break_now();
+    }
+
+    /// True exactly once after the queue pair broke: tell the peer (if the break is ours)
+    /// and raise `CmEvent::Disconnected`.
+    pub fn take_disconnect(&mut self) -> bool {
+        std::mem::take(&mut self.disconnect_pending)
+    }
+
+    fn break_now(&mut self) {
+        if self.state == ConnState::Disconnected {
+            return;
+        }
+        self.state = ConnState::Disconnected;
+        self.disconnect_pending = true;
+        self.in_progress = None;
+        self.advance();
+        for i in 0..self.sq_len {
+            let s = self.slot_mut(i);
+            s.status.get_or_insert(WcStatus::WrFlush);
+        }
+        self.advance();
+        self.sq_sent = 0;
+        while !self.rq.is_empty() {
+            self.complete_recv(WcStatus::WrFlush, WcOpcode::Recv, 0, None, None);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

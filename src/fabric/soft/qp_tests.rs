@@ -1,0 +1,485 @@
+//! Unit tests of the queue pair with the simplest transport: both endpoints in one test,
+//! operations moved by hand.
+
+use super::*;
+use crate::fabric::{inc_rkey, MemBuf, Mr};
+
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+struct Pair {
+    table: Arc<MrTable>,
+    a: SoftQp,
+    b: SoftQp,
+}
+
+fn pair(caps: QpCaps) -> Pair {
+    let table = MrTable::new();
+    let mut a = SoftQp::new(table.clone(), caps);
+    let mut b = SoftQp::new(table.clone(), caps);
+    a.set_connected();
+    b.set_connected();
+    Pair { table, a, b }
+}
+
+/// Moves everything `from` has to send into `to`, as a transport would; returns the
+/// number of operations moved and the refusal, if any.
+fn pump(from: &mut SoftQp, to: &mut SoftQp) -> (usize, Option<(u64, WcStatus)>) {
+    let ops: Vec<(WireOp, Vec<MemRef>)> = from.outbound().map(|(w, s)| (w, s.to_vec())).collect();
+    let mut moved = 0;
+    let mut nak = None;
+    for (op, srcs) in &ops {
+        match to.inbound(op) {
+            Ok(place) => {
+                if let Some(p) = place {
+                    p.gather_from(srcs);
+                }
+                to.inbound_done(op);
+                moved += 1;
+            }
+            Err(InboundError::NotReady) => break,
+            Err(InboundError::Refuse(s)) => {
+                moved += 1;
+                nak = Some((op.seq, s));
+                break;
+            }
+        }
+    }
+    from.mark_transmitted(moved);
+    if let Some(seq) = to.take_ack() {
+        from.on_ack(seq);
+    }
+    if let Some((seq, s)) = nak {
+        from.on_nak(seq, s);
+    }
+    (moved, nak)
+}
+
+fn drain(qp: &mut SoftQp) -> Vec<Wc> {
+    let mut wcs = [Wc::default(); 64];
+    let n = qp.poll(&mut wcs);
+    wcs[..n].to_vec()
+}
+
+fn buf(p: &Pair, len: usize, access: Access) -> Mr {
+    p.table.register_buf(MemBuf::zeroed(len), access)
+}
+
+fn wr<'a>(
+    wr_id: u64,
+    op: SendOp<'a>,
+    sges: &'a [crate::fabric::Sge],
+    signaled: bool,
+) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op,
+        sges,
+        signaled,
+    }
+}
+
+#[test]
+fn send_lands_in_the_posted_receive() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    let dst = buf(&p, 64, RW);
+    src.write_at(0, b"ping");
+    p.b.post_recv(&[RecvWr {
+        wr_id: 7,
+        sge: Some(dst.sge(0, 64)),
+    }])
+    .unwrap();
+    p.a.post_send(&[wr(
+        1,
+        SendOp::SendWithImm { imm: 0xabcd },
+        &[src.sge(0, 4)],
+        true,
+    )])
+    .unwrap();
+    assert_eq!(pump(&mut p.a, &mut p.b), (1, None));
+    let wcs = drain(&mut p.b);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].byte_len, wcs[0].imm),
+        (7, 4, Some(0xabcd))
+    );
+    assert_eq!(wcs[0].opcode, WcOpcode::Recv);
+    let mut out = [0u8; 4];
+    dst.read_at(0, &mut out);
+    assert_eq!(&out, b"ping");
+    let sent = drain(&mut p.a);
+    assert_eq!(
+        (sent[0].wr_id, sent[0].status, sent[0].opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+}
+
+#[test]
+fn write_data_is_in_place_before_the_imm() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 4096, Access::NONE);
+    let dst = buf(&p, 4096, RW);
+    src.write_at(0, &[0x5a; 4096]);
+    p.b.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }])
+    .unwrap();
+    let chain = [
+        wr(
+            10,
+            SendOp::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &[],
+            false,
+        ),
+        wr(
+            11,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+                imm: 9,
+            },
+            &[],
+            true,
+        ),
+    ];
+    let sges = [src.sge(0, 4096)];
+    let chain = [
+        SendWr {
+            sges: &sges,
+            ..chain[0]
+        },
+        chain[1],
+    ];
+    p.a.post_send(&chain).unwrap();
+    pump(&mut p.a, &mut p.b);
+    let wcs = drain(&mut p.b);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(
+        (wcs[0].opcode, wcs[0].imm, wcs[0].byte_len),
+        (WcOpcode::RecvRdmaWithImm, Some(9), 0)
+    );
+    let mut out = vec![0u8; 4096];
+    dst.read_at(0, &mut out);
+    assert!(out.iter().all(|&x| x == 0x5a));
+    // Only the signaled request completes.
+    let sent = drain(&mut p.a);
+    assert_eq!(sent.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![11]);
+}
+
+#[test]
+fn receive_not_ready_stalls_then_delivers_in_order() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    let dst = buf(&p, 64, RW);
+    p.a.post_send(&[
+        wr(1, SendOp::Send, &[], false),
+        wr(
+            2,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: 0,
+                rkey: 0,
+                imm: 5,
+            },
+            &[],
+            true,
+        ),
+    ])
+    .unwrap();
+    let _ = (&src, &dst);
+    assert_eq!(pump(&mut p.a, &mut p.b), (0, None));
+    assert!(drain(&mut p.b).is_empty());
+    p.b.post_recv(&[RecvWr {
+        wr_id: 100,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(
+        pump(&mut p.a, &mut p.b),
+        (1, None),
+        "second op still waits for a receive"
+    );
+    p.b.post_recv(&[RecvWr {
+        wr_id: 101,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(pump(&mut p.a, &mut p.b), (1, None));
+    let got: Vec<_> = drain(&mut p.b).iter().map(|w| (w.wr_id, w.imm)).collect();
+    assert_eq!(got, vec![(100, None), (101, Some(5))]);
+    assert_eq!(drain(&mut p.a).len(), 1);
+}
+
+#[test]
+fn bad_rkey_naks_the_sender_and_flushes_both_sides() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    let dst = buf(&p, 64, RW);
+    p.b.post_recv(&[RecvWr {
+        wr_id: 50,
+        sge: None,
+    }])
+    .unwrap();
+    let sges = [src.sge(0, 8)];
+    p.a.post_send(&[
+        wr(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &sges,
+            false,
+        ),
+        wr(
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey() ^ 0x100,
+            },
+            &sges,
+            false,
+        ),
+        wr(3, SendOp::Send, &[], false),
+    ])
+    .unwrap();
+    let (_, nak) = pump(&mut p.a, &mut p.b);
+    assert_eq!(nak, Some((2, WcStatus::RemoteAccess)));
+    let sent: Vec<_> = drain(&mut p.a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![(2, WcStatus::RemoteAccess), (3, WcStatus::WrFlush)]
+    );
+    assert_eq!(p.a.state(), ConnState::Disconnected);
+    assert!(p.a.take_disconnect() && !p.a.take_disconnect());
+    let recv: Vec<_> = drain(&mut p.b)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(recv, vec![(50, WcStatus::WrFlush)]);
+    assert!(p.b.take_disconnect());
+    let err =
+        p.a.post_send(&[wr(4, SendOp::Send, &[], true)])
+            .unwrap_err();
+    assert_eq!(
+        err,
+        PostError {
+            index: 0,
+            kind: PostErrorKind::NotConnected
+        }
+    );
+}
+
+#[test]
+fn send_queue_slots_are_held_until_acked() {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+    };
+    let mut p = pair(caps);
+    let ops: Vec<_> = (0..4).map(|i| wr(i, SendOp::Send, &[], i == 3)).collect();
+    p.a.post_send(&ops).unwrap();
+    let err =
+        p.a.post_send(&[wr(9, SendOp::Send, &[], true)])
+            .unwrap_err();
+    assert_eq!(err.kind, PostErrorKind::QueueFull);
+    p.b.post_recv(
+        &(0..4)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sge: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    pump(&mut p.a, &mut p.b);
+    assert_eq!(
+        drain(&mut p.a).len(),
+        1,
+        "one signaled completion frees four slots"
+    );
+    p.a.post_send(&ops).unwrap();
+}
+
+#[test]
+fn chain_errors_name_the_index() {
+    let caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+    };
+    let mut p = pair(caps);
+    let src = buf(&p, 64, Access::NONE);
+    let two = [src.sge(0, 1), src.sge(1, 1)];
+    let err =
+        p.a.post_send(&[
+            wr(1, SendOp::Send, &[], false),
+            wr(2, SendOp::Send, &two, true),
+        ])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        PostError {
+            index: 1,
+            kind: PostErrorKind::TooManySge
+        }
+    );
+    assert_eq!(
+        p.a.outbound().count(),
+        1,
+        "the request before the bad one was accepted"
+    );
+}
+
+#[test]
+fn bad_lkey_completes_with_local_protection() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    let mut sge = src.sge(0, 64);
+    sge.lkey ^= 0x100;
+    p.a.post_send(&[wr(1, SendOp::Send, &[sge], false)])
+        .unwrap();
+    let wcs = drain(&mut p.a);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status),
+        (1, WcStatus::LocalProtection)
+    );
+    assert_eq!(p.a.state(), ConnState::Disconnected);
+}
+
+#[test]
+fn too_small_receive_is_a_local_length_error() {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    let dst = buf(&p, 64, RW);
+    p.b.post_recv(&[RecvWr {
+        wr_id: 5,
+        sge: Some(dst.sge(0, 8)),
+    }])
+    .unwrap();
+    p.a.post_send(&[wr(1, SendOp::Send, &[src.sge(0, 9)], true)])
+        .unwrap();
+    let (_, nak) = pump(&mut p.a, &mut p.b);
+    assert_eq!(nak, Some((1, WcStatus::RemoteInvalidRequest)));
+    let wcs = drain(&mut p.b);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (5, WcStatus::LocalLength));
+}
+
+#[test]
+fn fast_registration_and_remote_invalidation() {
+    let mut p = pair(QpCaps::default());
+    let region = buf(&p, 8192, RW);
+    let slot = p.table.alloc_fast_mr();
+    let key = inc_rkey(slot.rkey());
+    // B binds a window over its region (a REG_MR posted on its own send queue) ...
+    let bind = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey: key,
+    };
+    p.b.post_send(&[wr(1, bind, &[], true)]).unwrap();
+    assert_eq!(drain(&mut p.b)[0].opcode, WcOpcode::RegMr);
+    // ... A writes through it, then invalidates it with a SEND_WITH_INV ...
+    let src = buf(&p, 64, Access::NONE);
+    src.write_at(0, b"abc");
+    p.b.post_recv(&[RecvWr {
+        wr_id: 2,
+        sge: None,
+    }])
+    .unwrap();
+    let sges = [src.sge(0, 3)];
+    p.a.post_send(&[
+        wr(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: region.addr() + 10,
+                rkey: key,
+            },
+            &sges,
+            false,
+        ),
+        wr(2, SendOp::SendWithInv { rkey: key }, &[], true),
+    ])
+    .unwrap();
+    assert_eq!(pump(&mut p.a, &mut p.b), (2, None));
+    let wcs = drain(&mut p.b);
+    assert_eq!((wcs[0].wr_id, wcs[0].invalidated_rkey), (2, Some(key)));
+    let mut out = [0u8; 3];
+    region.read_at(10, &mut out);
+    assert_eq!(&out, b"abc");
+    // ... after which the key is dead.
+    p.a.post_send(&[wr(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: region.addr(),
+            rkey: key,
+        },
+        &sges,
+        true,
+    )])
+    .unwrap();
+    assert_eq!(
+        pump(&mut p.a, &mut p.b).1,
+        Some((3, WcStatus::RemoteAccess))
+    );
+}
+
+#[test]
+fn local_invalidate_of_an_unknown_key_fails_and_breaks() {
+    let mut p = pair(QpCaps::default());
+    p.a.post_send(&[wr(1, SendOp::LocalInv { rkey: 0x4200 }, &[], false)])
+        .unwrap();
+    let wcs = drain(&mut p.a);
+    assert_eq!(
+        (wcs[0].opcode, wcs[0].status),
+        (WcOpcode::LocalInv, WcStatus::LocalQpOperation)
+    );
+    assert_eq!(p.a.state(), ConnState::Disconnected);
+}
+
+#[test]
+fn fail_flushes_transmitted_but_unacked_sends() {
+    let mut p = pair(QpCaps::default());
+    p.a.post_send(&[
+        wr(1, SendOp::Send, &[], false),
+        wr(2, SendOp::Send, &[], false),
+    ])
+    .unwrap();
+    p.a.mark_transmitted(2);
+    p.a.post_recv(&[RecvWr {
+        wr_id: 9,
+        sge: None,
+    }])
+    .unwrap();
+    p.a.fail();
+    let wcs: Vec<_> = drain(&mut p.a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        wcs,
+        vec![
+            (1, WcStatus::WrFlush),
+            (2, WcStatus::WrFlush),
+            (9, WcStatus::WrFlush)
+        ]
+    );
+    assert_eq!(p.a.outbound().count(), 0);
+    assert!(p
+        .a
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sge: None
+        }])
+        .is_err());
+}

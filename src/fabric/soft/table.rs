@@ -1,0 +1,513 @@
+//! The registration table of a software fabric: what a NIC's memory translation and
+//! protection tables do, in software. One table is one protection domain.
+//!
+//! A key is `index << 8 | key byte`, as on real hardware: the index names a table entry,
+//! the low byte is that entry's current generation. Regions ([`Mr`]) use the same value
+//! as lkey and rkey. Fast-registration slots ([`FastMr`]) get a new key byte on every
+//! binding (`inc_rkey`), so a key that was retired or superseded never matches again
+//! until the byte wraps (256 bindings later, as on hardware). Index 0 is never used, so
+//! rkey 0 is never valid.
+//!
+//! Every check returns a [`MemRef`] that keeps the memory alive while the caller copies,
+//! so a registration dropped concurrently can never free memory under a copy in progress.
+
+use std::sync::{Arc, RwLock};
+
+use crate::fabric::mem::Backing;
+use crate::fabric::{Access, FastMr, MemBuf, Mr, Sge, WcStatus};
+
+/// A checked range of registered memory, valid while the `MemRef` lives.
+#[derive(Clone)]
+pub struct MemRef {
+    ptr: *mut u8,
+    len: usize,
+    keep: Arc<Backing>,
+}
+
+// SAFETY: the pointer targets memory kept alive by `keep`, which is Send + Sync; a
+// MemRef is only a checked address range, the copies it offers are explicit.
+unsafe impl Send for MemRef {}
+// SAFETY: as above; &MemRef offers no interior mutation of the MemRef itself.
+unsafe impl Sync for MemRef {}
+
+impl std::fmt::Debug for MemRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemRef({:p}, {} bytes)", self.ptr, self.len)
+    }
+}
+
+impl MemRef {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first `len` bytes (`len` ≤ this range).
+    ///
+    /// # Panics
+    /// When `len` exceeds the range.
+    pub fn prefix(&self, len: usize) -> MemRef {
+        assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
+        MemRef {
+            ptr: self.ptr,
+            len,
+            keep: self.keep.clone(),
+        }
+    }
+
+    /// Copies `data` into the range at `offset`.
+    ///
+    /// # Panics
+    /// When `offset + data.len()` exceeds the range.
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(offset
+            .checked_add(data.len())
+            .is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds of checked registered memory kept alive by `keep`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Copies the range's bytes into `out` (which must have the same length).
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn read_into(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), self.len);
+        // SAFETY: as in write_at.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr(), self.len) }
+    }
+
+    /// Fills this range with the concatenation of `sources` (their total length must
+    /// equal this range's): the one copy a software fabric makes per operation.
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn gather_from(&self, sources: &[MemRef]) {
+        let total: usize = sources.iter().map(|s| s.len).sum();
+        assert_eq!(total, self.len, "gather of {total} bytes into {}", self.len);
+        let mut at = 0;
+        for s in sources {
+            // SAFETY: both ranges are checked registered memory kept alive by their Arcs;
+            // `at + s.len <= self.len` by the sum above. Source and destination may be
+            // the same memory only if the user aims an operation at its own source,
+            // which `copy` (memmove) tolerates.
+            unsafe { std::ptr::copy(s.ptr, self.ptr.add(at), s.len) }
+            at += s.len;
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Free,
+    Region,
+    Slot,
+}
+
+#[derive(Debug)]
+struct Entry {
+    kind: Kind,
+    key: u8,
+    valid: bool,
+    base: u64,
+    len: u64,
+    access: Access,
+    backing: Option<Arc<Backing>>,
+}
+
+impl Entry {
+    const FREE: Entry = Entry {
+        kind: Kind::Free,
+        key: 0,
+        valid: false,
+        base: 0,
+        len: 0,
+        access: Access::NONE,
+        backing: None,
+    };
+
+    fn range(&self, addr: u64, len: u64) -> Option<usize> {
+        let end = addr.checked_add(len)?;
+        (addr >= self.base && end <= self.base + self.len).then_some(addr as usize)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+}
+
+/// A protection domain's registrations.
+#[derive(Debug)]
+pub struct MrTable {
+    inner: RwLock<Inner>,
+}
+
+/// The backend state inside an [`Mr`] or [`FastMr`] made by a [`MrTable`]: which table
+/// and which entry. Dropping it retires the entry.
+#[derive(Debug)]
+struct Registration {
+    table: Arc<MrTable>,
+    index: u32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut inner = self.table.inner.write().unwrap_or_else(|e| e.into_inner());
+        let e = &mut inner.entries[self.index as usize];
+        // Bump the key so a stale key cannot match whatever reuses the index.
+        *e = Entry {
+            key: e.key.wrapping_add(1),
+            ..Entry::FREE
+        };
+        inner.free.push(self.index);
+    }
+}
+
+/// The largest registration a software fabric accepts (a NIC's `max_mr_size`).
+pub const MAX_MR_SIZE: u64 = 1 << 40;
+
+impl MrTable {
+    pub fn new() -> Arc<MrTable> {
+        // Entry 0 is a permanent hole: key 0 never names anything.
+        let inner = Inner {
+            entries: vec![Entry::FREE],
+            free: Vec::new(),
+        };
+        Arc::new(MrTable {
+            inner: RwLock::new(inner),
+        })
+    }
+
+    fn alloc(self: &Arc<Self>, entry: Entry) -> (u32, u32) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let index = match inner.free.pop() {
+            Some(i) => i,
+            None => {
+                inner.entries.push(Entry::FREE);
+                (inner.entries.len() - 1) as u32
+            }
+        };
+        let slot = &mut inner.entries[index as usize];
+        let key = slot.key;
+        *slot = Entry { key, ..entry };
+        (index, index << 8 | key as u32)
+    }
+
+    /// Registers `backing` with `access`.
+    pub fn register(self: &Arc<Self>, backing: Arc<Backing>, access: Access) -> Mr {
+        let entry = Entry {
+            kind: Kind::Region,
+            key: 0,
+            valid: true,
+            base: backing.addr() as u64,
+            len: backing.len() as u64,
+            access,
+            backing: Some(backing.clone()),
+        };
+        let (index, key) = self.alloc(entry);
+        let reg = Registration {
+            table: self.clone(),
+            index,
+        };
+        Mr::from_parts(key, key, access, Box::new(reg), backing)
+    }
+
+    /// Registers an owned buffer.
+    pub fn register_buf(self: &Arc<Self>, buf: MemBuf, access: Access) -> Mr {
+        self.register(Arc::new(Backing::Owned(buf)), access)
+    }
+
+    /// A fast-registration slot, unbound.
+    pub fn alloc_fast_mr(self: &Arc<Self>) -> FastMr {
+        let entry = Entry {
+            kind: Kind::Slot,
+            ..Entry::FREE
+        };
+        let (index, key) = self.alloc(entry);
+        FastMr::from_parts(
+            key,
+            Box::new(Registration {
+                table: self.clone(),
+                index,
+            }),
+        )
+    }
+
+    fn own_index(self: &Arc<Self>, handle: &(dyn std::any::Any + Send + Sync)) -> Option<u32> {
+        let reg = handle.downcast_ref::<Registration>()?;
+        Arc::ptr_eq(&reg.table, self).then_some(reg.index)
+    }
+
+    /// Checks a local SGE: its lkey names a live region of this table, the range is
+    /// inside, and the region grants `need`.
+    ///
+    /// # Errors
+    /// [`WcStatus::LocalProtection`].
+    pub fn local(&self, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let e = inner
+            .entries
+            .get((sge.lkey >> 8) as usize)
+            .ok_or(WcStatus::LocalProtection)?;
+        if e.kind != Kind::Region || !e.valid || e.key != sge.lkey as u8 || !e.access.contains(need)
+        {
+            return Err(WcStatus::LocalProtection);
+        }
+        let start = e
+            .range(sge.addr, sge.len as u64)
+            .ok_or(WcStatus::LocalProtection)?;
+        let keep = e.backing.clone().ok_or(WcStatus::LocalProtection)?;
+        Ok(MemRef {
+            ptr: start as *mut u8,
+            len: sge.len as usize,
+            keep,
+        })
+    }
+
+    /// Checks an incoming remote access as a NIC would: the rkey names a live region or a
+    /// bound slot with the same key byte, the access is granted and the range is inside.
+    ///
+    /// # Errors
+    /// [`WcStatus::RemoteAccess`].
+    pub fn remote(&self, rkey: u32, addr: u64, len: u32, need: Access) -> Result<MemRef, WcStatus> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let e = inner
+            .entries
+            .get((rkey >> 8) as usize)
+            .ok_or(WcStatus::RemoteAccess)?;
+        if e.kind == Kind::Free || !e.valid || e.key != rkey as u8 || !e.access.contains(need) {
+            return Err(WcStatus::RemoteAccess);
+        }
+        let start = e.range(addr, len as u64).ok_or(WcStatus::RemoteAccess)?;
+        let keep = e.backing.clone().ok_or(WcStatus::RemoteAccess)?;
+        Ok(MemRef {
+            ptr: start as *mut u8,
+            len: len as usize,
+            keep,
+        })
+    }
+
+    /// Binds `slot` to `[addr, addr+len)` of `region` under `rkey` (a REG_MR).
+    ///
+    /// # Errors
+    /// [`WcStatus::LocalQpOperation`] when the slot or region belongs to another table,
+    /// `rkey` is not of the slot's index, or the range is outside the region.
+    pub fn bind(
+        self: &Arc<Self>,
+        slot: &FastMr,
+        region: &Mr,
+        addr: u64,
+        len: u32,
+        access: Access,
+        rkey: u32,
+    ) -> Result<(), WcStatus> {
+        let bad = WcStatus::LocalQpOperation;
+        let slot_index = self.own_index(slot.handle()).ok_or(bad)?;
+        let region_index = self.own_index(region.handle()).ok_or(bad)?;
+        if rkey >> 8 != slot_index {
+            return Err(bad);
+        }
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let r = &inner.entries[region_index as usize];
+        if r.kind != Kind::Region || !r.valid || r.range(addr, len as u64).is_none() {
+            return Err(bad);
+        }
+        let backing = r.backing.clone();
+        let e = &mut inner.entries[slot_index as usize];
+        *e = Entry {
+            kind: Kind::Slot,
+            key: rkey as u8,
+            valid: true,
+            base: addr,
+            len: len as u64,
+            access,
+            backing,
+        };
+        drop(inner);
+        slot.set_rkey(rkey);
+        Ok(())
+    }
+
+    /// Retires a slot's current rkey (LOCAL_INV, or SEND_WITH_INV arriving).
+    ///
+    /// # Errors
+    /// `Err(())` when `rkey` is not the current key of a bound slot; the caller turns it
+    /// into the status its operation reports.
+    #[allow(clippy::result_unit_err)]
+    pub fn invalidate(&self, rkey: u32) -> Result<(), ()> {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        match inner.entries.get_mut((rkey >> 8) as usize) {
+            Some(e) if e.kind == Kind::Slot && e.valid && e.key == rkey as u8 => {
+                e.valid = false;
+                e.backing = None;
+                Ok(())
+            }
+            _ => Err(()),
+        }
+    }
+
+    /// Whether `mr` was registered through this table (a post naming another domain's
+    /// registration is invalid).
+    pub fn owns(self: &Arc<Self>, mr: &Mr) -> bool {
+        self.own_index(mr.handle()).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::inc_rkey;
+
+    const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+    #[test]
+    fn remote_checks_key_access_and_bounds() {
+        let t = MrTable::new();
+        let mr = t.register_buf(MemBuf::zeroed(4096), RW);
+        let ro = t.register_buf(MemBuf::zeroed(4096), Access::LOCAL_WRITE);
+        assert!(t
+            .remote(mr.rkey(), mr.addr(), 4096, Access::REMOTE_WRITE)
+            .is_ok());
+        assert!(t
+            .remote(mr.rkey(), mr.addr() + 4000, 96, Access::REMOTE_WRITE)
+            .is_ok());
+        let err = Err(WcStatus::RemoteAccess);
+        assert_eq!(
+            t.remote(mr.rkey(), mr.addr() + 4000, 97, Access::REMOTE_WRITE)
+                .map(|_| ()),
+            err
+        );
+        assert_eq!(
+            t.remote(mr.rkey(), mr.addr() - 1, 1, Access::REMOTE_WRITE)
+                .map(|_| ()),
+            err
+        );
+        assert_eq!(
+            t.remote(mr.rkey() ^ 1, mr.addr(), 1, Access::REMOTE_WRITE)
+                .map(|_| ()),
+            err
+        );
+        assert_eq!(
+            t.remote(ro.rkey(), ro.addr(), 1, Access::REMOTE_WRITE)
+                .map(|_| ()),
+            err
+        );
+        assert_eq!(t.remote(0, 0, 0, Access::NONE).map(|_| ()), err);
+        assert_eq!(
+            t.remote(u32::MAX, u64::MAX, u32::MAX, Access::NONE)
+                .map(|_| ()),
+            err
+        );
+    }
+
+    #[test]
+    fn dropped_registration_never_matches_again() {
+        let t = MrTable::new();
+        let mr = t.register_buf(MemBuf::zeroed(64), RW);
+        let (key, addr) = (mr.rkey(), mr.addr());
+        drop(mr);
+        let again = t.register_buf(MemBuf::zeroed(64), RW);
+        assert_eq!(again.rkey() >> 8, key >> 8, "index is reused");
+        assert_ne!(again.rkey(), key, "but under a new key");
+        assert!(t.remote(key, addr, 1, Access::REMOTE_WRITE).is_err());
+    }
+
+    #[test]
+    fn local_checks_lkey_and_rights() {
+        let t = MrTable::new();
+        let mr = t.register_buf(MemBuf::zeroed(64), Access::NONE);
+        assert!(t.local(&mr.sge(0, 64), Access::NONE).is_ok());
+        assert_eq!(
+            t.local(&mr.sge(0, 64), Access::LOCAL_WRITE).map(|_| ()),
+            Err(WcStatus::LocalProtection)
+        );
+        let mut sge = mr.sge(0, 64);
+        sge.len = 65;
+        assert_eq!(
+            t.local(&sge, Access::NONE).map(|_| ()),
+            Err(WcStatus::LocalProtection)
+        );
+    }
+
+    #[test]
+    fn slot_binding_and_invalidation() {
+        let t = MrTable::new();
+        let mr = t.register_buf(MemBuf::zeroed(8192), RW);
+        let slot = t.alloc_fast_mr();
+        let first = slot.rkey();
+        assert!(
+            t.remote(first, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
+            "unbound"
+        );
+        let k1 = inc_rkey(first);
+        t.bind(&slot, &mr, mr.addr() + 4096, 4096, RW, k1).unwrap();
+        assert_eq!(slot.rkey(), k1);
+        assert!(t
+            .remote(k1, mr.addr() + 4096, 4096, Access::REMOTE_WRITE)
+            .is_ok());
+        assert!(
+            t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
+            "outside binding"
+        );
+        let k2 = inc_rkey(k1);
+        t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).unwrap();
+        assert!(
+            t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
+            "superseded key"
+        );
+        t.invalidate(k2).unwrap();
+        assert!(
+            t.remote(k2, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
+            "retired key"
+        );
+        assert!(t.invalidate(k2).is_err(), "twice");
+        assert!(
+            t.invalidate(mr.rkey()).is_err(),
+            "regions are not invalidated remotely"
+        );
+        // Bindings must stay inside the region and use the slot's own index.
+        assert!(t
+            .bind(&slot, &mr, mr.addr() + 1, 8192, RW, inc_rkey(k2))
+            .is_err());
+        assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey()).is_err());
+    }
+
+    #[test]
+    fn foreign_registrations_are_refused() {
+        let (a, b) = (MrTable::new(), MrTable::new());
+        let mr = b.register_buf(MemBuf::zeroed(64), RW);
+        let slot = a.alloc_fast_mr();
+        assert!(!a.owns(&mr));
+        let k = inc_rkey(slot.rkey());
+        assert_eq!(
+            a.bind(&slot, &mr, mr.addr(), 64, RW, k),
+            Err(WcStatus::LocalQpOperation)
+        );
+    }
+
+    #[test]
+    fn memref_gather_concatenates() {
+        let t = MrTable::new();
+        let src = t.register_buf(MemBuf::zeroed(64), RW);
+        let dst = t.register_buf(MemBuf::zeroed(64), RW);
+        src.write_at(0, b"hello world");
+        let a = t.local(&src.sge(0, 5), Access::NONE).unwrap();
+        let b = t.local(&src.sge(5, 6), Access::NONE).unwrap();
+        let d = t
+            .remote(dst.rkey(), dst.addr() + 10, 11, Access::REMOTE_WRITE)
+            .unwrap();
+        d.gather_from(&[a, b]);
+        let mut out = [0u8; 11];
+        dst.read_at(10, &mut out);
+        assert_eq!(&out, b"hello world");
+    }
+}

@@ -1,0 +1,229 @@
+//! Fast-registration scenarios: binding a slot with REG_MR, retiring its rkey with
+//! LOCAL_INV or a peer's SEND_WITH_INV.
+
+use rtrs_spdk::fabric::{inc_rkey, Access, FastMr, Mr, RecvWr, SendOp, WcOpcode, WcStatus};
+
+use super::{
+    connect, expect, next_wc, pattern, read, wait_both_disconnected, wait_wr, wr, Backend, Pair,
+};
+
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+/// Posts a signaled REG_MR of `slot` to `[offset, offset+len)` of `region` on the
+/// server and waits for its completion; returns the new rkey.
+fn bind(p: &mut Pair, slot: &FastMr, region: &Mr, offset: usize, len: u32, wr_id: u64) -> u32 {
+    let rkey = inc_rkey(slot.rkey());
+    let op = SendOp::RegMr {
+        slot,
+        region,
+        addr: region.addr() + offset as u64,
+        len,
+        access: RW,
+        rkey,
+    };
+    p.server.post_send(&[wr(wr_id, op, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, wr_id);
+    expect(&wc, WcStatus::Success, WcOpcode::RegMr, "REG_MR");
+    assert_eq!(slot.rkey(), rkey, "the slot's rkey after posting REG_MR");
+    rkey
+}
+
+/// Retires `rkey` on the server with a signaled LOCAL_INV.
+fn local_inv(p: &mut Pair, rkey: u32, wr_id: u64) {
+    p.server
+        .post_send(&[wr(wr_id, SendOp::LocalInv { rkey }, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, wr_id);
+    expect(&wc, WcStatus::Success, WcOpcode::LocalInv, "LOCAL_INV");
+}
+
+/// The client writes `seed`'s pattern through `(addr, rkey)` followed by an imm; checks
+/// the server sees the imm with the data at `region[offset..]`.
+fn write_ok(p: &mut Pair, region: &Mr, offset: usize, rkey: u32, seed: u8) {
+    let src = p.client.reg(256, Access::NONE);
+    let data = pattern(seed, 256);
+    src.write_at(0, &data);
+    let sges = [src.sge(0, 256)];
+    let remote_addr = region.addr() + offset as u64;
+    p.server.post_recv(&[RecvWr {
+        wr_id: 700 + seed as u64,
+        sge: None,
+    }]);
+    let imm = SendOp::RdmaWriteWithImm {
+        remote_addr: 0,
+        rkey: 0,
+        imm: seed as u32,
+    };
+    p.client.post_send(&[
+        wr(
+            600 + seed as u64,
+            SendOp::RdmaWrite { remote_addr, rkey },
+            &sges,
+        ),
+        wr(650 + seed as u64, imm, &[]),
+    ]);
+    let wc = next_wc(
+        &mut p.server,
+        &mut p.client,
+        "the imm after a write through a fast MR",
+    );
+    expect(
+        &wc,
+        WcStatus::Success,
+        WcOpcode::RecvRdmaWithImm,
+        "imm after a fast-MR write",
+    );
+    assert_eq!(wc.imm, Some(seed as u32), "{wc:?}");
+    assert_eq!(
+        read(region, offset, 256),
+        data,
+        "data written through rkey {rkey:#x}"
+    );
+    for id in [600 + seed as u64, 650 + seed as u64] {
+        let wc = wait_wr(&mut p.client, &mut p.server, id);
+        expect(
+            &wc,
+            WcStatus::Success,
+            WcOpcode::RdmaWrite,
+            "write through a fast MR",
+        );
+    }
+}
+
+/// The client writes through `rkey`; the write is refused and the connection breaks.
+fn write_refused(p: &mut Pair, region: &Mr, offset: usize, rkey: u32) {
+    let src = p.client.reg(64, Access::NONE);
+    let sges = [src.sge(0, 64)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: region.addr() + offset as u64,
+        rkey,
+    };
+    p.client.post_send(&[wr(800, op, &sges)]);
+    let wc = wait_wr(&mut p.client, &mut p.server, 800);
+    expect(
+        &wc,
+        WcStatus::RemoteAccess,
+        WcOpcode::RdmaWrite,
+        "write through a retired rkey",
+    );
+    wait_both_disconnected(p);
+}
+
+pub fn reg_mr_binds_new_rkey(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(8192, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let r1 = bind(&mut p, &slot, &region, 4096, 4096, 1);
+    write_ok(&mut p, &region, 4096 + 100, r1, 1);
+    // Rebinding: retire the old key, bind the slot elsewhere under the next key, in one chain.
+    let r2 = inc_rkey(r1);
+    let op = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey: r2,
+    };
+    p.server
+        .post_send(&[wr(2, SendOp::LocalInv { rkey: r1 }, &[]), wr(3, op, &[])]);
+    expect(
+        &wait_wr(&mut p.server, &mut p.client, 2),
+        WcStatus::Success,
+        WcOpcode::LocalInv,
+        "LOCAL_INV",
+    );
+    expect(
+        &wait_wr(&mut p.server, &mut p.client, 3),
+        WcStatus::Success,
+        WcOpcode::RegMr,
+        "REG_MR",
+    );
+    assert_ne!(r1, r2, "rebinding changes the key");
+    write_ok(&mut p, &region, 0, r2, 2);
+    write_refused(&mut p, &region, 4096 + 100, r1);
+}
+
+pub fn local_inv_retires_rkey(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+    write_ok(&mut p, &region, 0, r1, 3);
+    local_inv(&mut p, r1, 2);
+    write_refused(&mut p, &region, 0, r1);
+}
+
+pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+    write_ok(&mut p, &region, 512, r1, 4);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 20,
+        sge: None,
+    }]);
+    p.client
+        .post_send(&[wr(21, SendOp::SendWithInv { rkey: r1 }, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, 20);
+    expect(
+        &wc,
+        WcStatus::Success,
+        WcOpcode::Recv,
+        "receive of a SEND_WITH_INV",
+    );
+    assert_eq!((wc.byte_len, wc.invalidated_rkey), (0, Some(r1)), "{wc:?}");
+    let wc = wait_wr(&mut p.client, &mut p.server, 21);
+    expect(
+        &wc,
+        WcStatus::Success,
+        WcOpcode::Send,
+        "SEND_WITH_INV completion",
+    );
+    write_refused(&mut p, &region, 512, r1);
+}
+
+/// A SEND_WITH_INV naming a key the peer cannot invalidate is refused: the sender's
+/// request fails and the connection breaks.
+pub fn send_with_inv_of_unknown_rkey_is_refused(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 30,
+        sge: None,
+    }]);
+    let rkey = super::bogus_rkey(region.rkey());
+    p.client
+        .post_send(&[wr(31, SendOp::SendWithInv { rkey }, &[])]);
+    let wc = wait_wr(&mut p.client, &mut p.server, 31);
+    assert_ne!(
+        wc.status,
+        WcStatus::Success,
+        "invalidating an unknown key: {wc:?}"
+    );
+    wait_both_disconnected(&mut p);
+}
+
+/// REG_MR of a range outside the region fails locally.
+pub fn bind_outside_region_fails(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let rkey = inc_rkey(slot.rkey());
+    let op = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr() + 2048,
+        len: 4096,
+        access: RW,
+        rkey,
+    };
+    p.server.post_send(&[wr(40, op, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, 40);
+    expect(
+        &wc,
+        WcStatus::LocalQpOperation,
+        WcOpcode::RegMr,
+        "REG_MR past the region's end",
+    );
+}

@@ -1,0 +1,455 @@
+//! The fabric conformance suite: the contract of `src/fabric/mod.rs`, checked scenario by
+//! scenario against any backend, unchanged.
+//!
+//! A backend's test file provides a [`Backend`] (two fabric instances modelling two
+//! hosts, and an address to listen on) and expands [`conformance_tests!`], which makes one
+//! `#[test]` per scenario:
+//!
+//! ```ignore
+//! #[macro_use]
+//! mod conformance;
+//! struct Tcp;
+//! impl conformance::Backend for Tcp { /* ... */ }
+//! conformance_tests!(Tcp);
+//! ```
+//!
+//! Scenarios use only the traits of `rtrs_spdk::fabric`. Every wait is bounded by
+//! [`DEADLINE`] and panics with what it was waiting for; nothing asserts on timing.
+
+#![allow(dead_code)]
+
+pub mod cm;
+pub mod data;
+pub mod errors;
+pub mod keys;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rtrs_spdk::fabric::{
+    Access, CmEvent, Conn, ConnState, Fabric, Listener, MemBuf, Mr, PostError, QpCaps, RecvWr,
+    SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
+
+/// Upper bound of every wait in the suite: generous, never a performance figure.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Poll rounds used to give a backend every chance to do something it must not do
+/// (deliver before a receive is posted, complete an unsignaled request).
+pub const SETTLE_ROUNDS: usize = 2000;
+
+/// What a backend's test file provides.
+pub trait Backend {
+    /// The fabric of the accepting host (registrations of the server side live here).
+    fn server_fabric(&self) -> Arc<dyn Fabric>;
+    /// The fabric of the connecting host; may be the same instance as the server's.
+    fn client_fabric(&self) -> Arc<dyn Fabric>;
+    /// Where the server listens (port 0: any free port).
+    fn listen_addr(&self) -> SocketAddr;
+    /// Queue sizes both ends ask for, unless a scenario needs others.
+    fn caps(&self) -> QpCaps {
+        QpCaps::default()
+    }
+    /// Scenarios (by function name) this backend is known to fail, each with the
+    /// reason. They still run: the test passes only while the scenario does fail, so a
+    /// fix shows up as a test asking to remove the entry.
+    fn expected_failures(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+}
+
+/// Runs one scenario, honouring [`Backend::expected_failures`].
+pub fn run<B: Backend>(backend: &B, name: &str, scenario: fn(&dyn Backend)) {
+    let Some((_, why)) = backend.expected_failures().iter().find(|(n, _)| *n == name) else {
+        scenario(backend);
+        return;
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(backend)));
+    assert!(
+        outcome.is_err(),
+        "{name} is listed as an expected failure ({why}) but passes: remove it from \
+         expected_failures"
+    );
+    eprintln!("{name}: failed as expected ({why})");
+}
+
+/// Expands to one `#[test]` per scenario, each with a fresh `$backend`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:expr) => {
+        $crate::conformance_tests!(@each $backend;
+            cm::accept_carries_private_data_both_ways,
+            cm::reject_carries_private_data,
+            cm::addresses_and_state,
+            cm::connections_are_independent,
+            cm::dropped_request_rejects,
+            cm::connect_to_nobody_fails,
+            data::send_into_posted_receive,
+            data::send_with_imm_reports_imm,
+            data::write_then_imm_is_ordered,
+            data::many_operations_stay_in_order,
+            data::write_with_imm_reports_len_and_imm,
+            data::zero_length_write_with_imm_needs_no_key,
+            data::unsignaled_requests_free_slots,
+            data::queue_full_without_signaling,
+            data::unsignaled_slots_held_until_a_completion,
+            data::server_writes_into_client,
+            data::receive_not_ready_waits,
+            errors::unknown_rkey_breaks_connection,
+            errors::write_past_region_end_is_remote_access,
+            errors::write_without_remote_write_right_is_remote_access,
+            errors::bad_lkey_is_local_protection,
+            errors::sge_outside_region_is_local_protection,
+            errors::short_receive_buffer_is_local_length,
+            errors::receive_with_bad_lkey_is_local_protection,
+            errors::post_errors_name_the_index,
+            errors::disconnect_flushes_outstanding_work,
+            errors::disconnect_flushes_peer_receives,
+            keys::reg_mr_binds_new_rkey,
+            keys::local_inv_retires_rkey,
+            keys::send_with_inv_retires_peer_rkey,
+            keys::send_with_inv_of_unknown_rkey_is_refused,
+            keys::bind_outside_region_fails,
+        );
+    };
+    (@each $backend:expr; $($module:ident :: $name:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let backend = $backend;
+                $crate::conformance::run(
+                    &backend,
+                    stringify!($name),
+                    $crate::conformance::$module::$name,
+                );
+            }
+        )+
+    };
+}
+
+/// One end of a connection with the completions and CM events already polled from it.
+pub struct Side {
+    pub conn: Box<dyn Conn>,
+    pub fabric: Arc<dyn Fabric>,
+    wcs: VecDeque<Wc>,
+    cm: VecDeque<CmEvent>,
+    name: &'static str,
+}
+
+impl Side {
+    pub fn new(name: &'static str, conn: Box<dyn Conn>, fabric: Arc<dyn Fabric>) -> Side {
+        Side {
+            conn,
+            fabric,
+            wcs: VecDeque::new(),
+            cm: VecDeque::new(),
+            name,
+        }
+    }
+
+    /// Polls the CQ and the CM once; returns whether anything came out.
+    pub fn pump(&mut self) -> bool {
+        let mut buf = [Wc::default(); 16];
+        let n = self.conn.poll_cq(&mut buf);
+        self.wcs.extend(&buf[..n]);
+        let mut any = n > 0;
+        while let Some(ev) = self.conn.poll_cm() {
+            self.cm.push_back(ev);
+            any = true;
+        }
+        any
+    }
+
+    /// Completions polled so far and not yet taken.
+    pub fn pending_wcs(&self) -> &VecDeque<Wc> {
+        &self.wcs
+    }
+
+    /// Takes every completion polled so far.
+    pub fn drain_wcs(&mut self) -> Vec<Wc> {
+        self.wcs.drain(..).collect()
+    }
+
+    /// Registers `len` zeroed bytes on this side's fabric.
+    pub fn reg(&self, len: usize, access: Access) -> Mr {
+        self.fabric
+            .register(MemBuf::zeroed(len), access)
+            .unwrap_or_else(|e| panic!("{}: register {len} bytes: {e}", self.name))
+    }
+
+    pub fn post_send(&mut self, wrs: &[SendWr<'_>]) {
+        let name = self.name;
+        self.conn
+            .post_send(wrs)
+            .unwrap_or_else(|e| panic!("{name}: post_send: {e}"));
+    }
+
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) {
+        let name = self.name;
+        self.conn
+            .post_recv(wrs)
+            .unwrap_or_else(|e| panic!("{name}: post_recv: {e}"));
+    }
+
+    pub fn try_post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.conn.post_send(wrs)
+    }
+}
+
+/// A connected client/server pair (the listener is kept so the address stays taken).
+pub struct Pair {
+    pub client: Side,
+    pub server: Side,
+    pub listener: Box<dyn Listener>,
+}
+
+/// Polls both sides until `done` says so, panicking after [`DEADLINE`] with `what`.
+pub fn pump_until(a: &mut Side, b: &mut Side, what: &str, mut done: impl FnMut(&mut Side) -> bool) {
+    let start = Instant::now();
+    loop {
+        if done(a) {
+            return;
+        }
+        let progressed = a.pump() | b.pump();
+        if done(a) {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{}: timed out after {DEADLINE:?} waiting for {what}; completions so far {:?}, \
+             CM events {:?}; peer completions {:?}, peer CM events {:?}",
+            a.name,
+            a.wcs,
+            a.cm,
+            b.wcs,
+            b.cm
+        );
+        if !progressed {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Polls both sides a fixed number of rounds (to let anything that should not happen
+/// happen).
+pub fn settle(a: &mut Side, b: &mut Side) {
+    for _ in 0..SETTLE_ROUNDS {
+        if !(a.pump() | b.pump()) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The first completion of `a` matching `pred` (earlier non-matching ones stay queued),
+/// polling `b` too so the peer makes progress.
+pub fn wait_wc(a: &mut Side, b: &mut Side, what: &str, pred: impl Fn(&Wc) -> bool) -> Wc {
+    let mut found = None;
+    pump_until(a, b, what, |s| {
+        if let Some(i) = s.wcs.iter().position(&pred) {
+            found = s.wcs.remove(i);
+            true
+        } else {
+            false
+        }
+    });
+    found.expect("found")
+}
+
+/// The next completion of `a`, in completion order.
+pub fn next_wc(a: &mut Side, b: &mut Side, what: &str) -> Wc {
+    let mut found = None;
+    pump_until(a, b, what, |s| {
+        found = s.wcs.pop_front();
+        found.is_some()
+    });
+    found.expect("found")
+}
+
+/// The completion of `wr_id` on `a`.
+pub fn wait_wr(a: &mut Side, b: &mut Side, wr_id: u64) -> Wc {
+    wait_wc(a, b, &format!("the completion of wr_id {wr_id}"), |wc| {
+        wc.wr_id == wr_id
+    })
+}
+
+/// The first CM event of `a` matching `pred`.
+pub fn wait_cm(a: &mut Side, b: &mut Side, what: &str, pred: impl Fn(&CmEvent) -> bool) -> CmEvent {
+    let mut found = None;
+    pump_until(a, b, what, |s| {
+        if let Some(i) = s.cm.iter().position(&pred) {
+            found = s.cm.remove(i);
+            true
+        } else {
+            false
+        }
+    });
+    found.expect("found")
+}
+
+/// Waits until both sides have seen `CmEvent::Disconnected` and report that state.
+pub fn wait_both_disconnected(p: &mut Pair) {
+    let is_disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected);
+    wait_cm(
+        &mut p.client,
+        &mut p.server,
+        "CmEvent::Disconnected",
+        is_disc,
+    );
+    wait_cm(
+        &mut p.server,
+        &mut p.client,
+        "CmEvent::Disconnected",
+        is_disc,
+    );
+    assert_eq!(
+        p.client.conn.state(),
+        ConnState::Disconnected,
+        "client state after disconnect"
+    );
+    assert_eq!(
+        p.server.conn.state(),
+        ConnState::Disconnected,
+        "server state after disconnect"
+    );
+}
+
+/// Listens on the backend's address and starts a connect to it: the listener, the
+/// connecting side, and the server's fabric.
+pub fn start_connect(
+    b: &dyn Backend,
+    caps: QpCaps,
+    private_data: &[u8],
+) -> (Box<dyn Listener>, Side, Arc<dyn Fabric>) {
+    let sf = b.server_fabric();
+    let cf = b.client_fabric();
+    let listener = sf
+        .listen(b.listen_addr())
+        .unwrap_or_else(|e| panic!("listen on {}: {e}", b.listen_addr()));
+    let conn = cf
+        .connect(listener.local_addr(), caps, private_data)
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", listener.local_addr()));
+    (listener, Side::new("client", conn, cf), sf)
+}
+
+/// Polls the listener (and the connecting side) until a request arrives.
+pub fn wait_request(
+    listener: &mut dyn Listener,
+    client: &mut Side,
+) -> rtrs_spdk::fabric::ConnRequest {
+    let start = Instant::now();
+    loop {
+        if let Some(req) = listener.poll() {
+            return req;
+        }
+        let progressed = client.pump();
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out after {DEADLINE:?} waiting for a connection request on {}; client CM \
+             events {:?}",
+            listener.local_addr(),
+            client.cm
+        );
+        if !progressed {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Connects a pair with `caps` on both ends and the given private data; both sides have
+/// seen `Established` when it returns (their CM queues are empty).
+pub fn connect_with(b: &dyn Backend, caps: QpCaps, client_pd: &[u8], server_pd: &[u8]) -> Pair {
+    let (mut listener, mut client, sf) = start_connect(b, caps, client_pd);
+    let req = wait_request(&mut *listener, &mut client);
+    let conn = req
+        .accept(caps, server_pd)
+        .unwrap_or_else(|e| panic!("accept: {e}"));
+    let mut server = Side::new("server", conn, sf);
+    let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
+    wait_cm(&mut client, &mut server, "CmEvent::Established", est);
+    wait_cm(&mut server, &mut client, "CmEvent::Established", est);
+    Pair {
+        client,
+        server,
+        listener,
+    }
+}
+
+/// Connects a pair with the backend's caps and no private data.
+pub fn connect(b: &dyn Backend) -> Pair {
+    connect_with(b, b.caps(), &[], &[])
+}
+
+/// A byte pattern that differs per `seed` and per position.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8).wrapping_add(1))
+        .collect()
+}
+
+pub fn read(mr: &Mr, offset: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    mr.read_at(offset, &mut out);
+    out
+}
+
+/// A signaled send work request.
+pub fn wr<'a>(wr_id: u64, op: SendOp<'a>, sges: &'a [Sge]) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op,
+        sges,
+        signaled: true,
+    }
+}
+
+/// An unsignaled send work request.
+pub fn wr_unsignaled<'a>(wr_id: u64, op: SendOp<'a>, sges: &'a [Sge]) -> SendWr<'a> {
+    SendWr {
+        wr_id,
+        op,
+        sges,
+        signaled: false,
+    }
+}
+
+/// Asserts a completion's status and opcode, naming the scenario step.
+pub fn expect(wc: &Wc, status: WcStatus, opcode: WcOpcode, step: &str) {
+    assert_eq!(wc.status, status, "{step}: status of {wc:?}");
+    if status.is_ok() {
+        assert_eq!(wc.opcode, opcode, "{step}: opcode of {wc:?}");
+    }
+}
+
+/// An rkey no registration of this test has: the index bits of `rkey` flipped.
+pub fn bogus_rkey(rkey: u32) -> u32 {
+    rkey ^ 0x00ff_ff00
+}
+
+/// Posts `wrs` on `a`, polling both sides and retrying the rest of the chain while the
+/// send queue is full.
+pub fn post_send_retrying(a: &mut Side, b: &mut Side, wrs: &[SendWr<'_>]) {
+    let mut from = 0;
+    let start = Instant::now();
+    while from < wrs.len() {
+        match a.conn.post_send(&wrs[from..]) {
+            Ok(()) => return,
+            Err(PostError {
+                index,
+                kind: rtrs_spdk::fabric::PostErrorKind::QueueFull,
+            }) => {
+                from += index;
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "{}: send queue stayed full",
+                    a.name
+                );
+                if !(a.pump() | b.pump()) {
+                    std::thread::yield_now();
+                }
+            }
+            Err(e) => panic!("{}: post_send: {e}", a.name),
+        }
+    }
+}

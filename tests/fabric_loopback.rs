@@ -1,0 +1,522 @@
+//! The loopback fabric beyond the shared contract: fault injection (break, blackhole,
+//! held delivery, refused posts), determinism, and ends polled from two threads.
+
+#[macro_use]
+#[allow(unused_macros)]
+mod conformance;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant;
+
+use conformance::{
+    connect, next_wc, pattern, read, settle, wait_both_disconnected, wait_wr, wr, Backend, Pair,
+    DEADLINE,
+};
+use rtrs_spdk::fabric::loopback::{Faults, LoopbackFabric};
+use rtrs_spdk::fabric::{
+    Access, CmEvent, Conn, ConnState, Fabric, MemBuf, Mr, PostErrorKind, QpCaps, RecvWr, SendOp,
+    Wc, WcOpcode, WcStatus,
+};
+
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+struct Loopback(Arc<LoopbackFabric>);
+
+impl Backend for Loopback {
+    fn server_fabric(&self) -> Arc<dyn Fabric> {
+        self.0.clone()
+    }
+    fn client_fabric(&self) -> Arc<dyn Fabric> {
+        self.0.clone()
+    }
+    fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+}
+
+/// A connected pair plus the fault controls of both ends.
+fn faulty_pair() -> (Pair, Faults, Faults) {
+    let fabric = Arc::new(LoopbackFabric::new());
+    let p = connect(&Loopback(fabric.clone()));
+    let client = fabric.faults(&*p.client.conn).expect("client faults");
+    let server = fabric.faults(&*p.server.conn).expect("server faults");
+    (p, client, server)
+}
+
+/// Posts an RDMA_WRITE_WITH_IMM of `seed`'s pattern from the client into `dst`.
+fn client_write_imm(p: &mut Pair, dst: &Mr, seed: u8, wr_id: u64) -> Mr {
+    let src = p.client.reg(256, Access::NONE);
+    src.write_at(0, &pattern(seed, 256));
+    let sges = [src.sge(0, 256)];
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: seed as u32,
+    };
+    p.client.post_send(&[wr(wr_id, op, &sges)]);
+    src
+}
+
+fn no_cm_events(conn: &mut dyn Conn) -> bool {
+    conn.poll_cm().is_none()
+}
+
+#[test]
+fn break_now_flushes_and_disconnects_both_ends() {
+    let (mut p, faults, _) = faulty_pair();
+    let buf = p.server.reg(64, Access::LOCAL_WRITE);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: Some(buf.sge(0, 64)),
+    }]);
+    p.client.post_recv(&[RecvWr {
+        wr_id: 2,
+        sge: None,
+    }]);
+    faults.break_now();
+    let wc = wait_wr(&mut p.client, &mut p.server, 2);
+    assert_eq!(wc.status, WcStatus::WrFlush, "{wc:?}");
+    let wc = wait_wr(&mut p.server, &mut p.client, 1);
+    assert_eq!(wc.status, WcStatus::WrFlush, "{wc:?}");
+    wait_both_disconnected(&mut p);
+    let err = p
+        .client
+        .conn
+        .post_recv(&[RecvWr {
+            wr_id: 3,
+            sge: None,
+        }])
+        .unwrap_err();
+    assert_eq!(err.kind, PostErrorKind::NotConnected);
+}
+
+#[test]
+fn blackhole_loses_everything_silently() {
+    let (mut p, faults, _) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    faults.blackhole();
+    let _src = client_write_imm(&mut p, &dst, 7, 2);
+    settle(&mut p.client, &mut p.server);
+    assert!(
+        p.server.drain_wcs().is_empty(),
+        "a blackholed operation arrived"
+    );
+    assert!(
+        p.client.drain_wcs().is_empty(),
+        "a blackholed operation completed"
+    );
+    assert!(
+        read(&dst, 0, 256).iter().all(|&x| x == 0),
+        "blackholed data landed"
+    );
+    assert_eq!(
+        p.server.conn.state(),
+        ConnState::Connected,
+        "nobody is told"
+    );
+    // Even a disconnect does not cross: only the local end learns of it.
+    p.client.conn.disconnect();
+    assert_eq!(p.client.conn.poll_cm(), Some(CmEvent::Disconnected));
+    settle(&mut p.client, &mut p.server);
+    assert!(
+        no_cm_events(&mut *p.server.conn),
+        "the peer heard through a blackhole"
+    );
+    assert_eq!(p.server.conn.state(), ConnState::Connected);
+}
+
+#[test]
+fn held_delivery_waits_for_release() {
+    let (mut p, _, server) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    server.hold();
+    let _src = client_write_imm(&mut p, &dst, 8, 2);
+    settle(&mut p.client, &mut p.server);
+    assert!(p.server.drain_wcs().is_empty(), "delivered while held");
+    assert!(
+        read(&dst, 0, 256).iter().all(|&x| x == 0),
+        "data landed while held"
+    );
+    server.release();
+    let wc = wait_wr(&mut p.server, &mut p.client, 1);
+    assert_eq!((wc.status, wc.imm), (WcStatus::Success, Some(8)), "{wc:?}");
+    assert_eq!(read(&dst, 0, 256), pattern(8, 256));
+    let wc = wait_wr(&mut p.client, &mut p.server, 2);
+    assert_eq!(wc.status, WcStatus::Success);
+}
+
+#[test]
+fn hold_for_polls_counts_the_receivers_polls() {
+    let (mut p, _, server) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    server.hold_for_polls(5);
+    let _src = client_write_imm(&mut p, &dst, 9, 2);
+    let mut wcs = [Wc::default(); 4];
+    for poll in 0..5 {
+        assert_eq!(
+            p.server.conn.poll_cq(&mut wcs),
+            0,
+            "delivered at held poll {poll}"
+        );
+    }
+    assert_eq!(
+        p.server.conn.poll_cq(&mut wcs),
+        1,
+        "delivered at the first poll after the hold"
+    );
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].opcode),
+        (1, WcOpcode::RecvRdmaWithImm)
+    );
+}
+
+#[test]
+fn injected_post_failures_post_nothing() {
+    let (mut p, client, _) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 2,
+            sge: None,
+        },
+    ]);
+    client.fail_posts(2);
+    let src = p.client.reg(256, Access::NONE);
+    let sges = [src.sge(0, 256)];
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: 1,
+    };
+    let err = p.client.try_post_send(&[wr(10, op, &sges)]).unwrap_err();
+    assert_eq!((err.index, err.kind), (0, PostErrorKind::Injected));
+    let err = p
+        .client
+        .conn
+        .post_recv(&[RecvWr {
+            wr_id: 11,
+            sge: None,
+        }])
+        .unwrap_err();
+    assert_eq!((err.index, err.kind), (0, PostErrorKind::Injected));
+    p.client.post_send(&[wr(12, op, &sges)]);
+    let wc = next_wc(&mut p.server, &mut p.client, "the one write posted");
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success), "{wc:?}");
+    let wc = next_wc(&mut p.client, &mut p.server, "its completion");
+    assert_eq!((wc.wr_id, wc.status), (12, WcStatus::Success), "{wc:?}");
+    settle(&mut p.client, &mut p.server);
+    assert!(p.server.drain_wcs().is_empty(), "a refused post executed");
+}
+
+#[test]
+fn dropping_an_end_disconnects_the_peer() {
+    let (mut p, _, _) = faulty_pair();
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    let Pair {
+        client,
+        mut server,
+        listener,
+    } = p;
+    drop(client);
+    let start = Instant::now();
+    let mut wcs = [Wc::default(); 4];
+    let mut seen = (None, false);
+    while seen.0.is_none() || !seen.1 {
+        if server.conn.poll_cq(&mut wcs) > 0 {
+            seen.0 = Some(wcs[0]);
+        }
+        seen.1 |= server.conn.poll_cm() == Some(CmEvent::Disconnected);
+        assert!(
+            start.elapsed() < DEADLINE,
+            "peer drop not noticed: {seen:?}"
+        );
+    }
+    assert_eq!(
+        seen.0.map(|wc| (wc.wr_id, wc.status)),
+        Some((1, WcStatus::WrFlush))
+    );
+    drop(listener);
+}
+
+/// Everything one scripted run observes, in order.
+fn scripted_run() -> Vec<String> {
+    let (mut p, _, _) = faulty_pair();
+    let mut log = Vec::new();
+    let dst = p.server.reg(4096, RW);
+    let src = p.client.reg(4096, Access::NONE);
+    let sges = [src.sge(0, 512)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    let bad = SendOp::RdmaWrite {
+        remote_addr: dst.addr() + 4000,
+        rkey: dst.rkey(),
+    };
+    p.client.post_send(&[
+        wr(1, SendOp::Send, &sges),
+        wr(2, write, &sges),
+        wr(3, SendOp::SendWithImm { imm: 4 }, &sges),
+    ]);
+    let mut wcs = [Wc::default(); 8];
+    for round in 0..40u64 {
+        if round == 5 {
+            p.server.post_recv(&[RecvWr {
+                wr_id: 10,
+                sge: Some(dst.sge(1024, 512)),
+            }]);
+        }
+        if round == 9 {
+            p.server.post_recv(&[RecvWr {
+                wr_id: 11,
+                sge: Some(dst.sge(2048, 512)),
+            }]);
+            p.client
+                .post_send(&[wr(4, write, &sges), wr(5, bad, &sges), wr(6, write, &sges)]);
+        }
+        for (name, side) in [("client", &mut p.client), ("server", &mut p.server)] {
+            let n = side.conn.poll_cq(&mut wcs);
+            for wc in &wcs[..n] {
+                log.push(format!("{round} {name} {wc:?}"));
+            }
+            while let Some(ev) = side.conn.poll_cm() {
+                log.push(format!("{round} {name} {ev:?}"));
+            }
+        }
+    }
+    log
+}
+
+#[test]
+fn one_thread_runs_are_deterministic() {
+    let first = scripted_run();
+    assert!(
+        first.iter().any(|l| l.contains("RemoteAccess")),
+        "the script hits an error: {first:#?}"
+    );
+    assert!(
+        first.iter().any(|l| l.contains("Disconnected")),
+        "and a disconnect: {first:#?}"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            scripted_run(),
+            first,
+            "a second run observed something else"
+        );
+    }
+}
+
+/// Polls `conn` until `want` completions arrived, bounded by the deadline.
+fn poll_until(conn: &mut dyn Conn, start: Instant, what: &str, mut take: impl FnMut(&Wc) -> bool) {
+    let mut wcs = [Wc::default(); 16];
+    loop {
+        let n = conn.poll_cq(&mut wcs);
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
+            if take(wc) {
+                return;
+            }
+        }
+        assert!(start.elapsed() < DEADLINE, "{what}: timed out");
+        if n == 0 {
+            thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn ends_on_two_threads_ping_pong() {
+    const ROUNDS: u32 = 2000;
+    const LEN: usize = 512;
+    let (p, _, _) = faulty_pair();
+    let Pair {
+        client,
+        server,
+        listener,
+    } = p;
+    let (mut cconn, mut sconn) = (client.conn, server.conn);
+    let fabric = client.fabric;
+    let reg = |len| fabric.register(MemBuf::zeroed(len), RW).expect("register");
+    // Client: a request buffer it sends from and a response area the server writes to.
+    let (creq, cresp) = (reg(LEN), reg(LEN));
+    let (sreq, sresp) = (reg(LEN), reg(LEN));
+    let (resp_addr, resp_rkey) = (cresp.addr(), cresp.rkey());
+    let start = Instant::now();
+
+    let server_thread = thread::spawn(move || {
+        for i in 0..ROUNDS {
+            sconn
+                .post_recv(&[RecvWr {
+                    wr_id: u64::from(i),
+                    sge: Some(sreq.sge(0, LEN)),
+                }])
+                .expect("recv");
+            poll_until(&mut *sconn, start, "server: request", |wc| {
+                wc.opcode == WcOpcode::Recv
+            });
+            let mut req = [0u8; LEN];
+            sreq.read_at(0, &mut req);
+            assert_eq!(req.to_vec(), pattern(i as u8, LEN), "request {i} intact");
+            sresp.write_at(0, &pattern(!(i as u8), LEN));
+            let sges = [sresp.sge(0, LEN)];
+            let op = SendOp::RdmaWriteWithImm {
+                remote_addr: resp_addr,
+                rkey: resp_rkey,
+                imm: i,
+            };
+            sconn
+                .post_send(&[wr(u64::from(i), op, &sges)])
+                .expect("respond");
+            poll_until(&mut *sconn, start, "server: response sent", |wc| {
+                wc.opcode == WcOpcode::RdmaWrite
+            });
+        }
+        sconn
+    });
+    for i in 0..ROUNDS {
+        cconn
+            .post_recv(&[RecvWr {
+                wr_id: u64::from(i),
+                sge: None,
+            }])
+            .expect("recv");
+        creq.write_at(0, &pattern(i as u8, LEN));
+        let sges = [creq.sge(0, LEN)];
+        cconn
+            .post_send(&[wr(u64::from(i), SendOp::Send, &sges)])
+            .expect("request");
+        let mut imm = None;
+        poll_until(&mut *cconn, start, "client: response", |wc| {
+            imm = wc.imm;
+            wc.opcode == WcOpcode::RecvRdmaWithImm
+        });
+        assert_eq!(imm, Some(i), "responses in order");
+        assert_eq!(
+            read(&cresp, 0, LEN),
+            pattern(!(i as u8), LEN),
+            "response {i} in place"
+        );
+    }
+    let mut sconn = server_thread.join().expect("server thread");
+    cconn.disconnect();
+    let mut got = false;
+    while !got {
+        got = sconn.poll_cm() == Some(CmEvent::Disconnected);
+        assert!(
+            start.elapsed() < DEADLINE,
+            "server never saw the disconnect"
+        );
+    }
+    drop(listener);
+}
+
+#[test]
+fn ends_on_two_threads_stream_in_order() {
+    const N: u32 = 20_000;
+    let fabric = Arc::new(LoopbackFabric::new());
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 256,
+        max_send_sge: 1,
+    };
+    let p = conformance::connect_with(&Loopback(fabric.clone()), caps, &[], &[]);
+    let Pair {
+        client,
+        server,
+        listener,
+    } = p;
+    let (mut cconn, mut sconn) = (client.conn, server.conn);
+    let dst = fabric
+        .register(MemBuf::zeroed(64 * 1024), RW)
+        .expect("register");
+    let src = fabric
+        .register(MemBuf::zeroed(64 * 1024), RW)
+        .expect("register");
+    src.write_at(0, &pattern(1, 64 * 1024));
+    let (daddr, drkey) = (dst.addr(), dst.rkey());
+    let start = Instant::now();
+
+    let receiver = thread::spawn(move || {
+        let mut wcs = [Wc::default(); 32];
+        let mut posted = 0u32;
+        let mut next = 0u32;
+        while next < N {
+            while posted < N && posted - next < 256 {
+                sconn
+                    .post_recv(&[RecvWr {
+                        wr_id: u64::from(posted),
+                        sge: None,
+                    }])
+                    .expect("recv");
+                posted += 1;
+            }
+            let n = sconn.poll_cq(&mut wcs);
+            for wc in &wcs[..n] {
+                assert_eq!(
+                    (wc.status, wc.imm),
+                    (WcStatus::Success, Some(next)),
+                    "{wc:?}"
+                );
+                next += 1;
+            }
+            assert!(start.elapsed() < DEADLINE, "receiver stuck at {next}");
+            if n == 0 {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(
+            read(&dst, 0, 64 * 1024),
+            pattern(1, 64 * 1024),
+            "the streamed data"
+        );
+        sconn
+    });
+    let mut wcs = [Wc::default(); 32];
+    let mut i = 0u32;
+    while i < N {
+        let off = (i as usize % 64) * 1024;
+        let sges = [src.sge(off, 1024)];
+        let op = SendOp::RdmaWriteWithImm {
+            remote_addr: daddr + off as u64,
+            rkey: drkey,
+            imm: i,
+        };
+        let mut w = wr(u64::from(i), op, &sges);
+        w.signaled = i % 16 == 15;
+        match cconn.post_send(&[w]) {
+            Ok(()) => i += 1,
+            Err(e) => assert_eq!(e.kind, PostErrorKind::QueueFull, "{e}"),
+        }
+        let n = cconn.poll_cq(&mut wcs);
+        assert!(
+            wcs[..n].iter().all(|wc| wc.status == WcStatus::Success),
+            "{:?}",
+            &wcs[..n]
+        );
+        assert!(start.elapsed() < DEADLINE, "sender stuck at {i}");
+    }
+    let sconn = receiver.join().expect("receiver thread");
+    drop((cconn, sconn, listener));
+}
