@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::cm::{self, Phase, Step};
-use super::slots::QueueSlots;
+use super::slots::{self, QueueSlots};
 use super::sys::{CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
 use super::{wc, Shared};
 use crate::fabric::{
@@ -275,7 +275,8 @@ impl Conn for VerbsConn {
                 Err(f) => f.index,
             };
             for wr in &chunk[..accepted] {
-                self.slots.sent(wr.signaled);
+                self.slots
+                    .sent(wr.wr_id, slots::send_opcode(&wr.op), wr.signaled);
                 // The slots of accepted bindings now carry their new keys.
                 if let SendOp::RegMr { slot, rkey, .. } = wr.op {
                     slot.set_rkey(rkey);
@@ -314,10 +315,13 @@ impl Conn for VerbsConn {
             let base = c * MAX_CHAIN;
             let n = chunk.len().min(self.slots.recv_room());
             let posted = self.ep.post_recv(&chunk[..n]);
-            self.slots.recvs_posted(match posted {
+            let accepted = match posted {
                 Ok(()) => n,
                 Err(f) => f.index,
-            });
+            };
+            for w in &chunk[..accepted] {
+                self.slots.recv_posted(w.wr_id);
+            }
             posted.map_err(|f| PostError {
                 index: base + f.index,
                 kind: wc::post_error_kind(f.errno),
@@ -340,8 +344,8 @@ impl Conn for VerbsConn {
             let mut k = 0;
             let slots = &mut self.slots;
             let res = self.ep.poll_cq(out.len(), |raw| {
-                let w = wc::completion(&raw);
-                slots.completed(&w);
+                let mut w = wc::completion(&raw);
+                slots.completed(&mut w, raw.opcode.is_some());
                 failed |= !w.status.is_ok();
                 out[k] = w;
                 k += 1;

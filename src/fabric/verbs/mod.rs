@@ -22,18 +22,21 @@
 //!   A peer's disconnect is noticed by [`Conn::poll_cm`] (the CQ alone does not see
 //!   it), which then flushes the local queue pair; poll both, as RTRS does.
 //! - Chains of any length are posted in pieces of 16 work requests from arrays
-//!   allocated with the queue pair; posting and polling do not allocate.
+//!   allocated with the queue pair; posting and polling do not allocate. Queue slots
+//!   are counted against the requested sizes (`slots.rs`), as the contract counts them.
 //!
 //! # What could not be verified where this was written
 //! The machine had no RDMA device and no kernel RDMA support (no rxe/siw). What was
 //! checked there: the crate builds against rdma-core's headers, opening the fabric fails
-//! with [`FabricError::NoDevice`], and the pure parts (CM state machine, completion and
-//! access mapping) have unit tests. Everything that talks to a NIC — registration,
+//! with [`FabricError::NoDevice`], the hand-written rdma-sys structs match the C layout
+//! of the installed headers (checked at compile time in `sys.rs`), and the pure parts
+//! (CM state machine, completion and access mapping, queue shadow) have unit tests. Everything that talks to a NIC — registration,
 //! windows, posting, polling, the CM exchange — is written to the verbs specification
 //! and rdma-core's documented behaviour but has not run; `tests/fabric_verbs.rs` holds
 //! the ignored hardware tests to run on a machine with a device. Known limits:
-//! - the opcode of a failed completion is the provider's if it sets one, else `Send`
-//!   (verbs defines the opcode only for successful completions);
+//! - the opcode of a failed completion is taken from the shadow of the queues
+//!   (`slots.rs`) by wr_id, since verbs leaves it undefined; if a send and the oldest
+//!   receive share a wr_id, a failed completion with that wr_id counts as the receive;
 //! - type-2 windows need a device that supports them (mlx5 does; some do not, and then
 //!   [`Fabric::alloc_fast_mr`] fails with the provider's error).
 //!

@@ -56,8 +56,8 @@ pub(super) fn status(raw: u32) -> WcStatus {
 }
 
 /// The contract's opcode. Verbs defines the opcode only for successful completions;
-/// when the provider left it unset, `Send` stands in (RTRS, like the kernel, looks only
-/// at the status and wr_id of a failed completion).
+/// when the provider left it unset, `Send` stands in here and the connection replaces
+/// it with the posted request's opcode (see `slots.rs`).
 pub(super) fn opcode(raw: Option<u32>) -> WcOpcode {
     use ffi::ibv_wc_opcode::*;
     match raw {
