@@ -10,7 +10,14 @@
 //!
 //! `RTRS_TEST_DEVICE` names the rdma-core device (`rdma link show`), `RTRS_TEST_ADDR` an
 //! IP address configured on one of its ports (IPoIB, RoCE netdev, or rxe/siw).
+//!
+//! The shared conformance suite (`tests/conformance/`) runs against the same device in
+//! the `conformance_verbs` module; without `RTRS_TEST_DEVICE` each of its scenarios
+//! prints that it was skipped and returns.
 #![cfg(feature = "verbs")]
+
+#[macro_use]
+mod conformance;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -426,4 +433,54 @@ fn hw_disconnect_flushes_posted_receives() {
         }])
         .unwrap_err();
     assert_eq!(err.index, 0);
+}
+
+/// The shared conformance suite over `RTRS_TEST_DEVICE`: one fabric serves as both hosts
+/// and the pair connects through the NIC to `RTRS_TEST_ADDR`.
+mod conformance_verbs {
+    use std::net::{IpAddr, SocketAddr};
+    use std::sync::Arc;
+
+    use rtrs_spdk::fabric::verbs::VerbsFabric;
+    use rtrs_spdk::fabric::Fabric;
+
+    struct Verbs {
+        fabric: Arc<VerbsFabric>,
+        ip: IpAddr,
+    }
+
+    impl Verbs {
+        /// The backend, or `None` (with a line saying so) when no device is configured.
+        fn from_env() -> Option<Verbs> {
+            if std::env::var_os("RTRS_TEST_DEVICE").is_none() {
+                eprintln!(
+                    "skipped: set RTRS_TEST_DEVICE=<rdma device> and RTRS_TEST_ADDR=<its ip> \
+                     to run the conformance suite on an RDMA NIC"
+                );
+                return None;
+            }
+            let (fabric, ip) = super::device();
+            Some(Verbs {
+                fabric: Arc::new(fabric),
+                ip,
+            })
+        }
+    }
+
+    impl crate::conformance::Backend for Verbs {
+        fn server_fabric(&self) -> Arc<dyn Fabric> {
+            self.fabric.clone()
+        }
+        fn client_fabric(&self) -> Arc<dyn Fabric> {
+            self.fabric.clone()
+        }
+        fn listen_addr(&self) -> SocketAddr {
+            SocketAddr::new(self.ip, 0)
+        }
+    }
+
+    conformance_tests!(match Verbs::from_env() {
+        Some(backend) => backend,
+        None => return,
+    });
 }
