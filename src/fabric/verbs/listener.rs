@@ -120,11 +120,12 @@ impl PendingConn for VerbsPending {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
         let err = |reason: String| FabricError::Accept { reason };
+        // On this error `self` is dropped, which rejects the request.
+        super::check_caps(&self.shared, caps).map_err(err)?;
         let mut ep = self
             .ep
             .take()
             .ok_or_else(|| err("request already answered".to_owned()))?;
-        super::check_caps(&self.shared, caps).map_err(err)?;
         let granted = match ep.create_qp(&self.shared.pd, caps, self.shared.attr.max_cqe) {
             Ok(granted) => granted,
             Err(e) => {

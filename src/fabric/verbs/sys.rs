@@ -305,10 +305,14 @@ impl Drop for MemRegion {
         // SAFETY: registered in `register`, deregistered once, before the memory goes.
         let ret = unsafe { ffi::ibv_dereg_mr(self.raw) };
         if ret != 0 {
+            // Still registered (typically a memory window is still bound to it): the NIC
+            // may yet write there, so the memory must never be freed. Leak it.
             tracing::warn!(
                 ret,
-                "ibv_dereg_mr failed (is a memory window still bound to it?)"
+                "ibv_dereg_mr failed (is a memory window still bound to it?); \
+                 leaking the memory to keep it safe from the device"
             );
+            std::mem::forget(self._backing.clone());
         }
     }
 }
