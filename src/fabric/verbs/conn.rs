@@ -373,8 +373,8 @@ impl Conn for VerbsConn {
             return Some(ev);
         }
         loop {
-            let channel = self.ep.id().channel().clone();
-            match channel.next_event() {
+            let next = self.ep.id().channel().next_event();
+            match next {
                 Ok(None) => return None,
                 Ok(Some(raw)) => {
                     if let Some(ev) = self.handle(raw.kind, raw.status, raw.private_data) {

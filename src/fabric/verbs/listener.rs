@@ -80,8 +80,8 @@ impl VerbsListener {
 impl Listener for VerbsListener {
     fn poll(&mut self) -> Option<ConnRequest> {
         loop {
-            let channel = self.id.channel().clone();
-            match channel.next_event() {
+            let next = self.id.channel().next_event();
+            match next {
                 Ok(None) => return None,
                 Ok(Some(ev)) if ev.new_id.is_some() => {
                     if let Some(req) = self.request(ev) {
