@@ -520,3 +520,104 @@ fn ends_on_two_threads_stream_in_order() {
     let sconn = receiver.join().expect("receiver thread");
     drop((cconn, sconn, listener));
 }
+
+/// Counts heap allocations made by the current thread.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub struct Counting;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is forwarded to the system allocator unchanged; the counter is
+    // a const-initialized thread-local Cell, which never allocates.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.with(|c| c.set(c.get() + 1));
+            // SAFETY: forwarded with the caller's layout.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: `ptr` came from `System.alloc` with this layout.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            ALLOCATIONS.with(|c| c.set(c.get() + 1));
+            // SAFETY: forwarded unchanged.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    pub fn allocations() -> u64 {
+        ALLOCATIONS.with(Cell::get)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
+
+#[test]
+fn the_data_path_does_not_allocate() {
+    let fabric = Arc::new(LoopbackFabric::new());
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+    };
+    let p = conformance::connect_with(&Loopback(fabric.clone()), caps, &[], &[]);
+    let Pair {
+        client,
+        server,
+        listener,
+    } = p;
+    let (mut c, mut s) = (client.conn, server.conn);
+    let dst = fabric.register(MemBuf::zeroed(8192), RW).expect("register");
+    let src = fabric.register(MemBuf::zeroed(8192), RW).expect("register");
+    let rbuf = fabric.register(MemBuf::zeroed(8192), RW).expect("register");
+    let sges = [src.sge(0, 2048), src.sge(4096, 2048)];
+    let write = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: 1,
+    };
+    let mut wcs = [Wc::default(); 16];
+    let mut round = |i: u64, c: &mut Box<dyn Conn>, s: &mut Box<dyn Conn>| {
+        s.post_recv(&[RecvWr {
+            wr_id: i,
+            sge: None,
+        }])
+        .expect("recv");
+        s.post_recv(&[RecvWr {
+            wr_id: i,
+            sge: Some(rbuf.sge(0, 4096)),
+        }])
+        .expect("recv");
+        let mut w = wr(i, write, &sges);
+        w.signaled = i % 4 == 0;
+        let send = wr(i, SendOp::SendWithImm { imm: 2 }, &sges[..1]);
+        c.post_send(&[w, send]).expect("send");
+        let mut got = 0;
+        let start = Instant::now();
+        while got < 2 {
+            got += s.poll_cq(&mut wcs);
+            c.poll_cq(&mut wcs);
+            assert!(start.elapsed() < DEADLINE, "round {i} stuck");
+        }
+    };
+    for i in 0..100 {
+        round(i, &mut c, &mut s);
+    }
+    let before = counting::allocations();
+    for i in 100..2100 {
+        round(i, &mut c, &mut s);
+    }
+    assert_eq!(
+        counting::allocations() - before,
+        0,
+        "allocations on the loopback data path"
+    );
+    drop((c, s, listener));
+}

@@ -8,13 +8,23 @@
 //! ```ignore
 //! #[macro_use]
 //! mod conformance;
-//! struct Tcp;
-//! impl conformance::Backend for Tcp { /* ... */ }
-//! conformance_tests!(Tcp);
+//!
+//! struct Tcp { server: Arc<TcpFabric>, client: Arc<TcpFabric> }
+//! impl conformance::Backend for Tcp {
+//!     fn server_fabric(&self) -> Arc<dyn Fabric> { self.server.clone() }
+//!     fn client_fabric(&self) -> Arc<dyn Fabric> { self.client.clone() }
+//!     fn listen_addr(&self) -> SocketAddr { "127.0.0.1:0".parse().unwrap() }
+//! }
+//! conformance_tests!(Tcp { server: Arc::new(TcpFabric::new()), client: Arc::new(TcpFabric::new()) });
 //! ```
 //!
-//! Scenarios use only the traits of `rtrs_spdk::fabric`. Every wait is bounded by
-//! [`DEADLINE`] and panics with what it was waiting for; nothing asserts on timing.
+//! The expression is evaluated afresh for every test. A backend that knowingly
+//! deviates lists the scenario in [`Backend::expected_failures`] (with the reason); the
+//! test then checks that it still fails, so a fix is noticed.
+//!
+//! Scenarios use only the traits of `rtrs_spdk::fabric`, and one test thread polls both
+//! ends. Every wait is bounded by [`DEADLINE`] and panics with what it was waiting for
+//! (and every completion and CM event seen so far); nothing asserts on timing.
 
 #![allow(dead_code)]
 

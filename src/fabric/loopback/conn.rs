@@ -1,4 +1,5 @@
-//! One end of a loopback connection: a soft RC queue pair driven over a [`Link`].
+//! One end of a loopback connection: what the kernel's RTRS holds as an `rdma_cm_id`
+//! with its RC `ib_qp` and `ib_cq` — here a soft RC queue pair driven over a [`Link`].
 //!
 //! Progress happens in `poll_cq` and `poll_cm` (and posting hands new operations to the
 //! link at once, so a peer polled on another thread need not wait for our next poll):
@@ -15,7 +16,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::link::{Frame, Handshake, Link, Queues, CLIENT};
+use crossbeam_queue::ArrayQueue;
+
+use super::link::{EndState, Frame, Handshake, Link, CLIENT, SERVER};
 use crate::fabric::soft::{InboundError, MrTable, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
@@ -26,8 +29,15 @@ const DELIVERY_BUDGET: usize = 64;
 
 /// A loopback connection endpoint.
 pub struct LoopbackConn {
-    qp: SoftQp,
     link: Arc<Link>,
+    end: End,
+    /// The client's address, handed back to the fabric's name table on drop.
+    _name: Option<super::EphemeralName>,
+}
+
+/// Everything of an endpoint but the link, so its steps can borrow the link alongside.
+struct End {
+    qp: SoftQp,
     /// Which end of the link this is (`CLIENT` or `SERVER`).
     me: usize,
     events: VecDeque<CmEvent>,
@@ -35,8 +45,6 @@ pub struct LoopbackConn {
     stalled: Option<Frame>,
     /// The client has seen the answer to its request (always true on the acceptor).
     answered: bool,
-    /// The client's address, handed back to the fabric's name table on drop.
-    _name: Option<super::EphemeralName>,
 }
 
 impl LoopbackConn {
@@ -47,13 +55,16 @@ impl LoopbackConn {
         link: Arc<Link>,
         name: super::EphemeralName,
     ) -> LoopbackConn {
-        LoopbackConn {
+        let end = End {
             qp: SoftQp::new(table, caps),
-            link,
             me: CLIENT,
             events: VecDeque::new(),
             stalled: None,
             answered: false,
+        };
+        LoopbackConn {
+            link,
+            end,
             _name: Some(name),
         }
     }
@@ -66,27 +77,54 @@ impl LoopbackConn {
         events.push_back(CmEvent::Established {
             private_data: PrivateData::empty(),
         });
-        LoopbackConn {
+        let end = End {
             qp,
-            link,
-            me: super::link::SERVER,
+            me: SERVER,
             events,
             stalled: None,
             answered: true,
+        };
+        LoopbackConn {
+            link,
+            end,
             _name: None,
         }
     }
 
+    /// A connecting end withdraws its request, if still unanswered.
+    fn withdraw(&self) {
+        if self.end.me == CLIENT {
+            let mut hs = self.link.handshake();
+            if matches!(*hs, Handshake::Requested) {
+                *hs = Handshake::ClientGone;
+            }
+        }
+    }
+}
+
+impl End {
     fn peer(&self) -> usize {
         1 - self.me
     }
 
+    fn progress(&mut self, link: &Link) {
+        self.check_answer(link);
+        self.check_broken(link);
+        if self.qp.state() == ConnState::Connecting {
+            return;
+        }
+        self.read_peer(link);
+        self.transmit(link);
+        self.deliver(link);
+        self.publish(link);
+    }
+
     /// The client learns the acceptor's answer.
-    fn check_answer(&mut self) {
+    fn check_answer(&mut self, link: &Link) {
         if self.answered {
             return;
         }
-        let event = match &*self.link.handshake() {
+        let event = match &*link.handshake() {
             Handshake::Requested | Handshake::ClientGone => return,
             Handshake::Accepted { private_data } => CmEvent::Established {
                 private_data: *private_data,
@@ -97,7 +135,7 @@ impl LoopbackConn {
             Handshake::Unreachable => CmEvent::Error {
                 reason: format!(
                     "no loopback listener on {} (connection refused)",
-                    self.link.addrs[self.peer()]
+                    link.addrs[self.peer()]
                 ),
             },
         };
@@ -113,41 +151,25 @@ impl LoopbackConn {
     }
 
     /// Applies an injected break.
-    fn check_broken(&mut self) {
-        if self.link.broken.load(Ordering::Acquire) {
+    fn check_broken(&mut self, link: &Link) {
+        if link.broken.load(Ordering::Acquire) {
             self.qp.fail();
         }
     }
 
-    fn progress(&mut self) {
-        self.check_answer();
-        self.check_broken();
-        if self.qp.state() == ConnState::Connecting {
-            return;
-        }
-        let link = self.link.clone();
-        if let Some(queues) = link.queues.get() {
-            self.read_peer();
-            self.transmit(queues);
-            self.deliver(queues);
-        }
-        self.publish();
-    }
-
     /// Step 1: the peer's ack, refusal and close, read in the reverse of the order they
-    /// were written so that a close is never seen without what preceded it.
-    fn read_peer(&mut self) {
-        if self.link.is_blackholed() {
+    /// were written, so that a close is never seen without what preceded it.
+    fn read_peer(&mut self, link: &Link) {
+        if link.is_blackholed() {
             return;
         }
-        let peer = &self.link.ends[self.peer()];
+        let peer = &link.ends[self.peer()];
         let closed = peer.closed.load(Ordering::Acquire);
         let ack = peer.ack.load(Ordering::Acquire);
         if ack > 0 {
             self.qp.on_ack(ack);
         }
-        let nak = peer.nak().take();
-        if let Some((seq, status)) = nak {
+        if let Some((seq, status)) = peer.take_nak() {
             self.qp.on_nak(seq, status);
         }
         if closed {
@@ -156,9 +178,12 @@ impl LoopbackConn {
     }
 
     /// Step 2: newly posted operations go to the peer's queue (or vanish, blackholed).
-    fn transmit(&mut self, queues: &Queues) {
+    fn transmit(&mut self, link: &Link) {
+        let Some(queues) = link.queues.get() else {
+            return;
+        };
         let out = &queues.to[self.peer()];
-        let vanish = self.link.is_blackholed();
+        let vanish = link.is_blackholed();
         let mut moved = 0;
         for (op, srcs) in self.qp.outbound() {
             if !vanish {
@@ -178,15 +203,29 @@ impl LoopbackConn {
     }
 
     /// Step 3: executes the peer's operations, in order, up to the budget.
-    fn deliver(&mut self, queues: &Queues) {
-        let mine = &self.link.ends[self.me];
-        if self.qp.state() != ConnState::Connected
-            || self.link.is_blackholed()
+    fn deliver(&mut self, link: &Link) {
+        let Some(queues) = link.queues.get() else {
+            return;
+        };
+        let inbox = &queues.to[self.me];
+        let (mine, peer) = (&link.ends[self.me], &link.ends[self.peer()]);
+        if (self.stalled.is_none() && inbox.is_empty())
+            || self.qp.state() != ConnState::Connected
             || mine.delivery_held()
         {
             return;
         }
-        let inbox = &queues.to[self.me];
+        // Busy first, then check that the peer has not closed (see `EndState::busy`).
+        let _busy = mine.busy_guard();
+        if !peer.closed.load(Ordering::SeqCst)
+            && !link.broken.load(Ordering::SeqCst)
+            && !link.blackhole.load(Ordering::SeqCst)
+        {
+            self.execute(inbox, mine);
+        }
+    }
+
+    fn execute(&mut self, inbox: &ArrayQueue<Frame>, mine: &EndState) {
         for _ in 0..DELIVERY_BUDGET {
             let Some(frame) = self.stalled.take().or_else(|| inbox.pop()) else {
                 return;
@@ -203,7 +242,7 @@ impl LoopbackConn {
                     return;
                 }
                 Err(InboundError::Refuse(status)) => {
-                    *mine.nak() = Some((frame.op.seq, status));
+                    mine.set_nak(frame.op.seq, status);
                     return;
                 }
             }
@@ -211,104 +250,91 @@ impl LoopbackConn {
     }
 
     /// Step 4: our ack, then (after any refusal stored by `deliver`) our close.
-    fn publish(&mut self) {
-        let mine = &self.link.ends[self.me];
-        let silent = self.link.is_blackholed();
+    fn publish(&mut self, link: &Link) {
+        let mine = &link.ends[self.me];
+        let silent = link.is_blackholed();
         if let Some(seq) = self.qp.take_ack() {
             if !silent {
                 mine.ack.store(seq, Ordering::Release);
             }
         }
         if self.qp.take_disconnect() {
-            if !silent {
-                mine.closed.store(true, Ordering::Release);
-            }
+            mine.close_and_quiesce(&link.ends[self.peer()], !silent);
             self.events.push_back(CmEvent::Disconnected);
         }
     }
 
-    fn injected(&self) -> Option<PostError> {
-        self.link.ends[self.me].post_refused().then_some(PostError {
-            index: 0,
-            kind: PostErrorKind::Injected,
-        })
+    fn injected(&self, link: &Link) -> Result<(), PostError> {
+        if link.ends[self.me].post_refused() {
+            return Err(PostError {
+                index: 0,
+                kind: PostErrorKind::Injected,
+            });
+        }
+        Ok(())
     }
 }
 
 impl Conn for LoopbackConn {
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
-        if let Some(e) = self.injected() {
-            return Err(e);
+        let (end, link) = (&mut self.end, &*self.link);
+        end.injected(link)?;
+        end.check_broken(link);
+        let result = end.qp.post_send(wrs);
+        if end.qp.state() == ConnState::Connected {
+            end.transmit(link);
         }
-        self.check_broken();
-        let result = self.qp.post_send(wrs);
-        if let Some(queues) = self.link.clone().queues.get() {
-            if self.qp.state() == ConnState::Connected {
-                self.transmit(queues);
-            }
-        }
-        self.publish();
+        end.publish(link);
         result
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        if let Some(e) = self.injected() {
-            return Err(e);
-        }
-        self.check_broken();
-        let result = self.qp.post_recv(wrs);
-        self.publish();
+        let (end, link) = (&mut self.end, &*self.link);
+        end.injected(link)?;
+        end.check_broken(link);
+        let result = end.qp.post_recv(wrs);
+        end.publish(link);
         result
     }
 
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize {
-        self.progress();
-        self.qp.poll(wcs)
+        self.end.progress(&self.link);
+        self.end.qp.poll(wcs)
     }
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
-        self.progress();
-        self.events.pop_front()
+        self.end.progress(&self.link);
+        self.end.events.pop_front()
     }
 
     fn disconnect(&mut self) {
-        if self.me == CLIENT {
-            let mut hs = self.link.handshake();
-            if matches!(*hs, Handshake::Requested) {
-                *hs = Handshake::ClientGone;
-            }
-        }
-        self.qp.fail();
-        self.publish();
+        self.withdraw();
+        self.end.qp.fail();
+        self.end.publish(&self.link);
     }
 
     fn state(&self) -> ConnState {
-        self.qp.state()
+        self.end.qp.state()
     }
 
     fn caps(&self) -> QpCaps {
-        self.qp.caps()
+        self.end.qp.caps()
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {
-        Some(self.link.addrs[self.peer()])
+        Some(self.link.addrs[self.end.peer()])
     }
 
     fn local_addr(&self) -> Option<SocketAddr> {
-        Some(self.link.addrs[self.me])
+        Some(self.link.addrs[self.end.me])
     }
 }
 
 impl Drop for LoopbackConn {
     fn drop(&mut self) {
-        if self.me == CLIENT {
-            let mut hs = self.link.handshake();
-            if matches!(*hs, Handshake::Requested) {
-                *hs = Handshake::ClientGone;
-            }
-        }
+        self.withdraw();
         if !self.link.is_blackholed() {
-            self.link.ends[self.me]
+            self.link.ends[self.end.me]
                 .closed
                 .store(true, Ordering::Release);
         }

@@ -54,14 +54,30 @@ pub enum Handshake {
 pub struct EndState {
     /// Cumulative ack: every operation of the peer up to this seq has been executed.
     pub ack: AtomicU64,
-    /// The peer's operation this end refused, and why (set once, before `closed`).
-    pub nak: Mutex<Option<(u64, WcStatus)>>,
+    /// The peer's operation this end refused, and why (set once, before `closed`);
+    /// `has_nak` spares the reader a lock on every poll.
+    nak: Mutex<Option<(u64, WcStatus)>>,
+    has_nak: AtomicBool,
     /// This end broke or disconnected.
     pub closed: AtomicBool,
+    /// This end is executing the peer's operations (reading the peer's memory). With
+    /// `closed` it forms a handshake: an end that breaks waits until the peer is not
+    /// busy, and a busy end re-checks `closed` first, so once an end reports a flush its
+    /// source memory is no longer read, as on a NIC.
+    pub busy: AtomicBool,
     /// Faults on this end (see `Faults`).
     pub hold: AtomicBool,
     pub hold_polls: AtomicU64,
     pub fail_posts: AtomicU64,
+}
+
+/// See [`EndState::busy_guard`].
+pub struct BusyGuard<'a>(&'a AtomicBool);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The two directions' queues, created when the acceptor answers (each sized by its
@@ -108,8 +124,36 @@ impl Link {
 }
 
 impl EndState {
-    pub fn nak(&self) -> std::sync::MutexGuard<'_, Option<(u64, WcStatus)>> {
-        self.nak.lock().unwrap_or_else(|e| e.into_inner())
+    /// Marks this end closed and waits until `peer` no longer copies from our memory.
+    pub fn close_and_quiesce(&self, peer: &EndState, tell: bool) {
+        if tell {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+        while peer.busy.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Marks this end busy until the guard drops (also on unwinding, so a panicking
+    /// peer cannot leave us waiting for ever).
+    pub fn busy_guard(&self) -> BusyGuard<'_> {
+        self.busy.store(true, Ordering::SeqCst);
+        BusyGuard(&self.busy)
+    }
+
+    /// Records the refusal of the peer's operation `seq`.
+    pub fn set_nak(&self, seq: u64, status: WcStatus) {
+        *self.nak.lock().unwrap_or_else(|e| e.into_inner()) = Some((seq, status));
+        self.has_nak.store(true, Ordering::Release);
+    }
+
+    /// The refusal recorded by this end, once.
+    pub fn take_nak(&self) -> Option<(u64, WcStatus)> {
+        if !self.has_nak.load(Ordering::Acquire) {
+            return None;
+        }
+        self.has_nak.store(false, Ordering::Release);
+        self.nak.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Whether delivery to this end is held for this poll (counting the poll).

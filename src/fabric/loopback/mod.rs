@@ -6,7 +6,7 @@
 //!   plain `SocketAddr` names registered in it (no sockets); connecting and listening
 //!   sides must use the same instance (clone it freely).
 //! - Every connection end is a soft RC queue pair ([`crate::fabric::soft`]); the two are
-//!   joined by a [`link`] of bounded lock-free queues, so the ends may be polled from
+//!   joined by a link of bounded lock-free queues, so the ends may be polled from
 //!   different threads. The receiving end copies each payload straight from the
 //!   sender's registered memory into its place: one copy, no allocation per operation.
 //! - [`Faults`] breaks, silences, delays or refuses posts on a connection.
@@ -39,8 +39,9 @@ use super::{
 /// Largest send and receive queues a loopback connection accepts.
 pub const MAX_QUEUE_WR: u32 = 1 << 16;
 
-/// First port handed out for `listen` on port 0, and for connecting ends.
+/// Where the search for a free port starts for `listen` on port 0 ...
 const FIRST_LISTEN_PORT: u16 = 1024;
+/// ... and for the address of a connecting end.
 const FIRST_EPHEMERAL_PORT: u16 = 49152;
 
 /// The in-process fabric. Clones share the same registrations and name table.

@@ -116,3 +116,27 @@ fn connecting_ends_release_their_address() {
         "address kept after the end dropped"
     );
 }
+
+#[test]
+fn a_closing_end_waits_for_the_peers_copy() {
+    use std::sync::mpsc;
+    let ends = Arc::new([link::EndState::default(), link::EndState::default()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (busy_tx, busy_rx) = mpsc::channel();
+    let copier = {
+        let (ends, log) = (ends.clone(), log.clone());
+        std::thread::spawn(move || {
+            let _busy = ends[1].busy_guard();
+            busy_tx.send(()).unwrap();
+            // Long enough that a closer which did not wait would log first.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            log.lock().unwrap().push("copy done");
+        })
+    };
+    busy_rx.recv().unwrap();
+    ends[0].close_and_quiesce(&ends[1], true);
+    log.lock().unwrap().push("closed");
+    copier.join().unwrap();
+    assert!(ends[0].closed.load(std::sync::atomic::Ordering::Acquire));
+    assert_eq!(*log.lock().unwrap(), ["copy done", "closed"]);
+}

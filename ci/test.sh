@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, every test. `.ci/run` and the README call this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ci/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -q -- -D warnings
+echo "== cargo test"
+cargo test --all-targets
+# Benches are plain programs; build them so they cannot rot.
+echo "== cargo build --benches"
+cargo build --benches -q

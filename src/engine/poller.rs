@@ -1,0 +1,243 @@
+//! What a poller sees: the [`Poller`] trait, its [`Ctx`], timers and poller ids.
+//!
+//! This is the driver-independent half of the engine. A poller corresponds to an SPDK
+//! `spdk_poller` (and to the kernel's CQ polling plus `delayed_work` for heartbeats and
+//! reconnects); the [`Ctx`] is the only way it reaches the driver, so the same poller runs
+//! under our [`Reactor`](super::Reactor), under the hand-stepped
+//! [`Simulation`](super::Simulation), and later under an SPDK thread.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::mailbox::{Msg, SendError};
+
+/// What one call of a poller did, as SPDK's `SPDK_POLLER_BUSY` / `SPDK_POLLER_IDLE`.
+/// Drivers use it for busy/idle accounting and for the idle strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PollResult {
+    /// Some work was done (a completion handled, a message run...).
+    Busy,
+    /// Nothing to do this time.
+    Idle,
+}
+
+impl PollResult {
+    /// `Busy` if either is busy.
+    #[must_use]
+    pub fn or(self, other: PollResult) -> PollResult {
+        if self == PollResult::Busy || other == PollResult::Busy {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }
+
+    /// Whether this is [`PollResult::Busy`].
+    pub fn is_busy(self) -> bool {
+        self == PollResult::Busy
+    }
+}
+
+/// Names a registered poller or timer on one reactor; returned by
+/// [`Ctx::register`] and [`Ctx::register_timer`], consumed by [`Ctx::unregister`].
+/// Ids are generation-checked: an id whose poller is gone never names a newer one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PollerId {
+    pub(crate) core: u32,
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+}
+
+impl PollerId {
+    /// The reactor the poller lives on.
+    pub fn core(self) -> usize {
+        self.core as usize
+    }
+}
+
+/// When a timed poller runs: once after a delay, or every period.
+/// Corresponds to `spdk_poller_register(fn, arg, period_us)` with a non-zero period
+/// (one-shot: the poller is unregistered after its first run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timer {
+    pub(crate) first_ns: u64,
+    pub(crate) period_ns: Option<u64>,
+}
+
+impl Timer {
+    /// Runs once, `delay` after it was armed (a zero delay runs it on the next loop).
+    pub fn once(delay: Duration) -> Timer {
+        Timer {
+            first_ns: duration_ns(delay),
+            period_ns: None,
+        }
+    }
+
+    /// Runs every `period`, the first time one period after it was armed. A zero period
+    /// is raised to 1 ns (at most one run per loop in any case).
+    pub fn periodic(period: Duration) -> Timer {
+        let p = duration_ns(period).max(1);
+        Timer {
+            first_ns: p,
+            period_ns: Some(p),
+        }
+    }
+
+    /// Nanosecond form of [`Timer::once`].
+    pub fn once_ns(delay_ns: u64) -> Timer {
+        Timer {
+            first_ns: delay_ns,
+            period_ns: None,
+        }
+    }
+
+    /// Nanosecond form of [`Timer::periodic`].
+    pub fn periodic_ns(period_ns: u64) -> Timer {
+        let p = period_ns.max(1);
+        Timer {
+            first_ns: p,
+            period_ns: Some(p),
+        }
+    }
+
+    /// The period, if periodic.
+    pub fn period_ns(&self) -> Option<u64> {
+        self.period_ns
+    }
+}
+
+pub(crate) fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The driver as a poller sees it. Implemented by our reactors and, later, by the SPDK
+/// adapter (see the [module doc](super) for the mapping).
+///
+/// All operations are non-blocking and act on the calling reactor, except
+/// [`send`](Ctx::send) which posts to another reactor's mailbox.
+pub trait Ctx {
+    /// Monotonic nanoseconds from the driver's clock.
+    fn now(&self) -> u64;
+
+    /// Index of the reactor running this code (0-based rank in the cpumask; SPDK: the
+    /// index of the SPDK thread among the application's reactors).
+    fn core(&self) -> usize;
+
+    /// How many reactors there are; valid targets of [`send`](Ctx::send) are `0..cores()`.
+    fn cores(&self) -> usize;
+
+    /// The poller or timer being run, `None` inside a message. Lets a poller unregister
+    /// itself without having to learn its own id first.
+    fn current(&self) -> Option<PollerId>;
+
+    /// Posts `msg` to reactor `core`'s mailbox; it runs there, in order with the other
+    /// messages from this reactor, during one of that reactor's next loops. Sending to
+    /// the own core is allowed (the message runs on a later loop, never re-entrantly).
+    ///
+    /// # Errors
+    /// Backpressure: a full mailbox gives the message back in [`SendError`]
+    /// ([`SendError::into_msg`]); keep it and retry on a later poll. Also an index out of
+    /// `0..cores()`.
+    fn send(&mut self, core: usize, msg: Msg) -> Result<(), SendError>;
+
+    /// Registers a poller on this reactor; it is called once per loop, starting with the
+    /// next loop (a poller registered inside a loop does not run in that same loop).
+    fn register(&mut self, poller: Box<dyn Poller>) -> PollerId;
+
+    /// Registers a timed poller on this reactor, armed now; see [`Timer`].
+    fn register_timer(&mut self, timer: Timer, poller: Box<dyn Poller>) -> PollerId;
+
+    /// Unregisters (cancels) a poller or timer of this reactor and drops it — at once, or
+    /// when it returns if it is the one running. Returns `false` if the id is stale or of
+    /// another reactor. A poller may unregister itself ([`current`](Ctx::current)).
+    fn unregister(&mut self, id: PollerId) -> bool;
+}
+
+impl dyn Ctx + '_ {
+    /// Sends a closure to run on reactor `core` (boxes it: see [`Msg::new`]).
+    ///
+    /// # Errors
+    /// As [`Ctx::send`]: the message comes back when the mailbox is full.
+    pub fn defer<F>(&mut self, core: usize, f: F) -> Result<(), SendError>
+    where
+        F: FnOnce(&mut dyn Ctx) + Send + 'static,
+    {
+        self.send(core, Msg::new(f))
+    }
+
+    /// Arms a one-shot closure timer: `f` runs once, `delay` from now. Cancel with
+    /// [`Ctx::unregister`].
+    pub fn after<F>(&mut self, delay: Duration, f: F) -> PollerId
+    where
+        F: FnOnce(&mut dyn Ctx) + 'static,
+    {
+        self.register_timer(Timer::once(delay), Box::new(OnceFn(Some(f))))
+    }
+
+    /// Arms a periodic closure timer: `f` runs every `period`. Cancel with
+    /// [`Ctx::unregister`].
+    pub fn every<F>(&mut self, period: Duration, f: F) -> PollerId
+    where
+        F: FnMut(&mut dyn Ctx) -> PollResult + 'static,
+    {
+        self.register_timer(Timer::periodic(period), Box::new(f))
+    }
+}
+
+/// Code a driver calls repeatedly: a connection's CQ poller, a heartbeat, a CM event
+/// poller. A poller lives on exactly one reactor for its whole life (it may hold `Rc`s
+/// and need not be `Send`); it must never block, and must not assume which driver calls
+/// it — everything it needs from the driver is in the [`Ctx`].
+///
+/// Closures `FnMut(&mut dyn Ctx) -> PollResult` are pollers too.
+pub trait Poller {
+    /// Does whatever work is ready, without blocking, and says whether there was any.
+    fn poll(&mut self, ctx: &mut dyn Ctx) -> PollResult;
+
+    /// The driver is stopping. Called once, before the drain loops: finish or fail
+    /// outstanding work (complete pending requests with an error, post a disconnect...).
+    /// The poller keeps being polled (timers keep firing) during the drain, then is
+    /// dropped. Default: nothing.
+    fn shutdown(&mut self, ctx: &mut dyn Ctx) {
+        let _ = ctx;
+    }
+
+    /// A short name for logs.
+    fn name(&self) -> &str {
+        "poller"
+    }
+}
+
+impl<F> Poller for F
+where
+    F: FnMut(&mut dyn Ctx) -> PollResult,
+{
+    fn poll(&mut self, ctx: &mut dyn Ctx) -> PollResult {
+        self(ctx)
+    }
+}
+
+/// A one-shot closure as a poller (used by [`Ctx::after`]).
+struct OnceFn<F>(Option<F>);
+
+impl<F: FnOnce(&mut dyn Ctx)> Poller for OnceFn<F> {
+    fn poll(&mut self, ctx: &mut dyn Ctx) -> PollResult {
+        match self.0.take() {
+            Some(f) => {
+                f(ctx);
+                PollResult::Busy
+            }
+            None => PollResult::Idle,
+        }
+    }
+
+    fn name(&self) -> &str {
+        "once"
+    }
+}
+
+impl fmt::Debug for dyn Poller + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Poller({})", self.name())
+    }
+}
