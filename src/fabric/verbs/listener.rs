@@ -1,0 +1,161 @@
+//! The passive side (the kernel's `rtrs_srv_rdma_init`/`rtrs_rdma_connect`): a listening
+//! cm_id on its own event channel, and connect requests answered by `rdma_accept` or
+//! `rdma_reject`.
+//!
+//! Each request's new cm_id is moved at once to an event channel of its own
+//! (`rdma_migrate_id`), so every connection polls only its own events.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::conn::VerbsConn;
+use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
+use super::Shared;
+use crate::fabric::{Conn, ConnRequest, FabricError, Listener, PendingConn, PrivateData, QpCaps};
+
+/// Listen backlog, as the kernel's RTRS server uses.
+const BACKLOG: i32 = 64;
+/// Receiver-not-ready retries on accept; 7 means for ever.
+const RNR_RETRY_COUNT: u8 = 7;
+
+pub(super) struct VerbsListener {
+    shared: Arc<Shared>,
+    id: CmId,
+    local: SocketAddr,
+    error_logged: bool,
+}
+
+impl VerbsListener {
+    pub fn bind(shared: Arc<Shared>, addr: SocketAddr) -> Result<VerbsListener, FabricError> {
+        let err = |reason: String| FabricError::Listen { addr, reason };
+        let channel = EventChannel::create().map_err(|e| err(e.to_string()))?;
+        let id = CmId::create(&channel).map_err(|e| err(e.to_string()))?;
+        id.bind_addr(addr).map_err(|e| err(e.to_string()))?;
+        if id.is_on(shared.pd.device()) == Some(false) {
+            return Err(err(format!(
+                "the address belongs to another RDMA device than {}",
+                shared.pd.device().name()
+            )));
+        }
+        id.listen(BACKLOG).map_err(|e| err(e.to_string()))?;
+        let local = id.local_addr().unwrap_or(addr);
+        Ok(VerbsListener {
+            shared,
+            id,
+            local,
+            error_logged: false,
+        })
+    }
+
+    /// Turns a CONNECT_REQUEST into a [`ConnRequest`], or refuses it when it came in
+    /// through another device than the fabric's.
+    fn request(&self, ev: RawEvent) -> Option<ConnRequest> {
+        let mut id = ev.new_id?;
+        if id.is_on(self.shared.pd.device()) != Some(true) {
+            tracing::warn!(
+                device = self.shared.pd.device().name(),
+                "refusing a connect request that arrived through another RDMA device"
+            );
+            let _ = id.reject(&PrivateData::empty());
+            return None;
+        }
+        let moved = EventChannel::create().and_then(|channel| id.migrate(channel));
+        if let Err(e) = moved {
+            tracing::warn!("refusing a connect request: {e}");
+            let _ = id.reject(&PrivateData::empty());
+            return None;
+        }
+        let peer = id.peer_addr().unwrap_or(self.local);
+        Some(ConnRequest {
+            private_data: ev.private_data,
+            peer,
+            pending: Box::new(VerbsPending {
+                shared: self.shared.clone(),
+                ep: Some(Endpoint::new(id)),
+            }),
+        })
+    }
+}
+
+impl Listener for VerbsListener {
+    fn poll(&mut self) -> Option<ConnRequest> {
+        loop {
+            let next = self.id.channel().next_event();
+            match next {
+                Ok(None) => return None,
+                Ok(Some(ev)) if ev.new_id.is_some() => {
+                    if let Some(req) = self.request(ev) {
+                        return Some(req);
+                    }
+                }
+                Ok(Some(ev)) => {
+                    tracing::debug!(kind = ?ev.kind, status = ev.status, "listener event ignored");
+                }
+                Err(e) => {
+                    if !self.error_logged {
+                        self.error_logged = true;
+                        tracing::error!(addr = %self.local, "{e}");
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+/// A connect request not yet answered; dropping it rejects it.
+struct VerbsPending {
+    shared: Arc<Shared>,
+    ep: Option<Endpoint>,
+}
+
+impl PendingConn for VerbsPending {
+    fn accept(
+        mut self: Box<Self>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let err = |reason: String| FabricError::Accept { reason };
+        // On this error `self` is dropped, which rejects the request.
+        super::check_caps(&self.shared, caps).map_err(err)?;
+        let mut ep = self
+            .ep
+            .take()
+            .ok_or_else(|| err("request already answered".to_owned()))?;
+        let granted = match ep.create_qp(&self.shared.pd, caps, self.shared.attr.max_cqe) {
+            Ok(granted) => granted,
+            Err(e) => {
+                let _ = ep.id().reject(&PrivateData::empty());
+                return Err(err(e.to_string()));
+            }
+        };
+        ep.id()
+            .accept(&private_data, RNR_RETRY_COUNT)
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Box::new(VerbsConn::accepted(
+            self.shared.clone(),
+            ep,
+            granted,
+        )))
+    }
+
+    fn reject(mut self: Box<Self>, private_data: PrivateData) {
+        if let Some(ep) = self.ep.take() {
+            if let Err(e) = ep.id().reject(&private_data) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+impl Drop for VerbsPending {
+    fn drop(&mut self) {
+        if let Some(ep) = self.ep.take() {
+            let _ = ep.id().reject(&PrivateData::empty());
+        }
+    }
+}

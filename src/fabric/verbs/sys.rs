@@ -1,0 +1,362 @@
+//! The only unsafe code of the verbs fabric (this file, `sys/cm.rs` for the connection
+//! manager and `sys/qp.rs` for queue pairs): thin owner handles around libibverbs and
+//! librdmacm objects (the userspace counterparts of the kernel's `ib_device`, `ib_pd`,
+//! `ib_mr`, `ib_mw`, `ib_cq`, `ib_qp` and `rdma_cm_id` that `rtrs.c` uses).
+//!
+//! Every handle owns one object and keeps its parent alive through an `Arc`, so the
+//! destruction order is fixed by ownership:
+//! queue pair → completion queue → cm_id → event channel → protection domain → device.
+//! Memory regions and windows hold their protection domain; a memory region also holds
+//! the memory it registers, so the memory is freed only after deregistration.
+//!
+//! Devices come from `rdma_get_devices`, not `ibv_open_device`: librdmacm binds every
+//! cm_id to its own device context, and a queue pair made through `rdma_create_qp` must
+//! use a protection domain of that very context. Sharing librdmacm's contexts lets us
+//! compare `cm_id->verbs` with the fabric's device by pointer.
+//!
+//! Nothing above this file sees a raw pointer; it sees `Result`s carrying the failing
+//! call's name and errno ([`SysError`]).
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use rdma_sys as ffi;
+
+use crate::fabric::mem::Backing;
+
+mod cm;
+mod qp;
+
+pub(super) use cm::{CmEventKind, CmId, EventChannel, RawEvent};
+pub(super) use qp::{Endpoint, RawWc, SendReq, SendReqOp, MAX_CHAIN};
+
+// The structs rdma-sys writes by hand (unions bindgen cannot express) must match the C
+// layout of the installed rdma-core headers (sizes and offsets taken from them with a C
+// compiler on x86_64). A mismatch would corrupt every post and poll, so it fails the
+// build.
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<ffi::ibv_send_wr>() == 128);
+    assert!(offset_of!(ffi::ibv_send_wr, imm_data_invalidated_rkey_union) == 36);
+    assert!(offset_of!(ffi::ibv_send_wr, wr) == 40);
+    assert!(offset_of!(ffi::ibv_send_wr, bind_mw_tso_union) == 80);
+    assert!(size_of::<ffi::ibv_mw_bind_info>() == 32);
+    assert!(size_of::<ffi::ibv_recv_wr>() == 32);
+    assert!(size_of::<ffi::ibv_wc>() == 48);
+    assert!(offset_of!(ffi::ibv_wc, imm_data_invalidated_rkey_union) == 24);
+    assert!(offset_of!(ffi::ibv_wc, wc_flags) == 36);
+    assert!(size_of::<ffi::rdma_cm_event>() == 80);
+    assert!(offset_of!(ffi::rdma_cm_event, param) == 24);
+    assert!(size_of::<ffi::rdma_conn_param>() == 24);
+    assert!(size_of::<ffi::rdma_cm_id>() == 416);
+    assert!(offset_of!(ffi::rdma_cm_id, qp) == 24);
+    let addr = offset_of!(ffi::rdma_cm_id, route) + offset_of!(ffi::rdma_route, addr);
+    assert!(addr + offset_of!(ffi::rdma_addr, src_addr_union) == 32);
+    assert!(addr + offset_of!(ffi::rdma_addr, dst_addr_union) == 160);
+};
+
+/// A failed verbs or rdma_cm call: its name and the errno it reported.
+#[derive(Debug)]
+pub(super) struct SysError {
+    pub call: &'static str,
+    pub source: io::Error,
+}
+
+impl std::fmt::Display for SysError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed: {}", self.call, self.source)
+    }
+}
+
+impl SysError {
+    /// From `errno` after a call that returned -1 or NULL.
+    fn last(call: &'static str) -> SysError {
+        let mut source = io::Error::last_os_error();
+        if source.raw_os_error() == Some(0) {
+            // The call failed without saying why; ENODEV is the usual reason.
+            source = io::Error::from_raw_os_error(libc::ENODEV);
+        }
+        SysError { call, source }
+    }
+
+    /// From a verbs return value: 0 is success, a positive value is the errno, -1 means
+    /// "look at errno" (libibverbs uses both conventions).
+    fn check(call: &'static str, ret: i32) -> Result<(), SysError> {
+        match ret {
+            0 => Ok(()),
+            r if r > 0 => Err(SysError {
+                call,
+                source: io::Error::from_raw_os_error(r),
+            }),
+            _ => Err(SysError::last(call)),
+        }
+    }
+
+    fn invalid(call: &'static str, what: &str) -> SysError {
+        SysError {
+            call,
+            source: io::Error::new(io::ErrorKind::InvalidInput, what.to_owned()),
+        }
+    }
+}
+
+/// Names of the RDMA devices libibverbs sees (`ibv_get_device_list`).
+pub(super) fn device_names() -> Result<Vec<String>, SysError> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(SysError::last("ibv_get_device_list"));
+    }
+    let mut names = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list holds `n` valid device pointers; the name is a NUL-terminated
+        // string owned by the device, copied before the list is freed.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(*list.add(i))) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is not used afterwards.
+    unsafe { ffi::ibv_free_device_list(list) };
+    Ok(names)
+}
+
+/// Device limits from `ibv_query_device`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DeviceAttr {
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    pub max_mr_size: u64,
+    pub max_mw: u32,
+}
+
+/// A device context shared with librdmacm (from `rdma_get_devices`).
+pub(super) struct Device {
+    list: *mut *mut ffi::ibv_context,
+    ctx: *mut ffi::ibv_context,
+    name: String,
+}
+
+// SAFETY: ibv_context is thread-safe for the calls made through it (verbs objects may
+// be created and destroyed from any thread); the list is only freed in Drop.
+unsafe impl Send for Device {}
+// SAFETY: as above; no interior state is mutated through `&Device`.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// The context librdmacm uses for the device called `name`, or `None` when
+    /// librdmacm does not list it.
+    pub fn open(name: &str) -> Result<Option<Device>, SysError> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `n` is a valid out-pointer; the list is kept until Drop (freeing it
+        // drops librdmacm's reference on the contexts).
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            return Err(SysError::last("rdma_get_devices"));
+        }
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list holds `n` open contexts; each has a valid device whose
+            // name is a NUL-terminated string.
+            let (ctx, found) = unsafe {
+                let ctx = *list.add(i);
+                (ctx, CStr::from_ptr(ffi::ibv_get_device_name((*ctx).device)))
+            };
+            if found.to_bytes() == name.as_bytes() {
+                return Ok(Some(Device {
+                    list,
+                    ctx,
+                    name: name.to_owned(),
+                }));
+            }
+        }
+        // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
+        unsafe { ffi::rdma_free_devices(list) };
+        Ok(None)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn query(&self) -> Result<DeviceAttr, SysError> {
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: `ctx` is open for our lifetime; `attr` is writable and sized for it.
+        let ret = unsafe { ffi::ibv_query_device(self.ctx, attr.as_mut_ptr()) };
+        SysError::check("ibv_query_device", ret)?;
+        // SAFETY: zero-initialised plain data, filled by a successful query.
+        let attr = unsafe { attr.assume_init() };
+        let pos = |v: libc::c_int| v.max(0) as u32;
+        Ok(DeviceAttr {
+            max_qp_wr: pos(attr.max_qp_wr),
+            max_sge: pos(attr.max_sge),
+            max_cqe: pos(attr.max_cqe),
+            max_mr_size: attr.max_mr_size,
+            max_mw: pos(attr.max_mw),
+        })
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Last of all: every PD, CQ and QP of this context is gone (they hold an Arc).
+        // SAFETY: `list` came from rdma_get_devices and is freed exactly once.
+        unsafe { ffi::rdma_free_devices(self.list) };
+    }
+}
+
+/// A protection domain.
+pub(super) struct Pd {
+    raw: *mut ffi::ibv_pd,
+    dev: Arc<Device>,
+}
+
+// SAFETY: a PD is used only as an argument of thread-safe verbs calls.
+unsafe impl Send for Pd {}
+// SAFETY: as above.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    pub fn alloc(dev: &Arc<Device>) -> Result<Arc<Pd>, SysError> {
+        // SAFETY: the context is open while `dev` lives, and the PD holds `dev`.
+        let raw = unsafe { ffi::ibv_alloc_pd(dev.ctx) };
+        if raw.is_null() {
+            return Err(SysError::last("ibv_alloc_pd"));
+        }
+        Ok(Arc::new(Pd {
+            raw,
+            dev: dev.clone(),
+        }))
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // After every MR, MW and QP (they hold an Arc), before the device (field drop).
+        // SAFETY: allocated in `alloc`, deallocated once.
+        let ret = unsafe { ffi::ibv_dealloc_pd(self.raw) };
+        if ret != 0 {
+            tracing::warn!(ret, "ibv_dealloc_pd failed; a resource of the PD leaked");
+        }
+    }
+}
+
+/// A memory registration (`ibv_reg_mr`), holding the memory it registers.
+pub(super) struct MemRegion {
+    raw: *mut ffi::ibv_mr,
+    // Field order is drop order: deregistered in Drop, then the memory, then the PD.
+    _backing: Arc<Backing>,
+    pd: Arc<Pd>,
+}
+
+// SAFETY: the MR is only read (keys) or passed to thread-safe verbs calls.
+unsafe impl Send for MemRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemRegion {}
+
+impl MemRegion {
+    /// Registers `backing` with the raw `IBV_ACCESS_*` bits `access`. The memory's
+    /// validity is `Backing`'s invariant (owned, or promised by `register_raw`'s caller);
+    /// holding the `Arc` keeps it allocated until after deregistration.
+    pub fn register(pd: &Arc<Pd>, backing: Arc<Backing>, access: u32) -> Result<Self, SysError> {
+        // SAFETY: the PD is valid; [addr, addr+len) is valid memory for as long as the
+        // registration exists (held by `_backing`, dropped after ibv_dereg_mr).
+        let raw = unsafe {
+            ffi::ibv_reg_mr(
+                pd.raw,
+                backing.addr().cast(),
+                backing.len(),
+                access as libc::c_int,
+            )
+        };
+        if raw.is_null() {
+            return Err(SysError::last("ibv_reg_mr"));
+        }
+        Ok(MemRegion {
+            raw,
+            _backing: backing,
+            pd: pd.clone(),
+        })
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `raw` is a live registration.
+        unsafe { (*self.raw).lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: `raw` is a live registration.
+        unsafe { (*self.raw).rkey }
+    }
+
+    pub fn is_in(&self, pd: &Arc<Pd>) -> bool {
+        Arc::ptr_eq(&self.pd, pd)
+    }
+}
+
+impl Drop for MemRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`, deregistered once, before the memory goes.
+        let ret = unsafe { ffi::ibv_dereg_mr(self.raw) };
+        if ret != 0 {
+            // Still registered (typically a memory window is still bound to it): the NIC
+            // may yet write there, so the memory must never be freed. Leak it.
+            tracing::warn!(
+                ret,
+                "ibv_dereg_mr failed (is a memory window still bound to it?); \
+                 leaking the memory to keep it safe from the device"
+            );
+            std::mem::forget(self._backing.clone());
+        }
+    }
+}
+
+/// A type-2 memory window: the verbs form of a fast-registration slot.
+pub(super) struct MemWindow {
+    raw: *mut ffi::ibv_mw,
+    pd: Arc<Pd>,
+}
+
+// SAFETY: the MW is only read (initial rkey) or passed to thread-safe verbs calls.
+unsafe impl Send for MemWindow {}
+// SAFETY: as above.
+unsafe impl Sync for MemWindow {}
+
+impl MemWindow {
+    pub fn alloc(pd: &Arc<Pd>) -> Result<MemWindow, SysError> {
+        // SAFETY: the PD and its context are valid; the window holds the PD.
+        let raw = unsafe { ffi::ibv_alloc_mw(pd.raw, ffi::ibv_mw_type::IBV_MW_TYPE_2) };
+        match raw {
+            Some(raw) if !raw.is_null() => Ok(MemWindow {
+                raw,
+                pd: pd.clone(),
+            }),
+            _ => Err(SysError::last("ibv_alloc_mw(IBV_MW_TYPE_2)")),
+        }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: `raw` is a live window.
+        unsafe { (*self.raw).rkey }
+    }
+
+    pub fn is_in(&self, pd: &Arc<Pd>) -> bool {
+        Arc::ptr_eq(&self.pd, pd)
+    }
+}
+
+impl Drop for MemWindow {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc`, deallocated once; before the PD (field drop).
+        let ret = unsafe { ffi::ibv_dealloc_mw(self.raw) };
+        if ret != 0 {
+            tracing::warn!(ret, "ibv_dealloc_mw failed");
+        }
+    }
+}

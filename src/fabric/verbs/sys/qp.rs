@@ -1,0 +1,539 @@
+//! Queue pairs and completion queues (the kernel's `ib_qp`/`ib_cq` as `rtrs.c` creates
+//! them in `create_con`/`create_qp`): one RC queue pair per cm_id, sharing one CQ for
+//! its send and receive queues, with work-request and completion arrays allocated once
+//! so posting and polling never allocate.
+
+use std::mem;
+use std::ptr;
+use std::sync::Arc;
+
+use rdma_sys as ffi;
+
+use super::{CmId, MemRegion, MemWindow, Pd, SysError};
+use crate::fabric::{QpCaps, RecvWr, Sge};
+
+/// Longest chain handed to one `ibv_post_send`/`ibv_post_recv`; longer chains are posted
+/// in pieces by the caller.
+pub(in crate::fabric::verbs) const MAX_CHAIN: usize = 16;
+
+/// Completions fetched by one `ibv_poll_cq`.
+const POLL_BATCH: usize = 32;
+
+/// Written into `ibv_wc::opcode` before polling: providers leave the opcode of a failed
+/// completion unset, and this tells "unset" apart from a real opcode.
+const OPCODE_UNSET: u32 = u32::MAX;
+
+/// One send work request with its objects resolved to this backend's handles.
+#[derive(Clone, Copy)]
+pub(in crate::fabric::verbs) struct SendReq<'a> {
+    pub wr_id: u64,
+    pub op: SendReqOp<'a>,
+    pub sges: &'a [Sge],
+    pub signaled: bool,
+}
+
+impl SendReq<'static> {
+    /// A placeholder for fixed-size arrays.
+    pub const EMPTY: SendReq<'static> = SendReq {
+        wr_id: 0,
+        op: SendReqOp::Send,
+        sges: &[],
+        signaled: false,
+    };
+}
+
+/// The verbs opcode of a [`SendReq`] and its operands. Immediates are in host order here.
+#[derive(Clone, Copy)]
+pub(in crate::fabric::verbs) enum SendReqOp<'a> {
+    Send,
+    SendWithImm(u32),
+    SendWithInv(u32),
+    Write {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    WriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    /// IBV_WR_BIND_MW of a type-2 window; `access` is raw `IBV_ACCESS_*` bits.
+    BindMw {
+        mw: &'a MemWindow,
+        mr: &'a MemRegion,
+        addr: u64,
+        len: u64,
+        access: u32,
+        rkey: u32,
+    },
+    LocalInv(u32),
+}
+
+/// A refused post: index of the first request not accepted, and the errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::fabric::verbs) struct PostFailure {
+    pub index: usize,
+    pub errno: i32,
+}
+
+/// A work completion as the provider reported it (immediates still in network order).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::fabric::verbs) struct RawWc {
+    pub wr_id: u64,
+    pub status: u32,
+    /// `None` when the provider left it unset (failed completions).
+    pub opcode: Option<u32>,
+    pub byte_len: u32,
+    pub wc_flags: u32,
+    /// `imm_data` (network order) or `invalidated_rkey`, as `wc_flags` says.
+    pub imm_or_rkey: u32,
+}
+
+struct Cq {
+    raw: *mut ffi::ibv_cq,
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // After the QP that uses it (Endpoint::drop), before the PD and device.
+        // SAFETY: created by ibv_create_cq, destroyed once, no QP attached any more.
+        let ret = unsafe { ffi::ibv_destroy_cq(self.raw) };
+        if ret != 0 {
+            tracing::warn!(ret, "ibv_destroy_cq failed");
+        }
+    }
+}
+
+struct Qp {
+    raw: *mut ffi::ibv_qp,
+    caps: QpCaps,
+    send_wrs: Box<[ffi::ibv_send_wr]>,
+    send_sges: Box<[ffi::ibv_sge]>,
+    recv_wrs: Box<[ffi::ibv_recv_wr]>,
+    recv_sges: Box<[ffi::ibv_sge]>,
+    wcs: Box<[ffi::ibv_wc]>,
+    // Dropped only after rdma_destroy_qp (Endpoint::drop): the CQ, then the PD.
+    cq: Cq,
+    _pd: Arc<Pd>,
+}
+
+/// A cm_id with, once created, its queue pair and completion queue.
+pub(in crate::fabric::verbs) struct Endpoint {
+    qp: Option<Qp>,
+    id: CmId,
+}
+
+// SAFETY: the QP, CQ and arrays are reached only through `&mut self` (one thread at a
+// time); verbs objects may be used from any thread.
+unsafe impl Send for Endpoint {}
+
+/// Types for which all-zero bytes are a valid value.
+///
+/// # Safety
+/// Implement only for types made of integers, raw pointers and unions of those.
+unsafe trait ZeroValid {}
+// SAFETY: C structs of integers, raw pointers and unions of those.
+unsafe impl ZeroValid for ffi::ibv_send_wr {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_recv_wr {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_sge {}
+// SAFETY: as above.
+unsafe impl ZeroValid for ffi::ibv_wc {}
+
+fn zeroed_slice<T: ZeroValid>(n: usize) -> Box<[T]> {
+    // SAFETY: `T: ZeroValid`.
+    (0..n).map(|_| unsafe { mem::zeroed::<T>() }).collect()
+}
+
+impl Endpoint {
+    pub fn new(id: CmId) -> Endpoint {
+        Endpoint { qp: None, id }
+    }
+
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    pub fn has_qp(&self) -> bool {
+        self.qp.is_some()
+    }
+
+    /// Creates the CQ (sized for both queues, at most `max_cqe`) and the RC queue pair
+    /// through `rdma_create_qp`; returns the capacities to use. Fails when
+    /// the cm_id is bound to another device than `pd`'s.
+    pub fn create_qp(
+        &mut self,
+        pd: &Arc<Pd>,
+        caps: QpCaps,
+        max_cqe: u32,
+    ) -> Result<QpCaps, SysError> {
+        if self.qp.is_some() {
+            return Err(SysError::invalid(
+                "rdma_create_qp",
+                "the queue pair already exists",
+            ));
+        }
+        match self.id.is_on(pd.device()) {
+            Some(true) => {}
+            Some(false) => {
+                return Err(SysError::invalid(
+                    "rdma_create_qp",
+                    "the connection was routed through another RDMA device than the fabric's",
+                ))
+            }
+            None => {
+                return Err(SysError::invalid(
+                    "rdma_create_qp",
+                    "the cm_id is bound to no device",
+                ))
+            }
+        }
+        let cqe = caps
+            .max_send_wr
+            .saturating_add(caps.max_recv_wr)
+            .clamp(1, max_cqe.max(1));
+        // SAFETY: the context is open (held by the PD); no completion channel.
+        let raw_cq = unsafe {
+            ffi::ibv_create_cq(
+                pd.device().ctx,
+                cqe as libc::c_int,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if raw_cq.is_null() {
+            return Err(SysError::last("ibv_create_cq"));
+        }
+        let cq = Cq { raw: raw_cq };
+        let mut attr = ffi::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq.raw,
+            recv_cq: cq.raw,
+            srq: ptr::null_mut(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: id, PD and CQ are live and of the same context (checked above); `attr`
+        // is valid and receives the granted capacities.
+        let ret = unsafe { ffi::rdma_create_qp(self.id.raw, pd.raw, &mut attr) };
+        if ret != 0 {
+            return Err(SysError::last("rdma_create_qp"));
+        }
+        // SAFETY: a successful rdma_create_qp stored the new QP in the id.
+        let raw = unsafe { (*self.id.raw).qp };
+        // Providers grant at least what was asked. Report (and enforce) exactly that:
+        // the CQ was sized from it, so using more send or receive slots could overrun it.
+        let granted = caps;
+        let per = granted.max_send_sge.max(1) as usize;
+        self.qp = Some(Qp {
+            raw,
+            caps: granted,
+            send_wrs: zeroed_slice(MAX_CHAIN),
+            send_sges: zeroed_slice(MAX_CHAIN * per),
+            recv_wrs: zeroed_slice(MAX_CHAIN),
+            recv_sges: zeroed_slice(MAX_CHAIN),
+            wcs: zeroed_slice(POLL_BATCH),
+            cq,
+            _pd: pd.clone(),
+        });
+        Ok(granted)
+    }
+
+    /// Posts up to [`MAX_CHAIN`] send requests as one chain. A request with more SGEs
+    /// than the QP allows is refused (with the ones before it posted).
+    pub fn post_send(&mut self, reqs: &[SendReq<'_>]) -> Result<(), PostFailure> {
+        let Some(qp) = self.qp.as_mut() else {
+            return Err(PostFailure {
+                index: 0,
+                errno: libc::ENOTCONN,
+            });
+        };
+        let per = qp.caps.max_send_sge.max(1) as usize;
+        let n = reqs
+            .iter()
+            .take(MAX_CHAIN)
+            .position(|r| r.sges.len() > per)
+            .unwrap_or(reqs.len().min(MAX_CHAIN));
+        let wr_base = qp.send_wrs.as_mut_ptr();
+        let sge_base = qp.send_sges.as_mut_ptr();
+        for (i, req) in reqs[..n].iter().enumerate() {
+            for (j, s) in req.sges.iter().enumerate() {
+                let sge = ffi::ibv_sge {
+                    addr: s.addr,
+                    length: s.len,
+                    lkey: s.lkey,
+                };
+                // SAFETY: i < MAX_CHAIN and j < per, so the slot is inside `send_sges`.
+                unsafe { sge_base.add(i * per + j).write(sge) };
+            }
+            let next = if i + 1 < n {
+                // SAFETY: i + 1 < n <= MAX_CHAIN: inside `send_wrs`.
+                unsafe { wr_base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            // SAFETY: the SGE slots of request i start inside `send_sges`.
+            let sg_list = unsafe { sge_base.add(i * per) };
+            let wr = build_send_wr(req, next, sg_list);
+            // SAFETY: i < MAX_CHAIN: inside `send_wrs`.
+            unsafe { wr_base.add(i).write(wr) };
+        }
+        if n > 0 {
+            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+            // SAFETY: the QP is live; the chain of `n` requests and their SGE lists are
+            // fully initialised in our arrays; the provider copies them before returning.
+            // The memory they name is the caller's registered memory.
+            let ret = unsafe { ffi::ibv_post_send(qp.raw, wr_base, &mut bad) };
+            if ret != 0 {
+                return Err(PostFailure {
+                    index: bad_index(bad, wr_base, n),
+                    errno: errno_of(ret),
+                });
+            }
+        }
+        if n < reqs.len() {
+            let errno = if n < MAX_CHAIN {
+                libc::EINVAL
+            } else {
+                libc::E2BIG
+            };
+            return Err(PostFailure { index: n, errno });
+        }
+        Ok(())
+    }
+
+    /// Posts up to [`MAX_CHAIN`] receives as one chain.
+    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostFailure> {
+        let Some(qp) = self.qp.as_mut() else {
+            return Err(PostFailure {
+                index: 0,
+                errno: libc::ENOTCONN,
+            });
+        };
+        let n = wrs.len().min(MAX_CHAIN);
+        let wr_base = qp.recv_wrs.as_mut_ptr();
+        let sge_base = qp.recv_sges.as_mut_ptr();
+        for (i, w) in wrs[..n].iter().enumerate() {
+            let (sg_list, num_sge) = match w.sge {
+                Some(s) => {
+                    let sge = ffi::ibv_sge {
+                        addr: s.addr,
+                        length: s.len,
+                        lkey: s.lkey,
+                    };
+                    // SAFETY: i < MAX_CHAIN: inside `recv_sges`.
+                    unsafe { sge_base.add(i).write(sge) };
+                    // SAFETY: as above.
+                    (unsafe { sge_base.add(i) }, 1)
+                }
+                None => (ptr::null_mut(), 0),
+            };
+            let next = if i + 1 < n {
+                // SAFETY: i + 1 < n <= MAX_CHAIN: inside `recv_wrs`.
+                unsafe { wr_base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            let wr = ffi::ibv_recv_wr {
+                wr_id: w.wr_id,
+                next,
+                sg_list,
+                num_sge,
+            };
+            // SAFETY: i < MAX_CHAIN: inside `recv_wrs`.
+            unsafe { wr_base.add(i).write(wr) };
+        }
+        if n > 0 {
+            let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+            // SAFETY: the QP is live; the chain is initialised in our arrays and copied
+            // by the provider; the buffers are the caller's registered memory.
+            let ret = unsafe { ffi::ibv_post_recv(qp.raw, wr_base, &mut bad) };
+            if ret != 0 {
+                return Err(PostFailure {
+                    index: bad_index(bad, wr_base, n),
+                    errno: errno_of(ret),
+                });
+            }
+        }
+        if n < wrs.len() {
+            return Err(PostFailure {
+                index: n,
+                errno: libc::E2BIG,
+            });
+        }
+        Ok(())
+    }
+
+    /// Polls up to `max` completions (at most one batch) and hands each to `f`.
+    pub fn poll_cq(&mut self, max: usize, mut f: impl FnMut(RawWc)) -> Result<usize, SysError> {
+        let Some(qp) = self.qp.as_mut() else {
+            return Ok(0);
+        };
+        let n = max.min(qp.wcs.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let base = qp.wcs.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= wcs.len().
+            unsafe { (*base.add(i)).opcode = OPCODE_UNSET };
+        }
+        // SAFETY: the CQ is live; `base` has room for `n` completions.
+        let got = unsafe { ffi::ibv_poll_cq(qp.cq.raw, n as libc::c_int, base) };
+        if got < 0 {
+            return Err(SysError {
+                call: "ibv_poll_cq",
+                source: std::io::Error::from_raw_os_error(-got),
+            });
+        }
+        let got = (got as usize).min(n);
+        for i in 0..got {
+            // SAFETY: the provider filled the first `got` entries; both union members
+            // are 32-bit integers, so reading either is defined.
+            let raw = unsafe {
+                let wc = &*base.add(i);
+                RawWc {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                    opcode: (wc.opcode != OPCODE_UNSET).then_some(wc.opcode),
+                    byte_len: wc.byte_len,
+                    wc_flags: wc.wc_flags,
+                    imm_or_rkey: wc.imm_data_invalidated_rkey_union.imm_data,
+                }
+            };
+            f(raw);
+        }
+        Ok(got)
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(qp) = self.qp.take() {
+            // The QP first; then (dropping `qp`) its CQ and the PD reference; the cm_id
+            // and its channel go after this function, as fields.
+            // SAFETY: the QP was created on this id by rdma_create_qp; destroyed once.
+            unsafe { ffi::rdma_destroy_qp(self.id.raw) };
+            drop(qp);
+        }
+    }
+}
+
+fn build_send_wr(
+    req: &SendReq<'_>,
+    next: *mut ffi::ibv_send_wr,
+    sg_list: *mut ffi::ibv_sge,
+) -> ffi::ibv_send_wr {
+    use ffi::ibv_wr_opcode::*;
+    let mut opcode = IBV_WR_SEND;
+    let mut ex = 0u32; // imm_data (network order) or the rkey to invalidate
+    let mut rdma = ffi::rdma_t {
+        remote_addr: 0,
+        rkey: 0,
+    };
+    let mut bind = ffi::bind_mw_t {
+        mw: ptr::null_mut(),
+        rkey: 0,
+        bind_info: ffi::ibv_mw_bind_info {
+            mr: ptr::null_mut(),
+            addr: 0,
+            length: 0,
+            mw_access_flags: 0,
+        },
+    };
+    let mut num_sge = req.sges.len() as libc::c_int;
+    match req.op {
+        SendReqOp::Send => {}
+        SendReqOp::SendWithImm(imm) => (opcode, ex) = (IBV_WR_SEND_WITH_IMM, imm.to_be()),
+        SendReqOp::SendWithInv(rkey) => (opcode, ex) = (IBV_WR_SEND_WITH_INV, rkey),
+        SendReqOp::Write { remote_addr, rkey } => {
+            opcode = IBV_WR_RDMA_WRITE;
+            rdma = ffi::rdma_t { remote_addr, rkey };
+        }
+        SendReqOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            (opcode, ex) = (IBV_WR_RDMA_WRITE_WITH_IMM, imm.to_be());
+            rdma = ffi::rdma_t { remote_addr, rkey };
+        }
+        SendReqOp::BindMw {
+            mw,
+            mr,
+            addr,
+            len,
+            access,
+            rkey,
+        } => {
+            opcode = IBV_WR_BIND_MW;
+            num_sge = 0;
+            bind = ffi::bind_mw_t {
+                mw: mw.raw,
+                rkey,
+                bind_info: ffi::ibv_mw_bind_info {
+                    mr: mr.raw,
+                    addr,
+                    length: len,
+                    mw_access_flags: access,
+                },
+            };
+        }
+        SendReqOp::LocalInv(rkey) => {
+            (opcode, ex) = (IBV_WR_LOCAL_INV, rkey);
+            num_sge = 0;
+        }
+    }
+    let flags = if req.signaled {
+        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+    } else {
+        0
+    };
+    ffi::ibv_send_wr {
+        wr_id: req.wr_id,
+        next,
+        sg_list: if num_sge == 0 {
+            ptr::null_mut()
+        } else {
+            sg_list
+        },
+        num_sge,
+        opcode,
+        send_flags: flags,
+        imm_data_invalidated_rkey_union: ffi::imm_data_invalidated_rkey_union_t { imm_data: ex },
+        wr: ffi::wr_t { rdma },
+        qp_type: ffi::qp_type_t {
+            xrc: ffi::xrc_t { remote_srqn: 0 },
+        },
+        bind_mw_tso_union: ffi::bind_mw_tso_union_t { bind_mw: bind },
+    }
+}
+
+/// Index of `bad` in a chain starting at `base`; 0 when the provider named none.
+fn bad_index<T>(bad: *mut T, base: *mut T, n: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    let off = (bad as usize).wrapping_sub(base as usize) / mem::size_of::<T>();
+    off.min(n)
+}
+
+/// The errno of a failed post: providers return it, or return -1 and set errno.
+fn errno_of(ret: libc::c_int) -> i32 {
+    if ret > 0 {
+        ret
+    } else {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL)
+    }
+}

@@ -1,0 +1,486 @@
+//! The verbs fabric: what can be checked without hardware (opening fails cleanly and
+//! says why), and, ignored by default, round trips over a real RDMA device.
+//!
+//! Hardware tests connect to the device's own address (a loopback connection through
+//! the NIC). Run them with, for example:
+//!
+//! ```text
+//! RTRS_TEST_DEVICE=mlx5_0 RTRS_TEST_ADDR=192.0.2.1 cargo test --test fabric_verbs -- --ignored
+//! ```
+//!
+//! `RTRS_TEST_DEVICE` names the rdma-core device (`rdma link show`), `RTRS_TEST_ADDR` an
+//! IP address configured on one of its ports (IPoIB, RoCE netdev, or rxe/siw).
+//!
+//! The shared conformance suite (`tests/conformance/`) runs against the same device in
+//! the `conformance_verbs` module; without `RTRS_TEST_DEVICE` each of its scenarios
+//! prints that it was skipped and returns.
+#![cfg(feature = "verbs")]
+
+#[macro_use]
+mod conformance;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rtrs_spdk::fabric::verbs::VerbsFabric;
+use rtrs_spdk::fabric::{
+    inc_rkey, Access, CmEvent, Conn, ConnState, Fabric, FabricError, FabricKind, MemBuf, QpCaps,
+    RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
+};
+
+/// Upper bound for anything to happen on a device; never a performance figure.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn kernel_has_rdma_devices() -> bool {
+    Path::new("/sys/class/infiniband")
+        .read_dir()
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+}
+
+#[test]
+fn opening_without_a_device_fails_with_no_device() {
+    let result = VerbsFabric::open(None);
+    if kernel_has_rdma_devices() {
+        // A machine with devices: opening the first one works, or fails naming why.
+        match result {
+            Ok(f) => assert_eq!(f.kind(), FabricKind::Verbs),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+        return;
+    }
+    let err = result.expect_err("no RDMA device on this machine, yet open succeeded");
+    assert!(matches!(err, FabricError::NoDevice(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.starts_with("no RDMA device found"), "{msg}");
+    assert!(
+        msg.contains("rxe/siw"),
+        "the message should say what to configure: {msg}"
+    );
+}
+
+#[test]
+fn opening_a_missing_named_device_names_it() {
+    let err = VerbsFabric::open(Some("rtrs_missing_dev7")).expect_err("no such device exists");
+    assert!(matches!(err, FabricError::NoDevice(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.starts_with("no RDMA device found"), "{msg}");
+    assert!(msg.contains("\"rtrs_missing_dev7\""), "{msg}");
+}
+
+#[test]
+fn repeated_failed_opens_give_the_same_answer() {
+    if kernel_has_rdma_devices() {
+        return;
+    }
+    let first = VerbsFabric::open(None).unwrap_err().to_string();
+    for _ in 0..50 {
+        assert_eq!(VerbsFabric::open(None).unwrap_err().to_string(), first);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hardware tests.
+
+fn device() -> (VerbsFabric, IpAddr) {
+    let dev = std::env::var("RTRS_TEST_DEVICE")
+        .expect("set RTRS_TEST_DEVICE to an RDMA device name (see `rdma link show`)");
+    let addr = std::env::var("RTRS_TEST_ADDR")
+        .expect("set RTRS_TEST_ADDR to an IP address of that device")
+        .parse()
+        .expect("RTRS_TEST_ADDR is not an IP address");
+    let fabric = VerbsFabric::open(Some(&dev))
+        .unwrap_or_else(|e| panic!("opening RTRS_TEST_DEVICE={dev}: {e}"));
+    (fabric, addr)
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+    }
+}
+
+fn wait_cm(conn: &mut dyn Conn, what: &str) -> CmEvent {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(ev) = conn.poll_cm() {
+            return ev;
+        }
+        assert!(
+            Instant::now() < end,
+            "no CM event within {DEADLINE:?} while waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn wait_wc(conn: &mut dyn Conn, what: &str) -> Wc {
+    let end = Instant::now() + DEADLINE;
+    let mut wc = [Wc::default(); 1];
+    loop {
+        if conn.poll_cq(&mut wc) == 1 {
+            return wc[0];
+        }
+        assert!(
+            Instant::now() < end,
+            "no completion within {DEADLINE:?} while waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A connected pair over the device's own address: (client, server).
+fn pair(fabric: &VerbsFabric, ip: IpAddr) -> (Box<dyn Conn>, Box<dyn Conn>) {
+    let mut listener = fabric.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let dst = listener.local_addr();
+    let mut client = fabric.connect(dst, caps(), b"hello").expect("connect");
+    let end = Instant::now() + DEADLINE;
+    let req = loop {
+        assert!(
+            client.poll_cm().is_none(),
+            "client got an event before the server answered"
+        );
+        if let Some(req) = listener.poll() {
+            break req;
+        }
+        assert!(
+            Instant::now() < end,
+            "no connect request within {DEADLINE:?}"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(&req.private_data.as_bytes()[..5], b"hello");
+    let mut server = req.accept(caps(), b"welcome").expect("accept");
+    match wait_cm(client.as_mut(), "client Established") {
+        CmEvent::Established { private_data } => {
+            assert_eq!(&private_data.as_bytes()[..7], b"welcome")
+        }
+        other => panic!("client: {other:?}"),
+    }
+    assert!(matches!(
+        wait_cm(server.as_mut(), "server Established"),
+        CmEvent::Established { .. }
+    ));
+    assert_eq!(client.state(), ConnState::Connected);
+    (client, server)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: RTRS_TEST_DEVICE=<dev> RTRS_TEST_ADDR=<ip> cargo test --test fabric_verbs -- --ignored"]
+fn hw_register_and_allocate_a_window() {
+    let (fabric, _) = device();
+    let mr = fabric
+        .register(
+            MemBuf::zeroed(1 << 16),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .expect("register");
+    assert_eq!(mr.len(), 1 << 16);
+    let slot = fabric.alloc_fast_mr().expect("type-2 memory window");
+    assert_ne!(slot.rkey(), mr.rkey());
+    let err = fabric
+        .register(MemBuf::zeroed(4096), Access::REMOTE_WRITE)
+        .unwrap_err();
+    assert!(err.to_string().contains("LOCAL_WRITE"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: RTRS_TEST_DEVICE=<dev> RTRS_TEST_ADDR=<ip> cargo test --test fabric_verbs -- --ignored"]
+fn hw_connect_and_reject_carry_private_data() {
+    let (fabric, ip) = device();
+    let (mut client, mut server) = pair(&fabric, ip);
+    client.disconnect();
+    assert_eq!(
+        wait_cm(client.as_mut(), "client Disconnected"),
+        CmEvent::Disconnected
+    );
+    assert_eq!(
+        wait_cm(server.as_mut(), "server Disconnected"),
+        CmEvent::Disconnected
+    );
+
+    let mut listener = fabric.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let mut client = fabric
+        .connect(listener.local_addr(), caps(), &[1; 56])
+        .expect("connect");
+    let end = Instant::now() + DEADLINE;
+    let req = loop {
+        if let Some(req) = listener.poll() {
+            break req;
+        }
+        assert!(Instant::now() < end, "no connect request");
+        if let Some(ev) = client.poll_cm() {
+            panic!("unexpected {ev:?} before the server answered");
+        }
+    };
+    assert_eq!(req.private_data.as_bytes(), &[1; 56][..]);
+    req.reject(b"busy").expect("reject");
+    match wait_cm(client.as_mut(), "Rejected") {
+        CmEvent::Rejected { private_data } => assert_eq!(&private_data.as_bytes()[..4], b"busy"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: RTRS_TEST_DEVICE=<dev> RTRS_TEST_ADDR=<ip> cargo test --test fabric_verbs -- --ignored"]
+fn hw_rdma_write_with_imm_lands_before_its_completion() {
+    let (fabric, ip) = device();
+    let (mut client, mut server) = pair(&fabric, ip);
+    let src = fabric
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = fabric
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    src.write_at(0, b"rtrs over verbs");
+    server
+        .post_recv(&[
+            RecvWr {
+                wr_id: 7,
+                sge: None,
+            },
+            RecvWr {
+                wr_id: 8,
+                sge: None,
+            },
+        ])
+        .unwrap();
+    let sge = [src.sge(0, 15)];
+    let wrs = [
+        SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr() + 100,
+                rkey: dst.rkey(),
+                imm: 0xdead_beef,
+            },
+            sges: &sge,
+            signaled: true,
+        },
+        // Zero-length, no remote address: only the immediate travels.
+        SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: 0,
+                rkey: 0,
+                imm: 0x0102_0304,
+            },
+            sges: &[],
+            signaled: true,
+        },
+    ];
+    client.post_send(&wrs).unwrap();
+    for id in [1, 2] {
+        let wc = wait_wc(client.as_mut(), "write completion");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (id, WcStatus::Success, WcOpcode::RdmaWrite)
+        );
+    }
+    let wc = wait_wc(server.as_mut(), "first imm");
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.byte_len, wc.imm),
+        (7, WcOpcode::RecvRdmaWithImm, 15, Some(0xdead_beef))
+    );
+    let mut got = [0u8; 15];
+    dst.read_at(100, &mut got);
+    assert_eq!(&got, b"rtrs over verbs");
+    let wc = wait_wc(server.as_mut(), "second imm");
+    assert_eq!((wc.wr_id, wc.byte_len, wc.imm), (8, 0, Some(0x0102_0304)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: RTRS_TEST_DEVICE=<dev> RTRS_TEST_ADDR=<ip> cargo test --test fabric_verbs -- --ignored"]
+fn hw_bound_window_then_send_with_inv_retires_the_key() {
+    let (fabric, ip) = device();
+    let (mut client, mut server) = pair(&fabric, ip);
+    let region = fabric
+        .register(MemBuf::zeroed(8192), Access::LOCAL_WRITE)
+        .unwrap();
+    let slot = fabric.alloc_fast_mr().unwrap();
+    let rkey = inc_rkey(slot.rkey());
+    let bind = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr() + 4096,
+        len: 4096,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        rkey,
+    };
+    server
+        .post_send(&[SendWr {
+            wr_id: 10,
+            op: bind,
+            sges: &[],
+            signaled: true,
+        }])
+        .unwrap();
+    let wc = wait_wc(server.as_mut(), "bind");
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (10, WcStatus::Success, WcOpcode::RegMr)
+    );
+    assert_eq!(slot.rkey(), rkey);
+
+    let src = fabric
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    src.write_at(0, b"through the window");
+    let sge = [src.sge(0, 18)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: region.addr() + 4096,
+        rkey,
+    };
+    client
+        .post_send(&[SendWr {
+            wr_id: 20,
+            op: write,
+            sges: &sge,
+            signaled: true,
+        }])
+        .unwrap();
+    assert_eq!(
+        wait_wc(client.as_mut(), "write via window").status,
+        WcStatus::Success
+    );
+    let mut got = [0u8; 18];
+    region.read_at(4096, &mut got);
+    assert_eq!(&got, b"through the window");
+
+    let buf = fabric
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    server
+        .post_recv(&[RecvWr {
+            wr_id: 30,
+            sge: Some(buf.sge(0, 64)),
+        }])
+        .unwrap();
+    let msg = [src.sge(0, 4)];
+    client
+        .post_send(&[SendWr {
+            wr_id: 21,
+            op: SendOp::SendWithInv { rkey },
+            sges: &msg,
+            signaled: true,
+        }])
+        .unwrap();
+    assert_eq!(
+        wait_wc(client.as_mut(), "send with inv").status,
+        WcStatus::Success
+    );
+    let wc = wait_wc(server.as_mut(), "receive of send with inv");
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.byte_len, wc.invalidated_rkey),
+        (30, WcOpcode::Recv, 4, Some(rkey))
+    );
+
+    // The retired key no longer grants access; the connection breaks on both sides.
+    client
+        .post_send(&[SendWr {
+            wr_id: 22,
+            op: write,
+            sges: &sge,
+            signaled: true,
+        }])
+        .unwrap();
+    assert_eq!(
+        wait_wc(client.as_mut(), "write with retired key").status,
+        WcStatus::RemoteAccess
+    );
+    assert_eq!(
+        wait_cm(client.as_mut(), "client Disconnected"),
+        CmEvent::Disconnected
+    );
+    assert_eq!(
+        wait_cm(server.as_mut(), "server Disconnected"),
+        CmEvent::Disconnected
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: RTRS_TEST_DEVICE=<dev> RTRS_TEST_ADDR=<ip> cargo test --test fabric_verbs -- --ignored"]
+fn hw_disconnect_flushes_posted_receives() {
+    let (fabric, ip) = device();
+    let (mut client, mut server) = pair(&fabric, ip);
+    server
+        .post_recv(&[RecvWr {
+            wr_id: 5,
+            sge: None,
+        }])
+        .unwrap();
+    server.disconnect();
+    let wc = wait_wc(server.as_mut(), "flushed receive");
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlush));
+    assert_eq!(
+        wait_cm(server.as_mut(), "server Disconnected"),
+        CmEvent::Disconnected
+    );
+    assert_eq!(
+        wait_cm(client.as_mut(), "client Disconnected"),
+        CmEvent::Disconnected
+    );
+    let err = client
+        .post_recv(&[RecvWr {
+            wr_id: 6,
+            sge: None,
+        }])
+        .unwrap_err();
+    assert_eq!(err.index, 0);
+}
+
+/// The shared conformance suite over `RTRS_TEST_DEVICE`: one fabric serves as both hosts
+/// and the pair connects through the NIC to `RTRS_TEST_ADDR`.
+mod conformance_verbs {
+    use std::net::{IpAddr, SocketAddr};
+    use std::sync::Arc;
+
+    use rtrs_spdk::fabric::verbs::VerbsFabric;
+    use rtrs_spdk::fabric::Fabric;
+
+    struct Verbs {
+        fabric: Arc<VerbsFabric>,
+        ip: IpAddr,
+    }
+
+    impl Verbs {
+        /// The backend, or `None` (with a line saying so) when no device is configured.
+        fn from_env() -> Option<Verbs> {
+            if std::env::var_os("RTRS_TEST_DEVICE").is_none() {
+                eprintln!(
+                    "skipped: set RTRS_TEST_DEVICE=<rdma device> and RTRS_TEST_ADDR=<its ip> \
+                     to run the conformance suite on an RDMA NIC"
+                );
+                return None;
+            }
+            let (fabric, ip) = super::device();
+            Some(Verbs {
+                fabric: Arc::new(fabric),
+                ip,
+            })
+        }
+    }
+
+    impl crate::conformance::Backend for Verbs {
+        fn server_fabric(&self) -> Arc<dyn Fabric> {
+            self.fabric.clone()
+        }
+        fn client_fabric(&self) -> Arc<dyn Fabric> {
+            self.fabric.clone()
+        }
+        fn listen_addr(&self) -> SocketAddr {
+            SocketAddr::new(self.ip, 0)
+        }
+    }
+
+    conformance_tests!(match Verbs::from_env() {
+        Some(backend) => backend,
+        None => return,
+    });
+}
