@@ -85,11 +85,27 @@ pub fn run<B: Backend>(backend: &B, name: &str, scenario: fn(&dyn Backend)) {
     eprintln!("{name}: failed as expected ({why})");
 }
 
-/// Expands to one `#[test]` per scenario, each with a fresh `$backend`.
+/// Expands to one `#[test]` per scenario, each with a fresh `$backend`;
+/// `conformance_tests!(ignore = "why", backend)` marks every one `#[ignore]`.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($backend:expr) => {
-        $crate::conformance_tests!(@each $backend;
+    (@one [$(#[$attr:meta])*] $backend:expr; $module:ident :: $name:ident) => {
+        #[test]
+        $(#[$attr])*
+        fn $name() {
+            let backend = $backend;
+            $crate::conformance::run(
+                &backend,
+                stringify!($name),
+                $crate::conformance::$module::$name,
+            );
+        }
+    };
+    (@each $attrs:tt $backend:expr; $($module:ident :: $name:ident),+ $(,)?) => {
+        $( $crate::conformance_tests!(@one $attrs $backend; $module :: $name); )+
+    };
+    (@list $attrs:tt $backend:expr) => {
+        $crate::conformance_tests!(@each $attrs $backend;
             cm::accept_carries_private_data_both_ways,
             cm::reject_carries_private_data,
             cm::addresses_and_state,
@@ -125,18 +141,11 @@ macro_rules! conformance_tests {
             keys::rebinding_a_bound_slot_fails,
         );
     };
-    (@each $backend:expr; $($module:ident :: $name:ident),+ $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                let backend = $backend;
-                $crate::conformance::run(
-                    &backend,
-                    stringify!($name),
-                    $crate::conformance::$module::$name,
-                );
-            }
-        )+
+    (ignore = $why:literal, $backend:expr) => {
+        $crate::conformance_tests!(@list [#[ignore = $why]] $backend);
+    };
+    ($backend:expr) => {
+        $crate::conformance_tests!(@list [] $backend);
     };
 }
 
