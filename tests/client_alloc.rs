@@ -5,53 +5,22 @@
 
 mod client_util;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use client_util::{Harness, Setup};
 
-struct Counting;
-
-thread_local! {
-    static ON: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counters are
-// const-initialised thread-local `Cell`s without destructors, so touching them neither
-// allocates nor re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ON.try_with(Cell::get).unwrap_or(false) {
-            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        }
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ON.try_with(Cell::get).unwrap_or(false) {
-            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        }
-        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds new_size rules.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "util/counting_alloc.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 fn measure(on: bool) {
-    ON.with(|c| c.set(on));
+    counting::set_counting(on);
 }
 
 #[test]
 fn submit_and_poll_do_not_allocate() {
+    // Count only inside submit/poll (the harness turns counting on around them).
+    counting::set_counting(false);
     for (new_rkey, direct) in [(false, false), (true, false), (true, true)] {
         let mut h = Harness::new(Setup {
             paths: 2,
@@ -64,16 +33,16 @@ fn submit_and_poll_do_not_allocate() {
         for l in &h.loads {
             l.borrow_mut().measure = Some(measure);
         }
-        ALLOCS.with(|c| c.set(0));
+        counting::reset();
         h.connect();
         h.start_load(0);
         assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 200));
         // The counter works: taking the connections in sized the per-permit state.
-        assert!(ALLOCS.with(Cell::get) > 0);
-        ALLOCS.with(|c| c.set(0));
+        assert!(counting::allocations() > 0);
+        counting::reset();
         let v = h.total().verified;
         assert!(h.run_until(400_000, 1000, |h| h.total().verified >= v + 1000));
-        let n = ALLOCS.with(Cell::get);
+        let n = counting::allocations();
         assert_eq!(
             n, 0,
             "allocations inside submit/poll over 1000+ verified IOs (new_rkey {new_rkey})"

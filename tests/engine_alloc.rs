@@ -2,45 +2,18 @@
 //! function-pointer messages run without touching the heap. Checked with a counting
 //! global allocator (per thread, so other tests' threads do not interfere).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Duration;
 
 use rtrs_spdk::engine::{Ctx, Msg, PollResult, Simulation, Timer};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// GlobalAlloc contract; the counter is a const-initialised thread-local `Cell` with no
-// destructor, so touching it never allocates or re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds new_size rules.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "util/counting_alloc.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
+    counting::allocations()
 }
 
 fn bounce(ctx: &mut dyn Ctx, left: u64) {

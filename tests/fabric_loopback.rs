@@ -521,43 +521,11 @@ fn ends_on_two_threads_stream_in_order() {
     drop((cconn, sconn, listener));
 }
 
-/// Counts heap allocations made by the current thread.
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub struct Counting;
-
-    thread_local! {
-        static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-    }
-
-    // SAFETY: every call is forwarded to the system allocator unchanged; the counter is
-    // a const-initialized thread-local Cell, which never allocates.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            ALLOCATIONS.with(|c| c.set(c.get() + 1));
-            // SAFETY: forwarded with the caller's layout.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: `ptr` came from `System.alloc` with this layout.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            ALLOCATIONS.with(|c| c.set(c.get() + 1));
-            // SAFETY: forwarded unchanged.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-
-    pub fn allocations() -> u64 {
-        ALLOCATIONS.with(Cell::get)
-    }
-}
+#[path = "util/counting_alloc.rs"]
+mod counting;
 
 #[global_allocator]
-static ALLOCATOR: counting::Counting = counting::Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 #[test]
 fn the_data_path_does_not_allocate() {

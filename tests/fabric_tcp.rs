@@ -5,7 +5,7 @@
 
 #[path = "fabric_tcp/cm.rs"]
 mod cm;
-#[path = "fabric_tcp/counting.rs"]
+#[path = "util/counting_alloc.rs"]
 mod counting;
 #[path = "fabric_tcp/data.rs"]
 mod data;

@@ -1,9 +1,6 @@
 //! The wire codecs never allocate: a counting global allocator watches this thread while
 //! every decoder (on valid and invalid input) and every IO-path encoder runs.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use rtrs_spdk::proto::rnbd::{
     AccessMode, Close, Io, IoFlags, Open, OpenRsp, RnbdMsg, RnbdOp, SessInfo,
 };
@@ -12,39 +9,14 @@ use rtrs_spdk::proto::{
     IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
 
-thread_local! {
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
-// const-initialised thread-local `Cell` without a destructor, so touching it from inside
-// the allocator neither allocates nor recurses.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as our caller's, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as our caller's, forwarded.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "util/counting_alloc.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
-fn allocs() -> usize {
-    ALLOCS.with(Cell::get)
+fn allocs() -> u64 {
+    counting::allocations()
 }
 
 #[test]

@@ -5,44 +5,16 @@
 
 mod server_util;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use server_util::{Event, Harness, TestPath};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: calls go unchanged to the system allocator, which meets the GlobalAlloc
-// contract; the counter is a const thread-local Cell without destructor, so counting
-// neither allocates nor re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's layout contract is passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "util/counting_alloc.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
+    counting::allocations()
 }
 
 /// Steps until `buf_id` is answered; returns the allocations made inside the steps.
