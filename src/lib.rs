@@ -20,6 +20,7 @@
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
+pub mod client;
 pub mod common;
 pub mod engine;
 pub mod error;
