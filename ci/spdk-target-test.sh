@@ -44,6 +44,7 @@ cleanup() {
         for _ in $(seq 1 100); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$TGT_PID" 2>/dev/null || true
     fi
+    [ -n "${KEEP_LOG:-}" ] && cp "$WORK/tgt.log" "$KEEP_LOG" 2>/dev/null
     rm -rf "$WORK"
 }
 trap cleanup EXIT
