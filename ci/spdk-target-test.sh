@@ -210,7 +210,12 @@ expect_err rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"p
 expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access":"rw"}'
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
-expect_client "verified"
+expect_client "verified 256 blocks"
+
+echo "== a second listener (IPv6) on the same server, then closed"
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
+expect_client "verified 256 blocks" RTRS_TARGET_ADDR="[::1]:$PORT"
+expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
 
 echo "== a live session in rtrs_target_get_sessions"
 client RTRS_TARGET_ROUNDS=400 >"$WORK/long.out" &
@@ -223,7 +228,7 @@ for _ in $(seq 1 100); do
 done
 [ -n "$seen" ] && ok "get_sessions: $(echo "$seen" | cut -c1-160)..." || fail "no live session seen"
 wait "$LONG" || true
-grep -q verified "$WORK/long.out" && ok "long run verified" || fail "long run: $(cat "$WORK/long.out")"
+grep -q "verified 256 blocks" "$WORK/long.out" && ok "long run verified" || fail "long run: $(cat "$WORK/long.out")"
 
 echo "== read-only export, unexport"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"volro","access":"ro"}'
@@ -232,7 +237,7 @@ expect_ok rtrs_target_unexport '{"export_name":"volro"}'
 expect_ok rtrs_target_unexport '{"export_name":"vol"}'
 expect_client "refused as expected" RTRS_TARGET_EXPECT=fail
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}'
-expect_client "verified"
+expect_client "verified 256 blocks"
 
 echo "== save_config -> spdk_tgt --json"
 save_config >"$WORK/config.json"
@@ -251,7 +256,7 @@ print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtr
 " >"$WORK/rtrs2.json"
 cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical after replay" ||
     fail "config differs: $(cat "$WORK/rtrs2.json")"
-expect_client "verified"
+expect_client "verified 256 blocks"
 
 echo "== bdev hot removal under IO"
 client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/hot.out" &
