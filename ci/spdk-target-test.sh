@@ -216,9 +216,10 @@ expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
 expect_client "verified 256 blocks"
 
-echo "== a second listener (IPv6) on the same server, then closed"
+echo "== a second listener (IPv6) on the same server: one path there, then two paths in one session"
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
 expect_client "verified 256 blocks" RTRS_TARGET_ADDR="[::1]:$PORT"
+expect_client "verified 256 blocks" RTRS_TARGET_ADDR="127.0.0.1:$PORT,[::1]:$PORT"
 expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
 
 echo "== a live session in rtrs_target_get_sessions"
