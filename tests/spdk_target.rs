@@ -35,6 +35,8 @@ const BS: usize = 4096;
 const BLOCKS: usize = 256;
 const QD: usize = 16;
 const WAIT: Duration = Duration::from_secs(60);
+/// The home core's progress message after each write+read pass.
+const ROUND: &str = "round";
 
 type Report = mpsc::Sender<Result<String, String>>;
 
@@ -175,6 +177,8 @@ impl Home {
                     if self.phase == 3 && self.rounds > 1 {
                         self.rounds -= 1;
                         self.phase = 1;
+                        // Progress: the wait bound applies per pass, not to the whole run.
+                        let _ = self.tx.send(Ok(ROUND.into()));
                     }
                     self.win.reset();
                 }
@@ -377,6 +381,7 @@ fn verified_io_against_external_target() {
     let mut failure = None;
     while got.len() < 2 && failure.is_none() {
         match rx.recv_timeout(WAIT) {
+            Ok(Ok(m)) if m == ROUND => {}
             Ok(Ok(m)) => got.push(m),
             Ok(Err(e)) => failure = Some(e),
             Err(e) => panic!("no progress within {WAIT:?} ({e}); so far {got:?}"),
