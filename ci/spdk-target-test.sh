@@ -140,7 +140,9 @@ expect_ok() {
 
 start_target() {
     rm -f "$SOCK"
-    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" "$@" >>"$WORK/tgt.log" 2>&1 &
+    # No core locks: other SPDK applications may share this machine's cores.
+    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" --disable-cpumask-locks "$@" \
+        >>"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
     local ready=framework_wait_init
     [ "${1:-}" = --wait-for-rpc ] && ready=spdk_get_version
