@@ -30,5 +30,7 @@ pub mod fabric;
 pub mod proto;
 pub mod rnbd;
 pub mod server;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 
 pub use error::{Error, Result};
