@@ -1,0 +1,484 @@
+//! `rtrs-bench`: block IO against an RNBD device over RTRS, measured (fio's job shape
+//! for this stack).
+//!
+//! ```text
+//! rtrs-bench --path tcp://127.0.0.1:1234 --device vol --rw randread --bs 4K --qd 32 --time 10s
+//! rtrs-bench --inline-target ram:1G --rw randwrite --bs 4K --qd 1 --time 10s --json
+//! ```
+//! The client session is opened on reactor 0 with one IO connection per reactor of the
+//! cpumask; the device is mapped there. `--qd` is the total queue depth, spread over the
+//! reactors (reactor k gets qd/n, the first qd mod n one more; with fewer than n the
+//! first qd reactors get one each), each reactor working on its own slice of the device.
+//! Every reactor owns one registered buffer of its share × bs, so no IO allocates.
+//! `--inline-target` runs an RNBD target in the same process on the same reactors over
+//! the loopback fabric: the engine's cost without a network.
+//!
+//! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
+//! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
+//! verify mismatches, as text or (`--json`) one JSON object on stdout.
+//! Exit codes: 0 success, 1 IO errors / verify mismatches / target unreachable / device
+//! refused, 2 bad arguments.
+
+#[path = "../shared/mod.rs"]
+#[allow(dead_code)]
+mod shared;
+
+mod hist;
+mod report;
+mod run;
+mod stamp;
+mod worker;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rtrs_spdk::client::{ClientConfig, MpPolicy, PathAddr, PathState, Session};
+use rtrs_spdk::engine::{CpuMask, Engine};
+use rtrs_spdk::fabric::loopback::LoopbackFabric;
+use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::proto::rnbd::AccessMode;
+use rtrs_spdk::rnbd::backend::ExportSpec;
+use rtrs_spdk::server::ServerConfig;
+
+use report::{RunInfo, Totals};
+use run::Setup;
+use shared::target::Target;
+use shared::url::{parse_url, FabricUrl};
+use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
+use worker::{JobSpec, Plan, Rw};
+
+const PROG: &str = "rtrs-bench";
+/// The device name of `--inline-target`.
+const INLINE_DEVICE: &str = "bench";
+/// Chunk size of the inline target: 256 KiB, so 128 KiB IO fits (max IO = chunk − 4 KiB).
+const INLINE_CHUNK: u32 = 256 << 10;
+/// A run with no IO completing for this long is aborted.
+const STALL: Duration = Duration::from_secs(60);
+
+/// Block IO benchmark over RTRS/RNBD.
+#[derive(Parser, Debug)]
+#[command(name = "rtrs-bench", version, about, max_term_width = 100)]
+struct Args {
+    /// A path to the target, tcp://HOST[:PORT] (port 1234 when omitted). Repeatable
+    /// (multipath).
+    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    path: Vec<FabricUrl>,
+    /// The exported device to map.
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// IO pattern.
+    #[arg(long, value_enum)]
+    rw: Rw,
+    /// Percentage of reads for randrw.
+    #[arg(long, value_name = "PCT", default_value_t = 50,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    rwmixread: u8,
+    /// Block size of every IO (a multiple of 512).
+    #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = shared::size_arg)]
+    bs: u64,
+    /// Total queue depth, spread over the reactors.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    qd: u32,
+    /// How long to measure (500ms, 10s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
+    time: Duration,
+    /// Stamp every written sector and check every read (see the module doc).
+    #[arg(long)]
+    verify: bool,
+    /// Multipath policy.
+    #[arg(long, value_name = "POLICY", default_value = "min-inflight", value_parser = policy_arg)]
+    policy: MpPolicy,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Run a target in this process over the loopback fabric with this backend
+    /// (ram:SIZE or file:PATH); --path and --device are then implied.
+    #[arg(long, value_name = "BACKEND", value_parser = inline_arg, conflicts_with = "path")]
+    inline_target: Option<ExportSpec>,
+    /// Use only the first SIZE bytes of the device (default: all of it).
+    #[arg(long, value_name = "SIZE", value_parser = shared::size_arg)]
+    size: Option<u64>,
+    /// Reactor cores, a hex mask (0x2) or a list ([1]); default every core.
+    #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
+    cpumask: Option<CpuMask>,
+    /// Idle reactors busy-poll (default) or sleep with backoff.
+    #[arg(long, value_enum, default_value_t = Idle::Busy)]
+    idle: Idle,
+    /// How long to wait for the target to answer and the device to be mapped.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
+    connect_timeout: Duration,
+    /// More log output (repeatable); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn policy_arg(s: &str) -> Result<MpPolicy, String> {
+    s.parse()
+        .map_err(|e: rtrs_spdk::client::PolicyParseError| e.to_string())
+}
+
+fn inline_arg(s: &str) -> Result<ExportSpec, String> {
+    ExportSpec::parse(&format!("{INLINE_DEVICE}={s}"))
+        .map_err(|e| format!("{e} (expected ram:SIZE or file:PATH)"))
+}
+
+type Failure = (String, u8);
+
+fn usage(msg: impl Into<String>) -> Failure {
+    (msg.into(), EXIT_USAGE)
+}
+
+fn failed(msg: impl Into<String>) -> Failure {
+    (msg.into(), EXIT_FAILED)
+}
+
+fn main() -> ExitCode {
+    let args: Args = match shared::parse_args(PROG) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    shared::init_logging(tracing::Level::ERROR, args.verbose);
+    match run(args) {
+        Ok(code) => code,
+        Err((msg, code)) => fail(PROG, msg, code),
+    }
+}
+
+/// Everything that must be stopped on the way out, in order.
+struct Teardown {
+    engine: Option<Engine>,
+    target: Option<Target>,
+    session: Option<Session>,
+    setup: Option<Arc<Setup>>,
+}
+
+impl Teardown {
+    fn finish(&mut self) {
+        if let Some(setup) = self.setup.take() {
+            setup.unmap.store(true, Ordering::Release);
+            wait_for(Duration::from_secs(5), || {
+                setup.unmapped.load(Ordering::Acquire)
+            });
+        }
+        if let Some(s) = self.session.take() {
+            s.close();
+            wait_for(Duration::from_secs(5), || s.is_closed());
+        }
+        if let Some(t) = self.target.take() {
+            t.stop(Duration::from_secs(5));
+        }
+        if let Some(e) = self.engine.take() {
+            if let Err(err) = e.shutdown() {
+                tracing::warn!("stopping reactors: {err}");
+            }
+        }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !f() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+fn run(args: Args) -> Result<ExitCode, Failure> {
+    // Everything that can be checked without a target.
+    let bs = u32::try_from(args.bs)
+        .ok()
+        .filter(|b| b % 512 == 0)
+        .ok_or_else(|| {
+            usage(format!(
+                "--bs {}: must be a multiple of 512 bytes below 4 GiB",
+                args.bs
+            ))
+        })?;
+    if args.inline_target.is_none() {
+        if args.path.is_empty() {
+            return Err(usage(
+                "give --path tcp://HOST:PORT with --device NAME, or --inline-target ram:SIZE",
+            ));
+        }
+        if args.device.is_none() {
+            return Err(usage("--device NAME is required with --path"));
+        }
+    }
+    if let Some(size) = args.size {
+        if size % u64::from(bs) != 0 {
+            return Err(usage(format!(
+                "--size {size}: must be a multiple of --bs {bs}"
+            )));
+        }
+    }
+    let engine_cfg = shared::engine_config(args.cpumask.clone(), args.idle).map_err(usage)?;
+    let cores = engine_cfg.cpumask.len();
+    let cpumask = engine_cfg.cpumask.to_string();
+    let job = JobSpec {
+        rw: args.rw,
+        mix_read: args.rwmixread,
+        bs,
+        verify: args.verify,
+        time_ns: u64::try_from(args.time.as_nanos()).unwrap_or(u64::MAX),
+        run_id: rtrs_spdk::common::random_u64(),
+    };
+
+    let mut td = Teardown {
+        engine: Some(
+            Engine::start(engine_cfg).map_err(|e| failed(format!("starting reactors: {e}")))?,
+        ),
+        target: None,
+        session: None,
+        setup: None,
+    };
+    let engine = td.engine.as_ref().expect("engine just started");
+
+    // The fabric and the paths: a target of our own over loopback, or tcp.
+    let (fabric, paths, device, target_text): (Arc<dyn Fabric>, Vec<SocketAddr>, String, String) =
+        match &args.inline_target {
+            Some(spec) => {
+                let fabric: Arc<dyn Fabric> = Arc::new(LoopbackFabric::new());
+                let config = ServerConfig {
+                    chunk_size: INLINE_CHUNK,
+                    ..ServerConfig::default()
+                };
+                let t = shared::target::start_target(
+                    engine,
+                    Arc::clone(&fabric),
+                    &["127.0.0.1:1234".parse().expect("literal address")],
+                    std::slice::from_ref(spec),
+                    config,
+                )
+                .map_err(|e| failed(format!("inline target: {e}")))?;
+                let paths = t.server.local_addrs().to_vec();
+                let text = format!("inline target {}", t.described.join(", "));
+                td.target = Some(t);
+                (fabric, paths, INLINE_DEVICE.to_string(), text)
+            }
+            None => (
+                Arc::new(TcpFabric::new()),
+                args.path.iter().map(|u| u.addr).collect(),
+                args.device.clone().expect("checked above"),
+                "tcp".to_string(),
+            ),
+        };
+    let path_text: Vec<String> = match &args.inline_target {
+        Some(_) => paths.iter().map(|a| format!("loopback:{a}")).collect(),
+        None => args.path.iter().map(ToString::to_string).collect(),
+    };
+
+    let mode = if args.rw.writes() || args.verify {
+        AccessMode::ReadWrite
+    } else {
+        AccessMode::ReadOnly
+    };
+    let (rtx, rrx) = mpsc::channel();
+    let setup = Setup::new(fabric, device.clone(), mode, job, cores, rtx);
+    td.setup = Some(Arc::clone(&setup));
+    let mut ccfg = ClientConfig::new(
+        format!("rtrs-bench-{}", std::process::id()),
+        paths.iter().copied().map(PathAddr::new).collect(),
+    );
+    ccfg.mp_policy = args.policy;
+    // No retry until the first connect: an unreachable target is reported at once.
+    ccfg.max_reconnect_attempts = 0;
+    ccfg.reconnect_delay = Duration::from_secs(1);
+    ccfg.reconnect_jitter = Duration::from_millis(200);
+    ccfg.io_wait_timeout = Duration::from_secs(10);
+    ccfg.connect_timeout = args.connect_timeout;
+    let (stx, srx) = mpsc::channel();
+    engine
+        .send(0, run::start_msg(Arc::clone(&setup), ccfg, stx))
+        .map_err(|e| failed(format!("starting the session on reactor 0: {e}")))?;
+    let session = srx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| failed("reactor 0 did not answer within 10 s"))?
+        .map_err(|e| failed(format!("opening the session: {e}")))?;
+    td.session = Some(session.clone());
+
+    // Wait for the device.
+    let targets = path_text.join(", ");
+    let limit = Instant::now() + args.connect_timeout + Duration::from_secs(5);
+    let info = loop {
+        if let Some(r) = setup
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            break r.map_err(|e| failed(format!("{e} (on {targets})")))?;
+        }
+        let states = session.paths();
+        if states
+            .iter()
+            .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
+        {
+            return Err(failed(format!(
+                "cannot connect to {targets}: connection failed (is rtrs-target running there? -v shows why)"
+            )));
+        }
+        if Instant::now() > limit {
+            return Err(failed(format!(
+                "no answer from {targets} within {:?}: the device '{device}' was not mapped",
+                args.connect_timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    session.set_max_reconnect_attempts(-1);
+
+    // Check the run against the device and hand out the plans.
+    if bs % info.logical_block_size != 0 {
+        return Err(usage(format!(
+            "--bs {bs} is not a multiple of device '{device}''s {}-byte logical block",
+            info.logical_block_size
+        )));
+    }
+    if bs > info.max_io_size {
+        return Err(usage(format!(
+            "--bs {bs} exceeds the largest IO of device '{device}' over this session, {} bytes \
+             (the target's chunk size minus 4 KiB: start it with a larger --chunk-size)",
+            info.max_io_size
+        )));
+    }
+    let region = args
+        .size
+        .unwrap_or(info.size / u64::from(bs) * u64::from(bs));
+    if region > info.size {
+        return Err(usage(format!(
+            "--size {region} is larger than device '{device}' ({} bytes)",
+            info.size
+        )));
+    }
+    let active = cores.min(args.qd as usize);
+    let units = region / u64::from(bs);
+    if units < active as u64 {
+        return Err(usage(format!(
+            "device '{device}' ({} bytes) holds fewer than {active} blocks of --bs {bs}, one per reactor",
+            info.size
+        )));
+    }
+    {
+        let mut plans = setup.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let qd = args.qd as usize;
+        let a = active as u64;
+        for k in 0..active {
+            let k64 = k as u64;
+            let (lo, hi) = (k64 * units / a, (k64 + 1) * units / a);
+            plans[k] = Some(Plan {
+                start: lo * u64::from(bs),
+                units: hi - lo,
+                qd: qd / active + usize::from(k < qd % active),
+            });
+        }
+    }
+    setup.go.store(true, std::sync::atomic::Ordering::Release);
+
+    // Progress until every active core reported.
+    let tty = std::io::stderr().is_terminal();
+    let begun = Instant::now();
+    let mut reports = Vec::with_capacity(active);
+    let (mut last_print, mut last_seen, mut last_change) = (begun, u64::MAX, begun);
+    while reports.len() < active {
+        match rrx.recv_timeout(Duration::from_millis(100)) {
+            Ok(r) => {
+                reports.push(r);
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let sum = |f: fn(&worker::Live) -> u64| setup.lives.iter().map(|l| f(l)).sum::<u64>();
+        let ios = sum(|l| l.ios.load(Ordering::Relaxed));
+        let seen = ios
+            + sum(|l| l.untimed.load(Ordering::Relaxed))
+            + sum(|l| l.errors.load(Ordering::Relaxed));
+        let now = Instant::now();
+        if seen != last_seen {
+            last_seen = seen;
+            last_change = now;
+        } else if now - last_change > STALL {
+            if tty {
+                eprint!("\r\x1b[K");
+            }
+            return Err(failed(format!(
+                "no IO completed for {} s on {targets}: giving up",
+                STALL.as_secs()
+            )));
+        }
+        if tty && now - last_print >= Duration::from_secs(1) {
+            let dt = (now - last_print).as_secs_f64();
+            last_print = now;
+            let bytes = sum(|l| l.bytes.swap(0, Ordering::Relaxed));
+            let n = sum(|l| l.ios.swap(0, Ordering::Relaxed));
+            let errors = sum(|l| l.errors.load(Ordering::Relaxed));
+            eprint!(
+                "\r\x1b[K[{:>4.0}s] {} {:>9.0} IOPS {:>9.2} MiB/s  errors {errors}",
+                (now - begun).as_secs_f64(),
+                args.rw.name(),
+                n as f64 / dt,
+                bytes as f64 / dt / (1024.0 * 1024.0)
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    if tty {
+        eprint!("\r\x1b[K");
+    }
+    td.finish();
+
+    let totals = Totals::sum(&reports);
+    let info = RunInfo {
+        rw: args.rw.name(),
+        rwmixread: (args.rw == Rw::Randrw).then_some(args.rwmixread),
+        bs,
+        qd: args.qd as usize,
+        cores,
+        active_cores: active,
+        cpumask,
+        time_s: args.time.as_secs_f64(),
+        target: target_text,
+        paths: path_text,
+        device,
+        device_size: info.size,
+        region,
+        policy: args.policy.name(),
+        verify: args.verify,
+    };
+    if args.json {
+        println!("{}", report::json(&info, &totals));
+    } else {
+        print!("{}", report::text(&info, &totals));
+    }
+    if totals.failed() {
+        let mut why = Vec::new();
+        if totals.errors > 0 {
+            why.push(format!("{} IO error(s)", totals.errors));
+        }
+        if totals.mismatches > 0 {
+            why.push(format!(
+                "{} verify mismatch(es), first bad offset {}",
+                totals.mismatches,
+                totals.first_bad.unwrap_or(0)
+            ));
+        }
+        return Err(failed(why.join(", ")));
+    }
+    Ok(ExitCode::SUCCESS)
+}
