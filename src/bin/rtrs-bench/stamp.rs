@@ -48,3 +48,32 @@ pub fn check(buf: &Mr, at: usize, dev_off: u64, len: usize, run: u64, gen: u32) 
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+
+    #[test]
+    fn stamps_check_and_catch_every_kind_of_wrong_data() {
+        let f = LoopbackFabric::new();
+        let buf = f
+            .register(MemBuf::zeroed(8192), Access::LOCAL_WRITE)
+            .unwrap();
+        stamp(&buf, 0, 1 << 20, 4096, 7, 3);
+        assert_eq!(check(&buf, 0, 1 << 20, 4096, 7, 3), None);
+        // Another generation, another run, another place: all mismatch at the start.
+        assert_eq!(check(&buf, 0, 1 << 20, 4096, 7, 2), Some(1 << 20));
+        assert_eq!(check(&buf, 0, 1 << 20, 4096, 8, 3), Some(1 << 20));
+        assert_eq!(check(&buf, 0, 2 << 20, 4096, 7, 3), Some(2 << 20));
+        // A torn sector in the middle is found at its offset.
+        buf.write_at(3 * SECTOR + 100, &[0xff]);
+        assert_eq!(
+            check(&buf, 0, 1 << 20, 4096, 7, 3),
+            Some((1 << 20) + 3 * SECTOR as u64)
+        );
+        // Zeroes (never written) do not pass.
+        assert_eq!(check(&buf, 4096, 0, 4096, 7, 1), Some(0));
+    }
+}

@@ -38,8 +38,18 @@ pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {
                 return Err(ExitCode::SUCCESS);
             }
             let text = e.render().to_string();
-            let line = text.lines().next().unwrap_or("bad arguments");
-            let line = line.strip_prefix("error: ").unwrap_or(line);
+            let mut lines = text.lines();
+            let first = lines.next().unwrap_or("bad arguments");
+            let mut line = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            // "...not provided:" is followed by the missing options, one per indented line.
+            if line.ends_with(':') {
+                let more: Vec<&str> = lines
+                    .take_while(|l| l.starts_with(' '))
+                    .map(str::trim)
+                    .collect();
+                line.push(' ');
+                line.push_str(&more.join(", "));
+            }
             Err(fail(prog, format!("{line} (see --help)"), EXIT_USAGE))
         }
     }
