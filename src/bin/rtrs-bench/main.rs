@@ -92,6 +92,10 @@ struct Args {
     /// Stamp every written sector and check every read (see the module doc).
     #[arg(long)]
     verify: bool,
+    /// Before the timed run, write the whole region once sequentially (not measured), so
+    /// reads find written data and RAM disks are backed.
+    #[arg(long)]
+    warmup_write: bool,
     /// Multipath policy.
     #[arg(long, value_name = "POLICY", default_value = "min-inflight", value_parser = policy_arg)]
     policy: MpPolicy,
@@ -235,6 +239,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         mix_read: args.rwmixread,
         bs,
         verify: args.verify,
+        warmup: args.warmup_write,
         time_ns: u64::try_from(args.time.as_nanos()).unwrap_or(u64::MAX),
         run_id: rtrs_spdk::common::random_u64(),
     };
@@ -283,7 +288,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         None => args.path.iter().map(ToString::to_string).collect(),
     };
 
-    let mode = if args.rw.writes() || args.verify {
+    let mode = if args.rw.writes() || args.verify || args.warmup_write {
         AccessMode::ReadWrite
     } else {
         AccessMode::ReadOnly

@@ -5,7 +5,8 @@
 //! relaxed counter updates for the progress line.
 //!
 //! Phases: an optional prefill (`--verify` with reads: every unit of the region is
-//! written once, stamped, so every read has something to check), the timed run, the
+//! written once, stamped, so every read has something to check; or `--warmup-write`),
+//! the timed run, the
 //! drain of what is in flight, an optional read-back (`--verify` with writes: every
 //! unit written is read and checked), then a report to the main thread.
 
@@ -58,6 +59,8 @@ pub struct JobSpec {
     pub mix_read: u8,
     pub bs: u32,
     pub verify: bool,
+    /// Write the whole region once before the timed run (`--warmup-write`).
+    pub warmup: bool,
     pub time_ns: u64,
     /// Identifies this run's stamps.
     pub run_id: u64,
@@ -149,7 +152,7 @@ impl Worker {
         live: Arc<Live>,
         tx: mpsc::Sender<CoreReport>,
     ) -> Worker {
-        let phase = if spec.verify && spec.rw.reads() {
+        let phase = if spec.warmup || (spec.verify && spec.rw.reads()) {
             Phase::Prefill
         } else {
             Phase::Run
