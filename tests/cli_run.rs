@@ -176,3 +176,60 @@ fn inline_target_json_and_text() {
         assert!(text.contains(w), "{w:?} missing from {text}");
     }
 }
+
+#[test]
+fn bench_sigint_ends_the_run_early_with_code_130() {
+    use std::process::Stdio;
+    let child = Command::new(BENCH)
+        .args([
+            "--idle",
+            "adaptive",
+            "--inline-target",
+            "ram:8M",
+            "--rw",
+            "randread",
+            "--time",
+            "10m",
+            "--json",
+            "-m",
+            "0x1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rtrs-bench");
+    let mut kid = cli_util::Kid(Some(child));
+    // Whether the run has begun or not when the signal lands, the answer is code 130.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let st = Command::new("kill")
+        .args(["-INT", &kid.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success());
+    let child = kid.0.take().expect("child");
+    let out = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pid = child.id();
+        let waiter = std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = rx.recv_timeout(LIMIT).unwrap_or_else(|_| {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("rtrs-bench did not stop within {LIMIT:?} after SIGINT")
+        });
+        waiter.join().expect("waiter");
+        out.expect("wait")
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.trim().is_empty() {
+        let v: Value = serde_json::from_str(stdout.trim()).expect("JSON");
+        assert_eq!(v["interrupted"], true, "{v}");
+        assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
+    }
+}

@@ -79,7 +79,12 @@ pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
     cmd.args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        // The target's log (a warning per closed session) only with CLI_TEST_LOG set.
+        .stderr(if std::env::var_os("CLI_TEST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        });
     let mut child = cmd.spawn().expect("spawn rtrs-target");
     let out = child.stdout.take().expect("stdout");
     let kid = Kid(Some(child));

@@ -16,8 +16,10 @@
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
 //! verify mismatches, as text or (`--json`) one JSON object on stdout.
+//! SIGINT or SIGTERM ends the run early: what was measured is reported (a second one
+//! exits at once).
 //! Exit codes: 0 success, 1 IO errors / verify mismatches / target unreachable / device
-//! refused, 2 bad arguments.
+//! refused, 2 bad arguments, 130 interrupted.
 
 #[path = "../shared/mod.rs"]
 #[allow(dead_code)]
@@ -32,7 +34,7 @@ mod worker;
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,8 @@ const INLINE_DEVICE: &str = "bench";
 const INLINE_CHUNK: u32 = 256 << 10;
 /// A run with no IO completing for this long is aborted.
 const STALL: Duration = Duration::from_secs(60);
+/// Exit code after SIGINT/SIGTERM (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
 
 /// Block IO benchmark over RTRS/RNBD.
 #[derive(Parser, Debug)]
@@ -294,7 +298,21 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         AccessMode::ReadOnly
     };
     let (rtx, rrx) = mpsc::channel();
-    let setup = Setup::new(fabric, device.clone(), mode, job, cores, rtx);
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal exits at once; the first ends the run.
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
+        let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
+    }
+    let setup = Setup::new(
+        fabric,
+        device.clone(),
+        mode,
+        job,
+        cores,
+        Arc::clone(&stop),
+        rtx,
+    );
     td.setup = Some(Arc::clone(&setup));
     let mut ccfg = ClientConfig::new(
         format!("rtrs-bench-{}", std::process::id()),
@@ -321,6 +339,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     let targets = path_text.join(", ");
     let limit = Instant::now() + args.connect_timeout + Duration::from_secs(5);
     let info = loop {
+        if stop.load(Ordering::Acquire) {
+            return Err((String::from("interrupted"), EXIT_INTERRUPTED));
+        }
         if let Some(r) = setup
             .opened
             .lock()
@@ -465,6 +486,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         region,
         policy: args.policy.name(),
         verify: args.verify,
+        interrupted: stop.load(Ordering::Acquire),
     };
     if args.json {
         println!("{}", report::json(&info, &totals));
@@ -484,6 +506,12 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
             ));
         }
         return Err(failed(why.join(", ")));
+    }
+    if stop.load(Ordering::Acquire) {
+        return Err((
+            format!("interrupted after {:.1} s", totals.elapsed_s),
+            EXIT_INTERRUPTED,
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

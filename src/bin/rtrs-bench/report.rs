@@ -23,6 +23,8 @@ pub struct RunInfo {
     pub region: u64,
     pub policy: &'static str,
     pub verify: bool,
+    /// Ended early by SIGINT/SIGTERM.
+    pub interrupted: bool,
 }
 
 /// The sum of the cores' reports.
@@ -195,7 +197,7 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
          \"reads\":{},\"writes\":{},\"bytes\":{},\"iops\":{:.1},\"mib_s\":{:.3},\
          \"lat_avg_us\":{:.3},\"lat_p50_us\":{:.3},\"lat_p99_us\":{:.3},\"lat_p999_us\":{:.3},\
          \"lat_max_us\":{:.3},\"errors\":{},\"first_errno\":{},\"verify\":{},\
-         \"verify_mismatches\":{},\"first_bad_offset\":{first_bad}}}",
+         \"verify_mismatches\":{},\"first_bad_offset\":{first_bad},\"interrupted\":{}}}",
         jstr(info.rw),
         info.bs,
         info.qd,
@@ -225,5 +227,6 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
         t.first_errno,
         info.verify,
         t.mismatches,
+        info.interrupted,
     )
 }

@@ -37,6 +37,8 @@ pub struct Setup {
     /// The device is unmapped (or was never mapped).
     pub unmapped: AtomicBool,
     pub lives: Vec<Arc<Live>>,
+    /// SIGINT/SIGTERM: the workers end their run early.
+    pub stop: Arc<AtomicBool>,
     reports: Mutex<mpsc::Sender<CoreReport>>,
 }
 
@@ -47,6 +49,7 @@ impl Setup {
         mode: AccessMode,
         job: JobSpec,
         cores: usize,
+        stop: Arc<AtomicBool>,
         reports: mpsc::Sender<CoreReport>,
     ) -> Arc<Setup> {
         Arc::new(Setup {
@@ -61,6 +64,7 @@ impl Setup {
             unmap: AtomicBool::new(false),
             unmapped: AtomicBool::new(false),
             lives: (0..cores).map(|_| Arc::new(Live::default())).collect(),
+            stop,
             reports: Mutex::new(reports),
         })
     }
@@ -95,6 +99,7 @@ impl Setup {
             buf,
             seed,
             Arc::clone(&self.lives[core]),
+            Arc::clone(&self.stop),
             tx,
         )))
     }

@@ -10,7 +10,7 @@
 //! drain of what is in flight, an optional read-back (`--verify` with writes: every
 //! unit written is read and checked), then a report to the main thread.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use rtrs_spdk::engine::Ctx;
@@ -138,6 +138,8 @@ pub struct Worker {
     deadline: u64,
     last_done: u64,
     live: Arc<Live>,
+    /// Set on SIGINT/SIGTERM: end the timed run now.
+    stop: Arc<AtomicBool>,
     tx: mpsc::Sender<CoreReport>,
     r: CoreReport,
 }
@@ -150,6 +152,7 @@ impl Worker {
         buf: Mr,
         seed: u64,
         live: Arc<Live>,
+        stop: Arc<AtomicBool>,
         tx: mpsc::Sender<CoreReport>,
     ) -> Worker {
         let phase = if spec.warmup || (spec.verify && spec.rw.reads()) {
@@ -177,6 +180,7 @@ impl Worker {
             deadline: 0,
             last_done: 0,
             live,
+            stop,
             tx,
             r: CoreReport {
                 reads: 0,
@@ -240,6 +244,9 @@ impl Worker {
         loop {
             match self.phase {
                 Phase::Prefill | Phase::Readback => {
+                    if self.next_seq < self.plan.units && self.stop.load(Ordering::Relaxed) {
+                        self.next_seq = self.plan.units;
+                    }
                     if self.next_seq >= self.plan.units {
                         if self.inflight > 0 {
                             return sent;
@@ -272,7 +279,7 @@ impl Worker {
                         self.deadline = now + self.spec.time_ns;
                         self.last_done = now;
                     }
-                    if now >= self.deadline {
+                    if now >= self.deadline || self.stop.load(Ordering::Relaxed) {
                         self.phase = Phase::Drain;
                         continue;
                     }
