@@ -102,6 +102,8 @@ section=$(mktemp)
     echo "  the target's chunk size is 256 KiB). tcp: \`${target_cmd[*]#"$bin/"}\` on core 0,"
     echo "  the bench on core 1 (\`-m 0x2\`). QD is the total queue depth."
     echo "- Latency in microseconds, from a log-linear histogram (within 6.25 %)."
+    echo "- Reproduce: \`bench/rtrs.sh\` (\`RTRS_BENCH_TIME=10s\` by default); a single verified run"
+    echo "  over tcp: \`ci/bench.sh\`."
     echo
     echo "| transport | pattern | bs | QD | IOPS | MiB/s | avg us | p50 us | p99 us | p99.9 us | errors |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -10,6 +10,8 @@
 //! reactors (reactor k gets qd/n, the first qd mod n one more; with fewer than n the
 //! first qd reactors get one each), each reactor working on its own slice of the device.
 //! Every reactor owns one registered buffer of its share × bs, so no IO allocates.
+//! `--warmup-write` writes the region once before the timed run (RAM disks get backed,
+//! reads find data); `--size` limits the region to the first SIZE bytes.
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
 //!
@@ -177,7 +179,12 @@ impl Teardown {
         }
         if let Some(s) = self.session.take() {
             s.close();
-            wait_for(Duration::from_secs(5), || s.is_closed());
+            // Let the paths go down in order before the reactors stop.
+            wait_for(Duration::from_secs(5), || {
+                s.paths()
+                    .iter()
+                    .all(|(_, st)| matches!(st, PathState::Closed | PathState::Dead))
+            });
         }
         if let Some(t) = self.target.take() {
             t.stop(Duration::from_secs(5));
