@@ -1,7 +1,8 @@
 //! Real runs of the built binaries on 127.0.0.1: `rtrs-target` on core 0 and
 //! `rtrs-bench --verify` on core 1 for about a second in every IO pattern, its JSON
-//! parsed and checked; two paths to one target; `--inline-target`; the text output; the
-//! target stopping with exit code 0 on SIGTERM and SIGINT. Reactors sleep when idle
+//! parsed and checked; two paths to one target; file exports, read-write and read-only;
+//! `--inline-target`; the text output; the target stopping with exit code 0 on SIGTERM
+//! and SIGINT; the bench ending early on SIGINT. Reactors sleep when idle
 //! (`--idle adaptive`) to share the machine. Waits are bounded; nothing is timed.
 
 mod cli_util;
@@ -232,4 +233,47 @@ fn bench_sigint_ends_the_run_early_with_code_130() {
         assert_eq!(v["interrupted"], true, "{v}");
         assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
     }
+}
+
+#[test]
+fn file_exports_read_write_and_read_only() {
+    let path = std::env::temp_dir().join(format!("rtrs-cli-test-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(4 << 20))
+        .expect("create the backing file");
+    let p = path.display().to_string();
+    let (rw, ro) = (format!("f=file:{p}"), format!("r=file:{p}:ro"));
+    let t = start_target(&[&rw, &ro], &[]);
+    assert!(t.ready.contains("r (file"), "{}", t.ready);
+    let url = format!("tcp://127.0.0.1:{}", t.port);
+    let v = bench_json(&[
+        "--path", &url, "--device", "f", "--rw", "randrw", "--qd", "8", "--verify", "-m", "0x2",
+    ]);
+    assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{v}");
+    // Read-only: reads are fine, mapping it for writing is refused with a clear line.
+    bench_json(&[
+        "--path", &url, "--device", "r", "--rw", "randread", "--qd", "4", "-m", "0x2",
+    ]);
+    let out = run(
+        BENCH,
+        &[
+            "--idle",
+            "adaptive",
+            "--path",
+            &url,
+            "--device",
+            "r",
+            "--rw",
+            "randwrite",
+            "--time",
+            "1s",
+            "-m",
+            "0x2",
+        ],
+    );
+    let line = cli_util::one_error_line(&out);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    assert!(line.contains("read-only") && line.contains("'r'"), "{line}");
+    stop_with(t, "TERM");
+    let _ = std::fs::remove_file(&path);
 }
