@@ -150,3 +150,30 @@ pub fn human_size(n: u64) -> String {
     }
     format!("{v} {}", UNITS[u])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(duration_arg("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration_arg("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration_arg("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration_arg("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "1.5s", "10 s", "10parsecs", "-1s"] {
+            assert!(
+                duration_arg(bad).unwrap_err().contains("bad duration"),
+                "{bad}"
+            );
+        }
+        assert!(duration_arg("0ms").unwrap_err().contains("zero"));
+        assert_eq!(size_arg("128K"), Ok(128 << 10));
+        assert!(size_arg("0").unwrap_err().contains("zero"));
+        assert!(size_arg("4Q").unwrap_err().contains("bad size"));
+        assert_eq!(human_size(1 << 30), "1 GiB");
+        assert_eq!(human_size(1000), "1000 B");
+        assert_eq!(human_size(3 << 19), "1536 KiB");
+    }
+}

@@ -79,3 +79,31 @@ pub fn parse_url(s: &str) -> Result<FabricUrl, String> {
         .ok_or_else(|| format!("bad URL {s:?}: host {host:?} has no address"))?;
     Ok(FabricUrl { addr })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let a = |s| parse_url(s).map(|u| u.addr.to_string());
+        assert_eq!(a("tcp://127.0.0.1"), Ok("127.0.0.1:1234".into()));
+        assert_eq!(a("tcp://127.0.0.1:0"), Ok("127.0.0.1:0".into()));
+        assert_eq!(a("tcp://[::1]:99/"), Ok("[::1]:99".into()));
+        assert_eq!(a("tcp://[::1]"), Ok("[::1]:1234".into()));
+        for (bad, word) in [
+            ("127.0.0.1:1234", "expected tcp://"),
+            ("rdma://127.0.0.1", "unsupported scheme"),
+            ("tcp://", "no host"),
+            ("tcp://:1234", "no host"),
+            ("tcp://127.0.0.1:x", "port"),
+            ("tcp://127.0.0.1:65536", "port"),
+            ("tcp://::1", "brackets"),
+            ("tcp://[::1", "']'"),
+            ("tcp://[::1]x", "junk"),
+        ] {
+            let e = parse_url(bad).unwrap_err();
+            assert!(e.contains(word), "{bad}: {e}");
+        }
+    }
+}
