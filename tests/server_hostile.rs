@@ -63,6 +63,24 @@ fn bad_conn_requests_are_refused_with_errno() {
 }
 
 #[test]
+fn pending_sessions_are_bounded() {
+    let cfg = rtrs_spdk::server::ServerConfig {
+        max_pending_sessions: 2,
+        ..Harness::config(true)
+    };
+    let mut h = Harness::new(1, cfg);
+    let _a = raw_connect(&mut h, &req(0, 2, true)).expect("first");
+    let _b = raw_connect(&mut h, &req(0, 2, true)).expect("second");
+    assert_eq!(raw_connect(&mut h, &req(0, 2, true)).err(), Some(-16));
+    // Once the half-open ones are reaped, sessions can be made again.
+    h.sim.run_for(32_000_000_000, 500_000_000);
+    h.sim.run_until_idle(1000);
+    let mut p = h.connect("after", 2);
+    assert_eq!(p.write(&mut h, 1, 0, 0, b"ok"), 0);
+    h.stop();
+}
+
+#[test]
 fn half_open_path_is_reaped() {
     let mut h = Harness::new(1, Harness::config(true));
     let ids = Ids::random();

@@ -56,6 +56,7 @@ fn io_roundtrip(always_invalidate: bool, cores: usize, cid_num: u16) {
     assert_eq!(ps.state, "connected");
     assert_eq!((ps.write_cnt, ps.read_cnt), (45, 11));
     assert!(ps.read_bytes > 0 && ps.write_bytes > 0);
+    assert_eq!(ps.handler_lat_us_log2.iter().sum::<u64>(), 56);
     assert!(st.to_json().contains("\"write_cnt\":45"));
     let ev = h.shared.events.lock().unwrap().clone();
     assert_eq!(ev.len(), 1);
@@ -203,4 +204,34 @@ fn administrative_close_of_a_session() {
     let mut q = server_util::TestPath::connect(&mut h, "drop-me", 3, re, true).expect("reconnect");
     assert_eq!(q.write(&mut h, 2, 0, 0, b"q"), 0);
     h.stop();
+}
+
+#[test]
+fn stop_waits_for_requests_with_the_handler() {
+    use std::sync::atomic::Ordering;
+    let mut h = Harness::new(2, Harness::config(true));
+    let mut p = h.connect("held", 3);
+    h.shared.hold.on.store(true, Ordering::SeqCst);
+    p.post_write(1, 4, &0u64.to_le_bytes(), b"late");
+    for _ in 0..100 {
+        h.step();
+    }
+    assert_eq!(h.shared.hold.held.load(Ordering::SeqCst), 1);
+    h.server.stop();
+    for _ in 0..500 {
+        h.step();
+        p.poll();
+    }
+    assert!(p.down, "stop closes the path");
+    assert!(
+        !h.server.is_stopped(),
+        "a request is still with the handler"
+    );
+    h.shared.hold.on.store(false, Ordering::SeqCst);
+    for _ in 0..500 {
+        h.step();
+    }
+    assert!(h.server.is_stopped());
+    let st = h.server.stats();
+    assert!(st.sessions.is_empty(), "{st:?}");
 }

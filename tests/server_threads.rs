@@ -110,7 +110,9 @@ fn exercise(t: &mut Threaded) {
         );
     }
     let st = t.server.stats();
-    assert_eq!(st.sessions[0].paths[0].write_cnt, 19, "{st:?}");
+    let ps = &st.sessions[0].paths[0];
+    assert_eq!(ps.write_cnt, 19, "{st:?}");
+    assert_eq!(ps.handler_lat_us_log2.iter().sum::<u64>(), 22);
 }
 
 #[test]
@@ -141,4 +143,23 @@ fn threaded_tcp_always_invalidate() {
     );
     exercise(&mut t);
     t.stop();
+}
+
+#[test]
+fn engine_shutdown_with_a_live_session() {
+    let f = LoopbackFabric::new();
+    let mut t = Threaded::start(Arc::new(f.clone()), Arc::new(f), Harness::config(true));
+    let mut p = TestPath::connect(&mut t, "live", 3, Ids::random(), true).expect("connect");
+    assert_eq!(p.write(&mut t, 1, 0, 0, b"x"), 0);
+    // No Server::stop: the engine's shutdown hook stops the server's pollers, which
+    // close the path and drain.
+    let reports = t
+        .engine
+        .take()
+        .unwrap()
+        .shutdown()
+        .expect("engine shutdown");
+    assert!(reports.iter().all(|r| r.drained), "{reports:?}");
+    assert!(t.server.is_stopped());
+    assert!(p.wait_down(&mut t), "client never saw the path close");
 }

@@ -32,6 +32,7 @@ const ECONNRESET: i32 = 104;
 const ENXIO: i32 = 6;
 const EEXIST: i32 = 17;
 const ENOMEM: i32 = 12;
+const EBUSY: i32 = 16;
 
 /// How often half-open paths are looked for.
 const REAP_EVERY_NS: u64 = 1_000_000_000;
@@ -47,8 +48,15 @@ pub(crate) struct Acceptor {
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
     last_reap: u64,
+    /// Loops since the listeners were last polled.
+    skipped: u32,
     done: bool,
 }
+
+/// Listeners are polled every this many loops (a tcp listener costs an `accept` system
+/// call per poll, which the reactor's IO loop should not pay every time); a loop that
+/// found a request polls again on the next one.
+const LISTEN_EVERY: u32 = 32;
 
 fn is_zombie(p: &Path, now: u64) -> bool {
     let ts = p.conn_ts.load(Ordering::Acquire);
@@ -62,6 +70,7 @@ impl Acceptor {
             listeners,
             pending: Vec::new(),
             last_reap: 0,
+            skipped: LISTEN_EVERY,
             done: false,
         }
     }
@@ -115,6 +124,15 @@ impl Acceptor {
             None if !msg.first_conn => {
                 let why = "unknown session (paths_uuid) and first_conn not set".to_string();
                 return (Err((ENXIO, why)), zombies);
+            }
+            None if t.sessions.iter().filter(|e| e.up == 0).count()
+                >= self.sh.cfg.max_pending_sessions =>
+            {
+                let why = format!(
+                    "{} sessions are still being set up (max_pending_sessions)",
+                    self.sh.cfg.max_pending_sessions
+                );
+                return (Err((EBUSY, why)), zombies);
             }
             None => match self.new_session(msg.paths_uuid) {
                 Ok(sess) => {
@@ -401,11 +419,16 @@ impl Poller for Acceptor {
             }
             return busy;
         }
-        for i in 0..self.listeners.len() {
-            while let Some(req) = self.listeners[i].poll() {
-                let local = self.listeners[i].local_addr();
-                self.on_request(cx, req, local);
-                busy = PollResult::Busy;
+        self.skipped += 1;
+        if self.skipped >= LISTEN_EVERY {
+            self.skipped = 0;
+            for i in 0..self.listeners.len() {
+                while let Some(req) = self.listeners[i].poll() {
+                    let local = self.listeners[i].local_addr();
+                    self.on_request(cx, req, local);
+                    busy = PollResult::Busy;
+                    self.skipped = LISTEN_EVERY;
+                }
             }
         }
         let now = cx.now();

@@ -58,6 +58,8 @@ pub(crate) struct Op {
     req: Option<ChunkReq>,
     errno: i32,
     counted_wait: bool,
+    /// When the handler got it (ns).
+    t0: u64,
 }
 
 impl Op {
@@ -72,6 +74,7 @@ impl Op {
             req: None,
             errno: 0,
             counted_wait: false,
+            t0: 0,
         }
     }
 
@@ -275,6 +278,7 @@ impl CorePoller {
             return;
         };
         op.stage = Stage::Handler;
+        op.t0 = cx.now();
         let id = IoId::new(idx, op.gen);
         let sess = &path.sess;
         let base = sess.chunk_off(op.buf_id);
@@ -337,7 +341,11 @@ impl CorePoller {
                 tracing::debug!("rtrs-srv: answer for unknown or finished request {id:?}");
                 continue;
             }
-            self.ops[idx as usize].errno = errno;
+            let op = &mut self.ops[idx as usize];
+            op.errno = errno;
+            if let Some(p) = &op.path {
+                p.counters.record_latency(cx.now().saturating_sub(op.t0));
+            }
             self.send_response(cx, idx, false);
         }
         any

@@ -4,7 +4,7 @@
 //!   the server. Each CONNECT_REQUEST is validated (conn_req through [`crate::proto`]),
 //!   matched to a session by `paths_uuid` (created only with `first_conn`) and to a path
 //!   by `sess_uuid`; refusals carry a conn_rsp with the kernel's errno (−ECONNRESET,
-//!   −ENXIO, −EEXIST, −ENOMEM). A reconnect whose `recon_cnt` differs from the stored
+//!   −ENXIO, −EEXIST, −ENOMEM; −EBUSY beyond `max_pending_sessions`). A reconnect whose `recon_cnt` differs from the stored
 //!   one replaces the stale path at once instead of being refused until the old path
 //!   times out. Half-open paths are reaped after 30 s (on collision, as the kernel, and
 //!   by a periodic check).
@@ -65,6 +65,12 @@ pub struct ServerConfig {
     pub max_hdr: u32,
     /// Heartbeat interval and missed limit.
     pub hb: HbConfig,
+    /// Most sessions that may exist without any connected path (being set up, or
+    /// half-open); more new sessions are refused with −EBUSY until they finish or are
+    /// reaped. Each session costs a whole chunk pool, so this bounds what connection
+    /// requests alone can make the server allocate (PROTOCOL.md §9.1 "rate-limit session
+    /// creation"). Default 256.
+    pub max_pending_sessions: usize,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +81,7 @@ impl Default for ServerConfig {
             always_invalidate: true,
             max_hdr: DEFAULT_MAX_HDR_SIZE,
             hb: HbConfig::default(),
+            max_pending_sessions: 256,
         }
     }
 }
@@ -120,6 +127,9 @@ impl ServerConfig {
                 self.max_hdr.into(),
                 "must be at least 64 bytes and below the chunk size",
             );
+        }
+        if self.max_pending_sessions == 0 {
+            return bad("max_pending_sessions", 0, "must be at least 1");
         }
         if self.hb.interval.is_zero() {
             return bad("hb.interval", 0, "must be non-zero");

@@ -185,6 +185,7 @@ impl Path {
     pub fn stats(&self) -> PathStats {
         let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, rsp_queued, dropped] =
             self.counters.snapshot();
+        let (handler_lat_us_log2, handler_lat_sum_ns) = self.counters.latency();
         PathStats {
             name: self.name(),
             addr: format!("{}@{}", self.peer, self.local),
@@ -199,6 +200,8 @@ impl Path {
             failover_waits,
             rsp_queued,
             dropped,
+            handler_lat_us_log2,
+            handler_lat_sum_ns,
         }
     }
 }

@@ -2,15 +2,23 @@
 //! write counts and bytes, bytes being the imm offset = data + user header) plus what a
 //! polled engine sees for free: requests in flight, requests that waited for a chunk
 //! still busy on another path (failover), responses queued for lack of send slots, and
-//! requests dropped because their path was closing. Snapshots serialise to JSON by hand
-//! (no serde dependency).
+//! requests dropped because their path was closing, and a log2 histogram of the time
+//! requests spent with the handler. Snapshots serialise to JSON by hand (no serde
+//! dependency).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Buckets of the handler-latency histogram: bucket `k` counts requests answered in
+/// `[2^k, 2^(k+1))` µs (bucket 0 also takes everything under 2 µs, the last everything
+/// above).
+pub const LAT_BUCKETS: usize = 24;
+
 /// Live counters of one path (atomics: written by the cores serving its connections).
 #[derive(Debug, Default)]
 pub(crate) struct PathCounters {
+    pub lat: [AtomicU64; LAT_BUCKETS],
+    pub lat_sum_ns: AtomicU64,
     pub read_cnt: AtomicU64,
     pub read_bytes: AtomicU64,
     pub write_cnt: AtomicU64,
@@ -23,6 +31,22 @@ pub(crate) struct PathCounters {
 impl PathCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records one request's time with the handler.
+    pub fn record_latency(&self, ns: u64) {
+        let us = (ns / 1000).max(1);
+        let k = (63 - us.leading_zeros() as usize).min(LAT_BUCKETS - 1);
+        self.lat[k].fetch_add(1, Ordering::Relaxed);
+        self.lat_sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The histogram and the latency sum.
+    pub fn latency(&self) -> (Vec<u64>, u64) {
+        (
+            self.lat.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+            self.lat_sum_ns.load(Ordering::Relaxed),
+        )
     }
 
     pub fn snapshot(&self) -> [u64; 7] {
@@ -65,6 +89,10 @@ pub struct PathStats {
     pub rsp_queued: u64,
     /// Requests dropped unanswered because the path was no longer connected.
     pub dropped: u64,
+    /// Handler latency histogram ([`LAT_BUCKETS`] log2 buckets of µs).
+    pub handler_lat_us_log2: Vec<u64>,
+    /// Sum of handler latencies in ns (divide by the bucket total for the mean).
+    pub handler_lat_sum_ns: u64,
 }
 
 /// One session's statistics.
@@ -119,7 +147,7 @@ impl PathStats {
             out,
             ",\"cid_num\":{},\"recon_cnt\":{},\"read_cnt\":{},\"read_bytes\":{},\
              \"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_waits\":{},\
-             \"rsp_queued\":{},\"dropped\":{}}}",
+             \"rsp_queued\":{},\"dropped\":{},\"handler_lat_sum_ns\":{}",
             self.cid_num,
             self.recon_cnt,
             self.read_cnt,
@@ -129,8 +157,17 @@ impl PathStats {
             self.inflight,
             self.failover_waits,
             self.rsp_queued,
-            self.dropped
+            self.dropped,
+            self.handler_lat_sum_ns
         );
+        out.push_str(",\"handler_lat_us_log2\":[");
+        for (i, c) in self.handler_lat_us_log2.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{c}");
+        }
+        out.push_str("]}");
     }
 }
 
@@ -167,6 +204,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn latency_buckets() {
+        let c = PathCounters::default();
+        c.record_latency(500);
+        c.record_latency(3_000);
+        c.record_latency(1_000_000_000_000);
+        let (h, sum) = c.latency();
+        assert_eq!((h[0], h[1], h[LAT_BUCKETS - 1]), (1, 1, 1));
+        assert_eq!(sum, 1_000_000_003_500);
+    }
+
+    #[test]
     fn json_shape_and_escaping() {
         let st = ServerStats {
             sessions: vec![SessionStats {
@@ -189,7 +237,10 @@ mod tests {
             "{j}"
         );
         assert!(j.contains("\"read_cnt\":2,\"read_bytes\":100"), "{j}");
-        assert!(j.ends_with("\"dropped\":0}]}]}"), "{j}");
+        assert!(
+            j.ends_with("\"handler_lat_sum_ns\":0,\"handler_lat_us_log2\":[]}]}]}"),
+            "{j}"
+        );
         assert_eq!(st.sessions[0].paths[0].rdma_line(), "2 100 0 0");
     }
 }
