@@ -474,6 +474,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     if tty {
         eprint!("\r\x1b[K");
     }
+    tracing::info!("client statistics: {}", session.stats().to_json());
     td.finish();
 
     let totals = Totals::sum(&reports);

@@ -85,7 +85,10 @@ impl Setup {
         let len = plan.qd * self.job.bs as usize;
         let buf = self
             .fabric
-            .register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
+            .register(
+                MemBuf::zeroed(len),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
             .map_err(|e| format!("registering the {len}-byte IO buffer of core {core}: {e}"))?;
         let tx = self
             .reports
@@ -96,7 +99,7 @@ impl Setup {
         Ok(Some(Worker::new(
             self.job,
             plan,
-            buf,
+            Arc::new(buf),
             seed,
             Arc::clone(&self.lives[core]),
             Arc::clone(&self.stop),
@@ -155,7 +158,13 @@ impl Home {
         if !self.started && self.setup.go.load(Ordering::Acquire) {
             self.started = true;
             match self.setup.make_worker(0) {
-                Ok(w) => self.worker = w,
+                Ok(w) => {
+                    // Reads land in the buffer directly (no bounce copy).
+                    if let Some(w) = &w {
+                        self.client.port_mut().add_region(w.buffer());
+                    }
+                    self.worker = w;
+                }
                 Err(e) => fail_core(&self.setup, e),
             }
         }
@@ -228,7 +237,12 @@ impl Other {
             self.started = true;
             self.dev = *self.setup.handle.lock().unwrap_or_else(|e| e.into_inner());
             match self.setup.make_worker(cx.core()) {
-                Ok(w) => self.worker = w,
+                Ok(w) => {
+                    if let Some(w) = &w {
+                        self.core.port_mut().add_region(w.buffer());
+                    }
+                    self.worker = w;
+                }
                 Err(e) => fail_core(&self.setup, e),
             }
         }

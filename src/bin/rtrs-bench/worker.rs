@@ -125,7 +125,7 @@ pub type SubmitFn<'a> =
 pub struct Worker {
     spec: JobSpec,
     plan: Plan,
-    buf: Mr,
+    buf: Arc<Mr>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     /// Generation last written per unit (0: unknown); only with `--verify`.
@@ -149,7 +149,7 @@ impl Worker {
     pub fn new(
         spec: JobSpec,
         plan: Plan,
-        buf: Mr,
+        buf: Arc<Mr>,
         seed: u64,
         live: Arc<Live>,
         stop: Arc<AtomicBool>,
@@ -194,6 +194,11 @@ impl Worker {
                 hist: Hist::new(),
             },
         }
+    }
+
+    /// The IO buffer (announced to the RTRS client for zero-copy reads).
+    pub fn buffer(&self) -> Arc<Mr> {
+        Arc::clone(&self.buf)
     }
 
     fn rand(&mut self) -> u64 {
