@@ -28,12 +28,12 @@
 mod shared;
 
 mod hist;
+mod progress;
 mod report;
 mod run;
 mod stamp;
 mod worker;
 
-use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,8 +48,10 @@ use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::ExportSpec;
+use rtrs_spdk::rnbd::client::DeviceInfo;
 use rtrs_spdk::server::ServerConfig;
 
+use progress::Progress;
 use report::{RunInfo, Totals};
 use run::Setup;
 use shared::target::Target;
@@ -62,8 +64,6 @@ const PROG: &str = "rtrs-bench";
 const INLINE_DEVICE: &str = "bench";
 /// Chunk size of the inline target: 256 KiB, so 128 KiB IO fits (max IO = chunk − 4 KiB).
 const INLINE_CHUNK: u32 = 256 << 10;
-/// A run with no IO completing for this long is aborted.
-const STALL: Duration = Duration::from_secs(60);
 /// Exit code after SIGINT/SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
 
@@ -342,138 +342,27 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         .map_err(|e| failed(format!("opening the session: {e}")))?;
     td.session = Some(session.clone());
 
-    // Wait for the device.
     let targets = path_text.join(", ");
-    let limit = Instant::now() + args.connect_timeout + Duration::from_secs(5);
-    let info = loop {
-        if stop.load(Ordering::Acquire) {
-            return Err((String::from("interrupted"), EXIT_INTERRUPTED));
-        }
-        if let Some(r) = setup
-            .opened
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            break r.map_err(|e| failed(format!("{e} (on {targets})")))?;
-        }
-        let states = session.paths();
-        if states
-            .iter()
-            .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
-        {
-            return Err(failed(format!(
-                "cannot connect to {targets}: connection failed (is rtrs-target running there? -v shows why)"
-            )));
-        }
-        if Instant::now() > limit {
-            return Err(failed(format!(
-                "no answer from {targets} within {:?}: the device '{device}' was not mapped",
-                args.connect_timeout
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let info = wait_device(&setup, &session, &stop, &targets, args.connect_timeout)?;
     session.set_max_reconnect_attempts(-1);
-
-    // Check the run against the device and hand out the plans.
-    if bs % info.logical_block_size != 0 {
-        return Err(usage(format!(
-            "--bs {bs} is not a multiple of device '{device}''s {}-byte logical block",
-            info.logical_block_size
-        )));
-    }
-    if bs > info.max_io_size {
-        return Err(usage(format!(
-            "--bs {bs} exceeds the largest IO of device '{device}' over this session, {} bytes \
-             (the target's chunk size minus 4 KiB: start it with a larger --chunk-size)",
-            info.max_io_size
-        )));
-    }
-    let region = args
-        .size
-        .unwrap_or(info.size / u64::from(bs) * u64::from(bs));
-    if region > info.size {
-        return Err(usage(format!(
-            "--size {region} is larger than device '{device}' ({} bytes)",
-            info.size
-        )));
-    }
-    let active = cores.min(args.qd as usize);
-    let units = region / u64::from(bs);
-    if units < active as u64 {
-        return Err(usage(format!(
-            "device '{device}' ({} bytes) holds fewer than {active} blocks of --bs {bs}, one per reactor",
-            info.size
-        )));
-    }
-    {
-        let mut plans = setup.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let qd = args.qd as usize;
-        let a = active as u64;
-        for k in 0..active {
-            let k64 = k as u64;
-            let (lo, hi) = (k64 * units / a, (k64 + 1) * units / a);
-            plans[k] = Some(Plan {
-                start: lo * u64::from(bs),
-                units: hi - lo,
-                qd: qd / active + usize::from(k < qd % active),
-            });
-        }
-    }
-    setup.go.store(true, std::sync::atomic::Ordering::Release);
+    let (region, plans) = plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
+    let active = plans.iter().flatten().count();
+    *setup.plans.lock().unwrap_or_else(|e| e.into_inner()) = plans;
+    setup.go.store(true, Ordering::Release);
 
     // Progress until every active core reported.
-    let tty = std::io::stderr().is_terminal();
-    let begun = Instant::now();
+    let mut progress = Progress::new(args.rw.name());
     let mut reports = Vec::with_capacity(active);
-    let (mut last_print, mut last_seen, mut last_change) = (begun, u64::MAX, begun);
     while reports.len() < active {
         match rrx.recv_timeout(Duration::from_millis(100)) {
-            Ok(r) => {
-                reports.push(r);
-                continue;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(r) => reports.push(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => progress
+                .tick(&setup.lives)
+                .map_err(|e| failed(format!("{e} on {targets}: giving up")))?,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        let sum = |f: fn(&worker::Live) -> u64| setup.lives.iter().map(|l| f(l)).sum::<u64>();
-        let ios = sum(|l| l.ios.load(Ordering::Relaxed));
-        let seen = ios
-            + sum(|l| l.untimed.load(Ordering::Relaxed))
-            + sum(|l| l.errors.load(Ordering::Relaxed));
-        let now = Instant::now();
-        if seen != last_seen {
-            last_seen = seen;
-            last_change = now;
-        } else if now - last_change > STALL {
-            if tty {
-                eprint!("\r\x1b[K");
-            }
-            return Err(failed(format!(
-                "no IO completed for {} s on {targets}: giving up",
-                STALL.as_secs()
-            )));
-        }
-        if tty && now - last_print >= Duration::from_secs(1) {
-            let dt = (now - last_print).as_secs_f64();
-            last_print = now;
-            let bytes = sum(|l| l.bytes.swap(0, Ordering::Relaxed));
-            let n = sum(|l| l.ios.swap(0, Ordering::Relaxed));
-            let errors = sum(|l| l.errors.load(Ordering::Relaxed));
-            eprint!(
-                "\r\x1b[K[{:>4.0}s] {} {:>9.0} IOPS {:>9.2} MiB/s  errors {errors}",
-                (now - begun).as_secs_f64(),
-                args.rw.name(),
-                n as f64 / dt,
-                bytes as f64 / dt / (1024.0 * 1024.0)
-            );
-            let _ = std::io::stderr().flush();
-        }
     }
-    if tty {
-        eprint!("\r\x1b[K");
-    }
+    progress.clear();
     tracing::info!("client statistics: {}", session.stats().to_json());
     td.finish();
 
@@ -522,4 +411,148 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for core 0 to map the device: its limits, or why not (refused, unreachable,
+/// no answer in time, interrupted).
+fn wait_device(
+    setup: &Setup,
+    session: &Session,
+    stop: &AtomicBool,
+    targets: &str,
+    connect_timeout: Duration,
+) -> Result<DeviceInfo, Failure> {
+    let limit = Instant::now() + connect_timeout + Duration::from_secs(5);
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return Err((String::from("interrupted"), EXIT_INTERRUPTED));
+        }
+        if let Some(r) = setup
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return r.map_err(|e| failed(format!("{e} (on {targets})")));
+        }
+        if session
+            .paths()
+            .iter()
+            .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
+        {
+            return Err(failed(format!(
+                "cannot connect to {targets}: connection failed \
+                 (is rtrs-target running there? -v shows why)"
+            )));
+        }
+        if Instant::now() > limit {
+            return Err(failed(format!(
+                "no answer from {targets} within {connect_timeout:?}: the device '{}' was not mapped",
+                setup.device
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Checks the run against the device and splits it: the region used, and per reactor
+/// its slice (contiguous, whole blocks) and queue depth; reactors beyond `qd` get none.
+fn plan(
+    info: &DeviceInfo,
+    device: &str,
+    bs: u32,
+    size: Option<u64>,
+    qd: usize,
+    cores: usize,
+) -> Result<(u64, Vec<Option<Plan>>), Failure> {
+    if bs % info.logical_block_size != 0 {
+        return Err(usage(format!(
+            "--bs {bs} is not a multiple of device '{device}''s {}-byte logical block",
+            info.logical_block_size
+        )));
+    }
+    if bs > info.max_io_size {
+        return Err(usage(format!(
+            "--bs {bs} exceeds the largest IO of device '{device}' over this session, {} bytes \
+             (the target's chunk size minus 4 KiB: start it with a larger --chunk-size)",
+            info.max_io_size
+        )));
+    }
+    let bs = u64::from(bs);
+    let region = size.unwrap_or(info.size / bs * bs);
+    if region > info.size {
+        return Err(usage(format!(
+            "--size {region} is larger than device '{device}' ({} bytes)",
+            info.size
+        )));
+    }
+    let active = cores.min(qd);
+    let units = region / bs;
+    if units < active as u64 {
+        return Err(usage(format!(
+            "device '{device}' ({} bytes) holds fewer than {active} blocks of --bs {bs}, \
+             one per reactor",
+            info.size
+        )));
+    }
+    let a = active as u64;
+    let plans = (0..cores)
+        .map(|k| {
+            let k64 = k as u64;
+            (k < active).then(|| Plan {
+                start: k64 * units / a * bs,
+                units: (k64 + 1) * units / a - k64 * units / a,
+                qd: qd / active + usize::from(k < qd % active),
+            })
+        })
+        .collect();
+    Ok((region, plans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(size: u64, lbs: u32, max_io: u32) -> DeviceInfo {
+        DeviceInfo {
+            device_id: 0,
+            size,
+            logical_block_size: lbs,
+            physical_block_size: lbs,
+            max_io_size: max_io,
+            max_discard: 0,
+            discard_granularity: 0,
+            discard_alignment: 0,
+            max_write_zeroes: 0,
+            max_secure_erase: 0,
+            write_cache: false,
+            fua: false,
+        }
+    }
+
+    #[test]
+    fn plans_split_the_region_and_the_queue_depth() {
+        let d = dev(1 << 20, 512, 126_976);
+        let (region, p) = plan(&d, "v", 4096, None, 5, 2).unwrap();
+        assert_eq!(region, 1 << 20);
+        let p: Vec<Plan> = p.into_iter().flatten().collect();
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].start, p[0].units, p[0].qd), (0, 128, 3));
+        assert_eq!((p[1].start, p[1].units, p[1].qd), (128 * 4096, 128, 2));
+        // QD 1 on two reactors: one works, on the whole region.
+        let (_, p) = plan(&d, "v", 4096, Some(64 << 10), 1, 2).unwrap();
+        assert!(p[1].is_none());
+        assert_eq!(p[0].map(|p| (p.units, p.qd)), Some((16, 1)));
+        for (bs, size, words) in [
+            (131_072, None, "largest IO"),
+            (4096, Some(2 << 20), "larger"),
+            (2048, None, "logical block"),
+        ] {
+            let d = dev(1 << 20, 4096, 126_976);
+            let e = plan(&d, "v", bs, size, 1, 1).unwrap_err();
+            assert!(e.0.contains(words), "{}", e.0);
+        }
+        let e = plan(&dev(4096, 512, 126_976), "v", 4096, None, 2, 2).unwrap_err();
+        assert!(e.0.contains("fewer than 2 blocks"), "{}", e.0);
+    }
 }
