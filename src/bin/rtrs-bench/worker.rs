@@ -134,6 +134,8 @@ pub struct Worker {
     next_seq: u64,
     phase: Phase,
     inflight: usize,
+    /// The timed run has begun (at `start`).
+    running: bool,
     start: u64,
     deadline: u64,
     last_done: u64,
@@ -176,6 +178,7 @@ impl Worker {
             next_seq: 0,
             phase,
             inflight: 0,
+            running: false,
             start: 0,
             deadline: 0,
             last_done: 0,
@@ -279,7 +282,8 @@ impl Worker {
                     sent = true;
                 }
                 Phase::Run => {
-                    if self.start == 0 {
+                    if !self.running {
+                        self.running = true;
                         self.start = now;
                         self.deadline = now + self.spec.time_ns;
                         self.last_done = now;
