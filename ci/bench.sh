@@ -32,6 +32,7 @@ bin=${CARGO_TARGET_DIR:-target}/release
 work=$(mktemp -d)
 target_pid=
 cleanup() {
+    { set +x; } 2>/dev/null
     if [ -n "$target_pid" ] && kill -0 "$target_pid" 2>/dev/null; then
         kill -TERM "$target_pid" 2>/dev/null || true
         for _ in $(seq 50); do kill -0 "$target_pid" 2>/dev/null || break; sleep 0.1; done
