@@ -20,6 +20,7 @@
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
+pub mod client;
 pub mod common;
 pub mod engine;
 pub mod error;
@@ -27,5 +28,7 @@ pub mod fabric;
 pub mod proto;
 pub mod rnbd;
 pub mod server;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 
 pub use error::{Error, Result};

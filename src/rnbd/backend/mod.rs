@@ -37,7 +37,7 @@ mod uring;
 pub use error::{OpenError, SpecError, SpecProblem, SubmitError};
 pub use file::{FileBackend, FileOptions, IoMode};
 pub use ram::RamBackend;
-pub use spec::{parse_size, BackendSpec, ExportSpec};
+pub use spec::{parse_size, BackendSpec, ExportSpec, MAX_NAME_LEN, RAM_BLOCK_SIZE};
 pub use sys::IoBuf;
 
 use std::fmt;

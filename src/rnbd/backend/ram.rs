@@ -1,8 +1,15 @@
 //! A block device in memory (the role `brd`, the kernel's RAM disk, plays behind an
 //! `rnbd-srv` export). IO is done at submission and reported on the next poll, so callers
 //! see the same asynchronous shape as with a real device.
+//!
+//! One RAM disk can be driven from several reactors: [`RamBackend::share`] makes another
+//! instance (own queue, for another core) over the same memory. Copies take the store's
+//! lock (shared for reads, exclusive for writes), so instances on different threads never
+//! race on the bytes; overlapping concurrent IO then behaves as on a disk (one of the
+//! writes wins as a whole).
 
 use std::collections::VecDeque;
+use std::sync::{Arc, RwLock};
 
 use super::error::{OpenError, SubmitError};
 use super::{
@@ -34,9 +41,17 @@ pub(super) fn check_queue_depth(depth: usize) -> Result<(), OpenError> {
     }
 }
 
+/// The memory of a RAM disk, shared by its per-core instances.
+struct Store {
+    mem: MemBuf,
+    /// Orders copies between instances: readers share it, writers hold it alone. It
+    /// guards no Rust data (the bytes live in `mem`), hence the unit type.
+    lock: RwLock<()>,
+}
+
 /// A zero-filled RAM disk.
 pub struct RamBackend {
-    store: MemBuf,
+    store: Arc<Store>,
     geometry: Geometry,
     depth: usize,
     done: VecDeque<BlockCompletion>,
@@ -55,7 +70,11 @@ impl RamBackend {
         if size == 0 || size % u64::from(block_size) != 0 || size > isize::MAX as u64 {
             return Err(bad);
         }
-        let store = MemBuf::zeroed(usize::try_from(size).map_err(|_| bad)?);
+        let mem = MemBuf::zeroed(usize::try_from(size).map_err(|_| bad)?);
+        let store = Arc::new(Store {
+            mem,
+            lock: RwLock::new(()),
+        });
         let granularity = block_size.max(4096);
         Ok(RamBackend {
             store,
@@ -79,7 +98,23 @@ impl RamBackend {
         })
     }
 
-    /// Refuses writes from now on.
+    /// Another instance over the same memory, with the same geometry and queue depth
+    /// and an empty queue of its own: how each reactor core gets its RAM disk.
+    pub fn share(&self) -> RamBackend {
+        RamBackend {
+            store: Arc::clone(&self.store),
+            geometry: self.geometry,
+            depth: self.depth,
+            done: VecDeque::with_capacity(self.depth),
+        }
+    }
+
+    /// How many instances use this memory (this one included).
+    pub fn instances(&self) -> usize {
+        Arc::strong_count(&self.store)
+    }
+
+    /// Refuses writes from now on (this instance only).
     pub fn with_read_only(mut self, read_only: bool) -> RamBackend {
         self.geometry.read_only = read_only;
         self
@@ -117,11 +152,21 @@ impl BlockBackend for RamBackend {
         }
         // Validation bounds the range by the store's size, which fits in usize.
         let (offset, len) = (io.offset as usize, io.len as usize);
+        let store = &*self.store;
+        // A poisoned lock only means another instance panicked mid-copy; the bytes are
+        // still memory, so carry on.
         match (io.op, io.buf) {
-            (BlockOp::Read, Some(buf)) => sys::ram_read(&self.store, offset, buf, len),
-            (BlockOp::Write, Some(buf)) => sys::ram_write(&self.store, offset, buf, len),
+            (BlockOp::Read, Some(buf)) => {
+                let _shared = store.lock.read().unwrap_or_else(|e| e.into_inner());
+                sys::ram_read(&store.mem, offset, buf, len);
+            }
+            (BlockOp::Write, Some(buf)) => {
+                let _excl = store.lock.write().unwrap_or_else(|e| e.into_inner());
+                sys::ram_write(&store.mem, offset, buf, len);
+            }
             (BlockOp::Discard | BlockOp::WriteZeroes | BlockOp::SecureErase, _) => {
-                sys::ram_zero(&self.store, offset, len)
+                let _excl = store.lock.write().unwrap_or_else(|e| e.into_inner());
+                sys::ram_zero(&store.mem, offset, len);
             }
             // Flush: nothing volatile. Read/Write without a buffer fail validation.
             _ => {}
@@ -140,5 +185,41 @@ impl BlockBackend for RamBackend {
 
     fn describe(&self) -> String {
         format!("ram {} bytes", self.geometry.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rnbd::backend::IoBuf;
+
+    #[test]
+    fn shared_instances_see_one_memory() {
+        let mut a = RamBackend::new(8192, 512).unwrap();
+        let mut b = a.share();
+        assert_eq!(a.instances(), 2);
+        assert_eq!(b.geometry(), a.geometry());
+        let src = MemBuf::zeroed(512);
+        // SAFETY: `src` outlives the IO and nothing else touches it.
+        let sbuf = unsafe { IoBuf::from_mem(&src) };
+        // SAFETY: as above.
+        unsafe { sbuf.copy_in(0, &[0xab; 512]) };
+        a.submit(BlockIo::write(1, 4096, sbuf)).unwrap();
+        let dst = MemBuf::zeroed(512);
+        // SAFETY: `dst` outlives the IO and nothing else touches it.
+        let dbuf = unsafe { IoBuf::from_mem(&dst) };
+        b.submit(BlockIo::read(2, 4096, dbuf)).unwrap();
+        let mut out = [BlockCompletion::default(); 4];
+        // Each instance reports only its own IO.
+        assert_eq!(a.poll(&mut out), 1);
+        assert_eq!(out[0].tag, 1);
+        assert_eq!(b.poll(&mut out), 1);
+        assert_eq!(out[0], BlockCompletion::new(2, 0));
+        let mut got = [0u8; 512];
+        // SAFETY: the read completed; nobody else uses `dst`.
+        unsafe { dbuf.copy_out(0, &mut got) };
+        assert_eq!(got, [0xab; 512]);
+        drop(a);
+        assert_eq!(b.instances(), 1);
     }
 }

@@ -69,6 +69,40 @@ impl IoBuf {
         self.ptr
     }
 
+    /// Copies `src` into the buffer at `offset` (how RNBD writes a reply into a READ
+    /// request's data area).
+    ///
+    /// # Panics
+    /// When `offset + src.len()` exceeds the buffer.
+    ///
+    /// # Safety
+    /// The memory must be valid and unused by anyone else for the copy, as
+    /// [`IoBuf::new`] requires while an IO runs.
+    pub unsafe fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(offset
+            .checked_add(src.len())
+            .is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (asserted), valid and unshared (the caller's promise); `src`
+        // is a Rust slice, so it cannot be this raw memory being written.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) }
+    }
+
+    /// Copies bytes of the buffer at `offset` into `dst`.
+    ///
+    /// # Panics
+    /// When `offset + dst.len()` exceeds the buffer.
+    ///
+    /// # Safety
+    /// As for [`copy_in`](Self::copy_in): valid memory nobody writes meanwhile.
+    pub unsafe fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset
+            .checked_add(dst.len())
+            .is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (asserted), valid and not written concurrently (the caller's
+        // promise); `dst` is an exclusive Rust slice, so it does not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) }
+    }
+
     /// The address `offset` bytes in (no dereference, so no `unsafe`).
     pub(super) fn ptr_at(&self, offset: usize) -> *mut u8 {
         self.ptr.wrapping_add(offset)
@@ -87,8 +121,9 @@ pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
             && len <= buf.len
     );
     // SAFETY: both ranges are in bounds (asserted); `buf` is valid and exclusively ours
-    // until the IO completes (IoBuf::new's contract); the store is private to the backend,
-    // so the ranges cannot overlap.
+    // until the IO completes (IoBuf::new's contract); the store is a separate allocation
+    // of the backend, so the ranges cannot overlap, and its instances on other threads
+    // are kept out by the store lock the caller holds.
     unsafe { std::ptr::copy_nonoverlapping(store.as_ptr().add(offset), buf.ptr, len) }
 }
 
@@ -115,7 +150,8 @@ pub(super) fn ram_zero(store: &MemBuf, offset: usize, len: usize) {
     assert!(offset
         .checked_add(len)
         .is_some_and(|end| end <= store.len()));
-    // SAFETY: in bounds (asserted); the store is private to the backend's thread.
+    // SAFETY: in bounds (asserted); other instances of the store are kept out by the
+    // store lock the caller holds.
     unsafe { std::ptr::write_bytes(store.as_ptr().add(offset), 0, len) }
 }
 

@@ -1,0 +1,51 @@
+//! Errors of the RTRS client: opening and managing a session, and submitting IO.
+
+use crate::fabric::FabricError;
+
+/// Session set-up and management failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("session name {name:?}: {reason}")]
+    BadSessname { name: String, reason: &'static str },
+    #[error("session {sess}: {n} paths given, must be 1..={max}")]
+    PathCount { sess: String, n: usize, max: usize },
+    #[error("session {sess}: path {path} is already part of the session")]
+    DuplicatePath { sess: String, path: String },
+    #[error("session {sess}: no path {path}")]
+    NoSuchPath { sess: String, path: String },
+    #[error(
+        "session {sess}: the reactor count {cores} does not fit a conn_req cid_num (1..=4095)"
+    )]
+    Cores { sess: String, cores: usize },
+    #[error("session {sess}: {source}")]
+    Fabric {
+        sess: String,
+        #[source]
+        source: FabricError,
+    },
+    #[error("session {sess}: the session is closed")]
+    Closed { sess: String },
+}
+
+/// Why [`super::SessionCore::submit`] refused a request. Nothing was posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// Every permit of this core is in use: retry after completions.
+    #[error("no free permit on this core (queue depth share {capacity} in use): retry after completions")]
+    Busy { capacity: u32 },
+    /// Data larger than the session's max IO size.
+    #[error("request of {len} bytes exceeds the session's max_io_size {max}")]
+    TooLarge { len: u64, max: u32 },
+    /// User header larger than the session allows.
+    #[error("user header of {len} bytes exceeds the session's maximum {max}")]
+    HeaderTooLarge { len: usize, max: u32 },
+    /// More scatter-gather entries than allowed.
+    #[error("{n} scatter-gather entries exceed the maximum {max}")]
+    TooManySegments { n: usize, max: usize },
+    /// The session never connected (its limits are unknown) and no path can come back
+    /// within the wait, or the session is closed.
+    #[error("no path of the session is connected or coming back")]
+    NoPath,
+}

@@ -1,0 +1,480 @@
+//! The data path of a [`SessionCore`]: posting requests (the kernel's
+//! `rtrs_clt_write_req`/`rtrs_clt_read_req`, PROTOCOL.md §4.3–§4.4), handling responses
+//! (`rtrs_clt_rdma_done`, §4.6, validated per §9.6), and failing requests over when
+//! their path dies (`failover_requests`, §6.2).
+//!
+//! WRITE: `[data][usr][rdma_write]` in one RDMA_WRITE_WITH_IMM at chunk offset 0; the
+//! data goes straight from the caller's single segment, or from the permit's bounce
+//! area when there are several. READ: the permit's fast-registration slot is bound to
+//! its bounce area (REG_MR with a new rkey), `[usr][rdma_read{desc, NEED_INVAL}]` goes
+//! to chunk offset `data_len`, the server writes the reply there and invalidates the
+//! key with SEND_WITH_INV; the reply is copied into the caller's segments on
+//! completion. A slot whose invalidation was not seen (error, failover) is replaced by
+//! a fresh one before its next use, so a binding is never stacked on a live one and a
+//! stale server operation can never reach memory under a new key.
+
+use std::sync::atomic::Ordering;
+
+use super::core::{CorePath, RState, SessionCore, ENOTCONN, MAX_SGL};
+use super::policy::PathSet;
+use crate::common::{ConPostError, Dir};
+use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use crate::proto::{
+    read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
+};
+
+/// Result of trying to post a request.
+pub(super) enum Posted {
+    Yes,
+    /// No usable path right now.
+    NoPath,
+    /// A path is usable but its send queue is full: retry on a later poll.
+    Retry,
+}
+
+/// Why a post on one path failed.
+enum PostFail {
+    Budget,
+    Broken,
+}
+
+impl SessionCore {
+    fn refresh_cands(&mut self) {
+        let n = self.nslots;
+        for (c, p) in self.cands[..n].iter_mut().zip(&self.paths[..n]) {
+            *c = match p {
+                Some(cp) => super::policy::Candidate {
+                    usable: cp.shared.connected(),
+                    inflight: cp.inflight,
+                    latency_ns: cp.shared.home.hb_latency_ns.load(Ordering::Relaxed),
+                },
+                None => super::policy::Candidate::default(),
+            };
+        }
+    }
+
+    /// Posts request `i` on a path chosen by the policy, trying each usable path once.
+    pub(super) fn try_post(&mut self, i: usize, now: u64) -> Posted {
+        let mut tried = PathSet::EMPTY;
+        let policy = self.sess.policy.get();
+        loop {
+            self.refresh_cands();
+            let Some(p) = self.sel.select(policy, &self.cands[..self.nslots], tried) else {
+                return Posted::NoPath;
+            };
+            match self.post_on(i, p, policy, now) {
+                Ok(()) => return Posted::Yes,
+                Err(PostFail::Budget) => return Posted::Retry,
+                Err(PostFail::Broken) => {
+                    tried.insert(p);
+                    self.path_failed(p, now);
+                }
+            }
+        }
+    }
+
+    fn post_on(
+        &mut self,
+        i: usize,
+        p: usize,
+        policy: super::policy::MpPolicy,
+        now: u64,
+    ) -> Result<(), PostFail> {
+        let params = self.params.expect("params known while requests exist");
+        let buf_id = self.permits.range().start + i as u16;
+        let r = self.reqs[i];
+        let res = self.res.as_mut().expect("resources exist with params");
+        let cp: &mut CorePath = self.paths[p].as_mut().ok_or(PostFail::Broken)?;
+        let (raddr, rkey) = cp.io.rbuf[usize::from(buf_id)];
+        let bounce_addr = res.bounce.addr() + (i * params.max_io_size as usize) as u64;
+        let mut sges = [Sge::default(); 2];
+        let mut reg: Option<SendWr<'_>> = None;
+        let (hdr_len, imm_offset, remote) = match r.dir {
+            Dir::Write => {
+                let pl = write_placement(
+                    r.data_len,
+                    r.usr_len,
+                    params.chunk_size,
+                    params.max_hdr_size,
+                )
+                .map_err(|_| PostFail::Broken)?;
+                res.hdr.mr().write_at(
+                    i * res.hdr.size() + usize::from(r.usr_len),
+                    &RdmaWrite { usr_len: r.usr_len }.to_bytes(),
+                );
+                (pl.hdr_len, pl.imm_offset, raddr)
+            }
+            Dir::Read => {
+                let sg_cnt = u16::from(r.data_len > 0);
+                let pl = read_placement(
+                    r.data_len,
+                    r.usr_len,
+                    sg_cnt,
+                    params.chunk_size,
+                    params.max_hdr_size,
+                )
+                .map_err(|_| PostFail::Broken)?;
+                let mut desc = None;
+                if r.data_len > 0 {
+                    if res.fmr_dirty[i] {
+                        match self.fabric.alloc_fast_mr() {
+                            Ok(f) => {
+                                res.fmr[i] = f;
+                                res.fmr_dirty[i] = false;
+                            }
+                            Err(e) => {
+                                tracing::warn!("cannot replace a fast-registration slot: {e}");
+                                return Err(PostFail::Budget);
+                            }
+                        }
+                    }
+                    let new_key = inc_rkey(res.fmr[i].rkey());
+                    reg = Some(SendWr {
+                        wr_id: 0,
+                        op: SendOp::RegMr {
+                            slot: &res.fmr[i],
+                            region: &res.bounce,
+                            addr: bounce_addr,
+                            len: r.data_len,
+                            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                            rkey: new_key,
+                        },
+                        sges: &[],
+                        signaled: false,
+                    });
+                    desc = Some(SgDesc {
+                        addr: bounce_addr,
+                        key: new_key,
+                        len: r.data_len,
+                    });
+                }
+                let trailer = RdmaRead {
+                    usr_len: r.usr_len,
+                    desc,
+                    need_inval: desc.is_some(),
+                };
+                let mut t = [0u8; crate::proto::RDMA_READ_MAX_TRAILER_LEN];
+                let n = trailer.encode(&mut t).map_err(|_| PostFail::Broken)?;
+                res.hdr
+                    .mr()
+                    .write_at(i * res.hdr.size() + usize::from(r.usr_len), &t[..n]);
+                (pl.hdr_len, pl.imm_offset, raddr + u64::from(r.data_len))
+            }
+        };
+        let hdr_sge = res.hdr.sge(i, hdr_len as usize);
+        let nsge = if r.dir == Dir::Write && r.data_len > 0 {
+            sges[0] = if r.bounced {
+                res.bounce
+                    .sge(i * params.max_io_size as usize, r.data_len as usize)
+            } else {
+                self.sgl[i * MAX_SGL]
+            };
+            sges[1] = hdr_sge;
+            2
+        } else {
+            sges[0] = hdr_sge;
+            1
+        };
+        let imm = params
+            .layout
+            .io_req(buf_id, imm_offset)
+            .map_err(|_| PostFail::Broken)?;
+        let io_wr = SendWr {
+            wr_id: u64::from(buf_id),
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: remote,
+                rkey,
+                imm,
+            },
+            sges: &sges[..nsge],
+            signaled: false,
+        };
+        let result = match reg {
+            Some(reg) => cp.io.con.post_send(&[reg, io_wr]),
+            None => cp.io.con.post_send(&[io_wr]),
+        };
+        match result {
+            Ok(()) => {}
+            Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
+            Err(e) => {
+                if r.has_desc() {
+                    res.fmr_dirty[i] = true;
+                }
+                tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, "post failed: {e}");
+                return Err(PostFail::Broken);
+            }
+        }
+        let st = &cp.shared.core_stats[self.core];
+        st.on_post(
+            r.dir == Dir::Write,
+            u64::from(r.data_len) + u64::from(r.usr_len),
+            usize::from(r.nsg),
+        );
+        if r.failed_over {
+            st.failover_cnt.add(1);
+        }
+        if policy == super::policy::MpPolicy::MinInflight {
+            cp.inflight += 1;
+            st.inflight.add(1);
+        }
+        let q = &mut self.reqs[i];
+        q.state = RState::InFlight;
+        q.path = p;
+        q.policy = policy;
+        let _ = now;
+        Ok(())
+    }
+
+    /// Polls the CQ and CM of this core's connection of path `slot`.
+    pub(super) fn poll_path(&mut self, slot: usize, wcs: &mut [Wc], now: u64) {
+        let Some(cp) = self.paths[slot].as_mut() else {
+            return;
+        };
+        let mut broken = false;
+        while let Some(ev) = cp.io.con.poll_cm() {
+            if matches!(
+                ev,
+                crate::fabric::CmEvent::Disconnected | crate::fabric::CmEvent::Error { .. }
+            ) {
+                broken = true;
+            }
+        }
+        let n = cp.io.con.poll(wcs);
+        cp.shared.core_stats[self.core].on_poll(n);
+        if n > 0 {
+            cp.shared.rx_seen.store(true, Ordering::Relaxed);
+        }
+        for wc in &wcs[..n] {
+            if self.paths[slot].is_none() {
+                return;
+            }
+            self.on_wc(slot, wc, now);
+        }
+        if broken && self.paths[slot].is_some() {
+            self.path_failed(slot, now);
+        }
+    }
+
+    fn on_wc(&mut self, slot: usize, wc: &Wc, now: u64) {
+        if wc.status == WcStatus::WrFlush {
+            return;
+        }
+        if !wc.status.is_ok() {
+            self.protocol_error(
+                slot,
+                now,
+                format_args!("work completion {:?} failed: {:?}", wc.opcode, wc.status),
+            );
+            return;
+        }
+        if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            return;
+        }
+        let params = self.params.expect("params known while paths exist");
+        let Some(cp) = self.paths[slot].as_mut() else {
+            return;
+        };
+        let mut rkey_buf = [0u8; RkeyRsp::LEN];
+        let got = (wc.byte_len as usize).min(RkeyRsp::LEN);
+        if let Some(pool) = &cp.io.recv {
+            pool.read(wc.wr_id as usize, &mut rkey_buf[..got]);
+        }
+        let repost = match &cp.io.recv {
+            Some(pool) => cp
+                .io
+                .con
+                .post_recv(&[pool.recv_wr(wc.wr_id as usize, wc.wr_id)]),
+            None => cp.io.con.post_recv(&[RecvWr {
+                wr_id: 0,
+                sge: None,
+            }]),
+        };
+        if let Err(e) = repost {
+            self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
+            return;
+        }
+        let Some(imm) = wc.imm else {
+            return;
+        };
+        let rsp = match Imm::decode(imm) {
+            Ok(Imm::IoRsp(r)) => r,
+            Ok(Imm::HbMsg | Imm::HbAck) => return,
+            Ok(Imm::IoReq { .. }) => {
+                self.protocol_error(
+                    slot,
+                    now,
+                    format_args!("IO_REQ imm {imm:#x} sent to the client"),
+                );
+                return;
+            }
+            Err(e) => {
+                self.protocol_error(slot, now, format_args!("{e}"));
+                return;
+            }
+        };
+        if wc.opcode == WcOpcode::Recv {
+            if !params.new_rkey || got < RkeyRsp::LEN {
+                self.protocol_error(
+                    slot,
+                    now,
+                    format_args!(
+                        "response by SEND_WITH_IMM of {} bytes without NEW_RKEY_F",
+                        wc.byte_len
+                    ),
+                );
+                return;
+            }
+            match RkeyRsp::decode(&rkey_buf, params.queue_depth, rsp.msg_id()) {
+                Ok(k) => cp.io.rbuf[usize::from(k.buf_id)].1 = k.rkey,
+                Err(e) => {
+                    self.protocol_error(slot, now, format_args!("{e}"));
+                    return;
+                }
+            }
+        }
+        self.complete_rsp(slot, rsp, now);
+    }
+
+    fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, now: u64) {
+        let params = self.params.expect("params");
+        if rsp.check_msg_id(params.queue_depth).is_err() {
+            tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), "response for an unknown msg_id ignored");
+            return;
+        }
+        let buf_id = rsp.msg_id() as u16;
+        if !self.permits.is_taken(buf_id) {
+            return;
+        }
+        let i = usize::from(buf_id - self.permits.range().start);
+        let r = self.reqs[i];
+        if r.state != RState::InFlight || r.path != slot {
+            return;
+        }
+        if rsp.w_inv() && !r.has_desc() {
+            self.protocol_error(
+                slot,
+                now,
+                format_args!("IO_RSP_W_INV for msg_id {buf_id}, which asked for no invalidation"),
+            );
+            return;
+        }
+        let res = self.res.as_mut().expect("res");
+        if r.has_desc() && !rsp.w_inv() {
+            res.fmr_dirty[i] = true;
+        }
+        if rsp.errno() == 0 && r.has_desc() {
+            let mut off = i * params.max_io_size as usize;
+            let mut left = r.data_len as usize;
+            for s in &self.sgl[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)] {
+                let n = (s.len as usize).min(left);
+                // SAFETY: the server finished writing the bounce area of permit `i` before
+                // its response (RC ordering) and its key is retired or will be replaced
+                // before reuse; the destination is the caller's memory, reserved for this
+                // request until its completion (ClientIo's contract).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        res.bounce.as_ptr().add(off),
+                        s.addr as *mut u8,
+                        n,
+                    );
+                }
+                off += n;
+                left -= n;
+            }
+        }
+        self.finish(i, rsp.errno(), now);
+    }
+
+    fn protocol_error(&mut self, slot: usize, now: u64, why: std::fmt::Arguments<'_>) {
+        if let Some(cp) = self.paths[slot].as_ref() {
+            tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, core = self.core, "path error: {why}");
+        }
+        self.path_failed(slot, now);
+    }
+
+    /// This core's connection of `slot` failed: drop it, tell the home core, and fail
+    /// its requests over.
+    pub(super) fn path_failed(&mut self, slot: usize, now: u64) {
+        if let Some(mut cp) = self.paths[slot].take() {
+            cp.io.con.disconnect();
+            cp.shared.error.store(true, Ordering::Release);
+        }
+        self.fail_over(slot, now);
+    }
+
+    /// The home core tears path `slot` down: disconnect, take in what already arrived,
+    /// then fail the rest over.
+    pub(super) fn teardown(&mut self, slot: usize, now: u64) {
+        if let Some(cp) = self.paths[slot].as_mut() {
+            cp.io.con.disconnect();
+        }
+        let mut wcs = [Wc::default(); 32];
+        for _ in 0..64 {
+            let Some(cp) = self.paths[slot].as_mut() else {
+                break;
+            };
+            let n = cp.io.con.poll(&mut wcs);
+            if n == 0 {
+                break;
+            }
+            for wc in &wcs[..n] {
+                if wc.status.is_ok() {
+                    self.on_wc(slot, wc, now);
+                }
+            }
+        }
+        self.paths[slot] = None;
+        self.fail_over(slot, now);
+    }
+
+    /// Requests in flight on `slot` go back to waiting; [`Self::drive_wait`] re-sends
+    /// them on another path with the same permit.
+    fn fail_over(&mut self, slot: usize, now: u64) {
+        for i in 0..self.reqs.len() {
+            let r = self.reqs[i];
+            if r.state != RState::InFlight || r.path != slot {
+                continue;
+            }
+            if let Some(p) =
+                self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].as_ref()
+            {
+                if r.policy == super::policy::MpPolicy::MinInflight {
+                    p.core_stats[self.core].inflight.sub(1);
+                }
+            }
+            if r.has_desc() {
+                if let Some(res) = self.res.as_mut() {
+                    res.fmr_dirty[i] = true;
+                }
+            }
+            let q = &mut self.reqs[i];
+            q.state = RState::Waiting;
+            q.failed_over = true;
+            q.deadline = now.saturating_add(self.io_wait_ns);
+            self.wait.push_front(self.permits.range().start + i as u16);
+        }
+    }
+
+    /// Retries waiting requests; those past their deadline, or with no path that could
+    /// come back, fail with −ENOTCONN.
+    pub(super) fn drive_wait(&mut self, now: u64) {
+        let live = self.sess.live();
+        for _ in 0..self.wait.len() {
+            let Some(b) = self.wait.pop_front() else {
+                break;
+            };
+            let i = usize::from(b - self.permits.range().start);
+            match self.try_post(i, now) {
+                Posted::Yes => {}
+                Posted::Retry => self.wait.push_back(b),
+                Posted::NoPath => {
+                    if now >= self.reqs[i].deadline || !live {
+                        self.finish(i, -ENOTCONN, now);
+                    } else {
+                        self.wait.push_back(b);
+                    }
+                }
+            }
+        }
+    }
+}

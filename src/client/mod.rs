@@ -1,0 +1,53 @@
+//! The RTRS client (the kernel's `rtrs-clt.c`, `rtrs-clt-stats.c` and the client sysfs),
+//! as pollers on reactor cores.
+//!
+//! # Shape
+//! - [`Session::open`] on the session's *home core* registers one poller that runs,
+//!   for every path, the connection sequence (cid 0 then one IO connection per core,
+//!   CON_REQ/CON_RSP as CM private data, INFO_REQ/INFO_RSP on cid 0), the heartbeat
+//!   on cid 0, error recovery, reconnects and the runtime commands ([`Session`]).
+//! - One [`SessionCore`] per core carries that core's IO: its permits (a fixed slice
+//!   of the queue depth), its IO connection of every path (`cid = core + 1`), request
+//!   submission, completions and failover. Submit on core `k`, poll on core `k`: no
+//!   locks, no cross-core hops on the data path.
+//! - [`state`], [`policy`], [`permit`], [`reconnect`], [`stats`] are the pure pieces
+//!   (path state machine, multipath policies, permits, reconnect policy, statistics).
+//!
+//! # Differences from the kernel, on purpose
+//! - While no path is connected, requests wait up to `io_wait_timeout` for one to come
+//!   back, then fail with −ENOTCONN (the kernel fails them at once).
+//! - Reconnect jitter is uniformly random up to `reconnect_jitter` (500 ms by default),
+//!   not 0–7 ms; a changed queue depth on reconnect is re-negotiated once no other path
+//!   uses the old one (requests waiting at that moment fail with −ECONNRESET).
+//! - READ replies always land in the permit's registered bounce area, fast-registered
+//!   with NEED_INVAL as the kernel does, and are copied to the caller's segments: the
+//!   request names memory by SGE only, and a fast registration needs the region.
+//! - Administrative requests (`ClientIo::admin`) travel on the submitting core's IO
+//!   connection like other requests; the server treats all connections alike, and this
+//!   keeps every completion on its submitting core.
+//! - Unknown imm types, malformed RKEY_RSPs and IO_RSP_W_INV for a request that asked
+//!   no invalidation are path errors (PROTOCOL.md §9.6 "Add").
+
+mod config;
+mod core;
+mod ctl;
+mod error;
+mod io;
+pub mod permit;
+pub mod policy;
+pub mod reconnect;
+mod session;
+mod shared;
+pub mod state;
+pub mod stats;
+
+pub use self::core::{ClientCompletion, ClientIo, SessionCore, ENOTCONN, MAX_SGL};
+pub use crate::common::{Dir, HbConfig, LinkEvent};
+pub use config::{ClientConfig, PathAddr, PathParseError};
+pub use ctl::ClientEvents;
+pub use error::{ClientError, SubmitError};
+pub use policy::{MpPolicy, PolicyParseError};
+pub use reconnect::{ReconnectPolicy, ReconnectStep};
+pub use session::{check_sessname, Session};
+pub use state::PathState;
+pub use stats::ClientStats;

@@ -1,0 +1,168 @@
+//! Multipath policies: which path a request goes out on (the kernel's
+//! `rtrs_clt_mpath_policy`, `get_next_path_rr`/`_min_inflight`/`_min_latency` and the
+//! `path_it` iterator, PROTOCOL.md §4.2 and §6.6).
+//!
+//! The policy is a session setting switchable at runtime; each request records the
+//! policy it was posted under, so in-flight accounting stays right when the setting
+//! changes meanwhile (only requests posted under min-inflight count). Selection is
+//! per core: each core keeps its own round-robin cursor and in-flight counts of its own
+//! requests, so choosing a path needs no shared writes.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Most paths a session may have (`MAX_PATHS_NUM`); path slots are `0..MAX_PATHS`.
+pub const MAX_PATHS: usize = crate::proto::constants::MAX_PATHS_NUM;
+
+/// How a request's path is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum MpPolicy {
+    /// Next connected path after the last one used (per core).
+    RoundRobin = 0,
+    /// Connected path with the fewest requests in flight (ties: earlier path). Kernel default.
+    #[default]
+    MinInflight = 1,
+    /// Connected path with the lowest last heartbeat round trip.
+    MinLatency = 2,
+}
+
+impl MpPolicy {
+    fn from_u8(v: u8) -> MpPolicy {
+        match v {
+            0 => MpPolicy::RoundRobin,
+            2 => MpPolicy::MinLatency,
+            _ => MpPolicy::MinInflight,
+        }
+    }
+
+    /// Short name: `round-robin`, `min-inflight`, `min-latency`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MpPolicy::RoundRobin => "round-robin",
+            MpPolicy::MinInflight => "min-inflight",
+            MpPolicy::MinLatency => "min-latency",
+        }
+    }
+}
+
+impl fmt::Display for MpPolicy {
+    /// As the kernel's sysfs `mpath_policy` shows it, e.g. `min-inflight (MI: 1)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self {
+            MpPolicy::RoundRobin => "RR",
+            MpPolicy::MinInflight => "MI",
+            MpPolicy::MinLatency => "ML",
+        };
+        write!(f, "{} ({}: {})", self.name(), tag, *self as u8)
+    }
+}
+
+/// An unknown policy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown multipath policy {0:?}: use round-robin, min-inflight or min-latency (or rr/mi/ml, 0/1/2)")]
+pub struct PolicyParseError(pub String);
+
+impl FromStr for MpPolicy {
+    type Err = PolicyParseError;
+
+    /// Accepts what the kernel's sysfs accepts: `0`/`1`/`2`, `rr`/`mi`/`ml`, or a
+    /// case-insensitive prefix of a full name.
+    fn from_str(s: &str) -> Result<MpPolicy, PolicyParseError> {
+        let t = s.trim().to_ascii_lowercase();
+        let p = match t.as_str() {
+            "0" | "rr" => Some(MpPolicy::RoundRobin),
+            "1" | "mi" => Some(MpPolicy::MinInflight),
+            "2" | "ml" => Some(MpPolicy::MinLatency),
+            _ if t.len() >= 5 => [
+                MpPolicy::RoundRobin,
+                MpPolicy::MinInflight,
+                MpPolicy::MinLatency,
+            ]
+            .into_iter()
+            .find(|p| p.name().starts_with(&t)),
+            _ => None,
+        };
+        p.ok_or_else(|| PolicyParseError(s.to_string()))
+    }
+}
+
+/// The session's current policy, switchable from any thread.
+#[derive(Debug, Default)]
+pub struct PolicyCell(AtomicU8);
+
+impl PolicyCell {
+    pub fn new(p: MpPolicy) -> PolicyCell {
+        PolicyCell(AtomicU8::new(p as u8))
+    }
+    pub fn get(&self) -> MpPolicy {
+        MpPolicy::from_u8(self.0.load(Ordering::Relaxed))
+    }
+    pub fn set(&self, p: MpPolicy) {
+        self.0.store(p as u8, Ordering::Relaxed);
+    }
+}
+
+/// A set of path slots (a request's "already tried" list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathSet(u128);
+
+impl PathSet {
+    pub const EMPTY: PathSet = PathSet(0);
+    pub fn contains(self, p: usize) -> bool {
+        p < MAX_PATHS && self.0 & (1u128 << p) != 0
+    }
+    pub fn insert(&mut self, p: usize) {
+        if p < MAX_PATHS {
+            self.0 |= 1u128 << p;
+        }
+    }
+}
+
+/// What the selector needs to know of a path slot, as this core sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Candidate {
+    /// Connected, and this core holds its IO connection.
+    pub usable: bool,
+    /// This core's requests in flight on it under min-inflight.
+    pub inflight: u32,
+    /// Last heartbeat round trip in ns (0 until the first ack).
+    pub latency_ns: u64,
+}
+
+/// One core's path selector (its round-robin cursor).
+#[derive(Debug, Clone, Default)]
+pub struct Selector {
+    last: Option<usize>,
+}
+
+impl Selector {
+    pub fn new() -> Selector {
+        Selector::default()
+    }
+
+    /// Picks a usable slot of `paths` not in `tried` under `policy`; `None` when there is
+    /// none left.
+    pub fn select(
+        &mut self,
+        policy: MpPolicy,
+        paths: &[Candidate],
+        tried: PathSet,
+    ) -> Option<usize> {
+        let n = paths.len().min(MAX_PATHS);
+        let ok = |i: usize| paths[i].usable && !tried.contains(i);
+        match policy {
+            MpPolicy::RoundRobin => {
+                let start = self.last.map_or(0, |l| l + 1);
+                let pick = (0..n).map(|k| (start + k) % n.max(1)).find(|&i| ok(i))?;
+                self.last = Some(pick);
+                Some(pick)
+            }
+            MpPolicy::MinInflight => (0..n).filter(|&i| ok(i)).min_by_key(|&i| paths[i].inflight),
+            MpPolicy::MinLatency => (0..n)
+                .filter(|&i| ok(i))
+                .min_by_key(|&i| paths[i].latency_ns),
+        }
+    }
+}

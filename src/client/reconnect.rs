@@ -1,0 +1,123 @@
+//! When a dead path tries again: the kernel's `rtrs_clt_reconnect_work`,
+//! `max_reconnect_attempts` and the reconnect delay (PROTOCOL.md §6.4), as pure logic.
+//!
+//! Two things are done better than the kernel:
+//! - the jitter is real: a uniformly random 0..`jitter` (hundreds of milliseconds by
+//!   default) is added to every delay, so many clients that lost the same target do
+//!   not come back in step (the kernel adds 0–7 ms);
+//! - a queue depth changed by the server across a reconnect is re-negotiated (the
+//!   caller re-sizes its buffers) instead of disabling reconnects for good.
+//!
+//! `max_attempts` keeps the kernel's meaning: −1 retries for ever, 0 never reconnects
+//! automatically, N allows N attempts in a row (a success starts the count again).
+
+use std::time::Duration;
+
+/// Reconnect settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectPolicy {
+    /// Base wait before an attempt (RNBD passes 30 s to the kernel).
+    pub delay: Duration,
+    /// Upper bound of the random extra wait added to every delay.
+    pub jitter: Duration,
+    /// −1 for ever, 0 never, N attempts.
+    pub max_attempts: i32,
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        ReconnectPolicy {
+            delay: Duration::from_secs(30),
+            jitter: Duration::from_millis(500),
+            max_attempts: -1,
+        }
+    }
+}
+
+/// What to do after a path went down or an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconnectStep {
+    /// Try again after this long.
+    After(Duration),
+    /// No attempts left: close the path.
+    GiveUp,
+}
+
+/// What to do with a queue depth the server offers on reconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QdCheck {
+    /// Same as before (or the first connect).
+    Same,
+    /// Different: re-size the session's buffers to the new depth before using the path.
+    Renegotiate { old: u16, new: u16 },
+}
+
+/// Attempt bookkeeping of one path.
+#[derive(Debug, Clone)]
+pub struct Reconnect {
+    policy: ReconnectPolicy,
+    attempts: u32,
+}
+
+impl Reconnect {
+    pub fn new(policy: ReconnectPolicy) -> Reconnect {
+        Reconnect {
+            policy,
+            attempts: 0,
+        }
+    }
+
+    pub fn policy(&self) -> ReconnectPolicy {
+        self.policy
+    }
+
+    /// Changes the limit at runtime (the kernel's sysfs `max_reconnect_attempts`).
+    pub fn set_max_attempts(&mut self, max: i32) {
+        self.policy.max_attempts = max;
+    }
+
+    /// Attempts made since the last success.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The path went down (or an attempt failed): schedule the next attempt, counting
+    /// it, or give up. `random` is a uniformly random 64-bit value for the jitter.
+    pub fn next(&mut self, random: u64) -> ReconnectStep {
+        let max = self.policy.max_attempts;
+        if max == 0 || (max > 0 && self.attempts >= max as u32) {
+            return ReconnectStep::GiveUp;
+        }
+        self.attempts = self.attempts.saturating_add(1);
+        ReconnectStep::After(self.policy.delay + jitter(self.policy.jitter, random))
+    }
+
+    /// A connect succeeded: the count starts again.
+    pub fn on_success(&mut self) {
+        self.attempts = 0;
+    }
+
+    /// A manual reconnect: the count starts again (the kernel's sysfs `reconnect`).
+    pub fn reset(&mut self) {
+        self.attempts = 0;
+    }
+}
+
+/// Compares the queue depth a reconnect offers with the session's (`None` before the
+/// first connect).
+pub fn check_queue_depth(session: Option<u16>, offered: u16) -> QdCheck {
+    match session {
+        Some(old) if old != offered => QdCheck::Renegotiate { old, new: offered },
+        _ => QdCheck::Same,
+    }
+}
+
+/// Uniform `0..max` from a random value (nanosecond resolution).
+pub fn jitter(max: Duration, random: u64) -> Duration {
+    let ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    if ns == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_nanos(random % ns)
+    }
+}

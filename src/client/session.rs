@@ -1,0 +1,220 @@
+//! [`Session`]: opening a client session and managing it at runtime — the kernel's
+//! `rtrs_clt_open`, `rtrs_clt_close`, `rtrs_clt_query` and the sysfs controls
+//! (`add_path`, `remove_path`, `disconnect`, `reconnect`, `mpath_policy`,
+//! `max_reconnect_attempts`, `stats/`).
+//!
+//! [`Session::open`] runs on the session's home core: it registers the home-core
+//! poller that connects every path (non-blocking) and returns one [`SessionCore`] per
+//! reactor core. The [`Session`] handle is cheap to clone and usable from any thread;
+//! management requests reach the home core through a queue.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::config::{ClientConfig, PathAddr};
+use super::core::SessionCore;
+use super::ctl::{ClientEvents, Ctl};
+use super::error::ClientError;
+use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
+use super::shared::{SessCmd, SessShared};
+use super::state::PathState;
+use super::stats::{ClientStats, PathStats};
+use crate::common::random_uuid;
+use crate::engine::Ctx;
+use crate::fabric::Fabric;
+use crate::proto::constants::MAX_CID_NUM;
+
+/// A client session handle (cheap to clone, usable from any thread).
+#[derive(Clone)]
+pub struct Session {
+    sess: Arc<SessShared>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("sessname", &self.sess.sessname)
+            .field("paths_up", &self.paths_up())
+            .finish()
+    }
+}
+
+/// Checks a session name as the kernel does: 1..255 bytes, no `/` or `.`.
+///
+/// # Errors
+/// [`ClientError::BadSessname`].
+pub fn check_sessname(name: &str) -> Result<(), ClientError> {
+    let bad = |reason| ClientError::BadSessname {
+        name: name.to_string(),
+        reason,
+    };
+    if name.is_empty() || name.len() >= 255 {
+        return Err(bad("must be 1 to 254 bytes long"));
+    }
+    if name.contains(['/', '.']) {
+        return Err(bad("must not contain '/' or '.'"));
+    }
+    if name.contains('\0') {
+        return Err(bad("must not contain NUL"));
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Opens a session: called on the home core (`cx`), with one IO connection per
+    /// reactor core (`cx.cores()`) plus cid 0 per path. Returns at once; paths connect
+    /// in the background, and `events` hears `Connected` when the first path is up.
+    /// The returned cores are in core order: move core `k`'s handle to reactor `k` and
+    /// poll it there (every core must be polled, for failover and teardown to finish).
+    ///
+    /// # Errors
+    /// A bad session name, no or too many or duplicate paths, too many cores.
+    pub fn open(
+        cx: &mut dyn Ctx,
+        fabric: Arc<dyn Fabric>,
+        config: ClientConfig,
+        events: Box<dyn ClientEvents>,
+    ) -> Result<(Session, Vec<SessionCore>), ClientError> {
+        check_sessname(&config.sessname)?;
+        let sess = config.sessname.clone();
+        if config.paths.is_empty() || config.paths.len() > MAX_PATHS {
+            return Err(ClientError::PathCount {
+                sess,
+                n: config.paths.len(),
+                max: MAX_PATHS,
+            });
+        }
+        for (i, p) in config.paths.iter().enumerate() {
+            if config.paths[..i].contains(p) {
+                return Err(ClientError::DuplicatePath {
+                    sess,
+                    path: p.to_string(),
+                });
+            }
+        }
+        let cores = cx.cores();
+        if cores + 1 > usize::from(MAX_CID_NUM) {
+            return Err(ClientError::Cores { sess, cores });
+        }
+        let shared = Arc::new(SessShared::new(
+            config.sessname.clone(),
+            cores,
+            PolicyCell::new(config.mp_policy),
+        ));
+        let io_wait = u64::try_from(config.io_wait_timeout.as_nanos()).unwrap_or(u64::MAX);
+        let handles = (0..cores)
+            .map(|c| SessionCore::new(c, shared.clone(), fabric.clone(), io_wait))
+            .collect();
+        let paths = config.paths.clone();
+        let mut ctl = Ctl::new(shared.clone(), fabric, config, events, random_uuid());
+        let now = cx.now();
+        for p in paths {
+            ctl.add_path(p, now);
+        }
+        cx.register(Box::new(ctl));
+        Ok((Session { sess: shared }, handles))
+    }
+
+    pub fn sessname(&self) -> &str {
+        &self.sess.sessname
+    }
+
+    /// Paths connected right now.
+    pub fn paths_up(&self) -> u32 {
+        self.sess.paths_up.load(Ordering::Acquire)
+    }
+
+    /// Every path with its state.
+    pub fn paths(&self) -> Vec<(PathAddr, PathState)> {
+        self.sess
+            .path_list()
+            .iter()
+            .map(|p| (p.addr, p.state.get()))
+            .collect()
+    }
+
+    /// State of one path, if it is part of the session.
+    pub fn path_state(&self, addr: PathAddr) -> Option<PathState> {
+        self.sess
+            .path_list()
+            .iter()
+            .find(|p| p.addr == addr)
+            .map(|p| p.state.get())
+    }
+
+    pub fn policy(&self) -> MpPolicy {
+        self.sess.policy.get()
+    }
+
+    /// Switches the multipath policy; requests already in flight keep theirs.
+    pub fn set_policy(&self, p: MpPolicy) {
+        self.sess.policy.set(p);
+    }
+
+    /// Adds a path at runtime (sysfs `add_path`).
+    pub fn add_path(&self, addr: PathAddr) {
+        self.sess.to_home.push(SessCmd::AddPath(addr));
+    }
+
+    /// Tears a path down and forgets it (sysfs `remove_path`); its IO fails over.
+    pub fn remove_path(&self, addr: PathAddr) {
+        self.sess.to_home.push(SessCmd::RemovePath(addr));
+    }
+
+    /// Tears a path down and leaves it closed (sysfs `disconnect`).
+    pub fn disconnect_path(&self, addr: PathAddr) {
+        self.sess.to_home.push(SessCmd::Disconnect(addr));
+    }
+
+    /// Reconnects a path now, resetting its attempt count (sysfs `reconnect`).
+    pub fn reconnect_path(&self, addr: PathAddr) {
+        self.sess.to_home.push(SessCmd::Reconnect(addr));
+    }
+
+    /// −1 for ever, 0 never, N attempts (sysfs `max_reconnect_attempts`).
+    pub fn set_max_reconnect_attempts(&self, n: i32) {
+        self.sess.to_home.push(SessCmd::SetMaxReconnectAttempts(n));
+    }
+
+    /// Closes the session: every path is torn down and removed; waiting and later IO
+    /// fails. The home-core poller goes away when the last path is gone.
+    pub fn close(&self) {
+        self.sess.to_home.push(SessCmd::Close);
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.sess.closed.load(Ordering::Acquire)
+    }
+
+    /// A statistics snapshot.
+    pub fn stats(&self) -> ClientStats {
+        let paths = self
+            .sess
+            .path_list()
+            .iter()
+            .map(|p| {
+                let cores: Vec<_> = p.core_stats.iter().collect();
+                PathStats::collect(
+                    p.addr.to_string(),
+                    p.state.get().name().to_string(),
+                    &p.home,
+                    &cores,
+                )
+            })
+            .collect();
+        ClientStats {
+            sessname: self.sess.sessname.clone(),
+            mp_policy: self.sess.policy.get().name().to_string(),
+            paths,
+        }
+    }
+
+    /// Resets every path's statistics (sysfs `reset_all`).
+    pub fn reset_stats(&self) {
+        for p in self.sess.path_list() {
+            p.core_stats.iter().for_each(|c| c.reset());
+            p.home.reconnect_fail.store(0, Ordering::Relaxed);
+        }
+    }
+}

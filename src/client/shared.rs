@@ -1,0 +1,159 @@
+//! State shared between a session's home core and its IO cores, and the messages
+//! between them (the kernel's `rtrs_clt_sess`/`rtrs_clt_path` fields that several CPUs
+//! read, turned into explicit one-writer cells and queues).
+//!
+//! The home core ([`super::ctl`]) writes path states and pushes [`CoreCmd`]s; each
+//! [`super::SessionCore`] drains its own queue on its next poll, reports connection
+//! errors through [`PathShared::error`] and acknowledges teardowns through
+//! [`PathShared::acks`]. Runtime requests from any thread reach the home core as
+//! [`SessCmd`]s.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_queue::SegQueue;
+
+use super::config::PathAddr;
+use super::policy::{PolicyCell, MAX_PATHS};
+use super::state::{PathState, PathStateCell};
+use super::stats::{CoreStats, HomeStats};
+use crate::common::{Con, IuPool};
+use crate::proto::ImmLayout;
+
+/// Session limits learnt from the first connection's conn_rsp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    pub queue_depth: u16,
+    pub max_io_size: u32,
+    pub max_hdr_size: u32,
+    pub chunk_size: u32,
+    pub new_rkey: bool,
+    pub layout: ImmLayout,
+}
+
+impl Params {
+    /// Largest user header: room for the READ trailer with one descriptor.
+    pub fn max_usr_hdr(&self) -> u32 {
+        self.max_hdr_size
+            .saturating_sub(crate::proto::RDMA_READ_MAX_TRAILER_LEN as u32)
+            .min(u32::from(u16::MAX))
+    }
+}
+
+/// One path as every core sees it.
+#[derive(Debug)]
+pub struct PathShared {
+    pub slot: usize,
+    pub addr: PathAddr,
+    pub state: PathStateCell,
+    /// A core saw its connection of this path fail.
+    pub error: AtomicBool,
+    /// Some core received something on this path since the home core last looked
+    /// (resets the heartbeat's missed count).
+    pub rx_seen: AtomicBool,
+    /// Cores that finished the current teardown.
+    pub acks: AtomicUsize,
+    pub home: HomeStats,
+    /// Per core.
+    pub core_stats: Vec<CoreStats>,
+}
+
+impl PathShared {
+    pub fn new(slot: usize, addr: PathAddr, cores: usize) -> PathShared {
+        PathShared {
+            slot,
+            addr,
+            state: PathStateCell::new(PathState::Connecting),
+            error: AtomicBool::new(false),
+            rx_seen: AtomicBool::new(false),
+            acks: AtomicUsize::new(0),
+            home: HomeStats::default(),
+            core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.state.get() == PathState::Connected
+    }
+}
+
+/// An IO connection handed from the home core to its core.
+pub struct IoConn {
+    pub con: Con,
+    /// Receive buffers (8 bytes each) when the server sends RKEY_RSP, else `None`.
+    pub recv: Option<IuPool>,
+    /// `rbuf[buf_id] = (addr, rkey)` of every chunk on this path.
+    pub rbuf: Vec<(u64, u32)>,
+}
+
+/// Home core → IO core.
+pub enum CoreCmd {
+    /// Path `path` is connected; this is the core's connection of it.
+    Up {
+        path: Arc<PathShared>,
+        params: Params,
+        conn: Box<IoConn>,
+    },
+    /// Drop the connection of slot `slot`, fail over its requests, then acknowledge.
+    Down { slot: usize },
+}
+
+/// Any thread → home core.
+#[derive(Debug)]
+pub enum SessCmd {
+    AddPath(PathAddr),
+    RemovePath(PathAddr),
+    Disconnect(PathAddr),
+    Reconnect(PathAddr),
+    SetMaxReconnectAttempts(i32),
+    Close,
+}
+
+/// The session as all its cores and handles see it.
+pub struct SessShared {
+    pub sessname: String,
+    pub cores: usize,
+    pub policy: PolicyCell,
+    /// Paths by slot, for statistics and management (never touched on the data path).
+    pub paths: Mutex<Vec<Option<Arc<PathShared>>>>,
+    pub to_home: SegQueue<SessCmd>,
+    pub to_core: Vec<SegQueue<CoreCmd>>,
+    /// Paths not Closed or Dead: while any exists, IO may wait for a reconnect.
+    pub live_paths: AtomicUsize,
+    /// Session limits, once known (written by the home core before any `Up`).
+    pub params: Mutex<Option<Params>>,
+    pub closed: AtomicBool,
+    /// Paths connected right now.
+    pub paths_up: AtomicU32,
+}
+
+impl SessShared {
+    pub fn new(sessname: String, cores: usize, policy: PolicyCell) -> SessShared {
+        SessShared {
+            sessname,
+            cores,
+            policy,
+            paths: Mutex::new(vec![None; MAX_PATHS]),
+            to_home: SegQueue::new(),
+            to_core: (0..cores).map(|_| SegQueue::new()).collect(),
+            live_paths: AtomicUsize::new(0),
+            params: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            paths_up: AtomicU32::new(0),
+        }
+    }
+
+    pub fn path_list(&self) -> Vec<Arc<PathShared>> {
+        self.paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    pub fn live(&self) -> bool {
+        self.live_paths.load(Ordering::Acquire) > 0 && !self.closed.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,352 @@
+//! Client statistics: the kernel's `rtrs-clt-stats.c` and sysfs `stats/` files
+//! (PROTOCOL.md §8.1) — rdma read/write counts and bytes, in-flight, failover count,
+//! reconnects (successful starting at −1, failed), cpu migration from/to — plus what the
+//! kernel dropped and a polled engine gets nearly for free: sg entries per request,
+//! completions per poll (`wc_completion`), a per-IO latency histogram, and the
+//! heartbeat latency.
+//!
+//! Counters of the data path live per (path, core) in [`CoreStats`]: only that core
+//! writes them (a relaxed load and store, no locked instruction); anyone may read them.
+//! A reset from another thread may lose an increment racing with it, which is
+//! acceptable for statistics. JSON is rendered by hand ([`ClientStats::to_json`]); there
+//! is no serde dependency.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// A counter with a single writer.
+#[derive(Debug, Default)]
+pub struct Ctr(AtomicU64);
+
+impl Ctr {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
+    }
+    #[inline]
+    pub fn sub(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.saturating_sub(n), Ordering::Relaxed);
+    }
+    #[inline]
+    pub fn max(&self, n: u64) {
+        if n > self.0.load(Ordering::Relaxed) {
+            self.0.store(n, Ordering::Relaxed);
+        }
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn reset(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Latency histogram buckets: bucket `i` counts IOs of `[2^i, 2^(i+1))` ns (bucket 0
+/// also 0 ns); the last bucket takes everything longer (2^39 ns ≈ 9 min).
+pub const LAT_BUCKETS: usize = 40;
+/// Scatter-gather histogram buckets: bucket `n` counts requests with `n` entries, the
+/// last bucket everything above.
+pub const SG_BUCKETS: usize = 18;
+
+/// The bucket of a latency in ns.
+pub fn lat_bucket(ns: u64) -> usize {
+    (63 - (ns | 1).leading_zeros() as usize).min(LAT_BUCKETS - 1)
+}
+
+/// Data-path counters of one path on one core.
+#[derive(Debug)]
+pub struct CoreStats {
+    pub read_cnt: Ctr,
+    pub read_bytes: Ctr,
+    pub write_cnt: Ctr,
+    pub write_bytes: Ctr,
+    /// Requests in flight on the path posted under min-inflight (the kernel's gauge).
+    pub inflight: Ctr,
+    /// Requests failed over onto this path.
+    pub failover_cnt: Ctr,
+    /// Completions expected on this core but processed elsewhere (stays 0: each
+    /// connection is polled by its own core), and the reverse.
+    pub cpu_migration_from: Ctr,
+    pub cpu_migration_to: Ctr,
+    pub sg_entries: [Ctr; SG_BUCKETS],
+    /// Polls that returned at least one completion, the completions they returned, and
+    /// the most one poll returned.
+    pub wc_polls: Ctr,
+    pub wc_total: Ctr,
+    pub wc_max: Ctr,
+    pub latency: [Ctr; LAT_BUCKETS],
+}
+
+impl Default for CoreStats {
+    fn default() -> Self {
+        CoreStats {
+            read_cnt: Ctr::default(),
+            read_bytes: Ctr::default(),
+            write_cnt: Ctr::default(),
+            write_bytes: Ctr::default(),
+            inflight: Ctr::default(),
+            failover_cnt: Ctr::default(),
+            cpu_migration_from: Ctr::default(),
+            cpu_migration_to: Ctr::default(),
+            sg_entries: std::array::from_fn(|_| Ctr::default()),
+            wc_polls: Ctr::default(),
+            wc_total: Ctr::default(),
+            wc_max: Ctr::default(),
+            latency: std::array::from_fn(|_| Ctr::default()),
+        }
+    }
+}
+
+impl CoreStats {
+    /// A request posted (bytes = user header + data, as the kernel counts them).
+    #[inline]
+    pub fn on_post(&self, write: bool, bytes: u64, sg: usize) {
+        if write {
+            self.write_cnt.add(1);
+            self.write_bytes.add(bytes);
+        } else {
+            self.read_cnt.add(1);
+            self.read_bytes.add(bytes);
+        }
+        self.sg_entries[sg.min(SG_BUCKETS - 1)].add(1);
+    }
+
+    /// One CQ poll returned `n` completions.
+    #[inline]
+    pub fn on_poll(&self, n: usize) {
+        if n > 0 {
+            self.wc_polls.add(1);
+            self.wc_total.add(n as u64);
+            self.wc_max.max(n as u64);
+        }
+    }
+
+    /// A request completed after `ns` nanoseconds.
+    #[inline]
+    pub fn on_latency(&self, ns: u64) {
+        self.latency[lat_bucket(ns)].add(1);
+    }
+
+    /// The kernel's `reset_all` for the data-path counters (in-flight is a gauge and is
+    /// left alone, or accounting would go negative).
+    pub fn reset(&self) {
+        for c in [
+            &self.read_cnt,
+            &self.read_bytes,
+            &self.write_cnt,
+            &self.write_bytes,
+            &self.failover_cnt,
+            &self.cpu_migration_from,
+            &self.cpu_migration_to,
+            &self.wc_polls,
+            &self.wc_total,
+            &self.wc_max,
+        ] {
+            c.reset();
+        }
+        self.sg_entries.iter().for_each(Ctr::reset);
+        self.latency.iter().for_each(Ctr::reset);
+    }
+}
+
+/// Counters of a path kept by its home core.
+#[derive(Debug)]
+pub struct HomeStats {
+    /// Starts at −1 and counts every establishment, so it reads 0 after the first
+    /// connect (as the kernel prints it).
+    pub reconnect_ok: AtomicI64,
+    pub reconnect_fail: AtomicU64,
+    /// Last heartbeat round trip in ns (0 until the first ack).
+    pub hb_latency_ns: AtomicU64,
+}
+
+impl Default for HomeStats {
+    fn default() -> Self {
+        HomeStats {
+            reconnect_ok: AtomicI64::new(-1),
+            reconnect_fail: AtomicU64::new(0),
+            hb_latency_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The kernel's `stats/rdma` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RdmaStats {
+    pub read_cnt: u64,
+    pub read_bytes: u64,
+    pub write_cnt: u64,
+    pub write_bytes: u64,
+    pub inflight: u64,
+    pub failover_cnt: u64,
+}
+
+/// Completions per poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WcStats {
+    pub polls: u64,
+    pub completions: u64,
+    pub max_per_poll: u64,
+}
+
+/// A snapshot of one path's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PathStats {
+    /// `src@dst` or `dst`.
+    pub path: String,
+    pub state: String,
+    pub cur_latency_ns: u64,
+    pub rdma: RdmaStats,
+    pub reconnects_ok: i64,
+    pub reconnects_fail: u64,
+    /// Per core.
+    pub cpu_migration_from: Vec<u64>,
+    pub cpu_migration_to: Vec<u64>,
+    /// Requests by scatter-gather entries (see [`SG_BUCKETS`]).
+    pub sg_entries: Vec<u64>,
+    pub wc_completion: WcStats,
+    /// IO latency histogram (see [`LAT_BUCKETS`]).
+    pub latency_hist: Vec<u64>,
+}
+
+impl PathStats {
+    /// Sums the per-core counters of a path.
+    pub fn collect(
+        path: String,
+        state: String,
+        home: &HomeStats,
+        cores: &[&CoreStats],
+    ) -> PathStats {
+        let mut s = PathStats {
+            path,
+            state,
+            cur_latency_ns: home.hb_latency_ns.load(Ordering::Relaxed),
+            reconnects_ok: home.reconnect_ok.load(Ordering::Relaxed),
+            reconnects_fail: home.reconnect_fail.load(Ordering::Relaxed),
+            sg_entries: vec![0; SG_BUCKETS],
+            latency_hist: vec![0; LAT_BUCKETS],
+            ..PathStats::default()
+        };
+        for c in cores {
+            s.rdma.read_cnt += c.read_cnt.get();
+            s.rdma.read_bytes += c.read_bytes.get();
+            s.rdma.write_cnt += c.write_cnt.get();
+            s.rdma.write_bytes += c.write_bytes.get();
+            s.rdma.inflight += c.inflight.get();
+            s.rdma.failover_cnt += c.failover_cnt.get();
+            s.cpu_migration_from.push(c.cpu_migration_from.get());
+            s.cpu_migration_to.push(c.cpu_migration_to.get());
+            for (d, x) in s.sg_entries.iter_mut().zip(&c.sg_entries) {
+                *d += x.get();
+            }
+            for (d, x) in s.latency_hist.iter_mut().zip(&c.latency) {
+                *d += x.get();
+            }
+            s.wc_completion.polls += c.wc_polls.get();
+            s.wc_completion.completions += c.wc_total.get();
+            s.wc_completion.max_per_poll = s.wc_completion.max_per_poll.max(c.wc_max.get());
+        }
+        s
+    }
+
+    /// The kernel's `stats/rdma` line: `read_cnt read_bytes write_cnt write_bytes inflight failover_cnt`.
+    pub fn rdma_line(&self) -> String {
+        let r = &self.rdma;
+        format!(
+            "{} {} {} {} {} {}",
+            r.read_cnt, r.read_bytes, r.write_cnt, r.write_bytes, r.inflight, r.failover_cnt
+        )
+    }
+
+    /// The kernel's `stats/reconnects` line: `successful failed`.
+    pub fn reconnects_line(&self) -> String {
+        format!("{} {}", self.reconnects_ok, self.reconnects_fail)
+    }
+
+    fn json(&self, out: &mut String) {
+        let r = &self.rdma;
+        let _ = write!(
+            out,
+            "{{\"path\":{},\"state\":{},\"cur_latency_ns\":{},\"rdma\":{{\"read_cnt\":{},\"read_bytes\":{},\"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_cnt\":{}}},\"reconnects\":{{\"successful\":{},\"failed\":{}}},\"cpu_migration_from\":{},\"cpu_migration_to\":{},\"sg_entries\":{},\"wc_completion\":{{\"polls\":{},\"completions\":{},\"max_per_poll\":{}}},\"latency_hist_log2_ns\":{}}}",
+            json_str(&self.path),
+            json_str(&self.state),
+            self.cur_latency_ns,
+            r.read_cnt,
+            r.read_bytes,
+            r.write_cnt,
+            r.write_bytes,
+            r.inflight,
+            r.failover_cnt,
+            self.reconnects_ok,
+            self.reconnects_fail,
+            json_arr(&self.cpu_migration_from),
+            json_arr(&self.cpu_migration_to),
+            json_arr(&self.sg_entries),
+            self.wc_completion.polls,
+            self.wc_completion.completions,
+            self.wc_completion.max_per_poll,
+            json_arr(&self.latency_hist),
+        );
+    }
+}
+
+/// A snapshot of a client session's statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClientStats {
+    pub sessname: String,
+    pub mp_policy: String,
+    pub paths: Vec<PathStats>,
+}
+
+impl ClientStats {
+    /// One JSON object: `{"sessname":..,"mp_policy":..,"paths":[{..},..]}`.
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(512 + 1024 * self.paths.len());
+        let _ = write!(
+            out,
+            "{{\"sessname\":{},\"mp_policy\":{},\"paths\":[",
+            json_str(&self.sessname),
+            json_str(&self.mp_policy)
+        );
+        for (i, p) in self.paths.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            p.json(&mut out);
+        }
+        out.push_str("]}");
+        out
+    }
+}
+
+fn json_arr(v: &[u64]) -> String {
+    let mut s = String::from("[");
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{x}");
+    }
+    s.push(']');
+    s
+}
+
+/// A JSON string literal with the required escapes.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}

@@ -1,0 +1,405 @@
+//! One mapped RNBD device on the client, as a state machine free of any transport: it
+//! builds OPEN / IO / CLOSE user headers and digests OPEN_RSP. The kernel's
+//! `rnbd_clt_dev` with `rnbd_clt_map_device`, `process_msg_open_rsp`,
+//! `rnbd_clt_unmap_device` and the remap after `RTRS_CLT_LINK_EV_RECONNECTED`
+//! (`rnbd_clt_remap_device`).
+//!
+//! States (PROTOCOL.md §7.2): INIT → (OPEN_RSP) → MAPPED ⇄ MAPPED_DISCONNECTED (link
+//! down / re-open adopting the new device id) → UNMAPPED.
+
+use std::fmt;
+
+use super::msg::{BlockRequest, DeviceInfo};
+use crate::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdOp, SessInfoRsp};
+use crate::proto::DecodeError;
+use crate::rnbd::backend::{MAX_NAME_LEN, SECTOR_SIZE};
+use crate::rnbd::Dir;
+
+/// `rnbd_clt_dev_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DevState {
+    /// Created, OPEN not answered yet.
+    Init,
+    /// Open: IO may be sent.
+    Mapped,
+    /// The session lost every path; the device waits for a re-open.
+    MappedDisconnected,
+    /// Closed for good.
+    Unmapped,
+}
+
+impl fmt::Display for DevState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DevState::Init => "init",
+            DevState::Mapped => "open",
+            DevState::MappedDisconnected => "closed (disconnected)",
+            DevState::Unmapped => "unmapped",
+        })
+    }
+}
+
+/// Why a device operation failed on the client.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    #[error("device name '{name}': {why}")]
+    BadName { name: String, why: &'static str },
+    #[error("server refused {what} of device '{name}': {}", errno_name(*errno))]
+    Refused {
+        what: &'static str,
+        name: String,
+        errno: i32,
+    },
+    /// A malformed reply. For OPEN_RSP, `device_id` is the id the server assigned (if
+    /// readable), which the client should CLOSE as the kernel does.
+    #[error("bad {what} from the server: {source}")]
+    BadReply {
+        what: &'static str,
+        device_id: Option<u32>,
+        source: DecodeError,
+    },
+    #[error("device '{name}' is {state}, not open")]
+    NotMapped { name: String, state: DevState },
+    #[error("device '{name}' is read-only: {op} refused")]
+    ReadOnly { name: String, op: &'static str },
+    #[error("{op} at offset {offset} of {len} bytes is not aligned to the {block_size}-byte logical block")]
+    Misaligned {
+        op: &'static str,
+        offset: u64,
+        len: u32,
+        block_size: u32,
+    },
+    #[error("{op} at offset {offset} of {len} bytes ends beyond the device's {size} bytes")]
+    OutOfRange {
+        op: &'static str,
+        offset: u64,
+        len: u32,
+        size: u64,
+    },
+    #[error("{op} of {len} bytes exceeds the device's limit of {max} bytes")]
+    TooLarge {
+        op: &'static str,
+        len: u32,
+        max: u64,
+    },
+    #[error("{op} is not supported by the device")]
+    Unsupported { op: &'static str },
+    #[error("{op} of zero bytes")]
+    ZeroLength { op: &'static str },
+    #[error("admin reply buffer of {len} bytes is too small (at least 64 needed)")]
+    ReplyBuffer { len: usize },
+    #[error("device '{name}' is already open in this session")]
+    AlreadyOpen { name: String },
+}
+
+impl DeviceError {
+    /// A negative errno for a block layer: the server's, or the local equivalent.
+    pub fn errno(&self) -> i32 {
+        -match self {
+            DeviceError::Refused { errno, .. } => return *errno,
+            DeviceError::NotMapped { .. } => libc::ENOTCONN,
+            DeviceError::ReadOnly { .. } => libc::EROFS,
+            DeviceError::OutOfRange { .. } => libc::EIO,
+            DeviceError::Unsupported { .. } => libc::EOPNOTSUPP,
+            DeviceError::AlreadyOpen { .. } => libc::EEXIST,
+            DeviceError::BadName { .. }
+            | DeviceError::BadReply { .. }
+            | DeviceError::Misaligned { .. }
+            | DeviceError::TooLarge { .. }
+            | DeviceError::ZeroLength { .. }
+            | DeviceError::ReplyBuffer { .. } => libc::EINVAL,
+        }
+    }
+}
+
+fn errno_name(errno: i32) -> String {
+    let e = -errno;
+    let name = match e {
+        libc::ENOENT => "ENOENT (no such export)",
+        libc::EPERM => "EPERM (access mode refused: the export has its writers)",
+        libc::EACCES => "EACCES (the export is read-only)",
+        libc::EINVAL => "EINVAL (invalid request)",
+        libc::ENOTCONN => "ENOTCONN (device not open on the server)",
+        libc::EIO => "EIO",
+        libc::EROFS => "EROFS (read-only mapping)",
+        libc::EOPNOTSUPP => "EOPNOTSUPP (not supported)",
+        _ => return format!("errno {errno}"),
+    };
+    format!("-{name}")
+}
+
+/// Checks a `dev_name` for OPEN: 1..=254 bytes, no NUL.
+///
+/// # Errors
+/// [`DeviceError::BadName`].
+pub fn check_dev_name(name: &str) -> Result<(), DeviceError> {
+    let why = if name.is_empty() {
+        "empty"
+    } else if name.len() > MAX_NAME_LEN {
+        "longer than 254 bytes"
+    } else if name.contains('\0') {
+        "contains a NUL byte"
+    } else {
+        return Ok(());
+    };
+    Err(DeviceError::BadName {
+        name: name.to_string(),
+        why,
+    })
+}
+
+/// Reads SESS_INFO_RSP: the version both sides use.
+///
+/// # Errors
+/// [`DeviceError::Refused`] for a non-zero errno, [`DeviceError::BadReply`] for a bad
+/// reply.
+pub fn sess_info_done(errno: i32, reply: &[u8]) -> Result<u8, DeviceError> {
+    if errno != 0 {
+        return Err(DeviceError::Refused {
+            what: "session info",
+            name: String::new(),
+            errno,
+        });
+    }
+    SessInfoRsp::decode(reply)
+        .map(|r| r.negotiated())
+        .map_err(|source| DeviceError::BadReply {
+            what: "SESS_INFO_RSP",
+            device_id: None,
+            source,
+        })
+}
+
+/// One device of a client session.
+#[derive(Clone, Debug)]
+pub struct RnbdDevice {
+    name: String,
+    mode: AccessMode,
+    state: DevState,
+    info: Option<DeviceInfo>,
+    /// The session's `max_io_size` (limits reads and writes).
+    session_max_io: u32,
+}
+
+impl RnbdDevice {
+    /// A device to open by `name` in `mode`, over a session whose requests carry at most
+    /// `session_max_io` bytes.
+    ///
+    /// # Errors
+    /// A name OPEN cannot carry ([`check_dev_name`]).
+    pub fn new(
+        name: &str,
+        mode: AccessMode,
+        session_max_io: u32,
+    ) -> Result<RnbdDevice, DeviceError> {
+        check_dev_name(name)?;
+        Ok(RnbdDevice {
+            name: name.to_string(),
+            mode,
+            state: DevState::Init,
+            info: None,
+            session_max_io,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn mode(&self) -> AccessMode {
+        self.mode
+    }
+
+    pub fn state(&self) -> DevState {
+        self.state
+    }
+
+    /// Limits from the last OPEN_RSP (kept while disconnected).
+    pub fn info(&self) -> Option<&DeviceInfo> {
+        self.info.as_ref()
+    }
+
+    /// The id to put in IO and CLOSE, while mapped.
+    pub fn device_id(&self) -> Option<u32> {
+        match self.state {
+            DevState::Mapped => self.info.map(|i| i.device_id),
+            _ => None,
+        }
+    }
+
+    /// Updates the session's `max_io_size` (known once RTRS connected), used by the
+    /// next [`open_done`](Self::open_done).
+    pub fn set_session_max_io(&mut self, max_io: u32) {
+        self.session_max_io = max_io;
+    }
+
+    /// OPEN's user header (264 bytes), sent as an RTRS READ with a 56-byte reply
+    /// buffer: first in INIT, again after a reconnect.
+    pub fn open_msg(&self) -> [u8; Open::LEN] {
+        let mut b = [0u8; Open::LEN];
+        let open = Open {
+            access_mode: self.mode,
+            dev_name: self.name.as_bytes(),
+        };
+        // The name was checked by `new` and the buffer is the message's size.
+        let n = open.encode(&mut b).unwrap_or(0);
+        debug_assert_eq!(n, Open::LEN);
+        b
+    }
+
+    /// Digests OPEN's answer: on success adopts the (possibly new) device id and
+    /// limits and becomes MAPPED; on failure the state stays as it was.
+    ///
+    /// # Errors
+    /// [`DeviceError::Refused`] with the server's errno; [`DeviceError::BadReply`] for
+    /// an OPEN_RSP the client cannot use (the kernel then CLOSEs the id it carries);
+    /// [`DeviceError::NotMapped`] once unmapped.
+    pub fn open_done(&mut self, errno: i32, reply: &[u8]) -> Result<&DeviceInfo, DeviceError> {
+        if self.state == DevState::Unmapped {
+            return Err(self.not_mapped());
+        }
+        if errno != 0 {
+            return Err(DeviceError::Refused {
+                what: "open",
+                name: self.name.clone(),
+                errno,
+            });
+        }
+        let rsp = OpenRsp::decode(reply).map_err(|source| DeviceError::BadReply {
+            what: "OPEN_RSP",
+            device_id: raw_device_id(reply),
+            source,
+        })?;
+        self.state = DevState::Mapped;
+        Ok(self
+            .info
+            .insert(DeviceInfo::from_open_rsp(&rsp, self.session_max_io)))
+    }
+
+    /// The session lost its last path (`RTRS_CLT_LINK_EV_DISCONNECTED`): IO stops
+    /// until [`open_done`](Self::open_done) after a reconnect.
+    pub fn link_down(&mut self) {
+        if self.state == DevState::Mapped {
+            self.state = DevState::MappedDisconnected;
+        }
+    }
+
+    /// Whether the device waits for a re-open (send [`open_msg`](Self::open_msg) once
+    /// the session is connected again).
+    pub fn needs_reopen(&self) -> bool {
+        self.state == DevState::MappedDisconnected
+    }
+
+    /// Unmaps the device: returns CLOSE's user header when the server still knows the
+    /// id (MAPPED); a disconnected server session has forgotten it already.
+    pub fn close(&mut self) -> Option<[u8; 8]> {
+        let msg = self.device_id().map(super::msg::close);
+        self.state = DevState::Unmapped;
+        msg
+    }
+
+    /// The IO user header (32 bytes) and RTRS direction of `req`, after checking it
+    /// against the device: open, writable if it writes, block-aligned, in range, within
+    /// the limits.
+    ///
+    /// # Errors
+    /// Why the request cannot be sent; [`DeviceError::errno`] is the block status.
+    pub fn io_msg(&self, req: &BlockRequest) -> Result<([u8; Io::LEN], Dir), DeviceError> {
+        let (Some(info), DevState::Mapped) = (&self.info, self.state) else {
+            return Err(self.not_mapped());
+        };
+        let op = op_name(req.op);
+        if self.mode == AccessMode::ReadOnly && req.op.is_rtrs_write() {
+            return Err(DeviceError::ReadOnly {
+                name: self.name.clone(),
+                op,
+            });
+        }
+        if req.op != RnbdOp::Flush {
+            check_range(info, req, op)?;
+        }
+        let io = Io {
+            device_id: info.device_id,
+            sector: req.offset / SECTOR_SIZE,
+            op: req.op,
+            flags: req.flags.wire(req.op),
+            bi_size: req.len,
+            prio: req.prio,
+        };
+        Ok((io.to_bytes(), req.dir()))
+    }
+
+    fn not_mapped(&self) -> DeviceError {
+        DeviceError::NotMapped {
+            name: self.name.clone(),
+            state: self.state,
+        }
+    }
+}
+
+fn check_range(info: &DeviceInfo, req: &BlockRequest, op: &'static str) -> Result<(), DeviceError> {
+    let max = match req.op {
+        RnbdOp::Read | RnbdOp::Write => u64::from(info.max_io_size),
+        RnbdOp::Discard => info.max_discard,
+        RnbdOp::SecureErase => info.max_secure_erase,
+        RnbdOp::WriteZeroes => info.max_write_zeroes,
+        RnbdOp::Flush => u64::MAX,
+    };
+    if max == 0 {
+        return Err(DeviceError::Unsupported { op });
+    }
+    if req.len == 0 {
+        return Err(DeviceError::ZeroLength { op });
+    }
+    let bs = u64::from(info.logical_block_size);
+    if req.offset % bs != 0 || u64::from(req.len) % bs != 0 {
+        return Err(DeviceError::Misaligned {
+            op,
+            offset: req.offset,
+            len: req.len,
+            block_size: info.logical_block_size,
+        });
+    }
+    if req
+        .offset
+        .checked_add(u64::from(req.len))
+        .map_or(true, |end| end > info.size)
+    {
+        return Err(DeviceError::OutOfRange {
+            op,
+            offset: req.offset,
+            len: req.len,
+            size: info.size,
+        });
+    }
+    if u64::from(req.len) > max {
+        return Err(DeviceError::TooLarge {
+            op,
+            len: req.len,
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn op_name(op: RnbdOp) -> &'static str {
+    match op {
+        RnbdOp::Read => "read",
+        RnbdOp::Write => "write",
+        RnbdOp::Flush => "flush",
+        RnbdOp::Discard => "discard",
+        RnbdOp::SecureErase => "secure erase",
+        RnbdOp::WriteZeroes => "write zeroes",
+    }
+}
+
+/// The `device_id` of an OPEN_RSP that failed to decode, if its type and length are
+/// right.
+fn raw_device_id(reply: &[u8]) -> Option<u32> {
+    if reply.len() >= OpenRsp::LEN && reply[0] == 3 && reply[1] == 0 {
+        Some(u32::from_le_bytes([reply[4], reply[5], reply[6], reply[7]]))
+    } else {
+        None
+    }
+}

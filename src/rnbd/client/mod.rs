@@ -1,0 +1,19 @@
+//! The RNBD client (the kernel's `rnbd-clt`): message builders ([`msg`]), the per-device
+//! state machine ([`RnbdDevice`]), both free of any transport, and [`RnbdClient`], which
+//! drives devices over one core's RTRS session handle ([`RtrsPort`]) on the session's
+//! home core; [`RnbdCore`] sends block IO of the same devices from the other cores.
+
+pub mod msg;
+
+mod device;
+mod port;
+mod rtrs;
+mod session;
+mod shared;
+
+pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
+pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
+pub use port::{PortCompletion, PortError, PortIo, RtrsPort};
+pub use rtrs::LinkListener;
+pub use session::{ClientEvent, DevHandle, IoError, RnbdClient, ADMIN_TAG, REPLY_SLOT};
+pub use shared::{RnbdCore, SharedDevices};

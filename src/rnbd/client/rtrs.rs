@@ -1,0 +1,87 @@
+//! [`RnbdClient`](super::RnbdClient) over the RTRS client: [`RtrsPort`] for one core's
+//! [`SessionCore`], and [`LinkListener`], the [`ClientEvents`] that hands the session's
+//! link events (kernel: `rnbd_clt_link_ev`) to the client on the home core.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
+use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
+use crate::common::LinkEvent;
+use crate::engine::Ctx;
+
+const BATCH: usize = 64;
+
+impl RtrsPort for SessionCore {
+    fn submit(&mut self, cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
+        let cio = ClientIo {
+            tag: io.tag,
+            dir: io.dir,
+            usr: io.usr,
+            sgl: io.sgl,
+            admin: io.admin,
+        };
+        match SessionCore::submit(self, cx, cio) {
+            Ok(()) => Ok(()),
+            Err(SubmitError::Busy { .. }) => Err(PortError::Busy),
+            // Not connected yet (limits unknown): wait for the first Connected.
+            Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(PortError::Busy),
+            Err(e) => Err(PortError::Refused {
+                errno: match e {
+                    SubmitError::NoPath => -libc::ENOTCONN,
+                    _ => -libc::EINVAL,
+                },
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
+        let mut buf = [ClientCompletion::default(); BATCH];
+        let want = out.len().min(BATCH);
+        let n = SessionCore::poll(self, cx, &mut buf[..want]);
+        for (o, c) in out.iter_mut().zip(&buf[..n]) {
+            *o = PortCompletion {
+                tag: c.tag,
+                errno: c.errno,
+            };
+        }
+        n
+    }
+
+    fn max_io_size(&self) -> u32 {
+        SessionCore::max_io_size(self)
+    }
+}
+
+/// Link events of an RTRS client session, queued on the home core for the
+/// [`RnbdClient`](super::RnbdClient) there (give a clone to `Session::open` and one to
+/// [`RnbdClient::listen`](super::RnbdClient::listen)).
+#[derive(Clone, Default)]
+pub struct LinkListener {
+    queue: Rc<RefCell<VecDeque<LinkEvent>>>,
+}
+
+impl LinkListener {
+    pub fn new() -> LinkListener {
+        LinkListener::default()
+    }
+
+    /// The oldest event not yet taken.
+    pub fn take(&self) -> Option<LinkEvent> {
+        self.queue.borrow_mut().pop_front()
+    }
+}
+
+impl ClientEvents for LinkListener {
+    fn link_event(&mut self, _cx: &mut dyn Ctx, ev: LinkEvent) {
+        self.queue.borrow_mut().push_back(ev);
+    }
+}
+
+impl std::fmt::Debug for LinkListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LinkListener({} queued)", self.queue.borrow().len())
+    }
+}

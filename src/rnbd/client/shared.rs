@@ -1,0 +1,173 @@
+//! Using the devices of an [`RnbdClient`](super::RnbdClient) from other cores. The
+//! client on the session's home core runs SESS_INFO/OPEN/CLOSE and the link events and
+//! publishes every device change in [`SharedDevices`]; each other core wraps its own
+//! RTRS session handle in an [`RnbdCore`] and sends block IO through it, so a request
+//! goes out on that core's connection and completes on that core (the kernel's
+//! per-hardware-queue `rnbd_queue_rq` on a shared `rnbd_clt_dev`).
+//!
+//! A device re-opened after a reconnect may get a new id; a core picks it up at its
+//! next submission. Requests already handed to RTRS keep the id they were built with,
+//! and the RTRS client may re-send them once a path is back: had the device been
+//! re-opened by then, an old id could name another device of the new server session.
+//! So every core counts its block requests in flight, and the client re-opens devices
+//! only once none is left (after a reconnect the new server session answers old ids
+//! with −ENOTCONN until then, since it has no devices yet).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::device::{DevState, RnbdDevice};
+use super::msg::BlockRequest;
+use super::port::{PortCompletion, PortIo, RtrsPort};
+use super::session::{DevHandle, IoError, ADMIN_TAG};
+use crate::engine::Ctx;
+use crate::fabric::Sge;
+
+/// The devices of one client session as every core sees them.
+#[derive(Debug, Default)]
+pub struct SharedDevices {
+    slots: RwLock<Vec<Option<RnbdDevice>>>,
+    /// Block requests in flight, one counter per core handle.
+    counters: Mutex<Vec<Arc<AtomicUsize>>>,
+}
+
+impl SharedDevices {
+    /// A new in-flight counter for one core handle.
+    pub(super) fn counter(&self) -> Arc<AtomicUsize> {
+        let c = Arc::new(AtomicUsize::new(0));
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(&c));
+        c
+    }
+
+    /// Block requests in flight over all core handles.
+    pub fn in_flight(&self) -> usize {
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Publishes device `i` (`None`: closed).
+    pub(super) fn set(&self, i: usize, dev: Option<&RnbdDevice>) {
+        // A panic elsewhere cannot leave the table half-written (one assignment).
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        if slots.len() <= i {
+            slots.resize(i + 1, None);
+        }
+        slots[i] = dev.cloned();
+    }
+
+    /// Runs `f` on the published device `dev`, if it is not closed.
+    pub fn with<R>(&self, dev: DevHandle, f: impl FnOnce(&RnbdDevice) -> R) -> Option<R> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.get(dev.index()).and_then(Option::as_ref).map(f)
+    }
+
+    /// The published state of `dev` (`None` once closed).
+    pub fn state(&self, dev: DevHandle) -> Option<DevState> {
+        self.with(dev, RnbdDevice::state)
+    }
+}
+
+/// Checks and sends one block request of `dev` on `port`, counting it in `inflight`.
+pub(super) fn send_io<P: RtrsPort + ?Sized>(
+    port: &mut P,
+    inflight: &AtomicUsize,
+    cx: &mut dyn Ctx,
+    dev: &RnbdDevice,
+    tag: u64,
+    req: &BlockRequest,
+    sgl: &[Sge],
+) -> Result<(), IoError> {
+    if tag & ADMIN_TAG != 0 {
+        return Err(IoError::BadTag { tag });
+    }
+    let (usr, dir) = dev.io_msg(req)?;
+    let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+    if have != u64::from(req.data_len()) {
+        return Err(IoError::SglLength {
+            have,
+            want: req.data_len(),
+        });
+    }
+    port.submit(
+        cx,
+        PortIo {
+            tag,
+            dir,
+            usr: &usr,
+            sgl,
+            admin: false,
+        },
+    )?;
+    inflight.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Block IO of a client session's devices on one (non-home) core.
+pub struct RnbdCore<P> {
+    port: P,
+    devices: Arc<SharedDevices>,
+    inflight: Arc<AtomicUsize>,
+}
+
+impl<P: RtrsPort> RnbdCore<P> {
+    /// This core's handle: `port` is this core's RTRS session handle, `devices` what
+    /// [`RnbdClient::shared`](super::RnbdClient::shared) returns.
+    pub fn new(port: P, devices: Arc<SharedDevices>) -> RnbdCore<P> {
+        let inflight = devices.counter();
+        RnbdCore {
+            port,
+            devices,
+            inflight,
+        }
+    }
+
+    pub fn port(&self) -> &P {
+        &self.port
+    }
+
+    pub fn port_mut(&mut self) -> &mut P {
+        &mut self.port
+    }
+
+    pub fn devices(&self) -> &Arc<SharedDevices> {
+        &self.devices
+    }
+
+    /// Sends a block request on `dev`, as [`RnbdClient::submit`](super::RnbdClient::submit).
+    ///
+    /// # Errors
+    /// As `RnbdClient::submit`.
+    pub fn submit(
+        &mut self,
+        cx: &mut dyn Ctx,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+    ) -> Result<(), IoError> {
+        let (port, inflight) = (&mut self.port, &*self.inflight);
+        self.devices
+            .with(dev, |d| send_io(port, inflight, cx, d, tag, req, sgl))
+            .unwrap_or(Err(IoError::NoDevice))
+    }
+
+    /// Moves finished block requests of this core into `out`; returns how many.
+    pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
+        let n = self.port.poll(cx, out);
+        self.inflight.fetch_sub(n, Ordering::SeqCst);
+        n
+    }
+}
+
+impl<P> std::fmt::Debug for RnbdCore<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RnbdCore").finish_non_exhaustive()
+    }
+}

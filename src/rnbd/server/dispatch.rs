@@ -1,0 +1,479 @@
+//! One core's RNBD request processing, independent of the transport: a user header, the
+//! request's data area and its RTRS direction in; an immediate errno (with a reply
+//! written into the data area) or a block IO started on this core's backend out, its
+//! errno reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
+//! `process_msg_sess_info`, `process_msg_open`, `process_msg_close` and `process_rdma`
+//! (bio flags from `rnbd_to_bio_flags`), plus the checks PROTOCOL.md §9.8 adds.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::errno;
+use super::exports::{Exports, ExportsError};
+use super::session::RnbdSession;
+use crate::proto::rnbd::{
+    AccessMode, Io, IoFlags as WireFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp,
+};
+use crate::rnbd::backend::{
+    BlockBackend, BlockCompletion, BlockIo, BlockOp, IoBuf, IoFlags, SubmitError, SECTOR_SIZE,
+};
+use crate::rnbd::Dir;
+
+/// One request as the transport hands it over.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Comes back in the [`Completion`] of a submitted IO.
+    pub tag: u64,
+    pub dir: Dir,
+    /// The RTRS user header: an RNBD message.
+    pub usr: &'a [u8],
+    /// The request's data area (its length is RTRS's `datalen`, possibly 0). The
+    /// dispatcher writes replies into it and hands it to the backend; the caller keeps
+    /// it valid and untouched until the request is answered.
+    pub data: IoBuf,
+}
+
+/// What [`Dispatcher::process`] did with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answer now with this errno (0 or negative); any reply is in the data area.
+    Done(i32),
+    /// A block IO is under way; its errno comes from [`Dispatcher::poll`].
+    Submitted,
+}
+
+/// The end of a submitted request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub tag: u64,
+    /// 0 or a negative errno, for the RTRS response.
+    pub errno: i32,
+}
+
+/// Completions taken from a backend per call of its `poll`.
+const BATCH: usize = 64;
+/// IOs queued for a busy backend before the queue has to grow.
+const WAIT_CAPACITY: usize = 1024;
+
+/// One core's request processor: this core's instance of every export's backend, and
+/// the IOs waiting for a busy one.
+pub struct Dispatcher {
+    exports: Arc<Exports>,
+    core: usize,
+    backends: Vec<Box<dyn BlockBackend>>,
+    /// Refused with `Busy`: `(backend index, io)`, retried on every poll.
+    waiting: VecDeque<(usize, BlockIo)>,
+    /// Completions produced outside a backend (a retried IO refused for good).
+    ready: VecDeque<Completion>,
+    scratch: [BlockCompletion; BATCH],
+    bad_headers: u64,
+}
+
+impl Dispatcher {
+    /// Opens this core's backends of `exports`.
+    ///
+    /// # Errors
+    /// What [`Exports::open_core`] reports.
+    pub fn new(exports: Arc<Exports>, core: usize) -> Result<Dispatcher, ExportsError> {
+        let backends = exports.open_core(core)?;
+        Ok(Dispatcher {
+            exports,
+            core,
+            backends,
+            waiting: VecDeque::with_capacity(WAIT_CAPACITY),
+            ready: VecDeque::with_capacity(BATCH),
+            scratch: [BlockCompletion::default(); BATCH],
+            bad_headers: 0,
+        })
+    }
+
+    pub fn exports(&self) -> &Arc<Exports> {
+        &self.exports
+    }
+
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// Requests submitted and not yet returned by [`poll`](Self::poll).
+    pub fn in_flight(&self) -> usize {
+        self.backends.iter().map(|b| b.in_flight()).sum::<usize>()
+            + self.waiting.len()
+            + self.ready.len()
+    }
+
+    /// Handles one request of `sess`: SESS_INFO and OPEN answer at once with their reply
+    /// in the data area, CLOSE answers 0, IO starts on this core's backend (PROTOCOL.md
+    /// §7). Every field is checked first; a malformed header is −EINVAL.
+    pub fn process(&mut self, sess: &RnbdSession, req: Request<'_>) -> Outcome {
+        let msg = match RnbdMsg::decode(req.usr) {
+            Ok(msg) => msg,
+            Err(e) => {
+                self.bad_headers += 1;
+                if self.bad_headers.is_power_of_two() {
+                    tracing::warn!(
+                        session = sess.name(),
+                        count = self.bad_headers,
+                        "rnbd: refusing request with a bad header: {e}"
+                    );
+                }
+                return Outcome::Done(errno::EINVAL);
+            }
+        };
+        match msg {
+            RnbdMsg::SessInfo(info) => {
+                if req.dir != Dir::Read || req.data.len() < SessInfoRsp::LEN {
+                    return Outcome::Done(errno::EINVAL);
+                }
+                let ver = sess.set_client_ver(info.ver);
+                put_reply(req.data, &SessInfoRsp { ver }.to_bytes());
+                Outcome::Done(0)
+            }
+            RnbdMsg::Open(open) => {
+                // Checked before anything changes: a refused reply must not leave a mapping.
+                if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
+                    return Outcome::Done(errno::EINVAL);
+                }
+                match sess.open(&open) {
+                    Ok(rsp) => {
+                        let mut b = [0u8; OpenRsp::LEN];
+                        match rsp.encode(&mut b) {
+                            Ok(_) => {
+                                put_reply(req.data, &b);
+                                Outcome::Done(0)
+                            }
+                            // Backends only report block sizes a client accepts.
+                            Err(_) => Outcome::Done(errno::EINVAL),
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(
+                            session = sess.name(),
+                            dev = %String::from_utf8_lossy(open.dev_name),
+                            mode = open.access_mode.as_str(),
+                            "rnbd: open refused: {e}"
+                        );
+                        Outcome::Done(e.errno())
+                    }
+                }
+            }
+            RnbdMsg::Close(close) => {
+                sess.close(close.device_id);
+                Outcome::Done(0)
+            }
+            RnbdMsg::Io(io) => self.start_io(sess, req, &io),
+        }
+    }
+
+    fn start_io(&mut self, sess: &RnbdSession, req: Request<'_>, io: &Io) -> Outcome {
+        let Some((export, mode)) = sess.lookup(io.device_id) else {
+            return Outcome::Done(errno::ENOTCONN);
+        };
+        let io_block = match to_block_io(req, io, mode) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Outcome::Done(0),
+            Err(e) => return Outcome::Done(e),
+        };
+        let index = export.index();
+        match self.backends[index].submit(io_block) {
+            Ok(()) => Outcome::Submitted,
+            Err(e) if e.is_busy() => {
+                self.waiting.push_back((index, io_block));
+                Outcome::Submitted
+            }
+            Err(e) => Outcome::Done(e.errno()),
+        }
+    }
+
+    /// Moves finished requests into `out` and retries IOs that found their backend
+    /// busy; returns how many were written. Never blocks.
+    pub fn poll(&mut self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        for backend in &mut self.backends {
+            while n < out.len() {
+                let want = (out.len() - n).min(BATCH);
+                let got = backend.poll(&mut self.scratch[..want]);
+                for c in &self.scratch[..got] {
+                    out[n] = Completion {
+                        tag: c.tag,
+                        errno: c.errno(),
+                    };
+                    n += 1;
+                }
+                if got < want {
+                    break;
+                }
+            }
+        }
+        // Each waiting IO gets one try per poll; a busy backend keeps its order.
+        for _ in 0..self.waiting.len() {
+            let Some((index, io)) = self.waiting.pop_front() else {
+                break;
+            };
+            match self.backends[index].submit(io) {
+                Ok(()) => {}
+                Err(e) if e.is_busy() => self.waiting.push_back((index, io)),
+                Err(e) => self.finish_early(io.tag, e),
+            }
+        }
+        while n < out.len() {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        n
+    }
+
+    fn finish_early(&mut self, tag: u64, e: SubmitError) {
+        self.ready.push_back(Completion {
+            tag,
+            errno: e.errno(),
+        });
+    }
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("core", &self.core)
+            .field("exports", &self.exports)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+/// Writes a reply at the start of a READ request's data area (length checked by the
+/// caller).
+fn put_reply(data: IoBuf, reply: &[u8]) {
+    // SAFETY: the transport gives the data area to the dispatcher until the request is
+    // answered (Request::data), and nobody else touches it meanwhile; copy_in checks
+    // the bounds.
+    unsafe { data.copy_in(0, reply) }
+}
+
+/// Turns an RNBD IO into a block IO (`process_rdma` + `rnbd_to_bio_flags`): `Ok(None)`
+/// for an IO with nothing to do, `Err(errno)` for one that must be refused.
+fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<BlockIo>, i32> {
+    let datalen = req.data.len();
+    // With data, the chunk is the bio and must be exactly `bi_size` long; without, the
+    // size comes from the message (PROTOCOL.md §7.3).
+    if datalen != 0 && datalen != io.bi_size as usize {
+        return Err(errno::EINVAL);
+    }
+    let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(errno::EIO)?;
+    let mut flags = IoFlags::NONE;
+    if io.flags.contains(WireFlags::FUA) {
+        flags = flags | IoFlags::FUA;
+    }
+    if io.flags.contains(WireFlags::PREFLUSH) {
+        flags = flags | IoFlags::PREFLUSH;
+    }
+    if io.op == RnbdOp::WriteZeroes && io.flags.contains(WireFlags::NOUNMAP) {
+        flags = flags | IoFlags::NOUNMAP;
+    }
+    // The kernel lets the block layer decide; a read-only mapping refusing to change the
+    // device is the point of the mode.
+    if mode == AccessMode::ReadOnly && io.op.is_rtrs_write() {
+        return Err(errno::EROFS);
+    }
+    let op = match io.op {
+        RnbdOp::Read => BlockOp::Read,
+        RnbdOp::Write => BlockOp::Write,
+        // An empty write with preflush (the kernel's REQ_OP_WRITE | REQ_PREFLUSH).
+        RnbdOp::Flush => return Ok(Some(BlockIo::flush(req.tag).with_flags(flags))),
+        RnbdOp::Discard => BlockOp::Discard,
+        RnbdOp::SecureErase => BlockOp::SecureErase,
+        RnbdOp::WriteZeroes => BlockOp::WriteZeroes,
+    };
+    if op == BlockOp::Read || op == BlockOp::Write {
+        let want = if op == BlockOp::Read {
+            Dir::Read
+        } else {
+            Dir::Write
+        };
+        if io.bi_size == 0 {
+            // A data-less read or write: at most a cache flush (a write with PREFLUSH
+            // or FUA and no data is how a block layer may express a flush).
+            if datalen == 0 && flags != IoFlags::NONE && op == BlockOp::Write {
+                return Ok(Some(BlockIo::flush(req.tag).with_flags(flags)));
+            }
+            return Ok(None);
+        }
+        // Data must be where the direction puts it: reply space for a read, the
+        // client's bytes for a write.
+        if datalen == 0 || req.dir != want {
+            return Err(errno::EINVAL);
+        }
+        return Ok(Some(
+            BlockIo {
+                tag: req.tag,
+                op,
+                offset,
+                len: io.bi_size,
+                buf: Some(req.data),
+                flags: IoFlags::NONE,
+            }
+            .with_flags(flags),
+        ));
+    }
+    Ok(Some(
+        BlockIo::range(req.tag, op, offset, io.bi_size).with_flags(flags),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(op: RnbdOp, flags: WireFlags, bi_size: u32) -> Io {
+        Io {
+            device_id: 0,
+            sector: 8,
+            op,
+            flags,
+            bi_size,
+            prio: 0,
+        }
+    }
+
+    fn req(dir: Dir, data: IoBuf) -> Request<'static> {
+        Request {
+            tag: 5,
+            dir,
+            usr: &[],
+            data,
+        }
+    }
+
+    #[test]
+    fn op_and_flag_mapping() {
+        let mem = crate::fabric::mem::MemBuf::zeroed(4096);
+        // SAFETY: `mem` outlives the test; the IOs are never run.
+        let data = unsafe { IoBuf::from_mem(&mem) };
+        // SAFETY: a zero-length view of the same memory.
+        let none = unsafe { IoBuf::new(mem.as_ptr(), 0) };
+        let rw = AccessMode::ReadWrite;
+        let w = to_block_io(
+            req(Dir::Write, data),
+            &io(
+                RnbdOp::Write,
+                WireFlags::FUA | WireFlags::PREFLUSH | WireFlags::SYNC,
+                4096,
+            ),
+            rw,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((w.op, w.offset, w.len), (BlockOp::Write, 4096, 4096));
+        assert_eq!(w.flags, IoFlags::FUA | IoFlags::PREFLUSH);
+        let f = to_block_io(
+            req(Dir::Read, none),
+            &io(RnbdOp::Flush, WireFlags::NONE, 0),
+            rw,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(f.op, BlockOp::Flush);
+        let z = to_block_io(
+            req(Dir::Write, none),
+            &io(RnbdOp::WriteZeroes, WireFlags::NOUNMAP, 65536),
+            rw,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (z.op, z.len, z.flags, z.buf),
+            (BlockOp::WriteZeroes, 65536, IoFlags::NOUNMAP, None)
+        );
+        // NOUNMAP only means something for write-zeroes.
+        let d = to_block_io(
+            req(Dir::Write, none),
+            &io(RnbdOp::Discard, WireFlags::NOUNMAP, 512),
+            rw,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((d.op, d.flags), (BlockOp::Discard, IoFlags::NONE));
+        // datalen must equal bi_size when present.
+        assert_eq!(
+            to_block_io(
+                req(Dir::Write, data),
+                &io(RnbdOp::Write, WireFlags::NONE, 512),
+                rw
+            ),
+            Err(-libc::EINVAL)
+        );
+        // A read needs reply space, a write its data, in the right direction.
+        assert_eq!(
+            to_block_io(
+                req(Dir::Read, none),
+                &io(RnbdOp::Read, WireFlags::NONE, 512),
+                rw
+            ),
+            Err(-libc::EINVAL)
+        );
+        assert_eq!(
+            to_block_io(
+                req(Dir::Read, data),
+                &io(RnbdOp::Write, WireFlags::NONE, 4096),
+                rw
+            ),
+            Err(-libc::EINVAL)
+        );
+        // Empty write with preflush is a flush; an empty read does nothing.
+        let e = to_block_io(
+            req(Dir::Write, none),
+            &io(RnbdOp::Write, WireFlags::PREFLUSH, 0),
+            rw,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(e.op, BlockOp::Flush);
+        assert_eq!(
+            to_block_io(
+                req(Dir::Read, none),
+                &io(RnbdOp::Read, WireFlags::NONE, 0),
+                rw
+            ),
+            Ok(None)
+        );
+        // Read-only mappings refuse writes but not reads or flushes.
+        let ro = AccessMode::ReadOnly;
+        assert_eq!(
+            to_block_io(
+                req(Dir::Write, none),
+                &io(RnbdOp::Discard, WireFlags::NONE, 512),
+                ro
+            ),
+            Err(-libc::EROFS)
+        );
+        assert!(to_block_io(
+            req(Dir::Read, none),
+            &io(RnbdOp::Flush, WireFlags::NONE, 0),
+            ro
+        )
+        .is_ok());
+        assert!(to_block_io(
+            req(Dir::Read, data),
+            &io(RnbdOp::Read, WireFlags::NONE, 4096),
+            ro
+        )
+        .is_ok());
+        // A sector whose byte offset overflows is out of range.
+        let mut far = io(RnbdOp::Discard, WireFlags::NONE, 512);
+        far.sector = u64::MAX / 2;
+        assert_eq!(
+            to_block_io(req(Dir::Write, none), &far, rw),
+            Err(-libc::EIO)
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! The server's exports: every name a client may OPEN, its backend (one instance per
+//! reactor core) and its writer count. In the kernel, `rnbd-srv` opens the block device
+//! named by `dev_search_path` + `dev_name` and keeps one `rnbd_srv_dev` per device, shared
+//! by all sessions, whose `open_write_cnt` enforces the access modes
+//! (`rnbd_srv_check_update_open_perm`); here the names are declared up front.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::errno;
+use crate::proto::rnbd::{AccessMode, CachePolicy, OpenRsp};
+use crate::rnbd::backend::{
+    BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
+    RamBackend, RAM_BLOCK_SIZE,
+};
+
+/// Index of an export in its [`Exports`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExportId(pub(crate) usize);
+
+impl ExportId {
+    /// Position in [`Exports::iter`] order (also the index of the per-core backend).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// Why a set of exports could not be built, or a core's backends not opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportsError {
+    #[error("export '{name}' is declared twice")]
+    Duplicate { name: String },
+    #[error("export '{name}': {source}")]
+    Open { name: String, source: OpenError },
+    #[error("export '{name}' on core {core}: {source}")]
+    OpenOnCore {
+        name: String,
+        core: usize,
+        source: OpenError,
+    },
+    #[error(
+        "export '{name}' on core {core} reports a different geometry than when it was declared \
+         (the file changed size?)"
+    )]
+    GeometryChanged { name: String, core: usize },
+}
+
+/// Why an OPEN was refused; [`errno`](AccessError::errno) is the wire answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AccessError {
+    #[error("no export of that name")]
+    UnknownName,
+    #[error("device name contains '..'")]
+    DotDot,
+    #[error("{mode} refused: the export already has {writers} writer(s)")]
+    InUse { mode: &'static str, writers: u32 },
+    #[error("{mode} refused: the export is read-only")]
+    ReadOnlyExport { mode: &'static str },
+}
+
+impl AccessError {
+    /// The negative errno for OPEN's response (PROTOCOL.md §7.2): −ENOENT for a name
+    /// the server does not have (what opening a missing path gives), −EINVAL for `..`,
+    /// −EPERM for a writer conflict, −EACCES for write access to a read-only export
+    /// (what the kernel's block-device open returns for a read-only device).
+    pub fn errno(self) -> i32 {
+        match self {
+            AccessError::UnknownName => errno::ENOENT,
+            AccessError::DotDot => errno::EINVAL,
+            AccessError::InUse { .. } => errno::EPERM,
+            AccessError::ReadOnlyExport { .. } => errno::EACCES,
+        }
+    }
+}
+
+/// How an export makes a backend for each core.
+enum Source {
+    /// One memory, one instance per core ([`RamBackend::share`]).
+    Ram(Mutex<RamBackend>),
+    /// The file opened once per core.
+    File {
+        path: std::path::PathBuf,
+        opts: FileOptions,
+    },
+}
+
+struct Export {
+    name: String,
+    geometry: Geometry,
+    source: Source,
+    /// Mappings opened RW or MIGRATION, over all sessions.
+    writers: Mutex<u32>,
+}
+
+/// Every export of a server, shared by its cores and sessions (wrap it in an `Arc`).
+pub struct Exports {
+    list: Vec<Export>,
+    by_name: HashMap<String, ExportId>,
+}
+
+impl Exports {
+    /// Declares `specs`. RAM disks are allocated here; files are opened once here to
+    /// check them and learn their geometry, then once per core by
+    /// [`open_core`](Self::open_core).
+    ///
+    /// # Errors
+    /// A duplicate name, or the backend that could not be opened.
+    pub fn new(specs: &[ExportSpec], file_opts: &FileOptions) -> Result<Exports, ExportsError> {
+        let mut list = Vec::with_capacity(specs.len());
+        let mut by_name = HashMap::with_capacity(specs.len());
+        for spec in specs {
+            if by_name.contains_key(&spec.name) {
+                return Err(ExportsError::Duplicate {
+                    name: spec.name.clone(),
+                });
+            }
+            let open_err = |source| ExportsError::Open {
+                name: spec.name.clone(),
+                source,
+            };
+            let (geometry, source) = match &spec.backend {
+                BackendSpec::Ram { size } => {
+                    let ram = RamBackend::new(*size, RAM_BLOCK_SIZE).map_err(open_err)?;
+                    (*ram.geometry(), Source::Ram(Mutex::new(ram)))
+                }
+                BackendSpec::File { path, read_only } => {
+                    let opts = FileOptions {
+                        read_only: file_opts.read_only || *read_only,
+                        ..file_opts.clone()
+                    };
+                    let probe = FileBackend::open(path, &opts).map_err(open_err)?;
+                    (
+                        *probe.geometry(),
+                        Source::File {
+                            path: path.clone(),
+                            opts,
+                        },
+                    )
+                }
+            };
+            by_name.insert(spec.name.clone(), ExportId(list.len()));
+            list.push(Export {
+                name: spec.name.clone(),
+                geometry,
+                source,
+                writers: Mutex::new(0),
+            });
+        }
+        Ok(Exports { list, by_name })
+    }
+
+    /// Exports made of RAM disks only (`(name, size)`): for tests and `--inline-target`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn ram(disks: &[(&str, u64)]) -> Result<Exports, ExportsError> {
+        let specs: Vec<ExportSpec> = disks
+            .iter()
+            .map(|&(name, size)| ExportSpec {
+                name: name.to_string(),
+                backend: BackendSpec::Ram { size },
+            })
+            .collect();
+        Exports::new(&specs, &FileOptions::default())
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The export called `name` (exact bytes, as `dev_name` arrives).
+    pub fn lookup(&self, name: &[u8]) -> Option<ExportId> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.by_name.get(name).copied()
+    }
+
+    /// Ids and names, in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = (ExportId, &str)> {
+        self.list
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (ExportId(i), e.name.as_str()))
+    }
+
+    /// # Panics
+    /// On an id from another `Exports`.
+    pub fn name(&self, id: ExportId) -> &str {
+        &self.list[id.0].name
+    }
+
+    /// # Panics
+    /// On an id from another `Exports`.
+    pub fn geometry(&self, id: ExportId) -> &Geometry {
+        &self.list[id.0].geometry
+    }
+
+    /// Current writer count of `id` (RW and MIGRATION mappings over all sessions).
+    pub fn writers(&self, id: ExportId) -> u32 {
+        *lock(&self.list[id.0].writers)
+    }
+
+    /// Applies the access rule for a new mapping of `id` in `mode` (PROTOCOL.md §7.2
+    /// step 6): RO always; RW only without writers; MIGRATION while fewer than two.
+    /// A granted write mode counts one writer until [`release`](Self::release).
+    ///
+    /// # Errors
+    /// [`AccessError::InUse`] or [`AccessError::ReadOnlyExport`].
+    pub fn acquire(&self, id: ExportId, mode: AccessMode) -> Result<(), AccessError> {
+        let export = &self.list[id.0];
+        if mode == AccessMode::ReadOnly {
+            return Ok(());
+        }
+        if export.geometry.read_only {
+            return Err(AccessError::ReadOnlyExport {
+                mode: mode.as_str(),
+            });
+        }
+        let mut writers = lock(&export.writers);
+        let limit = if mode == AccessMode::Migration { 2 } else { 1 };
+        if *writers >= limit {
+            return Err(AccessError::InUse {
+                mode: mode.as_str(),
+                writers: *writers,
+            });
+        }
+        *writers += 1;
+        Ok(())
+    }
+
+    /// Ends a mapping granted by [`acquire`](Self::acquire) in `mode`.
+    pub fn release(&self, id: ExportId, mode: AccessMode) {
+        if mode != AccessMode::ReadOnly {
+            let mut writers = lock(&self.list[id.0].writers);
+            *writers = writers.saturating_sub(1);
+        }
+    }
+
+    /// The OPEN_RSP of a mapping of `id` (reserved bytes are zeroed by the encoder).
+    pub fn open_rsp(&self, id: ExportId, device_id: u32) -> OpenRsp {
+        let g = &self.list[id.0].geometry;
+        OpenRsp {
+            device_id,
+            nsectors: g.nsectors(),
+            max_hw_sectors: g.max_hw_sectors(),
+            max_write_zeroes_sectors: g.max_write_zeroes_sectors(),
+            max_discard_sectors: g.max_discard_sectors(),
+            discard_granularity: g.discard_granularity,
+            discard_alignment: g.discard_alignment,
+            // Block sizes are at most 32 KiB (checked when backends open).
+            physical_block_size: g.physical_block_size.min(u32::from(u16::MAX)) as u16,
+            logical_block_size: g.logical_block_size.min(u32::from(u16::MAX)) as u16,
+            max_segments: g.max_segments,
+            secure_discard: g.secure_discard(),
+            cache_policy: CachePolicy {
+                fua: g.fua,
+                writeback: g.write_cache,
+            },
+        }
+    }
+
+    /// This core's backend instances, indexed like [`ExportId::index`]: RAM disks
+    /// share their memory with every other core's instance; files are opened again.
+    ///
+    /// # Errors
+    /// A file that can no longer be opened, or whose geometry changed.
+    pub fn open_core(&self, core: usize) -> Result<Vec<Box<dyn BlockBackend>>, ExportsError> {
+        let mut out: Vec<Box<dyn BlockBackend>> = Vec::with_capacity(self.list.len());
+        for export in &self.list {
+            let backend: Box<dyn BlockBackend> = match &export.source {
+                Source::Ram(ram) => Box::new(lock(ram).share()),
+                Source::File { path, opts } => {
+                    let file = FileBackend::open(path, opts).map_err(|source| {
+                        ExportsError::OpenOnCore {
+                            name: export.name.clone(),
+                            core,
+                            source,
+                        }
+                    })?;
+                    if *file.geometry() != export.geometry {
+                        return Err(ExportsError::GeometryChanged {
+                            name: export.name.clone(),
+                            core,
+                        });
+                    }
+                    Box::new(file)
+                }
+            };
+            out.push(backend);
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for Exports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.list.iter().map(|e| &e.name))
+            .finish()
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: the guarded values stay consistent across a
+/// panic (plain counters and a RAM disk handle).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_rules() {
+        let ex = Exports::ram(&[("a", 1 << 20), ("b", 4096)]).unwrap();
+        let a = ex.lookup(b"a").unwrap();
+        assert_eq!(ex.lookup(b"c"), None);
+        assert_eq!(ex.lookup(&[0xff, 0xfe]), None);
+        assert_eq!(ex.acquire(a, AccessMode::ReadOnly), Ok(()));
+        assert_eq!(ex.writers(a), 0);
+        assert_eq!(ex.acquire(a, AccessMode::ReadWrite), Ok(()));
+        let e = ex.acquire(a, AccessMode::ReadWrite).unwrap_err();
+        assert_eq!(e.errno(), -libc::EPERM);
+        assert_eq!(
+            e.to_string(),
+            "rw refused: the export already has 1 writer(s)"
+        );
+        assert_eq!(ex.acquire(a, AccessMode::Migration), Ok(()));
+        assert_eq!(ex.writers(a), 2);
+        assert!(ex.acquire(a, AccessMode::Migration).is_err());
+        assert_eq!(ex.acquire(a, AccessMode::ReadOnly), Ok(()));
+        ex.release(a, AccessMode::ReadOnly);
+        assert_eq!(ex.writers(a), 2);
+        ex.release(a, AccessMode::ReadWrite);
+        assert!(ex.acquire(a, AccessMode::ReadWrite).is_err());
+        assert_eq!(ex.acquire(a, AccessMode::Migration), Ok(()));
+        ex.release(a, AccessMode::Migration);
+        ex.release(a, AccessMode::Migration);
+        assert_eq!(ex.writers(a), 0);
+        ex.release(a, AccessMode::Migration);
+        assert_eq!(ex.writers(a), 0);
+    }
+
+    #[test]
+    fn open_rsp_from_geometry() {
+        let ex = Exports::ram(&[("a", 1 << 20)]).unwrap();
+        let a = ex.lookup(b"a").unwrap();
+        let rsp = ex.open_rsp(a, 7);
+        assert_eq!(rsp.device_id, 7);
+        assert_eq!(rsp.nsectors, 2048);
+        assert_eq!(rsp.logical_block_size, 512);
+        assert_eq!(rsp.max_hw_sectors, 2048);
+        let mut b = [0u8; OpenRsp::LEN];
+        rsp.encode(&mut b).unwrap();
+        assert_eq!(OpenRsp::decode(&b), Ok(rsp));
+    }
+
+    #[test]
+    fn duplicates_and_core_instances() {
+        let err = Exports::ram(&[("a", 4096), ("a", 8192)]).unwrap_err();
+        assert_eq!(err.to_string(), "export 'a' is declared twice");
+        let ex = Exports::ram(&[("a", 4096), ("b", 8192)]).unwrap();
+        let c0 = ex.open_core(0).unwrap();
+        let c1 = ex.open_core(1).unwrap();
+        assert_eq!(c0.len(), 2);
+        assert_eq!(c1[1].geometry().size, 8192);
+        assert_eq!(format!("{ex:?}"), "[\"a\", \"b\"]");
+    }
+}

@@ -1,0 +1,37 @@
+//! The RNBD server (the kernel's `rnbd-srv`): exports, sessions and the per-core
+//! processing of requests, independent of the RTRS transport that carries them.
+//!
+//! - [`Exports`]: every exported name with its backend and writer count, shared by all
+//!   cores and sessions (`rnbd_srv_dev`).
+//! - [`RnbdSession`]: one client session's device table (`rnbd_srv_session`), shared by
+//!   the cores serving that session.
+//! - [`Dispatcher`]: one core's request processor (`rnbd_srv_rdma_ev`): SESS_INFO, OPEN,
+//!   CLOSE and IO onto that core's backend instances.
+//! - [`SessionTable`] / [`SessionCache`]: RNBD sessions by RTRS session, shared, with a
+//!   per-core cache for the data path.
+//! - [`RnbdServer`]: all of it as the RTRS server's per-core handler
+//!   ([`RnbdServer::factory`] for `Server::start`).
+
+mod dispatch;
+mod exports;
+mod handler;
+mod registry;
+mod session;
+
+pub use super::Dir;
+pub use dispatch::{Completion, Dispatcher, Outcome, Request};
+pub use exports::{AccessError, ExportId, Exports, ExportsError};
+pub use handler::RnbdServer;
+pub use registry::{SessionCache, SessionTable};
+pub use session::{Mapping, RnbdSession};
+
+/// Negative errnos as RNBD puts them in the RTRS response.
+pub mod errno {
+    pub const EPERM: i32 = -libc::EPERM;
+    pub const ENOENT: i32 = -libc::ENOENT;
+    pub const EIO: i32 = -libc::EIO;
+    pub const EACCES: i32 = -libc::EACCES;
+    pub const EINVAL: i32 = -libc::EINVAL;
+    pub const EROFS: i32 = -libc::EROFS;
+    pub const ENOTCONN: i32 = -libc::ENOTCONN;
+}

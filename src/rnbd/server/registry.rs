@@ -1,0 +1,158 @@
+//! Which RNBD session belongs to which RTRS session, for every core: a table shared by
+//! the cores (written on link events, the kernel's `rnbd_srv_link_ev` creating and
+//! destroying `rnbd_srv_session`), and a per-core cache read on every request so the
+//! data path takes no shared lock once a core has seen a session.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use super::exports::Exports;
+use super::session::RnbdSession;
+
+/// RNBD sessions by RTRS session key, shared by all cores.
+pub struct SessionTable<K> {
+    exports: Arc<Exports>,
+    map: Mutex<HashMap<K, Arc<RnbdSession>>>,
+}
+
+impl<K: Copy + Eq + Hash> SessionTable<K> {
+    pub fn new(exports: Arc<Exports>) -> SessionTable<K> {
+        SessionTable {
+            exports,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn exports(&self) -> &Arc<Exports> {
+        &self.exports
+    }
+
+    /// The session of `key`, created (named `name`) if there is none: on the RTRS
+    /// session's first path coming up, or on its first request should that arrive on
+    /// a core before the link event was handled.
+    pub fn get_or_create(&self, key: K, name: &str) -> Arc<RnbdSession> {
+        let mut map = self.lock();
+        Arc::clone(
+            map.entry(key)
+                .or_insert_with(|| Arc::new(RnbdSession::new(name, Arc::clone(&self.exports)))),
+        )
+    }
+
+    pub fn get(&self, key: K) -> Option<Arc<RnbdSession>> {
+        self.lock().get(&key).cloned()
+    }
+
+    /// The RTRS session's last path went away: the RNBD session ends (every mapping
+    /// closed, writers released) and leaves the table. Cores still caching it see it
+    /// ended and drop it.
+    pub fn remove(&self, key: K) -> Option<Arc<RnbdSession>> {
+        let sess = self.lock().remove(&key);
+        if let Some(s) = &sess {
+            s.end();
+        }
+        sess
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<RnbdSession>>> {
+        // Inserts and removes leave the map consistent at every step.
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One core's view of a [`SessionTable`].
+pub struct SessionCache<K> {
+    table: Arc<SessionTable<K>>,
+    local: HashMap<K, Arc<RnbdSession>>,
+}
+
+impl<K: Copy + Eq + Hash> SessionCache<K> {
+    pub fn new(table: Arc<SessionTable<K>>) -> SessionCache<K> {
+        SessionCache {
+            table,
+            local: HashMap::new(),
+        }
+    }
+
+    pub fn table(&self) -> &Arc<SessionTable<K>> {
+        &self.table
+    }
+
+    /// The live session of `key`, from the cache or else the table; `None` when the
+    /// RTRS session has none (not connected yet, or gone).
+    pub fn session(&mut self, key: K) -> Option<&Arc<RnbdSession>> {
+        if self.local.get(&key).map_or(true, |s| s.is_ended()) {
+            match self.table.get(key) {
+                Some(fresh) => {
+                    self.local.insert(key, fresh);
+                }
+                None => {
+                    self.local.remove(&key);
+                    return None;
+                }
+            }
+        }
+        self.local.get(&key)
+    }
+
+    /// As [`session`](Self::session), creating the session (named `name`) in the table
+    /// when there is none: for SESS_INFO or OPEN arriving on a core before the link
+    /// event that creates it was handled.
+    pub fn session_or_create(&mut self, key: K, name: &str) -> &Arc<RnbdSession> {
+        if self.session(key).is_none() {
+            let fresh = self.table.get_or_create(key, name);
+            self.local.insert(key, fresh);
+        }
+        &self.local[&key]
+    }
+
+    /// Forgets `key` on this core (the table is not touched).
+    pub fn forget(&mut self, key: K) {
+        self.local.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::rnbd::{AccessMode, Open};
+
+    #[test]
+    fn cores_share_sessions_and_drop_ended_ones() {
+        let ex = Arc::new(Exports::ram(&[("a", 4096)]).unwrap());
+        let table = Arc::new(SessionTable::<u32>::new(ex.clone()));
+        let mut c0 = SessionCache::new(table.clone());
+        let mut c1 = SessionCache::new(table.clone());
+        assert!(c0.session(7).is_none());
+        let s = Arc::clone(c0.session_or_create(7, "clt"));
+        let open = Open {
+            access_mode: AccessMode::ReadWrite,
+            dev_name: b"a",
+        };
+        assert_eq!(s.open(&open).unwrap().device_id, 0);
+        // Core 1 finds the same session (and its device).
+        assert!(c1.session(7).unwrap().lookup(0).is_some());
+        assert_eq!(c1.session_or_create(7, "other name").name(), "clt");
+        assert_eq!(table.len(), 1);
+        // The last path goes: the session ends everywhere.
+        let gone = table.remove(7).unwrap();
+        assert!(gone.is_ended());
+        assert_eq!(ex.writers(ex.lookup(b"a").unwrap()), 0);
+        // A core still caching it no longer finds it; a new one is a new, empty session.
+        assert!(c1.session(7).is_none());
+        let again = Arc::clone(c1.session_or_create(7, "clt"));
+        assert!(!Arc::ptr_eq(&again, &gone));
+        assert!(again.lookup(0).is_none());
+        c0.forget(7);
+        assert!(Arc::ptr_eq(c0.session(7).unwrap(), &again));
+        assert!(table.remove(8).is_none());
+    }
+}

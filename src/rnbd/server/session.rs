@@ -1,0 +1,261 @@
+//! One RNBD server session: the devices a client session has mapped, by device id. The
+//! kernel's `rnbd_srv_session` with its `index_idr` XArray of `rnbd_srv_sess_dev`
+//! (`process_msg_open`, `process_msg_close`, `rnbd_srv_destroy_sess`): created when the
+//! RTRS session's first path comes up, destroyed (closing every mapping) when the last
+//! one goes. Shared by the cores serving the session's connections.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::exports::{AccessError, ExportId, Exports};
+use crate::proto::rnbd::{AccessMode, Open, OpenRsp, RNBD_PROTO_VER_MAJOR};
+
+/// One mapped device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub export: ExportId,
+    pub mode: AccessMode,
+    /// `dev_name` as opened: a re-open must match it exactly.
+    pub name: Box<[u8]>,
+    /// What the OPEN answered, sent again on an idempotent re-open.
+    pub rsp: OpenRsp,
+}
+
+/// A session's device table and negotiated version.
+pub struct RnbdSession {
+    name: String,
+    exports: Arc<Exports>,
+    /// `min(client ver, 2)`; 0 until SESS_INFO.
+    ver: AtomicU8,
+    /// Slot `i` is device id `i`; `None` is a free id. Reads (every IO) share the lock.
+    devices: RwLock<Vec<Option<Mapping>>>,
+    ended: AtomicBool,
+}
+
+impl RnbdSession {
+    /// A session named after its RTRS session, with no devices.
+    pub fn new(name: &str, exports: Arc<Exports>) -> RnbdSession {
+        RnbdSession {
+            name: name.to_string(),
+            exports,
+            ver: AtomicU8::new(0),
+            devices: RwLock::new(Vec::new()),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn exports(&self) -> &Arc<Exports> {
+        &self.exports
+    }
+
+    /// Records the client's version from SESS_INFO; returns the negotiated one.
+    pub fn set_client_ver(&self, client_ver: u8) -> u8 {
+        let ver = client_ver.min(RNBD_PROTO_VER_MAJOR);
+        self.ver.store(ver, Ordering::Relaxed);
+        ver
+    }
+
+    /// The negotiated version (0 before SESS_INFO).
+    pub fn ver(&self) -> u8 {
+        self.ver.load(Ordering::Relaxed)
+    }
+
+    /// Maps a device (PROTOCOL.md §7.2): an idempotent re-open of a name this session
+    /// already has returns its OPEN_RSP again without any access check; otherwise the
+    /// name must be an export (and free of `..`) whose access rule grants `mode`; the
+    /// device id is the lowest free one.
+    ///
+    /// # Errors
+    /// The refusal, whose [`errno`](AccessError::errno) goes on the wire; also
+    /// [`AccessError::UnknownName`] once the session has ended.
+    pub fn open(&self, open: &Open<'_>) -> Result<OpenRsp, AccessError> {
+        let mut devices = self.write();
+        if let Some(m) = devices.iter().flatten().find(|m| *m.name == *open.dev_name) {
+            return Ok(m.rsp);
+        }
+        if open.dev_name.windows(2).any(|w| w == b"..") {
+            return Err(AccessError::DotDot);
+        }
+        if self.ended.load(Ordering::Relaxed) {
+            return Err(AccessError::UnknownName);
+        }
+        let export = self
+            .exports
+            .lookup(open.dev_name)
+            .ok_or(AccessError::UnknownName)?;
+        self.exports.acquire(export, open.access_mode)?;
+        let slot = match devices.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                devices.push(None);
+                devices.len() - 1
+            }
+        };
+        // Ids are bounded by the number of exports, so they fit in 32 bits.
+        let rsp = self.exports.open_rsp(export, slot as u32);
+        devices[slot] = Some(Mapping {
+            export,
+            mode: open.access_mode,
+            name: open.dev_name.into(),
+            rsp,
+        });
+        Ok(rsp)
+    }
+
+    /// Unmaps `device_id` and frees the id; an unknown id is ignored (CLOSE always
+    /// answers 0). Returns whether a mapping was closed. IO already submitted for it
+    /// completes normally.
+    pub fn close(&self, device_id: u32) -> bool {
+        let mut devices = self.write();
+        let Some(slot) = devices.get_mut(device_id as usize) else {
+            return false;
+        };
+        let Some(m) = slot.take() else {
+            return false;
+        };
+        self.exports.release(m.export, m.mode);
+        while devices.last().is_some_and(Option::is_none) {
+            devices.pop();
+        }
+        true
+    }
+
+    /// Closes every mapping (the session's last path went away). Later OPENs fail.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+        let mut devices = self.write();
+        for m in devices.drain(..).flatten() {
+            self.exports.release(m.export, m.mode);
+        }
+    }
+
+    /// Whether [`end`](Self::end) ran: the RTRS session is gone.
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    /// Export and mode of `device_id`, for an IO.
+    pub fn lookup(&self, device_id: u32) -> Option<(ExportId, AccessMode)> {
+        let devices = self.read();
+        devices
+            .get(device_id as usize)
+            .and_then(Option::as_ref)
+            .map(|m| (m.export, m.mode))
+    }
+
+    /// A copy of the device table: `(device_id, mapping)`.
+    pub fn mappings(&self) -> Vec<(u32, Mapping)> {
+        self.read()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.clone().map(|m| (i as u32, m)))
+            .collect()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Mapping>>> {
+        // The table is consistent after any panic (one assignment per change).
+        self.devices.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Vec<Option<Mapping>>> {
+        self.devices.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for RnbdSession {
+    /// A session dropped without [`end`](RnbdSession::end) still gives its writers back.
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl std::fmt::Debug for RnbdSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RnbdSession")
+            .field("name", &self.name)
+            .field("ver", &self.ver())
+            .field("devices", &self.mappings().len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(name: &[u8], mode: AccessMode) -> Open<'_> {
+        Open {
+            access_mode: mode,
+            dev_name: name,
+        }
+    }
+
+    #[test]
+    fn ids_lowest_free_and_idempotent_reopen() {
+        let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096), ("c", 8192)]).unwrap());
+        let s = RnbdSession::new("s1", ex.clone());
+        assert_eq!(s.set_client_ver(7), 2);
+        assert_eq!(
+            s.open(&open(b"a", AccessMode::ReadWrite))
+                .unwrap()
+                .device_id,
+            0
+        );
+        assert_eq!(
+            s.open(&open(b"b", AccessMode::ReadOnly)).unwrap().device_id,
+            1
+        );
+        let c = s.open(&open(b"c", AccessMode::Migration)).unwrap();
+        assert_eq!((c.device_id, c.nsectors), (2, 16));
+        // Same name again, any mode: same answer, no new writer.
+        assert_eq!(s.open(&open(b"c", AccessMode::ReadWrite)), Ok(c));
+        let c_id = ex.lookup(b"c").unwrap();
+        assert_eq!(ex.writers(c_id), 1);
+        assert!(s.close(1));
+        assert!(!s.close(1));
+        assert!(!s.close(99));
+        assert_eq!(s.lookup(1), None);
+        assert_eq!(
+            s.open(&open(b"b", AccessMode::ReadOnly)).unwrap().device_id,
+            1
+        );
+        assert_eq!(s.lookup(2), Some((c_id, AccessMode::Migration)));
+        assert_eq!(
+            s.open(&open(b"x", AccessMode::ReadOnly)),
+            Err(AccessError::UnknownName)
+        );
+        assert_eq!(
+            s.open(&open(b"../a", AccessMode::ReadOnly)),
+            Err(AccessError::DotDot)
+        );
+        s.end();
+        assert_eq!(ex.writers(c_id), 0);
+        assert_eq!(ex.writers(ex.lookup(b"a").unwrap()), 0);
+        assert_eq!(
+            s.open(&open(b"a", AccessMode::ReadOnly)),
+            Err(AccessError::UnknownName)
+        );
+    }
+
+    #[test]
+    fn drop_releases_writers() {
+        let ex = Arc::new(Exports::ram(&[("a", 4096)]).unwrap());
+        let a = ex.lookup(b"a").unwrap();
+        let s1 = RnbdSession::new("s1", ex.clone());
+        s1.open(&open(b"a", AccessMode::ReadWrite)).unwrap();
+        let s2 = RnbdSession::new("s2", ex.clone());
+        assert_eq!(
+            s2.open(&open(b"a", AccessMode::ReadWrite))
+                .unwrap_err()
+                .errno(),
+            -libc::EPERM
+        );
+        drop(s1);
+        assert_eq!(ex.writers(a), 0);
+        assert!(s2.open(&open(b"a", AccessMode::ReadWrite)).is_ok());
+    }
+}

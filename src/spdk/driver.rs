@@ -1,0 +1,479 @@
+//! The engine's [`Ctx`] over SPDK threads: the second driver of the engine's pollers (see
+//! [`crate::engine`]'s table). A [`Driver`] is a set of "cores", each an SPDK thread; a
+//! poller registered on a core becomes an `spdk_poller` of that thread, a timer a timed
+//! `spdk_poller` (a one-shot timer unregisters itself after its first run), a message to
+//! a core an `spdk_thread_send_msg`, and "now" is `spdk_get_ticks` in nanoseconds. No
+//! threads of ours exist: the SPDK reactors run everything.
+//!
+//! Cores come either from [`Driver::spawn`], which creates one SPDK thread per core of the
+//! application's cpumask (as the nvmf target creates its poll groups; the RTRS target
+//! serves accepted connection `c` on core `(c-1) mod n`), or from [`Driver::adopt`], which
+//! takes existing threads (the bdev side's IO-channel threads).
+//!
+//! Each core's poller table is touched only by that core's thread: pollers need not be
+//! `Send`, as under our reactors.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::sys;
+use super::thread::{app_cores, now_ns, SpdkThread};
+use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
+
+/// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
+const MSG_RING: usize = 65_536;
+
+/// A set of SPDK threads the engine's pollers run on, indexed 0..n ("cores").
+pub struct Driver {
+    cores: Box<[Core]>,
+}
+
+struct Core {
+    thread: AtomicPtr<sys::spdk_thread>,
+    /// Only ever borrowed on `thread` (see [`Driver::table`]).
+    table: RefCell<Table>,
+}
+
+// SAFETY: `thread` is atomic; `table` is only borrowed by code running on the core's own
+// SPDK thread (checked in `Driver::table`), and SPDK runs one thread's pollers and
+// messages one at a time, so the RefCell is never shared between OS threads at once.
+unsafe impl Sync for Driver {}
+// SAFETY: as above; the boxed pollers are dropped on their own core (`drop_core`) or,
+// once every thread is gone, by whoever drops the last handle.
+unsafe impl Send for Driver {}
+
+#[derive(Default)]
+struct Table {
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+    current: Option<PollerId>,
+}
+
+struct Entry {
+    gen: u32,
+    slot: Option<NonNull<Slot>>,
+}
+
+struct Slot {
+    driver: Arc<Driver>,
+    id: PollerId,
+    once: bool,
+    dead: Cell<bool>,
+    spdk: Cell<*mut sys::spdk_poller>,
+    poller: RefCell<Box<dyn Poller>>,
+}
+
+/// Why a [`Driver`] could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    #[error("spdk_thread_create failed for core {core} (is it in the application's cpumask?)")]
+    ThreadCreate { core: u32 },
+    #[error("no SPDK thread given for the driver")]
+    NoThreads,
+}
+
+impl Driver {
+    /// Creates one SPDK thread per core of the application's cpumask, named
+    /// `{prefix}_{core}`; core index `k` is the `k`-th core of the mask.
+    ///
+    /// # Errors
+    /// [`DriverError::ThreadCreate`] (threads created before the failure are told to exit).
+    pub fn spawn(prefix: &str) -> Result<Arc<Driver>, DriverError> {
+        let mut threads = Vec::new();
+        for core in app_cores() {
+            match SpdkThread::create_on(&format!("{prefix}_{core}"), core) {
+                Some(t) => threads.push(t),
+                None => {
+                    for t in threads {
+                        let _ = t.exit();
+                    }
+                    return Err(DriverError::ThreadCreate { core });
+                }
+            }
+        }
+        Driver::adopt(&threads)
+    }
+
+    /// A driver over existing SPDK threads (core `k` is `threads[k]`).
+    ///
+    /// # Errors
+    /// [`DriverError::NoThreads`] for an empty list.
+    pub fn adopt(threads: &[SpdkThread]) -> Result<Arc<Driver>, DriverError> {
+        if threads.is_empty() {
+            return Err(DriverError::NoThreads);
+        }
+        let cores = threads
+            .iter()
+            .map(|t| Core {
+                thread: AtomicPtr::new(t.as_ptr()),
+                table: RefCell::new(Table::default()),
+            })
+            .collect();
+        Ok(Arc::new(Driver { cores }))
+    }
+
+    /// Number of cores.
+    pub fn cores(&self) -> usize {
+        self.cores.len()
+    }
+
+    /// The SPDK thread of `core`.
+    pub fn thread(&self, core: usize) -> Option<SpdkThread> {
+        let p = self.cores.get(core)?.thread.load(Ordering::Acquire);
+        // SAFETY: the pointer was a live thread when stored; threads leave only through
+        // `stop`, after which the driver is not used to reach them.
+        unsafe { SpdkThread::from_ptr(p) }
+    }
+
+    /// The core the calling SPDK thread is, if it is one of this driver's.
+    pub fn current_core(&self) -> Option<usize> {
+        let me = SpdkThread::current()?.as_ptr();
+        self.cores
+            .iter()
+            .position(|c| c.thread.load(Ordering::Acquire) == me)
+    }
+
+    /// Runs `msg` on `core` with that core's [`Ctx`]; callable from any thread.
+    ///
+    /// # Errors
+    /// [`SendError::Full`] (retry later) or [`SendError::NoSuchCore`] (bad index or the
+    /// thread is exiting); the message comes back in either.
+    pub fn send(self: &Arc<Self>, core: usize, msg: Msg) -> Result<(), SendError> {
+        let Some(thread) = self.thread(core) else {
+            return Err(SendError::NoSuchCore {
+                core,
+                cores: self.cores(),
+                msg,
+            });
+        };
+        let boxed = Box::new((Arc::clone(self), core, msg));
+        let arg = Box::into_raw(boxed).cast::<c_void>();
+        // SAFETY: `run_msg` takes the box back exactly once; on failure it stays ours.
+        let rc = unsafe { sys::spdk_thread_send_msg(thread.as_ptr(), Some(run_msg), arg) };
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: not queued, so `arg` is still ours.
+        let (_, _, msg) = *unsafe { Box::from_raw(arg.cast::<(Arc<Driver>, usize, Msg)>()) };
+        Err(if rc == -libc::ENOMEM {
+            SendError::Full {
+                core,
+                capacity: MSG_RING,
+                msg,
+            }
+        } else {
+            SendError::NoSuchCore {
+                core,
+                cores: self.cores(),
+                msg,
+            }
+        })
+    }
+
+    /// Runs `f` on `core` with its [`Ctx`] (a boxed [`Msg`]).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn run_on<F>(self: &Arc<Self>, core: usize, f: F) -> Result<(), SendError>
+    where
+        F: FnOnce(&mut dyn Ctx) + Send + 'static,
+    {
+        self.send(core, Msg::new(f))
+    }
+
+    /// Calls every poller's [`Poller::shutdown`] on the calling core (which must be one of
+    /// the driver's; otherwise nothing happens).
+    pub fn shutdown_core(self: &Arc<Self>) {
+        let Some(core) = self.current_core() else {
+            return;
+        };
+        let slots: Vec<NonNull<Slot>> = self
+            .table(core)
+            .entries
+            .iter()
+            .filter_map(|e| e.slot)
+            .collect();
+        for s in slots {
+            // SAFETY: slots in the table are live; a poller whose shutdown unregisters
+            // another is handled by re-checking liveness through the table.
+            let alive = self.table(core).entries.iter().any(|e| e.slot == Some(s));
+            if alive {
+                // SAFETY: live slot of this core, used on its own thread.
+                let slot = unsafe { s.as_ref() };
+                let mut cx = SpdkCtx { driver: self, core };
+                if let Ok(mut p) = slot.poller.try_borrow_mut() {
+                    p.shutdown(&mut cx);
+                }
+            }
+        }
+    }
+
+    /// Unregisters and drops every poller of the calling core.
+    pub fn drop_core(self: &Arc<Self>) {
+        let Some(core) = self.current_core() else {
+            return;
+        };
+        let ids: Vec<PollerId> = {
+            let t = self.table(core);
+            t.entries
+                .iter()
+                .filter_map(|e| e.slot)
+                // SAFETY: live slots of this core, read on its thread.
+                .map(|s| unsafe { s.as_ref() }.id)
+                .collect()
+        };
+        for id in ids {
+            self.unregister_on(core, id);
+        }
+    }
+
+    /// Drops every core's pollers and tells every thread to exit, then runs `done` on the
+    /// calling SPDK thread (or on the first core if the caller is not an SPDK thread).
+    /// Only for drivers from [`spawn`](Self::spawn): adopted threads belong to others.
+    pub fn stop<F: FnOnce() + Send + 'static>(self: &Arc<Self>, done: F) {
+        let back = SpdkThread::current();
+        let left = Arc::new(AtomicUsize::new(self.cores()));
+        let done: Arc<std::sync::Mutex<Option<F>>> = Arc::new(std::sync::Mutex::new(Some(done)));
+        for core in 0..self.cores() {
+            let left = Arc::clone(&left);
+            let done = Arc::clone(&done);
+            let drv = Arc::clone(self);
+            let msg = Msg::new(move |_cx: &mut dyn Ctx| {
+                drv.shutdown_core();
+                drv.drop_core();
+                let me = drv.thread(core);
+                if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let f = done.lock().ok().and_then(|mut g| g.take());
+                    if let Some(f) = f {
+                        match back {
+                            Some(t) if !t.is_current() => {
+                                if t.send(f).is_err() {
+                                    tracing::warn!(
+                                        "spdk driver: could not post the stop completion"
+                                    );
+                                }
+                            }
+                            _ => f(),
+                        }
+                    }
+                }
+                if let Some(t) = me {
+                    // SAFETY: we run on `t` itself, as spdk_thread_exit requires.
+                    unsafe {
+                        sys::spdk_thread_exit(t.as_ptr());
+                    }
+                }
+            });
+            if let Err(e) = self.send(core, msg) {
+                tracing::warn!("spdk driver: stop message to core {core} refused: {e}");
+            }
+        }
+    }
+
+    fn table(&self, core: usize) -> std::cell::RefMut<'_, Table> {
+        debug_assert_eq!(
+            self.thread(core).map(SpdkThread::as_ptr),
+            SpdkThread::current().map(SpdkThread::as_ptr),
+            "a core's poller table is only used on its own SPDK thread"
+        );
+        self.cores[core].table.borrow_mut()
+    }
+
+    fn register_on(
+        self: &Arc<Self>,
+        core: usize,
+        period_us: u64,
+        once: bool,
+        poller: Box<dyn Poller>,
+    ) -> PollerId {
+        let id = {
+            let mut t = self.table(core);
+            let index = match t.free.pop() {
+                Some(i) => i,
+                None => {
+                    t.entries.push(Entry { gen: 0, slot: None });
+                    u32::try_from(t.entries.len() - 1).unwrap_or(u32::MAX)
+                }
+            };
+            let e = &mut t.entries[index as usize];
+            e.gen = e.gen.wrapping_add(1);
+            PollerId {
+                core: u32::try_from(core).unwrap_or(u32::MAX),
+                index,
+                gen: e.gen,
+            }
+        };
+        let slot = Box::new(Slot {
+            driver: Arc::clone(self),
+            id,
+            once,
+            dead: Cell::new(false),
+            spdk: Cell::new(ptr::null_mut()),
+            poller: RefCell::new(poller),
+        });
+        let raw = NonNull::from(Box::leak(slot));
+        self.table(core).entries[id.index as usize].slot = Some(raw);
+        // SAFETY: `raw` stays valid until `free_slot` unregisters the SPDK poller first
+        // and then frees it; the name is a static C string.
+        let p = unsafe {
+            sys::spdk_poller_register_named(
+                Some(poll_slot),
+                raw.as_ptr().cast::<c_void>(),
+                period_us,
+                c"rtrs".as_ptr(),
+            )
+        };
+        // SAFETY: `raw` is live (just registered).
+        unsafe { raw.as_ref() }.spdk.set(p);
+        if p.is_null() {
+            tracing::error!("spdk driver: spdk_poller_register failed on core {core}");
+        }
+        id
+    }
+
+    fn unregister_on(&self, core: usize, id: PollerId) -> bool {
+        let slot = {
+            let t = self.table(core);
+            match t.entries.get(id.index as usize) {
+                Some(e) if e.gen == id.gen => e.slot,
+                _ => None,
+            }
+        };
+        let Some(slot) = slot else {
+            return false;
+        };
+        if self.table(core).current == Some(id) {
+            // SAFETY: live slot; freed by the trampoline when the poll returns.
+            unsafe { slot.as_ref() }.dead.set(true);
+        } else {
+            // SAFETY: live slot of this core, not running: free it now.
+            unsafe { self.free_slot(core, slot) };
+        }
+        true
+    }
+
+    /// # Safety
+    /// `slot` must be a live slot of `core`, not borrowed, on `core`'s thread.
+    unsafe fn free_slot(&self, core: usize, slot: NonNull<Slot>) {
+        let id = {
+            // SAFETY: live per the contract.
+            let s = unsafe { slot.as_ref() };
+            let mut p = s.spdk.get();
+            if !p.is_null() {
+                // SAFETY: our own registered poller, unregistered once on its thread
+                // (allowed from inside its own callback).
+                unsafe { sys::spdk_poller_unregister(&mut p) };
+            }
+            s.id
+        };
+        {
+            let mut t = self.table(core);
+            t.entries[id.index as usize].slot = None;
+            t.free.push(id.index);
+        }
+        // SAFETY: from Box::leak in register_on; SPDK no longer calls it.
+        drop(unsafe { Box::from_raw(slot.as_ptr()) });
+    }
+}
+
+/// A poller's or message's view of the SPDK driver.
+struct SpdkCtx<'a> {
+    driver: &'a Arc<Driver>,
+    core: usize,
+}
+
+impl Ctx for SpdkCtx<'_> {
+    fn now(&self) -> u64 {
+        now_ns()
+    }
+
+    fn core(&self) -> usize {
+        self.core
+    }
+
+    fn cores(&self) -> usize {
+        self.driver.cores()
+    }
+
+    fn current(&self) -> Option<PollerId> {
+        self.driver.table(self.core).current
+    }
+
+    fn send(&mut self, core: usize, msg: Msg) -> Result<(), SendError> {
+        self.driver.send(core, msg)
+    }
+
+    fn register(&mut self, poller: Box<dyn Poller>) -> PollerId {
+        self.driver.register_on(self.core, 0, false, poller)
+    }
+
+    fn register_timer(&mut self, timer: Timer, poller: Box<dyn Poller>) -> PollerId {
+        let (ns, once) = match timer.period_ns() {
+            Some(p) => (p, false),
+            None => (timer.first_ns, true),
+        };
+        // A zero-delay one-shot runs on the next loop as an active poller.
+        let us = ns.div_ceil(1000);
+        self.driver.register_on(self.core, us, once, poller)
+    }
+
+    fn unregister(&mut self, id: PollerId) -> bool {
+        if id.core() != self.core {
+            return false;
+        }
+        self.driver.unregister_on(self.core, id)
+    }
+}
+
+unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
+    let Some(slot) = NonNull::new(arg.cast::<Slot>()) else {
+        return 0;
+    };
+    // SAFETY: `arg` is a live slot: SPDK stops calling once free_slot unregistered it.
+    let s = unsafe { slot.as_ref() };
+    let driver = Arc::clone(&s.driver);
+    let core = s.id.core();
+    let id = s.id;
+    driver.table(core).current = Some(id);
+    let r = match s.poller.try_borrow_mut() {
+        Ok(mut p) => {
+            let mut cx = SpdkCtx {
+                driver: &driver,
+                core,
+            };
+            p.poll(&mut cx)
+        }
+        Err(_) => PollResult::Idle,
+    };
+    driver.table(core).current = None;
+    if s.once || s.dead.get() {
+        // SAFETY: live slot of this core, no longer borrowed; `s` is not used after.
+        unsafe { driver.free_slot(core, slot) };
+    }
+    match r {
+        PollResult::Busy => sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int,
+        PollResult::Idle => sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int,
+    }
+}
+
+unsafe extern "C" fn run_msg(arg: *mut c_void) {
+    // SAFETY: from Box::into_raw in Driver::send, handed back once by SPDK.
+    let (driver, core, msg) = *unsafe { Box::from_raw(arg.cast::<(Arc<Driver>, usize, Msg)>()) };
+    let mut cx = SpdkCtx {
+        driver: &driver,
+        core,
+    };
+    msg.run(&mut cx);
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("cores", &self.cores())
+            .finish()
+    }
+}

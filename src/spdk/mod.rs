@@ -1,0 +1,20 @@
+//! Running the project inside SPDK applications (feature `spdk`): the generated bindings
+//! ([`sys`]) and safe wrappers over the parts of SPDK the plugin uses.
+//!
+//! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
+//! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
+//!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
+//! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
+//!   entries written back, and the pending [`RpcRequest`](json::RpcRequest).
+//!
+//! The plugin crate (`plugin/`) builds the shared library on top of these; SPDK's
+//! symbols are resolved by the host application at load time.
+
+pub mod driver;
+pub mod json;
+pub mod sys;
+pub mod thread;
+
+pub use driver::{Driver, DriverError};
+pub use json::RpcRequest;
+pub use thread::{app_cores, now_ns, MsgError, SpdkThread};

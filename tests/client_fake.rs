@@ -1,0 +1,379 @@
+//! End-to-end client tests against a scripted server (`client_util::fake_server`) over
+//! the loopback fabric, on simulated reactors with a virtual clock: handshake, data
+//! verification, always_invalidate responses, failover, reconnect, IO waiting through
+//! an outage, heartbeat timeout, runtime path management and policies.
+
+mod client_util;
+
+use std::time::Duration;
+
+use client_util::{Harness, Setup, MS};
+use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState, ENOTCONN};
+
+fn clean(h: &Harness) {
+    let t = h.total();
+    assert!(t.errors.is_empty(), "errors: {:?}", t.errors);
+    assert_eq!(t.mismatches, 0, "corrupted reads");
+    assert_eq!(t.strays, 0, "double or stray completions");
+    assert_eq!(
+        t.submitted, t.completed,
+        "every request completes exactly once"
+    );
+}
+
+#[test]
+fn connects_and_verifies_data_both_rkey_modes() {
+    for new_rkey in [false, true] {
+        let mut h = Harness::new(Setup {
+            new_rkey,
+            load_qd: 8,
+            sizes: vec![512, 4096, 65536 - 4096, 12288],
+            ..Setup::default()
+        });
+        h.connect();
+        assert_eq!(h.events.borrow().as_slice(), &[LinkEvent::Connected]);
+        assert_eq!(h.loads[0].borrow().core.queue_depth(), 64);
+        assert_eq!(h.loads[1].borrow().core.permits(), 32);
+        h.start_load(50);
+        assert!(
+            h.run_until(200_000, 1000, |h| h.total().verified >= 100),
+            "{:?}",
+            h.total()
+        );
+        h.drain(100_000, 1000);
+        clean(&h);
+        let st = h.sess.stats();
+        assert_eq!(st.paths[0].reconnects_ok, 0);
+        assert!(st.paths[0].rdma.write_cnt > 0 && st.paths[0].rdma.read_cnt > 0);
+        assert!(st.to_json().contains("\"state\":\"connected\""));
+    }
+}
+
+#[test]
+fn data_verification_qd_1_to_128_all_sizes() {
+    let sizes = vec![512, 1024, 4096, 8192, 32768, 65536, 126976];
+    for (qd_per_core, new_rkey) in [(1usize, false), (8, true), (64, false), (64, true)] {
+        let mut h = Harness::new(Setup {
+            cores: 2,
+            qd: 256,
+            chunk: 128 * 1024,
+            new_rkey,
+            load_qd: qd_per_core,
+            sizes: sizes.clone(),
+            ..Setup::default()
+        });
+        h.connect();
+        assert_eq!(h.loads[0].borrow().core.max_io_size(), 126976);
+        let want = (qd_per_core as u64 * 2).max(16);
+        h.start_load(want);
+        assert!(
+            h.run_until(500_000, 1000, |h| h.total().verified >= 2 * want),
+            "qd {qd_per_core}: {:?}",
+            h.total()
+        );
+        h.drain(100_000, 1000);
+        clean(&h);
+    }
+}
+
+#[test]
+fn broken_path_under_load_fails_over_and_reconnects() {
+    let mut h = Harness::new(Setup {
+        paths: 2,
+        load_qd: 16,
+        sizes: vec![4096, 16384, 512],
+        ..Setup::default()
+    });
+    h.connect();
+    h.sess.set_policy(MpPolicy::RoundRobin);
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 200));
+    h.srv.borrow_mut().break_path(0);
+    let before = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.sess.path_state(h.paths[0])
+        != Some(PathState::Connected)));
+    // IO continues on the other path meanwhile.
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= before + 200));
+    // The broken path comes back by itself (delay 200 ms + jitter up to 300 ms).
+    assert!(
+        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 2),
+        "{:?}",
+        h.sess.paths()
+    );
+    h.drain(100_000, 1000);
+    clean(&h);
+    let st = h.sess.stats();
+    assert_eq!(st.paths[0].reconnects_ok, 1, "{}", st.to_json());
+    let failover: u64 = st.paths.iter().map(|p| p.rdma.failover_cnt).sum();
+    assert!(
+        failover > 0,
+        "in-flight requests were failed over: {}",
+        st.to_json()
+    );
+    assert_eq!(
+        h.events.borrow().as_slice(),
+        &[LinkEvent::Connected],
+        "one path stayed up"
+    );
+}
+
+#[test]
+fn io_waits_through_target_restart() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 8,
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 50));
+    h.srv.borrow_mut().stop();
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 0));
+    // Outage of 2 s virtual time: requests wait (io_wait_timeout 10 s).
+    h.run_until(2_000, MS, |_| false);
+    assert!(h.outstanding() > 0, "requests are waiting");
+    h.srv.borrow_mut().restart();
+    assert!(
+        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.drain(100_000, 1000);
+    clean(&h);
+    assert_eq!(
+        h.events.borrow().as_slice(),
+        &[
+            LinkEvent::Connected,
+            LinkEvent::Disconnected,
+            LinkEvent::Connected
+        ]
+    );
+    assert!(
+        h.sess.stats().paths[0].reconnects_fail > 0 || h.sess.stats().paths[0].reconnects_ok == 1
+    );
+}
+
+#[test]
+fn io_fails_cleanly_after_the_wait_timeout() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 8,
+        tweak: |c| c.io_wait_timeout = Duration::from_secs(1),
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 20));
+    h.srv.borrow_mut().stop();
+    h.stop_load();
+    // Every request ends (within wait timeout plus slack in virtual time) with -ENOTCONN.
+    assert!(
+        h.run_until(5_000, MS, |h| h.outstanding() == 0),
+        "outstanding {}",
+        h.outstanding()
+    );
+    let t = h.total();
+    assert_eq!(t.submitted, t.completed);
+    assert_eq!(t.strays, 0);
+    assert_eq!(t.mismatches, 0);
+    assert!(
+        !t.errors.is_empty() && t.errors.iter().all(|&e| e == -ENOTCONN),
+        "{:?}",
+        t.errors
+    );
+}
+
+#[test]
+fn blackholed_path_is_declared_dead_by_heartbeat() {
+    let mut h = Harness::new(Setup {
+        paths: 2,
+        load_qd: 1,
+        tweak: |c| {
+            c.hb.interval = Duration::from_secs(1);
+            c.hb.missed_max = 5;
+            c.reconnect_delay = Duration::from_secs(1000);
+        },
+        ..Setup::default()
+    });
+    h.connect();
+    // Heartbeats flow and measure latency.
+    h.run_until(3_000, MS, |_| false);
+    assert!(h.srv.borrow().stats.hb_acks > 0);
+    h.srv.borrow_mut().blackhole_path(1);
+    let t0 = h.sim.now();
+    assert!(h.run_until(20_000, MS, |h| h.sess.path_state(h.paths[1])
+        != Some(PathState::Connected)));
+    let dead_after = h.sim.now() - t0;
+    // The kernel's rule (common::Heartbeat): dead on the tick that finds more than
+    // missed_max missed, i.e. within interval x (missed_max + 2).
+    assert!(
+        dead_after <= 7 * 1000 * MS,
+        "declared dead after {dead_after} ns"
+    );
+    assert_eq!(h.sess.path_state(h.paths[0]), Some(PathState::Connected));
+}
+
+#[test]
+fn runtime_path_management() {
+    let mut h = Harness::new(Setup {
+        paths: 2,
+        load_qd: 4,
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    h.sess.disconnect_path(h.paths[1]);
+    assert!(h.run_until(100_000, 1000, |h| h.sess.path_state(h.paths[1])
+        == Some(PathState::Closed)));
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.sess.reconnect_path(h.paths[1]);
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 2));
+    h.sess.remove_path(h.paths[0]);
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths().len() == 1));
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.sess.add_path(h.paths[0]);
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 2));
+    h.sess.set_policy(MpPolicy::MinLatency);
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.drain(100_000, 1000);
+    clean(&h);
+}
+
+#[test]
+fn no_reconnect_when_attempts_are_zero() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 2,
+        tweak: |c| c.max_reconnect_attempts = 0,
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 10));
+    h.srv.borrow_mut().break_path(0);
+    assert!(h.run_until(100_000, 1000, |h| h.sess.path_state(h.paths[0])
+        == Some(PathState::Closed)));
+    h.stop_load();
+    // No path can come back: waiting IO fails at once instead of waiting 10 s.
+    assert!(h.run_until(1_000, 1000, |h| h.outstanding() == 0));
+    let t = h.total();
+    assert_eq!(t.strays, 0);
+    assert!(t.errors.iter().all(|&e| e == -ENOTCONN));
+}
+
+#[test]
+fn protocol_violations_are_path_errors_and_io_survives() {
+    use client_util::fake_server::Evil;
+    for (evil, new_rkey) in [
+        (Evil::WInvOnWrite, false),
+        (Evil::UnknownImm, false),
+        (Evil::RkeyBufIdMismatch, true),
+    ] {
+        let mut h = Harness::new(Setup {
+            paths: 2,
+            new_rkey,
+            load_qd: 8,
+            ..Setup::default()
+        });
+        h.connect();
+        h.start_load(0);
+        assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 50));
+        h.srv.borrow_mut().evil = Some(evil);
+        // The violating response takes its path down; the request is failed over and
+        // completes on the other path; the path comes back.
+        assert!(
+            h.run_until(100_000, 1000, |h| h
+                .sess
+                .paths()
+                .iter()
+                .any(|(_, s)| *s != PathState::Connected)),
+            "{evil:?} did not take the path down"
+        );
+        assert!(
+            h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 2),
+            "{:?}",
+            h.sess.paths()
+        );
+        let v = h.total().verified;
+        assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+        h.drain(100_000, 1000);
+        clean(&h);
+    }
+}
+
+#[test]
+fn queue_depth_change_is_renegotiated() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        qd: 64,
+        load_qd: 4,
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 20));
+    h.srv.borrow_mut().stop();
+    h.stop_load();
+    assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 0));
+    {
+        let mut s = h.srv.borrow_mut();
+        s.qd = 32;
+        s.restart();
+    }
+    assert!(
+        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    h.run_until(100, 1000, |_| false);
+    assert_eq!(h.loads[0].borrow().core.queue_depth(), 32);
+    assert_eq!(h.loads[0].borrow().core.permits(), 16);
+    // Requests waiting across the change ended (−ECONNRESET) or completed; none twice.
+    assert!(h.run_until(10_000, 1000, |h| h.outstanding() == 0));
+    let t = h.total();
+    assert_eq!(t.strays, 0);
+    assert_eq!(t.mismatches, 0);
+    assert!(t.errors.iter().all(|&e| e == -104), "{:?}", t.errors);
+    let errs = t.errors.len();
+    h.start_load(0);
+    let v = h.total().verified;
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.drain(100_000, 1000);
+    assert_eq!(h.total().errors.len(), errs);
+    assert_eq!(h.total().mismatches, 0);
+}
+
+#[test]
+fn data_over_tcp_on_127_0_0_1() {
+    for new_rkey in [false, true] {
+        let mut h = Harness::new(Setup {
+            tcp: true,
+            paths: 2,
+            new_rkey,
+            load_qd: 8,
+            sizes: vec![512, 4096, 61440],
+            ..Setup::default()
+        });
+        h.connect();
+        h.sess.set_policy(MpPolicy::RoundRobin);
+        h.start_load(0);
+        assert!(
+            h.run_until(2_000_000, 1000, |h| h.total().verified >= 200),
+            "{:?}",
+            h.total()
+        );
+        h.drain(2_000_000, 1000);
+        clean(&h);
+        let st = h.sess.stats();
+        assert!(
+            st.paths.iter().all(|p| p.rdma.write_cnt > 0),
+            "round-robin used both paths: {}",
+            st.to_json()
+        );
+    }
+}

@@ -1,0 +1,389 @@
+//! A scripted RTRS server for client tests, built from `proto` and the loopback fabric
+//! only: accepts paths (conn_req/conn_rsp), answers INFO_REQ with one descriptor over
+//! the session's chunks, acknowledges heartbeats, and serves a RAM block device whose
+//! user header is an 8-byte little-endian byte offset. Responses follow PROTOCOL.md
+//! §4.5 (RDMA_WRITE of the reply, SEND_WITH_INV when asked, then the response imm, as
+//! an empty write-with-imm or an RKEY_RSP under NEW_RKEY_F). One session, answered at
+//! once; enough to drive every client path deterministically.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rtrs_spdk::common::{Con, IuPool};
+use rtrs_spdk::fabric::loopback::LoopbackFabric;
+use rtrs_spdk::fabric::{
+    Access, CmEvent, Fabric, Listener, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
+};
+use rtrs_spdk::proto::{
+    ChunkOp, ChunkReq, ConnReq, ConnRsp, Imm, ImmLayout, InfoRsp, IoRsp, RkeyRsp, SgDesc,
+    HB_ACK_IMM,
+};
+
+pub struct SConn {
+    pub con: Con,
+    pub cid: u16,
+    pub listener: usize,
+    pub alive: bool,
+    info: Option<IuPool>,
+}
+
+/// Counters the tests look at.
+#[derive(Debug, Default, Clone)]
+pub struct FakeStats {
+    pub accepted: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub hb_acks: u64,
+    pub info: u64,
+}
+
+pub struct FakeServer {
+    pub fabric: Arc<dyn Fabric>,
+    /// The loopback fabric, when the server runs on one (fault injection).
+    pub lo: Option<Arc<LoopbackFabric>>,
+    pub addrs: Vec<SocketAddr>,
+    listeners: Vec<Option<Box<dyn Listener>>>,
+    pub qd: u16,
+    pub chunk: u32,
+    pub max_hdr: u32,
+    pub new_rkey: bool,
+    chunks: Option<Mr>,
+    rkey_bufs: Option<IuPool>,
+    info_buf: Option<IuPool>,
+    pub disk: Vec<u8>,
+    pub conns: Vec<SConn>,
+    pub stats: FakeStats,
+    /// Stop answering heartbeats (a server that lost interest, for timeouts).
+    pub mute_hb: bool,
+    /// Hostile behaviour for the next response.
+    pub evil: Option<Evil>,
+}
+
+/// Protocol violations the server can commit once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evil {
+    /// Answer a WRITE with IO_RSP_W_INV.
+    WInvOnWrite,
+    /// Send an imm of unknown type 5 instead of the response.
+    UnknownImm,
+    /// RKEY_RSP naming another buf_id than the imm.
+    RkeyBufIdMismatch,
+}
+
+impl FakeServer {
+    /// Listens on `n` loopback addresses (one per path).
+    pub fn new(
+        fabric: Arc<LoopbackFabric>,
+        n: usize,
+        qd: u16,
+        chunk: u32,
+        new_rkey: bool,
+        disk: usize,
+    ) -> FakeServer {
+        let f: Arc<dyn Fabric> = fabric.clone();
+        FakeServer::on(f, Some(fabric), n, qd, chunk, new_rkey, disk)
+    }
+
+    /// On any fabric (fault injection only with `lo`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn on(
+        fabric: Arc<dyn Fabric>,
+        lo: Option<Arc<LoopbackFabric>>,
+        n: usize,
+        qd: u16,
+        chunk: u32,
+        new_rkey: bool,
+        disk: usize,
+    ) -> FakeServer {
+        let mut s = FakeServer {
+            fabric,
+            lo,
+            addrs: Vec::new(),
+            listeners: Vec::new(),
+            qd,
+            chunk,
+            max_hdr: 4096,
+            new_rkey,
+            chunks: None,
+            rkey_bufs: None,
+            info_buf: None,
+            disk: vec![0; disk],
+            conns: Vec::new(),
+            stats: FakeStats::default(),
+            mute_hb: false,
+            evil: None,
+        };
+        for _ in 0..n {
+            let l = s
+                .fabric
+                .listen("127.0.0.1:0".parse().unwrap())
+                .expect("listen");
+            s.addrs.push(l.local_addr());
+            s.listeners.push(Some(l));
+        }
+        s
+    }
+
+    pub fn max_io(&self) -> u32 {
+        self.chunk - self.max_hdr
+    }
+
+    fn layout(&self) -> ImmLayout {
+        ImmLayout::new(self.qd, self.chunk).unwrap()
+    }
+
+    /// Breaks every connection of path `i` (as a transport failure).
+    pub fn break_path(&mut self, i: usize) {
+        for c in self.conns.iter().filter(|c| c.listener == i && c.alive) {
+            if let Some(f) = self.lo.as_ref().and_then(|lo| lo.faults(c.con.conn())) {
+                f.break_now();
+            }
+        }
+    }
+
+    /// Makes path `i` silent: everything vanishes, nobody is told.
+    pub fn blackhole_path(&mut self, i: usize) {
+        for c in self.conns.iter().filter(|c| c.listener == i && c.alive) {
+            if let Some(f) = self.lo.as_ref().and_then(|lo| lo.faults(c.con.conn())) {
+                f.blackhole();
+            }
+        }
+    }
+
+    /// The target goes away: every connection breaks, nothing is accepted.
+    pub fn stop(&mut self) {
+        for i in 0..self.listeners.len() {
+            self.break_path(i);
+        }
+        self.listeners.iter_mut().for_each(|l| *l = None);
+        self.chunks = None;
+    }
+
+    /// The target comes back on the same addresses (the disk is kept).
+    pub fn restart(&mut self) {
+        for (i, a) in self.addrs.iter().enumerate() {
+            self.listeners[i] = Some(self.fabric.listen(*a).expect("re-listen"));
+        }
+    }
+
+    fn ensure_session(&mut self) {
+        if self.chunks.is_none() {
+            let len = usize::from(self.qd) * self.chunk as usize;
+            let mr = self
+                .fabric
+                .register(
+                    MemBuf::zeroed(len),
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                )
+                .unwrap();
+            self.chunks = Some(mr);
+            self.rkey_bufs = Some(
+                IuPool::new(&*self.fabric, usize::from(self.qd), 8, Access::LOCAL_WRITE).unwrap(),
+            );
+            self.info_buf = Some(
+                IuPool::new(&*self.fabric, 1, InfoRsp::wire_len(1), Access::LOCAL_WRITE).unwrap(),
+            );
+        }
+    }
+
+    pub fn poll(&mut self) -> bool {
+        let mut busy = false;
+        for li in 0..self.listeners.len() {
+            while let Some(req) = self.listeners[li].as_mut().and_then(|l| l.poll()) {
+                busy = true;
+                let Ok(cr) = ConnReq::decode(req.private_data.as_bytes()) else {
+                    let _ = req.reject(&ConnRsp::reject(104).to_bytes().unwrap());
+                    continue;
+                };
+                self.ensure_session();
+                let rsp = ConnRsp::accept(self.qd, self.max_io(), self.max_hdr, self.new_rkey)
+                    .to_bytes()
+                    .unwrap();
+                let caps = QpCaps {
+                    max_send_wr: 4096,
+                    max_recv_wr: 4096,
+                    max_send_sge: 2,
+                };
+                let conn = req.accept(caps, &rsp).expect("accept");
+                let mut con = Con::new(cr.cid, conn, u32::from(self.qd.min(512)));
+                let info = if cr.cid == 0 {
+                    let pool = IuPool::new(&*self.fabric, 1, 272, Access::LOCAL_WRITE).unwrap();
+                    con.post_recv(&[pool.recv_wr(0, 1)]).unwrap();
+                    con.post_recv_empty(1024, 0).unwrap();
+                    Some(pool)
+                } else {
+                    con.post_recv_empty(2 * u32::from(self.qd), 0).unwrap();
+                    None
+                };
+                self.stats.accepted += 1;
+                self.conns.push(SConn {
+                    con,
+                    cid: cr.cid,
+                    listener: li,
+                    alive: true,
+                    info,
+                });
+            }
+        }
+        let mut wcs = [Wc::default(); 32];
+        for ci in 0..self.conns.len() {
+            if !self.conns[ci].alive {
+                continue;
+            }
+            while let Some(ev) = self.conns[ci].con.poll_cm() {
+                if matches!(ev, CmEvent::Disconnected | CmEvent::Error { .. }) {
+                    self.conns[ci].alive = false;
+                }
+            }
+            let n = self.conns[ci].con.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                busy = true;
+                if wc.status.is_ok() {
+                    self.on_wc(ci, wc);
+                }
+            }
+        }
+        busy
+    }
+
+    fn on_wc(&mut self, ci: usize, wc: &Wc) {
+        match wc.opcode {
+            WcOpcode::Recv if wc.wr_id == 1 => {
+                // INFO_REQ: answer with one descriptor covering all chunks.
+                self.stats.info += 1;
+                let mr = self.chunks.as_ref().unwrap();
+                let desc = SgDesc {
+                    addr: mr.addr(),
+                    key: mr.rkey(),
+                    len: u32::from(self.qd) * self.chunk,
+                };
+                let mut b = [0u8; 24];
+                let n = InfoRsp::encode([desc], &mut b).unwrap();
+                let ib = self.info_buf.as_ref().unwrap();
+                ib.write(0, &b[..n]);
+                let sge = [ib.sge(0, n)];
+                let c = &mut self.conns[ci];
+                c.con
+                    .post_send(&[SendWr {
+                        wr_id: 0,
+                        op: SendOp::Send,
+                        sges: &sge,
+                        signaled: true,
+                    }])
+                    .unwrap();
+                let _ = c.info.take();
+            }
+            WcOpcode::RecvRdmaWithImm => {
+                let _ = self.conns[ci].con.post_recv(&[RecvWr {
+                    wr_id: 0,
+                    sge: None,
+                }]);
+                match Imm::decode(wc.imm.unwrap_or(0)) {
+                    Ok(Imm::HbMsg) if !self.mute_hb => {
+                        self.stats.hb_acks += 1;
+                        let _ = self.conns[ci].con.post_imm_empty(0, HB_ACK_IMM);
+                    }
+                    Ok(Imm::IoReq { payload }) => self.serve(ci, payload),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn serve(&mut self, ci: usize, payload: u32) {
+        let req = self.layout().decode_io_req(payload).expect("valid IO_REQ");
+        let mr = self.chunks.as_ref().unwrap();
+        let base = usize::from(req.buf_id) * self.chunk as usize;
+        let mut chunk = vec![0u8; self.chunk as usize];
+        mr.read_at(base, &mut chunk);
+        let cr = ChunkReq::decode_in_chunk(&chunk, req.offset).expect("valid chunk request");
+        let mut off = [0u8; 8];
+        off.copy_from_slice(&chunk[cr.usr_range()][..8]);
+        let disk_off = u64::from_le_bytes(off) as usize;
+        let len = cr.data_len() as usize;
+        let mut w_inv = false;
+        let mut chain: Vec<SendWr<'_>> = Vec::new();
+        let sge;
+        match cr.op {
+            ChunkOp::Write => {
+                self.stats.writes += 1;
+                self.disk[disk_off..disk_off + len].copy_from_slice(&chunk[..len]);
+            }
+            ChunkOp::Read { desc, need_inval } => {
+                self.stats.reads += 1;
+                mr.write_at(base, &self.disk[disk_off..disk_off + len]);
+                if let Some(d) = desc {
+                    sge = [mr.sge(base, d.len as usize)];
+                    chain.push(SendWr {
+                        wr_id: 0,
+                        op: SendOp::RdmaWrite {
+                            remote_addr: d.addr,
+                            rkey: d.key,
+                        },
+                        sges: &sge,
+                        signaled: false,
+                    });
+                    if need_inval {
+                        w_inv = true;
+                        chain.push(SendWr {
+                            wr_id: 0,
+                            op: SendOp::SendWithInv { rkey: d.key },
+                            sges: &[],
+                            signaled: false,
+                        });
+                    }
+                }
+            }
+        }
+        let evil = self.evil.take();
+        if evil == Some(Evil::WInvOnWrite) && !cr.is_read() {
+            w_inv = true;
+        }
+        let mut imm = IoRsp::new(u32::from(req.buf_id), 0, w_inv)
+            .unwrap()
+            .to_imm();
+        if evil == Some(Evil::UnknownImm) {
+            imm = 0x5000_0000 | u32::from(req.buf_id);
+        }
+        let rkey_buf_id = if evil == Some(Evil::RkeyBufIdMismatch) {
+            (req.buf_id + 1) % self.qd
+        } else {
+            req.buf_id
+        };
+        let rk;
+        if self.new_rkey {
+            let pool = self.rkey_bufs.as_ref().unwrap();
+            pool.write(
+                usize::from(req.buf_id),
+                &RkeyRsp {
+                    buf_id: rkey_buf_id,
+                    rkey: mr.rkey(),
+                }
+                .to_bytes(),
+            );
+            rk = [pool.sge(usize::from(req.buf_id), 8)];
+            chain.push(SendWr {
+                wr_id: 0,
+                op: SendOp::SendWithImm { imm },
+                sges: &rk,
+                signaled: false,
+            });
+        } else {
+            chain.push(SendWr {
+                wr_id: 0,
+                op: SendOp::RdmaWriteWithImm {
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm,
+                },
+                sges: &[],
+                signaled: false,
+            });
+        }
+        let c = &mut self.conns[ci];
+        if let Err(e) = c.con.post_send(&chain) {
+            panic!("fake server: response post failed on cid {}: {e}", c.cid);
+        }
+    }
+}

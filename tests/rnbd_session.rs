@@ -1,0 +1,561 @@
+//! `RnbdClient` over a direct in-process port to the server's dispatcher (a stand-in
+//! for RTRS that copies between the client's registered buffers and a chunk, as RTRS
+//! does): SESS_INFO/OPEN/CLOSE as admin requests, access modes across two client
+//! sessions, data, flush/discard/write-zeroes, busy retries, and a disconnect followed by
+//! a re-open that adopts a new device id.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use rtrs_spdk::engine::{Ctx, Simulation};
+use rtrs_spdk::fabric::loopback::LoopbackFabric;
+use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
+use rtrs_spdk::proto::rnbd::AccessMode;
+use rtrs_spdk::rnbd::backend::IoBuf;
+use rtrs_spdk::rnbd::client::{
+    BlockRequest, ClientEvent, DevHandle, DevState, IoError, PortCompletion, PortError, PortIo,
+    RnbdClient, RtrsPort,
+};
+use rtrs_spdk::rnbd::server::{
+    Completion, Dispatcher, Exports, Outcome, Request, SessionCache, SessionTable,
+};
+use rtrs_spdk::rnbd::Dir;
+
+const CHUNK: usize = 128 << 10;
+
+/// Carries requests straight to a dispatcher; one chunk per request in flight.
+struct DirectPort {
+    disp: Dispatcher,
+    sessions: SessionCache<u64>,
+    key: u64,
+    connected: bool,
+    chunks: MemBuf,
+    free: Vec<usize>,
+    /// tag → (chunk, dir, the client's SGEs)
+    inflight: HashMap<u64, (usize, Dir, Vec<Sge>)>,
+    done: VecDeque<PortCompletion>,
+    /// While set, block requests are kept (as RTRS keeps IO while no path is up) and
+    /// sent by `replay`.
+    hold: bool,
+    held: Vec<(u64, Dir, Vec<u8>, Vec<Sge>)>,
+}
+
+impl DirectPort {
+    fn new(
+        ex: &Arc<Exports>,
+        table: &Arc<SessionTable<u64>>,
+        key: u64,
+        depth: usize,
+    ) -> DirectPort {
+        DirectPort {
+            disp: Dispatcher::new(ex.clone(), 0).unwrap(),
+            sessions: SessionCache::new(table.clone()),
+            key,
+            connected: true,
+            chunks: MemBuf::zeroed(depth * CHUNK),
+            free: (0..depth).rev().collect(),
+            inflight: HashMap::new(),
+            done: VecDeque::new(),
+            hold: false,
+            held: Vec::new(),
+        }
+    }
+
+    /// Sends the held block requests (the path is back).
+    fn replay(&mut self, cx: &mut dyn Ctx) {
+        self.hold = false;
+        for (tag, dir, usr, sgl) in std::mem::take(&mut self.held) {
+            let io = PortIo {
+                tag,
+                dir,
+                usr: &usr,
+                sgl: &sgl,
+                admin: false,
+            };
+            self.submit(cx, io).unwrap();
+        }
+    }
+
+    fn chunk(&self, i: usize, len: usize) -> IoBuf {
+        // SAFETY: chunk `i` belongs to one request at a time, from submit to completion.
+        unsafe { IoBuf::new(self.chunks.as_ptr().add(i * CHUNK), len) }
+    }
+
+    fn finish(&mut self, tag: u64, errno: i32) {
+        let (i, dir, sgl) = self.inflight.remove(&tag).expect("known tag");
+        if dir == Dir::Read && errno == 0 {
+            let mut off = 0;
+            for s in &sgl {
+                // SAFETY: the SGE names registered memory the client reserved for this
+                // request (RtrsPort's contract); the chunk is this request's.
+                unsafe { self.chunk(i, CHUNK).copy_out(off, sge_slice(s)) };
+                off += s.len as usize;
+            }
+        }
+        self.free.push(i);
+        self.done.push_back(PortCompletion { tag, errno });
+    }
+}
+
+/// The memory an SGE names, as a slice.
+///
+/// # Safety
+/// The SGE must name live memory nobody else touches while the slice is used.
+#[allow(clippy::mut_from_ref)]
+unsafe fn sge_slice(s: &Sge) -> &mut [u8] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }
+}
+
+impl RtrsPort for DirectPort {
+    fn submit(&mut self, _cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
+        if self.hold && !io.admin {
+            self.held
+                .push((io.tag, io.dir, io.usr.to_vec(), io.sgl.to_vec()));
+            return Ok(());
+        }
+        if !self.connected {
+            return Err(PortError::Refused {
+                errno: -libc::ENOTCONN,
+                reason: "no path".into(),
+            });
+        }
+        let Some(i) = self.free.pop() else {
+            return Err(PortError::Busy);
+        };
+        let len: usize = io.sgl.iter().map(|s| s.len as usize).sum();
+        assert!(len <= CHUNK);
+        if io.dir == Dir::Write {
+            let mut off = 0;
+            for s in io.sgl {
+                // SAFETY: as in finish.
+                unsafe { self.chunk(i, CHUNK).copy_in(off, sge_slice(s)) };
+                off += s.len as usize;
+            }
+        }
+        self.inflight.insert(io.tag, (i, io.dir, io.sgl.to_vec()));
+        let data = self.chunk(i, len);
+        let sess = self.sessions.session_or_create(self.key, "clt").clone();
+        let req = Request {
+            tag: io.tag,
+            dir: io.dir,
+            usr: io.usr,
+            data,
+        };
+        if let Outcome::Done(e) = self.disp.process(&sess, req) {
+            self.finish(io.tag, e);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
+        let mut cs = [Completion::default(); 16];
+        let n = self.disp.poll(&mut cs);
+        for c in &cs[..n] {
+            self.finish(c.tag, c.errno);
+        }
+        let mut k = 0;
+        while k < out.len() {
+            let Some(c) = self.done.pop_front() else {
+                break;
+            };
+            out[k] = c;
+            k += 1;
+        }
+        k
+    }
+
+    fn max_io_size(&self) -> u32 {
+        CHUNK as u32
+    }
+}
+
+struct Rig {
+    sim: Simulation,
+    fabric: LoopbackFabric,
+    ex: Arc<Exports>,
+    table: Arc<SessionTable<u64>>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let ex = Arc::new(
+            Exports::ram(&[("vol", 4 << 20), ("aux", 1 << 20), ("spare", 1 << 20)]).unwrap(),
+        );
+        Rig {
+            sim: Simulation::new(1, 16),
+            fabric: LoopbackFabric::new(),
+            table: Arc::new(SessionTable::new(ex.clone())),
+            ex,
+        }
+    }
+
+    fn mr(&self, len: usize) -> Mr {
+        self.fabric
+            .register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
+            .unwrap()
+    }
+
+    fn client(&self, key: u64, depth: usize) -> RnbdClient<DirectPort> {
+        RnbdClient::new(
+            DirectPort::new(&self.ex, &self.table, key, depth),
+            self.mr(4096),
+        )
+        .unwrap()
+    }
+
+    fn cx<R>(&mut self, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
+        self.sim.reactor(0).with_ctx(f)
+    }
+
+    /// Polls until `want` events came (bounded).
+    fn events(&mut self, c: &mut RnbdClient<DirectPort>, want: usize) -> Vec<ClientEvent> {
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+            let n = self.cx(|cx| c.poll(cx, &mut out));
+            got.extend(out.drain(..n));
+            if got.len() >= want {
+                break;
+            }
+        }
+        assert_eq!(got.len(), want, "{got:?}");
+        got
+    }
+
+    fn open(
+        &mut self,
+        c: &mut RnbdClient<DirectPort>,
+        name: &str,
+        mode: AccessMode,
+    ) -> (DevHandle, Result<u32, i32>) {
+        let h = self.cx(|cx| c.open(cx, name, mode)).unwrap();
+        let ev = self.events(c, if c.ver().is_none() { 2 } else { 1 });
+        match ev.last().unwrap() {
+            ClientEvent::Opened { dev, info, .. } => {
+                assert_eq!(*dev, h);
+                (h, Ok(info.device_id))
+            }
+            ClientEvent::OpenFailed { dev, error } => {
+                assert_eq!(*dev, h);
+                (h, Err(error.errno()))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// One block request to completion: the errno.
+    fn io(
+        &mut self,
+        c: &mut RnbdClient<DirectPort>,
+        dev: DevHandle,
+        req: BlockRequest,
+        buf: &Mr,
+    ) -> i32 {
+        let sgl: Vec<Sge> = if req.data_len() > 0 {
+            vec![buf.sge(0, req.data_len() as usize)]
+        } else {
+            vec![]
+        };
+        self.cx(|cx| c.submit(cx, dev, 42, &req, &sgl)).unwrap();
+        match &self.events(c, 1)[0] {
+            ClientEvent::Io { tag: 42, errno } => *errno,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn two_sessions_modes_data_and_close() {
+    let mut rig = Rig::new();
+    let mut a = rig.client(1, 8);
+    let mut b = rig.client(2, 8);
+    let (a_rw, id) = rig.open(&mut a, "vol", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(0));
+    assert_eq!(a.ver(), Some(2));
+    assert_eq!(
+        rig.open(&mut b, "vol", AccessMode::ReadWrite).1,
+        Err(-libc::EPERM)
+    );
+    let (b_ro, id) = rig.open(&mut b, "vol", AccessMode::ReadOnly);
+    // The failed RW open left no mapping, so the read-only one gets id 0.
+    assert_eq!(id, Ok(0));
+    assert_eq!(
+        rig.open(&mut b, "nope", AccessMode::ReadOnly).1,
+        Err(-libc::ENOENT)
+    );
+    let info = *a.device(a_rw).unwrap().info().unwrap();
+    assert_eq!((info.size, info.max_io_size), (4 << 20, CHUNK as u32));
+
+    let buf = rig.mr(CHUNK);
+    let back = rig.mr(CHUNK);
+    let mut len = 512;
+    let mut off = 0u64;
+    while len <= CHUNK {
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
+        buf.write_at(0, &pattern);
+        assert_eq!(
+            rig.io(
+                &mut a,
+                a_rw,
+                BlockRequest::write(off, len as u32).fua(),
+                &buf
+            ),
+            0
+        );
+        // The other session's read-only mapping sees it.
+        assert_eq!(
+            rig.io(&mut b, b_ro, BlockRequest::read(off, len as u32), &back),
+            0
+        );
+        let mut got = vec![0; len];
+        back.read_at(0, &mut got);
+        assert_eq!(got, pattern, "len {len}");
+        off += len as u64;
+        len *= 2;
+    }
+    assert_eq!(rig.io(&mut a, a_rw, BlockRequest::flush(), &buf), 0);
+    assert_eq!(
+        rig.io(&mut a, a_rw, BlockRequest::discard(0, 4096), &buf),
+        0
+    );
+    assert_eq!(
+        rig.io(
+            &mut a,
+            a_rw,
+            BlockRequest::write_zeroes(4096, 4096).nounmap(),
+            &buf
+        ),
+        0
+    );
+    assert_eq!(rig.io(&mut b, b_ro, BlockRequest::read(0, 8192), &back), 0);
+    let mut got = vec![1; 8192];
+    back.read_at(0, &mut got);
+    assert!(got.iter().all(|&x| x == 0));
+    // Client-side refusals.
+    let e = rig.cx(|cx| {
+        b.submit(
+            cx,
+            b_ro,
+            1,
+            &BlockRequest::write(0, 512),
+            &[buf.sge(0, 512)],
+        )
+    });
+    assert_eq!(e.unwrap_err().errno(), -libc::EROFS);
+    let e = rig.cx(|cx| {
+        a.submit(
+            cx,
+            a_rw,
+            1 << 63,
+            &BlockRequest::read(0, 512),
+            &[buf.sge(0, 512)],
+        )
+    });
+    assert!(matches!(e, Err(IoError::BadTag { .. })));
+    let e = rig.cx(|cx| {
+        a.submit(
+            cx,
+            a_rw,
+            1,
+            &BlockRequest::read(0, 1024),
+            &[buf.sge(0, 512)],
+        )
+    });
+    assert!(matches!(
+        e,
+        Err(IoError::SglLength {
+            have: 512,
+            want: 1024
+        })
+    ));
+
+    // Close: the writer leaves, the other session may now write.
+    rig.cx(|cx| a.close(cx, a_rw)).unwrap();
+    assert_eq!(
+        rig.events(&mut a, 1),
+        vec![ClientEvent::Closed { dev: a_rw }]
+    );
+    assert!(a.device(a_rw).is_none());
+    let e = rig.cx(|cx| a.submit(cx, a_rw, 1, &BlockRequest::read(0, 512), &[buf.sge(0, 512)]));
+    assert!(matches!(e, Err(IoError::NoDevice)));
+    let (b_rw, id) = rig.open(&mut b, "aux", AccessMode::Migration);
+    assert_eq!(id, Ok(1));
+    // A name already open in the session is refused locally.
+    let e = rig
+        .cx(|cx| b.open(cx, "vol", AccessMode::ReadWrite))
+        .unwrap_err();
+    assert_eq!(e.errno(), -libc::EEXIST);
+    assert_eq!(rig.io(&mut b, b_rw, BlockRequest::write(0, 512), &buf), 0);
+    let vol = rig.ex.lookup(b"vol").unwrap();
+    assert_eq!(rig.ex.writers(vol), 0);
+}
+
+#[test]
+fn reconnect_reopens_with_new_ids() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(7, 4);
+    let (x, _) = rig.open(&mut c, "aux", AccessMode::ReadWrite);
+    let (y, id) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(1));
+    let buf = rig.mr(4096);
+    buf.write_at(0, &[9; 4096]);
+    assert_eq!(rig.io(&mut c, y, BlockRequest::write(8192, 4096), &buf), 0);
+    rig.cx(|cx| c.close(cx, x)).unwrap();
+    rig.events(&mut c, 1);
+
+    // All paths lost: the server session ends, the client's devices wait.
+    c.port_mut().connected = false;
+    rig.table.remove(7);
+    c.link_down();
+    assert_eq!(c.device(y).unwrap().state(), DevState::MappedDisconnected);
+    let e = rig.cx(|cx| c.submit(cx, y, 1, &BlockRequest::read(0, 512), &[buf.sge(0, 512)]));
+    assert_eq!(e.unwrap_err().errno(), -libc::ENOTCONN);
+    assert_eq!(rig.ex.writers(rig.ex.lookup(b"vol").unwrap()), 0);
+
+    // Back: SESS_INFO, then the re-open, which now gets id 0.
+    c.port_mut().connected = true;
+    rig.cx(|cx| c.link_up(cx));
+    let ev = rig.events(&mut c, 2);
+    assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
+    match &ev[1] {
+        ClientEvent::Opened { dev, info, remap } => {
+            assert_eq!((*dev, info.device_id, *remap), (y, 0, true));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.device(y).unwrap().device_id(), Some(0));
+    let back = rig.mr(4096);
+    assert_eq!(rig.io(&mut c, y, BlockRequest::read(8192, 4096), &back), 0);
+    let mut got = vec![0; 4096];
+    back.read_at(0, &mut got);
+    assert_eq!(got, vec![9; 4096]);
+}
+
+#[test]
+fn busy_ports_are_retried() {
+    let mut rig = Rig::new();
+    // Two chunks: at most two requests in flight.
+    let mut c = rig.client(3, 2);
+    let (d, _) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    let buf = rig.mr(64 * 512);
+    for i in 0..64 {
+        buf.write_at(i * 512, &[i as u8; 512]);
+    }
+    let mut next = 0usize;
+    let mut done = 0usize;
+    let mut busy = 0usize;
+    let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+    for _ in 0..10_000 {
+        while next < 64 {
+            let req = BlockRequest::write(next as u64 * 512, 512);
+            match rig.cx(|cx| c.submit(cx, d, next as u64, &req, &[buf.sge(next * 512, 512)])) {
+                Ok(()) => next += 1,
+                Err(e) if e.is_busy() => {
+                    busy += 1;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let n = rig.cx(|cx| c.poll(cx, &mut out));
+        for e in &out[..n] {
+            assert!(matches!(e, ClientEvent::Io { errno: 0, .. }), "{e:?}");
+        }
+        done += n;
+        if done == 64 {
+            break;
+        }
+    }
+    assert_eq!(done, 64);
+    assert!(busy > 0);
+    let back = rig.mr(64 * 512);
+    let mut off = 0;
+    while off < 64 * 512 {
+        let len = 64 * 512 - off;
+        let req = BlockRequest::read(off as u64, len as u32);
+        let sgl = [back.sge(off, len)];
+        rig.cx(|cx| c.submit(cx, d, 5, &req, &sgl)).unwrap();
+        rig.events(&mut c, 1);
+        off += len;
+    }
+    let mut got = vec![0; 64 * 512];
+    back.read_at(0, &mut got);
+    for i in 0..64 {
+        assert!(got[i * 512..(i + 1) * 512].iter().all(|&x| x == i as u8));
+    }
+}
+
+#[test]
+fn reopen_waits_for_requests_built_with_old_ids() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(11, 8);
+    // Ids: spare 0, vol 1, aux 2; spare closes, so a re-open in order would make vol 0
+    // and aux 1, the old id of vol.
+    let (spare, _) = rig.open(&mut c, "spare", AccessMode::ReadOnly);
+    let (vol, id_vol) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    let (aux, id_aux) = rig.open(&mut c, "aux", AccessMode::ReadWrite);
+    assert_eq!((id_vol, id_aux), (Ok(1), Ok(2)));
+    rig.cx(|cx| c.close(cx, spare)).unwrap();
+    rig.events(&mut c, 1);
+
+    // A write to vol is in flight (kept by the transport) when the session drops.
+    let buf = rig.mr(512);
+    buf.write_at(0, &[0xaa; 512]);
+    c.port_mut().hold = true;
+    rig.cx(|cx| c.submit(cx, vol, 1, &BlockRequest::write(0, 512), &[buf.sge(0, 512)]))
+        .unwrap();
+    rig.table.remove(11);
+    c.link_down();
+    assert_eq!(c.shared().in_flight(), 1);
+
+    // The path is back, the write still waits: SESS_INFO goes, the re-opens do not.
+    rig.cx(|cx| c.link_up(cx));
+    assert_eq!(rig.events(&mut c, 1), vec![ClientEvent::SessInfo(Ok(2))]);
+    assert_eq!(c.device(vol).unwrap().state(), DevState::MappedDisconnected);
+    assert!(rig.table.get(11).unwrap().mappings().is_empty());
+
+    // The write goes out with its old id; the new server session has no devices yet.
+    rig.cx(|cx| c.port_mut().replay(cx));
+    let ev = rig.events(&mut c, 3);
+    assert_eq!(
+        ev[0],
+        ClientEvent::Io {
+            tag: 1,
+            errno: -libc::ENOTCONN
+        }
+    );
+    let ids: Vec<(DevHandle, u32)> = ev[1..]
+        .iter()
+        .map(|e| match e {
+            ClientEvent::Opened {
+                dev,
+                info,
+                remap: true,
+            } => (*dev, info.device_id),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, [(vol, 0), (aux, 1)]);
+    assert_eq!(c.shared().in_flight(), 0);
+    // Neither device was written.
+    let back = rig.mr(512);
+    for dev in [vol, aux] {
+        assert_eq!(rig.io(&mut c, dev, BlockRequest::read(0, 512), &back), 0);
+        let mut got = [1u8; 512];
+        back.read_at(0, &mut got);
+        assert_eq!(got, [0; 512]);
+    }
+}
+
+#[test]
+fn a_name_is_opened_once_per_session() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(12, 4);
+    let (_, id) = rig.open(&mut c, "vol", AccessMode::ReadOnly);
+    assert_eq!(id, Ok(0));
+    let e = rig
+        .cx(|cx| c.open(cx, "vol", AccessMode::ReadWrite))
+        .unwrap_err();
+    assert_eq!(e.errno(), -libc::EEXIST);
+}
