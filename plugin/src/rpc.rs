@@ -80,6 +80,30 @@ impl<'a> Params<'a> {
         self.obj.and_then(|m| m.get(name)).filter(|v| !v.is_null())
     }
 
+    /// A string field, if present.
+    ///
+    /// # Errors
+    /// When present but not a string.
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(format!(
+                "{}: '{name}' must be a string, got {v}",
+                self.method
+            )),
+        }
+    }
+
+    /// A required string field.
+    ///
+    /// # Errors
+    /// Missing or not a string.
+    pub fn str(&self, name: &str) -> Result<&'a str, String> {
+        self.opt_str(name)?
+            .ok_or_else(|| format!("{}: missing required parameter '{name}'", self.method))
+    }
+
     /// An unsigned integer field within `0..=max`, if present.
     ///
     /// # Errors

@@ -2,6 +2,8 @@
 //! ([`sys`]) and safe wrappers over the parts of SPDK the plugin uses.
 //!
 //! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
+//! - [`bdev`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
+//!   IO submission with `spdk_bdev_queue_io_wait` on −ENOMEM, hot remove).
 //! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
 //!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
@@ -10,6 +12,7 @@
 //! The plugin crate (`plugin/`) builds the shared library on top of these; SPDK's
 //! symbols are resolved by the host application at load time.
 
+pub mod bdev;
 pub mod driver;
 pub mod json;
 pub mod sys;
@@ -17,4 +20,4 @@ pub mod thread;
 
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
-pub use thread::{app_cores, now_ns, MsgError, SpdkThread};
+pub use thread::{app_cores, now_ns, poll_until, MsgError, SpdkThread};

@@ -3,17 +3,41 @@
 //! `save_config` writes it after the bdevs it exports and `--json` replays it after
 //! them), configured by the `rtrs_target_*` RPCs ([`rpc`]).
 //!
-//! State lives in one [`Target`] behind a mutex: RPCs, `config_json` and the
-//! subsystem's init/fini all run on the application thread; the data path never takes it.
+//! - The first listener spawns one SPDK thread per core of the application's cpumask
+//!   ([`Driver::spawn`], like nvmf poll groups) and starts the RTRS server with the RNBD
+//!   handler on them: accepted connection `c` is served on thread `(c-1) mod n`, whose
+//!   pollers submit bdev IO through that thread's own IO channel.
+//! - Listeners come and go under one server per transport ([`mux`]); exports come and
+//!   go in one shared [`Exports`] set, each an SPDK bdev descriptor ([`BdevExport`]).
+//! - A hot-removed bdev removes its export: IO through existing mappings fails with
+//!   −EIO, each thread drops its channel, the descriptor closes.
+//!
+//! State lives in one [`Target`] behind a mutex: RPCs, `config_json`, hot-remove events
+//! and the subsystem's init/fini run on the application thread; the data path never
+//! takes it.
 
+mod mux;
 mod rpc;
+mod stats;
 
-use std::sync::{Mutex, MutexGuard};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use rtrs_spdk::spdk::sys;
+use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
+use rtrs_spdk::server::{Server, ServerConfig};
+use rtrs_spdk::spdk::bdev::BdevExport;
+use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
 use serde_json::{json, Value};
 
 pub use rpc::register_rpcs;
+
+use mux::{Listeners, MuxFabric};
+
+/// Most exports over the life of the application (ids are not reused).
+const MAX_EXPORTS: usize = 4096;
+/// How long the subsystem's fini waits for sessions to close.
+const STOP_WAIT_US: u64 = 5_000_000;
 
 /// `rtrs_target_set_options`: the server parameters, fixed once the first listener runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +49,7 @@ pub struct TargetOptions {
 
 impl Default for TargetOptions {
     fn default() -> Self {
-        let d = rtrs_spdk::server::ServerConfig::default();
+        let d = ServerConfig::default();
         TargetOptions {
             always_invalidate: d.always_invalidate,
             queue_depth: d.queue_depth,
@@ -34,28 +58,317 @@ impl Default for TargetOptions {
     }
 }
 
-/// Everything the target has been told.
-#[derive(Default)]
+impl TargetOptions {
+    /// The server configuration these options give.
+    pub fn server_config(&self) -> ServerConfig {
+        ServerConfig {
+            queue_depth: self.queue_depth,
+            chunk_size: self.chunk_size,
+            always_invalidate: self.always_invalidate,
+            ..ServerConfig::default()
+        }
+    }
+}
+
+/// A transport of `rtrs_target_listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Rdma,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+}
+
+/// `rtrs_target_export`'s access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Ro,
+    Rw,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Ro => "ro",
+            Access::Rw => "rw",
+        }
+    }
+}
+
+/// One listener as configured (`addr` as given, for `config_json`).
+#[derive(Debug, Clone)]
+pub struct ListenerEntry {
+    pub transport: Transport,
+    pub addr: String,
+    pub port: u16,
+    pub bound: SocketAddr,
+}
+
+/// One export as configured.
+#[derive(Debug, Clone)]
+pub struct ExportEntry {
+    pub bdev_name: String,
+    pub export_name: String,
+    pub access: Access,
+}
+
+/// The RTRS server of one transport; `server` is set once it started on the threads.
+pub struct Running {
+    pub transport: Transport,
+    pub listeners: Arc<Listeners>,
+    pub server: Arc<OnceLock<Server>>,
+}
+
+/// Everything the target has been told, and what runs.
 pub struct Target {
     options: TargetOptions,
     /// Whether `rtrs_target_set_options` was called (so `config_json` re-emits it).
     options_set: bool,
+    exports: Arc<Exports>,
+    export_list: Vec<ExportEntry>,
+    listeners: Vec<ListenerEntry>,
+    driver: Option<Arc<Driver>>,
+    running: Vec<Running>,
+    /// Set by the subsystem's fini: no new listeners.
+    stopping: bool,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target {
+            options: TargetOptions::default(),
+            options_set: false,
+            exports: Arc::new(Exports::dynamic(MAX_EXPORTS)),
+            export_list: Vec::new(),
+            listeners: Vec::new(),
+            driver: None,
+            running: Vec::new(),
+            stopping: false,
+        }
+    }
 }
 
 static TARGET: Mutex<Option<Target>> = Mutex::new(None);
 
-/// The target state (created on first use).
-pub fn target() -> MutexGuard<'static, Option<Target>> {
-    let mut g = TARGET
+/// Runs `f` on the target state (created on first use).
+pub fn with_target<R>(f: impl FnOnce(&mut Target) -> R) -> R {
+    let mut g: MutexGuard<'_, Option<Target>> = TARGET
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if g.is_none() {
-        *g = Some(Target::default());
-    }
-    g
+    f(g.get_or_insert_with(Target::default))
 }
 
 impl Target {
+    /// Whether a server has been started (options are then fixed).
+    pub fn started(&self) -> bool {
+        !self.running.is_empty()
+    }
+
+    /// Sets the options (before the first listener).
+    ///
+    /// # Errors
+    /// After the first listener, or options the server refuses (naming the field).
+    pub fn set_options(&mut self, o: TargetOptions) -> Result<(), String> {
+        if self.started() {
+            return Err(
+                "rtrs_target_set_options: options are fixed once the first listener \
+                        runs (call it before rtrs_target_listen)"
+                    .to_string(),
+            );
+        }
+        o.server_config()
+            .validate()
+            .map_err(|e| format!("rtrs_target_set_options: {e}"))?;
+        self.options = o;
+        self.options_set = true;
+        Ok(())
+    }
+
+    /// Exports bdev `bdev_name` as `export_name`. Runs on the application thread.
+    ///
+    /// # Errors
+    /// The bdev cannot be opened, the name is taken or invalid.
+    pub fn export(&mut self, e: ExportEntry) -> Result<(), String> {
+        const M: &str = "rtrs_target_export";
+        if self
+            .export_list
+            .iter()
+            .any(|x| x.export_name == e.export_name)
+        {
+            return Err(format!(
+                "{M}: export_name '{}' is already exported",
+                e.export_name
+            ));
+        }
+        let name = e.export_name.clone();
+        let bdev = BdevExport::open(&e.bdev_name, e.access == Access::Ro, move || {
+            with_target(|t| t.hot_removed(&name));
+        })
+        .map_err(|why| format!("{M}: bdev_name: {why}"))?;
+        self.exports
+            .add(&e.export_name, Arc::new(bdev), e.access == Access::Ro)
+            .map_err(|why| format!("{M}: export_name: {why}"))?;
+        self.export_list.push(e);
+        Ok(())
+    }
+
+    /// Removes export `name`.
+    ///
+    /// # Errors
+    /// No such export.
+    pub fn unexport(&mut self, name: &str) -> Result<(), String> {
+        let Some(i) = self.export_list.iter().position(|x| x.export_name == name) else {
+            return Err(format!(
+                "rtrs_target_unexport: export_name '{name}': no such export"
+            ));
+        };
+        self.export_list.remove(i);
+        self.exports.remove(name);
+        Ok(())
+    }
+
+    fn hot_removed(&mut self, name: &str) {
+        if self.unexport(name).is_ok() {
+            tracing::warn!("rtrs target: export '{name}' closed: its bdev was removed");
+        }
+    }
+
+    /// Binds a listener; starts the transport's server on the first one. `done` gets the
+    /// result once the server runs (at once when it already does).
+    ///
+    /// # Errors
+    /// Returned through `done`: bad transport, address in use, start failure.
+    pub fn listen(
+        &mut self,
+        transport: Transport,
+        addr: String,
+        port: u16,
+        sockaddr: SocketAddr,
+        done: impl FnOnce(Result<(), String>) + Send + 'static,
+    ) {
+        const M: &str = "rtrs_target_listen";
+        if self.stopping {
+            return done(Err(format!("{M}: the application is shutting down")));
+        }
+        if transport == Transport::Rdma {
+            return done(Err(rdma_unavailable()));
+        }
+        if self
+            .listeners
+            .iter()
+            .any(|l| l.transport == transport && l.addr == addr && l.port == port)
+        {
+            return done(Err(format!(
+                "{M}: {} {addr} port {port} is already listening",
+                transport.as_str()
+            )));
+        }
+        let fabric: Arc<TcpFabric> = Arc::new(TcpFabric::new());
+        let listener = match rtrs_spdk::fabric::Fabric::listen(&*fabric, sockaddr) {
+            Ok(l) => l,
+            Err(e) => return done(Err(format!("{M}: addr {addr} port {port}: {e}"))),
+        };
+        let bound = listener.local_addr();
+        self.listeners.push(ListenerEntry {
+            transport,
+            addr,
+            port,
+            bound,
+        });
+        if let Some(r) = self.running.iter().find(|r| r.transport == transport) {
+            r.listeners.add(listener);
+            return done(Ok(()));
+        }
+        let driver = match &self.driver {
+            Some(d) => Arc::clone(d),
+            None => match Driver::spawn("rtrs_target") {
+                Ok(d) => {
+                    self.driver = Some(Arc::clone(&d));
+                    d
+                }
+                Err(e) => {
+                    self.listeners.pop();
+                    return done(Err(format!("{M}: {e}")));
+                }
+            },
+        };
+        let listeners = Arc::new(Listeners::default());
+        listeners.add(listener);
+        let slot = Arc::new(OnceLock::new());
+        self.running.push(Running {
+            transport,
+            listeners: Arc::clone(&listeners),
+            server: Arc::clone(&slot),
+        });
+        let mux: Arc<dyn rtrs_spdk::fabric::Fabric> = Arc::new(MuxFabric::new(fabric, listeners));
+        let config = self.options.server_config();
+        let factory = RnbdServer::factory(Arc::clone(&self.exports));
+        let placeholder = SocketAddr::from(([0, 0, 0, 0], 0));
+        let started = driver.run_on(0, move |cx| {
+            match Server::start(cx, mux, &[placeholder], config, factory) {
+                Ok(s) => {
+                    let _ = slot.set(s);
+                    done(Ok(()));
+                }
+                Err(e) => {
+                    with_target(|t| {
+                        t.running.retain(|r| r.transport != transport);
+                        t.listeners.retain(|l| l.transport != transport);
+                    });
+                    done(Err(format!("{M}: starting the rtrs server: {e}")));
+                }
+            }
+        });
+        if let Err(e) = started {
+            tracing::error!("rtrs target: could not reach the first target thread: {e}");
+        }
+    }
+
+    /// Closes a listener (sessions stay).
+    ///
+    /// # Errors
+    /// No such listener.
+    pub fn stop_listener(
+        &mut self,
+        transport: Transport,
+        addr: &str,
+        port: u16,
+    ) -> Result<(), String> {
+        let Some(i) = self
+            .listeners
+            .iter()
+            .position(|l| l.transport == transport && l.addr == addr && l.port == port)
+        else {
+            return Err(format!(
+                "rtrs_target_stop_listener: no {} listener on addr {addr} port {port}",
+                transport.as_str()
+            ));
+        };
+        let l = self.listeners.remove(i);
+        if let Some(r) = self.running.iter().find(|r| r.transport == transport) {
+            r.listeners.remove(l.bound);
+        }
+        Ok(())
+    }
+
+    /// `rtrs_target_get_sessions`.
+    pub fn sessions(&self) -> Value {
+        let mut out = Vec::new();
+        for r in &self.running {
+            if let Some(s) = r.server.get() {
+                out.extend(stats::sessions_json(r.transport.as_str(), &s.stats()));
+            }
+        }
+        Value::Array(out)
+    }
+
     /// The config entries that rebuild this target (`save_config`).
     pub fn config(&self) -> Vec<Value> {
         let mut out = Vec::new();
@@ -70,27 +383,118 @@ impl Target {
                 }
             }));
         }
+        for e in &self.export_list {
+            out.push(json!({
+                "method": "rtrs_target_export",
+                "params": {
+                    "bdev_name": e.bdev_name,
+                    "export_name": e.export_name,
+                    "access": e.access.as_str(),
+                }
+            }));
+        }
+        for l in &self.listeners {
+            out.push(json!({
+                "method": "rtrs_target_listen",
+                "params": {
+                    "transport": l.transport.as_str(),
+                    "addr": l.addr,
+                    "port": l.port,
+                }
+            }));
+        }
         out
     }
+}
 
-    /// `rtrs_target_get_sessions`.
-    pub fn sessions(&self) -> Value {
-        Value::Array(Vec::new())
+/// The error for the rdma transport: this build serves tcp only, and says whether the
+/// machine has an RDMA device at all.
+fn rdma_unavailable() -> String {
+    let devices = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if devices == 0 {
+        "rtrs_target_listen: transport 'rdma': no RDMA device found (/sys/class/infiniband \
+         is empty); use transport 'tcp'"
+            .to_string()
+    } else {
+        "rtrs_target_listen: transport 'rdma': not available in this build of the plugin; \
+         use transport 'tcp'"
+            .to_string()
     }
 }
 
 /// Subsystem init (the shim then calls `spdk_subsystem_init_next`).
 #[no_mangle]
 pub extern "C" fn rtrs_target_subsystem_init() {
-    drop(target());
+    with_target(|_| ());
 }
 
-/// Subsystem fini: stops everything, then calls `done` (`spdk_subsystem_fini_next`).
+/// Subsystem fini: stops the servers, waits (bounded) for their pollers, removes the
+/// exports, stops the target threads, then calls `done` (`spdk_subsystem_fini_next`).
 #[no_mangle]
 pub extern "C" fn rtrs_target_subsystem_fini(done: Option<unsafe extern "C" fn()>) {
-    if let Some(f) = done {
-        // SAFETY: SPDK's continuation, called once on the thread that called us.
-        unsafe { f() };
+    let finish = move || {
+        if let Some(f) = done {
+            // SAFETY: SPDK's continuation, called once, on the application thread.
+            unsafe { f() };
+        }
+    };
+    let (servers, driver) = with_target(|t| {
+        t.stopping = true;
+        for r in &t.running {
+            r.listeners.clear();
+        }
+        let servers: Vec<Server> = t
+            .running
+            .iter()
+            .filter_map(|r| r.server.get().cloned())
+            .collect();
+        for s in &servers {
+            s.stop();
+        }
+        (servers, t.driver.take())
+    });
+    let Some(driver) = driver else {
+        with_target(|t| {
+            for e in std::mem::take(&mut t.export_list) {
+                t.exports.remove(&e.export_name);
+            }
+        });
+        return finish();
+    };
+    let start = rtrs_spdk::spdk::now_ns();
+    let app = SpdkThread::current();
+    let mut finish = Some(finish);
+    let waiting = poll_until(10_000, move || {
+        let timed_out = rtrs_spdk::spdk::now_ns().saturating_sub(start) > STOP_WAIT_US * 1000;
+        if !timed_out && !servers.iter().all(Server::is_stopped) {
+            return false;
+        }
+        if timed_out {
+            tracing::warn!("rtrs target: sessions did not close within 5 s; stopping anyway");
+        }
+        with_target(|t| {
+            t.running.clear();
+            for e in std::mem::take(&mut t.export_list) {
+                t.exports.remove(&e.export_name);
+            }
+        });
+        let f = finish.take();
+        driver.stop(move || {
+            if let Some(f) = f {
+                match app {
+                    Some(t) if !t.is_current() => {
+                        let _ = t.send(f);
+                    }
+                    _ => f(),
+                }
+            }
+        });
+        true
+    });
+    if !waiting {
+        tracing::error!("rtrs target: could not wait for the stop on this thread");
     }
 }
 
@@ -100,7 +504,7 @@ pub extern "C" fn rtrs_target_subsystem_fini(done: Option<unsafe extern "C" fn()
 /// `w` is the live write context SPDK passes.
 #[no_mangle]
 pub unsafe extern "C" fn rtrs_target_write_config_json(w: *mut sys::spdk_json_write_ctx) {
-    let entries = target().as_ref().map(Target::config).unwrap_or_default();
+    let entries = with_target(|t| t.config());
     // SAFETY: `w` is live for this callback.
     unsafe { rtrs_spdk::spdk::json::write_value(w, &Value::Array(entries)) };
 }

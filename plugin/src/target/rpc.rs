@@ -1,11 +1,17 @@
-//! The `rtrs_target_*` RPC methods: decode the parameters (errors name the field), call
-//! the target, answer.
+//! The `rtrs_target_*` RPC methods: decode the parameters (every error names the
+//! field), call the [`Target`](super::Target), answer. Registered for the runtime state,
+//! except `rtrs_target_set_options`, which may also run before the framework starts.
+
+use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
 
-use super::target;
+use super::{with_target, Access, ExportEntry, TargetOptions, Transport};
 use crate::rpc::{register, rpc_handler, Params, RUNTIME, STARTUP};
 use rtrs_spdk::spdk::RpcRequest;
+
+/// RTRS's default port.
+pub const DEFAULT_PORT: u16 = 1234;
 
 /// Registers the target's methods.
 pub fn register_rpcs() {
@@ -14,53 +20,128 @@ pub fn register_rpcs() {
         Some(c_set_options),
         STARTUP | RUNTIME,
     );
+    register(c"rtrs_target_listen", Some(c_listen), RUNTIME);
+    register(c"rtrs_target_stop_listener", Some(c_stop_listener), RUNTIME);
+    register(c"rtrs_target_export", Some(c_export), RUNTIME);
+    register(c"rtrs_target_unexport", Some(c_unexport), RUNTIME);
     register(c"rtrs_target_get_sessions", Some(c_get_sessions), RUNTIME);
 }
 
 rpc_handler!(c_set_options => set_options);
+rpc_handler!(c_listen => listen);
+rpc_handler!(c_stop_listener => stop_listener);
+rpc_handler!(c_export => export);
+rpc_handler!(c_unexport => unexport);
 rpc_handler!(c_get_sessions => get_sessions);
 
-fn set_options(req: RpcRequest, v: Value) {
-    const M: &str = "rtrs_target_set_options";
-    let r = (|| -> Result<(), String> {
-        let p = Params::new(M, &v)?;
-        p.only(&["always_invalidate", "queue_depth", "chunk_size"])?;
-        let mut g = target();
-        let t = g.as_mut().ok_or("target state missing")?;
-        let mut o = t.options;
-        if let Some(b) = p.opt_bool("always_invalidate")? {
-            o.always_invalidate = b;
-        }
-        if let Some(q) = p.opt_uint("queue_depth", u64::from(u16::MAX))? {
-            o.queue_depth = q as u16;
-        }
-        if let Some(c) = p.opt_uint("chunk_size", u64::from(u32::MAX))? {
-            o.chunk_size = c as u32;
-        }
-        let cfg = rtrs_spdk::server::ServerConfig {
-            queue_depth: o.queue_depth,
-            chunk_size: o.chunk_size,
-            always_invalidate: o.always_invalidate,
-            ..Default::default()
-        };
-        cfg.validate().map_err(|e| format!("{M}: {e}"))?;
-        t.options = o;
-        t.options_set = true;
-        Ok(())
-    })();
+fn answer(req: RpcRequest, r: Result<(), String>) {
     match r {
         Ok(()) => req.ok(Value::Bool(true)),
         Err(e) => req.invalid(&e),
     }
 }
 
+fn set_options(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_set_options";
+    let r = (|| -> Result<(), String> {
+        let p = Params::new(M, &v)?;
+        p.only(&["always_invalidate", "queue_depth", "chunk_size"])?;
+        with_target(|t| {
+            let mut o: TargetOptions = t.options;
+            if let Some(b) = p.opt_bool("always_invalidate")? {
+                o.always_invalidate = b;
+            }
+            if let Some(q) = p.opt_uint("queue_depth", u64::from(u16::MAX))? {
+                o.queue_depth = q as u16;
+            }
+            if let Some(c) = p.opt_uint("chunk_size", u64::from(u32::MAX))? {
+                o.chunk_size = c as u32;
+            }
+            t.set_options(o)
+        })
+    })();
+    answer(req, r);
+}
+
+/// `transport`, `addr`, `port` of listen / stop_listener.
+fn endpoint(m: &'static str, v: &Value) -> Result<(Transport, String, u16, SocketAddr), String> {
+    let p = Params::new(m, v)?;
+    p.only(&["transport", "addr", "port"])?;
+    let transport = match p.str("transport")? {
+        "tcp" | "TCP" => Transport::Tcp,
+        "rdma" | "RDMA" => Transport::Rdma,
+        other => {
+            return Err(format!(
+                "{m}: 'transport' must be \"tcp\" or \"rdma\", got \"{other}\""
+            ))
+        }
+    };
+    let addr = p.str("addr")?.to_string();
+    let ip: IpAddr = addr
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("{m}: 'addr' must be an IPv4 or IPv6 address, got \"{addr}\""))?;
+    let port = p
+        .opt_uint("port", u64::from(u16::MAX))?
+        .map_or(DEFAULT_PORT, |n| n as u16);
+    Ok((transport, addr, port, SocketAddr::new(ip, port)))
+}
+
+fn listen(req: RpcRequest, v: Value) {
+    let (transport, addr, port, sa) = match endpoint("rtrs_target_listen", &v) {
+        Ok(x) => x,
+        Err(e) => return req.invalid(&e),
+    };
+    with_target(move |t| t.listen(transport, addr, port, sa, move |r| answer(req, r)));
+}
+
+fn stop_listener(req: RpcRequest, v: Value) {
+    let r = endpoint("rtrs_target_stop_listener", &v)
+        .and_then(|(tr, addr, port, _)| with_target(|t| t.stop_listener(tr, &addr, port)));
+    answer(req, r);
+}
+
+fn export(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_export";
+    let r = (|| -> Result<(), String> {
+        let p = Params::new(M, &v)?;
+        p.only(&["bdev_name", "export_name", "access"])?;
+        let bdev_name = p.str("bdev_name")?.to_string();
+        let export_name = p.opt_str("export_name")?.unwrap_or(&bdev_name).to_string();
+        let access = match p.opt_str("access")? {
+            None | Some("rw") => Access::Rw,
+            Some("ro") => Access::Ro,
+            Some(other) => {
+                return Err(format!(
+                    "{M}: 'access' must be \"ro\" or \"rw\", got \"{other}\""
+                ))
+            }
+        };
+        with_target(|t| {
+            t.export(ExportEntry {
+                bdev_name,
+                export_name,
+                access,
+            })
+        })
+    })();
+    answer(req, r);
+}
+
+fn unexport(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_unexport";
+    let r = Params::new(M, &v).and_then(|p| {
+        p.only(&["export_name"])?;
+        let name = p.str("export_name")?;
+        with_target(|t| t.unexport(name))
+    });
+    answer(req, r);
+}
+
 fn get_sessions(req: RpcRequest, v: Value) {
     if let Err(e) = Params::new("rtrs_target_get_sessions", &v).and_then(|p| p.only(&[])) {
         return req.invalid(&e);
     }
-    let s = target()
-        .as_ref()
-        .map(super::Target::sessions)
-        .unwrap_or(Value::Array(vec![]));
-    req.ok(s);
+    req.ok(with_target(|t| t.sessions()));
 }

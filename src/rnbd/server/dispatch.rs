@@ -56,11 +56,20 @@ const BATCH: usize = 64;
 const WAIT_CAPACITY: usize = 1024;
 
 /// One core's request processor: this core's instance of every export's backend, and
-/// the IOs waiting for a busy one.
+/// the IOs waiting for a busy one. Exports added at run time are opened on this core at
+/// their first IO here; the instance of a removed export is dropped once it has no IO
+/// in flight (checked when [`Exports::generation`] moves).
 pub struct Dispatcher {
     exports: Arc<Exports>,
     core: usize,
-    backends: Vec<Box<dyn BlockBackend>>,
+    /// Indexed by [`ExportId::index`](super::ExportId::index); `None`: not opened here
+    /// yet, or dropped after removal.
+    backends: Vec<Option<Box<dyn BlockBackend>>>,
+    /// The exports generation the backends were last checked against.
+    seen_gen: u64,
+    /// A removed export's instance still had IO in flight at the last check.
+    closing: bool,
+    open_failures: u64,
     /// Refused with `Busy`: `(backend index, io)`, retried on every poll.
     waiting: VecDeque<(usize, BlockIo)>,
     /// Completions produced outside a backend (a retried IO refused for good).
@@ -75,11 +84,15 @@ impl Dispatcher {
     /// # Errors
     /// What [`Exports::open_core`] reports.
     pub fn new(exports: Arc<Exports>, core: usize) -> Result<Dispatcher, ExportsError> {
+        let seen_gen = exports.generation();
         let backends = exports.open_core(core)?;
         Ok(Dispatcher {
             exports,
             core,
             backends,
+            seen_gen,
+            closing: false,
+            open_failures: 0,
             waiting: VecDeque::with_capacity(WAIT_CAPACITY),
             ready: VecDeque::with_capacity(BATCH),
             scratch: [BlockCompletion::default(); BATCH],
@@ -97,7 +110,11 @@ impl Dispatcher {
 
     /// Requests submitted and not yet returned by [`poll`](Self::poll).
     pub fn in_flight(&self) -> usize {
-        self.backends.iter().map(|b| b.in_flight()).sum::<usize>()
+        self.backends
+            .iter()
+            .flatten()
+            .map(|b| b.in_flight())
+            .sum::<usize>()
             + self.waiting.len()
             + self.ready.len()
     }
@@ -175,7 +192,10 @@ impl Dispatcher {
             Err(e) => return Outcome::Done(e),
         };
         let index = export.index();
-        match self.backends[index].submit(io_block) {
+        let Some(backend) = self.backend(export) else {
+            return Outcome::Done(errno::EIO);
+        };
+        match backend.submit(io_block) {
             Ok(()) => Outcome::Submitted,
             Err(e) if e.is_busy() => {
                 self.waiting.push_back((index, io_block));
@@ -185,9 +205,73 @@ impl Dispatcher {
         }
     }
 
+    /// This core's instance of `export`, opened here on first use; `None` (the IO fails
+    /// with −EIO) for a removed export or one that cannot be opened on this core.
+    fn backend(&mut self, export: super::ExportId) -> Option<&mut Box<dyn BlockBackend>> {
+        if self.exports.is_closed(export) {
+            return None;
+        }
+        let index = export.index();
+        if index >= self.backends.len() {
+            self.backends.resize_with(index + 1, || None);
+        }
+        if self.backends[index].is_none() {
+            match self.exports.open_slot(export, self.core) {
+                Ok(b) => self.backends[index] = b,
+                Err(e) => {
+                    self.open_failures += 1;
+                    if self.open_failures.is_power_of_two() {
+                        tracing::error!(
+                            core = self.core,
+                            count = self.open_failures,
+                            "rnbd: {e}; failing its IO with EIO"
+                        );
+                    }
+                }
+            }
+        }
+        self.backends[index].as_mut()
+    }
+
+    /// Drops this core's instances of removed exports that have nothing in flight, after
+    /// failing the IOs still waiting for them.
+    fn drop_closed(&mut self) {
+        self.seen_gen = self.exports.generation();
+        self.closing = false;
+        for index in 0..self.backends.len() {
+            if self.backends[index].is_none() || !self.exports.is_closed(super::ExportId(index)) {
+                continue;
+            }
+            for _ in 0..self.waiting.len() {
+                let Some((i, io)) = self.waiting.pop_front() else {
+                    break;
+                };
+                if i == index {
+                    self.ready.push_back(Completion {
+                        tag: io.tag,
+                        errno: errno::EIO,
+                    });
+                } else {
+                    self.waiting.push_back((i, io));
+                }
+            }
+            if self.backends[index]
+                .as_ref()
+                .is_some_and(|b| b.in_flight() == 0)
+            {
+                self.backends[index] = None;
+            } else {
+                self.closing = true;
+            }
+        }
+    }
+
     /// Moves finished requests into `out` and retries IOs that found their backend
     /// busy; returns how many were written. Never blocks.
     pub fn poll(&mut self, out: &mut [Completion]) -> usize {
+        if self.closing || self.exports.generation() != self.seen_gen {
+            self.drop_closed();
+        }
         let mut n = 0;
         while n < out.len() {
             let Some(c) = self.ready.pop_front() else {
@@ -196,7 +280,7 @@ impl Dispatcher {
             out[n] = c;
             n += 1;
         }
-        for backend in &mut self.backends {
+        for backend in self.backends.iter_mut().flatten() {
             while n < out.len() {
                 let want = (out.len() - n).min(BATCH);
                 let got = backend.poll(&mut self.scratch[..want]);
@@ -217,7 +301,14 @@ impl Dispatcher {
             let Some((index, io)) = self.waiting.pop_front() else {
                 break;
             };
-            match self.backends[index].submit(io) {
+            let Some(backend) = self.backends.get_mut(index).and_then(Option::as_mut) else {
+                self.ready.push_back(Completion {
+                    tag: io.tag,
+                    errno: errno::EIO,
+                });
+                continue;
+            };
+            match backend.submit(io) {
                 Ok(()) => {}
                 Err(e) if e.is_busy() => self.waiting.push_back((index, io)),
                 Err(e) => self.finish_early(io.tag, e),

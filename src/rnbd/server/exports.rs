@@ -2,17 +2,41 @@
 //! reactor core) and its writer count. In the kernel, `rnbd-srv` opens the block device
 //! named by `dev_search_path` + `dev_name` and keeps one `rnbd_srv_dev` per device, shared
 //! by all sessions, whose `open_write_cnt` enforces the access modes
-//! (`rnbd_srv_check_update_open_perm`); here the names are declared up front.
+//! (`rnbd_srv_check_update_open_perm`); here the names are declared up front
+//! ([`Exports::new`]) or, for a target configured at run time (the SPDK plugin's
+//! `rtrs_target_export` / `rtrs_target_unexport`), added and removed while it serves
+//! ([`Exports::dynamic`], [`Exports::add`], [`Exports::remove`]).
+//!
+//! Ids are never reused: a removed export keeps its slot, marked closed, so a mapping
+//! that still names it fails its IO with −EIO instead of reaching another device. Each
+//! core drops its backend instance of a closed export once that instance has no IO in
+//! flight (see [`Dispatcher`](super::Dispatcher)), which lets the backend's owner (an
+//! SPDK bdev descriptor) close.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::errno;
 use crate::proto::rnbd::{AccessMode, CachePolicy, OpenRsp};
 use crate::rnbd::backend::{
     BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
-    RamBackend, RAM_BLOCK_SIZE,
+    RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
 };
+
+/// A backend supplied from outside at run time (an SPDK bdev): its geometry, and one
+/// instance per core, opened on that core's thread the first time the core needs it.
+/// Dropping the last instance and the `Arc` releases it.
+pub trait ExportBackend: Send + Sync {
+    /// Size and limits, as the OPEN response reports them.
+    fn geometry(&self) -> Geometry;
+
+    /// This core's instance; called on the core's own thread.
+    ///
+    /// # Errors
+    /// A message naming what failed (it is logged and the IO fails with −EIO).
+    fn open_core(&self, core: usize) -> Result<Box<dyn BlockBackend>, String>;
+}
 
 /// Index of an export in its [`Exports`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,6 +68,16 @@ pub enum ExportsError {
          (the file changed size?)"
     )]
     GeometryChanged { name: String, core: usize },
+    #[error("export '{name}' on core {core}: {reason}")]
+    BackendOnCore {
+        name: String,
+        core: usize,
+        reason: String,
+    },
+    #[error("export name '{name}': {reason}")]
+    BadName { name: String, reason: &'static str },
+    #[error("export '{name}': no room for more exports ({capacity} were made)")]
+    Full { name: String, capacity: usize },
 }
 
 /// Why an OPEN was refused; [`errno`](AccessError::errno) is the wire answer.
@@ -84,6 +118,8 @@ enum Source {
         path: std::path::PathBuf,
         opts: FileOptions,
     },
+    /// Supplied at run time; `None` once removed.
+    Dynamic(Mutex<Option<Arc<dyn ExportBackend>>>),
 }
 
 struct Export {
@@ -92,12 +128,19 @@ struct Export {
     source: Source,
     /// Mappings opened RW or MIGRATION, over all sessions.
     writers: Mutex<u32>,
+    /// Removed: no new mapping, IO through old ones fails.
+    closed: AtomicBool,
 }
 
 /// Every export of a server, shared by its cores and sessions (wrap it in an `Arc`).
 pub struct Exports {
-    list: Vec<Export>,
-    by_name: HashMap<String, ExportId>,
+    /// Filled in order; `used` slots are set. Never emptied (ids are not reused).
+    slots: Box<[OnceLock<Export>]>,
+    used: AtomicUsize,
+    /// Open exports by name; its write lock also orders additions.
+    by_name: RwLock<HashMap<String, ExportId>>,
+    /// Bumped by every addition and removal, so cores notice cheaply.
+    generation: AtomicU64,
 }
 
 impl Exports {
@@ -108,7 +151,7 @@ impl Exports {
     /// # Errors
     /// A duplicate name, or the backend that could not be opened.
     pub fn new(specs: &[ExportSpec], file_opts: &FileOptions) -> Result<Exports, ExportsError> {
-        let mut list = Vec::with_capacity(specs.len());
+        let mut list: Vec<Export> = Vec::with_capacity(specs.len());
         let mut by_name = HashMap::with_capacity(specs.len());
         for spec in specs {
             if by_name.contains_key(&spec.name) {
@@ -146,9 +189,132 @@ impl Exports {
                 geometry,
                 source,
                 writers: Mutex::new(0),
+                closed: AtomicBool::new(false),
             });
         }
-        Ok(Exports { list, by_name })
+        let used = list.len();
+        let slots = list.into_iter().map(OnceLock::from).collect();
+        Ok(Exports {
+            slots,
+            used: AtomicUsize::new(used),
+            by_name: RwLock::new(by_name),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// No exports yet; up to `capacity` can be [added](Self::add) over the life of the
+    /// set (removed ones still count: ids are not reused).
+    pub fn dynamic(capacity: usize) -> Exports {
+        Exports {
+            slots: (0..capacity).map(|_| OnceLock::new()).collect(),
+            used: AtomicUsize::new(0),
+            by_name: RwLock::new(HashMap::new()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds export `name` served by `backend` (read-only if `read_only` or if the
+    /// backend says so).
+    ///
+    /// # Errors
+    /// [`ExportsError::BadName`] (empty, longer than 254 bytes, or containing `..`),
+    /// [`ExportsError::Duplicate`], [`ExportsError::Full`].
+    pub fn add(
+        &self,
+        name: &str,
+        backend: Arc<dyn ExportBackend>,
+        read_only: bool,
+    ) -> Result<ExportId, ExportsError> {
+        let bad = |reason| {
+            Err(ExportsError::BadName {
+                name: name.to_string(),
+                reason,
+            })
+        };
+        if name.is_empty() {
+            return bad("empty");
+        }
+        if name.len() > MAX_NAME_LEN {
+            return bad("longer than 254 bytes");
+        }
+        if name.contains("..") || name.contains('\0') {
+            return bad("contains '..' or a NUL byte");
+        }
+        let mut by_name = self.by_name.write().unwrap_or_else(|e| e.into_inner());
+        if by_name.contains_key(name) {
+            return Err(ExportsError::Duplicate {
+                name: name.to_string(),
+            });
+        }
+        let index = self.used.load(Ordering::Acquire);
+        let Some(slot) = self.slots.get(index) else {
+            return Err(ExportsError::Full {
+                name: name.to_string(),
+                capacity: self.slots.len(),
+            });
+        };
+        let mut geometry = backend.geometry();
+        geometry.read_only |= read_only;
+        let export = Export {
+            name: name.to_string(),
+            geometry,
+            source: Source::Dynamic(Mutex::new(Some(backend))),
+            writers: Mutex::new(0),
+            closed: AtomicBool::new(false),
+        };
+        if slot.set(export).is_err() {
+            // Additions hold the write lock, so the slot past `used` is always empty.
+            return Err(ExportsError::Full {
+                name: name.to_string(),
+                capacity: self.slots.len(),
+            });
+        }
+        self.used.store(index + 1, Ordering::Release);
+        by_name.insert(name.to_string(), ExportId(index));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(ExportId(index))
+    }
+
+    /// Removes export `name`: new OPENs fail with −ENOENT, IO through existing mappings
+    /// with −EIO, and each core drops its instance once idle. Returns its id, or `None`
+    /// if there is no open export of that name.
+    pub fn remove(&self, name: &str) -> Option<ExportId> {
+        let id = self
+            .by_name
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)?;
+        let export = self.export(id);
+        export.closed.store(true, Ordering::Release);
+        if let Source::Dynamic(b) = &export.source {
+            lock(b).take();
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Some(id)
+    }
+
+    /// Whether `id` was removed.
+    ///
+    /// # Panics
+    /// On an id from another `Exports`.
+    pub fn is_closed(&self, id: ExportId) -> bool {
+        self.export(id).closed.load(Ordering::Acquire)
+    }
+
+    /// Changes with every [`add`](Self::add) and [`remove`](Self::remove).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Slots in use (open and closed exports): ids are below this.
+    pub fn slots_used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn export(&self, id: ExportId) -> &Export {
+        self.slots[id.0]
+            .get()
+            .expect("an ExportId names a filled slot of its own Exports")
     }
 
     /// Exports made of RAM disks only (`(name, size)`): for tests and `--inline-target`.
@@ -166,43 +332,50 @@ impl Exports {
         Exports::new(&specs, &FileOptions::default())
     }
 
+    /// Open exports.
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.iter().count()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.len() == 0
     }
 
-    /// The export called `name` (exact bytes, as `dev_name` arrives).
+    /// The open export called `name` (exact bytes, as `dev_name` arrives).
     pub fn lookup(&self, name: &[u8]) -> Option<ExportId> {
         let name = std::str::from_utf8(name).ok()?;
-        self.by_name.get(name).copied()
+        self.by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .copied()
     }
 
-    /// Ids and names, in declaration order.
+    /// Ids and names of the open exports, in declaration order.
     pub fn iter(&self) -> impl Iterator<Item = (ExportId, &str)> {
-        self.list
+        self.slots[..self.slots_used()]
             .iter()
             .enumerate()
+            .filter_map(|(i, s)| s.get().map(|e| (i, e)))
+            .filter(|(_, e)| !e.closed.load(Ordering::Acquire))
             .map(|(i, e)| (ExportId(i), e.name.as_str()))
     }
 
     /// # Panics
     /// On an id from another `Exports`.
     pub fn name(&self, id: ExportId) -> &str {
-        &self.list[id.0].name
+        &self.export(id).name
     }
 
     /// # Panics
     /// On an id from another `Exports`.
     pub fn geometry(&self, id: ExportId) -> &Geometry {
-        &self.list[id.0].geometry
+        &self.export(id).geometry
     }
 
     /// Current writer count of `id` (RW and MIGRATION mappings over all sessions).
     pub fn writers(&self, id: ExportId) -> u32 {
-        *lock(&self.list[id.0].writers)
+        *lock(&self.export(id).writers)
     }
 
     /// Applies the access rule for a new mapping of `id` in `mode` (PROTOCOL.md §7.2
@@ -212,7 +385,10 @@ impl Exports {
     /// # Errors
     /// [`AccessError::InUse`] or [`AccessError::ReadOnlyExport`].
     pub fn acquire(&self, id: ExportId, mode: AccessMode) -> Result<(), AccessError> {
-        let export = &self.list[id.0];
+        let export = self.export(id);
+        if export.closed.load(Ordering::Acquire) {
+            return Err(AccessError::UnknownName);
+        }
         if mode == AccessMode::ReadOnly {
             return Ok(());
         }
@@ -236,14 +412,14 @@ impl Exports {
     /// Ends a mapping granted by [`acquire`](Self::acquire) in `mode`.
     pub fn release(&self, id: ExportId, mode: AccessMode) {
         if mode != AccessMode::ReadOnly {
-            let mut writers = lock(&self.list[id.0].writers);
+            let mut writers = lock(&self.export(id).writers);
             *writers = writers.saturating_sub(1);
         }
     }
 
     /// The OPEN_RSP of a mapping of `id` (reserved bytes are zeroed by the encoder).
     pub fn open_rsp(&self, id: ExportId, device_id: u32) -> OpenRsp {
-        let g = &self.list[id.0].geometry;
+        let g = &self.export(id).geometry;
         OpenRsp {
             device_id,
             nsectors: g.nsectors(),
@@ -264,44 +440,73 @@ impl Exports {
         }
     }
 
-    /// This core's backend instances, indexed like [`ExportId::index`]: RAM disks
-    /// share their memory with every other core's instance; files are opened again.
+    /// This core's backend instances, indexed like [`ExportId::index`] over the slots in
+    /// use: RAM disks share their memory with every other core's instance; files are
+    /// opened again; run-time backends are asked for this core's instance; a closed
+    /// export gives `None`. Call it on the core's own thread.
     ///
     /// # Errors
-    /// A file that can no longer be opened, or whose geometry changed.
-    pub fn open_core(&self, core: usize) -> Result<Vec<Box<dyn BlockBackend>>, ExportsError> {
-        let mut out: Vec<Box<dyn BlockBackend>> = Vec::with_capacity(self.list.len());
-        for export in &self.list {
-            let backend: Box<dyn BlockBackend> = match &export.source {
-                Source::Ram(ram) => Box::new(lock(ram).share()),
-                Source::File { path, opts } => {
-                    let file = FileBackend::open(path, opts).map_err(|source| {
-                        ExportsError::OpenOnCore {
-                            name: export.name.clone(),
-                            core,
-                            source,
-                        }
-                    })?;
-                    if *file.geometry() != export.geometry {
-                        return Err(ExportsError::GeometryChanged {
-                            name: export.name.clone(),
-                            core,
-                        });
-                    }
-                    Box::new(file)
-                }
-            };
-            out.push(backend);
+    /// A file that can no longer be opened, or whose geometry changed; a run-time
+    /// backend's refusal.
+    pub fn open_core(
+        &self,
+        core: usize,
+    ) -> Result<Vec<Option<Box<dyn BlockBackend>>>, ExportsError> {
+        (0..self.slots_used())
+            .map(|i| self.open_slot(ExportId(i), core))
+            .collect()
+    }
+
+    /// This core's instance of export `id` (`None` if it was removed); see
+    /// [`open_core`](Self::open_core).
+    ///
+    /// # Errors
+    /// As [`open_core`](Self::open_core).
+    pub fn open_slot(
+        &self,
+        id: ExportId,
+        core: usize,
+    ) -> Result<Option<Box<dyn BlockBackend>>, ExportsError> {
+        let export = self.export(id);
+        if export.closed.load(Ordering::Acquire) {
+            return Ok(None);
         }
-        Ok(out)
+        let backend: Box<dyn BlockBackend> = match &export.source {
+            Source::Ram(ram) => Box::new(lock(ram).share()),
+            Source::File { path, opts } => {
+                let file =
+                    FileBackend::open(path, opts).map_err(|source| ExportsError::OpenOnCore {
+                        name: export.name.clone(),
+                        core,
+                        source,
+                    })?;
+                if *file.geometry() != export.geometry {
+                    return Err(ExportsError::GeometryChanged {
+                        name: export.name.clone(),
+                        core,
+                    });
+                }
+                Box::new(file)
+            }
+            Source::Dynamic(b) => {
+                let Some(b) = lock(b).clone() else {
+                    return Ok(None);
+                };
+                b.open_core(core)
+                    .map_err(|reason| ExportsError::BackendOnCore {
+                        name: export.name.clone(),
+                        core,
+                        reason,
+                    })?
+            }
+        };
+        Ok(Some(backend))
     }
 }
 
 impl std::fmt::Debug for Exports {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.list.iter().map(|e| &e.name))
-            .finish()
+        f.debug_list().entries(self.iter().map(|(_, n)| n)).finish()
     }
 }
 
@@ -368,7 +573,67 @@ mod tests {
         let c0 = ex.open_core(0).unwrap();
         let c1 = ex.open_core(1).unwrap();
         assert_eq!(c0.len(), 2);
-        assert_eq!(c1[1].geometry().size, 8192);
+        assert_eq!(c1[1].as_ref().unwrap().geometry().size, 8192);
         assert_eq!(format!("{ex:?}"), "[\"a\", \"b\"]");
+    }
+
+    struct SharedRam(Mutex<RamBackend>);
+
+    impl ExportBackend for SharedRam {
+        fn geometry(&self) -> Geometry {
+            *lock(&self.0).geometry()
+        }
+        fn open_core(&self, _core: usize) -> Result<Box<dyn BlockBackend>, String> {
+            Ok(Box::new(lock(&self.0).share()))
+        }
+    }
+
+    fn ram(size: u64) -> Arc<dyn ExportBackend> {
+        Arc::new(SharedRam(Mutex::new(
+            RamBackend::new(size, RAM_BLOCK_SIZE).unwrap(),
+        )))
+    }
+
+    #[test]
+    fn dynamic_add_remove() {
+        let ex = Exports::dynamic(2);
+        assert!(ex.is_empty());
+        let g0 = ex.generation();
+        let a = ex.add("a", ram(4096), false).unwrap();
+        assert_ne!(ex.generation(), g0);
+        assert_eq!(ex.lookup(b"a"), Some(a));
+        assert!(matches!(
+            ex.add("a", ram(4096), false),
+            Err(ExportsError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            ex.add("x/../y", ram(4096), false),
+            Err(ExportsError::BadName { .. })
+        ));
+        let b = ex.add("b", ram(8192), true).unwrap();
+        assert!(ex.geometry(b).read_only);
+        assert_eq!(
+            ex.acquire(b, AccessMode::ReadWrite),
+            Err(AccessError::ReadOnlyExport { mode: "rw" })
+        );
+        assert!(ex.open_slot(a, 3).unwrap().is_some());
+        assert_eq!(ex.remove("a"), Some(a));
+        assert_eq!(ex.remove("a"), None);
+        assert!(ex.is_closed(a));
+        assert_eq!(ex.lookup(b"a"), None);
+        assert_eq!(
+            ex.acquire(a, AccessMode::ReadOnly),
+            Err(AccessError::UnknownName)
+        );
+        assert!(ex.open_slot(a, 0).unwrap().is_none());
+        assert_eq!(ex.iter().map(|(_, n)| n).collect::<Vec<_>>(), ["b"]);
+        // Ids are not reused: the removed slot still counts.
+        let err = ex.add("c", ram(4096), false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "export 'c': no room for more exports (2 were made)"
+        );
+        let cores = ex.open_core(1).unwrap();
+        assert!(cores[0].is_none() && cores[1].is_some());
     }
 }

@@ -20,7 +20,7 @@ mod session;
 
 pub use super::Dir;
 pub use dispatch::{Completion, Dispatcher, Outcome, Request};
-pub use exports::{AccessError, ExportId, Exports, ExportsError};
+pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;
 pub use registry::{SessionCache, SessionTable};
 pub use session::{Mapping, RnbdSession};

@@ -1,0 +1,130 @@
+//! One RTRS server, many listeners added and removed at run time. The RTRS server takes
+//! its listeners when it starts; the target adds and removes them with
+//! `rtrs_target_listen` / `rtrs_target_stop_listener` while sessions stay up. So the
+//! server is started over a [`MuxFabric`] whose single listener polls a shared,
+//! changeable set of the real fabric's listeners; everything else goes to that fabric,
+//! so every path of a session uses one fabric whatever address it came in on.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rtrs_spdk::fabric::{
+    Access, Conn, ConnRequest, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
+    MemBuf, Mr, QpCaps,
+};
+
+/// The listeners of one transport, shared by the target (adds, removes) and the server's
+/// acceptor (polls).
+#[derive(Default)]
+pub struct Listeners {
+    list: Mutex<Vec<Box<dyn Listener>>>,
+}
+
+impl Listeners {
+    fn lock(&self) -> MutexGuard<'_, Vec<Box<dyn Listener>>> {
+        self.list
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a bound listener.
+    pub fn add(&self, l: Box<dyn Listener>) {
+        self.lock().push(l);
+    }
+
+    /// Closes the listener bound to `addr`; `false` if there is none.
+    pub fn remove(&self, addr: SocketAddr) -> bool {
+        let mut g = self.lock();
+        let before = g.len();
+        g.retain(|l| l.local_addr() != addr);
+        g.len() != before
+    }
+
+    /// Closes every listener.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+/// A fabric whose `listen` hands out the shared [`Listeners`].
+pub struct MuxFabric {
+    inner: Arc<dyn Fabric>,
+    listeners: Arc<Listeners>,
+}
+
+impl MuxFabric {
+    pub fn new(inner: Arc<dyn Fabric>, listeners: Arc<Listeners>) -> MuxFabric {
+        MuxFabric { inner, listeners }
+    }
+}
+
+impl Fabric for MuxFabric {
+    fn kind(&self) -> FabricKind {
+        self.inner.kind()
+    }
+
+    fn caps(&self) -> FabricCaps {
+        self.inner.caps()
+    }
+
+    fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
+        self.inner.register(buf, access)
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, FabricError> {
+        // SAFETY: the caller's guarantees are passed on unchanged.
+        unsafe { self.inner.register_raw(addr, len, access) }
+    }
+
+    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
+        self.inner.alloc_fast_mr()
+    }
+
+    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+        Ok(Box::new(MuxListener {
+            listeners: Arc::clone(&self.listeners),
+            placeholder: addr,
+            last: addr,
+        }))
+    }
+
+    fn connect(
+        &self,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.inner.connect(dst, caps, private_data)
+    }
+}
+
+/// The server's one listener: polls every listener of the set.
+struct MuxListener {
+    listeners: Arc<Listeners>,
+    placeholder: SocketAddr,
+    /// The listener that produced the last request (the acceptor asks right after).
+    last: SocketAddr,
+}
+
+impl Listener for MuxListener {
+    fn poll(&mut self) -> Option<ConnRequest> {
+        let mut g = self.listeners.lock();
+        for l in g.iter_mut() {
+            if let Some(req) = l.poll() {
+                self.last = l.local_addr();
+                return Some(req);
+            }
+        }
+        self.last = self.placeholder;
+        None
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.last
+    }
+}

@@ -1,0 +1,533 @@
+//! An SPDK bdev as an RNBD export's backend: the target side's `struct block_device`.
+//! [`BdevExport`] is one descriptor (`spdk_bdev_open_ext`, with a hot-remove callback);
+//! each core's instance ([`BdevChannel`], a [`BlockBackend`]) owns that SPDK thread's
+//! IO channel and submits `spdk_bdev_readv_blocks` / `writev` / `flush` / `unmap` /
+//! `write_zeroes` from the polling thread. A submission refused with −ENOMEM waits with
+//! `spdk_bdev_queue_io_wait` and is retried when the bdev layer has room; completions are
+//! collected in the channel and returned by [`BlockBackend::poll`] on the same thread.
+//!
+//! The descriptor closes (on the thread that opened it) once the export and every core's
+//! channel let go of it; a channel dropped with IO in flight is drained by a poller first.
+
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void, CString};
+use std::sync::{Arc, Mutex};
+
+use super::sys;
+use super::thread::SpdkThread;
+use crate::rnbd::backend::{
+    BlockBackend, BlockCompletion, BlockIo, BlockOp, Geometry, SubmitError, DEFAULT_MAX_DISCARD,
+    DEFAULT_MAX_TRANSFER,
+};
+use crate::rnbd::server::ExportBackend;
+
+/// IOs a channel accepts before it answers [`SubmitError::Busy`].
+pub const CHANNEL_DEPTH: usize = 1024;
+
+type RemoveFn = Box<dyn FnOnce() + Send>;
+
+struct EventCtx {
+    name: String,
+    on_remove: Mutex<Option<RemoveFn>>,
+}
+
+/// An open descriptor; closed on its opening thread when the last user drops it.
+struct Desc {
+    desc: *mut sys::spdk_bdev_desc,
+    bdev: *mut sys::spdk_bdev,
+    thread: SpdkThread,
+    event: *mut EventCtx,
+}
+
+// SAFETY: the descriptor is used from any SPDK thread (channels are per thread, as SPDK
+// allows) and closed only on `thread`; the event context is a Mutex-guarded box.
+unsafe impl Send for Desc {}
+// SAFETY: as above: shared use only reads the pointers.
+unsafe impl Sync for Desc {}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        let (desc, event) = (self.desc as usize, self.event as usize);
+        let close = move || {
+            // SAFETY: the descriptor is closed once, on its opening thread; after the
+            // close no event arrives, so the event context can be freed.
+            unsafe {
+                sys::spdk_bdev_close(desc as *mut sys::spdk_bdev_desc);
+                drop(Box::from_raw(event as *mut EventCtx));
+            }
+        };
+        if self.thread.is_current() {
+            close();
+        } else if let Err(e) = self.thread.send(close) {
+            tracing::error!("spdk bdev: could not post the descriptor close: {e}");
+        }
+    }
+}
+
+/// A bdev opened for export.
+pub struct BdevExport {
+    desc: Arc<Desc>,
+    geometry: Geometry,
+    name: String,
+}
+
+impl std::fmt::Debug for BdevExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BdevExport")
+            .field("bdev", &self.name)
+            .field("geometry", &self.geometry)
+            .finish()
+    }
+}
+
+impl BdevExport {
+    /// Opens bdev `name` (for writing unless `read_only`) on the calling SPDK thread.
+    /// `on_remove` runs once, on that thread, when SPDK hot-removes the bdev; it should
+    /// remove the export so the descriptor can close.
+    ///
+    /// # Errors
+    /// A message naming the bdev and the failing call (no such bdev, claimed, an
+    /// unsupported block size, not on an SPDK thread).
+    pub fn open<F>(name: &str, read_only: bool, on_remove: F) -> Result<BdevExport, String>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let thread =
+            SpdkThread::current().ok_or_else(|| format!("bdev '{name}': not on an SPDK thread"))?;
+        let cname = CString::new(name).map_err(|_| format!("bdev '{name}': NUL in the name"))?;
+        let event = Box::into_raw(Box::new(EventCtx {
+            name: name.to_string(),
+            on_remove: Mutex::new(Some(Box::new(on_remove))),
+        }));
+        let mut desc: *mut sys::spdk_bdev_desc = std::ptr::null_mut();
+        // SAFETY: valid name and out-pointer; `event` outlives the descriptor (freed
+        // after spdk_bdev_close in Desc::drop, or below on failure).
+        let rc = unsafe {
+            sys::spdk_bdev_open_ext(
+                cname.as_ptr(),
+                !read_only,
+                Some(bdev_event),
+                event.cast::<c_void>(),
+                &mut desc,
+            )
+        };
+        if rc != 0 || desc.is_null() {
+            // SAFETY: not handed to SPDK (the open failed).
+            drop(unsafe { Box::from_raw(event) });
+            let why = match -rc {
+                libc::ENODEV => "no such bdev".to_string(),
+                libc::EPERM => "the bdev is claimed for writing by another module".to_string(),
+                e => format!(
+                    "spdk_bdev_open_ext failed: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ),
+            };
+            return Err(format!("bdev '{name}': {why}"));
+        }
+        // SAFETY: `desc` is open.
+        let bdev = unsafe { sys::spdk_bdev_desc_get_bdev(desc) };
+        let desc = Arc::new(Desc {
+            desc,
+            bdev,
+            thread,
+            event,
+        });
+        let geometry =
+            geometry_of(bdev, read_only).map_err(|why| format!("bdev '{name}': {why}"))?;
+        Ok(BdevExport {
+            desc,
+            geometry,
+            name: name.to_string(),
+        })
+    }
+
+    /// The bdev's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+fn geometry_of(bdev: *mut sys::spdk_bdev, read_only: bool) -> Result<Geometry, String> {
+    // SAFETY: `bdev` belongs to an open descriptor, so it stays registered.
+    let (bs, blocks, wc, unmap, wz) = unsafe {
+        (
+            sys::spdk_bdev_get_block_size(bdev),
+            sys::spdk_bdev_get_num_blocks(bdev),
+            sys::spdk_bdev_has_write_cache(bdev),
+            sys::spdk_bdev_io_type_supported(bdev, sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_UNMAP),
+            sys::spdk_bdev_io_type_supported(
+                bdev,
+                sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE_ZEROES,
+            ) || sys::spdk_bdev_io_type_supported(
+                bdev,
+                sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE,
+            ),
+        )
+    };
+    if !bs.is_power_of_two() || !(512..=32768).contains(&bs) {
+        return Err(format!(
+            "block size {bs} is not a power of two between 512 and 32768 (RNBD sends it in 16 bits)"
+        ));
+    }
+    Ok(Geometry {
+        size: blocks.saturating_mul(u64::from(bs)),
+        logical_block_size: bs,
+        physical_block_size: bs,
+        max_transfer: DEFAULT_MAX_TRANSFER,
+        max_discard: if unmap { DEFAULT_MAX_DISCARD } else { 0 },
+        discard_granularity: bs,
+        discard_alignment: 0,
+        max_write_zeroes: if wz { DEFAULT_MAX_DISCARD } else { 0 },
+        max_secure_erase: 0,
+        max_segments: u16::MAX,
+        write_cache: wc,
+        fua: false,
+        read_only,
+    })
+}
+
+unsafe extern "C" fn bdev_event(
+    kind: sys::spdk_bdev_event_type,
+    _bdev: *mut sys::spdk_bdev,
+    ctx: *mut c_void,
+) {
+    if kind != sys::spdk_bdev_event_type_SPDK_BDEV_EVENT_REMOVE {
+        return;
+    }
+    // SAFETY: the event context lives until the descriptor is closed, and SPDK sends
+    // events only to open descriptors.
+    let ev = unsafe { &*ctx.cast::<EventCtx>() };
+    tracing::warn!("spdk bdev '{}': hot-removed; closing its export", ev.name);
+    let f = ev.on_remove.lock().ok().and_then(|mut g| g.take());
+    if let Some(f) = f {
+        f();
+    }
+}
+
+impl ExportBackend for BdevExport {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn open_core(&self, _core: usize) -> Result<Box<dyn BlockBackend>, String> {
+        BdevChannel::new(Arc::clone(&self.desc), self.geometry, &self.name)
+            .map(|c| Box::new(c) as Box<dyn BlockBackend>)
+    }
+}
+
+/// One IO in flight: what its completion needs.
+struct Slot {
+    chan: *mut ChanState,
+    index: u32,
+    tag: u64,
+    iov: libc::iovec,
+}
+
+struct ChanState {
+    desc: Arc<Desc>,
+    ch: *mut sys::spdk_io_channel,
+    block_size: u64,
+    size_blocks: u64,
+    slots: Box<[Slot]>,
+    free: Vec<u32>,
+    done: VecDeque<BlockCompletion>,
+    /// Refused with −ENOMEM, in order, until `spdk_bdev_queue_io_wait` calls back.
+    waiting: VecDeque<BlockIo>,
+    wait_armed: bool,
+    wait: sys::spdk_bdev_io_wait_entry,
+    in_flight: usize,
+    drain: *mut sys::spdk_poller,
+}
+
+/// One SPDK thread's instance of an exported bdev (its IO channel).
+pub struct BdevChannel {
+    state: Box<UnsafeCell<ChanState>>,
+    geometry: Geometry,
+    name: String,
+}
+
+impl BdevChannel {
+    fn new(desc: Arc<Desc>, geometry: Geometry, name: &str) -> Result<BdevChannel, String> {
+        // SAFETY: the descriptor is open; the channel belongs to the calling thread.
+        let ch = unsafe { sys::spdk_bdev_get_io_channel(desc.desc) };
+        if ch.is_null() {
+            return Err(format!("bdev '{name}': spdk_bdev_get_io_channel failed"));
+        }
+        let bs = u64::from(geometry.logical_block_size);
+        let state = Box::new(UnsafeCell::new(ChanState {
+            desc,
+            ch,
+            block_size: bs,
+            size_blocks: geometry.size / bs,
+            slots: Box::new([]),
+            free: (0..CHANNEL_DEPTH as u32).rev().collect(),
+            done: VecDeque::with_capacity(CHANNEL_DEPTH),
+            waiting: VecDeque::with_capacity(CHANNEL_DEPTH),
+            wait_armed: false,
+            wait: sys::spdk_bdev_io_wait_entry::default(),
+            in_flight: 0,
+            drain: std::ptr::null_mut(),
+        }));
+        let p = state.get();
+        // SAFETY: exclusive access during construction; the slots point back at the
+        // boxed state, whose address never changes.
+        unsafe {
+            (*p).slots = (0..CHANNEL_DEPTH as u32)
+                .map(|index| Slot {
+                    chan: p,
+                    index,
+                    tag: 0,
+                    iov: libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    },
+                })
+                .collect();
+        }
+        Ok(BdevChannel {
+            state,
+            geometry,
+            name: name.to_string(),
+        })
+    }
+}
+
+/// Starts `io` in a free slot: 0, −ENOMEM (retry later), or another negative errno.
+///
+/// # Safety
+/// `st` is a live channel state, used on its own thread, not borrowed elsewhere.
+unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
+    // SAFETY: per the contract; the borrow ends before SPDK is called.
+    let (desc, ch, bs, total, slot) = unsafe {
+        let s = &mut *st;
+        let Some(i) = s.free.pop() else {
+            return -libc::ENOMEM;
+        };
+        let slot = &mut s.slots[i as usize] as *mut Slot;
+        (*slot).tag = io.tag;
+        if let Some(buf) = io.buf {
+            (*slot).iov = libc::iovec {
+                iov_base: buf.as_ptr().cast::<c_void>(),
+                iov_len: io.len as usize,
+            };
+        }
+        (s.desc.desc, s.ch, s.block_size, s.size_blocks, slot)
+    };
+    let off = io.offset / bs;
+    let n = u64::from(io.len) / bs;
+    let arg = slot.cast::<c_void>();
+    let cb = Some(io_done as unsafe extern "C" fn(*mut sys::spdk_bdev_io, bool, *mut c_void));
+    // SAFETY: the slot's iovec and the buffer stay valid until the completion (the
+    // request owns its chunk until answered); the callback gets the slot back.
+    let rc = unsafe {
+        let iov = std::ptr::addr_of_mut!((*slot).iov).cast::<sys::iovec>();
+        match io.op {
+            BlockOp::Read => sys::spdk_bdev_readv_blocks(desc, ch, iov, 1, off, n, cb, arg),
+            BlockOp::Write => sys::spdk_bdev_writev_blocks(desc, ch, iov, 1, off, n, cb, arg),
+            BlockOp::Flush => sys::spdk_bdev_flush_blocks(desc, ch, 0, total, cb, arg),
+            BlockOp::Discard => sys::spdk_bdev_unmap_blocks(desc, ch, off, n, cb, arg),
+            BlockOp::WriteZeroes => sys::spdk_bdev_write_zeroes_blocks(desc, ch, off, n, cb, arg),
+            BlockOp::SecureErase => -libc::EOPNOTSUPP,
+        }
+    };
+    // SAFETY: per the contract; a short borrow.
+    unsafe {
+        let s = &mut *st;
+        if rc == 0 {
+            s.in_flight += 1;
+        } else {
+            s.free.push((*slot).index);
+        }
+    }
+    rc
+}
+
+unsafe extern "C" fn io_done(bdev_io: *mut sys::spdk_bdev_io, success: bool, arg: *mut c_void) {
+    // SAFETY: `arg` is the slot given at submission; its channel state lives until
+    // every IO completed (the drain poller waits for that).
+    unsafe {
+        let slot = arg.cast::<Slot>();
+        let st = &mut *(*slot).chan;
+        st.in_flight -= 1;
+        st.free.push((*slot).index);
+        st.done.push_back(BlockCompletion::new(
+            (*slot).tag,
+            if success { 0 } else { -libc::EIO },
+        ));
+        sys::spdk_bdev_free_io(bdev_io);
+    }
+}
+
+/// Arms `spdk_bdev_queue_io_wait` for the channel (once).
+///
+/// # Safety
+/// As [`start`].
+unsafe fn arm_wait(st: *mut ChanState) {
+    // SAFETY: per the contract.
+    unsafe {
+        let s = &mut *st;
+        if s.wait_armed {
+            return;
+        }
+        s.wait.bdev = s.desc.bdev;
+        s.wait.cb_fn = Some(retry_waiting);
+        s.wait.cb_arg = st.cast::<c_void>();
+        let rc = sys::spdk_bdev_queue_io_wait(s.desc.bdev, s.ch, &mut s.wait);
+        s.wait_armed = rc == 0;
+        if rc != 0 {
+            // Nothing of ours is in flight on this bdev: fail what waits.
+            while let Some(io) = s.waiting.pop_front() {
+                s.done.push_back(BlockCompletion::new(io.tag, -libc::EIO));
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn retry_waiting(arg: *mut c_void) {
+    let st = arg.cast::<ChanState>();
+    // SAFETY: the state outlives its armed wait entry (the drain poller waits for it).
+    unsafe {
+        (*st).wait_armed = false;
+        while let Some(io) = (*st).waiting.pop_front() {
+            match start(st, &io) {
+                0 => {}
+                rc if rc == -libc::ENOMEM => {
+                    (*st).waiting.push_front(io);
+                    arm_wait(st);
+                    break;
+                }
+                rc => (*st)
+                    .done
+                    .push_back(BlockCompletion::new(io.tag, rc.min(-1))),
+            }
+        }
+    }
+}
+
+impl BlockBackend for BdevChannel {
+    fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn queue_depth(&self) -> usize {
+        CHANNEL_DEPTH
+    }
+
+    fn in_flight(&self) -> usize {
+        // SAFETY: a short read on the owning thread.
+        let s = unsafe { &*self.state.get() };
+        s.in_flight + s.waiting.len() + s.done.len()
+    }
+
+    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+        self.geometry.validate(&io)?;
+        let st = self.state.get();
+        // SAFETY: on the owning thread; short borrows around SPDK calls.
+        unsafe {
+            if (*st).in_flight + (*st).waiting.len() >= CHANNEL_DEPTH {
+                return Err(SubmitError::Busy {
+                    depth: CHANNEL_DEPTH,
+                });
+            }
+            if !(*st).waiting.is_empty() {
+                (*st).waiting.push_back(io);
+                return Ok(());
+            }
+            match start(st, &io) {
+                0 => {}
+                rc if rc == -libc::ENOMEM => {
+                    (*st).waiting.push_back(io);
+                    arm_wait(st);
+                }
+                rc => (*st)
+                    .done
+                    .push_back(BlockCompletion::new(io.tag, rc.min(-1))),
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
+        let st = self.state.get();
+        let mut n = 0;
+        // SAFETY: on the owning thread; completions are pushed by callbacks on this
+        // same thread, never during this loop.
+        unsafe {
+            while n < out.len() {
+                let Some(c) = (*st).done.pop_front() else {
+                    break;
+                };
+                out[n] = c;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn describe(&self) -> String {
+        format!("spdk bdev {}", self.name)
+    }
+}
+
+impl Drop for BdevChannel {
+    fn drop(&mut self) {
+        let st = self.state.get();
+        // SAFETY: on the owning thread.
+        let busy = unsafe { (*st).in_flight > 0 || (*st).wait_armed };
+        if !busy {
+            // SAFETY: nothing references the state any more; the channel is ours.
+            unsafe { sys::spdk_put_io_channel((*st).ch) };
+            return;
+        }
+        // IO still in flight: hand the state to a poller that frees it afterwards.
+        let state = std::mem::replace(
+            &mut self.state,
+            Box::new(UnsafeCell::new(ChanState {
+                desc: Arc::clone(unsafe { &(*st).desc }),
+                ch: std::ptr::null_mut(),
+                block_size: 1,
+                size_blocks: 0,
+                slots: Box::new([]),
+                free: Vec::new(),
+                done: VecDeque::new(),
+                waiting: VecDeque::new(),
+                wait_armed: false,
+                wait: sys::spdk_bdev_io_wait_entry::default(),
+                in_flight: 0,
+                drain: std::ptr::null_mut(),
+            })),
+        );
+        let raw = Box::into_raw(state);
+        // SAFETY: `raw` stays valid until drain_channel frees it; registered on this
+        // thread, which owns the channel.
+        unsafe {
+            let p = sys::spdk_poller_register_named(
+                Some(drain_channel),
+                raw.cast::<c_void>(),
+                1000,
+                c"rtrs_bdev_drain".as_ptr(),
+            );
+            (*(*raw).get()).drain = p;
+        }
+        // The placeholder state left behind has no channel to put.
+    }
+}
+
+unsafe extern "C" fn drain_channel(arg: *mut c_void) -> c_int {
+    let cell = arg.cast::<UnsafeCell<ChanState>>();
+    // SAFETY: the leaked state of a dropped channel, only used on this thread.
+    unsafe {
+        let st = (*cell).get();
+        if (*st).in_flight > 0 || (*st).wait_armed {
+            return sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int;
+        }
+        let mut p = (*st).drain;
+        sys::spdk_poller_unregister(&mut p);
+        if !(*st).ch.is_null() {
+            sys::spdk_put_io_channel((*st).ch);
+        }
+        drop(Box::from_raw(cell));
+    }
+    sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
+}
