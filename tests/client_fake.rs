@@ -96,7 +96,7 @@ fn broken_path_under_load_fails_over_and_reconnects() {
     assert!(h.run_until(100_000, 1000, |h| h.total().verified >= before + 200));
     // The broken path comes back by itself (delay 200 ms + jitter up to 300 ms).
     assert!(
-        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 2),
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 2),
         "{:?}",
         h.sess.paths()
     );
@@ -134,7 +134,7 @@ fn io_waits_through_target_restart() {
     assert!(h.outstanding() > 0, "requests are waiting");
     h.srv.borrow_mut().restart();
     assert!(
-        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 1),
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
         "{:?}",
         h.sess.paths()
     );
@@ -295,7 +295,7 @@ fn protocol_violations_are_path_errors_and_io_survives() {
             "{evil:?} did not take the path down"
         );
         assert!(
-            h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 2),
+            h.run_until(20_000, MS, |h| h.sess.paths_up() == 2),
             "{:?}",
             h.sess.paths()
         );
@@ -326,7 +326,7 @@ fn queue_depth_change_is_renegotiated() {
         s.restart();
     }
     assert!(
-        h.run_until(200_000, MS / 10, |h| h.sess.paths_up() == 1),
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
         "{:?}",
         h.sess.paths()
     );
@@ -376,4 +376,184 @@ fn data_over_tcp_on_127_0_0_1() {
             st.to_json()
         );
     }
+}
+
+#[test]
+fn reads_answered_without_remote_invalidation_are_invalidated_locally() {
+    for new_rkey in [false, true] {
+        let mut h = Harness::new(Setup {
+            paths: 1,
+            new_rkey,
+            load_qd: 4,
+            sizes: vec![4096, 512],
+            ..Setup::default()
+        });
+        h.connect();
+        h.srv.borrow_mut().no_inv = true;
+        h.start_load(0);
+        // Every permit is reused many times: each READ re-binds a slot whose previous
+        // binding was never retired remotely, so LOCAL_INV must come first or the
+        // binding would fail and take the path down.
+        assert!(
+            h.run_until(200_000, 1000, |h| h.total().verified >= 400),
+            "{:?}",
+            h.total()
+        );
+        h.drain(100_000, 1000);
+        clean(&h);
+        assert_eq!(
+            h.sess.stats().paths[0].reconnects_ok,
+            0,
+            "the path never went down"
+        );
+        assert_eq!(h.events.borrow().as_slice(), &[LinkEvent::Connected]);
+    }
+}
+
+#[test]
+fn rejected_connects_are_retried_then_succeed() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 2,
+        ..Setup::default()
+    });
+    h.srv.borrow_mut().reject_next = 3;
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    let st = h.sess.stats();
+    assert_eq!(st.paths[0].reconnects_fail, 3, "{}", st.to_json());
+    assert_eq!(st.paths[0].reconnects_ok, 0);
+    // 3 rejected cid-0 requests, then cid 0 and one IO connection per core.
+    assert_eq!(h.srv.borrow().requests, 3 + 3);
+    h.start_load(20);
+    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= 40));
+    h.drain(100_000, 1000);
+    clean(&h);
+}
+
+#[test]
+fn reconnect_attempts_are_bounded() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 1,
+        tweak: |c| c.max_reconnect_attempts = 2,
+        ..Setup::default()
+    });
+    h.srv.borrow_mut().reject_next = 100;
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.path_state(h.paths[0])
+            == Some(PathState::Closed)),
+        "{:?}",
+        h.sess.paths()
+    );
+    // The first try plus two reconnect attempts.
+    assert_eq!(h.srv.borrow().requests, 3);
+    h.run_until(5_000, MS, |_| false);
+    assert_eq!(h.srv.borrow().requests, 3, "no attempt after giving up");
+    // A manual reconnect starts over.
+    h.srv.borrow_mut().reject_next = 0;
+    h.sess.reconnect_path(h.paths[0]);
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+}
+
+#[test]
+fn duplicate_and_out_of_range_responses_are_ignored() {
+    use client_util::fake_server::Evil;
+    for (evil, new_rkey) in [
+        (Evil::Duplicate, false),
+        (Evil::Duplicate, true),
+        (Evil::BadMsgId, false),
+    ] {
+        let mut h = Harness::new(Setup {
+            paths: 1,
+            new_rkey,
+            load_qd: 8,
+            ..Setup::default()
+        });
+        h.connect();
+        h.start_load(0);
+        for _ in 0..20 {
+            let v = h.total().verified;
+            h.srv.borrow_mut().evil = Some(evil);
+            assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 10));
+        }
+        h.drain(100_000, 1000);
+        clean(&h);
+        assert_eq!(
+            h.sess.stats().paths[0].reconnects_ok,
+            0,
+            "{evil:?} did not take the path down"
+        );
+        assert_eq!(h.sess.paths_up(), 1);
+    }
+}
+
+#[test]
+fn a_dropped_core_handle_does_not_hold_up_teardown() {
+    use client_util::{Events, FakeServer};
+    use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session};
+    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    let lo = Arc::new(LoopbackFabric::new());
+    let srv = Rc::new(RefCell::new(FakeServer::new(
+        lo.clone(),
+        1,
+        64,
+        64 * 1024,
+        false,
+        1 << 20,
+    )));
+    let mut sim = Simulation::new(2, 256);
+    let s2 = srv.clone();
+    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
+        if s2.borrow_mut().poll() {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }));
+    let addr = PathAddr::new(srv.borrow().addrs[0]);
+    let mut cfg = ClientConfig::new("drop", vec![addr]);
+    cfg.reconnect_delay = Duration::from_millis(100);
+    let (sess, mut cores) = sim
+        .reactor(0)
+        .with_ctx(|cx| Session::open(cx, lo.clone(), cfg, Box::new(Events(Default::default()))))
+        .unwrap();
+    let mut core0 = cores.remove(0);
+    drop(cores);
+    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
+        let mut out = [ClientCompletion::default(); 4];
+        core0.poll(cx, &mut out);
+        PollResult::Idle
+    }));
+    let step_until = |sim: &mut Simulation, cond: &dyn Fn() -> bool| {
+        for _ in 0..20_000 {
+            if cond() {
+                return true;
+            }
+            sim.advance(MS);
+            sim.step();
+        }
+        cond()
+    };
+    assert!(step_until(&mut sim, &|| sess.paths_up() == 1));
+    srv.borrow_mut().break_path(0);
+    // The teardown does not wait for the missing core, and the path comes back.
+    assert!(
+        step_until(&mut sim, &|| sess.stats().paths[0].reconnects_ok >= 1
+            && sess.paths_up() == 1),
+        "{:?}",
+        sess.paths()
+    );
 }

@@ -322,3 +322,12 @@ fn config_defaults_and_paths() {
     assert!(check_sessname("").is_err());
     assert!(check_sessname(&"x".repeat(255)).is_err());
 }
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<rtrs_spdk::client::Session>();
+    send::<rtrs_spdk::client::SessionCore>();
+    send_sync::<ClientStats>();
+}

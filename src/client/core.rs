@@ -31,6 +31,8 @@ use crate::proto::constants::MAX_SEGMENTS;
 pub const MAX_SGL: usize = MAX_SEGMENTS as usize;
 /// Errno of a request that found no path within the wait (positive value).
 pub const ENOTCONN: i32 = 107;
+/// Errno of a request that cannot be encoded for the session (positive value).
+pub const EINVAL: i32 = 22;
 /// Errno of a waiting request dropped by a queue-depth change (positive value).
 pub const ECONNRESET: i32 = 104;
 
@@ -85,6 +87,8 @@ pub(super) struct Req {
     pub start_ns: u64,
     pub deadline: u64,
     pub failed_over: bool,
+    /// The READ reply went straight into the caller's registered region.
+    pub direct: bool,
 }
 
 impl Req {
@@ -101,6 +105,7 @@ impl Req {
         start_ns: 0,
         deadline: 0,
         failed_over: false,
+        direct: false,
     };
 
     pub fn has_desc(&self) -> bool {
@@ -116,9 +121,21 @@ pub(super) struct Res {
     pub bounce: Mr,
     /// The READ reply's key slot per permit.
     pub fmr: Vec<FastMr>,
-    /// The slot may still be bound (no remote invalidation seen): replace it before
-    /// the next binding.
-    pub fmr_dirty: Vec<bool>,
+    /// Whether each slot's binding is retired, live, or unknown.
+    pub fmr_state: Vec<FmrState>,
+}
+
+/// The binding of a permit's fast-registration slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FmrState {
+    /// Never bound, or retired (the server's SEND_WITH_INV, IO_RSP_W_INV).
+    Free,
+    /// Bound and not retired: a LOCAL_INV goes before the next binding (the kernel's
+    /// local invalidation when the response came without W_INV).
+    Bound,
+    /// Unknown (the path died with the request in flight): the slot is replaced by a
+    /// fresh one, so a late write through the old key can never reach reused memory.
+    Unknown,
 }
 
 /// This core's connection of one path.
@@ -149,6 +166,14 @@ pub struct SessionCore {
     pub(super) max_send_sge: u32,
     /// One past the highest path slot this core has seen (bounds the per-IO scans).
     pub(super) nslots: usize,
+    /// Rate limit of data-path warnings: next time one may be logged, and how many were
+    /// suppressed since the last.
+    pub(super) warn_next_ns: u64,
+    pub(super) warn_suppressed: u64,
+    /// Calls of `poll` so far.
+    pub(super) polls: u64,
+    /// Regions the caller registered for zero-copy READs ([`SessionCore::add_region`]).
+    pub(super) regions: Vec<Arc<Mr>>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -159,6 +184,28 @@ impl std::fmt::Debug for SessionCore {
             .field("permits", &self.permits.capacity())
             .field("in_use", &self.permits.in_use())
             .finish()
+    }
+}
+
+impl Drop for SessionCore {
+    /// A core handle going away disconnects its connections and stops taking part in
+    /// teardowns, so the other cores' paths are not held up waiting for it.
+    fn drop(&mut self) {
+        self.sess.core_gone[self.core].store(true, Ordering::Release);
+        for cp in self.paths.iter_mut().flatten() {
+            cp.io.con.disconnect();
+        }
+        while let Some(cmd) = self.sess.to_core[self.core].pop() {
+            match cmd {
+                CoreCmd::Down { slot } => {
+                    let p = self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].clone();
+                    if let Some(p) = p {
+                        p.acks.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                CoreCmd::Up { mut conn, .. } => conn.con.disconnect(),
+            }
+        }
     }
 }
 
@@ -186,6 +233,10 @@ impl SessionCore {
             done: VecDeque::new(),
             max_send_sge: 1,
             nslots: 0,
+            warn_next_ns: 0,
+            warn_suppressed: 0,
+            polls: 0,
+            regions: Vec::new(),
         }
     }
 
@@ -212,6 +263,22 @@ impl SessionCore {
     /// Permits this core owns (its share of the queue depth).
     pub fn permits(&self) -> u32 {
         self.permits.capacity()
+    }
+
+    /// Lets single-segment READs into `mr` skip the bounce area: the permit's
+    /// fast-registration slot is bound to the caller's segment inside `mr` and the
+    /// server writes there directly (the kernel's way; zero copy). `mr` must come from
+    /// the session's fabric; it is kept alive here until [`remove_region`](Self::remove_region).
+    pub fn add_region(&mut self, mr: Arc<Mr>) {
+        if !self.regions.iter().any(|m| Arc::ptr_eq(m, &mr)) {
+            self.regions.push(mr);
+        }
+    }
+
+    /// Stops using the region with local key `lkey` for zero-copy READs. Requests
+    /// already posted into it still complete into it.
+    pub fn remove_region(&mut self, lkey: u32) {
+        self.regions.retain(|m| m.lkey() != lkey);
     }
 
     /// Requests submitted here and not yet completed.
@@ -296,9 +363,11 @@ impl SessionCore {
             start_ns: now,
             deadline: now.saturating_add(self.io_wait_ns),
             failed_over: false,
+            direct: false,
         };
         match self.try_post(i, now) {
             super::io::Posted::Yes => {}
+            super::io::Posted::Invalid => self.finish(i, -EINVAL, now),
             super::io::Posted::NoPath | super::io::Posted::Retry => self.wait.push_back(buf_id),
         }
         Ok(())
@@ -308,6 +377,7 @@ impl SessionCore {
     /// `out.len()` completions into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [ClientCompletion]) -> usize {
         let now = cx.now();
+        self.polls = self.polls.wrapping_add(1);
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);
         }
@@ -384,7 +454,7 @@ impl SessionCore {
                     hdr,
                     bounce,
                     fmr,
-                    fmr_dirty: vec![false; n],
+                    fmr_state: vec![FmrState::Free; n],
                 });
                 self.permits = Permits::new(range);
             }
@@ -400,6 +470,17 @@ impl SessionCore {
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
         self.params = Some(params);
+    }
+
+    /// Whether a data-path warning may be logged now (at most one per second per core);
+    /// returns how many were suppressed before it.
+    pub(super) fn may_warn(&mut self, now: u64) -> Option<u64> {
+        if now < self.warn_next_ns {
+            self.warn_suppressed += 1;
+            return None;
+        }
+        self.warn_next_ns = now.saturating_add(1_000_000_000);
+        Some(std::mem::take(&mut self.warn_suppressed))
     }
 
     /// Completes request `i` with `errno` and returns its permit.

@@ -15,13 +15,18 @@
 
 use std::sync::atomic::Ordering;
 
-use super::core::{CorePath, RState, SessionCore, ENOTCONN, MAX_SGL};
+use super::core::{CorePath, FmrState, RState, SessionCore, EINVAL, ENOTCONN, MAX_SGL};
 use super::policy::PathSet;
+use smallvec::SmallVec;
+
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
+
+/// Polls of a core between connection-manager checks of its IO connections.
+const CM_POLL_EVERY: u64 = 64;
 
 /// Result of trying to post a request.
 pub(super) enum Posted {
@@ -30,12 +35,16 @@ pub(super) enum Posted {
     NoPath,
     /// A path is usable but its send queue is full: retry on a later poll.
     Retry,
+    /// The request cannot be encoded for this session (checked at submit, so only a
+    /// session whose limits changed underneath it gets here): fail it with −EINVAL.
+    Invalid,
 }
 
 /// Why a post on one path failed.
 enum PostFail {
     Budget,
     Broken,
+    Invalid,
 }
 
 impl SessionCore {
@@ -65,6 +74,7 @@ impl SessionCore {
             match self.post_on(i, p, policy, now) {
                 Ok(()) => return Posted::Yes,
                 Err(PostFail::Budget) => return Posted::Retry,
+                Err(PostFail::Invalid) => return Posted::Invalid,
                 Err(PostFail::Broken) => {
                     tried.insert(p);
                     self.path_failed(p, now);
@@ -89,6 +99,8 @@ impl SessionCore {
         let bounce_addr = res.bounce.addr() + (i * params.max_io_size as usize) as u64;
         let mut sges = [Sge::default(); 2];
         let mut reg: Option<SendWr<'_>> = None;
+        let mut inv: Option<SendWr<'_>> = None;
+        let mut direct = false;
         let (hdr_len, imm_offset, remote) = match r.dir {
             Dir::Write => {
                 let pl = write_placement(
@@ -97,7 +109,7 @@ impl SessionCore {
                     params.chunk_size,
                     params.max_hdr_size,
                 )
-                .map_err(|_| PostFail::Broken)?;
+                .map_err(|_| PostFail::Invalid)?;
                 res.hdr.mr().write_at(
                     i * res.hdr.size() + usize::from(r.usr_len),
                     &RdmaWrite { usr_len: r.usr_len }.to_bytes(),
@@ -113,14 +125,14 @@ impl SessionCore {
                     params.chunk_size,
                     params.max_hdr_size,
                 )
-                .map_err(|_| PostFail::Broken)?;
+                .map_err(|_| PostFail::Invalid)?;
                 let mut desc = None;
                 if r.data_len > 0 {
-                    if res.fmr_dirty[i] {
+                    if res.fmr_state[i] == FmrState::Unknown {
                         match self.fabric.alloc_fast_mr() {
                             Ok(f) => {
                                 res.fmr[i] = f;
-                                res.fmr_dirty[i] = false;
+                                res.fmr_state[i] = FmrState::Free;
                             }
                             Err(e) => {
                                 tracing::warn!("cannot replace a fast-registration slot: {e}");
@@ -128,13 +140,40 @@ impl SessionCore {
                             }
                         }
                     }
+                    if res.fmr_state[i] == FmrState::Bound {
+                        inv = Some(SendWr {
+                            wr_id: 0,
+                            op: SendOp::LocalInv {
+                                rkey: res.fmr[i].rkey(),
+                            },
+                            sges: &[],
+                            signaled: false,
+                        });
+                    }
+                    // A single segment inside a region the caller registered with this
+                    // core is written by the server directly; otherwise the bounce area.
+                    let seg = self.sgl[i * MAX_SGL];
+                    let region = (r.nsg == 1)
+                        .then(|| {
+                            self.regions.iter().find(|m| {
+                                m.lkey() == seg.lkey
+                                    && seg.addr >= m.addr()
+                                    && seg.addr + u64::from(seg.len) <= m.addr() + m.len() as u64
+                            })
+                        })
+                        .flatten();
+                    direct = region.is_some();
+                    let (region, target) = match region {
+                        Some(m) => (&**m, seg.addr),
+                        None => (&res.bounce, bounce_addr),
+                    };
                     let new_key = inc_rkey(res.fmr[i].rkey());
                     reg = Some(SendWr {
                         wr_id: 0,
                         op: SendOp::RegMr {
                             slot: &res.fmr[i],
-                            region: &res.bounce,
-                            addr: bounce_addr,
+                            region,
+                            addr: target,
                             len: r.data_len,
                             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
                             rkey: new_key,
@@ -143,7 +182,7 @@ impl SessionCore {
                         signaled: false,
                     });
                     desc = Some(SgDesc {
-                        addr: bounce_addr,
+                        addr: target,
                         key: new_key,
                         len: r.data_len,
                     });
@@ -154,7 +193,7 @@ impl SessionCore {
                     need_inval: desc.is_some(),
                 };
                 let mut t = [0u8; crate::proto::RDMA_READ_MAX_TRAILER_LEN];
-                let n = trailer.encode(&mut t).map_err(|_| PostFail::Broken)?;
+                let n = trailer.encode(&mut t).map_err(|_| PostFail::Invalid)?;
                 res.hdr
                     .mr()
                     .write_at(i * res.hdr.size() + usize::from(r.usr_len), &t[..n]);
@@ -178,7 +217,7 @@ impl SessionCore {
         let imm = params
             .layout
             .io_req(buf_id, imm_offset)
-            .map_err(|_| PostFail::Broken)?;
+            .map_err(|_| PostFail::Invalid)?;
         let io_wr = SendWr {
             wr_id: u64::from(buf_id),
             op: SendOp::RdmaWriteWithImm {
@@ -189,20 +228,21 @@ impl SessionCore {
             sges: &sges[..nsge],
             signaled: false,
         };
-        let result = match reg {
-            Some(reg) => cp.io.con.post_send(&[reg, io_wr]),
-            None => cp.io.con.post_send(&[io_wr]),
-        };
+        let chain: SmallVec<[SendWr<'_>; 3]> = inv.into_iter().chain(reg).chain([io_wr]).collect();
+        let result = cp.io.con.post_send(&chain);
         match result {
             Ok(()) => {}
             Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
             Err(e) => {
                 if r.has_desc() {
-                    res.fmr_dirty[i] = true;
+                    res.fmr_state[i] = FmrState::Unknown;
                 }
                 tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, "post failed: {e}");
                 return Err(PostFail::Broken);
             }
+        }
+        if r.has_desc() {
+            res.fmr_state[i] = FmrState::Bound;
         }
         let st = &cp.shared.core_stats[self.core];
         st.on_post(
@@ -217,7 +257,11 @@ impl SessionCore {
             cp.inflight += 1;
             st.inflight.add(1);
         }
+        if direct {
+            st.direct_reads.add(1);
+        }
         let q = &mut self.reqs[i];
+        q.direct = direct;
         q.state = RState::InFlight;
         q.path = p;
         q.policy = policy;
@@ -230,19 +274,28 @@ impl SessionCore {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
-        let mut broken = false;
-        while let Some(ev) = cp.io.con.poll_cm() {
-            if matches!(
-                ev,
-                crate::fabric::CmEvent::Disconnected | crate::fabric::CmEvent::Error { .. }
-            ) {
-                broken = true;
-            }
-        }
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
-        if n > 0 {
+        let received = wcs[..n].iter().any(|w| {
+            w.status.is_ok() && matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        });
+        if received {
             cp.shared.rx_seen.store(true, Ordering::Relaxed);
+        }
+        // A break shows in the CQ first (the posted receives flush); the CM is asked then,
+        // and otherwise only every CM_POLL_EVERY polls (on the software fabrics asking
+        // it costs a progress pass of its own).
+        let flushed = wcs[..n].iter().any(|w| !w.status.is_ok());
+        let mut broken = false;
+        if flushed || self.polls % CM_POLL_EVERY == 0 {
+            while let Some(ev) = cp.io.con.poll_cm() {
+                if matches!(
+                    ev,
+                    crate::fabric::CmEvent::Disconnected | crate::fabric::CmEvent::Error { .. }
+                ) {
+                    broken = true;
+                }
+            }
         }
         for wc in &wcs[..n] {
             if self.paths[slot].is_none() {
@@ -338,7 +391,9 @@ impl SessionCore {
     fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, now: u64) {
         let params = self.params.expect("params");
         if rsp.check_msg_id(params.queue_depth).is_err() {
-            tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), "response for an unknown msg_id ignored");
+            if let Some(suppressed) = self.may_warn(now) {
+                tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), suppressed, "response for a msg_id beyond the queue depth ignored");
+            }
             return;
         }
         let buf_id = rsp.msg_id() as u16;
@@ -359,10 +414,10 @@ impl SessionCore {
             return;
         }
         let res = self.res.as_mut().expect("res");
-        if r.has_desc() && !rsp.w_inv() {
-            res.fmr_dirty[i] = true;
+        if rsp.w_inv() {
+            res.fmr_state[i] = FmrState::Free;
         }
-        if rsp.errno() == 0 && r.has_desc() {
+        if rsp.errno() == 0 && r.has_desc() && !r.direct {
             let mut off = i * params.max_io_size as usize;
             let mut left = r.data_len as usize;
             for s in &self.sgl[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)] {
@@ -444,7 +499,7 @@ impl SessionCore {
             }
             if r.has_desc() {
                 if let Some(res) = self.res.as_mut() {
-                    res.fmr_dirty[i] = true;
+                    res.fmr_state[i] = FmrState::Unknown;
                 }
             }
             let q = &mut self.reqs[i];
@@ -466,6 +521,7 @@ impl SessionCore {
             let i = usize::from(b - self.permits.range().start);
             match self.try_post(i, now) {
                 Posted::Yes => {}
+                Posted::Invalid => self.finish(i, -EINVAL, now),
                 Posted::Retry => self.wait.push_back(b),
                 Posted::NoPath => {
                     if now >= self.reqs[i].deadline || !live {

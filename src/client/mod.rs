@@ -19,16 +19,34 @@
 //! - Reconnect jitter is uniformly random up to `reconnect_jitter` (500 ms by default),
 //!   not 0–7 ms; a changed queue depth on reconnect is re-negotiated once no other path
 //!   uses the old one (requests waiting at that moment fail with −ECONNRESET).
-//! - READ replies always land in the permit's registered bounce area, fast-registered
-//!   with NEED_INVAL as the kernel does, and are copied to the caller's segments: the
-//!   request names memory by SGE only, and a fast registration needs the region.
+//! - A request names memory by SGE only, and a fast registration needs the region: a
+//!   single-segment READ into a region the caller announced with
+//!   [`SessionCore::add_region`] is fast-registered in place (zero copy, as the kernel);
+//!   any other READ lands in the permit's registered bounce area (fast-registered with
+//!   NEED_INVAL the same way) and is copied to the caller's segments.
 //! - Administrative requests (`ClientIo::admin`) travel on the submitting core's IO
 //!   connection like other requests; the server treats all connections alike, and this
 //!   keeps every completion on its submitting core.
 //! - Unknown imm types, malformed RKEY_RSPs and IO_RSP_W_INV for a request that asked
 //!   no invalidation are path errors (PROTOCOL.md §9.6 "Add").
+//! - Opening never fails because a path cannot connect: the path retries under the
+//!   reconnect policy (the kernel fails the whole open), and the layer above learns of
+//!   the session's first connected path through [`ClientEvents`].
+//! - A path may create the server session (`first_conn`) whenever the session has no
+//!   connected path, so one unreachable first path does not keep the others out.
+//! - A path whose response came without remote invalidation gets a LOCAL_INV chained
+//!   before its permit's next binding rather than waited for; a slot whose state is
+//!   unknown after a failover is replaced by a fresh one.
+//! - The source address of a path (`PathAddr::src`) is recorded and shown but not
+//!   bound: the fabric's connect takes no source address.
+//!
+//! # Memory
+//! Per core and permit: `max_hdr_size` bytes of header buffer and `max_io_size` bytes of
+//! bounce area, registered once (for the kernel's defaults, 512 × 124 KiB ≈ 62 MiB per
+//! session in total, split over the cores).
 
 mod config;
+mod connect;
 mod core;
 mod ctl;
 mod error;
@@ -36,6 +54,7 @@ mod io;
 pub mod permit;
 pub mod policy;
 pub mod reconnect;
+mod recovery;
 mod session;
 mod shared;
 pub mod state;

@@ -118,6 +118,8 @@ pub struct SessShared {
     pub paths: Mutex<Vec<Option<Arc<PathShared>>>>,
     pub to_home: SegQueue<SessCmd>,
     pub to_core: Vec<SegQueue<CoreCmd>>,
+    /// Core handles dropped by their owner (they acknowledge no teardown any more).
+    pub core_gone: Vec<AtomicBool>,
     /// Paths not Closed or Dead: while any exists, IO may wait for a reconnect.
     pub live_paths: AtomicUsize,
     /// Session limits, once known (written by the home core before any `Up`).
@@ -136,6 +138,7 @@ impl SessShared {
             paths: Mutex::new(vec![None; MAX_PATHS]),
             to_home: SegQueue::new(),
             to_core: (0..cores).map(|_| SegQueue::new()).collect(),
+            core_gone: (0..cores).map(|_| AtomicBool::new(false)).collect(),
             live_paths: AtomicUsize::new(0),
             params: Mutex::new(None),
             closed: AtomicBool::new(false),

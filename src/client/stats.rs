@@ -77,6 +77,8 @@ pub struct CoreStats {
     pub wc_total: Ctr,
     pub wc_max: Ctr,
     pub latency: [Ctr; LAT_BUCKETS],
+    /// READs whose reply went straight into the caller's registered region.
+    pub direct_reads: Ctr,
 }
 
 impl Default for CoreStats {
@@ -95,6 +97,7 @@ impl Default for CoreStats {
             wc_total: Ctr::default(),
             wc_max: Ctr::default(),
             latency: std::array::from_fn(|_| Ctr::default()),
+            direct_reads: Ctr::default(),
         }
     }
 }
@@ -143,6 +146,7 @@ impl CoreStats {
             &self.wc_polls,
             &self.wc_total,
             &self.wc_max,
+            &self.direct_reads,
         ] {
             c.reset();
         }
@@ -209,6 +213,8 @@ pub struct PathStats {
     pub wc_completion: WcStats,
     /// IO latency histogram (see [`LAT_BUCKETS`]).
     pub latency_hist: Vec<u64>,
+    /// READs answered straight into the caller's memory (no bounce copy).
+    pub direct_reads: u64,
 }
 
 impl PathStats {
@@ -244,6 +250,7 @@ impl PathStats {
             for (d, x) in s.latency_hist.iter_mut().zip(&c.latency) {
                 *d += x.get();
             }
+            s.direct_reads += c.direct_reads.get();
             s.wc_completion.polls += c.wc_polls.get();
             s.wc_completion.completions += c.wc_total.get();
             s.wc_completion.max_per_poll = s.wc_completion.max_per_poll.max(c.wc_max.get());
@@ -269,7 +276,7 @@ impl PathStats {
         let r = &self.rdma;
         let _ = write!(
             out,
-            "{{\"path\":{},\"state\":{},\"cur_latency_ns\":{},\"rdma\":{{\"read_cnt\":{},\"read_bytes\":{},\"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_cnt\":{}}},\"reconnects\":{{\"successful\":{},\"failed\":{}}},\"cpu_migration_from\":{},\"cpu_migration_to\":{},\"sg_entries\":{},\"wc_completion\":{{\"polls\":{},\"completions\":{},\"max_per_poll\":{}}},\"latency_hist_log2_ns\":{}}}",
+            "{{\"path\":{},\"state\":{},\"cur_latency_ns\":{},\"rdma\":{{\"read_cnt\":{},\"read_bytes\":{},\"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_cnt\":{}}},\"reconnects\":{{\"successful\":{},\"failed\":{}}},\"cpu_migration_from\":{},\"cpu_migration_to\":{},\"sg_entries\":{},\"wc_completion\":{{\"polls\":{},\"completions\":{},\"max_per_poll\":{}}},\"latency_hist_log2_ns\":{},\"direct_reads\":{}}}",
             json_str(&self.path),
             json_str(&self.state),
             self.cur_latency_ns,
@@ -288,6 +295,7 @@ impl PathStats {
             self.wc_completion.completions,
             self.wc_completion.max_per_poll,
             json_arr(&self.latency_hist),
+            self.direct_reads,
         );
     }
 }

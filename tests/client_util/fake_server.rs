@@ -57,6 +57,13 @@ pub struct FakeServer {
     pub mute_hb: bool,
     /// Hostile behaviour for the next response.
     pub evil: Option<Evil>,
+    /// Answer READs without SEND_WITH_INV (the client then invalidates locally).
+    pub no_inv: bool,
+    /// Reject this many connection requests with `reject_errno`.
+    pub reject_next: u32,
+    pub reject_errno: i32,
+    /// Connection requests seen, accepted or not.
+    pub requests: u64,
 }
 
 /// Protocol violations the server can commit once.
@@ -68,6 +75,10 @@ pub enum Evil {
     UnknownImm,
     /// RKEY_RSP naming another buf_id than the imm.
     RkeyBufIdMismatch,
+    /// Send the response twice (the second must be ignored).
+    Duplicate,
+    /// Send a response for a msg_id beyond the queue depth first (must be ignored).
+    BadMsgId,
 }
 
 impl FakeServer {
@@ -112,6 +123,10 @@ impl FakeServer {
             stats: FakeStats::default(),
             mute_hb: false,
             evil: None,
+            no_inv: false,
+            reject_next: 0,
+            reject_errno: -6,
+            requests: 0,
         };
         for _ in 0..n {
             let l = s
@@ -195,6 +210,12 @@ impl FakeServer {
                     let _ = req.reject(&ConnRsp::reject(104).to_bytes().unwrap());
                     continue;
                 };
+                self.requests += 1;
+                if self.reject_next > 0 {
+                    self.reject_next -= 1;
+                    let _ = req.reject(&ConnRsp::reject(self.reject_errno).to_bytes().unwrap());
+                    continue;
+                }
                 self.ensure_session();
                 let rsp = ConnRsp::accept(self.qd, self.max_io(), self.max_hdr, self.new_rkey)
                     .to_bytes()
@@ -324,7 +345,7 @@ impl FakeServer {
                         sges: &sge,
                         signaled: false,
                     });
-                    if need_inval {
+                    if need_inval && !self.no_inv {
                         w_inv = true;
                         chain.push(SendWr {
                             wr_id: 0,
@@ -380,6 +401,28 @@ impl FakeServer {
                 sges: &[],
                 signaled: false,
             });
+        }
+        if evil == Some(Evil::Duplicate) {
+            let last = *chain.last().unwrap();
+            chain.push(last);
+        }
+        if evil == Some(Evil::BadMsgId) {
+            let bad = IoRsp::new(u32::from(self.qd) + 5, 0, false)
+                .unwrap()
+                .to_imm();
+            chain.insert(
+                0,
+                SendWr {
+                    wr_id: 0,
+                    op: SendOp::RdmaWriteWithImm {
+                        remote_addr: 0,
+                        rkey: 0,
+                        imm: bad,
+                    },
+                    sges: &[],
+                    signaled: false,
+                },
+            );
         }
         let c = &mut self.conns[ci];
         if let Err(e) = c.con.post_send(&chain) {

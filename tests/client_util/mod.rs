@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod fake_server;
+pub mod real;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -63,7 +64,9 @@ pub struct LoadStats {
 /// One core's workload: `qd` slots, each writing then reading back its own disk region.
 pub struct Load {
     pub core: SessionCore,
-    buf: Option<Mr>,
+    buf: Option<Arc<Mr>>,
+    /// Register the buffer with the core for zero-copy single-segment READs.
+    direct: bool,
     fabric: Arc<dyn Fabric>,
     slots: Vec<Slot>,
     qd: usize,
@@ -75,10 +78,23 @@ pub struct Load {
     pub target: u64,
     region: usize,
     core_idx: usize,
+    /// Called with `true` before and `false` after every call into the client (to count
+    /// allocations made by the client alone).
+    pub measure: Option<fn(bool)>,
 }
 
-fn pattern(slot: usize, seq: u64, i: usize) -> u8 {
-    (seq.wrapping_mul(31) as usize ^ i.wrapping_mul(7) ^ slot.wrapping_mul(13) ^ (i >> 8)) as u8
+/// The data of write `seq` of `slot`: 8-byte words that differ per word, slot and seq
+/// (cheap enough for debug builds).
+fn pattern(slot: usize, seq: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    let base = (seq << 32) ^ ((slot as u64) << 48) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut w = 0u64;
+    while v.len() < len {
+        v.extend_from_slice(&(base.wrapping_add(w.wrapping_mul(0x1000_0001))).to_le_bytes());
+        w += 1;
+    }
+    v.truncate(len);
+    v
 }
 
 impl Load {
@@ -122,7 +138,14 @@ impl Load {
             sgl: &sgl[..n],
             admin: false,
         };
-        match self.core.submit(cx, io) {
+        if let Some(m) = self.measure {
+            m(true);
+        }
+        let res = self.core.submit(cx, io);
+        if let Some(m) = self.measure {
+            m(false);
+        }
+        match res {
             Ok(()) => {
                 self.stats.submitted += 1;
                 let s = &mut self.slots[slot];
@@ -144,10 +167,16 @@ impl Load {
 
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let mut out = [ClientCompletion::default(); 32];
+        if let Some(m) = self.measure {
+            m(true);
+        }
         let n = self.core.poll(cx, &mut out);
+        if let Some(m) = self.measure {
+            m(false);
+        }
         if self.buf.is_none() && self.core.max_io_size() > 0 {
             let len = self.qd.max(1) * self.max_io();
-            self.buf = Some(
+            let mr = Arc::new(
                 self.fabric
                     .register(
                         MemBuf::zeroed(len),
@@ -155,6 +184,10 @@ impl Load {
                     )
                     .unwrap(),
             );
+            if self.direct {
+                self.core.add_region(mr.clone());
+            }
+            self.buf = Some(mr);
             self.region = self.max_io();
         }
         for c in &out[..n] {
@@ -171,7 +204,7 @@ impl Load {
                     self.slots[slot].seq = seq;
                     self.slots[slot].len = len;
                     let mr = self.buf.as_ref().unwrap();
-                    let data: Vec<u8> = (0..len as usize).map(|i| pattern(slot, seq, i)).collect();
+                    let data = pattern(slot, seq, len as usize);
                     mr.write_at(slot * self.max_io(), &data);
                     if !self.start(cx, slot, false) {
                         break;
@@ -220,11 +253,7 @@ impl Load {
                     .as_ref()
                     .unwrap()
                     .read_at(slot * self.max_io(), &mut got);
-                if got
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &b)| b != pattern(slot, s.seq, i))
-                {
+                if got != pattern(slot, s.seq, s.len as usize) {
                     self.stats.mismatches += 1;
                 }
                 self.stats.verified += 1;
@@ -244,10 +273,11 @@ impl Load {
 }
 
 /// A client session on `cores` simulated reactors against a [`FakeServer`].
-pub struct Harness {
+/// A client session on simulated reactors with a per-core workload, whatever the
+/// target.
+pub struct Rig {
     pub sim: Simulation,
     pub fabric: Arc<dyn Fabric>,
-    pub srv: Rc<RefCell<FakeServer>>,
     pub sess: Session,
     pub loads: Vec<Rc<RefCell<Load>>>,
     pub events: Rc<RefCell<Vec<LinkEvent>>>,
@@ -265,6 +295,8 @@ pub struct Setup {
     pub tweak: fn(&mut ClientConfig),
     /// Run over the tcp fabric on 127.0.0.1 instead of loopback (no fault injection).
     pub tcp: bool,
+    /// Zero-copy READs into the workload's registered buffer.
+    pub direct: bool,
 }
 
 impl Default for Setup {
@@ -279,6 +311,7 @@ impl Default for Setup {
             sizes: vec![4096],
             tweak: |_| {},
             tcp: false,
+            direct: false,
         }
     }
 }
@@ -302,12 +335,48 @@ impl Harness {
             disk,
         )));
         let mut sim = Simulation::new(s.cores, 1024);
-        let paths: Vec<PathAddr> = srv
-            .borrow()
-            .addrs
-            .iter()
-            .map(|a| PathAddr::new(*a))
-            .collect();
+        let s2 = srv.clone();
+        sim.reactor(0).register(Box::new(move |_cx: &mut dyn Ctx| {
+            if s2.borrow_mut().poll() {
+                PollResult::Busy
+            } else {
+                PollResult::Idle
+            }
+        }));
+        let addrs = srv.borrow().addrs.clone();
+        let rig = Rig::open(sim, fabric, &addrs, &s);
+        Harness { rig, srv }
+    }
+}
+
+/// A [`Rig`] against the scripted [`FakeServer`].
+pub struct Harness {
+    pub rig: Rig,
+    pub srv: Rc<RefCell<FakeServer>>,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = Rig;
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut Rig {
+        &mut self.rig
+    }
+}
+
+impl Rig {
+    /// Opens the session (on reactor 0) over `addrs` and sets up one workload per core.
+    pub fn open(
+        mut sim: Simulation,
+        fabric: Arc<dyn Fabric>,
+        addrs: &[std::net::SocketAddr],
+        s: &Setup,
+    ) -> Rig {
+        let paths: Vec<PathAddr> = addrs.iter().map(|a| PathAddr::new(*a)).collect();
         let mut cfg = ClientConfig::new("test-sess", paths.clone());
         cfg.reconnect_delay = Duration::from_millis(200);
         cfg.reconnect_jitter = Duration::from_millis(300);
@@ -320,19 +389,12 @@ impl Harness {
             .reactor(0)
             .with_ctx(|cx| Session::open(cx, f, cfg, ev))
             .expect("open");
-        let s2 = srv.clone();
-        sim.reactor(0).register(Box::new(move |_cx: &mut dyn Ctx| {
-            if s2.borrow_mut().poll() {
-                PollResult::Busy
-            } else {
-                PollResult::Idle
-            }
-        }));
         let mut loads = Vec::new();
         for (k, core) in cores.into_iter().enumerate() {
             let load = Rc::new(RefCell::new(Load {
                 core,
                 buf: None,
+                direct: s.direct,
                 fabric: fabric.clone(),
                 slots: vec![
                     Slot {
@@ -350,16 +412,16 @@ impl Harness {
                 target: 0,
                 region: 0,
                 core_idx: k,
+                measure: None,
             }));
             let l2 = load.clone();
             sim.reactor(k)
                 .register(Box::new(move |cx: &mut dyn Ctx| l2.borrow_mut().poll(cx)));
             loads.push(load);
         }
-        Harness {
+        Rig {
             sim,
             fabric,
-            srv,
             sess,
             loads,
             events,
@@ -372,7 +434,7 @@ impl Harness {
         &mut self,
         max_steps: usize,
         tick_ns: u64,
-        mut cond: impl FnMut(&Harness) -> bool,
+        mut cond: impl FnMut(&Rig) -> bool,
     ) -> bool {
         for _ in 0..max_steps {
             if cond(self) {

@@ -1,0 +1,501 @@
+//! Bringing a client path up (the kernel's `init_path`, `init_conns`,
+//! `create_con_cq_qp`, `rtrs_rdma_conn_established`, `rtrs_send_path_info` and
+//! `rtrs_clt_rdma_done` for INFO_RSP; PROTOCOL.md §3.2, §3.6, §4.6, §9.2, §9.4): the
+//! connections one after the other (cid 0 first: its REP carries the queue depth that
+//! sizes the others), INFO_REQ/INFO_RSP on cid 0, the receives (2×512 on cid 0, 2×qd on
+//! the others, empty or 8-byte buffers under NEW_RKEY_F), and the hand-over of
+//! connection `k+1` to core `k`. A failure at any step schedules a reconnect.
+
+use std::sync::atomic::Ordering;
+
+use super::ctl::{ns, Ctl, PathCtl, Phase};
+use super::reconnect::ReconnectStep;
+use super::shared::{CoreCmd, IoConn, Params};
+use super::state::PathState;
+use crate::common::{random_u64, Con, IuPool, LinkEvent};
+use crate::engine::Ctx;
+use crate::fabric::{Access, CmEvent, Conn, Fabric, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode};
+use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
+use crate::proto::{ConnAccept, ConnReq, ConnRsp, InfoReq, InfoRsp, RkeyRsp};
+
+impl Ctl {
+    pub(super) fn caps(&self, cid0: bool, qd: u16) -> QpCaps {
+        let f = self.fabric.caps();
+        let (s, r, sge) = if cid0 {
+            let n = 2 * SERVICE_CON_QUEUE_DEPTH + 2;
+            (n, n, 1)
+        } else {
+            let qd = u32::from(qd);
+            (4 * qd + 1, 3 * qd + 1, 2)
+        };
+        QpCaps {
+            max_send_wr: s.min(f.max_send_wr),
+            max_recv_wr: r.min(f.max_recv_wr),
+            max_send_sge: sge.min(f.max_send_sge),
+        }
+    }
+
+    pub(super) fn conn_req(&self, pc: &PathCtl, cid: u16) -> [u8; ConnReq::LEN] {
+        ConnReq::new(
+            cid,
+            self.cid_num(),
+            pc.recon_cnt,
+            pc.sess_uuid,
+            self.paths_uuid,
+            pc.for_new_clt,
+        )
+        .to_bytes()
+        .expect("cid < cid_num <= 4096 checked at open")
+    }
+
+    pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
+        pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
+        let pd = self.conn_req(pc, 0);
+        match self
+            .fabric
+            .connect(pc.shared.addr.dst, self.caps(true, 0), &pd)
+        {
+            Ok(cur) => {
+                pc.phase = Phase::Connecting {
+                    conns: Vec::with_capacity(usize::from(self.cid_num())),
+                    cur,
+                    acc: None,
+                    deadline: now.saturating_add(ns(self.cfg.connect_timeout)),
+                };
+            }
+            Err(e) => self.connect_failed(pc, now, &format!("connect cid 0: {e}")),
+        }
+    }
+
+    /// The connect sequence failed: clean up and schedule the next attempt.
+    pub(super) fn connect_failed(&mut self, pc: &mut PathCtl, now: u64, why: &str) {
+        tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting failed: {why}");
+        if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
+            cur.disconnect();
+            conns.iter_mut().for_each(Con::disconnect);
+        } else if let Phase::Info { conns, .. } = &mut pc.phase {
+            conns.iter_mut().for_each(Con::disconnect);
+        }
+        pc.phase = Phase::Idle;
+        pc.shared
+            .home
+            .reconnect_fail
+            .fetch_add(1, Ordering::Relaxed);
+        let _ = pc.shared.state.change(PathState::ConnectingErr);
+        let _ = pc.shared.state.change(PathState::Reconnecting);
+        self.schedule_reconnect(pc, now, false);
+    }
+
+    pub(super) fn schedule_reconnect(&mut self, pc: &mut PathCtl, now: u64, at_once: bool) {
+        if at_once {
+            pc.phase = Phase::Waiting { at: now };
+            return;
+        }
+        match pc.reconnect.next(random_u64()) {
+            ReconnectStep::After(d) => {
+                pc.phase = Phase::Waiting {
+                    at: now.saturating_add(ns(d)),
+                }
+            }
+            ReconnectStep::GiveUp => {
+                tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "no reconnect attempts left: path closed");
+                self.close_now(pc);
+            }
+        }
+    }
+
+    /// A path not connected and not in a teardown goes to Closed at once.
+    pub(super) fn close_now(&mut self, pc: &mut PathCtl) {
+        let _ = pc.shared.state.change(PathState::Closing);
+        if pc.shared.state.change(PathState::Closed).is_ok() {
+            self.sess.live_paths.fetch_sub(1, Ordering::AcqRel);
+        }
+        pc.phase = Phase::Idle;
+    }
+
+    pub(super) fn drive_connecting(&mut self, pc: &mut PathCtl, now: u64) -> bool {
+        let Phase::Connecting {
+            conns,
+            cur,
+            acc,
+            deadline,
+        } = &mut pc.phase
+        else {
+            return false;
+        };
+        let Some(ev) = cur.poll_cm() else {
+            if now > *deadline {
+                let cid = conns.len();
+                self.connect_failed(
+                    pc,
+                    now,
+                    &format!("cid {cid}: no answer within the connect timeout"),
+                );
+                return true;
+            }
+            return false;
+        };
+        let cid = conns.len() as u16;
+        let pd = match ev {
+            CmEvent::Established { private_data } => private_data,
+            CmEvent::Rejected { private_data } => {
+                let errno = ConnRsp::reject_errno(private_data.as_bytes());
+                self.connect_failed(
+                    pc,
+                    now,
+                    &format!("cid {cid}: server rejected the connection with errno {errno}"),
+                );
+                return true;
+            }
+            CmEvent::Error { reason } => {
+                self.connect_failed(pc, now, &format!("cid {cid}: {reason}"));
+                return true;
+            }
+            CmEvent::Disconnected => {
+                self.connect_failed(
+                    pc,
+                    now,
+                    &format!("cid {cid}: disconnected while connecting"),
+                );
+                return true;
+            }
+        };
+        let a = match ConnRsp::decode_accept(pd.as_bytes(), 0) {
+            Ok(a) => a,
+            Err(e) => {
+                self.connect_failed(pc, now, &format!("cid {cid}: bad conn_rsp: {e}"));
+                return true;
+            }
+        };
+        let mismatch = match acc {
+            Some(first) if a != *first => Some(format!("cid {cid}: conn_rsp {a:?} differs from cid 0's {first:?}")),
+            Some(_) => None,
+            None => match self.params {
+                Some(p)
+                    if (p.queue_depth != a.queue_depth
+                        || p.max_io_size != a.max_io_size
+                        || p.max_hdr_size != a.max_hdr_size
+                        || p.new_rkey != a.new_rkey)
+                        && self.up > 0 =>
+                {
+                    Some(format!("server offers {a:?}, other paths use queue depth {}; waiting until they are gone to re-negotiate", p.queue_depth))
+                }
+                _ => None,
+            },
+        };
+        if let Some(why) = mismatch {
+            self.connect_failed(pc, now, &why);
+            return true;
+        }
+        let Phase::Connecting {
+            conns, cur, acc, ..
+        } = &mut pc.phase
+        else {
+            return false;
+        };
+        if acc.is_none() {
+            if self.params.is_some_and(|p| p.queue_depth != a.queue_depth) {
+                tracing::info!(sess = %self.sess.sessname, path = %pc.shared.addr, "queue depth changed to {}: re-negotiating", a.queue_depth);
+            }
+            *acc = Some(a);
+            pc.for_new_clt = true;
+        }
+        let conn = std::mem::replace(cur, Box::new(NoConn));
+        conns.push(Con::new(cid, conn, a.signal_interval()));
+        let next = cid + 1;
+        if next < self.cid_num() {
+            let req = ConnReq::new(
+                next,
+                self.cid_num(),
+                pc.recon_cnt,
+                pc.sess_uuid,
+                self.paths_uuid,
+                pc.for_new_clt,
+            )
+            .to_bytes()
+            .expect("valid cid");
+            match self
+                .fabric
+                .connect(pc.shared.addr.dst, self.caps(false, a.queue_depth), &req)
+            {
+                Ok(c) => *cur = c,
+                Err(e) => self.connect_failed(pc, now, &format!("connect cid {next}: {e}")),
+            }
+            return true;
+        }
+        let Phase::Connecting { conns, .. } = std::mem::replace(&mut pc.phase, Phase::Idle) else {
+            unreachable!("phase checked above")
+        };
+        self.start_info(pc, conns, a, now);
+        true
+    }
+
+    pub(super) fn start_info(
+        &mut self,
+        pc: &mut PathCtl,
+        mut conns: Vec<Con>,
+        acc: ConnAccept,
+        now: u64,
+    ) {
+        let f = &*self.fabric;
+        let rsp = IuPool::new(
+            f,
+            1,
+            InfoRsp::wire_len(acc.queue_depth),
+            Access::LOCAL_WRITE,
+        );
+        let req = IuPool::new(f, 1, InfoReq::LEN, Access::LOCAL_WRITE);
+        let (rsp, req) = match (rsp, req) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => {
+                let e = a
+                    .err()
+                    .or(b.err())
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                pc.phase = Phase::Connecting {
+                    conns,
+                    cur: Box::new(NoConn),
+                    acc: None,
+                    deadline: 0,
+                };
+                self.connect_failed(pc, now, &format!("INFO buffers: {e}"));
+                return;
+            }
+        };
+        let mut buf = [0u8; InfoReq::LEN];
+        let posted = InfoReq::new(&self.sess.sessname)
+            .encode(&mut buf)
+            .map_err(|e| e.to_string())
+            .and_then(|_| {
+                req.write(0, &buf);
+                conns[0]
+                    .post_recv(&[rsp.recv_wr(0, 0)])
+                    .map_err(|e| e.to_string())?;
+                conns[0]
+                    .post_send(&[SendWr {
+                        wr_id: 0,
+                        op: SendOp::Send,
+                        sges: &[req.sge(0, InfoReq::LEN)],
+                        signaled: true,
+                    }])
+                    .map_err(|e| e.to_string())
+            });
+        pc.phase = Phase::Info {
+            conns,
+            acc,
+            rsp,
+            _req: req,
+            deadline: now.saturating_add(ns(self.cfg.connect_timeout)),
+        };
+        if let Err(e) = posted {
+            self.connect_failed(pc, now, &format!("INFO_REQ: {e}"));
+        }
+    }
+
+    pub(super) fn drive_info(&mut self, cx: &mut dyn Ctx, pc: &mut PathCtl, now: u64) -> bool {
+        let Phase::Info {
+            conns,
+            acc,
+            rsp,
+            deadline,
+            ..
+        } = &mut pc.phase
+        else {
+            return false;
+        };
+        let acc = *acc;
+        let mut wcs = [Wc::default(); 4];
+        let mut info: Option<Vec<u8>> = None;
+        let mut fail: Option<String> = None;
+        while let Some(ev) = conns[0].poll_cm() {
+            if matches!(ev, CmEvent::Disconnected | CmEvent::Error { .. }) {
+                fail = Some("cid 0 disconnected during the INFO exchange".into());
+            }
+        }
+        let n = conns[0].poll(&mut wcs);
+        for wc in &wcs[..n] {
+            if !wc.status.is_ok() {
+                fail = Some(format!(
+                    "INFO exchange: {:?} completion {:?}",
+                    wc.opcode, wc.status
+                ));
+            } else if wc.opcode == WcOpcode::Recv {
+                let mut b = vec![0u8; (wc.byte_len as usize).min(rsp.size())];
+                rsp.read(0, &mut b);
+                info = Some(b);
+            }
+        }
+        if fail.is_none() && info.is_none() && now > *deadline {
+            fail = Some("no INFO_RSP within the connect timeout".into());
+        }
+        if let Some(why) = fail {
+            self.connect_failed(pc, now, &why);
+            return true;
+        }
+        let Some(info) = info else {
+            return n > 0;
+        };
+        let chunk = acc.chunk_size() as u32;
+        let rbuf: Vec<(u64, u32)> = match InfoRsp::decode(&info, acc.queue_depth, chunk) {
+            Ok(r) => r.chunks().collect(),
+            Err(e) => {
+                self.connect_failed(pc, now, &format!("bad INFO_RSP: {e}"));
+                return true;
+            }
+        };
+        let layout = match acc.imm_layout() {
+            Ok(l) => l,
+            Err(e) => {
+                self.connect_failed(pc, now, &format!("{e}"));
+                return true;
+            }
+        };
+        let params = Params {
+            queue_depth: acc.queue_depth,
+            max_io_size: acc.max_io_size,
+            max_hdr_size: acc.max_hdr_size,
+            chunk_size: chunk,
+            new_rkey: acc.new_rkey,
+            layout,
+        };
+        let Phase::Info { conns, .. } = std::mem::replace(&mut pc.phase, Phase::Idle) else {
+            unreachable!("phase checked above")
+        };
+        self.establish(cx, pc, conns, params, rbuf, now);
+        true
+    }
+
+    /// INFO_RSP is in: post every receive, hand the IO connections to their cores and
+    /// declare the path connected.
+    pub(super) fn establish(
+        &mut self,
+        cx: &mut dyn Ctx,
+        pc: &mut PathCtl,
+        conns: Vec<Con>,
+        params: Params,
+        rbuf: Vec<(u64, u32)>,
+        now: u64,
+    ) {
+        let mut it = conns.into_iter();
+        let Some(mut con0) = it.next() else { return };
+        let recv0 = match post_recvs(
+            &*self.fabric,
+            &mut con0,
+            2 * SERVICE_CON_QUEUE_DEPTH as usize,
+            params.new_rkey,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                con0.disconnect();
+                pc.phase = Phase::Idle;
+                self.connect_failed(pc, now, &format!("posting receives on cid 0: {e}"));
+                return;
+            }
+        };
+        let mut ios = Vec::with_capacity(self.sess.cores);
+        for mut con in it {
+            match post_recvs(
+                &*self.fabric,
+                &mut con,
+                2 * usize::from(params.queue_depth),
+                params.new_rkey,
+            ) {
+                Ok(recv) => ios.push(IoConn {
+                    con,
+                    recv,
+                    rbuf: rbuf.clone(),
+                }),
+                Err(e) => {
+                    con0.disconnect();
+                    pc.phase = Phase::Idle;
+                    self.connect_failed(pc, now, &format!("posting receives: {e}"));
+                    return;
+                }
+            }
+        }
+        self.params = Some(params);
+        *self.sess.params.lock().unwrap_or_else(|e| e.into_inner()) = Some(params);
+        if pc.shared.state.change(PathState::Connected).is_err() {
+            con0.disconnect();
+            pc.phase = Phase::Idle;
+            return;
+        }
+        for (core, io) in ios.into_iter().enumerate() {
+            self.sess.to_core[core].push(CoreCmd::Up {
+                path: pc.shared.clone(),
+                params,
+                conn: Box::new(io),
+            });
+        }
+        pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        pc.reconnect.on_success();
+        pc.shared.error.store(false, Ordering::Release);
+        pc.hb.reset();
+        pc.hb_next = now.saturating_add(pc.hb.interval_ns());
+        pc.phase = Phase::Connected { con0, recv0 };
+        self.up += 1;
+        self.sess.paths_up.store(self.up, Ordering::Release);
+        tracing::info!(sess = %self.sess.sessname, path = %pc.shared.addr, "path connected (queue depth {}, max_io_size {})", params.queue_depth, params.max_io_size);
+        if self.up == 1 {
+            self.events.link_event(cx, LinkEvent::Connected);
+        }
+    }
+}
+
+/// Posts `n` receives on `con`: 8-byte buffers for RKEY_RSP under NEW_RKEY_F, else empty.
+fn post_recvs(
+    f: &dyn Fabric,
+    con: &mut Con,
+    n: usize,
+    new_rkey: bool,
+) -> Result<Option<IuPool>, String> {
+    if !new_rkey {
+        con.post_recv_empty(n as u32, 0)
+            .map_err(|e| e.to_string())?;
+        return Ok(None);
+    }
+    let pool = IuPool::new(f, n, RkeyRsp::LEN, Access::LOCAL_WRITE).map_err(|e| e.to_string())?;
+    let wrs: Vec<RecvWr> = (0..n).map(|i| pool.recv_wr(i, i as u64)).collect();
+    for c in wrs.chunks(32) {
+        con.post_recv(c).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(pool))
+}
+
+/// A placeholder connection while the real one is moved out (never posted to).
+struct NoConn;
+
+impl Conn for NoConn {
+    fn post_send(&mut self, _: &[SendWr<'_>]) -> Result<(), crate::fabric::PostError> {
+        Err(crate::fabric::PostError {
+            index: 0,
+            kind: crate::fabric::PostErrorKind::NotConnected,
+        })
+    }
+    fn post_recv(&mut self, _: &[RecvWr]) -> Result<(), crate::fabric::PostError> {
+        Err(crate::fabric::PostError {
+            index: 0,
+            kind: crate::fabric::PostErrorKind::NotConnected,
+        })
+    }
+    fn poll_cq(&mut self, _: &mut [Wc]) -> usize {
+        0
+    }
+    fn poll_cm(&mut self) -> Option<CmEvent> {
+        None
+    }
+    fn disconnect(&mut self) {}
+    fn state(&self) -> crate::fabric::ConnState {
+        crate::fabric::ConnState::Disconnected
+    }
+    fn caps(&self) -> QpCaps {
+        QpCaps::default()
+    }
+    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+    fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+}
