@@ -37,7 +37,7 @@ spdk_setup_paths || exit 1
 echo "== building the plugin (release)"
 plugin_build || exit 1
 
-MEM=(--no-huge -s 2048)
+MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 RTRS_PORT=14500
 NVMF_PORT=4420
 NQN=nqn.2016-06.io.spdk:rtrsbench

@@ -29,14 +29,15 @@ trap apps_cleanup EXIT
 trap 'exit 130' INT TERM
 
 spdk_setup_paths || exit 1
-echo "== SPDK at $SPDK_DIR; building the plugin (release)"
+echo "== SPDK at $SPDK_DIR; building the plugin (${PLUGIN_PROFILE:-release})"
 plugin_build || {
 	echo "plugin build failed"
 	exit 1
 }
 
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
-MEM=(--no-huge -s 1024)
+# Other SPDK applications may run on this machine: no core locks.
+MEM=(--no-huge -s 1024 --disable-cpumask-locks)
 TGT_MASK=0x1
 CLT_MASK=0x2
 PASSED=0
@@ -169,19 +170,19 @@ scenario_save_config() {
 # Two paths; remove one and add it back under verify load, then the other: zero IO errors.
 scenario_path_flap() {
 	start_target tgt 14424,14425 || return 1
-	start_bdevperf bp 14424,14425 '' -q 32 -o 4096 -w verify -t 20 || return 1
-	bdevperf_perform bp 20 >"$APP_DIR/flap.json" &
+	start_bdevperf bpflap 14424,14425 '' -q 32 -o 4096 -w verify -t 20 || return 1
+	bdevperf_perform bpflap 20 >"$APP_DIR/flap.json" &
 	local perf=$!
 	sleep 3
-	rpc bp bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
 	sleep 3
-	rpc bp bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
 	sleep 3
-	rpc bp bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
 	sleep 3
-	rpc bp bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
-	rpc bp bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/flap-sess.json" || return 1
-	wait "$perf" || { tail -n 20 "$APP_DIR/bp.log"; return 1; }
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	rpc bpflap bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/flap-sess.json" || return 1
+	wait "$perf" || { tail -n 20 "$APP_DIR/bpflap.log"; return 1; }
 	results_clean "$APP_DIR/flap.json"
 }
 
@@ -215,6 +216,8 @@ scenario_bad_params() {
 	start_target tgt 14427 || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:14427 >/dev/null || return 1
+	# Options are fixed once a listener runs: check their validation on a fresh target.
+	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
 	local bad=0 app method params field resp
 	local good='"paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":14427}]'
 	while IFS='|' read -r app method params field; do
@@ -263,9 +266,9 @@ clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0","mp_policy":"fastest"}|mp_policy
 clt|bdev_rtrs_set_mp_policy|{"name":"nope","mp_policy":"round-robin"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0"}|mp_policy
-tgt|rtrs_target_set_options|{"queue_depth":0}|queue_depth
-tgt|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
-tgt|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
+tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
+tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
+tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
 tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":14428}|transport
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":14428}|addr
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
@@ -280,6 +283,7 @@ tgt|rtrs_target_get_sessions|{"colour":"red"}|colour
 EOF
 	app_alive tgt || { echo "target died"; return 1; }
 	app_alive clt || { echo "client died"; return 1; }
+	app_alive tgt2 || { echo "second target died"; return 1; }
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 gone after bad parameters"; return 1; }
 	rpc tgt spdk_get_version >/dev/null || return 1
 	return $bad

@@ -43,11 +43,12 @@ spdk_setup_paths() {
 	export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
-# Builds the plugin in release mode; sets PLUGIN_SO.
+# Builds the plugin (release; PLUGIN_PROFILE=debug for a quicker build); sets PLUGIN_SO.
 plugin_build() {
-	local tdir=${CARGO_TARGET_DIR:-$REPO/target}
-	(cd "$REPO" && SPDK_DIR="$SPDK_DIR" cargo build --release -q --manifest-path plugin/Cargo.toml) || return 1
-	PLUGIN_SO="$tdir/release/librtrs_spdk.so"
+	local tdir=${CARGO_TARGET_DIR:-$REPO/target} profile=${PLUGIN_PROFILE:-release} flag=--release
+	[[ "$profile" == release ]] || flag=
+	(cd "$REPO" && SPDK_DIR="$SPDK_DIR" cargo build $flag -q -p rtrs-spdk-plugin) || return 1
+	PLUGIN_SO="$tdir/$profile/librtrs_spdk.so"
 	[[ -f "$PLUGIN_SO" ]] || { echo "plugin build produced no $PLUGIN_SO" >&2; return 1; }
 }
 

@@ -406,7 +406,14 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         Err(e) => return fail(&disk, e.to_string()),
     };
     let _ = disk.session.set(session);
-    let mut cores = cores.into_iter();
+    // READs into SPDK memory land in place (the server writes into the bdev IO's buffer).
+    let regions = disk.mem().regions();
+    let mut cores = cores.into_iter().map(|mut sc| {
+        for r in &regions {
+            sc.add_region(Arc::clone(r));
+        }
+        sc
+    });
     let Some(home) = cores.next() else {
         return fail(&disk, "the session has no core".into());
     };

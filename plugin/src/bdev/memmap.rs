@@ -29,7 +29,7 @@ pub struct MemMap {
 struct MapCtx {
     fabric: Arc<dyn Fabric>,
     /// Registrations by start address; dropped when SPDK unregisters the region.
-    regs: Mutex<BTreeMap<usize, Vec<Mr>>>,
+    regs: Mutex<BTreeMap<usize, Vec<Arc<Mr>>>>,
 }
 
 // SAFETY: the map is only translated (read-only, which SPDK allows from any thread) and
@@ -104,7 +104,7 @@ unsafe extern "C" fn notify(
             if rc != 0 {
                 return rc;
             }
-            mrs.push(mr);
+            mrs.push(Arc::new(mr));
             off += len;
         }
         if let Ok(mut regs) = ctx.regs.lock() {
@@ -149,6 +149,18 @@ impl MemMap {
                 Err("spdk_mem_map_alloc failed (registering SPDK memory with the fabric)".into())
             }
         }
+    }
+
+    /// Every registration made so far (sessions use them for zero-copy READs).
+    pub fn regions(&self) -> Vec<Arc<Mr>> {
+        let regs = self.ctx().regs.lock();
+        regs.map(|r| r.values().flatten().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn ctx(&self) -> &MapCtx {
+        // SAFETY: the context lives as long as the map (freed in Drop).
+        unsafe { &*self.ctx }
     }
 
     /// Appends the SGEs covering `[addr, addr+len)` to `out[*n..]`.
