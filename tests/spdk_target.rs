@@ -5,7 +5,9 @@
 //!
 //! Environment: `RTRS_TARGET_ADDR` (ip:port), `RTRS_TARGET_DEV` (export name, default
 //! `vol`), `RTRS_TARGET_EXPECT` (`ok`, default, or `fail`: the device must refuse IO —
-//! used after the export was removed).
+//! used after the export was removed, or while its bdev is hot-removed),
+//! `RTRS_TARGET_ROUNDS` (write+read passes of the home core, default 1: a longer run
+//! to act on the target meanwhile).
 //!
 //! Two client reactors: the home core (0) maps the device, writes 256 blocks of 4 KiB
 //! and reads them back at queue depth 16 while core 1 reads and verifies the same data
@@ -99,6 +101,8 @@ struct Home {
     flags: Arc<Flags>,
     tx: Report,
     failed: bool,
+    /// Write+read passes still to run on the home core.
+    rounds: u32,
 }
 
 impl Home {
@@ -167,6 +171,10 @@ impl Home {
                 if self.win.done == BLOCKS {
                     self.flags.written.store(true, Ordering::Release);
                     self.phase += 1;
+                    if self.phase == 3 && self.rounds > 1 {
+                        self.rounds -= 1;
+                        self.phase = 1;
+                    }
                     self.win.reset();
                 }
             }
@@ -281,6 +289,11 @@ fn verified_io_against_external_target() {
     let addr: std::net::SocketAddr = addr.parse().expect("RTRS_TARGET_ADDR is ip:port");
     let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
     let expect_fail = std::env::var("RTRS_TARGET_EXPECT").is_ok_and(|v| v == "fail");
+    let rounds: u32 = std::env::var("RTRS_TARGET_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut cfg = EngineConfig::new(CpuMask::parse("[0-1]").unwrap());
     cfg.idle = IdleStrategy::Adaptive(Adaptive::default());
     cfg.pin = false;
@@ -291,6 +304,7 @@ fn verified_io_against_external_target() {
     let flags = Arc::new(Flags::default());
     let (f, tx0, fl) = (Arc::clone(&fabric), tx.clone(), Arc::clone(&flags));
     let (stx, srx) = mpsc::channel();
+    let open_name = dev_name.clone();
     let start = Msg::new(move |cx: &mut dyn Ctx| {
         let links = LinkListener::new();
         let cfg = ClientConfig::new("spdk-target-test", vec![PathAddr::new(addr)]);
@@ -304,7 +318,7 @@ fn verified_io_against_external_target() {
         let mut rnbd = RnbdClient::new(cores.pop().unwrap(), reg(4096)).unwrap();
         rnbd.listen(links);
         let other = RnbdCore::new(core1, rnbd.shared());
-        rnbd.open(cx, &dev_name, AccessMode::ReadWrite).unwrap();
+        rnbd.open(cx, &open_name, AccessMode::ReadWrite).unwrap();
         // The final check reads 16 blocks into the home window.
         const _: () = assert!(QD >= 16);
         let (buf0, buf1) = (reg(QD * BS), reg(QD * BS));
@@ -315,6 +329,7 @@ fn verified_io_against_external_target() {
             flags: Arc::clone(&fl),
             tx: tx0.clone(),
             failed: false,
+            rounds,
         };
         cx.register(Box::new(move |cx: &mut dyn Ctx| match home.step(cx) {
             Ok(b) => busy(b),
@@ -348,6 +363,7 @@ fn verified_io_against_external_target() {
     });
     engine.send(0, start).expect("mailbox");
     let session = srx.recv_timeout(WAIT).expect("session opened");
+    println!("session open to {addr}, device {dev_name}");
     let mut got = Vec::new();
     let mut failure = None;
     while got.len() < 2 && failure.is_none() {

@@ -17,6 +17,7 @@ mod target;
 /// the application starts its RPC server.
 #[no_mangle]
 pub extern "C" fn rtrs_register_rpcs() {
+    rtrs_spdk::spdk::log::install();
     target::register_rpcs();
     bdev::register_rpcs();
 }

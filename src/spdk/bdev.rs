@@ -9,16 +9,16 @@
 //! The descriptor closes (on the thread that opened it) once the export and every core's
 //! channel let go of it; a channel dropped with IO in flight is drained by a poller first.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use super::sys;
 use super::thread::SpdkThread;
 use crate::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, BlockOp, Geometry, SubmitError, DEFAULT_MAX_DISCARD,
-    DEFAULT_MAX_TRANSFER,
+    BlockBackend, BlockCompletion, BlockIo, BlockOp, Geometry, IoFlags, SubmitError,
+    DEFAULT_MAX_DISCARD, DEFAULT_MAX_TRANSFER,
 };
 use crate::rnbd::server::ExportBackend;
 
@@ -222,6 +222,8 @@ struct Slot {
     index: u32,
     tag: u64,
     iov: libc::iovec,
+    /// Started when this one succeeds (the write after a PREFLUSH's flush).
+    then: Option<BlockIo>,
 }
 
 struct ChanState {
@@ -229,6 +231,8 @@ struct ChanState {
     ch: *mut sys::spdk_io_channel,
     block_size: u64,
     size_blocks: u64,
+    /// The bdev has a volatile cache: PREFLUSH on a write issues a flush first.
+    write_cache: bool,
     slots: Box<[Slot]>,
     free: Vec<u32>,
     done: VecDeque<BlockCompletion>,
@@ -242,7 +246,9 @@ struct ChanState {
 
 /// One SPDK thread's instance of an exported bdev (its IO channel).
 pub struct BdevChannel {
-    state: Box<UnsafeCell<ChanState>>,
+    /// Owned (from `Box::into_raw`): freed in `Drop`, or by the drain poller when IO is
+    /// still in flight then. Raw because SPDK callbacks reach it through slot pointers.
+    state: NonNull<ChanState>,
     geometry: Geometry,
     name: String,
 }
@@ -255,11 +261,12 @@ impl BdevChannel {
             return Err(format!("bdev '{name}': spdk_bdev_get_io_channel failed"));
         }
         let bs = u64::from(geometry.logical_block_size);
-        let state = Box::new(UnsafeCell::new(ChanState {
+        let state = Box::new(ChanState {
             desc,
             ch,
             block_size: bs,
             size_blocks: geometry.size / bs,
+            write_cache: geometry.write_cache,
             slots: Box::new([]),
             free: (0..CHANNEL_DEPTH as u32).rev().collect(),
             done: VecDeque::with_capacity(CHANNEL_DEPTH),
@@ -268,8 +275,8 @@ impl BdevChannel {
             wait: sys::spdk_bdev_io_wait_entry::default(),
             in_flight: 0,
             drain: std::ptr::null_mut(),
-        }));
-        let p = state.get();
+        });
+        let p = Box::into_raw(state);
         // SAFETY: exclusive access during construction; the slots point back at the
         // boxed state, whose address never changes.
         unsafe {
@@ -282,11 +289,13 @@ impl BdevChannel {
                         iov_base: std::ptr::null_mut(),
                         iov_len: 0,
                     },
+                    then: None,
                 })
                 .collect();
         }
         Ok(BdevChannel {
-            state,
+            // SAFETY: from Box::into_raw, never NULL.
+            state: unsafe { NonNull::new_unchecked(p) },
             geometry,
             name: name.to_string(),
         })
@@ -294,10 +303,26 @@ impl BdevChannel {
 }
 
 /// Starts `io` in a free slot: 0, −ENOMEM (retry later), or another negative errno.
+/// A write with PREFLUSH on a bdev with a volatile cache starts as a flush whose
+/// success starts the write (the kernel's REQ_PREFLUSH order).
 ///
 /// # Safety
 /// `st` is a live channel state, used on its own thread, not borrowed elsewhere.
 unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
+    // SAFETY: per the contract; a short read.
+    let preflush = unsafe { (*st).write_cache }
+        && io.op == BlockOp::Write
+        && io.flags.contains(IoFlags::PREFLUSH);
+    let (io, then) = if preflush {
+        let write = BlockIo {
+            flags: IoFlags::NONE,
+            ..*io
+        };
+        (BlockIo::flush(io.tag), Some(write))
+    } else {
+        (*io, None)
+    };
+    let io = &io;
     // SAFETY: per the contract; the borrow ends before SPDK is called.
     let (desc, ch, bs, total, slot) = unsafe {
         let s = &mut *st;
@@ -306,6 +331,7 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
         };
         let slot = &mut s.slots[i as usize] as *mut Slot;
         (*slot).tag = io.tag;
+        (*slot).then = then;
         if let Some(buf) = io.buf {
             (*slot).iov = libc::iovec {
                 iov_base: buf.as_ptr().cast::<c_void>(),
@@ -347,15 +373,27 @@ unsafe extern "C" fn io_done(bdev_io: *mut sys::spdk_bdev_io, success: bool, arg
     // SAFETY: `arg` is the slot given at submission; its channel state lives until
     // every IO completed (the drain poller waits for that).
     unsafe {
+        sys::spdk_bdev_free_io(bdev_io);
         let slot = arg.cast::<Slot>();
-        let st = &mut *(*slot).chan;
-        st.in_flight -= 1;
-        st.free.push((*slot).index);
-        st.done.push_back(BlockCompletion::new(
-            (*slot).tag,
+        let st = (*slot).chan;
+        let (tag, then) = ((*slot).tag, (*slot).then.take());
+        (*st).in_flight -= 1;
+        (*st).free.push((*slot).index);
+        if let (true, Some(next)) = (success, then) {
+            match start(st, &next) {
+                0 => {}
+                rc if rc == -libc::ENOMEM => {
+                    (*st).waiting.push_front(next);
+                    arm_wait(st);
+                }
+                rc => (*st).done.push_back(BlockCompletion::new(tag, rc.min(-1))),
+            }
+            return;
+        }
+        (*st).done.push_back(BlockCompletion::new(
+            tag,
             if success { 0 } else { -libc::EIO },
         ));
-        sys::spdk_bdev_free_io(bdev_io);
     }
 }
 
@@ -416,13 +454,13 @@ impl BlockBackend for BdevChannel {
 
     fn in_flight(&self) -> usize {
         // SAFETY: a short read on the owning thread.
-        let s = unsafe { &*self.state.get() };
+        let s = unsafe { self.state.as_ref() };
         s.in_flight + s.waiting.len() + s.done.len()
     }
 
     fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
         self.geometry.validate(&io)?;
-        let st = self.state.get();
+        let st = self.state.as_ptr();
         // SAFETY: on the owning thread; short borrows around SPDK calls.
         unsafe {
             if (*st).in_flight + (*st).waiting.len() >= CHANNEL_DEPTH {
@@ -449,7 +487,7 @@ impl BlockBackend for BdevChannel {
     }
 
     fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
-        let st = self.state.get();
+        let st = self.state.as_ptr();
         let mut n = 0;
         // SAFETY: on the owning thread; completions are pushed by callbacks on this
         // same thread, never during this loop.
@@ -472,53 +510,35 @@ impl BlockBackend for BdevChannel {
 
 impl Drop for BdevChannel {
     fn drop(&mut self) {
-        let st = self.state.get();
+        let st = self.state.as_ptr();
         // SAFETY: on the owning thread.
         let busy = unsafe { (*st).in_flight > 0 || (*st).wait_armed };
         if !busy {
             // SAFETY: nothing references the state any more; the channel is ours.
-            unsafe { sys::spdk_put_io_channel((*st).ch) };
+            unsafe {
+                sys::spdk_put_io_channel((*st).ch);
+                drop(Box::from_raw(st));
+            }
             return;
         }
-        // IO still in flight: hand the state to a poller that frees it afterwards.
-        let state = std::mem::replace(
-            &mut self.state,
-            Box::new(UnsafeCell::new(ChanState {
-                desc: Arc::clone(unsafe { &(*st).desc }),
-                ch: std::ptr::null_mut(),
-                block_size: 1,
-                size_blocks: 0,
-                slots: Box::new([]),
-                free: Vec::new(),
-                done: VecDeque::new(),
-                waiting: VecDeque::new(),
-                wait_armed: false,
-                wait: sys::spdk_bdev_io_wait_entry::default(),
-                in_flight: 0,
-                drain: std::ptr::null_mut(),
-            })),
-        );
-        let raw = Box::into_raw(state);
-        // SAFETY: `raw` stays valid until drain_channel frees it; registered on this
-        // thread, which owns the channel.
+        // IO still in flight: a poller frees the state once it completed.
+        // SAFETY: `st` stays valid until drain_channel frees it; the poller is
+        // registered on this thread, which owns the channel.
         unsafe {
-            let p = sys::spdk_poller_register_named(
+            (*st).drain = sys::spdk_poller_register_named(
                 Some(drain_channel),
-                raw.cast::<c_void>(),
+                st.cast::<c_void>(),
                 1000,
                 c"rtrs_bdev_drain".as_ptr(),
             );
-            (*(*raw).get()).drain = p;
         }
-        // The placeholder state left behind has no channel to put.
     }
 }
 
 unsafe extern "C" fn drain_channel(arg: *mut c_void) -> c_int {
-    let cell = arg.cast::<UnsafeCell<ChanState>>();
-    // SAFETY: the leaked state of a dropped channel, only used on this thread.
+    let st = arg.cast::<ChanState>();
+    // SAFETY: the state of a dropped channel, only used on this thread.
     unsafe {
-        let st = (*cell).get();
         if (*st).in_flight > 0 || (*st).wait_armed {
             return sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int;
         }
@@ -527,7 +547,7 @@ unsafe extern "C" fn drain_channel(arg: *mut c_void) -> c_int {
         if !(*st).ch.is_null() {
             sys::spdk_put_io_channel((*st).ch);
         }
-        drop(Box::from_raw(cell));
+        drop(Box::from_raw(st));
     }
     sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
 }

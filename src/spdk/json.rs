@@ -2,7 +2,8 @@
 //! token array) become a [`serde_json::Value`]; answers and `config_json` entries are
 //! written with `spdk_json_write_val_raw`. [`RpcRequest`] is a pending
 //! `spdk_jsonrpc_request` that must be answered exactly once, from any thread (the
-//! answer is posted to the thread that received the request).
+//! answer is posted to the thread that received the request). [`Params`] decodes an
+//! RPC's parameter object with errors that name the method and the field.
 
 use std::ffi::{c_char, CString};
 use std::ptr::NonNull;
@@ -172,5 +173,189 @@ impl RpcRequest {
             }
             _ => f(req as *mut sys::spdk_jsonrpc_request),
         }
+    }
+}
+
+/// Typed access to an RPC's parameter object; every error names the field.
+pub struct Params<'a> {
+    method: &'static str,
+    obj: Option<&'a serde_json::Map<String, Value>>,
+}
+
+impl<'a> Params<'a> {
+    /// The parameters of `method`; `null` counts as an empty object.
+    ///
+    /// # Errors
+    /// A message saying the params must be an object.
+    pub fn new(method: &'static str, v: &'a Value) -> Result<Params<'a>, String> {
+        match v {
+            Value::Null => Ok(Params { method, obj: None }),
+            Value::Object(m) => Ok(Params {
+                method,
+                obj: Some(m),
+            }),
+            _ => Err(format!("{method}: params must be a JSON object")),
+        }
+    }
+
+    /// Refuses names outside `known`.
+    ///
+    /// # Errors
+    /// A message naming the unknown field.
+    pub fn only(&self, known: &[&str]) -> Result<(), String> {
+        if let Some(m) = self.obj {
+            if let Some(k) = m.keys().find(|k| !known.contains(&k.as_str())) {
+                return Err(format!(
+                    "{}: unknown parameter '{k}' (known: {})",
+                    self.method,
+                    known.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.obj.and_then(|m| m.get(name)).filter(|v| !v.is_null())
+    }
+
+    /// A string field, if present.
+    ///
+    /// # Errors
+    /// When present but not a string.
+    pub fn opt_str(&self, name: &str) -> Result<Option<&'a str>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(format!(
+                "{}: '{name}' must be a string, got {v}",
+                self.method
+            )),
+        }
+    }
+
+    /// A required string field.
+    ///
+    /// # Errors
+    /// Missing or not a string.
+    pub fn str(&self, name: &str) -> Result<&'a str, String> {
+        self.opt_str(name)?
+            .ok_or_else(|| format!("{}: missing required parameter '{name}'", self.method))
+    }
+
+    /// An unsigned integer field within `0..=max`, if present.
+    ///
+    /// # Errors
+    /// Not a non-negative integer, or above `max`.
+    pub fn opt_uint(&self, name: &str, max: u64) -> Result<Option<u64>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= max => Ok(Some(n)),
+                Some(n) => Err(format!("{}: '{name}' = {n} is above {max}", self.method)),
+                None => Err(format!(
+                    "{}: '{name}' must be a non-negative integer, got {v}",
+                    self.method
+                )),
+            },
+        }
+    }
+
+    /// A boolean field, if present.
+    ///
+    /// # Errors
+    /// When present but not a boolean.
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(format!(
+                "{}: '{name}' must be true or false, got {v}",
+                self.method
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tok(kind: sys::spdk_json_val_type, text: &'static str, len: u32) -> sys::spdk_json_val {
+        sys::spdk_json_val {
+            start: text.as_ptr().cast_mut().cast(),
+            len: if text.is_empty() {
+                len
+            } else {
+                text.len() as u32
+            },
+            type_: kind,
+        }
+    }
+
+    #[test]
+    fn parsed_tokens_to_value() {
+        use sys::*;
+        // {"a": 12, "b": [true, "x"], "c": null, "d": {}}
+        let toks = [
+            tok(spdk_json_val_type_SPDK_JSON_VAL_OBJECT_BEGIN, "", 11),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NAME, "a", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NUMBER, "12", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NAME, "b", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_ARRAY_BEGIN, "", 2),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_TRUE, "", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_STRING, "x", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_ARRAY_END, "", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NAME, "c", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NULL, "", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_NAME, "d", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_OBJECT_BEGIN, "", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_OBJECT_END, "", 0),
+            tok(spdk_json_val_type_SPDK_JSON_VAL_OBJECT_END, "", 0),
+        ];
+        // SAFETY: a well-formed token run, as SPDK's parser produces.
+        let v = unsafe { params_to_value(toks.as_ptr()) };
+        assert_eq!(v, json!({"a": 12, "b": [true, "x"], "c": null, "d": {}}));
+        // SAFETY: NULL means no params.
+        assert_eq!(unsafe { params_to_value(std::ptr::null()) }, Value::Null);
+    }
+
+    #[test]
+    fn params_name_the_field() {
+        let v = json!({"name": "x", "n": 70000, "b": 1, "s": 3});
+        let p = Params::new("m", &v).unwrap();
+        assert_eq!(p.str("name").unwrap(), "x");
+        assert_eq!(p.opt_str("none").unwrap(), None);
+        assert_eq!(
+            p.str("none").unwrap_err(),
+            "m: missing required parameter 'none'"
+        );
+        assert_eq!(
+            p.opt_str("s").unwrap_err(),
+            "m: 's' must be a string, got 3"
+        );
+        assert_eq!(
+            p.opt_uint("n", 65535).unwrap_err(),
+            "m: 'n' = 70000 is above 65535"
+        );
+        assert_eq!(p.opt_uint("n", 100_000).unwrap(), Some(70000));
+        assert_eq!(
+            p.opt_uint("name", 9).unwrap_err(),
+            "m: 'name' must be a non-negative integer, got \"x\""
+        );
+        assert_eq!(
+            p.opt_bool("b").unwrap_err(),
+            "m: 'b' must be true or false, got 1"
+        );
+        assert_eq!(
+            p.only(&["name", "n", "b"]).unwrap_err(),
+            "m: unknown parameter 's' (known: name, n, b)"
+        );
+        assert!(Params::new("m", &json!(null)).unwrap().only(&[]).is_ok());
+        assert_eq!(
+            Params::new("m", &json!([1])).err().unwrap(),
+            "m: params must be a JSON object"
+        );
     }
 }

@@ -8,6 +8,7 @@
 //!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
 //!   entries written back, and the pending [`RpcRequest`](json::RpcRequest).
+//! - [`log`]: `tracing` events into SPDK's log.
 //!
 //! The plugin crate (`plugin/`) builds the shared library on top of these; SPDK's
 //! symbols are resolved by the host application at load time.
@@ -15,6 +16,7 @@
 pub mod bdev;
 pub mod driver;
 pub mod json;
+pub mod log;
 pub mod sys;
 pub mod thread;
 

@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
 use rtrs_spdk::spdk::bdev::BdevExport;
@@ -122,6 +123,9 @@ pub struct ExportEntry {
 /// The RTRS server of one transport; `server` is set once it started on the threads.
 pub struct Running {
     pub transport: Transport,
+    /// The fabric every listener of this transport binds on: the server registered its
+    /// memory there, so connections must come from the same fabric.
+    pub fabric: Arc<dyn Fabric>,
     pub listeners: Arc<Listeners>,
     pub server: Arc<OnceLock<Server>>,
 }
@@ -270,8 +274,11 @@ impl Target {
                 transport.as_str()
             )));
         }
-        let fabric: Arc<TcpFabric> = Arc::new(TcpFabric::new());
-        let listener = match rtrs_spdk::fabric::Fabric::listen(&*fabric, sockaddr) {
+        let fabric: Arc<dyn Fabric> = match self.running.iter().find(|r| r.transport == transport) {
+            Some(r) => Arc::clone(&r.fabric),
+            None => Arc::new(TcpFabric::new()),
+        };
+        let listener = match fabric.listen(sockaddr) {
             Ok(l) => l,
             Err(e) => return done(Err(format!("{M}: addr {addr} port {port}: {e}"))),
         };
@@ -304,30 +311,49 @@ impl Target {
         let slot = Arc::new(OnceLock::new());
         self.running.push(Running {
             transport,
+            fabric: Arc::clone(&fabric),
             listeners: Arc::clone(&listeners),
             server: Arc::clone(&slot),
         });
-        let mux: Arc<dyn rtrs_spdk::fabric::Fabric> = Arc::new(MuxFabric::new(fabric, listeners));
+        let mux: Arc<dyn Fabric> = Arc::new(MuxFabric::new(fabric, listeners));
         let config = self.options.server_config();
         let factory = RnbdServer::factory(Arc::clone(&self.exports));
         let placeholder = SocketAddr::from(([0, 0, 0, 0], 0));
+        // Answered exactly once: by the start on the first target thread, or here if
+        // that thread cannot be reached.
+        type Done = Box<dyn FnOnce(Result<(), String>) + Send>;
+        let done: Arc<Mutex<Option<Done>>> = Arc::new(Mutex::new(Some(Box::new(done))));
+        let answer = Arc::clone(&done);
+        let finish = move |r: Result<(), String>| {
+            let f = answer.lock().ok().and_then(|mut g| g.take());
+            if let Some(f) = f {
+                f(r);
+            }
+        };
         let started = driver.run_on(0, move |cx| {
             match Server::start(cx, mux, &[placeholder], config, factory) {
                 Ok(s) => {
                     let _ = slot.set(s);
-                    done(Ok(()));
+                    finish(Ok(()));
                 }
                 Err(e) => {
                     with_target(|t| {
                         t.running.retain(|r| r.transport != transport);
                         t.listeners.retain(|l| l.transport != transport);
                     });
-                    done(Err(format!("{M}: starting the rtrs server: {e}")));
+                    finish(Err(format!("{M}: starting the rtrs server: {e}")));
                 }
             }
         });
         if let Err(e) = started {
-            tracing::error!("rtrs target: could not reach the first target thread: {e}");
+            self.running.retain(|r| r.transport != transport);
+            self.listeners.retain(|l| l.transport != transport);
+            let f = done.lock().ok().and_then(|mut g| g.take());
+            if let Some(f) = f {
+                f(Err(format!(
+                    "{M}: could not reach the first target thread: {e}"
+                )));
+            }
         }
     }
 

@@ -65,7 +65,8 @@ impl RnbdSession {
     }
 
     /// Maps a device (PROTOCOL.md §7.2): an idempotent re-open of a name this session
-    /// already has returns its OPEN_RSP again without any access check; otherwise the
+    /// already has returns its OPEN_RSP again without any access check (unless that
+    /// export was removed meanwhile: the dead mapping is dropped first); otherwise the
     /// name must be an export (and free of `..`) whose access rule grants `mode`; the
     /// device id is the lowest free one.
     ///
@@ -74,8 +75,18 @@ impl RnbdSession {
     /// [`AccessError::UnknownName`] once the session has ended.
     pub fn open(&self, open: &Open<'_>) -> Result<OpenRsp, AccessError> {
         let mut devices = self.write();
-        if let Some(m) = devices.iter().flatten().find(|m| *m.name == *open.dev_name) {
-            return Ok(m.rsp);
+        if let Some(i) = devices
+            .iter()
+            .position(|m| m.as_ref().is_some_and(|m| *m.name == *open.dev_name))
+        {
+            let m = devices[i].as_ref().expect("position found a mapping");
+            if !self.exports.is_closed(m.export) {
+                return Ok(m.rsp);
+            }
+            // The export was removed (and maybe added again): this mapping is dead, so
+            // the name opens afresh instead of answering with the old device.
+            self.exports.release(m.export, m.mode);
+            devices[i] = None;
         }
         if open.dev_name.windows(2).any(|w| w == b"..") {
             return Err(AccessError::DotDot);
@@ -257,5 +268,55 @@ mod tests {
         drop(s1);
         assert_eq!(ex.writers(a), 0);
         assert!(s2.open(&open(b"a", AccessMode::ReadWrite)).is_ok());
+    }
+
+    use crate::rnbd::backend::BlockBackend as _;
+
+    struct Ram(std::sync::Mutex<crate::rnbd::backend::RamBackend>);
+
+    impl super::super::ExportBackend for Ram {
+        fn geometry(&self) -> crate::rnbd::backend::Geometry {
+            *self.0.lock().unwrap().geometry()
+        }
+        fn open_core(
+            &self,
+            _core: usize,
+        ) -> Result<Box<dyn crate::rnbd::backend::BlockBackend>, String> {
+            Ok(Box::new(self.0.lock().unwrap().share()))
+        }
+    }
+
+    fn ram(size: u64) -> Arc<dyn super::super::ExportBackend> {
+        Arc::new(Ram(std::sync::Mutex::new(
+            crate::rnbd::backend::RamBackend::new(size, 512).unwrap(),
+        )))
+    }
+
+    #[test]
+    fn reopen_after_the_export_was_replaced() {
+        let ex = Arc::new(Exports::dynamic(4));
+        let old = ex.add("d", ram(4096), false).unwrap();
+        let sess = RnbdSession::new("s", Arc::clone(&ex));
+        let first = sess.open(&open(b"d", AccessMode::ReadWrite)).unwrap();
+        assert_eq!(
+            sess.lookup(first.device_id),
+            Some((old, AccessMode::ReadWrite))
+        );
+        ex.remove("d");
+        // Removed: the stale mapping no longer answers a re-open.
+        assert_eq!(
+            sess.open(&open(b"d", AccessMode::ReadWrite)),
+            Err(AccessError::UnknownName)
+        );
+        assert_eq!(sess.lookup(first.device_id), None);
+        assert_eq!(ex.writers(old), 0);
+        let new = ex.add("d", ram(8192), false).unwrap();
+        let again = sess.open(&open(b"d", AccessMode::ReadWrite)).unwrap();
+        assert_eq!(again.nsectors, 16);
+        assert_eq!(
+            sess.lookup(again.device_id),
+            Some((new, AccessMode::ReadWrite))
+        );
+        assert_eq!(ex.writers(new), 1);
     }
 }

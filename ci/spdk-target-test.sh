@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# The RTRS target inside SPDK, end to end: spdk_tgt with librtrs_spdk.so exporting a
+# malloc bdev over tcp on 127.0.0.1, driven over JSON-RPC, with the project's own RNBD
+# client (tests/spdk_target.rs) doing verified IO against it.
+#
+# Covers: bad parameters for every rtrs_target_* RPC (the error names the field, the
+# application keeps running), the rdma transport without a device, set_options after
+# the first listener, verified IO from two client cores, live sessions in
+# rtrs_target_get_sessions, a read-only export refusing rw, unexport, save_config ->
+# spdk_tgt --json round trip, bdev hot removal under IO, stop_listener, clean shutdown.
+#
+# Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
+# one SKIPPED line and exits 0). Target on core 0 (SPDK_TGT_MASK, default 0x1), client
+# pinned to core 1. Every wait is bounded.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+SPDK_DIR=${SPDK_DIR:-/opt/spdk}
+if [ ! -f "$SPDK_DIR/include/spdk/bdev_module.h" ]; then
+    echo "SKIPPED: SPDK target tests (SPDK_DIR not set and /opt/spdk not found) — see README"
+    exit 0
+fi
+export SPDK_DIR
+TGT=""
+for t in "$SPDK_DIR/build/bin/spdk_tgt" "$SPDK_DIR/bin/spdk_tgt"; do
+    [ -x "$t" ] && TGT=$t && break
+done
+if [ -z "$TGT" ]; then
+    echo "SKIPPED: SPDK target tests (no spdk_tgt under $SPDK_DIR/build/bin or $SPDK_DIR/bin)"
+    exit 0
+fi
+export LD_LIBRARY_PATH="$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib:$SPDK_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+MASK=${SPDK_TGT_MASK:-0x1}
+WORK=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
+SOCK=$WORK/tgt.sock
+PORT=$((20000 + RANDOM % 20000))
+TGT_PID=""
+FAILS=0
+
+cleanup() {
+    if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
+        kill -INT "$TGT_PID" 2>/dev/null || true
+        for _ in $(seq 1 100); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$TGT_PID" 2>/dev/null || true
+    fi
+    [ -n "${KEEP_LOG:-}" ] && cp "$WORK/tgt.log" "$KEEP_LOG" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "== building the plugin and the test client"
+cargo build -q -p rtrs-spdk-plugin
+cargo test -q --test spdk_target --no-run
+PLUGIN=$TARGET_DIR/debug/librtrs_spdk.so
+
+# rpc METHOD [JSON]: prints the result; exit 1 (message on stdout) on a JSON-RPC error.
+rpc() {
+    python3 - "$SOCK" "$1" "${2:-}" <<'EOF'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(30)
+s.connect(sys.argv[1])
+req = {"jsonrpc": "2.0", "id": 1, "method": sys.argv[2]}
+if sys.argv[3]:
+    req["params"] = json.loads(sys.argv[3])
+s.sendall(json.dumps(req).encode())
+buf = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+    try:
+        rsp = json.loads(buf)
+        break
+    except ValueError:
+        continue
+if "error" in rsp:
+    print(rsp["error"]["message"])
+    sys.exit(1)
+print(json.dumps(rsp["result"]))
+EOF
+}
+
+# save_config: what `rpc.py save_config` writes (rpc.py builds it on the client side from
+# framework_get_subsystems + framework_get_config).
+save_config() {
+    python3 - "$SOCK" <<'EOF'
+import json, socket, sys
+def call(method, params=None):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(sys.argv[1])
+    req = {"jsonrpc": "2.0", "id": 1, "method": method}
+    if params is not None:
+        req["params"] = params
+    s.sendall(json.dumps(req).encode())
+    buf = b""
+    while True:
+        buf += s.recv(65536)
+        try:
+            rsp = json.loads(buf)
+            break
+        except ValueError:
+            continue
+    s.close()
+    if "error" in rsp:
+        sys.exit("%s: %s" % (method, rsp["error"]["message"]))
+    return rsp["result"]
+subsystems = [
+    {"subsystem": s["subsystem"], "config": call("framework_get_config", {"name": s["subsystem"]})}
+    for s in call("framework_get_subsystems")
+]
+print(json.dumps({"subsystems": subsystems}, indent=2))
+EOF
+}
+
+ok() { echo "  ok: $*"; }
+fail() { echo "  FAIL: $*"; FAILS=$((FAILS + 1)); }
+
+# expect_err METHOD JSON WORD: the call fails and its message contains WORD.
+expect_err() {
+    local out
+    if out=$(rpc "$1" "$2"); then
+        fail "$1 $2 succeeded: $out"
+    elif [[ "$out" == *"$3"* ]]; then
+        ok "$1 $2 -> $out"
+    else
+        fail "$1 $2: error does not name '$3': $out"
+    fi
+}
+
+expect_ok() {
+    local out
+    if out=$(rpc "$1" "${2:-}"); then ok "$1 ${2:-}"; else fail "$1 ${2:-}: $out"; fi
+}
+
+start_target() {
+    rm -f "$SOCK"
+    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" "$@" >>"$WORK/tgt.log" 2>&1 &
+    TGT_PID=$!
+    for _ in $(seq 1 120); do
+        if [ -S "$SOCK" ] && rpc framework_wait_init >/dev/null 2>&1; then return 0; fi
+        kill -0 "$TGT_PID" 2>/dev/null || break
+        sleep 0.25
+    done
+    echo "spdk_tgt did not come up; log:"; tail -20 "$WORK/tgt.log"; exit 1
+}
+
+stop_target() {
+    kill -INT "$TGT_PID"
+    local rc=0
+    for _ in $(seq 1 200); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$TGT_PID" 2>/dev/null; then
+        fail "spdk_tgt still running 20 s after SIGINT"; kill -KILL "$TGT_PID"
+    fi
+    wait "$TGT_PID" || rc=$?
+    [ "$rc" = 0 ] && ok "spdk_tgt exited cleanly" || fail "spdk_tgt exit code $rc"
+    TGT_PID=""
+}
+
+# client [ENV=VALUE...]: verified IO against the target (tests/spdk_target.rs), core 1.
+client() {
+    env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
+        taskset -c 1 cargo test -q --test spdk_target -- --nocapture 2>&1 |
+        grep -E "verified|refused as expected|panicked|FAILED|error" || true
+}
+
+expect_client() {
+    local want=$1; shift
+    local out; out=$(client "$@")
+    if [[ "$out" == *"$want"* ]]; then ok "client $*: $(echo "$out" | head -1)"; else fail "client $*: $out"; fi
+}
+
+alive() {
+    if rpc spdk_get_version >/dev/null; then ok "application still running"; else fail "application gone"; fi
+}
+
+echo "== spdk_tgt -m $MASK with the plugin (log: $WORK/tgt.log)"
+start_target
+expect_ok bdev_malloc_create '{"name":"Malloc0","num_blocks":16384,"block_size":4096}'
+
+echo "== bad parameters"
+expect_err rtrs_target_set_options '{"chunk_size":1000}' chunk_size
+expect_err rtrs_target_set_options '{"queue_depth":"x"}' queue_depth
+expect_err rtrs_target_set_options '{"always_invalidate":1}' always_invalidate
+expect_err rtrs_target_set_options '{"bogus":1}' bogus
+expect_err rtrs_target_set_options '[1]' params
+expect_err rtrs_target_listen '{}' transport
+expect_err rtrs_target_listen '{"transport":"udp","addr":"127.0.0.1"}' transport
+expect_err rtrs_target_listen '{"transport":"tcp"}' addr
+expect_err rtrs_target_listen '{"transport":"tcp","addr":"not-an-ip"}' addr
+expect_err rtrs_target_listen '{"transport":"tcp","addr":"127.0.0.1","port":70000}' port
+expect_err rtrs_target_listen '{"transport":"rdma","addr":"127.0.0.1"}' "rdma"
+expect_err rtrs_target_stop_listener '{"transport":"tcp","addr":"127.0.0.1","port":1}' addr
+expect_err rtrs_target_export '{}' bdev_name
+expect_err rtrs_target_export '{"bdev_name":"NoSuchBdev"}' bdev_name
+expect_err rtrs_target_export '{"bdev_name":"Malloc0","access":"rx"}' access
+expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"a..b"}' export_name
+expect_err rtrs_target_unexport '{}' export_name
+expect_err rtrs_target_unexport '{"export_name":"nope"}' export_name
+expect_err rtrs_target_get_sessions '{"x":1}' "'x'"
+alive
+
+echo "== listen, export, verified IO"
+expect_ok rtrs_target_set_options '{"queue_depth":128,"chunk_size":131072,"always_invalidate":true}'
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
+expect_err rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}" "already listening"
+expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
+expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access":"rw"}'
+expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
+expect_client "verified 256 blocks"
+
+echo "== a second listener (IPv6) on the same server, then closed"
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
+expect_client "verified 256 blocks" RTRS_TARGET_ADDR="[::1]:$PORT"
+expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
+
+echo "== a live session in rtrs_target_get_sessions"
+client RTRS_TARGET_ROUNDS=400 >"$WORK/long.out" &
+LONG=$!
+seen=""
+for _ in $(seq 1 100); do
+    s=$(rpc rtrs_target_get_sessions || true)
+    if [[ "$s" == *'"sessname": "spdk-target-test"'* && "$s" == *'"connected"'* ]]; then seen=$s; break; fi
+    sleep 0.1
+done
+[ -n "$seen" ] && ok "get_sessions: $(echo "$seen" | cut -c1-160)..." || fail "no live session seen"
+wait "$LONG" || true
+grep -q "verified 256 blocks" "$WORK/long.out" && ok "long run verified" || fail "long run: $(cat "$WORK/long.out")"
+
+echo "== read-only export, unexport"
+expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"volro","access":"ro"}'
+expect_client "refused as expected" RTRS_TARGET_DEV=volro RTRS_TARGET_EXPECT=fail
+expect_ok rtrs_target_unexport '{"export_name":"volro"}'
+expect_ok rtrs_target_unexport '{"export_name":"vol"}'
+expect_client "refused as expected" RTRS_TARGET_EXPECT=fail
+expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}'
+expect_client "verified 256 blocks"
+
+echo "== save_config -> spdk_tgt --json"
+save_config >"$WORK/config.json"
+python3 -c "
+import json,sys
+c = json.load(open('$WORK/config.json'))
+print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtrs_target'][0]))
+" >"$WORK/rtrs1.json"
+echo "  rtrs_target config: $(cat "$WORK/rtrs1.json")"
+stop_target
+start_target --json "$WORK/config.json"
+save_config | python3 -c "
+import json,sys
+c = json.load(sys.stdin)
+print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtrs_target'][0]))
+" >"$WORK/rtrs2.json"
+cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical after replay" ||
+    fail "config differs: $(cat "$WORK/rtrs2.json")"
+expect_client "verified 256 blocks"
+
+echo "== bdev hot removal under IO"
+client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/hot.out" &
+HOT=$!
+for _ in $(seq 1 100); do
+    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
+    sleep 0.1
+done
+sleep 0.5
+expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
+wait "$HOT" || true
+grep -q "refused as expected" "$WORK/hot.out" && ok "client IO failed cleanly: $(head -1 "$WORK/hot.out")" ||
+    fail "hot removal: $(cat "$WORK/hot.out")"
+alive
+save_config | grep -q rtrs_target_export && fail "export still in the config" ||
+    ok "export gone from the config"
+
+echo "== stop_listener"
+expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
+if python3 -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 2)" 2>/dev/null; then
+    fail "port $PORT still accepts connections"
+else
+    ok "port $PORT closed"
+fi
+stop_target
+
+if [ "$FAILS" -ne 0 ]; then
+    echo "spdk target tests: $FAILS FAILED (log: kept at $WORK.log)"
+    cp "$WORK/tgt.log" "$WORK.log" 2>/dev/null || true
+    exit 1
+fi
+echo "spdk target tests: all passed"

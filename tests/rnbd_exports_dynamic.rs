@@ -1,0 +1,210 @@
+//! Exports added and removed while a dispatcher serves (the SPDK target's
+//! `rtrs_target_export` / `rtrs_target_unexport` and bdev hot removal): a core opens its
+//! instance of a new export at the first IO, IO through a mapping of a removed export
+//! fails with −EIO, the core drops its instance once the IO in flight has completed, and
+//! the name can be exported again.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rtrs_spdk::fabric::mem::MemBuf;
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
+use rtrs_spdk::rnbd::backend::{
+    BlockBackend, BlockCompletion, BlockIo, Geometry, IoBuf, RamBackend, SubmitError,
+};
+use rtrs_spdk::rnbd::server::{
+    Completion, Dir, Dispatcher, ExportBackend, Exports, Outcome, Request, RnbdSession,
+};
+
+const EIO: i32 = -libc::EIO;
+
+/// A RAM disk whose per-core instances are counted (opened, dropped).
+struct Counted {
+    ram: Mutex<RamBackend>,
+    opened: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl ExportBackend for Counted {
+    fn geometry(&self) -> Geometry {
+        *self.ram.lock().unwrap().geometry()
+    }
+
+    fn open_core(&self, _core: usize) -> Result<Box<dyn BlockBackend>, String> {
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(Instance {
+            inner: self.ram.lock().unwrap().share(),
+            dropped: Arc::clone(&self.dropped),
+        }))
+    }
+}
+
+struct Instance {
+    inner: RamBackend,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl BlockBackend for Instance {
+    fn geometry(&self) -> &Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+        self.inner.submit(io)
+    }
+    fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
+        self.inner.poll(out)
+    }
+    fn describe(&self) -> String {
+        format!("counted {}", self.inner.describe())
+    }
+}
+
+struct Disk {
+    backend: Arc<dyn ExportBackend>,
+    opened: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+fn disk(size: u64) -> Disk {
+    let (opened, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    Disk {
+        backend: Arc::new(Counted {
+            ram: Mutex::new(RamBackend::new(size, 512).unwrap()),
+            opened: Arc::clone(&opened),
+            dropped: Arc::clone(&dropped),
+        }),
+        opened,
+        dropped,
+    }
+}
+
+fn area(len: usize) -> (MemBuf, IoBuf) {
+    let mem = MemBuf::zeroed(len);
+    // SAFETY: the memory outlives every request of the test (returned with the view).
+    let buf = unsafe { IoBuf::new(mem.as_ptr(), len) };
+    (mem, buf)
+}
+
+fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, i32> {
+    let mut msg = [0u8; Open::LEN];
+    Open {
+        access_mode: AccessMode::ReadWrite,
+        dev_name: name,
+    }
+    .encode(&mut msg)
+    .unwrap();
+    let (mem, buf) = area(OpenRsp::LEN);
+    let r = d.process(
+        sess,
+        Request {
+            tag: 0,
+            dir: Dir::Read,
+            usr: &msg,
+            data: buf,
+        },
+    );
+    match r {
+        Outcome::Done(0) => {
+            let mut b = [0u8; OpenRsp::LEN];
+            // SAFETY: the request was answered; nobody uses the area.
+            unsafe { buf.copy_out(0, &mut b) };
+            drop(mem);
+            Ok(OpenRsp::decode(&b).unwrap().device_id)
+        }
+        Outcome::Done(e) => Err(e),
+        Outcome::Submitted => panic!("OPEN answers at once"),
+    }
+}
+
+fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf) -> Outcome {
+    let usr = Io {
+        device_id: dev,
+        sector: 0,
+        op: RnbdOp::Write,
+        flags: IoFlags::default(),
+        bi_size: data.len() as u32,
+        prio: 0,
+    }
+    .to_bytes();
+    d.process(
+        sess,
+        Request {
+            tag,
+            dir: Dir::Write,
+            usr: &usr,
+            data,
+        },
+    )
+}
+
+/// Polls until `n` completions came (bounded), returning them.
+fn reap(d: &mut Dispatcher, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    let mut out = [Completion::default(); 8];
+    while got.len() < n {
+        let k = d.poll(&mut out);
+        got.extend_from_slice(&out[..k]);
+        assert!(Instant::now() < deadline, "no completion within 20 s");
+    }
+    got
+}
+
+#[test]
+fn exports_come_and_go_under_a_dispatcher() {
+    let exports = Arc::new(Exports::dynamic(8));
+    let mut d = Dispatcher::new(Arc::clone(&exports), 0).unwrap();
+    let sess = RnbdSession::new("s", Arc::clone(&exports));
+    assert_eq!(open(&mut d, &sess, b"d"), Err(-libc::ENOENT));
+
+    let first = disk(1 << 20);
+    exports.add("d", Arc::clone(&first.backend), false).unwrap();
+    let dev = open(&mut d, &sess, b"d").unwrap();
+    assert_eq!(
+        first.opened.load(Ordering::SeqCst),
+        0,
+        "opened lazily, at the first IO"
+    );
+    let (_mem, buf) = area(4096);
+    assert_eq!(write(&mut d, &sess, dev, 7, buf), Outcome::Submitted);
+    assert_eq!(first.opened.load(Ordering::SeqCst), 1);
+    assert_eq!(reap(&mut d, 1), [Completion { tag: 7, errno: 0 }]);
+
+    // Removed with an IO in flight: the IO completes, then the instance goes.
+    assert_eq!(write(&mut d, &sess, dev, 8, buf), Outcome::Submitted);
+    assert_eq!(
+        exports.remove("d").map(|id| exports.is_closed(id)),
+        Some(true)
+    );
+    assert_eq!(reap(&mut d, 1), [Completion { tag: 8, errno: 0 }]);
+    let mut out = [Completion::default(); 2];
+    d.poll(&mut out);
+    assert_eq!(first.dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(d.in_flight(), 0);
+    assert_eq!(write(&mut d, &sess, dev, 9, buf), Outcome::Done(EIO));
+    drop(first.backend);
+
+    // Exported again under the same name: a fresh mapping and a fresh instance.
+    let second = disk(2 << 20);
+    exports
+        .add("d", Arc::clone(&second.backend), false)
+        .unwrap();
+    let dev2 = open(&mut d, &sess, b"d").unwrap();
+    assert_eq!(write(&mut d, &sess, dev2, 10, buf), Outcome::Submitted);
+    assert_eq!(reap(&mut d, 1), [Completion { tag: 10, errno: 0 }]);
+    assert_eq!(second.opened.load(Ordering::SeqCst), 1);
+    assert_eq!(second.dropped.load(Ordering::SeqCst), 0);
+}
