@@ -128,8 +128,9 @@ scenario_verify() {
 
 # fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
 scenario_fio() {
-	if [[ -z "$FIO_PLUGIN" ]] || ! command -v fio >/dev/null; then
-		echo "SKIP fio: fio or SPDK's fio plugin (build/fio/spdk_bdev) not found"
+	local fio=${FIO:-$(command -v fio || ls /opt/fio-*/fio 2>/dev/null | head -n 1)}
+	if [[ -z "$FIO_PLUGIN" || -z "$fio" ]]; then
+		echo "SKIP fio: fio (\$FIO, PATH or /opt/fio-*/fio) or SPDK's fio plugin (build/fio/spdk_bdev) not found"
 		return 2
 	fi
 	if ! hugepages_ensure; then
@@ -137,9 +138,15 @@ scenario_fio() {
 		return 2
 	fi
 	start_target tgt 1234 || return 1
-	LD_PRELOAD="$PLUGIN_SO $FIO_PLUGIN" timeout 180 fio plugin/fio/rtrs_verify.fio \
-		--output="$APP_DIR/fio.out" >"$APP_DIR/fio.log" 2>&1
+	# In the background with a pid file, so the runner's clean-up stops it on a time-out.
+	LD_PRELOAD="$PLUGIN_SO $FIO_PLUGIN" "$fio" plugin/fio/rtrs_verify.fio \
+		--output="$APP_DIR/fio.out" >"$APP_DIR/fio.log" 2>&1 &
+	local pid=$!
+	echo "$pid" >"$APP_DIR/pids/fio"
+	wait "$pid"
 	local rc=$?
+	rm -f "$APP_DIR/pids/fio"
+	hugepages_restore
 	tail -n 25 "$APP_DIR/fio.out" "$APP_DIR/fio.log" 2>/dev/null | grep -E 'err=|verify|error|IOPS' | head -n 8
 	[[ $rc -eq 0 ]] || return 1
 	grep -q 'err= 0' "$APP_DIR/fio.out"

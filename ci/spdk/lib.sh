@@ -137,6 +137,7 @@ apps_stop_all() {
 # The trap of every script using these helpers: no SPDK application survives it.
 apps_cleanup() {
 	apps_stop_all
+	hugepages_restore
 	[[ "${KEEP_APP_DIR:-0}" == 1 ]] || rm -rf "$APP_DIR"
 }
 
@@ -157,18 +158,25 @@ bdevperf_perform() {
 	python3 "$BDEVPERF_PY" -s "$APP_DIR/$1.sock" -t "$(($2 + 60))" perform_tests
 }
 
-# Hugepages for the fio plugin: reserve some if none are free. Returns 1 when impossible.
+# Hugepages for the fio plugin: reserve some if too few are free (hugepages_restore gives
+# them back). Returns 1 when impossible.
 hugepages_ensure() {
 	local free
+	HP_PREV=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
 	free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
 	if [[ "${free:-0}" -lt 256 ]]; then
-		echo 512 >/proc/sys/vm/nr_hugepages 2>/dev/null || return 1
+		echo $((HP_PREV + 512)) >/proc/sys/vm/nr_hugepages 2>/dev/null || return 1
 		free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
 	fi
 	[[ "${free:-0}" -ge 256 ]] || return 1
 	if ! grep -q hugetlbfs /proc/mounts; then
 		mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || return 1
 	fi
+	return 0
+}
+
+hugepages_restore() {
+	[[ -n "${HP_PREV:-}" ]] && echo "$HP_PREV" >/proc/sys/vm/nr_hugepages 2>/dev/null
 	return 0
 }
 

@@ -19,6 +19,8 @@ use super::disk::Disk;
 const BATCH: usize = 64;
 /// How long a closing disk waits for CLOSE's answer, then for its paths to go.
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
+/// bdev_rtrs_create waits at least this long (seconds) for the session and OPEN.
+pub const OPEN_WAIT_MIN_S: u64 = 5;
 
 enum Port {
     Home(Box<Home>),
@@ -33,8 +35,9 @@ struct Home {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// OPEN sent; the RPC waits for its answer.
-    Opening,
+    /// OPEN sent; the RPC waits for its answer until the deadline (ns): before the first
+    /// path connects the session has no permits, so OPEN would wait for ever.
+    Opening(u64),
     Open,
     /// CLOSE sent (deadline in ns).
     Closing(u64),
@@ -55,14 +58,20 @@ pub struct CorePoller {
 }
 
 impl CorePoller {
-    pub fn home(disk: Arc<Disk>, rnbd: RnbdClient<SessionCore>, dev: DevHandle) -> CorePoller {
+    /// The home core's poller; OPEN must succeed before `open_deadline` (ns).
+    pub fn home(
+        disk: Arc<Disk>,
+        rnbd: RnbdClient<SessionCore>,
+        dev: DevHandle,
+        open_deadline: u64,
+    ) -> CorePoller {
         CorePoller {
             disk,
             core: 0,
             dev,
             port: Port::Home(Box::new(Home {
                 rnbd,
-                phase: Phase::Opening,
+                phase: Phase::Opening(open_deadline),
                 events: vec![ClientEvent::Closed { dev }; BATCH],
             })),
             retry: VecDeque::with_capacity(1024),
@@ -154,13 +163,13 @@ impl CorePoller {
                                 self.disk.params.name,
                                 self.disk.params.device
                             );
-                        } else if h.phase == Phase::Opening {
+                        } else if matches!(h.phase, Phase::Opening(_)) {
                             h.phase = Phase::Open;
                             self.disk.opened(info);
                         }
                     }
                     ClientEvent::OpenFailed { error, .. } => {
-                        if h.phase == Phase::Opening {
+                        if matches!(h.phase, Phase::Opening(_)) {
                             self.disk.open_failed(&error.to_string());
                             h.phase = Phase::Closing(0);
                         } else {
@@ -199,8 +208,16 @@ impl CorePoller {
             return;
         };
         let now = cx.now();
+        if let Phase::Opening(deadline) = h.phase {
+            if deadline <= now && !self.disk.closing() {
+                self.disk.open_failed(&format!(
+                    "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5)",
+                    self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S)
+                ));
+            }
+        }
         match h.phase {
-            Phase::Opening | Phase::Open if self.disk.closing() => {
+            Phase::Opening(_) | Phase::Open if self.disk.closing() => {
                 if h.rnbd.close(cx, self.dev).is_ok() {
                     h.phase = Phase::Closing(now + CLOSE_WAIT_NS);
                 } else {

@@ -212,7 +212,7 @@ impl Disk {
         let post = SpdkThread::app().map(|t| {
             t.send(move || {
                 let d = Arc::clone(&disk);
-                disk.driver.stop(move || d.finished());
+                stop_driver(&disk.driver, move || d.finished());
             })
         });
         if !matches!(post, Some(Ok(()))) {
@@ -324,6 +324,73 @@ pub fn errno_str(rc: i32) -> String {
     std::io::Error::from_raw_os_error(rc.abs()).to_string()
 }
 
+/// The disk's cores: core 0 (home) is the calling thread — the application thread, which
+/// every SPDK application polls, even one without reactors such as fio's `spdk_bdev`
+/// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
+/// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
+fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
+    let me = SpdkThread::current().ok_or("not called on an SPDK thread")?;
+    let cpus = app_cores();
+    let mut threads = vec![me];
+    for &c in cpus.iter().skip(1) {
+        match SpdkThread::create_on(&format!("rtrs_{name}_{c}"), c) {
+            Some(t) => threads.push(t),
+            None => {
+                for t in threads.drain(1..) {
+                    let _ = t.exit();
+                }
+                return Err(format!("spdk_thread_create failed for core {c}"));
+            }
+        }
+    }
+    let driver = Driver::adopt(&threads).map_err(|e| e.to_string())?;
+    Ok((driver, cpus))
+}
+
+/// Drops every core's pollers, lets the threads of ours exit, then runs `done` on the
+/// calling thread (core 0's, the application thread).
+fn stop_driver<F: FnOnce() + Send + 'static>(driver: &Arc<Driver>, done: F) {
+    for k in 1..driver.cores() {
+        let d = Arc::clone(driver);
+        let sent = driver.run_on(k, move |_cx| {
+            d.shutdown_core();
+            d.drop_core();
+            if let Some(t) = d.thread(k) {
+                if t.exit().is_err() {
+                    tracing::warn!("rtrs bdev: core {k}'s thread could not be told to exit");
+                }
+            }
+        });
+        if sent.is_err() {
+            tracing::warn!("rtrs bdev: could not stop core {k}");
+        }
+    }
+    driver.shutdown_core();
+    driver.drop_core();
+    // Core k's message runs before any later message to the same thread: post `done` behind
+    // a round trip through the last core so the other cores' pollers are gone first.
+    match driver.cores() {
+        1 => done(),
+        n => {
+            let back = SpdkThread::current();
+            let sent = driver.run_on(n - 1, move |_cx| match back {
+                Some(t) => {
+                    if t.send(done).is_err() {
+                        tracing::error!("rtrs bdev: could not post the stop completion");
+                    }
+                }
+                None => done(),
+            });
+            if sent.is_err() {
+                tracing::error!(
+                    "rtrs bdev: could not reach core {} to finish stopping",
+                    n - 1
+                );
+            }
+        }
+    }
+}
+
 /// `bdev_rtrs_create`: starts the session; `req` is answered when OPEN completes.
 pub fn create(req: RpcRequest, params: CreateParams) {
     const M: &str = "bdev_rtrs_create";
@@ -356,14 +423,13 @@ pub fn create(req: RpcRequest, params: CreateParams) {
             return;
         }
     };
-    let driver = match Driver::spawn(&format!("rtrs_{name}")) {
+    let (driver, cpus) = match make_driver(&name) {
         Ok(d) => d,
         Err(e) => {
             req.error(-libc::ENOMEM, &format!("{M}: {e}"));
             return;
         }
     };
-    let cpus = app_cores();
     let queues = (0..driver.cores()).map(|_| CoreQueue::default()).collect();
     let disk = Arc::new(Disk {
         paths: Mutex::new(params.paths.clone()),
@@ -384,7 +450,7 @@ pub fn create(req: RpcRequest, params: CreateParams) {
     if driver.run_on(0, move |cx| start(cx, d)).is_err() {
         disk.open_failed("could not reach the disk's home core");
         registry().retain(|x| !Arc::ptr_eq(x, &disk));
-        driver.stop(|| {});
+        stop_driver(&driver, || {});
     }
 }
 
@@ -441,5 +507,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
             tracing::error!("rtrs bdev {}: could not start core {k}", disk.params.name);
         }
     }
-    cx.register(Box::new(CorePoller::home(disk, rnbd, dev)));
+    let wait = disk.params.io_timeout_sec.max(super::core::OPEN_WAIT_MIN_S);
+    let deadline = cx.now() + wait * 1_000_000_000;
+    cx.register(Box::new(CorePoller::home(disk, rnbd, dev, deadline)));
 }
