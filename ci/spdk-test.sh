@@ -249,6 +249,7 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"tr
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"not-an-ip"}]}|dst_addr
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":70000}]}|port
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","src_addr":"nowhere","dst_addr":"127.0.0.1"}]}|src_addr
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1"}]}|transport
 clt|bdev_rtrs_create|{"name":"x","sessname":"s/x","device":"malloc0",$good}|sessname
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"access_mode":"rwx"}|access_mode
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"mp_policy":"fastest"}|mp_policy
