@@ -7,7 +7,9 @@
 # application keeps running), the rdma transport without a device, set_options after
 # the first listener, verified IO from two client cores, live sessions in
 # rtrs_target_get_sessions, a read-only export refusing rw, unexport, save_config ->
-# spdk_tgt --json round trip, bdev hot removal under IO, stop_listener, clean shutdown.
+# spdk_tgt --json round trip, bdev hot removal under IO, stop_listener, a second (IPv6)
+# listener, -ENOMEM from a tiny bdev_io pool (spdk_bdev_queue_io_wait), unexport while
+# the client does IO, clean shutdown.
 #
 # Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
 # one SKIPPED line and exits 0). Target on core 0 (SPDK_TGT_MASK, default 0x1), client
@@ -138,10 +140,14 @@ expect_ok() {
 
 start_target() {
     rm -f "$SOCK"
-    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" "$@" >>"$WORK/tgt.log" 2>&1 &
+    # No core locks: other SPDK applications may share this machine's cores.
+    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" --disable-cpumask-locks "$@" \
+        >>"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
+    local ready=framework_wait_init
+    [ "${1:-}" = --wait-for-rpc ] && ready=spdk_get_version
     for _ in $(seq 1 120); do
-        if [ -S "$SOCK" ] && rpc framework_wait_init >/dev/null 2>&1; then return 0; fi
+        if [ -S "$SOCK" ] && rpc $ready >/dev/null 2>&1; then return 0; fi
         kill -0 "$TGT_PID" 2>/dev/null || break
         sleep 0.25
     done
@@ -163,7 +169,7 @@ stop_target() {
 # client [ENV=VALUE...]: verified IO against the target (tests/spdk_target.rs), core 1.
 client() {
     env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
-        taskset -c 1 cargo test -q --test spdk_target -- --nocapture 2>&1 |
+        timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --nocapture 2>&1 |
         grep -E "verified|refused as expected|panicked|FAILED|error" || true
 }
 
@@ -212,13 +218,14 @@ expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
 expect_client "verified 256 blocks"
 
-echo "== a second listener (IPv6) on the same server, then closed"
+echo "== a second listener (IPv6) on the same server: one path there, then two paths in one session"
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
 expect_client "verified 256 blocks" RTRS_TARGET_ADDR="[::1]:$PORT"
+expect_client "verified 256 blocks" RTRS_TARGET_ADDR="127.0.0.1:$PORT,[::1]:$PORT"
 expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
 
 echo "== a live session in rtrs_target_get_sessions"
-client RTRS_TARGET_ROUNDS=400 >"$WORK/long.out" &
+client RTRS_TARGET_ROUNDS=100 >"$WORK/long.out" &
 LONG=$!
 seen=""
 for _ in $(seq 1 100); do
@@ -281,6 +288,34 @@ if python3 -c "import socket; socket.create_connection(('127.0.0.1', $PORT), 2)"
 else
     ok "port $PORT closed"
 fi
+stop_target
+
+echo "== a tiny bdev_io pool: -ENOMEM waits with spdk_bdev_queue_io_wait, data still verified"
+start_target --wait-for-rpc
+expect_ok bdev_set_options '{"bdev_io_pool_size":8,"bdev_io_cache_size":1}'
+expect_ok framework_start_init
+rpc framework_wait_init >/dev/null
+expect_ok bdev_malloc_create '{"name":"Malloc0","num_blocks":16384,"block_size":4096}'
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
+expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}'
+expect_client "verified 256 blocks" RTRS_TARGET_ROUNDS=10
+grep -q "bdev_io pool exhausted (-ENOMEM)" "$WORK/tgt.log" && ok "the -ENOMEM path ran" ||
+    fail "no -ENOMEM wait seen in the target log"
+
+echo "== unexport while the client has the device open"
+client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/unexp.out" &
+UNEXP=$!
+for _ in $(seq 1 100); do
+    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
+    sleep 0.1
+done
+sleep 0.5
+expect_ok rtrs_target_unexport '{"export_name":"vol"}'
+wait "$UNEXP" || true
+grep -q "refused as expected" "$WORK/unexp.out" && ok "client IO failed cleanly: $(head -1 "$WORK/unexp.out")" ||
+    fail "unexport under IO: $(cat "$WORK/unexp.out")"
+alive
+expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
 stop_target
 
 if [ "$FAILS" -ne 0 ]; then

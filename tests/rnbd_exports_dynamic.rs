@@ -2,7 +2,7 @@
 //! `rtrs_target_export` / `rtrs_target_unexport` and bdev hot removal): a core opens its
 //! instance of a new export at the first IO, IO through a mapping of a removed export
 //! fails with −EIO, the core drops its instance once the IO in flight has completed, and
-//! the name can be exported again.
+//! the name can be exported again; names, duplicates, read-only exports and capacity.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,8 @@ use rtrs_spdk::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, Geometry, IoBuf, RamBackend, SubmitError,
 };
 use rtrs_spdk::rnbd::server::{
-    Completion, Dir, Dispatcher, ExportBackend, Exports, Outcome, Request, RnbdSession,
+    AccessError, Completion, Dir, Dispatcher, ExportBackend, Exports, ExportsError, Outcome,
+    Request, RnbdSession,
 };
 
 const EIO: i32 = -libc::EIO;
@@ -207,4 +208,51 @@ fn exports_come_and_go_under_a_dispatcher() {
     assert_eq!(reap(&mut d, 1), [Completion { tag: 10, errno: 0 }]);
     assert_eq!(second.opened.load(Ordering::SeqCst), 1);
     assert_eq!(second.dropped.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn add_remove_lookup_and_capacity() {
+    let ex = Exports::dynamic(2);
+    assert!(ex.is_empty());
+    let g0 = ex.generation();
+    let a = ex.add("a", disk(4096).backend, false).unwrap();
+    assert_ne!(ex.generation(), g0);
+    assert_eq!(ex.lookup(b"a"), Some(a));
+    assert!(matches!(
+        ex.add("a", disk(4096).backend, false),
+        Err(ExportsError::Duplicate { .. })
+    ));
+    assert!(matches!(
+        ex.add("x/../y", disk(4096).backend, false),
+        Err(ExportsError::BadName { .. })
+    ));
+    assert!(matches!(
+        ex.add("", disk(4096).backend, false),
+        Err(ExportsError::BadName { .. })
+    ));
+    let b = ex.add("b", disk(8192).backend, true).unwrap();
+    assert!(ex.geometry(b).read_only);
+    assert_eq!(
+        ex.acquire(b, AccessMode::ReadWrite),
+        Err(AccessError::ReadOnlyExport { mode: "rw" })
+    );
+    assert!(ex.open_slot(a, 3).unwrap().is_some());
+    assert_eq!(ex.remove("a"), Some(a));
+    assert_eq!(ex.remove("a"), None);
+    assert!(ex.is_closed(a));
+    assert_eq!(ex.lookup(b"a"), None);
+    assert_eq!(
+        ex.acquire(a, AccessMode::ReadOnly),
+        Err(AccessError::UnknownName)
+    );
+    assert!(ex.open_slot(a, 0).unwrap().is_none());
+    assert_eq!(ex.iter().map(|(_, n)| n).collect::<Vec<_>>(), ["b"]);
+    // Ids are not reused: the removed slot still counts.
+    let err = ex.add("c", disk(4096).backend, false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "export 'c': no room for more exports (2 were made)"
+    );
+    let cores = ex.open_core(1).unwrap();
+    assert!(cores[0].is_none() && cores[1].is_some());
 }

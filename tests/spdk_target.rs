@@ -3,7 +3,8 @@
 //! bdev), driven by `ci/spdk-target-test.sh`. Without `RTRS_TARGET_ADDR` it prints one
 //! line saying it was skipped and passes.
 //!
-//! Environment: `RTRS_TARGET_ADDR` (ip:port), `RTRS_TARGET_DEV` (export name, default
+//! Environment: `RTRS_TARGET_ADDR` (ip:port, or several comma-separated: one path
+//! each, one session), `RTRS_TARGET_DEV` (export name, default
 //! `vol`), `RTRS_TARGET_EXPECT` (`ok`, default, or `fail`: the device must refuse IO —
 //! used after the export was removed, or while its bdev is hot-removed),
 //! `RTRS_TARGET_ROUNDS` (write+read passes of the home core, default 1: a longer run
@@ -34,6 +35,8 @@ const BS: usize = 4096;
 const BLOCKS: usize = 256;
 const QD: usize = 16;
 const WAIT: Duration = Duration::from_secs(60);
+/// The home core's progress message after each write+read pass.
+const ROUND: &str = "round";
 
 type Report = mpsc::Sender<Result<String, String>>;
 
@@ -174,6 +177,8 @@ impl Home {
                     if self.phase == 3 && self.rounds > 1 {
                         self.rounds -= 1;
                         self.phase = 1;
+                        // Progress: the wait bound applies per pass, not to the whole run.
+                        let _ = self.tx.send(Ok(ROUND.into()));
                     }
                     self.win.reset();
                 }
@@ -286,7 +291,14 @@ fn verified_io_against_external_target() {
         println!("SKIPPED: spdk_target (RTRS_TARGET_ADDR not set; ci/spdk-target-test.sh sets it)");
         return;
     };
-    let addr: std::net::SocketAddr = addr.parse().expect("RTRS_TARGET_ADDR is ip:port");
+    let addrs: Vec<std::net::SocketAddr> = addr
+        .split(',')
+        .map(|a| {
+            a.trim()
+                .parse()
+                .expect("RTRS_TARGET_ADDR is ip:port[,ip:port...]")
+        })
+        .collect();
     let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
     let expect_fail = std::env::var("RTRS_TARGET_EXPECT").is_ok_and(|v| v == "fail");
     let rounds: u32 = std::env::var("RTRS_TARGET_ROUNDS")
@@ -307,7 +319,8 @@ fn verified_io_against_external_target() {
     let open_name = dev_name.clone();
     let start = Msg::new(move |cx: &mut dyn Ctx| {
         let links = LinkListener::new();
-        let cfg = ClientConfig::new("spdk-target-test", vec![PathAddr::new(addr)]);
+        let paths = addrs.iter().map(|&a| PathAddr::new(a)).collect();
+        let cfg = ClientConfig::new("spdk-target-test", paths);
         let (session, mut cores) =
             Session::open(cx, Arc::clone(&f), cfg, Box::new(links.clone())).expect("session open");
         let reg = |len: usize| {
@@ -368,6 +381,7 @@ fn verified_io_against_external_target() {
     let mut failure = None;
     while got.len() < 2 && failure.is_none() {
         match rx.recv_timeout(WAIT) {
+            Ok(Ok(m)) if m == ROUND => {}
             Ok(Ok(m)) => got.push(m),
             Ok(Err(e)) => failure = Some(e),
             Err(e) => panic!("no progress within {WAIT:?} ({e}); so far {got:?}"),

@@ -242,6 +242,9 @@ struct ChanState {
     wait: sys::spdk_bdev_io_wait_entry,
     in_flight: usize,
     drain: *mut sys::spdk_poller,
+    /// Times the bdev layer answered −ENOMEM and the channel waited.
+    nomem_waits: u64,
+    name: String,
 }
 
 /// One SPDK thread's instance of an exported bdev (its IO channel).
@@ -275,6 +278,8 @@ impl BdevChannel {
             wait: sys::spdk_bdev_io_wait_entry::default(),
             in_flight: 0,
             drain: std::ptr::null_mut(),
+            nomem_waits: 0,
+            name: name.to_string(),
         });
         let p = Box::into_raw(state);
         // SAFETY: exclusive access during construction; the slots point back at the
@@ -407,6 +412,15 @@ unsafe fn arm_wait(st: *mut ChanState) {
         let s = &mut *st;
         if s.wait_armed {
             return;
+        }
+        s.nomem_waits += 1;
+        if s.nomem_waits.is_power_of_two() {
+            tracing::info!(
+                "spdk bdev '{}': bdev_io pool exhausted (-ENOMEM); waiting with \
+                 spdk_bdev_queue_io_wait ({} times on this thread)",
+                s.name,
+                s.nomem_waits
+            );
         }
         s.wait.bdev = s.desc.bdev;
         s.wait.cb_fn = Some(retry_waiting);

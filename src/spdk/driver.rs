@@ -198,16 +198,24 @@ impl Driver {
             .filter_map(|e| e.slot)
             .collect();
         for s in slots {
-            // SAFETY: slots in the table are live; a poller whose shutdown unregisters
-            // another is handled by re-checking liveness through the table.
+            // A shutdown hook may unregister other pollers: only live ones are called.
             let alive = self.table(core).entries.iter().any(|e| e.slot == Some(s));
-            if alive {
-                // SAFETY: live slot of this core, used on its own thread.
-                let slot = unsafe { s.as_ref() };
+            if !alive {
+                continue;
+            }
+            // SAFETY: live slot of this core, used on its own thread; while its hook
+            // runs it is `current`, so unregistering itself only marks it dead.
+            let slot = unsafe { s.as_ref() };
+            let id = slot.id;
+            self.table(core).current = Some(id);
+            if let Ok(mut p) = slot.poller.try_borrow_mut() {
                 let mut cx = SpdkCtx { driver: self, core };
-                if let Ok(mut p) = slot.poller.try_borrow_mut() {
-                    p.shutdown(&mut cx);
-                }
+                p.shutdown(&mut cx);
+            }
+            self.table(core).current = None;
+            if slot.dead.get() {
+                // SAFETY: live slot, no longer borrowed; `slot` is not used after.
+                unsafe { self.free_slot(core, s) };
             }
         }
     }
