@@ -13,3 +13,5 @@ cargo test
 # Benches are plain programs; build them so they cannot rot.
 echo "== cargo build --benches"
 cargo build --benches -q
+# The SPDK plugin tests (one SKIPPED line when SPDK is not found).
+ci/spdk-test.sh

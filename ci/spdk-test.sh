@@ -1,0 +1,351 @@
+#!/usr/bin/env bash
+# The SPDK tests (issue 4, §6): the plugin loaded into real SPDK applications on this
+# machine. Target apps run on core 0 (-m 0x1), client apps on core 1 (-m 0x2).
+#
+# Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it
+# prints one SKIPPED line and succeeds. Each scenario has a time limit; a trap stops
+# every SPDK application this script started. Ends with "N passed, M failed".
+#
+#   ci/spdk-test.sh                 all scenarios
+#   ci/spdk-test.sh basic verify    only these
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+
+. ci/spdk/lib.sh
+if [[ -n "${SPDK_DIR:-}" ]]; then
+	SPDK_DIR_REASON="SPDK_DIR=$SPDK_DIR is not a directory"
+else
+	SPDK_DIR_REASON="SPDK_DIR not set and /opt/spdk not found"
+fi
+SPDK_DIR=$(spdk_find)
+if [[ -z "$SPDK_DIR" ]]; then
+	echo "SKIPPED: SPDK tests — ${SPDK_DIR_REASON}; see README"
+	exit 0
+fi
+export SPDK_DIR
+apps_init
+trap apps_cleanup EXIT
+trap 'exit 130' INT TERM
+
+spdk_setup_paths || exit 1
+echo "== SPDK at $SPDK_DIR; building the plugin (${PLUGIN_PROFILE:-release})"
+plugin_build || {
+	echo "plugin build failed"
+	exit 1
+}
+
+SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
+# Other SPDK applications may run on this machine: no core locks.
+MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+TGT_MASK=0x1
+CLT_MASK=0x2
+PASSED=0
+FAILED=0
+FAILED_NAMES=()
+
+# ---- building blocks ------------------------------------------------------------------
+
+# A target spdk_tgt exporting a 64 MiB malloc bdev "malloc0" over tcp on the given ports.
+start_target() {
+	local name=$1 ports=$2 p
+	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	rpc "$name" bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
+	for p in ${ports//,/ }; do
+		rpc "$name" rtrs_target_listen -t tcp -a 127.0.0.1 -s "$p" || return 1
+	done
+	rpc "$name" rtrs_target_export malloc0 -a rw || return 1
+}
+
+# A bdevperf client on core 1 whose --json creates rtrs bdev "rtrs0", waiting for
+# perform_tests (-z). Extra bdevperf arguments follow the ports.
+start_bdevperf() {
+	local name=$1 ports=$2 extra=$3
+	shift 3
+	rtrs_bdev_json rtrs0 malloc0 "$ports" "$extra" >"$APP_DIR/$name.json"
+	app_start "$name" "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/$name.json" -z "$@"
+}
+
+# Checks a perform_tests result: every job finished and no IO failed.
+results_clean() {
+	python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+jobs = r.get("results", [])
+bad = [j for j in jobs if j.get("io_failed", 0) or j.get("status") != "finished"]
+ios = sum(j.get("iops", 0) * j.get("runtime", 0) for j in jobs)
+print("jobs=%d ios=%.0f io_failed=%d" % (len(jobs), ios, sum(j.get("io_failed", 0) for j in jobs)))
+sys.exit(1 if bad or not jobs or ios <= 0 else 0)
+PY
+}
+
+# ---- scenarios --------------------------------------------------------------------------
+
+# Two spdk_tgt apps: the client creates an rtrs bdev with rpc.py; its size and block size
+# come from the remote malloc bdev; get_sessions shows the path; delete removes it.
+scenario_basic() {
+	start_target tgt 14420 || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	local out
+	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n basic-sess -d malloc0 -p tcp:127.0.0.1:14420 \
+		-i 1000 -M 5 -D 1 -t 10) || return 1
+	[[ "$out" == rtrs0 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs0"; return 1; }
+	rpc clt bdev_get_bdevs -b rtrs0 >"$APP_DIR/bdev.json" || return 1
+	python3 - "$APP_DIR/bdev.json" <<'PY' || return 1
+import json, sys
+b = json.load(open(sys.argv[1]))[0]
+assert b["product_name"].lower().startswith("rtrs"), b["product_name"]
+assert b["block_size"] == 4096, b["block_size"]
+assert b["num_blocks"] * b["block_size"] == 64 << 20, b["num_blocks"]
+for t in ("read", "write", "flush", "unmap", "write_zeroes", "reset"):
+    assert b["supported_io_types"][t], t
+print("bdev ok: %d x %d" % (b["num_blocks"], b["block_size"]))
+PY
+	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess.json" || return 1
+	grep -q '14420' "$APP_DIR/sess.json" || { cat "$APP_DIR/sess.json"; return 1; }
+	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
+	grep -q 'basic-sess' "$APP_DIR/tsess.json" || { cat "$APP_DIR/tsess.json"; return 1; }
+	rpc clt bdev_rtrs_set_mp_policy rtrs0 round-robin || return 1
+	rpc clt bdev_rtrs_delete rtrs0 || return 1
+	if rpc clt bdev_get_bdevs -b rtrs0 >/dev/null 2>&1; then
+		echo "rtrs0 still exists after bdev_rtrs_delete"
+		return 1
+	fi
+	app_alive tgt && app_alive clt
+}
+
+# bdevperf -w verify over the rtrs bdev (4 KiB and 128 KiB, which the bdev layer splits
+# at the device's max IO size when larger).
+scenario_verify() {
+	start_target tgt 14421 || return 1
+	start_bdevperf bp 14421 '' -q 32 -o 4096 -w verify -t 8 || return 1
+	bdevperf_perform bp 8 >"$APP_DIR/r1.json" || { tail -n 20 "$APP_DIR/bp.log"; return 1; }
+	results_clean "$APP_DIR/r1.json" || return 1
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp.sock" -t 120 perform_tests -q 8 -o 262144 -w verify -t 5 \
+		>"$APP_DIR/r2.json" || { tail -n 20 "$APP_DIR/bp.log"; return 1; }
+	results_clean "$APP_DIR/r2.json"
+}
+
+# fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
+scenario_fio() {
+	local fio=${FIO:-$(command -v fio || ls /opt/fio-*/fio 2>/dev/null | head -n 1)}
+	if [[ -z "$FIO_PLUGIN" || -z "$fio" ]]; then
+		echo "SKIP fio: fio (\$FIO, PATH or /opt/fio-*/fio) or SPDK's fio plugin (build/fio/spdk_bdev) not found"
+		return 2
+	fi
+	if ! hugepages_ensure; then
+		echo "SKIP fio: SPDK's fio plugin needs hugepages and none could be reserved"
+		return 2
+	fi
+	start_target tgt 1234 || return 1
+	# In the background with a pid file, so the runner's clean-up stops it on a time-out.
+	LD_PRELOAD="$PLUGIN_SO $FIO_PLUGIN" "$fio" plugin/fio/rtrs_verify.fio \
+		--output="$APP_DIR/fio.out" >"$APP_DIR/fio.log" 2>&1 &
+	local pid=$!
+	echo "$pid" >"$APP_DIR/pids/fio"
+	wait "$pid"
+	local rc=$?
+	rm -f "$APP_DIR/pids/fio"
+	hugepages_restore
+	tail -n 25 "$APP_DIR/fio.out" "$APP_DIR/fio.log" 2>/dev/null | grep -E 'err=|verify|error|IOPS' | head -n 8
+	[[ $rc -eq 0 ]] || return 1
+	grep -q 'err= 0' "$APP_DIR/fio.out"
+}
+
+# save_config on both sides, then restart each from its saved JSON.
+scenario_save_config() {
+	start_target tgt 14423 || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n cfg-sess -d malloc0 -p tcp:127.0.0.1:14423 \
+		-m round-robin -D 1 -i 1000 >/dev/null || return 1
+	rpc tgt save_config >"$APP_DIR/tgt-saved.json" || return 1
+	rpc clt save_config >"$APP_DIR/clt-saved.json" || return 1
+	grep -q '"rtrs_target_listen"' "$APP_DIR/tgt-saved.json" || { echo "target config lacks rtrs_target_listen"; return 1; }
+	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved.json" || { echo "target config lacks rtrs_target_export"; return 1; }
+	grep -q '"bdev_rtrs_create"' "$APP_DIR/clt-saved.json" || { echo "client config lacks bdev_rtrs_create"; return 1; }
+	grep -q 'round-robin' "$APP_DIR/clt-saved.json" || { echo "client config lost mp_policy"; return 1; }
+	app_stop clt
+	app_stop tgt
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-saved.json" || return 1
+	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from saved config"; return 1; }
+	rpc clt bdev_rtrs_get_sessions -b rtrs0 | grep -q 'round-robin' || { echo "policy not restored"; return 1; }
+	rpc tgt save_config >"$APP_DIR/tgt-saved2.json" || return 1
+	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved2.json"
+}
+
+# Two paths; remove one and add it back under verify load, then the other: zero IO errors.
+scenario_path_flap() {
+	start_target tgt 14424,14425 || return 1
+	start_bdevperf bpflap 14424,14425 '' -q 32 -o 4096 -w verify -t 20 || return 1
+	bdevperf_perform bpflap 20 >"$APP_DIR/flap.json" &
+	local perf=$!
+	sleep 3
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	sleep 3
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	sleep 3
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	sleep 3
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	rpc bpflap bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/flap-sess.json" || return 1
+	wait "$perf" || { tail -n 20 "$APP_DIR/bpflap.log"; return 1; }
+	results_clean "$APP_DIR/flap.json"
+}
+
+# Unexport while the client has the device open under load: the client's IO fails
+# cleanly (bdevperf reports failed IO and stops by itself) and neither app crashes.
+scenario_unexport() {
+	start_target tgt 14426 || return 1
+	start_bdevperf bp 14426 '{"io_timeout_sec": 2, "max_reconnect_attempts": 0}' \
+		-q 16 -o 4096 -w write -t 30 || return 1
+	bdevperf_perform bp 30 >"$APP_DIR/unexp.json" 2>"$APP_DIR/unexp.err" &
+	local perf=$!
+	sleep 3
+	rpc tgt rtrs_target_unexport malloc0 || return 1
+	wait "$perf"
+	local st
+	st=$(app_wait bp 60) || { echo "bdevperf did not stop after its IO failed"; return 1; }
+	if [[ "$st" -ge 128 ]]; then
+		echo "bdevperf died by signal $((st - 128))"
+		return 1
+	fi
+	[[ "$st" -ne 0 ]] || { echo "bdevperf reported success although the export was withdrawn"; return 1; }
+	grep -Eiq 'fail|error' "$APP_DIR/bp.log" "$APP_DIR/unexp.err" "$APP_DIR/unexp.json" 2>/dev/null ||
+		{ echo "no IO failure reported"; return 1; }
+	app_alive tgt || { echo "target died"; return 1; }
+	rpc tgt spdk_get_version >/dev/null && rpc tgt rtrs_target_get_sessions >/dev/null
+}
+
+# Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
+# keep running.
+scenario_bad_params() {
+	start_target tgt 14427 || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:14427 >/dev/null || return 1
+	# Options are fixed once a listener runs: check their validation on a fresh target.
+	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	local bad=0 app method params field resp
+	local good='"paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":14427}]'
+	while IFS='|' read -r app method params field; do
+		[[ -n "$app" && "$app" != \#* ]] || continue
+		resp=$(rpc_raw "$app" "$method" "$params")
+		if ! python3 -c '
+import json, sys
+r = json.loads(sys.argv[1]); f = sys.argv[2]
+e = r.get("error")
+sys.exit(0 if e and f in e.get("message", "") else 1)' "$resp" "$field"; then
+			echo "  $method $params: expected an error naming '$field', got $resp"
+			bad=1
+		fi
+	done <<EOF
+clt|bdev_rtrs_create|{"sessname":"s","device":"malloc0",$good}|name
+clt|bdev_rtrs_create|{"name":"x","device":"malloc0",$good}|sessname
+clt|bdev_rtrs_create|{"name":"x","sessname":"s",$good}|device
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0"}|paths
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[]}|paths
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":"127.0.0.1"}|paths
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"udp","dst_addr":"127.0.0.1"}]}|transport
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"not-an-ip"}]}|dst_addr
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":70000}]}|port
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","src_addr":"nowhere","dst_addr":"127.0.0.1"}]}|src_addr
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1"}]}|transport
+clt|bdev_rtrs_create|{"name":"x","sessname":"s/x","device":"malloc0",$good}|sessname
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"access_mode":"rwx"}|access_mode
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"mp_policy":"fastest"}|mp_policy
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"max_reconnect_attempts":"many"}|max_reconnect_attempts
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"reconnect_delay_sec":-1}|reconnect_delay_sec
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"hb_interval_ms":0}|hb_interval_ms
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"hb_missed_max":0}|hb_missed_max
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"io_timeout_sec":-3}|io_timeout_sec
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
+clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
+clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device
+clt|bdev_rtrs_delete|{}|name
+clt|bdev_rtrs_delete|{"name":"nope"}|name
+clt|bdev_rtrs_get_sessions|{"name":"nope"}|name
+clt|bdev_rtrs_get_sessions|{"name":5}|name
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp"}|dst_addr
+clt|bdev_rtrs_add_path|{"name":"nope","transport":"tcp","dst_addr":"127.0.0.1"}|name
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"ib","dst_addr":"127.0.0.1"}|transport
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":-1}|port
+clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.9","port":1}|dst_addr
+clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
+clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0","mp_policy":"fastest"}|mp_policy
+clt|bdev_rtrs_set_mp_policy|{"name":"nope","mp_policy":"round-robin"}|name
+clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0"}|mp_policy
+tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
+tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
+tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
+tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":14428}|transport
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":14428}|addr
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
+tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":14499}|port
+tgt|rtrs_target_stop_listener|{"transport":"tcp","port":14427}|addr
+tgt|rtrs_target_export|{"access":"rw"}|bdev_name
+tgt|rtrs_target_export|{"bdev_name":"no-such-bdev"}|bdev_name
+tgt|rtrs_target_export|{"bdev_name":"malloc0","export_name":"e2","access":"wo"}|access
+tgt|rtrs_target_unexport|{"export_name":"nope"}|export_name
+tgt|rtrs_target_unexport|{}|export_name
+tgt|rtrs_target_get_sessions|{"colour":"red"}|colour
+EOF
+	app_alive tgt || { echo "target died"; return 1; }
+	app_alive clt || { echo "client died"; return 1; }
+	app_alive tgt2 || { echo "second target died"; return 1; }
+	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 gone after bad parameters"; return 1; }
+	rpc tgt spdk_get_version >/dev/null || return 1
+	return $bad
+}
+
+# ---- runner -----------------------------------------------------------------------------
+
+run_scenario() {
+	local name=$1 rc
+	echo "== $name"
+	(scenario_"$name") &
+	local sub=$!
+	(
+		sleep "$SCENARIO_TIMEOUT"
+		echo "   $name: timed out after ${SCENARIO_TIMEOUT}s"
+		kill -TERM "$sub" 2>/dev/null
+	) &
+	local dog=$!
+	wait "$sub"
+	rc=$?
+	kill "$dog" 2>/dev/null
+	wait "$dog" 2>/dev/null
+	for app in "$APP_DIR"/pids/*; do
+		[[ -e "$app" ]] || continue
+		local n
+		n=$(basename "$app")
+		if ! app_alive "$n"; then
+			echo "   $n is not running any more (crash?); last lines of its log:"
+			tail -n 15 "$APP_DIR/$n.log" | sed 's/^/     /'
+		fi
+	done
+	apps_stop_all
+	case $rc in
+	0)
+		echo "PASS $name"
+		PASSED=$((PASSED + 1))
+		;;
+	2)
+		echo "SKIP $name"
+		;;
+	*)
+		echo "FAIL $name (rc $rc); logs in $APP_DIR"
+		KEEP_APP_DIR=1
+		FAILED=$((FAILED + 1))
+		FAILED_NAMES+=("$name")
+		;;
+	esac
+}
+
+ALL=(basic verify fio save_config path_flap unexport bad_params)
+SELECTED=("$@")
+[[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
+for s in "${SELECTED[@]}"; do
+	run_scenario "$s"
+done
+echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}"
+[[ $FAILED -eq 0 ]]

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Helpers for ci/spdk-test.sh and bench/spdk_vs_nvmf.sh: find SPDK, build the plugin, start
+# SPDK applications with the plugin preloaded, talk JSON-RPC to them, and make sure every
+# application a script started is gone when it ends (trap). Sourced, not run.
+
+# Where SPDK is: $SPDK_DIR, else the README's default. Empty when neither exists.
+spdk_find() {
+	if [[ -n "${SPDK_DIR:-}" ]]; then
+		[[ -d "$SPDK_DIR" ]] && echo "$SPDK_DIR"
+		return 0
+	fi
+	[[ -d /opt/spdk ]] && echo /opt/spdk
+	return 0
+}
+
+# The first existing file among "$SPDK_DIR/<candidates>" (source tree or installed layout).
+spdk_path() {
+	local c
+	for c in "$@"; do
+		if [[ -e "$SPDK_DIR/$c" ]]; then
+			echo "$SPDK_DIR/$c"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# Sets SPDK_TGT, NVMF_TGT, BDEVPERF, BDEVPERF_PY, RPC_PY, FIO_PLUGIN (may be empty) and
+# PYTHONPATH (SPDK's python package and plugin/python).
+spdk_setup_paths() {
+	SPDK_TGT=$(spdk_path build/bin/spdk_tgt bin/spdk_tgt) || { echo "spdk_tgt not found under $SPDK_DIR" >&2; return 1; }
+	NVMF_TGT=$(spdk_path build/bin/nvmf_tgt bin/nvmf_tgt) || NVMF_TGT=
+	BDEVPERF=$(spdk_path build/examples/bdevperf bin/bdevperf build/bin/bdevperf) || { echo "bdevperf not found under $SPDK_DIR" >&2; return 1; }
+	BDEVPERF_PY=$(spdk_path examples/bdev/bdevperf/bdevperf.py scripts/bdevperf.py bin/bdevperf.py) || BDEVPERF_PY=
+	RPC_PY=$(spdk_path scripts/rpc.py bin/spdk_rpc.py bin/rpc.py) || { echo "rpc.py not found under $SPDK_DIR" >&2; return 1; }
+	FIO_PLUGIN=$(spdk_path build/fio/spdk_bdev lib/spdk_bdev build/fio/spdk_bdev.so) || FIO_PLUGIN=
+	local pyd
+	pyd=$(spdk_path python) || pyd=
+	PYTHONPATH="$REPO/plugin/python${pyd:+:$pyd}${PYTHONPATH:+:$PYTHONPATH}"
+	export PYTHONPATH
+	# Installed layouts keep SPDK's libraries in lib/; source trees in build/lib and dpdk.
+	local libs="$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib:$SPDK_DIR/lib"
+	export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# Builds the plugin (release; PLUGIN_PROFILE=debug for a quicker build); sets PLUGIN_SO.
+plugin_build() {
+	local tdir=${CARGO_TARGET_DIR:-$REPO/target} profile=${PLUGIN_PROFILE:-release} flag=--release
+	[[ "$profile" == release ]] || flag=
+	(cd "$REPO" && SPDK_DIR="$SPDK_DIR" cargo build $flag -q -p rtrs-spdk-plugin) || return 1
+	PLUGIN_SO="$tdir/$profile/librtrs_spdk.so"
+	[[ -f "$PLUGIN_SO" ]] || { echo "plugin build produced no $PLUGIN_SO" >&2; return 1; }
+}
+
+# ---- applications -------------------------------------------------------------------------
+
+# Creates the directory holding sockets, logs and pid files of the applications.
+apps_init() {
+	APP_DIR=${APP_DIR:-$(mktemp -d /tmp/rtrs-spdk.XXXXXX)}
+	mkdir -p "$APP_DIR/pids"
+}
+
+# app_start NAME BINARY ARGS... : start an SPDK application with the plugin preloaded, its
+# RPC socket at $APP_DIR/NAME.sock, output in $APP_DIR/NAME.log; waits for its RPC server.
+app_start() {
+	local name=$1 bin=$2
+	shift 2
+	local sock="$APP_DIR/$name.sock"
+	rm -f "$sock"
+	LD_PRELOAD="$PLUGIN_SO${APP_PRELOAD:+ $APP_PRELOAD}" "$bin" -r "$sock" "$@" \
+		>"$APP_DIR/$name.log" 2>&1 &
+	local pid=$!
+	echo "$pid" >"$APP_DIR/pids/$name"
+	local i
+	for ((i = 0; i < 300; i++)); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "app $name exited during start-up; log:" >&2
+			tail -n 30 "$APP_DIR/$name.log" >&2
+			return 1
+		fi
+		if [[ -S "$sock" ]] && rpc "$name" -t 5 spdk_get_version >/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "app $name: RPC socket $sock did not come up within 30 s" >&2
+	return 1
+}
+
+app_pid() { cat "$APP_DIR/pids/$1" 2>/dev/null; }
+
+app_alive() {
+	local pid
+	pid=$(app_pid "$1") || return 1
+	kill -0 "$pid" 2>/dev/null
+}
+
+# Waits for an application to exit by itself; prints its exit status.
+app_wait() {
+	local name=$1 limit=${2:-30} pid i
+	pid=$(app_pid "$name") || return 1
+	for ((i = 0; i < limit * 10; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		echo timeout
+		return 1
+	fi
+	wait "$pid" 2>/dev/null
+	echo $?
+	rm -f "$APP_DIR/pids/$name"
+}
+
+# app_stop NAME: SIGINT (SPDK's clean shutdown), then SIGKILL after 10 s.
+app_stop() {
+	local name=$1 pid i
+	pid=$(app_pid "$name") || return 0
+	kill -INT "$pid" 2>/dev/null
+	for ((i = 0; i < 100; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	rm -f "$APP_DIR/pids/$name"
+}
+
+apps_stop_all() {
+	local f
+	for f in "$APP_DIR"/pids/*; do
+		[[ -e "$f" ]] || continue
+		app_stop "$(basename "$f")"
+	done
+}
+
+# The trap of every script using these helpers: no SPDK application survives it.
+apps_cleanup() {
+	apps_stop_all
+	hugepages_restore
+	[[ "${KEEP_APP_DIR:-0}" == 1 ]] || rm -rf "$APP_DIR"
+}
+
+# rpc NAME ARGS... : scripts/rpc.py with the rtrs plugin against application NAME.
+rpc() {
+	local name=$1
+	shift
+	python3 "$RPC_PY" -s "$APP_DIR/$name.sock" --plugin rtrs_rpc "$@"
+}
+
+# rpc_raw NAME METHOD JSON-PARAMS : one raw request; prints the response object.
+rpc_raw() {
+	python3 "$REPO/ci/spdk/rpc_raw.py" "$APP_DIR/$1.sock" "$2" "$3"
+}
+
+# bdevperf_perform NAME SECONDS : bdevperf.py perform_tests; prints the JSON result.
+bdevperf_perform() {
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/$1.sock" -t "$(($2 + 60))" perform_tests
+}
+
+# Hugepages for the fio plugin: reserve some if too few are free (hugepages_restore gives
+# them back). Returns 1 when impossible.
+hugepages_ensure() {
+	local free
+	HP_PREV=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+	free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
+	if [[ "${free:-0}" -lt 256 ]]; then
+		echo $((HP_PREV + 512)) >/proc/sys/vm/nr_hugepages 2>/dev/null || return 1
+		free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
+	fi
+	[[ "${free:-0}" -ge 256 ]] || return 1
+	if ! grep -q hugetlbfs /proc/mounts; then
+		mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || return 1
+	fi
+	return 0
+}
+
+hugepages_restore() {
+	[[ -n "${HP_PREV:-}" ]] && echo "$HP_PREV" >/proc/sys/vm/nr_hugepages 2>/dev/null
+	return 0
+}
+
+# JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE.
+rtrs_bdev_json() {
+	local name=$1 device=$2 ports=$3 extra=${4:-}
+	python3 - "$name" "$device" "$ports" "$extra" <<'PY'
+import json, sys
+name, device, ports, extra = sys.argv[1:5]
+params = {"name": name, "sessname": "sess-" + name,
+          "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(p)}
+                    for p in ports.split(",")],
+          "device": device, "access_mode": "rw", "reconnect_delay_sec": 1,
+          "hb_interval_ms": 1000, "hb_missed_max": 5, "io_timeout_sec": 10}
+if extra:
+    params.update(json.loads(extra))
+print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": [
+    {"method": "bdev_rtrs_create", "params": params},
+    {"method": "bdev_wait_for_examine"}]}]}, indent=2))
+PY
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Send one raw JSON-RPC request to an SPDK application and print the response object.
+
+Usage: rpc_raw.py SOCKET METHOD PARAMS_JSON   (PARAMS_JSON "-" sends no params)
+
+rpc.py validates arguments before sending; the bad-parameter tests need to send what a
+careless client would, so this talks to the socket directly.
+"""
+import json
+import socket
+import sys
+
+
+def main():
+    sock_path, method, params = sys.argv[1:4]
+    req = {"jsonrpc": "2.0", "id": 1, "method": method}
+    if params != "-":
+        req["params"] = json.loads(params)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock_path)
+    s.sendall(json.dumps(req).encode())
+    buf = b""
+    dec = json.JSONDecoder()
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        try:
+            obj, _ = dec.raw_decode(buf.decode())
+        except ValueError:
+            continue
+        print(json.dumps(obj))
+        return 0
+    print(json.dumps({"error": {"code": 0, "message": "connection closed without a response"}}))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

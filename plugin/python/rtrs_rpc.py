@@ -1,0 +1,312 @@
+#  SPDX-License-Identifier: BSD-3-Clause
+"""rpc.py plugin for the rtrs-spdk plugin (librtrs_spdk.so).
+
+The client side (the ``rtrs`` bdev module: ``bdev_rtrs_*``) and the server side (the
+RTRS target backend: ``rtrs_target_*``) of RTRS/RNBD inside SPDK applications.
+
+Use with SPDK's scripts/rpc.py::
+
+    PYTHONPATH=$PYTHONPATH:plugin/python \\
+        scripts/rpc.py -s /var/tmp/spdk.sock --plugin rtrs_rpc bdev_rtrs_create \\
+        -b rtrs0 -n sess0 -d malloc0 -p tcp:127.0.0.1:1234
+
+or with the PyPI ``spdk`` package (``spdk-rpc --plugin rtrs_rpc ...``). The functions
+named after each method (``bdev_rtrs_create(client, ...)`` ...) take any client object
+with a ``call(method, params)`` method: ``spdk.rpc.client.JSONRPCClient`` from SPDK's
+tree or from PyPI.
+"""
+
+import json
+
+DEFAULT_PORT = 1234
+TRANSPORTS = ('tcp', 'rdma')
+ACCESS_MODES = ('ro', 'rw', 'migration')
+MP_POLICIES = ('round-robin', 'min-inflight', 'min-latency')
+
+
+def _print_json(obj):
+    print(json.dumps(obj, indent=2).strip('"'))
+
+
+def _drop_none(params):
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def parse_path(text):
+    """Turn ``transport:[src_addr@]dst_addr[:port]`` into the JSON object of a path.
+
+    IPv6 addresses go in brackets: ``tcp:[::1]:1234``. The transport defaults to tcp
+    when the text starts with an address.
+    """
+    transport = 'tcp'
+    rest = text
+    head, sep, tail = text.partition(':')
+    if sep and head in TRANSPORTS:
+        transport, rest = head, tail
+    src = None
+    if '@' in rest:
+        src, rest = rest.split('@', 1)
+    port = None
+    if rest.startswith('['):
+        host, _, after = rest[1:].partition(']')
+        if after.startswith(':'):
+            port = after[1:]
+    elif rest.count(':') == 1:
+        host, port = rest.split(':')
+    else:
+        host = rest
+    if not host:
+        raise ValueError("path %r: no destination address" % text)
+    path = {'transport': transport, 'dst_addr': host}
+    if port:
+        path['port'] = int(port)
+    if src:
+        path['src_addr'] = src.strip('[]')
+    return path
+
+
+# ---- functions over a client (SPDK's python/spdk/rpc style) -------------------------
+
+def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp_policy=None,
+                     max_reconnect_attempts=None, reconnect_delay_sec=None,
+                     hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None):
+    """Create an rtrs bdev mapping the remote RNBD device `device` over session `sessname`.
+
+    Args:
+        name: name of the new bdev
+        sessname: RTRS session name sent to the target
+        paths: list of {transport, dst_addr, port?, src_addr?}
+        device: name of the export on the target
+        access_mode: ro, rw (default) or migration
+        mp_policy: round-robin, min-inflight (default) or min-latency
+        max_reconnect_attempts: -1 forever (default), 0 never, N attempts
+        reconnect_delay_sec: wait before a reconnect attempt
+        hb_interval_ms: heartbeat interval
+        hb_missed_max: heartbeats missed before a path is declared dead
+        io_timeout_sec: how long IO waits for a path while none is connected
+    Returns:
+        Name of the created bdev (answered once the session is up and the device open).
+    """
+    params = _drop_none({
+        'name': name, 'sessname': sessname, 'paths': paths, 'device': device,
+        'access_mode': access_mode, 'mp_policy': mp_policy,
+        'max_reconnect_attempts': max_reconnect_attempts,
+        'reconnect_delay_sec': reconnect_delay_sec, 'hb_interval_ms': hb_interval_ms,
+        'hb_missed_max': hb_missed_max, 'io_timeout_sec': io_timeout_sec,
+    })
+    return client.call('bdev_rtrs_create', params)
+
+
+def bdev_rtrs_delete(client, name):
+    """Delete an rtrs bdev (closes the device and the session)."""
+    return client.call('bdev_rtrs_delete', {'name': name})
+
+
+def bdev_rtrs_get_sessions(client, name=None):
+    """Sessions of rtrs bdevs: paths, states, cur_latency and statistics."""
+    return client.call('bdev_rtrs_get_sessions', _drop_none({'name': name}))
+
+
+def bdev_rtrs_add_path(client, name, transport, dst_addr, port=None, src_addr=None):
+    """Add a path to the session of an rtrs bdev."""
+    return client.call('bdev_rtrs_add_path', _drop_none({
+        'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
+        'src_addr': src_addr}))
+
+
+def bdev_rtrs_remove_path(client, name, transport, dst_addr, port=None, src_addr=None):
+    """Remove a path from the session of an rtrs bdev (its IO fails over first)."""
+    return client.call('bdev_rtrs_remove_path', _drop_none({
+        'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
+        'src_addr': src_addr}))
+
+
+def bdev_rtrs_set_mp_policy(client, name, mp_policy):
+    """Switch the multipath policy of an rtrs bdev's session."""
+    return client.call('bdev_rtrs_set_mp_policy', {'name': name, 'mp_policy': mp_policy})
+
+
+def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None):
+    """Set RTRS target options (before the first listener)."""
+    return client.call('rtrs_target_set_options', _drop_none({
+        'always_invalidate': always_invalidate, 'queue_depth': queue_depth,
+        'chunk_size': chunk_size}))
+
+
+def rtrs_target_listen(client, transport, addr, port=None):
+    """Start an RTRS listener."""
+    return client.call('rtrs_target_listen', _drop_none({
+        'transport': transport, 'addr': addr, 'port': port}))
+
+
+def rtrs_target_stop_listener(client, transport, addr, port=None):
+    """Stop an RTRS listener."""
+    return client.call('rtrs_target_stop_listener', _drop_none({
+        'transport': transport, 'addr': addr, 'port': port}))
+
+
+def rtrs_target_export(client, bdev_name, export_name=None, access=None):
+    """Export a bdev over RNBD (export name defaults to the bdev name)."""
+    return client.call('rtrs_target_export', _drop_none({
+        'bdev_name': bdev_name, 'export_name': export_name, 'access': access}))
+
+
+def rtrs_target_unexport(client, export_name):
+    """Withdraw an export; devices open on it fail their IO."""
+    return client.call('rtrs_target_unexport', {'export_name': export_name})
+
+
+def rtrs_target_get_sessions(client):
+    """RTRS target sessions, paths, exports and statistics."""
+    return client.call('rtrs_target_get_sessions')
+
+
+# ---- rpc.py sub-commands ---------------------------------------------------------------
+
+def spdk_rpc_plugin_initialize(subparsers):
+    def _bdev_rtrs_create(args):
+        try:
+            paths = [parse_path(p) for p in args.path]
+        except ValueError as e:
+            raise SystemExit("bdev_rtrs_create: --path: %s" % e)
+        _print_json(bdev_rtrs_create(
+            args.client, name=args.name, sessname=args.sessname, paths=paths,
+            device=args.device, access_mode=args.access_mode, mp_policy=args.mp_policy,
+            max_reconnect_attempts=args.max_reconnect_attempts,
+            reconnect_delay_sec=args.reconnect_delay_sec, hb_interval_ms=args.hb_interval_ms,
+            hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec))
+
+    p = subparsers.add_parser('bdev_rtrs_create',
+                              help='Create an rtrs bdev: map a remote RNBD device over an RTRS session')
+    p.add_argument('-b', '--name', help='Name of the bdev', required=True)
+    p.add_argument('-n', '--sessname', help='RTRS session name', required=True)
+    p.add_argument('-d', '--device', help='Name of the device exported by the target', required=True)
+    p.add_argument('-p', '--path', action='append', required=True,
+                   help='Path as transport:[src_addr@]dst_addr[:port], e.g. tcp:127.0.0.1:1234 '
+                        '(IPv6 in brackets: tcp:[::1]:1234; port defaults to %d). '
+                        'Repeat for multipath.' % DEFAULT_PORT)
+    p.add_argument('-a', '--access-mode', choices=ACCESS_MODES,
+                   help='Access mode. Default: rw')
+    p.add_argument('-m', '--mp-policy', choices=MP_POLICIES,
+                   help='Multipath policy. Default: min-inflight')
+    p.add_argument('-r', '--max-reconnect-attempts', type=int,
+                   help='Reconnect attempts: -1 forever (default), 0 never, N attempts')
+    p.add_argument('-D', '--reconnect-delay-sec', type=int,
+                   help='Seconds before a reconnect attempt. Default: 30')
+    p.add_argument('-i', '--hb-interval-ms', type=int,
+                   help='Heartbeat interval in milliseconds. Default: 5000')
+    p.add_argument('-M', '--hb-missed-max', type=int,
+                   help='Missed heartbeats before a path is dead. Default: 5')
+    p.add_argument('-t', '--io-timeout-sec', type=int,
+                   help='Seconds IO waits for a path while none is connected. Default: 30')
+    p.set_defaults(func=_bdev_rtrs_create)
+
+    def _bdev_rtrs_delete(args):
+        bdev_rtrs_delete(args.client, name=args.name)
+
+    p = subparsers.add_parser('bdev_rtrs_delete', help='Delete an rtrs bdev')
+    p.add_argument('name', help='Name of the rtrs bdev')
+    p.set_defaults(func=_bdev_rtrs_delete)
+
+    def _bdev_rtrs_get_sessions(args):
+        _print_json(bdev_rtrs_get_sessions(args.client, name=args.name))
+
+    p = subparsers.add_parser('bdev_rtrs_get_sessions',
+                              help='Show rtrs bdev sessions: paths, states, latency, statistics')
+    p.add_argument('-b', '--name', help='Only this rtrs bdev')
+    p.set_defaults(func=_bdev_rtrs_get_sessions)
+
+    def _path_args(p):
+        p.add_argument('name', help='Name of the rtrs bdev')
+        p.add_argument('-t', '--transport', choices=TRANSPORTS, default='tcp',
+                       help='Transport. Default: tcp')
+        p.add_argument('-a', '--dst-addr', required=True, help='Target address')
+        p.add_argument('-s', '--port', type=int,
+                       help='Target port. Default: %d' % DEFAULT_PORT)
+        p.add_argument('-S', '--src-addr', help='Source address (optional)')
+
+    def _bdev_rtrs_add_path(args):
+        bdev_rtrs_add_path(args.client, name=args.name, transport=args.transport,
+                           dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr)
+
+    p = subparsers.add_parser('bdev_rtrs_add_path', help='Add a path to an rtrs bdev session')
+    _path_args(p)
+    p.set_defaults(func=_bdev_rtrs_add_path)
+
+    def _bdev_rtrs_remove_path(args):
+        bdev_rtrs_remove_path(args.client, name=args.name, transport=args.transport,
+                              dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr)
+
+    p = subparsers.add_parser('bdev_rtrs_remove_path',
+                              help='Remove a path from an rtrs bdev session')
+    _path_args(p)
+    p.set_defaults(func=_bdev_rtrs_remove_path)
+
+    def _bdev_rtrs_set_mp_policy(args):
+        bdev_rtrs_set_mp_policy(args.client, name=args.name, mp_policy=args.mp_policy)
+
+    p = subparsers.add_parser('bdev_rtrs_set_mp_policy',
+                              help='Switch the multipath policy of an rtrs bdev session')
+    p.add_argument('name', help='Name of the rtrs bdev')
+    p.add_argument('mp_policy', choices=MP_POLICIES, help='New policy')
+    p.set_defaults(func=_bdev_rtrs_set_mp_policy)
+
+    def _rtrs_target_set_options(args):
+        rtrs_target_set_options(args.client, always_invalidate=args.always_invalidate,
+                                queue_depth=args.queue_depth, chunk_size=args.chunk_size)
+
+    p = subparsers.add_parser('rtrs_target_set_options',
+                              help='Set RTRS target options (before the first listener)')
+    g = p.add_mutually_exclusive_group()
+    g.add_argument('--always-invalidate', dest='always_invalidate', action='store_true',
+                   default=None, help='New rkey per IO (default)')
+    g.add_argument('--no-always-invalidate', dest='always_invalidate', action='store_false',
+                   help='Keep the chunk rkeys')
+    p.add_argument('-q', '--queue-depth', type=int, help='Session queue depth. Default: 512')
+    p.add_argument('-c', '--chunk-size', type=int, help='Chunk size in bytes. Default: 131072')
+    p.set_defaults(func=_rtrs_target_set_options)
+
+    def _listen_args(p):
+        p.add_argument('-t', '--transport', choices=TRANSPORTS, default='tcp',
+                       help='Transport. Default: tcp')
+        p.add_argument('-a', '--addr', required=True, help='Address to listen on')
+        p.add_argument('-s', '--port', type=int, help='Port. Default: %d' % DEFAULT_PORT)
+
+    def _rtrs_target_listen(args):
+        rtrs_target_listen(args.client, transport=args.transport, addr=args.addr, port=args.port)
+
+    p = subparsers.add_parser('rtrs_target_listen', help='Start an RTRS listener')
+    _listen_args(p)
+    p.set_defaults(func=_rtrs_target_listen)
+
+    def _rtrs_target_stop_listener(args):
+        rtrs_target_stop_listener(args.client, transport=args.transport, addr=args.addr,
+                                  port=args.port)
+
+    p = subparsers.add_parser('rtrs_target_stop_listener', help='Stop an RTRS listener')
+    _listen_args(p)
+    p.set_defaults(func=_rtrs_target_stop_listener)
+
+    def _rtrs_target_export(args):
+        rtrs_target_export(args.client, bdev_name=args.bdev_name,
+                           export_name=args.export_name, access=args.access)
+
+    p = subparsers.add_parser('rtrs_target_export', help='Export a bdev over RNBD')
+    p.add_argument('bdev_name', help='Name of the bdev to export')
+    p.add_argument('-e', '--export-name', help='Export name. Default: the bdev name')
+    p.add_argument('-a', '--access', choices=('ro', 'rw'), help='Access. Default: rw')
+    p.set_defaults(func=_rtrs_target_export)
+
+    def _rtrs_target_unexport(args):
+        rtrs_target_unexport(args.client, export_name=args.export_name)
+
+    p = subparsers.add_parser('rtrs_target_unexport', help='Withdraw an RNBD export')
+    p.add_argument('export_name', help='Export name')
+    p.set_defaults(func=_rtrs_target_unexport)
+
+    def _rtrs_target_get_sessions(args):
+        _print_json(rtrs_target_get_sessions(args.client))
+
+    p = subparsers.add_parser('rtrs_target_get_sessions',
+                              help='Show RTRS target sessions, paths and statistics')
+    p.set_defaults(func=_rtrs_target_get_sessions)

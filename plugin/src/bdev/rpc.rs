@@ -1,0 +1,229 @@
+//! The client side's JSON-RPC methods: decode the parameters (errors name the field),
+//! call the disk's API, answer. `bdev_rtrs_create` answers later, when OPEN completes.
+//! Like every bdev-creating method in SPDK it is a RUNTIME method: `--json` configurations
+//! replay it right after the subsystems are initialized (in the STARTUP phase the bdev
+//! and accel layers do not exist yet, so a bdev registered then has no channels).
+//! The kernel's counterparts are `rnbd-clt`'s sysfs files (`map_device`, `unmap_device`)
+//! and `rtrs-clt`'s (`add_path`, `remove_path`, `mpath_policy`, the stats).
+
+use std::ffi::{c_void, CString};
+
+use rtrs_spdk::spdk::{sys, RpcRequest};
+use serde_json::{json, Value};
+
+use super::params::{decode_path_rpc, opt_str, parse_policy, req_str, CreateParams};
+use super::{disk, find, registry};
+use crate::rpc::{register, rpc_handler, Params, RUNTIME};
+
+rpc_handler!(c_create => create);
+rpc_handler!(c_delete => delete);
+rpc_handler!(c_get_sessions => get_sessions);
+rpc_handler!(c_add_path => add_path);
+rpc_handler!(c_remove_path => remove_path);
+rpc_handler!(c_set_mp_policy => set_mp_policy);
+
+/// Registers the `bdev_rtrs_*` methods.
+pub fn register_rpcs() {
+    register(c"bdev_rtrs_create", Some(c_create), RUNTIME);
+    register(c"bdev_rtrs_delete", Some(c_delete), RUNTIME);
+    register(c"bdev_rtrs_get_sessions", Some(c_get_sessions), RUNTIME);
+    register(c"bdev_rtrs_add_path", Some(c_add_path), RUNTIME);
+    register(c"bdev_rtrs_remove_path", Some(c_remove_path), RUNTIME);
+    register(c"bdev_rtrs_set_mp_policy", Some(c_set_mp_policy), RUNTIME);
+}
+
+fn create(req: RpcRequest, v: Value) {
+    match CreateParams::decode(&v) {
+        Ok(p) => disk::create(req, p),
+        Err(e) => req.invalid(&e),
+    }
+}
+
+/// The open disk named by the `name` parameter.
+fn named(
+    method: &'static str,
+    v: &Value,
+    known: &[&str],
+) -> Result<std::sync::Arc<disk::Disk>, String> {
+    let p = Params::new(method, v)?;
+    p.only(known)?;
+    let name = req_str(method, v, "name")?;
+    find(name).ok_or_else(|| format!("{method}: 'name' = {name:?}: no rtrs bdev of that name"))
+}
+
+struct Unregister {
+    req: RpcRequest,
+}
+
+unsafe extern "C" fn unregistered(arg: *mut c_void, rc: i32) {
+    // SAFETY: the box given to spdk_bdev_unregister, returned once.
+    let u = unsafe { Box::from_raw(arg.cast::<Unregister>()) };
+    if rc == 0 {
+        u.req.ok(json!(true));
+    } else {
+        u.req
+            .error(rc, &format!("bdev_rtrs_delete: {}", disk::errno_str(rc)));
+    }
+}
+
+fn delete(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_delete";
+    let d = match named(M, &v, &["name"]) {
+        Ok(d) => d,
+        Err(e) => return req.invalid(&e),
+    };
+    if !d.is_open() || d.closing() {
+        return req.invalid(&format!(
+            "{M}: 'name' = {:?}: the bdev is still being created or already being deleted",
+            d.name()
+        ));
+    }
+    let name = CString::new(d.name()).unwrap_or_default();
+    let arg = Box::into_raw(Box::new(Unregister { req })).cast::<c_void>();
+    // SAFETY: unregister by name on the RPC (application) thread; the callback takes
+    // the box back exactly once.
+    let rc = unsafe {
+        sys::spdk_bdev_unregister_by_name(
+            name.as_ptr(),
+            super::module_ptr(),
+            Some(unregistered),
+            arg,
+        )
+    };
+    if rc != 0 {
+        // SAFETY: not queued: the box is still ours.
+        let u = unsafe { Box::from_raw(arg.cast::<Unregister>()) };
+        u.req.error(
+            rc,
+            &format!("{M}: spdk_bdev_unregister_by_name: {}", disk::errno_str(rc)),
+        );
+    }
+}
+
+fn get_sessions(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_get_sessions";
+    let p = match Params::new(M, &v) {
+        Ok(p) => p,
+        Err(e) => return req.invalid(&e),
+    };
+    if let Err(e) = p.only(&["name"]) {
+        return req.invalid(&e);
+    }
+    match opt_str(M, &v, "name") {
+        Err(e) => req.invalid(&e),
+        Ok(Some(name)) => match find(name) {
+            Some(d) => req.ok(json!([d.describe()])),
+            None => req.invalid(&format!(
+                "{M}: 'name' = {name:?}: no rtrs bdev of that name"
+            )),
+        },
+        Ok(None) => {
+            let all: Vec<Value> = registry().iter().map(|d| d.describe()).collect();
+            req.ok(Value::Array(all));
+        }
+    }
+}
+
+fn add_path(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_add_path";
+    let (name, path) = match decode_path_rpc(M, &v) {
+        Ok(x) => x,
+        Err(e) => return req.invalid(&e),
+    };
+    let Some(d) = find(&name) else {
+        return req.invalid(&format!(
+            "{M}: 'name' = {name:?}: no rtrs bdev of that name"
+        ));
+    };
+    let Some(s) = d.session() else {
+        return req.invalid(&format!(
+            "{M}: 'name' = {name:?}: the session is not open yet"
+        ));
+    };
+    let mut paths = d
+        .paths
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if paths.iter().any(|p| p.addr == path.addr) {
+        return req.invalid(&format!(
+            "{M}: 'dst_addr': path {} is already part of the session",
+            path.addr
+        ));
+    }
+    if paths.first().is_some_and(|p| p.transport != path.transport) {
+        return req.invalid(&format!(
+            "{M}: 'transport' = {}: the session's paths use {}",
+            path.transport.name(),
+            paths[0].transport.name()
+        ));
+    }
+    s.add_path(path.addr);
+    paths.push(path);
+    req.ok(json!(true));
+}
+
+fn remove_path(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_remove_path";
+    let (name, path) = match decode_path_rpc(M, &v) {
+        Ok(x) => x,
+        Err(e) => return req.invalid(&e),
+    };
+    let Some(d) = find(&name) else {
+        return req.invalid(&format!(
+            "{M}: 'name' = {name:?}: no rtrs bdev of that name"
+        ));
+    };
+    let Some(s) = d.session() else {
+        return req.invalid(&format!(
+            "{M}: 'name' = {name:?}: the session is not open yet"
+        ));
+    };
+    let mut paths = d
+        .paths
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // The source address is optional here: match on the destination when it is absent.
+    let Some(i) = paths.iter().position(|p| {
+        p.addr.dst == path.addr.dst && (path.addr.src.is_none() || p.addr.src == path.addr.src)
+    }) else {
+        return req.invalid(&format!(
+            "{M}: 'dst_addr'/'port' = {}: no such path in session {:?}",
+            path.addr.dst, d.params.sessname
+        ));
+    };
+    if paths.len() == 1 {
+        return req.invalid(&format!(
+            "{M}: 'dst_addr' = {}: the last path of a session cannot be removed (delete the bdev)",
+            path.addr.dst
+        ));
+    }
+    s.remove_path(paths[i].addr);
+    paths.remove(i);
+    req.ok(json!(true));
+}
+
+fn set_mp_policy(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_set_mp_policy";
+    let d = match named(M, &v, &["name", "mp_policy"]) {
+        Ok(d) => d,
+        Err(e) => return req.invalid(&e),
+    };
+    let p = match req_str(M, &v, "mp_policy").map(str::to_string) {
+        Ok(s) => s,
+        Err(e) => return req.invalid(&e),
+    };
+    let policy = match parse_policy(M, "mp_policy", &p) {
+        Ok(x) => x,
+        Err(e) => return req.invalid(&e),
+    };
+    match d.session() {
+        Some(s) => {
+            s.set_policy(policy);
+            req.ok(json!(true));
+        }
+        None => req.invalid(&format!(
+            "{M}: 'name' = {:?}: the session is not open yet",
+            d.name()
+        )),
+    }
+}
