@@ -15,3 +15,5 @@ echo "== cargo build --benches"
 cargo build --benches -q
 # The SPDK plugin tests (one SKIPPED line when SPDK is not found).
 ci/spdk-test.sh
+# The RTRS target inside spdk_tgt, driven by the project's own client (same skip rule).
+ci/spdk-target-test.sh
