@@ -157,7 +157,12 @@ fn client_and_server_on_reactor_threads_over_tcp() {
     let sent = engine.send(
         0,
         Msg::new(move |cx: &mut dyn Ctx| {
-            let cfg = ClientConfig::new("threads", vec![PathAddr::new(addr)]);
+            // The path leaves from its own source address ([src,]dst).
+            let path = PathAddr {
+                src: Some("127.0.0.2:0".parse().unwrap()),
+                dst: addr,
+            };
+            let cfg = ClientConfig::new("threads", vec![path]);
             let events = Box::new(Events(Default::default()));
             let (sess, cores) = Session::open(cx, f2.clone(), cfg, events).expect("open");
             for (k, core) in cores.into_iter().enumerate() {
@@ -196,6 +201,16 @@ fn client_and_server_on_reactor_threads_over_tcp() {
     let verified = counters.verified.load(Ordering::Relaxed);
     let errors = counters.errors.load(Ordering::Relaxed);
     let stats = sess.stats();
+    let srv = server.stats();
+    let paths: Vec<&str> = srv
+        .sessions
+        .iter()
+        .flat_map(|s| s.paths.iter().map(|p| p.addr.as_str()))
+        .collect();
+    assert!(
+        !paths.is_empty() && paths.iter().all(|a| a.starts_with("127.0.0.2:")),
+        "the server sees the client's source address: {paths:?}"
+    );
     sess.close();
     server.stop();
     engine.shutdown().expect("clean shutdown");

@@ -123,13 +123,14 @@ impl Fabric for SmallQueues {
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.0.listen(addr)
     }
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.0.connect(dst, caps, private_data)
+        self.0.connect_from(src, dst, caps, private_data)
     }
 }
 

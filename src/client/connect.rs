@@ -51,10 +51,12 @@ impl Ctl {
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
         let pd = self.conn_req(pc, 0);
-        match self
-            .fabric
-            .connect(pc.shared.addr.dst, self.caps(true, 0), &pd)
-        {
+        match self.fabric.connect_from(
+            pc.shared.addr.src,
+            pc.shared.addr.dst,
+            self.caps(true, 0),
+            &pd,
+        ) {
             Ok(cur) => {
                 pc.phase = Phase::Connecting {
                     conns: Vec::with_capacity(usize::from(self.cid_num())),
@@ -214,10 +216,12 @@ impl Ctl {
             )
             .to_bytes()
             .expect("valid cid");
-            match self
-                .fabric
-                .connect(pc.shared.addr.dst, self.caps(false, a.queue_depth), &req)
-            {
+            match self.fabric.connect_from(
+                pc.shared.addr.src,
+                pc.shared.addr.dst,
+                self.caps(false, a.queue_depth),
+                &req,
+            ) {
                 Ok(c) => *cur = c,
                 Err(e) => self.connect_failed(pc, now, &format!("connect cid {next}: {e}")),
             }

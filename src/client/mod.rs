@@ -37,8 +37,9 @@
 //! - A path whose response came without remote invalidation gets a LOCAL_INV chained
 //!   before its permit's next binding rather than waited for; a slot whose state is
 //!   unknown after a failover is replaced by a fresh one.
-//! - The source address of a path (`PathAddr::src`) is recorded and shown but not
-//!   bound: the fabric's connect takes no source address.
+//! - Every connection of a path leaves from the path's source address when it has one
+//!   (`PathAddr::src`, bound through `Fabric::connect_from`, as the kernel passes it to
+//!   `rdma_resolve_addr`).
 //!
 //! # Memory
 //! Per core and permit: `max_hdr_size` bytes of header buffer and `max_io_size` bytes of

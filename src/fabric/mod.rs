@@ -423,17 +423,34 @@ pub trait Fabric: Send + Sync {
     /// [`FabricError::Listen`] naming the address and the failing call.
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
 
-    /// Starts connecting to `dst`; the result arrives as a [`CmEvent`] on the connection.
+    /// Starts connecting to `dst` from `src` (an address of this host to bind first; port
+    /// 0 or `None` lets the system choose); the result arrives as a [`CmEvent`] on the
+    /// connection. RTRS paths are `[src,]dst`, as in the kernel's `rdma_resolve_addr`.
     ///
     /// # Errors
-    /// [`FabricError::Connect`] when the attempt cannot even start (bad address, no
-    /// device); later failures come as [`CmEvent::Error`] or [`CmEvent::Rejected`].
+    /// [`FabricError::Connect`] when the attempt cannot even start (bad or unusable source
+    /// address, no device); later failures come as [`CmEvent::Error`] or
+    /// [`CmEvent::Rejected`].
+    fn connect_from(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError>;
+
+    /// [`Fabric::connect_from`] with the source chosen by the system.
+    ///
+    /// # Errors
+    /// As [`Fabric::connect_from`].
     fn connect(
         &self,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
-    ) -> Result<Box<dyn Conn>, FabricError>;
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.connect_from(None, dst, caps, private_data)
+    }
 }
 
 /// One reliable connection: a queue pair with its own completion queue.

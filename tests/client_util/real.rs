@@ -49,13 +49,14 @@ impl Fabric for RecordingFabric {
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.lo.listen(addr)
     }
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         pd: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let c = self.lo.connect(dst, caps, pd)?;
+        let c = self.lo.connect_from(src, dst, caps, pd)?;
         if let (Some(l), Some(p)) = (c.local_addr(), c.peer_addr()) {
             self.conns.lock().unwrap().push((l, p));
         }

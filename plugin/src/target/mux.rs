@@ -93,13 +93,14 @@ impl Fabric for MuxFabric {
         }))
     }
 
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner.connect(dst, caps, private_data)
+        self.inner.connect_from(src, dst, caps, private_data)
     }
 }
 

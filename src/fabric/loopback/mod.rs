@@ -258,28 +258,40 @@ impl Fabric for LoopbackFabric {
         }))
     }
 
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
         let private_data = PrivateData::new(private_data)?;
-        check_caps(&caps).map_err(|reason| FabricError::Connect { addr: dst, reason })?;
+        let fail = |reason: String| FabricError::Connect { addr: dst, reason };
+        check_caps(&caps).map_err(fail)?;
         let mut names = self.inner.names();
-        let ip = if dst.is_ipv4() {
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
-        } else {
-            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        let ip = match src {
+            Some(src) if src.is_ipv4() != dst.is_ipv4() => {
+                return Err(fail(format!(
+                    "source {src} and destination differ in IP version"
+                )));
+            }
+            Some(src) => src.ip(),
+            None if dst.is_ipv4() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            None => IpAddr::V6(Ipv6Addr::LOCALHOST),
         };
-        let port = names
-            .free_port(ip, FIRST_EPHEMERAL_PORT, names.next_ephemeral_port)
-            .ok_or_else(|| FabricError::Connect {
-                addr: dst,
-                reason: "no free local port left".into(),
-            })?;
-        names.next_ephemeral_port = port.checked_add(1).unwrap_or(FIRST_EPHEMERAL_PORT);
-        let local = SocketAddr::new(ip, port);
+        let local = match src.filter(|s| s.port() != 0) {
+            Some(src) if names.taken(&src) => {
+                return Err(fail(format!("source {src}: address in use")));
+            }
+            Some(src) => src,
+            None => {
+                let port = names
+                    .free_port(ip, FIRST_EPHEMERAL_PORT, names.next_ephemeral_port)
+                    .ok_or_else(|| fail("no free local port left".into()))?;
+                names.next_ephemeral_port = port.checked_add(1).unwrap_or(FIRST_EPHEMERAL_PORT);
+                SocketAddr::new(ip, port)
+            }
+        };
         names.ephemeral.insert(local);
         let link = Arc::new(Link::new(local, dst, caps));
         match names.listeners.get(&dst) {

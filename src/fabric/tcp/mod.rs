@@ -139,8 +139,9 @@ impl Fabric for TcpFabric {
         Ok(Box::new(TcpListener::bind(addr, self.table.clone())?))
     }
 
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
@@ -158,6 +159,15 @@ impl Fabric for TcpFabric {
             .map_err(|e| fail(format!("set_nonblocking: {e}")))?;
         sock.set_tcp_nodelay(true)
             .map_err(|e| fail(format!("TCP_NODELAY: {e}")))?;
+        if let Some(src) = src {
+            if src.is_ipv4() != dst.is_ipv4() {
+                return Err(fail(format!(
+                    "source {src} and destination differ in IP version"
+                )));
+            }
+            sock.bind(&src.into())
+                .map_err(|e| fail(format!("bind to source {src}: {e}")))?;
+        }
         let connect_error = match sock.connect(&dst.into()) {
             Ok(()) => None,
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => None,

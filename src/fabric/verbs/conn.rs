@@ -39,6 +39,7 @@ impl VerbsConn {
     /// Starts an active connection: own event channel, cm_id, `rdma_resolve_addr`.
     pub fn connect(
         shared: Arc<Shared>,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: PrivateData,
@@ -49,7 +50,7 @@ impl VerbsConn {
         };
         let channel = EventChannel::create().map_err(err)?;
         let id = CmId::create(&channel).map_err(err)?;
-        id.resolve_addr(dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
+        id.resolve_addr(src, dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
         Ok(VerbsConn {
             shared,
             ep: Endpoint::new(id),

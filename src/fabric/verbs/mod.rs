@@ -244,8 +244,9 @@ impl Fabric for VerbsFabric {
         )?))
     }
 
-    fn connect(
+    fn connect_from(
         &self,
+        src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
@@ -255,6 +256,7 @@ impl Fabric for VerbsFabric {
             .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
         Ok(Box::new(conn::VerbsConn::connect(
             self.shared.clone(),
+            src,
             dst,
             caps,
             data,

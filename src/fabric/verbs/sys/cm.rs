@@ -212,12 +212,18 @@ impl CmId {
         SysError::check("rdma_listen", ret)
     }
 
-    pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), SysError> {
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<(), SysError> {
         let mut sa = RawSockAddr::from(dst);
-        // SAFETY: the id is live; `sa` is a valid sockaddr; librdmacm copies it.
-        let ret = unsafe {
-            ffi::rdma_resolve_addr(self.raw, ptr::null_mut(), sa.as_mut_ptr(), timeout_ms)
-        };
+        let mut src_sa = src.map(RawSockAddr::from);
+        let src_ptr = src_sa.as_mut().map_or(ptr::null_mut(), |s| s.as_mut_ptr());
+        // SAFETY: the id is live; `sa` (and `src_sa` when given) are valid sockaddrs that
+        // outlive the call; librdmacm copies them.
+        let ret = unsafe { ffi::rdma_resolve_addr(self.raw, src_ptr, sa.as_mut_ptr(), timeout_ms) };
         SysError::check("rdma_resolve_addr", ret)
     }
 
