@@ -169,7 +169,7 @@ stop_target() {
 # client [ENV=VALUE...]: verified IO against the target (tests/spdk_target.rs), core 1.
 client() {
     env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
-        timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --nocapture 2>&1 |
+        timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --ignored --nocapture 2>&1 |
         grep -E "verified|refused as expected|panicked|FAILED|error" || true
 }
 
