@@ -7,11 +7,13 @@
 //! and `rtrs-clt`'s (`add_path`, `remove_path`, `mpath_policy`, the stats).
 
 use std::ffi::{c_void, CString};
+use std::sync::Arc;
 
 use rtrs_spdk::spdk::{sys, RpcRequest};
 use serde_json::{json, Value};
 
-use super::params::{decode_path_rpc, opt_str, parse_policy, req_str, CreateParams};
+use super::disk::Disk;
+use super::params::{decode_path_rpc, opt_str, parse_policy, req_str, CreateParams, PathParam};
 use super::{disk, find, registry};
 use crate::rpc::{register, rpc_handler, Params, RUNTIME};
 
@@ -124,22 +126,26 @@ fn get_sessions(req: RpcRequest, v: Value) {
     }
 }
 
+/// Decodes a path method's parameters and finds its bdev, whose session must be open.
+fn path_rpc(m: &'static str, v: &Value) -> Result<(Arc<Disk>, PathParam), String> {
+    let (name, path) = decode_path_rpc(m, v)?;
+    let d =
+        find(&name).ok_or_else(|| format!("{m}: 'name' = {name:?}: no rtrs bdev of that name"))?;
+    if d.session().is_none() {
+        return Err(format!(
+            "{m}: 'name' = {name:?}: the session is not open yet"
+        ));
+    }
+    Ok((d, path))
+}
+
 fn add_path(req: RpcRequest, v: Value) {
     const M: &str = "bdev_rtrs_add_path";
-    let (name, path) = match decode_path_rpc(M, &v) {
+    let (d, path) = match path_rpc(M, &v) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
-    let Some(d) = find(&name) else {
-        return req.invalid(&format!(
-            "{M}: 'name' = {name:?}: no rtrs bdev of that name"
-        ));
-    };
-    let Some(s) = d.session() else {
-        return req.invalid(&format!(
-            "{M}: 'name' = {name:?}: the session is not open yet"
-        ));
-    };
+    let s = d.session().expect("path_rpc checked the session");
     let mut paths = d
         .paths
         .lock()
@@ -164,20 +170,11 @@ fn add_path(req: RpcRequest, v: Value) {
 
 fn remove_path(req: RpcRequest, v: Value) {
     const M: &str = "bdev_rtrs_remove_path";
-    let (name, path) = match decode_path_rpc(M, &v) {
+    let (d, path) = match path_rpc(M, &v) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
-    let Some(d) = find(&name) else {
-        return req.invalid(&format!(
-            "{M}: 'name' = {name:?}: no rtrs bdev of that name"
-        ));
-    };
-    let Some(s) = d.session() else {
-        return req.invalid(&format!(
-            "{M}: 'name' = {name:?}: the session is not open yet"
-        ));
-    };
+    let s = d.session().expect("path_rpc checked the session");
     let mut paths = d
         .paths
         .lock()
