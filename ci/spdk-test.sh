@@ -38,6 +38,8 @@ plugin_build || {
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
 # Other SPDK applications may run on this machine: no core locks.
 MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+# Base of the TCP ports the scenarios listen on (set it to run two copies side by side).
+PB=${RTRS_TEST_PORT_BASE:-14420}
 TGT_MASK=0x1
 CLT_MASK=0x2
 PASSED=0
@@ -84,10 +86,10 @@ PY
 # Two spdk_tgt apps: the client creates an rtrs bdev with rpc.py; its size and block size
 # come from the remote malloc bdev; get_sessions shows the path; delete removes it.
 scenario_basic() {
-	start_target tgt 14420 || return 1
+	start_target tgt $((PB + 0)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	local out
-	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n basic-sess -d malloc0 -p tcp:127.0.0.1:14420 \
+	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n basic-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 0)) \
 		-i 1000 -M 5 -D 1 -t 10) || return 1
 	[[ "$out" == rtrs0 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs0"; return 1; }
 	rpc clt bdev_get_bdevs -b rtrs0 >"$APP_DIR/bdev.json" || return 1
@@ -102,7 +104,7 @@ for t in ("read", "write", "flush", "unmap", "write_zeroes", "reset"):
 print("bdev ok: %d x %d" % (b["num_blocks"], b["block_size"]))
 PY
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess.json" || return 1
-	grep -q '14420' "$APP_DIR/sess.json" || { cat "$APP_DIR/sess.json"; return 1; }
+	grep -q "$((PB + 0))" "$APP_DIR/sess.json" || { cat "$APP_DIR/sess.json"; return 1; }
 	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
 	grep -q 'basic-sess' "$APP_DIR/tsess.json" || { cat "$APP_DIR/tsess.json"; return 1; }
 	rpc clt bdev_rtrs_set_mp_policy rtrs0 round-robin || return 1
@@ -117,8 +119,8 @@ PY
 # bdevperf -w verify over the rtrs bdev (4 KiB and 128 KiB, which the bdev layer splits
 # at the device's max IO size when larger).
 scenario_verify() {
-	start_target tgt 14421 || return 1
-	start_bdevperf bp 14421 '' -q 32 -o 4096 -w verify -t 8 || return 1
+	start_target tgt $((PB + 1)) || return 1
+	start_bdevperf bp $((PB + 1)) '' -q 32 -o 4096 -w verify -t 8 || return 1
 	bdevperf_perform bp 8 >"$APP_DIR/r1.json" || { tail -n 20 "$APP_DIR/bp.log"; return 1; }
 	results_clean "$APP_DIR/r1.json" || return 1
 	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp.sock" -t 120 perform_tests -q 8 -o 262144 -w verify -t 5 \
@@ -154,9 +156,9 @@ scenario_fio() {
 
 # save_config on both sides, then restart each from its saved JSON.
 scenario_save_config() {
-	start_target tgt 14423 || return 1
+	start_target tgt $((PB + 3)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
-	rpc clt bdev_rtrs_create -b rtrs0 -n cfg-sess -d malloc0 -p tcp:127.0.0.1:14423 \
+	rpc clt bdev_rtrs_create -b rtrs0 -n cfg-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 3)) \
 		-m round-robin -D 1 -i 1000 >/dev/null || return 1
 	rpc tgt save_config >"$APP_DIR/tgt-saved.json" || return 1
 	rpc clt save_config >"$APP_DIR/clt-saved.json" || return 1
@@ -176,18 +178,18 @@ scenario_save_config() {
 
 # Two paths; remove one and add it back under verify load, then the other: zero IO errors.
 scenario_path_flap() {
-	start_target tgt 14424,14425 || return 1
-	start_bdevperf bpflap 14424,14425 '' -q 32 -o 4096 -w verify -t 20 || return 1
+	start_target tgt $((PB + 4)),$((PB + 5)) || return 1
+	start_bdevperf bpflap $((PB + 4)),$((PB + 5)) '' -q 32 -o 4096 -w verify -t 20 || return 1
 	bdevperf_perform bpflap 20 >"$APP_DIR/flap.json" &
 	local perf=$!
 	sleep 3
-	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s $((PB + 5)) || return 1
 	sleep 3
-	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14425 || return 1
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s $((PB + 5)) || return 1
 	sleep 3
-	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	rpc bpflap bdev_rtrs_remove_path rtrs0 -a 127.0.0.1 -s $((PB + 4)) || return 1
 	sleep 3
-	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s 14424 || return 1
+	rpc bpflap bdev_rtrs_add_path rtrs0 -a 127.0.0.1 -s $((PB + 4)) || return 1
 	rpc bpflap bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/flap-sess.json" || return 1
 	wait "$perf" || { tail -n 20 "$APP_DIR/bpflap.log"; return 1; }
 	results_clean "$APP_DIR/flap.json"
@@ -196,8 +198,8 @@ scenario_path_flap() {
 # Unexport while the client has the device open under load: the client's IO fails
 # cleanly (bdevperf reports failed IO and stops by itself) and neither app crashes.
 scenario_unexport() {
-	start_target tgt 14426 || return 1
-	start_bdevperf bp 14426 '{"io_timeout_sec": 2, "max_reconnect_attempts": 0}' \
+	start_target tgt $((PB + 6)) || return 1
+	start_bdevperf bp $((PB + 6)) '{"io_timeout_sec": 2, "max_reconnect_attempts": 0}' \
 		-q 16 -o 4096 -w write -t 30 || return 1
 	bdevperf_perform bp 30 >"$APP_DIR/unexp.json" 2>"$APP_DIR/unexp.err" &
 	local perf=$!
@@ -220,13 +222,13 @@ scenario_unexport() {
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
-	start_target tgt 14427 || return 1
+	start_target tgt $((PB + 7)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
-	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:14427 >/dev/null || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 7)) >/dev/null || return 1
 	# Options are fixed once a listener runs: check their validation on a fresh target.
 	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
 	local bad=0 app method params field resp
-	local good='"paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":14427}]'
+	local good="\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$((PB + 7))}]"
 	while IFS='|' read -r app method params field; do
 		[[ -n "$app" && "$app" != \#* ]] || continue
 		resp=$(rpc_raw "$app" "$method" "$params")
@@ -277,11 +279,11 @@ clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0"}|mp_policy
 tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
 tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
 tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
-tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":14428}|transport
-tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":14428}|addr
+tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":$((PB + 8))}|transport
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":$((PB + 8))}|addr
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
-tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":14499}|port
-tgt|rtrs_target_stop_listener|{"transport":"tcp","port":14427}|addr
+tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 79))}|port
+tgt|rtrs_target_stop_listener|{"transport":"tcp","port":$((PB + 7))}|addr
 tgt|rtrs_target_export|{"access":"rw"}|bdev_name
 tgt|rtrs_target_export|{"bdev_name":"no-such-bdev"}|bdev_name
 tgt|rtrs_target_export|{"bdev_name":"malloc0","export_name":"e2","access":"wo"}|access
