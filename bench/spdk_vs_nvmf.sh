@@ -1,30 +1,59 @@
 #!/usr/bin/env bash
-# bdevperf over an rtrs bdev vs bdevperf over SPDK's own NVMe-oF/TCP, in one invocation,
-# both against the same null bdev of one target application (issue 4, §7).
+# The performance goals (issues 4 §7 and 5), measured in one invocation: the rtrs bdev
+# over the tcp fabric against SPDK's own NVMe-oF/TCP, both served by one spdk_tgt from the
+# same null bdev, both driven by bdevperf (and fio's spdk_bdev plugin) on the other core.
 #
-# Target: spdk_tgt on core 0 (-m 0x1) with the plugin preloaded: a null bdev "null0"
-# exported over RTRS (tcp, 127.0.0.1) and over NVMe-oF/TCP (127.0.0.1:4420).
+# Target: spdk_tgt on core 0 (-m 0x1) with the plugin preloaded: null bdevs exported over
+# RTRS (tcp, 127.0.0.1) and over NVMe-oF/TCP (127.0.0.1:4420).
 # Initiator: bdevperf on core 1 (-m 0x2), once with an rtrs bdev, once with bdev_nvme.
-# Workloads: 4 KiB randread and randwrite at QD1 and QD32, 128 KiB read at QD8.
 #
-#   bench/spdk_vs_nvmf.sh [--time SECONDS] [--no-append]
+# Parts (all by default; --only picks some):
+#   pairs   4 KiB randread and randwrite at QD1 and QD32, 128 KiB read at QD8 (bdevperf)
+#   sweep   4 KiB randread IOPS at QD 1..128, both sides → docs/perf-iops-qd.svg
+#   fio     4 KiB randread QD1 through fio's spdk_bdev plugin: avg, p50, p99, p99.9 for both
+#           sides → docs/perf-qd1-latency.svg (needs hugepages, which root can reserve)
+#   inline  rtrs-bench --inline-target (loopback fabric, one reactor, 4 KiB randread QD32)
+#           vs bdevperf on a malloc bdev on one core
+#   memory  resident memory of the target per connected session and of the client per bdev
+#   soak    a --soak-minute bdevperf run over the rtrs bdev, sampling both sides' memory
 #
-# Needs SPDK ($SPDK_DIR or /opt/spdk). Prints each pair and the ratio rtrs/nvmf, and
-# appends them to docs/BENCHMARKS.md under "## SPDK: rtrs vs NVMe-oF/TCP".
+#   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--soak MINUTES] [--only a,b] [--no-append]
+#
+# Needs SPDK ($SPDK_DIR or /opt/spdk). Prints every pair, every goal's ratio with PASS or
+# MISS, writes the plots, and appends the run to docs/BENCHMARKS.md under
+# "## SPDK: rtrs vs NVMe-oF/TCP".
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 . ci/spdk/lib.sh
+REPORT=(python3 "$REPO/bench/perf_report.py")
 
 TIME=10
+SWEEP_TIME=5
+SOAK_MIN=10
+ONLY=pairs,sweep,fio,inline,memory,soak
 APPEND=1
+usage() {
+	echo "usage: $0 [--time S] [--sweep-time S] [--soak MINUTES] [--only pairs,sweep,fio,inline,memory,soak] [--no-append]" >&2
+	exit 2
+}
 while [[ $# -gt 0 ]]; do
 	case $1 in
-	--time) TIME=$2; shift 2 ;;
+	--time) TIME=${2:?}; shift 2 ;;
+	--sweep-time) SWEEP_TIME=${2:?}; shift 2 ;;
+	--soak) SOAK_MIN=${2:?}; shift 2 ;;
+	--only) ONLY=${2:?}; shift 2 ;;
 	--no-append) APPEND=0; shift ;;
-	*) echo "usage: $0 [--time SECONDS] [--no-append]" >&2; exit 2 ;;
+	*) usage ;;
 	esac
 done
+for p in ${ONLY//,/ }; do
+	[[ ",pairs,sweep,fio,inline,memory,soak," == *",$p,"* ]] || { echo "--only: unknown part '$p'" >&2; usage; }
+done
+LOAD0=$(cut -d" " -f1-3 /proc/loadavg)
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+[[ "$SOAK_MIN" =~ ^[0-9]+$ ]] || { echo "--soak: '$SOAK_MIN' is not a number of minutes" >&2; exit 2; }
+[[ "$SOAK_MIN" -gt 0 ]] || ONLY=${ONLY//soak/}
 
 SPDK_DIR=$(spdk_find)
 [[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
@@ -34,13 +63,18 @@ trap apps_cleanup EXIT
 trap 'exit 130' INT TERM
 spdk_setup_paths || exit 1
 [[ -n "$BDEVPERF_PY" ]] || { echo "bdevperf.py not found under $SPDK_DIR" >&2; exit 1; }
-echo "== building the plugin (release)"
+echo "== building the plugin and the binaries (release)"
 plugin_build || exit 1
+(cargo build --release -q --bins) || exit 1
+BIN=${CARGO_TARGET_DIR:-$REPO/target}/release
 
 MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 RTRS_PORT=14500
 NVMF_PORT=4420
 NQN=nqn.2016-06.io.spdk:rtrsbench
+NMEM=4 # sessions (bdevs) of the memory part
+OUT="$APP_DIR/out.md"
+: >"$OUT"
 
 # name|queue depth|io size|workload
 WORKLOADS=(
@@ -50,6 +84,7 @@ WORKLOADS=(
 	"4k-randwrite-qd32|32|4096|randwrite"
 	"128k-read-qd8|8|131072|read"
 )
+SWEEP_QDS=(1 2 4 8 16 32 64 128)
 
 echo "== target on core 0: null0 over RTRS (tcp :$RTRS_PORT) and NVMe-oF/TCP (:$NVMF_PORT)"
 app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" || exit 1
@@ -60,6 +95,7 @@ rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
 rpc tgt nvmf_create_subsystem $NQN -a -s RTRSBENCH0001 >/dev/null || exit 1
 rpc tgt nvmf_subsystem_add_ns $NQN null0 >/dev/null || exit 1
 rpc tgt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $NVMF_PORT >/dev/null || exit 1
+SPDK_VERSION=$(rpc tgt spdk_get_version | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
 
 rtrs_bdev_json bench0 null0 $RTRS_PORT '{"hb_interval_ms": 5000}' >"$APP_DIR/rtrs.json"
 cat >"$APP_DIR/nvmf.json" <<EOF
@@ -68,83 +104,293 @@ cat >"$APP_DIR/nvmf.json" <<EOF
    "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$NVMF_PORT", "subnqn": "$NQN"}},
   {"method": "bdev_wait_for_examine"}]}]}
 EOF
+BDEV_rtrs=bench0
+BDEV_nvmf=nvme0n1
 
 declare -A RES
-# run_side KIND: one bdevperf on core 1 for every workload of this transport.
+: >"$APP_DIR/sweep.tsv"
+
+# perform NAME QD SIZE RW SECONDS OUT: one bdevperf perform_tests; prints "IOPS MiB/s avg-µs failed".
+perform() {
+	local name=$1 qd=$2 size=$3 rw=$4 t=$5 out=$6
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/$name.sock" -t $((t + 60)) perform_tests \
+		-q "$qd" -o "$size" -w "$rw" -t "$t" >"$out" || {
+		echo "$name: perform_tests -q $qd -o $size -w $rw failed; log:" >&2
+		tail -n 20 "$APP_DIR/$name.log" >&2
+		return 1
+	}
+	"${REPORT[@]}" bdevperf "$out"
+}
+
+# run_side KIND: one bdevperf on core 1 for the pairs and the sweep of this transport.
 run_side() {
 	local kind=$1 w name qd size rw
 	app_start "bp-$kind" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$kind.json" -z \
 		-q 1 -o 4096 -w randread -t "$TIME" || return 1
-	for w in "${WORKLOADS[@]}"; do
-		IFS='|' read -r name qd size rw <<<"$w"
-		python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-$kind.sock" -t $((TIME + 60)) perform_tests \
-			-q "$qd" -o "$size" -w "$rw" -t "$TIME" >"$APP_DIR/$kind-$name.json" || {
-			echo "$kind $name failed; log:" >&2
-			tail -n 20 "$APP_DIR/bp-$kind.log" >&2
-			return 1
-		}
-		RES[$kind-$name]=$(python3 - "$APP_DIR/$kind-$name.json" <<'PY'
-import json, sys
-jobs = json.load(open(sys.argv[1]))["results"]
-iops = sum(j["iops"] for j in jobs)
-mibps = sum(j["mibps"] for j in jobs)
-lat = sum(j["avg_latency_us"] for j in jobs) / len(jobs)
-failed = sum(j.get("io_failed", 0) for j in jobs)
-print("%.0f %.1f %.1f %d" % (iops, mibps, lat, failed))
-PY
-		)
-		echo "   $kind $name: ${RES[$kind-$name]} (IOPS MiB/s avg-µs failed)"
-	done
+	if want pairs; then
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name qd size rw <<<"$w"
+			RES[$kind-$name]=$(perform "bp-$kind" "$qd" "$size" "$rw" "$TIME" "$APP_DIR/$kind-$name.json") || return 1
+			echo "   $kind $name: ${RES[$kind-$name]} (IOPS MiB/s avg-µs failed)"
+		done
+	fi
+	if want sweep; then
+		for qd in "${SWEEP_QDS[@]}"; do
+			local r
+			r=$(perform "bp-$kind" "$qd" 4096 randread "$SWEEP_TIME" "$APP_DIR/$kind-sweep-$qd.json") || return 1
+			echo "   $kind 4k-randread qd$qd: $r"
+			echo -e "$kind\t$qd\t${r%% *}" >>"$APP_DIR/sweep.tsv"
+		done
+	fi
 	app_stop "bp-$kind"
 }
 
-echo "== bdevperf on core 1 over the rtrs bdev (${TIME}s per workload)"
-run_side rtrs || exit 1
-echo "== bdevperf on core 1 over NVMe-oF/TCP (${TIME}s per workload)"
-run_side nvmf || exit 1
+if want pairs || want sweep; then
+	echo "== bdevperf on core 1 over the rtrs bdev"
+	run_side rtrs || exit 1
+	echo "== bdevperf on core 1 over NVMe-oF/TCP"
+	run_side nvmf || exit 1
+fi
 
-TABLE=$(
-	echo "| workload | rtrs IOPS | rtrs MiB/s | rtrs avg µs | NVMe-oF/TCP IOPS | NVMe-oF/TCP MiB/s | NVMe-oF/TCP avg µs | ratio rtrs/nvmf |"
-	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-	for w in "${WORKLOADS[@]}"; do
-		IFS='|' read -r name _ _ _ <<<"$w"
-		read -r ri rm rl _ <<<"${RES[rtrs-$name]}"
-		read -r ni nm nl _ <<<"${RES[nvmf-$name]}"
-		ratio=$(python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print('%.2f' % (a/b if b else 0))" "$ri" "$ni")
-		echo "| $name | $ri | $rm | $rl | $ni | $nm | $nl | $ratio |"
+# ---- fio through SPDK's spdk_bdev plugin: QD1 latency percentiles ---------------------------
+FIO_OK=0
+if want fio; then
+	FIO_BIN=${FIO:-$(command -v fio || ls /opt/fio/bin/fio /opt/fio-*/fio 2>/dev/null | head -n 1)}
+	if [[ -z "$FIO_PLUGIN" || -z "$FIO_BIN" ]]; then
+		echo "== fio: SKIPPED (fio or SPDK's build/fio/spdk_bdev not found)"
+	elif ! hugepages_ensure; then
+		echo "== fio: SKIPPED (SPDK's fio plugin needs hugepages and none could be reserved)"
+	else
+		echo "== fio (spdk_bdev plugin) on core 1: 4 KiB randread QD1, ${TIME}s per side"
+		FIO_OK=1
+		for kind in rtrs nvmf; do
+			bdev_var=BDEV_$kind
+			cat >"$APP_DIR/fio-$kind.fio" <<EOF
+[global]
+ioengine=spdk_bdev
+spdk_json_conf=$APP_DIR/$kind.json
+thread=1
+direct=1
+time_based=1
+ramp_time=1
+runtime=$TIME
+bs=4k
+iodepth=1
+rw=randread
+cpus_allowed=1
+percentile_list=1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.99
+[qd1]
+filename=${!bdev_var}
+EOF
+			LD_PRELOAD="$PLUGIN_SO $FIO_PLUGIN" "$FIO_BIN" --output-format=json \
+				--output="$APP_DIR/fio-$kind.json" "$APP_DIR/fio-$kind.fio" >"$APP_DIR/fio-$kind.log" 2>&1 &
+			echo $! >"$APP_DIR/pids/fio"
+			wait $!
+			rc=$?
+			rm -f "$APP_DIR/pids/fio"
+			if [[ $rc -ne 0 ]] || ! RES[fio-$kind]=$("${REPORT[@]}" fio "$APP_DIR/fio-$kind.json"); then
+				echo "   fio $kind failed (rc $rc); log:" >&2
+				tail -n 15 "$APP_DIR/fio-$kind.log" >&2
+				FIO_OK=0
+				break
+			fi
+			echo "   $kind: ${RES[fio-$kind]} (IOPS avg-µs p50 p99 p99.9)"
+		done
+		hugepages_restore
+	fi
+fi
+
+# ---- engine cost without a network -----------------------------------------------------------
+if want inline; then
+	echo "== inline: rtrs-bench --inline-target on one reactor vs bdevperf on a malloc bdev (core 1)"
+	line=$("$BIN/rtrs-bench" --inline-target ram:256M --rw randread --bs 4K --qd 32 -m 0x2 \
+		--warmup-write --time "${TIME}s" --json) || exit 1
+	RES[inline-rtrs]=$("${REPORT[@]}" rtrs-bench "$line")
+	cat >"$APP_DIR/malloc.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_malloc_create", "params": {"name": "malloc0", "num_blocks": 65536, "block_size": 4096}},
+  {"method": "bdev_wait_for_examine"}]}]}
+EOF
+	app_start bp-malloc "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/malloc.json" -z \
+		-q 1 -o 4096 -w randread -t "$TIME" || exit 1
+	r=$(perform bp-malloc 32 4096 randread "$TIME" "$APP_DIR/malloc.json.out") || exit 1
+	app_stop bp-malloc
+	RES[inline-malloc]=${r%% *}
+	echo "   rtrs-bench inline: ${RES[inline-rtrs]} IOPS; bdevperf malloc: ${RES[inline-malloc]} IOPS"
+fi
+
+# ---- memory ----------------------------------------------------------------------------------
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$(app_pid "$1")/status"; }
+# DPDK heap bytes allocated by application NAME (SPDK's DMA memory: spdk_dma_malloc & co).
+dpdk_alloc() {
+	local f
+	f=$(rpc "$1" env_dpdk_get_mem_stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["filename"])') || return 1
+	awk -F: '/Alloc_size/ {gsub(/[^0-9]/, "", $2); s += $2} END {print s + 0}' "$f"
+}
+if want memory; then
+	echo "== memory: $NMEM sessions (one bdev each) from a client spdk_tgt on core 1"
+	for i in $(seq 1 $NMEM); do
+		rpc tgt bdev_null_create "mnull$i" 64 4096 >/dev/null || exit 1
+		rpc tgt rtrs_target_export "mnull$i" -a rw || exit 1
 	done
-)
+	app_start mclt "$SPDK_TGT" -m 0x2 "${MEM[@]}" || exit 1
+	sleep 1
+	t0=$(rss_kib tgt) c0=$(rss_kib mclt) td0=$(dpdk_alloc tgt) cd0=$(dpdk_alloc mclt)
+	for i in $(seq 1 $NMEM); do
+		rpc mclt bdev_rtrs_create -b "m$i" -n "mem-sess-$i" -d "mnull$i" -p "tcp:127.0.0.1:$RTRS_PORT" \
+			-i 5000 >/dev/null || exit 1
+	done
+	sleep 2
+	t1=$(rss_kib tgt) c1=$(rss_kib mclt) td1=$(dpdk_alloc tgt) cd1=$(dpdk_alloc mclt)
+	RES[mem]=$(python3 -c '
+import sys
+n, t0, t1, c0, c1, td0, td1, cd0, cd1 = map(int, sys.argv[1:])
+mib = lambda kib: kib / 1024.0
+print("%.1f %.1f %.1f %.1f" % (mib(t1 - t0) / n, (td1 - td0) / n / 1048576.0,
+                               mib(c1 - c0) / n, (cd1 - cd0) / n / 1048576.0))' \
+		$NMEM "$t0" "$t1" "$c0" "$c1" "$td0" "$td1" "$cd0" "$cd1")
+	read -r mts mtd mcb mcd <<<"${RES[mem]}"
+	echo "   target per session: RSS +$mts MiB, SPDK DMA heap +$mtd MiB"
+	echo "   client per bdev:    RSS +$mcb MiB, SPDK DMA heap +$mcd MiB"
+	for i in $(seq 1 $NMEM); do rpc mclt bdev_rtrs_delete "m$i" >/dev/null || exit 1; done
+	app_stop mclt
+fi
+
+# ---- soak: memory over a long run ------------------------------------------------------------
+if want soak; then
+	echo "== soak: bdevperf over the rtrs bdev, 4 KiB randrw QD32, $SOAK_MIN min; RSS every 30 s"
+	app_start bp-soak "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/rtrs.json" -z \
+		-q 1 -o 4096 -w randread -t 1 || exit 1
+	secs=$((SOAK_MIN * 60))
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-soak.sock" -t $((secs + 120)) perform_tests \
+		-q 32 -o 4096 -w randrw -M 50 -t "$secs" >"$APP_DIR/soak.json" 2>&1 &
+	soak_pid=$!
+	: >"$APP_DIR/soak.tsv"
+	for ((s = 0; s <= secs; s += 30)); do
+		echo -e "$s\t$(rss_kib tgt)\t$(rss_kib bp-soak)" >>"$APP_DIR/soak.tsv"
+		kill -0 $soak_pid 2>/dev/null || break
+		sleep 30
+	done
+	wait $soak_pid || { echo "soak run failed:" >&2; cat "$APP_DIR/soak.json" >&2; exit 1; }
+	soak_io=$("${REPORT[@]}" bdevperf "$APP_DIR/soak.json")
+	app_stop bp-soak
+	# Growth from the first sample after one minute of warm-up to the last one.
+	RES[soak]=$(python3 - "$APP_DIR/soak.tsv" <<'PY'
+import sys
+rows = [tuple(map(int, l.split())) for l in open(sys.argv[1]) if l.strip()]
+warm = [r for r in rows if r[0] >= 60] or rows
+first, last = warm[0], warm[-1]
+print("%d %.1f %.1f %.1f %.1f %.1f %.1f" % (
+    last[0], first[1] / 1024, last[1] / 1024, max(r[1] for r in warm) / 1024,
+    first[2] / 1024, last[2] / 1024, max(r[2] for r in warm) / 1024))
+PY
+	)
+	read -r ssec st0 st1 stmax sc0 sc1 scmax <<<"${RES[soak]}"
+	echo "   $soak_io (IOPS MiB/s avg-µs failed) over ${ssec}s"
+	echo "   target RSS ${st0} → ${st1} MiB (max ${stmax}); client RSS ${sc0} → ${sc1} MiB (max ${scmax})"
+fi
+
+# ---- tables, goals, plots ------------------------------------------------------------------
+ratio() { "${REPORT[@]}" ratio "$1" "$2"; }
+verdict() { python3 -c 'import sys; v,g,op=float(sys.argv[1]),float(sys.argv[2]),sys.argv[3]; print("PASS" if (v>=g if op==">=" else v<=g) else "MISS")' "$@"; }
+GOALS=()
+goal() { # goal TEXT VALUE OP TARGET
+	GOALS+=("| $1 | $2 | $3 $4 | $(verdict "$2" "$4" "$3") |")
+}
+
+if want pairs; then
+	{
+		echo "| workload | rtrs IOPS | rtrs MiB/s | rtrs avg µs | NVMe-oF/TCP IOPS | NVMe-oF/TCP MiB/s | NVMe-oF/TCP avg µs | IOPS ratio rtrs/nvmf |"
+		echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name _ _ _ <<<"$w"
+			read -r ri rm rl _ <<<"${RES[rtrs-$name]}"
+			read -r ni nm nl _ <<<"${RES[nvmf-$name]}"
+			echo "| $name | $ri | $rm | $rl | $ni | $nm | $nl | $(ratio "$ri" "$ni") |"
+		done
+	} >"$APP_DIR/pairs.md"
+	read -r r32 _ _ _ <<<"${RES[rtrs-4k-randread-qd32]}"; read -r n32 _ _ _ <<<"${RES[nvmf-4k-randread-qd32]}"
+	goal "4 KiB randread QD32: IOPS rtrs / NVMe-oF/TCP" "$(ratio "$r32" "$n32")" ">=" 1.25
+	read -r r32 _ _ _ <<<"${RES[rtrs-4k-randwrite-qd32]}"; read -r n32 _ _ _ <<<"${RES[nvmf-4k-randwrite-qd32]}"
+	goal "4 KiB randwrite QD32: IOPS rtrs / NVMe-oF/TCP" "$(ratio "$r32" "$n32")" ">=" 1.25
+	read -r _ _ rl _ <<<"${RES[rtrs-4k-randread-qd1]}"; read -r _ _ nl _ <<<"${RES[nvmf-4k-randread-qd1]}"
+	goal "4 KiB randread QD1: avg latency rtrs / NVMe-oF/TCP (bdevperf)" "$(ratio "$rl" "$nl")" "<=" 0.80
+	read -r _ rm _ _ <<<"${RES[rtrs-128k-read-qd8]}"; read -r _ nm _ _ <<<"${RES[nvmf-128k-read-qd8]}"
+	goal "128 KiB read QD8: MiB/s rtrs / NVMe-oF/TCP" "$(ratio "$rm" "$nm")" ">=" 1.00
+fi
+if [[ $FIO_OK -eq 1 ]]; then
+	{
+		echo "| fio spdk_bdev, 4 KiB randread QD1 | IOPS | avg µs | p50 µs | p99 µs | p99.9 µs |"
+		echo "|---|---:|---:|---:|---:|---:|"
+		for kind in rtrs nvmf; do
+			read -r fi fa f50 f99 f999 <<<"${RES[fio-$kind]}"
+			echo "| $kind | $fi | $fa | $f50 | $f99 | $f999 |"
+		done
+	} >"$APP_DIR/fio.md"
+	read -r _ ra _ r99 _ <<<"${RES[fio-rtrs]}"; read -r _ na _ n99 _ <<<"${RES[fio-nvmf]}"
+	goal "4 KiB randread QD1: avg latency rtrs / NVMe-oF/TCP (fio)" "$(ratio "$ra" "$na")" "<=" 0.80
+	GOALS+=("| 4 KiB randread QD1: p99 latency rtrs / NVMe-oF/TCP (fio; reported) | $(ratio "$r99" "$n99") ($r99 / $n99 µs) | — | — |")
+	"${REPORT[@]}" svg-lat "$APP_DIR/fio-rtrs.json" "$APP_DIR/fio-nvmf.json" docs/perf-qd1-latency.svg
+	echo "wrote docs/perf-qd1-latency.svg"
+fi
+if want sweep; then
+	{
+		echo "| 4 KiB randread QD | $(printf '%s | ' "${SWEEP_QDS[@]}")"
+		echo "|---|$(printf -- '---:|%.0s' "${SWEEP_QDS[@]}")"
+		for kind in rtrs nvmf; do
+			echo "| $kind IOPS | $(awk -v k=$kind '$1 == k {printf "%s | ", $3}' "$APP_DIR/sweep.tsv")"
+		done
+	} >"$APP_DIR/sweep.md"
+	"${REPORT[@]}" svg-qd "$APP_DIR/sweep.tsv" docs/perf-iops-qd.svg
+	echo "wrote docs/perf-iops-qd.svg"
+fi
+if want inline; then
+	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"))" \
+		"$(ratio "${RES[inline-rtrs]}" "${RES[inline-malloc]}")" ">=" 0.80
+fi
+if want soak; then
+	# "No growth": the last sample within 2 MiB (allocator noise) of the first after warm-up.
+	g=$(python3 -c 'import sys; print("%.1f" % max(float(sys.argv[2]) - float(sys.argv[1]), float(sys.argv[4]) - float(sys.argv[3])))' "$st0" "$st1" "$sc0" "$sc1")
+	goal "RSS growth over the ${SOAK_MIN}-minute run, larger of target and client (MiB)" "$g" "<=" 2
+fi
+
+{
+	echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), ${TIME} s per workload, $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $SPDK_VERSION"
+	echo
+	echo "Command: \`bench/spdk_vs_nvmf.sh --time $TIME --sweep-time $SWEEP_TIME --soak $SOAK_MIN --only $ONLY\`; load average before the run: $LOAD0."
+	if [[ ${#GOALS[@]} -gt 0 ]]; then
+		echo
+		echo "| goal | measured | target | result |"
+		echo "|---|---:|---:|---|"
+		printf '%s\n' "${GOALS[@]}"
+	fi
+	for part in pairs fio sweep; do
+		[[ -s "$APP_DIR/$part.md" ]] && { echo; cat "$APP_DIR/$part.md"; }
+	done
+	if want memory; then
+		echo
+		echo "Memory ($NMEM sessions, one bdev each): target +$mts MiB RSS and +$mtd MiB SPDK DMA heap per connected session; client +$mcb MiB RSS and +$mcd MiB SPDK DMA heap per bdev."
+	fi
+	if want soak; then
+		echo
+		echo "Soak ($SOAK_MIN min, 4 KiB randrw QD32 over the rtrs bdev: $soak_io IOPS MiB/s avg-µs failed): target RSS $st0 → $st1 MiB (max $stmax), client RSS $sc0 → $sc1 MiB (max $scmax), sampled every 30 s after 1 min of warm-up."
+	fi
+	if [[ -s "$APP_DIR/sweep.md" || $FIO_OK -eq 1 ]]; then
+		echo
+		echo "Plots of this run: [IOPS vs queue depth](perf-iops-qd.svg), [QD1 latency distribution](perf-qd1-latency.svg)."
+	fi
+} >"$OUT"
 echo
-echo "$TABLE"
+cat "$OUT"
 
 if [[ $APPEND -eq 1 ]]; then
-	{
-		echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), ${TIME} s per workload, $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(rpc tgt spdk_get_version | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')"
-		echo
-		echo "$TABLE"
-	} >"$APP_DIR/run.md"
-	# The run goes at the end of this section (created once), not after later sections.
-	python3 - docs/BENCHMARKS.md "$APP_DIR/run.md" <<'PY'
-import os, sys
-doc, run = sys.argv[1], open(sys.argv[2]).read().rstrip("\n") + "\n"
-section = "## SPDK: rtrs vs NVMe-oF/TCP"
-intro = (section + "\n\n"
-         "`bench/spdk_vs_nvmf.sh`: one spdk_tgt on core 0 serves the same null bdev over RTRS\n"
-         "(tcp fabric, 127.0.0.1) and over SPDK's NVMe-oF/TCP; bdevperf on core 1 runs each\n"
-         "workload against the rtrs bdev, then against bdev_nvme. SPDK runs without hugepages\n"
-         "(`--no-huge`). Ratio = rtrs IOPS / NVMe-oF/TCP IOPS.\n")
-text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
-lines = text.split("\n")
-try:
-    at = lines.index(section)
-except ValueError:
-    text = text.rstrip("\n") + "\n\n" + intro + "\n" + run
-else:
-    end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    head = "\n".join(lines[:end]).rstrip("\n")
-    tail = "\n".join(lines[end:])
-    text = head + "\n\n" + run + ("\n" + tail if tail.strip() else "")
-open(doc, "w").write(text)
-PY
+	cat >"$APP_DIR/intro.md" <<'EOF'
+`bench/spdk_vs_nvmf.sh`: one spdk_tgt on core 0 serves the same null bdev over RTRS
+(tcp fabric, 127.0.0.1) and over SPDK's NVMe-oF/TCP; bdevperf (and fio's spdk_bdev plugin)
+on core 1 runs each workload against the rtrs bdev, then against bdev_nvme. SPDK runs
+without hugepages (`--no-huge`), except fio's plugin, which needs them. Ratios are rtrs
+over NVMe-oF/TCP, measured in the same invocation.
+EOF
+	"${REPORT[@]}" append docs/BENCHMARKS.md "## SPDK: rtrs vs NVMe-oF/TCP" "$APP_DIR/intro.md" "$OUT"
 	echo "appended to docs/BENCHMARKS.md"
 fi

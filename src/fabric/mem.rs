@@ -18,6 +18,9 @@ use std::sync::Arc;
 /// Alignment of [`MemBuf`]: a page, as registered memory usually is.
 pub const MEM_ALIGN: usize = 4096;
 
+/// From this size on a [`MemBuf`] is its own anonymous mapping (see [`MemBuf::zeroed`]).
+pub const MMAP_MIN: usize = 256 * 1024;
+
 /// A zeroed, page-aligned heap buffer, the usual thing to register.
 pub struct MemBuf {
     ptr: NonNull<u8>,
@@ -32,11 +35,34 @@ unsafe impl Sync for MemBuf {}
 impl MemBuf {
     /// Allocates `len` zeroed bytes aligned to [`MEM_ALIGN`].
     ///
+    /// Buffers of [`MMAP_MIN`] bytes or more are anonymous mappings: the kernel hands out
+    /// zero pages on first touch, so a pool sized for the worst case (a session's bounce
+    /// buffers, a target's chunks) costs resident memory only for what is used.
+    ///
     /// # Panics
     /// When `len` is 0 or the allocation fails (as `Vec` does on out-of-memory).
     pub fn zeroed(len: usize) -> MemBuf {
         assert!(len > 0, "MemBuf of zero bytes");
         let layout = Layout::from_size_align(len, MEM_ALIGN).expect("MemBuf layout");
+        if len >= MMAP_MIN {
+            // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                alloc::handle_alloc_error(layout);
+            }
+            let ptr =
+                NonNull::new(raw.cast::<u8>()).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+            return MemBuf { ptr, len };
+        }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
@@ -58,6 +84,12 @@ impl MemBuf {
 
 impl Drop for MemBuf {
     fn drop(&mut self) {
+        if self.len >= MMAP_MIN {
+            // SAFETY: mapped in `zeroed` with this length; nothing refers to it any more.
+            let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            debug_assert_eq!(rc, 0, "munmap of a MemBuf");
+            return;
+        }
         let layout = Layout::from_size_align(self.len, MEM_ALIGN).expect("MemBuf layout");
         // SAFETY: allocated in `zeroed` with this very layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
@@ -311,6 +343,41 @@ mod tests {
         // SAFETY: freshly allocated, exclusively owned here.
         let s = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
         assert!(s.iter().all(|&x| x == 0));
+    }
+
+    /// Pages of `b` resident in memory (mincore).
+    fn resident_pages(b: &MemBuf) -> usize {
+        let pages = b.len().div_ceil(MEM_ALIGN);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `b` is a live mapping of `len` bytes; `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(b.as_ptr().cast(), b.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&v| v & 1 == 1).count()
+    }
+
+    #[test]
+    fn large_membuf_is_zeroed_and_costs_only_touched_pages() {
+        let b = MemBuf::zeroed(64 * MMAP_MIN);
+        assert_eq!(b.as_ptr() as usize % MEM_ALIGN, 0);
+        assert_eq!(resident_pages(&b), 0, "a fresh pool is not resident");
+        // SAFETY: freshly allocated, exclusively owned here.
+        let s = unsafe { std::slice::from_raw_parts_mut(b.as_ptr(), b.len()) };
+        assert!(s[..3 * MEM_ALIGN].iter().all(|&x| x == 0));
+        s[5 * MEM_ALIGN] = 7;
+        assert!(s[b.len() - 1] == 0);
+        assert_eq!(
+            resident_pages(&b),
+            5,
+            "pages 0-2, 5 and the last one were touched"
+        );
+        drop(b);
+        let small = MemBuf::zeroed(MMAP_MIN - 1);
+        // SAFETY: as above.
+        assert!(
+            unsafe { std::slice::from_raw_parts(small.as_ptr(), small.len()) }
+                .iter()
+                .all(|&x| x == 0)
+        );
     }
 
     #[test]

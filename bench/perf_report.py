@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Parsing, goal checks and plots for bench/spdk_vs_nvmf.sh (no third-party modules).
+
+Subcommands (each prints one line the shell script reads, or writes a file):
+
+  bdevperf RESULT.json          -> "IOPS MiB/s AVG_US FAILED" of a perform_tests result
+  fio RESULT.json               -> "IOPS AVG_US P50_US P99_US P999_US" of a read job
+  rtrs-bench LINE               -> "IOPS" of an rtrs-bench --json line
+  ratio A B                     -> A / B with two decimals (0.00 when B is 0)
+  svg-qd SWEEP.tsv OUT.svg      -> IOPS vs queue depth, one line per side
+  svg-lat RTRS.json NVMF.json OUT.svg
+                                -> QD1 completion-latency distribution (fio percentiles)
+  append DOC SECTION INTRO RUN  -> puts RUN (a file) at the end of section SECTION of DOC
+
+SWEEP.tsv has lines "side<TAB>qd<TAB>iops".
+"""
+
+import json
+import math
+import os
+import sys
+
+COLORS = {"rtrs": "#1f77b4", "nvmf": "#d62728"}
+LABELS = {"rtrs": "rtrs bdev (tcp fabric)", "nvmf": "SPDK NVMe-oF/TCP"}
+
+
+def bdevperf(path):
+    jobs = json.load(open(path))["results"]
+    iops = sum(j["iops"] for j in jobs)
+    mibps = sum(j["mibps"] for j in jobs)
+    lat = sum(j["avg_latency_us"] for j in jobs) / len(jobs)
+    failed = sum(j.get("io_failed", 0) for j in jobs)
+    print("%.0f %.1f %.2f %d" % (iops, mibps, lat, failed))
+
+
+def fio_read(path):
+    job = json.load(open(path))["jobs"][0]["read"]
+    return job
+
+
+def pct(clat, p):
+    want = float(p)
+    best = min(clat["percentile"].items(), key=lambda kv: abs(float(kv[0]) - want))
+    return best[1] / 1000.0
+
+
+def fio(path):
+    r = fio_read(path)
+    clat = r["clat_ns"]
+    print("%.0f %.2f %.2f %.2f %.2f" % (r["iops"], r["lat_ns"]["mean"] / 1000.0,
+                                        pct(clat, 50), pct(clat, 99), pct(clat, 99.9)))
+
+
+def rtrs_bench(line):
+    print("%.0f" % json.loads(line)["iops"])
+
+
+def ratio(a, b):
+    a, b = float(a), float(b)
+    print("%.2f" % (a / b if b else 0.0))
+
+
+class Svg:
+    """A minimal line chart: axes, ticks, grid, polylines and a legend."""
+
+    def __init__(self, title, xlabel, ylabel, w=720, h=420):
+        self.w, self.h = w, h
+        self.left, self.right, self.top, self.bottom = 80, 20, 40, 60
+        self.parts = []
+        self.title, self.xlabel, self.ylabel = title, xlabel, ylabel
+
+    def frame(self, xticks, yticks, xmap, ymap):
+        pw = self.w - self.left - self.right
+        ph = self.h - self.top - self.bottom
+        self.px = lambda x: self.left + xmap(x) * pw
+        self.py = lambda y: self.top + (1 - ymap(y)) * ph
+        p = self.parts
+        p.append('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>'
+                 % (self.left, self.top, pw, ph))
+        for x, label in xticks:
+            X = self.px(x)
+            p.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>'
+                     % (X, self.top, X, self.top + ph))
+            p.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                     % (X, self.top + ph + 18, label))
+        for y, label in yticks:
+            Y = self.py(y)
+            p.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>'
+                     % (self.left, Y, self.left + pw, Y))
+            p.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                     % (self.left - 6, Y + 4, label))
+        p.append('<text x="%d" y="24" text-anchor="middle" font-weight="bold">%s</text>'
+                 % (self.w // 2, self.title))
+        p.append('<text x="%d" y="%d" text-anchor="middle">%s</text>'
+                 % (self.left + pw // 2, self.h - 14, self.xlabel))
+        p.append('<text x="18" y="%d" text-anchor="middle" transform="rotate(-90 18 %d)">%s</text>'
+                 % (self.top + ph // 2, self.top + ph // 2, self.ylabel))
+
+    def line(self, side, pts):
+        path = " ".join("%.1f,%.1f" % (self.px(x), self.py(y)) for x, y in pts)
+        c = COLORS.get(side, "#000")
+        self.parts.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>'
+                          % (c, path))
+        for x, y in pts:
+            self.parts.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>'
+                              % (self.px(x), self.py(y), c))
+
+    def legend(self, sides):
+        for i, s in enumerate(sides):
+            y = self.top + 16 + 18 * i
+            x = self.left + 14
+            self.parts.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>'
+                              % (x, y, x + 24, y, COLORS.get(s, "#000")))
+            self.parts.append('<text x="%d" y="%d">%s</text>' % (x + 30, y + 4, LABELS.get(s, s)))
+
+    def save(self, out, note):
+        body = "\n".join(self.parts)
+        svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+               'font-family="sans-serif" font-size="12">\n'
+               '<rect width="100%%" height="100%%" fill="white"/>\n%s\n'
+               '<text x="%d" y="%d" text-anchor="end" fill="#666" font-size="10">%s</text>\n'
+               '</svg>\n' % (self.w, self.h, body, self.w - 6, self.h - 2, note))
+        with open(out, "w") as f:
+            f.write(svg)
+
+
+def nice_ceil(v):
+    if v <= 0:
+        return 1.0
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if v <= m * e:
+            return m * e
+    return 10 * e
+
+
+def svg_qd(tsv, out):
+    data = {}
+    for line in open(tsv):
+        side, qd, iops = line.split()
+        data.setdefault(side, []).append((int(qd), float(iops)))
+    qds = sorted({q for pts in data.values() for q, _ in pts})
+    ymax = nice_ceil(max(v for pts in data.values() for _, v in pts) * 1.05)
+    lo, hi = math.log2(qds[0]), math.log2(qds[-1])
+    s = Svg("4 KiB randread IOPS vs queue depth (bdevperf, one initiator core)",
+            "queue depth", "IOPS (thousands)")
+    s.frame([(q, str(q)) for q in qds],
+            [(ymax * i / 5, "%.0f" % (ymax * i / 5 / 1000)) for i in range(6)],
+            lambda x: (math.log2(x) - lo) / (hi - lo or 1), lambda y: y / ymax)
+    for side in sorted(data):
+        s.line(side, sorted(data[side]))
+    s.legend(sorted(data))
+    s.save(out, "bench/spdk_vs_nvmf.sh")
+
+
+def svg_lat(rtrs, nvmf, out):
+    curves = {}
+    for side, path in (("rtrs", rtrs), ("nvmf", nvmf)):
+        clat = fio_read(path)["clat_ns"]["percentile"]
+        curves[side] = sorted((v / 1000.0, float(p)) for p, v in clat.items() if v > 0)
+    xmax = nice_ceil(max(x for pts in curves.values() for x, _ in pts) * 1.05)
+    # Percentile axis stretched toward the tail: y = -log10(1 - p/100).
+    tail = lambda p: -math.log10(max(1e-6, 1 - p / 100.0))
+    top = tail(99.99)
+    s = Svg("4 KiB randread at QD1: completion latency distribution (fio spdk_bdev)",
+            "completion latency (µs)", "percentile")
+    s.frame([(xmax * i / 8, "%.0f" % (xmax * i / 8)) for i in range(9)],
+            [(p, "p%g" % p) for p in (0, 50, 90, 99, 99.9, 99.99)],
+            lambda x: x / xmax, lambda p: tail(p) / top)
+    for side in ("rtrs", "nvmf"):
+        s.line(side, curves[side])
+    s.legend(["rtrs", "nvmf"])
+    s.save(out, "bench/spdk_vs_nvmf.sh")
+
+
+def append(doc, section, intro, run):
+    run = open(run).read().rstrip("\n") + "\n"
+    intro = open(intro).read().rstrip("\n") + "\n"
+    text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
+    lines = text.split("\n")
+    try:
+        at = lines.index(section)
+    except ValueError:
+        text = text.rstrip("\n") + "\n\n" + section + "\n\n" + intro + "\n" + run
+    else:
+        end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+        head = "\n".join(lines[:end]).rstrip("\n")
+        tail = "\n".join(lines[end:])
+        text = head + "\n\n" + run + ("\n" + tail if tail.strip() else "")
+    open(doc, "w").write(text)
+
+
+def main(argv):
+    cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
+            "svg-qd": svg_qd, "svg-lat": svg_lat, "append": append}
+    if len(argv) < 2 or argv[1] not in cmds:
+        sys.stderr.write(__doc__)
+        return 2
+    cmds[argv[1]](*argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
