@@ -158,15 +158,20 @@ def svg_lat(rtrs, nvmf, out):
     for side, path in (("rtrs", rtrs), ("nvmf", nvmf)):
         clat = fio_read(path)["clat_ns"]["percentile"]
         curves[side] = sorted((v / 1000.0, float(p)) for p, v in clat.items() if v > 0)
-    xmax = nice_ceil(max(x for pts in curves.values() for x, _ in pts) * 1.05)
+    xs = [x for pts in curves.values() for x, _ in pts]
+    # Latency on a log axis: the body (a few µs apart) and the tail (orders more) both show.
+    ticks = [m * 10 ** e for e in range(-1, 7) for m in (1, 2, 5)]
+    lo = max(t for t in ticks if t <= min(xs))
+    hi = min(t for t in ticks if t >= max(xs))
     # Percentile axis stretched toward the tail: y = -log10(1 - p/100).
     tail = lambda p: -math.log10(max(1e-6, 1 - p / 100.0))
     top = tail(99.99)
     s = Svg("4 KiB randread at QD1: completion latency distribution (fio spdk_bdev)",
-            "completion latency (µs)", "percentile")
-    s.frame([(xmax * i / 8, "%.0f" % (xmax * i / 8)) for i in range(9)],
+            "completion latency (µs, log scale)", "percentile")
+    s.frame([(t, "%g" % t) for t in ticks if lo <= t <= hi],
             [(p, "p%g" % p) for p in (0, 50, 90, 99, 99.9, 99.99)],
-            lambda x: x / xmax, lambda p: tail(p) / top)
+            lambda x: (math.log10(x) - math.log10(lo)) / (math.log10(hi) - math.log10(lo) or 1),
+            lambda p: tail(p) / top)
     for side in ("rtrs", "nvmf"):
         s.line(side, curves[side])
     s.legend(["rtrs", "nvmf"])
