@@ -38,6 +38,10 @@ plugin_build || {
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
 # Other SPDK applications may run on this machine: no core locks.
 MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+# Targets: every RTRS session's chunk pool is SPDK DMA memory (queue_depth x chunk_size,
+# 64 MiB by default) and a bare spdk_tgt -s 1024 has ~140 MiB free, so give them room for
+# a few sessions.
+TGT_MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 # Base of the TCP ports the scenarios listen on (set it to run two copies side by side).
 PB=${RTRS_TEST_PORT_BASE:-14420}
 TGT_MASK=0x1
@@ -51,7 +55,7 @@ FAILED_NAMES=()
 # A target spdk_tgt exporting a 64 MiB malloc bdev "malloc0" over tcp on the given ports.
 start_target() {
 	local name=$1 ports=$2 p
-	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
 	rpc "$name" bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
 	for p in ${ports//,/ }; do
 		rpc "$name" rtrs_target_listen -t tcp -a 127.0.0.1 -s "$p" || return 1
@@ -168,7 +172,7 @@ scenario_save_config() {
 	grep -q 'round-robin' "$APP_DIR/clt-saved.json" || { echo "client config lost mp_policy"; return 1; }
 	app_stop clt
 	app_stop tgt
-	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-saved.json" || return 1
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from saved config"; return 1; }
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 | grep -q 'round-robin' || { echo "policy not restored"; return 1; }
