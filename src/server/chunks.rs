@@ -165,6 +165,43 @@ mod tests {
         assert!(a.alloc(&fabric, 0, Access::LOCAL_WRITE).is_err());
     }
 
+    /// Foreign memory whose release is observable.
+    struct Guard {
+        mem: Box<[u8]>,
+        freed: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.freed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn foreign_pool_keeps_its_memory_until_dropped() {
+        let fabric = LoopbackFabric::new();
+        let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut g = Guard {
+            mem: vec![0u8; 8192].into_boxed_slice(),
+            freed: Arc::clone(&freed),
+        };
+        let (ptr, len) = (g.mem.as_mut_ptr(), g.mem.len());
+        // SAFETY: the boxed slice lives in the guard, which the pool drops only after its
+        // registration; nothing else uses it.
+        let mr = unsafe { fabric.register_raw(ptr, len, Access::LOCAL_WRITE) }.unwrap();
+        let pool = ChunkPool::foreign(mr, Box::new(g), "test");
+        pool.write_at(100, b"abc");
+        let mut out = [0u8; 3];
+        pool.read_at(100, &mut out);
+        assert_eq!(
+            (&out, pool.kind(), pool.addr()),
+            (b"abc", "test", ptr as u64)
+        );
+        assert!(!freed.load(std::sync::atomic::Ordering::SeqCst));
+        drop(pool);
+        assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
     #[test]
     fn allocators_compare_by_identity() {
         let a = ChunkAllocator::default();
