@@ -38,6 +38,10 @@ plugin_build || {
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
 # Other SPDK applications may run on this machine: no core locks.
 MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+# Targets: every RTRS session's chunk pool is SPDK DMA memory (queue_depth x chunk_size,
+# 64 MiB by default) and a bare spdk_tgt -s 1024 has ~140 MiB free, so give them room for
+# a few sessions.
+TGT_MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 # Base of the TCP ports the scenarios listen on (set it to run two copies side by side).
 PB=${RTRS_TEST_PORT_BASE:-14420}
 TGT_MASK=0x1
@@ -51,7 +55,7 @@ FAILED_NAMES=()
 # A target spdk_tgt exporting a 64 MiB malloc bdev "malloc0" over tcp on the given ports.
 start_target() {
 	local name=$1 ports=$2 p
-	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
 	rpc "$name" bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
 	for p in ${ports//,/ }; do
 		rpc "$name" rtrs_target_listen -t tcp -a 127.0.0.1 -s "$p" || return 1
@@ -168,7 +172,7 @@ scenario_save_config() {
 	grep -q 'round-robin' "$APP_DIR/clt-saved.json" || { echo "client config lost mp_policy"; return 1; }
 	app_stop clt
 	app_stop tgt
-	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-saved.json" || return 1
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from saved config"; return 1; }
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 | grep -q 'round-robin' || { echo "policy not restored"; return 1; }
@@ -227,17 +231,19 @@ scenario_bad_params() {
 	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 7)) >/dev/null || return 1
 	# Options are fixed once a listener runs: check their validation on a fresh target.
 	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
-	local bad=0 app method params field resp
+	local bad=0 app method params field text resp
 	local good="\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$((PB + 7))}]"
-	while IFS='|' read -r app method params field; do
+	# Rows: app|method|params|field the message must name[|text it must also contain].
+	while IFS='|' read -r app method params field text; do
 		[[ -n "$app" && "$app" != \#* ]] || continue
 		resp=$(rpc_raw "$app" "$method" "$params")
 		if ! python3 -c '
 import json, sys
-r = json.loads(sys.argv[1]); f = sys.argv[2]
+r = json.loads(sys.argv[1]); f = sys.argv[2]; t = sys.argv[3]
 e = r.get("error")
-sys.exit(0 if e and f in e.get("message", "") else 1)' "$resp" "$field"; then
-			echo "  $method $params: expected an error naming '$field', got $resp"
+m = e.get("message", "") if e else ""
+sys.exit(0 if e and f in m and t in m else 1)' "$resp" "$field" "$text"; then
+			echo "  $method $params: expected an error naming '$field'${text:+ and saying '$text'}, got $resp"
 			bad=1
 		fi
 	done <<EOF
@@ -251,7 +257,8 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"tr
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"not-an-ip"}]}|dst_addr
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","port":70000}]}|port
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","src_addr":"nowhere","dst_addr":"127.0.0.1"}]}|src_addr
-clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1"}]}|transport
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1"}]}|'paths[0].transport'|no RDMA device found
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1"},{"transport":"rdma","dst_addr":"127.0.0.2"}]}|'paths[1].transport'|one session uses one transport
 clt|bdev_rtrs_create|{"name":"x","sessname":"s/x","device":"malloc0",$good}|sessname
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"access_mode":"rwx"}|access_mode
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"mp_policy":"fastest"}|mp_policy
@@ -270,6 +277,7 @@ clt|bdev_rtrs_get_sessions|{"name":5}|name
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp"}|dst_addr
 clt|bdev_rtrs_add_path|{"name":"nope","transport":"tcp","dst_addr":"127.0.0.1"}|name
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"ib","dst_addr":"127.0.0.1"}|transport
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"rdma","dst_addr":"127.0.0.2"}|'transport'|no RDMA device found
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":-1}|port
 clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.9","port":1}|dst_addr
 clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
@@ -280,6 +288,7 @@ tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
 tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
 tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
 tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":$((PB + 8))}|transport
+tgt|rtrs_target_listen|{"transport":"rdma","addr":"127.0.0.1","port":$((PB + 8))}|'transport'|no RDMA device found
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":$((PB + 8))}|addr
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
 tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 79))}|port

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{Con, IuPool, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
-use crate::fabric::{Access, ConnRequest, Listener, MemBuf, QpCaps};
+use crate::fabric::{Access, ConnRequest, Listener, QpCaps};
 use crate::proto::constants::{MAX_CONN_TIMEOUT_MS, MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
@@ -245,11 +245,15 @@ impl Acceptor {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE
         };
         let len = usize::from(qd) * cs as usize;
-        let chunks = self
-            .sh
-            .fabric
-            .register(MemBuf::zeroed(len), access)
-            .map_err(|e| format!("chunk pool of {qd} x {cs} bytes: {e}"))?;
+        let chunks = cfg
+            .chunk_alloc
+            .alloc(&*self.sh.fabric, len, access)
+            .map_err(|e| {
+                format!(
+                    "chunk pool of {qd} x {cs} bytes ({} memory): {e}",
+                    cfg.chunk_alloc.kind()
+                )
+            })?;
         let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
         let home = self.sh.next_home.fetch_add(1, Ordering::Relaxed) % self.sh.ncores;
         Ok(Arc::new(Session {

@@ -23,6 +23,7 @@
 //! structs; [`Server::stop`] closes everything.
 
 mod accept;
+pub mod chunks;
 pub mod handler;
 mod info;
 mod io;
@@ -39,6 +40,7 @@ use std::time::Duration;
 use crossbeam_queue::SegQueue;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
+pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
 pub use handler::{DataArea, IoId, Responder, ServerHandler, SessionId, SrvIo};
 pub use stats::{PathStats, ServerStats, SessionStats};
 
@@ -71,6 +73,9 @@ pub struct ServerConfig {
     /// requests alone can make the server allocate (PROTOCOL.md §9.1 "rate-limit session
     /// creation"). Default 256.
     pub max_pending_sessions: usize,
+    /// Where session chunk pools come from (default: the heap). The SPDK target sets
+    /// an allocator of SPDK DMA memory.
+    pub chunk_alloc: ChunkAllocator,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +87,7 @@ impl Default for ServerConfig {
             max_hdr: DEFAULT_MAX_HDR_SIZE,
             hb: HbConfig::default(),
             max_pending_sessions: 256,
+            chunk_alloc: ChunkAllocator::default(),
         }
     }
 }
@@ -294,6 +300,7 @@ impl Server {
                     name: e.sess.name(),
                     queue_depth: e.sess.queue_depth(),
                     chunk_size: e.sess.chunk_size(),
+                    chunk_memory: e.sess.chunks.kind(),
                     paths: e.all.iter().map(|p| p.stats()).collect(),
                 })
                 .collect(),

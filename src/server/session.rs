@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::common::{IuPool, Uuid};
-use crate::fabric::{FastMr, Mr};
+use crate::fabric::FastMr;
 use crate::proto::{ImmLayout, SgDesc};
 
+use super::chunks::ChunkPool;
 use super::handler::SessionId;
 use super::stats::{PathCounters, PathStats};
 
@@ -47,7 +48,7 @@ pub(crate) struct Session {
     pub home: usize,
     pub layout: ImmLayout,
     /// The chunk pool: queue_depth × chunk_size, registered once.
-    pub chunks: Mr,
+    pub chunks: ChunkPool,
     /// Path id executing on each chunk, 0 when free.
     pub owner: Box<[AtomicU32]>,
     pub name: Mutex<String>,

@@ -103,6 +103,8 @@ pub struct SessionStats {
     pub name: String,
     pub queue_depth: u16,
     pub chunk_size: u32,
+    /// Where the chunk pool's memory comes from (`"heap"`, `"spdk_dma"`).
+    pub chunk_memory: &'static str,
     pub paths: Vec<PathStats>,
 }
 
@@ -183,9 +185,11 @@ impl ServerStats {
             json_str(&mut out, &s.name);
             let _ = write!(
                 out,
-                ",\"queue_depth\":{},\"chunk_size\":{},\"paths\":[",
+                ",\"queue_depth\":{},\"chunk_size\":{},\"chunk_memory\":",
                 s.queue_depth, s.chunk_size
             );
+            json_str(&mut out, s.chunk_memory);
+            out.push_str(",\"paths\":[");
             for (j, p) in s.paths.iter().enumerate() {
                 if j > 0 {
                     out.push(',');
@@ -222,6 +226,7 @@ mod tests {
                 name: "a\"b".into(),
                 queue_depth: 4,
                 chunk_size: 8192,
+                chunk_memory: "heap",
                 paths: vec![PathStats {
                     name: "x@y".into(),
                     state: "connected",

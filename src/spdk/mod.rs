@@ -4,6 +4,8 @@
 //! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
 //! - [`bdev`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
 //!   IO submission with `spdk_bdev_queue_io_wait` on −ENOMEM, hot remove).
+//! - [`dma`]: session chunk pools from SPDK DMA memory (the server's chunk allocator
+//!   inside SPDK), so exported bdevs doing DMA can use them.
 //! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
 //!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
@@ -14,6 +16,7 @@
 //! symbols are resolved by the host application at load time.
 
 pub mod bdev;
+pub mod dma;
 pub mod driver;
 pub mod json;
 pub mod log;

@@ -406,20 +406,15 @@ pub fn create(req: RpcRequest, params: CreateParams) {
         ));
         return;
     }
-    if let Some(i) = params
-        .paths
-        .iter()
-        .position(|p| p.transport != super::params::Transport::Tcp)
-    {
-        req.invalid(&format!(
-            "{M}: 'paths[{i}].transport' = rdma: this build of the plugin has no RDMA (verbs) fabric; use tcp"
-        ));
-        return;
-    }
-    let fabric = match client_fabric() {
+    // All paths use paths[0]'s transport (params checked it); open its fabric.
+    let transport = params.paths[0].transport;
+    let fabric = match client_fabric(transport) {
         Ok(f) => f,
         Err(e) => {
-            req.error(-libc::ENOMEM, &format!("{M}: {e}"));
+            req.invalid(&format!(
+                "{M}: 'paths[0].transport' = {:?}: {e}",
+                transport.name()
+            ));
             return;
         }
     };

@@ -8,6 +8,9 @@
 //!   pollers carrying its IO (connection `k+1` of every path on core `k`).
 //! - [`channel`]: IO channels, `submit_request`, completions on the submitting thread.
 //! - [`memmap`]: SPDK memory registered with the fabric, so IO buffers go out as-is.
+//! - Transports: `tcp` uses the tcp fabric, `rdma` the verbs fabric (first RDMA device),
+//!   one fabric per transport for the whole application ([`client_fabric`]); all paths
+//!   of one bdev use one transport.
 //! - [`rpc`]: the JSON-RPC methods.
 //!
 //! Every bdev writes its own `bdev_rtrs_create` in `write_config_json`, so `save_config`
@@ -24,6 +27,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::spdk::json::write_value;
 use rtrs_spdk::spdk::sys;
@@ -31,6 +35,7 @@ use serde_json::json;
 
 use disk::Disk;
 use memmap::MemMap;
+use params::Transport;
 
 pub use rpc::register_rpcs;
 
@@ -44,31 +49,48 @@ fn module_ptr() -> *mut sys::spdk_bdev_module {
     unsafe { rtrs_bdev_module() }
 }
 
-/// The client side's fabric and the SPDK memory registered with it, shared by every
-/// rtrs bdev of the application.
+/// The client side's fabric of one transport and the SPDK memory registered with it,
+/// shared by every rtrs bdev of the application using that transport.
 pub struct ClientFabric {
     pub fabric: Arc<dyn Fabric>,
     pub mem: MemMap,
 }
 
-static CLIENT_FABRIC: Mutex<Option<Arc<ClientFabric>>> = Mutex::new(None);
+/// The application's client fabrics: tcp, rdma (each created on first use).
+static CLIENT_FABRICS: Mutex<[Option<Arc<ClientFabric>>; 2]> = Mutex::new([None, None]);
 static DISKS: Mutex<Vec<Arc<Disk>>> = Mutex::new(Vec::new());
 
-/// The client fabric, created on first use.
+fn slot(t: Transport) -> usize {
+    match t {
+        Transport::Tcp => 0,
+        Transport::Rdma => 1,
+    }
+}
+
+/// The client fabric of `transport`, created on first use: the tcp fabric, or the verbs
+/// fabric over the first RDMA device. SPDK's memory is registered with it (memmap), so
+/// bdev IO buffers go out as they are. A failed creation is not remembered (a device
+/// may appear later).
 ///
 /// # Errors
-/// When SPDK's memory cannot be registered with it.
-fn client_fabric() -> Result<Arc<ClientFabric>, String> {
-    let mut g = CLIENT_FABRIC
+/// The fabric cannot be opened (for rdma on a machine without a device: the fabric's
+/// "no RDMA device found ..." text), or SPDK's memory cannot be registered with it. The
+/// message does not name the RPC field; the caller prefixes it.
+fn client_fabric(transport: Transport) -> Result<Arc<ClientFabric>, String> {
+    let mut g = CLIENT_FABRICS
         .lock()
         .map_err(|_| "client fabric lock poisoned".to_string())?;
-    if let Some(f) = g.as_ref() {
+    let entry = &mut g[slot(transport)];
+    if let Some(f) = entry.as_ref() {
         return Ok(Arc::clone(f));
     }
-    let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new());
+    let fabric: Arc<dyn Fabric> = match transport {
+        Transport::Tcp => Arc::new(TcpFabric::new()),
+        Transport::Rdma => Arc::new(VerbsFabric::open(None).map_err(|e| e.to_string())?),
+    };
     let mem = MemMap::new(Arc::clone(&fabric))?;
     let f = Arc::new(ClientFabric { fabric, mem });
-    *g = Some(Arc::clone(&f));
+    *entry = Some(Arc::clone(&f));
     Ok(f)
 }
 
@@ -90,11 +112,13 @@ pub extern "C" fn rtrs_bdev_module_init() -> c_int {
 }
 
 /// `module_fini`: every bdev is gone (the bdev layer unregistered them); release SPDK's
-/// memory from the fabric.
+/// memory from the fabrics.
 #[no_mangle]
 pub extern "C" fn rtrs_bdev_module_fini() {
-    if let Ok(mut g) = CLIENT_FABRIC.lock() {
-        g.take();
+    if let Ok(mut g) = CLIENT_FABRICS.lock() {
+        for f in g.iter_mut() {
+            f.take();
+        }
     }
 }
 

@@ -145,6 +145,13 @@ fn add_path(req: RpcRequest, v: Value) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
+    // The path's fabric must open (rdma: an RDMA device) before anything else is said.
+    if let Err(e) = super::client_fabric(path.transport) {
+        return req.invalid(&format!(
+            "{M}: 'transport' = {:?}: {e}",
+            path.transport.name()
+        ));
+    }
     let s = d.session().expect("path_rpc checked the session");
     let mut paths = d
         .paths

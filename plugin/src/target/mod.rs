@@ -7,8 +7,14 @@
 //!   ([`Driver::spawn`], like nvmf poll groups) and starts the RTRS server with the RNBD
 //!   handler on them: accepted connection `c` is served on thread `(c-1) mod n`, whose
 //!   pollers submit bdev IO through that thread's own IO channel.
-//! - Listeners come and go under one server per transport ([`mux`]); exports come and
-//!   go in one shared [`Exports`] set, each an SPDK bdev descriptor ([`BdevExport`]).
+//! - Listeners come and go under one server per transport ([`mux`]): tcp listens on the
+//!   tcp fabric, rdma on the verbs fabric (first RDMA device; without one the listen
+//!   fails with the fabric's "no RDMA device found" error). Exports come and go in one
+//!   shared [`Exports`] set used by both servers, each an SPDK bdev descriptor
+//!   ([`BdevExport`]).
+//! - Session chunk pools are SPDK DMA memory ([`SpdkDmaChunks`], checked with
+//!   `spdk_vtophys`): bdev IO is submitted straight on the chunks, so bdevs that DMA
+//!   (NVMe over PCIe) can be exported.
 //! - A hot-removed bdev removes its export: IO through existing mappings fails with
 //!   −EIO, each thread drops its channel, the descriptor closes.
 //!
@@ -24,10 +30,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::fabric::verbs::VerbsFabric;
+use rtrs_spdk::fabric::{Fabric, FabricError};
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
-use rtrs_spdk::server::{Server, ServerConfig};
+use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
 use rtrs_spdk::spdk::bdev::BdevExport;
+use rtrs_spdk::spdk::dma::SpdkDmaChunks;
 use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
 use serde_json::{json, Value};
 
@@ -60,12 +68,14 @@ impl Default for TargetOptions {
 }
 
 impl TargetOptions {
-    /// The server configuration these options give.
+    /// The server configuration these options give: session chunk pools come from SPDK
+    /// DMA memory, so exported bdevs doing DMA (NVMe over PCIe) can use them as-is.
     pub fn server_config(&self) -> ServerConfig {
         ServerConfig {
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,
             always_invalidate: self.always_invalidate,
+            chunk_alloc: ChunkAllocator::new(Arc::new(SpdkDmaChunks)),
             ..ServerConfig::default()
         }
     }
@@ -261,9 +271,6 @@ impl Target {
         if self.stopping {
             return done(Err(format!("{M}: the application is shutting down")));
         }
-        if transport == Transport::Rdma {
-            return done(Err(rdma_unavailable()));
-        }
         if self
             .listeners
             .iter()
@@ -276,7 +283,15 @@ impl Target {
         }
         let fabric: Arc<dyn Fabric> = match self.running.iter().find(|r| r.transport == transport) {
             Some(r) => Arc::clone(&r.fabric),
-            None => Arc::new(TcpFabric::new()),
+            None => match open_fabric(transport) {
+                Ok(f) => f,
+                Err(e) => {
+                    return done(Err(format!(
+                        "{M}: 'transport' = {:?}: {e}",
+                        transport.as_str()
+                    )))
+                }
+            },
         };
         let listener = match fabric.listen(sockaddr) {
             Ok(l) => l,
@@ -433,21 +448,16 @@ impl Target {
     }
 }
 
-/// The error for the rdma transport: this build serves tcp only, and says whether the
-/// machine has an RDMA device at all.
-fn rdma_unavailable() -> String {
-    let devices = std::fs::read_dir("/sys/class/infiniband")
-        .map(|d| d.count())
-        .unwrap_or(0);
-    if devices == 0 {
-        "rtrs_target_listen: transport 'rdma': no RDMA device found (/sys/class/infiniband \
-         is empty); use transport 'tcp'"
-            .to_string()
-    } else {
-        "rtrs_target_listen: transport 'rdma': not available in this build of the plugin; \
-         use transport 'tcp'"
-            .to_string()
-    }
+/// A new fabric for `transport`: the tcp fabric, or the verbs fabric over the first
+/// RDMA device (its error says when there is none).
+///
+/// # Errors
+/// The fabric's own error (for rdma: "no RDMA device found ...").
+fn open_fabric(transport: Transport) -> Result<Arc<dyn Fabric>, FabricError> {
+    Ok(match transport {
+        Transport::Tcp => Arc::new(TcpFabric::new()),
+        Transport::Rdma => Arc::new(VerbsFabric::open(None)?),
+    })
 }
 
 /// Subsystem init (the shim then calls `spdk_subsystem_init_next`).

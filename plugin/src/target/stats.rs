@@ -39,6 +39,7 @@ pub fn sessions_json(transport: &str, stats: &ServerStats) -> Vec<Value> {
                 "sessname": s.name,
                 "queue_depth": s.queue_depth,
                 "chunk_size": s.chunk_size,
+                "chunk_memory": s.chunk_memory,
                 "paths": paths,
             })
         })
