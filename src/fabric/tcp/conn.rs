@@ -253,6 +253,12 @@ impl TcpConn {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
+        // Send first: what the user posted since the last poll (and the ack owed for
+        // what we executed then) goes out before we spend a read on the socket. The
+        // frames executed below are acknowledged by the next poll's batch.
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
+            return self.lost(&format!("socket write failed: {e}"));
+        }
         match self.rx.progress(stream, &mut self.qp) {
             RxStop::Idle => {}
             RxStop::Eof => return self.lost("the peer closed the connection"),
@@ -269,15 +275,6 @@ impl TcpConn {
                 self.qp.fail();
                 self.phase = Phase::Closing;
             }
-        }
-        if self.phase != Phase::Connected {
-            return;
-        }
-        let Some(stream) = self.stream.as_ref() else {
-            return;
-        };
-        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
-            self.lost(&format!("socket write failed: {e}"));
         }
     }
 

@@ -12,6 +12,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
 
 use super::frame::{Header, Opcode, CM_FRAME_LEN, HEADER_LEN};
 use super::sys::{self, IoVecs};
@@ -27,6 +28,12 @@ const RESERVED: usize = 2;
 const MAX_TAIL: usize = 64 << 20;
 /// Batches written per [`Tx::flush`] call before yielding to other work.
 const BATCH_BUDGET: usize = 16;
+/// An owed ack goes alone (with no frame to ride on) once it covers this many frames...
+const ACK_EVERY: u64 = 64;
+/// ...or once it has been owed this long. Requests are normally answered well within
+/// it, so request/response traffic never pays a syscall for acknowledgement; a one-way
+/// stream still gets its send completions.
+const ACK_DELAY: Duration = Duration::from_micros(100);
 
 pub(crate) struct Tx {
     hdrs: Box<[[u8; HEADER_LEN]; MAX_FRAMES]>,
@@ -48,8 +55,12 @@ pub(crate) struct Tx {
     tail: Vec<u8>,
     /// Cumulative ack owed to the peer, not yet in a batch.
     ack: Option<u64>,
-    /// The owed ack already waited one round for a frame to ride with.
-    ack_held: bool,
+    /// When the owed ack became owed (it has waited for a frame to ride on since).
+    ack_since: Option<Instant>,
+    /// The last sequence number acknowledged to the peer.
+    acked: u64,
+    /// [`ACK_DELAY`] (a field so that tests need not sleep).
+    ack_delay: Duration,
 }
 
 /// The header of a wire operation.
@@ -94,7 +105,9 @@ impl Tx {
             keep: Vec::with_capacity(IOV_CAP),
             tail: Vec::new(),
             ack: None,
-            ack_held: false,
+            ack_since: None,
+            acked: 0,
+            ack_delay: ACK_DELAY,
         }
     }
 
@@ -221,17 +234,16 @@ impl Tx {
                 n += 1;
             }
             qp.mark_transmitted(n);
-            // Delayed ack: an ack rides with the frames going out anyway; alone it waits
-            // one round (the local user usually answers a request by then), which saves
-            // a syscall per request on both sides.
+            // Delayed ack: an ack rides with the frames going out anyway; alone it goes
+            // only when it covers many frames or has waited long (see ACK_DELAY).
             if let Some(seq) = self.ack {
-                if n > 0 || self.ack_held {
+                let since = *self.ack_since.get_or_insert_with(Instant::now);
+                if n > 0 || seq - self.acked >= ACK_EVERY || since.elapsed() >= self.ack_delay {
                     self.push_header(&Header::ack(seq));
                     self.frame_ends.push(self.iov.len());
                     self.ack = None;
-                    self.ack_held = false;
-                } else {
-                    self.ack_held = true;
+                    self.ack_since = None;
+                    self.acked = seq;
                 }
             }
         }
@@ -353,16 +365,20 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_ack_waits_one_round() {
+    fn a_lone_ack_waits_for_a_frame_or_the_delay() {
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
         let mut qp = qp_owing_an_ack(&table);
         let mut tx = Tx::new();
+        tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
-        assert!(read_all(&mut b).is_empty());
+        assert!(read_all(&mut b).is_empty(), "no syscall for a lone ack yet");
+        tx.ack_delay = Duration::ZERO;
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert!(read_all(&mut b).is_empty(), "an ack goes once");
     }
 
     #[test]
