@@ -57,7 +57,7 @@ impl TcpConn {
             write_shut: false,
             cut_done: false,
             qp: SoftQp::new(table, caps),
-            tx: Tx::new(),
+            tx: Tx::new(caps.max_send_wr),
             rx: Rx::new(),
             events: VecDeque::with_capacity(4),
             peer: None,

@@ -28,7 +28,9 @@ const RESERVED: usize = 2;
 const MAX_TAIL: usize = 64 << 20;
 /// Batches written per [`Tx::flush`] call before yielding to other work.
 const BATCH_BUDGET: usize = 16;
-/// An owed ack goes alone (with no frame to ride on) once it covers this many frames...
+/// An owed ack goes alone (with no frame to ride on) once it covers this many frames (or
+/// a quarter of the send queue, if smaller: queue pairs are usually sized alike on both
+/// sides, so a peer streaming one way never waits on a full send queue)...
 const ACK_EVERY: u64 = 64;
 /// ...or once it has been owed this long. Requests are normally answered well within
 /// it, so request/response traffic never pays a syscall for acknowledgement; a one-way
@@ -59,6 +61,8 @@ pub(crate) struct Tx {
     ack_since: Option<Instant>,
     /// The last sequence number acknowledged to the peer.
     acked: u64,
+    /// Frames an owed ack may cover before it goes alone (see [`ACK_EVERY`]).
+    ack_every: u64,
     /// [`ACK_DELAY`] (a field so that tests need not sleep).
     ack_delay: Duration,
 }
@@ -90,7 +94,8 @@ pub(crate) fn wire_header(op: &WireOp) -> Header {
 }
 
 impl Tx {
-    pub(crate) fn new() -> Tx {
+    /// A transmit side for a queue pair with `max_send_wr` send slots.
+    pub(crate) fn new(max_send_wr: u32) -> Tx {
         Tx {
             hdrs: Box::new([[0; HEADER_LEN]; MAX_FRAMES]),
             nhdrs: 0,
@@ -107,6 +112,7 @@ impl Tx {
             ack: None,
             ack_since: None,
             acked: 0,
+            ack_every: (u64::from(max_send_wr) / 4).clamp(1, ACK_EVERY),
             ack_delay: ACK_DELAY,
         }
     }
@@ -238,7 +244,8 @@ impl Tx {
             // only when it covers many frames or has waited long (see ACK_DELAY).
             if let Some(seq) = self.ack {
                 let since = *self.ack_since.get_or_insert_with(Instant::now);
-                if n > 0 || seq - self.acked >= ACK_EVERY || since.elapsed() >= self.ack_delay {
+                if n > 0 || seq - self.acked >= self.ack_every || since.elapsed() >= self.ack_delay
+                {
                     self.push_header(&Header::ack(seq));
                     self.frame_ends.push(self.iov.len());
                     self.ack = None;
@@ -330,7 +337,7 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
         let pd = PrivateData::new(b"rep").unwrap();
         tx.queue_cm(cm_frame(
             Opcode::CmRep,
@@ -370,7 +377,7 @@ mod tests {
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
         let mut qp = qp_owing_an_ack(&table);
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
         tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert!(read_all(&mut b).is_empty(), "no syscall for a lone ack yet");
@@ -379,6 +386,19 @@ mod tests {
         assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert!(read_all(&mut b).is_empty(), "an ack goes once");
+    }
+
+    #[test]
+    fn a_small_send_queue_gets_its_acks_at_once() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mut qp = qp_owing_an_ack(&table);
+        // Four send slots: an ack covering one frame is a quarter of the queue.
+        let mut tx = Tx::new(4);
+        tx.ack_delay = Duration::from_secs(3600);
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
     }
 
     #[test]
@@ -406,7 +426,7 @@ mod tests {
             },
         ];
         qp.post_send(&wrs).unwrap();
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
         assert!(tx.build(Some(&mut qp)));
         // As if the socket had taken the first header and 5 payload bytes.
         tx.partial = tx.iov.consume(&mut tx.pos, HEADER_LEN + 5);
