@@ -80,6 +80,8 @@ pub(crate) struct Rx {
     state: State,
     /// The last payload was large ([`BULK_PAYLOAD`]): read ahead little.
     bulk: bool,
+    /// Payload bytes copied out of the staging buffer (the rest was read in place).
+    copied: u64,
 }
 
 enum Fill {
@@ -97,6 +99,7 @@ impl Rx {
             end: 0,
             state: State::Header,
             bulk: false,
+            copied: 0,
         }
     }
 
@@ -177,6 +180,7 @@ impl Rx {
                     let staged = (self.end - self.start).min(len - *done);
                     if staged > 0 {
                         dest.write_at(*done, &self.stage[self.start..self.start + staged]);
+                        self.copied += staged as u64;
                         self.start += staged;
                         *done += staged;
                     }
