@@ -261,10 +261,10 @@ impl TcpConn {
         }
         match self.rx.progress(stream, &mut self.qp) {
             RxStop::Idle => {}
-            RxStop::Eof => return self.lost("the peer closed the connection"),
-            RxStop::Io(e) => return self.lost(&format!("socket read failed: {e}")),
-            RxStop::Garbage(e) => return self.lost(&format!("invalid frame: {e}")),
-            RxStop::Unexpected(op) => return self.lost(&format!("unexpected {op:?} frame")),
+            RxStop::Eof => self.lost("the peer closed the connection"),
+            RxStop::Io(e) => self.lost(&format!("socket read failed: {e}")),
+            RxStop::Garbage(e) => self.lost(&format!("invalid frame: {e}")),
+            RxStop::Unexpected(op) => self.lost(&format!("unexpected {op:?} frame")),
             RxStop::Refused { seq, status } => {
                 tracing::debug!(peer = %self.who(), seq, ?status, "tcp fabric: refusing operation");
                 self.tx.queue_last(Header::nak(seq, status));
