@@ -51,6 +51,10 @@ pub struct TcpConn {
 
 impl TcpConn {
     fn with(stream: Option<TcpStream>, phase: Phase, table: Arc<MrTable>, caps: QpCaps) -> TcpConn {
+        let mut rx = Rx::new();
+        if let Some(s) = &stream {
+            rx.watch(s.as_raw_fd());
+        }
         TcpConn {
             stream,
             phase,
@@ -58,7 +62,7 @@ impl TcpConn {
             cut_done: false,
             qp: SoftQp::new(table, caps),
             tx: Tx::new(caps.max_send_wr),
-            rx: Rx::new(),
+            rx,
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,
