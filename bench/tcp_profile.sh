@@ -11,7 +11,7 @@
 #   RTRS_PROFILE_BIN=/some/dir bench/tcp_profile.sh   # other rtrs-target/rtrs-bench binaries
 #
 # Columns: sendmsg, recvfrom (all) and recvfrom_ok (the ones that returned data), readv,
-# accept4, epoll_wait, and every syscall (all), each divided by the IOs the bench completed. A
+# accept4, and every syscall (all), each divided by the IOs the bench completed. A
 # busy-polled reactor's idle recvfrom calls (EAGAIN) grow with the time it waits, so only
 # the *_ok and sendmsg columns are comparable between runs.
 set -euo pipefail
@@ -37,7 +37,7 @@ trap cleanup EXIT INT TERM
 
 events=(-e syscalls:sys_enter_sendmsg -e syscalls:sys_enter_recvfrom
     -e syscalls:sys_exit_recvfrom --filter 'ret > 0' -e syscalls:sys_enter_readv
-    -e syscalls:sys_enter_accept4 -e syscalls:sys_enter_epoll_wait -e raw_syscalls:sys_enter)
+    -e syscalls:sys_enter_accept4 -e raw_syscalls:sys_enter)
 
 # start_target WRAPPER...: rtrs-target on core 0 under the given wrapper; sets $url.
 start_target() {

@@ -51,10 +51,6 @@ pub struct TcpConn {
 
 impl TcpConn {
     fn with(stream: Option<TcpStream>, phase: Phase, table: Arc<MrTable>, caps: QpCaps) -> TcpConn {
-        let mut rx = Rx::new();
-        if let Some(s) = &stream {
-            rx.watch(s.as_raw_fd());
-        }
         TcpConn {
             stream,
             phase,
@@ -62,7 +58,7 @@ impl TcpConn {
             cut_done: false,
             qp: SoftQp::new(table, caps),
             tx: Tx::new(caps.max_send_wr),
-            rx,
+            rx: Rx::new(),
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,

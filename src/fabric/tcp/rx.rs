@@ -10,7 +10,7 @@
 //! none is posted stalls the stream (RNR) until one is.
 
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 
 use super::frame::{peek_version, CmPayload, FrameError, Header, Opcode};
 use super::frame::{CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, VERSION};
@@ -82,10 +82,6 @@ pub(crate) struct Rx {
     bulk: bool,
     /// Payload bytes copied out of the staging buffer (the rest was read in place).
     copied: u64,
-    /// The socket's readiness set (see [`Rx::watch`]).
-    ready: Option<sys::Readiness>,
-    /// The last read found nothing: ask `ready` before reading again.
-    drained: bool,
 }
 
 enum Fill {
@@ -104,26 +100,7 @@ impl Rx {
             state: State::Header,
             bulk: false,
             copied: 0,
-            ready: None,
-            drained: false,
         }
-    }
-
-    /// Watches socket `fd`: once a read found nothing, the next ones wait for the
-    /// socket to be readable, asked with one cheap `epoll_wait` instead of a `recv`
-    /// (idle connections of a busy-polling reactor are polled continually). Without
-    /// it (or if the epoll set cannot be made) every poll reads.
-    pub(crate) fn watch(&mut self, fd: RawFd) {
-        self.ready = sys::Readiness::new(fd)
-            .map_err(
-                |e| tracing::debug!(%e, "tcp fabric: no epoll readiness set, polling with recv"),
-            )
-            .ok();
-    }
-
-    /// Whether reading may find something (see [`Rx::watch`]).
-    fn may_read(&self) -> bool {
-        may_read(self.ready.as_ref(), self.drained)
     }
 
     /// How many bytes a read may put into the staging buffer. Small frames come many per
@@ -152,23 +129,16 @@ impl Rx {
             self.end -= self.start;
             self.start = 0;
         }
-        if !self.may_read() {
-            return Fill::WouldBlock;
-        }
         let to = (self.end + self.read_limit()).min(STAGE_LEN);
         loop {
             match stream.read(&mut self.stage[self.end..to]) {
                 Ok(0) => return Fill::Eof,
                 Ok(n) => {
                     self.end += n;
-                    self.drained = false;
                     return Fill::Data;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.drained = true;
-                    return Fill::WouldBlock;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Fill::WouldBlock,
                 Err(e) => return Fill::Err(e),
             }
         }
@@ -225,9 +195,6 @@ impl Rx {
                         } else {
                             STAGE_LEN
                         };
-                        if !may_read(self.ready.as_ref(), self.drained) {
-                            return RxStop::Idle;
-                        }
                         let iov = [
                             sys::iovec(dest.as_ptr().wrapping_add(*done), rest),
                             sys::iovec(self.stage.as_mut_ptr(), ahead),
@@ -237,19 +204,12 @@ impl Rx {
                         // the second is our own staging buffer, borrowed mutably here.
                         match unsafe { sys::recv_scatter(stream.as_raw_fd(), &iov) } {
                             Ok(0) => return RxStop::Eof,
-                            Ok(n) if n <= rest => {
-                                *done += n;
-                                self.drained = false;
-                            }
+                            Ok(n) if n <= rest => *done += n,
                             Ok(n) => {
                                 *done = len;
                                 self.end = n - rest;
-                                self.drained = false;
                             }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                self.drained = true;
-                                return RxStop::Idle;
-                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxStop::Idle,
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => return RxStop::Io(e),
                         }
@@ -405,15 +365,6 @@ impl Rx {
             }
         }
         RxStop::Idle
-    }
-}
-
-/// Whether a read may find something: always unless the last read found nothing and
-/// the socket's readiness set (if any) says it is still empty.
-fn may_read(ready: Option<&sys::Readiness>, drained: bool) -> bool {
-    match ready {
-        Some(r) if drained => r.readable().unwrap_or(true),
-        _ => true,
     }
 }
 

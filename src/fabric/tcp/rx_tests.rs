@@ -145,34 +145,6 @@ fn after_a_large_payload_reads_stay_short() {
 }
 
 #[test]
-fn a_watched_idle_socket_is_asked_before_it_is_read() {
-    let mut s = setup();
-    s.rx.watch(s.ours.as_raw_fd());
-    assert!(s.rx.ready.is_some(), "an epoll set for the socket");
-    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
-    for _ in 0..3 {
-        assert!(matches!(
-            s.rx.progress(&mut s.ours, &mut s.qp),
-            RxStop::Idle
-        ));
-        assert!(s.rx.drained, "nothing to read");
-    }
-    // Data makes the socket readable again; both a staged and a direct payload land.
-    write_frame(&mut s.peer, write_op(1, &dst, 0, 4, None), b"abcd");
-    assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
-        RxStop::Idle
-    ));
-    let mut out = [0u8; 4];
-    dst.read_at(0, &mut out);
-    assert_eq!(&out, b"abcd");
-    assert_eq!(s.qp.take_ack(), Some(1));
-    // EOF is noticed through the readiness set too.
-    drop(s.peer);
-    assert!(matches!(s.rx.progress(&mut s.ours, &mut s.qp), RxStop::Eof));
-}
-
-#[test]
 fn rnr_stalls_the_stream_until_a_receive_is_posted() {
     let mut s = setup();
     let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);

@@ -1,11 +1,10 @@
 //! The few socket calls the tcp fabric makes through libc: gathered writes and
 //! scattered reads over raw memory (registered memory is never borrowed as a Rust slice,
-//! see `fabric::mem`), a zero-timeout poll to learn that a non-blocking connect
-//! finished, and a per-socket epoll set that tells an idle connection whether a read
-//! would find anything. All of the tcp fabric's `unsafe` lives here.
+//! see `fabric::mem`), and a zero-timeout poll to learn that a non-blocking connect
+//! finished. All of the tcp fabric's `unsafe` lives here.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 
 /// One contiguous piece of memory for [`send_gather`] / [`recv_scatter`].
 pub(crate) type IoVec = libc::iovec;
@@ -182,51 +181,5 @@ impl IoVecs {
     /// Total bytes of pieces `from..to`.
     pub(crate) fn bytes(&self, from: usize, to: usize) -> usize {
         self.0[from..to].iter().map(|v| v.iov_len).sum()
-    }
-}
-
-/// Whether one socket has something to read (data, EOF or an error), asked of an epoll
-/// set holding only that socket. An `epoll_wait` with zero timeout takes no socket lock
-/// and costs about a third of a `recv` that finds nothing (see `bench/fabric.rs`), so
-/// an idle connection asks this instead of reading.
-pub(crate) struct Readiness(OwnedFd);
-
-impl Readiness {
-    /// An epoll set watching `fd` for input (level-triggered).
-    ///
-    /// # Errors
-    /// The OS error of `epoll_create1` or `epoll_ctl`.
-    pub(crate) fn new(fd: RawFd) -> io::Result<Readiness> {
-        // SAFETY: epoll_create1 with valid flags; it returns a new fd or -1.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `ep` is a new fd that nothing else owns.
-        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: 0,
-        };
-        // SAFETY: both fds are open; `ev` is a valid event the kernel only reads.
-        let r = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Readiness(ep))
-    }
-
-    /// Whether a read of the socket would return something now.
-    ///
-    /// # Errors
-    /// The OS error of `epoll_wait`.
-    pub(crate) fn readable(&self) -> io::Result<bool> {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: room for exactly one event, as the call is told; zero timeout.
-        let r = unsafe { libc::epoll_wait(self.0.as_raw_fd(), &mut ev, 1, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(r > 0)
     }
 }
