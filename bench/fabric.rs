@@ -2,10 +2,15 @@
 //! the `loopback` and `tcp` fabrics, with plain TCP over 127.0.0.1 measured in the same
 //! run as the floor. Two threads, pinned to different cores when there are two.
 //!
+//! Also the cost of one idle poll round over 1–3 connections: a `recv` per socket
+//! (EAGAIN, what the tcp fabric does) against one `epoll_wait(0)` over all of them (what
+//! a poll group would do), so the choice between them rests on a figure.
+//!
 //! `cargo bench --bench fabric [-- --secs N] [--samples N]`
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
@@ -433,6 +438,53 @@ fn cell(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"))
 }
 
+/// Nanoseconds per idle poll round over `n` connected, idle, non-blocking sockets: one
+/// `recv` (EAGAIN) per socket, and one `epoll_wait` with zero timeout over all of them.
+/// The best of several alternating batches (interference from other work only adds).
+fn idle_poll_round_ns(n: usize) -> (f64, f64) {
+    const ROUNDS: u32 = 20_000;
+    let pairs: Vec<(TcpStream, TcpStream)> = (0..n).map(|_| plain_tcp_pair()).collect();
+    // SAFETY: epoll_create1 with valid flags; the fd is closed below.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(
+        ep >= 0,
+        "epoll_create1: {}",
+        std::io::Error::last_os_error()
+    );
+    for (i, (ours, _)) in pairs.iter().enumerate() {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: i as u64,
+        };
+        // SAFETY: `ep` and the socket are open fds; `ev` is a valid event for the call.
+        let r = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, ours.as_raw_fd(), &mut ev) };
+        assert_eq!(r, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+    }
+    let mut buf = [0u8; 64];
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let (mut best_recv, mut best_epoll) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..ROUNDS {
+            for (ours, _) in &pairs {
+                let mut s = ours;
+                assert!(s.read(&mut buf).is_err(), "an idle socket had data");
+            }
+        }
+        best_recv = best_recv.min(t.elapsed().as_nanos() as f64 / f64::from(ROUNDS));
+        let t = Instant::now();
+        for _ in 0..ROUNDS {
+            // SAFETY: `events` has room for 4 entries, as the call is told.
+            let r = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), 4, 0) };
+            assert_eq!(r, 0, "an idle socket was ready");
+        }
+        best_epoll = best_epoll.min(t.elapsed().as_nanos() as f64 / f64::from(ROUNDS));
+    }
+    // SAFETY: `ep` is ours and not used after this.
+    unsafe { libc::close(ep) };
+    (best_recv, best_epoll)
+}
+
 fn main() {
     let o = opts();
     let ncores = cores().len();
@@ -471,4 +523,9 @@ fn main() {
         o.secs,
         o.samples
     );
+    println!("\nidle poll round (best of 5 batches): connections, recv per socket, epoll_wait(0)");
+    for n in 1..=3 {
+        let (recv, epoll) = idle_poll_round_ns(n);
+        println!("{n} idle connection(s): {recv:>7.0} ns  {epoll:>7.0} ns");
+    }
 }

@@ -57,7 +57,7 @@ impl TcpConn {
             write_shut: false,
             cut_done: false,
             qp: SoftQp::new(table, caps),
-            tx: Tx::new(),
+            tx: Tx::new(caps.max_send_wr),
             rx: Rx::new(),
             events: VecDeque::with_capacity(4),
             peer: None,
@@ -253,12 +253,18 @@ impl TcpConn {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
+        // Send first: what the user posted since the last poll (and the ack owed for
+        // what we executed then) goes out before we spend a read on the socket. The
+        // frames executed below are acknowledged by the next poll's batch.
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
+            return self.lost(&format!("socket write failed: {e}"));
+        }
         match self.rx.progress(stream, &mut self.qp) {
             RxStop::Idle => {}
-            RxStop::Eof => return self.lost("the peer closed the connection"),
-            RxStop::Io(e) => return self.lost(&format!("socket read failed: {e}")),
-            RxStop::Garbage(e) => return self.lost(&format!("invalid frame: {e}")),
-            RxStop::Unexpected(op) => return self.lost(&format!("unexpected {op:?} frame")),
+            RxStop::Eof => self.lost("the peer closed the connection"),
+            RxStop::Io(e) => self.lost(&format!("socket read failed: {e}")),
+            RxStop::Garbage(e) => self.lost(&format!("invalid frame: {e}")),
+            RxStop::Unexpected(op) => self.lost(&format!("unexpected {op:?} frame")),
             RxStop::Refused { seq, status } => {
                 tracing::debug!(peer = %self.who(), seq, ?status, "tcp fabric: refusing operation");
                 self.tx.queue_last(Header::nak(seq, status));
@@ -269,15 +275,6 @@ impl TcpConn {
                 self.qp.fail();
                 self.phase = Phase::Closing;
             }
-        }
-        if self.phase != Phase::Connected {
-            return;
-        }
-        let Some(stream) = self.stream.as_ref() else {
-            return;
-        };
-        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
-            self.lost(&format!("socket write failed: {e}"));
         }
     }
 

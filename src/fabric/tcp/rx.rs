@@ -22,6 +22,11 @@ use crate::fabric::WcStatus;
 const STAGE_LEN: usize = 64 * 1024;
 /// Frames (or socket reads) handled per [`Rx::progress`] call before yielding.
 const FRAME_BUDGET: usize = 1024;
+/// A payload at least this long makes the stream "bulk" (see [`Rx::read_limit`]).
+const BULK_PAYLOAD: u32 = 16 * 1024;
+/// How far a bulk stream reads ahead into the staging buffer: a few headers, little of
+/// the next payload (which would have to be copied out of the staging buffer again).
+const BULK_READ_AHEAD: usize = 512;
 
 enum State {
     Header,
@@ -73,6 +78,10 @@ pub(crate) struct Rx {
     start: usize,
     end: usize,
     state: State,
+    /// The last payload was large ([`BULK_PAYLOAD`]): read ahead little.
+    bulk: bool,
+    /// Payload bytes copied out of the staging buffer (the rest was read in place).
+    copied: u64,
 }
 
 enum Fill {
@@ -89,6 +98,19 @@ impl Rx {
             start: 0,
             end: 0,
             state: State::Header,
+            bulk: false,
+            copied: 0,
+        }
+    }
+
+    /// How many bytes a read may put into the staging buffer. Small frames come many per
+    /// read (a full buffer); after a large payload only a little, so that the next large
+    /// payload is read straight into place instead of staged and copied.
+    fn read_limit(&self) -> usize {
+        if self.bulk {
+            BULK_READ_AHEAD
+        } else {
+            STAGE_LEN
         }
     }
 
@@ -107,8 +129,9 @@ impl Rx {
             self.end -= self.start;
             self.start = 0;
         }
+        let to = (self.end + self.read_limit()).min(STAGE_LEN);
         loop {
-            match stream.read(&mut self.stage[self.end..]) {
+            match stream.read(&mut self.stage[self.end..to]) {
                 Ok(0) => return Fill::Eof,
                 Ok(n) => {
                     self.end += n;
@@ -157,6 +180,7 @@ impl Rx {
                     let staged = (self.end - self.start).min(len - *done);
                     if staged > 0 {
                         dest.write_at(*done, &self.stage[self.start..self.start + staged]);
+                        self.copied += staged as u64;
                         self.start += staged;
                         *done += staged;
                     }
@@ -166,9 +190,14 @@ impl Rx {
                         self.start = 0;
                         self.end = 0;
                         let rest = len - *done;
+                        let ahead = if op.len >= BULK_PAYLOAD {
+                            BULK_READ_AHEAD
+                        } else {
+                            STAGE_LEN
+                        };
                         let iov = [
                             sys::iovec(dest.as_ptr().wrapping_add(*done), rest),
-                            sys::iovec(self.stage.as_mut_ptr(), STAGE_LEN),
+                            sys::iovec(self.stage.as_mut_ptr(), ahead),
                         ];
                         // SAFETY: the first piece is inside `dest`, registered memory
                         // checked for this remote access and kept alive by the MemRef;
@@ -249,6 +278,7 @@ impl Rx {
     fn start_op(&mut self, op: WireOp, qp: &mut SoftQp) -> Option<RxStop> {
         match qp.inbound(&op) {
             Ok(Some(dest)) if dest.len() == op.len as usize && op.len > 0 => {
+                self.bulk = op.len >= BULK_PAYLOAD;
                 self.state = State::Payload { op, dest, done: 0 };
                 None
             }

@@ -106,6 +106,45 @@ fn small_and_large_payloads_land_in_place() {
 }
 
 #[test]
+fn after_a_large_payload_reads_stay_short() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW);
+    let large: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+    let small: Vec<u8> = (0..100u8).collect();
+    let len = large.len() as u32;
+    write_frame(&mut s.peer, write_op(1, &dst, 0, len, None), &large);
+    let progress = |s: &mut Setup| {
+        assert!(matches!(
+            s.rx.progress(&mut s.ours, &mut s.qp),
+            RxStop::Idle
+        ));
+    };
+    progress(&mut s);
+    assert!(s.rx.bulk, "a 20 KB payload makes the stream bulk");
+    // The next large payload and a small frame: only a little is read ahead into the
+    // staging buffer, the rest of the large payload goes straight into place.
+    write_frame(&mut s.peer, write_op(2, &dst, 32_768, len, None), &large);
+    write_frame(&mut s.peer, write_op(3, &dst, 65_536, 100, None), &small);
+    let before = s.rx.copied;
+    progress(&mut s);
+    let copied = s.rx.copied - before;
+    assert!(
+        copied <= (BULK_READ_AHEAD + small.len()) as u64,
+        "{copied} payload bytes went through the staging buffer"
+    );
+    assert!(!s.rx.bulk, "a small payload ends bulk mode");
+    let mut out = vec![0u8; large.len()];
+    for at in [0, 32_768] {
+        dst.read_at(at, &mut out);
+        assert!(out == large, "large payload at {at} corrupted");
+    }
+    let mut out = vec![0u8; 100];
+    dst.read_at(65_536, &mut out);
+    assert_eq!(out, small);
+    assert_eq!(s.qp.take_ack(), Some(3));
+}
+
+#[test]
 fn rnr_stalls_the_stream_until_a_receive_is_posted() {
     let mut s = setup();
     let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);

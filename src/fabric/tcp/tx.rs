@@ -12,6 +12,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
 
 use super::frame::{Header, Opcode, CM_FRAME_LEN, HEADER_LEN};
 use super::sys::{self, IoVecs};
@@ -27,6 +28,17 @@ const RESERVED: usize = 2;
 const MAX_TAIL: usize = 64 << 20;
 /// Batches written per [`Tx::flush`] call before yielding to other work.
 const BATCH_BUDGET: usize = 16;
+/// An owed ack goes alone (with no frame to ride on) once it covers this many frames (or
+/// a quarter of the send queue, if smaller: queue pairs are usually sized alike on both
+/// sides, so a peer streaming one way never waits on a full send queue)...
+const ACK_EVERY: u64 = 64;
+/// ...or once it has been owed this long. Requests are normally answered well within
+/// it, so request/response traffic never pays a syscall for acknowledgement; a one-way
+/// stream still gets its send completions.
+const ACK_DELAY: Duration = Duration::from_micros(100);
+/// A waiting ack reads the clock once every this many polls (an idle poll of a busy
+/// reactor costs less than a clock read).
+const ACK_CLOCK_ROUNDS: u32 = 8;
 
 pub(crate) struct Tx {
     hdrs: Box<[[u8; HEADER_LEN]; MAX_FRAMES]>,
@@ -48,8 +60,16 @@ pub(crate) struct Tx {
     tail: Vec<u8>,
     /// Cumulative ack owed to the peer, not yet in a batch.
     ack: Option<u64>,
-    /// The owed ack already waited one round for a frame to ride with.
-    ack_held: bool,
+    /// When the owed ack was first found with nothing to ride on.
+    ack_since: Option<Instant>,
+    /// Polls the owed ack has waited for a frame to ride on.
+    ack_rounds: u32,
+    /// The last sequence number acknowledged to the peer.
+    acked: u64,
+    /// Frames an owed ack may cover before it goes alone (see [`ACK_EVERY`]).
+    ack_every: u64,
+    /// [`ACK_DELAY`] (a field so that tests need not sleep).
+    ack_delay: Duration,
 }
 
 /// The header of a wire operation.
@@ -79,7 +99,8 @@ pub(crate) fn wire_header(op: &WireOp) -> Header {
 }
 
 impl Tx {
-    pub(crate) fn new() -> Tx {
+    /// A transmit side for a queue pair with `max_send_wr` send slots.
+    pub(crate) fn new(max_send_wr: u32) -> Tx {
         Tx {
             hdrs: Box::new([[0; HEADER_LEN]; MAX_FRAMES]),
             nhdrs: 0,
@@ -94,7 +115,11 @@ impl Tx {
             keep: Vec::with_capacity(IOV_CAP),
             tail: Vec::new(),
             ack: None,
-            ack_held: false,
+            ack_since: None,
+            ack_rounds: 0,
+            acked: 0,
+            ack_every: (u64::from(max_send_wr) / 4).clamp(1, ACK_EVERY),
+            ack_delay: ACK_DELAY,
         }
     }
 
@@ -185,6 +210,22 @@ impl Tx {
         true
     }
 
+    /// One more poll with the owed ack and nothing to send: whether it has waited
+    /// [`ACK_DELAY`] (checked every [`ACK_CLOCK_ROUNDS`] polls).
+    fn ack_waited_long(&mut self) -> bool {
+        self.ack_rounds += 1;
+        if self.ack_rounds % ACK_CLOCK_ROUNDS != 1 {
+            return false;
+        }
+        match self.ack_since {
+            None => {
+                self.ack_since = Some(Instant::now());
+                false
+            }
+            Some(t) => t.elapsed() >= self.ack_delay,
+        }
+    }
+
     fn push_header(&mut self, h: &Header) {
         let slot = &mut self.hdrs[self.nhdrs];
         h.encode(slot);
@@ -221,17 +262,16 @@ impl Tx {
                 n += 1;
             }
             qp.mark_transmitted(n);
-            // Delayed ack: an ack rides with the frames going out anyway; alone it waits
-            // one round (the local user usually answers a request by then), which saves
-            // a syscall per request on both sides.
+            // Delayed ack: an ack rides with the frames going out anyway; alone it goes
+            // only when it covers many frames or has waited long (see ACK_DELAY).
             if let Some(seq) = self.ack {
-                if n > 0 || self.ack_held {
+                if n > 0 || seq - self.acked >= self.ack_every || self.ack_waited_long() {
                     self.push_header(&Header::ack(seq));
                     self.frame_ends.push(self.iov.len());
                     self.ack = None;
-                    self.ack_held = false;
-                } else {
-                    self.ack_held = true;
+                    self.ack_since = None;
+                    self.ack_rounds = 0;
+                    self.acked = seq;
                 }
             }
         }
@@ -318,7 +358,7 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
         let pd = PrivateData::new(b"rep").unwrap();
         tx.queue_cm(cm_frame(
             Opcode::CmRep,
@@ -353,14 +393,39 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_ack_waits_one_round() {
+    fn a_lone_ack_waits_for_a_frame_or_the_delay() {
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
         let mut qp = qp_owing_an_ack(&table);
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
+        tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
-        assert!(read_all(&mut b).is_empty());
+        assert!(read_all(&mut b).is_empty(), "no syscall for a lone ack yet");
+        tx.ack_delay = Duration::ZERO;
+        let mut got = Vec::new();
+        for _ in 0..ACK_CLOCK_ROUNDS {
+            tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+            got.extend(read_all(&mut b));
+        }
+        assert_eq!(
+            got,
+            H::ack(1).to_bytes(),
+            "the clock is read within the rounds"
+        );
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert!(read_all(&mut b).is_empty(), "an ack goes once");
+    }
+
+    #[test]
+    fn a_small_send_queue_gets_its_acks_at_once() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mut qp = qp_owing_an_ack(&table);
+        // Four send slots: an ack covering one frame is a quarter of the queue.
+        let mut tx = Tx::new(4);
+        tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
     }
@@ -390,7 +455,7 @@ mod tests {
             },
         ];
         qp.post_send(&wrs).unwrap();
-        let mut tx = Tx::new();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr);
         assert!(tx.build(Some(&mut qp)));
         // As if the socket had taken the first header and 5 payload bytes.
         tx.partial = tx.iov.consume(&mut tx.pos, HEADER_LEN + 5);
