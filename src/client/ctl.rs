@@ -97,6 +97,8 @@ pub(super) struct Ctl {
     pub(super) paths: Vec<Option<PathCtl>>,
     pub(super) up: u32,
     pub(super) params: Option<Params>,
+    /// Calls of `poll` so far (paces the idle work of connected paths).
+    pub(super) polls: u64,
 }
 
 impl Ctl {
@@ -116,6 +118,7 @@ impl Ctl {
             paths: (0..super::policy::MAX_PATHS).map(|_| None).collect(),
             up: 0,
             params: None,
+            polls: 0,
         }
     }
 
@@ -216,6 +219,11 @@ impl Ctl {
     }
 }
 
+/// Loops of the home core between visits of a connected path's control connection
+/// (cid 0: heartbeats only; on the software fabrics each visit costs progress passes).
+/// A failed IO connection or a due heartbeat is handled at the next loop regardless.
+const CTL_POLL_EVERY: u64 = 16;
+
 impl Poller for Ctl {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let now = cx.now();
@@ -224,7 +232,22 @@ impl Poller for Ctl {
             self.run_cmd(cx, cmd, now);
             busy = true;
         }
+        self.polls = self.polls.wrapping_add(1);
+        let paced = self.polls % CTL_POLL_EVERY != 0;
         for slot in 0..self.paths.len() {
+            // Nothing to do for this path in this loop: leave it in place (moving a
+            // path out and back costs a copy of it).
+            match self.paths[slot].as_ref().map(|pc| &pc.phase) {
+                None | Some(Phase::Idle) => continue,
+                Some(Phase::Waiting { at }) if now < *at => continue,
+                Some(Phase::Connected { .. }) if paced => {
+                    let pc = self.paths[slot].as_ref().expect("matched Some above");
+                    if now < pc.hb_next && !pc.shared.error.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                }
+                _ => {}
+            }
             let Some(mut pc) = self.paths[slot].take() else {
                 continue;
             };

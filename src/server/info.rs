@@ -194,7 +194,7 @@ impl CorePoller {
 
     /// Heartbeat of the path of connection `i` (cid 0, connected). True if it acted.
     pub(crate) fn heartbeat(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
-        let now = cx.now();
+        let now = self.now;
         let Some(slot) = self.cons[i].as_mut() else {
             return false;
         };

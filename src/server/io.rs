@@ -20,8 +20,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::common::Dir;
 use crate::engine::Ctx;
 use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
@@ -33,6 +31,47 @@ use super::session::Path;
 use super::stats::PathCounters;
 
 const EIO: i32 = 5;
+
+/// A response chain (at most RDMA_WRITE, REG_MR, SEND_WITH_INV and the imm): built in
+/// place on the stack.
+struct Chain<'a> {
+    buf: [SendWr<'a>; 4],
+    len: usize,
+}
+
+impl<'a> Chain<'a> {
+    fn new() -> Chain<'a> {
+        let empty = SendWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            sges: &[],
+            signaled: false,
+        };
+        Chain {
+            buf: [empty; 4],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, wr: SendWr<'a>) {
+        self.buf[self.len] = wr;
+        self.len += 1;
+    }
+
+    fn push_opt(&mut self, wr: Option<SendWr<'a>>) {
+        if let Some(wr) = wr {
+            self.push(wr);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut(&mut self) -> &mut [SendWr<'a>] {
+        &mut self.buf[..self.len]
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -278,7 +317,7 @@ impl CorePoller {
             return;
         };
         op.stage = Stage::Handler;
-        op.t0 = cx.now();
+        op.t0 = self.now;
         let id = IoId::new(idx, op.gen);
         let sess = &path.sess;
         let base = sess.chunk_off(op.buf_id);
@@ -330,6 +369,7 @@ impl CorePoller {
     /// Sends the handler's answers.
     pub(crate) fn drain_responses(&mut self, cx: &mut dyn Ctx) -> bool {
         let mut any = false;
+        let mut now = None;
         while let Some((id, errno)) = self.responder.pop() {
             any = true;
             let idx = id.slot();
@@ -344,7 +384,8 @@ impl CorePoller {
             let op = &mut self.ops[idx as usize];
             op.errno = errno;
             if let Some(p) = &op.path {
-                p.counters.record_latency(cx.now().saturating_sub(op.t0));
+                let now = *now.get_or_insert_with(|| cx.now());
+                p.counters.record_latency(now.saturating_sub(op.t0));
             }
             self.send_response(cx, idx, false);
         }
@@ -402,7 +443,7 @@ impl CorePoller {
         let new_rkey = ai.then(|| inc_rkey(path.mrs[usize::from(buf_id)].rkey()));
         let data_sge;
         let rkey_sge;
-        let mut chain: SmallVec<[SendWr<'_>; 4]> = SmallVec::new();
+        let mut chain = Chain::new();
         let reg = new_rkey.map(|rkey| SendWr {
             wr_id: WR_RSP,
             op: SendOp::RegMr {
@@ -433,11 +474,11 @@ impl CorePoller {
                 sges: &data_sge,
                 signaled: false,
             });
-            chain.extend(reg);
-            chain.extend(inv);
+            chain.push_opt(reg);
+            chain.push_opt(inv);
         } else {
-            chain.extend(inv);
-            chain.extend(reg);
+            chain.push_opt(inv);
+            chain.push_opt(reg);
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
@@ -479,8 +520,7 @@ impl CorePoller {
         let Some(slot) = self.cons[ci].as_mut() else {
             return true;
         };
-        if let Err(e) = slot.con.post_send(&chain) {
-            drop(chain);
+        if let Err(e) = slot.con.post_chain(chain.as_mut()) {
             PathCounters::add(&path.counters.dropped, 1);
             self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
         }
