@@ -176,12 +176,11 @@ impl CorePoller {
         let Some(slot) = self.cons[i].as_ref() else {
             return;
         };
-        let path = Arc::clone(&slot.path);
-        let req = match path.sess.layout.decode_io_req(payload) {
+        let req = match slot.path.sess.layout.decode_io_req(payload) {
             Ok(r) => r,
             Err(e) => return self.close_con_path(cx, i, format_args!("IO_REQ: {e}")),
         };
-        if !path.mark_busy(req.buf_id) {
+        if !slot.path.mark_busy(req.buf_id) {
             return self.close_con_path(
                 cx,
                 i,
@@ -191,7 +190,8 @@ impl CorePoller {
                 ),
             );
         }
-        let idx = self.alloc_op(Arc::clone(&path), i, req.buf_id, req.offset);
+        let path = Arc::clone(&slot.path);
+        let idx = self.alloc_op(path, i, req.buf_id, req.offset);
         if !self.sh.cfg.always_invalidate {
             return self.after_inv(cx, idx);
         }
@@ -206,8 +206,12 @@ impl CorePoller {
     /// the send budget is exhausted (retry later); a failed post closes the path.
     pub(crate) fn post_inv(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
         let op = &self.ops[idx as usize];
-        let (i, buf_id) = (op.con, op.buf_id);
-        let Some(path) = op.path.clone() else {
+        let (i, gen) = (op.con, op.gen);
+        let Some(rkey) = op
+            .path
+            .as_ref()
+            .map(|p| p.mrs[usize::from(op.buf_id)].rkey())
+        else {
             return true;
         };
         let Some(slot) = self.cons[i].as_mut() else {
@@ -215,12 +219,8 @@ impl CorePoller {
             return true;
         };
         let wr = SendWr {
-            wr_id: WR_INV
-                | u64::from(self.ops[idx as usize].gen & 0xff_ffff) << 32
-                | u64::from(idx),
-            op: SendOp::LocalInv {
-                rkey: path.mrs[usize::from(buf_id)].rkey(),
-            },
+            wr_id: WR_INV | u64::from(gen & 0xff_ffff) << 32 | u64::from(idx),
+            op: SendOp::LocalInv { rkey },
             sges: &[],
             signaled: true,
         };
@@ -256,7 +256,7 @@ impl CorePoller {
         if op.stage != Stage::Inv {
             return;
         }
-        let Some(path) = op.path.clone() else {
+        let Some(path) = op.path.as_ref() else {
             return;
         };
         let (con, buf_id, offset) = (op.con, op.buf_id, op.offset);
@@ -291,29 +291,36 @@ impl CorePoller {
 
     /// Dispatches `idx` if its chunk is free; false if it must wait.
     fn try_dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
-        let op = &mut self.ops[idx as usize];
-        let Some(path) = op.path.clone() else {
+        let Op {
+            path,
+            stage,
+            counted_wait,
+            buf_id,
+            ..
+        } = &mut self.ops[idx as usize];
+        let Some(path) = path.as_ref() else {
             return true;
         };
         if !path.is_connected() {
             self.drop_op(idx, true);
             return true;
         }
-        if path.sess.try_own(op.buf_id, path.id).is_err() {
-            op.stage = Stage::Waiting;
-            if !op.counted_wait {
-                op.counted_wait = true;
+        if path.sess.try_own(*buf_id, path.id).is_err() {
+            *stage = Stage::Waiting;
+            if !*counted_wait {
+                *counted_wait = true;
                 PathCounters::add(&path.counters.failover_waits, 1);
             }
             return false;
         }
-        self.dispatch(cx, idx, &path);
+        self.dispatch(cx, idx);
         true
     }
 
-    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32, path: &Arc<Path>) {
+    /// Gives request `idx` (its chunk owned by its path) to the handler.
+    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) {
         let op = &mut self.ops[idx as usize];
-        let Some(req) = op.req else {
+        let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return;
         };
         op.stage = Stage::Handler;
