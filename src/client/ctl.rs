@@ -99,6 +99,8 @@ pub(super) struct Ctl {
     pub(super) params: Option<Params>,
     /// Calls of `poll` so far (paces the idle work of connected paths).
     pub(super) polls: u64,
+    /// One past the highest path slot ever used (bounds the scan of every poll).
+    pub(super) slots_hi: usize,
 }
 
 impl Ctl {
@@ -119,6 +121,7 @@ impl Ctl {
             up: 0,
             params: None,
             polls: 0,
+            slots_hi: 0,
         }
     }
 
@@ -154,6 +157,7 @@ impl Ctl {
         };
         self.start_connect(&mut pc, now);
         self.paths[slot] = Some(pc);
+        self.slots_hi = self.slots_hi.max(slot + 1);
     }
 
     fn run_cmd(&mut self, cx: &mut dyn Ctx, cmd: SessCmd, now: u64) {
@@ -234,7 +238,7 @@ impl Poller for Ctl {
         }
         self.polls = self.polls.wrapping_add(1);
         let paced = self.polls % CTL_POLL_EVERY != 0;
-        for slot in 0..self.paths.len() {
+        for slot in 0..self.slots_hi {
             // Nothing to do for this path in this loop: leave it in place (moving a
             // path out and back costs a copy of it).
             match self.paths[slot].as_ref().map(|pc| &pc.phase) {
