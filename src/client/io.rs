@@ -37,11 +37,8 @@ fn take_recvs(
     cp: &mut CorePath,
     wcs: &[Wc],
     payloads: &mut [[u8; RkeyRsp::LEN]; WC_BATCH],
+    posts: &mut [RecvWr; WC_BATCH],
 ) -> Result<(), ConPostError> {
-    let mut posts = [RecvWr {
-        wr_id: 0,
-        sge: None,
-    }; WC_BATCH];
     let mut k = 0;
     for (wc, payload) in wcs.iter().zip(payloads.iter_mut()) {
         if !wc.status.is_ok() || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
@@ -58,6 +55,27 @@ fn take_recvs(
         return Ok(());
     }
     cp.io.con.post_recv(&posts[..k])
+}
+
+/// The arrays one [`SessionCore::poll`] fills: completions, the first bytes of each
+/// receive, and the receives to repost.
+pub(super) struct PollScratch {
+    wcs: [Wc; WC_BATCH],
+    payloads: [[u8; RkeyRsp::LEN]; WC_BATCH],
+    posts: [RecvWr; WC_BATCH],
+}
+
+impl Default for PollScratch {
+    fn default() -> PollScratch {
+        PollScratch {
+            wcs: [Wc::default(); WC_BATCH],
+            payloads: [[0; RkeyRsp::LEN]; WC_BATCH],
+            posts: [RecvWr {
+                wr_id: 0,
+                sge: None,
+            }; WC_BATCH],
+        }
+    }
 }
 
 /// Result of trying to post a request.
@@ -309,16 +327,18 @@ impl SessionCore {
     }
 
     /// Polls the CQ and CM of this core's connection of path `slot`.
-    pub(super) fn poll_path(&mut self, slot: usize, wcs: &mut [Wc], now: u64) {
+    pub(super) fn poll_path(&mut self, slot: usize, sc: &mut PollScratch, now: u64) {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
-        let cap = wcs.len().min(WC_BATCH);
-        let wcs = &mut wcs[..cap];
+        let PollScratch {
+            wcs,
+            payloads,
+            posts,
+        } = sc;
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
-        let mut payloads = [[0u8; RkeyRsp::LEN]; WC_BATCH];
-        if let Err(e) = take_recvs(cp, &wcs[..n], &mut payloads) {
+        if let Err(e) = take_recvs(cp, &wcs[..n], payloads, posts) {
             self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
             return;
         }
@@ -343,7 +363,7 @@ impl SessionCore {
                 }
             }
         }
-        for (wc, payload) in wcs[..n].iter().zip(&payloads) {
+        for (wc, payload) in wcs[..n].iter().zip(payloads.iter()) {
             if self.paths[slot].is_none() {
                 return;
             }
@@ -504,8 +524,12 @@ impl SessionCore {
                 break;
             }
             let mut payloads = [[0u8; RkeyRsp::LEN]; WC_BATCH];
+            let mut posts = [RecvWr {
+                wr_id: 0,
+                sge: None,
+            }; WC_BATCH];
             // The connection is going: a failed repost changes nothing.
-            let _ = take_recvs(cp, &wcs[..n], &mut payloads);
+            let _ = take_recvs(cp, &wcs[..n], &mut payloads, &mut posts);
             for (wc, payload) in wcs[..n].iter().zip(&payloads) {
                 if wc.status.is_ok() {
                     self.on_wc(slot, wc, payload, now);
