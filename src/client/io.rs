@@ -346,7 +346,11 @@ impl SessionCore {
             w.status.is_ok() && matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         });
         if received {
-            cp.shared.rx_seen.store(true, Ordering::Relaxed);
+            // Only when not set yet (the home core clears it): no write per poll to a
+            // line another core reads.
+            if !cp.shared.rx_seen.load(Ordering::Relaxed) {
+                cp.shared.rx_seen.store(true, Ordering::Relaxed);
+            }
         }
         // A break shows in the CQ first (the posted receives flush); the CM is asked then,
         // and otherwise only every CM_POLL_EVERY polls (on the software fabrics asking

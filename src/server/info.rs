@@ -201,7 +201,11 @@ impl CorePoller {
         let Some((hb, next)) = slot.hb.as_mut() else {
             return false;
         };
-        if slot.path.traffic.swap(false, Ordering::AcqRel) {
+        // Read first: the flag's line is written by the IO cores, swapping it every loop
+        // would take it from them each time.
+        if slot.path.traffic.load(Ordering::Relaxed)
+            && slot.path.traffic.swap(false, Ordering::AcqRel)
+        {
             hb.on_traffic();
         }
         if now < *next {

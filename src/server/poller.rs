@@ -259,7 +259,10 @@ impl CorePoller {
         let Some(slot) = self.cons[i].as_mut() else {
             return;
         };
-        slot.path.traffic.store(true, Ordering::Release);
+        // Only when not set yet: the home core's heartbeat reads the flag every loop.
+        if !slot.path.traffic.load(Ordering::Relaxed) {
+            slot.path.traffic.store(true, Ordering::Release);
+        }
         match wc.opcode {
             WcOpcode::RecvRdmaWithImm => {
                 // Already reposted, with the rest of its batch (`poll_con`).
