@@ -28,7 +28,7 @@ use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN}
 use super::handler::{DataArea, IoId, SrvIo};
 use super::poller::{CorePoller, WR_INV, WR_RSP};
 use super::session::Path;
-use super::stats::PathCounters;
+use super::stats::CoreCounters;
 
 const EIO: i32 = 5;
 
@@ -162,7 +162,7 @@ impl CorePoller {
             p.sess.release(op.buf_id, p.id);
             p.clear_busy(op.buf_id);
             if dropped {
-                PathCounters::add(&p.counters.dropped, 1);
+                CoreCounters::add(&p.counters.core(self.core).dropped, 1);
             }
             p.ops.fetch_sub(1, Ordering::AcqRel);
         }
@@ -309,7 +309,7 @@ impl CorePoller {
             *stage = Stage::Waiting;
             if !*counted_wait {
                 *counted_wait = true;
-                PathCounters::add(&path.counters.failover_waits, 1);
+                CoreCounters::add(&path.counters.core(self.core).failover_waits, 1);
             }
             return false;
         }
@@ -331,14 +331,14 @@ impl CorePoller {
         let usr = req.usr_range();
         let ulen = usr.len();
         sess.chunks.read_at(base + usr.start, &mut self.usr[..ulen]);
-        let c = &path.counters;
+        let c = path.counters.core(self.core);
         let dir = if req.is_read() {
-            PathCounters::add(&c.read_cnt, 1);
-            PathCounters::add(&c.read_bytes, req.offset.into());
+            CoreCounters::add(&c.read_cnt, 1);
+            CoreCounters::add(&c.read_bytes, req.offset.into());
             Dir::Read
         } else {
-            PathCounters::add(&c.write_cnt, 1);
-            PathCounters::add(&c.write_bytes, req.offset.into());
+            CoreCounters::add(&c.write_cnt, 1);
+            CoreCounters::add(&c.write_bytes, req.offset.into());
             Dir::Write
         };
         // SAFETY: base + data_len stays inside the pool (decode checked the request
@@ -392,7 +392,9 @@ impl CorePoller {
             op.errno = errno;
             if let Some(p) = &op.path {
                 let now = *now.get_or_insert_with(|| cx.now());
-                p.counters.record_latency(now.saturating_sub(op.t0));
+                p.counters
+                    .core(self.core)
+                    .record_latency(now.saturating_sub(op.t0));
             }
             self.send_response(cx, idx, false);
         }
@@ -516,7 +518,7 @@ impl CorePoller {
             if !queued {
                 self.ops[idx as usize].stage = Stage::RspQueued;
                 slot.rsp_wait.push_back(idx);
-                PathCounters::add(&path.counters.rsp_queued, 1);
+                CoreCounters::add(&path.counters.core(self.core).rsp_queued, 1);
             }
             return false;
         }
@@ -528,7 +530,7 @@ impl CorePoller {
             return true;
         };
         if let Err(e) = slot.con.post_chain(chain.as_mut()) {
-            PathCounters::add(&path.counters.dropped, 1);
+            CoreCounters::add(&path.counters.core(self.core).dropped, 1);
             self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
         }
         true
