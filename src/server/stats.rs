@@ -61,9 +61,11 @@ impl PathCounters {
         }
     }
 
-    /// The counters core `core` writes.
+    /// The counters core `core` writes (a core beyond the server's count, which the
+    /// server never has, would share the first core's: counts could be lost, nothing
+    /// worse).
     pub fn core(&self, core: usize) -> &CoreCounters {
-        &self.cores[core % self.cores.len()]
+        self.cores.get(core).unwrap_or(&self.cores[0])
     }
 
     fn sum(&self, f: impl Fn(&CoreCounters) -> &AtomicU64) -> u64 {
