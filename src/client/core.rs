@@ -24,7 +24,7 @@ use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::shared::{CoreCmd, IoConn, Params, PathShared, SessShared};
 use crate::common::{Dir, IuPool};
 use crate::engine::Ctx;
-use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge, Wc};
+use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge};
 use crate::proto::constants::MAX_SEGMENTS;
 
 /// Most scatter-gather entries per request (`RTRS_MAX_SEGMENTS`).
@@ -174,6 +174,8 @@ pub struct SessionCore {
     pub(super) polls: u64,
     /// Regions the caller registered for zero-copy READs ([`SessionCore::add_region`]).
     pub(super) regions: Vec<Arc<Mr>>,
+    /// Completion arrays of [`SessionCore::poll`] (`None` only while it runs).
+    pub(super) scratch: Option<Box<super::io::PollScratch>>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -237,6 +239,7 @@ impl SessionCore {
             warn_suppressed: 0,
             polls: 0,
             regions: Vec::new(),
+            scratch: Some(Box::default()),
         }
     }
 
@@ -381,13 +384,16 @@ impl SessionCore {
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);
         }
-        let mut wcs = [Wc::default(); 32];
+        // The completion arrays live in the handle (not re-initialised on the stack by
+        // every poll); taken out while the paths are polled.
+        let mut scratch = self.scratch.take().unwrap_or_default();
         for slot in 0..self.nslots {
             if self.paths[slot].is_none() {
                 continue;
             }
-            self.poll_path(slot, &mut wcs, now);
+            self.poll_path(slot, &mut scratch, now);
         }
+        self.scratch = Some(scratch);
         if !self.wait.is_empty() {
             self.drive_wait(now);
         }

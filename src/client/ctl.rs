@@ -97,6 +97,10 @@ pub(super) struct Ctl {
     pub(super) paths: Vec<Option<PathCtl>>,
     pub(super) up: u32,
     pub(super) params: Option<Params>,
+    /// Calls of `poll` so far (paces the idle work of connected paths).
+    pub(super) polls: u64,
+    /// One past the highest path slot ever used (bounds the scan of every poll).
+    pub(super) slots_hi: usize,
 }
 
 impl Ctl {
@@ -116,6 +120,8 @@ impl Ctl {
             paths: (0..super::policy::MAX_PATHS).map(|_| None).collect(),
             up: 0,
             params: None,
+            polls: 0,
+            slots_hi: 0,
         }
     }
 
@@ -151,6 +157,7 @@ impl Ctl {
         };
         self.start_connect(&mut pc, now);
         self.paths[slot] = Some(pc);
+        self.slots_hi = self.slots_hi.max(slot + 1);
     }
 
     fn run_cmd(&mut self, cx: &mut dyn Ctx, cmd: SessCmd, now: u64) {
@@ -216,6 +223,11 @@ impl Ctl {
     }
 }
 
+/// Loops of the home core between visits of a connected path's control connection
+/// (cid 0: heartbeats only; on the software fabrics each visit costs progress passes).
+/// A failed IO connection or a due heartbeat is handled at the next loop regardless.
+const CTL_POLL_EVERY: u64 = 16;
+
 impl Poller for Ctl {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let now = cx.now();
@@ -224,7 +236,22 @@ impl Poller for Ctl {
             self.run_cmd(cx, cmd, now);
             busy = true;
         }
-        for slot in 0..self.paths.len() {
+        self.polls = self.polls.wrapping_add(1);
+        let paced = self.polls % CTL_POLL_EVERY != 0;
+        for slot in 0..self.slots_hi {
+            // Nothing to do for this path in this loop: leave it in place (moving a
+            // path out and back costs a copy of it).
+            match self.paths[slot].as_ref().map(|pc| &pc.phase) {
+                None | Some(Phase::Idle) => continue,
+                Some(Phase::Waiting { at }) if now < *at => continue,
+                Some(Phase::Connected { .. }) if paced => {
+                    let pc = self.paths[slot].as_ref().expect("matched Some above");
+                    if now < pc.hb_next && !pc.shared.error.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                }
+                _ => {}
+            }
             let Some(mut pc) = self.paths[slot].take() else {
                 continue;
             };

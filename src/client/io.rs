@@ -17,7 +17,6 @@ use std::sync::atomic::Ordering;
 
 use super::core::{CorePath, FmrState, RState, SessionCore, EINVAL, ENOTCONN, MAX_SGL};
 use super::policy::PathSet;
-use smallvec::SmallVec;
 
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -27,6 +26,57 @@ use crate::proto::{
 
 /// Polls of a core between connection-manager checks of its IO connections.
 const CM_POLL_EVERY: u64 = 64;
+
+/// Most completions taken from a connection per poll.
+const WC_BATCH: usize = 32;
+
+/// Copies the first bytes of every successful receive among `wcs` into `payloads` (same
+/// index) and reposts all of those receives in one call, before any is handled (the
+/// kernel reposts first too; the buffer may be reused once reposted).
+fn take_recvs(
+    cp: &mut CorePath,
+    wcs: &[Wc],
+    payloads: &mut [[u8; RkeyRsp::LEN]; WC_BATCH],
+    posts: &mut [RecvWr; WC_BATCH],
+) -> Result<(), ConPostError> {
+    let mut k = 0;
+    for (wc, payload) in wcs.iter().zip(payloads.iter_mut()) {
+        if !wc.status.is_ok() || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            continue;
+        }
+        if let Some(pool) = &cp.io.recv {
+            let got = (wc.byte_len as usize).min(RkeyRsp::LEN);
+            pool.read(wc.wr_id as usize, &mut payload[..got]);
+            posts[k] = pool.recv_wr(wc.wr_id as usize, wc.wr_id);
+        }
+        k += 1;
+    }
+    if k == 0 {
+        return Ok(());
+    }
+    cp.io.con.post_recv(&posts[..k])
+}
+
+/// The arrays one [`SessionCore::poll`] fills: completions, the first bytes of each
+/// receive, and the receives to repost.
+pub(super) struct PollScratch {
+    wcs: [Wc; WC_BATCH],
+    payloads: [[u8; RkeyRsp::LEN]; WC_BATCH],
+    posts: [RecvWr; WC_BATCH],
+}
+
+impl Default for PollScratch {
+    fn default() -> PollScratch {
+        PollScratch {
+            wcs: [Wc::default(); WC_BATCH],
+            payloads: [[0; RkeyRsp::LEN]; WC_BATCH],
+            posts: [RecvWr {
+                wr_id: 0,
+                sge: None,
+            }; WC_BATCH],
+        }
+    }
+}
 
 /// Result of trying to post a request.
 pub(super) enum Posted {
@@ -228,8 +278,15 @@ impl SessionCore {
             sges: &sges[..nsge],
             signaled: false,
         };
-        let chain: SmallVec<[SendWr<'_>; 3]> = inv.into_iter().chain(reg).chain([io_wr]).collect();
-        let result = cp.io.con.post_send(&chain);
+        // [LOCAL_INV] [REG_MR] IO: built in place, no iterator adaptors per IO.
+        let mut chain = [io_wr; 3];
+        let mut n = 0;
+        for wr in [inv, reg].into_iter().flatten() {
+            chain[n] = wr;
+            n += 1;
+        }
+        chain[n] = io_wr;
+        let result = cp.io.con.post_chain(&mut chain[..=n]);
         match result {
             Ok(()) => {}
             Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
@@ -270,17 +327,30 @@ impl SessionCore {
     }
 
     /// Polls the CQ and CM of this core's connection of path `slot`.
-    pub(super) fn poll_path(&mut self, slot: usize, wcs: &mut [Wc], now: u64) {
+    pub(super) fn poll_path(&mut self, slot: usize, sc: &mut PollScratch, now: u64) {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
+        let PollScratch {
+            wcs,
+            payloads,
+            posts,
+        } = sc;
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
+        if let Err(e) = take_recvs(cp, &wcs[..n], payloads, posts) {
+            self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
+            return;
+        }
         let received = wcs[..n].iter().any(|w| {
             w.status.is_ok() && matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         });
         if received {
-            cp.shared.rx_seen.store(true, Ordering::Relaxed);
+            // Only when not set yet (the home core clears it): no write per poll to a
+            // line another core reads.
+            if !cp.shared.rx_seen.load(Ordering::Relaxed) {
+                cp.shared.rx_seen.store(true, Ordering::Relaxed);
+            }
         }
         // A break shows in the CQ first (the posted receives flush); the CM is asked then,
         // and otherwise only every CM_POLL_EVERY polls (on the software fabrics asking
@@ -297,18 +367,20 @@ impl SessionCore {
                 }
             }
         }
-        for wc in &wcs[..n] {
+        for (wc, payload) in wcs[..n].iter().zip(payloads.iter()) {
             if self.paths[slot].is_none() {
                 return;
             }
-            self.on_wc(slot, wc, now);
+            self.on_wc(slot, wc, payload, now);
         }
         if broken && self.paths[slot].is_some() {
             self.path_failed(slot, now);
         }
     }
 
-    fn on_wc(&mut self, slot: usize, wc: &Wc, now: u64) {
+    /// One completion of this core's connection of `slot`; a receive's first bytes (an
+    /// RKEY_RSP) are in `payload`, taken before the receive was reposted.
+    fn on_wc(&mut self, slot: usize, wc: &Wc, payload: &[u8; RkeyRsp::LEN], now: u64) {
         if wc.status == WcStatus::WrFlush {
             return;
         }
@@ -327,25 +399,8 @@ impl SessionCore {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
-        let mut rkey_buf = [0u8; RkeyRsp::LEN];
+        let rkey_buf = *payload;
         let got = (wc.byte_len as usize).min(RkeyRsp::LEN);
-        if let Some(pool) = &cp.io.recv {
-            pool.read(wc.wr_id as usize, &mut rkey_buf[..got]);
-        }
-        let repost = match &cp.io.recv {
-            Some(pool) => cp
-                .io
-                .con
-                .post_recv(&[pool.recv_wr(wc.wr_id as usize, wc.wr_id)]),
-            None => cp.io.con.post_recv(&[RecvWr {
-                wr_id: 0,
-                sge: None,
-            }]),
-        };
-        if let Err(e) = repost {
-            self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
-            return;
-        }
         let Some(imm) = wc.imm else {
             return;
         };
@@ -463,7 +518,7 @@ impl SessionCore {
         if let Some(cp) = self.paths[slot].as_mut() {
             cp.io.con.disconnect();
         }
-        let mut wcs = [Wc::default(); 32];
+        let mut wcs = [Wc::default(); WC_BATCH];
         for _ in 0..64 {
             let Some(cp) = self.paths[slot].as_mut() else {
                 break;
@@ -472,9 +527,16 @@ impl SessionCore {
             if n == 0 {
                 break;
             }
-            for wc in &wcs[..n] {
+            let mut payloads = [[0u8; RkeyRsp::LEN]; WC_BATCH];
+            let mut posts = [RecvWr {
+                wr_id: 0,
+                sge: None,
+            }; WC_BATCH];
+            // The connection is going: a failed repost changes nothing.
+            let _ = take_recvs(cp, &wcs[..n], &mut payloads, &mut posts);
+            for (wc, payload) in wcs[..n].iter().zip(&payloads) {
                 if wc.status.is_ok() {
-                    self.on_wc(slot, wc, now);
+                    self.on_wc(slot, wc, payload, now);
                 }
             }
         }

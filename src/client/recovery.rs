@@ -81,7 +81,9 @@ impl Ctl {
                 Err(e) => err = Some(format!("cid 0: {e}")),
             }
         }
-        if pc.shared.rx_seen.swap(false, Ordering::Relaxed) {
+        if pc.shared.rx_seen.load(Ordering::Relaxed)
+            && pc.shared.rx_seen.swap(false, Ordering::Relaxed)
+        {
             pc.hb.on_traffic();
         }
         if pc.shared.error.swap(false, Ordering::AcqRel) {

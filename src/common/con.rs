@@ -144,24 +144,34 @@ impl Con {
     }
 
     /// Posts a chain of send work requests, choosing which are signaled (see the module
-    /// doc). The chain is copied (inline up to 8 requests) to set the flags.
+    /// doc). The chain is copied (inline up to 8 requests) to set the flags; the data
+    /// path uses [`post_chain`](Self::post_chain), which sets them in place.
     ///
     /// # Errors
     /// [`ConPostError::Budget`] when the chain does not fit the free slots (nothing is
     /// posted); [`ConPostError::Post`] when the fabric refuses (requests before the
     /// error's index were posted and are accounted for).
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ConPostError> {
-        if wrs.is_empty() {
+        let mut chain: SmallVec<[SendWr<'_>; 8]> = SmallVec::from_slice(wrs);
+        self.post_chain(&mut chain)
+    }
+
+    /// As [`post_send`](Self::post_send), without the copy: the signaled flags are set
+    /// in `wrs` itself.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send).
+    pub fn post_chain(&mut self, chain: &mut [SendWr<'_>]) -> Result<(), ConPostError> {
+        if chain.is_empty() {
             return Ok(());
         }
-        if wrs.len() > self.sq_avail as usize {
+        if chain.len() > self.sq_avail as usize {
             return Err(ConPostError::Budget {
                 cid: self.cid,
-                need: wrs.len(),
+                need: chain.len(),
                 avail: self.sq_avail,
             });
         }
-        let mut chain: SmallVec<[SendWr<'_>; 8]> = SmallVec::from_slice(wrs);
         let mut pending = self.pending;
         let mut avail = self.sq_avail;
         let last = chain.len() - 1;
@@ -175,7 +185,7 @@ impl Con {
                 pending = 0;
             }
         }
-        let (accepted, res) = match self.conn.post_send(&chain) {
+        let (accepted, res) = match self.conn.post_send(chain) {
             Ok(()) => (chain.len(), Ok(())),
             Err(e) => (
                 e.index.min(chain.len()),

@@ -8,7 +8,6 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// A monotonic source of nanoseconds. Never goes backwards; the origin is arbitrary but
 /// shared by every reactor driven by the same clock.
@@ -17,18 +16,37 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now_ns(&self) -> u64;
 }
 
-/// The real monotonic clock (`CLOCK_MONOTONIC` through [`Instant`]), counting from the
+/// The real monotonic clock (`CLOCK_MONOTONIC`, read with `clock_gettime`), counting from the
 /// moment it was created. Clones share the origin.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
-    origin: Instant,
+    /// `CLOCK_MONOTONIC` at creation, in nanoseconds.
+    origin: u64,
+}
+
+/// `CLOCK_MONOTONIC` (what `std::time::Instant` reads on Linux) in nanoseconds, read directly:
+/// this is read several times per loop, and `Instant::elapsed` adds checked
+/// `timespec` arithmetic and a `Duration` round trip to the vDSO call.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on
+    // Linux, so the call cannot fail (it would leave zeros, read as time 0).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // u64 nanoseconds last 584 years; saturate rather than wrap.
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 impl MonotonicClock {
     /// A clock whose zero is now.
     pub fn new() -> Self {
         MonotonicClock {
-            origin: Instant::now(),
+            origin: monotonic_ns(),
         }
     }
 }
@@ -41,13 +59,10 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
-        // u64 nanoseconds last 584 years; saturate rather than wrap.
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        monotonic_ns().saturating_sub(self.origin)
     }
 }
 
-/// A clock moved only by hand ([`advance`](Self::advance), [`set`](Self::set)). Clones
-/// share the same time, so several reactors and the test see one timeline.
 #[derive(Debug, Clone, Default)]
 pub struct VirtualClock {
     now: Arc<AtomicU64>,

@@ -317,7 +317,7 @@ impl Acceptor {
             live_cons: AtomicU32::new(0),
             traffic: AtomicBool::new(false),
             name: Mutex::new(String::new()),
-            counters: PathCounters::default(),
+            counters: PathCounters::new(self.sh.ncores),
         }))
     }
 

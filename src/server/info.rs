@@ -194,14 +194,18 @@ impl CorePoller {
 
     /// Heartbeat of the path of connection `i` (cid 0, connected). True if it acted.
     pub(crate) fn heartbeat(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
-        let now = cx.now();
+        let now = self.now;
         let Some(slot) = self.cons[i].as_mut() else {
             return false;
         };
         let Some((hb, next)) = slot.hb.as_mut() else {
             return false;
         };
-        if slot.path.traffic.swap(false, Ordering::AcqRel) {
+        // Read first: the flag's line is written by the IO cores, swapping it every loop
+        // would take it from them each time.
+        if slot.path.traffic.load(Ordering::Relaxed)
+            && slot.path.traffic.swap(false, Ordering::AcqRel)
+        {
             hb.on_traffic();
         }
         if now < *next {

@@ -20,8 +20,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::common::Dir;
 use crate::engine::Ctx;
 use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
@@ -30,9 +28,50 @@ use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN}
 use super::handler::{DataArea, IoId, SrvIo};
 use super::poller::{CorePoller, WR_INV, WR_RSP};
 use super::session::Path;
-use super::stats::PathCounters;
+use super::stats::CoreCounters;
 
 const EIO: i32 = 5;
+
+/// A response chain (at most RDMA_WRITE, REG_MR, SEND_WITH_INV and the imm): built in
+/// place on the stack.
+struct Chain<'a> {
+    buf: [SendWr<'a>; 4],
+    len: usize,
+}
+
+impl<'a> Chain<'a> {
+    fn new() -> Chain<'a> {
+        let empty = SendWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            sges: &[],
+            signaled: false,
+        };
+        Chain {
+            buf: [empty; 4],
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, wr: SendWr<'a>) {
+        self.buf[self.len] = wr;
+        self.len += 1;
+    }
+
+    fn push_opt(&mut self, wr: Option<SendWr<'a>>) {
+        if let Some(wr) = wr {
+            self.push(wr);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut(&mut self) -> &mut [SendWr<'a>] {
+        &mut self.buf[..self.len]
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -123,7 +162,7 @@ impl CorePoller {
             p.sess.release(op.buf_id, p.id);
             p.clear_busy(op.buf_id);
             if dropped {
-                PathCounters::add(&p.counters.dropped, 1);
+                CoreCounters::add(&p.counters.core(self.core).dropped, 1);
             }
             p.ops.fetch_sub(1, Ordering::AcqRel);
         }
@@ -137,12 +176,11 @@ impl CorePoller {
         let Some(slot) = self.cons[i].as_ref() else {
             return;
         };
-        let path = Arc::clone(&slot.path);
-        let req = match path.sess.layout.decode_io_req(payload) {
+        let req = match slot.path.sess.layout.decode_io_req(payload) {
             Ok(r) => r,
             Err(e) => return self.close_con_path(cx, i, format_args!("IO_REQ: {e}")),
         };
-        if !path.mark_busy(req.buf_id) {
+        if !slot.path.mark_busy(req.buf_id) {
             return self.close_con_path(
                 cx,
                 i,
@@ -152,7 +190,8 @@ impl CorePoller {
                 ),
             );
         }
-        let idx = self.alloc_op(Arc::clone(&path), i, req.buf_id, req.offset);
+        let path = Arc::clone(&slot.path);
+        let idx = self.alloc_op(path, i, req.buf_id, req.offset);
         if !self.sh.cfg.always_invalidate {
             return self.after_inv(cx, idx);
         }
@@ -167,8 +206,12 @@ impl CorePoller {
     /// the send budget is exhausted (retry later); a failed post closes the path.
     pub(crate) fn post_inv(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
         let op = &self.ops[idx as usize];
-        let (i, buf_id) = (op.con, op.buf_id);
-        let Some(path) = op.path.clone() else {
+        let (i, gen) = (op.con, op.gen);
+        let Some(rkey) = op
+            .path
+            .as_ref()
+            .map(|p| p.mrs[usize::from(op.buf_id)].rkey())
+        else {
             return true;
         };
         let Some(slot) = self.cons[i].as_mut() else {
@@ -176,12 +219,8 @@ impl CorePoller {
             return true;
         };
         let wr = SendWr {
-            wr_id: WR_INV
-                | u64::from(self.ops[idx as usize].gen & 0xff_ffff) << 32
-                | u64::from(idx),
-            op: SendOp::LocalInv {
-                rkey: path.mrs[usize::from(buf_id)].rkey(),
-            },
+            wr_id: WR_INV | u64::from(gen & 0xff_ffff) << 32 | u64::from(idx),
+            op: SendOp::LocalInv { rkey },
             sges: &[],
             signaled: true,
         };
@@ -217,7 +256,7 @@ impl CorePoller {
         if op.stage != Stage::Inv {
             return;
         }
-        let Some(path) = op.path.clone() else {
+        let Some(path) = op.path.as_ref() else {
             return;
         };
         let (con, buf_id, offset) = (op.con, op.buf_id, op.offset);
@@ -252,47 +291,54 @@ impl CorePoller {
 
     /// Dispatches `idx` if its chunk is free; false if it must wait.
     fn try_dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
-        let op = &mut self.ops[idx as usize];
-        let Some(path) = op.path.clone() else {
+        let Op {
+            path,
+            stage,
+            counted_wait,
+            buf_id,
+            ..
+        } = &mut self.ops[idx as usize];
+        let Some(path) = path.as_ref() else {
             return true;
         };
         if !path.is_connected() {
             self.drop_op(idx, true);
             return true;
         }
-        if path.sess.try_own(op.buf_id, path.id).is_err() {
-            op.stage = Stage::Waiting;
-            if !op.counted_wait {
-                op.counted_wait = true;
-                PathCounters::add(&path.counters.failover_waits, 1);
+        if path.sess.try_own(*buf_id, path.id).is_err() {
+            *stage = Stage::Waiting;
+            if !*counted_wait {
+                *counted_wait = true;
+                CoreCounters::add(&path.counters.core(self.core).failover_waits, 1);
             }
             return false;
         }
-        self.dispatch(cx, idx, &path);
+        self.dispatch(cx, idx);
         true
     }
 
-    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32, path: &Arc<Path>) {
+    /// Gives request `idx` (its chunk owned by its path) to the handler.
+    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) {
         let op = &mut self.ops[idx as usize];
-        let Some(req) = op.req else {
+        let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return;
         };
         op.stage = Stage::Handler;
-        op.t0 = cx.now();
+        op.t0 = self.now;
         let id = IoId::new(idx, op.gen);
         let sess = &path.sess;
         let base = sess.chunk_off(op.buf_id);
         let usr = req.usr_range();
         let ulen = usr.len();
         sess.chunks.read_at(base + usr.start, &mut self.usr[..ulen]);
-        let c = &path.counters;
+        let c = path.counters.core(self.core);
         let dir = if req.is_read() {
-            PathCounters::add(&c.read_cnt, 1);
-            PathCounters::add(&c.read_bytes, req.offset.into());
+            CoreCounters::add(&c.read_cnt, 1);
+            CoreCounters::add(&c.read_bytes, req.offset.into());
             Dir::Read
         } else {
-            PathCounters::add(&c.write_cnt, 1);
-            PathCounters::add(&c.write_bytes, req.offset.into());
+            CoreCounters::add(&c.write_cnt, 1);
+            CoreCounters::add(&c.write_bytes, req.offset.into());
             Dir::Write
         };
         // SAFETY: base + data_len stays inside the pool (decode checked the request
@@ -330,6 +376,7 @@ impl CorePoller {
     /// Sends the handler's answers.
     pub(crate) fn drain_responses(&mut self, cx: &mut dyn Ctx) -> bool {
         let mut any = false;
+        let mut now = None;
         while let Some((id, errno)) = self.responder.pop() {
             any = true;
             let idx = id.slot();
@@ -344,7 +391,10 @@ impl CorePoller {
             let op = &mut self.ops[idx as usize];
             op.errno = errno;
             if let Some(p) = &op.path {
-                p.counters.record_latency(cx.now().saturating_sub(op.t0));
+                let now = *now.get_or_insert_with(|| cx.now());
+                p.counters
+                    .core(self.core)
+                    .record_latency(now.saturating_sub(op.t0));
             }
             self.send_response(cx, idx, false);
         }
@@ -402,7 +452,7 @@ impl CorePoller {
         let new_rkey = ai.then(|| inc_rkey(path.mrs[usize::from(buf_id)].rkey()));
         let data_sge;
         let rkey_sge;
-        let mut chain: SmallVec<[SendWr<'_>; 4]> = SmallVec::new();
+        let mut chain = Chain::new();
         let reg = new_rkey.map(|rkey| SendWr {
             wr_id: WR_RSP,
             op: SendOp::RegMr {
@@ -433,11 +483,11 @@ impl CorePoller {
                 sges: &data_sge,
                 signaled: false,
             });
-            chain.extend(reg);
-            chain.extend(inv);
+            chain.push_opt(reg);
+            chain.push_opt(inv);
         } else {
-            chain.extend(inv);
-            chain.extend(reg);
+            chain.push_opt(inv);
+            chain.push_opt(reg);
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
@@ -468,7 +518,7 @@ impl CorePoller {
             if !queued {
                 self.ops[idx as usize].stage = Stage::RspQueued;
                 slot.rsp_wait.push_back(idx);
-                PathCounters::add(&path.counters.rsp_queued, 1);
+                CoreCounters::add(&path.counters.core(self.core).rsp_queued, 1);
             }
             return false;
         }
@@ -479,9 +529,8 @@ impl CorePoller {
         let Some(slot) = self.cons[ci].as_mut() else {
             return true;
         };
-        if let Err(e) = slot.con.post_send(&chain) {
-            drop(chain);
-            PathCounters::add(&path.counters.dropped, 1);
+        if let Err(e) = slot.con.post_chain(chain.as_mut()) {
+            CoreCounters::add(&path.counters.core(self.core).dropped, 1);
             self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
         }
         true

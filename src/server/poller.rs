@@ -22,6 +22,8 @@ use super::session::{lock, Path, CLOSED, CONNECTED};
 use super::shared::{CoreCmd, Shared};
 use crate::common::LinkEvent;
 
+/// Polls of a core between connection-manager checks of a healthy connection.
+const CM_POLL_EVERY: u64 = 16;
 pub(crate) const WR_RECV: u64 = 1 << 56;
 pub(crate) const WR_INFO_REQ: u64 = 2 << 56;
 pub(crate) const WR_INV: u64 = 3 << 56;
@@ -59,6 +61,8 @@ pub(crate) struct ConSlot {
     /// cid 0 once connected: heartbeat and its next tick.
     pub hb: Option<(Heartbeat, u64)>,
     pub info: InfoState,
+    /// Ask the connection manager at the next poll (see `poll_con`).
+    pub cm_due: bool,
 }
 
 pub(crate) struct CorePoller {
@@ -77,6 +81,10 @@ pub(crate) struct CorePoller {
     pub closing: Vec<Arc<Path>>,
     wcs: [Wc; WC_BATCH],
     done: bool,
+    /// The reactor's time at the start of this poll (one clock read per loop).
+    pub now: u64,
+    /// Calls of `poll` so far (paces connection-manager checks).
+    polls: u64,
 }
 
 impl CorePoller {
@@ -96,6 +104,8 @@ impl CorePoller {
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
             done: false,
+            now: 0,
+            polls: 0,
         }
     }
 
@@ -123,6 +133,7 @@ impl CorePoller {
                     inv_wait: VecDeque::new(),
                     hb: None,
                     info: InfoState::Idle,
+                    cm_due: true,
                 };
                 match self.cons.iter().position(Option::is_none) {
                     Some(i) => self.cons[i] = Some(slot),
@@ -153,7 +164,12 @@ impl CorePoller {
             slot.hb = None;
             busy = true;
         }
-        while let Some(ev) = slot.con.poll_cm() {
+        // The connection manager is asked every CM_POLL_EVERY polls, and at once while
+        // closing or after a failed completion (a break shows in the CQ first: the
+        // posted receives flush); on the software fabrics each ask is a progress pass.
+        let cm_due = slot.closing || slot.cm_due || self.polls % CM_POLL_EVERY == 0;
+        slot.cm_due = false;
+        while let Some(ev) = cm_due.then(|| slot.con.poll_cm()).flatten() {
             busy = true;
             if let CmEvent::Disconnected | CmEvent::Error { .. } | CmEvent::Rejected { .. } = ev {
                 let p = Arc::clone(&slot.path);
@@ -167,6 +183,19 @@ impl CorePoller {
             return busy;
         };
         let n = slot.con.poll(&mut self.wcs);
+        slot.cm_due = self.wcs[..n].iter().any(|w| !w.status.is_ok());
+        // Every consumed receive (a request's WRITE_WITH_IMM) is reposted before the
+        // batch is handled, as the kernel does per completion, but in one call.
+        let reposts = self.wcs[..n]
+            .iter()
+            .filter(|w| w.status.is_ok() && w.opcode == WcOpcode::RecvRdmaWithImm)
+            .count() as u32;
+        if reposts > 0 {
+            if let Err(e) = slot.con.post_recv_empty(reposts, WR_RECV) {
+                self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
+                return true;
+            }
+        }
         for k in 0..n {
             let wc = self.wcs[k];
             self.on_wc(cx, i, wc);
@@ -230,12 +259,13 @@ impl CorePoller {
         let Some(slot) = self.cons[i].as_mut() else {
             return;
         };
-        slot.path.traffic.store(true, Ordering::Release);
+        // Only when not set yet: the home core's heartbeat reads the flag every loop.
+        if !slot.path.traffic.load(Ordering::Relaxed) {
+            slot.path.traffic.store(true, Ordering::Release);
+        }
         match wc.opcode {
             WcOpcode::RecvRdmaWithImm => {
-                if let Err(e) = slot.con.post_recv_empty(1, WR_RECV) {
-                    return self.close_con_path(cx, i, format_args!("reposting a receive: {e}"));
-                }
+                // Already reposted, with the rest of its batch (`poll_con`).
                 let Some(imm) = wc.imm else {
                     return self.close_con_path(cx, i, format_args!("write-with-imm without imm"));
                 };
@@ -348,6 +378,8 @@ impl Poller for CorePoller {
             return PollResult::Idle;
         }
         let mut busy = false;
+        self.now = cx.now();
+        self.polls = self.polls.wrapping_add(1);
         while let Some(cmd) = self.sh.inbox[self.core].pop() {
             self.on_cmd(cx, cmd);
             busy = true;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::sys;
-use super::thread::{app_cores, now_ns, SpdkThread};
+use super::thread::{app_cores, SpdkThread};
 use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
@@ -394,9 +394,24 @@ struct SpdkCtx<'a> {
     core: usize,
 }
 
+/// The time-stamp counter in nanoseconds: the same value as `thread::now_ns`, with
+/// 64-bit arithmetic only (that one divides in 128 bits, a library call; this is read
+/// several times per IO). Exact: with `t = q·hz + r`, `⌊t·10⁹/hz⌋ = q·10⁹ + ⌊r·10⁹/hz⌋`,
+/// and `r·10⁹` fits in 64 bits for any counter below 18 GHz (wider ones fall back).
+fn ticks_ns() -> u64 {
+    const NS: u64 = 1_000_000_000;
+    // SAFETY: both read the time-stamp counter / its frequency; no state involved.
+    let (t, hz) = unsafe { (sys::spdk_get_ticks(), sys::spdk_get_ticks_hz().max(1)) };
+    let (q, r) = (t / hz, t % hz);
+    match r.checked_mul(NS) {
+        Some(rn) => q.saturating_mul(NS).saturating_add(rn / hz),
+        None => u64::try_from(u128::from(t) * u128::from(NS) / u128::from(hz)).unwrap_or(u64::MAX),
+    }
+}
+
 impl Ctx for SpdkCtx<'_> {
     fn now(&self) -> u64 {
-        now_ns()
+        ticks_ns()
     }
 
     fn core(&self) -> usize {
@@ -443,22 +458,23 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
     };
     // SAFETY: `arg` is a live slot: SPDK stops calling once free_slot unregistered it.
     let s = unsafe { slot.as_ref() };
-    let driver = Arc::clone(&s.driver);
+    // Borrowed, not cloned (two atomic operations per poll): the slot, which holds the
+    // driver, lives until `free_slot` below.
+    let driver = &s.driver;
     let core = s.id.core();
     let id = s.id;
     driver.table(core).current = Some(id);
     let r = match s.poller.try_borrow_mut() {
         Ok(mut p) => {
-            let mut cx = SpdkCtx {
-                driver: &driver,
-                core,
-            };
+            let mut cx = SpdkCtx { driver, core };
             p.poll(&mut cx)
         }
         Err(_) => PollResult::Idle,
     };
     driver.table(core).current = None;
     if s.once || s.dead.get() {
+        // Freeing the slot drops its reference to the driver: hold one meanwhile.
+        let driver = Arc::clone(driver);
         // SAFETY: live slot of this core, no longer borrowed; `s` is not used after.
         unsafe { driver.free_slot(core, slot) };
     }

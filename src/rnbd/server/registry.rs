@@ -72,6 +72,9 @@ impl<K: Copy + Eq + Hash> SessionTable<K> {
 pub struct SessionCache<K> {
     table: Arc<SessionTable<K>>,
     local: HashMap<K, Arc<RnbdSession>>,
+    /// The session of the last request: consecutive requests mostly come from one
+    /// session, and comparing a key is cheaper than hashing it.
+    last: Option<(K, Arc<RnbdSession>)>,
 }
 
 impl<K: Copy + Eq + Hash> SessionCache<K> {
@@ -79,6 +82,7 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
         SessionCache {
             table,
             local: HashMap::new(),
+            last: None,
         }
     }
 
@@ -89,18 +93,24 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
     /// The live session of `key`, from the cache or else the table; `None` when the
     /// RTRS session has none (not connected yet, or gone).
     pub fn session(&mut self, key: K) -> Option<&Arc<RnbdSession>> {
-        if self.local.get(&key).map_or(true, |s| s.is_ended()) {
-            match self.table.get(key) {
-                Some(fresh) => {
-                    self.local.insert(key, fresh);
-                }
-                None => {
-                    self.local.remove(&key);
-                    return None;
+        let hit = matches!(&self.last, Some((k, s)) if *k == key && !s.is_ended());
+        if !hit {
+            self.last = None;
+            if self.local.get(&key).map_or(true, |s| s.is_ended()) {
+                match self.table.get(key) {
+                    Some(fresh) => {
+                        self.local.insert(key, fresh);
+                    }
+                    None => {
+                        self.local.remove(&key);
+                        return None;
+                    }
                 }
             }
+            let s = self.local.get(&key)?;
+            self.last = Some((key, Arc::clone(s)));
         }
-        self.local.get(&key)
+        self.last.as_ref().map(|(_, s)| s)
     }
 
     /// As [`session`](Self::session), creating the session (named `name`) in the table
@@ -109,7 +119,8 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
     pub fn session_or_create(&mut self, key: K, name: &str) -> &Arc<RnbdSession> {
         if self.session(key).is_none() {
             let fresh = self.table.get_or_create(key, name);
-            self.local.insert(key, fresh);
+            self.local.insert(key, Arc::clone(&fresh));
+            self.last = Some((key, fresh));
         }
         &self.local[&key]
     }
@@ -117,6 +128,9 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
     /// Forgets `key` on this core (the table is not touched).
     pub fn forget(&mut self, key: K) {
         self.local.remove(&key);
+        if matches!(&self.last, Some((k, _)) if *k == key) {
+            self.last = None;
+        }
     }
 }
 
