@@ -24,9 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::client::SessionCore;
 use rtrs_spdk::engine::{Ctx, PollResult, Poller};
-use rtrs_spdk::rnbd::client::{
-    ClientEvent, DevHandle, IoError, PortCompletion, RnbdClient, RnbdCore,
-};
+use rtrs_spdk::rnbd::client::{ClientEvent, DevHandle, PortCompletion, RnbdClient, RnbdCore};
 
 use super::channel::{finish, ChanShared, Task};
 use super::disk::Disk;
@@ -250,14 +248,10 @@ impl PortState {
                 self.stalled.push_back(task);
                 return;
             }
-            self.disk.log_io_error(&IoError::Port(
-                rtrs_spdk::rnbd::client::PortError::Refused {
-                    errno,
-                    reason: format!(
-                        "device not reachable within io_timeout_sec = {} s",
-                        self.disk.params.io_timeout_sec
-                    ),
-                },
+            self.disk.log_io_error(&format!(
+                "device not reachable within io_timeout_sec = {} s ({})",
+                self.disk.params.io_timeout_sec,
+                super::disk::errno_str(errno)
             ));
         }
         // SAFETY: `task` is live and finished once, here.
