@@ -202,7 +202,13 @@ fn release(ctx: &ChanCtx) {
     match ctx.port.borrow_mut().take() {
         // SPDK destroys a channel once all its IO completed: the port carries none of
         // ours any more, only other channels' tasks, which go on to the next owner.
-        Some(p) => slot.park(p),
+        Some(p) => {
+            debug_assert!(
+                p.mine.is_empty(),
+                "a channel goes with requests outstanding"
+            );
+            slot.park(p);
+        }
         None if ctx.eligible.get() => slot.unwant(),
         None => {}
     }
@@ -267,19 +273,21 @@ fn poll_port(ctx: &ChanCtx, out: &mut Vec<(usize, i32)>) -> bool {
         ctx.disk.slot(ctx.core).unwant();
         *port = Some(p);
     }
+    let Some(p) = port.as_mut() else {
+        return false;
+    };
     // SAFETY: plain query of the calling thread's core.
     if unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
         // The thread was moved off the port's CPU core: the port stays on its reactor.
+        // Our requests it finished (refused at submission) are completed here first.
+        out.append(&mut p.mine);
         drop(port);
         ctx.leave_port();
         return true;
     }
-    let Some(p) = port.as_mut() else {
-        return false;
-    };
     let me = ctx.me();
     let busy = ctx.disk.driver().with_ctx(ctx.core, |cx| p.poll(cx, me));
-    std::mem::swap(out, &mut p.mine);
+    out.append(&mut p.mine);
     busy
 }
 

@@ -15,8 +15,8 @@
 //!
 //! IO that finds the device unreachable (no path, reconnecting, re-open pending: −ENOTCONN
 //! or −ECONNRESET) is not failed at once: it is parked here and retried every
-//! millisecond until its deadline (`io_timeout_sec` after submission), as the kernel's
-//! `rnbd` requeues requests while the session is disconnected.
+//! millisecond until its deadline (`io_timeout_sec` after submission), like NVMe-oF's
+//! controller-loss timeout; the session below waits the same way for a path.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
