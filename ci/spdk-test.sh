@@ -226,13 +226,13 @@ scenario_outage() {
 	start_target tgt $((PB + 9)),$((PB + 10)) || return 1
 	start_bdevperf bpout $((PB + 9)),$((PB + 10)) \
 		'{"io_timeout_sec": 30, "hb_interval_ms": 500, "hb_missed_max": 2}' \
-		-q 32 -o 4096 -w verify -t 12 || return 1
-	bdevperf_perform bpout 12 >"$APP_DIR/out.json" &
+		-q 32 -o 4096 -w verify -t 8 || return 1
+	bdevperf_perform bpout 8 >"$APP_DIR/out.json" &
 	local perf=$! tgt
 	tgt=$(app_pid tgt)
 	sleep 2
 	kill -STOP "$tgt" || return 1
-	sleep 5
+	sleep 4
 	kill -CONT "$tgt" || return 1
 	wait "$perf" || { tail -n 20 "$APP_DIR/bpout.log"; return 1; }
 	results_clean "$APP_DIR/out.json" || return 1
@@ -252,9 +252,9 @@ scenario_outage_timeout() {
 	tgt=$(app_pid tgt)
 	sleep 2
 	kill -STOP "$tgt" || return 1
-	sleep 7
-	kill -CONT "$tgt" || return 1
+	# The target stays stopped until bdevperf has given up (the outage outlasts the timeout).
 	wait "$perf"
+	kill -CONT "$tgt" || return 1
 	st=$(app_wait bpto 60) || { echo "bdevperf did not stop after its IO failed"; return 1; }
 	# bdevperf exits with 255 (-1) after failed IO; 129..192 is death by a signal.
 	if [[ "$st" -gt 128 && "$st" -le 192 ]]; then
@@ -273,8 +273,8 @@ scenario_outage_timeout() {
 # refuses while a reset freezes the channels counts as failed in bdevperf's results.)
 scenario_reset() {
 	start_target tgt $((PB + 12)) || return 1
-	start_bdevperf bprst $((PB + 12)) '' -q 32 -o 4096 -w reset -t 13 || return 1
-	bdevperf_perform bprst 13 >"$APP_DIR/rst.json" || { tail -n 20 "$APP_DIR/bprst.log"; return 1; }
+	start_bdevperf bprst $((PB + 12)) '' -q 32 -o 4096 -w reset -t 11 || return 1
+	bdevperf_perform bprst 11 >"$APP_DIR/rst.json" || { tail -n 20 "$APP_DIR/bprst.log"; return 1; }
 	if grep -Eq 'Reset blockdev=.* failed|Reset failed|Buffer mismatch' "$APP_DIR/bprst.log"; then
 		tail -n 20 "$APP_DIR/bprst.log"
 		return 1
