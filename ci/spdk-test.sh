@@ -223,6 +223,77 @@ scenario_unexport() {
 	rpc tgt spdk_get_version >/dev/null && rpc tgt rtrs_target_get_sessions >/dev/null
 }
 
+# Both paths lose the target for a while (the target process is stopped: heartbeats go
+# unanswered, the paths die, reconnects fail) during bdevperf verify; io_timeout_sec is
+# longer than the outage, so the IO waits for the paths to come back: zero IO errors.
+scenario_outage() {
+	start_target tgt $((PB + 9)),$((PB + 10)) || return 1
+	start_bdevperf bpout $((PB + 9)),$((PB + 10)) \
+		'{"io_timeout_sec": 30, "hb_interval_ms": 500, "hb_missed_max": 2}' \
+		-q 32 -o 4096 -w verify -t 8 || return 1
+	bdevperf_perform bpout 8 >"$APP_DIR/out.json" &
+	local perf=$! tgt
+	tgt=$(app_pid tgt)
+	sleep 2
+	kill -STOP "$tgt" || return 1
+	sleep 4
+	kill -CONT "$tgt" || return 1
+	wait "$perf" || { tail -n 20 "$APP_DIR/bpout.log"; return 1; }
+	results_clean "$APP_DIR/out.json" || return 1
+	grep -q 're-opened after a reconnect' "$APP_DIR/bpout.log" ||
+		{ echo "the device was never re-opened: no full outage happened"; tail -n 20 "$APP_DIR/bpout.log"; return 1; }
+}
+
+# The same outage, longer than io_timeout_sec: the waiting IO fails cleanly (bdevperf
+# reports failed IO and stops by itself), nothing crashes, the target serves on.
+scenario_outage_timeout() {
+	start_target tgt $((PB + 11)) || return 1
+	start_bdevperf bpto $((PB + 11)) \
+		'{"io_timeout_sec": 2, "hb_interval_ms": 500, "hb_missed_max": 2}' \
+		-q 16 -o 4096 -w verify -t 30 || return 1
+	bdevperf_perform bpto 30 >"$APP_DIR/to.json" 2>"$APP_DIR/to.err" &
+	local perf=$! tgt st
+	tgt=$(app_pid tgt)
+	sleep 2
+	kill -STOP "$tgt" || return 1
+	# The target stays stopped until bdevperf has given up (the outage outlasts the timeout).
+	wait "$perf"
+	kill -CONT "$tgt" || return 1
+	st=$(app_wait bpto 60) || { echo "bdevperf did not stop after its IO failed"; return 1; }
+	# bdevperf exits with 255 (-1) after failed IO; 129..192 is death by a signal.
+	if [[ "$st" -gt 128 && "$st" -le 192 ]]; then
+		echo "bdevperf died by signal $((st - 128))"
+		return 1
+	fi
+	[[ "$st" -ne 0 ]] || { echo "bdevperf reported success although IO could not be served"; return 1; }
+	grep -Eiq 'fail|error' "$APP_DIR/bpto.log" "$APP_DIR/to.err" "$APP_DIR/to.json" 2>/dev/null ||
+		{ echo "no IO failure reported"; return 1; }
+	app_alive tgt || { echo "target died"; return 1; }
+	rpc tgt rtrs_target_get_sessions >/dev/null
+}
+
+# bdevperf's reset workload (verify with a reset every 10 s) under load: each reset waits
+# for the bdev's outstanding IO and succeeds; no data mismatch. (IO the bdev layer itself
+# refuses while a reset freezes the channels counts as failed in bdevperf's results.)
+scenario_reset() {
+	start_target tgt $((PB + 12)) || return 1
+	start_bdevperf bprst $((PB + 12)) '' -q 32 -o 4096 -w reset -t 11 || return 1
+	bdevperf_perform bprst 11 >"$APP_DIR/rst.json" || { tail -n 20 "$APP_DIR/bprst.log"; return 1; }
+	if grep -Eq 'Reset blockdev=.* failed|Reset failed|Buffer mismatch' "$APP_DIR/bprst.log"; then
+		tail -n 20 "$APP_DIR/bprst.log"
+		return 1
+	fi
+	python3 - "$APP_DIR/rst.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+jobs = r.get("results", [])
+done = sum(j.get("iops", 0) * j.get("runtime", 0) for j in jobs)
+print("jobs=%d ios=%.0f io_failed(aborted by the resets' freeze)=%d" % (
+    len(jobs), done, sum(j.get("io_failed", 0) for j in jobs)))
+sys.exit(0 if jobs and done > 0 and all(j.get("status") == "finished" for j in jobs) else 1)
+PY
+}
+
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
@@ -352,7 +423,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport bad_params)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset bad_params)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -185,6 +185,17 @@ impl Driver {
         self.send(core, Msg::new(f))
     }
 
+    /// Runs `f` with core `core`'s [`Ctx`] on the calling SPDK thread, which need not be the
+    /// core's own: for code that works on the core's behalf from another SPDK thread of
+    /// the same reactor (the bdev's IO channels drive their core's session handle, whose
+    /// data path only reads the clock). The clock, the core's identity and messages work
+    /// as on the core itself; pollers and timers must not be registered through it (they
+    /// belong on the core's own thread: send it a message instead).
+    pub fn with_ctx<R>(self: &Arc<Self>, core: usize, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
+        let mut cx = SpdkCtx { driver: self, core };
+        f(&mut cx)
+    }
+
     /// Calls every poller's [`Poller::shutdown`] on the calling core (which must be one of
     /// the driver's; otherwise nothing happens).
     pub fn shutdown_core(self: &Arc<Self>) {

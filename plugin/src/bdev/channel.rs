@@ -1,32 +1,48 @@
 //! The rtrs bdev's IO channels and requests (the SPDK side of the kernel's
 //! `rnbd_queue_rq` / `rnbd_softirq_done_fn`).
 //!
-//! A bdev IO arrives in `submit_request` on some SPDK thread. Its iovecs become SGEs of
-//! registered memory there ([`MemMap`](super::memmap::MemMap)), then the request goes to
-//! the queue of the disk's *core* on the same CPU core (DESIGN.md §3: connection `k+1`
-//! of every path belongs to core `k`), where that core's poller submits it on its own
-//! RTRS connection. The completion comes back to the channel's queue and the channel's
-//! poller completes the bdev IO on its own thread, as SPDK requires. Both hops stay on the
-//! CPU core (SPDK's threads of one reactor run one at a time), so the queues are never
-//! contended; they are locks only so that any placement of threads stays correct.
+//! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels. Its
+//! iovecs become SGEs of registered memory there ([`MemMap`](super::memmap::MemMap)).
+//! Connection `k+1` of every path belongs to the disk's core `k` (DESIGN.md §3), and
+//! the first channel created on that CPU core *owns* it: it holds the core's
+//! [`PortState`] in its context, submits its requests on it directly from
+//! `submit_request`, and its SPDK poller polls the port and completes the bdev IO it
+//! reaps on the spot — no queue, no hop, no lock per IO. The port moves in and out of a
+//! channel through its [`CoreSlot`](super::core::CoreSlot) (one uncontended lock per
+//! move); while no channel owns it the disk's own thread on that core polls it.
+//!
+//! Requests of the other channels of the core (two bdevperf jobs on one core, or fio's
+//! threads, which run on no core of the application) go through the slot's queue, which
+//! the port's owner pumps, and come back through the channel's `done` queue: two locks,
+//! uncontended in practice. A channel may only own a port when it runs on that port's CPU
+//! core (so that a port is only ever used on one reactor's OS thread, see
+//! [`PortState`]); one that finds itself elsewhere gives its port back.
+//!
+//! Reset: SPDK freezes every channel of the bdev before it submits a reset, so nothing new
+//! arrives while it waits. The reset completes once every channel's requests have come
+//! back, counted by two counters per channel that only the channel's thread writes
+//! (plain stores, no read-modify-write), or fails after `io_timeout_sec`.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::mem::{size_of, MaybeUninit};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rtrs_spdk::fabric::Sge;
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::sys;
+use rtrs_spdk::spdk::{now_ns, sys};
 
+use super::core::PortState;
 use super::disk::Disk;
 
 /// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
 pub const MAX_IOVS: u32 = 16;
 /// An iovec becomes at most two SGEs (it may straddle two fabric registrations).
 const TASK_SGES: usize = 2 * MAX_IOVS as usize;
+/// `spdk_env_get_current_core` off any core.
+const NO_CORE: u32 = u32::MAX;
 
 /// Our part of a bdev IO (its `driver_ctx`).
 #[repr(C)]
@@ -34,6 +50,8 @@ pub struct Task {
     pub io: *mut sys::spdk_bdev_io,
     /// The channel the completion goes back to.
     chan: *const ChanShared,
+    /// Until when (ns) the request may wait for an unreachable device.
+    pub deadline: u64,
     pub req: BlockRequest,
     nsge: usize,
     sgl: [Sge; TASK_SGES],
@@ -43,6 +61,10 @@ impl Task {
     pub fn sges(&self) -> &[Sge] {
         &self.sgl[..self.nsge]
     }
+
+    pub fn chan(&self) -> *const ChanShared {
+        self.chan
+    }
 }
 
 /// Size of [`Task`] for the module's `get_ctx_size`.
@@ -50,14 +72,30 @@ pub fn task_size() -> c_int {
     size_of::<Task>() as c_int
 }
 
-/// What a channel shares with the core that carries its IO.
+/// What a channel shares with the ports that carry its IO and with resets.
 #[derive(Default)]
 pub struct ChanShared {
-    /// Finished requests: task address and errno.
+    /// Finished requests handed back by a port this channel does not own: task, errno.
     done: Mutex<Vec<(usize, i32)>>,
+    /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
+    submitted: AtomicU64,
+    completed: AtomicU64,
 }
 
-/// Hands a finished request back to its channel (called on the disk's core).
+impl ChanShared {
+    /// Requests of this channel not completed yet.
+    pub fn outstanding(&self) -> u64 {
+        let done = self.completed.load(Ordering::Acquire);
+        self.submitted.load(Ordering::Acquire).saturating_sub(done)
+    }
+}
+
+/// Adds one to a counter only the calling thread writes: a plain load and store.
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+}
+
+/// Hands a finished request back to its channel (from a port the channel does not own).
 ///
 /// # Safety
 /// `task` must be a task submitted through [`submit_request`] and not finished yet.
@@ -70,14 +108,45 @@ pub unsafe fn finish(task: usize, errno: i32) {
     }
 }
 
-/// The channel context (in SPDK's channel memory).
+/// The channel context (in SPDK's channel memory). Used on the channel's thread only.
 struct ChanCtx {
     disk: Arc<Disk>,
     shared: Arc<ChanShared>,
     /// Index of the disk's core on this CPU core.
     core: usize,
+    /// This channel runs on the core's CPU and may own its port.
+    eligible: Cell<bool>,
+    /// The core's port, while this channel owns it.
+    port: RefCell<Option<Box<PortState>>>,
     poller: *mut sys::spdk_poller,
     scratch: RefCell<Vec<(usize, i32)>>,
+    /// Resets waiting for the bdev's requests to drain, with their deadlines (ns).
+    resets: RefCell<Vec<(*mut sys::spdk_bdev_io, u64)>>,
+}
+
+impl ChanCtx {
+    /// Completes one of this channel's bdev IO (not a reset).
+    ///
+    /// # Safety
+    /// As [`complete`]; `io` was counted in `submitted`.
+    unsafe fn done(&self, io: *mut sys::spdk_bdev_io, errno: i32) {
+        bump(&self.shared.completed);
+        // SAFETY: per the contract.
+        unsafe { complete(io, errno) };
+    }
+
+    fn me(&self) -> *const ChanShared {
+        Arc::as_ptr(&self.shared)
+    }
+
+    /// The channel's thread left the port's CPU core: the port goes back to its slot and
+    /// the channel stops asking for it.
+    fn leave_port(&self) {
+        self.eligible.set(false);
+        if let Some(p) = self.port.borrow_mut().take() {
+            self.disk.slot(self.core).park(p);
+        }
+    }
 }
 
 pub fn chan_ctx_size() -> u32 {
@@ -95,6 +164,12 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
     // SAFETY: plain query of the calling thread's core.
     let cpu = unsafe { sys::spdk_env_get_current_core() };
     let core = disk.core_of_cpu(cpu);
+    let eligible = cpu != NO_CORE && disk.slot(core).cpu == cpu;
+    let shared = Arc::new(ChanShared::default());
+    disk.add_channel(&shared);
+    if eligible {
+        disk.slot(core).want();
+    }
     let ctx = ctx_buf.cast::<ChanCtx>();
     // SAFETY: SPDK gives `chan_ctx_size()` bytes, suitably aligned, ours until destroy.
     unsafe {
@@ -102,19 +177,42 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
             ctx,
             ChanCtx {
                 disk,
-                shared: Arc::new(ChanShared::default()),
+                shared,
                 core,
+                eligible: Cell::new(eligible),
+                port: RefCell::new(None),
                 poller: ptr::null_mut(),
                 scratch: RefCell::new(Vec::with_capacity(256)),
+                resets: RefCell::new(Vec::new()),
             },
         );
         (*ctx).poller = sys::spdk_poller_register(Some(chan_poll), ctx_buf, 0);
         if (*ctx).poller.is_null() {
+            release(&*ctx);
             ptr::drop_in_place(ctx);
             return -libc::ENOMEM;
         }
     }
     0
+}
+
+/// Gives up the channel's claim on its core's port (and the port, if it owns it).
+fn release(ctx: &ChanCtx) {
+    let slot = ctx.disk.slot(ctx.core);
+    match ctx.port.borrow_mut().take() {
+        // SPDK destroys a channel once all its IO completed: the port carries none of
+        // ours any more, only other channels' tasks, which go on to the next owner.
+        Some(p) => {
+            debug_assert!(
+                p.mine.is_empty(),
+                "a channel goes with requests outstanding"
+            );
+            slot.park(p);
+        }
+        None if ctx.eligible.get() => slot.unwant(),
+        None => {}
+    }
+    ctx.disk.remove_channel(&ctx.shared);
 }
 
 /// `spdk_io_device_register`'s destroy callback.
@@ -123,30 +221,105 @@ pub unsafe extern "C" fn chan_destroy(_io_device: *mut c_void, ctx_buf: *mut c_v
     // SAFETY: the context written by chan_create, destroyed once, on its thread.
     unsafe {
         sys::spdk_poller_unregister(&mut (*ctx).poller);
+        release(&*ctx);
         ptr::drop_in_place(ctx);
     }
 }
 
-/// Completes finished bdev IO on the channel's thread.
+/// The channel's poller: takes or polls the core's port, completes finished bdev IO on
+/// the channel's thread, and finishes resets.
 unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
     // SAFETY: the channel context this poller was registered with, alive until destroy
     // unregisters the poller.
     let ctx = unsafe { &*arg.cast::<ChanCtx>() };
+    let mut busy = false;
     let mut local = ctx.scratch.borrow_mut();
+    if ctx.eligible.get() {
+        busy |= poll_port(ctx, &mut local);
+    }
     if let Ok(mut d) = ctx.shared.done.lock() {
-        if d.is_empty() {
-            return sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int;
+        if !d.is_empty() {
+            local.append(&mut d);
         }
-        std::mem::swap(&mut *d, &mut *local);
     }
     for &(task, errno) in local.iter() {
-        // SAFETY: a task we submitted, finished once by the disk's core.
+        // SAFETY: a task of this channel, finished once by a port.
         let io = unsafe { (*(task as *const Task)).io };
         // SAFETY: the live bdev IO, completed exactly once, on its submitting thread.
+        unsafe { ctx.done(io, errno) };
+    }
+    busy |= !local.is_empty();
+    local.clear();
+    drop(local);
+    if !ctx.resets.borrow().is_empty() {
+        busy |= poll_resets(ctx);
+    }
+    if busy {
+        sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
+    } else {
+        sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int
+    }
+}
+
+/// Takes the core's port if it is parked for us, polls it, and moves our finished
+/// requests into `out` (completed after the port is released: a completion callback may
+/// submit again, which uses the port).
+fn poll_port(ctx: &ChanCtx, out: &mut Vec<(usize, i32)>) -> bool {
+    let mut port = ctx.port.borrow_mut();
+    if port.is_none() {
+        let Some(p) = ctx.disk.slot(ctx.core).try_take() else {
+            return false;
+        };
+        ctx.disk.slot(ctx.core).unwant();
+        *port = Some(p);
+    }
+    let Some(p) = port.as_mut() else {
+        return false;
+    };
+    // SAFETY: plain query of the calling thread's core.
+    if unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
+        // The thread was moved off the port's CPU core: the port stays on its reactor.
+        // Our requests it finished (refused at submission) are completed here first.
+        out.append(&mut p.mine);
+        drop(port);
+        ctx.leave_port();
+        return true;
+    }
+    let me = ctx.me();
+    let busy = ctx.disk.driver().with_ctx(ctx.core, |cx| p.poll(cx, me));
+    out.append(&mut p.mine);
+    busy
+}
+
+/// Completes the resets whose requests have drained, fails those past their deadline.
+fn poll_resets(ctx: &ChanCtx) -> bool {
+    let drained = ctx.disk.outstanding() == 0;
+    let now = now_ns();
+    let mut resets = ctx.resets.borrow_mut();
+    let before = resets.len();
+    let mut finished = Vec::new();
+    resets.retain(|&(io, deadline)| {
+        if drained {
+            finished.push((io, 0));
+            false
+        } else if now >= deadline {
+            tracing::error!(
+                "rtrs bdev {}: reset: requests still outstanding after io_timeout_sec = {} s",
+                ctx.disk.params.name,
+                ctx.disk.params.io_timeout_sec
+            );
+            finished.push((io, -libc::ETIMEDOUT));
+            false
+        } else {
+            true
+        }
+    });
+    drop(resets);
+    for (io, errno) in finished.iter().copied() {
+        // SAFETY: a reset of this channel, completed once, here, on its thread.
         unsafe { complete(io, errno) };
     }
-    local.clear();
-    sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
+    before != 0 && !finished.is_empty()
 }
 
 /// Completes `io` with `errno` (0, −ENOMEM/−EAGAIN for "retry", other negative errnos).
@@ -182,6 +355,14 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
     let ctx = unsafe { &*ctx_of(ch) };
     // SAFETY: SPDK hands a live IO of our bdev.
     let ty = u32::from(unsafe { (*io).type_ });
+    if ty == sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_RESET {
+        let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
+        ctx.resets
+            .borrow_mut()
+            .push((io, now_ns().saturating_add(wait)));
+        return;
+    }
+    bump(&ctx.shared.submitted);
     if ty == sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_READ {
         // SAFETY: as above.
         let has_buf =
@@ -200,16 +381,19 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
 }
 
 unsafe extern "C" fn got_buf(ch: *mut sys::spdk_io_channel, io: *mut sys::spdk_bdev_io, ok: bool) {
+    // SAFETY: our channel, on its thread.
+    let ctx = unsafe { &*ctx_of(ch) };
     if !ok {
-        // SAFETY: the live IO, completed once on its thread.
-        unsafe { complete(io, -libc::ENOMEM) };
+        // SAFETY: the live IO, counted in submit_request, completed once on its thread.
+        unsafe { ctx.done(io, -libc::ENOMEM) };
         return;
     }
-    // SAFETY: our channel, on its thread; the IO now has its buffer.
-    unsafe { prepare(&*ctx_of(ch), io) };
+    // SAFETY: the IO now has its buffer.
+    unsafe { prepare(ctx, io) };
 }
 
-/// Builds the task and queues it on the disk's core (or completes at once).
+/// Builds the task and sends it on the core's port, or queues it for the port's owner
+/// (or completes it at once).
 unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
     // SAFETY: live IO of our bdev; its fields are read on its thread.
     let (ty, off, nblocks, bs) = unsafe {
@@ -223,7 +407,7 @@ unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
     let (offset, len) = (off * bs, nblocks * bs);
     let Ok(len32) = u32::try_from(len) else {
         // SAFETY: as above.
-        unsafe { complete(io, -libc::EINVAL) };
+        unsafe { ctx.done(io, -libc::EINVAL) };
         return;
     };
     let req = match ty {
@@ -234,26 +418,21 @@ unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
         sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE_ZEROES => {
             BlockRequest::write_zeroes(offset, len32)
         }
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_RESET => {
-            // Nothing is queued below the bdev layer but requests in flight on RTRS,
-            // which complete (or fail over) by themselves: the reset has nothing to do.
-            // SAFETY: as above.
-            unsafe { complete(io, 0) };
-            return;
-        }
         _ => {
             // SAFETY: as above.
-            unsafe { complete(io, -libc::ENOTSUP) };
+            unsafe { ctx.done(io, -libc::ENOTSUP) };
             return;
         }
     };
+    let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
     // SAFETY: the IO's driver_ctx is `task_size()` bytes, ours until completion.
     let task = unsafe { (*io).driver_ctx.as_mut_ptr().cast::<MaybeUninit<Task>>() };
     // SAFETY: as above; written before any read.
     let t = unsafe {
         (*task).write(Task {
             io,
-            chan: Arc::as_ptr(&ctx.shared),
+            chan: ctx.me(),
+            deadline: now_ns().saturating_add(wait),
             req,
             nsge: 0,
             sgl: [Sge::default(); TASK_SGES],
@@ -277,22 +456,28 @@ unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
             {
                 tracing::error!("rtrs bdev {}: {e}", ctx.disk.params.name);
                 // SAFETY: as above.
-                unsafe { complete(io, -libc::EFAULT) };
+                unsafe { ctx.done(io, -libc::EFAULT) };
                 return;
             }
             left -= l;
         }
         if left != 0 {
             // SAFETY: as above.
-            unsafe { complete(io, -libc::EINVAL) };
+            unsafe { ctx.done(io, -libc::EINVAL) };
             return;
         }
     }
-    ctx.disk.enqueue(ctx.core, t as *mut Task as usize);
-}
-
-/// A core's queue of tasks waiting for its poller.
-#[derive(Default)]
-pub struct CoreQueue {
-    pub tasks: Mutex<VecDeque<usize>>,
+    let task = t as *mut Task as usize;
+    // The port is never borrowed here in practice (completions run after the poll let it
+    // go); should it be, the task takes the queue, which the next poll pumps.
+    if let Ok(mut port) = ctx.port.try_borrow_mut() {
+        if let Some(p) = port.as_mut() {
+            let me = ctx.me();
+            ctx.disk
+                .driver()
+                .with_ctx(ctx.core, |cx| p.submit_own(cx, task, me));
+            return;
+        }
+    }
+    ctx.disk.slot(ctx.core).enqueue(task);
 }

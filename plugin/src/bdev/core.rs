@@ -1,19 +1,32 @@
-//! The rtrs bdev's per-core pollers: core `k` of a disk owns that core's RTRS session
-//! handle (connection `k+1` of every path) and carries the IO its CPU core's channels
-//! queue; the *home* core (0) also runs RNBD's admin side — SESS_INFO, OPEN, CLOSE and
-//! the re-open after a reconnect (the kernel's `rnbd_clt_session` and its `link_ev`).
-//! The home poller drives a disk through its life: opening, open, closing, drained.
+//! The rtrs bdev's per-core ports: core `k` of a disk has that core's RTRS session handle
+//! (connection `k+1` of every path) and the IO waiting for it; the *home* core (0) also
+//! runs RNBD's admin side — SESS_INFO, OPEN, CLOSE and the re-open after a reconnect (the
+//! kernel's `rnbd_clt_session` and its `link_ev`). The home port drives a disk through its
+//! life: opening, open, closing, drained.
+//!
+//! A port ([`PortState`]) is polled by exactly one party at a time, its *owner*: the IO
+//! channel that took it (see [`super::channel`]) or, when no channel holds it, the disk's
+//! own thread on that core ([`CorePoller`]). It moves between them through its
+//! [`CoreSlot`]: a channel that may own it announces itself ([`CoreSlot::want`]), the core
+//! poller then parks the port in the slot and the channel takes it; a channel that goes
+//! parks it again, for the next channel that wants it or, when none does, for the core
+//! poller. The IO of channels that do not own their core's port goes through the slot's
+//! queue, which every owner pumps.
+//!
+//! IO that finds the device unreachable (no path, reconnecting, re-open pending: −ENOTCONN
+//! or −ECONNRESET) is not failed at once: it is parked here and retried every
+//! millisecond until its deadline (`io_timeout_sec` after submission), like NVMe-oF's
+//! controller-loss timeout; the session below waits the same way for a path.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::client::SessionCore;
 use rtrs_spdk::engine::{Ctx, PollResult, Poller};
-use rtrs_spdk::rnbd::client::{
-    ClientEvent, DevHandle, IoError, PortCompletion, RnbdClient, RnbdCore,
-};
-use std::sync::Arc;
+use rtrs_spdk::rnbd::client::{ClientEvent, DevHandle, PortCompletion, RnbdClient, RnbdCore};
 
-use super::channel::{finish, Task};
+use super::channel::{finish, ChanShared, Task};
 use super::disk::Disk;
 
 const BATCH: usize = 64;
@@ -21,6 +34,78 @@ const BATCH: usize = 64;
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
 /// bdev_rtrs_create waits at least this long (seconds) for the session and OPEN.
 pub const OPEN_WAIT_MIN_S: u64 = 5;
+/// How often IO waiting for the device to come back is tried again.
+const STALL_RETRY_NS: u64 = 1_000_000;
+
+/// Whether a request that failed with `errno` may succeed once the device is reachable
+/// again: no path (−ENOTCONN from the session or from a server session that lost the
+/// device in a reconnect), a queue-depth change (−ECONNRESET).
+fn unreachable_errno(errno: i32) -> bool {
+    errno == -libc::ENOTCONN || errno == -libc::ECONNRESET || errno == -libc::ECONNABORTED
+}
+
+/// Where core `k`'s port is when no one polls it, and the IO of channels that do not
+/// own it.
+pub struct CoreSlot {
+    /// Tasks (addresses) waiting for the port's owner.
+    queue: Mutex<VecDeque<usize>>,
+    parked: Mutex<Option<Box<PortState>>>,
+    /// Channels that may own the port and do not yet.
+    waiting: AtomicUsize,
+    /// The CPU core whose reactor thread(s) may own the port (`u32::MAX`: none).
+    pub cpu: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CoreSlot {
+    pub fn new(cpu: u32) -> CoreSlot {
+        CoreSlot {
+            queue: Mutex::new(VecDeque::new()),
+            parked: Mutex::new(None),
+            waiting: AtomicUsize::new(0),
+            cpu,
+        }
+    }
+
+    pub fn enqueue(&self, task: usize) {
+        lock(&self.queue).push_back(task);
+    }
+
+    fn take_queued(&self, into: &mut VecDeque<usize>) {
+        let mut q = lock(&self.queue);
+        if !q.is_empty() {
+            into.extend(q.drain(..));
+        }
+    }
+
+    /// A channel that may own the port asks for it.
+    pub fn want(&self) {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A channel that asked for the port no longer does (it took it, or it goes).
+    pub fn unwant(&self) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+
+    /// The parked port, if it is parked (never blocks: the slot's lock is only held to
+    /// move the port in or out).
+    pub fn try_take(&self) -> Option<Box<PortState>> {
+        self.parked.try_lock().ok()?.take()
+    }
+
+    /// Leaves the port in the slot for its next owner.
+    pub fn park(&self, port: Box<PortState>) {
+        *lock(&self.parked) = Some(port);
+    }
+}
 
 enum Port {
     Home(Box<Home>),
@@ -46,37 +131,51 @@ enum Phase {
     Done,
 }
 
-/// One core of a disk.
-pub struct CorePoller {
+/// One core's port of a disk and the IO it carries.
+pub struct PortState {
     disk: Arc<Disk>,
     core: usize,
     dev: DevHandle,
     port: Port,
-    /// Tasks taken from the queue but not accepted yet (no free permit).
+    /// Tasks not accepted yet (no free permit): tried again on every poll.
     retry: VecDeque<usize>,
+    /// Tasks that found the device unreachable: tried again every `STALL_RETRY_NS`.
+    stalled: VecDeque<usize>,
+    stall_next: u64,
     comps: Vec<PortCompletion>,
+    /// Completions taken from the port in this poll.
+    reaped: Vec<(usize, i32)>,
+    /// Finished tasks of the owning channel, which completes them after its poll.
+    pub mine: Vec<(usize, i32)>,
 }
 
-impl CorePoller {
-    /// The home core's poller; OPEN must succeed before `open_deadline` (ns).
+// SAFETY: a port holds the session's per-core handle and, for the home core, the RNBD
+// client whose link events share a single-threaded queue with the session's control
+// poller on the home core's thread. A port is only ever moved between, and used by, SPDK
+// threads of one reactor — the disk's own thread on that CPU core and IO channels whose
+// thread runs on the same CPU core ([`CoreSlot::cpu`], checked when a channel asks for
+// the port and on every poll) — which SPDK runs one at a time on the reactor's OS
+// thread. Its non-thread-safe parts are therefore never used from two OS threads at once.
+unsafe impl Send for PortState {}
+
+impl PortState {
+    /// The home core's port; OPEN must succeed before `open_deadline` (ns).
     pub fn home(
         disk: Arc<Disk>,
         rnbd: RnbdClient<SessionCore>,
         dev: DevHandle,
         open_deadline: u64,
-    ) -> CorePoller {
-        CorePoller {
+    ) -> PortState {
+        PortState::new(
             disk,
-            core: 0,
+            0,
             dev,
-            port: Port::Home(Box::new(Home {
+            Port::Home(Box::new(Home {
                 rnbd,
                 phase: Phase::Opening(open_deadline),
                 events: vec![ClientEvent::Closed { dev }; BATCH],
             })),
-            retry: VecDeque::with_capacity(1024),
-            comps: Vec::new(),
-        }
+        )
     }
 
     pub fn other(
@@ -84,121 +183,164 @@ impl CorePoller {
         core: usize,
         rnbd: RnbdCore<SessionCore>,
         dev: DevHandle,
-    ) -> CorePoller {
-        CorePoller {
+    ) -> PortState {
+        PortState::new(disk, core, dev, Port::Other(Box::new(rnbd)))
+    }
+
+    fn new(disk: Arc<Disk>, core: usize, dev: DevHandle, port: Port) -> PortState {
+        PortState {
             disk,
             core,
             dev,
-            port: Port::Other(Box::new(rnbd)),
+            port,
             retry: VecDeque::with_capacity(1024),
+            stalled: VecDeque::new(),
+            stall_next: 0,
             comps: vec![PortCompletion::default(); BATCH],
+            reaped: Vec::with_capacity(BATCH),
+            mine: Vec::with_capacity(256),
         }
     }
 
-    fn submit(&mut self, cx: &mut dyn Ctx, task: usize) -> Result<(), IoError> {
-        // SAFETY: tasks in our queue are live until finished.
+    /// Sends `task` for the channel `owner` (its own task, on its thread): no queue.
+    pub fn submit_own(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) {
+        if self.retry.is_empty() {
+            self.send(cx, task, owner);
+        } else {
+            // Keep the order of tasks waiting for a permit.
+            self.retry.push_back(task);
+        }
+    }
+
+    /// Tries to send `task`; returns false when it has to wait for a permit.
+    fn send(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) -> bool {
+        // SAFETY: tasks handed to a port are live until finished.
         let t = unsafe { &*(task as *const Task) };
-        match &mut self.port {
+        let r = match &mut self.port {
             Port::Home(h) => h.rnbd.submit(cx, self.dev, task as u64, &t.req, t.sges()),
             Port::Other(o) => o.submit(cx, self.dev, task as u64, &t.req, t.sges()),
+        };
+        match r {
+            Ok(()) => true,
+            Err(e) if e.is_busy() => {
+                self.retry.push_back(task);
+                false
+            }
+            Err(e) => {
+                if !unreachable_errno(e.errno()) {
+                    self.disk.log_io_error(&e);
+                }
+                self.finish(cx.now(), task, e.errno(), owner);
+                true
+            }
         }
     }
 
-    /// Sends queued tasks until the session has no free permit.
-    fn pump(&mut self, cx: &mut dyn Ctx) -> bool {
-        self.disk.take_queued(self.core, &mut self.retry);
-        let mut busy = false;
-        while let Some(task) = self.retry.pop_front() {
-            match self.submit(cx, task) {
-                Ok(()) => busy = true,
-                Err(e) if e.is_busy() => {
-                    self.retry.push_front(task);
-                    break;
+    /// A request is over: hand it back, or park it if the device may come back in time.
+    fn finish(&mut self, now: u64, task: usize, errno: i32, owner: *const ChanShared) {
+        if errno != 0 && unreachable_errno(errno) && !self.disk.closing() {
+            // SAFETY: as in `send`.
+            let t = unsafe { &*(task as *const Task) };
+            if now < t.deadline {
+                if self.stalled.is_empty() {
+                    self.stall_next = now + STALL_RETRY_NS;
                 }
-                Err(e) => {
-                    busy = true;
-                    self.disk.log_io_error(&e);
-                    // SAFETY: the task is live and finished once, here.
-                    unsafe { finish(task, e.errno()) };
+                self.stalled.push_back(task);
+                return;
+            }
+            self.disk.log_io_error(&format!(
+                "device not reachable within io_timeout_sec = {} s ({})",
+                self.disk.params.io_timeout_sec,
+                super::disk::errno_str(errno)
+            ));
+        }
+        // SAFETY: `task` is live and finished once, here.
+        let chan = unsafe { (*(task as *const Task)).chan() };
+        if std::ptr::eq(chan, owner) {
+            self.mine.push((task, errno));
+        } else {
+            // SAFETY: as above.
+            unsafe { finish(task, errno) };
+        }
+    }
+
+    /// Sends waiting tasks until the session has no free permit.
+    fn pump(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+        self.disk.slot(self.core).take_queued(&mut self.retry);
+        if !self.stalled.is_empty() {
+            let now = cx.now();
+            if now >= self.stall_next || self.disk.closing() {
+                // Retried before the newer ones; each goes back here if still unreachable.
+                while let Some(t) = self.stalled.pop_back() {
+                    self.retry.push_front(t);
                 }
             }
+        }
+        let mut busy = false;
+        while let Some(task) = self.retry.pop_front() {
+            // Retried tasks must not cycle back into `retry` within one pump.
+            let n = self.retry.len();
+            if !self.send(cx, task, owner) {
+                // Put back in front of the others: it stays first in line.
+                if let Some(t) = self.retry.pop_back() {
+                    debug_assert_eq!(self.retry.len(), n);
+                    self.retry.push_front(t);
+                }
+                break;
+            }
+            busy = true;
         }
         busy
     }
 
-    fn reap_other(&mut self, cx: &mut dyn Ctx) -> bool {
-        let Port::Other(o) = &mut self.port else {
-            return false;
-        };
+    fn reap(&mut self, cx: &mut dyn Ctx) -> bool {
         let mut busy = false;
         loop {
-            let n = o.poll(cx, &mut self.comps);
-            for c in &self.comps[..n] {
-                // SAFETY: the tag is the address of a task we submitted; finished once.
-                unsafe { finish(c.tag as usize, c.errno) };
-            }
+            let n = match &mut self.port {
+                Port::Other(o) => {
+                    let n = o.poll(cx, &mut self.comps);
+                    self.reaped
+                        .extend(self.comps[..n].iter().map(|c| (c.tag as usize, c.errno)));
+                    n
+                }
+                Port::Home(h) => {
+                    let n = h.rnbd.poll(cx, &mut h.events);
+                    for i in 0..n {
+                        if let ClientEvent::Io { tag, errno } = h.events[i] {
+                            self.reaped.push((tag as usize, errno));
+                        } else {
+                            let ev = h.events[i].clone();
+                            admin_event(&self.disk, &mut h.phase, ev);
+                        }
+                    }
+                    n
+                }
+            };
             busy |= n > 0;
-            if n < self.comps.len() {
+            if n < BATCH {
                 return busy;
             }
         }
     }
 
-    fn reap_home(&mut self, cx: &mut dyn Ctx) -> bool {
-        let Port::Home(h) = &mut self.port else {
-            return false;
-        };
-        let mut busy = false;
-        loop {
-            let n = h.rnbd.poll(cx, &mut h.events);
-            for i in 0..n {
-                let ev = h.events[i].clone();
-                match ev {
-                    // SAFETY: the tag is the address of a task we submitted.
-                    ClientEvent::Io { tag, errno } => unsafe { finish(tag as usize, errno) },
-                    ClientEvent::Opened { info, remap, .. } => {
-                        if remap {
-                            tracing::info!(
-                                "rtrs bdev {}: device {} re-opened after a reconnect",
-                                self.disk.params.name,
-                                self.disk.params.device
-                            );
-                        } else if matches!(h.phase, Phase::Opening(_)) {
-                            h.phase = Phase::Open;
-                            self.disk.opened(info);
-                        }
-                    }
-                    ClientEvent::OpenFailed { error, .. } => {
-                        if matches!(h.phase, Phase::Opening(_)) {
-                            self.disk.open_failed(&error.to_string());
-                            h.phase = Phase::Closing(0);
-                        } else {
-                            tracing::warn!(
-                                "rtrs bdev {}: re-opening device {} failed: {error}",
-                                self.disk.params.name,
-                                self.disk.params.device
-                            );
-                        }
-                    }
-                    ClientEvent::Closed { .. } => {
-                        if let Phase::Closing(_) = h.phase {
-                            h.phase = Phase::Closing(0);
-                        }
-                    }
-                    ClientEvent::SessInfo(Err(e)) => {
-                        tracing::warn!(
-                            "rtrs bdev {}: SESS_INFO failed: {e}",
-                            self.disk.params.name
-                        );
-                    }
-                    ClientEvent::SessInfo(Ok(_)) => {}
-                }
+    /// Makes progress: sends waiting tasks, reaps completions (the owner's own ones go
+    /// to [`mine`](Self::mine)), and on the home core drives the disk's life.
+    pub fn poll(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+        let mut busy = self.pump(cx, owner);
+        busy |= self.reap(cx);
+        if !self.reaped.is_empty() {
+            let now = cx.now();
+            let mut reaped = std::mem::take(&mut self.reaped);
+            for &(task, errno) in &reaped {
+                self.finish(now, task, errno, owner);
             }
-            busy |= n > 0;
-            if n < h.events.len() {
-                return busy;
-            }
+            reaped.clear();
+            self.reaped = reaped;
         }
+        if matches!(self.port, Port::Home(_)) {
+            self.life(cx);
+        }
+        busy
     }
 
     /// The home core's part of closing: CLOSE, close the session, wait for its paths,
@@ -237,20 +379,89 @@ impl CorePoller {
     }
 }
 
+/// The home core's admin events: OPEN's answer, CLOSE's, a re-open after a reconnect.
+fn admin_event(disk: &Arc<Disk>, phase: &mut Phase, ev: ClientEvent) {
+    match ev {
+        ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
+        ClientEvent::Opened { info, remap, .. } => {
+            if remap {
+                tracing::info!(
+                    "rtrs bdev {}: device {} re-opened after a reconnect",
+                    disk.params.name,
+                    disk.params.device
+                );
+            } else if matches!(phase, Phase::Opening(_)) {
+                *phase = Phase::Open;
+                disk.opened(info);
+            }
+        }
+        ClientEvent::OpenFailed { error, .. } => {
+            if matches!(phase, Phase::Opening(_)) {
+                disk.open_failed(&error.to_string());
+                *phase = Phase::Closing(0);
+            } else {
+                tracing::warn!(
+                    "rtrs bdev {}: re-opening device {} failed: {error}",
+                    disk.params.name,
+                    disk.params.device
+                );
+            }
+        }
+        ClientEvent::Closed { .. } => {
+            if let Phase::Closing(_) = phase {
+                *phase = Phase::Closing(0);
+            }
+        }
+        ClientEvent::SessInfo(Err(e)) => {
+            tracing::warn!("rtrs bdev {}: SESS_INFO failed: {e}", disk.params.name);
+        }
+    }
+}
+
+/// The disk's thread on core `k`: polls the core's port while no IO channel owns it.
+pub struct CorePoller {
+    disk: Arc<Disk>,
+    core: usize,
+    port: Option<Box<PortState>>,
+}
+
+impl CorePoller {
+    pub fn new(port: PortState) -> CorePoller {
+        CorePoller {
+            disk: Arc::clone(&port.disk),
+            core: port.core,
+            port: Some(Box::new(port)),
+        }
+    }
+}
+
 impl Poller for CorePoller {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
-        let mut busy = self.pump(cx);
-        busy |= match self.port {
-            Port::Home(_) => self.reap_home(cx),
-            Port::Other(_) => self.reap_other(cx),
-        };
-        if matches!(self.port, Port::Home(_)) {
-            self.life(cx);
+        let slot = self.disk.slot(self.core);
+        if self.port.is_none() && !slot.wanted() {
+            self.port = slot.try_take();
         }
-        if busy {
+        let Some(port) = self.port.as_mut() else {
+            return PollResult::Idle;
+        };
+        if slot.wanted() {
+            if let Some(p) = self.port.take() {
+                slot.park(p);
+            }
+            return PollResult::Busy;
+        }
+        if port.poll(cx, std::ptr::null()) {
             PollResult::Busy
         } else {
             PollResult::Idle
+        }
+    }
+
+    fn shutdown(&mut self, _cx: &mut dyn Ctx) {
+        // The disk is going: every channel is gone, so a parked port is taken back to be
+        // dropped here, on its core (it holds the disk: left in the slot it would never go).
+        if self.port.is_none() {
+            self.port = lock(&self.disk.slot(self.core).parked).take();
         }
     }
 }

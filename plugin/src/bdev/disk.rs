@@ -2,6 +2,10 @@
 //! on SPDK threads of ours, one per core of the application's cpumask (DESIGN.md §3).
 //! The kernel's `rnbd_clt_dev` with its gendisk; here the "disk" is an `spdk_bdev`.
 //!
+//! IO: each core of the disk has a port ([`PortState`]: that core's session handle) that
+//! the IO channel on its CPU core owns and polls, or the disk's own thread on the core
+//! while no channel does (see [`super::channel`] and [`super::core`]).
+//!
 //! Life: [`create`] opens the session on core 0 and sends OPEN; the JSON-RPC request is
 //! answered later, from the OPEN's answer ([`Disk::opened`] registers the bdev on the
 //! application thread, then answers with its name; [`Disk::open_failed`] answers with the
@@ -9,21 +13,20 @@
 //! `destruct` → the io_device is unregistered → the home poller sends CLOSE, closes the
 //! session, waits for its paths → the threads stop → `spdk_bdev_destruct_done`.
 
-use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::client::{MpPolicy, Session};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Access, MemBuf};
-use rtrs_spdk::rnbd::client::{DeviceInfo, IoError, LinkListener, RnbdClient, RnbdCore};
+use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdCore};
 use rtrs_spdk::spdk::{app_cores, Driver, RpcRequest, SpdkThread};
 use serde_json::{json, Value};
 
-use super::channel::{self, CoreQueue};
-use super::core::CorePoller;
+use super::channel::{self, ChanShared};
+use super::core::{CorePoller, CoreSlot, PortState};
 use super::params::{access_name, CreateParams, PathParam};
 use super::{client_fabric, fn_table, registry, ClientFabric};
 
@@ -35,7 +38,9 @@ pub struct Disk {
     fabric: Arc<ClientFabric>,
     driver: Arc<Driver>,
     cpus: Vec<u32>,
-    queues: Box<[CoreQueue]>,
+    slots: Box<[CoreSlot]>,
+    /// Every IO channel of the bdev (resets count their outstanding requests).
+    chans: Mutex<Vec<Arc<ChanShared>>>,
     session: OnceLock<Session>,
     info: OnceLock<DeviceInfo>,
     /// The registered bdev (null before OPEN succeeded).
@@ -73,16 +78,26 @@ impl Disk {
         self.cpus.iter().position(|&c| c == cpu).unwrap_or(0)
     }
 
-    pub fn enqueue(&self, core: usize, task: usize) {
-        if let Ok(mut q) = self.queues[core].tasks.lock() {
-            q.push_back(task);
-        }
+    /// Core `core`'s port slot and queue.
+    pub fn slot(&self, core: usize) -> &CoreSlot {
+        &self.slots[core]
     }
 
-    pub fn take_queued(&self, core: usize, into: &mut VecDeque<usize>) {
-        if let Ok(mut q) = self.queues[core].tasks.lock() {
-            into.extend(q.drain(..));
-        }
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.driver
+    }
+
+    pub fn add_channel(&self, chan: &Arc<ChanShared>) {
+        lock(&self.chans).push(Arc::clone(chan));
+    }
+
+    pub fn remove_channel(&self, chan: &Arc<ChanShared>) {
+        lock(&self.chans).retain(|c| !Arc::ptr_eq(c, chan));
+    }
+
+    /// Bdev IO taken by the channels and not completed yet (resets aside).
+    pub fn outstanding(&self) -> u64 {
+        lock(&self.chans).iter().map(|c| c.outstanding()).sum()
     }
 
     pub fn closing(&self) -> bool {
@@ -99,7 +114,7 @@ impl Disk {
         self.session.get().map_or(true, |s| s.paths().is_empty())
     }
 
-    pub fn log_io_error(&self, e: &IoError) {
+    pub fn log_io_error(&self, e: &dyn std::fmt::Display) {
         let now = rtrs_spdk::spdk::now_ns();
         let last = self.last_err_log.load(Ordering::Relaxed);
         if now.saturating_sub(last) > 1_000_000_000
@@ -320,6 +335,10 @@ unsafe fn free_bdev(bdev: *mut rtrs_spdk::spdk::sys::spdk_bdev) {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub fn errno_str(rc: i32) -> String {
     std::io::Error::from_raw_os_error(rc.abs()).to_string()
 }
@@ -425,14 +444,21 @@ pub fn create(req: RpcRequest, params: CreateParams) {
             return;
         }
     };
-    let queues = (0..driver.cores()).map(|_| CoreQueue::default()).collect();
+    // A port may be owned by channels on its core's CPU: core k's thread runs on cpus[k];
+    // core 0 is the calling thread, on whatever core it runs (none: no channel owns it).
+    // SAFETY: plain query of the calling thread's core.
+    let home_cpu = unsafe { rtrs_spdk::spdk::sys::spdk_env_get_current_core() };
+    let slots = (0..driver.cores())
+        .map(|k| CoreSlot::new(if k == 0 { home_cpu } else { cpus[k] }))
+        .collect();
     let disk = Arc::new(Disk {
         paths: Mutex::new(params.paths.clone()),
         params,
         fabric,
         driver: Arc::clone(&driver),
         cpus,
-        queues,
+        slots,
+        chans: Mutex::new(Vec::new()),
         session: OnceLock::new(),
         info: OnceLock::new(),
         bdev: AtomicPtr::new(ptr::null_mut()),
@@ -496,7 +522,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         let k = i + 1;
         let (d, core) = (Arc::clone(&disk), RnbdCore::new(sc, Arc::clone(&shared)));
         let sent = cx.defer(k, move |cx: &mut dyn Ctx| {
-            cx.register(Box::new(CorePoller::other(d, k, core, dev)));
+            cx.register(Box::new(CorePoller::new(PortState::other(d, k, core, dev))));
         });
         if sent.is_err() {
             tracing::error!("rtrs bdev {}: could not start core {k}", disk.params.name);
@@ -504,5 +530,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
     }
     let wait = disk.params.io_timeout_sec.max(super::core::OPEN_WAIT_MIN_S);
     let deadline = cx.now() + wait * 1_000_000_000;
-    cx.register(Box::new(CorePoller::home(disk, rnbd, dev, deadline)));
+    cx.register(Box::new(CorePoller::new(PortState::home(
+        disk, rnbd, dev, deadline,
+    ))));
 }

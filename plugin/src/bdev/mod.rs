@@ -5,8 +5,10 @@
 //!
 //! - [`params`]: `bdev_rtrs_*` parameters, decoded with errors naming the field.
 //! - [`disk`]: one bdev — session, OPEN, registration, delete; [`core`]: the per-core
-//!   pollers carrying its IO (connection `k+1` of every path on core `k`).
-//! - [`channel`]: IO channels, `submit_request`, completions on the submitting thread.
+//!   ports carrying its IO (connection `k+1` of every path on core `k`).
+//! - [`channel`]: IO channels, `submit_request`, completions on the submitting thread; the
+//!   channel on a core's CPU owns and polls that core's port (the disk's thread there
+//!   polls it while no channel does).
 //! - [`memmap`]: SPDK memory registered with the fabric, so IO buffers go out as-is.
 //! - Transports: `tcp` uses the tcp fabric, `rdma` the verbs fabric (first RDMA device),
 //!   one fabric per transport for the whole application ([`client_fabric`]); all paths
