@@ -29,6 +29,8 @@ const MSG_RING: usize = 65_536;
 /// A set of SPDK threads the engine's pollers run on, indexed 0..n ("cores").
 pub struct Driver {
     cores: Box<[Core]>,
+    /// Period (µs) given to pollers registered without one; 0 = run on every iteration.
+    poll_period_us: u64,
 }
 
 struct Core {
@@ -103,6 +105,21 @@ impl Driver {
     /// # Errors
     /// [`DriverError::NoThreads`] for an empty list.
     pub fn adopt(threads: &[SpdkThread]) -> Result<Arc<Driver>, DriverError> {
+        Driver::adopt_with_period(threads, 0)
+    }
+
+    /// As [`Driver::adopt`], but the pollers run at most every `poll_period_us` µs: for
+    /// work off the IO fast path on threads that must be able to sleep. fio's
+    /// `spdk_bdev` plugin busy-loops a thread that has any untimed poller, and its
+    /// initialisation thread floats over every CPU — a busy one there competes with the
+    /// job threads for their cores.
+    ///
+    /// # Errors
+    /// [`DriverError::NoThreads`] for an empty list.
+    pub fn adopt_with_period(
+        threads: &[SpdkThread],
+        poll_period_us: u64,
+    ) -> Result<Arc<Driver>, DriverError> {
         if threads.is_empty() {
             return Err(DriverError::NoThreads);
         }
@@ -113,7 +130,10 @@ impl Driver {
                 table: RefCell::new(Table::default()),
             })
             .collect();
-        Ok(Arc::new(Driver { cores }))
+        Ok(Arc::new(Driver {
+            cores,
+            poll_period_us,
+        }))
     }
 
     /// Number of cores.
@@ -342,7 +362,11 @@ impl Driver {
             sys::spdk_poller_register_named(
                 Some(poll_slot),
                 raw.as_ptr().cast::<c_void>(),
-                period_us,
+                if period_us == 0 {
+                    self.poll_period_us
+                } else {
+                    period_us
+                },
                 c"rtrs".as_ptr(),
             )
         };

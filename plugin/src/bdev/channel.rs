@@ -14,9 +14,13 @@
 //! Requests of the other channels of the core (two bdevperf jobs on one core, or fio's
 //! threads, which run on no core of the application) go through the slot's queue, which
 //! the port's owner pumps, and come back through the channel's `done` queue: two locks,
-//! uncontended in practice. A channel may only own a port when it runs on that port's CPU
-//! core (so that a port is only ever used on one reactor's OS thread, see
-//! [`PortState`]); one that finds itself elsewhere gives its port back.
+//! uncontended in practice. A port is `Send` and owned by one channel at a time, so
+//! whichever OS thread polls the owner's SPDK thread may drive it. A channel on one of
+//! the application's cores may own that core's port (one whose thread is later moved to
+//! another CPU core gives it back, so that the port stays with its core's connection);
+//! a channel on a thread off the cpumask — fio's job threads, which fio polls itself —
+//! may own core 0's port, so fio's IO needs no other thread: fio's initialisation thread,
+//! where the disk's core 0 lives, then only runs timed work and sleeps in between.
 //!
 //! Reset: SPDK freezes every channel of the bdev before it submits a reset, so nothing new
 //! arrives while it waits. The reset completes once every channel's requests have come
@@ -114,8 +118,10 @@ struct ChanCtx {
     shared: Arc<ChanShared>,
     /// Index of the disk's core on this CPU core.
     core: usize,
-    /// This channel runs on the core's CPU and may own its port.
+    /// This channel may own its core's port (see the module doc).
     eligible: Cell<bool>,
+    /// Eligible because its thread runs on the port's CPU core (and must stay there).
+    pinned: bool,
     /// The core's port, while this channel owns it.
     port: RefCell<Option<Box<PortState>>>,
     poller: *mut sys::spdk_poller,
@@ -164,7 +170,8 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
     // SAFETY: plain query of the calling thread's core.
     let cpu = unsafe { sys::spdk_env_get_current_core() };
     let core = disk.core_of_cpu(cpu);
-    let eligible = cpu != NO_CORE && disk.slot(core).cpu == cpu;
+    let pinned = cpu != NO_CORE && disk.slot(core).cpu == cpu;
+    let eligible = pinned || !disk.on_mask(cpu);
     let shared = Arc::new(ChanShared::default());
     disk.add_channel(&shared);
     if eligible {
@@ -180,6 +187,7 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
                 shared,
                 core,
                 eligible: Cell::new(eligible),
+                pinned,
                 port: RefCell::new(None),
                 poller: ptr::null_mut(),
                 scratch: RefCell::new(Vec::with_capacity(256)),
@@ -277,7 +285,7 @@ fn poll_port(ctx: &ChanCtx, out: &mut Vec<(usize, i32)>) -> bool {
         return false;
     };
     // SAFETY: plain query of the calling thread's core.
-    if unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
+    if ctx.pinned && unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
         // The thread was moved off the port's CPU core: the port stays on its reactor.
         // Our requests it finished (refused at submission) are completed here first.
         out.append(&mut p.mine);

@@ -149,15 +149,6 @@ pub struct PortState {
     pub mine: Vec<(usize, i32)>,
 }
 
-// SAFETY: a port holds the session's per-core handle and, for the home core, the RNBD
-// client whose link events share a single-threaded queue with the session's control
-// poller on the home core's thread. A port is only ever moved between, and used by, SPDK
-// threads of one reactor — the disk's own thread on that CPU core and IO channels whose
-// thread runs on the same CPU core ([`CoreSlot::cpu`], checked when a channel asks for
-// the port and on every poll) — which SPDK runs one at a time on the reactor's OS
-// thread. Its non-thread-safe parts are therefore never used from two OS threads at once.
-unsafe impl Send for PortState {}
-
 impl PortState {
     /// The home core's port; OPEN must succeed before `open_deadline` (ns).
     pub fn home(

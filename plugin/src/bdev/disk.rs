@@ -30,6 +30,9 @@ use super::core::{CorePoller, CoreSlot, PortState};
 use super::params::{access_name, CreateParams, PathParam};
 use super::{client_fabric, fn_table, registry, ClientFabric};
 
+/// Period (µs) of the disk's own pollers (see [`make_driver`]).
+const DISK_POLL_US: u64 = 100;
+
 /// An rtrs bdev and everything behind it.
 pub struct Disk {
     pub params: CreateParams,
@@ -76,6 +79,11 @@ impl Disk {
     /// The disk's core on CPU core `cpu` (core 0 for a thread off the cpumask, as fio's).
     pub fn core_of_cpu(&self, cpu: u32) -> usize {
         self.cpus.iter().position(|&c| c == cpu).unwrap_or(0)
+    }
+
+    /// Whether CPU core `cpu` is one of the application's (a core of the disk).
+    pub fn on_mask(&self, cpu: u32) -> bool {
+        self.cpus.contains(&cpu)
     }
 
     /// Core `core`'s port slot and queue.
@@ -347,6 +355,10 @@ pub fn errno_str(rc: i32) -> String {
 /// every SPDK application polls, even one without reactors such as fio's `spdk_bdev`
 /// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
 /// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
+///
+/// The disk's own pollers (a port nobody else owns, the session's control work) run at
+/// most every [`DISK_POLL_US`]: the IO fast path is the channels' pollers, and a thread
+/// that has only timed pollers may sleep (fio's initialisation thread does).
 fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
     let me = SpdkThread::current().ok_or("not called on an SPDK thread")?;
     let cpus = app_cores();
@@ -362,7 +374,7 @@ fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
             }
         }
     }
-    let driver = Driver::adopt(&threads).map_err(|e| e.to_string())?;
+    let driver = Driver::adopt_with_period(&threads, DISK_POLL_US).map_err(|e| e.to_string())?;
     Ok((driver, cpus))
 }
 

@@ -2,9 +2,9 @@
 //! [`SessionCore`], and [`LinkListener`], the [`ClientEvents`] that hands the session's
 //! link events (kernel: `rnbd_clt_link_ev`) to the client on the home core.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
-use std::rc::Rc;
+use std::sync::Arc;
+
+use crossbeam_queue::SegQueue;
 
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
@@ -55,12 +55,13 @@ impl RtrsPort for SessionCore {
     }
 }
 
-/// Link events of an RTRS client session, queued on the home core for the
-/// [`RnbdClient`](super::RnbdClient) there (give a clone to `Session::open` and one to
-/// [`RnbdClient::listen`](super::RnbdClient::listen)).
+/// Link events of an RTRS client session, queued by the session's control poller for the
+/// [`RnbdClient`](super::RnbdClient) (give a clone to `Session::open` and one to
+/// [`RnbdClient::listen`](super::RnbdClient::listen)). Lock-free, so the client may be
+/// polled from another thread than the control poller (an SPDK IO channel's).
 #[derive(Clone, Default)]
 pub struct LinkListener {
-    queue: Rc<RefCell<VecDeque<LinkEvent>>>,
+    queue: Arc<SegQueue<LinkEvent>>,
 }
 
 impl LinkListener {
@@ -70,18 +71,18 @@ impl LinkListener {
 
     /// The oldest event not yet taken.
     pub fn take(&self) -> Option<LinkEvent> {
-        self.queue.borrow_mut().pop_front()
+        self.queue.pop()
     }
 }
 
 impl ClientEvents for LinkListener {
     fn link_event(&mut self, _cx: &mut dyn Ctx, ev: LinkEvent) {
-        self.queue.borrow_mut().push_back(ev);
+        self.queue.push(ev);
     }
 }
 
 impl std::fmt::Debug for LinkListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LinkListener({} queued)", self.queue.borrow().len())
+        write!(f, "LinkListener({} queued)", self.queue.len())
     }
 }
