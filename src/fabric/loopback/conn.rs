@@ -184,22 +184,25 @@ impl End {
         };
         let out = &queues.to[self.peer()];
         let vanish = link.is_blackholed();
-        let mut moved = 0;
-        for (op, srcs) in self.qp.outbound() {
-            if !vanish {
-                let frame = Frame {
-                    op,
-                    srcs: srcs.iter().cloned().collect(),
-                };
-                // The queue holds the sender's max_send_wr frames and every frame holds
-                // a send slot until acked, so it cannot be full; stop rather than lose.
-                if out.push(frame).is_err() {
-                    break;
+        self.qp.transmit_with(|op, srcs| {
+            if vanish {
+                return true;
+            }
+            // The queue holds the sender's max_send_wr frames and every frame holds a
+            // send slot until acked, so it cannot be full; stop rather than lose. The
+            // sources move into the frame: the slot needs them no more.
+            let frame = Frame {
+                op,
+                srcs: std::mem::take(srcs),
+            };
+            match out.push(frame) {
+                Ok(()) => true,
+                Err(frame) => {
+                    *srcs = frame.srcs;
+                    false
                 }
             }
-            moved += 1;
-        }
-        self.qp.mark_transmitted(moved);
+        });
     }
 
     /// Step 3: executes the peer's operations, in order, up to the budget.
