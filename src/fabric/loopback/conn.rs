@@ -230,8 +230,12 @@ impl End {
 
     fn execute(&mut self, inbox: &ArrayQueue<Frame>, mine: &EndState) {
         for _ in 0..DELIVERY_BUDGET {
-            let Some(frame) = self.stalled.take().or_else(|| inbox.pop()) else {
-                return;
+            let frame = match self.stalled.take() {
+                Some(frame) => frame,
+                None => match inbox.pop() {
+                    Some(frame) => frame,
+                    None => return,
+                },
             };
             match self.qp.inbound(&frame.op) {
                 Ok(place) => {

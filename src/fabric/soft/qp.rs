@@ -390,7 +390,6 @@ impl SoftQp {
     /// sources along. `take` returns false to stop; that operation is not handed over
     /// and must then keep its sources.
     pub fn transmit_with(&mut self, mut take: impl FnMut(WireOp, &mut Srcs) -> bool) {
-        let mut n = 0;
         let mut i = self.sq_sent;
         while i < self.sq_len {
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
@@ -398,11 +397,12 @@ impl SoftQp {
                 if !take(w, &mut s.srcs) {
                     break;
                 }
-                n += 1;
             }
             i += 1;
         }
-        self.mark_transmitted(n);
+        // Everything before the first operation not taken counts as handed over (local
+        // operations and completed ones in between were never due).
+        self.sq_sent = i;
     }
 
     /// The first `n` operations of [`SoftQp::outbound`] were handed over.
@@ -447,47 +447,47 @@ impl SoftQp {
     /// unsignaled request that succeeded keeps its slot until a later request of the
     /// same queue generates a completion; that completion frees everything before it.
     fn advance(&mut self) {
-        let acked = self.peer_acked;
-        let mut free_through = None;
-        // Extend the prefix of requests known to be complete.
-        while self.sq_done < self.sq_len {
-            let i = self.sq_done;
-            let s = self.slot(i);
+        let (acked, mask, head) = (self.peer_acked, self.sq_mask, self.sq_head);
+        // Extend the prefix of requests known to be complete; `free` ends just after
+        // the last one that generates a completion.
+        let mut done = self.sq_done;
+        let mut free = 0;
+        while done < self.sq_len {
+            let s = &mut self.sq[(head + done) & mask];
             let status = match (s.status, s.wire) {
                 (Some(st), _) => st,
-                (None, Some(w)) if w.seq <= acked => WcStatus::Success,
+                (None, Some(w)) if w.seq <= acked => {
+                    s.status = Some(WcStatus::Success);
+                    WcStatus::Success
+                }
                 _ => break,
             };
-            let generates = s.signaled || !status.is_ok();
-            self.slot_mut(i).status = Some(status);
-            if generates {
-                free_through = Some(i);
+            done += 1;
+            if s.signaled || !status.is_ok() {
+                free = done;
             }
-            self.sq_done += 1;
         }
+        self.sq_done = done;
         // A completion-generating request frees itself and every slot before it.
-        let Some(last) = free_through else {
-            return;
-        };
-        for _ in 0..=last {
-            let head = self.slot(0);
-            let status = head.status.unwrap_or(WcStatus::Success);
-            if head.signaled || !status.is_ok() {
+        for k in 0..free {
+            let s = &mut self.sq[(head + k) & mask];
+            let status = s.status.unwrap_or(WcStatus::Success);
+            if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
-                    wr_id: head.wr_id,
+                    wr_id: s.wr_id,
                     status,
-                    opcode: head.opcode,
+                    opcode: s.opcode,
                     byte_len: 0,
                     imm: None,
                     invalidated_rkey: None,
                 });
             }
-            self.slot_mut(0).srcs.clear();
-            self.sq_head = (self.sq_head + 1) & self.sq_mask;
-            self.sq_len -= 1;
-            self.sq_done -= 1;
-            self.sq_sent = self.sq_sent.saturating_sub(1);
+            s.srcs.clear();
         }
+        self.sq_head = (head + free) & mask;
+        self.sq_len -= free;
+        self.sq_done -= free;
+        self.sq_sent = self.sq_sent.saturating_sub(free);
     }
 
     /// Checks the next incoming operation and says where its payload goes (`None` when
@@ -527,9 +527,12 @@ impl SoftQp {
                         }
                         invalidated = Some(op.inv_rkey);
                     }
-                    buf.as_ref()
-                        .filter(|_| op.len > 0)
-                        .map(|b| b.prefix(op.len as usize))
+                    // The receive's buffer moves to the caller (the receive slot
+                    // needs it no more): no reference count touched.
+                    match self.rq.front_mut().map(|r| &mut r.buf) {
+                        Some(Ok(b)) if op.len > 0 => b.take().map(|b| b.truncate(op.len as usize)),
+                        _ => None,
+                    }
                 }
                 Ok(_) => self.remote_place(op)?,
             }

@@ -63,6 +63,16 @@ impl MemRef {
         }
     }
 
+    /// The first `len` bytes, consuming this reference (`len` ≤ this range).
+    ///
+    /// # Panics
+    /// When `len` exceeds the range.
+    pub fn truncate(mut self, len: usize) -> MemRef {
+        assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
+        self.len = len;
+        self
+    }
+
     /// Copies `data` into the range at `offset`.
     ///
     /// # Panics
