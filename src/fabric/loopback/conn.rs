@@ -179,6 +179,9 @@ impl End {
 
     /// Step 2: newly posted operations go to the peer's queue (or vanish, blackholed).
     fn transmit(&mut self, link: &Link) {
+        if !self.qp.has_outbound() {
+            return;
+        }
         let Some(queues) = link.queues.get() else {
             return;
         };

@@ -384,6 +384,12 @@ impl SoftQp {
         })
     }
 
+    /// Whether posted requests wait to be handed to the transport (a cheap test before
+    /// [`SoftQp::outbound`] or [`SoftQp::transmit_with`] on an idle poll).
+    pub fn has_outbound(&self) -> bool {
+        self.sq_sent < self.sq_len
+    }
+
     /// Hands the wire operations not yet handed over to `take`, in order, each with its
     /// source list to move out of (no reference counts touched): [`SoftQp::outbound`]
     /// and [`SoftQp::mark_transmitted`] in one pass, for a transport that carries the
