@@ -101,6 +101,17 @@ impl MemRef {
     /// # Panics
     /// When the lengths differ.
     pub fn gather_from(&self, sources: &[MemRef]) {
+        if let [s] = sources {
+            // The common case, one source: no sum, one copy.
+            assert_eq!(
+                s.len, self.len,
+                "gather of {} bytes into {}",
+                s.len, self.len
+            );
+            // SAFETY: as below, with `s.len == self.len`.
+            unsafe { std::ptr::copy(s.ptr, self.ptr, s.len) }
+            return;
+        }
         let total: usize = sources.iter().map(|s| s.len).sum();
         assert_eq!(total, self.len, "gather of {total} bytes into {}", self.len);
         let mut at = 0;
