@@ -179,27 +179,33 @@ impl End {
 
     /// Step 2: newly posted operations go to the peer's queue (or vanish, blackholed).
     fn transmit(&mut self, link: &Link) {
+        if !self.qp.has_outbound() {
+            return;
+        }
         let Some(queues) = link.queues.get() else {
             return;
         };
         let out = &queues.to[self.peer()];
         let vanish = link.is_blackholed();
-        let mut moved = 0;
-        for (op, srcs) in self.qp.outbound() {
-            if !vanish {
-                let frame = Frame {
-                    op,
-                    srcs: srcs.iter().cloned().collect(),
-                };
-                // The queue holds the sender's max_send_wr frames and every frame holds
-                // a send slot until acked, so it cannot be full; stop rather than lose.
-                if out.push(frame).is_err() {
-                    break;
+        self.qp.transmit_with(|op, srcs| {
+            if vanish {
+                return true;
+            }
+            // The queue holds the sender's max_send_wr frames and every frame holds a
+            // send slot until acked, so it cannot be full; stop rather than lose. The
+            // sources move into the frame: the slot needs them no more.
+            let frame = Frame {
+                op,
+                srcs: std::mem::take(srcs),
+            };
+            match out.push(frame) {
+                Ok(()) => true,
+                Err(frame) => {
+                    *srcs = frame.srcs;
+                    false
                 }
             }
-            moved += 1;
-        }
-        self.qp.mark_transmitted(moved);
+        });
     }
 
     /// Step 3: executes the peer's operations, in order, up to the budget.
@@ -227,8 +233,12 @@ impl End {
 
     fn execute(&mut self, inbox: &ArrayQueue<Frame>, mine: &EndState) {
         for _ in 0..DELIVERY_BUDGET {
-            let Some(frame) = self.stalled.take().or_else(|| inbox.pop()) else {
-                return;
+            let frame = match self.stalled.take() {
+                Some(frame) => frame,
+                None => match inbox.pop() {
+                    Some(frame) => frame,
+                    None => return,
+                },
             };
             match self.qp.inbound(&frame.op) {
                 Ok(place) => {

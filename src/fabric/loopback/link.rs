@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crossbeam_queue::ArrayQueue;
-use smallvec::SmallVec;
 
-use crate::fabric::soft::{MemRef, WireOp};
+use crate::fabric::soft::qp::{Srcs, INLINE_SRCS};
+use crate::fabric::soft::WireOp;
 use crate::fabric::{PrivateData, QpCaps, WcStatus};
 
 /// Most SGEs a loopback work request may carry: a frame holds its sources inline, so a
 /// transfer never allocates.
-pub const MAX_SGE: usize = 4;
+pub const MAX_SGE: usize = INLINE_SRCS;
 
 /// The client end is 0, the accepting end 1.
 pub const CLIENT: usize = 0;
@@ -30,7 +30,7 @@ pub const SERVER: usize = 1;
 /// `MemRef`s' Arcs until the receiver has copied from it.
 pub struct Frame {
     pub op: WireOp,
-    pub srcs: SmallVec<[MemRef; MAX_SGE]>,
+    pub srcs: Srcs,
 }
 
 /// Where the handshake is.

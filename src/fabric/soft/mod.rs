@@ -15,4 +15,4 @@ pub mod qp;
 pub mod table;
 
 pub use qp::{InboundError, SoftQp, WireKind, WireOp};
-pub use table::{MemRef, MrTable, MAX_MR_SIZE};
+pub use table::{LkeyCache, MemRef, MrTable, MAX_MR_SIZE};

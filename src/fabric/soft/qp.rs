@@ -27,7 +27,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::table::{MemRef, MrTable};
+use smallvec::SmallVec;
+
+use super::table::{LkeyCache, MemRef, MrTable};
 use crate::fabric::{
     Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
     WcStatus,
@@ -84,8 +86,15 @@ struct SqSlot {
     wire: Option<WireOp>,
     /// Set when the slot completed locally (local operations, post-time errors, flushes).
     status: Option<WcStatus>,
-    srcs: Vec<MemRef>,
+    srcs: Srcs,
 }
+
+/// Sources held inline up to this many SGEs (more spill to the heap once, at
+/// construction, and keep that capacity).
+pub const INLINE_SRCS: usize = 4;
+
+/// A send request's checked source list.
+pub type Srcs = SmallVec<[MemRef; INLINE_SRCS]>;
 
 struct RqSlot {
     wr_id: u64,
@@ -102,10 +111,16 @@ struct InProgress {
 /// A software RC queue pair.
 pub struct SoftQp {
     table: Arc<MrTable>,
+    /// The regions local SGEs named last (see [`LkeyCache`]).
+    lkeys: LkeyCache,
     caps: QpCaps,
     state: ConnState,
     disconnect_pending: bool,
+    /// The send ring: a power of two long (indexing is a mask), of which `sq_cap`
+    /// (`max_send_wr`) slots may be in use.
     sq: Vec<SqSlot>,
+    sq_mask: usize,
+    sq_cap: usize,
     sq_head: usize,
     sq_len: usize,
     /// Slots from `sq_head` known complete (acked, or completed locally); an unsignaled
@@ -125,22 +140,26 @@ pub struct SoftQp {
 
 impl SoftQp {
     pub fn new(table: Arc<MrTable>, caps: QpCaps) -> SoftQp {
-        let sq = (0..caps.max_send_wr.max(1))
+        let sq_cap = caps.max_send_wr.max(1) as usize;
+        let sq: Vec<SqSlot> = (0..sq_cap.next_power_of_two())
             .map(|_| SqSlot {
                 wr_id: 0,
                 signaled: false,
                 opcode: WcOpcode::Send,
                 wire: None,
                 status: None,
-                srcs: Vec::with_capacity(caps.max_send_sge as usize),
+                srcs: Srcs::with_capacity(caps.max_send_sge as usize),
             })
             .collect();
         let cq_len = (caps.max_send_wr + caps.max_recv_wr) as usize;
         SoftQp {
             table,
+            lkeys: LkeyCache::default(),
             caps,
             state: ConnState::Connecting,
             disconnect_pending: false,
+            sq_mask: sq.len() - 1,
+            sq_cap,
             sq,
             sq_head: 0,
             sq_len: 0,
@@ -176,12 +195,11 @@ impl SoftQp {
     }
 
     fn slot(&self, i: usize) -> &SqSlot {
-        &self.sq[(self.sq_head + i) % self.sq.len()]
+        &self.sq[(self.sq_head + i) & self.sq_mask]
     }
 
     fn slot_mut(&mut self, i: usize) -> &mut SqSlot {
-        let n = self.sq.len();
-        &mut self.sq[(self.sq_head + i) % n]
+        &mut self.sq[(self.sq_head + i) & self.sq_mask]
     }
 
     /// Posts a chain of send requests (see `Conn::post_send`).
@@ -196,7 +214,7 @@ impl SoftQp {
             {
                 return refuse(PostErrorKind::NotConnected);
             }
-            if self.sq_len == self.sq.len() {
+            if self.sq_len == self.sq_cap {
                 return refuse(PostErrorKind::QueueFull);
             }
             let local_op = matches!(wr.op, SendOp::RegMr { .. } | SendOp::LocalInv { .. });
@@ -221,9 +239,10 @@ impl SoftQp {
         let i = self.sq_len;
         self.sq_len += 1;
         let broken = self.state == ConnState::Disconnected;
-        let table = self.table.clone();
         let seq = self.next_seq;
-        let slot = self.slot_mut(i);
+        // Disjoint borrows: the table beside the slot, no reference count touched.
+        let (table, lkeys) = (&self.table, &mut self.lkeys);
+        let slot = &mut self.sq[(self.sq_head + i) & self.sq_mask];
         slot.wr_id = wr.wr_id;
         slot.signaled = wr.signaled;
         slot.wire = None;
@@ -283,7 +302,7 @@ impl SoftQp {
             return;
         }
         for sge in wr.sges {
-            match table.local(sge, Access::NONE) {
+            match table.local_cached(lkeys, sge, Access::NONE) {
                 Ok(m) => slot.srcs.push(m),
                 Err(s) => {
                     slot.srcs.clear();
@@ -336,7 +355,10 @@ impl SoftQp {
             }
             let buf = match wr.sge {
                 None => Ok(None),
-                Some(sge) => self.table.local(&sge, Access::LOCAL_WRITE).map(Some),
+                Some(sge) => self
+                    .table
+                    .local_cached(&mut self.lkeys, &sge, Access::LOCAL_WRITE)
+                    .map(Some),
             };
             self.rq.push_back(RqSlot {
                 wr_id: wr.wr_id,
@@ -362,6 +384,33 @@ impl SoftQp {
         })
     }
 
+    /// Whether posted requests wait to be handed to the transport (a cheap test before
+    /// [`SoftQp::outbound`] or [`SoftQp::transmit_with`] on an idle poll).
+    pub fn has_outbound(&self) -> bool {
+        self.sq_sent < self.sq_len
+    }
+
+    /// Hands the wire operations not yet handed over to `take`, in order, each with its
+    /// source list to move out of (no reference counts touched): [`SoftQp::outbound`]
+    /// and [`SoftQp::mark_transmitted`] in one pass, for a transport that carries the
+    /// sources along. `take` returns false to stop; that operation is not handed over
+    /// and must then keep its sources.
+    pub fn transmit_with(&mut self, mut take: impl FnMut(WireOp, &mut Srcs) -> bool) {
+        let mut i = self.sq_sent;
+        while i < self.sq_len {
+            let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
+            if let (Some(w), None) = (s.wire, s.status) {
+                if !take(w, &mut s.srcs) {
+                    break;
+                }
+            }
+            i += 1;
+        }
+        // Everything before the first operation not taken counts as handed over (local
+        // operations and completed ones in between were never due).
+        self.sq_sent = i;
+    }
+
     /// The first `n` operations of [`SoftQp::outbound`] were handed over.
     pub fn mark_transmitted(&mut self, mut n: usize) {
         while n > 0 && self.sq_sent < self.sq_len {
@@ -379,10 +428,12 @@ impl SoftQp {
 
     /// The peer executed every operation up to `seq`.
     pub fn on_ack(&mut self, seq: u64) {
+        // A repeated ack completes nothing: local completions were already moved on
+        // by the post (or break) that made them.
         if seq > self.peer_acked && seq < self.next_seq {
             self.peer_acked = seq;
+            self.advance();
         }
-        self.advance();
     }
 
     /// The peer refused operation `seq` with `status`: it completes with that status and
@@ -402,47 +453,47 @@ impl SoftQp {
     /// unsignaled request that succeeded keeps its slot until a later request of the
     /// same queue generates a completion; that completion frees everything before it.
     fn advance(&mut self) {
-        let acked = self.peer_acked;
-        let mut free_through = None;
-        // Extend the prefix of requests known to be complete.
-        while self.sq_done < self.sq_len {
-            let i = self.sq_done;
-            let s = self.slot(i);
+        let (acked, mask, head) = (self.peer_acked, self.sq_mask, self.sq_head);
+        // Extend the prefix of requests known to be complete; `free` ends just after
+        // the last one that generates a completion.
+        let mut done = self.sq_done;
+        let mut free = 0;
+        while done < self.sq_len {
+            let s = &mut self.sq[(head + done) & mask];
             let status = match (s.status, s.wire) {
                 (Some(st), _) => st,
-                (None, Some(w)) if w.seq <= acked => WcStatus::Success,
+                (None, Some(w)) if w.seq <= acked => {
+                    s.status = Some(WcStatus::Success);
+                    WcStatus::Success
+                }
                 _ => break,
             };
-            let generates = s.signaled || !status.is_ok();
-            self.slot_mut(i).status = Some(status);
-            if generates {
-                free_through = Some(i);
+            done += 1;
+            if s.signaled || !status.is_ok() {
+                free = done;
             }
-            self.sq_done += 1;
         }
+        self.sq_done = done;
         // A completion-generating request frees itself and every slot before it.
-        let Some(last) = free_through else {
-            return;
-        };
-        for _ in 0..=last {
-            let head = self.slot(0);
-            let status = head.status.unwrap_or(WcStatus::Success);
-            if head.signaled || !status.is_ok() {
+        for k in 0..free {
+            let s = &mut self.sq[(head + k) & mask];
+            let status = s.status.unwrap_or(WcStatus::Success);
+            if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
-                    wr_id: head.wr_id,
+                    wr_id: s.wr_id,
                     status,
-                    opcode: head.opcode,
+                    opcode: s.opcode,
                     byte_len: 0,
                     imm: None,
                     invalidated_rkey: None,
                 });
             }
-            self.slot_mut(0).srcs.clear();
-            self.sq_head = (self.sq_head + 1) % self.sq.len();
-            self.sq_len -= 1;
-            self.sq_done -= 1;
-            self.sq_sent = self.sq_sent.saturating_sub(1);
+            s.srcs.clear();
         }
+        self.sq_head = (head + free) & mask;
+        self.sq_len -= free;
+        self.sq_done -= free;
+        self.sq_sent = self.sq_sent.saturating_sub(free);
     }
 
     /// Checks the next incoming operation and says where its payload goes (`None` when
@@ -482,9 +533,12 @@ impl SoftQp {
                         }
                         invalidated = Some(op.inv_rkey);
                     }
-                    buf.as_ref()
-                        .filter(|_| op.len > 0)
-                        .map(|b| b.prefix(op.len as usize))
+                    // The receive's buffer moves to the caller (the receive slot
+                    // needs it no more): no reference count touched.
+                    match self.rq.front_mut().map(|r| &mut r.buf) {
+                        Some(Ok(b)) if op.len > 0 => b.take().map(|b| b.truncate(op.len as usize)),
+                        _ => None,
+                    }
                 }
                 Ok(_) => self.remote_place(op)?,
             }
@@ -609,6 +663,7 @@ impl SoftQp {
         }
         self.state = ConnState::Disconnected;
         self.disconnect_pending = true;
+        self.lkeys.clear();
         self.in_progress = None;
         self.advance();
         for i in 0..self.sq_len {

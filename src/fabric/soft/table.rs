@@ -11,6 +11,7 @@
 //! Every check returns a [`MemRef`] that keeps the memory alive while the caller copies,
 //! so a registration dropped concurrently can never free memory under a copy in progress.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::fabric::mem::Backing;
@@ -62,6 +63,16 @@ impl MemRef {
         }
     }
 
+    /// The first `len` bytes, consuming this reference (`len` ≤ this range).
+    ///
+    /// # Panics
+    /// When `len` exceeds the range.
+    pub fn truncate(mut self, len: usize) -> MemRef {
+        assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
+        self.len = len;
+        self
+    }
+
     /// Copies `data` into the range at `offset`.
     ///
     /// # Panics
@@ -90,6 +101,17 @@ impl MemRef {
     /// # Panics
     /// When the lengths differ.
     pub fn gather_from(&self, sources: &[MemRef]) {
+        if let [s] = sources {
+            // The common case, one source: no sum, one copy.
+            assert_eq!(
+                s.len, self.len,
+                "gather of {} bytes into {}",
+                s.len, self.len
+            );
+            // SAFETY: as below, with `s.len == self.len`.
+            unsafe { std::ptr::copy(s.ptr, self.ptr, s.len) }
+            return;
+        }
         let total: usize = sources.iter().map(|s| s.len).sum();
         assert_eq!(total, self.len, "gather of {total} bytes into {}", self.len);
         let mut at = 0;
@@ -149,6 +171,57 @@ struct Inner {
 #[derive(Debug)]
 pub struct MrTable {
     inner: RwLock<Inner>,
+    /// Bumped (under the write lock) whenever an entry is allocated or retired, so a
+    /// [`LkeyCache`] knows its regions are still what it saw. Bindings and
+    /// invalidations of slots do not bump it: local checks never accept a slot.
+    epoch: AtomicU64,
+}
+
+/// The regions a queue pair's local SGEs named last, remembered so that checking the
+/// next SGE of the same region takes no lock: what a NIC's translation cache does.
+/// A hit is valid while the table's epoch is unchanged (no registration came or went),
+/// and every check on the SGE itself (key, rights, bounds) is still made each time.
+/// It keeps the regions' memory alive until it is refreshed or dropped.
+#[derive(Debug, Default)]
+pub struct LkeyCache {
+    ways: [Option<Cached>; 2],
+    /// The way replaced on the next miss.
+    next: usize,
+}
+
+#[derive(Debug)]
+struct Cached {
+    epoch: u64,
+    lkey: u32,
+    base: u64,
+    len: u64,
+    access: Access,
+    keep: Arc<Backing>,
+}
+
+impl Cached {
+    /// The checks of [`MrTable::local`] after the key: rights and bounds.
+    fn check(&self, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
+        let end = sge.addr.checked_add(sge.len as u64);
+        if !self.access.contains(need)
+            || sge.addr < self.base
+            || !end.is_some_and(|end| end <= self.base + self.len)
+        {
+            return Err(WcStatus::LocalProtection);
+        }
+        Ok(MemRef {
+            ptr: sge.addr as *mut u8,
+            len: sge.len as usize,
+            keep: self.keep.clone(),
+        })
+    }
+}
+
+impl LkeyCache {
+    /// Forgets every remembered region (their memory may go).
+    pub fn clear(&mut self) {
+        self.ways = [None, None];
+    }
 }
 
 /// The backend state inside an [`Mr`] or [`FastMr`] made by a [`MrTable`]: which table
@@ -162,6 +235,7 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut inner = self.table.inner.write().unwrap_or_else(|e| e.into_inner());
+        self.table.epoch.fetch_add(1, Ordering::Release);
         let e = &mut inner.entries[self.index as usize];
         // Bump the key so a stale key cannot match whatever reuses the index.
         *e = Entry {
@@ -184,11 +258,13 @@ impl MrTable {
         };
         Arc::new(MrTable {
             inner: RwLock::new(inner),
+            epoch: AtomicU64::new(0),
         })
     }
 
     fn alloc(self: &Arc<Self>, entry: Entry) -> (u32, u32) {
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        self.epoch.fetch_add(1, Ordering::Release);
         let index = match inner.free.pop() {
             Some(i) => i,
             None => {
@@ -271,6 +347,51 @@ impl MrTable {
             len: sge.len as usize,
             keep,
         })
+    }
+
+    /// [`MrTable::local`] through a queue pair's cache: the same checks and result,
+    /// without the table's lock when the SGE's region was looked up recently.
+    ///
+    /// # Errors
+    /// [`WcStatus::LocalProtection`].
+    pub fn local_cached(
+        &self,
+        cache: &mut LkeyCache,
+        sge: &Sge,
+        need: Access,
+    ) -> Result<MemRef, WcStatus> {
+        // Read before the entry (under the lock on a miss): a registration change in
+        // between leaves the remembered epoch stale, never a stale entry current.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let hit = cache
+            .ways
+            .iter()
+            .flatten()
+            .find(|c| c.lkey == sge.lkey && c.epoch == epoch);
+        if let Some(c) = hit {
+            return c.check(sge, need);
+        }
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let e = inner
+            .entries
+            .get((sge.lkey >> 8) as usize)
+            .filter(|e| e.kind == Kind::Region && e.valid && e.key == sge.lkey as u8)
+            .ok_or(WcStatus::LocalProtection)?;
+        let keep = e.backing.clone().ok_or(WcStatus::LocalProtection)?;
+        let way = Cached {
+            epoch,
+            lkey: sge.lkey,
+            base: e.base,
+            len: e.len,
+            access: e.access,
+            keep,
+        };
+        drop(inner);
+        let result = way.check(sge, need);
+        let at = cache.next;
+        cache.next ^= 1;
+        cache.ways[at] = Some(way);
+        result
     }
 
     /// Checks an incoming remote access as a NIC would: the rkey names a live region or a
@@ -489,6 +610,58 @@ mod tests {
             .bind(&slot, &mr, mr.addr() + 1, 8192, RW, inc_rkey(k2))
             .is_err());
         assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey()).is_err());
+    }
+
+    #[test]
+    fn cached_local_checks_match_the_table() {
+        let t = MrTable::new();
+        let mut cache = LkeyCache::default();
+        let mr = t.register_buf(MemBuf::zeroed(64), Access::NONE);
+        let sge = mr.sge(0, 64);
+        for _ in 0..2 {
+            // A miss, then a hit: same answers.
+            assert!(t.local_cached(&mut cache, &sge, Access::NONE).is_ok());
+            assert_eq!(
+                t.local_cached(&mut cache, &sge, Access::LOCAL_WRITE)
+                    .map(|_| ()),
+                Err(WcStatus::LocalProtection),
+                "rights are checked on a hit"
+            );
+            let mut long = sge;
+            long.len = 65;
+            assert_eq!(
+                t.local_cached(&mut cache, &long, Access::NONE).map(|_| ()),
+                Err(WcStatus::LocalProtection),
+                "bounds are checked on a hit"
+            );
+        }
+        // A dropped region's key stops matching at once, even when its index is reused.
+        let (key, addr) = (sge.lkey, sge.addr);
+        drop(mr);
+        let again = t.register_buf(MemBuf::zeroed(64), Access::NONE);
+        assert_eq!(again.lkey() >> 8, key >> 8, "index is reused");
+        let stale = Sge {
+            addr,
+            len: 1,
+            lkey: key,
+        };
+        assert_eq!(
+            t.local_cached(&mut cache, &stale, Access::NONE).map(|_| ()),
+            Err(WcStatus::LocalProtection)
+        );
+        assert!(t
+            .local_cached(&mut cache, &again.sge(0, 64), Access::NONE)
+            .is_ok());
+        // A fast-registration slot is never a local key.
+        let slot = t.alloc_fast_mr();
+        let k = inc_rkey(slot.rkey());
+        t.bind(&slot, &again, again.addr(), 64, RW, k).unwrap();
+        let via_slot = Sge {
+            addr: again.addr(),
+            len: 1,
+            lkey: k,
+        };
+        assert!(t.local_cached(&mut cache, &via_slot, Access::NONE).is_err());
     }
 
     #[test]
