@@ -175,7 +175,10 @@ scenario_save_config() {
 	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-saved.json" || return 1
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from saved config"; return 1; }
-	rpc clt bdev_rtrs_get_sessions -b rtrs0 | grep -q 'round-robin' || { echo "policy not restored"; return 1; }
+	# To a file first: `grep -q` stops reading at the first match, and under pipefail the
+	# writer's broken pipe would fail the check.
+	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess-restored.json" || return 1
+	grep -q 'round-robin' "$APP_DIR/sess-restored.json" || { echo "policy not restored"; return 1; }
 	rpc tgt save_config >"$APP_DIR/tgt-saved2.json" || return 1
 	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved2.json"
 }
