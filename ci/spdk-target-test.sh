@@ -277,18 +277,26 @@ cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical
     fail "config differs: $(cat "$WORK/rtrs2.json")"
 expect_client "verified 256 blocks"
 
+# io_fails_cleanly NAME LABEL METHOD PARAMS: a client runs IO until it fails; once its
+# session is connected, METHOD pulls the device from under it; its IO must fail cleanly.
+io_fails_cleanly() {
+    local name=$1 label=$2 method=$3 params=$4 pid
+    client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/$name.out" &
+    pid=$!
+    for _ in $(seq 1 100); do
+        [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
+        sleep 0.1
+    done
+    sleep 0.5
+    expect_ok "$method" "$params"
+    wait "$pid" || true
+    grep -q "refused as expected" "$WORK/$name.out" &&
+        ok "client IO failed cleanly: $(head -1 "$WORK/$name.out")" ||
+        fail "$label: $(cat "$WORK/$name.out")"
+}
+
 echo "== bdev hot removal under IO"
-client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/hot.out" &
-HOT=$!
-for _ in $(seq 1 100); do
-    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
-    sleep 0.1
-done
-sleep 0.5
-expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
-wait "$HOT" || true
-grep -q "refused as expected" "$WORK/hot.out" && ok "client IO failed cleanly: $(head -1 "$WORK/hot.out")" ||
-    fail "hot removal: $(cat "$WORK/hot.out")"
+io_fails_cleanly hot "hot removal" bdev_malloc_delete '{"name":"Malloc0"}'
 alive
 # Into a variable first: `grep -q` stops reading at the first match, and under pipefail
 # the writer's broken pipe would turn a match into "no match".
@@ -318,17 +326,7 @@ grep -q "bdev_io pool exhausted (-ENOMEM)" "$WORK/tgt.log" && ok "the -ENOMEM pa
     fail "no -ENOMEM wait seen in the target log"
 
 echo "== unexport while the client has the device open"
-client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/unexp.out" &
-UNEXP=$!
-for _ in $(seq 1 100); do
-    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
-    sleep 0.1
-done
-sleep 0.5
-expect_ok rtrs_target_unexport '{"export_name":"vol"}'
-wait "$UNEXP" || true
-grep -q "refused as expected" "$WORK/unexp.out" && ok "client IO failed cleanly: $(head -1 "$WORK/unexp.out")" ||
-    fail "unexport under IO: $(cat "$WORK/unexp.out")"
+io_fails_cleanly unexp "unexport under IO" rtrs_target_unexport '{"export_name":"vol"}'
 alive
 expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
 stop_target
