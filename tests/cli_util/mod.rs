@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -64,7 +64,44 @@ pub struct TargetProc {
 /// Starts `rtrs-target` on 127.0.0.1 with a free port (port 0; the bound one is read
 /// from the ready line) on core 0, sleeping when idle.
 pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
+    // The target's log (a warning per closed session) only with CLI_TEST_LOG set.
+    let stderr = if std::env::var_os("CLI_TEST_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    };
+    spawn_target(exports, extra, stderr, false)
+}
+
+/// [`start_target`] with the target's log (stderr, at its default level: `RUST_LOG` is
+/// not passed on) collected line by line.
+pub fn start_target_logged(
+    exports: &[&str],
+    extra: &[&str],
+) -> (TargetProc, Arc<Mutex<Vec<String>>>) {
+    let mut t = spawn_target(exports, extra, Stdio::piped(), true);
+    let err = t
+        .kid
+        .0
+        .as_mut()
+        .and_then(|c| c.stderr.take())
+        .expect("stderr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&log);
+    thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    });
+    (t, log)
+}
+
+fn spawn_target(exports: &[&str], extra: &[&str], stderr: Stdio, default_log: bool) -> TargetProc {
     let mut cmd = Command::new(TARGET);
+    if default_log {
+        cmd.env_remove("RUST_LOG");
+    }
     cmd.args([
         "--listen",
         "tcp://127.0.0.1:0",
@@ -79,12 +116,7 @@ pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
     cmd.args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        // The target's log (a warning per closed session) only with CLI_TEST_LOG set.
-        .stderr(if std::env::var_os("CLI_TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        });
+        .stderr(stderr);
     let mut child = cmd.spawn().expect("spawn rtrs-target");
     let out = child.stdout.take().expect("stdout");
     let kid = Kid(Some(child));

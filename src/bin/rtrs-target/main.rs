@@ -4,7 +4,12 @@
 //! ```text
 //! rtrs-target --listen tcp://127.0.0.1:1234 --export vol=ram:1G [--export d=file:/dev/x:ro]
 //!             [--queue-depth 512] [--chunk-size 128K] [--no-always-invalidate] [-m 0x1]
+//!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //! ```
+//! Connections that have not completed their handshake within `--handshake-timeout`
+//! are closed; at most `--max-pending` of them are held per listener, at most
+//! `--max-pending-per-source` from one address (a newcomer evicts the oldest of the
+//! busiest source, so a flood of idle connections cannot lock clients out).
 //! It prints one line when ready (`listening on tcp://127.0.0.1:1234, exports: vol (ram
 //! 1 GiB)`) and stops cleanly on SIGINT or SIGTERM: the server closes every session,
 //! its pollers finish, the reactors drain, exit code 0. Bad arguments give one line on
@@ -22,8 +27,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use rtrs_spdk::engine::{CpuMask, Engine};
+use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE};
 use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::fabric::{Admission, Fabric};
 use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::server::ServerConfig;
 
@@ -58,6 +64,18 @@ struct Args {
     /// Idle reactors busy-poll (default, as SPDK) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Close a connection that has not completed its handshake this long after it was
+    /// accepted (the RTRS handshake: from a path's first connection to its INFO_REQ).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    handshake_timeout: Duration,
+    /// Most connections still in their handshake, per listener; at the cap a newcomer
+    /// evicts the oldest one of the busiest source address.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING)]
+    max_pending: usize,
+    /// Most connections still in their handshake from one source address (IPv6: one
+    /// /64); beyond, the source's oldest is closed.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING_PER_SOURCE)]
+    max_pending_per_source: usize,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -89,6 +107,11 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth: args.queue_depth,
         chunk_size: args.chunk_size,
         always_invalidate: !args.no_always_invalidate,
+        admission: Admission {
+            handshake_timeout: args.handshake_timeout,
+            max_pending: args.max_pending,
+            max_pending_per_source: args.max_pending_per_source,
+        },
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -134,6 +157,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth = args.queue_depth,
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
+        admission = %target.server.config().admission,
         "target ready"
     );
 
