@@ -117,6 +117,36 @@ fn target_bad_arguments() {
         2,
         &["cpumask", "0xg"],
     );
+    let listen = ["--listen", "tcp://127.0.0.1:0", "--export", "a=ram:1M"];
+    let admission = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v = with(&listen);
+        v.extend_from_slice(extra);
+        v
+    };
+    expect_err(
+        TARGET,
+        &admission(&["--handshake-timeout", "0s"]),
+        2,
+        &["--handshake-timeout", "0s", "zero"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--handshake-timeout", "2h"]),
+        2,
+        &["handshake_timeout", "1 hour"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--max-pending", "0"]),
+        2,
+        &["max_pending", "at least 1"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--max-pending", "8", "--max-pending-per-source", "9"]),
+        2,
+        &["max_pending_per_source", "9"],
+    );
     expect_err(TARGET, &with(&["--export", "a=ram:1M"]), 2, &["--listen"]);
     expect_err(TARGET, &with(&["--bogus"]), 2, &["--bogus"]);
 }

@@ -88,7 +88,22 @@ impl TargetProc {
 /// from the ready line) on core 0, sleeping when idle. Its stderr is collected in
 /// [`TargetProc::log`] (and copied to the test's stderr with `CLI_TEST_LOG` set).
 pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
+    spawn_target(exports, extra, false)
+}
+
+/// [`start_target`] with the target at its default log level (`RUST_LOG` is not passed
+/// on); returns the collected log as well.
+pub fn start_target_logged(exports: &[&str], extra: &[&str]) -> (TargetProc, Arc<Mutex<String>>) {
+    let t = spawn_target(exports, extra, true);
+    let log = Arc::clone(&t.log);
+    (t, log)
+}
+
+fn spawn_target(exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
     let mut cmd = Command::new(TARGET);
+    if default_log {
+        cmd.env_remove("RUST_LOG");
+    }
     cmd.args([
         "--listen",
         "tcp://127.0.0.1:0",

@@ -129,8 +129,10 @@ struct Args {
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
-    /// How long to wait for the target to answer and the device to be mapped.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
+    /// How long each connection of the session and its handshake may take (a target
+    /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
+    /// the device may take 5 s more.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
     connect_timeout: Duration,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]

@@ -5,12 +5,17 @@
 //! rtrs-target --listen tcp://127.0.0.1:1234 --export vol=ram:1G [--export d=file:/dev/x:ro]
 //!             [--listen rdma://10.0.0.1] [--queue-depth 512] [--chunk-size 128K]
 //!             [--no-always-invalidate] [-m 0x1]
+//!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
-//! both at once run one RTRS server per fabric over the same exports. It prints one line
-//! when ready (`listening on tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops
-//! cleanly on SIGINT or SIGTERM: the servers close every session, their pollers finish,
-//! the reactors drain, exit code 0. With `-v` each path that connects is logged with its
+//! both at once run one RTRS server per fabric over the same exports. Connections that
+//! have not completed their handshake within `--handshake-timeout` are closed; at most
+//! `--max-pending` of them are held per listener, at most `--max-pending-per-source`
+//! from one address (a newcomer evicts the oldest of the busiest source, so a flood of
+//! idle connections cannot lock clients out). It prints one line when ready
+//! (`listening on tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on
+//! SIGINT or SIGTERM: the servers close every session, their pollers finish, the
+//! reactors drain, exit code 0. With `-v` each path that connects is logged with its
 //! session name and `client@server` addresses. Bad arguments give one line on stderr and
 //! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
 //! line and exit code 1.
@@ -27,6 +32,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use rtrs_spdk::engine::{CpuMask, Engine};
+use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE};
+use rtrs_spdk::fabric::Admission;
 use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::server::ServerConfig;
 
@@ -62,6 +69,18 @@ struct Args {
     /// Idle reactors busy-poll (default, as SPDK) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Close a connection that has not completed its handshake this long after it was
+    /// accepted (the RTRS handshake: from a path's first connection to its INFO_REQ).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    handshake_timeout: Duration,
+    /// Most connections still in their handshake, per listener; at the cap a newcomer
+    /// evicts the oldest one of the busiest source address.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING)]
+    max_pending: usize,
+    /// Most connections still in their handshake from one source address (IPv6: one
+    /// /64); beyond, the source's oldest is closed.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING_PER_SOURCE)]
+    max_pending_per_source: usize,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -104,6 +123,11 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth: args.queue_depth,
         chunk_size: args.chunk_size,
         always_invalidate: !args.no_always_invalidate,
+        admission: Admission {
+            handshake_timeout: args.handshake_timeout,
+            max_pending: args.max_pending,
+            max_pending_per_source: args.max_pending_per_source,
+        },
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -137,6 +161,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         }
     }
 
+    let config_admission = config.admission;
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
     let target = match shared::target::start_target(&engine, listen, &args.export, config) {
@@ -158,6 +183,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth = args.queue_depth,
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
+        admission = %config_admission,
         "target ready"
     );
 
