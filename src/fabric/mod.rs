@@ -74,11 +74,19 @@
 //! Private data arrives zero-padded to the length the transport carries, never shorter
 //! than what was sent.
 //!
+//! **Authentication** (optional). [`Fabric::listen_auth`] and [`Fabric::connect_auth`]
+//! take a pre-shared key ([`Psk`]); a connection between a listener and an initiator
+//! that hold the same key is established as usual, any other combination (different
+//! keys, a key on one side only) ends in [`CmEvent::AuthFailed`] on the initiator and
+//! never reaches the listener's application. A backend that cannot authenticate refuses
+//! a key with [`FabricError::AuthUnsupported`] (only `tcp` can).
+//!
 //! **Threads.** A connection is polled and posted to by one thread at a time (it is
 //! `Send`, not `Sync`); registrations ([`Mr`], [`FastMr`]) may be used from any thread.
 //! Peers may live on different threads.
 
 pub mod mem;
+pub mod psk;
 pub mod soft;
 
 pub mod loopback;
@@ -89,6 +97,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use mem::{FastMr, MemBuf, Mr};
+pub use psk::{Psk, PskError};
 
 /// Largest private data carried on a connect request, accept or reject (as RDMA CM over
 /// InfiniBand: 56 bytes; RTRS's conn_req and conn_rsp are exactly this long).
@@ -342,6 +351,10 @@ pub enum CmEvent {
     Disconnected,
     /// Establishment failed (address unreachable, refused, timed out).
     Error { reason: String },
+    /// Establishment failed because the peers did not authenticate each other (a
+    /// different key, a key on one side only). Retrying with the same keys fails the
+    /// same way. The reason says "authentication failed" and nothing of what was wrong.
+    AuthFailed { reason: String },
 }
 
 /// State of a connection as the connection manager sees it.
@@ -423,6 +436,23 @@ pub trait Fabric: Send + Sync {
     /// [`FabricError::Listen`] naming the address and the failing call.
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
 
+    /// [`Fabric::listen`], requiring every initiator to prove `psk` (none: no
+    /// authentication, the same as [`Fabric::listen`]).
+    ///
+    /// # Errors
+    /// As [`Fabric::listen`]; [`FabricError::AuthUnsupported`] with a key on a backend
+    /// that cannot authenticate.
+    fn listen_auth(
+        &self,
+        addr: SocketAddr,
+        psk: Option<Psk>,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        match psk {
+            None => self.listen(addr),
+            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
+        }
+    }
+
     /// Starts connecting to `dst` from `src` (an address of this host to bind first; port
     /// 0 or `None` lets the system choose); the result arrives as a [`CmEvent`] on the
     /// connection. RTRS paths are `[src,]dst`, as in the kernel's `rdma_resolve_addr`.
@@ -438,6 +468,27 @@ pub trait Fabric: Send + Sync {
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError>;
+
+    /// [`Fabric::connect_from`], proving `psk` to the listener and requiring the same
+    /// proof from it (none: no authentication, the same as [`Fabric::connect_from`]).
+    ///
+    /// # Errors
+    /// As [`Fabric::connect_from`]; [`FabricError::AuthUnsupported`] with a key on a
+    /// backend that cannot authenticate. A failed authentication comes later, as
+    /// [`CmEvent::AuthFailed`].
+    fn connect_auth(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        match psk {
+            None => self.connect_from(src, dst, caps, private_data),
+            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
+        }
+    }
 
     /// [`Fabric::connect_from`] with the source chosen by the system.
     ///
@@ -584,6 +635,8 @@ pub enum FabricError {
     Accept { reason: String },
     #[error("private data of {len} bytes exceeds the {max}-byte limit", max = PRIVATE_DATA_LEN)]
     PrivateDataTooLong { len: usize },
+    #[error("the {kind} fabric cannot authenticate connections: a pre-shared key (psk) is supported on the tcp fabric only")]
+    AuthUnsupported { kind: FabricKind },
     #[error("{call} failed: {source}")]
     Os {
         call: &'static str,

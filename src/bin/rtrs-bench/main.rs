@@ -121,6 +121,12 @@ struct Args {
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Prove this pre-shared key to the target on connect (and require the target to
+    /// prove it too): a file readable by its owner only, holding at least 32 random
+    /// bytes as hex or base64. The target must use the same key (`--psk-file`).
+    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg,
+          conflicts_with = "inline_target")]
+    psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// How long to wait for the target to answer and the device to be mapped.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
     connect_timeout: Duration,
@@ -326,6 +332,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         paths.iter().copied().map(PathAddr::new).collect(),
     );
     ccfg.mp_policy = args.policy;
+    if let Some(psk) = &args.psk_file {
+        ccfg.set_psk(psk);
+    }
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;
     ccfg.reconnect_delay = Duration::from_secs(1);
@@ -435,11 +444,22 @@ fn wait_device(
         {
             return r.map_err(|e| failed(format!("{e} (on {targets})")));
         }
-        if session
-            .paths()
+        let paths = session.paths();
+        if paths
             .iter()
             .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
         {
+            // A path refused for good (authentication failed) says why.
+            let why: Vec<String> = paths
+                .iter()
+                .filter_map(|(a, _)| session.path_failure(*a))
+                .collect();
+            if !why.is_empty() {
+                return Err(failed(format!(
+                    "cannot connect to {targets}: {}",
+                    why.join("; ")
+                )));
+            }
             return Err(failed(format!(
                 "cannot connect to {targets}: connection failed \
                  (is rtrs-target running there? -v shows why)"

@@ -4,7 +4,10 @@
 //! ```text
 //! rtrs-target --listen tcp://127.0.0.1:1234 --export vol=ram:1G [--export d=file:/dev/x:ro]
 //!             [--queue-depth 512] [--chunk-size 128K] [--no-always-invalidate] [-m 0x1]
+//!             [--psk-file KEYFILE]
 //! ```
+//! With `--psk-file` every client must prove the key on connect (`docs/tcp-fabric.md`,
+//! "Authentication"); the data itself travels in clear.
 //! It prints one line when ready (`listening on tcp://127.0.0.1:1234, exports: vol (ram
 //! 1 GiB)`) and stops cleanly on SIGINT or SIGTERM: the server closes every session,
 //! its pollers finish, the reactors drain, exit code 0. Bad arguments give one line on
@@ -52,6 +55,11 @@ struct Args {
     /// Do not register a new key per IO (always_invalidate off).
     #[arg(long)]
     no_always_invalidate: bool,
+    /// Require every client to prove this pre-shared key on connect: a file readable by
+    /// its owner only, holding at least 32 random bytes as hex or base64 (e.g. made with
+    /// `openssl rand -hex 32`). Authenticates connections; does not encrypt data.
+    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg)]
+    psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// Reactor cores, a hex mask (0x3) or a list ([0-1]); default every core.
     #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
     cpumask: Option<CpuMask>,
@@ -89,6 +97,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth: args.queue_depth,
         chunk_size: args.chunk_size,
         always_invalidate: !args.no_always_invalidate,
+        psk: args.psk_file.clone(),
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -134,6 +143,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth = args.queue_depth,
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
+        authentication = args.psk_file.is_some(),
         "target ready"
     );
 
