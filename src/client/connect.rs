@@ -69,7 +69,7 @@ impl Ctl {
                 };
             }
             Err(e @ FabricError::AuthUnsupported { .. }) => {
-                self.path_refused(pc, &format!("connect cid 0: {e}"))
+                self.path_refused(pc, 0, &e.to_string())
             }
             Err(e) => self.connect_failed(pc, now, &format!("connect cid 0: {e}")),
         }
@@ -78,8 +78,8 @@ impl Ctl {
     /// The path cannot connect as configured, and trying again would fail the same way
     /// (authentication failed): it is closed without a reconnect, and the reason is kept
     /// for the user ([`super::Session::path_failure`]) until a manual reconnect.
-    pub(super) fn path_refused(&mut self, pc: &mut PathCtl, why: &str) {
-        tracing::error!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting failed: {why}; the path is closed (no reconnect)");
+    pub(super) fn path_refused(&mut self, pc: &mut PathCtl, cid: u16, why: &str) {
+        tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting cid {cid} failed: {why}; the path is closed (no reconnect)");
         if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
@@ -178,7 +178,7 @@ impl Ctl {
                 return true;
             }
             CmEvent::AuthFailed { reason } => {
-                self.path_refused(pc, &format!("cid {cid}: {reason}"));
+                self.path_refused(pc, cid, &reason);
                 return true;
             }
             CmEvent::Disconnected => {
@@ -253,7 +253,7 @@ impl Ctl {
             ) {
                 Ok(c) => *cur = c,
                 Err(e @ FabricError::AuthUnsupported { .. }) => {
-                    self.path_refused(pc, &format!("connect cid {next}: {e}"))
+                    self.path_refused(pc, next, &e.to_string())
                 }
                 Err(e) => self.connect_failed(pc, now, &format!("connect cid {next}: {e}")),
             }

@@ -116,7 +116,13 @@ impl Handshake {
                 match read_some(stream, &mut self.buf[self.have..want]) {
                     Ok(Some(k)) => self.have += k,
                     Ok(None) => return Step::Wait,
-                    Err(()) => return Step::Drop,
+                    Err(()) => {
+                        if matches!(self.stage, Stage::Proof { .. }) {
+                            // An initiator that finds our proof wrong just leaves.
+                            log.refused(peer, "a connection that closed without proving the key (authentication failed)");
+                        }
+                        return Step::Drop;
+                    }
                 }
                 continue;
             }
@@ -321,7 +327,13 @@ impl RefusalLog {
     }
 
     fn refused(&mut self, peer: SocketAddr, what: &str) {
-        let now = Instant::now();
+        if let Some(before) = self.admit(Instant::now()) {
+            self.log(peer, what, before);
+        }
+    }
+
+    /// Whether a refusal at `now` is logged: `Some(refusals not logged before it)`.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
         let expired = match self.window {
             Some(w) => now.duration_since(w) >= Self::WINDOW,
             None => true,
@@ -332,15 +344,43 @@ impl RefusalLog {
         }
         if self.shown >= Self::BURST {
             self.suppressed += 1;
-            return;
+            return None;
         }
         self.shown += 1;
-        let suppressed = std::mem::take(&mut self.suppressed);
-        tracing::warn!(
-            %peer,
-            listener = %self.listener,
-            suppressed,
-            "tcp fabric listener: refused {what}"
-        );
+        Some(std::mem::take(&mut self.suppressed))
+    }
+
+    fn log(&self, peer: SocketAddr, what: &str, before: u64) {
+        match before {
+            0 => tracing::warn!(
+                %peer,
+                listener = %self.listener,
+                "tcp fabric listener: refused {what}"
+            ),
+            n => tracing::warn!(
+                %peer,
+                listener = %self.listener,
+                "tcp fabric listener: refused {what} ({n} similar refusals not logged before)"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_in_bursts_and_the_rest_counted() {
+        let mut log = RefusalLog::new("127.0.0.1:1".parse().unwrap());
+        let t0 = Instant::now();
+        let shown: Vec<_> = (0..8).map(|_| log.admit(t0)).collect();
+        assert_eq!(&shown[..5], &[Some(0); 5]);
+        assert_eq!(&shown[5..], &[None; 3]);
+        // Still inside the window: counted, not logged.
+        assert_eq!(log.admit(t0 + RefusalLog::WINDOW / 2), None);
+        // A new window: logged, with the count of those not logged before.
+        assert_eq!(log.admit(t0 + RefusalLog::WINDOW), Some(4));
+        assert_eq!(log.admit(t0 + RefusalLog::WINDOW), Some(0));
     }
 }
