@@ -14,6 +14,9 @@
 //! reads find data); `--size` limits the region to the first SIZE bytes.
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
+//! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
+//! key) and requires the target to prove it too (`docs/tcp-fabric.md`, "Authentication");
+//! a refusal ("authentication failed") is reported at once, not retried.
 //!
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
