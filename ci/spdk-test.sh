@@ -64,12 +64,22 @@ start_target() {
 }
 
 # A bdevperf client on core 1 whose --json creates rtrs bdev "rtrs0", waiting for
-# perform_tests (-z). Extra bdevperf arguments follow the ports.
+# perform_tests (-z). Extra bdevperf arguments follow the ports; after them, `-- KEYS`
+# (NAME=FILE,...) adds keyring keys and authenticates the paths with the first.
 start_bdevperf() {
-	local name=$1 ports=$2 extra=$3
+	local name=$1 ports=$2 extra=$3 keys="" args=()
 	shift 3
-	rtrs_bdev_json rtrs0 malloc0 "$ports" "$extra" >"$APP_DIR/$name.json"
-	app_start "$name" "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/$name.json" -z "$@"
+	while [[ $# -gt 0 ]]; do
+		if [[ "$1" == -- ]]; then
+			keys=$2
+			shift 2
+			continue
+		fi
+		args+=("$1")
+		shift
+	done
+	rtrs_bdev_json rtrs0 malloc0 "$ports" "$extra" "$keys" >"$APP_DIR/$name.json"
+	app_start "$name" "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/$name.json" -z "${args[@]}"
 }
 
 # Checks a perform_tests result: every job finished and no IO failed.
@@ -374,6 +384,70 @@ print("save_config keeps", o[0])
 PY
 }
 
+# PSK authentication with keys from SPDK's keyring (keyring_file_add_key): the target's
+# listener requires key0. bdev_rtrs_create with another key or none fails at once with
+# "authentication failed" (not after io_timeout_sec), an unknown key name is an error
+# naming 'psk'; with key0 the bdev maps. save_config keeps the keys' names, never the
+# keys, and both sides come back from their saved JSON, still authenticated; bdevperf
+# (its keyring from its --json) verifies IO through an authenticated bdev.
+scenario_psk() {
+	local p=$((PB + 20)) out args
+	(
+		umask 077
+		python3 -c 'import os; print(os.urandom(32).hex())' >"$APP_DIR/key0"
+		python3 -c 'import base64, os; print(base64.b64encode(os.urandom(48)).decode())' >"$APP_DIR/key1"
+	)
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
+	rpc tgt bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $p -k key0 || return 1
+	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
+	rpc clt keyring_file_add_key key1 "$APP_DIR/key1" || return 1
+	for args in "tcp:127.0.0.1:$p,psk=key1" "tcp:127.0.0.1:$p"; do
+		if out=$(rpc clt bdev_rtrs_create -b bad -n psk-bad -d malloc0 -p "$args" -t 60 2>&1); then
+			echo "bdev_rtrs_create -p $args succeeded: $out"
+			return 1
+		fi
+		[[ "$out" == *"authentication failed"* ]] ||
+			{ echo "bdev_rtrs_create -p $args: no 'authentication failed' in: $out"; return 1; }
+		echo "refused: -p $args: $(grep -o 'tcp fabric: [^"]*authentication failed' <<<"$out" | head -n 1)"
+	done
+	if out=$(rpc clt bdev_rtrs_create -b bad -n psk-bad -d malloc0 -p tcp:127.0.0.1:$p -k nokey 2>&1); then
+		echo "an unknown key name was accepted"
+		return 1
+	fi
+	[[ "$out" == *"'paths[0].psk'"*"nokey"* ]] || { echo "unknown key: $out"; return 1; }
+	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n psk-sess -d malloc0 -p tcp:127.0.0.1:$p -k key0) || return 1
+	[[ "$out" == rtrs0 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs0"; return 1; }
+	rpc tgt save_config >"$APP_DIR/tgt-psk.json" || return 1
+	rpc clt save_config >"$APP_DIR/clt-psk.json" || return 1
+	python3 - "$APP_DIR/tgt-psk.json" "$APP_DIR/clt-psk.json" "$APP_DIR/key0" "$APP_DIR/key1" <<'PY' || return 1
+import json, sys
+tgt, clt = (json.load(open(f)) for f in sys.argv[1:3])
+secrets = [open(f).read().strip() for f in sys.argv[3:5]]
+def calls(cfg, method):
+    return [c["params"] for s in cfg["subsystems"] for c in (s["config"] or []) if c["method"] == method]
+assert [l.get("psk") for l in calls(tgt, "rtrs_target_listen")] == ["key0"], calls(tgt, "rtrs_target_listen")
+assert [p.get("psk") for b in calls(clt, "bdev_rtrs_create") for p in b["paths"]] == ["key0"], calls(clt, "bdev_rtrs_create")
+assert calls(tgt, "keyring_file_add_key") and calls(clt, "keyring_file_add_key")
+for s in secrets:
+    for c in (tgt, clt):
+        assert s[:16] not in json.dumps(c), "a key is in a saved config"
+print("saved configs name key0 and hold no key")
+PY
+	app_stop clt
+	app_stop tgt
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-psk.json" || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-psk.json" || return 1
+	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from the saved config"; return 1; }
+	app_stop clt
+	start_bdevperf bppsk $p '' -q 16 -o 4096 -w verify -t 5 -- "key0=$APP_DIR/key0" || return 1
+	bdevperf_perform bppsk 5 >"$APP_DIR/psk.json" || { tail -n 20 "$APP_DIR/bppsk.log"; return 1; }
+	results_clean "$APP_DIR/psk.json"
+}
+
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
@@ -421,6 +495,10 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"io_tim
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
 clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
 clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":5}]}|'paths[0].psk'
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":""}]}|'paths[0].psk'
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1","psk":"k"}]}|'paths[0].psk'|tcp transport only
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":"nokey"}]}|'paths[0].psk'|keyring
 clt|bdev_rtrs_delete|{}|name
 clt|bdev_rtrs_delete|{"name":"nope"}|name
 clt|bdev_rtrs_get_sessions|{"name":"nope"}|name
@@ -430,6 +508,8 @@ clt|bdev_rtrs_add_path|{"name":"nope","transport":"tcp","dst_addr":"127.0.0.1"}|
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"ib","dst_addr":"127.0.0.1"}|transport
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"rdma","dst_addr":"127.0.0.2"}|'transport'|no RDMA device found
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":-1}|port
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":1,"psk":"nokey"}|'psk'|keyring
+clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","psk":"k"}|psk
 clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.9","port":1}|dst_addr
 clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0","mp_policy":"fastest"}|mp_policy
@@ -447,6 +527,8 @@ tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":$((PB + 8))}
 tgt|rtrs_target_listen|{"transport":"rdma","addr":"127.0.0.1","port":$((PB + 8))}|'transport'|no RDMA device found
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":$((PB + 8))}|addr
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 8)),"psk":"nokey"}|'psk'|keyring
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 8)),"psk":7}|psk
 tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 79))}|port
 tgt|rtrs_target_stop_listener|{"transport":"tcp","port":$((PB + 7))}|addr
 tgt|rtrs_target_export|{"access":"rw"}|bdev_name
@@ -508,7 +590,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission bad_params)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk bad_params)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -180,21 +180,32 @@ hugepages_restore() {
 	return 0
 }
 
-# JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE.
+# JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE;
+# EXTRA (JSON) overrides parameters; KEYS (NAME=FILE,...) adds keyring_file keys, and
+# every path then uses the first one.
 rtrs_bdev_json() {
-	local name=$1 device=$2 ports=$3 extra=${4:-}
-	python3 - "$name" "$device" "$ports" "$extra" <<'PY'
+	local name=$1 device=$2 ports=$3 extra=${4:-} keys=${5:-}
+	python3 - "$name" "$device" "$ports" "$extra" "$keys" <<'PY'
 import json, sys
-name, device, ports, extra = sys.argv[1:5]
+name, device, ports, extra, keys = sys.argv[1:6]
+keys = [k.split("=", 1) for k in keys.split(",") if k]
 params = {"name": name, "sessname": "sess-" + name,
           "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(p)}
                     for p in ports.split(",")],
           "device": device, "access_mode": "rw", "reconnect_delay_sec": 1,
           "hb_interval_ms": 1000, "hb_missed_max": 5, "io_timeout_sec": 10}
+if keys:
+    for p in params["paths"]:
+        p["psk"] = keys[0][0]
 if extra:
     params.update(json.loads(extra))
-print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": [
+subsystems = []
+if keys:
+    subsystems.append({"subsystem": "keyring", "config": [
+        {"method": "keyring_file_add_key", "params": {"name": n, "path": f}} for n, f in keys]})
+subsystems.append({"subsystem": "bdev", "config": [
     {"method": "bdev_rtrs_create", "params": params},
-    {"method": "bdev_wait_for_examine"}]}]}, indent=2))
+    {"method": "bdev_wait_for_examine"}]})
+print(json.dumps({"subsystems": subsystems}, indent=2))
 PY
 }

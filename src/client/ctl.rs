@@ -22,7 +22,7 @@ use super::shared::{Params, PathShared, SessCmd, SessShared};
 use super::state::PathState;
 use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
-use crate::fabric::{Conn, Fabric};
+use crate::fabric::{Conn, Fabric, Psk};
 use crate::proto::ConnAccept;
 
 /// The layer above (RNBD's client), told on the home core when the session gains its
@@ -129,8 +129,8 @@ impl Ctl {
         (self.sess.cores + 1) as u16
     }
 
-    /// Adds a path and starts connecting it.
-    pub(super) fn add_path(&mut self, addr: PathAddr, now: u64) {
+    /// Adds a path (authenticated with `psk`, if given) and starts connecting it.
+    pub(super) fn add_path(&mut self, addr: PathAddr, psk: Option<Psk>, now: u64) {
         let list = self.sess.path_list();
         if list.iter().any(|p| p.addr == addr) {
             tracing::warn!(sess = %self.sess.sessname, path = %addr, "add_path: path already exists");
@@ -140,7 +140,7 @@ impl Ctl {
             tracing::warn!(sess = %self.sess.sessname, path = %addr, "add_path: 128 paths already");
             return;
         };
-        let shared = Arc::new(PathShared::new(slot, addr, self.sess.cores));
+        let shared = Arc::new(PathShared::new(slot, addr, self.sess.cores, psk));
         self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(shared.clone());
         self.sess.live_paths.fetch_add(1, Ordering::AcqRel);
         let mut pc = PathCtl {
@@ -167,7 +167,7 @@ impl Ctl {
                 .position(|p| p.as_ref().is_some_and(|p| p.shared.addr == *a))
         };
         let (slot, then) = match cmd {
-            SessCmd::AddPath(a) => return self.add_path(a, now),
+            SessCmd::AddPath(a, psk) => return self.add_path(a, psk, now),
             SessCmd::SetMaxReconnectAttempts(n) => {
                 self.cfg.max_reconnect_attempts = n;
                 self.paths
@@ -200,6 +200,9 @@ impl Ctl {
             return;
         };
         pc.reconnect.reset();
+        if then == After::ReconnectNow {
+            *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         match (&pc.phase, then) {
             (Phase::Teardown { .. }, _) => pc.phase = Phase::Teardown { then },
             (Phase::Idle, After::ReconnectNow) => {

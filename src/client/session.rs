@@ -21,7 +21,7 @@ use super::state::PathState;
 use super::stats::{ClientStats, PathStats};
 use crate::common::random_uuid;
 use crate::engine::Ctx;
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, Psk};
 use crate::proto::constants::MAX_CID_NUM;
 
 /// A client session handle (cheap to clone, usable from any thread).
@@ -105,11 +105,15 @@ impl Session {
         let handles = (0..cores)
             .map(|c| SessionCore::new(c, shared.clone(), fabric.clone(), io_wait))
             .collect();
-        let paths = config.paths.clone();
+        let paths: Vec<_> = config
+            .paths
+            .iter()
+            .map(|p| (*p, config.psk_for(p).cloned()))
+            .collect();
         let mut ctl = Ctl::new(shared.clone(), fabric, config, events, random_uuid());
         let now = cx.now();
-        for p in paths {
-            ctl.add_path(p, now);
+        for (p, psk) in paths {
+            ctl.add_path(p, psk, now);
         }
         cx.register(Box::new(ctl));
         Ok((Session { sess: shared }, handles))
@@ -142,6 +146,15 @@ impl Session {
             .map(|p| p.state.get())
     }
 
+    /// Why a path was closed for good without a reconnect (a failed authentication:
+    /// the same keys would fail the same way), until a manual reconnect.
+    pub fn path_failure(&self, addr: PathAddr) -> Option<String> {
+        let list = self.sess.path_list();
+        let p = list.iter().find(|p| p.addr == addr)?;
+        let f = p.failure.lock().unwrap_or_else(|e| e.into_inner());
+        f.clone()
+    }
+
     pub fn policy(&self) -> MpPolicy {
         self.sess.policy.get()
     }
@@ -151,9 +164,14 @@ impl Session {
         self.sess.policy.set(p);
     }
 
-    /// Adds a path at runtime (sysfs `add_path`).
+    /// Adds a path at runtime (sysfs `add_path`), without a key.
     pub fn add_path(&self, addr: PathAddr) {
-        self.sess.to_home.push(SessCmd::AddPath(addr));
+        self.sess.to_home.push(SessCmd::AddPath(addr, None));
+    }
+
+    /// Adds a path at runtime, authenticated with `psk` (tcp fabric) when given.
+    pub fn add_path_psk(&self, addr: PathAddr, psk: Option<Psk>) {
+        self.sess.to_home.push(SessCmd::AddPath(addr, psk));
     }
 
     /// Tears a path down and forgets it (sysfs `remove_path`); its IO fails over.

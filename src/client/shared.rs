@@ -18,6 +18,7 @@ use super::policy::{PolicyCell, MAX_PATHS};
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats};
 use crate::common::{Con, IuPool};
+use crate::fabric::Psk;
 use crate::proto::ImmLayout;
 
 /// Session limits learnt from the first connection's conn_rsp.
@@ -56,13 +57,20 @@ pub struct PathShared {
     pub home: HomeStats,
     /// Per core.
     pub core_stats: Vec<CoreStats>,
+    /// The key that authenticates the path's connections (tcp fabric), if any.
+    pub psk: Option<Psk>,
+    /// Why the path was closed for good without a reconnect (a failed authentication),
+    /// until a manual reconnect.
+    pub failure: Mutex<Option<String>>,
 }
 
 impl PathShared {
-    pub fn new(slot: usize, addr: PathAddr, cores: usize) -> PathShared {
+    pub fn new(slot: usize, addr: PathAddr, cores: usize, psk: Option<Psk>) -> PathShared {
         PathShared {
             slot,
             addr,
+            psk,
+            failure: Mutex::new(None),
             state: PathStateCell::new(PathState::Connecting),
             error: AtomicBool::new(false),
             rx_seen: AtomicBool::new(false),
@@ -101,7 +109,7 @@ pub enum CoreCmd {
 /// Any thread → home core.
 #[derive(Debug)]
 pub enum SessCmd {
-    AddPath(PathAddr),
+    AddPath(PathAddr, Option<Psk>),
     RemovePath(PathAddr),
     Disconnect(PathAddr),
     Reconnect(PathAddr),

@@ -342,11 +342,16 @@ impl PortState {
         };
         let now = cx.now();
         if let Phase::Opening(deadline) = h.phase {
-            if deadline <= now && !self.disk.closing() {
-                self.disk.open_failed(&format!(
-                    "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5)",
-                    self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S)
-                ));
+            if !self.disk.closing() {
+                if let Some(why) = self.disk.refused() {
+                    // Every path refused for good: waiting cannot help.
+                    self.disk.open_failed(&why);
+                } else if deadline <= now {
+                    self.disk.open_failed(&format!(
+                        "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5)",
+                        self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S)
+                    ));
+                }
             }
         }
         match h.phase {

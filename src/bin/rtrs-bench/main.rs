@@ -19,6 +19,9 @@
 //! reads find data); `--size` limits the region to the first SIZE bytes.
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
+//! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
+//! key) and requires the target to prove it too (`docs/tcp-fabric.md`, "Authentication");
+//! a refusal ("authentication failed") is reported at once, not retried.
 //!
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
@@ -129,6 +132,12 @@ struct Args {
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Prove this pre-shared key to the target on connect (and require the target to
+    /// prove it too): a file readable by its owner only, holding at least 32 random
+    /// bytes as hex or base64. The target must use the same key (`--psk-file`).
+    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg,
+          conflicts_with = "inline_target")]
+    psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// How long each connection of the session and its handshake may take (a target
     /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
     /// the device may take 5 s more.
@@ -370,6 +379,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         .unwrap_or_else(|| format!("rtrs-bench-{}", std::process::id()));
     let mut ccfg = ClientConfig::new(sessname, paths);
     ccfg.mp_policy = args.policy;
+    if let Some(psk) = &args.psk_file {
+        ccfg.set_psk(psk);
+    }
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;
     ccfg.reconnect_delay = Duration::from_secs(1);
@@ -479,11 +491,22 @@ fn wait_device(
         {
             return r.map_err(|e| failed(format!("{e} (on {targets})")));
         }
-        if session
-            .paths()
+        let paths = session.paths();
+        if paths
             .iter()
             .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
         {
+            // A path refused for good (authentication failed) says why.
+            let why: Vec<String> = paths
+                .iter()
+                .filter_map(|(a, _)| session.path_failure(*a))
+                .collect();
+            if !why.is_empty() {
+                return Err(failed(format!(
+                    "cannot connect to {targets}: {}",
+                    why.join("; ")
+                )));
+            }
             return Err(failed(format!(
                 "cannot connect to {targets}: connection failed \
                  (is rtrs-target running there? -v shows why)"
