@@ -4,7 +4,10 @@
 #
 # Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it
 # prints one SKIPPED line and succeeds. Each scenario has a time limit; a trap stops
-# every SPDK application this script started. Ends with "N passed, M failed".
+# every SPDK application this script started. A scenario whose tool is missing (fio:
+# $FIO, SPDK's CONFIG_FIO_SOURCE_DIR, /opt/fio-3.*/fio or the PATH) prints "SKIP NAME:
+# why". Ends with "SPDK tests: N passed, M failed" plus ", K skipped (NAMES)" when some
+# were skipped.
 #
 #   ci/spdk-test.sh                 all scenarios
 #   ci/spdk-test.sh basic verify    only these
@@ -49,6 +52,8 @@ CLT_MASK=0x2
 PASSED=0
 FAILED=0
 FAILED_NAMES=()
+SKIPPED=0
+SKIPPED_NAMES=()
 
 # ---- building blocks ------------------------------------------------------------------
 
@@ -134,11 +139,16 @@ scenario_verify() {
 
 # fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
 scenario_fio() {
-	local fio=${FIO:-$(command -v fio || ls /opt/fio-*/fio 2>/dev/null | head -n 1)}
-	if [[ -z "$FIO_PLUGIN" || -z "$fio" ]]; then
-		echo "SKIP fio: fio (\$FIO, PATH or /opt/fio-*/fio) or SPDK's fio plugin (build/fio/spdk_bdev) not found"
+	if [[ -z "$FIO_PLUGIN" ]]; then
+		echo "SKIP fio: SPDK's fio plugin (build/fio/spdk_bdev) not found under $SPDK_DIR"
 		return 2
 	fi
+	if ! fio_find; then
+		echo "SKIP fio: $FIO_WHY"
+		return 2
+	fi
+	local fio=$FIO_BIN
+	echo "   fio: $fio"
 	if ! hugepages_ensure; then
 		echo "SKIP fio: SPDK's fio plugin needs hugepages and none could be reserved"
 		return 2
@@ -416,6 +426,8 @@ run_scenario() {
 		;;
 	2)
 		echo "SKIP $name"
+		SKIPPED=$((SKIPPED + 1))
+		SKIPPED_NAMES+=("$name")
 		;;
 	*)
 		echo "FAIL $name (rc $rc); logs in $APP_DIR"
@@ -432,5 +444,5 @@ SELECTED=("$@")
 for s in "${SELECTED[@]}"; do
 	run_scenario "$s"
 done
-echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}"
+echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}${SKIPPED_NAMES:+, $SKIPPED skipped (${SKIPPED_NAMES[*]})}"
 [[ $FAILED -eq 0 ]]
