@@ -15,8 +15,11 @@
 # clean shutdown.
 #
 # Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
-# one SKIPPED line and exits 0). Target on core 0 (SPDK_TGT_MASK, default 0x1), client
-# pinned to core 1. Every wait is bounded.
+# one SKIPPED line and exits 0; no part of it is ever skipped otherwise). Target on core 0
+# (SPDK_TGT_MASK, default 0x1), client pinned to core 1. The target listens on
+# RTRS_TEST_PORT_BASE + 90 (the port after ci/spdk-test.sh's), or a random port in
+# 20000..39999 when that is unset. Every wait is bounded. Ends with "spdk target tests:
+# N passed, M failed".
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,9 +42,14 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 MASK=${SPDK_TGT_MASK:-0x1}
 WORK=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
 SOCK=$WORK/tgt.sock
-PORT=$((20000 + RANDOM % 20000))
+if [ -n "${RTRS_TEST_PORT_BASE:-}" ]; then
+    PORT=$((RTRS_TEST_PORT_BASE + 90))
+else
+    PORT=$((20000 + RANDOM % 20000))
+fi
 TGT_PID=""
 FAILS=0
+OKS=0
 
 cleanup() {
     if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
@@ -122,7 +130,7 @@ print(json.dumps({"subsystems": subsystems}, indent=2))
 EOF
 }
 
-ok() { echo "  ok: $*"; }
+ok() { echo "  ok: $*"; OKS=$((OKS + 1)); }
 fail() { echo "  FAIL: $*"; FAILS=$((FAILS + 1)); }
 
 # expect_err METHOD JSON WORD...: the call fails and its message contains every WORD.
@@ -375,8 +383,8 @@ expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
 stop_target
 
 if [ "$FAILS" -ne 0 ]; then
-    echo "spdk target tests: $FAILS FAILED (log: kept at $WORK.log)"
+    echo "spdk target tests: $OKS passed, $FAILS failed (log: kept at $WORK.log)"
     cp "$WORK/tgt.log" "$WORK.log" 2>/dev/null || true
     exit 1
 fi
-echo "spdk target tests: all passed"
+echo "spdk target tests: $OKS passed, 0 failed"

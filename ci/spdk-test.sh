@@ -4,7 +4,10 @@
 #
 # Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it
 # prints one SKIPPED line and succeeds. Each scenario has a time limit; a trap stops
-# every SPDK application this script started. Ends with "N passed, M failed".
+# every SPDK application this script started. A scenario whose tool is missing (fio:
+# $FIO, SPDK's CONFIG_FIO_SOURCE_DIR, /opt/fio-3.*/fio or the PATH) prints "SKIP NAME:
+# why". Ends with "SPDK tests: N passed, M failed" plus ", K skipped (NAMES)" when some
+# were skipped.
 #
 #   ci/spdk-test.sh                 all scenarios
 #   ci/spdk-test.sh basic verify    only these
@@ -49,6 +52,8 @@ CLT_MASK=0x2
 PASSED=0
 FAILED=0
 FAILED_NAMES=()
+SKIPPED=0
+SKIPPED_NAMES=()
 
 # ---- building blocks ------------------------------------------------------------------
 
@@ -144,11 +149,16 @@ scenario_verify() {
 
 # fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
 scenario_fio() {
-	local fio=${FIO:-$(command -v fio || ls /opt/fio-*/fio 2>/dev/null | head -n 1)}
-	if [[ -z "$FIO_PLUGIN" || -z "$fio" ]]; then
-		echo "SKIP fio: fio (\$FIO, PATH or /opt/fio-*/fio) or SPDK's fio plugin (build/fio/spdk_bdev) not found"
+	if [[ -z "$FIO_PLUGIN" ]]; then
+		echo "SKIP fio: SPDK's fio plugin (build/fio/spdk_bdev) not found under $SPDK_DIR"
 		return 2
 	fi
+	if ! fio_find; then
+		echo "SKIP fio: $FIO_WHY"
+		return 2
+	fi
+	local fio=$FIO_BIN
+	echo "   fio: $fio"
 	if ! hugepages_ensure; then
 		echo "SKIP fio: SPDK's fio plugin needs hugepages and none could be reserved"
 		return 2
@@ -494,7 +504,7 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"hb_mis
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"io_timeout_sec":-3}|io_timeout_sec
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
 clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
-clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device
+clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device|no such export
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":5}]}|'paths[0].psk'
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":""}]}|'paths[0].psk'
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1","psk":"k"}]}|'paths[0].psk'|tcp transport only
@@ -546,6 +556,45 @@ EOF
 	return $bad
 }
 
+# A target whose chunk pool cannot be allocated refuses the session with -ENOMEM (a real
+# spdk_zmalloc failure: 2048 x 128 KiB = 256 MiB of DMA memory where the target has about
+# 140 MiB free). bdev_rtrs_create and rtrs-bench report the reason at once: both are
+# bounded at 20 s while their own waits are 60 s, so an answer means the refusal got
+# through. Nothing crashes; the target keeps no session.
+scenario_refused() {
+	local port=$((PB + 13)) resp line rc
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	rpc tgt rtrs_target_set_options --queue-depth 2048 --chunk-size 131072 || return 1
+	rpc tgt bdev_malloc_create -b malloc0 8 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	resp=$(timeout 20 python3 "$REPO/ci/spdk/rpc_raw.py" "$APP_DIR/clt.sock" bdev_rtrs_create \
+		"{\"name\":\"rtrs0\",\"sessname\":\"refused\",\"device\":\"malloc0\",\"io_timeout_sec\":60,\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$port}]}")
+	rc=$?
+	[[ $rc -ne 124 ]] || { echo "bdev_rtrs_create did not answer within 20 s"; return 1; }
+	echo "   bdev_rtrs_create: $resp"
+	python3 -c '
+import json, sys
+e = json.loads(sys.argv[1]).get("error") or {}
+m = e.get("message", "")
+sys.exit(0 if all(w in m for w in ("malloc0", "target refused the session", "out of memory", "ENOMEM")) else 1)' "$resp" ||
+		{ echo "expected an error naming malloc0 and the refusal (ENOMEM)"; return 1; }
+	grep -q 'spdk_zmalloc(268435456 bytes, SPDK_MALLOC_DMA) failed' "$APP_DIR/tgt.log" ||
+		{ echo "no spdk_zmalloc failure in the target's log"; tail -n 20 "$APP_DIR/tgt.log"; return 1; }
+	(cd "$REPO" && cargo build -q --bin rtrs-bench) || return 1
+	line=$(timeout 20 "${CARGO_TARGET_DIR:-$REPO/target}/debug/rtrs-bench" --path tcp://127.0.0.1:$port \
+		--device malloc0 --rw read --connect-timeout 60s --idle adaptive -m $CLT_MASK 2>&1)
+	rc=$?
+	echo "   rtrs-bench (exit $rc): $line"
+	[[ $rc -eq 1 && $(wc -l <<<"$line") -eq 1 && "$line" == *"'malloc0'"* && "$line" == *"ENOMEM"* ]] ||
+		{ echo "expected exit 1 and one line naming malloc0 and ENOMEM"; return 1; }
+	app_alive tgt || { echo "target died"; return 1; }
+	app_alive clt || { echo "client died"; return 1; }
+	resp=$(rpc tgt rtrs_target_get_sessions) || return 1
+	[[ "$resp" == "[]" ]] || { echo "the target kept a session: $resp"; return 1; }
+}
+
 # ---- runner -----------------------------------------------------------------------------
 
 run_scenario() {
@@ -580,6 +629,8 @@ run_scenario() {
 		;;
 	2)
 		echo "SKIP $name"
+		SKIPPED=$((SKIPPED + 1))
+		SKIPPED_NAMES+=("$name")
 		;;
 	*)
 		echo "FAIL $name (rc $rc); logs in $APP_DIR"
@@ -590,11 +641,11 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk bad_params)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk bad_params refused)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do
 	run_scenario "$s"
 done
-echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}"
+echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}${SKIPPED_NAMES:+, $SKIPPED skipped (${SKIPPED_NAMES[*]})}"
 [[ $FAILED -eq 0 ]]

@@ -43,6 +43,26 @@ spdk_setup_paths() {
 	export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# fio for SPDK's fio plugin: sets FIO_BIN and returns 0, or sets FIO_WHY and returns 1.
+# SPDK's plugin works only with the fio version it was built against, so the order is:
+# $FIO (must be an executable file), the fio in SPDK's CONFIG_FIO_SOURCE_DIR (mk/config.mk),
+# the newest /opt/fio-3.*/fio (where a Debian source build is left), then fio on the PATH.
+fio_find() {
+	FIO_BIN= FIO_WHY=
+	if [[ -n "${FIO:-}" ]]; then
+		[[ -f "$FIO" && -x "$FIO" ]] && FIO_BIN=$FIO && return 0
+		FIO_WHY="FIO=$FIO is not an executable file"
+		return 1
+	fi
+	local src c
+	src=$(sed -n 's/^CONFIG_FIO_SOURCE_DIR?*=//p' "$SPDK_DIR/mk/config.mk" 2>/dev/null | tail -n 1)
+	for c in ${src:+"$src/fio"} $(ls -d /opt/fio-3.*/fio 2>/dev/null | sort -rV) "$(command -v fio)"; do
+		[[ -n "$c" && -f "$c" && -x "$c" ]] && FIO_BIN=$c && return 0
+	done
+	FIO_WHY="no fio found (set FIO, or build fio in SPDK's CONFIG_FIO_SOURCE_DIR${src:+ $src}, /opt/fio-3.*/ or on the PATH)"
+	return 1
+}
+
 # Builds the plugin (release; PLUGIN_PROFILE=debug for a quicker build); sets PLUGIN_SO.
 plugin_build() {
 	local tdir=${CARGO_TARGET_DIR:-$REPO/target} profile=${PLUGIN_PROFILE:-release} flag=--release

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::ctl::{ns, Ctl, PathCtl, Phase};
 use super::reconnect::ReconnectStep;
+use super::refusal::{reject_kind, reject_reason, RejectKind};
 use super::shared::{CoreCmd, IoConn, Params};
 use super::state::PathState;
 use crate::common::{random_u64, Con, IuPool, LinkEvent};
@@ -96,6 +97,11 @@ impl Ctl {
     /// The connect sequence failed: clean up and schedule the next attempt.
     pub(super) fn connect_failed(&mut self, pc: &mut PathCtl, now: u64, why: &str) {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting failed: {why}");
+        pc.refused = None;
+        *pc.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
         if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
@@ -169,8 +175,14 @@ impl Ctl {
                 self.connect_failed(
                     pc,
                     now,
-                    &format!("cid {cid}: server rejected the connection with errno {errno}"),
+                    &format!(
+                        "cid {cid}: target refused the connection: {}",
+                        reject_reason(errno)
+                    ),
                 );
+                if reject_kind(errno) == RejectKind::Permanent {
+                    pc.refused = Some(errno);
+                }
                 return true;
             }
             CmEvent::Error { reason } => {
@@ -465,6 +477,11 @@ impl Ctl {
             });
         }
         pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        *pc.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        pc.refused = None;
         pc.reconnect.on_success();
         pc.shared.error.store(false, Ordering::Release);
         pc.hb.reset();

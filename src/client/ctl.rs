@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
 use super::reconnect::Reconnect;
+use super::refusal::Refusal;
 use super::shared::{Params, PathShared, SessCmd, SessShared};
 use super::state::PathState;
 use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
@@ -85,6 +86,8 @@ pub(super) struct PathCtl {
     pub(super) hb: Heartbeat,
     pub(super) hb_next: u64,
     pub(super) phase: Phase,
+    /// The latest attempt was refused with this errno, which a retry will not change.
+    pub(super) refused: Option<i32>,
 }
 
 /// The home-core poller of a session.
@@ -154,6 +157,7 @@ impl Ctl {
             hb: Heartbeat::from_config(&self.cfg.hb),
             hb_next: 0,
             phase: Phase::Idle,
+            refused: None,
         };
         self.start_connect(&mut pc, now);
         self.paths[slot] = Some(pc);
@@ -221,6 +225,35 @@ impl Ctl {
         self.paths[slot] = Some(pc);
     }
 
+    /// The session is refused while it never connected and every path's latest attempt
+    /// was refused permanently (see [`super::refusal`]); lifted otherwise.
+    fn update_refusal(&mut self) {
+        let now = if self.params.is_some() {
+            None
+        } else {
+            let mut refused = Vec::new();
+            let mut all = true;
+            for pc in self.paths[..self.slots_hi].iter().flatten() {
+                match pc.refused {
+                    Some(e) => refused.push((pc.shared.addr, e)),
+                    None => all = false,
+                }
+            }
+            if all {
+                Refusal::of(&refused)
+            } else {
+                None
+            }
+        };
+        let mut cur = self.sess.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        if *cur != now {
+            if let Some(r) = &now {
+                tracing::warn!(sess = %self.sess.sessname, "{r}; requests fail until a path connects");
+            }
+            *cur = now;
+        }
+    }
+
     pub(super) fn forget(&mut self, pc: &PathCtl) {
         self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[pc.shared.slot] = None;
     }
@@ -282,6 +315,9 @@ impl Poller for Ctl {
             } else {
                 self.paths[slot] = Some(pc);
             }
+        }
+        if busy {
+            self.update_refusal();
         }
         if self.sess.closed.load(Ordering::Acquire) && self.paths.iter().all(Option::is_none) {
             if let Some(id) = cx.current() {

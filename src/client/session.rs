@@ -16,6 +16,7 @@ use super::core::SessionCore;
 use super::ctl::{ClientEvents, Ctl};
 use super::error::ClientError;
 use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
+use super::refusal::Refusal;
 use super::shared::{SessCmd, SessShared};
 use super::state::PathState;
 use super::stats::{ClientStats, PathStats};
@@ -134,6 +135,30 @@ impl Session {
             .path_list()
             .iter()
             .map(|p| (p.addr, p.state.get()))
+            .collect()
+    }
+
+    /// Why the target refused the session, while it never connected and every path's
+    /// latest attempt was refused for a reason a retry will not change (requests then
+    /// fail at once; see [`super::refusal`]).
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.sess
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every path that is not connected, with why its latest connection attempt failed
+    /// (paths still on their first attempt are left out).
+    pub fn path_errors(&self) -> Vec<(PathAddr, String)> {
+        self.sess
+            .path_list()
+            .iter()
+            .filter_map(|p| {
+                let e = p.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                e.clone().map(|e| (p.addr, e))
+            })
             .collect()
     }
 

@@ -15,6 +15,7 @@ use crossbeam_queue::SegQueue;
 
 use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};
+use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats};
 use crate::common::{Con, IuPool};
@@ -62,6 +63,8 @@ pub struct PathShared {
     /// Why the path was closed for good without a reconnect (a failed authentication),
     /// until a manual reconnect.
     pub failure: Mutex<Option<String>>,
+    /// Why the latest connection attempt failed (`None` once connected).
+    pub last_error: Mutex<Option<String>>,
 }
 
 impl PathShared {
@@ -77,6 +80,7 @@ impl PathShared {
             acks: AtomicUsize::new(0),
             home: HomeStats::default(),
             core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
+            last_error: Mutex::new(None),
         }
     }
 
@@ -135,6 +139,8 @@ pub struct SessShared {
     pub closed: AtomicBool,
     /// Paths connected right now.
     pub paths_up: AtomicU32,
+    /// Set while the session never connected and every path was refused permanently.
+    pub refusal: Mutex<Option<Refusal>>,
 }
 
 impl SessShared {
@@ -151,6 +157,7 @@ impl SessShared {
             params: Mutex::new(None),
             closed: AtomicBool::new(false),
             paths_up: AtomicU32::new(0),
+            refusal: Mutex::new(None),
         }
     }
 

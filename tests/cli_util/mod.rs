@@ -171,6 +171,11 @@ fn spawn_target(exports: &[&str], extra: &[&str], default_log: bool) -> TargetPr
 
 /// Runs a binary to its end (bounded by [`LIMIT`]; killed after it).
 pub fn run(bin: &str, args: &[&str]) -> Output {
+    run_within(bin, args, LIMIT)
+}
+
+/// Runs a binary to its end; killed after `limit`, and then the test fails.
+pub fn run_within(bin: &str, args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
@@ -191,7 +196,7 @@ pub fn run(bin: &str, args: &[&str]) -> Output {
         v
     });
     let mut kid = Kid(Some(child));
-    let status = kid.wait(LIMIT);
+    let status = kid.wait(limit);
     Output {
         status,
         stdout: t1.join().expect("stdout reader"),

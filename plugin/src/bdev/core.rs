@@ -347,9 +347,23 @@ impl PortState {
                     // Every path refused for good: waiting cannot help.
                     self.disk.open_failed(&why);
                 } else if deadline <= now {
+                    // What the paths ran into, so the answer says more than "timed out".
+                    let last: Vec<String> = self
+                        .disk
+                        .session()
+                        .map(|s| s.path_errors())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|(p, e)| format!("{p}: {e}"))
+                        .collect();
                     self.disk.open_failed(&format!(
-                        "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5)",
-                        self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S)
+                        "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
+                        self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
+                        if last.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; latest attempts: {}", last.join("; "))
+                        }
                     ));
                 }
             }

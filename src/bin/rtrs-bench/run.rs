@@ -11,8 +11,8 @@ use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DeviceInfo, LinkListener, PortCompletion, RnbdClient,
-    RnbdCore,
+    BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener, PortCompletion,
+    RnbdClient, RnbdCore,
 };
 
 use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};
@@ -146,6 +146,9 @@ impl Home {
                         w.complete(now, *tag, *errno);
                     }
                 }
+                // Not sent (the session was refused or closed): the OPEN behind it
+                // fails with the same reason and names the device.
+                ClientEvent::SessInfo(Err(DeviceError::NotSent { .. })) => {}
                 ClientEvent::SessInfo(Err(e)) => {
                     self.setup
                         .set_opened(Err(format!("session info exchange failed: {e}")));

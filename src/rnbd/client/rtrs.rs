@@ -27,6 +27,13 @@ impl RtrsPort for SessionCore {
             Err(SubmitError::Busy { .. }) => Err(PortError::Busy),
             // Not connected yet (limits unknown): wait for the first Connected.
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(PortError::Busy),
+            // Never connected and refused for good: say why, at once.
+            Err(e @ SubmitError::Refused { errno }) => Err(PortError::Refused {
+                errno,
+                reason: self
+                    .refusal()
+                    .map_or_else(|| e.to_string(), |r| r.to_string()),
+            }),
             Err(e) => Err(PortError::Refused {
                 errno: match e {
                     SubmitError::NoPath => -libc::ENOTCONN,

@@ -418,9 +418,9 @@ impl<P: RtrsPort> RnbdClient<P> {
                     }
                 }
                 Err(PortError::Busy) => break,
-                Err(PortError::Refused { errno, .. }) => {
+                Err(PortError::Refused { errno, reason }) => {
                     self.queued.pop_front();
-                    self.finish(op, errno, &[]);
+                    self.not_sent(op, errno, reason);
                 }
             }
         }
@@ -464,6 +464,49 @@ impl<P: RtrsPort> RnbdClient<P> {
         }
     }
 
+    /// The session could not carry `op` (nothing reached the server): it fails with the
+    /// session's reason rather than as if the server had answered `errno`.
+    fn not_sent(&mut self, op: Admin, errno: i32, reason: String) {
+        match op {
+            Admin::SessInfo => {
+                self.sess_info_inflight = false;
+                self.events
+                    .push_back(ClientEvent::SessInfo(Err(DeviceError::NotSent {
+                        what: "session info".into(),
+                        errno,
+                        reason,
+                    })));
+            }
+            Admin::Open(i) => {
+                let d = &mut self.devices[i];
+                d.opening = false;
+                let was = d.dev.state();
+                if was == DevState::Unmapped {
+                    return;
+                }
+                let error = DeviceError::NotSent {
+                    what: format!("open of device '{}'", d.dev.name()),
+                    errno,
+                    reason,
+                };
+                self.open_failed(i, was, error);
+            }
+            Admin::Close { .. } => self.finish(op, errno, &[]),
+        }
+    }
+
+    /// A failed OPEN: a first one leaves a dead handle, a re-open a disconnected device.
+    fn open_failed(&mut self, i: usize, was: DevState, error: DeviceError) {
+        if was == DevState::Init {
+            self.devices[i].gone = true;
+            self.publish(i);
+        }
+        self.events.push_back(ClientEvent::OpenFailed {
+            dev: DevHandle(i),
+            error,
+        });
+    }
+
     fn open_finished(&mut self, i: usize, errno: i32, reply: &[u8]) {
         let max_io = self.port.max_io_size();
         let d = &mut self.devices[i];
@@ -503,14 +546,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                         device_id,
                     });
                 }
-                if was == DevState::Init {
-                    self.devices[i].gone = true;
-                    self.publish(i);
-                }
-                self.events.push_back(ClientEvent::OpenFailed {
-                    dev: DevHandle(i),
-                    error,
-                });
+                self.open_failed(i, was, error);
             }
         }
     }
