@@ -22,6 +22,13 @@ impl Kid {
         self.0.as_ref().expect("child").id()
     }
 
+    /// SIGKILL, and reaps it.
+    pub fn kill(&mut self) {
+        let mut c = self.0.take().expect("child");
+        c.kill().expect("SIGKILL");
+        let _ = c.wait();
+    }
+
     /// Waits at most `limit` for the exit; kills it after that and panics.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let start = Instant::now();
@@ -64,15 +71,13 @@ pub struct TargetProc {
 /// Starts `rtrs-target` on 127.0.0.1 with a free port (port 0; the bound one is read
 /// from the ready line) on core 0, sleeping when idle.
 pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
+    start_target_at("tcp://127.0.0.1:0", exports, extra)
+}
+
+/// As [`start_target`], listening on `listen` (`tcp://127.0.0.1:PORT`).
+pub fn start_target_at(listen: &str, exports: &[&str], extra: &[&str]) -> TargetProc {
     let mut cmd = Command::new(TARGET);
-    cmd.args([
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "-m",
-        "0x1",
-        "--idle",
-        "adaptive",
-    ]);
+    cmd.args(["--listen", listen, "-m", "0x1", "--idle", "adaptive"]);
     for e in exports {
         cmd.args(["--export", e]);
     }
