@@ -189,6 +189,9 @@ impl<P: RtrsPort> RnbdClient<P> {
         &self.io.port
     }
 
+    /// The port itself. A request sent on it directly completes through it: poll the
+    /// port for it ([`poll`](Self::poll) hands back only the client's own requests and
+    /// drops, with a log line, block completions it did not send).
     pub fn port_mut(&mut self) -> &mut P {
         &mut self.io.port
     }
