@@ -94,7 +94,8 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         reconnect_delay_sec: wait before a reconnect attempt
         hb_interval_ms: heartbeat interval
         hb_missed_max: heartbeats missed before a path is declared dead
-        io_timeout_sec: how long IO waits for a path while none is connected
+        io_timeout_sec: how long IO waits while the device is unreachable (no path
+            connected, or not re-opened yet after a reconnect) before it fails
     Returns:
         Name of the created bdev (answered once the session is up and the device open).
     """
@@ -227,7 +228,8 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-M', '--hb-missed-max', type=int,
                    help='Missed heartbeats before a path is dead. Default: 5')
     p.add_argument('-t', '--io-timeout-sec', type=int,
-                   help='Seconds IO waits for a path while none is connected. Default: 30')
+                   help='Seconds IO waits while the device is unreachable (no path, or '
+                        'not re-opened yet after a reconnect). Default: 30')
     p.set_defaults(func=_bdev_rtrs_create)
 
     def _bdev_rtrs_delete(args):

@@ -96,6 +96,8 @@ pub struct ClientConfig {
     pub hb: HbConfig,
     /// While no path is connected, IO waits this long for one before failing with
     /// −ENOTCONN (beyond the kernel, like NVMe-oF's fast-io-fail timeout; 0 fails at once).
+    /// The RNBD client uses the same bound, counted from submission, for block IO whose
+    /// device is unreachable (no path, or not re-opened yet after a reconnect). 30 s.
     pub io_wait_timeout: Duration,
     /// Bound on each connection's establishment and on the INFO exchange (30 s).
     pub connect_timeout: Duration,

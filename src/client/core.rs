@@ -253,6 +253,12 @@ impl SessionCore {
         self.params.map_or(0, |p| p.max_io_size)
     }
 
+    /// How long a request waits for a path (the session's
+    /// [`io_wait_timeout`](super::ClientConfig::io_wait_timeout)).
+    pub fn io_wait_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.io_wait_ns)
+    }
+
     /// Largest user header (0 before the session first connected).
     pub fn max_usr_hdr(&self) -> u32 {
         self.params.map_or(0, |p| p.max_usr_hdr())

@@ -93,6 +93,8 @@ pub struct CreateParams {
     pub reconnect_delay_sec: u64,
     pub hb_interval_ms: u64,
     pub hb_missed_max: u32,
+    /// How long IO waits for an unreachable device (the session's `io_wait_timeout`,
+    /// which the library's RNBD client applies), and a reset for the IO to drain.
     pub io_timeout_sec: u64,
 }
 

@@ -22,6 +22,10 @@
 //! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
 //! key) and requires the target to prove it too (`docs/tcp-fabric.md`, "Authentication");
 //! a refusal ("authentication failed") is reported at once, not retried.
+//! While the device is unreachable (the target restarting, every path down, the device
+//! not re-opened yet after a reconnect) IO waits, up to `--io-wait-timeout` (30 s) after
+//! its submission, and is sent again once the device is back; only then does it fail,
+//! counted as an IO error with the reason ("device 'vol' unreachable for 30 s: ...").
 //!
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
@@ -144,6 +148,10 @@ struct Args {
     /// the device may take 5 s more.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
     connect_timeout: Duration,
+    /// How long an IO waits while the device is unreachable (target restarting, every
+    /// path down, device not re-opened yet) before it fails; 0 fails it at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = shared::duration_arg)]
+    io_wait_timeout: Duration,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -387,7 +395,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     ccfg.max_reconnect_attempts = 0;
     ccfg.reconnect_delay = Duration::from_secs(1);
     ccfg.reconnect_jitter = Duration::from_millis(200);
-    ccfg.io_wait_timeout = Duration::from_secs(10);
+    ccfg.io_wait_timeout = args.io_wait_timeout;
     ccfg.connect_timeout = args.connect_timeout;
     let (stx, srx) = mpsc::channel();
     engine
@@ -408,7 +416,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     setup.go.store(true, Ordering::Release);
 
     // Progress until every active core reported.
-    let mut progress = Progress::new(args.rw.name());
+    // Waiting IO completes within the wait: only a longer silence is a stall.
+    let stall = progress::STALL.max(args.io_wait_timeout + Duration::from_secs(30));
+    let mut progress = Progress::new(args.rw.name(), stall);
     let mut reports = Vec::with_capacity(active);
     while reports.len() < active {
         match rrx.recv_timeout(Duration::from_millis(100)) {
@@ -450,7 +460,10 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     if totals.failed() {
         let mut why = Vec::new();
         if totals.errors > 0 {
-            why.push(format!("{} IO error(s)", totals.errors));
+            why.push(format!(
+                "{} IO error(s) (first: {})",
+                totals.errors, totals.first_error
+            ));
         }
         if totals.mismatches > 0 {
             why.push(format!(

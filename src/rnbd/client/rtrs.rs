@@ -3,6 +3,7 @@
 //! link events (kernel: `rnbd_clt_link_ev`) to the client on the home core.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
@@ -59,6 +60,10 @@ impl RtrsPort for SessionCore {
 
     fn max_io_size(&self) -> u32 {
         SessionCore::max_io_size(self)
+    }
+
+    fn io_wait_timeout(&self) -> Duration {
+        SessionCore::io_wait_timeout(self)
     }
 }
 

@@ -7,17 +7,20 @@
 //! Everything is non-blocking: SESS_INFO, OPEN and CLOSE are queued, sent as admin
 //! requests when a permit and a reply slot are free, and reported as [`ClientEvent`]s by
 //! [`RnbdClient::poll`], which also reports block IO completions. OPENs wait for an
-//! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
+//! outstanding SESS_INFO, as the kernel sends SESS_INFO first. Block IO goes through the
+//! core's [`CoreIo`](super::io), which keeps requests while their device is unreachable
+//! (up to `io_wait_timeout`) and sends them again once it is re-opened.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
+use super::io::{CoreIo, DevLookup};
 use super::msg::{self, BlockRequest, DeviceInfo};
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use super::rtrs::LinkListener;
-use super::shared::{send_io, SharedDevices};
+use super::shared::SharedDevices;
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
@@ -76,6 +79,14 @@ pub enum IoError {
     Device(#[from] DeviceError),
     #[error("rtrs: {0}")]
     Port(#[from] PortError),
+    /// A request waited `io_wait_timeout` for its device to be reachable (a path up and
+    /// the device re-opened after a reconnect) and failed with −ENOTCONN.
+    #[error("device '{name}' unreachable for {} s: {reason}", waited.as_secs_f64())]
+    Unreachable {
+        name: String,
+        waited: Duration,
+        reason: String,
+    },
 }
 
 impl IoError {
@@ -92,6 +103,7 @@ impl IoError {
             IoError::Device(e) => e.errno(),
             IoError::Port(PortError::Busy) => -libc::EAGAIN,
             IoError::Port(PortError::Refused { errno, .. }) => *errno,
+            IoError::Unreachable { .. } => -libc::ENOTCONN,
         }
     }
 }
@@ -115,9 +127,19 @@ struct Dev {
     gone: bool,
 }
 
+/// The home core's own device table, for its [`CoreIo`].
+struct Local<'a>(&'a [Dev]);
+
+impl DevLookup for Local<'_> {
+    fn with_dev<R>(&self, dev: DevHandle, f: impl FnOnce(&RnbdDevice) -> R) -> Option<R> {
+        self.0.get(dev.0).filter(|d| !d.gone).map(|d| f(&d.dev))
+    }
+}
+
 /// RNBD devices over one core's RTRS session.
 pub struct RnbdClient<P> {
-    port: P,
+    /// This core's block IO and the port it shares with the admin requests.
+    io: CoreIo<P>,
     /// Reply space of admin requests, `REPLY_SLOT` bytes per slot.
     replies: Mr,
     slots: Vec<Option<Admin>>,
@@ -129,8 +151,6 @@ pub struct RnbdClient<P> {
     scratch: Vec<PortCompletion>,
     links: Option<LinkListener>,
     shared: Arc<SharedDevices>,
-    /// This core's block requests in flight (one of `shared`'s counters).
-    inflight: Arc<AtomicUsize>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
 }
@@ -138,6 +158,8 @@ pub struct RnbdClient<P> {
 impl<P: RtrsPort> RnbdClient<P> {
     /// A client over `port`, whose admin replies land in `replies` (registered with the
     /// session's fabric, local write access; one admin request in flight per 64 bytes).
+    /// Block requests wait up to the port's
+    /// [`io_wait_timeout`](RtrsPort::io_wait_timeout) for an unreachable device.
     ///
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than 64 bytes.
@@ -147,9 +169,8 @@ impl<P: RtrsPort> RnbdClient<P> {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
         let shared = Arc::<SharedDevices>::default();
-        let inflight = shared.counter();
         Ok(RnbdClient {
-            port,
+            io: CoreIo::new(port, Arc::clone(&shared)),
             replies,
             slots: vec![None; n.min(1024)],
             queued: VecDeque::with_capacity(16),
@@ -160,17 +181,25 @@ impl<P: RtrsPort> RnbdClient<P> {
             scratch: vec![PortCompletion::default(); BATCH],
             links: None,
             shared,
-            inflight,
             reopen_pending: false,
         })
     }
 
     pub fn port(&self) -> &P {
-        &self.port
+        &self.io.port
     }
 
+    /// The port itself. A request sent on it directly completes through it: poll the
+    /// port for it ([`poll`](Self::poll) hands back only the client's own requests and
+    /// drops, with a log line, block completions it did not send).
     pub fn port_mut(&mut self) -> &mut P {
-        &mut self.port
+        &mut self.io.port
+    }
+
+    /// Why the last block request whose wait for its device ran out failed
+    /// ([`IoError::Unreachable`]).
+    pub fn last_wait_error(&self) -> Option<&IoError> {
+        self.io.last_wait_error()
     }
 
     /// The devices as other cores see them (for [`RnbdCore`](super::RnbdCore)s).
@@ -212,7 +241,7 @@ impl<P: RtrsPort> RnbdClient<P> {
         name: &str,
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
-        let dev = RnbdDevice::new(name, mode, self.port.max_io_size())?;
+        let dev = RnbdDevice::new(name, mode, self.io.port.max_io_size())?;
         if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
             return Err(DeviceError::AlreadyOpen {
                 name: name.to_string(),
@@ -261,7 +290,13 @@ impl<P: RtrsPort> RnbdClient<P> {
     }
 
     /// Sends a block request on a mapped device. `sgl` holds the data of a write or the
-    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise).
+    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise), and
+    /// stays untouched until the completion. While the device is unreachable (every
+    /// path lost, or the re-open after a reconnect pending) the request is accepted and
+    /// waits, up to `io_wait_timeout` after now, then fails with −ENOTCONN (see
+    /// [`last_wait_error`](Self::last_wait_error)); a request that comes back because
+    /// the session lost its paths waits the same way and is sent again. Its completion
+    /// is an [`ClientEvent::Io`], exactly once.
     ///
     /// # Errors
     /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.
@@ -273,12 +308,8 @@ impl<P: RtrsPort> RnbdClient<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        let d = self
-            .devices
-            .get(dev.0)
-            .filter(|d| !d.gone)
-            .ok_or(IoError::NoDevice)?;
-        send_io(&mut self.port, &self.inflight, cx, &d.dev, tag, req, sgl)
+        self.io
+            .submit(cx, &Local(&self.devices), dev, tag, req, sgl)
     }
 
     /// The session lost its last path: devices wait for a re-open; the version is
@@ -333,20 +364,19 @@ impl<P: RtrsPort> RnbdClient<P> {
             }
         }
         loop {
-            let n = self.port.poll(cx, &mut self.scratch);
+            let (n, more) = self.io.poll(cx, &Local(&self.devices), &mut self.scratch);
             for i in 0..n {
                 let c = self.scratch[i];
                 if c.tag & ADMIN_TAG != 0 {
                     self.admin_done((c.tag & !ADMIN_TAG) as usize, c.errno);
                 } else {
-                    self.inflight.fetch_sub(1, Ordering::SeqCst);
                     self.events.push_back(ClientEvent::Io {
                         tag: c.tag,
                         errno: c.errno,
                     });
                 }
             }
-            if n < self.scratch.len() {
+            if !more {
                 break;
             }
         }
@@ -409,7 +439,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                 sgl,
                 admin: true,
             };
-            match self.port.submit(cx, io) {
+            match self.io.port.submit(cx, io) {
                 Ok(()) => {
                     self.queued.pop_front();
                     self.slots[slot] = Some(op);
@@ -508,7 +538,7 @@ impl<P: RtrsPort> RnbdClient<P> {
     }
 
     fn open_finished(&mut self, i: usize, errno: i32, reply: &[u8]) {
-        let max_io = self.port.max_io_size();
+        let max_io = self.io.port.max_io_size();
         let d = &mut self.devices[i];
         d.opening = false;
         let was = d.dev.state();
