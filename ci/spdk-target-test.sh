@@ -259,6 +259,15 @@ if [[ "$seen" == *'"chunk_memory": "spdk_dma"'* ]]; then
 else
     fail "get_sessions: chunk_memory is not spdk_dma: $(echo "$seen" | grep -o '"chunk_memory": "[a-z_]*"' | head -1)"
 fi
+# Every key of the answer and its JSON type.
+if [ -n "$seen" ]; then
+    printf '%s\n' "$seen" >"$WORK/sessions.json"
+    if shape=$(python3 ci/spdk/stats_shape.py target "$WORK/sessions.json" 2>&1); then
+        ok "get_sessions: $shape"
+    else
+        fail "get_sessions: $shape"
+    fi
+fi
 wait "$LONG" || true
 grep -q "verified 256 blocks" "$WORK/long.out" && ok "long run verified" || fail "long run: $(cat "$WORK/long.out")"
 

@@ -126,6 +126,9 @@ PY
 	grep -q "$((PB + 0))" "$APP_DIR/sess.json" || { cat "$APP_DIR/sess.json"; return 1; }
 	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
 	grep -q 'basic-sess' "$APP_DIR/tsess.json" || { cat "$APP_DIR/tsess.json"; return 1; }
+	# Every statistics key and its JSON type, on both sides.
+	python3 "$REPO/ci/spdk/stats_shape.py" bdev "$APP_DIR/sess.json" || return 1
+	python3 "$REPO/ci/spdk/stats_shape.py" target "$APP_DIR/tsess.json" || return 1
 	rpc clt bdev_rtrs_set_mp_policy rtrs0 round-robin || return 1
 	rpc clt bdev_rtrs_delete rtrs0 || return 1
 	if rpc clt bdev_get_bdevs -b rtrs0 >/dev/null 2>&1; then

@@ -8,11 +8,12 @@
 //! Counters of the data path live per (path, core) in [`CoreStats`]: only that core
 //! writes them (a relaxed load and store, no locked instruction); anyone may read them.
 //! A reset from another thread may lose an increment racing with it, which is
-//! acceptable for statistics. JSON is rendered by hand ([`ClientStats::to_json`]); there
-//! is no serde dependency.
+//! acceptable for statistics. Snapshots serialise with serde ([`ClientStats::to_json`]);
+//! the JSON names follow the kernel's sysfs files (`rdma`, `reconnects`, `wc_completion`).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use serde::{Serialize, Serializer};
 
 /// A counter with a single writer.
 #[derive(Debug, Default)]
@@ -177,7 +178,7 @@ impl Default for HomeStats {
 }
 
 /// The kernel's `stats/rdma` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct RdmaStats {
     pub read_cnt: u64,
     pub read_bytes: u64,
@@ -188,7 +189,7 @@ pub struct RdmaStats {
 }
 
 /// Completions per poll.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct WcStats {
     pub polls: u64,
     pub completions: u64,
@@ -271,37 +272,70 @@ impl PathStats {
     pub fn reconnects_line(&self) -> String {
         format!("{} {}", self.reconnects_ok, self.reconnects_fail)
     }
+}
 
-    fn json(&self, out: &mut String) {
-        let r = &self.rdma;
-        let _ = write!(
-            out,
-            "{{\"path\":{},\"state\":{},\"cur_latency_ns\":{},\"rdma\":{{\"read_cnt\":{},\"read_bytes\":{},\"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_cnt\":{}}},\"reconnects\":{{\"successful\":{},\"failed\":{}}},\"cpu_migration_from\":{},\"cpu_migration_to\":{},\"sg_entries\":{},\"wc_completion\":{{\"polls\":{},\"completions\":{},\"max_per_poll\":{}}},\"latency_hist_log2_ns\":{},\"direct_reads\":{}}}",
-            json_str(&self.path),
-            json_str(&self.state),
-            self.cur_latency_ns,
-            r.read_cnt,
-            r.read_bytes,
-            r.write_cnt,
-            r.write_bytes,
-            r.inflight,
-            r.failover_cnt,
-            self.reconnects_ok,
-            self.reconnects_fail,
-            json_arr(&self.cpu_migration_from),
-            json_arr(&self.cpu_migration_to),
-            json_arr(&self.sg_entries),
-            self.wc_completion.polls,
-            self.wc_completion.completions,
-            self.wc_completion.max_per_poll,
-            json_arr(&self.latency_hist),
-            self.direct_reads,
-        );
+/// The JSON form of [`PathStats`]: the reconnect counters nest as the kernel's
+/// `stats/reconnects` file names them, and the histogram's name gives its unit.
+#[derive(Serialize)]
+struct PathJson<'a> {
+    path: &'a str,
+    state: &'a str,
+    cur_latency_ns: u64,
+    rdma: &'a RdmaStats,
+    reconnects: ReconnectsJson,
+    cpu_migration_from: &'a [u64],
+    cpu_migration_to: &'a [u64],
+    sg_entries: &'a [u64],
+    wc_completion: &'a WcStats,
+    latency_hist_log2_ns: &'a [u64],
+    direct_reads: u64,
+}
+
+#[derive(Serialize)]
+struct ReconnectsJson {
+    successful: i64,
+    failed: u64,
+}
+
+impl Serialize for PathStats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Destructured so a field added to PathStats cannot be left out of the JSON.
+        let PathStats {
+            path,
+            state,
+            cur_latency_ns,
+            rdma,
+            reconnects_ok,
+            reconnects_fail,
+            cpu_migration_from,
+            cpu_migration_to,
+            sg_entries,
+            wc_completion,
+            latency_hist,
+            direct_reads,
+        } = self;
+        PathJson {
+            path,
+            state,
+            cur_latency_ns: *cur_latency_ns,
+            rdma,
+            reconnects: ReconnectsJson {
+                successful: *reconnects_ok,
+                failed: *reconnects_fail,
+            },
+            cpu_migration_from,
+            cpu_migration_to,
+            sg_entries,
+            wc_completion,
+            latency_hist_log2_ns: latency_hist,
+            direct_reads: *direct_reads,
+        }
+        .serialize(s)
     }
 }
 
 /// A snapshot of a client session's statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct ClientStats {
     pub sessname: String,
     pub mp_policy: String,
@@ -311,50 +345,7 @@ pub struct ClientStats {
 impl ClientStats {
     /// One JSON object: `{"sessname":..,"mp_policy":..,"paths":[{..},..]}`.
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(512 + 1024 * self.paths.len());
-        let _ = write!(
-            out,
-            "{{\"sessname\":{},\"mp_policy\":{},\"paths\":[",
-            json_str(&self.sessname),
-            json_str(&self.mp_policy)
-        );
-        for (i, p) in self.paths.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            p.json(&mut out);
-        }
-        out.push_str("]}");
-        out
+        // Plain structs with string keys and integers: serialising cannot fail.
+        serde_json::to_string(self).expect("client statistics serialise to JSON")
     }
-}
-
-fn json_arr(v: &[u64]) -> String {
-    let mut s = String::from("[");
-    for (i, x) in v.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{x}");
-    }
-    s.push(']');
-    s
-}
-
-/// A JSON string literal with the required escapes.
-pub fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }

@@ -3,11 +3,12 @@
 //! polled engine sees for free: requests in flight, requests that waited for a chunk
 //! still busy on another path (failover), responses queued for lack of send slots, and
 //! requests dropped because their path was closing, and a log2 histogram of the time
-//! requests spent with the handler. Snapshots serialise to JSON by hand (no serde
-//! dependency).
+//! requests spent with the handler. Snapshots serialise with serde
+//! ([`ServerStats::to_json`]).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
 
 /// Buckets of the handler-latency histogram: bucket `k` counts requests answered in
 /// `[2^k, 2^(k+1))` µs (bucket 0 also takes everything under 2 µs, the last everything
@@ -96,8 +97,8 @@ impl PathCounters {
     }
 }
 
-/// One path's statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// One path's statistics (serialised with these field names, in this order).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct PathStats {
     /// The client's pathname from INFO_REQ (empty before it).
     pub name: String,
@@ -122,14 +123,14 @@ pub struct PathStats {
     pub rsp_queued: u64,
     /// Requests dropped unanswered because the path was no longer connected.
     pub dropped: u64,
-    /// Handler latency histogram ([`LAT_BUCKETS`] log2 buckets of µs).
-    pub handler_lat_us_log2: Vec<u64>,
     /// Sum of handler latencies in ns (divide by the bucket total for the mean).
     pub handler_lat_sum_ns: u64,
+    /// Handler latency histogram ([`LAT_BUCKETS`] log2 buckets of µs).
+    pub handler_lat_us_log2: Vec<u64>,
 }
 
 /// One session's statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct SessionStats {
     pub id: u64,
     /// The client's session name (empty until the first INFO_REQ).
@@ -142,24 +143,9 @@ pub struct SessionStats {
 }
 
 /// The whole server's statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct ServerStats {
     pub sessions: Vec<SessionStats>,
-}
-
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 impl PathStats {
@@ -170,69 +156,13 @@ impl PathStats {
             self.read_cnt, self.read_bytes, self.write_cnt, self.write_bytes
         )
     }
-
-    fn write_json(&self, out: &mut String) {
-        out.push_str("{\"name\":");
-        json_str(out, &self.name);
-        out.push_str(",\"addr\":");
-        json_str(out, &self.addr);
-        out.push_str(",\"state\":");
-        json_str(out, self.state);
-        let _ = write!(
-            out,
-            ",\"cid_num\":{},\"recon_cnt\":{},\"read_cnt\":{},\"read_bytes\":{},\
-             \"write_cnt\":{},\"write_bytes\":{},\"inflight\":{},\"failover_waits\":{},\
-             \"rsp_queued\":{},\"dropped\":{},\"handler_lat_sum_ns\":{}",
-            self.cid_num,
-            self.recon_cnt,
-            self.read_cnt,
-            self.read_bytes,
-            self.write_cnt,
-            self.write_bytes,
-            self.inflight,
-            self.failover_waits,
-            self.rsp_queued,
-            self.dropped,
-            self.handler_lat_sum_ns
-        );
-        out.push_str(",\"handler_lat_us_log2\":[");
-        for (i, c) in self.handler_lat_us_log2.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(out, "{c}");
-        }
-        out.push_str("]}");
-    }
 }
 
 impl ServerStats {
     /// One JSON object: `{"sessions":[{"id":..,"name":..,"paths":[{..}]}]}`.
     pub fn to_json(&self) -> String {
-        let mut out = String::from("{\"sessions\":[");
-        for (i, s) in self.sessions.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(out, "{{\"id\":{},\"name\":", s.id);
-            json_str(&mut out, &s.name);
-            let _ = write!(
-                out,
-                ",\"queue_depth\":{},\"chunk_size\":{},\"chunk_memory\":",
-                s.queue_depth, s.chunk_size
-            );
-            json_str(&mut out, s.chunk_memory);
-            out.push_str(",\"paths\":[");
-            for (j, p) in s.paths.iter().enumerate() {
-                if j > 0 {
-                    out.push(',');
-                }
-                p.write_json(&mut out);
-            }
-            out.push_str("]}");
-        }
-        out.push_str("]}");
-        out
+        // Plain structs with string keys and integers: serialising cannot fail.
+        serde_json::to_string(self).expect("server statistics serialise to JSON")
     }
 }
 
@@ -271,33 +201,14 @@ mod tests {
     }
 
     #[test]
-    fn json_shape_and_escaping() {
-        let st = ServerStats {
-            sessions: vec![SessionStats {
-                id: 3,
-                name: "a\"b".into(),
-                queue_depth: 4,
-                chunk_size: 8192,
-                chunk_memory: "heap",
-                paths: vec![PathStats {
-                    name: "x@y".into(),
-                    state: "connected",
-                    read_cnt: 2,
-                    read_bytes: 100,
-                    ..PathStats::default()
-                }],
-            }],
+    fn rdma_line() {
+        let p = PathStats {
+            read_cnt: 2,
+            read_bytes: 100,
+            write_cnt: 1,
+            write_bytes: 7,
+            ..PathStats::default()
         };
-        let j = st.to_json();
-        assert!(
-            j.starts_with("{\"sessions\":[{\"id\":3,\"name\":\"a\\\"b\""),
-            "{j}"
-        );
-        assert!(j.contains("\"read_cnt\":2,\"read_bytes\":100"), "{j}");
-        assert!(
-            j.ends_with("\"handler_lat_sum_ns\":0,\"handler_lat_us_log2\":[]}]}]}"),
-            "{j}"
-        );
-        assert_eq!(st.sessions[0].paths[0].rdma_line(), "2 100 0 0");
+        assert_eq!(p.rdma_line(), "2 100 1 7");
     }
 }

@@ -289,7 +289,7 @@ impl Disk {
         let stats: Value = self
             .session
             .get()
-            .and_then(|s| serde_json::from_str(&s.stats().to_json()).ok())
+            .and_then(|s| serde_json::to_value(s.stats()).ok())
             .unwrap_or(Value::Null);
         let paths: Vec<Value> = self.session.get().map_or_else(Vec::new, |s| {
             s.paths()

@@ -1,8 +1,106 @@
 //! `rtrs_target_get_sessions`' answer: the RTRS server's session and path statistics
-//! (the kernel's `/sys/class/rtrs-server/<session>/paths/<path>/stats`) as JSON.
+//! (the kernel's `/sys/class/rtrs-server/<session>/paths/<path>/stats`) as JSON. The RPC
+//! names the session `sessname` and the path `pathname` (as `bdev_rtrs_create` and the
+//! kernel's sysfs do) and adds the transport; the other names are the library's.
 
-use rtrs_spdk::server::ServerStats;
-use serde_json::{json, Value};
+use rtrs_spdk::server::{PathStats, ServerStats, SessionStats};
+use serde::Serialize;
+use serde_json::Value;
+
+/// One session of `rtrs_target_get_sessions`.
+#[derive(Serialize)]
+struct SessionJson<'a> {
+    transport: &'a str,
+    id: u64,
+    sessname: &'a str,
+    queue_depth: u16,
+    chunk_size: u32,
+    chunk_memory: &'a str,
+    paths: Vec<PathJson<'a>>,
+}
+
+/// One path of a session.
+#[derive(Serialize)]
+struct PathJson<'a> {
+    pathname: &'a str,
+    addr: &'a str,
+    state: &'a str,
+    cid_num: u16,
+    recon_cnt: u16,
+    read_cnt: u64,
+    read_bytes: u64,
+    write_cnt: u64,
+    write_bytes: u64,
+    inflight: u64,
+    failover_waits: u64,
+    rsp_queued: u64,
+    dropped: u64,
+    handler_lat_sum_ns: u64,
+    handler_lat_us_log2: &'a [u64],
+}
+
+// Both views destructure the library's types, so a statistic added there cannot be left
+// out of the RPC answer unnoticed.
+impl<'a> PathJson<'a> {
+    fn new(p: &'a PathStats) -> Self {
+        let PathStats {
+            name,
+            addr,
+            state,
+            cid_num,
+            recon_cnt,
+            read_cnt,
+            read_bytes,
+            write_cnt,
+            write_bytes,
+            inflight,
+            failover_waits,
+            rsp_queued,
+            dropped,
+            handler_lat_sum_ns,
+            handler_lat_us_log2,
+        } = p;
+        PathJson {
+            pathname: name,
+            addr,
+            state,
+            cid_num: *cid_num,
+            recon_cnt: *recon_cnt,
+            read_cnt: *read_cnt,
+            read_bytes: *read_bytes,
+            write_cnt: *write_cnt,
+            write_bytes: *write_bytes,
+            inflight: *inflight,
+            failover_waits: *failover_waits,
+            rsp_queued: *rsp_queued,
+            dropped: *dropped,
+            handler_lat_sum_ns: *handler_lat_sum_ns,
+            handler_lat_us_log2,
+        }
+    }
+}
+
+impl<'a> SessionJson<'a> {
+    fn new(transport: &'a str, s: &'a SessionStats) -> Self {
+        let SessionStats {
+            id,
+            name,
+            queue_depth,
+            chunk_size,
+            chunk_memory,
+            paths,
+        } = s;
+        SessionJson {
+            transport,
+            id: *id,
+            sessname: name,
+            queue_depth: *queue_depth,
+            chunk_size: *chunk_size,
+            chunk_memory,
+            paths: paths.iter().map(PathJson::new).collect(),
+        }
+    }
+}
 
 /// One object per session of a server on `transport`.
 pub fn sessions_json(transport: &str, stats: &ServerStats) -> Vec<Value> {
@@ -10,38 +108,9 @@ pub fn sessions_json(transport: &str, stats: &ServerStats) -> Vec<Value> {
         .sessions
         .iter()
         .map(|s| {
-            let paths: Vec<Value> = s
-                .paths
-                .iter()
-                .map(|p| {
-                    json!({
-                        "pathname": p.name,
-                        "addr": p.addr,
-                        "state": p.state,
-                        "cid_num": p.cid_num,
-                        "recon_cnt": p.recon_cnt,
-                        "read_cnt": p.read_cnt,
-                        "read_bytes": p.read_bytes,
-                        "write_cnt": p.write_cnt,
-                        "write_bytes": p.write_bytes,
-                        "inflight": p.inflight,
-                        "failover_waits": p.failover_waits,
-                        "rsp_queued": p.rsp_queued,
-                        "dropped": p.dropped,
-                        "handler_lat_sum_ns": p.handler_lat_sum_ns,
-                        "handler_lat_us_log2": p.handler_lat_us_log2,
-                    })
-                })
-                .collect();
-            json!({
-                "transport": transport,
-                "id": s.id,
-                "sessname": s.name,
-                "queue_depth": s.queue_depth,
-                "chunk_size": s.chunk_size,
-                "chunk_memory": s.chunk_memory,
-                "paths": paths,
-            })
+            // Integers, strings and arrays with string keys: serialising cannot fail.
+            serde_json::to_value(SessionJson::new(transport, s))
+                .expect("session statistics serialise to JSON")
         })
         .collect()
 }

@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use serde::Serialize;
+
 use crate::hist::Hist;
 use crate::worker::CoreReport;
 
@@ -171,74 +173,177 @@ pub fn text(info: &RunInfo, t: &Totals) -> String {
     o
 }
 
-fn jstr(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// The JSON object, one field per key in output order. Rates and latencies are rounded
+/// (IOPS to 0.1, the rest to 0.001) so the line stays short.
+#[derive(Debug, Serialize)]
+struct JsonReport<'a> {
+    rw: &'a str,
+    rwmixread: Option<u8>,
+    bs: u32,
+    qd: usize,
+    cores: usize,
+    active_cores: usize,
+    cpumask: &'a str,
+    target: &'a str,
+    paths: &'a [String],
+    device: &'a str,
+    device_size: u64,
+    region: u64,
+    policy: &'a str,
+    time_s: f64,
+    requested_time_s: f64,
+    ios: u64,
+    reads: u64,
+    writes: u64,
+    bytes: u64,
+    iops: f64,
+    mib_s: f64,
+    lat_avg_us: f64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    lat_p999_us: f64,
+    lat_max_us: f64,
+    errors: u64,
+    first_errno: i32,
+    /// `null` unless an IO failed.
+    first_error: Option<&'a str>,
+    verify: bool,
+    verify_mismatches: u64,
+    first_bad_offset: Option<u64>,
+    interrupted: bool,
+}
+
+/// `x` rounded to `digits` decimals.
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
 }
 
 /// The same as one JSON object on one line.
 pub fn json(info: &RunInfo, t: &Totals) -> String {
     let h = &t.hist;
-    let paths: Vec<String> = info.paths.iter().map(|p| jstr(p)).collect();
-    let mix = info
-        .rwmixread
-        .map_or_else(|| "null".to_string(), |p| p.to_string());
-    let first_bad = t
-        .first_bad
-        .map_or_else(|| "null".to_string(), |b| b.to_string());
-    format!(
-        "{{\"rw\":{},\"rwmixread\":{mix},\"bs\":{},\"qd\":{},\"cores\":{},\"active_cores\":{},\
-         \"cpumask\":{},\"target\":{},\"paths\":[{}],\"device\":{},\"device_size\":{},\
-         \"region\":{},\"policy\":{},\"time_s\":{:.3},\"requested_time_s\":{:.3},\"ios\":{},\
-         \"reads\":{},\"writes\":{},\"bytes\":{},\"iops\":{:.1},\"mib_s\":{:.3},\
-         \"lat_avg_us\":{:.3},\"lat_p50_us\":{:.3},\"lat_p99_us\":{:.3},\"lat_p999_us\":{:.3},\
-         \"lat_max_us\":{:.3},\"errors\":{},\"first_errno\":{},\"first_error\":{},\"verify\":{},\
-         \"verify_mismatches\":{},\"first_bad_offset\":{first_bad},\"interrupted\":{}}}",
-        jstr(info.rw),
-        info.bs,
-        info.qd,
-        info.cores,
-        info.active_cores,
-        jstr(&info.cpumask),
-        jstr(&info.target),
-        paths.join(","),
-        jstr(&info.device),
-        info.device_size,
-        info.region,
-        jstr(info.policy),
-        t.elapsed_s,
-        info.time_s,
-        t.ios(),
-        t.reads,
-        t.writes,
-        t.bytes,
-        t.iops(),
-        t.mib_s(),
-        h.mean() / 1000.0,
-        us(h.quantile(0.50)),
-        us(h.quantile(0.99)),
-        us(h.quantile(0.999)),
-        us(h.max()),
-        t.errors,
-        t.first_errno,
-        if t.errors > 0 {
-            jstr(&t.first_error)
-        } else {
-            "null".to_string()
-        },
-        info.verify,
-        t.mismatches,
-        info.interrupted,
-    )
+    let r = JsonReport {
+        rw: info.rw,
+        rwmixread: info.rwmixread,
+        bs: info.bs,
+        qd: info.qd,
+        cores: info.cores,
+        active_cores: info.active_cores,
+        cpumask: &info.cpumask,
+        target: &info.target,
+        paths: &info.paths,
+        device: &info.device,
+        device_size: info.device_size,
+        region: info.region,
+        policy: info.policy,
+        time_s: round(t.elapsed_s, 3),
+        requested_time_s: round(info.time_s, 3),
+        ios: t.ios(),
+        reads: t.reads,
+        writes: t.writes,
+        bytes: t.bytes,
+        iops: round(t.iops(), 1),
+        mib_s: round(t.mib_s(), 3),
+        lat_avg_us: round(h.mean() / 1000.0, 3),
+        lat_p50_us: round(us(h.quantile(0.50)), 3),
+        lat_p99_us: round(us(h.quantile(0.99)), 3),
+        lat_p999_us: round(us(h.quantile(0.999)), 3),
+        lat_max_us: round(us(h.max()), 3),
+        errors: t.errors,
+        first_errno: t.first_errno,
+        first_error: (t.errors > 0).then_some(t.first_error.as_str()),
+        verify: info.verify,
+        verify_mismatches: t.mismatches,
+        first_bad_offset: t.first_bad,
+        interrupted: info.interrupted,
+    };
+    // Plain fields with string keys: serialising cannot fail.
+    serde_json::to_string(&r).expect("the run's report serialises to JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> RunInfo {
+        RunInfo {
+            rw: "randrw",
+            rwmixread: None,
+            bs: 4096,
+            qd: 8,
+            cores: 2,
+            active_cores: 1,
+            cpumask: "0x2".into(),
+            time_s: 2.0,
+            target: "tcp://127.0.0.1:1234".into(),
+            paths: vec!["127.0.0.1:1234".into()],
+            device: "ram0".into(),
+            device_size: 1 << 20,
+            region: 1 << 20,
+            policy: "min-inflight",
+            verify: false,
+            interrupted: false,
+        }
+    }
+
+    fn totals() -> Totals {
+        Totals {
+            reads: 3,
+            writes: 1,
+            bytes: 4 * 4096,
+            errors: 0,
+            first_errno: 0,
+            first_error: String::new(),
+            mismatches: 0,
+            first_bad: None,
+            elapsed_s: 2.000_4,
+            hist: Hist::new(),
+        }
+    }
+
+    /// Pins every key, its order and its JSON type.
+    #[test]
+    fn json_golden() {
+        assert_eq!(
+            json(&info(), &totals()),
+            "{\"rw\":\"randrw\",\"rwmixread\":null,\"bs\":4096,\"qd\":8,\"cores\":2,\
+             \"active_cores\":1,\"cpumask\":\"0x2\",\"target\":\"tcp://127.0.0.1:1234\",\
+             \"paths\":[\"127.0.0.1:1234\"],\"device\":\"ram0\",\"device_size\":1048576,\
+             \"region\":1048576,\"policy\":\"min-inflight\",\"time_s\":2.0,\
+             \"requested_time_s\":2.0,\"ios\":4,\"reads\":3,\"writes\":1,\"bytes\":16384,\
+             \"iops\":2.0,\"mib_s\":0.008,\"lat_avg_us\":0.0,\"lat_p50_us\":0.0,\
+             \"lat_p99_us\":0.0,\"lat_p999_us\":0.0,\"lat_max_us\":0.0,\"errors\":0,\
+             \"first_errno\":0,\"first_error\":null,\"verify\":false,\"verify_mismatches\":0,\
+             \"first_bad_offset\":null,\"interrupted\":false}"
+        );
+    }
+
+    /// Optional values are numbers or strings when set; every string survives escaping.
+    #[test]
+    fn json_set_options_and_escapes() {
+        let mut i = info();
+        i.rwmixread = Some(70);
+        i.verify = true;
+        i.device = "dev\"\\\n\u{1}é".into();
+        i.paths.push("a\\b\"c".into());
+        let mut t = totals();
+        t.hist.record(1_000);
+        t.errors = 2;
+        t.first_errno = -5;
+        t.first_error = "path \"x\\y\": broken\tpipe".into();
+        t.mismatches = 1;
+        t.first_bad = Some(8192);
+        let s = json(&i, &t);
+        let v: serde_json::Value = serde_json::from_str(&s).expect(&s);
+        assert_eq!(v["rwmixread"], 70);
+        assert_eq!(v["device"], i.device.as_str());
+        assert_eq!(v["paths"][1], "a\\b\"c");
+        assert_eq!(v["first_error"], t.first_error.as_str());
+        assert_eq!(v["first_errno"], -5);
+        assert_eq!(v["verify"], true);
+        assert_eq!(v["verify_mismatches"], 1);
+        assert_eq!(v["first_bad_offset"], 8192);
+        assert!(v["lat_max_us"].as_f64().is_some_and(|x| x > 0.0), "{s}");
+        assert_eq!(v.as_object().map(|o| o.len()), Some(33), "{s}");
+    }
 }
