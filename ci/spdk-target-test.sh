@@ -8,7 +8,7 @@
 # "no RDMA device found"), set_options after the first listener, verified IO from two
 # client cores, live sessions in rtrs_target_get_sessions (chunk pool in SPDK DMA
 # memory), a read-only export refusing rw, unexport, save_config -> spdk_tgt --json
-# round trip, bdev hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
+# round trip, an old kernel client's WRITE_SAME, bdev hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
 # from a tiny bdev_io pool (spdk_bdev_queue_io_wait), unexport while the client does IO,
 # clean shutdown.
 #
@@ -175,7 +175,7 @@ stop_target() {
 client() {
     env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
         timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --ignored --nocapture 2>&1 |
-        grep -E "verified|refused as expected|panicked|FAILED|error" || true
+        grep -E "verified|WRITE_SAME|refused as expected|panicked|FAILED|error" || true
 }
 
 expect_client() {
@@ -223,6 +223,9 @@ expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access":"rw"}'
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
 expect_client "verified 256 blocks"
+# The same run's old-kernel-client part: RNBD op 5 with one block of data (WRITE_SAME
+# before Linux 5.18) is that block repeated over the range, emulated with writev.
+expect_client "WRITE_SAME of one 4096-byte block over 300 blocks: first and last 16 read back; two blocks of data refused"
 
 echo "== a second listener (IPv6) on the same server: one path there, then two paths in one session"
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"

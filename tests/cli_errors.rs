@@ -128,6 +128,20 @@ fn bench_bad_arguments_without_a_target() {
         &["unsupported scheme", "verbs"],
     );
     call(with(&["--path", &free, "--rw", "read"]), 2, &["--device"]);
+    call(
+        with(&[
+            "--path",
+            &free,
+            "--device",
+            "d",
+            "--rw",
+            "zero",
+            "--write-zeroes",
+            "same",
+        ]),
+        2,
+        &["--write-zeroes", "same", "native or emulate"],
+    );
     call(with(&["--rw", "read"]), 2, &["--path", "--inline-target"]);
     call(
         with(&["--path", &free, "--device", "d", "--rw", "sideways"]),

@@ -12,7 +12,9 @@
 //! Two client reactors: the home core (0) maps the device, writes 256 blocks of 4 KiB
 //! and reads them back at queue depth 16 while core 1 reads and verifies the same data
 //! through its own connection; then flush, discard, write-zeroes, a read checking the
-//! zeroes, and close. Every wait is bounded (seconds); nothing is timed.
+//! zeroes, and close. Then (unless a failure is expected) an old kernel client's
+//! WRITE_SAME over its own session: one block of data repeated over 16 blocks, read
+//! back. Every wait is bounded (seconds); nothing is timed.
 
 use std::sync::Arc;
 
@@ -22,6 +24,9 @@ use rtrs_spdk::fabric::Fabric;
 
 #[path = "util/rnbd_workload.rs"]
 mod rnbd_workload;
+
+#[path = "util/legacy_client.rs"]
+mod legacy_client;
 
 use rnbd_workload::{BLOCKS, BS};
 
@@ -60,6 +65,9 @@ fn verified_io_against_external_target() {
         rounds,
     );
     println!("session to {addr}, device {dev_name}: {got:?}");
+    let legacy = (!expect_fail && failure.is_none()).then(|| {
+        legacy_client::write_same(&engine, &fabric, "spdk-target-legacy", &addrs, &dev_name)
+    });
     engine.shutdown().expect("engine shutdown");
     if expect_fail {
         let e = failure.expect("IO to a removed export must fail");
@@ -72,5 +80,8 @@ fn verified_io_against_external_target() {
         println!(
             "verified {BLOCKS} blocks of {BS} bytes from two cores, flush/discard/write-zeroes ok"
         );
+        if let Some(r) = legacy {
+            println!("{}", r.unwrap_or_else(|e| panic!("legacy WRITE_SAME: {e}")));
+        }
     }
 }

@@ -22,6 +22,7 @@ DEFAULT_PORT = 1234
 TRANSPORTS = ('tcp', 'rdma')
 ACCESS_MODES = ('ro', 'rw', 'migration')
 MP_POLICIES = ('round-robin', 'min-inflight', 'min-latency')
+WRITE_ZEROES_MODES = ('native', 'emulate')
 
 
 def _print_json(obj):
@@ -69,7 +70,8 @@ def parse_path(text):
 
 def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp_policy=None,
                      max_reconnect_attempts=None, reconnect_delay_sec=None,
-                     hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None):
+                     hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None,
+                     write_zeroes=None):
     """Create an rtrs bdev mapping the remote RNBD device `device` over session `sessname`.
 
     Args:
@@ -84,6 +86,9 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         hb_interval_ms: heartbeat interval
         hb_missed_max: heartbeats missed before a path is declared dead
         io_timeout_sec: how long IO waits for a path while none is connected
+        write_zeroes: emulate (default: zero-filled writes, safe with every target) or
+            native (RNBD op 5: only for targets on Linux 6.8+ or rtrs targets; kernels
+            before 5.18 read op 5 as WRITE_SAME)
     Returns:
         Name of the created bdev (answered once the session is up and the device open).
     """
@@ -93,6 +98,7 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         'max_reconnect_attempts': max_reconnect_attempts,
         'reconnect_delay_sec': reconnect_delay_sec, 'hb_interval_ms': hb_interval_ms,
         'hb_missed_max': hb_missed_max, 'io_timeout_sec': io_timeout_sec,
+        'write_zeroes': write_zeroes,
     })
     return client.call('bdev_rtrs_create', params)
 
@@ -174,7 +180,8 @@ def spdk_rpc_plugin_initialize(subparsers):
             device=args.device, access_mode=args.access_mode, mp_policy=args.mp_policy,
             max_reconnect_attempts=args.max_reconnect_attempts,
             reconnect_delay_sec=args.reconnect_delay_sec, hb_interval_ms=args.hb_interval_ms,
-            hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec))
+            hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec,
+            write_zeroes=args.write_zeroes))
 
     p = subparsers.add_parser('bdev_rtrs_create',
                               help='Create an rtrs bdev: map a remote RNBD device over an RTRS session')
@@ -199,6 +206,10 @@ def spdk_rpc_plugin_initialize(subparsers):
                    help='Missed heartbeats before a path is dead. Default: 5')
     p.add_argument('-t', '--io-timeout-sec', type=int,
                    help='Seconds IO waits for a path while none is connected. Default: 30')
+    p.add_argument('-z', '--write-zeroes', choices=WRITE_ZEROES_MODES,
+                   help='How write-zeroes are sent: emulate (zero-filled writes, safe with every '
+                        'target; default) or native (RNBD op 5: only for targets on Linux 6.8+ '
+                        'or rtrs targets)')
     p.set_defaults(func=_bdev_rtrs_create)
 
     def _bdev_rtrs_delete(args):

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rtrs_spdk::client::{check_sessname, ClientConfig, HbConfig, MpPolicy, PathAddr};
 use rtrs_spdk::proto::rnbd::AccessMode;
-use rtrs_spdk::rnbd::client::check_dev_name;
+use rtrs_spdk::rnbd::client::{check_dev_name, WriteZeroesMode};
 use serde_json::{json, Map, Value};
 
 use crate::rpc::Params;
@@ -87,6 +87,8 @@ pub struct CreateParams {
     pub hb_interval_ms: u64,
     pub hb_missed_max: u32,
     pub io_timeout_sec: u64,
+    /// How write-zeroes go to the target (`native` only for Linux 6.8+ or rtrs targets).
+    pub write_zeroes: WriteZeroesMode,
 }
 
 const CREATE_FIELDS: &[&str] = &[
@@ -101,6 +103,7 @@ const CREATE_FIELDS: &[&str] = &[
     "hb_interval_ms",
     "hb_missed_max",
     "io_timeout_sec",
+    "write_zeroes",
 ];
 
 /// The RNBD name of an access mode, as the kernel's sysfs spells it.
@@ -288,6 +291,12 @@ impl CreateParams {
         let hb_missed_max =
             positive(M, "hb_missed_max", p.opt_uint("hb_missed_max", 1000)?, 5)? as u32;
         let io_timeout_sec = p.opt_uint("io_timeout_sec", 86_400)?.unwrap_or(30);
+        let write_zeroes = match opt_str(M, v, "write_zeroes")? {
+            Some(s) => s.parse::<WriteZeroesMode>().map_err(|_| {
+                format!("{M}: 'write_zeroes' = {s:?} is not one of native, emulate")
+            })?,
+            None => WriteZeroesMode::Emulate,
+        };
         Ok(CreateParams {
             name,
             sessname,
@@ -300,6 +309,7 @@ impl CreateParams {
             hb_interval_ms,
             hb_missed_max,
             io_timeout_sec,
+            write_zeroes,
         })
     }
 
@@ -335,6 +345,7 @@ impl CreateParams {
             "hb_interval_ms": self.hb_interval_ms,
             "hb_missed_max": self.hb_missed_max,
             "io_timeout_sec": self.io_timeout_sec,
+            "write_zeroes": self.write_zeroes.as_str(),
         })
     }
 }

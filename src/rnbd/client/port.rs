@@ -5,7 +5,7 @@
 //! carries requests to an RNBD server behind it.
 
 use crate::engine::Ctx;
-use crate::fabric::Sge;
+use crate::fabric::{Mr, Sge};
 use crate::rnbd::Dir;
 
 /// One request for [`RtrsPort::submit`].
@@ -56,4 +56,12 @@ pub trait RtrsPort {
 
     /// Largest data size of one request (0 while unknown).
     fn max_io_size(&self) -> u32;
+
+    /// Registers `len` bytes of zeros with the session's fabric: the source of the
+    /// zero-filled WRITEs of emulated write-zeroes (read by the fabric, never written).
+    /// Called once per session.
+    ///
+    /// # Errors
+    /// [`PortError::Refused`] naming why the memory could not be registered.
+    fn zero_region(&self, len: usize) -> Result<Mr, PortError>;
 }

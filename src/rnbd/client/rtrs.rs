@@ -10,6 +10,7 @@ use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
+use crate::fabric::{Access, MemBuf, Mr};
 
 const BATCH: usize = 64;
 
@@ -52,6 +53,15 @@ impl RtrsPort for SessionCore {
 
     fn max_io_size(&self) -> u32 {
         SessionCore::max_io_size(self)
+    }
+
+    fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
+        self.fabric()
+            .register(MemBuf::zeroed(len), Access::NONE)
+            .map_err(|e| PortError::Refused {
+                errno: -libc::ENOMEM,
+                reason: format!("registering {len} bytes of zeros for write-zeroes: {e}"),
+            })
     }
 }
 

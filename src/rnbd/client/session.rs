@@ -8,16 +8,22 @@
 //! requests when a permit and a reply slot are free, and reported as [`ClientEvent`]s by
 //! [`RnbdClient::poll`], which also reports block IO completions. OPENs wait for an
 //! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
+//!
+//! Write-zeroes follow [`RnbdClientConfig::write_zeroes`]: by default they go out as
+//! zero-filled WRITEs ([`zeroes`](super::zeroes)), safe with servers of every kernel
+//! version.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::config::RnbdClientConfig;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
 use super::msg::{self, BlockRequest, DeviceInfo};
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use super::rtrs::LinkListener;
-use super::shared::{send_io, SharedDevices};
+use super::shared::{check_tag, emulated, send_tagged, SharedDevices};
+use super::zeroes::{is_piece, ZeroWrites};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
@@ -133,6 +139,9 @@ pub struct RnbdClient<P> {
     inflight: Arc<AtomicUsize>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
+    config: RnbdClientConfig,
+    /// This core's emulated write-zeroes.
+    zero: ZeroWrites,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
@@ -142,11 +151,24 @@ impl<P: RtrsPort> RnbdClient<P> {
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than 64 bytes.
     pub fn new(port: P, replies: Mr) -> Result<RnbdClient<P>, DeviceError> {
+        RnbdClient::with_config(port, replies, RnbdClientConfig::default())
+    }
+
+    /// As [`new`](Self::new), with `config` for this client and the
+    /// [`RnbdCore`](super::RnbdCore)s sharing its devices.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_config(
+        port: P,
+        replies: Mr,
+        config: RnbdClientConfig,
+    ) -> Result<RnbdClient<P>, DeviceError> {
         let n = replies.len() / REPLY_SLOT;
         if n == 0 {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
-        let shared = Arc::<SharedDevices>::default();
+        let shared = Arc::new(SharedDevices::new(config));
         let inflight = shared.counter();
         Ok(RnbdClient {
             port,
@@ -162,7 +184,13 @@ impl<P: RtrsPort> RnbdClient<P> {
             shared,
             inflight,
             reopen_pending: false,
+            config,
+            zero: ZeroWrites::default(),
         })
+    }
+
+    pub fn config(&self) -> RnbdClientConfig {
+        self.config
     }
 
     pub fn port(&self) -> &P {
@@ -212,7 +240,8 @@ impl<P: RtrsPort> RnbdClient<P> {
         name: &str,
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
-        let dev = RnbdDevice::new(name, mode, self.port.max_io_size())?;
+        let dev = RnbdDevice::new(name, mode, self.port.max_io_size())?
+            .with_write_zeroes(self.config.write_zeroes);
         if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
             return Err(DeviceError::AlreadyOpen {
                 name: name.to_string(),
@@ -261,10 +290,13 @@ impl<P: RtrsPort> RnbdClient<P> {
     }
 
     /// Sends a block request on a mapped device. `sgl` holds the data of a write or the
-    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise).
+    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise). An
+    /// emulated write-zeroes is sent as WRITEs of zeros; its one completion comes when
+    /// all of them are done.
     ///
     /// # Errors
-    /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.
+    /// [`IoError::is_busy`] to retry after polling (nothing was sent); otherwise why it
+    /// cannot be sent.
     pub fn submit(
         &mut self,
         cx: &mut dyn Ctx,
@@ -273,12 +305,31 @@ impl<P: RtrsPort> RnbdClient<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
+        check_tag(tag)?;
         let d = self
             .devices
             .get(dev.0)
             .filter(|d| !d.gone)
             .ok_or(IoError::NoDevice)?;
-        send_io(&mut self.port, &self.inflight, cx, &d.dev, tag, req, sgl)
+        if !emulated(&d.dev, req) {
+            return send_tagged(&mut self.port, &self.inflight, cx, &d.dev, tag, req, sgl);
+        }
+        d.dev.check(req)?;
+        if !sgl.is_empty() {
+            return Err(IoError::SglLength {
+                have: sgl.iter().map(|s| u64::from(s.len)).sum(),
+                want: 0,
+            });
+        }
+        self.zero.start(
+            &mut self.port,
+            &self.inflight,
+            &self.shared,
+            cx,
+            dev,
+            tag,
+            req,
+        )
     }
 
     /// The session lost its last path: devices wait for a re-open; the version is
@@ -336,7 +387,10 @@ impl<P: RtrsPort> RnbdClient<P> {
             let n = self.port.poll(cx, &mut self.scratch);
             for i in 0..n {
                 let c = self.scratch[i];
-                if c.tag & ADMIN_TAG != 0 {
+                if is_piece(c.tag) {
+                    self.inflight.fetch_sub(1, Ordering::SeqCst);
+                    self.zero.piece_done(c.tag, c.errno);
+                } else if c.tag & ADMIN_TAG != 0 {
                     self.admin_done((c.tag & !ADMIN_TAG) as usize, c.errno);
                 } else {
                     self.inflight.fetch_sub(1, Ordering::SeqCst);
@@ -349,6 +403,14 @@ impl<P: RtrsPort> RnbdClient<P> {
             if n < self.scratch.len() {
                 break;
             }
+        }
+        self.zero
+            .pump(&mut self.port, &self.inflight, &self.shared, cx);
+        while let Some(c) = self.zero.take_ready() {
+            self.events.push_back(ClientEvent::Io {
+                tag: c.tag,
+                errno: c.errno,
+            });
         }
         self.try_reopen();
         self.pump(cx);

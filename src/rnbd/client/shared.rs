@@ -12,16 +12,28 @@
 //! So every core counts its block requests in flight, and the client re-opens devices
 //! only once none is left (after a reconnect the new server session answers old ids
 //! with −ENOTCONN until then, since it has no devices yet).
+//!
+//! The client's [`RnbdClientConfig`] applies to every core, and the zero buffer of
+//! emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once for all of them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::config::{RnbdClientConfig, WriteZeroesMode};
 use super::device::{DevState, RnbdDevice};
 use super::msg::BlockRequest;
 use super::port::{PortCompletion, PortIo, RtrsPort};
 use super::session::{DevHandle, IoError, ADMIN_TAG};
+use super::zeroes::{is_piece, ZeroWrites};
 use crate::engine::Ctx;
-use crate::fabric::Sge;
+use crate::fabric::{Mr, Sge};
+use crate::proto::rnbd::RnbdOp;
+
+/// Smallest zero buffer (the first emulated write-zeroes registers
+/// `max(max_io_size, this)` bytes, at most [`MAX_ZERO_BUFFER`]).
+const MIN_ZERO_BUFFER: usize = 4096;
+/// Largest zero buffer; longer pieces repeat it in their scatter-gather list.
+const MAX_ZERO_BUFFER: usize = 1 << 20;
 
 /// The devices of one client session as every core sees them.
 #[derive(Debug, Default)]
@@ -29,9 +41,37 @@ pub struct SharedDevices {
     slots: RwLock<Vec<Option<RnbdDevice>>>,
     /// Block requests in flight, one counter per core handle.
     counters: Mutex<Vec<Arc<AtomicUsize>>>,
+    config: RnbdClientConfig,
+    /// Zeros for emulated write-zeroes, registered at the first one.
+    zeroes: Mutex<Option<Arc<Mr>>>,
 }
 
 impl SharedDevices {
+    /// An empty table for a client configured with `config`.
+    pub(super) fn new(config: RnbdClientConfig) -> SharedDevices {
+        SharedDevices {
+            config,
+            ..SharedDevices::default()
+        }
+    }
+
+    /// The configuration every core follows.
+    pub fn config(&self) -> RnbdClientConfig {
+        self.config
+    }
+
+    /// The session's zero buffer, registered through `port` on first use.
+    pub(super) fn zeroes<P: RtrsPort + ?Sized>(&self, port: &P) -> Result<Arc<Mr>, IoError> {
+        let mut z = self.zeroes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mr) = z.as_ref() {
+            return Ok(Arc::clone(mr));
+        }
+        let len = (port.max_io_size() as usize).clamp(MIN_ZERO_BUFFER, MAX_ZERO_BUFFER);
+        let mr = Arc::new(port.zero_region(len)?);
+        *z = Some(Arc::clone(&mr));
+        Ok(mr)
+    }
+
     /// A new in-flight counter for one core handle.
     pub(super) fn counter(&self) -> Arc<AtomicUsize> {
         let c = Arc::new(AtomicUsize::new(0));
@@ -74,8 +114,22 @@ impl SharedDevices {
     }
 }
 
-/// Checks and sends one block request of `dev` on `port`, counting it in `inflight`.
-pub(super) fn send_io<P: RtrsPort + ?Sized>(
+/// Whether `req` on `dev` goes out as zero-filled WRITEs.
+pub(super) fn emulated(dev: &RnbdDevice, req: &BlockRequest) -> bool {
+    req.op == RnbdOp::WriteZeroes && dev.write_zeroes() == WriteZeroesMode::Emulate
+}
+
+/// Checks a caller's tag: the admin bit is the client's own.
+pub(super) fn check_tag(tag: u64) -> Result<(), IoError> {
+    if tag & ADMIN_TAG != 0 {
+        return Err(IoError::BadTag { tag });
+    }
+    Ok(())
+}
+
+/// Checks and sends one block request of `dev` on `port` under `tag` (the caller's, or
+/// an internal one), counting it in `inflight`.
+pub(super) fn send_tagged<P: RtrsPort + ?Sized>(
     port: &mut P,
     inflight: &AtomicUsize,
     cx: &mut dyn Ctx,
@@ -84,9 +138,6 @@ pub(super) fn send_io<P: RtrsPort + ?Sized>(
     req: &BlockRequest,
     sgl: &[Sge],
 ) -> Result<(), IoError> {
-    if tag & ADMIN_TAG != 0 {
-        return Err(IoError::BadTag { tag });
-    }
     let (usr, dir) = dev.io_msg(req)?;
     let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
     if have != u64::from(req.data_len()) {
@@ -114,6 +165,7 @@ pub struct RnbdCore<P> {
     port: P,
     devices: Arc<SharedDevices>,
     inflight: Arc<AtomicUsize>,
+    zero: ZeroWrites,
 }
 
 impl<P: RtrsPort> RnbdCore<P> {
@@ -125,6 +177,7 @@ impl<P: RtrsPort> RnbdCore<P> {
             port,
             devices,
             inflight,
+            zero: ZeroWrites::default(),
         }
     }
 
@@ -152,17 +205,56 @@ impl<P: RtrsPort> RnbdCore<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
+        check_tag(tag)?;
         let (port, inflight) = (&mut self.port, &*self.inflight);
-        self.devices
-            .with(dev, |d| send_io(port, inflight, cx, d, tag, req, sgl))
-            .unwrap_or(Err(IoError::NoDevice))
+        let emulate = self
+            .devices
+            .with(dev, |d| {
+                if emulated(d, req) {
+                    d.check(req).map(|_| true).map_err(IoError::from)
+                } else {
+                    send_tagged(port, inflight, cx, d, tag, req, sgl).map(|()| false)
+                }
+            })
+            .unwrap_or(Err(IoError::NoDevice))?;
+        if emulate {
+            if !sgl.is_empty() {
+                return Err(IoError::SglLength {
+                    have: sgl.iter().map(|s| u64::from(s.len)).sum(),
+                    want: 0,
+                });
+            }
+            let (port, inflight) = (&mut self.port, &*self.inflight);
+            self.zero
+                .start(port, inflight, &self.devices, cx, dev, tag, req)?;
+        }
+        Ok(())
     }
 
     /// Moves finished block requests of this core into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
         let n = self.port.poll(cx, out);
         self.inflight.fetch_sub(n, Ordering::SeqCst);
-        n
+        let mut k = 0;
+        for j in 0..n {
+            let c = out[j];
+            if is_piece(c.tag) {
+                self.zero.piece_done(c.tag, c.errno);
+            } else {
+                out[k] = c;
+                k += 1;
+            }
+        }
+        let (port, inflight) = (&mut self.port, &*self.inflight);
+        self.zero.pump(port, inflight, &self.devices, cx);
+        while k < out.len() {
+            let Some(c) = self.zero.take_ready() else {
+                break;
+            };
+            out[k] = c;
+            k += 1;
+        }
+        k
     }
 }
 

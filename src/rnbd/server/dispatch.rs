@@ -4,6 +4,12 @@
 //! errno reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
 //! `process_msg_sess_info`, `process_msg_open`, `process_msg_close` and `process_rdma`
 //! (bio flags from `rnbd_to_bio_flags`), plus the checks PROTOCOL.md §9.8 adds.
+//!
+//! Op 5 means WRITE_SAME to clients older than Linux 5.18 and WRITE_ZEROES to clients
+//! from 6.8 on; the version on the wire cannot tell them apart, the data can: an old
+//! client's WRITE_SAME carries the one logical block to repeat, a WRITE_ZEROES carries
+//! nothing. So op 5 with data is a [`BlockOp::WriteSame`] (data of exactly one logical
+//! block, else −EINVAL) and op 5 without data a [`BlockOp::WriteZeroes`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -76,6 +82,8 @@ pub struct Dispatcher {
     ready: VecDeque<Completion>,
     scratch: [BlockCompletion; BATCH],
     bad_headers: u64,
+    /// IOs the backend refused as invalid (logged at powers of two).
+    refused: u64,
 }
 
 impl Dispatcher {
@@ -97,6 +105,7 @@ impl Dispatcher {
             ready: VecDeque::with_capacity(BATCH),
             scratch: [BlockCompletion::default(); BATCH],
             bad_headers: 0,
+            refused: 0,
         })
     }
 
@@ -201,7 +210,17 @@ impl Dispatcher {
                 self.waiting.push_back((index, io_block));
                 Outcome::Submitted
             }
-            Err(e) => Outcome::Done(e.errno()),
+            Err(e) => {
+                self.refused += 1;
+                if self.refused.is_power_of_two() {
+                    tracing::warn!(
+                        session = sess.name(),
+                        count = self.refused,
+                        "rnbd: refusing IO: {e}"
+                    );
+                }
+                Outcome::Done(e.errno())
+            }
         }
     }
 
@@ -355,9 +374,12 @@ fn put_reply(data: IoBuf, reply: &[u8]) {
 /// for an IO with nothing to do, `Err(errno)` for one that must be refused.
 fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<BlockIo>, i32> {
     let datalen = req.data.len();
+    // Op 5 with data is an old client's WRITE_SAME: one block for the whole range (see
+    // the module doc; the backend checks the block's length).
+    let write_same = io.op == RnbdOp::WriteZeroes && datalen != 0;
     // With data, the chunk is the bio and must be exactly `bi_size` long; without, the
     // size comes from the message (PROTOCOL.md §7.3).
-    if datalen != 0 && datalen != io.bi_size as usize {
+    if datalen != 0 && datalen != io.bi_size as usize && !write_same {
         return Err(errno::EINVAL);
     }
     let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(errno::EIO)?;
@@ -368,13 +390,22 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     if io.flags.contains(WireFlags::PREFLUSH) {
         flags = flags | IoFlags::PREFLUSH;
     }
-    if io.op == RnbdOp::WriteZeroes && io.flags.contains(WireFlags::NOUNMAP) {
+    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(WireFlags::NOUNMAP) {
         flags = flags | IoFlags::NOUNMAP;
     }
     // The kernel lets the block layer decide; a read-only mapping refusing to change the
     // device is the point of the mode.
     if mode == AccessMode::ReadOnly && io.op.is_rtrs_write() {
         return Err(errno::EROFS);
+    }
+    if write_same {
+        // The data is the client's: it must come as a WRITE.
+        if req.dir != Dir::Write {
+            return Err(errno::EINVAL);
+        }
+        return Ok(Some(
+            BlockIo::write_same(req.tag, offset, io.bi_size, req.data).with_flags(flags),
+        ));
     }
     let op = match io.op {
         RnbdOp::Read => BlockOp::Read,
