@@ -198,6 +198,8 @@ expect_err rtrs_target_set_options '{"queue_depth":"x"}' queue_depth
 expect_err rtrs_target_set_options '{"always_invalidate":1}' always_invalidate
 expect_err rtrs_target_set_options '{"bogus":1}' bogus
 expect_err rtrs_target_set_options '[1]' params
+expect_err rtrs_target_set_options '{"handshake_timeout_ms":0}' handshake_timeout_ms
+expect_err rtrs_target_set_options '{"max_pending":4,"max_pending_per_source":5}' max_pending_per_source
 expect_err rtrs_target_listen '{}' transport
 expect_err rtrs_target_listen '{"transport":"udp","addr":"127.0.0.1"}' transport
 expect_err rtrs_target_listen '{"transport":"tcp"}' addr
@@ -216,7 +218,7 @@ expect_err rtrs_target_get_sessions '{"x":1}' "'x'"
 alive
 
 echo "== listen, export, verified IO"
-expect_ok rtrs_target_set_options '{"queue_depth":128,"chunk_size":131072,"always_invalidate":true}'
+expect_ok rtrs_target_set_options '{"queue_depth":128,"chunk_size":131072,"always_invalidate":true,"handshake_timeout_ms":3000,"max_pending":128,"max_pending_per_source":16}'
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
 expect_err rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}" "already listening"
 expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
@@ -269,6 +271,8 @@ c = json.load(open('$WORK/config.json'))
 print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtrs_target'][0]))
 " >"$WORK/rtrs1.json"
 echo "  rtrs_target config: $(cat "$WORK/rtrs1.json")"
+grep -q '"handshake_timeout_ms": 3000' "$WORK/rtrs1.json" && ok "save_config keeps handshake_timeout_ms" ||
+    fail "handshake_timeout_ms missing from the saved config"
 stop_target
 start_target --json "$WORK/config.json"
 save_config | python3 -c "

@@ -329,6 +329,83 @@ PY
 	done
 }
 
+# Admission: rtrs_target_set_options with rpc.py's plugin options (-T handshake timeout,
+# -P/-S caps) before the listener; 1500 TCP connections from 127.0.0.2-4 that never write
+# are opened while bdevperf connects and verifies: zero IO errors, every idle socket
+# closed by the target (evicted, or at the 1.5 s deadline), a few log lines about them
+# per second, the options kept by save_config.
+scenario_admission() {
+	local port=$((PB + 9))
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt rtrs_target_set_options -T 1500 -P 64 -S 8 || return 1
+	rpc tgt bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	local started=$SECONDS
+	python3 - $port >"$APP_DIR/flood.out" 2>&1 <<'PY' &
+import socket, sys, time
+port = int(sys.argv[1])
+socks = []
+for i in range(1500):
+    s = socket.socket()
+    s.bind(("127.0.0.%d" % (2 + i % 3), 0))
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    socks.append(s)
+    if i == 500:
+        print("flooding", flush=True)
+start = time.time()
+n = len(socks)
+while socks and time.time() < start + 60:
+    left = []
+    for s in socks:
+        try:
+            if s.recv(64):
+                sys.exit("the target sent data to an idle socket")
+        except BlockingIOError:
+            left.append(s)
+            continue
+        except OSError:
+            pass
+    socks = left
+    time.sleep(0.1)
+if socks:
+    sys.exit("%d of %d idle sockets still open after 60 s" % (len(socks), n))
+print("all %d idle sockets closed by the target (%.1f s after the last was opened)"
+      % (n, time.time() - start))
+PY
+	local flood=$!
+	echo "$flood" >"$APP_DIR/pids/flood"
+	local i
+	for ((i = 0; i < 300; i++)); do
+		grep -q flooding "$APP_DIR/flood.out" 2>/dev/null && break
+		sleep 0.1
+	done
+	start_bdevperf bpadm $port '' -q 16 -o 4096 -w verify -t 4 || return 1
+	bdevperf_perform bpadm 4 >"$APP_DIR/adm.json" || { tail -n 20 "$APP_DIR/bpadm.log"; return 1; }
+	results_clean "$APP_DIR/adm.json" || return 1
+	wait "$flood" || { cat "$APP_DIR/flood.out"; return 1; }
+	rm -f "$APP_DIR/pids/flood"
+	tail -n 1 "$APP_DIR/flood.out"
+	# The last window's count is logged within a second of its end.
+	sleep 1.5
+	local secs=$((SECONDS - started + 1)) lines
+	lines=$(grep -c 'tcp fabric listener' "$APP_DIR/tgt.log")
+	echo "log: $lines lines about the listener in ${secs} s"
+	grep -q 'similar messages suppressed' "$APP_DIR/tgt.log" || { echo "no suppressed count logged"; return 1; }
+	[[ $lines -le $((6 * secs)) ]] || { echo "too many log lines"; return 1; }
+	rpc tgt save_config >"$APP_DIR/adm-saved.json" || return 1
+	python3 - "$APP_DIR/adm-saved.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+calls = [e for s in c["subsystems"] if s["subsystem"] == "rtrs_target" for e in s["config"] or []]
+o = [e["params"] for e in calls if e["method"] == "rtrs_target_set_options"]
+assert o and o[0]["handshake_timeout_ms"] == 1500 and o[0]["max_pending"] == 64 \
+    and o[0]["max_pending_per_source"] == 8, o
+print("save_config keeps", o[0])
+PY
+}
+
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
@@ -394,6 +471,11 @@ clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0"}|mp_policy
 tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
 tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
 tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate
+tgt2|rtrs_target_set_options|{"handshake_timeout_ms":0}|handshake_timeout_ms
+tgt2|rtrs_target_set_options|{"handshake_timeout_ms":3600001}|handshake_timeout_ms|1 hour
+tgt2|rtrs_target_set_options|{"max_pending":0}|max_pending
+tgt2|rtrs_target_set_options|{"max_pending":"many"}|max_pending
+tgt2|rtrs_target_set_options|{"max_pending":8,"max_pending_per_source":9}|max_pending_per_source
 tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":$((PB + 8))}|transport
 tgt|rtrs_target_listen|{"transport":"rdma","addr":"127.0.0.1","port":$((PB + 8))}|'transport'|no RDMA device found
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":$((PB + 8))}|addr
@@ -459,7 +541,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset write_zeroes bad_params)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission write_zeroes bad_params)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -19,6 +19,7 @@
 //! - [`server`]: the RTRS server: listeners, sessions and paths, the chunk pool, IO
 //!   dispatch to a per-core handler.
 //! - [`rnbd`]: the block protocol above RTRS, with the block backends it exports.
+//! - [`ratelimit`]: the rate limiter every layer's messages about peers go through.
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
@@ -28,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod fabric;
 pub mod proto;
+pub mod ratelimit;
 pub mod rnbd;
 pub mod server;
 #[cfg(feature = "spdk")]

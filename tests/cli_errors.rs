@@ -36,9 +36,31 @@ fn target_bad_arguments() {
     );
     expect_err(
         TARGET,
-        &with(&["--listen", "rdma://127.0.0.1", "--export", "a=ram:1M"]),
+        &with(&["--listen", "verbs://127.0.0.1", "--export", "a=ram:1M"]),
         2,
-        &["unsupported scheme", "rdma"],
+        &["unsupported scheme", "verbs", "rdma://"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0?src=127.0.0.2",
+            "--export",
+            "a=ram:1M",
+        ]),
+        2,
+        &["src=", "--listen takes none"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0?backlog=5",
+            "--export",
+            "a=ram:1M",
+        ]),
+        2,
+        &["unknown option", "\"backlog\""],
     );
     expect_err(
         TARGET,
@@ -95,8 +117,98 @@ fn target_bad_arguments() {
         2,
         &["cpumask", "0xg"],
     );
+    let listen = ["--listen", "tcp://127.0.0.1:0", "--export", "a=ram:1M"];
+    let admission = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v = with(&listen);
+        v.extend_from_slice(extra);
+        v
+    };
+    expect_err(
+        TARGET,
+        &admission(&["--handshake-timeout", "0s"]),
+        2,
+        &["--handshake-timeout", "0s", "zero"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--handshake-timeout", "2h"]),
+        2,
+        &["handshake_timeout", "1 hour"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--max-pending", "0"]),
+        2,
+        &["max_pending", "at least 1"],
+    );
+    expect_err(
+        TARGET,
+        &admission(&["--max-pending", "8", "--max-pending-per-source", "9"]),
+        2,
+        &["max_pending_per_source", "9"],
+    );
     expect_err(TARGET, &with(&["--export", "a=ram:1M"]), 2, &["--listen"]);
     expect_err(TARGET, &with(&["--bogus"]), 2, &["--bogus"]);
+}
+
+/// Whether this machine has an RDMA device the verbs fabric can open (then `rdma://`
+/// works and its no-device error cannot be seen).
+fn rdma_device_present() -> bool {
+    #[cfg(feature = "verbs")]
+    {
+        rtrs_spdk::fabric::verbs::VerbsFabric::open(None).is_ok()
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        false
+    }
+}
+
+#[test]
+fn rdma_without_a_device_fails_at_once_with_one_line() {
+    if rdma_device_present() {
+        eprintln!("SKIPPED: this machine has an RDMA device; rdma:// does not fail here");
+        return;
+    }
+    expect_err(
+        TARGET,
+        &[
+            "--listen",
+            "rdma://127.0.0.1:0",
+            "--export",
+            "a=ram:1M",
+            "-m",
+            "0x1",
+        ],
+        1,
+        &["--listen rdma://127.0.0.1:0", "no RDMA device found"],
+    );
+    // A tcp listener next to it does not hide the failure.
+    expect_err(
+        TARGET,
+        &[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--listen",
+            "rdma://127.0.0.1:0",
+            "--export",
+            "a=ram:1M",
+            "-m",
+            "0x1",
+        ],
+        1,
+        &["no RDMA device found"],
+    );
+    for path in ["rdma://127.0.0.1", "rdma://127.0.0.1:7?src=127.0.0.2"] {
+        expect_err(
+            BENCH,
+            &[
+                "--path", path, "--device", "d", "--rw", "read", "-m", "0x1", "--idle", "adaptive",
+            ],
+            1,
+            &["--path rdma://127.0.0.1:", "no RDMA device found"],
+        );
+    }
 }
 
 #[test]
@@ -142,6 +254,38 @@ fn bench_bad_arguments_without_a_target() {
         2,
         &["--write-zeroes", "same", "native or emulate"],
     );
+    let dev_read = ["--device", "d", "--rw", "read"];
+    for (url, words) in [
+        (
+            format!("{free}?source=127.0.0.2"),
+            &["unknown option", "\"source\""][..],
+        ),
+        (
+            format!("{free}?src=localhost"),
+            &["src", "localhost", "not an IP"],
+        ),
+        (format!("{free}?src=[::1]"), &["::1", "IP version"]),
+        (format!("{free}?src="), &["src=", "needs an address"]),
+    ] {
+        let mut a = vec!["--path", url.as_str()];
+        a.extend_from_slice(&dev_read);
+        call(with(&a), 2, words);
+    }
+    let rdma = "rdma://127.0.0.1:9";
+    let mut a = vec!["--path", free.as_str(), "--path", rdma];
+    a.extend_from_slice(&dev_read);
+    call(with(&a), 2, &["one fabric", &free, rdma]);
+    let long = "s".repeat(255);
+    for (name, words) in [
+        ("a.b", &["\"a.b\"", "'/' or '.'"][..]),
+        ("x/y", &["'/' or '.'"]),
+        ("", &["1 to 254 bytes"]),
+        (long.as_str(), &["1 to 254 bytes"]),
+    ] {
+        let mut a = vec!["--path", free.as_str(), "--sessname", name];
+        a.extend_from_slice(&dev_read);
+        call(with(&a), 2, words);
+    }
     call(with(&["--rw", "read"]), 2, &["--path", "--inline-target"]);
     call(
         with(&["--path", &free, "--device", "d", "--rw", "sideways"]),

@@ -1,6 +1,8 @@
 //! Real runs of the built binaries on 127.0.0.1: `rtrs-target` on core 0 and
 //! `rtrs-bench --verify` on core 1 for about a second in every IO pattern, its JSON
-//! parsed and checked; two paths to one target; file exports, read-write and read-only;
+//! parsed and checked; two paths to one target; paths bound to a source address
+//! (`?src=`) and a `--sessname`, both seen by the target; file exports, read-write and
+//! read-only;
 //! `--inline-target`; the text output; the target stopping with exit code 0 on SIGTERM
 //! and SIGINT; the bench ending early on SIGINT. Reactors sleep when idle
 //! (`--idle adaptive`) to share the machine. Waits are bounded; nothing is timed.
@@ -149,6 +151,45 @@ fn two_paths_round_robin_without_always_invalidate_then_sigint() {
     assert_eq!(v["paths"].as_array().map(Vec::len), Some(2));
     assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{v}");
     stop_with(t, "INT");
+}
+
+#[test]
+fn source_addresses_and_session_name_reach_the_target() {
+    // `-v`: the target logs each path that connects, with its session name.
+    let t = start_target(&["vol=ram:4M"], &["--listen", "tcp://127.0.0.1:0", "-v"]);
+    assert_eq!(t.ports.len(), 2, "{}", t.ready);
+    let p0 = format!("tcp://127.0.0.1:{}?src=127.0.0.2", t.ports[0]);
+    let p1 = format!("tcp://127.0.0.1:{}?src=127.0.0.3", t.ports[1]);
+    let v = bench_json(&[
+        "--path",
+        &p0,
+        "--path",
+        &p1,
+        "--sessname",
+        "cli-src-test",
+        "--device",
+        "vol",
+        "--rw",
+        "randrw",
+        "--qd",
+        "4",
+        "--verify",
+        "-m",
+        "0x2",
+    ]);
+    assert_eq!(v["paths"][0], p0.as_str());
+    assert_eq!(v["paths"][1], p1.as_str());
+    assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{v}");
+    for (src, port) in [("127.0.0.2", t.ports[0]), ("127.0.0.3", t.ports[1])] {
+        let line = t.wait_log(&[
+            "\"cli-src-test\": path ",
+            &format!(" {src}:"),
+            &format!("@127.0.0.1:{port} connected"),
+        ]);
+        assert!(!line.contains("127.0.0.1:0"), "{line}");
+    }
+    t.wait_log(&["session up", "sessname=\"cli-src-test\""]);
+    stop_with(t, "TERM");
 }
 
 #[test]

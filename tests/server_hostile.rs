@@ -4,13 +4,14 @@
 
 mod server_util;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
 use rtrs_spdk::common::random_uuid;
-use rtrs_spdk::fabric::{SendOp, SendWr};
+use rtrs_spdk::fabric::{CmEvent, Conn, ConnState, SendOp, SendWr};
 use rtrs_spdk::proto::{to_imm, ConnReq, ImmType, RdmaWrite, HB_MSG_IMM};
-use server_util::client::{info_req, raw_connect, Ids};
-use server_util::{Harness, TestPath};
+use server_util::client::{info_req, raw_connect, raw_connect_from, Ids};
+use server_util::{Harness, TestPath, MAX_STEPS};
 
 const ECONNRESET: i32 = -104;
 
@@ -62,37 +63,122 @@ fn bad_conn_requests_are_refused_with_errno() {
     h.stop();
 }
 
+fn from(ip: &str) -> Option<SocketAddr> {
+    Some(SocketAddr::new(ip.parse().unwrap(), 0))
+}
+
+/// Steps until the server has closed `c` (bounded); whether it did.
+fn closed_by_server(h: &mut Harness, c: &mut Box<dyn Conn>) -> bool {
+    for _ in 0..MAX_STEPS {
+        h.step();
+        match c.poll_cm() {
+            Some(CmEvent::Disconnected | CmEvent::Error { .. }) => return true,
+            Some(ev) => panic!("unexpected {ev:?}"),
+            None => {}
+        }
+    }
+    false
+}
+
+/// Steps a while and checks `c` is still up.
+fn still_up(h: &mut Harness, c: &mut Box<dyn Conn>) -> bool {
+    for _ in 0..200 {
+        h.step();
+        if c.poll_cm().is_some() {
+            return false;
+        }
+    }
+    c.state() == ConnState::Connected
+}
+
 #[test]
-fn pending_sessions_are_bounded() {
+fn sessions_being_set_up_evict_the_oldest_of_the_busiest_source() {
     let cfg = rtrs_spdk::server::ServerConfig {
         max_pending_sessions: 2,
         ..Harness::config(true)
     };
     let mut h = Harness::new(1, cfg);
-    let _a = raw_connect(&mut h, &req(0, 2, true)).expect("first");
-    let _b = raw_connect(&mut h, &req(0, 2, true)).expect("second");
-    assert_eq!(raw_connect(&mut h, &req(0, 2, true)).err(), Some(-16));
-    // Once the half-open ones are reaped, sessions can be made again.
-    h.sim.run_for(32_000_000_000, 500_000_000);
-    h.sim.run_until_idle(1000);
-    let mut p = h.connect("after", 2);
+    let addr = h.addr;
+    // Two half-open sessions from 127.0.0.5 fill the cap.
+    let (mut a, _) =
+        raw_connect_from(&mut h, from("127.0.0.5"), addr, &req(0, 2, true)).expect("a");
+    let (mut b, _) =
+        raw_connect_from(&mut h, from("127.0.0.5"), addr, &req(0, 2, true)).expect("b");
+    // A newcomer (from 127.0.0.1) is not refused: the oldest of 127.0.0.5 gives way.
+    let mut p = h.connect("newcomer", 2);
     assert_eq!(p.write(&mut h, 1, 0, 0, b"ok"), 0);
+    assert!(
+        closed_by_server(&mut h, &mut a),
+        "the oldest half-open session stays"
+    );
+    assert!(still_up(&mut h, &mut b), "the younger one was closed too");
+    assert_eq!(h.server.session_count(), 2, "{:?}", h.server.stats());
     h.stop();
 }
 
 #[test]
-fn half_open_path_is_reaped() {
-    let mut h = Harness::new(1, Harness::config(true));
+fn sessions_being_set_up_are_capped_per_source() {
+    let mut cfg = Harness::config(true);
+    cfg.admission.max_pending_per_source = 1;
+    let mut h = Harness::new(1, cfg);
+    let addr = h.addr;
+    let (mut a, _) =
+        raw_connect_from(&mut h, from("127.0.0.5"), addr, &req(0, 2, true)).expect("a");
+    let (mut b, _) =
+        raw_connect_from(&mut h, from("127.0.0.5"), addr, &req(0, 2, true)).expect("b");
+    assert!(
+        closed_by_server(&mut h, &mut a),
+        "127.0.0.5 holds two sessions being set up"
+    );
+    let (mut c, _) =
+        raw_connect_from(&mut h, from("127.0.0.6"), addr, &req(0, 2, true)).expect("c");
+    assert!(
+        still_up(&mut h, &mut b),
+        "another source's newcomer evicted 127.0.0.5's session"
+    );
+    assert!(still_up(&mut h, &mut c));
+    // A complete session from a third source gets through.
+    let mut p = h.connect("fine", 2);
+    assert_eq!(p.write(&mut h, 1, 0, 0, b"ok"), 0);
+    h.stop();
+}
+
+/// A path with cid 0 of 3 connected and no INFO_REQ: closed once `timeout_s` passed
+/// since its connection request (at the next periodic check, at most a second later),
+/// not before.
+fn half_open_path_is_closed_at(cfg: rtrs_spdk::server::ServerConfig, timeout_s: u64) {
+    let mut h = Harness::new(1, cfg);
     let ids = Ids::random();
     let r = ConnReq::new(0, 3, 1, ids.sess_uuid, ids.paths_uuid, true)
         .to_bytes()
         .unwrap();
-    let _c0 = raw_connect(&mut h, &r).expect("cid 0");
+    let (mut c0, _) = raw_connect(&mut h, &r).expect("cid 0");
     assert_eq!(h.server.session_count(), 1);
-    h.sim.run_for(31_000_000_000, 500_000_000);
+    // Virtual time: just before the deadline the path is still there.
+    h.sim
+        .run_for(timeout_s * 1_000_000_000 - 300_000_000, 100_000_000);
+    assert!(still_up(&mut h, &mut c0), "closed before {timeout_s} s");
+    assert_eq!(h.server.session_count(), 1);
+    h.sim.run_for(1_500_000_000, 100_000_000);
+    assert!(
+        closed_by_server(&mut h, &mut c0),
+        "still open after {timeout_s} s + 1 s"
+    );
     h.sim.run_until_idle(1000);
     assert_eq!(h.server.session_count(), 0, "{:?}", h.server.stats());
     h.stop();
+}
+
+#[test]
+fn half_open_path_is_closed_at_the_default_handshake_timeout() {
+    half_open_path_is_closed_at(Harness::config(true), 5);
+}
+
+#[test]
+fn half_open_path_is_closed_at_a_configured_handshake_timeout() {
+    let mut cfg = Harness::config(true);
+    cfg.admission.handshake_timeout = std::time::Duration::from_secs(2);
+    half_open_path_is_closed_at(cfg, 2);
 }
 
 fn bad_info(info: [u8; 272]) {

@@ -132,11 +132,24 @@ def bdev_rtrs_set_mp_policy(client, name, mp_policy):
     return client.call('bdev_rtrs_set_mp_policy', {'name': name, 'mp_policy': mp_policy})
 
 
-def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None):
-    """Set RTRS target options (before the first listener)."""
+def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None,
+                            handshake_timeout_ms=None, max_pending=None,
+                            max_pending_per_source=None):
+    """Set RTRS target options (before the first listener).
+
+    Args:
+        always_invalidate: new rkey per IO (default true)
+        queue_depth: session queue depth (default 512)
+        chunk_size: chunk size in bytes (default 131072)
+        handshake_timeout_ms: close connections whose handshake is not done in this
+            time (default 5000)
+        max_pending: most connections still in their handshake per listener (default 256)
+        max_pending_per_source: most of them from one source address (default 32)
+    """
     return client.call('rtrs_target_set_options', _drop_none({
         'always_invalidate': always_invalidate, 'queue_depth': queue_depth,
-        'chunk_size': chunk_size}))
+        'chunk_size': chunk_size, 'handshake_timeout_ms': handshake_timeout_ms,
+        'max_pending': max_pending, 'max_pending_per_source': max_pending_per_source}))
 
 
 def rtrs_target_listen(client, transport, addr, port=None):
@@ -264,7 +277,10 @@ def spdk_rpc_plugin_initialize(subparsers):
 
     def _rtrs_target_set_options(args):
         rtrs_target_set_options(args.client, always_invalidate=args.always_invalidate,
-                                queue_depth=args.queue_depth, chunk_size=args.chunk_size)
+                                queue_depth=args.queue_depth, chunk_size=args.chunk_size,
+                                handshake_timeout_ms=args.handshake_timeout_ms,
+                                max_pending=args.max_pending,
+                                max_pending_per_source=args.max_pending_per_source)
 
     p = subparsers.add_parser('rtrs_target_set_options',
                               help='Set RTRS target options (before the first listener)')
@@ -275,6 +291,14 @@ def spdk_rpc_plugin_initialize(subparsers):
                    help='Keep the chunk rkeys')
     p.add_argument('-q', '--queue-depth', type=int, help='Session queue depth. Default: 512')
     p.add_argument('-c', '--chunk-size', type=int, help='Chunk size in bytes. Default: 131072')
+    p.add_argument('-T', '--handshake-timeout-ms', type=int,
+                   help='Close connections whose handshake is not done within this many '
+                        'milliseconds. Default: 5000')
+    p.add_argument('-P', '--max-pending', type=int,
+                   help='Most connections still in their handshake, per listener. Default: 256')
+    p.add_argument('-S', '--max-pending-per-source', type=int,
+                   help='Most connections still in their handshake from one source '
+                        'address. Default: 32')
     p.set_defaults(func=_rtrs_target_set_options)
 
     def _listen_args(p):

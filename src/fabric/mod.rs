@@ -71,6 +71,9 @@
 //! [`Listener`] yields [`ConnRequest`]s carrying the initiator's private data; the
 //! acceptor answers with [`ConnRequest::accept`] or [`ConnRequest::reject`], each with up
 //! to [`PRIVATE_DATA_LEN`] bytes. An accepted connection also yields `Established`.
+//! A listener bounds the connections it holds before their request is complete
+//! ([`Fabric::listen_with`], [`admission`]): a deadline, and caps per source and in total
+//! under which a newcomer is always admitted.
 //! Private data arrives zero-padded to the length the transport carries, never shorter
 //! than what was sent.
 //!
@@ -78,6 +81,7 @@
 //! `Send`, not `Sync`); registrations ([`Mr`], [`FastMr`]) may be used from any thread.
 //! Peers may live on different threads.
 
+pub mod admission;
 pub mod mem;
 pub mod soft;
 
@@ -88,6 +92,7 @@ pub mod verbs;
 use std::fmt;
 use std::net::SocketAddr;
 
+pub use admission::Admission;
 pub use mem::{FastMr, MemBuf, Mr};
 
 /// Largest private data carried on a connect request, accept or reject (as RDMA CM over
@@ -422,6 +427,26 @@ pub trait Fabric: Send + Sync {
     /// # Errors
     /// [`FabricError::Listen`] naming the address and the failing call.
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
+
+    /// [`Fabric::listen`] with the limits on connections still in their handshake
+    /// ([`Admission`]). A backend that keeps such connections itself applies them (tcp:
+    /// sockets whose connect request is not complete); one whose requests arrive whole
+    /// (verbs, where `rdma_cm` runs the handshake, and loopback) has nothing pending and
+    /// listens as [`Fabric::listen`] does.
+    ///
+    /// # Errors
+    /// As [`Fabric::listen`]; [`FabricError::Listen`] for limits out of range.
+    fn listen_with(
+        &self,
+        addr: SocketAddr,
+        admission: &Admission,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        admission.validate().map_err(|e| FabricError::Listen {
+            addr,
+            reason: format!("admission limits: {e}"),
+        })?;
+        self.listen(addr)
+    }
 
     /// Starts connecting to `dst` from `src` (an address of this host to bind first; port
     /// 0 or `None` lets the system choose); the result arrives as a [`CmEvent`] on the

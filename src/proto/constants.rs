@@ -44,7 +44,8 @@ pub const HB_MISSED_MAX: u32 = 5;
 pub const CONNECT_TIMEOUT_MS: u64 = 30_000;
 /// Sleep at the start of each reconnect attempt.
 pub const RECONNECT_BACKOFF_MS: u64 = 1000;
-/// Server-side timeout after which a path stuck connecting is a zombie.
+/// The kernel server's timeout after which a path stuck connecting is a zombie (this
+/// server closes it after `ServerConfig::admission`'s handshake timeout, 5 s by default).
 pub const MAX_CONN_TIMEOUT_MS: u64 = 30_000;
 /// Default RTRS/RNBD port.
 pub const DEFAULT_PORT: u16 = 1234;

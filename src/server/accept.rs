@@ -7,10 +7,13 @@
 //! path by `sess_uuid`. Refusals carry a conn_rsp with the kernel's errno. Beyond the
 //! kernel: a connection request for cid 0 whose `recon_cnt` differs from the stored
 //! path's is a reconnect, so the stale path is closed and replaced at once (the kernel
-//! refuses until its heartbeat kills the old path), and half-open paths are reaped by a
-//! periodic check as well as on collision. An accepted connection gets its receives
-//! posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO cids) and is
-//! moved to its core in a [`Msg`].
+//! refuses until its heartbeat kills the old path). Admission (beyond the kernel): a path
+//! whose handshake is not done within `admission.handshake_timeout` of its first
+//! connection request is closed, by a periodic check as well as on collision (the kernel
+//! waits 30 s, and only on collision); a new session at the cap of sessions being set up
+//! evicts the oldest one of the busiest source ([`victim`]). An accepted connection gets
+//! its receives posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO
+//! cids) and is moved to its core in a [`Msg`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -18,13 +21,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{Con, IuPool, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
+use crate::fabric::admission::victim;
 use crate::fabric::{Access, ConnRequest, Listener, QpCaps};
-use crate::proto::constants::{MAX_CONN_TIMEOUT_MS, MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
+use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
 use super::handler::SessionId;
 use super::poller::{WR_INFO_REQ, WR_RECV};
-use super::session::{lock, state_name, Path, SessEntry, Session, CONNECTING};
+use super::session::{lock, state_name, Path, SessEntry, Session, SessionTable, CONNECTING};
 use super::shared::{CoreCmd, Shared};
 use super::stats::PathCounters;
 
@@ -34,9 +38,9 @@ const EEXIST: i32 = 17;
 const ENOMEM: i32 = 12;
 const EBUSY: i32 = 16;
 
-/// How often half-open paths are looked for.
+/// How often half-open paths are looked for, at most (a quarter of the handshake timeout
+/// when that is shorter).
 const REAP_EVERY_NS: u64 = 1_000_000_000;
-const ZOMBIE_NS: u64 = MAX_CONN_TIMEOUT_MS * 1_000_000;
 
 /// A path to accept the connection into, or a refusal (errno, reason).
 type Admit = Result<Arc<Path>, (i32, String)>;
@@ -48,6 +52,10 @@ pub(crate) struct Acceptor {
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
     last_reap: u64,
+    last_listen: u64,
+    /// The handshake deadline and the reaping period, in ns.
+    timeout_ns: u64,
+    reap_every_ns: u64,
     /// Loops since the listeners were last polled.
     skipped: u32,
     done: bool,
@@ -57,19 +65,33 @@ pub(crate) struct Acceptor {
 /// call per poll, which the reactor's IO loop should not pay every time); a loop that
 /// found a request polls again on the next one.
 const LISTEN_EVERY: u32 = 32;
+/// ... and at least this often (ns): a reactor that sleeps when idle makes few loops,
+/// and a burst of connections must not overflow the accept queue (whose overflow
+/// drops SYNs: a client would wait for its retransmission, a second or more).
+const LISTEN_PERIOD_NS: u64 = 1_000_000;
 
-fn is_zombie(p: &Path, now: u64) -> bool {
+/// Whether `p` is still connecting `timeout_ns` after its first connection request.
+fn is_zombie(p: &Path, now: u64, timeout_ns: u64) -> bool {
     let ts = p.conn_ts.load(Ordering::Acquire);
-    p.state() == CONNECTING && ts != 0 && now.saturating_sub(ts) > ZOMBIE_NS
+    p.state() == CONNECTING && ts != 0 && now.saturating_sub(ts) >= timeout_ns
+}
+
+/// Whether a session is being set up: no connected path, and one still connecting.
+fn setting_up(e: &SessEntry) -> bool {
+    e.up == 0 && e.all.iter().any(|p| p.state() == CONNECTING)
 }
 
 impl Acceptor {
     pub fn new(sh: Arc<Shared>, listeners: Vec<Box<dyn Listener>>) -> Acceptor {
+        let timeout_ns = sh.cfg.admission.handshake_timeout_ns();
         Acceptor {
             sh,
             listeners,
             pending: Vec::new(),
             last_reap: 0,
+            last_listen: 0,
+            timeout_ns,
+            reap_every_ns: (timeout_ns / 4).clamp(1_000_000, REAP_EVERY_NS),
             skipped: LISTEN_EVERY,
             done: false,
         }
@@ -93,10 +115,23 @@ impl Acceptor {
             Ok(m) => m,
             Err(e) => return self.refuse(cx, req, ECONNRESET, &e.to_string()),
         };
-        let (res, zombies) = self.admit(cx.now(), &msg, req.peer, local);
+        let (res, zombies, evicted) = self.admit(cx.now(), &msg, req.peer, local);
         for z in &zombies {
             self.sh
                 .close_path(cx, z, format_args!("stale or half-open path replaced"));
+        }
+        for z in &evicted {
+            self.sh.close_path(
+                cx,
+                z,
+                format_args!(
+                    "session still being set up, evicted for a new one from {}: at most {} \
+                     sessions being set up ({} per source)",
+                    req.peer.ip(),
+                    self.sh.cfg.max_pending_sessions,
+                    self.sh.cfg.admission.max_pending_per_source
+                ),
+            );
         }
         match res {
             Ok(path) => self.accept(cx, req, &msg, path),
@@ -105,15 +140,17 @@ impl Acceptor {
     }
 
     /// Finds or creates the session and path for `msg` (under the table lock). Returns
-    /// the path or a refusal, plus paths to close (zombies, stale paths).
+    /// the path or a refusal, paths to close (zombies, stale paths), and the paths of a
+    /// session evicted to make room for a new one.
     fn admit(
         &self,
         now: u64,
         msg: &ConnReq,
         peer: SocketAddr,
         local: SocketAddr,
-    ) -> (Admit, Vec<Arc<Path>>) {
+    ) -> (Admit, Vec<Arc<Path>>, Vec<Arc<Path>>) {
         let mut zombies = Vec::new();
+        let mut evicted = Vec::new();
         let mut t = lock(&self.sh.table);
         let idx = match t
             .sessions
@@ -123,18 +160,12 @@ impl Acceptor {
             Some(i) => i,
             None if !msg.first_conn => {
                 let why = "unknown session (paths_uuid) and first_conn not set".to_string();
-                return (Err((ENXIO, why)), zombies);
+                return (Err((ENXIO, why)), zombies, evicted);
             }
-            None if t.sessions.iter().filter(|e| e.up == 0).count()
-                >= self.sh.cfg.max_pending_sessions =>
+            None => match self
+                .make_room(&t, peer, &mut evicted)
+                .and_then(|()| self.new_session(msg.paths_uuid).map_err(|w| (ENOMEM, w)))
             {
-                let why = format!(
-                    "{} sessions are still being set up (max_pending_sessions)",
-                    self.sh.cfg.max_pending_sessions
-                );
-                return (Err((EBUSY, why)), zombies);
-            }
-            None => match self.new_session(msg.paths_uuid) {
                 Ok(sess) => {
                     t.sessions.push(SessEntry {
                         sess,
@@ -144,14 +175,53 @@ impl Acceptor {
                     });
                     t.sessions.len() - 1
                 }
-                Err(why) => return (Err((ENOMEM, why)), zombies),
+                Err(refusal) => return (Err(refusal), zombies, evicted),
             },
         };
         let res = self.admit_path(&mut t.sessions[idx], now, msg, peer, local, &mut zombies);
         if res.is_err() && t.sessions[idx].all.is_empty() {
             t.sessions.remove(idx);
         }
-        (res, zombies)
+        (res, zombies, evicted)
+    }
+
+    /// Before a new session from `peer`: picks the session being set up that must give
+    /// way (the caps of `max_pending_sessions` and the admission's per-source limit) and
+    /// puts its connecting paths in `evicted`. Refuses (−EBUSY) only when sessions without
+    /// a connected path, those still closing included, reach twice the cap.
+    fn make_room(
+        &self,
+        t: &SessionTable,
+        peer: SocketAddr,
+        evicted: &mut Vec<Arc<Path>>,
+    ) -> Result<(), (i32, String)> {
+        let cap = self.sh.cfg.max_pending_sessions;
+        let unfinished = t.sessions.iter().filter(|e| e.up == 0).count();
+        if unfinished >= cap.saturating_mul(2) {
+            return Err((
+                EBUSY,
+                format!(
+                    "{unfinished} sessions are being set up or closed \
+                     (twice max_pending_sessions, {cap})"
+                ),
+            ));
+        }
+        let pending: Vec<&SessEntry> = t.sessions.iter().filter(|e| setting_up(e)).collect();
+        let key = |e: &&SessEntry| {
+            let src = e.all.first().map_or(peer.ip(), |p| p.peer.ip());
+            (src, e.sess.id.0)
+        };
+        let per_source = self.sh.cfg.admission.max_pending_per_source;
+        if let Some(i) = victim(&pending, peer.ip(), per_source, cap, key) {
+            evicted.extend(
+                pending[i]
+                    .all
+                    .iter()
+                    .filter(|p| p.state() == CONNECTING)
+                    .cloned(),
+            );
+        }
+        Ok(())
     }
 
     fn admit_path(
@@ -197,14 +267,13 @@ impl Acceptor {
                 let mut present = lock(&p.present);
                 if present[cid] {
                     drop(present);
-                    if is_zombie(&p, now) {
+                    if is_zombie(&p, now, self.timeout_ns) {
                         zombies.push(p);
                     }
                     return Err((ECONNRESET, format!("connection cid {cid} already exists")));
                 }
                 present[cid] = true;
                 drop(present);
-                p.conn_ts.store(now.max(1), Ordering::Release);
                 return Ok(p);
             }
         }
@@ -219,7 +288,7 @@ impl Acceptor {
             .iter()
             .find(|p| p.peer.ip() == peer.ip() && p.local == local)
         {
-            if is_zombie(dup, now) {
+            if is_zombie(dup, now, self.timeout_ns) {
                 zombies.push(Arc::clone(dup));
             }
             return Err((
@@ -385,7 +454,7 @@ impl Acceptor {
             t.sessions
                 .iter()
                 .flat_map(|e| e.all.iter())
-                .filter(|p| is_zombie(p, now))
+                .filter(|p| is_zombie(p, now, self.timeout_ns))
                 .cloned()
                 .collect()
         };
@@ -393,7 +462,10 @@ impl Acceptor {
             self.sh.close_path(
                 cx,
                 z,
-                format_args!("half-open for more than {MAX_CONN_TIMEOUT_MS} ms"),
+                format_args!(
+                    "handshake not done within {:?} of its first connection request",
+                    self.sh.cfg.admission.handshake_timeout
+                ),
             );
         }
     }
@@ -427,8 +499,11 @@ impl Poller for Acceptor {
             return busy;
         }
         self.skipped += 1;
-        if self.skipped >= LISTEN_EVERY {
+        let now = cx.now();
+        if self.skipped >= LISTEN_EVERY || now.saturating_sub(self.last_listen) >= LISTEN_PERIOD_NS
+        {
             self.skipped = 0;
+            self.last_listen = now;
             for i in 0..self.listeners.len() {
                 while let Some(req) = self.listeners[i].poll() {
                     let local = self.listeners[i].local_addr();
@@ -438,10 +513,10 @@ impl Poller for Acceptor {
                 }
             }
         }
-        let now = cx.now();
-        if now.saturating_sub(self.last_reap) >= REAP_EVERY_NS {
+        if now.saturating_sub(self.last_reap) >= self.reap_every_ns {
             self.last_reap = now;
             self.reap(cx, now);
+            self.sh.log.flush(now);
         }
         busy
     }

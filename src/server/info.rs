@@ -102,6 +102,15 @@ impl CorePoller {
         let next = cx.now().saturating_add(hb.interval_ns());
         slot.hb = Some((hb, next));
         slot.info = InfoState::Posting { next: 0, len };
+        if self.sh.log.allow(cx.now()) {
+            tracing::info!(
+                "rtrs-srv: {} {name:?}: path {}@{} connected ({} connections)",
+                path.sess.id,
+                path.peer,
+                path.local,
+                path.cid_num
+            );
+        }
         if first_up {
             let sname = path.sess.name();
             self.handler

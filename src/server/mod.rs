@@ -4,10 +4,16 @@
 //!   the server. Each CONNECT_REQUEST is validated (conn_req through [`crate::proto`]),
 //!   matched to a session by `paths_uuid` (created only with `first_conn`) and to a path
 //!   by `sess_uuid`; refusals carry a conn_rsp with the kernel's errno (−ECONNRESET,
-//!   −ENXIO, −EEXIST, −ENOMEM; −EBUSY beyond `max_pending_sessions`). A reconnect whose `recon_cnt` differs from the stored
+//!   −ENXIO, −EEXIST, −ENOMEM). A reconnect whose `recon_cnt` differs from the stored
 //!   one replaces the stale path at once instead of being refused until the old path
-//!   times out. Half-open paths are reaped after 30 s (on collision, as the kernel, and
-//!   by a periodic check).
+//!   times out.
+//! - **Admission** (beyond the kernel, which trusts its RDMA network): the listeners hold
+//!   connections still in the fabric's handshake under [`ServerConfig::admission`]; a
+//!   path that has not completed the RTRS handshake (every connection, then INFO_REQ)
+//!   within its `handshake_timeout` of its first connection request is closed (on
+//!   collision and by a periodic check); sessions still being set up are capped in total
+//!   (`max_pending_sessions`) and per source, a newcomer evicting the oldest of the
+//!   busiest source instead of being refused.
 //! - **Sessions** (`session`): one chunk pool (queue depth × chunk size) registered
 //!   once; under always_invalidate (default) one fast-registration key per chunk per
 //!   path, else the pool's own key.
@@ -45,14 +51,15 @@ pub use handler::{DataArea, IoId, Responder, ServerHandler, SessionId, SrvIo};
 pub use stats::{PathStats, ServerStats, SessionStats};
 
 use crate::engine::{Ctx, Engine, Msg};
-use crate::fabric::{Fabric, FabricError};
+use crate::fabric::{Admission, Fabric, FabricError};
 use crate::proto::constants::{
     DEFAULT_MAX_CHUNK_SIZE, DEFAULT_MAX_HDR_SIZE, DEFAULT_SESS_QUEUE_DEPTH, MIN_CHUNK_SIZE,
 };
 use crate::proto::fits_imm_budget;
 
+use crate::ratelimit::RateLimit;
 use session::{lock, SessionTable};
-use shared::{RateLog, Shared};
+use shared::Shared;
 
 /// Server parameters; defaults are the kernel's module parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,12 +74,20 @@ pub struct ServerConfig {
     pub max_hdr: u32,
     /// Heartbeat interval and missed limit.
     pub hb: HbConfig,
-    /// Most sessions that may exist without any connected path (being set up, or
-    /// half-open); more new sessions are refused with −EBUSY until they finish or are
-    /// reaped. Each session costs a whole chunk pool, so this bounds what connection
-    /// requests alone can make the server allocate (PROTOCOL.md §9.1 "rate-limit session
-    /// creation"). Default 256.
+    /// Most sessions being set up (no connected path, one still connecting). At the cap
+    /// — or at `admission.max_pending_per_source` from one source — a new session evicts
+    /// the oldest such session of the busiest source (of its own source), whose paths
+    /// are closed, so a newcomer is never starved. Each session costs a whole chunk pool,
+    /// so this bounds what connection requests alone can make the server allocate
+    /// (PROTOCOL.md §9.1 "rate-limit session creation"): sessions without a connected
+    /// path, including those still closing, never exceed twice the cap (beyond, new
+    /// sessions are refused with −EBUSY). Default 256.
     pub max_pending_sessions: usize,
+    /// Connections still in their handshake: the deadline (default 5 s; for the fabric's
+    /// handshake, and for a path's RTRS handshake from its first connection request to
+    /// INFO_REQ) and the caps on such connections per listener (default 256 in total,
+    /// 32 per source address). See [`crate::fabric::admission`].
+    pub admission: Admission,
     /// Where session chunk pools come from (default: the heap). The SPDK target sets
     /// an allocator of SPDK DMA memory.
     pub chunk_alloc: ChunkAllocator,
@@ -87,6 +102,7 @@ impl Default for ServerConfig {
             max_hdr: DEFAULT_MAX_HDR_SIZE,
             hb: HbConfig::default(),
             max_pending_sessions: 256,
+            admission: Admission::default(),
             chunk_alloc: ChunkAllocator::default(),
         }
     }
@@ -136,6 +152,17 @@ impl ServerConfig {
         }
         if self.max_pending_sessions == 0 {
             return bad("max_pending_sessions", 0, "must be at least 1");
+        }
+        if let Err(e) = self.admission.validate() {
+            return Err(ServerError::Config {
+                field: match e.field {
+                    "handshake_timeout" => "admission.handshake_timeout",
+                    "max_pending" => "admission.max_pending",
+                    _ => "admission.max_pending_per_source",
+                },
+                value: e.value,
+                reason: e.reason,
+            });
         }
         if self.hb.interval.is_zero() {
             return bad("hb.interval", 0, "must be non-zero");
@@ -208,7 +235,7 @@ impl Server {
         let mut listeners = Vec::with_capacity(listen.len());
         for &addr in listen {
             let l = fabric
-                .listen(addr)
+                .listen_with(addr, &config.admission)
                 .map_err(|source| ServerError::Listen { addr, source })?;
             listeners.push(l);
         }
@@ -224,7 +251,7 @@ impl Server {
             next_home: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             pollers: AtomicUsize::new(ncores + 1),
-            log: RateLog::default(),
+            log: RateLimit::per_second("rtrs-srv"),
         });
         let factory: Arc<HandlerFactory> = Arc::new(factory);
         for core in 0..ncores {

@@ -103,8 +103,8 @@ pub(crate) struct Path {
     pub state: AtomicU8,
     /// Connections accepted so far, by cid (control path only, under the table lock).
     pub present: Mutex<Vec<bool>>,
-    /// `connection_timeout`: time of the latest connection request while CONNECTING,
-    /// 0 once INFO_REQ completed.
+    /// Time of the path's first connection request while CONNECTING (its handshake
+    /// deadline counts from there), 0 once INFO_REQ completed.
     pub conn_ts: AtomicU64,
     /// always_invalidate: one fast-registration slot per chunk.
     pub mrs: Vec<FastMr>,

@@ -1,6 +1,6 @@
 //! State shared by every core of one server: configuration, the session table, the
 //! per-core inboxes that carry connections and teardown work between cores, and the
-//! rate-limited protocol-violation log. Also the one place a path is closed from
+//! rate limit of messages about peers (refusals, violations, closed paths). Also the one place a path is closed from
 //! (the kernel's `close_path` → `rtrs_srv_close_work` trigger).
 
 use std::fmt;
@@ -12,6 +12,7 @@ use crossbeam_queue::SegQueue;
 use crate::common::Con;
 use crate::engine::{Ctx, Msg};
 use crate::fabric::Fabric;
+use crate::ratelimit::RateLimit;
 
 use super::session::{Path, SessionTable, CLOSING, CONNECTED, CONNECTING};
 use super::ServerConfig;
@@ -26,37 +27,6 @@ pub(crate) enum CoreCmd {
     Close(Arc<Path>),
 }
 
-/// At most this many violation messages per second are logged; the rest are counted.
-const LOG_PER_SEC: u64 = 20;
-
-/// A simple per-second budget for warnings about peers (the kernel rate-limits these).
-#[derive(Default)]
-pub(crate) struct RateLog {
-    window: AtomicU64,
-    count: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl RateLog {
-    /// Whether a message at `now` (ns) may be logged.
-    pub fn allow(&self, now: u64) -> bool {
-        let sec = now / 1_000_000_000;
-        if self.window.swap(sec, Ordering::Relaxed) != sec {
-            let s = self.suppressed.swap(0, Ordering::Relaxed);
-            if s > 0 {
-                tracing::warn!("rtrs-srv: {s} similar messages suppressed");
-            }
-            self.count.store(0, Ordering::Relaxed);
-        }
-        if self.count.fetch_add(1, Ordering::Relaxed) < LOG_PER_SEC {
-            true
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            false
-        }
-    }
-}
-
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
     pub fabric: Arc<dyn Fabric>,
@@ -68,7 +38,8 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
     /// Pollers (acceptor and cores) still registered.
     pub pollers: AtomicUsize,
-    pub log: RateLog,
+    /// Messages about peers: refused connections, protocol violations, closed paths.
+    pub log: RateLimit,
 }
 
 fn wake(_: &mut dyn Ctx, _: u64) {}

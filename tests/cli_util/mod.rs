@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,12 +59,51 @@ pub struct TargetProc {
     /// Every listening port, in the ready line's order.
     pub ports: Vec<u16>,
     pub ready: String,
+    /// Everything the target wrote on stderr so far (its log).
+    pub log: Arc<Mutex<String>>,
+}
+
+impl TargetProc {
+    /// Waits (at most [`LIMIT`]) until the target's log has a line containing every
+    /// one of `words`; returns that line, or panics with the whole log.
+    pub fn wait_log(&self, words: &[&str]) -> String {
+        let start = Instant::now();
+        loop {
+            {
+                let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(l) = log.lines().find(|l| words.iter().all(|w| l.contains(w))) {
+                    return l.to_string();
+                }
+                assert!(
+                    start.elapsed() < LIMIT,
+                    "no target log line with {words:?} within {LIMIT:?}; log:\n{log}"
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Starts `rtrs-target` on 127.0.0.1 with a free port (port 0; the bound one is read
-/// from the ready line) on core 0, sleeping when idle.
+/// from the ready line) on core 0, sleeping when idle. Its stderr is collected in
+/// [`TargetProc::log`] (and copied to the test's stderr with `CLI_TEST_LOG` set).
 pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
+    spawn_target(exports, extra, false)
+}
+
+/// [`start_target`] with the target at its default log level (`RUST_LOG` is not passed
+/// on); returns the collected log as well.
+pub fn start_target_logged(exports: &[&str], extra: &[&str]) -> (TargetProc, Arc<Mutex<String>>) {
+    let t = spawn_target(exports, extra, true);
+    let log = Arc::clone(&t.log);
+    (t, log)
+}
+
+fn spawn_target(exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
     let mut cmd = Command::new(TARGET);
+    if default_log {
+        cmd.env_remove("RUST_LOG");
+    }
     cmd.args([
         "--listen",
         "tcp://127.0.0.1:0",
@@ -79,15 +118,27 @@ pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
     cmd.args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        // The target's log (a warning per closed session) only with CLI_TEST_LOG set.
-        .stderr(if std::env::var_os("CLI_TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        });
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn rtrs-target");
     let out = child.stdout.take().expect("stdout");
+    let err = child.stderr.take().expect("stderr");
     let kid = Kid(Some(child));
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&log);
+    let echo = std::env::var_os("CLI_TEST_LOG").is_some();
+    thread::spawn(move || {
+        let mut r = BufReader::new(err);
+        let mut line = String::new();
+        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if echo {
+                eprint!("{line}");
+            }
+            sink.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_str(&line);
+            line.clear();
+        }
+    });
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let mut r = BufReader::new(out);
@@ -114,6 +165,7 @@ pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
         port,
         ports,
         ready,
+        log,
     }
 }
 

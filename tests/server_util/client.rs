@@ -80,12 +80,25 @@ pub fn raw_connect_to(
     addr: std::net::SocketAddr,
     req: &[u8],
 ) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
+    raw_connect_from(h, None, addr, req)
+}
+
+/// [`raw_connect_to`] from source address `src`.
+pub fn raw_connect_from(
+    h: &mut dyn Driver,
+    src: Option<std::net::SocketAddr>,
+    addr: std::net::SocketAddr,
+    req: &[u8],
+) -> Result<(Box<dyn Conn>, ConnAccept), i32> {
     let caps = QpCaps {
         max_send_wr: 4096,
         max_recv_wr: 4096,
         max_send_sge: 2,
     };
-    let mut c = h.client_fabric().connect(addr, caps, req).expect("connect");
+    let mut c = h
+        .client_fabric()
+        .connect_from(src, addr, caps, req)
+        .expect("connect");
     for _ in 0..h.max_steps() {
         h.step();
         match c.poll_cm() {

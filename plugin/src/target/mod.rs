@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
-use rtrs_spdk::fabric::{Fabric, FabricError};
+use rtrs_spdk::fabric::{Admission, Fabric, FabricError};
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
 use rtrs_spdk::spdk::bdev::BdevExport;
@@ -54,6 +54,8 @@ pub struct TargetOptions {
     pub always_invalidate: bool,
     pub queue_depth: u16,
     pub chunk_size: u32,
+    /// Connections still in their handshake: deadline and caps (every listener).
+    pub admission: Admission,
 }
 
 impl Default for TargetOptions {
@@ -63,6 +65,7 @@ impl Default for TargetOptions {
             always_invalidate: d.always_invalidate,
             queue_depth: d.queue_depth,
             chunk_size: d.chunk_size,
+            admission: d.admission,
         }
     }
 }
@@ -75,6 +78,7 @@ impl TargetOptions {
             queue_depth: self.queue_depth,
             chunk_size: self.chunk_size,
             always_invalidate: self.always_invalidate,
+            admission: self.admission,
             chunk_alloc: ChunkAllocator::new(Arc::new(SpdkDmaChunks)),
             ..ServerConfig::default()
         }
@@ -197,6 +201,19 @@ impl Target {
                     .to_string(),
             );
         }
+        if let Err(e) = o.admission.validate() {
+            let (field, value) = match e.field {
+                "handshake_timeout" => (
+                    "handshake_timeout_ms",
+                    o.admission.handshake_timeout.as_millis().to_string(),
+                ),
+                f => (f, e.value),
+            };
+            return Err(format!(
+                "rtrs_target_set_options: '{field}' = {value}: {}",
+                e.reason
+            ));
+        }
         o.server_config()
             .validate()
             .map_err(|e| format!("rtrs_target_set_options: {e}"))?;
@@ -293,7 +310,7 @@ impl Target {
                 }
             },
         };
-        let listener = match fabric.listen(sockaddr) {
+        let listener = match fabric.listen_with(sockaddr, &self.options.admission) {
             Ok(l) => l,
             Err(e) => return done(Err(format!("{M}: addr {addr} port {port}: {e}"))),
         };
@@ -421,6 +438,10 @@ impl Target {
                     "always_invalidate": o.always_invalidate,
                     "queue_depth": o.queue_depth,
                     "chunk_size": o.chunk_size,
+                    "handshake_timeout_ms": u64::try_from(o.admission.handshake_timeout.as_millis())
+                        .unwrap_or(u64::MAX),
+                    "max_pending": o.admission.max_pending,
+                    "max_pending_per_source": o.admission.max_pending_per_source,
                 }
             }));
         }

@@ -3,6 +3,7 @@
 //! except `rtrs_target_set_options`, which may also run before the framework starts.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -45,7 +46,14 @@ fn set_options(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_set_options";
     let r = (|| -> Result<(), String> {
         let p = Params::new(M, &v)?;
-        p.only(&["always_invalidate", "queue_depth", "chunk_size"])?;
+        p.only(&[
+            "always_invalidate",
+            "queue_depth",
+            "chunk_size",
+            "handshake_timeout_ms",
+            "max_pending",
+            "max_pending_per_source",
+        ])?;
         with_target(|t| {
             let mut o: TargetOptions = t.options;
             if let Some(b) = p.opt_bool("always_invalidate")? {
@@ -56,6 +64,16 @@ fn set_options(req: RpcRequest, v: Value) {
             }
             if let Some(c) = p.opt_uint("chunk_size", u64::from(u32::MAX))? {
                 o.chunk_size = c as u32;
+            }
+            let a = &mut o.admission;
+            if let Some(ms) = p.opt_uint("handshake_timeout_ms", u64::from(u32::MAX))? {
+                a.handshake_timeout = Duration::from_millis(ms);
+            }
+            if let Some(n) = p.opt_uint("max_pending", u64::from(u32::MAX))? {
+                a.max_pending = n as usize;
+            }
+            if let Some(n) = p.opt_uint("max_pending_per_source", u64::from(u32::MAX))? {
+                a.max_pending_per_source = n as usize;
             }
             t.set_options(o)
         })

@@ -3,9 +3,14 @@
 //!
 //! ```text
 //! rtrs-bench --path tcp://127.0.0.1:1234 --device vol --rw randread --bs 4K --qd 32 --time 10s
+//! rtrs-bench --path rdma://10.0.0.1?src=10.0.0.2 --path rdma://10.0.1.1?src=10.0.1.2 \
+//!            --sessname host1 --device vol --rw randwrite --bs 4K --qd 32
 //! rtrs-bench --inline-target ram:1G --rw randwrite --bs 4K --qd 1 --time 10s --json
 //! rtrs-bench --path tcp://127.0.0.1:1234 --device vol --rw zero --write-zeroes native
 //! ```
+//! Every `--path` of a run uses one fabric (`tcp://` or `rdma://`); `?src=ADDR` binds the
+//! path's local address. `--sessname` names the RTRS session (the kernel's `sessname=`;
+//! 1 to 254 bytes without `/` or `.`); the default is `rtrs-bench-PID`.
 //! The client session is opened on reactor 0 with one IO connection per reactor of the
 //! cpumask; the device is mapped there. `--qd` is the total queue depth, spread over the
 //! reactors (reactor k gets qd/n, the first qd mod n one more; with fewer than n the
@@ -38,7 +43,6 @@ mod run;
 mod stamp;
 mod worker;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -48,7 +52,6 @@ use clap::Parser;
 use rtrs_spdk::client::{ClientConfig, MpPolicy, PathAddr, PathState, Session};
 use rtrs_spdk::engine::{CpuMask, Engine};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
-use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::ExportSpec;
@@ -58,7 +61,7 @@ use rtrs_spdk::server::ServerConfig;
 use progress::Progress;
 use report::{RunInfo, Totals};
 use run::Setup;
-use shared::target::Target;
+use shared::target::{Listen, Target};
 use shared::url::{parse_url, FabricUrl};
 use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 use worker::{JobSpec, Plan, Rw};
@@ -75,10 +78,15 @@ const EXIT_INTERRUPTED: u8 = 130;
 #[derive(Parser, Debug)]
 #[command(name = "rtrs-bench", version, about, max_term_width = 100)]
 struct Args {
-    /// A path to the target, tcp://HOST[:PORT] (port 1234 when omitted). Repeatable
-    /// (multipath).
+    /// A path to the target, tcp://HOST[:PORT] or rdma://HOST[:PORT] (port 1234 when
+    /// omitted), with ?src=ADDR to bind the local address. Repeatable (multipath; one
+    /// fabric for all).
     #[arg(long, value_name = "URL", value_parser = parse_url)]
     path: Vec<FabricUrl>,
+    /// The RTRS session name the target sees (1 to 254 bytes, no '/' or '.');
+    /// default rtrs-bench-PID.
+    #[arg(long, value_name = "NAME", value_parser = sessname_arg)]
+    sessname: Option<String>,
     /// The exported device to map.
     #[arg(long, value_name = "NAME")]
     device: Option<String>,
@@ -129,8 +137,10 @@ struct Args {
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
-    /// How long to wait for the target to answer and the device to be mapped.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
+    /// How long each connection of the session and its handshake may take (a target
+    /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
+    /// the device may take 5 s more.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
     connect_timeout: Duration,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -144,6 +154,11 @@ fn policy_arg(s: &str) -> Result<MpPolicy, String> {
 
 fn write_zeroes_arg(s: &str) -> Result<WriteZeroesMode, String> {
     s.parse().map_err(|e: WriteZeroesParseError| e.to_string())
+}
+
+fn sessname_arg(s: &str) -> Result<String, String> {
+    rtrs_spdk::client::check_sessname(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
 }
 
 fn inline_arg(s: &str) -> Result<ExportSpec, String> {
@@ -246,6 +261,15 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         if args.device.is_none() {
             return Err(usage("--device NAME is required with --path"));
         }
+        if let Some(u) = args.path.iter().find(|u| u.scheme != args.path[0].scheme) {
+            return Err(usage(format!(
+                "--path {} and --path {u}: the paths of a session use one fabric, \
+                 give only {}:// or only {}:// paths",
+                args.path[0],
+                args.path[0].scheme.as_str(),
+                u.scheme.as_str()
+            )));
+        }
     }
     if let Some(size) = args.size {
         if size % u64::from(bs) != 0 {
@@ -278,8 +302,8 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     let engine = td.engine.as_ref().expect("engine just started");
 
-    // The fabric and the paths: a target of our own over loopback, or tcp.
-    let (fabric, paths, device, target_text): (Arc<dyn Fabric>, Vec<SocketAddr>, String, String) =
+    // The fabric and the paths: a target of our own over loopback, or the paths' fabric.
+    let (fabric, paths, device, target_text): (Arc<dyn Fabric>, Vec<PathAddr>, String, String) =
         match &args.inline_target {
             Some(spec) => {
                 let fabric: Arc<dyn Fabric> = Arc::new(LoopbackFabric::new());
@@ -287,25 +311,44 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
                     chunk_size: INLINE_CHUNK,
                     ..ServerConfig::default()
                 };
+                let listen = Listen {
+                    scheme: "loopback",
+                    fabric: Arc::clone(&fabric),
+                    addrs: vec!["127.0.0.1:1234".parse().expect("literal address")],
+                };
                 let t = shared::target::start_target(
                     engine,
-                    Arc::clone(&fabric),
-                    &["127.0.0.1:1234".parse().expect("literal address")],
+                    vec![listen],
                     std::slice::from_ref(spec),
                     config,
                 )
                 .map_err(|e| failed(format!("inline target: {e}")))?;
-                let paths = t.server.local_addrs().to_vec();
+                let paths = t
+                    .servers
+                    .iter()
+                    .flat_map(|(_, s)| s.local_addrs().iter().copied().map(PathAddr::new))
+                    .collect();
                 let text = format!("inline target {}", t.described.join(", "));
                 td.target = Some(t);
                 (fabric, paths, INLINE_DEVICE.to_string(), text)
             }
-            None => (
-                Arc::new(TcpFabric::new()),
-                args.path.iter().map(|u| u.addr).collect(),
-                args.device.clone().expect("checked above"),
-                "tcp".to_string(),
-            ),
+            None => {
+                let scheme = args.path[0].scheme;
+                (
+                    scheme
+                        .open()
+                        .map_err(|e| failed(format!("--path {}: {e}", args.path[0])))?,
+                    args.path
+                        .iter()
+                        .map(|u| PathAddr {
+                            src: u.src,
+                            dst: u.addr,
+                        })
+                        .collect(),
+                    args.device.clone().expect("checked above"),
+                    scheme.as_str().to_string(),
+                )
+            }
         };
     let path_text: Vec<String> = match &args.inline_target {
         Some(_) => paths.iter().map(|a| format!("loopback:{a}")).collect(),
@@ -334,10 +377,11 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         rtx,
     );
     td.setup = Some(Arc::clone(&setup));
-    let mut ccfg = ClientConfig::new(
-        format!("rtrs-bench-{}", std::process::id()),
-        paths.iter().copied().map(PathAddr::new).collect(),
-    );
+    let sessname = args
+        .sessname
+        .clone()
+        .unwrap_or_else(|| format!("rtrs-bench-{}", std::process::id()));
+    let mut ccfg = ClientConfig::new(sessname, paths);
     ccfg.mp_policy = args.policy;
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;

@@ -3,12 +3,22 @@
 //!
 //! ```text
 //! rtrs-target --listen tcp://127.0.0.1:1234 --export vol=ram:1G [--export d=file:/dev/x:ro]
-//!             [--queue-depth 512] [--chunk-size 128K] [--no-always-invalidate] [-m 0x1]
+//!             [--listen rdma://10.0.0.1] [--queue-depth 512] [--chunk-size 128K]
+//!             [--no-always-invalidate] [-m 0x1]
+//!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //! ```
-//! It prints one line when ready (`listening on tcp://127.0.0.1:1234, exports: vol (ram
-//! 1 GiB)`) and stops cleanly on SIGINT or SIGTERM: the server closes every session,
-//! its pollers finish, the reactors drain, exit code 0. Bad arguments give one line on
-//! stderr and exit code 2; a failure to start, exit code 1.
+//! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
+//! both at once run one RTRS server per fabric over the same exports. Connections that
+//! have not completed their handshake within `--handshake-timeout` are closed; at most
+//! `--max-pending` of them are held per listener, at most `--max-pending-per-source`
+//! from one address (a newcomer evicts the oldest of the busiest source, so a flood of
+//! idle connections cannot lock clients out). It prints one line when ready
+//! (`listening on tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on
+//! SIGINT or SIGTERM: the servers close every session, their pollers finish, the
+//! reactors drain, exit code 0. With `-v` each path that connects is logged with its
+//! session name and `client@server` addresses. Bad arguments give one line on stderr and
+//! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
+//! line and exit code 1.
 
 #[path = "../shared/mod.rs"]
 #[allow(dead_code)]
@@ -22,11 +32,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use rtrs_spdk::engine::{CpuMask, Engine};
-use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE};
+use rtrs_spdk::fabric::Admission;
 use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::server::ServerConfig;
 
+use shared::target::Listen;
 use shared::url::{parse_url, FabricUrl};
 use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 
@@ -36,9 +47,9 @@ const PROG: &str = "rtrs-target";
 #[derive(Parser, Debug)]
 #[command(name = "rtrs-target", version, about, max_term_width = 100)]
 struct Args {
-    /// Address to listen on, tcp://HOST[:PORT] (port 1234 when omitted; 0 picks a free
-    /// one, printed in the ready line). Repeatable.
-    #[arg(long, value_name = "URL", required = true, value_parser = parse_url)]
+    /// Address to listen on, tcp://HOST[:PORT] or rdma://HOST[:PORT] (port 1234 when
+    /// omitted; 0 picks a free one, printed in the ready line). Repeatable.
+    #[arg(long, value_name = "URL", required = true, value_parser = listen_arg)]
     listen: Vec<FabricUrl>,
     /// An export: NAME=ram:SIZE or NAME=file:PATH[:ro]. Repeatable.
     #[arg(long, value_name = "SPEC", required = true, value_parser = export_arg)]
@@ -58,9 +69,32 @@ struct Args {
     /// Idle reactors busy-poll (default, as SPDK) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Close a connection that has not completed its handshake this long after it was
+    /// accepted (the RTRS handshake: from a path's first connection to its INFO_REQ).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    handshake_timeout: Duration,
+    /// Most connections still in their handshake, per listener; at the cap a newcomer
+    /// evicts the oldest one of the busiest source address.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING)]
+    max_pending: usize,
+    /// Most connections still in their handshake from one source address (IPv6: one
+    /// /64); beyond, the source's oldest is closed.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING_PER_SOURCE)]
+    max_pending_per_source: usize,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+fn listen_arg(s: &str) -> Result<FabricUrl, String> {
+    let u = parse_url(s)?;
+    if u.src.is_some() {
+        return Err(format!(
+            "{s:?}: src= is the local address a client path binds; --listen takes none \
+             (listen on the address itself)"
+        ));
+    }
+    Ok(u)
 }
 
 fn export_arg(s: &str) -> Result<ExportSpec, String> {
@@ -89,6 +123,11 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth: args.queue_depth,
         chunk_size: args.chunk_size,
         always_invalidate: !args.no_always_invalidate,
+        admission: Admission {
+            handshake_timeout: args.handshake_timeout,
+            max_pending: args.max_pending,
+            max_pending_per_source: args.max_pending_per_source,
+        },
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -105,24 +144,34 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         })?;
     }
 
+    // One fabric per scheme, opened before any reactor starts: no RDMA device is one
+    // line and exit code 1 at once.
+    let mut listen: Vec<Listen> = Vec::new();
+    for u in &args.listen {
+        match listen.iter_mut().find(|l| l.scheme == u.scheme.as_str()) {
+            Some(l) => l.addrs.push(u.addr),
+            None => listen.push(Listen {
+                scheme: u.scheme.as_str(),
+                fabric: u
+                    .scheme
+                    .open()
+                    .map_err(|e| (format!("--listen {u}: {e}"), EXIT_FAILED))?,
+                addrs: vec![u.addr],
+            }),
+        }
+    }
+
+    let config_admission = config.admission;
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
-    let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new());
-    let listen: Vec<_> = args.listen.iter().map(|u| u.addr).collect();
-    let target = match shared::target::start_target(&engine, fabric, &listen, &args.export, config)
-    {
+    let target = match shared::target::start_target(&engine, listen, &args.export, config) {
         Ok(t) => t,
         Err(e) => {
             let _ = engine.shutdown();
             return Err((e, EXIT_FAILED));
         }
     };
-    let urls: Vec<String> = target
-        .server
-        .local_addrs()
-        .iter()
-        .map(|a| format!("tcp://{a}"))
-        .collect();
+    let urls = target.urls();
     println!(
         "listening on {}, exports: {}",
         urls.join(", "),
@@ -134,6 +183,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth = args.queue_depth,
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
+        admission = %config_admission,
         "target ready"
     );
 
@@ -141,11 +191,17 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         std::thread::sleep(Duration::from_millis(50));
     }
     tracing::info!("signal received: stopping");
-    let stats = target.server.stats();
+    let stats: Vec<String> = target
+        .servers
+        .iter()
+        .map(|(scheme, s)| format!("{scheme}: {}", s.stats().to_json()))
+        .collect();
     if !target.stop(Duration::from_secs(5)) {
         tracing::warn!("server pollers still busy after 5 s; shutting the reactors down anyway");
     }
-    tracing::debug!("server statistics at stop: {}", stats.to_json());
+    for s in stats {
+        tracing::debug!("server statistics at stop: {s}");
+    }
     match engine.shutdown() {
         Ok(_) => {
             tracing::info!("stopped");

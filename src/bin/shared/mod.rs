@@ -119,7 +119,7 @@ pub fn engine_config(mask: Option<CpuMask>, idle: Idle) -> Result<EngineConfig, 
 }
 
 /// Logs to stderr with tracing: `RUST_LOG` when set, else `default` raised by each `-v`
-/// (warn → info → debug → trace).
+/// (warn → info → debug → trace); coloured only when stderr is a terminal.
 pub fn init_logging(default: tracing::Level, verbose: u8) {
     use tracing::Level;
     let levels = [
@@ -133,8 +133,11 @@ pub fn init_logging(default: tracing::Level, verbose: u8) {
     let level = levels[(base + usize::from(verbose)).min(levels.len() - 1)];
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
+    // Colours only on a terminal: a log redirected to a file stays plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .try_init();
 }

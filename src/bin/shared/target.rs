@@ -1,7 +1,8 @@
-//! An RNBD target on an engine: exports declared from specs, served by the RTRS server
-//! with one [`RnbdServer`] per core (what loading the kernel's `rnbd_server` and
-//! `rtrs_server` modules does, with exports given up front). `rtrs-target` runs it over
-//! tcp; `rtrs-bench --inline-target` runs it over the loopback fabric in its own process.
+//! An RNBD target on an engine: exports declared from specs, served by one RTRS server per
+//! fabric (each with one [`RnbdServer`] per core; every server shares the exports), which
+//! is what loading the kernel's `rnbd_server` and `rtrs_server` modules does, with exports
+//! given up front. `rtrs-target` runs it over tcp and/or rdma; `rtrs-bench
+//! --inline-target` runs it over the loopback fabric in its own process.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,22 +16,31 @@ use rtrs_spdk::server::{Server, ServerConfig};
 
 use super::human_size;
 
+/// The addresses one fabric listens on.
+pub struct Listen {
+    /// The URL scheme shown in the ready line (`tcp`, `rdma`, `loopback`).
+    pub scheme: &'static str,
+    pub fabric: Arc<dyn Fabric>,
+    pub addrs: Vec<SocketAddr>,
+}
+
 /// A running target.
 pub struct Target {
-    pub server: Server,
+    /// One server per fabric, in the order the fabrics were given, with its scheme.
+    pub servers: Vec<(&'static str, Server)>,
     /// `name (ram 1 GiB)` / `name (file PATH, 1 GiB, ro)`, in declaration order.
     pub described: Vec<String>,
 }
 
-/// Declares `specs` and starts the server on reactor 0 of `engine`, listening on
-/// `listen`.
+/// Declares `specs` and starts one server per entry of `listen` on reactor 0 of
+/// `engine`.
 ///
 /// # Errors
-/// One line naming the export, file, parameter or address that failed.
+/// One line naming the export, file, parameter or address that failed; servers already
+/// started are stopped again.
 pub fn start_target(
     engine: &Engine,
-    fabric: Arc<dyn Fabric>,
-    listen: &[SocketAddr],
+    listen: Vec<Listen>,
     specs: &[ExportSpec],
     config: ServerConfig,
 ) -> Result<Target, String> {
@@ -52,25 +62,52 @@ pub fn start_target(
             }
         })
         .collect();
-    let server = Server::start_on_engine(
-        engine,
-        0,
-        fabric,
-        listen,
-        config,
-        RnbdServer::factory(Arc::new(exports)),
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(Target { server, described })
+    let exports = Arc::new(exports);
+    let mut target = Target {
+        servers: Vec::with_capacity(listen.len()),
+        described,
+    };
+    for l in listen {
+        let started = Server::start_on_engine(
+            engine,
+            0,
+            l.fabric,
+            &l.addrs,
+            config.clone(),
+            RnbdServer::factory(Arc::clone(&exports)),
+        );
+        match started {
+            Ok(s) => target.servers.push((l.scheme, s)),
+            Err(e) => {
+                target.stop(Duration::from_secs(5));
+                return Err(format!("{}://: {e}", l.scheme));
+            }
+        }
+    }
+    Ok(target)
 }
 
 impl Target {
-    /// Stops listening, closes every session and waits (at most `limit`) until the
+    /// Every listening address as a URL (`tcp://127.0.0.1:1234`), server by server.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .flat_map(|(scheme, s)| {
+                s.local_addrs()
+                    .iter()
+                    .map(move |a| format!("{scheme}://{a}"))
+            })
+            .collect()
+    }
+
+    /// Stops listening, closes every session and waits (at most `limit`) until every
     /// server's pollers are done. Returns whether they finished.
     pub fn stop(&self, limit: Duration) -> bool {
-        self.server.stop();
+        for (_, s) in &self.servers {
+            s.stop();
+        }
         let start = Instant::now();
-        while !self.server.is_stopped() {
+        while !self.servers.iter().all(|(_, s)| s.is_stopped()) {
             if start.elapsed() > limit {
                 return false;
             }

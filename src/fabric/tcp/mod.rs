@@ -32,8 +32,8 @@ pub use listen::{TcpListener, TcpPending};
 use crate::fabric::mem::Backing;
 use crate::fabric::soft::MrTable;
 use crate::fabric::{
-    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr,
-    PrivateData, QpCaps,
+    Access, Admission, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, PrivateData, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -136,7 +136,19 @@ impl Fabric for TcpFabric {
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        Ok(Box::new(TcpListener::bind(addr, self.table.clone())?))
+        self.listen_with(addr, &Admission::default())
+    }
+
+    fn listen_with(
+        &self,
+        addr: SocketAddr,
+        admission: &Admission,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        Ok(Box::new(TcpListener::bind(
+            addr,
+            self.table.clone(),
+            admission,
+        )?))
     }
 
     fn connect_from(
