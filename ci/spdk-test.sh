@@ -412,6 +412,13 @@ scenario_bad_params() {
 	start_target tgt $((PB + 7)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 7)) >/dev/null || return 1
+	# An export only 10.0.0.0/8 and session "nobody" may open (rpc.py's -H and the
+	# add_host/get_exports sub-commands): this client's OPEN is refused as an RPC error.
+	rpc tgt rtrs_target_export malloc0 -e locked -H 10.0.0.0/8 || return 1
+	rpc tgt rtrs_target_export_add_host locked sess:nobody || return 1
+	rpc tgt rtrs_target_get_exports -e locked >"$APP_DIR/locked.json" || return 1
+	grep -q 'sess:nobody' "$APP_DIR/locked.json" || { cat "$APP_DIR/locked.json"; return 1; }
+	rpc tgt rtrs_target_export_remove_host locked sess:nobody || return 1
 	# Options are fixed once a listener runs: check their validation on a fresh target.
 	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
 	local bad=0 app method params field text resp
@@ -454,6 +461,7 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"write_
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
 clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
 clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device
+clt|bdev_rtrs_create|{"name":"y","sessname":"s3","device":"locked",$good}|'locked'|EACCES (access denied
 clt|bdev_rtrs_delete|{}|name
 clt|bdev_rtrs_delete|{"name":"nope"}|name
 clt|bdev_rtrs_get_sessions|{"name":"nope"}|name

@@ -43,6 +43,7 @@ impl Link {
             dir,
             usr,
             data: area,
+            peer: None,
         };
         let errno = match self.disp.process(&self.sess, req) {
             Outcome::Done(e) => e,

@@ -64,6 +64,7 @@ fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -
         dir,
         usr,
         data,
+        peer: None,
     };
     match d.process(s, req) {
         Outcome::Done(e) => return e,
@@ -99,6 +100,7 @@ fn open(d: &mut Dispatcher, s: &RnbdSession) -> u32 {
                 dir: Dir::Read,
                 usr: &msg,
                 data: area.buf(OpenRsp::LEN),
+                peer: None,
             }
         ),
         Outcome::Done(0)

@@ -42,7 +42,7 @@ fn write_read_verify_over_tcp_on_two_reactors() {
     .expect("server");
     let addr = server.local_addrs()[0];
 
-    let (got, failure) = rnbd_workload::run(&engine, &fabric, "rnbd-tcp", &[addr], "vol", 1);
+    let (got, failure) = rnbd_workload::run(&engine, &fabric, "rnbd-tcp", &[addr], None, "vol", 1);
     if let Some(e) = failure {
         panic!("{e}");
     }

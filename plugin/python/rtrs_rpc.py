@@ -164,10 +164,33 @@ def rtrs_target_stop_listener(client, transport, addr, port=None):
         'transport': transport, 'addr': addr, 'port': port}))
 
 
-def rtrs_target_export(client, bdev_name, export_name=None, access=None):
-    """Export a bdev over RNBD (export name defaults to the bdev name)."""
+def rtrs_target_export(client, bdev_name, export_name=None, access=None, allowed_hosts=None):
+    """Export a bdev over RNBD (export name defaults to the bdev name).
+
+    allowed_hosts: list of host patterns (an address such as 127.0.0.2, a network such as
+    10.0.0.0/24 or [fd00::]/64, or sess:SESSNAME); only matching hosts may open the
+    export. Left out: every host may (an empty list: none, until hosts are added).
+    """
     return client.call('rtrs_target_export', _drop_none({
-        'bdev_name': bdev_name, 'export_name': export_name, 'access': access}))
+        'bdev_name': bdev_name, 'export_name': export_name, 'access': access,
+        'allowed_hosts': allowed_hosts}))
+
+
+def rtrs_target_export_add_host(client, export_name, host):
+    """Allow host pattern `host` to open export `export_name`."""
+    return client.call('rtrs_target_export_add_host',
+                       {'export_name': export_name, 'host': host})
+
+
+def rtrs_target_export_remove_host(client, export_name, host):
+    """Refuse later opens of `export_name` by `host` (devices it has open stay open)."""
+    return client.call('rtrs_target_export_remove_host',
+                       {'export_name': export_name, 'host': host})
+
+
+def rtrs_target_get_exports(client, export_name=None):
+    """Exports with their bdev, access and allowed hosts."""
+    return client.call('rtrs_target_get_exports', _drop_none({'export_name': export_name}))
 
 
 def rtrs_target_unexport(client, export_name):
@@ -324,13 +347,46 @@ def spdk_rpc_plugin_initialize(subparsers):
 
     def _rtrs_target_export(args):
         rtrs_target_export(args.client, bdev_name=args.bdev_name,
-                           export_name=args.export_name, access=args.access)
+                           export_name=args.export_name, access=args.access,
+                           allowed_hosts=args.allowed_host)
 
     p = subparsers.add_parser('rtrs_target_export', help='Export a bdev over RNBD')
     p.add_argument('bdev_name', help='Name of the bdev to export')
     p.add_argument('-e', '--export-name', help='Export name. Default: the bdev name')
     p.add_argument('-a', '--access', choices=('ro', 'rw'), help='Access. Default: rw')
+    p.add_argument('-H', '--allowed-host', action='append',
+                   help='Only hosts matching this pattern may open the export: an address '
+                        '(127.0.0.2), a network (10.0.0.0/24, [fd00::]/64) or sess:SESSNAME. '
+                        'Repeatable. Default: every host may')
     p.set_defaults(func=_rtrs_target_export)
+
+    def _rtrs_target_export_add_host(args):
+        rtrs_target_export_add_host(args.client, export_name=args.export_name, host=args.host)
+
+    p = subparsers.add_parser('rtrs_target_export_add_host',
+                              help='Allow a host to open an export')
+    p.add_argument('export_name', help='Export name')
+    p.add_argument('host', help='Host pattern: address, network or sess:SESSNAME')
+    p.set_defaults(func=_rtrs_target_export_add_host)
+
+    def _rtrs_target_export_remove_host(args):
+        rtrs_target_export_remove_host(args.client, export_name=args.export_name,
+                                       host=args.host)
+
+    p = subparsers.add_parser('rtrs_target_export_remove_host',
+                              help='Refuse later opens of an export by a host '
+                                   '(devices it has open stay open)')
+    p.add_argument('export_name', help='Export name')
+    p.add_argument('host', help='Host pattern as it was added')
+    p.set_defaults(func=_rtrs_target_export_remove_host)
+
+    def _rtrs_target_get_exports(args):
+        _print_json(rtrs_target_get_exports(args.client, export_name=args.export_name))
+
+    p = subparsers.add_parser('rtrs_target_get_exports',
+                              help='Show exports with their bdev, access and allowed hosts')
+    p.add_argument('-e', '--export-name', help='Only this export')
+    p.set_defaults(func=_rtrs_target_get_exports)
 
     def _rtrs_target_unexport(args):
         rtrs_target_unexport(args.client, export_name=args.export_name)

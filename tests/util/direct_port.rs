@@ -163,6 +163,7 @@ impl RtrsPort for DirectPort {
             dir: io.dir,
             usr: io.usr,
             data,
+            peer: None,
         };
         if let Outcome::Done(e) = self.disp.process(&sess, req) {
             self.finish(io.tag, e);

@@ -320,6 +320,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
                     engine,
                     vec![listen],
                     std::slice::from_ref(spec),
+                    &[],
                     config,
                 )
                 .map_err(|e| failed(format!("inline target: {e}")))?;

@@ -124,7 +124,9 @@ fn errno_name(errno: i32) -> String {
     let name = match e {
         libc::ENOENT => "ENOENT (no such export)",
         libc::EPERM => "EPERM (access mode refused: the export has its writers)",
-        libc::EACCES => "EACCES (the export is read-only)",
+        libc::EACCES => {
+            "EACCES (access denied: this host is not allowed to open it, or it is exported read-only)"
+        }
         libc::EINVAL => "EINVAL (invalid request)",
         libc::ENOTCONN => "ENOTCONN (device not open on the server)",
         libc::EIO => "EIO",

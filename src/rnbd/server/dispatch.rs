@@ -12,10 +12,11 @@
 //! block, else −EINVAL) and op 5 without data a [`BlockOp::WriteZeroes`].
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::errno;
-use super::exports::{Exports, ExportsError};
+use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
 use crate::proto::rnbd::{
     AccessMode, Io, IoFlags as WireFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp,
@@ -37,6 +38,9 @@ pub struct Request<'a> {
     /// dispatcher writes replies into it and hands it to the backend; the caller keeps
     /// it valid and untouched until the request is answered.
     pub data: IoBuf,
+    /// Source address of the path the request came on (`None`: unknown); an OPEN is
+    /// checked against the export's host list with it.
+    pub peer: Option<IpAddr>,
 }
 
 /// What [`Dispatcher::process`] did with a request.
@@ -84,6 +88,8 @@ pub struct Dispatcher {
     bad_headers: u64,
     /// IOs the backend refused as invalid (logged at powers of two).
     refused: u64,
+    /// OPENs refused by a host list (logged at powers of two).
+    denied: u64,
 }
 
 impl Dispatcher {
@@ -106,6 +112,7 @@ impl Dispatcher {
             scratch: [BlockCompletion::default(); BATCH],
             bad_headers: 0,
             refused: 0,
+            denied: 0,
         })
     }
 
@@ -160,7 +167,7 @@ impl Dispatcher {
                 if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
                     return Outcome::Done(errno::EINVAL);
                 }
-                match sess.open(&open) {
+                match sess.open(&open, req.peer) {
                     Ok(rsp) => {
                         let mut b = [0u8; OpenRsp::LEN];
                         match rsp.encode(&mut b) {
@@ -171,6 +178,19 @@ impl Dispatcher {
                             // Backends only report block sizes a client accepts.
                             Err(_) => Outcome::Done(errno::EINVAL),
                         }
+                    }
+                    Err(e @ AccessError::HostDenied) => {
+                        self.denied += 1;
+                        if self.denied.is_power_of_two() {
+                            tracing::warn!(
+                                session = sess.name(),
+                                peer = ?req.peer,
+                                dev = %String::from_utf8_lossy(open.dev_name),
+                                count = self.denied,
+                                "rnbd: open refused: {e}"
+                            );
+                        }
+                        Outcome::Done(e.errno())
                     }
                     Err(e) => {
                         tracing::debug!(
@@ -473,6 +493,7 @@ mod tests {
             dir,
             usr: &[],
             data,
+            peer: None,
         }
     }
 
