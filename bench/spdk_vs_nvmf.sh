@@ -155,9 +155,10 @@ fi
 # ---- fio through SPDK's spdk_bdev plugin: QD1 latency percentiles ---------------------------
 FIO_OK=0
 if want fio; then
-	FIO_BIN=${FIO:-$(command -v fio || ls /opt/fio/bin/fio /opt/fio-*/fio 2>/dev/null | head -n 1)}
-	if [[ -z "$FIO_PLUGIN" || -z "$FIO_BIN" ]]; then
-		echo "== fio: SKIPPED (fio or SPDK's build/fio/spdk_bdev not found)"
+	if [[ -z "$FIO_PLUGIN" ]]; then
+		echo "== fio: SKIPPED (SPDK's build/fio/spdk_bdev not found)"
+	elif ! fio_find; then
+		echo "== fio: SKIPPED ($FIO_WHY)"
 	elif ! hugepages_ensure; then
 		echo "== fio: SKIPPED (SPDK's fio plugin needs hugepages and none could be reserved)"
 	else

@@ -9,13 +9,19 @@
 # client cores, live sessions in rtrs_target_get_sessions (chunk pool in SPDK DMA
 # memory), a read-only export refusing rw, unexport, save_config -> spdk_tgt --json
 # round trip, an old kernel client's WRITE_SAME, per-export host lists (allowed_hosts,
-# add/remove_host, get_exports, replay), bdev hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
+# add/remove_host, get_exports, replay), a listener requiring a pre-shared key from SPDK's
+# keyring (rtrs-bench --psk-file with the same key runs verified IO, another key or none
+# is refused with "authentication failed", save_config keeps the key's name only), bdev
+# hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
 # from a tiny bdev_io pool (spdk_bdev_queue_io_wait), unexport while the client does IO,
 # clean shutdown.
 #
 # Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
-# one SKIPPED line and exits 0). Target on core 0 (SPDK_TGT_MASK, default 0x1), client
-# pinned to core 1. Every wait is bounded.
+# one SKIPPED line and exits 0; no part of it is ever skipped otherwise). Target on core 0
+# (SPDK_TGT_MASK, default 0x1), client pinned to core 1. The target listens on
+# RTRS_TEST_PORT_BASE + 90 (the port after ci/spdk-test.sh's), or a random port in
+# 20000..39999 when that is unset. Every wait is bounded. Ends with "spdk target tests:
+# N passed, M failed".
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,9 +44,14 @@ TARGET_DIR=${CARGO_TARGET_DIR:-target}
 MASK=${SPDK_TGT_MASK:-0x1}
 WORK=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
 SOCK=$WORK/tgt.sock
-PORT=$((20000 + RANDOM % 20000))
+if [ -n "${RTRS_TEST_PORT_BASE:-}" ]; then
+    PORT=$((RTRS_TEST_PORT_BASE + 90))
+else
+    PORT=$((20000 + RANDOM % 20000))
+fi
 TGT_PID=""
 FAILS=0
+OKS=0
 
 cleanup() {
     if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
@@ -56,6 +67,7 @@ trap cleanup EXIT
 echo "== building the plugin and the test client"
 cargo build -q -p rtrs-spdk-plugin
 cargo test -q --test spdk_target --no-run
+cargo build -q --bin rtrs-bench
 PLUGIN=$TARGET_DIR/debug/librtrs_spdk.so
 
 # rpc METHOD [JSON]: prints the result; exit 1 (message on stdout) on a JSON-RPC error.
@@ -120,7 +132,7 @@ print(json.dumps({"subsystems": subsystems}, indent=2))
 EOF
 }
 
-ok() { echo "  ok: $*"; }
+ok() { echo "  ok: $*"; OKS=$((OKS + 1)); }
 fail() { echo "  FAIL: $*"; FAILS=$((FAILS + 1)); }
 
 # expect_err METHOD JSON WORD...: the call fails and its message contains every WORD.
@@ -326,6 +338,42 @@ expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3
 expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
 expect_ok rtrs_target_unexport '{"export_name":"hl"}'
 
+echo "== PSK: a listener requiring a key from SPDK's keyring; rtrs-bench --psk-file"
+PSK_PORT=$((PORT + 1))
+BENCH=$TARGET_DIR/debug/rtrs-bench
+(umask 077
+ python3 -c 'import os; print(os.urandom(32).hex())' >"$WORK/key0"
+ python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())' >"$WORK/key1")
+expect_ok keyring_file_add_key "{\"name\":\"key0\",\"path\":\"$WORK/key0\"}"
+expect_err rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PSK_PORT,\"psk\":\"nokey\"}" "'psk'" "no key" "keyring"
+expect_err rtrs_target_listen "{\"transport\":\"rdma\",\"addr\":\"127.0.0.1\",\"port\":$PSK_PORT,\"psk\":\"key0\"}" "'psk'" "tcp transport only"
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PSK_PORT,\"psk\":\"key0\"}"
+# bench ARGS...: rtrs-bench against the PSK listener on core 1; prints "rc=N" and its last line.
+bench() {
+    local out rc=0
+    out=$(timeout 120 "$BENCH" --path "tcp://127.0.0.1:$PSK_PORT" --device vol -m 0x2 --idle adaptive \
+        --time 2s --connect-timeout 10s "$@" 2>&1) || rc=$?
+    echo "rc=$rc $(echo "$out" | tail -n 1)"
+}
+out=$(bench --rw randrw --verify --qd 8 --json --psk-file "$WORK/key0")
+[[ "$out" == "rc=0 "* && "$out" == *'"errors":0'* && "$out" == *'"verify_mismatches":0'* ]] &&
+    ok "the same key (file vs. keyring): verified IO, $(echo "$out" | grep -o '"ios":[0-9]*')" ||
+    fail "bench with the listener's key: $out"
+for args in "--psk-file $WORK/key1" ""; do
+    # shellcheck disable=SC2086 # the key file option, or nothing
+    out=$(bench --rw read $args)
+    [[ "$out" == "rc=1 "*"authentication failed"* ]] &&
+        ok "${args:-no key}: $out" || fail "bench ${args:-without a key}: $out"
+done
+[ "$(grep -c 'refused .*authentication failed' "$WORK/tgt.log" || true)" -ge 1 ] &&
+    ok "the target logged the refusals" || fail "no refusal in the target log"
+saved=$(save_config)
+grep -q '"psk": "key0"' <<<"$saved" && ok "save_config keeps the key's name" ||
+    fail "save_config lacks the listener's psk"
+grep -q "$(cut -c1-16 "$WORK/key0")" <<<"$saved" && fail "save_config holds the key itself" ||
+    ok "save_config does not hold the key"
+expect_ok rtrs_target_stop_listener "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PSK_PORT}"
+
 # io_fails_cleanly NAME LABEL METHOD PARAMS: a client runs IO until it fails; once its
 # session is connected, METHOD pulls the device from under it; its IO must fail cleanly.
 io_fails_cleanly() {
@@ -381,8 +429,8 @@ expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
 stop_target
 
 if [ "$FAILS" -ne 0 ]; then
-    echo "spdk target tests: $FAILS FAILED (log: kept at $WORK.log)"
+    echo "spdk target tests: $OKS passed, $FAILS failed (log: kept at $WORK.log)"
     cp "$WORK/tgt.log" "$WORK.log" 2>/dev/null || true
     exit 1
 fi
-echo "spdk target tests: all passed"
+echo "spdk target tests: $OKS passed, 0 failed"

@@ -4,7 +4,10 @@
 #
 # Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it
 # prints one SKIPPED line and succeeds. Each scenario has a time limit; a trap stops
-# every SPDK application this script started. Ends with "N passed, M failed".
+# every SPDK application this script started. A scenario whose tool is missing (fio:
+# $FIO, SPDK's CONFIG_FIO_SOURCE_DIR, /opt/fio-3.*/fio or the PATH) prints "SKIP NAME:
+# why". Ends with "SPDK tests: N passed, M failed" plus ", K skipped (NAMES)" when some
+# were skipped.
 #
 #   ci/spdk-test.sh                 all scenarios
 #   ci/spdk-test.sh basic verify    only these
@@ -49,6 +52,8 @@ CLT_MASK=0x2
 PASSED=0
 FAILED=0
 FAILED_NAMES=()
+SKIPPED=0
+SKIPPED_NAMES=()
 
 # ---- building blocks ------------------------------------------------------------------
 
@@ -64,12 +69,22 @@ start_target() {
 }
 
 # A bdevperf client on core 1 whose --json creates rtrs bdev "rtrs0", waiting for
-# perform_tests (-z). Extra bdevperf arguments follow the ports.
+# perform_tests (-z). Extra bdevperf arguments follow the ports; after them, `-- KEYS`
+# (NAME=FILE,...) adds keyring keys and authenticates the paths with the first.
 start_bdevperf() {
-	local name=$1 ports=$2 extra=$3
+	local name=$1 ports=$2 extra=$3 keys="" args=()
 	shift 3
-	rtrs_bdev_json rtrs0 malloc0 "$ports" "$extra" >"$APP_DIR/$name.json"
-	app_start "$name" "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/$name.json" -z "$@"
+	while [[ $# -gt 0 ]]; do
+		if [[ "$1" == -- ]]; then
+			keys=$2
+			shift 2
+			continue
+		fi
+		args+=("$1")
+		shift
+	done
+	rtrs_bdev_json rtrs0 malloc0 "$ports" "$extra" "$keys" >"$APP_DIR/$name.json"
+	app_start "$name" "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/$name.json" -z "${args[@]}"
 }
 
 # Checks a perform_tests result: every job finished and no IO failed.
@@ -134,11 +149,16 @@ scenario_verify() {
 
 # fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
 scenario_fio() {
-	local fio=${FIO:-$(command -v fio || ls /opt/fio-*/fio 2>/dev/null | head -n 1)}
-	if [[ -z "$FIO_PLUGIN" || -z "$fio" ]]; then
-		echo "SKIP fio: fio (\$FIO, PATH or /opt/fio-*/fio) or SPDK's fio plugin (build/fio/spdk_bdev) not found"
+	if [[ -z "$FIO_PLUGIN" ]]; then
+		echo "SKIP fio: SPDK's fio plugin (build/fio/spdk_bdev) not found under $SPDK_DIR"
 		return 2
 	fi
+	if ! fio_find; then
+		echo "SKIP fio: $FIO_WHY"
+		return 2
+	fi
+	local fio=$FIO_BIN
+	echo "   fio: $fio"
 	if ! hugepages_ensure; then
 		echo "SKIP fio: SPDK's fio plugin needs hugepages and none could be reserved"
 		return 2
@@ -406,6 +426,70 @@ print("save_config keeps", o[0])
 PY
 }
 
+# PSK authentication with keys from SPDK's keyring (keyring_file_add_key): the target's
+# listener requires key0. bdev_rtrs_create with another key or none fails at once with
+# "authentication failed" (not after io_timeout_sec), an unknown key name is an error
+# naming 'psk'; with key0 the bdev maps. save_config keeps the keys' names, never the
+# keys, and both sides come back from their saved JSON, still authenticated; bdevperf
+# (its keyring from its --json) verifies IO through an authenticated bdev.
+scenario_psk() {
+	local p=$((PB + 20)) out args
+	(
+		umask 077
+		python3 -c 'import os; print(os.urandom(32).hex())' >"$APP_DIR/key0"
+		python3 -c 'import base64, os; print(base64.b64encode(os.urandom(48)).decode())' >"$APP_DIR/key1"
+	)
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
+	rpc tgt bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $p -k key0 || return 1
+	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
+	rpc clt keyring_file_add_key key1 "$APP_DIR/key1" || return 1
+	for args in "tcp:127.0.0.1:$p,psk=key1" "tcp:127.0.0.1:$p"; do
+		if out=$(rpc clt bdev_rtrs_create -b bad -n psk-bad -d malloc0 -p "$args" -t 60 2>&1); then
+			echo "bdev_rtrs_create -p $args succeeded: $out"
+			return 1
+		fi
+		[[ "$out" == *"authentication failed"* ]] ||
+			{ echo "bdev_rtrs_create -p $args: no 'authentication failed' in: $out"; return 1; }
+		echo "refused: -p $args: $(grep -o 'tcp fabric: [^"]*authentication failed' <<<"$out" | head -n 1)"
+	done
+	if out=$(rpc clt bdev_rtrs_create -b bad -n psk-bad -d malloc0 -p tcp:127.0.0.1:$p -k nokey 2>&1); then
+		echo "an unknown key name was accepted"
+		return 1
+	fi
+	[[ "$out" == *"'paths[0].psk'"*"nokey"* ]] || { echo "unknown key: $out"; return 1; }
+	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n psk-sess -d malloc0 -p tcp:127.0.0.1:$p -k key0) || return 1
+	[[ "$out" == rtrs0 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs0"; return 1; }
+	rpc tgt save_config >"$APP_DIR/tgt-psk.json" || return 1
+	rpc clt save_config >"$APP_DIR/clt-psk.json" || return 1
+	python3 - "$APP_DIR/tgt-psk.json" "$APP_DIR/clt-psk.json" "$APP_DIR/key0" "$APP_DIR/key1" <<'PY' || return 1
+import json, sys
+tgt, clt = (json.load(open(f)) for f in sys.argv[1:3])
+secrets = [open(f).read().strip() for f in sys.argv[3:5]]
+def calls(cfg, method):
+    return [c["params"] for s in cfg["subsystems"] for c in (s["config"] or []) if c["method"] == method]
+assert [l.get("psk") for l in calls(tgt, "rtrs_target_listen")] == ["key0"], calls(tgt, "rtrs_target_listen")
+assert [p.get("psk") for b in calls(clt, "bdev_rtrs_create") for p in b["paths"]] == ["key0"], calls(clt, "bdev_rtrs_create")
+assert calls(tgt, "keyring_file_add_key") and calls(clt, "keyring_file_add_key")
+for s in secrets:
+    for c in (tgt, clt):
+        assert s[:16] not in json.dumps(c), "a key is in a saved config"
+print("saved configs name key0 and hold no key")
+PY
+	app_stop clt
+	app_stop tgt
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-psk.json" || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-psk.json" || return 1
+	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from the saved config"; return 1; }
+	app_stop clt
+	start_bdevperf bppsk $p '' -q 16 -o 4096 -w verify -t 5 -- "key0=$APP_DIR/key0" || return 1
+	bdevperf_perform bppsk 5 >"$APP_DIR/psk.json" || { tail -n 20 "$APP_DIR/bppsk.log"; return 1; }
+	results_clean "$APP_DIR/psk.json"
+}
+
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
@@ -460,7 +544,11 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"io_tim
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"write_zeroes":"same"}|write_zeroes|native, emulate
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
 clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
-clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device
+clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device|no such export
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":5}]}|'paths[0].psk'
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":""}]}|'paths[0].psk'
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1","psk":"k"}]}|'paths[0].psk'|tcp transport only
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":"nokey"}]}|'paths[0].psk'|keyring
 clt|bdev_rtrs_create|{"name":"y","sessname":"s3","device":"locked",$good}|'locked'|EACCES (access denied
 clt|bdev_rtrs_delete|{}|name
 clt|bdev_rtrs_delete|{"name":"nope"}|name
@@ -471,6 +559,8 @@ clt|bdev_rtrs_add_path|{"name":"nope","transport":"tcp","dst_addr":"127.0.0.1"}|
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"ib","dst_addr":"127.0.0.1"}|transport
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"rdma","dst_addr":"127.0.0.2"}|'transport'|no RDMA device found
 clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":-1}|port
+clt|bdev_rtrs_add_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","port":1,"psk":"nokey"}|'psk'|keyring
+clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.1","psk":"k"}|psk
 clt|bdev_rtrs_remove_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.9","port":1}|dst_addr
 clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0","mp_policy":"fastest"}|mp_policy
@@ -488,6 +578,8 @@ tgt|rtrs_target_listen|{"transport":"udp","addr":"127.0.0.1","port":$((PB + 8))}
 tgt|rtrs_target_listen|{"transport":"rdma","addr":"127.0.0.1","port":$((PB + 8))}|'transport'|no RDMA device found
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"localhost-ish","port":$((PB + 8))}|addr
 tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":"x"}|port
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 8)),"psk":"nokey"}|'psk'|keyring
+tgt|rtrs_target_listen|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 8)),"psk":7}|psk
 tgt|rtrs_target_stop_listener|{"transport":"tcp","addr":"127.0.0.1","port":$((PB + 79))}|port
 tgt|rtrs_target_stop_listener|{"transport":"tcp","port":$((PB + 7))}|addr
 tgt|rtrs_target_export|{"access":"rw"}|bdev_name
@@ -503,6 +595,45 @@ EOF
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 gone after bad parameters"; return 1; }
 	rpc tgt spdk_get_version >/dev/null || return 1
 	return $bad
+}
+
+# A target whose chunk pool cannot be allocated refuses the session with -ENOMEM (a real
+# spdk_zmalloc failure: 2048 x 128 KiB = 256 MiB of DMA memory where the target has about
+# 140 MiB free). bdev_rtrs_create and rtrs-bench report the reason at once: both are
+# bounded at 20 s while their own waits are 60 s, so an answer means the refusal got
+# through. Nothing crashes; the target keeps no session.
+scenario_refused() {
+	local port=$((PB + 13)) resp line rc
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
+	rpc tgt rtrs_target_set_options --queue-depth 2048 --chunk-size 131072 || return 1
+	rpc tgt bdev_malloc_create -b malloc0 8 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	resp=$(timeout 20 python3 "$REPO/ci/spdk/rpc_raw.py" "$APP_DIR/clt.sock" bdev_rtrs_create \
+		"{\"name\":\"rtrs0\",\"sessname\":\"refused\",\"device\":\"malloc0\",\"io_timeout_sec\":60,\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$port}]}")
+	rc=$?
+	[[ $rc -ne 124 ]] || { echo "bdev_rtrs_create did not answer within 20 s"; return 1; }
+	echo "   bdev_rtrs_create: $resp"
+	python3 -c '
+import json, sys
+e = json.loads(sys.argv[1]).get("error") or {}
+m = e.get("message", "")
+sys.exit(0 if all(w in m for w in ("malloc0", "target refused the session", "out of memory", "ENOMEM")) else 1)' "$resp" ||
+		{ echo "expected an error naming malloc0 and the refusal (ENOMEM)"; return 1; }
+	grep -q 'spdk_zmalloc(268435456 bytes, SPDK_MALLOC_DMA) failed' "$APP_DIR/tgt.log" ||
+		{ echo "no spdk_zmalloc failure in the target's log"; tail -n 20 "$APP_DIR/tgt.log"; return 1; }
+	(cd "$REPO" && cargo build -q --bin rtrs-bench) || return 1
+	line=$(timeout 20 "${CARGO_TARGET_DIR:-$REPO/target}/debug/rtrs-bench" --path tcp://127.0.0.1:$port \
+		--device malloc0 --rw read --connect-timeout 60s --idle adaptive -m $CLT_MASK 2>&1)
+	rc=$?
+	echo "   rtrs-bench (exit $rc): $line"
+	[[ $rc -eq 1 && $(wc -l <<<"$line") -eq 1 && "$line" == *"'malloc0'"* && "$line" == *"ENOMEM"* ]] ||
+		{ echo "expected exit 1 and one line naming malloc0 and ENOMEM"; return 1; }
+	app_alive tgt || { echo "target died"; return 1; }
+	app_alive clt || { echo "client died"; return 1; }
+	resp=$(rpc tgt rtrs_target_get_sessions) || return 1
+	[[ "$resp" == "[]" ]] || { echo "the target kept a session: $resp"; return 1; }
 }
 
 # ---- runner -----------------------------------------------------------------------------
@@ -539,6 +670,8 @@ run_scenario() {
 		;;
 	2)
 		echo "SKIP $name"
+		SKIPPED=$((SKIPPED + 1))
+		SKIPPED_NAMES+=("$name")
 		;;
 	*)
 		echo "FAIL $name (rc $rc); logs in $APP_DIR"
@@ -549,11 +682,11 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission write_zeroes bad_params)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do
 	run_scenario "$s"
 done
-echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}"
+echo "SPDK tests: $PASSED passed, $FAILED failed${FAILED_NAMES:+ (${FAILED_NAMES[*]})}${SKIPPED_NAMES:+, $SKIPPED skipped (${SKIPPED_NAMES[*]})}"
 [[ $FAILED -eq 0 ]]

@@ -60,6 +60,8 @@ static struct spdk_subsystem g_rtrs_target_subsystem = {
 
 SPDK_SUBSYSTEM_REGISTER(g_rtrs_target_subsystem);
 SPDK_SUBSYSTEM_DEPEND(rtrs_target, bdev)
+/* Listener keys come from the keyring: its keys are loaded (and replayed) first. */
+SPDK_SUBSYSTEM_DEPEND(rtrs_target, keyring)
 
 /*
  * RPC methods: Rust registers every method (target and bdev) with

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cli_util::{run, start_target, start_target_logged, BENCH, LIMIT};
-use rtrs_spdk::fabric::tcp::frame::{cm_frame, CmPayload, Opcode, RejectReason};
+use rtrs_spdk::fabric::tcp::frame::{cm_frame, CmPayload, Opcode, RejectReason, V1};
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{Admission, CmEvent, Fabric, Listener, PrivateData, QpCaps};
 
@@ -140,6 +140,7 @@ fn idle_sockets_are_closed_after_the_handshake_timeout_and_slow_requests_are_not
     let idle: Vec<TcpStream> = (0..3).map(|_| idle_from("127.0.0.6", dst)).collect();
     // A slow but complete connect request: half of it, a pause, the rest.
     let req = cm_frame(
+        V1,
         Opcode::CmReq,
         &CmPayload::new(RejectReason::None, PrivateData::new(b"slow").unwrap()),
     );

@@ -4,7 +4,9 @@
 
 mod cli_util;
 
-use cli_util::{closed_port, one_error_line, run, start_target, BENCH, TARGET};
+use std::time::Duration;
+
+use cli_util::{closed_port, one_error_line, run, run_within, start_target, BENCH, TARGET};
 
 /// Runs `bin args`, expects a failure with exit code `code` and one stderr line
 /// containing every one of `words`.
@@ -404,8 +406,40 @@ fn bench_bad_arguments_without_a_target() {
     call(
         with(&["--path", &free, "--device", "d", "--rw", "read"]),
         1,
-        &["cannot connect", &free],
+        &["cannot connect", &free, "Connection refused"],
     );
+}
+
+#[test]
+fn bench_missing_export_is_reported_at_once() {
+    let t = start_target(&["vol=ram:1M"], &[]);
+    let url = format!("tcp://127.0.0.1:{}", t.port);
+    // The bench would wait up to --connect-timeout (60 s) + 5 s for an answer that never
+    // comes; the refusal must come long before this test's 20 s bound.
+    let out = run_within(
+        BENCH,
+        &[
+            "--path",
+            &url,
+            "--device",
+            "gone",
+            "--rw",
+            "read",
+            "--connect-timeout",
+            "60s",
+            "--idle",
+            "adaptive",
+            "-m",
+            "0x2",
+        ],
+        Duration::from_secs(20),
+    );
+    let line = one_error_line(&out);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    for w in ["'gone'", "no such export", &url] {
+        assert!(line.contains(w), "{line:?} does not mention {w:?}");
+    }
+    drop(t);
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! The tcp fabric over 127.0.0.1: connection management, every wire operation, the
-//! receiver's checks, RNR, flush on disconnect, large and many operations, and hostile
-//! peers speaking raw bytes. Both ends are driven from the test thread; loops are
+//! receiver's checks, RNR, flush on disconnect, large and many operations, PSK
+//! authentication, and hostile peers speaking raw bytes. Both ends are driven from the test thread; loops are
 //! bounded by a generous deadline (an upper bound, never a performance assertion).
 
+#[path = "fabric_tcp/auth.rs"]
+mod auth;
 #[path = "fabric_tcp/cm.rs"]
 mod cm;
 #[path = "util/counting_alloc.rs"]

@@ -3,7 +3,7 @@
 //! - `emulate` (the default, safe with servers of every kernel version): WRITEs of
 //!   zeros, at most `max_io_size` each, and never an op-5 header; one completion for
 //!   the request, from the home core and from another core's `RnbdCore`; the first
-//!   error of a piece fails the request, once;
+//!   error of a piece fails the request, once; a piece RTRS drops is sent again;
 //! - `native`: one data-less op-5 header (golden bytes).
 //!
 //! The data is read back each time.
@@ -21,11 +21,10 @@ use rtrs_spdk::rnbd::client::{
 use rtrs_spdk::rnbd::server::{Exports, SessionTable};
 use rtrs_spdk::rnbd::Dir;
 
-#[path = "util/direct_port.rs"]
-#[allow(dead_code)]
-mod direct_port;
+#[path = "util/rnbd_direct.rs"]
+mod direct;
 
-use direct_port::{DirectPort, Sent, CHUNK};
+use direct::{DirectPort, Sent, CHUNK};
 
 const SIZE: usize = 1 << 20;
 /// Bounded polling: far more rounds than any test needs.
@@ -56,7 +55,7 @@ impl Rig {
     }
 
     fn port(&self, depth: usize) -> DirectPort {
-        DirectPort::new(&self.fabric, &self.ex, &self.table, 1, depth)
+        DirectPort::new(&self.ex, &self.table, 1, depth)
     }
 
     fn cx<R>(&mut self, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
@@ -303,6 +302,27 @@ fn another_core_emulates_too() {
         .iter()
         .all(|(io, _, len)| io.op == RnbdOp::Write && *len == io.bi_size as usize));
     model[512..512 + (200 << 10)].fill(0);
+    assert!(
+        rig.read_all(&mut c, dev) == model,
+        "device differs from the model"
+    );
+}
+
+#[test]
+fn a_piece_dropped_by_rtrs_is_sent_again() {
+    let mut rig = Rig::new();
+    let (mut c, dev) = rig.client(None, 8);
+    let mut model = rig.fill(&mut c, dev);
+    // RTRS drops the next request unexecuted (−ECONNRESET, as at a queue-depth
+    // change): the piece waits in the core and goes out again; the request succeeds.
+    c.port_mut().reset_next = 1;
+    let (sent, submits) = (c.port().sent.len(), c.port().block_submits);
+    let req = BlockRequest::write_zeroes(0, 2 * CHUNK as u32);
+    assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
+    model[..2 * CHUNK].fill(0);
+    // Two pieces executed, three handed to the port (one of them twice).
+    assert_eq!(c.port().sent.len() - sent, 2);
+    assert_eq!(c.port().block_submits - submits, 3);
     assert!(
         rig.read_all(&mut c, dev) == model,
         "device differs from the model"

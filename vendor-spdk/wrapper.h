@@ -10,6 +10,7 @@
 #include <spdk/bdev_module.h>
 #include <spdk/json.h>
 #include <spdk/jsonrpc.h>
+#include <spdk/keyring.h>
 #include <spdk/rpc.h>
 #include <spdk/log.h>
 #include <spdk/util.h>

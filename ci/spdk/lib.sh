@@ -43,6 +43,26 @@ spdk_setup_paths() {
 	export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# fio for SPDK's fio plugin: sets FIO_BIN and returns 0, or sets FIO_WHY and returns 1.
+# SPDK's plugin works only with the fio version it was built against, so the order is:
+# $FIO (must be an executable file), the fio in SPDK's CONFIG_FIO_SOURCE_DIR (mk/config.mk),
+# the newest /opt/fio-3.*/fio (where a Debian source build is left), then fio on the PATH.
+fio_find() {
+	FIO_BIN= FIO_WHY=
+	if [[ -n "${FIO:-}" ]]; then
+		[[ -f "$FIO" && -x "$FIO" ]] && FIO_BIN=$FIO && return 0
+		FIO_WHY="FIO=$FIO is not an executable file"
+		return 1
+	fi
+	local src c
+	src=$(sed -n 's/^CONFIG_FIO_SOURCE_DIR?*=//p' "$SPDK_DIR/mk/config.mk" 2>/dev/null | tail -n 1)
+	for c in ${src:+"$src/fio"} $(ls -d /opt/fio-3.*/fio 2>/dev/null | sort -rV) "$(command -v fio)"; do
+		[[ -n "$c" && -f "$c" && -x "$c" ]] && FIO_BIN=$c && return 0
+	done
+	FIO_WHY="no fio found (set FIO, or build fio in SPDK's CONFIG_FIO_SOURCE_DIR${src:+ $src}, /opt/fio-3.*/ or on the PATH)"
+	return 1
+}
+
 # Builds the plugin (release; PLUGIN_PROFILE=debug for a quicker build); sets PLUGIN_SO.
 plugin_build() {
 	local tdir=${CARGO_TARGET_DIR:-$REPO/target} profile=${PLUGIN_PROFILE:-release} flag=--release
@@ -180,21 +200,32 @@ hugepages_restore() {
 	return 0
 }
 
-# JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE.
+# JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE;
+# EXTRA (JSON) overrides parameters; KEYS (NAME=FILE,...) adds keyring_file keys, and
+# every path then uses the first one.
 rtrs_bdev_json() {
-	local name=$1 device=$2 ports=$3 extra=${4:-}
-	python3 - "$name" "$device" "$ports" "$extra" <<'PY'
+	local name=$1 device=$2 ports=$3 extra=${4:-} keys=${5:-}
+	python3 - "$name" "$device" "$ports" "$extra" "$keys" <<'PY'
 import json, sys
-name, device, ports, extra = sys.argv[1:5]
+name, device, ports, extra, keys = sys.argv[1:6]
+keys = [k.split("=", 1) for k in keys.split(",") if k]
 params = {"name": name, "sessname": "sess-" + name,
           "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(p)}
                     for p in ports.split(",")],
           "device": device, "access_mode": "rw", "reconnect_delay_sec": 1,
           "hb_interval_ms": 1000, "hb_missed_max": 5, "io_timeout_sec": 10}
+if keys:
+    for p in params["paths"]:
+        p["psk"] = keys[0][0]
 if extra:
     params.update(json.loads(extra))
-print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": [
+subsystems = []
+if keys:
+    subsystems.append({"subsystem": "keyring", "config": [
+        {"method": "keyring_file_add_key", "params": {"name": n, "path": f}} for n, f in keys]})
+subsystems.append({"subsystem": "bdev", "config": [
     {"method": "bdev_rtrs_create", "params": params},
-    {"method": "bdev_wait_for_examine"}]}]}, indent=2))
+    {"method": "bdev_wait_for_examine"}]})
+print(json.dumps({"subsystems": subsystems}, indent=2))
 PY
 }

@@ -33,12 +33,20 @@ def _drop_none(params):
     return {k: v for k, v in params.items() if v is not None}
 
 
-def parse_path(text):
-    """Turn ``transport:[src_addr@]dst_addr[:port]`` into the JSON object of a path.
+def parse_path(text, psk=None):
+    """Turn ``transport:[src_addr@]dst_addr[:port][,psk=NAME]`` into the JSON object of a
+    path.
 
     IPv6 addresses go in brackets: ``tcp:[::1]:1234``. The transport defaults to tcp
-    when the text starts with an address.
+    when the text starts with an address. ``psk=NAME`` names a key in SPDK's keyring that
+    authenticates the path; `psk` is the key of a path that names none.
     """
+    text, _, opts = text.partition(',')
+    for opt in filter(None, opts.split(',')):
+        key, sep, value = opt.partition('=')
+        if key != 'psk' or not sep or not value:
+            raise ValueError("path %r: unknown option %r (known: psk=NAME)" % (text, opt))
+        psk = value
     transport = 'tcp'
     rest = text
     head, sep, tail = text.partition(':')
@@ -63,6 +71,8 @@ def parse_path(text):
         path['port'] = int(port)
     if src:
         path['src_addr'] = src.strip('[]')
+    if psk:
+        path['psk'] = psk
     return path
 
 
@@ -77,7 +87,8 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
     Args:
         name: name of the new bdev
         sessname: RTRS session name sent to the target
-        paths: list of {transport, dst_addr, port?, src_addr?}
+        paths: list of {transport, dst_addr, port?, src_addr?, psk?} (psk: the name of a
+            key in SPDK's keyring, e.g. added with keyring_file_add_key; tcp only)
         device: name of the export on the target
         access_mode: ro, rw (default) or migration
         mp_policy: round-robin, min-inflight (default) or min-latency
@@ -85,7 +96,8 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         reconnect_delay_sec: wait before a reconnect attempt
         hb_interval_ms: heartbeat interval
         hb_missed_max: heartbeats missed before a path is declared dead
-        io_timeout_sec: how long IO waits for a path while none is connected
+        io_timeout_sec: how long IO waits while the device is unreachable (no path
+            connected, or not re-opened yet after a reconnect) before it fails
         write_zeroes: emulate (default: zero-filled writes, safe with every target) or
             native (RNBD op 5: only for targets on Linux 6.8+ or rtrs targets; kernels
             before 5.18 read op 5 as WRITE_SAME)
@@ -113,11 +125,11 @@ def bdev_rtrs_get_sessions(client, name=None):
     return client.call('bdev_rtrs_get_sessions', _drop_none({'name': name}))
 
 
-def bdev_rtrs_add_path(client, name, transport, dst_addr, port=None, src_addr=None):
-    """Add a path to the session of an rtrs bdev."""
+def bdev_rtrs_add_path(client, name, transport, dst_addr, port=None, src_addr=None, psk=None):
+    """Add a path to the session of an rtrs bdev (psk: a keyring key's name, tcp only)."""
     return client.call('bdev_rtrs_add_path', _drop_none({
         'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
-        'src_addr': src_addr}))
+        'src_addr': src_addr, 'psk': psk}))
 
 
 def bdev_rtrs_remove_path(client, name, transport, dst_addr, port=None, src_addr=None):
@@ -152,10 +164,11 @@ def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, ch
         'max_pending': max_pending, 'max_pending_per_source': max_pending_per_source}))
 
 
-def rtrs_target_listen(client, transport, addr, port=None):
-    """Start an RTRS listener."""
+def rtrs_target_listen(client, transport, addr, port=None, psk=None):
+    """Start an RTRS listener; with psk (a keyring key's name, tcp only) every client must
+    prove that key."""
     return client.call('rtrs_target_listen', _drop_none({
-        'transport': transport, 'addr': addr, 'port': port}))
+        'transport': transport, 'addr': addr, 'port': port, 'psk': psk}))
 
 
 def rtrs_target_stop_listener(client, transport, addr, port=None):
@@ -208,7 +221,7 @@ def rtrs_target_get_sessions(client):
 def spdk_rpc_plugin_initialize(subparsers):
     def _bdev_rtrs_create(args):
         try:
-            paths = [parse_path(p) for p in args.path]
+            paths = [parse_path(p, args.psk) for p in args.path]
         except ValueError as e:
             raise SystemExit("bdev_rtrs_create: --path: %s" % e)
         _print_json(bdev_rtrs_create(
@@ -225,9 +238,13 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-n', '--sessname', help='RTRS session name', required=True)
     p.add_argument('-d', '--device', help='Name of the device exported by the target', required=True)
     p.add_argument('-p', '--path', action='append', required=True,
-                   help='Path as transport:[src_addr@]dst_addr[:port], e.g. tcp:127.0.0.1:1234 '
-                        '(IPv6 in brackets: tcp:[::1]:1234; port defaults to %d). '
+                   help='Path as transport:[src_addr@]dst_addr[:port][,psk=NAME], e.g. '
+                        'tcp:127.0.0.1:1234 (IPv6 in brackets: tcp:[::1]:1234; port defaults '
+                        'to %d; psk=NAME: a key in SPDK\'s keyring authenticating this path). '
                         'Repeat for multipath.' % DEFAULT_PORT)
+    p.add_argument('-k', '--psk',
+                   help='Name of a key in SPDK\'s keyring (keyring_file_add_key) that '
+                        'authenticates every tcp path not naming its own')
     p.add_argument('-a', '--access-mode', choices=ACCESS_MODES,
                    help='Access mode. Default: rw')
     p.add_argument('-m', '--mp-policy', choices=MP_POLICIES,
@@ -241,7 +258,8 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-M', '--hb-missed-max', type=int,
                    help='Missed heartbeats before a path is dead. Default: 5')
     p.add_argument('-t', '--io-timeout-sec', type=int,
-                   help='Seconds IO waits for a path while none is connected. Default: 30')
+                   help='Seconds IO waits while the device is unreachable (no path, or '
+                        'not re-opened yet after a reconnect). Default: 30')
     p.add_argument('-z', '--write-zeroes', choices=WRITE_ZEROES_MODES,
                    help='How write-zeroes are sent: emulate (zero-filled writes, safe with every '
                         'target; default) or native (RNBD op 5: only for targets on Linux 6.8+ '
@@ -274,10 +292,13 @@ def spdk_rpc_plugin_initialize(subparsers):
 
     def _bdev_rtrs_add_path(args):
         bdev_rtrs_add_path(args.client, name=args.name, transport=args.transport,
-                           dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr)
+                           dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr,
+                           psk=args.psk)
 
     p = subparsers.add_parser('bdev_rtrs_add_path', help='Add a path to an rtrs bdev session')
     _path_args(p)
+    p.add_argument('-k', '--psk',
+                   help='Name of a key in SPDK\'s keyring that authenticates the path (tcp)')
     p.set_defaults(func=_bdev_rtrs_add_path)
 
     def _bdev_rtrs_remove_path(args):
@@ -331,10 +352,14 @@ def spdk_rpc_plugin_initialize(subparsers):
         p.add_argument('-s', '--port', type=int, help='Port. Default: %d' % DEFAULT_PORT)
 
     def _rtrs_target_listen(args):
-        rtrs_target_listen(args.client, transport=args.transport, addr=args.addr, port=args.port)
+        rtrs_target_listen(args.client, transport=args.transport, addr=args.addr, port=args.port,
+                           psk=args.psk)
 
     p = subparsers.add_parser('rtrs_target_listen', help='Start an RTRS listener')
     _listen_args(p)
+    p.add_argument('-k', '--psk',
+                   help='Name of a key in SPDK\'s keyring (keyring_file_add_key) every client '
+                        'must prove (tcp). Authenticates connections; data travels in clear')
     p.set_defaults(func=_rtrs_target_listen)
 
     def _rtrs_target_stop_listener(args):

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::policy::MpPolicy;
 use super::reconnect::ReconnectPolicy;
 use crate::common::HbConfig;
+use crate::fabric::Psk;
 use crate::proto::constants::CONNECT_TIMEOUT_MS;
 
 /// One path: an optional source address and the destination (the kernel's
@@ -95,9 +96,16 @@ pub struct ClientConfig {
     pub hb: HbConfig,
     /// While no path is connected, IO waits this long for one before failing with
     /// −ENOTCONN (beyond the kernel, like NVMe-oF's fast-io-fail timeout; 0 fails at once).
+    /// The RNBD client uses the same bound, counted from submission, for block IO whose
+    /// device is unreachable (no path, or not re-opened yet after a reconnect). 30 s.
     pub io_wait_timeout: Duration,
     /// Bound on each connection's establishment and on the INFO exchange (30 s).
     pub connect_timeout: Duration,
+    /// Pre-shared keys that authenticate paths over the tcp fabric
+    /// (`docs/tcp-fabric.md`, "Authentication"); a path not listed connects without a
+    /// key. A path whose authentication fails is closed without a reconnect. Default
+    /// none.
+    pub psks: Vec<(PathAddr, Psk)>,
 }
 
 impl ClientConfig {
@@ -113,7 +121,18 @@ impl ClientConfig {
             hb: HbConfig::default(),
             io_wait_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS),
+            psks: Vec::new(),
         }
+    }
+
+    /// Authenticates every path of [`ClientConfig::paths`] with `psk`.
+    pub fn set_psk(&mut self, psk: &Psk) {
+        self.psks = self.paths.iter().map(|&p| (p, psk.clone())).collect();
+    }
+
+    /// The key of path `addr`, if it has one.
+    pub fn psk_for(&self, addr: &PathAddr) -> Option<&Psk> {
+        self.psks.iter().find(|(p, _)| p == addr).map(|(_, k)| k)
     }
 
     /// The reconnect part of the configuration.

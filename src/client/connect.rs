@@ -10,11 +10,14 @@ use std::sync::atomic::Ordering;
 
 use super::ctl::{ns, Ctl, PathCtl, Phase};
 use super::reconnect::ReconnectStep;
+use super::refusal::{reject_kind, reject_reason, RejectKind};
 use super::shared::{CoreCmd, IoConn, Params};
 use super::state::PathState;
 use crate::common::{random_u64, Con, IuPool, LinkEvent};
 use crate::engine::Ctx;
-use crate::fabric::{Access, CmEvent, Conn, Fabric, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode};
+use crate::fabric::{
+    Access, CmEvent, Conn, Fabric, FabricError, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
+};
 use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{ConnAccept, ConnReq, ConnRsp, InfoReq, InfoRsp, RkeyRsp};
 
@@ -51,11 +54,12 @@ impl Ctl {
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
         let pd = self.conn_req(pc, 0);
-        match self.fabric.connect_from(
+        match self.fabric.connect_auth(
             pc.shared.addr.src,
             pc.shared.addr.dst,
             self.caps(true, 0),
             &pd,
+            pc.shared.psk.as_ref(),
         ) {
             Ok(cur) => {
                 pc.phase = Phase::Connecting {
@@ -65,13 +69,39 @@ impl Ctl {
                     deadline: now.saturating_add(ns(self.cfg.connect_timeout)),
                 };
             }
+            Err(e @ FabricError::AuthUnsupported { .. }) => {
+                self.path_refused(pc, 0, &e.to_string())
+            }
             Err(e) => self.connect_failed(pc, now, &format!("connect cid 0: {e}")),
         }
+    }
+
+    /// The path cannot connect as configured, and trying again would fail the same way
+    /// (authentication failed): it is closed without a reconnect, and the reason is kept
+    /// for the user ([`super::Session::path_failure`]) until a manual reconnect.
+    pub(super) fn path_refused(&mut self, pc: &mut PathCtl, cid: u16, why: &str) {
+        tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting cid {cid} failed: {why}; the path is closed (no reconnect)");
+        if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
+            cur.disconnect();
+            conns.iter_mut().for_each(Con::disconnect);
+        }
+        *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        pc.shared
+            .home
+            .reconnect_fail
+            .fetch_add(1, Ordering::Relaxed);
+        let _ = pc.shared.state.change(PathState::ConnectingErr);
+        self.close_now(pc);
     }
 
     /// The connect sequence failed: clean up and schedule the next attempt.
     pub(super) fn connect_failed(&mut self, pc: &mut PathCtl, now: u64, why: &str) {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting failed: {why}");
+        pc.refused = None;
+        *pc.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
         if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
@@ -145,12 +175,22 @@ impl Ctl {
                 self.connect_failed(
                     pc,
                     now,
-                    &format!("cid {cid}: server rejected the connection with errno {errno}"),
+                    &format!(
+                        "cid {cid}: target refused the connection: {}",
+                        reject_reason(errno)
+                    ),
                 );
+                if reject_kind(errno) == RejectKind::Permanent {
+                    pc.refused = Some(errno);
+                }
                 return true;
             }
             CmEvent::Error { reason } => {
                 self.connect_failed(pc, now, &format!("cid {cid}: {reason}"));
+                return true;
+            }
+            CmEvent::AuthFailed { reason } => {
+                self.path_refused(pc, cid, &reason);
                 return true;
             }
             CmEvent::Disconnected => {
@@ -216,13 +256,17 @@ impl Ctl {
             )
             .to_bytes()
             .expect("valid cid");
-            match self.fabric.connect_from(
+            match self.fabric.connect_auth(
                 pc.shared.addr.src,
                 pc.shared.addr.dst,
                 self.caps(false, a.queue_depth),
                 &req,
+                pc.shared.psk.as_ref(),
             ) {
                 Ok(c) => *cur = c,
+                Err(e @ FabricError::AuthUnsupported { .. }) => {
+                    self.path_refused(pc, next, &e.to_string())
+                }
                 Err(e) => self.connect_failed(pc, now, &format!("connect cid {next}: {e}")),
             }
             return true;
@@ -433,6 +477,11 @@ impl Ctl {
             });
         }
         pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        *pc.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        pc.refused = None;
         pc.reconnect.on_success();
         pc.shared.error.store(false, Ordering::Release);
         pc.hb.reset();

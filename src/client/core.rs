@@ -258,6 +258,12 @@ impl SessionCore {
         self.params.map_or(0, |p| p.max_io_size)
     }
 
+    /// How long a request waits for a path (the session's
+    /// [`io_wait_timeout`](super::ClientConfig::io_wait_timeout)).
+    pub fn io_wait_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.io_wait_ns)
+    }
+
     /// Largest user header (0 before the session first connected).
     pub fn max_usr_hdr(&self) -> u32 {
         self.params.map_or(0, |p| p.max_usr_hdr())
@@ -289,6 +295,15 @@ impl SessionCore {
         self.regions.retain(|m| m.lkey() != lkey);
     }
 
+    /// Why the target refused the session, if it did (see `Session::refusal`).
+    pub fn refusal(&self) -> Option<super::Refusal> {
+        self.sess
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Requests submitted here and not yet completed.
     pub fn outstanding(&self) -> u32 {
         self.permits.in_use()
@@ -300,10 +315,15 @@ impl SessionCore {
     /// [`SubmitError::Busy`] when this core's permits are all in use (retry after
     /// completions); `TooLarge`, `HeaderTooLarge`, `TooManySegments` for a request the
     /// session cannot carry; `NoPath` when the session is closed, has no path that may
-    /// come back, or has not connected yet (wait for the `Connected` link event).
+    /// come back, or has not connected yet (wait for the `Connected` link event);
+    /// `Refused` when it never connected and the target refused every path for good
+    /// ([`refusal`](Self::refusal) says why).
     pub fn submit(&mut self, cx: &mut dyn Ctx, io: ClientIo<'_>) -> Result<(), SubmitError> {
         let Some(p) = self.params else {
-            return Err(SubmitError::NoPath);
+            return Err(match self.refusal() {
+                Some(r) => SubmitError::Refused { errno: r.errno },
+                None => SubmitError::NoPath,
+            });
         };
         if self.sess.closed.load(Ordering::Acquire) {
             return Err(SubmitError::NoPath);

@@ -18,11 +18,12 @@ use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
 use super::reconnect::Reconnect;
+use super::refusal::Refusal;
 use super::shared::{Params, PathShared, SessCmd, SessShared};
 use super::state::PathState;
 use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
-use crate::fabric::{Conn, Fabric};
+use crate::fabric::{Conn, Fabric, Psk};
 use crate::proto::ConnAccept;
 
 /// The layer above (RNBD's client), told on the home core when the session gains its
@@ -85,6 +86,8 @@ pub(super) struct PathCtl {
     pub(super) hb: Heartbeat,
     pub(super) hb_next: u64,
     pub(super) phase: Phase,
+    /// The latest attempt was refused with this errno, which a retry will not change.
+    pub(super) refused: Option<i32>,
 }
 
 /// The home-core poller of a session.
@@ -129,8 +132,8 @@ impl Ctl {
         (self.sess.cores + 1) as u16
     }
 
-    /// Adds a path and starts connecting it.
-    pub(super) fn add_path(&mut self, addr: PathAddr, now: u64) {
+    /// Adds a path (authenticated with `psk`, if given) and starts connecting it.
+    pub(super) fn add_path(&mut self, addr: PathAddr, psk: Option<Psk>, now: u64) {
         let list = self.sess.path_list();
         if list.iter().any(|p| p.addr == addr) {
             tracing::warn!(sess = %self.sess.sessname, path = %addr, "add_path: path already exists");
@@ -140,7 +143,7 @@ impl Ctl {
             tracing::warn!(sess = %self.sess.sessname, path = %addr, "add_path: 128 paths already");
             return;
         };
-        let shared = Arc::new(PathShared::new(slot, addr, self.sess.cores));
+        let shared = Arc::new(PathShared::new(slot, addr, self.sess.cores, psk));
         self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(shared.clone());
         self.sess.live_paths.fetch_add(1, Ordering::AcqRel);
         let mut pc = PathCtl {
@@ -154,6 +157,7 @@ impl Ctl {
             hb: Heartbeat::from_config(&self.cfg.hb),
             hb_next: 0,
             phase: Phase::Idle,
+            refused: None,
         };
         self.start_connect(&mut pc, now);
         self.paths[slot] = Some(pc);
@@ -167,7 +171,7 @@ impl Ctl {
                 .position(|p| p.as_ref().is_some_and(|p| p.shared.addr == *a))
         };
         let (slot, then) = match cmd {
-            SessCmd::AddPath(a) => return self.add_path(a, now),
+            SessCmd::AddPath(a, psk) => return self.add_path(a, psk, now),
             SessCmd::SetMaxReconnectAttempts(n) => {
                 self.cfg.max_reconnect_attempts = n;
                 self.paths
@@ -200,6 +204,9 @@ impl Ctl {
             return;
         };
         pc.reconnect.reset();
+        if then == After::ReconnectNow {
+            *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         match (&pc.phase, then) {
             (Phase::Teardown { .. }, _) => pc.phase = Phase::Teardown { then },
             (Phase::Idle, After::ReconnectNow) => {
@@ -216,6 +223,35 @@ impl Ctl {
             _ => self.begin_teardown(cx, &mut pc, then),
         }
         self.paths[slot] = Some(pc);
+    }
+
+    /// The session is refused while it never connected and every path's latest attempt
+    /// was refused permanently (see [`super::refusal`]); lifted otherwise.
+    fn update_refusal(&mut self) {
+        let now = if self.params.is_some() {
+            None
+        } else {
+            let mut refused = Vec::new();
+            let mut all = true;
+            for pc in self.paths[..self.slots_hi].iter().flatten() {
+                match pc.refused {
+                    Some(e) => refused.push((pc.shared.addr, e)),
+                    None => all = false,
+                }
+            }
+            if all {
+                Refusal::of(&refused)
+            } else {
+                None
+            }
+        };
+        let mut cur = self.sess.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        if *cur != now {
+            if let Some(r) = &now {
+                tracing::warn!(sess = %self.sess.sessname, "{r}; requests fail until a path connects");
+            }
+            *cur = now;
+        }
     }
 
     pub(super) fn forget(&mut self, pc: &PathCtl) {
@@ -279,6 +315,9 @@ impl Poller for Ctl {
             } else {
                 self.paths[slot] = Some(pc);
             }
+        }
+        if busy {
+            self.update_refusal();
         }
         if self.sess.closed.load(Ordering::Acquire) && self.paths.iter().all(Option::is_none) {
             if let Some(id) = cx.current() {

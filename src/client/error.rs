@@ -48,4 +48,8 @@ pub enum SubmitError {
     /// within the wait, or the session is closed.
     #[error("no path of the session is connected or coming back")]
     NoPath,
+    /// The session never connected and the target refused every path for a reason a
+    /// retry will not change (`errno`, negative); `Session::refusal` says why.
+    #[error("the target refused the session (errno {errno})")]
+    Refused { errno: i32 },
 }

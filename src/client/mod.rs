@@ -31,7 +31,10 @@
 //!   no invalidation are path errors (PROTOCOL.md §9.6 "Add").
 //! - Opening never fails because a path cannot connect: the path retries under the
 //!   reconnect policy (the kernel fails the whole open), and the layer above learns of
-//!   the session's first connected path through [`ClientEvents`].
+//!   the session's first connected path through [`ClientEvents`]. When instead every
+//!   path of a session that never connected was refused for a reason a retry will not
+//!   change (ENOMEM, EPERM, ... in the REJ, see [`refusal`]), requests fail at once
+//!   with [`SubmitError::Refused`] and [`Session::refusal`] says why.
 //! - A path may create the server session (`first_conn`) whenever the session has no
 //!   connected path, so one unreachable first path does not keep the others out.
 //! - A path whose response came without remote invalidation gets a LOCAL_INV chained
@@ -56,6 +59,7 @@ pub mod permit;
 pub mod policy;
 pub mod reconnect;
 mod recovery;
+pub mod refusal;
 mod session;
 mod shared;
 pub mod state;
@@ -68,6 +72,7 @@ pub use ctl::ClientEvents;
 pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};
 pub use reconnect::{ReconnectPolicy, ReconnectStep};
+pub use refusal::Refusal;
 pub use session::{check_sessname, Session};
 pub use state::PathState;
 pub use stats::ClientStats;

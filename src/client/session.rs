@@ -16,12 +16,13 @@ use super::core::SessionCore;
 use super::ctl::{ClientEvents, Ctl};
 use super::error::ClientError;
 use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
+use super::refusal::Refusal;
 use super::shared::{SessCmd, SessShared};
 use super::state::PathState;
 use super::stats::{ClientStats, PathStats};
 use crate::common::random_uuid;
 use crate::engine::Ctx;
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, Psk};
 use crate::proto::constants::MAX_CID_NUM;
 
 /// A client session handle (cheap to clone, usable from any thread).
@@ -105,11 +106,15 @@ impl Session {
         let handles = (0..cores)
             .map(|c| SessionCore::new(c, shared.clone(), fabric.clone(), io_wait))
             .collect();
-        let paths = config.paths.clone();
+        let paths: Vec<_> = config
+            .paths
+            .iter()
+            .map(|p| (*p, config.psk_for(p).cloned()))
+            .collect();
         let mut ctl = Ctl::new(shared.clone(), fabric, config, events, random_uuid());
         let now = cx.now();
-        for p in paths {
-            ctl.add_path(p, now);
+        for (p, psk) in paths {
+            ctl.add_path(p, psk, now);
         }
         cx.register(Box::new(ctl));
         Ok((Session { sess: shared }, handles))
@@ -133,6 +138,30 @@ impl Session {
             .collect()
     }
 
+    /// Why the target refused the session, while it never connected and every path's
+    /// latest attempt was refused for a reason a retry will not change (requests then
+    /// fail at once; see [`super::refusal`]).
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.sess
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every path that is not connected, with why its latest connection attempt failed
+    /// (paths still on their first attempt are left out).
+    pub fn path_errors(&self) -> Vec<(PathAddr, String)> {
+        self.sess
+            .path_list()
+            .iter()
+            .filter_map(|p| {
+                let e = p.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                e.clone().map(|e| (p.addr, e))
+            })
+            .collect()
+    }
+
     /// State of one path, if it is part of the session.
     pub fn path_state(&self, addr: PathAddr) -> Option<PathState> {
         self.sess
@@ -140,6 +169,15 @@ impl Session {
             .iter()
             .find(|p| p.addr == addr)
             .map(|p| p.state.get())
+    }
+
+    /// Why a path was closed for good without a reconnect (a failed authentication:
+    /// the same keys would fail the same way), until a manual reconnect.
+    pub fn path_failure(&self, addr: PathAddr) -> Option<String> {
+        let list = self.sess.path_list();
+        let p = list.iter().find(|p| p.addr == addr)?;
+        let f = p.failure.lock().unwrap_or_else(|e| e.into_inner());
+        f.clone()
     }
 
     pub fn policy(&self) -> MpPolicy {
@@ -151,9 +189,14 @@ impl Session {
         self.sess.policy.set(p);
     }
 
-    /// Adds a path at runtime (sysfs `add_path`).
+    /// Adds a path at runtime (sysfs `add_path`), without a key.
     pub fn add_path(&self, addr: PathAddr) {
-        self.sess.to_home.push(SessCmd::AddPath(addr));
+        self.sess.to_home.push(SessCmd::AddPath(addr, None));
+    }
+
+    /// Adds a path at runtime, authenticated with `psk` (tcp fabric) when given.
+    pub fn add_path_psk(&self, addr: PathAddr, psk: Option<Psk>) {
+        self.sess.to_home.push(SessCmd::AddPath(addr, psk));
     }
 
     /// Tears a path down and forgets it (sysfs `remove_path`); its IO fails over.

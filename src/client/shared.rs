@@ -15,9 +15,11 @@ use crossbeam_queue::SegQueue;
 
 use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};
+use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats};
 use crate::common::{Con, IuPool};
+use crate::fabric::Psk;
 use crate::proto::ImmLayout;
 
 /// Session limits learnt from the first connection's conn_rsp.
@@ -56,19 +58,29 @@ pub struct PathShared {
     pub home: HomeStats,
     /// Per core.
     pub core_stats: Vec<CoreStats>,
+    /// The key that authenticates the path's connections (tcp fabric), if any.
+    pub psk: Option<Psk>,
+    /// Why the path was closed for good without a reconnect (a failed authentication),
+    /// until a manual reconnect.
+    pub failure: Mutex<Option<String>>,
+    /// Why the latest connection attempt failed (`None` once connected).
+    pub last_error: Mutex<Option<String>>,
 }
 
 impl PathShared {
-    pub fn new(slot: usize, addr: PathAddr, cores: usize) -> PathShared {
+    pub fn new(slot: usize, addr: PathAddr, cores: usize, psk: Option<Psk>) -> PathShared {
         PathShared {
             slot,
             addr,
+            psk,
+            failure: Mutex::new(None),
             state: PathStateCell::new(PathState::Connecting),
             error: AtomicBool::new(false),
             rx_seen: AtomicBool::new(false),
             acks: AtomicUsize::new(0),
             home: HomeStats::default(),
             core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
+            last_error: Mutex::new(None),
         }
     }
 
@@ -101,7 +113,7 @@ pub enum CoreCmd {
 /// Any thread → home core.
 #[derive(Debug)]
 pub enum SessCmd {
-    AddPath(PathAddr),
+    AddPath(PathAddr, Option<Psk>),
     RemovePath(PathAddr),
     Disconnect(PathAddr),
     Reconnect(PathAddr),
@@ -127,6 +139,8 @@ pub struct SessShared {
     pub closed: AtomicBool,
     /// Paths connected right now.
     pub paths_up: AtomicU32,
+    /// Set while the session never connected and every path was refused permanently.
+    pub refusal: Mutex<Option<Refusal>>,
 }
 
 impl SessShared {
@@ -143,6 +157,7 @@ impl SessShared {
             params: Mutex::new(None),
             closed: AtomicBool::new(false),
             paths_up: AtomicU32::new(0),
+            refusal: Mutex::new(None),
         }
     }
 

@@ -77,12 +77,21 @@
 //! Private data arrives zero-padded to the length the transport carries, never shorter
 //! than what was sent.
 //!
+//! **Authentication** (optional). [`Fabric::listen_auth`] and [`Fabric::connect_auth`]
+//! take a pre-shared key ([`Psk`]); a connection between a listener and an initiator
+//! that hold the same key is established as usual, any other combination (different
+//! keys, a key on one side only) ends in [`CmEvent::AuthFailed`] on the initiator and
+//! never reaches the listener's application. A backend that cannot authenticate refuses
+//! a key with [`FabricError::AuthUnsupported`] (only `tcp` can).
+//!
 //! **Threads.** A connection is polled and posted to by one thread at a time (it is
 //! `Send`, not `Sync`); registrations ([`Mr`], [`FastMr`]) may be used from any thread.
 //! Peers may live on different threads.
 
 pub mod admission;
+mod error;
 pub mod mem;
+pub mod psk;
 pub mod soft;
 
 pub mod loopback;
@@ -93,7 +102,9 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use admission::Admission;
+pub use error::{FabricError, PostError, PostErrorKind};
 pub use mem::{FastMr, MemBuf, Mr};
+pub use psk::{Psk, PskError};
 
 /// Largest private data carried on a connect request, accept or reject (as RDMA CM over
 /// InfiniBand: 56 bytes; RTRS's conn_req and conn_rsp are exactly this long).
@@ -347,6 +358,10 @@ pub enum CmEvent {
     Disconnected,
     /// Establishment failed (address unreachable, refused, timed out).
     Error { reason: String },
+    /// Establishment failed because the peers did not authenticate each other (a
+    /// different key, a key on one side only). Retrying with the same keys fails the
+    /// same way. The reason says "authentication failed" and nothing of what was wrong.
+    AuthFailed { reason: String },
 }
 
 /// State of a connection as the connection manager sees it.
@@ -429,23 +444,54 @@ pub trait Fabric: Send + Sync {
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
 
     /// [`Fabric::listen`] with the limits on connections still in their handshake
-    /// ([`Admission`]). A backend that keeps such connections itself applies them (tcp:
-    /// sockets whose connect request is not complete); one whose requests arrive whole
-    /// (verbs, where `rdma_cm` runs the handshake, and loopback) has nothing pending and
-    /// listens as [`Fabric::listen`] does.
+    /// ([`Admission`]) and, with `psk`, requiring every initiator to prove that key. A
+    /// backend that keeps such connections itself applies the limits (tcp: sockets whose
+    /// connect request is not complete); one whose requests arrive whole (verbs, where
+    /// `rdma_cm` runs the handshake, and loopback) has nothing pending and listens as
+    /// [`Fabric::listen`] does. A backend that cannot authenticate refuses a key.
     ///
     /// # Errors
-    /// As [`Fabric::listen`]; [`FabricError::Listen`] for limits out of range.
-    fn listen_with(
+    /// As [`Fabric::listen`]; [`FabricError::Listen`] for limits out of range;
+    /// [`FabricError::AuthUnsupported`] with a key on a backend that cannot authenticate.
+    fn listen_config(
         &self,
         addr: SocketAddr,
         admission: &Admission,
+        psk: Option<Psk>,
     ) -> Result<Box<dyn Listener>, FabricError> {
         admission.validate().map_err(|e| FabricError::Listen {
             addr,
             reason: format!("admission limits: {e}"),
         })?;
-        self.listen(addr)
+        match psk {
+            None => self.listen(addr),
+            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
+        }
+    }
+
+    /// [`Fabric::listen_config`] without a key.
+    ///
+    /// # Errors
+    /// As [`Fabric::listen_config`].
+    fn listen_with(
+        &self,
+        addr: SocketAddr,
+        admission: &Admission,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        self.listen_config(addr, admission, None)
+    }
+
+    /// [`Fabric::listen_config`] with the default [`Admission`], requiring every
+    /// initiator to prove `psk` (none: no authentication, the same as [`Fabric::listen`]).
+    ///
+    /// # Errors
+    /// As [`Fabric::listen_config`].
+    fn listen_auth(
+        &self,
+        addr: SocketAddr,
+        psk: Option<Psk>,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        self.listen_config(addr, &Admission::default(), psk)
     }
 
     /// Starts connecting to `dst` from `src` (an address of this host to bind first; port
@@ -463,6 +509,27 @@ pub trait Fabric: Send + Sync {
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError>;
+
+    /// [`Fabric::connect_from`], proving `psk` to the listener and requiring the same
+    /// proof from it (none: no authentication, the same as [`Fabric::connect_from`]).
+    ///
+    /// # Errors
+    /// As [`Fabric::connect_from`]; [`FabricError::AuthUnsupported`] with a key on a
+    /// backend that cannot authenticate. A failed authentication comes later, as
+    /// [`CmEvent::AuthFailed`].
+    fn connect_auth(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        match psk {
+            None => self.connect_from(src, dst, caps, private_data),
+            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
+        }
+    }
 
     /// [`Fabric::connect_from`] with the source chosen by the system.
     ///
@@ -567,54 +634,6 @@ pub trait PendingConn: Send {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError>;
     fn reject(self: Box<Self>, private_data: PrivateData);
-}
-
-/// Why a post was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PostErrorKind {
-    /// The send or receive queue is full; poll and retry.
-    QueueFull,
-    /// More SGEs than the connection's `max_send_sge`, or SGEs on a request that takes none.
-    TooManySge,
-    /// The connection is not (or no longer) connected.
-    NotConnected,
-    /// The request itself is malformed (for example a bind longer than the backend allows).
-    Invalid,
-    /// Fault injection refused the post (loopback only).
-    Injected,
-}
-
-/// A refused post: which request of the chain, and why. Requests before `index` were
-/// accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("post refused at work request {index}: {kind:?}")]
-pub struct PostError {
-    pub index: usize,
-    pub kind: PostErrorKind,
-}
-
-/// Errors of fabric set-up operations (registration, listen, connect, accept).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FabricError {
-    #[error("no RDMA device found{0}")]
-    NoDevice(String),
-    #[error("memory registration of {len} bytes failed: {reason}")]
-    Register { len: usize, reason: String },
-    #[error("listen on {addr} failed: {reason}")]
-    Listen { addr: SocketAddr, reason: String },
-    #[error("connect to {addr} failed: {reason}")]
-    Connect { addr: SocketAddr, reason: String },
-    #[error("accept failed: {reason}")]
-    Accept { reason: String },
-    #[error("private data of {len} bytes exceeds the {max}-byte limit", max = PRIVATE_DATA_LEN)]
-    PrivateDataTooLong { len: usize },
-    #[error("{call} failed: {source}")]
-    Os {
-        call: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 #[cfg(test)]

@@ -28,7 +28,11 @@
 //! - The RTRS client keeps IO while no path is up, so requests built with a device id
 //!   of the old server session can be re-sent after a reconnect. The client re-opens
 //!   its devices (which may get other ids) only once none of them is in flight, so an
-//!   old id never reaches a device it did not mean; they fail with −ENOTCONN instead.
+//!   old id never reaches a device it did not mean: the new server session answers it
+//!   with −ENOTCONN. The RNBD client then keeps such a request, like one submitted while
+//!   the device is unreachable, and sends it again with the device's new id once it is
+//!   re-opened; only a request still waiting `io_wait_timeout` after its submission
+//!   fails (`client::IoError::Unreachable` says why).
 
 pub mod backend;
 pub mod client;

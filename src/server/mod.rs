@@ -51,7 +51,7 @@ pub use handler::{DataArea, IoId, Responder, ServerHandler, SessionId, SrvIo, Sr
 pub use stats::{PathStats, ServerStats, SessionStats};
 
 use crate::engine::{Ctx, Engine, Msg};
-use crate::fabric::{Admission, Fabric, FabricError};
+use crate::fabric::{Admission, Fabric, FabricError, Psk};
 use crate::proto::constants::{
     DEFAULT_MAX_CHUNK_SIZE, DEFAULT_MAX_HDR_SIZE, DEFAULT_SESS_QUEUE_DEPTH, MIN_CHUNK_SIZE,
 };
@@ -91,6 +91,9 @@ pub struct ServerConfig {
     /// Where session chunk pools come from (default: the heap). The SPDK target sets
     /// an allocator of SPDK DMA memory.
     pub chunk_alloc: ChunkAllocator,
+    /// The pre-shared key every client must prove on connect (tcp fabric,
+    /// `docs/tcp-fabric.md`, "Authentication"); default none.
+    pub psk: Option<Psk>,
 }
 
 impl Default for ServerConfig {
@@ -104,6 +107,7 @@ impl Default for ServerConfig {
             max_pending_sessions: 256,
             admission: Admission::default(),
             chunk_alloc: ChunkAllocator::default(),
+            psk: None,
         }
     }
 }
@@ -235,7 +239,7 @@ impl Server {
         let mut listeners = Vec::with_capacity(listen.len());
         for &addr in listen {
             let l = fabric
-                .listen_with(addr, &config.admission)
+                .listen_config(addr, &config.admission, config.psk.clone())
                 .map_err(|source| ServerError::Listen { addr, source })?;
             listeners.push(l);
         }

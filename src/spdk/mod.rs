@@ -8,6 +8,7 @@
 //!   inside SPDK), so exported bdevs doing DMA can use them.
 //! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
 //!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
+//! - [`keyring`]: pre-shared keys by name from SPDK's keyring (`keyring_file_add_key`).
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
 //!   entries written back, and the pending [`RpcRequest`](json::RpcRequest).
 //! - [`log`]: `tracing` events into SPDK's log.
@@ -19,6 +20,7 @@ pub mod bdev;
 pub mod dma;
 pub mod driver;
 pub mod json;
+pub mod keyring;
 pub mod log;
 pub mod sys;
 pub mod thread;

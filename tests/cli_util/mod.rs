@@ -22,6 +22,13 @@ impl Kid {
         self.0.as_ref().expect("child").id()
     }
 
+    /// SIGKILL, and reaps it.
+    pub fn kill(&mut self) {
+        let mut c = self.0.take().expect("child");
+        c.kill().expect("SIGKILL");
+        let _ = c.wait();
+    }
+
     /// Waits at most `limit` for the exit; kills it after that and panics.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let start = Instant::now();
@@ -88,30 +95,28 @@ impl TargetProc {
 /// from the ready line) on core 0, sleeping when idle. Its stderr is collected in
 /// [`TargetProc::log`] (and copied to the test's stderr with `CLI_TEST_LOG` set).
 pub fn start_target(exports: &[&str], extra: &[&str]) -> TargetProc {
-    spawn_target(exports, extra, false)
+    spawn_target("tcp://127.0.0.1:0", exports, extra, false)
+}
+
+/// As [`start_target`], listening on `listen` (`tcp://127.0.0.1:PORT`).
+pub fn start_target_at(listen: &str, exports: &[&str], extra: &[&str]) -> TargetProc {
+    spawn_target(listen, exports, extra, false)
 }
 
 /// [`start_target`] with the target at its default log level (`RUST_LOG` is not passed
 /// on); returns the collected log as well.
 pub fn start_target_logged(exports: &[&str], extra: &[&str]) -> (TargetProc, Arc<Mutex<String>>) {
-    let t = spawn_target(exports, extra, true);
+    let t = spawn_target("tcp://127.0.0.1:0", exports, extra, true);
     let log = Arc::clone(&t.log);
     (t, log)
 }
 
-fn spawn_target(exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
+fn spawn_target(listen: &str, exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
     let mut cmd = Command::new(TARGET);
     if default_log {
         cmd.env_remove("RUST_LOG");
     }
-    cmd.args([
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "-m",
-        "0x1",
-        "--idle",
-        "adaptive",
-    ]);
+    cmd.args(["--listen", listen, "-m", "0x1", "--idle", "adaptive"]);
     for e in exports {
         cmd.args(["--export", e]);
     }
@@ -171,6 +176,11 @@ fn spawn_target(exports: &[&str], extra: &[&str], default_log: bool) -> TargetPr
 
 /// Runs a binary to its end (bounded by [`LIMIT`]; killed after it).
 pub fn run(bin: &str, args: &[&str]) -> Output {
+    run_within(bin, args, LIMIT)
+}
+
+/// Runs a binary to its end; killed after `limit`, and then the test fails.
+pub fn run_within(bin: &str, args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
@@ -191,7 +201,7 @@ pub fn run(bin: &str, args: &[&str]) -> Output {
         v
     });
     let mut kid = Kid(Some(child));
-    let status = kid.wait(LIMIT);
+    let status = kid.wait(limit);
     Output {
         status,
         stdout: t1.join().expect("stdout reader"),

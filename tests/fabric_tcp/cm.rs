@@ -88,8 +88,10 @@ fn connect_to_a_closed_port_is_an_error_event() {
     }
 }
 
+/// A version-1 CM_REQ whose version byte says `version`.
 pub(crate) fn cm_req_bytes(version: u8) -> Vec<u8> {
     let mut f = frame::cm_frame(
+        frame::V1,
         Opcode::CmReq,
         &CmPayload::new(RejectReason::None, PrivateData::new(b"raw").unwrap()),
     )
@@ -105,7 +107,7 @@ fn unknown_version_is_rejected_at_connect() {
     // A future initiator: the listener answers CM_REJ "unsupported version" by itself.
     let mut raw = TcpStream::connect(l.local_addr()).unwrap();
     raw.set_nonblocking(true).unwrap();
-    raw.write_all(&cm_req_bytes(2)).unwrap();
+    raw.write_all(&cm_req_bytes(3)).unwrap();
     let mut got = Vec::new();
     until("the version rejection and EOF", || {
         assert!(
@@ -124,15 +126,16 @@ fn unknown_version_is_rejected_at_connect() {
         }
     });
     assert_eq!(got.len(), frame::CM_FRAME_LEN);
-    let h = Header::decode(got[..frame::HEADER_LEN].try_into().unwrap()).unwrap();
+    // The answer is a version-1 frame, which every build reads.
+    let h = Header::decode_as(got[..frame::HEADER_LEN].try_into().unwrap(), frame::V1).unwrap();
     assert_eq!(h.opcode, Opcode::CmRej);
     let p = CmPayload::decode(got[frame::HEADER_LEN..].try_into().unwrap()).unwrap();
     assert_eq!(
         (p.reason, p.max_version),
-        (RejectReason::UnsupportedVersion, 1)
+        (RejectReason::UnsupportedVersion, 2)
     );
 
-    // A future acceptor answering in version 2: the initiator reports a clear error.
+    // A future acceptor answering in version 3: the initiator reports a clear error.
     let fake = std::net::TcpListener::bind(localhost()).unwrap();
     let cf = TcpFabric::new();
     let mut c = cf
@@ -148,16 +151,17 @@ fn unknown_version_is_rejected_at_connect() {
         (r.ok() == Some(frame::CM_FRAME_LEN)).then_some(())
     });
     let mut rep = frame::cm_frame(
+        frame::V1,
         Opcode::CmRep,
         &CmPayload::new(RejectReason::None, PrivateData::empty()),
     );
-    rep[4] = 2;
+    rep[4] = 3;
     peer.set_nonblocking(false).unwrap();
     peer.write_all(&rep).unwrap();
     match until("the version error", || c.poll_cm()) {
         CmEvent::Error { reason } => {
             assert!(
-                reason.contains("version 2") && reason.contains("version 1"),
+                reason.contains("frame version 3") && reason.contains("versions 1 to 2"),
                 "{reason}"
             )
         }

@@ -127,7 +127,7 @@ fn disconnect_mid_transfer_flushes_everything() {
     );
 }
 
-/// A raw peer that completes the handshake by hand.
+/// A raw peer that completes a version-1 (unauthenticated) handshake by hand.
 fn raw_client(l: &mut Box<dyn Listener>) -> (TcpStream, Box<dyn Conn>) {
     let mut raw = TcpStream::connect(l.local_addr()).unwrap();
     raw.write_all(&super::cm::cm_req_bytes(1)).unwrap();
@@ -137,7 +137,7 @@ fn raw_client(l: &mut Box<dyn Listener>) -> (TcpStream, Box<dyn Conn>) {
     raw.set_read_timeout(Some(DEADLINE)).unwrap();
     raw.read_exact(&mut rep).unwrap();
     assert_eq!(
-        Header::decode(rep[..frame::HEADER_LEN].try_into().unwrap())
+        Header::decode_as(rep[..frame::HEADER_LEN].try_into().unwrap(), frame::V1)
             .unwrap()
             .opcode,
         Opcode::CmRep
@@ -218,11 +218,11 @@ fn hostile_peers_are_closed_and_the_listener_keeps_serving() {
         seq: 1,
         ..Header::new(Opcode::RdmaWrite)
     };
-    raw.write_all(&h.to_bytes()).unwrap();
+    raw.write_all(&h.to_bytes_as(frame::V1)).unwrap();
     raw.write_all(&[0; 1024]).unwrap();
     let (got, _) = read_to_end_bounded(&mut raw, &mut s);
     assert_eq!(got.len(), frame::HEADER_LEN, "exactly one NAK frame");
-    let nak = Header::decode(got[..].try_into().unwrap()).unwrap();
+    let nak = Header::decode_as(got[..].try_into().unwrap(), frame::V1).unwrap();
     assert_eq!(
         (nak.opcode, nak.seq, nak.nak_status()),
         (Opcode::Nak, 1, WcStatus::RemoteAccess)
@@ -235,9 +235,9 @@ fn hostile_peers_are_closed_and_the_listener_keeps_serving() {
         seq: 5,
         ..Header::new(Opcode::RdmaWrite)
     };
-    raw.write_all(&h.to_bytes()).unwrap();
+    raw.write_all(&h.to_bytes_as(frame::V1)).unwrap();
     let (got, _) = read_to_end_bounded(&mut raw, &mut s);
-    let nak = Header::decode(got[..frame::HEADER_LEN].try_into().unwrap()).unwrap();
+    let nak = Header::decode_as(got[..frame::HEADER_LEN].try_into().unwrap(), frame::V1).unwrap();
     assert_eq!((nak.opcode, nak.seq), (Opcode::Nak, 5));
 
     // And the listener still serves real clients.

@@ -292,23 +292,37 @@ pub fn run(
     dev: &str,
     rounds: u32,
 ) -> (Vec<String>, Option<String>) {
-    let sessname = sessname.to_string();
+    let paths = addrs
+        .iter()
+        .map(|&dst| PathAddr {
+            src: src.map(|ip| SocketAddr::new(ip, 0)),
+            dst,
+        })
+        .collect();
+    run_with(
+        engine,
+        fabric,
+        ClientConfig::new(sessname, paths),
+        dev,
+        rounds,
+    )
+}
+
+/// [`run`] with a client configuration of the caller's (paths, keys, ...).
+pub fn run_with(
+    engine: &Engine,
+    fabric: &Arc<dyn Fabric>,
+    cfg: ClientConfig,
+    dev: &str,
+    rounds: u32,
+) -> (Vec<String>, Option<String>) {
     let (tx, rx) = mpsc::channel();
     let flags = Arc::new(Flags::default());
     let (f, tx0, fl) = (Arc::clone(fabric), tx.clone(), Arc::clone(&flags));
     let (stx, srx) = mpsc::channel();
     let open_name = dev.to_string();
-    let addrs = addrs.to_vec();
     let start = Msg::new(move |cx: &mut dyn Ctx| {
         let links = LinkListener::new();
-        let paths = addrs
-            .iter()
-            .map(|&dst| PathAddr {
-                src: src.map(|ip| SocketAddr::new(ip, 0)),
-                dst,
-            })
-            .collect();
-        let cfg = ClientConfig::new(sessname, paths);
         let (session, mut cores) =
             Session::open(cx, Arc::clone(&f), cfg, Box::new(links.clone())).expect("session open");
         let reg = |len: usize| {

@@ -54,8 +54,6 @@ pub struct Task {
     pub io: *mut sys::spdk_bdev_io,
     /// The channel the completion goes back to.
     chan: *const ChanShared,
-    /// Until when (ns) the request may wait for an unreachable device.
-    pub deadline: u64,
     pub req: BlockRequest,
     nsge: usize,
     sgl: [Sge; TASK_SGES],
@@ -432,7 +430,6 @@ unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
             return;
         }
     };
-    let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
     // SAFETY: the IO's driver_ctx is `task_size()` bytes, ours until completion.
     let task = unsafe { (*io).driver_ctx.as_mut_ptr().cast::<MaybeUninit<Task>>() };
     // SAFETY: as above; written before any read.
@@ -440,7 +437,6 @@ unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
         (*task).write(Task {
             io,
             chan: ctx.me(),
-            deadline: now_ns().saturating_add(wait),
             req,
             nsge: 0,
             sgl: [Sge::default(); TASK_SGES],

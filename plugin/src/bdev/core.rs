@@ -13,10 +13,11 @@
 //! poller. The IO of channels that do not own their core's port goes through the slot's
 //! queue, which every owner pumps.
 //!
-//! IO that finds the device unreachable (no path, reconnecting, re-open pending: −ENOTCONN
-//! or −ECONNRESET) is not failed at once: it is parked here and retried every
-//! millisecond until its deadline (`io_timeout_sec` after submission), like NVMe-oF's
-//! controller-loss timeout; the session below waits the same way for a path.
+//! IO that finds the device unreachable (no path, reconnecting, re-open pending) is not
+//! failed at once: the library's RNBD client keeps it and sends it again once the device
+//! is re-opened, up to `io_timeout_sec` after submission (the session's
+//! `io_wait_timeout`), like NVMe-oF's controller-loss timeout. A port only retries
+//! requests the session had no free permit for.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,15 +35,6 @@ const BATCH: usize = 64;
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
 /// bdev_rtrs_create waits at least this long (seconds) for the session and OPEN.
 pub const OPEN_WAIT_MIN_S: u64 = 5;
-/// How often IO waiting for the device to come back is tried again.
-const STALL_RETRY_NS: u64 = 1_000_000;
-
-/// Whether a request that failed with `errno` may succeed once the device is reachable
-/// again: no path (−ENOTCONN from the session or from a server session that lost the
-/// device in a reconnect), a queue-depth change (−ECONNRESET).
-fn unreachable_errno(errno: i32) -> bool {
-    errno == -libc::ENOTCONN || errno == -libc::ECONNRESET || errno == -libc::ECONNABORTED
-}
 
 /// Where core `k`'s port is when no one polls it, and the IO of channels that do not
 /// own it.
@@ -139,9 +131,6 @@ pub struct PortState {
     port: Port,
     /// Tasks not accepted yet (no free permit): tried again on every poll.
     retry: VecDeque<usize>,
-    /// Tasks that found the device unreachable: tried again every `STALL_RETRY_NS`.
-    stalled: VecDeque<usize>,
-    stall_next: u64,
     comps: Vec<PortCompletion>,
     /// Completions taken from the port in this poll.
     reaped: Vec<(usize, i32)>,
@@ -185,8 +174,6 @@ impl PortState {
             dev,
             port,
             retry: VecDeque::with_capacity(1024),
-            stalled: VecDeque::new(),
-            stall_next: 0,
             comps: vec![PortCompletion::default(); BATCH],
             reaped: Vec::with_capacity(BATCH),
             mine: Vec::with_capacity(256),
@@ -218,33 +205,15 @@ impl PortState {
                 false
             }
             Err(e) => {
-                if !unreachable_errno(e.errno()) {
-                    self.disk.log_io_error(&e);
-                }
-                self.finish(cx.now(), task, e.errno(), owner);
+                self.disk.log_io_error(&e);
+                self.finish(task, e.errno(), owner);
                 true
             }
         }
     }
 
-    /// A request is over: hand it back, or park it if the device may come back in time.
-    fn finish(&mut self, now: u64, task: usize, errno: i32, owner: *const ChanShared) {
-        if errno != 0 && unreachable_errno(errno) && !self.disk.closing() {
-            // SAFETY: as in `send`.
-            let t = unsafe { &*(task as *const Task) };
-            if now < t.deadline {
-                if self.stalled.is_empty() {
-                    self.stall_next = now + STALL_RETRY_NS;
-                }
-                self.stalled.push_back(task);
-                return;
-            }
-            self.disk.log_io_error(&format!(
-                "device not reachable within io_timeout_sec = {} s ({})",
-                self.disk.params.io_timeout_sec,
-                super::disk::errno_str(errno)
-            ));
-        }
+    /// A request is over: hand it back to its channel.
+    fn finish(&mut self, task: usize, errno: i32, owner: *const ChanShared) {
         // SAFETY: `task` is live and finished once, here.
         let chan = unsafe { (*(task as *const Task)).chan() };
         if std::ptr::eq(chan, owner) {
@@ -258,15 +227,6 @@ impl PortState {
     /// Sends waiting tasks until the session has no free permit.
     fn pump(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
         self.disk.slot(self.core).take_queued(&mut self.retry);
-        if !self.stalled.is_empty() {
-            let now = cx.now();
-            if now >= self.stall_next || self.disk.closing() {
-                // Retried before the newer ones; each goes back here if still unreachable.
-                while let Some(t) = self.stalled.pop_back() {
-                    self.retry.push_front(t);
-                }
-            }
-        }
         let mut busy = false;
         while let Some(task) = self.retry.pop_front() {
             // Retried tasks must not cycle back into `retry` within one pump.
@@ -320,10 +280,9 @@ impl PortState {
         let mut busy = self.pump(cx, owner);
         busy |= self.reap(cx);
         if !self.reaped.is_empty() {
-            let now = cx.now();
             let mut reaped = std::mem::take(&mut self.reaped);
             for &(task, errno) in &reaped {
-                self.finish(now, task, errno, owner);
+                self.finish(task, errno, owner);
             }
             reaped.clear();
             self.reaped = reaped;
@@ -342,11 +301,30 @@ impl PortState {
         };
         let now = cx.now();
         if let Phase::Opening(deadline) = h.phase {
-            if deadline <= now && !self.disk.closing() {
-                self.disk.open_failed(&format!(
-                    "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5)",
-                    self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S)
-                ));
+            if !self.disk.closing() {
+                if let Some(why) = self.disk.refused() {
+                    // Every path refused for good: waiting cannot help.
+                    self.disk.open_failed(&why);
+                } else if deadline <= now {
+                    // What the paths ran into, so the answer says more than "timed out".
+                    let last: Vec<String> = self
+                        .disk
+                        .session()
+                        .map(|s| s.path_errors())
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|(p, e)| format!("{p}: {e}"))
+                        .collect();
+                    self.disk.open_failed(&format!(
+                        "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
+                        self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
+                        if last.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; latest attempts: {}", last.join("; "))
+                        }
+                    ));
+                }
             }
         }
         match h.phase {

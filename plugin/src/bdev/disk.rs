@@ -18,16 +18,16 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use rtrs_spdk::client::{MpPolicy, Session};
+use rtrs_spdk::client::{MpPolicy, PathAddr, Session};
 use rtrs_spdk::engine::Ctx;
-use rtrs_spdk::fabric::{Access, MemBuf};
+use rtrs_spdk::fabric::{Access, MemBuf, Psk};
 use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdClientConfig, RnbdCore};
 use rtrs_spdk::spdk::{app_cores, Driver, RpcRequest, SpdkThread};
 use serde_json::{json, Value};
 
 use super::channel::{self, ChanShared};
 use super::core::{CorePoller, CoreSlot, PortState};
-use super::params::{access_name, CreateParams, PathParam};
+use super::params::{access_name, path_keys, CreateParams, PathParam};
 use super::{client_fabric, fn_table, registry, ClientFabric};
 
 /// Period (µs) of the disk's own pollers (see [`make_driver`]).
@@ -38,6 +38,8 @@ pub struct Disk {
     pub params: CreateParams,
     /// Paths as they are now (add/remove_path), for config_json and get_sessions.
     pub paths: Mutex<Vec<PathParam>>,
+    /// The keys of the paths created with one (read from the keyring at create).
+    psks: Vec<(PathAddr, Psk)>,
     fabric: Arc<ClientFabric>,
     driver: Arc<Driver>,
     cpus: Vec<u32>,
@@ -262,6 +264,14 @@ impl Disk {
         }
     }
 
+    /// Why no path can ever connect as configured, when every path of the session was
+    /// refused for good (authentication failed).
+    pub fn refused(&self) -> Option<String> {
+        let s = self.session.get()?;
+        let why: Option<Vec<String>> = s.paths().iter().map(|(a, _)| s.path_failure(*a)).collect();
+        why.filter(|w| !w.is_empty()).map(|w| w.join("; "))
+    }
+
     pub fn policy(&self) -> MpPolicy {
         self.session
             .get()
@@ -284,7 +294,13 @@ impl Disk {
         let paths: Vec<Value> = self.session.get().map_or_else(Vec::new, |s| {
             s.paths()
                 .into_iter()
-                .map(|(a, st)| json!({"path": a.to_string(), "state": st.name()}))
+                .map(|(a, st)| {
+                    let mut p = json!({"path": a.to_string(), "state": st.name()});
+                    if let Some(f) = s.path_failure(a) {
+                        p["failure"] = json!(f);
+                    }
+                    p
+                })
                 .collect()
         });
         let state = if self.closing() {
@@ -439,6 +455,10 @@ pub fn create(req: RpcRequest, params: CreateParams) {
         ));
         return;
     }
+    let psks = match path_keys(&params.paths, |i| format!("paths[{i}].")) {
+        Ok(k) => k,
+        Err(e) => return req.invalid(&format!("{M}: {e}")),
+    };
     // All paths use paths[0]'s transport (params checked it); open its fabric.
     let transport = params.paths[0].transport;
     let fabric = match client_fabric(transport) {
@@ -467,6 +487,7 @@ pub fn create(req: RpcRequest, params: CreateParams) {
         .collect();
     let disk = Arc::new(Disk {
         paths: Mutex::new(params.paths.clone()),
+        psks,
         params,
         fabric,
         driver: Arc::clone(&driver),
@@ -500,7 +521,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
     let (session, cores) = match Session::open(
         cx,
         Arc::clone(&fabric),
-        disk.params.client_config(),
+        disk.params.client_config(disk.psks.clone()),
         Box::new(links.clone()),
     ) {
         Ok(x) => x,

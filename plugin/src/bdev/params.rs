@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use rtrs_spdk::client::{check_sessname, ClientConfig, HbConfig, MpPolicy, PathAddr};
+use rtrs_spdk::fabric::Psk;
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{check_dev_name, WriteZeroesMode};
 use serde_json::{json, Map, Value};
@@ -54,14 +55,16 @@ impl Transport {
 }
 
 /// One path as the RPC gives it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PathParam {
     pub transport: Transport,
     pub addr: PathAddr,
+    /// The name of the keyring key that authenticates the path (tcp), if any.
+    pub psk: Option<String>,
 }
 
 impl PathParam {
-    pub fn to_json(self) -> Value {
+    pub fn to_json(&self) -> Value {
         let mut m = Map::new();
         if let Some(src) = self.addr.src {
             m.insert("src_addr".into(), json!(src.ip().to_string()));
@@ -69,6 +72,10 @@ impl PathParam {
         m.insert("dst_addr".into(), json!(self.addr.dst.ip().to_string()));
         m.insert("port".into(), json!(self.addr.dst.port()));
         m.insert("transport".into(), json!(self.transport.name()));
+        // The key's name only: the key stays in the keyring (saved by its module).
+        if let Some(k) = &self.psk {
+            m.insert("psk".into(), json!(k));
+        }
         Value::Object(m)
     }
 }
@@ -86,6 +93,8 @@ pub struct CreateParams {
     pub reconnect_delay_sec: u64,
     pub hb_interval_ms: u64,
     pub hb_missed_max: u32,
+    /// How long IO waits for an unreachable device (the session's `io_wait_timeout`,
+    /// which the library's RNBD client applies), and a reset for the IO to drain.
     pub io_timeout_sec: u64,
     /// How write-zeroes go to the target (`native` only for Linux 6.8+ or rtrs targets).
     pub write_zeroes: WriteZeroesMode,
@@ -162,20 +171,20 @@ fn parse_port(method: &str, field: &str, p: &Params<'_>) -> Result<u16, String> 
     }
 }
 
-/// One path object `{transport, dst_addr, port?, src_addr?}`; `prefix` names its place
-/// (`paths[1].`) in error messages.
+/// One path object `{transport, dst_addr, port?, src_addr?, psk?}`; `prefix` names its
+/// place (`paths[1].`) in error messages.
 ///
 /// # Errors
 /// A message naming the field.
 pub fn parse_path(method: &'static str, prefix: &str, v: &Value) -> Result<PathParam, String> {
     if !v.is_object() {
         return Err(format!(
-            "{method}: '{}' must be an object {{transport, dst_addr, port?, src_addr?}}, got {v}",
+            "{method}: '{}' must be an object {{transport, dst_addr, port?, src_addr?, psk?}}, got {v}",
             prefix.trim_end_matches('.')
         ));
     }
     let p = Params::new(method, v)?;
-    p.only(&["transport", "dst_addr", "port", "src_addr"])
+    p.only(&["transport", "dst_addr", "port", "src_addr", "psk"])
         .map_err(|e| format!("{e} (in '{}')", prefix.trim_end_matches('.')))?;
     let f = |name: &str| format!("{prefix}{name}");
     let transport = match opt_str(method, v, "transport")
@@ -194,12 +203,26 @@ pub fn parse_path(method: &'static str, prefix: &str, v: &Value) -> Result<PathP
         Some(s) => Some(SocketAddr::new(parse_ip(method, &f("src_addr"), s)?, 0)),
         None => None,
     };
+    let psk = match opt_str(method, v, "psk")
+        .map_err(|e| e.replace("'psk'", &format!("'{}'", f("psk"))))?
+    {
+        Some("") => return Err(format!("{method}: '{}' must name a key, got \"\"", f("psk"))),
+        Some(_) if transport != Transport::Tcp => {
+            return Err(format!(
+                "{method}: '{}' is supported on the tcp transport only (rdma paths cannot be authenticated)",
+                f("psk")
+            ))
+        }
+        Some(k) => Some(k.to_string()),
+        None => None,
+    };
     Ok(PathParam {
         transport,
         addr: PathAddr {
             src,
             dst: SocketAddr::new(dst, port),
         },
+        psk,
     })
 }
 
@@ -250,7 +273,7 @@ impl CreateParams {
             Some(Value::Array(a)) => a,
             Some(x) => {
                 return Err(format!(
-                    "{M}: 'paths' must be an array of {{transport, dst_addr, port?, src_addr?}}, got {x}"
+                    "{M}: 'paths' must be an array of {{transport, dst_addr, port?, src_addr?, psk?}}, got {x}"
                 ))
             }
         };
@@ -313,12 +336,14 @@ impl CreateParams {
         })
     }
 
-    /// The RTRS client configuration these parameters describe.
-    pub fn client_config(&self) -> ClientConfig {
+    /// The RTRS client configuration these parameters describe, with the paths' keys
+    /// (read from the keyring by the caller).
+    pub fn client_config(&self, psks: Vec<(PathAddr, Psk)>) -> ClientConfig {
         let mut c = ClientConfig::new(
             self.sessname.clone(),
             self.paths.iter().map(|p| p.addr).collect(),
         );
+        c.psks = psks;
         c.mp_policy = self.mp_policy;
         c.max_reconnect_attempts = self.max_reconnect_attempts;
         c.reconnect_delay = Duration::from_secs(self.reconnect_delay_sec);
@@ -350,14 +375,42 @@ impl CreateParams {
     }
 }
 
-/// `bdev_rtrs_add_path` / `bdev_rtrs_remove_path`: `{name, transport, dst_addr, port?,
-/// src_addr?}`.
+/// The keys of `paths` that name one, read from SPDK's keyring; `prefix(i)` names path
+/// `i`'s place in error messages (`paths[1].`).
+///
+/// # Errors
+/// A message naming the path's `psk` field and why its key cannot be used.
+pub fn path_keys(
+    paths: &[PathParam],
+    prefix: impl Fn(usize) -> String,
+) -> Result<Vec<(PathAddr, Psk)>, String> {
+    let mut keys = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        if let Some(name) = &p.psk {
+            let k = rtrs_spdk::spdk::keyring::psk(name)
+                .map_err(|e| format!("'{}psk': {e}", prefix(i)))?;
+            keys.push((p.addr, k));
+        }
+    }
+    Ok(keys)
+}
+
+/// `bdev_rtrs_add_path` (`{name, transport, dst_addr, port?, src_addr?, psk?}`) /
+/// `bdev_rtrs_remove_path` (the same without `psk`).
 ///
 /// # Errors
 /// A message naming the field.
-pub fn decode_path_rpc(method: &'static str, v: &Value) -> Result<(String, PathParam), String> {
+pub fn decode_path_rpc(
+    method: &'static str,
+    v: &Value,
+    with_psk: bool,
+) -> Result<(String, PathParam), String> {
     let p = Params::new(method, v)?;
-    p.only(&["name", "transport", "dst_addr", "port", "src_addr"])?;
+    let mut known = vec!["name", "transport", "dst_addr", "port", "src_addr"];
+    if with_psk {
+        known.push("psk");
+    }
+    p.only(&known)?;
     let name = req_str(method, v, "name")?.to_string();
     let mut rest = v.as_object().cloned().unwrap_or_default();
     rest.remove("name");

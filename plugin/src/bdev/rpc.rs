@@ -13,7 +13,9 @@ use rtrs_spdk::spdk::{sys, RpcRequest};
 use serde_json::{json, Value};
 
 use super::disk::Disk;
-use super::params::{decode_path_rpc, opt_str, parse_policy, req_str, CreateParams, PathParam};
+use super::params::{
+    decode_path_rpc, opt_str, parse_policy, path_keys, req_str, CreateParams, PathParam,
+};
 use super::{disk, find, registry};
 use crate::rpc::{register, rpc_handler, Params, RUNTIME};
 
@@ -128,7 +130,7 @@ fn get_sessions(req: RpcRequest, v: Value) {
 
 /// Decodes a path method's parameters and finds its bdev, whose session must be open.
 fn path_rpc(m: &'static str, v: &Value) -> Result<(Arc<Disk>, PathParam), String> {
-    let (name, path) = decode_path_rpc(m, v)?;
+    let (name, path) = decode_path_rpc(m, v, m == "bdev_rtrs_add_path")?;
     let d =
         find(&name).ok_or_else(|| format!("{m}: 'name' = {name:?}: no rtrs bdev of that name"))?;
     if d.session().is_none() {
@@ -152,6 +154,10 @@ fn add_path(req: RpcRequest, v: Value) {
             path.transport.name()
         ));
     }
+    let psk = match path_keys(std::slice::from_ref(&path), |_| String::new()) {
+        Ok(mut k) => k.pop().map(|(_, k)| k),
+        Err(e) => return req.invalid(&format!("{M}: {e}")),
+    };
     let s = d.session().expect("path_rpc checked the session");
     let mut paths = d
         .paths
@@ -170,7 +176,7 @@ fn add_path(req: RpcRequest, v: Value) {
             paths[0].transport.name()
         ));
     }
-    s.add_path(path.addr);
+    s.add_path_psk(path.addr, psk);
     paths.push(path);
     req.ok(json!(true));
 }

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
-use rtrs_spdk::fabric::{Admission, Fabric, FabricError};
+use rtrs_spdk::fabric::{Admission, Fabric, FabricError, Psk};
 use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
 use rtrs_spdk::spdk::bdev::BdevExport;
@@ -127,6 +127,8 @@ pub struct ListenerEntry {
     pub addr: String,
     pub port: u16,
     pub bound: SocketAddr,
+    /// The name of the keyring key clients must prove (never the key itself).
+    pub psk: Option<String>,
 }
 
 /// One export as configured (its host list lives in the shared `Exports`).
@@ -284,7 +286,8 @@ impl Target {
         }
     }
 
-    /// Binds a listener; starts the transport's server on the first one. `done` gets the
+    /// Binds a listener (requiring clients to prove `psk`, a keyring key's name and the
+    /// key, when given); starts the transport's server on the first one. `done` gets the
     /// result once the server runs (at once when it already does).
     ///
     /// # Errors
@@ -295,6 +298,7 @@ impl Target {
         addr: String,
         port: u16,
         sockaddr: SocketAddr,
+        psk: Option<(String, Psk)>,
         done: impl FnOnce(Result<(), String>) + Send + 'static,
     ) {
         const M: &str = "rtrs_target_listen";
@@ -323,7 +327,11 @@ impl Target {
                 }
             },
         };
-        let listener = match fabric.listen_with(sockaddr, &self.options.admission) {
+        let (psk_name, key) = match psk {
+            Some((n, k)) => (Some(n), Some(k)),
+            None => (None, None),
+        };
+        let listener = match fabric.listen_config(sockaddr, &self.options.admission, key) {
             Ok(l) => l,
             Err(e) => return done(Err(format!("{M}: addr {addr} port {port}: {e}"))),
         };
@@ -333,6 +341,7 @@ impl Target {
             addr,
             port,
             bound,
+            psk: psk_name,
         });
         if let Some(r) = self.running.iter().find(|r| r.transport == transport) {
             r.listeners.add(listener);
@@ -470,13 +479,18 @@ impl Target {
             out.push(json!({"method": "rtrs_target_export", "params": params}));
         }
         for l in &self.listeners {
+            let mut params = json!({
+                "transport": l.transport.as_str(),
+                "addr": l.addr,
+                "port": l.port,
+            });
+            // The key's name only: the key stays in the keyring (saved by its module).
+            if let Some(name) = &l.psk {
+                params["psk"] = json!(name);
+            }
             out.push(json!({
                 "method": "rtrs_target_listen",
-                "params": {
-                    "transport": l.transport.as_str(),
-                    "addr": l.addr,
-                    "port": l.port,
-                }
+                "params": params,
             }));
         }
         out

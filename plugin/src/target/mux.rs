@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::fabric::{
     Access, Conn, ConnRequest, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
-    MemBuf, Mr, QpCaps,
+    MemBuf, Mr, Psk, QpCaps,
 };
 
 /// The listeners of one transport, shared by the target (adds, removes) and the server's
@@ -93,6 +93,21 @@ impl Fabric for MuxFabric {
         }))
     }
 
+    fn listen_auth(
+        &self,
+        addr: SocketAddr,
+        psk: Option<Psk>,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        match psk {
+            None => self.listen(addr),
+            // Each real listener has its own key (rtrs_target_listen's 'psk').
+            Some(_) => Err(FabricError::Listen {
+                addr,
+                reason: "keys are set per listener, not on the server's listener set".into(),
+            }),
+        }
+    }
+
     fn connect_from(
         &self,
         src: Option<SocketAddr>,
@@ -101,6 +116,17 @@ impl Fabric for MuxFabric {
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
         self.inner.connect_from(src, dst, caps, private_data)
+    }
+
+    fn connect_auth(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.inner.connect_auth(src, dst, caps, private_data, psk)
     }
 }
 

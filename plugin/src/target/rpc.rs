@@ -96,10 +96,17 @@ fn set_options(req: RpcRequest, v: Value) {
     answer(req, r);
 }
 
-/// `transport`, `addr`, `port` of listen / stop_listener.
-fn endpoint(m: &'static str, v: &Value) -> Result<(Transport, String, u16, SocketAddr), String> {
+/// `transport`, `addr`, `port` of listen / stop_listener (`extra`: further fields the
+/// method takes).
+fn endpoint(
+    m: &'static str,
+    v: &Value,
+    extra: &[&str],
+) -> Result<(Transport, String, u16, SocketAddr), String> {
     let p = Params::new(m, v)?;
-    p.only(&["transport", "addr", "port"])?;
+    let mut known = vec!["transport", "addr", "port"];
+    known.extend_from_slice(extra);
+    p.only(&known)?;
     let transport = match p.str("transport")? {
         "tcp" | "TCP" => Transport::Tcp,
         "rdma" | "RDMA" => Transport::Rdma,
@@ -122,15 +129,43 @@ fn endpoint(m: &'static str, v: &Value) -> Result<(Transport, String, u16, Socke
 }
 
 fn listen(req: RpcRequest, v: Value) {
-    let (transport, addr, port, sa) = match endpoint("rtrs_target_listen", &v) {
+    const M: &str = "rtrs_target_listen";
+    let (transport, addr, port, sa) = match endpoint(M, &v, &["psk"]) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
-    with_target(move |t| t.listen(transport, addr, port, sa, move |r| answer(req, r)));
+    let psk = match psk_param(M, &v, transport) {
+        Ok(k) => k,
+        Err(e) => return req.invalid(&e),
+    };
+    with_target(move |t| t.listen(transport, addr, port, sa, psk, move |r| answer(req, r)));
+}
+
+/// The optional `psk`: the name of a key in SPDK's keyring, and the key read from it
+/// (tcp only: the rdma transport cannot authenticate).
+fn psk_param(
+    m: &'static str,
+    v: &Value,
+    transport: Transport,
+) -> Result<Option<(String, rtrs_spdk::fabric::Psk)>, String> {
+    let p = Params::new(m, v)?;
+    let Some(name) = p.opt_str("psk")? else {
+        return Ok(None);
+    };
+    if name.is_empty() {
+        return Err(format!("{m}: 'psk' must name a key, got \"\""));
+    }
+    if transport != Transport::Tcp {
+        return Err(format!(
+            "{m}: 'psk' is supported on the tcp transport only (rdma connections cannot be authenticated)"
+        ));
+    }
+    let key = rtrs_spdk::spdk::keyring::psk(name).map_err(|e| format!("{m}: 'psk': {e}"))?;
+    Ok(Some((name.to_string(), key)))
 }
 
 fn stop_listener(req: RpcRequest, v: Value) {
-    let r = endpoint("rtrs_target_stop_listener", &v)
+    let r = endpoint("rtrs_target_stop_listener", &v, &[])
         .and_then(|(tr, addr, port, _)| with_target(|t| t.stop_listener(tr, &addr, port)));
     answer(req, r);
 }

@@ -23,6 +23,13 @@
 //! targets on Linux 6.8+ or rtrs-target; docs/ARCHITECTURE.md, "RNBD op 5").
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
+//! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
+//! key) and requires the target to prove it too (`docs/tcp-fabric.md`, "Authentication");
+//! a refusal ("authentication failed") is reported at once, not retried.
+//! While the device is unreachable (the target restarting, every path down, the device
+//! not re-opened yet after a reconnect) IO waits, up to `--io-wait-timeout` (30 s) after
+//! its submission, and is sent again once the device is back; only then does it fail,
+//! counted as an IO error with the reason ("device 'vol' unreachable for 30 s: ...").
 //!
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
@@ -37,6 +44,7 @@
 mod shared;
 
 mod hist;
+mod plan;
 mod progress;
 mod report;
 mod run;
@@ -64,7 +72,7 @@ use run::Setup;
 use shared::target::{Listen, Target};
 use shared::url::{parse_url, FabricUrl};
 use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
-use worker::{JobSpec, Plan, Rw};
+use worker::{JobSpec, Rw};
 
 const PROG: &str = "rtrs-bench";
 /// The device name of `--inline-target`.
@@ -137,11 +145,21 @@ struct Args {
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
+    /// Prove this pre-shared key to the target on connect (and require the target to
+    /// prove it too): a file readable by its owner only, holding at least 32 random
+    /// bytes as hex or base64. The target must use the same key (`--psk-file`).
+    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg,
+          conflicts_with = "inline_target")]
+    psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// How long each connection of the session and its handshake may take (a target
     /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
     /// the device may take 5 s more.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
     connect_timeout: Duration,
+    /// How long an IO waits while the device is unreachable (target restarting, every
+    /// path down, device not re-opened yet) before it fails; 0 fails it at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = shared::duration_arg)]
+    io_wait_timeout: Duration,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -384,11 +402,14 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         .unwrap_or_else(|| format!("rtrs-bench-{}", std::process::id()));
     let mut ccfg = ClientConfig::new(sessname, paths);
     ccfg.mp_policy = args.policy;
+    if let Some(psk) = &args.psk_file {
+        ccfg.set_psk(psk);
+    }
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;
     ccfg.reconnect_delay = Duration::from_secs(1);
     ccfg.reconnect_jitter = Duration::from_millis(200);
-    ccfg.io_wait_timeout = Duration::from_secs(10);
+    ccfg.io_wait_timeout = args.io_wait_timeout;
     ccfg.connect_timeout = args.connect_timeout;
     let (stx, srx) = mpsc::channel();
     engine
@@ -405,17 +426,20 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     session.set_max_reconnect_attempts(-1);
     if args.rw == Rw::Zero && u64::from(bs) > info.max_write_zeroes {
         return Err(failed(format!(
-            "device '{device}' takes write-zeroes of at most {} bytes with --write-zeroes              {} (the target's limit; 0: none), --bs is {bs}: use --write-zeroes emulate",
+            "device '{device}' takes write-zeroes of at most {} bytes with --write-zeroes \
+             {} (the target's limit; 0: none), --bs is {bs}: use --write-zeroes emulate",
             info.max_write_zeroes, args.write_zeroes
         )));
     }
-    let (region, plans) = plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
+    let (region, plans) = plan::plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
     let active = plans.iter().flatten().count();
     *setup.plans.lock().unwrap_or_else(|e| e.into_inner()) = plans;
     setup.go.store(true, Ordering::Release);
 
     // Progress until every active core reported.
-    let mut progress = Progress::new(args.rw.name());
+    // Waiting IO completes within the wait: only a longer silence is a stall.
+    let stall = progress::STALL.max(args.io_wait_timeout + Duration::from_secs(30));
+    let mut progress = Progress::new(args.rw.name(), stall);
     let mut reports = Vec::with_capacity(active);
     while reports.len() < active {
         match rrx.recv_timeout(Duration::from_millis(100)) {
@@ -457,7 +481,10 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     if totals.failed() {
         let mut why = Vec::new();
         if totals.errors > 0 {
-            why.push(format!("{} IO error(s)", totals.errors));
+            why.push(format!(
+                "{} IO error(s) (first: {})",
+                totals.errors, totals.first_error
+            ));
         }
         if totals.mismatches > 0 {
             why.push(format!(
@@ -499,14 +526,42 @@ fn wait_device(
         {
             return r.map_err(|e| failed(format!("{e} (on {targets})")));
         }
-        if session
-            .paths()
+        if let Some(r) = session.refusal() {
+            // Every path was refused for good: the OPEN fails with this too, but the
+            // paths may give up before core 0 has seen it.
+            return Err(failed(format!(
+                "open of device '{}': {r} (on {targets})",
+                setup.device
+            )));
+        }
+        let paths = session.paths();
+        if paths
             .iter()
             .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
         {
+            // A path refused for good (authentication failed) says why.
+            let failures: Vec<String> = paths
+                .iter()
+                .filter_map(|(a, _)| session.path_failure(*a))
+                .collect();
+            if !failures.is_empty() {
+                return Err(failed(format!(
+                    "cannot connect to {targets}: {}",
+                    failures.join("; ")
+                )));
+            }
+            let why: Vec<String> = session
+                .path_errors()
+                .iter()
+                .map(|(p, e)| format!("{p}: {e}"))
+                .collect();
             return Err(failed(format!(
-                "cannot connect to {targets}: connection failed \
-                 (is rtrs-target running there? -v shows why)"
+                "cannot connect to {targets}: {} (is rtrs-target running there?)",
+                if why.is_empty() {
+                    "connection failed".to_string()
+                } else {
+                    why.join("; ")
+                }
             )));
         }
         if Instant::now() > limit {
@@ -516,109 +571,5 @@ fn wait_device(
             )));
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Checks the run against the device and splits it: the region used, and per reactor
-/// its slice (contiguous, whole blocks) and queue depth; reactors beyond `qd` get none.
-fn plan(
-    info: &DeviceInfo,
-    device: &str,
-    bs: u32,
-    size: Option<u64>,
-    qd: usize,
-    cores: usize,
-) -> Result<(u64, Vec<Option<Plan>>), Failure> {
-    if bs % info.logical_block_size != 0 {
-        return Err(usage(format!(
-            "--bs {bs} is not a multiple of device '{device}''s {}-byte logical block",
-            info.logical_block_size
-        )));
-    }
-    if bs > info.max_io_size {
-        return Err(usage(format!(
-            "--bs {bs} exceeds the largest IO of device '{device}' over this session, {} bytes \
-             (the target's chunk size minus 4 KiB: start it with a larger --chunk-size)",
-            info.max_io_size
-        )));
-    }
-    let bs = u64::from(bs);
-    let region = size.unwrap_or(info.size / bs * bs);
-    if region > info.size {
-        return Err(usage(format!(
-            "--size {region} is larger than device '{device}' ({} bytes)",
-            info.size
-        )));
-    }
-    let active = cores.min(qd);
-    let units = region / bs;
-    if units < active as u64 {
-        return Err(usage(format!(
-            "device '{device}' ({} bytes) holds fewer than {active} blocks of --bs {bs}, \
-             one per reactor",
-            info.size
-        )));
-    }
-    let a = active as u64;
-    let plans = (0..cores)
-        .map(|k| {
-            let k64 = k as u64;
-            (k < active).then(|| Plan {
-                start: k64 * units / a * bs,
-                units: (k64 + 1) * units / a - k64 * units / a,
-                qd: qd / active + usize::from(k < qd % active),
-            })
-        })
-        .collect();
-    Ok((region, plans))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dev(size: u64, lbs: u32, max_io: u32) -> DeviceInfo {
-        DeviceInfo {
-            device_id: 0,
-            size,
-            logical_block_size: lbs,
-            physical_block_size: lbs,
-            max_io_size: max_io,
-            max_discard: 0,
-            discard_granularity: 0,
-            discard_alignment: 0,
-            max_write_zeroes: 0,
-            write_zeroes: WriteZeroesMode::Native,
-            server_max_write_zeroes: 0,
-            max_secure_erase: 0,
-            write_cache: false,
-            fua: false,
-        }
-    }
-
-    #[test]
-    fn plans_split_the_region_and_the_queue_depth() {
-        let d = dev(1 << 20, 512, 126_976);
-        let (region, p) = plan(&d, "v", 4096, None, 5, 2).unwrap();
-        assert_eq!(region, 1 << 20);
-        let p: Vec<Plan> = p.into_iter().flatten().collect();
-        assert_eq!(p.len(), 2);
-        assert_eq!((p[0].start, p[0].units, p[0].qd), (0, 128, 3));
-        assert_eq!((p[1].start, p[1].units, p[1].qd), (128 * 4096, 128, 2));
-        // QD 1 on two reactors: one works, on the whole region.
-        let (_, p) = plan(&d, "v", 4096, Some(64 << 10), 1, 2).unwrap();
-        assert!(p[1].is_none());
-        assert_eq!(p[0].map(|p| (p.units, p.qd)), Some((16, 1)));
-        for (bs, size, words) in [
-            (131_072, None, "largest IO"),
-            (4096, Some(2 << 20), "larger"),
-            (2048, None, "logical block"),
-        ] {
-            let d = dev(1 << 20, 4096, 126_976);
-            let e = plan(&d, "v", bs, size, 1, 1).unwrap_err();
-            assert!(e.0.contains(words), "{}", e.0);
-        }
-        let e = plan(&dev(4096, 512, 126_976), "v", 4096, None, 2, 2).unwrap_err();
-        assert!(e.0.contains("fewer than 2 blocks"), "{}", e.0);
     }
 }

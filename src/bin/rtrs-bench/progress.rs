@@ -1,6 +1,7 @@
 //! The main thread while the reactors run: a live progress line once a second on stderr
 //! when it is a terminal (`\r`, overwritten in place, erased at the end), and a stall
-//! watchdog (no IO completing for a minute ends the run with an error).
+//! watchdog (no IO completing for a minute, or for `--io-wait-timeout` plus 30 s if that
+//! is longer, ends the run with an error).
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::Ordering;
@@ -8,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use crate::worker::Live;
 
-/// A run with no IO completing for this long is aborted.
+/// A run with no IO completing for this long is aborted (at least).
 pub const STALL: Duration = Duration::from_secs(60);
 
 pub struct Progress {
     tty: bool,
+    stall: Duration,
     label: &'static str,
     begun: Instant,
     last_print: Instant,
@@ -26,10 +28,12 @@ fn sum(lives: &[std::sync::Arc<Live>], f: fn(&Live) -> u64) -> u64 {
 }
 
 impl Progress {
-    pub fn new(label: &'static str) -> Progress {
+    /// `stall`: how long without any IO completing aborts the run.
+    pub fn new(label: &'static str, stall: Duration) -> Progress {
         let now = Instant::now();
         Progress {
             tty: std::io::stderr().is_terminal(),
+            stall,
             label,
             begun: now,
             last_print: now,
@@ -42,7 +46,7 @@ impl Progress {
     /// Looks at the counters: prints the line when due.
     ///
     /// # Errors
-    /// When nothing completed for [`STALL`].
+    /// When nothing completed for the stall time.
     pub fn tick(&mut self, lives: &[std::sync::Arc<Live>]) -> Result<(), String> {
         let ios = sum(lives, |l| l.ios.load(Ordering::Relaxed));
         let bytes = sum(lives, |l| l.bytes.load(Ordering::Relaxed));
@@ -52,9 +56,9 @@ impl Progress {
         if seen != self.last_seen {
             self.last_seen = seen;
             self.last_change = now;
-        } else if now - self.last_change > STALL {
+        } else if now - self.last_change > self.stall {
             self.clear();
-            return Err(format!("no IO completed for {} s", STALL.as_secs()));
+            return Err(format!("no IO completed for {} s", self.stall.as_secs()));
         }
         if self.tty && now - self.last_print >= Duration::from_secs(1) {
             let dt = (now - self.last_print).as_secs_f64();

@@ -35,6 +35,8 @@ pub struct Totals {
     pub bytes: u64,
     pub errors: u64,
     pub first_errno: i32,
+    /// The first failure as the client explained it (else the errno's text).
+    pub first_error: String,
     pub mismatches: u64,
     pub first_bad: Option<u64>,
     /// The longest core's measured time.
@@ -50,6 +52,7 @@ impl Totals {
             bytes: 0,
             errors: 0,
             first_errno: 0,
+            first_error: String::new(),
             mismatches: 0,
             first_bad: None,
             elapsed_s: 0.0,
@@ -60,8 +63,12 @@ impl Totals {
             t.writes += r.writes;
             t.bytes += r.bytes;
             t.errors += r.errors;
-            if t.first_errno == 0 {
+            if t.first_errno == 0 && r.first_errno != 0 {
                 t.first_errno = r.first_errno;
+                t.first_error = r
+                    .first_error
+                    .clone()
+                    .unwrap_or_else(|| errno_text(r.first_errno));
             }
             t.mismatches += r.mismatches;
             t.first_bad = match (t.first_bad, r.first_bad) {
@@ -152,7 +159,7 @@ pub fn text(info: &RunInfo, t: &Totals) -> String {
     );
     let _ = write!(o, "  errors {}", t.errors);
     if t.errors > 0 {
-        let _ = write!(o, " (first: {})", errno_text(t.first_errno));
+        let _ = write!(o, " (first: {})", t.first_error);
     }
     if info.verify {
         let _ = write!(o, "   verify mismatches {}", t.mismatches);
@@ -196,7 +203,7 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
          \"region\":{},\"policy\":{},\"time_s\":{:.3},\"requested_time_s\":{:.3},\"ios\":{},\
          \"reads\":{},\"writes\":{},\"bytes\":{},\"iops\":{:.1},\"mib_s\":{:.3},\
          \"lat_avg_us\":{:.3},\"lat_p50_us\":{:.3},\"lat_p99_us\":{:.3},\"lat_p999_us\":{:.3},\
-         \"lat_max_us\":{:.3},\"errors\":{},\"first_errno\":{},\"verify\":{},\
+         \"lat_max_us\":{:.3},\"errors\":{},\"first_errno\":{},\"first_error\":{},\"verify\":{},\
          \"verify_mismatches\":{},\"first_bad_offset\":{first_bad},\"interrupted\":{}}}",
         jstr(info.rw),
         info.bs,
@@ -225,6 +232,11 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
         us(h.max()),
         t.errors,
         t.first_errno,
+        if t.errors > 0 {
+            jstr(&t.first_error)
+        } else {
+            "null".to_string()
+        },
         info.verify,
         t.mismatches,
         info.interrupted,

@@ -11,8 +11,8 @@ use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DeviceInfo, LinkListener, PortCompletion, RnbdClient,
-    RnbdClientConfig, RnbdCore,
+    BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener, PortCompletion,
+    RnbdClient, RnbdClientConfig, RnbdCore,
 };
 
 use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};
@@ -126,7 +126,12 @@ impl Home {
         for i in 0..n {
             match &self.events[i] {
                 ClientEvent::Opened { dev, info, remap } => {
-                    if !remap {
+                    if *remap {
+                        tracing::warn!(
+                            "device '{}' re-opened after a reconnect: waiting IO goes on",
+                            self.setup.device
+                        );
+                    } else {
                         self.dev = Some(*dev);
                         *self.setup.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(*dev);
                         self.setup.set_opened(Ok(*info));
@@ -144,8 +149,14 @@ impl Home {
                 ClientEvent::Io { tag, errno } => {
                     if let Some(w) = self.worker.as_mut() {
                         w.complete(now, *tag, *errno);
+                        if *errno != 0 {
+                            w.explain(self.client.last_wait_error());
+                        }
                     }
                 }
+                // Not sent (the session was refused or closed): the OPEN behind it
+                // fails with the same reason and names the device.
+                ClientEvent::SessInfo(Err(DeviceError::NotSent { .. })) => {}
                 ClientEvent::SessInfo(Err(e)) => {
                     self.setup
                         .set_opened(Err(format!("session info exchange failed: {e}")));
@@ -201,6 +212,7 @@ fn fail_core(setup: &Setup, why: String) {
         bytes: 0,
         errors: 1,
         first_errno: -libc::ENOMEM,
+        first_error: None,
         mismatches: 0,
         first_bad: None,
         elapsed_ns: 1,
@@ -230,6 +242,9 @@ impl Other {
         if let Some(w) = self.worker.as_mut() {
             for c in &self.done[..n] {
                 w.complete(now, c.tag, c.errno);
+                if c.errno != 0 {
+                    w.explain(self.core.last_wait_error());
+                }
             }
         }
         let mut busy = n > 0;

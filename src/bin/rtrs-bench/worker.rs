@@ -97,6 +97,9 @@ pub struct CoreReport {
     pub bytes: u64,
     pub errors: u64,
     pub first_errno: i32,
+    /// Why the first failed request failed, when the RNBD client said more than the
+    /// errno (a device unreachable for `--io-wait-timeout`).
+    pub first_error: Option<String>,
     pub mismatches: u64,
     pub first_bad: Option<u64>,
     pub elapsed_ns: u64,
@@ -196,6 +199,7 @@ impl Worker {
                 bytes: 0,
                 errors: 0,
                 first_errno: 0,
+                first_error: None,
                 mismatches: 0,
                 first_bad: None,
                 elapsed_ns: 0,
@@ -336,6 +340,7 @@ impl Worker {
                 bytes: 0,
                 errors: 0,
                 first_errno: 0,
+                first_error: None,
                 mismatches: 0,
                 first_bad: None,
                 elapsed_ns: 0,
@@ -407,6 +412,17 @@ impl Worker {
                 }
                 false
             }
+        }
+    }
+
+    /// The client's account of a request that waited for its device in vain, kept for
+    /// the report if the first error was such a request's (−ENOTCONN).
+    pub fn explain(&mut self, why: Option<&IoError>) {
+        if self.r.first_errno != -libc::ENOTCONN || self.r.first_error.is_some() {
+            return;
+        }
+        if let Some(e @ IoError::Unreachable { .. }) = why {
+            self.r.first_error = Some(e.to_string());
         }
     }
 

@@ -6,6 +6,7 @@
 //!             [--listen rdma://10.0.0.1] [--queue-depth 512] [--chunk-size 128K]
 //!             [--no-always-invalidate] [-m 0x1]
 //!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
+//!             [--psk-file KEYFILE]
 //!             [--allow vol=10.0.0.0/24 --allow vol=sess:host1 ...]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
@@ -21,7 +22,9 @@
 //! others get −EACCES); an export without any stays open to every host, as the kernel's
 //! are, and a target listening on a non-loopback address says so in one warning. With
 //! `-v` each path that connects is logged with its session name and `client@server`
-//! addresses. Bad arguments give one line on stderr and
+//! addresses. With `--psk-file` every client must prove the key on connect
+//! (`docs/tcp-fabric.md`, "Authentication"); the data itself travels in clear. Bad
+//! arguments give one line on stderr and
 //! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
 //! line and exit code 1.
 
@@ -69,6 +72,11 @@ struct Args {
     /// Do not register a new key per IO (always_invalidate off).
     #[arg(long)]
     no_always_invalidate: bool,
+    /// Require every client to prove this pre-shared key on connect: a file readable by
+    /// its owner only, holding at least 32 random bytes as hex or base64 (e.g. made with
+    /// `openssl rand -hex 32`). Authenticates connections; does not encrypt data.
+    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg)]
+    psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// Reactor cores, a hex mask (0x3) or a list ([0-1]); default every core.
     #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
     cpumask: Option<CpuMask>,
@@ -151,6 +159,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
             max_pending: args.max_pending,
             max_pending_per_source: args.max_pending_per_source,
         },
+        psk: args.psk_file.clone(),
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -237,6 +246,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
         admission = %config_admission,
+        authentication = args.psk_file.is_some(),
         "target ready"
     );
 

@@ -55,6 +55,12 @@ pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {
     }
 }
 
+/// `--psk-file`: a key file (at least 32 random bytes as hex or base64, readable by its
+/// owner only); the error names the file and what is wrong, never the key.
+pub fn psk_file_arg(s: &str) -> Result<rtrs_spdk::fabric::Psk, String> {
+    rtrs_spdk::fabric::Psk::from_file(std::path::Path::new(s)).map_err(|e| e.to_string())
+}
+
 /// `-m/--cpumask`: a hex mask (`0x3`) or a list (`[0-1]`, `0,1`), SPDK's convention.
 pub fn cpumask_arg(s: &str) -> Result<CpuMask, String> {
     CpuMask::parse(s).map_err(|e| e.to_string())

@@ -5,18 +5,27 @@
 //!
 //! There is no thread: everything happens inside [`Conn::poll_cq`] and [`Conn::poll_cm`],
 //! which read what arrived, execute it, and write what is pending.
+//!
+//! An initiator with a key speaks frame version 2 and proves the key (the initiator's
+//! half of `docs/tcp-fabric.md`, "Authentication"): its CM_REQ carries a nonce, it
+//! checks the listener's CM_CHALLENGE before answering with CM_PROOF, and it takes no
+//! CM_REP from a listener that has not proven the key. Without a key it speaks version 1.
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use super::frame::{cm_frame, CmPayload, Header, Opcode, RejectReason, VERSION};
-use super::rx::{CmReadError, Rx, RxStop};
+use super::auth::{self, Nonce, Role, Transcript};
+use super::frame::{cm_frame, v2_frame, CmPayload, Header, Opcode, RejectReason};
+use super::frame::{CM_PAYLOAD_LEN, NONCE_LEN, V1, V2, VERSION};
+use super::rx::{CmIn, CmReadError, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
 use crate::fabric::soft::{MrTable, SoftQp};
-use crate::fabric::{CmEvent, Conn, ConnState, PostError, PrivateData, QpCaps, RecvWr, SendWr, Wc};
+use crate::fabric::{
+    CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -32,9 +41,21 @@ enum Phase {
     Closed,
 }
 
+/// The initiator's side of the authentication exchange.
+struct InitiatorAuth {
+    psk: Psk,
+    nonce_i: Nonce,
+    /// The listener proved the key (its CM_CHALLENGE verified); CM_PROOF is sent.
+    listener_proven: bool,
+}
+
 /// A tcp-fabric connection.
 pub struct TcpConn {
     stream: Option<TcpStream>,
+    /// The frame version of the connection: 2 when authenticated, else 1.
+    version: u8,
+    /// Initiator with a key: the authentication exchange.
+    auth: Option<InitiatorAuth>,
     phase: Phase,
     write_shut: bool,
     /// The batch in flight was detached from user memory (once, entering Closing).
@@ -50,15 +71,23 @@ pub struct TcpConn {
 }
 
 impl TcpConn {
-    fn with(stream: Option<TcpStream>, phase: Phase, table: Arc<MrTable>, caps: QpCaps) -> TcpConn {
+    fn with(
+        stream: Option<TcpStream>,
+        phase: Phase,
+        table: Arc<MrTable>,
+        caps: QpCaps,
+        version: u8,
+    ) -> TcpConn {
         TcpConn {
             stream,
+            version,
+            auth: None,
             phase,
             write_shut: false,
             cut_done: false,
             qp: SoftQp::new(table, caps),
-            tx: Tx::new(caps.max_send_wr),
-            rx: Rx::new(),
+            tx: Tx::new(caps.max_send_wr, version),
+            rx: Rx::new(version),
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,
@@ -67,7 +96,8 @@ impl TcpConn {
     }
 
     /// Initiator: a connection whose TCP connect is under way (or already failed with
-    /// `connect_error`, reported as the first CM event), with CM_REQ queued.
+    /// `connect_error`, reported as the first CM event), with CM_REQ queued: version 2
+    /// with a nonce when there is a key, version 1 otherwise.
     pub(crate) fn connecting(
         stream: TcpStream,
         dst: SocketAddr,
@@ -75,32 +105,54 @@ impl TcpConn {
         caps: QpCaps,
         private_data: PrivateData,
         connect_error: Option<std::io::Error>,
+        psk: Option<Psk>,
     ) -> TcpConn {
-        let mut c = TcpConn::with(Some(stream), Phase::TcpConnecting, table, caps);
+        let version = if psk.is_some() { V2 } else { V1 };
+        let mut c = TcpConn::with(Some(stream), Phase::TcpConnecting, table, caps, version);
         c.dst = Some(dst);
-        c.tx.queue_cm(cm_frame(
-            Opcode::CmReq,
-            &CmPayload::new(RejectReason::None, private_data),
-        ));
+        let payload = CmPayload::new(RejectReason::None, private_data);
+        if let Some(psk) = psk {
+            let nonce_i = match auth::fresh_nonce() {
+                Ok(n) => n,
+                Err(e) => {
+                    c.fail_connect(format!("tcp fabric: connect to {dst}: {e}"));
+                    return c;
+                }
+            };
+            let mut p = [0u8; CM_PAYLOAD_LEN];
+            payload.encode(&mut p);
+            let (frame, n) = v2_frame(Opcode::CmReq, &[&p, &nonce_i]);
+            c.tx.queue_cm(&frame[..n]);
+            c.auth = Some(InitiatorAuth {
+                psk,
+                nonce_i,
+                listener_proven: false,
+            });
+        } else {
+            c.tx.queue_cm(&cm_frame(V1, Opcode::CmReq, &payload));
+        }
         if let Some(e) = connect_error {
             c.fail_connect(format!("tcp fabric: connect to {dst} failed: {e}"));
         }
         c
     }
 
-    /// Acceptor: an accepted connection; CM_REP with `private_data` goes out first.
+    /// Acceptor: an accepted connection of frame version `version`; CM_REP with
+    /// `private_data` goes out first.
     pub(crate) fn accepted(
         stream: TcpStream,
         table: Arc<MrTable>,
         caps: QpCaps,
         private_data: PrivateData,
+        version: u8,
     ) -> TcpConn {
         let peer = stream.peer_addr().ok();
         let local = stream.local_addr().ok();
-        let mut c = TcpConn::with(Some(stream), Phase::Connected, table, caps);
+        let mut c = TcpConn::with(Some(stream), Phase::Connected, table, caps, version);
         c.peer = peer;
         c.local = local;
-        c.tx.queue_cm(cm_frame(
+        c.tx.queue_cm(&cm_frame(
+            version,
             Opcode::CmRep,
             &CmPayload::new(RejectReason::None, private_data),
         ));
@@ -120,6 +172,19 @@ impl TcpConn {
     fn fail_connect(&mut self, reason: String) {
         tracing::debug!(%reason, "tcp fabric connect failed");
         self.events.push_back(CmEvent::Error { reason });
+        self.end_before_established();
+    }
+
+    /// The peers did not authenticate each other: a refusal for good, which says
+    /// nothing of what was wrong.
+    fn fail_auth(&mut self, detail: Option<&str>) {
+        let who = self.who();
+        let reason = match detail {
+            Some(d) => format!("tcp fabric: {who}: authentication failed ({d})"),
+            None => format!("tcp fabric: {who}: authentication failed"),
+        };
+        tracing::debug!(%reason, "tcp fabric connect failed");
+        self.events.push_back(CmEvent::AuthFailed { reason });
         self.end_before_established();
     }
 
@@ -184,63 +249,138 @@ impl TcpConn {
 
     fn await_answer(&mut self) {
         let addr = self.peer.or(self.dst);
-        let Some(stream) = self.stream.as_mut() else {
-            return;
-        };
-        if let Err(e) = self.tx.flush(stream.as_raw_fd(), None) {
-            let who = who(addr);
-            self.fail_connect(format!(
-                "tcp fabric: sending the connect request to {who} failed: {e}"
-            ));
-            return;
-        }
-        let answer = match self.rx.read_cm(stream) {
-            Ok(None) => return,
-            Ok(Some(a)) => a,
-            Err(e) => {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                return;
+            };
+            if let Err(e) = self.tx.flush(stream.as_raw_fd(), None) {
                 let who = who(addr);
-                let reason = match e {
-                    CmReadError::Eof => format!(
-                        "tcp fabric: {who} closed the connection before answering the connect request"
-                    ),
-                    CmReadError::Io(e) => format!("tcp fabric: connect to {who} failed: {e}"),
-                    CmReadError::BadMagic(m) => format!(
-                        "tcp fabric: {who} does not speak the tcp fabric protocol (frame magic {m:#010x})"
-                    ),
-                    CmReadError::Version(v) => format!(
-                        "tcp fabric: {who} answered with frame version {v}; this build speaks version {VERSION}"
-                    ),
-                    CmReadError::Garbage(e) => format!("tcp fabric: invalid answer from {who}: {e}"),
-                    CmReadError::Unexpected(op) => format!(
-                        "tcp fabric: {who} answered the connect request with a {op:?} frame"
-                    ),
-                };
-                self.fail_connect(reason);
+                self.fail_connect(format!(
+                    "tcp fabric: sending the connect request to {who} failed: {e}"
+                ));
                 return;
             }
+            let answer = match self.rx.read_cm(stream) {
+                Ok(None) => return,
+                Ok(Some(a)) => a,
+                Err(e) => {
+                    let who = who(addr);
+                    let reason = match e {
+                        CmReadError::Eof => format!(
+                            "tcp fabric: {who} closed the connection before answering the connect request"
+                        ),
+                        CmReadError::Io(e) => format!("tcp fabric: connect to {who} failed: {e}"),
+                        CmReadError::BadMagic(m) => format!(
+                            "tcp fabric: {who} does not speak the tcp fabric protocol (frame magic {m:#010x})"
+                        ),
+                        CmReadError::Version(v) => format!(
+                            "tcp fabric: {who} answered with frame version {v}; this build speaks versions 1 to {VERSION}"
+                        ),
+                        CmReadError::Garbage(e) => format!("tcp fabric: invalid answer from {who}: {e}"),
+                        CmReadError::Unexpected(op) => format!(
+                            "tcp fabric: {who} answered the connect request with a {op:?} frame"
+                        ),
+                    };
+                    self.fail_connect(reason);
+                    return;
+                }
+            };
+            if !self.on_answer(answer) {
+                return;
+            }
+        }
+    }
+
+    /// Acts on the listener's answer; true when the exchange goes on (a challenge was
+    /// answered), false when it ended (established, rejected, failed).
+    fn on_answer(&mut self, a: CmIn) -> bool {
+        let who = self.who();
+        if a.opcode == Opcode::CmChallenge {
+            self.on_challenge(&a);
+            return self.phase == Phase::AwaitAnswer;
+        }
+        let p = match CmPayload::decode(&a.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail_connect(format!("tcp fabric: invalid answer from {who}: {e}"));
+                return false;
+            }
         };
-        match answer {
-            (Opcode::CmRep, p) => {
+        if a.opcode == Opcode::CmRej && p.reason == RejectReason::UnsupportedVersion {
+            // A listener of another version may answer in its own version.
+            let max = p.max_version;
+            match self.version {
+                V1 if max >= u16::from(V2) => self.fail_auth(None),
+                V2 if max < u16::from(V2) => self.fail_auth(Some(
+                    "the listener speaks only frame version 1, which has no authentication",
+                )),
+                v => self.fail_connect(format!(
+                    "tcp fabric: {who} rejected frame version {v}: it speaks versions up to {max}"
+                )),
+            }
+            return false;
+        }
+        if a.version != self.version {
+            self.fail_connect(format!(
+                "tcp fabric: {who} answered with frame version {}; this connection speaks version {}",
+                a.version, self.version
+            ));
+            return false;
+        }
+        let proven = match &self.auth {
+            Some(au) => au.listener_proven,
+            None => true,
+        };
+        match (a.opcode, p.reason) {
+            (_, RejectReason::AuthFailed) => self.fail_auth(None),
+            // A listener that has not proven the key is not taken at its word.
+            _ if !proven => self.fail_auth(None),
+            (Opcode::CmRep, _) => {
                 self.qp.set_connected();
                 self.events.push_back(CmEvent::Established {
                     private_data: p.private_data,
                 });
                 self.phase = Phase::Connected;
             }
-            (_, p) if p.reason == RejectReason::UnsupportedVersion => {
-                let who = who(addr);
-                self.fail_connect(format!(
-                    "tcp fabric: {who} rejected frame version {VERSION}: it speaks versions up to {}",
-                    p.max_version
-                ));
-            }
-            (_, p) => {
+            _ => {
                 self.events.push_back(CmEvent::Rejected {
                     private_data: p.private_data,
                 });
                 self.end_before_established();
             }
         }
+        false
+    }
+
+    /// CM_CHALLENGE: check the listener's proof, then send ours.
+    fn on_challenge(&mut self, a: &CmIn) {
+        let (Some(peer), Some(local)) = (self.peer, self.local) else {
+            return self.fail_auth(None);
+        };
+        let Some(au) = self.auth.as_mut() else {
+            // We sent version 1: a challenge cannot come (rx decoded it as version 2).
+            return self.fail_auth(None);
+        };
+        // One challenge, in our version, after our whole request was written (the
+        // listener cannot have read it otherwise).
+        if au.listener_proven || a.version != V2 || !self.tx.drained() {
+            return self.fail_auth(None);
+        }
+        let mut nonce_l = [0u8; NONCE_LEN];
+        nonce_l.copy_from_slice(&a.payload[..NONCE_LEN]);
+        let t = Transcript {
+            nonce_i: au.nonce_i,
+            nonce_l,
+            initiator: local,
+            listener: peer,
+        };
+        if !auth::verify(&au.psk, Role::Listener, &t, &a.payload[NONCE_LEN..]) {
+            return self.fail_auth(None);
+        }
+        au.listener_proven = true;
+        let proof = auth::prove(&au.psk, Role::Initiator, &t);
+        let (frame, n) = v2_frame(Opcode::CmProof, &[&proof]);
+        self.tx.queue_cm(&frame[..n]);
     }
 
     fn run_connected(&mut self) {

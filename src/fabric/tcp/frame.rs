@@ -1,22 +1,37 @@
-//! The tcp fabric's frame format, version 1 (specified in `docs/tcp-fabric.md`).
+//! The tcp fabric's frame format, versions 1 and 2 (specified in `docs/tcp-fabric.md`).
 //!
 //! Every frame is a fixed 40-byte little-endian header followed by `len` payload bytes.
 //! Work-request frames carry what an RC packet header carries on InfiniBand (the BTH,
 //! RETH, ImmDt and IETH of a verbs wire operation: opcode, rkey, remote address,
 //! immediate, rkey to invalidate, packet sequence); control frames carry the RC ACK and
-//! NAK and the RDMA CM's REQ/REP/REJ/DREQ. This module is pure: bytes in, a validated
-//! [`Header`] or a [`FrameError`] out. It never panics on what a peer sends.
+//! NAK and the RDMA CM's REQ/REP/REJ/DREQ. Version 2 adds the authentication exchange
+//! (a nonce on CM_REQ, CM_CHALLENGE and CM_PROOF); every frame of a connection carries
+//! the version the connection was opened with. This module is pure: bytes in, a
+//! validated [`Header`] or a [`FrameError`] out. It never panics on what a peer sends.
 
 use crate::fabric::{PrivateData, WcStatus, PRIVATE_DATA_LEN};
 
 /// `"RTCP"` in wire order: the first four bytes of every frame.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RTCP");
-/// The frame format version this build speaks.
-pub const VERSION: u8 = 1;
+/// Frame format version 1: connections without authentication.
+pub const V1: u8 = 1;
+/// Frame format version 2: connections authenticated with a pre-shared key.
+pub const V2: u8 = 2;
+/// The highest frame format version this build speaks (it speaks every version from
+/// [`V1`] up).
+pub const VERSION: u8 = V2;
 /// Size of every frame header.
 pub const HEADER_LEN: usize = 40;
-/// Size of the payload of CM_REQ, CM_REP and CM_REJ.
+/// Size of the payload of CM_REP, CM_REJ and a version-1 CM_REQ.
 pub const CM_PAYLOAD_LEN: usize = 64;
+/// Size of an authentication nonce.
+pub const NONCE_LEN: usize = 32;
+/// Size of an authentication proof (an HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
+/// Payload of a version-2 CM_REQ: the CM payload, then the initiator's nonce.
+pub const CM_REQ_V2_LEN: usize = CM_PAYLOAD_LEN + NONCE_LEN;
+/// Payload of CM_CHALLENGE: the listener's nonce, then its proof.
+pub const CHALLENGE_LEN: usize = NONCE_LEN + PROOF_LEN;
 
 /// Offsets of the header fields (the first three are frozen across versions so that a
 /// peer can always read a frame's version and length and answer with a clear rejection).
@@ -54,6 +69,10 @@ pub enum Opcode {
     CmReq = 0x20,
     CmRep = 0x21,
     CmRej = 0x22,
+    /// Version 2, listener to initiator: the listener's nonce and proof of the key.
+    CmChallenge = 0x23,
+    /// Version 2, initiator to listener: the initiator's proof of the key.
+    CmProof = 0x24,
     /// Graceful disconnect; the sender closes after it.
     Disconnect = 0x30,
 }
@@ -71,6 +90,8 @@ impl Opcode {
             0x20 => Opcode::CmReq,
             0x21 => Opcode::CmRep,
             0x22 => Opcode::CmRej,
+            0x23 => Opcode::CmChallenge,
+            0x24 => Opcode::CmProof,
             0x30 => Opcode::Disconnect,
             _ => return None,
         })
@@ -82,7 +103,18 @@ impl Opcode {
     }
 
     pub fn is_cm(self) -> bool {
-        matches!(self, Opcode::CmReq | Opcode::CmRep | Opcode::CmRej)
+        matches!(
+            self,
+            Opcode::CmReq | Opcode::CmRep | Opcode::CmRej | Opcode::CmChallenge | Opcode::CmProof
+        )
+    }
+
+    /// The lowest frame version that has this opcode.
+    pub fn since_version(self) -> u8 {
+        match self {
+            Opcode::CmChallenge | Opcode::CmProof => V2,
+            _ => V1,
+        }
     }
 }
 
@@ -91,10 +123,16 @@ impl Opcode {
 pub enum FrameError {
     #[error("bad frame magic {found:#010x} (expected {MAGIC:#010x}): the peer does not speak the tcp fabric protocol")]
     BadMagic { found: u32 },
-    #[error("frame version {version} is not supported (this build speaks version {VERSION})")]
+    #[error(
+        "frame version {version} is not supported (this build speaks versions {V1} to {VERSION})"
+    )]
     UnsupportedVersion { version: u8 },
+    #[error("frame version {found} on a connection of version {expected}")]
+    WrongVersion { found: u8, expected: u8 },
     #[error("unknown frame opcode {opcode:#04x}")]
     UnknownOpcode { opcode: u8 },
+    #[error("{opcode:?} frames do not exist in frame version {version}")]
+    OpcodeVersion { opcode: Opcode, version: u8 },
     #[error("{opcode:?} frame has unknown flags {flags:#06x}")]
     Flags { opcode: Opcode, flags: u16 },
     #[error("{opcode:?} frame has a non-zero {field} field, which it does not use")]
@@ -115,7 +153,8 @@ pub enum FrameError {
     CmReserved,
 }
 
-/// A decoded frame header (the version is implied: always [`VERSION`]; flags are 0).
+/// A decoded frame header (the version is the connection's, checked by
+/// [`Header::decode_as`]; flags are 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     pub opcode: Opcode,
@@ -158,7 +197,7 @@ impl Header {
         h
     }
 
-    /// A CM frame header (its payload is a [`CmPayload`]).
+    /// The header of a CM frame whose payload is a [`CmPayload`] (64 bytes).
     pub const fn cm(opcode: Opcode) -> Header {
         let mut h = Header::new(opcode);
         h.len = CM_PAYLOAD_LEN as u32;
@@ -170,9 +209,10 @@ impl Header {
         status_from_code(self.imm).unwrap_or(WcStatus::RemoteInvalidRequest)
     }
 
-    pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
+    /// Encodes the header as a frame of `version`.
+    pub fn encode_as(&self, out: &mut [u8; HEADER_LEN], version: u8) {
         put_u32(out, off::MAGIC, MAGIC);
-        out[off::VERSION] = VERSION;
+        out[off::VERSION] = version;
         out[off::OPCODE] = self.opcode as u8;
         out[off::FLAGS..off::LEN].copy_from_slice(&0u16.to_le_bytes());
         put_u32(out, off::LEN, self.len);
@@ -183,28 +223,44 @@ impl Header {
         out[off::SEQ..off::END].copy_from_slice(&self.seq.to_le_bytes());
     }
 
-    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+    /// The header as a frame of `version`.
+    pub fn to_bytes_as(&self, version: u8) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        self.encode(&mut b);
+        self.encode_as(&mut b, version);
         b
     }
 
-    /// Decodes and validates a header: magic, version, opcode, flags, the fields the
-    /// opcode does not use (must be zero) and the payload length of control frames.
+    /// The header as a frame of the highest version, [`VERSION`].
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        self.to_bytes_as(VERSION)
+    }
+
+    /// Decodes and validates a header of a connection of frame version `version`:
+    /// magic, version, opcode (and that it exists in that version), flags, the fields
+    /// the opcode does not use (must be zero) and the payload length of control frames.
     ///
     /// # Errors
     /// The first [`FrameError`] found, in the order above.
-    pub fn decode(buf: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
+    pub fn decode_as(buf: &[u8; HEADER_LEN], version: u8) -> Result<Header, FrameError> {
         let magic = get_u32(buf, off::MAGIC);
         if magic != MAGIC {
             return Err(FrameError::BadMagic { found: magic });
         }
-        let version = buf[off::VERSION];
-        if version != VERSION {
-            return Err(FrameError::UnsupportedVersion { version });
+        let found = buf[off::VERSION];
+        if !(V1..=VERSION).contains(&found) {
+            return Err(FrameError::UnsupportedVersion { version: found });
+        }
+        if found != version {
+            return Err(FrameError::WrongVersion {
+                found,
+                expected: version,
+            });
         }
         let raw_op = buf[off::OPCODE];
         let opcode = Opcode::from_u8(raw_op).ok_or(FrameError::UnknownOpcode { opcode: raw_op })?;
+        if opcode.since_version() > version {
+            return Err(FrameError::OpcodeVersion { opcode, version });
+        }
         let flags = u16::from_le_bytes([buf[off::FLAGS], buf[off::FLAGS + 1]]);
         if flags != 0 {
             return Err(FrameError::Flags { opcode, flags });
@@ -222,11 +278,19 @@ impl Header {
             inv_rkey: get_u32(buf, off::INV_RKEY),
             seq: u64::from_le_bytes(seq),
         };
-        h.validate()?;
+        h.validate(version)?;
         Ok(h)
     }
 
-    fn validate(&self) -> Result<(), FrameError> {
+    /// [`Header::decode_as`] for a frame of the highest version, [`VERSION`].
+    ///
+    /// # Errors
+    /// As [`Header::decode_as`].
+    pub fn decode(buf: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
+        Header::decode_as(buf, VERSION)
+    }
+
+    fn validate(&self, version: u8) -> Result<(), FrameError> {
         use Opcode::*;
         let op = self.opcode;
         let zero = |v: u64, field: &'static str| {
@@ -255,7 +319,9 @@ impl Header {
             RdmaWrite => (true, false, false),
             RdmaWriteWithImm => (true, true, false),
             Nak => (false, true, false),
-            Ack | CmReq | CmRep | CmRej | Disconnect => (false, false, false),
+            Ack | CmReq | CmRep | CmRej | CmChallenge | CmProof | Disconnect => {
+                (false, false, false)
+            }
         };
         if !uses_remote {
             zero(self.rkey.into(), "rkey")?;
@@ -276,12 +342,22 @@ impl Header {
                     _ => Err(FrameError::NakStatus { code: self.imm }),
                 }
             }
-            CmReq | CmRep | CmRej => {
-                len_is(CM_PAYLOAD_LEN as u32)?;
+            CmReq | CmRep | CmRej | CmChallenge | CmProof => {
+                len_is(cm_payload_len(op, version) as u32)?;
                 zero(self.seq, "seq")
             }
             Send | SendWithImm | SendWithInv | RdmaWrite | RdmaWriteWithImm => Ok(()),
         }
+    }
+}
+
+/// The payload length of CM frame `op` in frame version `version`.
+pub fn cm_payload_len(op: Opcode, version: u8) -> usize {
+    match op {
+        Opcode::CmReq if version >= V2 => CM_REQ_V2_LEN,
+        Opcode::CmChallenge => CHALLENGE_LEN,
+        Opcode::CmProof => PROOF_LEN,
+        _ => CM_PAYLOAD_LEN,
     }
 }
 
@@ -304,8 +380,11 @@ pub enum RejectReason {
     /// The application rejected; the private data is its.
     Consumer = 1,
     /// The acceptor does not speak the REQ's frame version; `max_version` says what it
-    /// speaks.
+    /// speaks. (A listener that requires a key speaks only version 2.)
     UnsupportedVersion = 2,
+    /// Version 2: the peers did not authenticate each other (no private data; the
+    /// reason says nothing of which side or what failed).
+    AuthFailed = 3,
 }
 
 /// The payload of CM_REQ / CM_REP / CM_REJ.
@@ -349,6 +428,7 @@ impl CmPayload {
             0 => RejectReason::None,
             1 => RejectReason::Consumer,
             2 => RejectReason::UnsupportedVersion,
+            3 => RejectReason::AuthFailed,
             r => return Err(FrameError::RejectReason { reason: r }),
         };
         if buf[4..8] != [0; 4] {
@@ -364,16 +444,40 @@ impl CmPayload {
     }
 }
 
-/// A whole CM frame (header + payload), as written on the socket.
+/// A whole CM frame with a [`CmPayload`] (header + payload), as written on the socket.
 pub const CM_FRAME_LEN: usize = HEADER_LEN + CM_PAYLOAD_LEN;
+/// The longest CM frame: a version-2 CM_REQ.
+pub const CM_FRAME_MAX: usize = HEADER_LEN + CM_REQ_V2_LEN;
 
-/// Encodes a CM frame.
-pub fn cm_frame(opcode: Opcode, payload: &CmPayload) -> [u8; CM_FRAME_LEN] {
+/// Encodes a CM frame with a [`CmPayload`] (CM_REP, CM_REJ, a version-1 CM_REQ) as a
+/// frame of `version`.
+pub fn cm_frame(version: u8, opcode: Opcode, payload: &CmPayload) -> [u8; CM_FRAME_LEN] {
     let mut out = [0u8; CM_FRAME_LEN];
     let (h, p) = out.split_at_mut(HEADER_LEN);
-    Header::cm(opcode).encode(h.try_into().expect("header part"));
+    Header::cm(opcode).encode_as(h.try_into().expect("header part"), version);
     payload.encode(p.try_into().expect("payload part"));
     out
+}
+
+/// A version-2 CM frame whose payload is `parts` one after the other (CM_REQ: payload
+/// and nonce; CM_CHALLENGE: nonce and proof; CM_PROOF: proof). Returns the buffer and
+/// the frame's length in it.
+pub fn v2_frame(opcode: Opcode, parts: &[&[u8]]) -> ([u8; CM_FRAME_MAX], usize) {
+    let mut out = [0u8; CM_FRAME_MAX];
+    let len = cm_payload_len(opcode, V2);
+    debug_assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), len);
+    let mut h = Header::new(opcode);
+    h.len = len as u32;
+    h.encode_as(
+        (&mut out[..HEADER_LEN]).try_into().expect("header part"),
+        V2,
+    );
+    let mut at = HEADER_LEN;
+    for p in parts {
+        out[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+    (out, HEADER_LEN + len)
 }
 
 /// The wire code of a completion status carried by a NAK.

@@ -3,10 +3,12 @@
 //! `CONNECT_REQUEST` event), and [`TcpPending`] answers a request with CM_REP
 //! (`rdma_accept`) or CM_REJ (`rdma_reject`).
 //!
-//! A socket becomes a [`ConnRequest`] only once its whole, valid CM_REQ is in. Anything
-//! else (garbage, another protocol, a peer that goes away) is closed quietly and the
-//! listener keeps serving; a request in a frame version this build does not speak is
-//! answered here with CM_REJ "unsupported version" and never reaches the application.
+//! A socket becomes a [`ConnRequest`] only once its whole, valid CM_REQ is in (and, on a
+//! listener with a key, once the initiator has proven the key): the per-socket
+//! handshake is [`super::handshake`]'s. Anything else (garbage, another protocol, a peer
+//! that goes away) is closed quietly and the listener keeps serving; a request this
+//! listener refuses (a frame version it does not accept, failed authentication) is
+//! answered with CM_REJ and never reaches the application.
 //!
 //! Sockets still waiting for their CM_REQ are bounded by the listener's [`Admission`]:
 //! one not complete within the handshake timeout is closed, and at the per-source or total
@@ -15,18 +17,20 @@
 //! about such sockets are rate-limited.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::check_caps;
 use super::conn::TcpConn;
-use super::frame::{cm_frame, peek_version, CmPayload, Header, Opcode, RejectReason};
-use super::frame::{CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, VERSION};
+use super::frame::{cm_frame, CmPayload, Opcode, RejectReason};
+use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::MrTable;
-use crate::fabric::{Conn, ConnRequest, FabricError, Listener, PendingConn, PrivateData, QpCaps};
+use crate::fabric::{
+    Conn, ConnRequest, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
+};
 use crate::ratelimit::RateLimit;
 
 /// The accept queue's length (the kernel caps it at `net.core.somaxconn`): room for a
@@ -34,8 +38,6 @@ use crate::ratelimit::RateLimit;
 const BACKLOG: i32 = 1024;
 /// Sockets accepted per `poll` call.
 const ACCEPT_BUDGET: usize = 64;
-/// Largest payload of a foreign-version frame we read away before rejecting it.
-const MAX_SKIP: u32 = 4096;
 
 struct Incoming {
     stream: TcpStream,
@@ -43,16 +45,7 @@ struct Incoming {
     /// When it was accepted, and its admission order (for eviction: smaller is older).
     since: Instant,
     order: u64,
-    buf: [u8; CM_FRAME_LEN],
-    have: usize,
-    /// A foreign-version request: its payload bytes still to read before rejecting.
-    skip: Option<u32>,
-}
-
-enum Step {
-    Wait,
-    Drop,
-    Ready(PrivateData),
+    hs: Handshake,
 }
 
 /// A listening socket of the tcp fabric.
@@ -64,6 +57,8 @@ pub struct TcpListener {
     ready: VecDeque<ConnRequest>,
     admission: Admission,
     next_order: u64,
+    /// The key every initiator must prove (frame version 2), if any.
+    psk: Option<Psk>,
     /// Messages about refused, timed-out or malformed sockets; its clock is `epoch`.
     log: RateLimit,
     epoch: Instant,
@@ -71,7 +66,8 @@ pub struct TcpListener {
 
 impl TcpListener {
     /// Binds `addr` and listens without blocking, holding sockets whose CM_REQ is not
-    /// in yet under `admission`.
+    /// in yet under `admission`; with `psk`, only initiators that prove that key are let
+    /// through.
     ///
     /// # Errors
     /// [`FabricError::Listen`] naming the failing call or the limit out of range.
@@ -79,6 +75,7 @@ impl TcpListener {
         addr: SocketAddr,
         table: Arc<MrTable>,
         admission: &Admission,
+        psk: Option<Psk>,
     ) -> Result<TcpListener, FabricError> {
         let fail = |call: &str, e: io::Error| FabricError::Listen {
             addr,
@@ -111,6 +108,7 @@ impl TcpListener {
             ready: VecDeque::new(),
             admission: *admission,
             next_order: 0,
+            psk,
             log: RateLimit::per_second(format!("tcp fabric listener {local}")),
             epoch: Instant::now(),
         })
@@ -160,9 +158,7 @@ impl TcpListener {
                         peer,
                         since: now,
                         order: self.next_order,
-                        buf: [0; CM_FRAME_LEN],
-                        have: 0,
-                        skip: None,
+                        hs: Handshake::new(),
                     });
                     self.next_order += 1;
                 }
@@ -176,83 +172,6 @@ impl TcpListener {
                     }
                     return;
                 }
-            }
-        }
-    }
-
-    fn step(inc: &mut Incoming, log: &RateLimit, now: u64) -> Step {
-        loop {
-            if let Some(left) = inc.skip {
-                if left == 0 {
-                    let rej = cm_frame(
-                        Opcode::CmRej,
-                        &CmPayload::new(RejectReason::UnsupportedVersion, PrivateData::empty()),
-                    );
-                    answer_and_close(&mut inc.stream, &rej);
-                    return Step::Drop;
-                }
-                let n = (left as usize).min(CM_FRAME_LEN);
-                match inc.stream.read(&mut inc.buf[..n]) {
-                    Ok(0) => return Step::Drop,
-                    Ok(k) => inc.skip = Some(left - k as u32),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Wait,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return Step::Drop,
-                }
-                continue;
-            }
-            if inc.have >= HEADER_LEN {
-                let hb: &[u8; HEADER_LEN] = inc.buf[..HEADER_LEN].try_into().expect("header bytes");
-                let (magic, version, len) = peek_version(hb);
-                if magic != MAGIC {
-                    if log.allow(now) {
-                        tracing::warn!(peer = %inc.peer, "tcp fabric listener: not our protocol, closing");
-                    }
-                    return Step::Drop;
-                }
-                if version != VERSION {
-                    if log.allow(now) {
-                        tracing::warn!(
-                            peer = %inc.peer,
-                            version,
-                            "tcp fabric listener: rejecting a connect request in an unsupported frame version"
-                        );
-                    }
-                    let extra = inc.have - HEADER_LEN;
-                    match len.checked_sub(extra as u32) {
-                        Some(left) if len <= MAX_SKIP => inc.skip = Some(left),
-                        _ => return Step::Drop,
-                    }
-                    continue;
-                }
-                match Header::decode(hb) {
-                    Ok(h) if h.opcode == Opcode::CmReq => {}
-                    _ => return Step::Drop,
-                }
-                if inc.have == CM_FRAME_LEN {
-                    let pb: &[u8; CM_PAYLOAD_LEN] =
-                        inc.buf[HEADER_LEN..].try_into().expect("payload bytes");
-                    let Ok(p) = CmPayload::decode(pb) else {
-                        return Step::Drop;
-                    };
-                    if p.reason != RejectReason::None {
-                        return Step::Drop;
-                    }
-                    return Step::Ready(p.private_data);
-                }
-            }
-            // Read no further than the request: what follows belongs to the connection.
-            let want = if inc.have < HEADER_LEN {
-                HEADER_LEN
-            } else {
-                CM_FRAME_LEN
-            };
-            match inc.stream.read(&mut inc.buf[inc.have..want]) {
-                Ok(0) => return Step::Drop,
-                Ok(k) => inc.have += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Wait,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Step::Drop,
             }
         }
     }
@@ -271,7 +190,16 @@ impl Listener for TcpListener {
         let mut i = 0;
         let mut incoming = std::mem::take(&mut self.incoming);
         while i < incoming.len() {
-            match Self::step(&mut incoming[i], &self.log, now_ns) {
+            let inc = &mut incoming[i];
+            let mut log = RefusalLog {
+                listener: self.local,
+                limit: &self.log,
+                now: now_ns,
+            };
+            let step = inc
+                .hs
+                .step(&mut inc.stream, inc.peer, self.psk.as_ref(), &mut log);
+            match step {
                 Step::Wait if now.saturating_duration_since(incoming[i].since) >= timeout => {
                     let inc = incoming.swap_remove(i);
                     if self.log.allow(now_ns) {
@@ -286,11 +214,15 @@ impl Listener for TcpListener {
                 Step::Drop => {
                     incoming.swap_remove(i);
                 }
-                Step::Ready(private_data) => {
+                Step::Ready {
+                    version,
+                    private_data,
+                } => {
                     let inc = incoming.swap_remove(i);
                     let pending = TcpPending {
                         stream: Some(inc.stream),
                         table: self.table.clone(),
+                        version,
                     };
                     self.ready.push_back(ConnRequest {
                         private_data,
@@ -309,19 +241,12 @@ impl Listener for TcpListener {
     }
 }
 
-/// Writes a CM answer (it fits an empty socket buffer: one small write) and closes our
-/// side, so the peer reads the answer and then EOF.
-fn answer_and_close(stream: &mut TcpStream, frame: &[u8]) {
-    if let Err(e) = stream.write_all(frame) {
-        tracing::debug!(error = %e, "tcp fabric: could not send a CM answer");
-    }
-    let _ = stream.shutdown(Shutdown::Write);
-}
-
 /// The acceptor's half of a [`ConnRequest`].
 pub struct TcpPending {
     stream: Option<TcpStream>,
     table: Arc<MrTable>,
+    /// The frame version of the connection (the request's).
+    version: u8,
 }
 
 impl PendingConn for TcpPending {
@@ -339,6 +264,7 @@ impl PendingConn for TcpPending {
             self.table.clone(),
             caps,
             private_data,
+            self.version,
         )))
     }
 
@@ -351,6 +277,7 @@ impl TcpPending {
     fn reject_now(&mut self, private_data: PrivateData) {
         if let Some(mut stream) = self.stream.take() {
             let rej = cm_frame(
+                self.version,
                 Opcode::CmRej,
                 &CmPayload::new(RejectReason::Consumer, private_data),
             );

@@ -11,13 +11,20 @@
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
 //! instances in one process behave as two hosts.
 //!
+//! Connections may be authenticated with a pre-shared key ([`Fabric::listen_auth`],
+//! [`Fabric::connect_auth`]): a mutual challenge-response inside the connection
+//! handshake (frame version 2). The data itself travels in clear.
+//!
 //! Files: `frame` (wire format), `tx`/`rx` (the send and receive engines of a
 //! connection), `conn` (a connection and its CM state machine), `listen` (the passive
-//! side), `sys` (the libc calls, all of this module's `unsafe`).
+//! side) and `handshake` (the listener's half of establishing one connection), `auth`
+//! (nonces and proofs), `sys` (the libc calls, all of this module's `unsafe`).
 
 pub mod frame;
 
+mod auth;
 mod conn;
+mod handshake;
 mod listen;
 mod rx;
 mod sys;
@@ -33,7 +40,7 @@ use crate::fabric::mem::Backing;
 use crate::fabric::soft::MrTable;
 use crate::fabric::{
     Access, Admission, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
-    Mr, PrivateData, QpCaps,
+    Mr, PrivateData, Psk, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -136,18 +143,20 @@ impl Fabric for TcpFabric {
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        self.listen_with(addr, &Admission::default())
+        self.listen_config(addr, &Admission::default(), None)
     }
 
-    fn listen_with(
+    fn listen_config(
         &self,
         addr: SocketAddr,
         admission: &Admission,
+        psk: Option<Psk>,
     ) -> Result<Box<dyn Listener>, FabricError> {
         Ok(Box::new(TcpListener::bind(
             addr,
             self.table.clone(),
             admission,
+            psk,
         )?))
     }
 
@@ -157,6 +166,17 @@ impl Fabric for TcpFabric {
         dst: SocketAddr,
         caps: QpCaps,
         private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.connect_auth(src, dst, caps, private_data, None)
+    }
+
+    fn connect_auth(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
     ) -> Result<Box<dyn Conn>, FabricError> {
         let pd = PrivateData::new(private_data)?;
         let fail = |reason: String| FabricError::Connect { addr: dst, reason };
@@ -194,6 +214,7 @@ impl Fabric for TcpFabric {
             caps,
             pd,
             connect_error,
+            psk.cloned(),
         )))
     }
 }

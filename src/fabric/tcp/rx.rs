@@ -12,8 +12,8 @@
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 
-use super::frame::{peek_version, CmPayload, FrameError, Header, Opcode};
-use super::frame::{CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, VERSION};
+use super::frame::{peek_version, FrameError, Header, Opcode};
+use super::frame::{CHALLENGE_LEN, CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, V1, VERSION};
 use super::sys;
 use crate::fabric::soft::{InboundError, MemRef, SoftQp, WireKind, WireOp};
 use crate::fabric::WcStatus;
@@ -62,6 +62,17 @@ pub(crate) enum RxStop {
     PeerDisconnect,
 }
 
+/// A CM frame the initiator received while connecting: CM_REP, CM_REJ or CM_CHALLENGE,
+/// whose payloads are all 64 bytes.
+pub(crate) struct CmIn {
+    /// The frame's version (a listener of another version may answer in its own).
+    pub version: u8,
+    pub opcode: Opcode,
+    pub payload: [u8; CM_PAYLOAD_LEN],
+}
+
+const _: () = assert!(CHALLENGE_LEN == CM_PAYLOAD_LEN);
+
 /// Why the initiator's wait for CM_REP / CM_REJ failed.
 #[derive(Debug)]
 pub(crate) enum CmReadError {
@@ -74,6 +85,8 @@ pub(crate) enum CmReadError {
 }
 
 pub(crate) struct Rx {
+    /// The frame version of the connection.
+    version: u8,
     stage: Box<[u8]>,
     start: usize,
     end: usize,
@@ -92,8 +105,10 @@ enum Fill {
 }
 
 impl Rx {
-    pub(crate) fn new() -> Rx {
+    /// The receive side of a connection of frame version `version`.
+    pub(crate) fn new(version: u8) -> Rx {
         Rx {
+            version,
             stage: vec![0; STAGE_LEN].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -148,7 +163,7 @@ impl Rx {
         let mut b = [0u8; HEADER_LEN];
         b.copy_from_slice(&self.stage[self.start..self.start + HEADER_LEN]);
         self.start += HEADER_LEN;
-        Header::decode(&b)
+        Header::decode_as(&b, self.version)
     }
 
     /// Reads and executes frames until the socket has nothing more, the stream stalls
@@ -258,9 +273,11 @@ impl Rx {
                 return Some(RxStop::PeerNak);
             }
             Opcode::Disconnect => return Some(RxStop::PeerDisconnect),
-            op @ (Opcode::CmReq | Opcode::CmRep | Opcode::CmRej) => {
-                return Some(RxStop::Unexpected(op))
-            }
+            op @ (Opcode::CmReq
+            | Opcode::CmRep
+            | Opcode::CmRej
+            | Opcode::CmChallenge
+            | Opcode::CmProof) => return Some(RxStop::Unexpected(op)),
         };
         let op = WireOp {
             seq: h.seq,
@@ -310,12 +327,11 @@ impl Rx {
         }
     }
 
-    /// Initiator only: the acceptor's answer (CM_REP or CM_REJ) once it is completely
-    /// in, `Ok(None)` while it is not. Frames after it stay staged for [`Rx::progress`].
-    pub(crate) fn read_cm<S: Read>(
-        &mut self,
-        stream: &mut S,
-    ) -> Result<Option<(Opcode, CmPayload)>, CmReadError> {
+    /// Initiator only: the listener's next CM frame (CM_CHALLENGE, CM_REP or CM_REJ)
+    /// once it is completely in, `Ok(None)` while it is not. Frames after it stay staged
+    /// for [`Rx::progress`]. The frame may be of any version this build speaks; the
+    /// caller decides what a version other than the connection's means.
+    pub(crate) fn read_cm<S: Read>(&mut self, stream: &mut S) -> Result<Option<CmIn>, CmReadError> {
         loop {
             if self.staged() >= HEADER_LEN {
                 let mut b = [0u8; HEADER_LEN];
@@ -324,20 +340,26 @@ impl Rx {
                 if magic != MAGIC {
                     return Err(CmReadError::BadMagic(magic));
                 }
-                if version != VERSION {
+                if !(V1..=VERSION).contains(&version) {
                     return Err(CmReadError::Version(version));
                 }
-                let h = Header::decode(&b).map_err(CmReadError::Garbage)?;
-                if !matches!(h.opcode, Opcode::CmRep | Opcode::CmRej) {
+                let h = Header::decode_as(&b, version).map_err(CmReadError::Garbage)?;
+                if !matches!(
+                    h.opcode,
+                    Opcode::CmRep | Opcode::CmRej | Opcode::CmChallenge
+                ) {
                     return Err(CmReadError::Unexpected(h.opcode));
                 }
                 if self.staged() >= CM_FRAME_LEN {
-                    let mut p = [0u8; CM_PAYLOAD_LEN];
+                    let mut payload = [0u8; CM_PAYLOAD_LEN];
                     let at = self.start + HEADER_LEN;
-                    p.copy_from_slice(&self.stage[at..at + CM_PAYLOAD_LEN]);
-                    let payload = CmPayload::decode(&p).map_err(CmReadError::Garbage)?;
+                    payload.copy_from_slice(&self.stage[at..at + CM_PAYLOAD_LEN]);
                     self.start += CM_FRAME_LEN;
-                    return Ok(Some((h.opcode, payload)));
+                    return Ok(Some(CmIn {
+                        version,
+                        opcode: h.opcode,
+                        payload,
+                    }));
                 }
             }
             match self.fill(stream) {

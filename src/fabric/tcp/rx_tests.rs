@@ -28,7 +28,7 @@ fn setup() -> Setup {
     Setup {
         table,
         qp,
-        rx: Rx::new(),
+        rx: Rx::new(VERSION),
         ours,
         peer,
     }
@@ -258,10 +258,37 @@ fn acks_naks_refusals_and_garbage() {
         RxStop::Garbage(FrameError::BadMagic { .. })
     ));
     let mut s = setup();
-    write_frame(&mut s.peer, Header::cm(Opcode::CmReq), &[0; 64]);
+    write_frame(
+        &mut s.peer,
+        Header {
+            len: 96,
+            ..Header::new(Opcode::CmReq)
+        },
+        &[0; 96],
+    );
     assert!(matches!(
         s.rx.progress(&mut s.ours, &mut s.qp),
         RxStop::Unexpected(Opcode::CmReq)
+    ));
+    let mut s = setup();
+    write_frame(
+        &mut s.peer,
+        Header {
+            len: 32,
+            ..Header::new(Opcode::CmProof)
+        },
+        &[0; 32],
+    );
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Unexpected(Opcode::CmProof)
+    ));
+    // A frame of another version on this connection is garbage.
+    let mut s = setup();
+    s.peer.write_all(&Header::ack(0).to_bytes_as(V1)).unwrap();
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp),
+        RxStop::Garbage(FrameError::WrongVersion { .. })
     ));
     let mut s = setup();
     drop(s.peer);

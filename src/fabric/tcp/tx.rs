@@ -14,7 +14,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use super::frame::{Header, Opcode, CM_FRAME_LEN, HEADER_LEN};
+use super::frame::{Header, Opcode, CM_FRAME_MAX, HEADER_LEN};
 use super::sys::{self, IoVecs};
 use crate::fabric::soft::{MemRef, SoftQp, WireKind, WireOp};
 
@@ -41,9 +41,12 @@ const ACK_DELAY: Duration = Duration::from_micros(100);
 const ACK_CLOCK_ROUNDS: u32 = 8;
 
 pub(crate) struct Tx {
+    /// The frame version of the connection.
+    version: u8,
     hdrs: Box<[[u8; HEADER_LEN]; MAX_FRAMES]>,
     nhdrs: usize,
-    cm: Box<[u8; CM_FRAME_LEN]>,
+    cm: Box<[u8; CM_FRAME_MAX]>,
+    cm_len: usize,
     cm_pending: bool,
     /// NAK or DISCONNECT: written after everything already in a batch, then nothing else.
     last: Option<Header>,
@@ -99,12 +102,15 @@ pub(crate) fn wire_header(op: &WireOp) -> Header {
 }
 
 impl Tx {
-    /// A transmit side for a queue pair with `max_send_wr` send slots.
-    pub(crate) fn new(max_send_wr: u32) -> Tx {
+    /// A transmit side for a queue pair with `max_send_wr` send slots, writing frames of
+    /// version `version`.
+    pub(crate) fn new(max_send_wr: u32, version: u8) -> Tx {
         Tx {
+            version,
             hdrs: Box::new([[0; HEADER_LEN]; MAX_FRAMES]),
             nhdrs: 0,
-            cm: Box::new([0; CM_FRAME_LEN]),
+            cm: Box::new([0; CM_FRAME_MAX]),
+            cm_len: 0,
             cm_pending: false,
             last: None,
             last_written: false,
@@ -123,9 +129,15 @@ impl Tx {
         }
     }
 
-    /// Queues a CM frame (REQ or REP) to go first.
-    pub(crate) fn queue_cm(&mut self, frame: [u8; CM_FRAME_LEN]) {
-        *self.cm = frame;
+    /// Queues a whole CM frame (REQ, PROOF or REP) to go first. The previous one must be
+    /// written completely ([`Tx::drained`]): its bytes are in the same buffer.
+    pub(crate) fn queue_cm(&mut self, frame: &[u8]) {
+        assert!(
+            self.drained() && frame.len() <= CM_FRAME_MAX,
+            "a CM frame is queued only on an idle transmit side"
+        );
+        self.cm[..frame.len()].copy_from_slice(frame);
+        self.cm_len = frame.len();
         self.cm_pending = true;
     }
 
@@ -228,7 +240,7 @@ impl Tx {
 
     fn push_header(&mut self, h: &Header) {
         let slot = &mut self.hdrs[self.nhdrs];
-        h.encode(slot);
+        h.encode_as(slot, self.version);
         let ptr = slot.as_ptr();
         self.nhdrs += 1;
         self.iov.push(ptr, HEADER_LEN);
@@ -238,7 +250,7 @@ impl Tx {
     fn build(&mut self, qp: Option<&mut SoftQp>) -> bool {
         if self.cm_pending {
             self.cm_pending = false;
-            self.iov.push(self.cm.as_ptr(), CM_FRAME_LEN);
+            self.iov.push(self.cm.as_ptr(), self.cm_len);
             self.frame_ends.push(self.iov.len());
         }
         if let Some(qp) = qp {
@@ -288,7 +300,9 @@ impl Tx {
 mod tests {
     use super::*;
     use crate::fabric::soft::MrTable;
-    use crate::fabric::tcp::frame::{cm_frame, CmPayload, Header as H, RejectReason};
+    use crate::fabric::tcp::frame::{
+        cm_frame, CmPayload, Header as H, RejectReason, CM_FRAME_LEN, VERSION,
+    };
     use crate::fabric::{Access, MemBuf, PrivateData, QpCaps, SendOp, SendWr};
     use std::io::Read;
     use std::os::fd::AsRawFd;
@@ -358,9 +372,10 @@ mod tests {
             },
         ])
         .unwrap();
-        let mut tx = Tx::new(QpCaps::default().max_send_wr);
+        let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
         let pd = PrivateData::new(b"rep").unwrap();
-        tx.queue_cm(cm_frame(
+        tx.queue_cm(&cm_frame(
+            VERSION,
             Opcode::CmRep,
             &CmPayload::new(RejectReason::None, pd),
         ));
@@ -398,7 +413,7 @@ mod tests {
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
         let mut qp = qp_owing_an_ack(&table);
-        let mut tx = Tx::new(QpCaps::default().max_send_wr);
+        let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
         tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert!(read_all(&mut b).is_empty(), "no syscall for a lone ack yet");
@@ -424,7 +439,7 @@ mod tests {
         let table = MrTable::new();
         let mut qp = qp_owing_an_ack(&table);
         // Four send slots: an ack covering one frame is a quarter of the queue.
-        let mut tx = Tx::new(4);
+        let mut tx = Tx::new(4, VERSION);
         tx.ack_delay = Duration::from_secs(3600);
         tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
         assert_eq!(read_all(&mut b), H::ack(1).to_bytes());
@@ -455,7 +470,7 @@ mod tests {
             },
         ];
         qp.post_send(&wrs).unwrap();
-        let mut tx = Tx::new(QpCaps::default().max_send_wr);
+        let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
         assert!(tx.build(Some(&mut qp)));
         // As if the socket had taken the first header and 5 payload bytes.
         tx.partial = tx.iov.consume(&mut tx.pos, HEADER_LEN + 5);

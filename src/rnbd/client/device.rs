@@ -96,13 +96,24 @@ pub enum DeviceError {
     /// ([`WriteZeroesMode::Emulate`]); the client's `submit` does that.
     #[error("write zeroes on device '{name}' is sent as zero-filled writes (write_zeroes emulate), never as op 5")]
     Emulated { name: String },
+    /// The session could not carry the request (never connected and refused by the
+    /// target, or closed): nothing reached the server. `what` names the request and
+    /// device, `reason` is the session's.
+    #[error("{what}: {reason}")]
+    NotSent {
+        what: String,
+        errno: i32,
+        reason: String,
+    },
 }
 
 impl DeviceError {
     /// A negative errno for a block layer: the server's, or the local equivalent.
     pub fn errno(&self) -> i32 {
         -match self {
-            DeviceError::Refused { errno, .. } => return *errno,
+            DeviceError::Refused { errno, .. } | DeviceError::NotSent { errno, .. } => {
+                return *errno
+            }
             DeviceError::NotMapped { .. } => libc::ENOTCONN,
             DeviceError::ReadOnly { .. } => libc::EROFS,
             DeviceError::OutOfRange { .. } => libc::EIO,
@@ -129,6 +140,8 @@ fn errno_name(errno: i32) -> String {
         }
         libc::EINVAL => "EINVAL (invalid request)",
         libc::ENOTCONN => "ENOTCONN (device not open on the server)",
+        libc::EBUSY => "EBUSY (the export's device is held by someone else)",
+        libc::ENOMEM => "ENOMEM (out of memory on the server)",
         libc::EIO => "EIO",
         libc::EROFS => "EROFS (read-only mapping)",
         libc::EOPNOTSUPP => "EOPNOTSUPP (not supported)",

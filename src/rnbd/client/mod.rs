@@ -2,11 +2,14 @@
 //! state machine ([`RnbdDevice`]), both free of any transport, and [`RnbdClient`], which
 //! drives devices over one core's RTRS session handle ([`RtrsPort`]) on the session's
 //! home core; [`RnbdCore`] sends block IO of the same devices from the other cores.
+//! Both send block IO through one core's `CoreIo` (`io.rs`), which keeps requests
+//! while their device is unreachable and sends them again once it is re-opened.
 
 pub mod msg;
 
 mod config;
 mod device;
+mod io;
 mod port;
 mod rtrs;
 mod session;

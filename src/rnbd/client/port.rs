@@ -4,6 +4,8 @@
 //! The RTRS client's per-core `SessionCore` implements it; tests may put anything that
 //! carries requests to an RNBD server behind it.
 
+use std::time::Duration;
+
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
 use crate::rnbd::Dir;
@@ -56,6 +58,11 @@ pub trait RtrsPort {
 
     /// Largest data size of one request (0 while unknown).
     fn max_io_size(&self) -> u32;
+
+    /// How long a block request may wait for the device to be reachable: for a path
+    /// (the session's own wait) and, above it, for the device's re-open after a
+    /// reconnect (the RNBD client's per-core IO, `io.rs`). Zero: requests fail at once.
+    fn io_wait_timeout(&self) -> Duration;
 
     /// Registers `len` bytes of zeros with the session's fabric: the source of the
     /// zero-filled WRITEs of emulated write-zeroes (read by the fabric, never written).

@@ -3,6 +3,7 @@
 //! link events (kernel: `rnbd_clt_link_ev`) to the client on the home core.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
@@ -28,6 +29,13 @@ impl RtrsPort for SessionCore {
             Err(SubmitError::Busy { .. }) => Err(PortError::Busy),
             // Not connected yet (limits unknown): wait for the first Connected.
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(PortError::Busy),
+            // Never connected and refused for good: say why, at once.
+            Err(e @ SubmitError::Refused { errno }) => Err(PortError::Refused {
+                errno,
+                reason: self
+                    .refusal()
+                    .map_or_else(|| e.to_string(), |r| r.to_string()),
+            }),
             Err(e) => Err(PortError::Refused {
                 errno: match e {
                     SubmitError::NoPath => -libc::ENOTCONN,
@@ -53,6 +61,10 @@ impl RtrsPort for SessionCore {
 
     fn max_io_size(&self) -> u32 {
         SessionCore::max_io_size(self)
+    }
+
+    fn io_wait_timeout(&self) -> Duration {
+        SessionCore::io_wait_timeout(self)
     }
 
     fn zero_region(&self, len: usize) -> Result<Mr, PortError> {

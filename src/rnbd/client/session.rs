@@ -7,23 +7,25 @@
 //! Everything is non-blocking: SESS_INFO, OPEN and CLOSE are queued, sent as admin
 //! requests when a permit and a reply slot are free, and reported as [`ClientEvent`]s by
 //! [`RnbdClient::poll`], which also reports block IO completions. OPENs wait for an
-//! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
+//! outstanding SESS_INFO, as the kernel sends SESS_INFO first. Block IO goes through the
+//! core's [`CoreIo`](super::io), which keeps requests while their device is unreachable
+//! (up to `io_wait_timeout`) and sends them again once it is re-opened.
 //!
 //! Write-zeroes follow [`RnbdClientConfig::write_zeroes`]: by default they go out as
 //! zero-filled WRITEs ([`zeroes`](super::zeroes)), safe with servers of every kernel
 //! version.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::config::RnbdClientConfig;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
+use super::io::{CoreIo, DevLookup};
 use super::msg::{self, BlockRequest, DeviceInfo};
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use super::rtrs::LinkListener;
-use super::shared::{check_tag, emulated, send_tagged, SharedDevices};
-use super::zeroes::{is_piece, ZeroWrites};
+use super::shared::SharedDevices;
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
@@ -82,6 +84,14 @@ pub enum IoError {
     Device(#[from] DeviceError),
     #[error("rtrs: {0}")]
     Port(#[from] PortError),
+    /// A request waited `io_wait_timeout` for its device to be reachable (a path up and
+    /// the device re-opened after a reconnect) and failed with −ENOTCONN.
+    #[error("device '{name}' unreachable for {} s: {reason}", waited.as_secs_f64())]
+    Unreachable {
+        name: String,
+        waited: Duration,
+        reason: String,
+    },
 }
 
 impl IoError {
@@ -98,6 +108,7 @@ impl IoError {
             IoError::Device(e) => e.errno(),
             IoError::Port(PortError::Busy) => -libc::EAGAIN,
             IoError::Port(PortError::Refused { errno, .. }) => *errno,
+            IoError::Unreachable { .. } => -libc::ENOTCONN,
         }
     }
 }
@@ -121,9 +132,19 @@ struct Dev {
     gone: bool,
 }
 
+/// The home core's own device table, for its [`CoreIo`].
+struct Local<'a>(&'a [Dev]);
+
+impl DevLookup for Local<'_> {
+    fn with_dev<R>(&self, dev: DevHandle, f: impl FnOnce(&RnbdDevice) -> R) -> Option<R> {
+        self.0.get(dev.0).filter(|d| !d.gone).map(|d| f(&d.dev))
+    }
+}
+
 /// RNBD devices over one core's RTRS session.
 pub struct RnbdClient<P> {
-    port: P,
+    /// This core's block IO and the port it shares with the admin requests.
+    io: CoreIo<P>,
     /// Reply space of admin requests, `REPLY_SLOT` bytes per slot.
     replies: Mr,
     slots: Vec<Option<Admin>>,
@@ -135,18 +156,16 @@ pub struct RnbdClient<P> {
     scratch: Vec<PortCompletion>,
     links: Option<LinkListener>,
     shared: Arc<SharedDevices>,
-    /// This core's block requests in flight (one of `shared`'s counters).
-    inflight: Arc<AtomicUsize>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
     config: RnbdClientConfig,
-    /// This core's emulated write-zeroes.
-    zero: ZeroWrites,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
     /// A client over `port`, whose admin replies land in `replies` (registered with the
     /// session's fabric, local write access; one admin request in flight per 64 bytes).
+    /// Block requests wait up to the port's
+    /// [`io_wait_timeout`](RtrsPort::io_wait_timeout) for an unreachable device.
     ///
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than 64 bytes.
@@ -169,9 +188,8 @@ impl<P: RtrsPort> RnbdClient<P> {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
         let shared = Arc::new(SharedDevices::new(config));
-        let inflight = shared.counter();
         Ok(RnbdClient {
-            port,
+            io: CoreIo::new(port, Arc::clone(&shared)),
             replies,
             slots: vec![None; n.min(1024)],
             queued: VecDeque::with_capacity(16),
@@ -182,10 +200,8 @@ impl<P: RtrsPort> RnbdClient<P> {
             scratch: vec![PortCompletion::default(); BATCH],
             links: None,
             shared,
-            inflight,
             reopen_pending: false,
             config,
-            zero: ZeroWrites::default(),
         })
     }
 
@@ -194,11 +210,20 @@ impl<P: RtrsPort> RnbdClient<P> {
     }
 
     pub fn port(&self) -> &P {
-        &self.port
+        &self.io.port
     }
 
+    /// The port itself. A request sent on it directly completes through it: poll the
+    /// port for it ([`poll`](Self::poll) hands back only the client's own requests and
+    /// drops, with a log line, block completions it did not send).
     pub fn port_mut(&mut self) -> &mut P {
-        &mut self.port
+        &mut self.io.port
+    }
+
+    /// Why the last block request whose wait for its device ran out failed
+    /// ([`IoError::Unreachable`]).
+    pub fn last_wait_error(&self) -> Option<&IoError> {
+        self.io.last_wait_error()
     }
 
     /// The devices as other cores see them (for [`RnbdCore`](super::RnbdCore)s).
@@ -240,7 +265,7 @@ impl<P: RtrsPort> RnbdClient<P> {
         name: &str,
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
-        let dev = RnbdDevice::new(name, mode, self.port.max_io_size())?
+        let dev = RnbdDevice::new(name, mode, self.io.port.max_io_size())?
             .with_write_zeroes(self.config.write_zeroes);
         if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
             return Err(DeviceError::AlreadyOpen {
@@ -290,13 +315,17 @@ impl<P: RtrsPort> RnbdClient<P> {
     }
 
     /// Sends a block request on a mapped device. `sgl` holds the data of a write or the
-    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise). An
-    /// emulated write-zeroes is sent as WRITEs of zeros; its one completion comes when
-    /// all of them are done.
+    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise), and
+    /// stays untouched until the completion. While the device is unreachable (every
+    /// path lost, or the re-open after a reconnect pending) the request is accepted and
+    /// waits, up to `io_wait_timeout` after now, then fails with −ENOTCONN (see
+    /// [`last_wait_error`](Self::last_wait_error)); a request that comes back because
+    /// the session lost its paths waits the same way and is sent again. Its completion
+    /// is an [`ClientEvent::Io`], exactly once. An emulated write-zeroes goes out as
+    /// WRITEs of zeros; its one completion comes when all of them are done.
     ///
     /// # Errors
-    /// [`IoError::is_busy`] to retry after polling (nothing was sent); otherwise why it
-    /// cannot be sent.
+    /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.
     pub fn submit(
         &mut self,
         cx: &mut dyn Ctx,
@@ -305,31 +334,8 @@ impl<P: RtrsPort> RnbdClient<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        check_tag(tag)?;
-        let d = self
-            .devices
-            .get(dev.0)
-            .filter(|d| !d.gone)
-            .ok_or(IoError::NoDevice)?;
-        if !emulated(&d.dev, req) {
-            return send_tagged(&mut self.port, &self.inflight, cx, &d.dev, tag, req, sgl);
-        }
-        d.dev.check(req)?;
-        if !sgl.is_empty() {
-            return Err(IoError::SglLength {
-                have: sgl.iter().map(|s| u64::from(s.len)).sum(),
-                want: 0,
-            });
-        }
-        self.zero.start(
-            &mut self.port,
-            &self.inflight,
-            &self.shared,
-            cx,
-            dev,
-            tag,
-            req,
-        )
+        self.io
+            .submit(cx, &Local(&self.devices), dev, tag, req, sgl)
     }
 
     /// The session lost its last path: devices wait for a re-open; the version is
@@ -384,33 +390,21 @@ impl<P: RtrsPort> RnbdClient<P> {
             }
         }
         loop {
-            let n = self.port.poll(cx, &mut self.scratch);
+            let (n, more) = self.io.poll(cx, &Local(&self.devices), &mut self.scratch);
             for i in 0..n {
                 let c = self.scratch[i];
-                if is_piece(c.tag) {
-                    self.inflight.fetch_sub(1, Ordering::SeqCst);
-                    self.zero.piece_done(c.tag, c.errno);
-                } else if c.tag & ADMIN_TAG != 0 {
+                if c.tag & ADMIN_TAG != 0 {
                     self.admin_done((c.tag & !ADMIN_TAG) as usize, c.errno);
                 } else {
-                    self.inflight.fetch_sub(1, Ordering::SeqCst);
                     self.events.push_back(ClientEvent::Io {
                         tag: c.tag,
                         errno: c.errno,
                     });
                 }
             }
-            if n < self.scratch.len() {
+            if !more {
                 break;
             }
-        }
-        self.zero
-            .pump(&mut self.port, &self.inflight, &self.shared, cx);
-        while let Some(c) = self.zero.take_ready() {
-            self.events.push_back(ClientEvent::Io {
-                tag: c.tag,
-                errno: c.errno,
-            });
         }
         self.try_reopen();
         self.pump(cx);
@@ -471,7 +465,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                 sgl,
                 admin: true,
             };
-            match self.port.submit(cx, io) {
+            match self.io.port.submit(cx, io) {
                 Ok(()) => {
                     self.queued.pop_front();
                     self.slots[slot] = Some(op);
@@ -480,9 +474,9 @@ impl<P: RtrsPort> RnbdClient<P> {
                     }
                 }
                 Err(PortError::Busy) => break,
-                Err(PortError::Refused { errno, .. }) => {
+                Err(PortError::Refused { errno, reason }) => {
                     self.queued.pop_front();
-                    self.finish(op, errno, &[]);
+                    self.not_sent(op, errno, reason);
                 }
             }
         }
@@ -526,8 +520,51 @@ impl<P: RtrsPort> RnbdClient<P> {
         }
     }
 
+    /// The session could not carry `op` (nothing reached the server): it fails with the
+    /// session's reason rather than as if the server had answered `errno`.
+    fn not_sent(&mut self, op: Admin, errno: i32, reason: String) {
+        match op {
+            Admin::SessInfo => {
+                self.sess_info_inflight = false;
+                self.events
+                    .push_back(ClientEvent::SessInfo(Err(DeviceError::NotSent {
+                        what: "session info".into(),
+                        errno,
+                        reason,
+                    })));
+            }
+            Admin::Open(i) => {
+                let d = &mut self.devices[i];
+                d.opening = false;
+                let was = d.dev.state();
+                if was == DevState::Unmapped {
+                    return;
+                }
+                let error = DeviceError::NotSent {
+                    what: format!("open of device '{}'", d.dev.name()),
+                    errno,
+                    reason,
+                };
+                self.open_failed(i, was, error);
+            }
+            Admin::Close { .. } => self.finish(op, errno, &[]),
+        }
+    }
+
+    /// A failed OPEN: a first one leaves a dead handle, a re-open a disconnected device.
+    fn open_failed(&mut self, i: usize, was: DevState, error: DeviceError) {
+        if was == DevState::Init {
+            self.devices[i].gone = true;
+            self.publish(i);
+        }
+        self.events.push_back(ClientEvent::OpenFailed {
+            dev: DevHandle(i),
+            error,
+        });
+    }
+
     fn open_finished(&mut self, i: usize, errno: i32, reply: &[u8]) {
-        let max_io = self.port.max_io_size();
+        let max_io = self.io.port.max_io_size();
         let d = &mut self.devices[i];
         d.opening = false;
         let was = d.dev.state();
@@ -565,14 +602,7 @@ impl<P: RtrsPort> RnbdClient<P> {
                         device_id,
                     });
                 }
-                if was == DevState::Init {
-                    self.devices[i].gone = true;
-                    self.publish(i);
-                }
-                self.events.push_back(ClientEvent::OpenFailed {
-                    dev: DevHandle(i),
-                    error,
-                });
+                self.open_failed(i, was, error);
             }
         }
     }

@@ -11,23 +11,24 @@
 //! re-opened by then, an old id could name another device of the new server session.
 //! So every core counts its block requests in flight, and the client re-opens devices
 //! only once none is left (after a reconnect the new server session answers old ids
-//! with −ENOTCONN until then, since it has no devices yet).
+//! with −ENOTCONN until then, since it has no devices yet; those requests wait in their
+//! core's `CoreIo` (`io.rs`) and go out again with the new id). Every change of the
+//! table bumps its epoch, which tells the cores' waiting requests to look again.
 //!
 //! The client's [`RnbdClientConfig`] applies to every core, and the zero buffer of
 //! emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once for all of them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::config::{RnbdClientConfig, WriteZeroesMode};
+use super::config::RnbdClientConfig;
 use super::device::{DevState, RnbdDevice};
+use super::io::CoreIo;
 use super::msg::BlockRequest;
-use super::port::{PortCompletion, PortIo, RtrsPort};
-use super::session::{DevHandle, IoError, ADMIN_TAG};
-use super::zeroes::{is_piece, ZeroWrites};
+use super::port::{PortCompletion, RtrsPort};
+use super::session::{DevHandle, IoError};
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
-use crate::proto::rnbd::RnbdOp;
 
 /// Smallest zero buffer (the first emulated write-zeroes registers
 /// `max(max_io_size, this)` bytes, at most [`MAX_ZERO_BUFFER`]).
@@ -41,6 +42,8 @@ pub struct SharedDevices {
     slots: RwLock<Vec<Option<RnbdDevice>>>,
     /// Block requests in flight, one counter per core handle.
     counters: Mutex<Vec<Arc<AtomicUsize>>>,
+    /// Bumped by every [`set`](Self::set).
+    epoch: AtomicU64,
     config: RnbdClientConfig,
     /// Zeros for emulated write-zeroes, registered at the first one.
     zeroes: Mutex<Option<Arc<Mr>>>,
@@ -100,6 +103,12 @@ impl SharedDevices {
             slots.resize(i + 1, None);
         }
         slots[i] = dev.cloned();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many times the table changed.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// Runs `f` on the published device `dev`, if it is not closed.
@@ -114,86 +123,36 @@ impl SharedDevices {
     }
 }
 
-/// Whether `req` on `dev` goes out as zero-filled WRITEs.
-pub(super) fn emulated(dev: &RnbdDevice, req: &BlockRequest) -> bool {
-    req.op == RnbdOp::WriteZeroes && dev.write_zeroes() == WriteZeroesMode::Emulate
-}
-
-/// Checks a caller's tag: the admin bit is the client's own.
-pub(super) fn check_tag(tag: u64) -> Result<(), IoError> {
-    if tag & ADMIN_TAG != 0 {
-        return Err(IoError::BadTag { tag });
-    }
-    Ok(())
-}
-
-/// Checks and sends one block request of `dev` on `port` under `tag` (the caller's, or
-/// an internal one), counting it in `inflight`.
-pub(super) fn send_tagged<P: RtrsPort + ?Sized>(
-    port: &mut P,
-    inflight: &AtomicUsize,
-    cx: &mut dyn Ctx,
-    dev: &RnbdDevice,
-    tag: u64,
-    req: &BlockRequest,
-    sgl: &[Sge],
-) -> Result<(), IoError> {
-    let (usr, dir) = dev.io_msg(req)?;
-    let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
-    if have != u64::from(req.data_len()) {
-        return Err(IoError::SglLength {
-            have,
-            want: req.data_len(),
-        });
-    }
-    port.submit(
-        cx,
-        PortIo {
-            tag,
-            dir,
-            usr: &usr,
-            sgl,
-            admin: false,
-        },
-    )?;
-    inflight.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
 /// Block IO of a client session's devices on one (non-home) core.
 pub struct RnbdCore<P> {
-    port: P,
+    io: CoreIo<P>,
     devices: Arc<SharedDevices>,
-    inflight: Arc<AtomicUsize>,
-    zero: ZeroWrites,
 }
 
 impl<P: RtrsPort> RnbdCore<P> {
     /// This core's handle: `port` is this core's RTRS session handle, `devices` what
     /// [`RnbdClient::shared`](super::RnbdClient::shared) returns.
     pub fn new(port: P, devices: Arc<SharedDevices>) -> RnbdCore<P> {
-        let inflight = devices.counter();
         RnbdCore {
-            port,
+            io: CoreIo::new(port, Arc::clone(&devices)),
             devices,
-            inflight,
-            zero: ZeroWrites::default(),
         }
     }
 
     pub fn port(&self) -> &P {
-        &self.port
+        &self.io.port
     }
 
     pub fn port_mut(&mut self) -> &mut P {
-        &mut self.port
+        &mut self.io.port
     }
 
     pub fn devices(&self) -> &Arc<SharedDevices> {
         &self.devices
     }
 
-    /// Sends a block request on `dev`, as [`RnbdClient::submit`](super::RnbdClient::submit).
+    /// Sends a block request on `dev`, as [`RnbdClient::submit`](super::RnbdClient::submit):
+    /// while the device is unreachable the request waits.
     ///
     /// # Errors
     /// As `RnbdClient::submit`.
@@ -205,56 +164,18 @@ impl<P: RtrsPort> RnbdCore<P> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        check_tag(tag)?;
-        let (port, inflight) = (&mut self.port, &*self.inflight);
-        let emulate = self
-            .devices
-            .with(dev, |d| {
-                if emulated(d, req) {
-                    d.check(req).map(|_| true).map_err(IoError::from)
-                } else {
-                    send_tagged(port, inflight, cx, d, tag, req, sgl).map(|()| false)
-                }
-            })
-            .unwrap_or(Err(IoError::NoDevice))?;
-        if emulate {
-            if !sgl.is_empty() {
-                return Err(IoError::SglLength {
-                    have: sgl.iter().map(|s| u64::from(s.len)).sum(),
-                    want: 0,
-                });
-            }
-            let (port, inflight) = (&mut self.port, &*self.inflight);
-            self.zero
-                .start(port, inflight, &self.devices, cx, dev, tag, req)?;
-        }
-        Ok(())
+        self.io.submit(cx, &*self.devices, dev, tag, req, sgl)
     }
 
     /// Moves finished block requests of this core into `out`; returns how many.
     pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
-        let n = self.port.poll(cx, out);
-        self.inflight.fetch_sub(n, Ordering::SeqCst);
-        let mut k = 0;
-        for j in 0..n {
-            let c = out[j];
-            if is_piece(c.tag) {
-                self.zero.piece_done(c.tag, c.errno);
-            } else {
-                out[k] = c;
-                k += 1;
-            }
-        }
-        let (port, inflight) = (&mut self.port, &*self.inflight);
-        self.zero.pump(port, inflight, &self.devices, cx);
-        while k < out.len() {
-            let Some(c) = self.zero.take_ready() else {
-                break;
-            };
-            out[k] = c;
-            k += 1;
-        }
-        k
+        self.io.poll(cx, &*self.devices, out).0
+    }
+
+    /// Why the last request whose wait for its device ran out failed
+    /// ([`IoError::Unreachable`]).
+    pub fn last_wait_error(&self) -> Option<&IoError> {
+        self.io.last_wait_error()
     }
 }
 

@@ -5,34 +5,53 @@
 //! One write-zeroes becomes *pieces*: WRITEs of at most the device's `max_io_size`
 //! whose scatter-gather list points into one registered buffer of zeros, shared by the
 //! session's cores and registered at the first emulated write-zeroes (so steady state
-//! allocates and copies nothing). Pieces carry the request's flags and are sent as
-//! permits allow: the first one from `submit` (a submission that cannot send it is
-//! refused as busy, nothing sent), the rest from each poll. The request completes,
-//! once, when its last piece did, with the first error of any piece; after an error no
-//! further piece is sent. Pieces use internal tags (`ADMIN_TAG | ZERO_TAG`, the
-//! request's slot in bits 32.., the piece's number below), unique among requests in
-//! flight, so the caller's tags stay untouched.
+//! allocates and copies nothing). Pieces carry the request's flags and go through the
+//! core's [`CoreIo`](super::io) like any request (so they wait for an unreachable device
+//! and are sent again after a re-open), under tags of their own that the caller never
+//! sees. The first piece is sent from `submit` (a submission that cannot send it is
+//! refused as busy, nothing sent), the rest from each poll, at most
+//! [`MAX_OUTSTANDING`] of one request at a time. The request completes, once, when its
+//! last piece did, with the first error of any piece; after an error no further piece
+//! is sent.
+//!
+//! [`WriteZeroesMode::Emulate`]: super::WriteZeroesMode::Emulate
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 
 use super::msg::BlockRequest;
-use super::port::{PortCompletion, RtrsPort};
-use super::session::{DevHandle, IoError, ADMIN_TAG};
-use super::shared::{send_tagged, SharedDevices};
+use super::port::PortCompletion;
+use super::session::{DevHandle, IoError};
 use crate::engine::Ctx;
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::RnbdOp;
 
-/// With [`ADMIN_TAG`], marks the tag of a piece (see the module doc).
-pub(super) const ZERO_TAG: u64 = 1 << 62;
+/// Most pieces of one request sent and not completed (bounds what a huge write-zeroes
+/// holds of the session's permits, and of the core's request slots while it waits).
+pub(super) const MAX_OUTSTANDING: u32 = 16;
 /// Most entries of a piece's scatter-gather list (all over the one zero buffer).
 const MAX_PIECE_SGES: usize = 16;
 
-/// Whether `tag` is a piece's.
-pub(super) fn is_piece(tag: u64) -> bool {
-    tag & (ADMIN_TAG | ZERO_TAG) == ADMIN_TAG | ZERO_TAG
+/// What [`ZeroWrites`] needs from the core's block IO.
+pub(super) trait PieceSink {
+    /// `(logical block size, max_io_size)` of `dev`.
+    ///
+    /// # Errors
+    /// The device is closed or was never open.
+    fn limits(&self, dev: DevHandle) -> Result<(u32, u32), IoError>;
+
+    /// Sends (or keeps, while the device is unreachable) one piece under `tag`; its end
+    /// comes back through [`ZeroWrites::piece_done`].
+    ///
+    /// # Errors
+    /// Busy (nothing sent) or why the piece cannot go.
+    fn send_piece(
+        &mut self,
+        cx: &mut dyn Ctx,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+    ) -> Result<(), IoError>;
 }
 
 /// One emulated write-zeroes in progress.
@@ -64,39 +83,31 @@ pub(super) struct ZeroWrites {
     queue: VecDeque<usize>,
     /// Finished requests, for the caller's poll.
     ready: VecDeque<PortCompletion>,
-    /// This core's handle on the session's zero buffer.
-    zeroes: Option<Arc<Mr>>,
+}
+
+/// A piece's tag: its request's slot above bit 32, its number below.
+fn piece_tag(i: usize, n: u32) -> u64 {
+    (i as u64) << 32 | u64::from(n)
 }
 
 impl ZeroWrites {
     /// Starts the write-zeroes `req` (already checked against the device) of `dev` under
-    /// the caller's `tag`: sends its first pieces.
+    /// the caller's `tag`, its data from `zeroes`: sends its first pieces.
     ///
     /// # Errors
     /// [`IoError::is_busy`] when not even the first piece could be sent (nothing was);
-    /// otherwise why the first piece was refused, or the zero buffer could not be
-    /// registered. Once a piece is out, the request's end comes from [`take_ready`].
-    ///
-    /// [`take_ready`]: Self::take_ready
+    /// otherwise why the first piece was refused. Once a piece is out, the request's end
+    /// comes from [`take_ready`](Self::take_ready).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn start<P: RtrsPort + ?Sized>(
+    pub(super) fn start(
         &mut self,
-        port: &mut P,
-        inflight: &AtomicUsize,
-        shared: &SharedDevices,
+        sink: &mut dyn PieceSink,
+        zeroes: &Mr,
         cx: &mut dyn Ctx,
         dev: DevHandle,
         tag: u64,
         req: &BlockRequest,
     ) -> Result<(), IoError> {
-        let zeroes = match &self.zeroes {
-            Some(z) => Arc::clone(z),
-            None => {
-                let z = shared.zeroes(&*port)?;
-                self.zeroes = Some(Arc::clone(&z));
-                z
-            }
-        };
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -115,7 +126,7 @@ impl ZeroWrites {
             errno: 0,
             queued: false,
         });
-        if let Err(e) = self.send_piece(i, &zeroes, port, inflight, shared, cx) {
+        if let Err(e) = self.send_piece(i, sink, zeroes, cx) {
             self.ops[i] = None;
             self.free.push(i);
             return Err(e);
@@ -123,101 +134,87 @@ impl ZeroWrites {
         if self.op(i).next < self.op(i).end {
             self.queue.push_back(i);
             self.op_mut(i).queued = true;
-            self.pump(port, inflight, shared, cx);
+            self.pump(sink, zeroes, cx);
         }
         Ok(())
     }
 
-    /// Sends pieces of waiting requests, oldest first, while permits last.
-    pub(super) fn pump<P: RtrsPort + ?Sized>(
-        &mut self,
-        port: &mut P,
-        inflight: &AtomicUsize,
-        shared: &SharedDevices,
-        cx: &mut dyn Ctx,
-    ) {
-        if self.queue.is_empty() {
-            return;
-        }
-        // Set by the `start` that queued anything.
-        let Some(zeroes) = self.zeroes.clone() else {
-            return;
-        };
-        while let Some(&i) = self.queue.front() {
-            let op = self.op(i);
-            if op.errno != 0 || op.next >= op.end {
-                self.unqueue_front();
-                continue;
-            }
-            match self.send_piece(i, &zeroes, port, inflight, shared, cx) {
-                Ok(()) => {}
-                Err(e) if e.is_busy() => return,
-                Err(e) => {
-                    self.op_mut(i).errno = e.errno();
-                    self.unqueue_front();
-                    if self.op(i).outstanding == 0 {
+    /// Whether requests have pieces left to send.
+    pub(super) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Sends pieces of waiting requests, oldest first, while permits last and each
+    /// request has fewer than [`MAX_OUTSTANDING`] out.
+    pub(super) fn pump(&mut self, sink: &mut dyn PieceSink, zeroes: &Mr, cx: &mut dyn Ctx) {
+        for _ in 0..self.queue.len() {
+            let Some(i) = self.queue.pop_front() else {
+                return;
+            };
+            loop {
+                let op = self.op(i);
+                if op.errno != 0 || op.next >= op.end {
+                    self.op_mut(i).queued = false;
+                    if op.outstanding == 0 {
                         self.finish(i);
                     }
+                    break;
+                }
+                if op.outstanding >= MAX_OUTSTANDING {
+                    self.queue.push_back(i);
+                    break;
+                }
+                match self.send_piece(i, sink, zeroes, cx) {
+                    Ok(()) => {}
+                    Err(e) if e.is_busy() => {
+                        self.queue.push_front(i);
+                        return;
+                    }
+                    Err(e) => self.op_mut(i).errno = e.errno(),
                 }
             }
         }
     }
 
-    fn unqueue_front(&mut self) {
-        if let Some(i) = self.queue.pop_front() {
-            self.op_mut(i).queued = false;
-        }
-    }
-
-    /// Sends the next piece of request `i`, its data from `zeroes`.
-    fn send_piece<P: RtrsPort + ?Sized>(
+    /// Sends the next piece of request `i`.
+    fn send_piece(
         &mut self,
         i: usize,
+        sink: &mut dyn PieceSink,
         zeroes: &Mr,
-        port: &mut P,
-        inflight: &AtomicUsize,
-        shared: &SharedDevices,
         cx: &mut dyn Ctx,
     ) -> Result<(), IoError> {
         let op = self.op(i);
-        let sent = shared
-            .with(op.dev, |d| {
-                let info = d.check(&op.req)?;
-                let bs = u64::from(info.logical_block_size);
-                let most = (zeroes.len() as u64 * MAX_PIECE_SGES as u64)
-                    .min(u64::from(info.max_io_size))
-                    / bs
-                    * bs;
-                let len = (op.end - op.next).min(most.max(bs));
-                let mut sgl = [Sge::default(); MAX_PIECE_SGES];
-                let mut n = 0;
-                let mut left = len as usize;
-                while left > 0 && n < MAX_PIECE_SGES {
-                    let l = left.min(zeroes.len());
-                    sgl[n] = zeroes.sge(0, l);
-                    left -= l;
-                    n += 1;
-                }
-                let piece = BlockRequest {
-                    op: RnbdOp::Write,
-                    offset: op.next,
-                    len: len as u32,
-                    ..op.req
-                };
-                let tag = ADMIN_TAG | ZERO_TAG | (i as u64) << 32 | u64::from(op.pieces);
-                send_tagged(port, inflight, cx, d, tag, &piece, &sgl[..n]).map(|()| len)
-            })
-            .unwrap_or(Err(IoError::NoDevice))?;
+        let (lbs, max_io) = sink.limits(op.dev)?;
+        let bs = u64::from(lbs.max(1));
+        let most = (zeroes.len() as u64 * MAX_PIECE_SGES as u64).min(u64::from(max_io)) / bs * bs;
+        let len = (op.end - op.next).min(most.max(bs));
+        let mut sgl = [Sge::default(); MAX_PIECE_SGES];
+        let mut n = 0;
+        let mut left = len as usize;
+        while left > 0 && n < MAX_PIECE_SGES {
+            let l = left.min(zeroes.len());
+            sgl[n] = zeroes.sge(0, l);
+            left -= l;
+            n += 1;
+        }
+        let piece = BlockRequest {
+            op: RnbdOp::Write,
+            offset: op.next,
+            len: len as u32,
+            ..op.req
+        };
+        sink.send_piece(cx, op.dev, piece_tag(i, op.pieces), &piece, &sgl[..n])?;
         let op = self.op_mut(i);
-        op.next += sent;
+        op.next += len;
         op.outstanding += 1;
         op.pieces = op.pieces.wrapping_add(1);
         Ok(())
     }
 
-    /// A piece ended (its tag satisfies [`is_piece`]).
+    /// A piece sent under `tag` ended with `errno`.
     pub(super) fn piece_done(&mut self, tag: u64, errno: i32) {
-        let i = ((tag & !(ADMIN_TAG | ZERO_TAG)) >> 32) as usize;
+        let i = (tag >> 32) as usize;
         let Some(op) = self.ops.get_mut(i).and_then(Option::as_mut) else {
             tracing::error!(tag, "rnbd: completion of an unknown write-zeroes piece");
             return;
@@ -248,6 +245,11 @@ impl ZeroWrites {
     /// The oldest finished request.
     pub(super) fn take_ready(&mut self) -> Option<PortCompletion> {
         self.ready.pop_front()
+    }
+
+    /// Whether finished requests wait to be taken.
+    pub(super) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     fn op(&self, i: usize) -> ZeroOp {

@@ -1,24 +1,35 @@
-//! `DirectPort`: an [`RtrsPort`] that carries RNBD requests straight to a server
-//! dispatcher in the same thread (a stand-in for RTRS that copies between the client's
-//! registered buffers and a chunk, as RTRS does), recording every user header sent.
-//! Shared by the RNBD client tests.
+//! A direct in-process RTRS port for RNBD client tests (`tests/rnbd_session.rs`,
+//! `tests/rnbd_wait.rs`): [`DirectPort`] carries requests straight to an RNBD server's
+//! dispatcher, copying between the client's registered buffers and a chunk as RTRS does,
+//! and can keep block requests (as RTRS keeps IO while no path is up), refuse them (no
+//! path) or answer them with −ECONNRESET (a queue-depth change), and records every
+//! request it carried ([`Sent`]). [`Rig`] steps one simulated reactor with a virtual
+//! clock.
+
+#![allow(dead_code)]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
-use rtrs_spdk::engine::Ctx;
+use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
+use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::IoBuf;
-use rtrs_spdk::rnbd::client::{PortCompletion, PortError, PortIo, RtrsPort};
+use rtrs_spdk::rnbd::client::{
+    BlockRequest, ClientEvent, DevHandle, PortCompletion, PortError, PortIo, RnbdClient, RtrsPort,
+};
 use rtrs_spdk::rnbd::server::{
     Completion, Dispatcher, Exports, Outcome, Request, SessionCache, SessionTable,
 };
 use rtrs_spdk::rnbd::Dir;
 
 pub const CHUNK: usize = 128 << 10;
+/// The wait for an unreachable device of [`Rig::client`]'s ports.
+pub const WAIT: Duration = Duration::from_secs(2);
 
-/// One request as the port saw it.
+/// One request as the port carried it to the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
     pub dir: Dir,
@@ -31,10 +42,13 @@ pub struct Sent {
 
 /// Carries requests straight to a dispatcher; one chunk per request in flight.
 pub struct DirectPort {
+    /// Registers the zero buffer of emulated write-zeroes (any registration works:
+    /// this port copies by address).
     fabric: LoopbackFabric,
     disp: Dispatcher,
     sessions: SessionCache<u64>,
     key: u64,
+    /// Cleared: every request is refused with −ENOTCONN (a closed session).
     pub connected: bool,
     chunks: MemBuf,
     free: Vec<usize>,
@@ -45,22 +59,26 @@ pub struct DirectPort {
     /// sent by `replay`.
     pub hold: bool,
     held: Vec<(u64, Dir, Vec<u8>, Vec<Sge>)>,
+    /// This many next block requests end with −ECONNRESET unexecuted (RTRS drops a
+    /// waiting request at a queue-depth change).
+    pub reset_next: usize,
+    /// Block requests accepted so far (held, reset or executed).
+    pub block_submits: usize,
+    /// What `io_wait_timeout` reports.
+    pub wait: Duration,
     /// Every request handed to the dispatcher, in order.
     pub sent: Vec<Sent>,
-    /// Requests in flight at once, at most (a piece of evidence for pipelining).
-    pub max_inflight: usize,
 }
 
 impl DirectPort {
     pub fn new(
-        fabric: &LoopbackFabric,
         ex: &Arc<Exports>,
         table: &Arc<SessionTable<u64>>,
         key: u64,
         depth: usize,
     ) -> DirectPort {
         DirectPort {
-            fabric: fabric.clone(),
+            fabric: LoopbackFabric::new(),
             disp: Dispatcher::new(ex.clone(), 0).unwrap(),
             sessions: SessionCache::new(table.clone()),
             key,
@@ -71,8 +89,10 @@ impl DirectPort {
             done: VecDeque::new(),
             hold: false,
             held: Vec::new(),
+            reset_next: 0,
+            block_submits: 0,
+            wait: WAIT,
             sent: Vec::new(),
-            max_inflight: 0,
         }
     }
 
@@ -80,6 +100,8 @@ impl DirectPort {
     pub fn replay(&mut self, cx: &mut dyn Ctx) {
         self.hold = false;
         for (tag, dir, usr, sgl) in std::mem::take(&mut self.held) {
+            // Not counted twice: they were counted when held.
+            self.block_submits -= 1;
             let io = PortIo {
                 tag,
                 dir,
@@ -124,16 +146,30 @@ unsafe fn sge_slice(s: &Sge) -> &mut [u8] {
 
 impl RtrsPort for DirectPort {
     fn submit(&mut self, _cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
+        if !io.admin {
+            self.block_submits += 1;
+        }
         if self.hold && !io.admin {
             self.held
                 .push((io.tag, io.dir, io.usr.to_vec(), io.sgl.to_vec()));
             return Ok(());
         }
         if !self.connected {
+            if !io.admin {
+                self.block_submits -= 1;
+            }
             return Err(PortError::Refused {
                 errno: -libc::ENOTCONN,
                 reason: "no path".into(),
             });
+        }
+        if self.reset_next > 0 && !io.admin {
+            self.reset_next -= 1;
+            self.done.push_back(PortCompletion {
+                tag: io.tag,
+                errno: -libc::ECONNRESET,
+            });
+            return Ok(());
         }
         let Some(i) = self.free.pop() else {
             return Err(PortError::Busy);
@@ -149,7 +185,6 @@ impl RtrsPort for DirectPort {
             }
         }
         self.inflight.insert(io.tag, (i, io.dir, io.sgl.to_vec()));
-        self.max_inflight = self.max_inflight.max(self.inflight.len());
         self.sent.push(Sent {
             dir: io.dir,
             admin: io.admin,
@@ -192,6 +227,10 @@ impl RtrsPort for DirectPort {
         CHUNK as u32
     }
 
+    fn io_wait_timeout(&self) -> Duration {
+        self.wait
+    }
+
     fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
         self.fabric
             .register(MemBuf::zeroed(len), Access::NONE)
@@ -199,5 +238,109 @@ impl RtrsPort for DirectPort {
                 errno: -libc::ENOMEM,
                 reason: e.to_string(),
             })
+    }
+}
+
+pub struct Rig {
+    pub sim: Simulation,
+    pub fabric: LoopbackFabric,
+    pub ex: Arc<Exports>,
+    pub table: Arc<SessionTable<u64>>,
+}
+
+impl Rig {
+    pub fn new() -> Rig {
+        let ex = Arc::new(
+            Exports::ram(&[("vol", 4 << 20), ("aux", 1 << 20), ("spare", 1 << 20)]).unwrap(),
+        );
+        Rig {
+            sim: Simulation::new(1, 16),
+            fabric: LoopbackFabric::new(),
+            table: Arc::new(SessionTable::new(ex.clone())),
+            ex,
+        }
+    }
+
+    pub fn mr(&self, len: usize) -> Mr {
+        self.fabric
+            .register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
+            .unwrap()
+    }
+
+    /// A client of server session `key` over a port with `depth` chunks.
+    pub fn client(&self, key: u64, depth: usize) -> RnbdClient<DirectPort> {
+        self.client_waiting(key, depth, WAIT)
+    }
+
+    /// As [`client`](Self::client), waiting `wait` for an unreachable device.
+    pub fn client_waiting(&self, key: u64, depth: usize, wait: Duration) -> RnbdClient<DirectPort> {
+        let mut port = DirectPort::new(&self.ex, &self.table, key, depth);
+        port.wait = wait;
+        RnbdClient::new(port, self.mr(4096)).unwrap()
+    }
+
+    /// Another core's port to server session `key`.
+    pub fn port(&self, key: u64, depth: usize) -> DirectPort {
+        DirectPort::new(&self.ex, &self.table, key, depth)
+    }
+
+    pub fn cx<R>(&mut self, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
+        self.sim.reactor(0).with_ctx(f)
+    }
+
+    /// Polls until `want` events came (bounded).
+    pub fn events(&mut self, c: &mut RnbdClient<DirectPort>, want: usize) -> Vec<ClientEvent> {
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+            let n = self.cx(|cx| c.poll(cx, &mut out));
+            got.extend(out.drain(..n));
+            if got.len() >= want {
+                break;
+            }
+        }
+        assert_eq!(got.len(), want, "{got:?}");
+        got
+    }
+
+    pub fn open(
+        &mut self,
+        c: &mut RnbdClient<DirectPort>,
+        name: &str,
+        mode: AccessMode,
+    ) -> (DevHandle, Result<u32, i32>) {
+        let h = self.cx(|cx| c.open(cx, name, mode)).unwrap();
+        let ev = self.events(c, if c.ver().is_none() { 2 } else { 1 });
+        match ev.last().unwrap() {
+            ClientEvent::Opened { dev, info, .. } => {
+                assert_eq!(*dev, h);
+                (h, Ok(info.device_id))
+            }
+            ClientEvent::OpenFailed { dev, error } => {
+                assert_eq!(*dev, h);
+                (h, Err(error.errno()))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// One block request to completion: the errno.
+    pub fn io(
+        &mut self,
+        c: &mut RnbdClient<DirectPort>,
+        dev: DevHandle,
+        req: BlockRequest,
+        buf: &Mr,
+    ) -> i32 {
+        let sgl: Vec<Sge> = if req.data_len() > 0 {
+            vec![buf.sge(0, req.data_len() as usize)]
+        } else {
+            vec![]
+        };
+        self.cx(|cx| c.submit(cx, dev, 42, &req, &sgl)).unwrap();
+        match &self.events(c, 1)[0] {
+            ClientEvent::Io { tag: 42, errno } => *errno,
+            other => panic!("{other:?}"),
+        }
     }
 }
