@@ -8,9 +8,11 @@
 # "no RDMA device found"), set_options after the first listener, verified IO from two
 # client cores, live sessions in rtrs_target_get_sessions (chunk pool in SPDK DMA
 # memory), a read-only export refusing rw, unexport, save_config -> spdk_tgt --json
-# round trip, a listener requiring a pre-shared key from SPDK's keyring (rtrs-bench
-# --psk-file with the same key runs verified IO, another key or none is refused with
-# "authentication failed", save_config keeps the key's name only), bdev hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
+# round trip, an old kernel client's WRITE_SAME, per-export host lists (allowed_hosts,
+# add/remove_host, get_exports, replay), a listener requiring a pre-shared key from SPDK's
+# keyring (rtrs-bench --psk-file with the same key runs verified IO, another key or none
+# is refused with "authentication failed", save_config keeps the key's name only), bdev
+# hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
 # from a tiny bdev_io pool (spdk_bdev_queue_io_wait), unexport while the client does IO,
 # clean shutdown.
 #
@@ -186,7 +188,7 @@ stop_target() {
 client() {
     env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
         timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --ignored --nocapture 2>&1 |
-        grep -E "verified|refused as expected|panicked|FAILED|error" || true
+        grep -E "verified|WRITE_SAME|refused as expected|panicked|FAILED|error" || true
 }
 
 expect_client() {
@@ -236,6 +238,9 @@ expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access":"rw"}'
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
 expect_client "verified 256 blocks"
+# The same run's old-kernel-client part: RNBD op 5 with one block of data (WRITE_SAME
+# before Linux 5.18) is that block repeated over the range, emulated with writev.
+expect_client "WRITE_SAME of one 4096-byte block over 300 blocks: first and last 16 read back; two blocks of data refused"
 
 echo "== a second listener (IPv6) on the same server: one path there, then two paths in one session"
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"::1\",\"port\":$PORT}"
@@ -280,6 +285,41 @@ expect_client "refused as expected" RTRS_TARGET_EXPECT=fail
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}'
 expect_client "verified 256 blocks"
 
+echo "== host lists: allowed_hosts, add_host, remove_host, get_exports (replayed below)"
+expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"hl","allowed_hosts":["localhost"]}' "'allowed_hosts[0]'" localhost
+expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"hl","allowed_hosts":"127.0.0.2"}' allowed_hosts
+expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"hl","allowed_hosts":["127.0.0.2"]}'
+expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2
+# Another address: OPEN refused with -EACCES (13), not retried.
+expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_EXPECT=fail
+expect_err rtrs_target_export_add_host '{"export_name":"hl","host":"10.0.0.1/8"}' "'host'" "10.0.0.0/8"
+expect_err rtrs_target_export_add_host '{"export_name":"nope","host":"10.0.0.0/8"}' export_name
+expect_ok rtrs_target_export_add_host '{"export_name":"hl","host":"sess:hl-sess"}'
+expect_err rtrs_target_export_add_host '{"export_name":"hl","host":"sess:hl-sess"}' "already"
+expect_ok rtrs_target_export_add_host '{"export_name":"hl","host":"[fd00::]/64"}'
+expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_SESSNAME=hl-sess
+out=$(rpc rtrs_target_get_exports '{"export_name":"hl"}' || true)
+[[ "$out" == *'"allow_any_host": false'* && "$out" == *'"allowed_hosts": ["127.0.0.2", "sess:hl-sess", "[fd00::]/64"]'* ]] &&
+    ok "get_exports: $out" || fail "get_exports: $out"
+out=$(rpc rtrs_target_get_exports '{"export_name":"vol"}' || true)
+[[ "$out" == *'"allow_any_host": true'* ]] && ok "get_exports: vol open to any host" || fail "get_exports vol: $out"
+expect_err rtrs_target_get_exports '{"export_name":"nope"}' export_name
+# Removing a host keeps the device it has open (a long run from 127.0.0.2 goes on);
+# its next OPEN is refused.
+client RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_SESSNAME=hl-long RTRS_TARGET_ROUNDS=40 >"$WORK/hl.out" &
+HL=$!
+for _ in $(seq 1 100); do
+    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"sessname": "hl-long"'* ]] && break
+    sleep 0.1
+done
+sleep 0.5
+expect_ok rtrs_target_export_remove_host '{"export_name":"hl","host":"127.0.0.2"}'
+expect_err rtrs_target_export_remove_host '{"export_name":"hl","host":"127.0.0.2"}' "'host'" "not in"
+wait "$HL" || true
+grep -q "verified 256 blocks" "$WORK/hl.out" && ok "open device kept working after remove_host" ||
+    fail "remove_host ended the open device: $(cat "$WORK/hl.out")"
+expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
+
 echo "== save_config -> spdk_tgt --json"
 save_config >"$WORK/config.json"
 python3 -c "
@@ -290,6 +330,8 @@ print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtr
 echo "  rtrs_target config: $(cat "$WORK/rtrs1.json")"
 grep -q '"handshake_timeout_ms": 3000' "$WORK/rtrs1.json" && ok "save_config keeps handshake_timeout_ms" ||
     fail "handshake_timeout_ms missing from the saved config"
+grep -q '"allowed_hosts": \["sess:hl-sess", "\[fd00::\]/64"\]' "$WORK/rtrs1.json" && ok "save_config keeps allowed_hosts" ||
+    fail "allowed_hosts missing from the saved config"
 stop_target
 start_target --json "$WORK/config.json"
 save_config | python3 -c "
@@ -300,6 +342,10 @@ print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtr
 cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical after replay" ||
     fail "config differs: $(cat "$WORK/rtrs2.json")"
 expect_client "verified 256 blocks"
+# The replayed host list still admits by session name and refuses the rest.
+expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_SESSNAME=hl-sess
+expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
+expect_ok rtrs_target_unexport '{"export_name":"hl"}'
 
 echo "== PSK: a listener requiring a key from SPDK's keyring; rtrs-bench --psk-file"
 PSK_PORT=$((PORT + 1))

@@ -186,13 +186,14 @@ scenario_save_config() {
 	start_target tgt $((PB + 3)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt bdev_rtrs_create -b rtrs0 -n cfg-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 3)) \
-		-m round-robin -D 1 -i 1000 >/dev/null || return 1
+		-m round-robin -D 1 -i 1000 -z native >/dev/null || return 1
 	rpc tgt save_config >"$APP_DIR/tgt-saved.json" || return 1
 	rpc clt save_config >"$APP_DIR/clt-saved.json" || return 1
 	grep -q '"rtrs_target_listen"' "$APP_DIR/tgt-saved.json" || { echo "target config lacks rtrs_target_listen"; return 1; }
 	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved.json" || { echo "target config lacks rtrs_target_export"; return 1; }
 	grep -q '"bdev_rtrs_create"' "$APP_DIR/clt-saved.json" || { echo "client config lacks bdev_rtrs_create"; return 1; }
 	grep -q 'round-robin' "$APP_DIR/clt-saved.json" || { echo "client config lost mp_policy"; return 1; }
+	grep -Eq '"write_zeroes": ?"native"' "$APP_DIR/clt-saved.json" || { echo "client config lost write_zeroes"; return 1; }
 	app_stop clt
 	app_stop tgt
 	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-saved.json" || return 1
@@ -202,6 +203,7 @@ scenario_save_config() {
 	# writer's broken pipe would fail the check.
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess-restored.json" || return 1
 	grep -q 'round-robin' "$APP_DIR/sess-restored.json" || { echo "policy not restored"; return 1; }
+	grep -Eq '"write_zeroes": ?"native"' "$APP_DIR/sess-restored.json" || { echo "write_zeroes not restored"; return 1; }
 	rpc tgt save_config >"$APP_DIR/tgt-saved2.json" || return 1
 	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved2.json"
 }
@@ -318,6 +320,36 @@ print("jobs=%d ios=%.0f io_failed(aborted by the resets' freeze)=%d" % (
     len(jobs), done, sum(j.get("io_failed", 0) for j in jobs)))
 sys.exit(0 if jobs and done > 0 and all(j.get("status") == "finished" for j in jobs) else 1)
 PY
+}
+
+# bdevperf's write_zeroes workload in both write_zeroes modes; the target's counters
+# show what went on the wire: emulate sends zero-filled WRITEs (data bytes arrive),
+# native sends RNBD op 5 without data (only the 32-byte headers arrive).
+scenario_write_zeroes() {
+	local mode port=$((PB + 13))
+	for mode in emulate native; do
+		start_target tgt "$port" || return 1
+		start_bdevperf bpz "$port" "{\"write_zeroes\": \"$mode\"}" -q 8 -o 65536 -w write_zeroes -t 3 || return 1
+		bdevperf_perform bpz 3 >"$APP_DIR/wz-$mode.json" || { tail -n 20 "$APP_DIR/bpz.log"; return 1; }
+		results_clean "$APP_DIR/wz-$mode.json" || return 1
+		rpc tgt rtrs_target_get_sessions >"$APP_DIR/wz-$mode-tgt.json" || return 1
+		python3 - "$APP_DIR/wz-$mode-tgt.json" "$mode" <<'PY' || return 1
+import json, sys
+sessions, mode = json.load(open(sys.argv[1])), sys.argv[2]
+paths = [p for s in sessions if s["sessname"] == "sess-rtrs0" for p in s["paths"]]
+cnt = sum(p["write_cnt"] for p in paths)
+avg = sum(p["write_bytes"] for p in paths) / max(cnt, 1)
+print("%s: %d writes at the target, %.0f bytes each on average" % (mode, cnt, avg))
+assert cnt > 0, "no writes reached the target"
+if mode == "emulate":
+    assert avg >= 65536, "write-zeroes did not arrive as 64 KiB writes of zeros"
+else:
+    assert avg < 4096, "native write-zeroes carried data"
+PY
+		app_stop bpz
+		app_stop tgt
+		port=$((PB + 14))
+	done
 }
 
 # Admission: rtrs_target_set_options with rpc.py's plugin options (-T handshake timeout,
@@ -467,6 +499,13 @@ scenario_bad_params() {
 	start_target tgt $((PB + 7)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 7)) >/dev/null || return 1
+	# An export only 10.0.0.0/8 and session "nobody" may open (rpc.py's -H and the
+	# add_host/get_exports sub-commands): this client's OPEN is refused as an RPC error.
+	rpc tgt rtrs_target_export malloc0 -e locked -H 10.0.0.0/8 || return 1
+	rpc tgt rtrs_target_export_add_host locked sess:nobody || return 1
+	rpc tgt rtrs_target_get_exports -e locked >"$APP_DIR/locked.json" || return 1
+	grep -q 'sess:nobody' "$APP_DIR/locked.json" || { cat "$APP_DIR/locked.json"; return 1; }
+	rpc tgt rtrs_target_export_remove_host locked sess:nobody || return 1
 	# Options are fixed once a listener runs: check their validation on a fresh target.
 	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
 	local bad=0 app method params field text resp
@@ -505,6 +544,7 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"reconn
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"hb_interval_ms":0}|hb_interval_ms
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"hb_missed_max":0}|hb_missed_max
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"io_timeout_sec":-3}|io_timeout_sec
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"write_zeroes":"same"}|write_zeroes|native, emulate
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"colour":"red"}|colour
 clt|bdev_rtrs_create|{"name":"rtrs0","sessname":"s","device":"malloc0",$good}|name
 clt|bdev_rtrs_create|{"name":"x","sessname":"s2","device":"no-such-export",$good}|device|no such export
@@ -512,6 +552,7 @@ clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"tr
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":""}]}|'paths[0].psk'
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"rdma","dst_addr":"127.0.0.1","psk":"k"}]}|'paths[0].psk'|tcp transport only
 clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0","paths":[{"transport":"tcp","dst_addr":"127.0.0.1","psk":"nokey"}]}|'paths[0].psk'|keyring
+clt|bdev_rtrs_create|{"name":"y","sessname":"s3","device":"locked",$good}|'locked'|EACCES (access denied
 clt|bdev_rtrs_delete|{}|name
 clt|bdev_rtrs_delete|{"name":"nope"}|name
 clt|bdev_rtrs_get_sessions|{"name":"nope"}|name
@@ -644,7 +685,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk bad_params refused)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -335,6 +335,80 @@ fn discard_and_write_zeroes_read_back_zero(f: Flavour) {
     assert!(mem_bytes(&back, 0, 256 << 10) == model);
 }
 
+/// Write-same (an old kernel client's op 5 with data): the one block repeated over the
+/// range, read back; more blocks than one syscall's iovecs, a FUA+PREFLUSH one, and the
+/// refusals of a block of the wrong length.
+fn write_same_repeats_the_block(f: Flavour) {
+    const SIZE: usize = 1 << 20;
+    let Some(mut dut) = f.make(SIZE as u64, 16, false) else {
+        return;
+    };
+    let b = dut.backend.as_mut();
+    let data = pattern(11, SIZE);
+    let mem = MemBuf::zeroed(SIZE);
+    fill_mem(&mem, 0, &data);
+    assert_eq!(
+        run_one(b, BlockIo::write(1, 0, io_buf(&mem, 0, SIZE))),
+        Ok(())
+    );
+    let blocks = MemBuf::zeroed(4 * BS as usize);
+    let one = pattern(12, BS as usize);
+    let two = pattern(13, BS as usize);
+    fill_mem(&blocks, 0, &one);
+    fill_mem(&blocks, BS as usize, &two);
+    let mut model = data.clone();
+    // 600 blocks: more than one pwritev's 256 iovecs (and one SPDK writev's 256 blocks).
+    let (at, n) = (BS as usize * 10, 600);
+    let ws = BlockIo::write_same(2, at as u64, BS * n, io_buf(&blocks, 0, BS as usize));
+    assert_eq!(run_one(b, ws), Ok(()));
+    for k in 0..n as usize {
+        model[at + k * BS as usize..at + (k + 1) * BS as usize].copy_from_slice(&one);
+    }
+    let at2 = 700 * BS as usize;
+    let ws = BlockIo::write_same(
+        3,
+        at2 as u64,
+        BS * 3,
+        io_buf(&blocks, BS as usize, BS as usize),
+    )
+    .with_flags(IoFlags::FUA | IoFlags::PREFLUSH);
+    assert_eq!(run_one(b, ws), Ok(()));
+    for k in 0..3 {
+        model[at2 + k * BS as usize..at2 + (k + 1) * BS as usize].copy_from_slice(&two);
+    }
+    // The block must be exactly one logical block; nothing is written otherwise.
+    for (tag, len) in [(4, 2 * BS as usize), (5, BS as usize / 2)] {
+        let bad = BlockIo::write_same(tag, 0, BS * 4, io_buf(&blocks, 0, len));
+        let e = b.submit(bad).unwrap_err();
+        assert_eq!(
+            e,
+            SubmitError::NotOneBlock {
+                len,
+                block_size: BS
+            }
+        );
+        assert_eq!(e.errno(), -libc::EINVAL);
+        assert!(
+            e.to_string().contains("exactly one 512-byte logical block"),
+            "{e}"
+        );
+    }
+    let no_block = BlockIo::range(6, BlockOp::WriteSame, 0, BS * 4);
+    assert_eq!(b.submit(no_block).unwrap_err().errno(), -libc::EINVAL);
+    let misaligned = BlockIo::write_same(7, 0, BS * 4 + 100, io_buf(&blocks, 0, BS as usize));
+    assert_eq!(b.submit(misaligned).unwrap_err().errno(), -libc::EINVAL);
+    assert_eq!(b.in_flight(), 0);
+    let back = MemBuf::zeroed(SIZE);
+    assert_eq!(
+        run_one(b, BlockIo::read(8, 0, io_buf(&back, 0, SIZE))),
+        Ok(())
+    );
+    assert!(
+        mem_bytes(&back, 0, SIZE) == model,
+        "write-same result differs"
+    );
+}
+
 fn read_only_refuses_writes(f: Flavour) {
     let Some(mut dut) = f.make(1 << 20, 16, true) else {
         return;
@@ -346,6 +420,7 @@ fn read_only_refuses_writes(f: Flavour) {
         BlockIo::write(1, 0, io_buf(&mem, 0, 4096)),
         BlockIo::discard(2, 0, 4096),
         BlockIo::write_zeroes(3, 0, 4096),
+        BlockIo::write_same(6, 0, 4096, io_buf(&mem, 0, BS as usize)),
     ] {
         let e = b.submit(io).unwrap_err();
         assert_eq!(e, SubmitError::ReadOnly { op: io.op });
@@ -466,6 +541,10 @@ macro_rules! suite {
             #[test]
             fn discard_and_write_zeroes_read_back_zero() {
                 super::discard_and_write_zeroes_read_back_zero($flavour);
+            }
+            #[test]
+            fn write_same_repeats_the_block() {
+                super::write_same_repeats_the_block($flavour);
             }
             #[test]
             fn read_only_refuses_writes() {

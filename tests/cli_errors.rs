@@ -70,6 +70,38 @@ fn target_bad_arguments() {
         2,
         &["port", "99999"],
     );
+    // Host lists: the bad pattern is named, and so is an export that does not exist.
+    for (allow, words) in [
+        (
+            "a=localhost",
+            &["\"localhost\"", "not an IPv4 or IPv6 address"][..],
+        ),
+        (
+            "a=10.0.0.1/24",
+            &["\"10.0.0.1/24\"", "the network is 10.0.0.0/24"],
+        ),
+        ("a=[fd00::]/129", &["\"[fd00::]/129\"", "0 to 128"]),
+        ("a=sess:x.y", &["\"sess:x.y\"", "session name"]),
+        ("a", &["NAME=PATTERN"]),
+        (
+            "b=127.0.0.2",
+            &["--allow b=127.0.0.2", "no --export named 'b'"],
+        ),
+    ] {
+        expect_err(
+            TARGET,
+            &with(&[
+                "--listen",
+                "tcp://127.0.0.1:0",
+                "--export",
+                "a=ram:1M",
+                "--allow",
+                allow,
+            ]),
+            2,
+            words,
+        );
+    }
     expect_err(
         TARGET,
         &with(&["--listen", "tcp://127.0.0.1:0", "--export", "a=ram:1000"]),
@@ -242,6 +274,20 @@ fn bench_bad_arguments_without_a_target() {
         &["unsupported scheme", "verbs"],
     );
     call(with(&["--path", &free, "--rw", "read"]), 2, &["--device"]);
+    call(
+        with(&[
+            "--path",
+            &free,
+            "--device",
+            "d",
+            "--rw",
+            "zero",
+            "--write-zeroes",
+            "same",
+        ]),
+        2,
+        &["--write-zeroes", "same", "native or emulate"],
+    );
     let dev_read = ["--device", "d", "--rw", "read"];
     for (url, words) in [
         (

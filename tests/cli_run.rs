@@ -89,6 +89,33 @@ fn tcp_verify_every_pattern_then_sigterm() {
     ]);
     assert_eq!(v["rwmixread"].as_u64(), Some(30));
     assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{v}");
+    // Write-zeroes over stamped data, read back as zeros: sent as writes (the default)
+    // and as op 5.
+    for mode in ["emulate", "native"] {
+        let v = bench_json(&[
+            "--path",
+            &url,
+            "--device",
+            "vol",
+            "--rw",
+            "zero",
+            "--bs",
+            "64K",
+            "--qd",
+            "4",
+            "--size",
+            "4M",
+            "--warmup-write",
+            "--verify",
+            "--write-zeroes",
+            mode,
+            "-m",
+            "0x2",
+        ]);
+        assert_eq!(v["rw"], "zero");
+        assert_eq!(v["reads"].as_u64(), Some(0), "{v}");
+        assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{mode}: {v}");
+    }
     stop_with(t, "TERM");
 }
 

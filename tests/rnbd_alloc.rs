@@ -1,5 +1,5 @@
-//! The whole IO path does not allocate in steady state: RNBD block reads and writes
-//! from an `RnbdClient` over an RTRS client session, the loopback fabric, the RTRS
+//! The whole IO path does not allocate in steady state: RNBD block reads, writes and
+//! write-zeroes (emulated with writes from the shared zero buffer) from an `RnbdClient` over an RTRS client session, the loopback fabric, the RTRS
 //! server, the RNBD server and a RAM export, all on one simulated reactor stepped by
 //! hand on this thread. After a warm-up (queues and tables reach their working size),
 //! every allocation on this thread — reactor loop, pollers, fabric, client, server —
@@ -100,8 +100,9 @@ impl Rig {
         self.sim.reactor(0).with_ctx(|cx| rnbd.poll(cx, out))
     }
 
-    /// `ios` block IOs at queue depth [`QD`] (reads and writes alternating over the
-    /// first `QD` 4 KiB units of `buf`); returns the allocations counted meanwhile.
+    /// `ios` block IOs at queue depth [`QD`] (reads, writes and 128 KiB write-zeroes in
+    /// turn, over the first `QD` 4 KiB units of `buf`); returns the allocations counted
+    /// meanwhile.
     fn run(&mut self, buf: &Mr, ios: usize) -> u64 {
         counting::reset();
         let (mut sent, mut done) = (0usize, 0usize);
@@ -112,16 +113,17 @@ impl Rig {
                     continue;
                 }
                 let off = u64::from(BS) * (sent % 512) as u64;
-                let req = if sent % 2 == 0 {
-                    BlockRequest::read(off, BS)
-                } else {
-                    BlockRequest::write(off, BS)
+                let req = match sent % 3 {
+                    0 => BlockRequest::read(off, BS),
+                    1 => BlockRequest::write(off, BS),
+                    _ => BlockRequest::write_zeroes(off, 32 * BS),
                 };
-                let sgl = [buf.sge(slot * BS as usize, BS as usize)];
+                let sge = [buf.sge(slot * BS as usize, BS as usize)];
+                let sgl: &[_] = if req.data_len() > 0 { &sge } else { &[] };
                 let (rnbd, dev) = (&mut self.rnbd, self.dev);
                 self.sim
                     .reactor(0)
-                    .with_ctx(|cx| rnbd.submit(cx, dev, slot as u64, &req, &sgl))
+                    .with_ctx(|cx| rnbd.submit(cx, dev, slot as u64, &req, sgl))
                     .expect("submit");
                 *f = false;
                 sent += 1;

@@ -10,7 +10,7 @@ use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, IoFlags, OpenRsp, RnbdOp};
 use rtrs_spdk::rnbd::backend::IoBuf;
 use rtrs_spdk::rnbd::client::{
-    msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice,
+    msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Completion, Dispatcher, Exports, Outcome, Request, RnbdSession};
 use rtrs_spdk::rnbd::Dir;
@@ -43,6 +43,7 @@ impl Link {
             dir,
             usr,
             data: area,
+            peer: None,
         };
         let errno = match self.disp.process(&self.sess, req) {
             Outcome::Done(e) => e,
@@ -152,7 +153,10 @@ fn data_flush_discard_write_zeroes() {
     let ex = Arc::new(Exports::ram(&[("vol", 4 << 20)]).unwrap());
     let mut l = Link::new(&ex, "s", 0);
     l.handshake();
-    let mut dev = RnbdDevice::new("vol", AccessMode::ReadWrite, MAX_IO).unwrap();
+    // Op 5 as a 6.8+ server (or ours) takes it; the default sends writes instead.
+    let mut dev = RnbdDevice::new("vol", AccessMode::ReadWrite, MAX_IO)
+        .unwrap()
+        .with_write_zeroes(WriteZeroesMode::Native);
     l.open(&mut dev).unwrap();
     let info = *dev.info().unwrap();
     assert_eq!(info.size, 4 << 20);
@@ -210,6 +214,14 @@ fn data_flush_discard_write_zeroes() {
     );
     assert_eq!(io.flags, IoFlags::NOUNMAP | IoFlags::FUA);
     assert!(usr[26..].iter().all(|&b| b == 0));
+    // A device in the default mode has no op-5 message (its client sends writes).
+    // (The server answers a second OPEN of a name with the session's mapping.)
+    let mut emu = RnbdDevice::new("vol", AccessMode::ReadWrite, MAX_IO).unwrap();
+    assert_eq!(emu.write_zeroes(), WriteZeroesMode::Emulate);
+    l.open(&mut emu).unwrap();
+    let e = emu.io_msg(&BlockRequest::write_zeroes(0, 512)).unwrap_err();
+    assert!(matches!(e, DeviceError::Emulated { .. }), "{e}");
+    assert!(emu.io_msg(&BlockRequest::write(0, 512)).is_ok());
 }
 
 #[test]

@@ -115,6 +115,7 @@ fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, i32>
             dir: Dir::Read,
             usr: &msg,
             data: buf,
+            peer: None,
         },
     );
     match r {
@@ -147,6 +148,7 @@ fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf
             dir: Dir::Write,
             usr: &usr,
             data,
+            peer: None,
         },
     )
 }

@@ -80,6 +80,7 @@ fn req(usr: &[u8], dir: Dir, data: IoBuf) -> Request<'_> {
         dir,
         usr,
         data,
+        peer: None,
     }
 }
 
@@ -438,6 +439,7 @@ fn a_busy_backend_queues_and_everything_completes() {
             dir: Dir::Write,
             usr: m,
             data,
+            peer: None,
         };
         assert_eq!(d.process(&s, r), Outcome::Submitted);
     }

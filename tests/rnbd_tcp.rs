@@ -19,6 +19,9 @@ use rtrs_spdk::server::{Server, ServerConfig};
 #[path = "util/rnbd_workload.rs"]
 mod rnbd_workload;
 
+#[path = "util/legacy_client.rs"]
+mod legacy_client;
+
 #[test]
 fn write_read_verify_over_tcp_on_two_reactors() {
     let mut cfg = EngineConfig::new(CpuMask::parse("[0-1]").unwrap());
@@ -43,11 +46,15 @@ fn write_read_verify_over_tcp_on_two_reactors() {
     .expect("server");
     let addr = server.local_addrs()[0];
 
-    let (got, failure) = rnbd_workload::run(&engine, &fabric, "rnbd-tcp", &[addr], "vol", 1);
+    let (got, failure) = rnbd_workload::run(&engine, &fabric, "rnbd-tcp", &[addr], None, "vol", 1);
     if let Some(e) = failure {
         panic!("{e}");
     }
     assert_eq!(got, ["core 1 verified", "core 0 done"]);
+    // An old kernel client's WRITE_SAME (op 5 with one block of data).
+    let summary = legacy_client::write_same(&engine, &fabric, "rnbd-tcp-legacy", &[addr], "vol")
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{summary}");
     server.stop();
     engine.shutdown().expect("engine shutdown");
 }

@@ -7,12 +7,17 @@
 //! `vol`), `RTRS_TARGET_EXPECT` (`ok`, default, or `fail`: the device must refuse IO —
 //! used after the export was removed, or while its bdev is hot-removed),
 //! `RTRS_TARGET_ROUNDS` (write+read passes of the home core, default 1: a longer run
-//! to act on the target meanwhile).
+//! to act on the target meanwhile), `RTRS_TARGET_SRC` (the source address the paths
+//! leave from, default any) and `RTRS_TARGET_SESSNAME` (default `spdk-target-test`),
+//! which the target's host lists match.
 //!
 //! Two client reactors: the home core (0) maps the device, writes 256 blocks of 4 KiB
 //! and reads them back at queue depth 16 while core 1 reads and verifies the same data
 //! through its own connection; then flush, discard, write-zeroes, a read checking the
-//! zeroes, and close. Every wait is bounded (seconds); nothing is timed.
+//! zeroes, and close. Then (unless a failure is expected, or a source address or session
+//! name was given) an old kernel client's WRITE_SAME over its own session: one block of
+//! data repeated over 300 blocks, read back. Every wait is bounded (seconds); nothing is
+//! timed.
 
 use std::sync::Arc;
 
@@ -22,6 +27,9 @@ use rtrs_spdk::fabric::Fabric;
 
 #[path = "util/rnbd_workload.rs"]
 mod rnbd_workload;
+
+#[path = "util/legacy_client.rs"]
+mod legacy_client;
 
 use rnbd_workload::{BLOCKS, BS};
 
@@ -45,21 +53,26 @@ fn verified_io_against_external_target() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
         .max(1);
+    let src: Option<std::net::IpAddr> = std::env::var("RTRS_TARGET_SRC")
+        .ok()
+        .map(|s| s.parse().expect("RTRS_TARGET_SRC is an IP address"));
+    let sessname =
+        std::env::var("RTRS_TARGET_SESSNAME").unwrap_or_else(|_| "spdk-target-test".into());
     let mut cfg = EngineConfig::new(CpuMask::parse("[0-1]").unwrap());
     cfg.idle = IdleStrategy::Adaptive(Adaptive::default());
     cfg.pin = false;
     let engine = Engine::start(cfg).expect("engine");
     let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new());
 
-    let (got, failure) = rnbd_workload::run(
-        &engine,
-        &fabric,
-        "spdk-target-test",
-        &addrs,
-        &dev_name,
-        rounds,
-    );
+    let (got, failure) =
+        rnbd_workload::run(&engine, &fabric, &sessname, &addrs, src, &dev_name, rounds);
     println!("session to {addr}, device {dev_name}: {got:?}");
+    // Only for the default identity: a host list made for the workload's source address
+    // or session name would refuse the legacy client's own session.
+    let default_host = src.is_none() && std::env::var_os("RTRS_TARGET_SESSNAME").is_none();
+    let legacy = (!expect_fail && failure.is_none() && default_host).then(|| {
+        legacy_client::write_same(&engine, &fabric, "spdk-target-legacy", &addrs, &dev_name)
+    });
     engine.shutdown().expect("engine shutdown");
     if expect_fail {
         let e = failure.expect("IO to a removed export must fail");
@@ -72,5 +85,8 @@ fn verified_io_against_external_target() {
         println!(
             "verified {BLOCKS} blocks of {BS} bytes from two cores, flush/discard/write-zeroes ok"
         );
+        if let Some(r) = legacy {
+            println!("{}", r.unwrap_or_else(|e| panic!("legacy WRITE_SAME: {e}")));
+        }
     }
 }

@@ -22,6 +22,7 @@ DEFAULT_PORT = 1234
 TRANSPORTS = ('tcp', 'rdma')
 ACCESS_MODES = ('ro', 'rw', 'migration')
 MP_POLICIES = ('round-robin', 'min-inflight', 'min-latency')
+WRITE_ZEROES_MODES = ('native', 'emulate')
 
 
 def _print_json(obj):
@@ -79,7 +80,8 @@ def parse_path(text, psk=None):
 
 def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp_policy=None,
                      max_reconnect_attempts=None, reconnect_delay_sec=None,
-                     hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None):
+                     hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None,
+                     write_zeroes=None):
     """Create an rtrs bdev mapping the remote RNBD device `device` over session `sessname`.
 
     Args:
@@ -96,6 +98,9 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         hb_missed_max: heartbeats missed before a path is declared dead
         io_timeout_sec: how long IO waits while the device is unreachable (no path
             connected, or not re-opened yet after a reconnect) before it fails
+        write_zeroes: emulate (default: zero-filled writes, safe with every target) or
+            native (RNBD op 5: only for targets on Linux 6.8+ or rtrs targets; kernels
+            before 5.18 read op 5 as WRITE_SAME)
     Returns:
         Name of the created bdev (answered once the session is up and the device open).
     """
@@ -105,6 +110,7 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         'max_reconnect_attempts': max_reconnect_attempts,
         'reconnect_delay_sec': reconnect_delay_sec, 'hb_interval_ms': hb_interval_ms,
         'hb_missed_max': hb_missed_max, 'io_timeout_sec': io_timeout_sec,
+        'write_zeroes': write_zeroes,
     })
     return client.call('bdev_rtrs_create', params)
 
@@ -171,10 +177,33 @@ def rtrs_target_stop_listener(client, transport, addr, port=None):
         'transport': transport, 'addr': addr, 'port': port}))
 
 
-def rtrs_target_export(client, bdev_name, export_name=None, access=None):
-    """Export a bdev over RNBD (export name defaults to the bdev name)."""
+def rtrs_target_export(client, bdev_name, export_name=None, access=None, allowed_hosts=None):
+    """Export a bdev over RNBD (export name defaults to the bdev name).
+
+    allowed_hosts: list of host patterns (an address such as 127.0.0.2, a network such as
+    10.0.0.0/24 or [fd00::]/64, or sess:SESSNAME); only matching hosts may open the
+    export. Left out: every host may (an empty list: none, until hosts are added).
+    """
     return client.call('rtrs_target_export', _drop_none({
-        'bdev_name': bdev_name, 'export_name': export_name, 'access': access}))
+        'bdev_name': bdev_name, 'export_name': export_name, 'access': access,
+        'allowed_hosts': allowed_hosts}))
+
+
+def rtrs_target_export_add_host(client, export_name, host):
+    """Allow host pattern `host` to open export `export_name`."""
+    return client.call('rtrs_target_export_add_host',
+                       {'export_name': export_name, 'host': host})
+
+
+def rtrs_target_export_remove_host(client, export_name, host):
+    """Refuse later opens of `export_name` by `host` (devices it has open stay open)."""
+    return client.call('rtrs_target_export_remove_host',
+                       {'export_name': export_name, 'host': host})
+
+
+def rtrs_target_get_exports(client, export_name=None):
+    """Exports with their bdev, access and allowed hosts."""
+    return client.call('rtrs_target_get_exports', _drop_none({'export_name': export_name}))
 
 
 def rtrs_target_unexport(client, export_name):
@@ -200,7 +229,8 @@ def spdk_rpc_plugin_initialize(subparsers):
             device=args.device, access_mode=args.access_mode, mp_policy=args.mp_policy,
             max_reconnect_attempts=args.max_reconnect_attempts,
             reconnect_delay_sec=args.reconnect_delay_sec, hb_interval_ms=args.hb_interval_ms,
-            hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec))
+            hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec,
+            write_zeroes=args.write_zeroes))
 
     p = subparsers.add_parser('bdev_rtrs_create',
                               help='Create an rtrs bdev: map a remote RNBD device over an RTRS session')
@@ -230,6 +260,10 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-t', '--io-timeout-sec', type=int,
                    help='Seconds IO waits while the device is unreachable (no path, or '
                         'not re-opened yet after a reconnect). Default: 30')
+    p.add_argument('-z', '--write-zeroes', choices=WRITE_ZEROES_MODES,
+                   help='How write-zeroes are sent: emulate (zero-filled writes, safe with every '
+                        'target; default) or native (RNBD op 5: only for targets on Linux 6.8+ '
+                        'or rtrs targets)')
     p.set_defaults(func=_bdev_rtrs_create)
 
     def _bdev_rtrs_delete(args):
@@ -338,13 +372,46 @@ def spdk_rpc_plugin_initialize(subparsers):
 
     def _rtrs_target_export(args):
         rtrs_target_export(args.client, bdev_name=args.bdev_name,
-                           export_name=args.export_name, access=args.access)
+                           export_name=args.export_name, access=args.access,
+                           allowed_hosts=args.allowed_host)
 
     p = subparsers.add_parser('rtrs_target_export', help='Export a bdev over RNBD')
     p.add_argument('bdev_name', help='Name of the bdev to export')
     p.add_argument('-e', '--export-name', help='Export name. Default: the bdev name')
     p.add_argument('-a', '--access', choices=('ro', 'rw'), help='Access. Default: rw')
+    p.add_argument('-H', '--allowed-host', action='append',
+                   help='Only hosts matching this pattern may open the export: an address '
+                        '(127.0.0.2), a network (10.0.0.0/24, [fd00::]/64) or sess:SESSNAME. '
+                        'Repeatable. Default: every host may')
     p.set_defaults(func=_rtrs_target_export)
+
+    def _rtrs_target_export_add_host(args):
+        rtrs_target_export_add_host(args.client, export_name=args.export_name, host=args.host)
+
+    p = subparsers.add_parser('rtrs_target_export_add_host',
+                              help='Allow a host to open an export')
+    p.add_argument('export_name', help='Export name')
+    p.add_argument('host', help='Host pattern: address, network or sess:SESSNAME')
+    p.set_defaults(func=_rtrs_target_export_add_host)
+
+    def _rtrs_target_export_remove_host(args):
+        rtrs_target_export_remove_host(args.client, export_name=args.export_name,
+                                       host=args.host)
+
+    p = subparsers.add_parser('rtrs_target_export_remove_host',
+                              help='Refuse later opens of an export by a host '
+                                   '(devices it has open stay open)')
+    p.add_argument('export_name', help='Export name')
+    p.add_argument('host', help='Host pattern as it was added')
+    p.set_defaults(func=_rtrs_target_export_remove_host)
+
+    def _rtrs_target_get_exports(args):
+        _print_json(rtrs_target_get_exports(args.client, export_name=args.export_name))
+
+    p = subparsers.add_parser('rtrs_target_get_exports',
+                              help='Show exports with their bdev, access and allowed hosts')
+    p.add_argument('-e', '--export-name', help='Only this export')
+    p.set_defaults(func=_rtrs_target_get_exports)
 
     def _rtrs_target_unexport(args):
         rtrs_target_unexport(args.client, export_name=args.export_name)

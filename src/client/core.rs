@@ -248,6 +248,11 @@ impl SessionCore {
         self.core
     }
 
+    /// The fabric the session runs on (to register memory for its requests).
+    pub fn fabric(&self) -> &Arc<dyn Fabric> {
+        &self.fabric
+    }
+
     /// Largest data size of one request (0 before the session first connected).
     pub fn max_io_size(&self) -> u32 {
         self.params.map_or(0, |p| p.max_io_size)

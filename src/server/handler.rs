@@ -11,8 +11,10 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
+use std::net::SocketAddr;
 use std::rc::Rc;
 
+use super::session::Path;
 use crate::common::{Dir, LinkEvent};
 use crate::engine::Ctx;
 
@@ -106,6 +108,34 @@ impl DataArea {
 // handler may pass it to a backend thread that completes back on the owning core.
 unsafe impl Send for DataArea {}
 
+/// The path a request came on.
+#[derive(Clone, Copy)]
+pub struct SrvPath<'a>(pub(crate) &'a Path);
+
+impl SrvPath<'_> {
+    /// The client's address of the path (its source address).
+    pub fn peer(&self) -> SocketAddr {
+        self.0.peer
+    }
+
+    /// The server's address of the path.
+    pub fn local(&self) -> SocketAddr {
+        self.0.local
+    }
+
+    /// The session's name (the client's `sessname`, known once the path's INFO_REQ
+    /// arrived, so for every request). Takes a lock: not for every IO.
+    pub fn sessname(&self) -> String {
+        self.0.sess.name()
+    }
+}
+
+impl fmt::Debug for SrvPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SrvPath({}@{})", self.0.peer, self.0.local)
+    }
+}
+
 /// One request handed to the handler.
 #[derive(Debug)]
 pub struct SrvIo<'a> {
@@ -113,6 +143,8 @@ pub struct SrvIo<'a> {
     pub id: IoId,
     /// The session it came from.
     pub sess: SessionId,
+    /// The path it came on.
+    pub path: SrvPath<'a>,
     /// READ (produce `data.len()` bytes into `data`) or WRITE (consume `data`).
     pub dir: Dir,
     /// The user header (a copy; valid during the call).

@@ -25,7 +25,7 @@ use crate::engine::Ctx;
 use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
 use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
 
-use super::handler::{DataArea, IoId, SrvIo};
+use super::handler::{DataArea, IoId, SrvIo, SrvPath};
 use super::poller::{CorePoller, WR_INV, WR_RSP};
 use super::session::Path;
 use super::stats::CoreCounters;
@@ -347,6 +347,7 @@ impl CorePoller {
         let io = SrvIo {
             id,
             sess: sess.id,
+            path: SrvPath(path),
             dir,
             usr: &self.usr[..ulen],
             data: DataArea::new(ptr, req.data_len() as usize),

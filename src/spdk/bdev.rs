@@ -2,7 +2,9 @@
 //! [`BdevExport`] is one descriptor (`spdk_bdev_open_ext`, with a hot-remove callback);
 //! each core's instance ([`BdevChannel`], a [`BlockBackend`]) owns that SPDK thread's
 //! IO channel and submits `spdk_bdev_readv_blocks` / `writev` / `flush` / `unmap` /
-//! `write_zeroes` from the polling thread. A submission refused with −ENOMEM waits with
+//! `write_zeroes` from the polling thread. SPDK has no write-same: one is a chain of
+//! `writev`s whose iovecs all point at the request's one block (at most
+//! [`SAME_BLOCKS`] blocks each, started one after the other). A submission refused with −ENOMEM waits with
 //! `spdk_bdev_queue_io_wait` and is retried when the bdev layer has room; completions are
 //! collected in the channel and returned by [`BlockBackend::poll`] on the same thread.
 //!
@@ -24,6 +26,8 @@ use crate::rnbd::server::ExportBackend;
 
 /// IOs a channel accepts before it answers [`SubmitError::Busy`].
 pub const CHANNEL_DEPTH: usize = 1024;
+/// Most blocks of one `writev` of a write-same (each an iovec over the same block).
+pub const SAME_BLOCKS: usize = 256;
 
 type RemoveFn = Box<dyn FnOnce() + Send>;
 
@@ -222,7 +226,11 @@ struct Slot {
     index: u32,
     tag: u64,
     iov: libc::iovec,
-    /// Started when this one succeeds (the write after a PREFLUSH's flush).
+    /// The iovecs of a write-same piece, allocated at the slot's first write-same and
+    /// kept (steady state allocates nothing).
+    same: Option<Box<[libc::iovec]>>,
+    /// Started when this one succeeds (the write after a PREFLUSH's flush, the rest of
+    /// a write-same).
     then: Option<BlockIo>,
 }
 
@@ -294,6 +302,7 @@ impl BdevChannel {
                         iov_base: std::ptr::null_mut(),
                         iov_len: 0,
                     },
+                    same: None,
                     then: None,
                 })
                 .collect();
@@ -309,14 +318,16 @@ impl BdevChannel {
 
 /// Starts `io` in a free slot: 0, −ENOMEM (retry later), or another negative errno.
 /// A write with PREFLUSH on a bdev with a volatile cache starts as a flush whose
-/// success starts the write (the kernel's REQ_PREFLUSH order).
+/// success starts the write (the kernel's REQ_PREFLUSH order); a write-same starts its
+/// first [`SAME_BLOCKS`] blocks, whose success starts the rest.
 ///
 /// # Safety
 /// `st` is a live channel state, used on its own thread, not borrowed elsewhere.
 unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
     // SAFETY: per the contract; a short read.
-    let preflush = unsafe { (*st).write_cache }
-        && io.op == BlockOp::Write
+    let (write_cache, bs) = unsafe { ((*st).write_cache, (*st).block_size) };
+    let preflush = write_cache
+        && matches!(io.op, BlockOp::Write | BlockOp::WriteSame)
         && io.flags.contains(IoFlags::PREFLUSH);
     let (io, then) = if preflush {
         let write = BlockIo {
@@ -324,6 +335,14 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
             ..*io
         };
         (BlockIo::flush(io.tag), Some(write))
+    } else if io.op == BlockOp::WriteSame && u64::from(io.len) > SAME_BLOCKS as u64 * bs {
+        let first = (SAME_BLOCKS as u64 * bs) as u32;
+        let rest = BlockIo {
+            offset: io.offset + u64::from(first),
+            len: io.len - first,
+            ..*io
+        };
+        (BlockIo { len: first, ..*io }, Some(rest))
     } else {
         (*io, None)
     };
@@ -337,11 +356,29 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
         let slot = &mut s.slots[i as usize] as *mut Slot;
         (*slot).tag = io.tag;
         (*slot).then = then;
-        if let Some(buf) = io.buf {
-            (*slot).iov = libc::iovec {
-                iov_base: buf.as_ptr().cast::<c_void>(),
-                iov_len: io.len as usize,
-            };
+        match (io.op, io.buf) {
+            (BlockOp::WriteSame, Some(block)) => {
+                let empty = libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                let same = (*slot)
+                    .same
+                    .get_or_insert_with(|| vec![empty; SAME_BLOCKS].into_boxed_slice());
+                for v in same.iter_mut() {
+                    *v = libc::iovec {
+                        iov_base: block.as_ptr().cast::<c_void>(),
+                        iov_len: block.len(),
+                    };
+                }
+            }
+            (_, Some(buf)) => {
+                (*slot).iov = libc::iovec {
+                    iov_base: buf.as_ptr().cast::<c_void>(),
+                    iov_len: io.len as usize,
+                };
+            }
+            (_, None) => {}
         }
         (s.desc.desc, s.ch, s.block_size, s.size_blocks, slot)
     };
@@ -349,13 +386,21 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
     let n = u64::from(io.len) / bs;
     let arg = slot.cast::<c_void>();
     let cb = Some(io_done as unsafe extern "C" fn(*mut sys::spdk_bdev_io, bool, *mut c_void));
-    // SAFETY: the slot's iovec and the buffer stay valid until the completion (the
-    // request owns its chunk until answered); the callback gets the slot back.
+    // SAFETY: the slot's iovecs and the buffer stay valid until the completion (the
+    // request owns its chunk until answered); the callback gets the slot back. A
+    // write-same piece has at most SAME_BLOCKS blocks, one iovec each.
     let rc = unsafe {
         let iov = std::ptr::addr_of_mut!((*slot).iov).cast::<sys::iovec>();
         match io.op {
             BlockOp::Read => sys::spdk_bdev_readv_blocks(desc, ch, iov, 1, off, n, cb, arg),
             BlockOp::Write => sys::spdk_bdev_writev_blocks(desc, ch, iov, 1, off, n, cb, arg),
+            BlockOp::WriteSame => match (*slot).same.as_mut() {
+                Some(same) => {
+                    let iov = same.as_mut_ptr().cast::<sys::iovec>();
+                    sys::spdk_bdev_writev_blocks(desc, ch, iov, n as c_int, off, n, cb, arg)
+                }
+                None => -libc::EINVAL,
+            },
             BlockOp::Flush => sys::spdk_bdev_flush_blocks(desc, ch, 0, total, cb, arg),
             BlockOp::Discard => sys::spdk_bdev_unmap_blocks(desc, ch, off, n, cb, arg),
             BlockOp::WriteZeroes => sys::spdk_bdev_write_zeroes_blocks(desc, ch, off, n, cb, arg),

@@ -2,8 +2,9 @@
 //! `tests/rnbd_wait.rs`): [`DirectPort`] carries requests straight to an RNBD server's
 //! dispatcher, copying between the client's registered buffers and a chunk as RTRS does,
 //! and can keep block requests (as RTRS keeps IO while no path is up), refuse them (no
-//! path) or answer them with −ECONNRESET (a queue-depth change). [`Rig`] steps one
-//! simulated reactor with a virtual clock.
+//! path) or answer them with −ECONNRESET (a queue-depth change), and records every
+//! request it carried ([`Sent`]). [`Rig`] steps one simulated reactor with a virtual
+//! clock.
 
 #![allow(dead_code)]
 
@@ -28,8 +29,22 @@ pub const CHUNK: usize = 128 << 10;
 /// The wait for an unreachable device of [`Rig::client`]'s ports.
 pub const WAIT: Duration = Duration::from_secs(2);
 
+/// One request as the port carried it to the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    pub dir: Dir,
+    pub admin: bool,
+    /// The RNBD user header.
+    pub usr: Vec<u8>,
+    /// Bytes of data (WRITE) or reply space (READ).
+    pub data_len: usize,
+}
+
 /// Carries requests straight to a dispatcher; one chunk per request in flight.
 pub struct DirectPort {
+    /// Registers the zero buffer of emulated write-zeroes (any registration works:
+    /// this port copies by address).
+    fabric: LoopbackFabric,
     disp: Dispatcher,
     sessions: SessionCache<u64>,
     key: u64,
@@ -51,6 +66,8 @@ pub struct DirectPort {
     pub block_submits: usize,
     /// What `io_wait_timeout` reports.
     pub wait: Duration,
+    /// Every request handed to the dispatcher, in order.
+    pub sent: Vec<Sent>,
 }
 
 impl DirectPort {
@@ -61,6 +78,7 @@ impl DirectPort {
         depth: usize,
     ) -> DirectPort {
         DirectPort {
+            fabric: LoopbackFabric::new(),
             disp: Dispatcher::new(ex.clone(), 0).unwrap(),
             sessions: SessionCache::new(table.clone()),
             key,
@@ -74,6 +92,7 @@ impl DirectPort {
             reset_next: 0,
             block_submits: 0,
             wait: WAIT,
+            sent: Vec::new(),
         }
     }
 
@@ -166,6 +185,12 @@ impl RtrsPort for DirectPort {
             }
         }
         self.inflight.insert(io.tag, (i, io.dir, io.sgl.to_vec()));
+        self.sent.push(Sent {
+            dir: io.dir,
+            admin: io.admin,
+            usr: io.usr.to_vec(),
+            data_len: len,
+        });
         let data = self.chunk(i, len);
         let sess = self.sessions.session_or_create(self.key, "clt").clone();
         let req = Request {
@@ -173,6 +198,7 @@ impl RtrsPort for DirectPort {
             dir: io.dir,
             usr: io.usr,
             data,
+            peer: None,
         };
         if let Outcome::Done(e) = self.disp.process(&sess, req) {
             self.finish(io.tag, e);
@@ -203,6 +229,15 @@ impl RtrsPort for DirectPort {
 
     fn io_wait_timeout(&self) -> Duration {
         self.wait
+    }
+
+    fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
+        self.fabric
+            .register(MemBuf::zeroed(len), Access::NONE)
+            .map_err(|e| PortError::Refused {
+                errno: -libc::ENOMEM,
+                reason: e.to_string(),
+            })
     }
 }
 

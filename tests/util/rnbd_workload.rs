@@ -7,7 +7,7 @@
 
 #![allow(dead_code)] // each test binary uses the part it needs
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -276,7 +276,8 @@ fn busy(b: bool) -> PollResult {
 }
 
 /// Runs the workload on `engine` (two reactors) over `fabric`: one session named
-/// `sessname` with one path per address of `addrs`, device `dev` opened read-write.
+/// `sessname` with one path per address of `addrs` (each leaving from `src` when
+/// given), device `dev` opened read-write.
 /// Returns the progress messages (`["core 1 verified", "core 0 done"]` when all went well)
 /// and the first failure, if any.
 ///
@@ -285,12 +286,19 @@ fn busy(b: bool) -> PollResult {
 pub fn run(
     engine: &Engine,
     fabric: &Arc<dyn Fabric>,
-    sessname: &'static str,
+    sessname: &str,
     addrs: &[SocketAddr],
+    src: Option<IpAddr>,
     dev: &str,
     rounds: u32,
 ) -> (Vec<String>, Option<String>) {
-    let paths = addrs.iter().map(|&a| PathAddr::new(a)).collect();
+    let paths = addrs
+        .iter()
+        .map(|&dst| PathAddr {
+            src: src.map(|ip| SocketAddr::new(ip, 0)),
+            dst,
+        })
+        .collect();
     run_with(
         engine,
         fabric,

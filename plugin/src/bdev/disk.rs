@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rtrs_spdk::client::{MpPolicy, PathAddr, Session};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Access, MemBuf, Psk};
-use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdCore};
+use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdClientConfig, RnbdCore};
 use rtrs_spdk::spdk::{app_cores, Driver, RpcRequest, SpdkThread};
 use serde_json::{json, Value};
 
@@ -316,6 +316,7 @@ impl Disk {
             "device": self.params.device,
             "access_mode": access_name(self.params.access_mode),
             "mp_policy": self.policy().name(),
+            "write_zeroes": self.params.write_zeroes.as_str(),
             "state": state,
             "paths_up": self.session.get().map_or(0, Session::paths_up),
             "paths": paths,
@@ -330,6 +331,7 @@ impl Disk {
                 "max_io_size": i.max_io_size,
                 "max_discard": i.max_discard,
                 "max_write_zeroes": i.max_write_zeroes,
+                "server_max_write_zeroes": i.server_max_write_zeroes,
                 "write_cache": i.write_cache,
             });
         }
@@ -541,7 +543,10 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         Ok(mr) => mr,
         Err(e) => return fail(&disk, e.to_string()),
     };
-    let mut rnbd = match RnbdClient::new(home, replies) {
+    let rnbd_config = RnbdClientConfig {
+        write_zeroes: disk.params.write_zeroes,
+    };
+    let mut rnbd = match RnbdClient::with_config(home, replies, rnbd_config) {
         Ok(r) => r,
         Err(e) => return fail(&disk, e.to_string()),
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rtrs_spdk::client::{check_sessname, ClientConfig, HbConfig, MpPolicy, PathAddr};
 use rtrs_spdk::fabric::Psk;
 use rtrs_spdk::proto::rnbd::AccessMode;
-use rtrs_spdk::rnbd::client::check_dev_name;
+use rtrs_spdk::rnbd::client::{check_dev_name, WriteZeroesMode};
 use serde_json::{json, Map, Value};
 
 use crate::rpc::Params;
@@ -96,6 +96,8 @@ pub struct CreateParams {
     /// How long IO waits for an unreachable device (the session's `io_wait_timeout`,
     /// which the library's RNBD client applies), and a reset for the IO to drain.
     pub io_timeout_sec: u64,
+    /// How write-zeroes go to the target (`native` only for Linux 6.8+ or rtrs targets).
+    pub write_zeroes: WriteZeroesMode,
 }
 
 const CREATE_FIELDS: &[&str] = &[
@@ -110,6 +112,7 @@ const CREATE_FIELDS: &[&str] = &[
     "hb_interval_ms",
     "hb_missed_max",
     "io_timeout_sec",
+    "write_zeroes",
 ];
 
 /// The RNBD name of an access mode, as the kernel's sysfs spells it.
@@ -311,6 +314,12 @@ impl CreateParams {
         let hb_missed_max =
             positive(M, "hb_missed_max", p.opt_uint("hb_missed_max", 1000)?, 5)? as u32;
         let io_timeout_sec = p.opt_uint("io_timeout_sec", 86_400)?.unwrap_or(30);
+        let write_zeroes = match opt_str(M, v, "write_zeroes")? {
+            Some(s) => s.parse::<WriteZeroesMode>().map_err(|_| {
+                format!("{M}: 'write_zeroes' = {s:?} is not one of native, emulate")
+            })?,
+            None => WriteZeroesMode::Emulate,
+        };
         Ok(CreateParams {
             name,
             sessname,
@@ -323,6 +332,7 @@ impl CreateParams {
             hb_interval_ms,
             hb_missed_max,
             io_timeout_sec,
+            write_zeroes,
         })
     }
 
@@ -360,6 +370,7 @@ impl CreateParams {
             "hb_interval_ms": self.hb_interval_ms,
             "hb_missed_max": self.hb_missed_max,
             "io_timeout_sec": self.io_timeout_sec,
+            "write_zeroes": self.write_zeroes.as_str(),
         })
     }
 }

@@ -17,11 +17,14 @@
 //!   (NVMe over PCIe) can be exported.
 //! - A hot-removed bdev removes its export: IO through existing mappings fails with
 //!   −EIO, each thread drops its channel, the descriptor closes.
+//! - Each export has a host list checked at OPEN ([`hosts`]): `allowed_hosts`,
+//!   `rtrs_target_export_add_host` / `_remove_host`, `rtrs_target_get_exports`.
 //!
 //! State lives in one [`Target`] behind a mutex: RPCs, `config_json`, hot-remove events
 //! and the subsystem's init/fini run on the application thread; the data path never
 //! takes it.
 
+mod hosts;
 mod mux;
 mod rpc;
 mod stats;
@@ -32,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::{Admission, Fabric, FabricError, Psk};
-use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
+use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
 use rtrs_spdk::spdk::bdev::BdevExport;
 use rtrs_spdk::spdk::dma::SpdkDmaChunks;
@@ -128,7 +131,7 @@ pub struct ListenerEntry {
     pub psk: Option<String>,
 }
 
-/// One export as configured.
+/// One export as configured (its host list lives in the shared `Exports`).
 #[derive(Debug, Clone)]
 pub struct ExportEntry {
     pub bdev_name: String,
@@ -224,11 +227,16 @@ impl Target {
         Ok(())
     }
 
-    /// Exports bdev `bdev_name` as `export_name`. Runs on the application thread.
+    /// Exports bdev `bdev_name` as `export_name`, open to the hosts `allowed` matches
+    /// (`None`: every host). Runs on the application thread.
     ///
     /// # Errors
     /// The bdev cannot be opened, the name is taken or invalid.
-    pub fn export(&mut self, e: ExportEntry) -> Result<(), String> {
+    pub fn export(
+        &mut self,
+        e: ExportEntry,
+        allowed: Option<Vec<HostPattern>>,
+    ) -> Result<(), String> {
         const M: &str = "rtrs_target_export";
         if self
             .export_list
@@ -246,7 +254,12 @@ impl Target {
         })
         .map_err(|why| format!("{M}: bdev_name: {why}"))?;
         self.exports
-            .add(&e.export_name, Arc::new(bdev), e.access == Access::Ro)
+            .add_with_hosts(
+                &e.export_name,
+                Arc::new(bdev),
+                e.access == Access::Ro,
+                hosts::initial(allowed),
+            )
             .map_err(|why| format!("{M}: export_name: {why}"))?;
         self.export_list.push(e);
         Ok(())
@@ -455,14 +468,15 @@ impl Target {
             }));
         }
         for e in &self.export_list {
-            out.push(json!({
-                "method": "rtrs_target_export",
-                "params": {
-                    "bdev_name": e.bdev_name,
-                    "export_name": e.export_name,
-                    "access": e.access.as_str(),
-                }
-            }));
+            let mut params = json!({
+                "bdev_name": e.bdev_name,
+                "export_name": e.export_name,
+                "access": e.access.as_str(),
+            });
+            if let Some(hosts) = self.allowed_hosts_json(&e.export_name) {
+                params["allowed_hosts"] = hosts;
+            }
+            out.push(json!({"method": "rtrs_target_export", "params": params}));
         }
         for l in &self.listeners {
             let mut params = json!({

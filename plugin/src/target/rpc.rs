@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::hosts::{parse_allowed, parse_host};
 use super::{with_target, Access, ExportEntry, TargetOptions, Transport};
 use crate::rpc::{register, rpc_handler, Params, RUNTIME, STARTUP};
 use rtrs_spdk::spdk::RpcRequest;
@@ -25,6 +26,17 @@ pub fn register_rpcs() {
     register(c"rtrs_target_stop_listener", Some(c_stop_listener), RUNTIME);
     register(c"rtrs_target_export", Some(c_export), RUNTIME);
     register(c"rtrs_target_unexport", Some(c_unexport), RUNTIME);
+    register(
+        c"rtrs_target_export_add_host",
+        Some(c_export_add_host),
+        RUNTIME,
+    );
+    register(
+        c"rtrs_target_export_remove_host",
+        Some(c_export_remove_host),
+        RUNTIME,
+    );
+    register(c"rtrs_target_get_exports", Some(c_get_exports), RUNTIME);
     register(c"rtrs_target_get_sessions", Some(c_get_sessions), RUNTIME);
 }
 
@@ -33,6 +45,9 @@ rpc_handler!(c_listen => listen);
 rpc_handler!(c_stop_listener => stop_listener);
 rpc_handler!(c_export => export);
 rpc_handler!(c_unexport => unexport);
+rpc_handler!(c_export_add_host => export_add_host);
+rpc_handler!(c_export_remove_host => export_remove_host);
+rpc_handler!(c_get_exports => get_exports);
 rpc_handler!(c_get_sessions => get_sessions);
 
 fn answer(req: RpcRequest, r: Result<(), String>) {
@@ -159,7 +174,7 @@ fn export(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_export";
     let r = (|| -> Result<(), String> {
         let p = Params::new(M, &v)?;
-        p.only(&["bdev_name", "export_name", "access"])?;
+        p.only(&["bdev_name", "export_name", "access", "allowed_hosts"])?;
         let bdev_name = p.str("bdev_name")?.to_string();
         let export_name = p.opt_str("export_name")?.unwrap_or(&bdev_name).to_string();
         let access = match p.opt_str("access")? {
@@ -171,12 +186,19 @@ fn export(req: RpcRequest, v: Value) {
                 ))
             }
         };
+        let allowed = match v.get("allowed_hosts") {
+            None | Some(Value::Null) => None,
+            Some(a) => Some(parse_allowed(M, a)?),
+        };
         with_target(|t| {
-            t.export(ExportEntry {
-                bdev_name,
-                export_name,
-                access,
-            })
+            t.export(
+                ExportEntry {
+                    bdev_name,
+                    export_name,
+                    access,
+                },
+                allowed,
+            )
         })
     })();
     answer(req, r);
@@ -190,6 +212,43 @@ fn unexport(req: RpcRequest, v: Value) {
         with_target(|t| t.unexport(name))
     });
     answer(req, r);
+}
+
+/// `{export_name, host}` of add_host / remove_host.
+fn export_host(
+    m: &'static str,
+    v: &Value,
+) -> Result<(String, rtrs_spdk::rnbd::server::HostPattern), String> {
+    let p = Params::new(m, v)?;
+    p.only(&["export_name", "host"])?;
+    let name = p.str("export_name")?.to_string();
+    let host = parse_host(m, "host", p.str("host")?)?;
+    Ok((name, host))
+}
+
+fn export_add_host(req: RpcRequest, v: Value) {
+    let r = export_host("rtrs_target_export_add_host", &v)
+        .and_then(|(name, host)| with_target(|t| t.add_host(&name, host)));
+    answer(req, r);
+}
+
+fn export_remove_host(req: RpcRequest, v: Value) {
+    let r = export_host("rtrs_target_export_remove_host", &v)
+        .and_then(|(name, host)| with_target(|t| t.remove_host(&name, &host)));
+    answer(req, r);
+}
+
+fn get_exports(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_get_exports";
+    let r = Params::new(M, &v).and_then(|p| {
+        p.only(&["export_name"])?;
+        let name = p.opt_str("export_name")?.map(str::to_string);
+        with_target(|t| t.get_exports(name.as_deref()))
+    });
+    match r {
+        Ok(list) => req.ok(list),
+        Err(e) => req.invalid(&e),
+    }
 }
 
 fn get_sessions(req: RpcRequest, v: Value) {

@@ -6,6 +6,7 @@
 //! rtrs-bench --path rdma://10.0.0.1?src=10.0.0.2 --path rdma://10.0.1.1?src=10.0.1.2 \
 //!            --sessname host1 --device vol --rw randwrite --bs 4K --qd 32
 //! rtrs-bench --inline-target ram:1G --rw randwrite --bs 4K --qd 1 --time 10s --json
+//! rtrs-bench --path tcp://127.0.0.1:1234 --device vol --rw zero --write-zeroes native
 //! ```
 //! Every `--path` of a run uses one fabric (`tcp://` or `rdma://`); `?src=ADDR` binds the
 //! path's local address. `--sessname` names the RTRS session (the kernel's `sessname=`;
@@ -17,6 +18,9 @@
 //! Every reactor owns one registered buffer of its share × bs, so no IO allocates.
 //! `--warmup-write` writes the region once before the timed run (RAM disks get backed,
 //! reads find data); `--size` limits the region to the first SIZE bytes.
+//! `--rw zero` sends write-zeroes of `--bs` (`--verify` reads them back as zeros): as
+//! zero-filled WRITEs by default, or as RNBD op 5 with `--write-zeroes native` (only for
+//! targets on Linux 6.8+ or rtrs-target; docs/ARCHITECTURE.md, "RNBD op 5").
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
 //! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
@@ -59,7 +63,7 @@ use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::ExportSpec;
-use rtrs_spdk::rnbd::client::DeviceInfo;
+use rtrs_spdk::rnbd::client::{DeviceInfo, WriteZeroesMode, WriteZeroesParseError};
 use rtrs_spdk::server::ServerConfig;
 
 use progress::Progress;
@@ -118,6 +122,10 @@ struct Args {
     /// reads find written data and RAM disks are backed.
     #[arg(long)]
     warmup_write: bool,
+    /// How write-zeroes are sent: emulate (zero-filled writes, safe with every target)
+    /// or native (RNBD op 5: only for targets on Linux 6.8+ or rtrs-target).
+    #[arg(long, value_name = "MODE", default_value = "emulate", value_parser = write_zeroes_arg)]
+    write_zeroes: WriteZeroesMode,
     /// Multipath policy.
     #[arg(long, value_name = "POLICY", default_value = "min-inflight", value_parser = policy_arg)]
     policy: MpPolicy,
@@ -160,6 +168,10 @@ struct Args {
 fn policy_arg(s: &str) -> Result<MpPolicy, String> {
     s.parse()
         .map_err(|e: rtrs_spdk::client::PolicyParseError| e.to_string())
+}
+
+fn write_zeroes_arg(s: &str) -> Result<WriteZeroesMode, String> {
+    s.parse().map_err(|e: WriteZeroesParseError| e.to_string())
 }
 
 fn sessname_arg(s: &str) -> Result<String, String> {
@@ -295,6 +307,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         warmup: args.warmup_write,
         time_ns: u64::try_from(args.time.as_nanos()).unwrap_or(u64::MAX),
         run_id: rtrs_spdk::common::random_u64(),
+        write_zeroes: args.write_zeroes,
     };
 
     let mut td = Teardown {
@@ -325,6 +338,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
                     engine,
                     vec![listen],
                     std::slice::from_ref(spec),
+                    &[],
                     config,
                 )
                 .map_err(|e| failed(format!("inline target: {e}")))?;
@@ -410,6 +424,13 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     let targets = path_text.join(", ");
     let info = wait_device(&setup, &session, &stop, &targets, args.connect_timeout)?;
     session.set_max_reconnect_attempts(-1);
+    if args.rw == Rw::Zero && u64::from(bs) > info.max_write_zeroes {
+        return Err(failed(format!(
+            "device '{device}' takes write-zeroes of at most {} bytes with --write-zeroes \
+             {} (the target's limit; 0: none), --bs is {bs}: use --write-zeroes emulate",
+            info.max_write_zeroes, args.write_zeroes
+        )));
+    }
     let (region, plans) = plan::plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
     let active = plans.iter().flatten().count();
     *setup.plans.lock().unwrap_or_else(|e| e.into_inner()) = plans;

@@ -12,7 +12,7 @@ use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener, PortCompletion,
-    RnbdClient, RnbdCore,
+    RnbdClient, RnbdClientConfig, RnbdCore,
 };
 
 use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};
@@ -312,7 +312,10 @@ pub fn start_msg(
             }
         };
         let rest: Vec<SessionCore> = cores.drain(1..).collect();
-        let mut client = match RnbdClient::new(cores.remove(0), replies) {
+        let rnbd_config = RnbdClientConfig {
+            write_zeroes: setup.job.write_zeroes,
+        };
+        let mut client = match RnbdClient::with_config(cores.remove(0), replies, rnbd_config) {
             Ok(c) => c,
             Err(e) => {
                 session.close();

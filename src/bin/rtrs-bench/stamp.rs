@@ -1,7 +1,9 @@
 //! `--verify` data: every 512-byte sector a write sends carries a stamp — a magic word,
 //! the run's id, the sector's byte offset on the device, the write's generation — and a
 //! pattern derived from them; a read checks all of it. A sector written somewhere else,
-//! by another run, by an older write or torn inside shows up as a mismatch.
+//! by another run, by an older write or torn inside shows up as a mismatch. A unit last
+//! written by a write-zeroes (`--rw zero`) has generation [`ZEROED`] and must read as
+//! zeros.
 
 use rtrs_spdk::fabric::Mr;
 
@@ -9,6 +11,16 @@ use rtrs_spdk::fabric::Mr;
 pub const SECTOR: usize = 512;
 const WORDS: usize = SECTOR / 8;
 const MAGIC: u64 = 0x5254_5253_4245_4e43; // "RTRSBENC"
+/// The generation of a unit whose last write was a write-zeroes.
+pub const ZEROED: u32 = u32::MAX;
+
+/// The generation after `gen` for a stamped write (never 0 or [`ZEROED`]).
+pub fn next_gen(gen: u32) -> u32 {
+    match gen.wrapping_add(1) {
+        0 | ZEROED => 1,
+        g => g,
+    }
+}
 
 fn sector(run: u64, dev_off: u64, gen: u32) -> [u8; SECTOR] {
     let mut out = [0u8; SECTOR];
@@ -35,14 +47,19 @@ pub fn stamp(buf: &Mr, at: usize, dev_off: u64, len: usize, run: u64, gen: u32) 
     }
 }
 
-/// Checks `len` bytes of `buf` at `at` against the stamp of (`dev_off`, `gen`); returns
-/// the device offset of the first sector that differs.
+/// Checks `len` bytes of `buf` at `at` against the stamp of (`dev_off`, `gen`), or
+/// zeros for [`ZEROED`]; returns the device offset of the first sector that differs.
 pub fn check(buf: &Mr, at: usize, dev_off: u64, len: usize, run: u64, gen: u32) -> Option<u64> {
     let mut got = [0u8; SECTOR];
     for s in (0..len).step_by(SECTOR) {
         let off = dev_off + s as u64;
         buf.read_at(at + s, &mut got);
-        if got != sector(run, off, gen) {
+        let want = if gen == ZEROED {
+            [0u8; SECTOR]
+        } else {
+            sector(run, off, gen)
+        };
+        if got != want {
             return Some(off);
         }
     }
@@ -73,7 +90,13 @@ mod tests {
             check(&buf, 0, 1 << 20, 4096, 7, 3),
             Some((1 << 20) + 3 * SECTOR as u64)
         );
-        // Zeroes (never written) do not pass.
+        // Zeroes (never written) do not pass, except where a write-zeroes was last.
         assert_eq!(check(&buf, 4096, 0, 4096, 7, 1), Some(0));
+        assert_eq!(check(&buf, 4096, 0, 4096, 7, ZEROED), None);
+        assert_eq!(check(&buf, 0, 1 << 20, 4096, 7, ZEROED), Some(1 << 20));
+        assert_eq!(
+            (next_gen(ZEROED), next_gen(ZEROED - 1), next_gen(4)),
+            (1, 1, 5)
+        );
     }
 }

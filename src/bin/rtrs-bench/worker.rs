@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Mr, Sge};
-use rtrs_spdk::rnbd::client::{BlockRequest, IoError};
+use rtrs_spdk::rnbd::client::{BlockRequest, IoError, WriteZeroesMode};
 
 use crate::hist::Hist;
 use crate::stamp;
@@ -28,6 +28,8 @@ pub enum Rw {
     Randread,
     Randwrite,
     Randrw,
+    /// Sequential write-zeroes of `--bs` each (sent as `--write-zeroes` says).
+    Zero,
 }
 
 impl Rw {
@@ -38,6 +40,7 @@ impl Rw {
             Rw::Randread => "randread",
             Rw::Randwrite => "randwrite",
             Rw::Randrw => "randrw",
+            Rw::Zero => "zero",
         }
     }
     pub fn random(self) -> bool {
@@ -47,7 +50,7 @@ impl Rw {
         matches!(self, Rw::Read | Rw::Randread | Rw::Randrw)
     }
     pub fn writes(self) -> bool {
-        matches!(self, Rw::Write | Rw::Randwrite | Rw::Randrw)
+        matches!(self, Rw::Write | Rw::Randwrite | Rw::Randrw | Rw::Zero)
     }
 }
 
@@ -64,6 +67,8 @@ pub struct JobSpec {
     pub time_ns: u64,
     /// Identifies this run's stamps.
     pub run_id: u64,
+    /// How write-zeroes go on the wire (`--write-zeroes`).
+    pub write_zeroes: WriteZeroesMode,
 }
 
 /// One core's share: `units` IO units of `bs` bytes from `start`, `qd` in flight.
@@ -226,7 +231,7 @@ impl Worker {
     fn pick(&mut self) -> Option<(u64, bool)> {
         let write = match self.spec.rw {
             Rw::Read | Rw::Randread => false,
-            Rw::Write | Rw::Randwrite => true,
+            Rw::Write | Rw::Randwrite | Rw::Zero => true,
             Rw::Randrw => self.rand() % 100 >= u64::from(self.spec.mix_read),
         };
         for _ in 0..16 {
@@ -361,18 +366,25 @@ impl Worker {
         };
         let bs = self.spec.bs as usize;
         let off = self.plan.start + unit * u64::from(self.spec.bs);
+        // The timed run of --rw zero zeroes; prefill and read-back write and read.
+        let zero = write && timed && self.spec.rw == Rw::Zero;
         let mut gen = 0;
-        if self.spec.verify && write {
-            gen = self.gens[unit as usize].wrapping_add(1).max(1);
+        if zero {
+            gen = stamp::ZEROED;
+        } else if self.spec.verify && write {
+            gen = stamp::next_gen(self.gens[unit as usize]);
             stamp::stamp(&self.buf, i * bs, off, bs, self.spec.run_id, gen);
         }
-        let req = if write {
+        let req = if zero {
+            BlockRequest::write_zeroes(off, self.spec.bs)
+        } else if write {
             BlockRequest::write(off, self.spec.bs)
         } else {
             BlockRequest::read(off, self.spec.bs)
         };
         let sge = [self.buf.sge(i * bs, bs)];
-        match submit(cx, i as u64, &req, &sge) {
+        let sgl: &[Sge] = if req.data_len() > 0 { &sge } else { &[] };
+        match submit(cx, i as u64, &req, sgl) {
             Ok(()) => {
                 self.slots[i] = Slot {
                     busy: true,

@@ -7,6 +7,7 @@
 //!             [--no-always-invalidate] [-m 0x1]
 //!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //!             [--psk-file KEYFILE]
+//!             [--allow vol=10.0.0.0/24 --allow vol=sess:host1 ...]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
 //! both at once run one RTRS server per fabric over the same exports. Connections that
@@ -16,10 +17,14 @@
 //! idle connections cannot lock clients out). It prints one line when ready
 //! (`listening on tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on
 //! SIGINT or SIGTERM: the servers close every session, their pollers finish, the
-//! reactors drain, exit code 0. With `-v` each path that connects is logged with its
-//! session name and `client@server` addresses. With `--psk-file` every client must prove
-//! the key on connect (`docs/tcp-fabric.md`, "Authentication"); the data itself travels
-//! in clear. Bad arguments give one line on stderr and
+//! reactors drain, exit code 0. `--allow NAME=PATTERN` restricts export NAME to the
+//! hosts its patterns match (an address, a network, or `sess:SESSNAME`; checked at OPEN,
+//! others get −EACCES); an export without any stays open to every host, as the kernel's
+//! are, and a target listening on a non-loopback address says so in one warning. With
+//! `-v` each path that connects is logged with its session name and `client@server`
+//! addresses. With `--psk-file` every client must prove the key on connect
+//! (`docs/tcp-fabric.md`, "Authentication"); the data itself travels in clear. Bad
+//! arguments give one line on stderr and
 //! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
 //! line and exit code 1.
 
@@ -38,6 +43,7 @@ use rtrs_spdk::engine::{CpuMask, Engine};
 use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE};
 use rtrs_spdk::fabric::Admission;
 use rtrs_spdk::rnbd::backend::ExportSpec;
+use rtrs_spdk::rnbd::server::HostPattern;
 use rtrs_spdk::server::ServerConfig;
 
 use shared::target::Listen;
@@ -89,6 +95,12 @@ struct Args {
     /// /64); beyond, the source's oldest is closed.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING_PER_SOURCE)]
     max_pending_per_source: usize,
+    /// Only hosts matching PATTERN may open export NAME: an address (127.0.0.2,
+    /// [fd00::1]) or network (10.0.0.0/24, [fd00::]/64) matched against the client's
+    /// source address, or sess:SESSNAME matched against its session name. Repeatable;
+    /// an export without any is open to every host.
+    #[arg(long, value_name = "NAME=PATTERN", value_parser = allow_arg)]
+    allow: Vec<(String, HostPattern)>,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -107,6 +119,17 @@ fn listen_arg(s: &str) -> Result<FabricUrl, String> {
 
 fn export_arg(s: &str) -> Result<ExportSpec, String> {
     ExportSpec::parse(s).map_err(|e| e.to_string())
+}
+
+fn allow_arg(s: &str) -> Result<(String, HostPattern), String> {
+    let (name, pattern) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=PATTERN, e.g. vol=10.0.0.0/24"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: the export NAME before '=' is empty"));
+    }
+    let p = pattern.parse::<HostPattern>().map_err(|e| e.to_string())?;
+    Ok((name.to_string(), p))
 }
 
 fn chunk_arg(s: &str) -> Result<u32, String> {
@@ -170,16 +193,46 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         }
     }
 
+    for (name, pattern) in &args.allow {
+        if !args.export.iter().any(|e| &e.name == name) {
+            return Err((
+                format!("--allow {name}={pattern}: no --export named '{name}'"),
+                EXIT_USAGE,
+            ));
+        }
+    }
+    let open: Vec<&str> = args
+        .export
+        .iter()
+        .filter(|e| !args.allow.iter().any(|(n, _)| *n == e.name))
+        .map(|e| e.name.as_str())
+        .collect();
+    let exposed: Vec<String> = args
+        .listen
+        .iter()
+        .filter(|u| !u.addr.ip().is_loopback())
+        .map(ToString::to_string)
+        .collect();
+    if !open.is_empty() && !exposed.is_empty() {
+        tracing::warn!(
+            "exports open to any host while listening on {}: {} (restrict them with \
+             --allow NAME=PATTERN)",
+            exposed.join(", "),
+            open.join(", ")
+        );
+    }
+
     let config_admission = config.admission;
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
-    let target = match shared::target::start_target(&engine, listen, &args.export, config) {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = engine.shutdown();
-            return Err((e, EXIT_FAILED));
-        }
-    };
+    let target =
+        match shared::target::start_target(&engine, listen, &args.export, &args.allow, config) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = engine.shutdown();
+                return Err((e, EXIT_FAILED));
+            }
+        };
     let urls = target.urls();
     println!(
         "listening on {}, exports: {}",

@@ -2,7 +2,8 @@
 //! fabric (each with one [`RnbdServer`] per core; every server shares the exports), which
 //! is what loading the kernel's `rnbd_server` and `rtrs_server` modules does, with exports
 //! given up front. `rtrs-target` runs it over tcp and/or rdma; `rtrs-bench
-//! --inline-target` runs it over the loopback fabric in its own process.
+//! --inline-target` runs it over the loopback fabric in its own process. Host lists
+//! (`rtrs-target --allow NAME=PATTERN`) are set before the first listener opens.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use rtrs_spdk::engine::Engine;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::rnbd::backend::{BackendSpec, ExportSpec, FileOptions};
-use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
+use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
 
 use super::human_size;
@@ -32,8 +33,9 @@ pub struct Target {
     pub described: Vec<String>,
 }
 
-/// Declares `specs` and starts one server per entry of `listen` on reactor 0 of
-/// `engine`.
+/// Declares `specs`, restricts the exports named in `allow` to their patterns (the
+/// others stay open to every host) and starts one server per entry of `listen` on
+/// reactor 0 of `engine`.
 ///
 /// # Errors
 /// One line naming the export, file, parameter or address that failed; servers already
@@ -42,10 +44,23 @@ pub fn start_target(
     engine: &Engine,
     listen: Vec<Listen>,
     specs: &[ExportSpec],
+    allow: &[(String, HostPattern)],
     config: ServerConfig,
 ) -> Result<Target, String> {
     config.validate().map_err(|e| e.to_string())?;
     let exports = Exports::new(specs, &FileOptions::default()).map_err(|e| e.to_string())?;
+    for (name, pattern) in allow {
+        let id = exports
+            .lookup(name.as_bytes())
+            .ok_or_else(|| format!("--allow {name}={pattern}: no --export named '{name}'"))?;
+        exports.hosts(id).add(pattern.clone());
+    }
+    for (id, name) in exports.iter() {
+        if let Some(list) = exports.hosts(id).get() {
+            let list: Vec<String> = list.iter().map(ToString::to_string).collect();
+            tracing::info!("export {name}: allowed hosts {}", list.join(", "));
+        }
+    }
     let described = exports
         .iter()
         .map(|(id, name)| {

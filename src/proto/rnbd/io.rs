@@ -26,7 +26,10 @@ pub enum RnbdOp {
     Discard = 3,
     /// Secure erase.
     SecureErase = 4,
-    /// Write zeroes.
+    /// Op 5: `RNBD_OP_WRITE_ZEROES` since Linux 6.8 (no data); before 5.18 the same
+    /// code was `RNBD_OP_WRITE_SAME`, which carries one logical block of data to repeat
+    /// over the range (5.18 to 6.7 do not use it). The wire version does not tell them
+    /// apart; the presence of data does (see `rnbd::server`'s dispatcher).
     WriteZeroes = 5,
 }
 

@@ -136,7 +136,8 @@ pub struct OpenRsp {
     pub nsectors: u64,
     /// Backing queue max_hw_sectors (the Linux client ignores it).
     pub max_hw_sectors: u32,
-    /// Write-zeroes limit in sectors.
+    /// Op-5 limit in sectors: `max_write_zeroes_sectors` since Linux 6.8,
+    /// `max_write_same_sectors` before 5.18 (sent as 0 from 5.18 to 6.7).
     pub max_write_zeroes_sectors: u32,
     /// Discard limit in sectors.
     pub max_discard_sectors: u32,

@@ -38,6 +38,8 @@ pub enum SubmitError {
     ZeroLength { op: BlockOp },
     #[error("{op} without a data buffer")]
     MissingBuffer { op: BlockOp },
+    #[error("write same with {len} bytes of data: the data must be exactly one {block_size}-byte logical block")]
+    NotOneBlock { len: usize, block_size: u32 },
     #[error("{op} of {len} bytes with a buffer of only {buf_len} bytes")]
     ShortBuffer {
         op: BlockOp,
@@ -62,6 +64,7 @@ impl SubmitError {
             | SubmitError::TooLarge { .. }
             | SubmitError::ZeroLength { .. }
             | SubmitError::MissingBuffer { .. }
+            | SubmitError::NotOneBlock { .. }
             | SubmitError::ShortBuffer { .. } => libc::EINVAL,
         }
     }

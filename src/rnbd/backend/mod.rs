@@ -18,6 +18,10 @@
 //!   request owns exclusively until its response; a backend touches it only between
 //!   submission and completion. Dropping a backend waits for IO still in flight.
 //! - [`Geometry`] holds what `rnbd_msg_open_rsp` reports (PROTOCOL.md §2.10, §7.2).
+//! - [`BlockOp::WriteSame`] (RNBD op 5 from a client older than Linux 5.18, which
+//!   carries one logical block of data) writes that block over the whole range; every
+//!   backend emulates it with writes of the repeated block (docs/ARCHITECTURE.md, "RNBD
+//!   op 5").
 //!
 //! # Backends
 //! - [`RamBackend`]: memory, completes on the next poll.
@@ -49,7 +53,7 @@ pub const SECTOR_SIZE: u64 = 512;
 pub const DEFAULT_QUEUE_DEPTH: usize = 128;
 /// Largest read or write the backends accept (the server's chunk is smaller anyway).
 pub const DEFAULT_MAX_TRANSFER: u32 = 1 << 20;
-/// Largest discard / write-zeroes the backends accept.
+/// Largest discard / write-zeroes (and write-same) the backends accept.
 pub const DEFAULT_MAX_DISCARD: u32 = 1 << 30;
 
 /// `cache_policy` bits of `rnbd_msg_open_rsp`.
@@ -67,6 +71,9 @@ pub enum BlockOp {
     Discard,
     SecureErase,
     WriteZeroes,
+    /// Writes the buffer, exactly one logical block, over every block of the range (the
+    /// kernel's `REQ_OP_WRITE_SAME`, removed in Linux 5.18).
+    WriteSame,
 }
 
 impl BlockOp {
@@ -74,11 +81,16 @@ impl BlockOp {
     pub fn is_write(self) -> bool {
         matches!(
             self,
-            BlockOp::Write | BlockOp::Discard | BlockOp::SecureErase | BlockOp::WriteZeroes
+            BlockOp::Write
+                | BlockOp::Discard
+                | BlockOp::SecureErase
+                | BlockOp::WriteZeroes
+                | BlockOp::WriteSame
         )
     }
 
-    /// Whether the op carries data in a buffer.
+    /// Whether the op carries `len` bytes of data in a buffer (a write-same carries one
+    /// block, see [`BlockOp::WriteSame`]).
     pub fn has_data(self) -> bool {
         matches!(self, BlockOp::Read | BlockOp::Write)
     }
@@ -93,6 +105,7 @@ impl fmt::Display for BlockOp {
             BlockOp::Discard => "discard",
             BlockOp::SecureErase => "secure erase",
             BlockOp::WriteZeroes => "write zeroes",
+            BlockOp::WriteSame => "write same",
         })
     }
 }
@@ -129,7 +142,8 @@ pub struct BlockIo {
     pub op: BlockOp,
     pub offset: u64,
     pub len: u32,
-    /// Data for reads and writes (at least `len` bytes); `None` for the others.
+    /// Data for reads and writes (at least `len` bytes), the one logical block of a
+    /// write-same; `None` for the others.
     pub buf: Option<IoBuf>,
     pub flags: IoFlags,
 }
@@ -156,6 +170,18 @@ impl BlockIo {
 
     pub fn write_zeroes(tag: u64, offset: u64, len: u32) -> BlockIo {
         BlockIo::range(tag, BlockOp::WriteZeroes, offset, len)
+    }
+
+    /// Writes `block` (exactly one logical block) over `[offset, offset + len)`.
+    pub fn write_same(tag: u64, offset: u64, len: u32, block: IoBuf) -> BlockIo {
+        BlockIo {
+            tag,
+            op: BlockOp::WriteSame,
+            offset,
+            len,
+            buf: Some(block),
+            flags: IoFlags::NONE,
+        }
     }
 
     /// A data-less op over `[offset, offset + len)`.
@@ -231,7 +257,8 @@ pub struct Geometry {
     pub max_discard: u32,
     pub discard_granularity: u32,
     pub discard_alignment: u32,
-    /// Largest write-zeroes; 0 when unsupported.
+    /// Largest write-zeroes; 0 when unsupported. Also the largest write-same: both are
+    /// op 5 under the same OPEN_RSP field (`max_write_same_sectors` before Linux 5.18).
     pub max_write_zeroes: u32,
     /// Largest secure erase; 0 when unsupported.
     pub max_secure_erase: u32,
@@ -286,14 +313,14 @@ impl Geometry {
     ///
     /// # Errors
     /// The first problem found, in this order: unsupported op, read-only, missing or short
-    /// buffer, zero length, misalignment, range, size limit.
+    /// buffer (a write-same's not exactly one logical block), zero length, misalignment, range, size limit.
     pub fn validate(&self, io: &BlockIo) -> Result<(), SubmitError> {
         let op = io.op;
         let limit = match op {
             BlockOp::Read | BlockOp::Write => self.max_transfer,
             BlockOp::Flush => u32::MAX,
             BlockOp::Discard => self.max_discard,
-            BlockOp::WriteZeroes => self.max_write_zeroes,
+            BlockOp::WriteZeroes | BlockOp::WriteSame => self.max_write_zeroes,
             BlockOp::SecureErase => self.max_secure_erase,
         };
         if limit == 0 {
@@ -313,6 +340,18 @@ impl Geometry {
                         op,
                         len: io.len,
                         buf_len: buf.len(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        if op == BlockOp::WriteSame {
+            match io.buf {
+                None => return Err(SubmitError::MissingBuffer { op }),
+                Some(buf) if buf.len() != self.logical_block_size as usize => {
+                    return Err(SubmitError::NotOneBlock {
+                        len: buf.len(),
+                        block_size: self.logical_block_size,
                     })
                 }
                 Some(_) => {}

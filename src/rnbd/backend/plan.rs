@@ -21,6 +21,17 @@ pub(crate) enum Step {
         len: u32,
         dsync: bool,
     },
+    /// Part of a write-same: `len` bytes at `offset`, the pattern of `block` bytes at
+    /// `ptr` repeated, starting `skew` bytes into it (after a short write). One
+    /// `pwritev` whose iovecs all point into the pattern ([`same_iovecs`]).
+    WriteSame {
+        offset: u64,
+        ptr: *mut u8,
+        block: u32,
+        skew: u32,
+        len: u32,
+        dsync: bool,
+    },
     /// `fdatasync`: the file never grows, so data sync is enough.
     Sync,
     Fallocate {
@@ -49,6 +60,38 @@ enum Stage {
     /// Re-allocate a punched range (write-zeroes with NOUNMAP after the punch fallback).
     Allocate,
     PostSync,
+}
+
+/// Most iovecs of one write-same syscall (the pattern repeated; 4 KiB of iovecs).
+pub(crate) const SAME_IOVS: usize = 256;
+
+/// The iovecs of a [`Step::WriteSame`] in `iovs` (at most [`SAME_IOVS`] are used);
+/// returns how many. Only addresses are computed: nothing is dereferenced.
+pub(crate) fn same_iovecs(step: &Step, iovs: &mut [libc::iovec]) -> usize {
+    let Step::WriteSame {
+        ptr,
+        block,
+        skew,
+        len,
+        ..
+    } = *step
+    else {
+        return 0;
+    };
+    let (block, mut left) = (block as usize, len as usize);
+    let mut at = skew as usize % block.max(1);
+    let mut n = 0;
+    while left > 0 && n < iovs.len().min(SAME_IOVS) {
+        let piece = (block - at).min(left);
+        iovs[n] = libc::iovec {
+            iov_base: ptr.wrapping_add(at).cast(),
+            iov_len: piece,
+        };
+        left -= piece;
+        at = 0;
+        n += 1;
+    }
+    n
 }
 
 const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -114,14 +157,26 @@ impl Plan {
                 mode: libc::FALLOC_FL_KEEP_SIZE,
             },
             Stage::Main => {
-                let ptr = self
-                    .buf
-                    .map_or(std::ptr::null_mut(), |b| b.ptr_at(self.done as usize));
+                // A write-same's buffer is its pattern, used from the start every time.
+                let at = if self.op == BlockOp::WriteSame {
+                    0
+                } else {
+                    self.done as usize
+                };
+                let ptr = self.buf.map_or(std::ptr::null_mut(), |b| b.ptr_at(at));
                 match self.op {
                     BlockOp::Read => Step::Read { offset, ptr, len },
                     BlockOp::Write => Step::Write {
                         offset,
                         ptr,
+                        len,
+                        dsync: self.flags.contains(IoFlags::FUA),
+                    },
+                    BlockOp::WriteSame => Step::WriteSame {
+                        offset,
+                        ptr,
+                        block: self.buf.map_or(0, |b| b.len() as u32),
+                        skew: self.done % self.buf.map_or(1, |b| (b.len() as u32).max(1)),
                         len,
                         dsync: self.flags.contains(IoFlags::FUA),
                     },
@@ -177,7 +232,7 @@ impl Plan {
 
     fn main_done(&mut self, res: i32) -> Option<i32> {
         match self.op {
-            BlockOp::Read | BlockOp::Write => {
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteSame => {
                 if res < 0 {
                     return Some(res);
                 }
@@ -216,7 +271,7 @@ impl Plan {
         }
     }
 
-    /// Writes carry FUA as RWF_DSYNC; other mutating ops sync afterwards.
+    /// Writes (and write-same) carry FUA as RWF_DSYNC; other mutating ops sync afterwards.
     fn after_main(&mut self) -> Option<i32> {
         if self.flags.contains(IoFlags::FUA) {
             self.stage = Stage::PostSync;
@@ -287,6 +342,42 @@ mod tests {
             .collect();
         assert_eq!(modes, vec![ZERO, PUNCH, libc::FALLOC_FL_KEEP_SIZE, -1]);
         assert_eq!(steps[3], Step::Sync);
+    }
+
+    #[test]
+    fn short_write_same_resumes_inside_the_block() {
+        let mut mem = vec![0u8; 512];
+        // SAFETY: as above.
+        let block = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
+        let io = BlockIo::write_same(8, 4096, 512 * 300, block).with_flags(IoFlags::FUA);
+        let mut plan = Plan::new(io, FileKind::Regular);
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; SAME_IOVS];
+        // The first syscall covers 256 blocks (the iovec limit), all over the pattern.
+        let first = plan.step();
+        assert_eq!(same_iovecs(&first, &mut iovs), SAME_IOVS);
+        assert!(iovs
+            .iter()
+            .all(|v| v.iov_base == mem.as_mut_ptr().cast() && v.iov_len == 512));
+        // It writes 1000 bytes: the next one starts 488 bytes into the pattern.
+        assert_eq!(plan.complete(1000), None);
+        let next = plan.step();
+        assert!(matches!(
+            next,
+            Step::WriteSame { offset: 5096, skew: 488, len, dsync: true, .. } if len == 512 * 300 - 1000
+        ));
+        let n = same_iovecs(&next, &mut iovs);
+        assert_eq!(n, SAME_IOVS);
+        assert_eq!(iovs[0].iov_base, mem.as_mut_ptr().wrapping_add(488).cast());
+        assert_eq!(iovs[0].iov_len, 24);
+        assert_eq!(
+            (iovs[1].iov_base, iovs[1].iov_len),
+            (mem.as_mut_ptr().cast(), 512)
+        );
+        // The rest in one go ends the IO (FUA rode on RWF_DSYNC).
+        assert_eq!(plan.complete(512 * 300 - 1000), Some(0));
     }
 
     #[test]

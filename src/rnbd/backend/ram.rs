@@ -164,11 +164,16 @@ impl BlockBackend for RamBackend {
                 let _excl = store.lock.write().unwrap_or_else(|e| e.into_inner());
                 sys::ram_write(&store.mem, offset, buf, len);
             }
+            (BlockOp::WriteSame, Some(block)) => {
+                let _excl = store.lock.write().unwrap_or_else(|e| e.into_inner());
+                sys::ram_fill(&store.mem, offset, block, len);
+            }
             (BlockOp::Discard | BlockOp::WriteZeroes | BlockOp::SecureErase, _) => {
                 let _excl = store.lock.write().unwrap_or_else(|e| e.into_inner());
                 sys::ram_zero(&store.mem, offset, len);
             }
-            // Flush: nothing volatile. Read/Write without a buffer fail validation.
+            // Flush: nothing volatile. Read/Write/WriteSame without a buffer fail
+            // validation.
             _ => {}
         }
         self.done.push_back(BlockCompletion::new(io.tag, 0));

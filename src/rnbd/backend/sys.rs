@@ -12,7 +12,7 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types};
 
-use super::plan::Step;
+use super::plan::{same_iovecs, Step, SAME_IOVS};
 use crate::fabric::mem::MemBuf;
 
 /// Raw memory an IO reads into or writes from: usually (part of) an RTRS chunk, which a
@@ -155,6 +155,41 @@ pub(super) fn ram_zero(store: &MemBuf, offset: usize, len: usize) {
     unsafe { std::ptr::write_bytes(store.as_ptr().add(offset), 0, len) }
 }
 
+/// Writes `block` (the pattern: all of it) over `len` bytes of `store` at `offset`, then
+/// doubles the written part until the range is full (a write-same).
+///
+/// # Panics
+/// When the range leaves `store`, or `len` is not a multiple of the pattern's length
+/// (callers validate first; this is the last guard).
+pub(super) fn ram_fill(store: &MemBuf, offset: usize, block: IoBuf, len: usize) {
+    let bs = block.len;
+    assert!(
+        bs > 0
+            && len % bs == 0
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= store.len())
+    );
+    if len == 0 {
+        return;
+    }
+    // SAFETY: in bounds (asserted); `block` is valid and exclusively ours until the IO
+    // completes (IoBuf::new's contract) and is not part of the store; other instances
+    // of the store are kept out by the store lock the caller holds.
+    unsafe { std::ptr::copy_nonoverlapping(block.ptr, store.as_ptr().add(offset), bs) };
+    let mut done = bs;
+    while done < len {
+        let n = done.min(len - done);
+        // SAFETY: `[offset, offset + done)` and `[offset + done, offset + done + n)` are
+        // disjoint ranges of the store, both in bounds; the lock is held as above.
+        unsafe {
+            let base = store.as_ptr().add(offset);
+            std::ptr::copy_nonoverlapping(base, base.add(done), n);
+        }
+        done += n;
+    }
+}
+
 // <linux/fs.h>: _IOR(0x12, 114, size_t), _IO(0x12, 104), _IO(0x12, 123), _IO(0x12, 119).
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKSSZGET: libc::c_ulong = 0x1268;
@@ -210,6 +245,18 @@ pub(super) fn exec(fd: RawFd, step: Step) -> i32 {
             // SAFETY: one iovec over memory valid for `len` bytes (as for Read).
             unsafe { libc::pwritev2(fd, &iov, 1, offset as libc::off_t, flags) }
         }
+        Step::WriteSame { offset, dsync, .. } => {
+            let mut iovs = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; SAME_IOVS];
+            let n = same_iovecs(&step, &mut iovs);
+            let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+            // SAFETY: `n` iovecs, each inside the pattern block, which is valid and
+            // exclusively ours until the IO completes (IoBuf::new's contract, its length
+            // checked at submission).
+            unsafe { libc::pwritev2(fd, iovs.as_ptr(), n as i32, offset as libc::off_t, flags) }
+        }
         // SAFETY: plain syscall on an fd the backend keeps open.
         Step::Sync => unsafe { libc::fdatasync(fd) as isize },
         Step::Fallocate { offset, len, mode } => {
@@ -230,8 +277,9 @@ pub(super) fn exec(fd: RawFd, step: Step) -> i32 {
 }
 
 /// The io_uring entry for `step`, or `None` for a step io_uring cannot run
-/// ([`Step::BlkDiscard`], an ioctl).
-fn entry(fd: RawFd, step: Step) -> Option<squeue::Entry> {
+/// ([`Step::BlkDiscard`], an ioctl). A [`Step::WriteSame`] writes from `iovs`, filled
+/// here.
+fn entry(fd: RawFd, step: Step, iovs: &mut [libc::iovec]) -> Option<squeue::Entry> {
     let fd = types::Fd(fd);
     Some(match step {
         Step::Read { offset, ptr, len } => opcode::Read::new(fd, ptr, len).offset(offset).build(),
@@ -244,6 +292,13 @@ fn entry(fd: RawFd, step: Step) -> Option<squeue::Entry> {
             .offset(offset)
             .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
             .build(),
+        Step::WriteSame { offset, dsync, .. } => {
+            let n = same_iovecs(&step, iovs);
+            opcode::Writev::new(fd, iovs.as_ptr(), n as u32)
+                .offset(offset)
+                .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
+                .build()
+        }
         Step::Sync => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
@@ -264,22 +319,24 @@ pub(super) enum PushFailed {
     NotRingable,
 }
 
-/// Queues `step` on the ring with `user_data`.
+/// Queues `step` on the ring with `user_data`; a write-same's iovecs are written into
+/// `iovs` (at least [`SAME_IOVS`] entries for one).
 ///
-/// The caller keeps the step's plan (and so the buffer's ownership) in the slot that
-/// `user_data` names until the matching completion has been reaped; [`IoBuf::new`]'s
-/// contract keeps the memory valid that long.
+/// The caller keeps the step's plan (and so the buffer's ownership) and `iovs` in the
+/// slot that `user_data` names, untouched, until the matching completion has been
+/// reaped; [`IoBuf::new`]'s contract keeps the memory valid that long.
 pub(super) fn push(
     sq: &mut squeue::SubmissionQueue<'_>,
     fd: RawFd,
     step: Step,
     user_data: u64,
+    iovs: &mut [libc::iovec],
 ) -> Result<(), PushFailed> {
-    let entry = entry(fd, step)
+    let entry = entry(fd, step, iovs)
         .ok_or(PushFailed::NotRingable)?
         .user_data(user_data);
-    // SAFETY: the entry's buffer (if any) is valid until its completion (see above) and
-    // the fd stays open while the ring lives (the file backend drops the ring, after
-    // draining it, before closing the file).
+    // SAFETY: the entry's buffer or iovecs (if any) are valid until its completion (see
+    // above) and the fd stays open while the ring lives (the file backend drops the
+    // ring, after draining it, before closing the file).
     unsafe { sq.push(&entry) }.map_err(|_| PushFailed::Full)
 }

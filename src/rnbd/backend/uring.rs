@@ -10,7 +10,7 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, IoUring, Probe};
 
 use super::error::OpenError;
-use super::plan::Plan;
+use super::plan::{Plan, Step, SAME_IOVS};
 use super::sys::{self, PushFailed};
 use super::BlockCompletion;
 
@@ -18,6 +18,9 @@ pub(crate) struct Uring {
     ring: IoUring,
     fd: RawFd,
     slots: Vec<Option<Plan>>,
+    /// Per slot, the iovecs of a write-same step, allocated at the slot's first
+    /// write-same and kept (so steady state allocates nothing).
+    iovs: Vec<Option<Box<[libc::iovec]>>>,
     free: Vec<u32>,
     in_flight: usize,
 }
@@ -34,6 +37,7 @@ impl Uring {
         for (code, opcode) in [
             (opcode::Read::CODE, "READ"),
             (opcode::Write::CODE, "WRITE"),
+            (opcode::Writev::CODE, "WRITEV"),
             (opcode::Fsync::CODE, "FSYNC"),
             (opcode::Fallocate::CODE, "FALLOCATE"),
         ] {
@@ -45,6 +49,7 @@ impl Uring {
             ring,
             fd,
             slots: vec![None; depth],
+            iovs: (0..depth).map(|_| None).collect(),
             free: (0..depth as u32).rev().collect(),
             in_flight: 0,
         })
@@ -73,9 +78,23 @@ impl Uring {
     /// Pushes the next step of the plan in `slot`; `Some(errno)` when it cannot be queued.
     fn push(&mut self, slot: u32) -> Option<i32> {
         let step = self.slots[slot as usize].as_ref()?.step();
+        let iovs: &mut [libc::iovec] = if matches!(step, Step::WriteSame { .. }) {
+            self.iovs[slot as usize].get_or_insert_with(|| {
+                vec![
+                    libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    };
+                    SAME_IOVS
+                ]
+                .into_boxed_slice()
+            })
+        } else {
+            &mut []
+        };
         for _ in 0..2 {
             let mut sq = self.ring.submission();
-            match sys::push(&mut sq, self.fd, step, u64::from(slot)) {
+            match sys::push(&mut sq, self.fd, step, u64::from(slot), iovs) {
                 Ok(()) => return None,
                 Err(PushFailed::NotRingable) => return Some(-libc::EOPNOTSUPP),
                 Err(PushFailed::Full) => {

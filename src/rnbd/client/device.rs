@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use super::config::WriteZeroesMode;
 use super::msg::{BlockRequest, DeviceInfo};
 use crate::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdOp, SessInfoRsp};
 use crate::proto::DecodeError;
@@ -91,6 +92,10 @@ pub enum DeviceError {
     ReplyBuffer { len: usize },
     #[error("device '{name}' is already open in this session")]
     AlreadyOpen { name: String },
+    /// [`RnbdDevice::io_msg`] of a write-zeroes the device sends as WRITEs
+    /// ([`WriteZeroesMode::Emulate`]); the client's `submit` does that.
+    #[error("write zeroes on device '{name}' is sent as zero-filled writes (write_zeroes emulate), never as op 5")]
+    Emulated { name: String },
     /// The session could not carry the request (never connected and refused by the
     /// target, or closed): nothing reached the server. `what` names the request and
     /// device, `reason` is the session's.
@@ -119,6 +124,7 @@ impl DeviceError {
             | DeviceError::Misaligned { .. }
             | DeviceError::TooLarge { .. }
             | DeviceError::ZeroLength { .. }
+            | DeviceError::Emulated { .. }
             | DeviceError::ReplyBuffer { .. } => libc::EINVAL,
         }
     }
@@ -129,7 +135,9 @@ fn errno_name(errno: i32) -> String {
     let name = match e {
         libc::ENOENT => "ENOENT (no such export)",
         libc::EPERM => "EPERM (access mode refused: the export has its writers)",
-        libc::EACCES => "EACCES (the export is read-only)",
+        libc::EACCES => {
+            "EACCES (access denied: this host is not allowed to open it, or it is exported read-only)"
+        }
         libc::EINVAL => "EINVAL (invalid request)",
         libc::ENOTCONN => "ENOTCONN (device not open on the server)",
         libc::EBUSY => "EBUSY (the export's device is held by someone else)",
@@ -193,6 +201,7 @@ pub struct RnbdDevice {
     info: Option<DeviceInfo>,
     /// The session's `max_io_size` (limits reads and writes).
     session_max_io: u32,
+    write_zeroes: WriteZeroesMode,
 }
 
 impl RnbdDevice {
@@ -213,7 +222,19 @@ impl RnbdDevice {
             state: DevState::Init,
             info: None,
             session_max_io,
+            write_zeroes: WriteZeroesMode::default(),
         })
+    }
+
+    /// Sets how write-zeroes go on the wire (default [`WriteZeroesMode::Emulate`]);
+    /// takes effect at the next [`open_done`](Self::open_done).
+    pub fn with_write_zeroes(mut self, mode: WriteZeroesMode) -> RnbdDevice {
+        self.write_zeroes = mode;
+        self
+    }
+
+    pub fn write_zeroes(&self) -> WriteZeroesMode {
+        self.write_zeroes
     }
 
     pub fn name(&self) -> &str {
@@ -285,9 +306,11 @@ impl RnbdDevice {
             source,
         })?;
         self.state = DevState::Mapped;
-        Ok(self
-            .info
-            .insert(DeviceInfo::from_open_rsp(&rsp, self.session_max_io)))
+        Ok(self.info.insert(DeviceInfo::from_open_rsp(
+            &rsp,
+            self.session_max_io,
+            self.write_zeroes,
+        )))
     }
 
     /// The session lost its last path (`RTRS_CLT_LINK_EV_DISCONNECTED`): IO stops
@@ -317,8 +340,33 @@ impl RnbdDevice {
     /// the limits.
     ///
     /// # Errors
-    /// Why the request cannot be sent; [`DeviceError::errno`] is the block status.
+    /// Why the request cannot be sent; [`DeviceError::errno`] is the block status. A
+    /// write-zeroes of a device in [`WriteZeroesMode::Emulate`] is
+    /// [`DeviceError::Emulated`]: it has no message of its own.
     pub fn io_msg(&self, req: &BlockRequest) -> Result<([u8; Io::LEN], Dir), DeviceError> {
+        let info = self.check(req)?;
+        if req.op == RnbdOp::WriteZeroes && info.write_zeroes == WriteZeroesMode::Emulate {
+            return Err(DeviceError::Emulated {
+                name: self.name.clone(),
+            });
+        }
+        let io = Io {
+            device_id: info.device_id,
+            sector: req.offset / SECTOR_SIZE,
+            op: req.op,
+            flags: req.flags.wire(req.op),
+            bi_size: req.len,
+            prio: req.prio,
+        };
+        Ok((io.to_bytes(), req.dir()))
+    }
+
+    /// Checks `req` against the device (open, writable if it writes, block-aligned, in
+    /// range, within the limits) and returns the device's limits.
+    ///
+    /// # Errors
+    /// As [`io_msg`](Self::io_msg), except that an emulated write-zeroes passes.
+    pub fn check(&self, req: &BlockRequest) -> Result<&DeviceInfo, DeviceError> {
         let (Some(info), DevState::Mapped) = (&self.info, self.state) else {
             return Err(self.not_mapped());
         };
@@ -332,15 +380,7 @@ impl RnbdDevice {
         if req.op != RnbdOp::Flush {
             check_range(info, req, op)?;
         }
-        let io = Io {
-            device_id: info.device_id,
-            sector: req.offset / SECTOR_SIZE,
-            op: req.op,
-            flags: req.flags.wire(req.op),
-            bi_size: req.len,
-            prio: req.prio,
-        };
-        Ok((io.to_bytes(), req.dir()))
+        Ok(info)
     }
 
     fn not_mapped(&self) -> DeviceError {

@@ -26,20 +26,26 @@
 //! path: the device table is read once per submission, as before, and per waiting
 //! request only when the table changed (an epoch says so), a wait ends, or a re-send
 //! found no free permit.
+//!
+//! An emulated write-zeroes ([`zeroes`](super::zeroes)) is split into WRITE pieces that
+//! take slots here like any request, marked as pieces: their ends go to the
+//! write-zeroes, whose own end is handed back with the caller's tag.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::config::WriteZeroesMode;
 use super::device::{DevState, DeviceError, RnbdDevice};
 use super::msg::BlockRequest;
 use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use super::session::{DevHandle, IoError, ADMIN_TAG};
 use super::shared::SharedDevices;
+use super::zeroes::{PieceSink, ZeroWrites};
 use crate::engine::Ctx;
-use crate::fabric::Sge;
-use crate::proto::rnbd::Io;
+use crate::fabric::{Mr, Sge};
+use crate::proto::rnbd::{Io, RnbdOp};
 use crate::rnbd::Dir;
 
 /// At most one log line a second about requests whose wait ran out.
@@ -69,6 +75,11 @@ enum Look {
     /// Disconnected: wait for the re-open.
     Wait,
     Fail(DeviceError),
+}
+
+/// Whether `req` on `d` goes out as zero-filled WRITEs.
+fn emulated(d: &RnbdDevice, req: &BlockRequest) -> bool {
+    req.op == RnbdOp::WriteZeroes && d.write_zeroes() == WriteZeroesMode::Emulate
 }
 
 /// `wait`: whether a disconnected device keeps the request (a wait is configured).
@@ -105,6 +116,8 @@ struct Slot {
     epoch: u64,
     /// Why it waits: 0 (the device was disconnected) or the errno it came back with.
     cause: i32,
+    /// A piece of an emulated write-zeroes (`tag` is the piece's).
+    piece: bool,
 }
 
 /// One core's block IO over its RTRS port (see the module doc).
@@ -126,6 +139,10 @@ pub(super) struct CoreIo<P> {
     last_error: Option<IoError>,
     log_next: u64,
     log_suppressed: u64,
+    /// Emulated write-zeroes of this core.
+    zero: ZeroWrites,
+    /// This core's handle on the session's zero buffer (at the first one).
+    zeroes: Option<Arc<Mr>>,
 }
 
 impl<P: RtrsPort> CoreIo<P> {
@@ -148,6 +165,8 @@ impl<P: RtrsPort> CoreIo<P> {
             last_error: None,
             log_next: 0,
             log_suppressed: 0,
+            zero: ZeroWrites::default(),
+            zeroes: None,
         }
     }
 
@@ -156,7 +175,8 @@ impl<P: RtrsPort> CoreIo<P> {
         self.last_error.as_ref()
     }
 
-    /// Checks and sends (or, while the device is disconnected, keeps) one block request.
+    /// Checks and sends (or, while the device is disconnected, keeps) one block request;
+    /// an emulated write-zeroes starts its pieces.
     pub(super) fn submit(
         &mut self,
         cx: &mut dyn Ctx,
@@ -176,6 +196,39 @@ impl<P: RtrsPort> CoreIo<P> {
                 want: req.data_len(),
             });
         }
+        let wait = self.wait_ns > 0;
+        // An emulated write-zeroes is checked as a whole (unless its device is
+        // disconnected: its pieces are checked when they go out).
+        let emulate = devs.with_dev(dev, |d| {
+            if !emulated(d, req) {
+                return Ok(false);
+            }
+            if !(wait && d.state() == DevState::MappedDisconnected) {
+                d.check(req)?;
+            }
+            Ok::<bool, DeviceError>(true)
+        });
+        match emulate {
+            None => return Err(IoError::NoDevice),
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(true)) => return self.start_zeroes(cx, devs, dev, tag, req),
+            Some(Ok(false)) => {}
+        }
+        self.submit_slot(cx, devs, dev, tag, req, sgl, false)
+    }
+
+    /// Sends (or keeps) one request in a new slot; `piece`: one of a write-zeroes.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_slot(
+        &mut self,
+        cx: &mut dyn Ctx,
+        devs: &impl DevLookup,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+        piece: bool,
+    ) -> Result<(), IoError> {
         // Read before the device: a table published in between makes the request look
         // older than it is, which at worst sends it once more after an −ENOTCONN.
         let epoch = self.shared.epoch();
@@ -183,7 +236,7 @@ impl<P: RtrsPort> CoreIo<P> {
         match devs.with_dev(dev, |d| look(d, req, wait)) {
             None => Err(IoError::NoDevice),
             Some(Look::Send(usr, dir)) => {
-                let i = self.take_slot(tag, dev, req, sgl, cx.now());
+                let i = self.take_slot(tag, dev, req, sgl, cx.now(), piece);
                 let io = PortIo {
                     tag: i as u64,
                     dir,
@@ -203,11 +256,57 @@ impl<P: RtrsPort> CoreIo<P> {
                 }
             }
             Some(Look::Wait) => {
-                let i = self.take_slot(tag, dev, req, sgl, cx.now());
+                let i = self.take_slot(tag, dev, req, sgl, cx.now(), piece);
                 self.wait(i, 0);
                 Ok(())
             }
             Some(Look::Fail(e)) => Err(e.into()),
+        }
+    }
+
+    /// Starts an emulated write-zeroes (see [`zeroes`](super::zeroes)).
+    fn start_zeroes(
+        &mut self,
+        cx: &mut dyn Ctx,
+        devs: &impl DevLookup,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+    ) -> Result<(), IoError> {
+        let zeroes = match &self.zeroes {
+            Some(z) => Arc::clone(z),
+            None => {
+                let z = self.shared.zeroes(&self.port)?;
+                self.zeroes = Some(Arc::clone(&z));
+                z
+            }
+        };
+        let mut zero = std::mem::take(&mut self.zero);
+        let r = zero.start(&mut Pieces { io: self, devs }, &zeroes, cx, dev, tag, req);
+        self.zero = zero;
+        r
+    }
+
+    /// Sends more pieces of this core's write-zeroes.
+    fn pump_zeroes(&mut self, cx: &mut dyn Ctx, devs: &impl DevLookup) {
+        let Some(zeroes) = self.zeroes.clone() else {
+            return;
+        };
+        let mut zero = std::mem::take(&mut self.zero);
+        zero.pump(&mut Pieces { io: self, devs }, &zeroes, cx);
+        self.zero = zero;
+    }
+
+    /// The end of slot `i` (freed here): into `out` at `*n` (caller's requests), or to
+    /// its write-zeroes (pieces).
+    fn finish_slot(&mut self, i: usize, errno: i32, out: &mut [PortCompletion], n: &mut usize) {
+        let (tag, piece) = (self.slots[i].tag, self.slots[i].piece);
+        self.free_slot(i);
+        if piece {
+            self.zero.piece_done(tag, errno);
+        } else {
+            out[*n] = PortCompletion { tag, errno };
+            *n += 1;
         }
     }
 
@@ -250,12 +349,7 @@ impl<P: RtrsPort> CoreIo<P> {
                 self.slots[i].cause = errno;
                 errno = self.ran_out(devs, i, now);
             }
-            out[n] = PortCompletion {
-                tag: self.slots[i].tag,
-                errno,
-            };
-            n += 1;
-            self.free_slot(i);
+            self.finish_slot(i, errno, out, &mut n);
         }
         if done > 0 {
             self.inflight.fetch_sub(done, Ordering::SeqCst);
@@ -263,7 +357,17 @@ impl<P: RtrsPort> CoreIo<P> {
         if !self.waiting.is_empty() {
             n += self.drive(cx, devs, now, &mut out[n..]);
         }
-        (n, got == out.len())
+        if self.zero.has_queued() {
+            self.pump_zeroes(cx, devs);
+        }
+        while n < out.len() {
+            let Some(c) = self.zero.take_ready() else {
+                break;
+            };
+            out[n] = c;
+            n += 1;
+        }
+        (n, got == out.len() || self.zero.has_ready())
     }
 
     /// Goes through the waiting queue when something changed: sends what the device
@@ -326,6 +430,12 @@ impl<P: RtrsPort> CoreIo<P> {
                 0 => self.ran_out(devs, i, now),
                 e => e,
             };
+            if self.slots[i].piece {
+                let tag = self.slots[i].tag;
+                self.free_slot(i);
+                self.zero.piece_done(tag, errno);
+                continue;
+            }
             if k == out.len() {
                 // No room to hand it back now: next poll.
                 self.waiting.push_back(i as u32);
@@ -404,6 +514,7 @@ impl<P: RtrsPort> CoreIo<P> {
         req: &BlockRequest,
         sgl: &[Sge],
         now: u64,
+        piece: bool,
     ) -> usize {
         let i = match self.free.pop() {
             Some(i) => i as usize,
@@ -417,6 +528,7 @@ impl<P: RtrsPort> CoreIo<P> {
                     since: 0,
                     epoch: 0,
                     cause: 0,
+                    piece: false,
                 });
                 self.slots.len() - 1
             }
@@ -430,6 +542,7 @@ impl<P: RtrsPort> CoreIo<P> {
         s.sgl.extend_from_slice(sgl);
         s.since = now;
         s.cause = 0;
+        s.piece = piece;
         i
     }
 
@@ -450,5 +563,33 @@ impl<P: RtrsPort> CoreIo<P> {
     fn free_slot(&mut self, i: usize) {
         self.slots[i].stage = Stage::Free;
         self.free.push(i as u32);
+    }
+}
+
+/// [`CoreIo`] as the sender of write-zeroes pieces.
+struct Pieces<'a, P, D> {
+    io: &'a mut CoreIo<P>,
+    devs: &'a D,
+}
+
+impl<P: RtrsPort, D: DevLookup> PieceSink for Pieces<'_, P, D> {
+    fn limits(&self, dev: DevHandle) -> Result<(u32, u32), IoError> {
+        self.devs
+            .with_dev(dev, |d| {
+                d.info().map(|i| (i.logical_block_size, i.max_io_size))
+            })
+            .flatten()
+            .ok_or(IoError::NoDevice)
+    }
+
+    fn send_piece(
+        &mut self,
+        cx: &mut dyn Ctx,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+    ) -> Result<(), IoError> {
+        self.io.submit_slot(cx, self.devs, dev, tag, req, sgl, true)
     }
 }

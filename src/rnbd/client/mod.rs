@@ -7,13 +7,16 @@
 
 pub mod msg;
 
+mod config;
 mod device;
 mod io;
 mod port;
 mod rtrs;
 mod session;
 mod shared;
+mod zeroes;
 
+pub use config::{RnbdClientConfig, WriteZeroesMode, WriteZeroesParseError};
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
 pub use port::{PortCompletion, PortError, PortIo, RtrsPort};

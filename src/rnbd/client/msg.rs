@@ -3,6 +3,7 @@
 //! `rnbd_client_xfer_request` with `rq_to_rnbd_flags` in the kernel's `rnbd-clt.c`), and
 //! the device's limits from OPEN_RSP (`rnbd_clt_setup_gen_disk` and friends).
 
+use super::config::WriteZeroesMode;
 use crate::proto::rnbd::{Close, IoFlags, OpenRsp, RnbdOp, SessInfo, RNBD_PROTO_VER_MAJOR};
 use crate::rnbd::backend::SECTOR_SIZE;
 use crate::rnbd::Dir;
@@ -162,8 +163,14 @@ pub struct DeviceInfo {
     pub max_discard: u64,
     pub discard_granularity: u32,
     pub discard_alignment: u32,
-    /// Largest write-zeroes; 0 when unsupported.
+    /// Largest write-zeroes the client takes: with [`WriteZeroesMode::Native`] the
+    /// server's op-5 limit (0: unsupported), with [`WriteZeroesMode::Emulate`] any
+    /// request (the largest multiple of the block below 4 GiB), sent as WRITEs.
     pub max_write_zeroes: u64,
+    /// How write-zeroes go on the wire.
+    pub write_zeroes: WriteZeroesMode,
+    /// The op-5 limit the server announced (byte 20 of OPEN_RSP), whatever the mode.
+    pub server_max_write_zeroes: u64,
     /// Largest secure erase: the discard limit when the server reports secure discard.
     pub max_secure_erase: u64,
     /// The device has a volatile write cache (flushes matter).
@@ -173,9 +180,13 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// Limits from a decoded OPEN_RSP (block sizes already checked by its decoder) and
-    /// the session's `max_io_size`.
-    pub fn from_open_rsp(rsp: &OpenRsp, session_max_io: u32) -> DeviceInfo {
+    /// Limits from a decoded OPEN_RSP (block sizes already checked by its decoder), the
+    /// session's `max_io_size` and how write-zeroes are sent.
+    pub fn from_open_rsp(
+        rsp: &OpenRsp,
+        session_max_io: u32,
+        write_zeroes: WriteZeroesMode,
+    ) -> DeviceInfo {
         let lbs = u32::from(rsp.logical_block_size);
         let server_max = u64::from(rsp.max_hw_sectors) * SECTOR_SIZE;
         let mut max_io = u64::from(session_max_io);
@@ -185,6 +196,7 @@ impl DeviceInfo {
         let max_io = (max_io / u64::from(lbs) * u64::from(lbs)) as u32;
         let max_discard = u64::from(rsp.max_discard_sectors) * SECTOR_SIZE;
         let writeback = rsp.cache_policy.writeback;
+        let server_wz = u64::from(rsp.max_write_zeroes_sectors) * SECTOR_SIZE;
         DeviceInfo {
             device_id: rsp.device_id,
             size: rsp.nsectors.saturating_mul(SECTOR_SIZE),
@@ -194,7 +206,12 @@ impl DeviceInfo {
             max_discard,
             discard_granularity: rsp.discard_granularity,
             discard_alignment: rsp.discard_alignment,
-            max_write_zeroes: u64::from(rsp.max_write_zeroes_sectors) * SECTOR_SIZE,
+            max_write_zeroes: match write_zeroes {
+                WriteZeroesMode::Native => server_wz,
+                WriteZeroesMode::Emulate => u64::from(u32::MAX / lbs * lbs),
+            },
+            write_zeroes,
+            server_max_write_zeroes: server_wz,
             max_secure_erase: if rsp.secure_discard != 0 {
                 max_discard
             } else {
@@ -263,12 +280,19 @@ mod tests {
                 writeback: false,
             },
         };
-        let i = DeviceInfo::from_open_rsp(&rsp, 1 << 20);
+        let i = DeviceInfo::from_open_rsp(&rsp, 1 << 20, WriteZeroesMode::Native);
         assert_eq!(i.size, 1 << 30);
         assert_eq!(i.nsectors(), 1 << 21);
         assert_eq!(i.max_io_size, 128 << 10);
         assert_eq!((i.max_discard, i.max_secure_erase), (2 << 20, 2 << 20));
-        assert_eq!(i.max_write_zeroes, 1 << 20);
+        assert_eq!(
+            (i.max_write_zeroes, i.server_max_write_zeroes),
+            (1 << 20, 1 << 20)
+        );
+        // Emulated write-zeroes take any request, whatever the server offers.
+        let e = DeviceInfo::from_open_rsp(&rsp, 1 << 20, WriteZeroesMode::Emulate);
+        assert_eq!(e.max_write_zeroes, u64::from(u32::MAX / 4096 * 4096));
+        assert_eq!(e.server_max_write_zeroes, 1 << 20);
         // FUA only counts with write-back caching.
         assert!(!i.fua && !i.write_cache);
         let i = DeviceInfo::from_open_rsp(
@@ -282,6 +306,7 @@ mod tests {
                 ..rsp
             },
             100_000,
+            WriteZeroesMode::Native,
         );
         assert_eq!(i.max_io_size, 98_304);
         assert_eq!(i.max_secure_erase, 0);

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::engine::Ctx;
-use crate::fabric::Sge;
+use crate::fabric::{Mr, Sge};
 use crate::rnbd::Dir;
 
 /// One request for [`RtrsPort::submit`].
@@ -63,4 +63,12 @@ pub trait RtrsPort {
     /// (the session's own wait) and, above it, for the device's re-open after a
     /// reconnect (the RNBD client's per-core IO, `io.rs`). Zero: requests fail at once.
     fn io_wait_timeout(&self) -> Duration;
+
+    /// Registers `len` bytes of zeros with the session's fabric: the source of the
+    /// zero-filled WRITEs of emulated write-zeroes (read by the fabric, never written).
+    /// Called once per session.
+    ///
+    /// # Errors
+    /// [`PortError::Refused`] naming why the memory could not be registered.
+    fn zero_region(&self, len: usize) -> Result<Mr, PortError>;
 }

@@ -11,6 +11,7 @@ use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
+use crate::fabric::{Access, MemBuf, Mr};
 
 const BATCH: usize = 64;
 
@@ -64,6 +65,15 @@ impl RtrsPort for SessionCore {
 
     fn io_wait_timeout(&self) -> Duration {
         SessionCore::io_wait_timeout(self)
+    }
+
+    fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
+        self.fabric()
+            .register(MemBuf::zeroed(len), Access::NONE)
+            .map_err(|e| PortError::Refused {
+                errno: -libc::ENOMEM,
+                reason: format!("registering {len} bytes of zeros for write-zeroes: {e}"),
+            })
     }
 }
 

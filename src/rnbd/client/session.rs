@@ -10,11 +10,16 @@
 //! outstanding SESS_INFO, as the kernel sends SESS_INFO first. Block IO goes through the
 //! core's [`CoreIo`](super::io), which keeps requests while their device is unreachable
 //! (up to `io_wait_timeout`) and sends them again once it is re-opened.
+//!
+//! Write-zeroes follow [`RnbdClientConfig::write_zeroes`]: by default they go out as
+//! zero-filled WRITEs ([`zeroes`](super::zeroes)), safe with servers of every kernel
+//! version.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::config::RnbdClientConfig;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
 use super::io::{CoreIo, DevLookup};
 use super::msg::{self, BlockRequest, DeviceInfo};
@@ -153,6 +158,7 @@ pub struct RnbdClient<P> {
     shared: Arc<SharedDevices>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
+    config: RnbdClientConfig,
 }
 
 impl<P: RtrsPort> RnbdClient<P> {
@@ -164,11 +170,24 @@ impl<P: RtrsPort> RnbdClient<P> {
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than 64 bytes.
     pub fn new(port: P, replies: Mr) -> Result<RnbdClient<P>, DeviceError> {
+        RnbdClient::with_config(port, replies, RnbdClientConfig::default())
+    }
+
+    /// As [`new`](Self::new), with `config` for this client and the
+    /// [`RnbdCore`](super::RnbdCore)s sharing its devices.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_config(
+        port: P,
+        replies: Mr,
+        config: RnbdClientConfig,
+    ) -> Result<RnbdClient<P>, DeviceError> {
         let n = replies.len() / REPLY_SLOT;
         if n == 0 {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
-        let shared = Arc::<SharedDevices>::default();
+        let shared = Arc::new(SharedDevices::new(config));
         Ok(RnbdClient {
             io: CoreIo::new(port, Arc::clone(&shared)),
             replies,
@@ -182,7 +201,12 @@ impl<P: RtrsPort> RnbdClient<P> {
             links: None,
             shared,
             reopen_pending: false,
+            config,
         })
+    }
+
+    pub fn config(&self) -> RnbdClientConfig {
+        self.config
     }
 
     pub fn port(&self) -> &P {
@@ -241,7 +265,8 @@ impl<P: RtrsPort> RnbdClient<P> {
         name: &str,
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
-        let dev = RnbdDevice::new(name, mode, self.io.port.max_io_size())?;
+        let dev = RnbdDevice::new(name, mode, self.io.port.max_io_size())?
+            .with_write_zeroes(self.config.write_zeroes);
         if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
             return Err(DeviceError::AlreadyOpen {
                 name: name.to_string(),
@@ -296,7 +321,8 @@ impl<P: RtrsPort> RnbdClient<P> {
     /// waits, up to `io_wait_timeout` after now, then fails with −ENOTCONN (see
     /// [`last_wait_error`](Self::last_wait_error)); a request that comes back because
     /// the session lost its paths waits the same way and is sent again. Its completion
-    /// is an [`ClientEvent::Io`], exactly once.
+    /// is an [`ClientEvent::Io`], exactly once. An emulated write-zeroes goes out as
+    /// WRITEs of zeros; its one completion comes when all of them are done.
     ///
     /// # Errors
     /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.

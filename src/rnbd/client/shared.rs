@@ -14,17 +14,27 @@
 //! with −ENOTCONN until then, since it has no devices yet; those requests wait in their
 //! core's `CoreIo` (`io.rs`) and go out again with the new id). Every change of the
 //! table bumps its epoch, which tells the cores' waiting requests to look again.
+//!
+//! The client's [`RnbdClientConfig`] applies to every core, and the zero buffer of
+//! emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once for all of them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::config::RnbdClientConfig;
 use super::device::{DevState, RnbdDevice};
 use super::io::CoreIo;
 use super::msg::BlockRequest;
 use super::port::{PortCompletion, RtrsPort};
 use super::session::{DevHandle, IoError};
 use crate::engine::Ctx;
-use crate::fabric::Sge;
+use crate::fabric::{Mr, Sge};
+
+/// Smallest zero buffer (the first emulated write-zeroes registers
+/// `max(max_io_size, this)` bytes, at most [`MAX_ZERO_BUFFER`]).
+const MIN_ZERO_BUFFER: usize = 4096;
+/// Largest zero buffer; longer pieces repeat it in their scatter-gather list.
+const MAX_ZERO_BUFFER: usize = 1 << 20;
 
 /// The devices of one client session as every core sees them.
 #[derive(Debug, Default)]
@@ -34,9 +44,37 @@ pub struct SharedDevices {
     counters: Mutex<Vec<Arc<AtomicUsize>>>,
     /// Bumped by every [`set`](Self::set).
     epoch: AtomicU64,
+    config: RnbdClientConfig,
+    /// Zeros for emulated write-zeroes, registered at the first one.
+    zeroes: Mutex<Option<Arc<Mr>>>,
 }
 
 impl SharedDevices {
+    /// An empty table for a client configured with `config`.
+    pub(super) fn new(config: RnbdClientConfig) -> SharedDevices {
+        SharedDevices {
+            config,
+            ..SharedDevices::default()
+        }
+    }
+
+    /// The configuration every core follows.
+    pub fn config(&self) -> RnbdClientConfig {
+        self.config
+    }
+
+    /// The session's zero buffer, registered through `port` on first use.
+    pub(super) fn zeroes<P: RtrsPort + ?Sized>(&self, port: &P) -> Result<Arc<Mr>, IoError> {
+        let mut z = self.zeroes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mr) = z.as_ref() {
+            return Ok(Arc::clone(mr));
+        }
+        let len = (port.max_io_size() as usize).clamp(MIN_ZERO_BUFFER, MAX_ZERO_BUFFER);
+        let mr = Arc::new(port.zero_region(len)?);
+        *z = Some(Arc::clone(&mr));
+        Ok(mr)
+    }
+
     /// A new in-flight counter for one core handle.
     pub(super) fn counter(&self) -> Arc<AtomicUsize> {
         let c = Arc::new(AtomicUsize::new(0));

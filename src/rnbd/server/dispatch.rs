@@ -4,12 +4,19 @@
 //! errno reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
 //! `process_msg_sess_info`, `process_msg_open`, `process_msg_close` and `process_rdma`
 //! (bio flags from `rnbd_to_bio_flags`), plus the checks PROTOCOL.md §9.8 adds.
+//!
+//! Op 5 means WRITE_SAME to clients older than Linux 5.18 and WRITE_ZEROES to clients
+//! from 6.8 on; the version on the wire cannot tell them apart, the data can: an old
+//! client's WRITE_SAME carries the one logical block to repeat, a WRITE_ZEROES carries
+//! nothing. So op 5 with data is a [`BlockOp::WriteSame`] (data of exactly one logical
+//! block, else −EINVAL) and op 5 without data a [`BlockOp::WriteZeroes`].
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::errno;
-use super::exports::{Exports, ExportsError};
+use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
 use crate::proto::rnbd::{
     AccessMode, Io, IoFlags as WireFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp,
@@ -31,6 +38,9 @@ pub struct Request<'a> {
     /// dispatcher writes replies into it and hands it to the backend; the caller keeps
     /// it valid and untouched until the request is answered.
     pub data: IoBuf,
+    /// Source address of the path the request came on (`None`: unknown); an OPEN is
+    /// checked against the export's host list with it.
+    pub peer: Option<IpAddr>,
 }
 
 /// What [`Dispatcher::process`] did with a request.
@@ -76,6 +86,10 @@ pub struct Dispatcher {
     ready: VecDeque<Completion>,
     scratch: [BlockCompletion; BATCH],
     bad_headers: u64,
+    /// IOs the backend refused as invalid (logged at powers of two).
+    refused: u64,
+    /// OPENs refused by a host list (logged at powers of two).
+    denied: u64,
 }
 
 impl Dispatcher {
@@ -97,6 +111,8 @@ impl Dispatcher {
             ready: VecDeque::with_capacity(BATCH),
             scratch: [BlockCompletion::default(); BATCH],
             bad_headers: 0,
+            refused: 0,
+            denied: 0,
         })
     }
 
@@ -151,7 +167,7 @@ impl Dispatcher {
                 if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
                     return Outcome::Done(errno::EINVAL);
                 }
-                match sess.open(&open) {
+                match sess.open(&open, req.peer) {
                     Ok(rsp) => {
                         let mut b = [0u8; OpenRsp::LEN];
                         match rsp.encode(&mut b) {
@@ -162,6 +178,19 @@ impl Dispatcher {
                             // Backends only report block sizes a client accepts.
                             Err(_) => Outcome::Done(errno::EINVAL),
                         }
+                    }
+                    Err(e @ AccessError::HostDenied) => {
+                        self.denied += 1;
+                        if self.denied.is_power_of_two() {
+                            tracing::warn!(
+                                session = sess.name(),
+                                peer = ?req.peer,
+                                dev = %String::from_utf8_lossy(open.dev_name),
+                                count = self.denied,
+                                "rnbd: open refused: {e}"
+                            );
+                        }
+                        Outcome::Done(e.errno())
                     }
                     Err(e) => {
                         tracing::debug!(
@@ -201,7 +230,17 @@ impl Dispatcher {
                 self.waiting.push_back((index, io_block));
                 Outcome::Submitted
             }
-            Err(e) => Outcome::Done(e.errno()),
+            Err(e) => {
+                self.refused += 1;
+                if self.refused.is_power_of_two() {
+                    tracing::warn!(
+                        session = sess.name(),
+                        count = self.refused,
+                        "rnbd: refusing IO: {e}"
+                    );
+                }
+                Outcome::Done(e.errno())
+            }
         }
     }
 
@@ -355,9 +394,12 @@ fn put_reply(data: IoBuf, reply: &[u8]) {
 /// for an IO with nothing to do, `Err(errno)` for one that must be refused.
 fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<BlockIo>, i32> {
     let datalen = req.data.len();
+    // Op 5 with data is an old client's WRITE_SAME: one block for the whole range (see
+    // the module doc; the backend checks the block's length).
+    let write_same = io.op == RnbdOp::WriteZeroes && datalen != 0;
     // With data, the chunk is the bio and must be exactly `bi_size` long; without, the
     // size comes from the message (PROTOCOL.md §7.3).
-    if datalen != 0 && datalen != io.bi_size as usize {
+    if datalen != 0 && datalen != io.bi_size as usize && !write_same {
         return Err(errno::EINVAL);
     }
     let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(errno::EIO)?;
@@ -368,13 +410,22 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     if io.flags.contains(WireFlags::PREFLUSH) {
         flags = flags | IoFlags::PREFLUSH;
     }
-    if io.op == RnbdOp::WriteZeroes && io.flags.contains(WireFlags::NOUNMAP) {
+    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(WireFlags::NOUNMAP) {
         flags = flags | IoFlags::NOUNMAP;
     }
     // The kernel lets the block layer decide; a read-only mapping refusing to change the
     // device is the point of the mode.
     if mode == AccessMode::ReadOnly && io.op.is_rtrs_write() {
         return Err(errno::EROFS);
+    }
+    if write_same {
+        // The data is the client's: it must come as a WRITE.
+        if req.dir != Dir::Write {
+            return Err(errno::EINVAL);
+        }
+        return Ok(Some(
+            BlockIo::write_same(req.tag, offset, io.bi_size, req.data).with_flags(flags),
+        ));
     }
     let op = match io.op {
         RnbdOp::Read => BlockOp::Read,
@@ -442,6 +493,7 @@ mod tests {
             dir,
             usr: &[],
             data,
+            peer: None,
         }
     }
 

@@ -12,12 +12,16 @@
 //! core drops its backend instance of a closed export once that instance has no IO in
 //! flight (see [`Dispatcher`](super::Dispatcher)), which lets the backend's owner (an
 //! SPDK bdev descriptor) close.
+//!
+//! Each export has a host list ([`HostList`], see [`hosts`](super::hosts)) that OPEN
+//! checks; a new export is open to every host.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::errno;
+use super::hosts::HostList;
 use crate::proto::rnbd::{AccessMode, CachePolicy, OpenRsp};
 use crate::rnbd::backend::{
     BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
@@ -92,19 +96,22 @@ pub enum AccessError {
     InUse { mode: &'static str, writers: u32 },
     #[error("{mode} refused: the export is read-only")]
     ReadOnlyExport { mode: &'static str },
+    #[error("access denied: this host is not in the export's allowed hosts")]
+    HostDenied,
 }
 
 impl AccessError {
     /// The negative errno for OPEN's response (PROTOCOL.md §7.2): −ENOENT for a name
     /// the server does not have (what opening a missing path gives), −EINVAL for `..`,
     /// −EPERM for a writer conflict, −EACCES for write access to a read-only export
-    /// (what the kernel's block-device open returns for a read-only device).
+    /// (what the kernel's block-device open returns for a read-only device) and for a
+    /// host the export's host list does not allow.
     pub fn errno(self) -> i32 {
         match self {
             AccessError::UnknownName => errno::ENOENT,
             AccessError::DotDot => errno::EINVAL,
             AccessError::InUse { .. } => errno::EPERM,
-            AccessError::ReadOnlyExport { .. } => errno::EACCES,
+            AccessError::ReadOnlyExport { .. } | AccessError::HostDenied => errno::EACCES,
         }
     }
 }
@@ -130,6 +137,7 @@ struct Export {
     writers: Mutex<u32>,
     /// Removed: no new mapping, IO through old ones fails.
     closed: AtomicBool,
+    hosts: HostList,
 }
 
 /// Every export of a server, shared by its cores and sessions (wrap it in an `Arc`).
@@ -190,6 +198,7 @@ impl Exports {
                 source,
                 writers: Mutex::new(0),
                 closed: AtomicBool::new(false),
+                hosts: HostList::any(),
             });
         }
         let used = list.len();
@@ -214,7 +223,7 @@ impl Exports {
     }
 
     /// Adds export `name` served by `backend` (read-only if `read_only` or if the
-    /// backend says so).
+    /// backend says so), open to every host.
     ///
     /// # Errors
     /// [`ExportsError::BadName`] (empty, longer than 254 bytes, or containing `..`),
@@ -224,6 +233,21 @@ impl Exports {
         name: &str,
         backend: Arc<dyn ExportBackend>,
         read_only: bool,
+    ) -> Result<ExportId, ExportsError> {
+        self.add_with_hosts(name, backend, read_only, HostList::any())
+    }
+
+    /// As [`add`](Self::add), with the host list the export starts with (so no OPEN
+    /// sees it open to every host first).
+    ///
+    /// # Errors
+    /// As [`add`](Self::add).
+    pub fn add_with_hosts(
+        &self,
+        name: &str,
+        backend: Arc<dyn ExportBackend>,
+        read_only: bool,
+        hosts: HostList,
     ) -> Result<ExportId, ExportsError> {
         let bad = |reason| {
             Err(ExportsError::BadName {
@@ -261,6 +285,7 @@ impl Exports {
             source: Source::Dynamic(Mutex::new(Some(backend))),
             writers: Mutex::new(0),
             closed: AtomicBool::new(false),
+            hosts,
         };
         if slot.set(export).is_err() {
             // Additions hold the write lock, so the slot past `used` is always empty.
@@ -371,6 +396,14 @@ impl Exports {
     /// On an id from another `Exports`.
     pub fn geometry(&self, id: ExportId) -> &Geometry {
         &self.export(id).geometry
+    }
+
+    /// The host list of `id`, which OPEN checks (changes apply to later OPENs).
+    ///
+    /// # Panics
+    /// On an id from another `Exports`.
+    pub fn hosts(&self, id: ExportId) -> &HostList {
+        &self.export(id).hosts
     }
 
     /// Current writer count of `id` (RW and MIGRATION mappings over all sessions).

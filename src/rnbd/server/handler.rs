@@ -172,8 +172,8 @@ impl ServerHandler for RnbdServer {
                 Ok(RnbdMsgType::Io) => return responder.respond(io.id, -libc::ENOTCONN),
                 Ok(RnbdMsgType::Close) => return responder.respond(io.id, 0),
                 // SESS_INFO or OPEN may beat the Connected event to this core: create
-                // the session (named after its id; the event cannot rename it).
-                _ => sessions.session_or_create(io.sess, &io.sess.to_string()),
+                // the session (its name is known: the path's INFO_REQ carried it).
+                _ => sessions.session_or_create(io.sess, &io.path.sessname()),
             },
         };
         // SAFETY: the RTRS server gives the request's chunk data area to this handler
@@ -185,6 +185,7 @@ impl ServerHandler for RnbdServer {
             dir: io.dir,
             usr: io.usr,
             data,
+            peer: Some(io.path.peer().ip()),
         };
         match disp.process(sess, req) {
             Outcome::Done(errno) => responder.respond(io.id, errno),

@@ -1,8 +1,8 @@
 //! The RNBD server (the kernel's `rnbd-srv`): exports, sessions and the per-core
 //! processing of requests, independent of the RTRS transport that carries them.
 //!
-//! - [`Exports`]: every exported name with its backend and writer count, shared by all
-//!   cores and sessions (`rnbd_srv_dev`).
+//! - [`Exports`]: every exported name with its backend, writer count and host list
+//!   ([`HostList`]), shared by all cores and sessions (`rnbd_srv_dev`).
 //! - [`RnbdSession`]: one client session's device table (`rnbd_srv_session`), shared by
 //!   the cores serving that session.
 //! - [`Dispatcher`]: one core's request processor (`rnbd_srv_rdma_ev`): SESS_INFO, OPEN,
@@ -15,6 +15,7 @@
 mod dispatch;
 mod exports;
 mod handler;
+mod hosts;
 mod registry;
 mod session;
 
@@ -22,6 +23,7 @@ pub use super::Dir;
 pub use dispatch::{Completion, Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;
+pub use hosts::{Host, HostList, HostPattern, HostPatternError};
 pub use registry::{SessionCache, SessionTable};
 pub use session::{Mapping, RnbdSession};
 

@@ -151,7 +151,7 @@ mod tests {
             access_mode: AccessMode::ReadWrite,
             dev_name: b"a",
         };
-        assert_eq!(s.open(&open).unwrap().device_id, 0);
+        assert_eq!(s.open(&open, None).unwrap().device_id, 0);
         // Core 1 finds the same session (and its device).
         assert!(c1.session(7).unwrap().lookup(0).is_some());
         assert_eq!(c1.session_or_create(7, "other name").name(), "clt");

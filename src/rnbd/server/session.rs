@@ -7,7 +7,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use std::net::IpAddr;
+
 use super::exports::{AccessError, ExportId, Exports};
+use super::hosts::Host;
 use crate::proto::rnbd::{AccessMode, Open, OpenRsp, RNBD_PROTO_VER_MAJOR};
 
 /// One mapped device.
@@ -67,13 +70,14 @@ impl RnbdSession {
     /// Maps a device (PROTOCOL.md §7.2): an idempotent re-open of a name this session
     /// already has returns its OPEN_RSP again without any access check (unless that
     /// export was removed meanwhile: the dead mapping is dropped first); otherwise the
-    /// name must be an export (and free of `..`) whose access rule grants `mode`; the
-    /// device id is the lowest free one.
+    /// name must be an export (and free of `..`) whose host list allows this session
+    /// from `addr` (the source address of the path the OPEN came on, if known) and whose
+    /// access rule grants `mode`; the device id is the lowest free one.
     ///
     /// # Errors
     /// The refusal, whose [`errno`](AccessError::errno) goes on the wire; also
     /// [`AccessError::UnknownName`] once the session has ended.
-    pub fn open(&self, open: &Open<'_>) -> Result<OpenRsp, AccessError> {
+    pub fn open(&self, open: &Open<'_>, addr: Option<IpAddr>) -> Result<OpenRsp, AccessError> {
         let mut devices = self.write();
         if let Some(i) = devices
             .iter()
@@ -98,6 +102,13 @@ impl RnbdSession {
             .exports
             .lookup(open.dev_name)
             .ok_or(AccessError::UnknownName)?;
+        let host = Host {
+            addr,
+            sessname: &self.name,
+        };
+        if !self.exports.hosts(export).allows(&host) {
+            return Err(AccessError::HostDenied);
+        }
         self.exports.acquire(export, open.access_mode)?;
         let slot = match devices.iter().position(Option::is_none) {
             Some(free) => free,
@@ -211,19 +222,21 @@ mod tests {
         let s = RnbdSession::new("s1", ex.clone());
         assert_eq!(s.set_client_ver(7), 2);
         assert_eq!(
-            s.open(&open(b"a", AccessMode::ReadWrite))
+            s.open(&open(b"a", AccessMode::ReadWrite), None)
                 .unwrap()
                 .device_id,
             0
         );
         assert_eq!(
-            s.open(&open(b"b", AccessMode::ReadOnly)).unwrap().device_id,
+            s.open(&open(b"b", AccessMode::ReadOnly), None)
+                .unwrap()
+                .device_id,
             1
         );
-        let c = s.open(&open(b"c", AccessMode::Migration)).unwrap();
+        let c = s.open(&open(b"c", AccessMode::Migration), None).unwrap();
         assert_eq!((c.device_id, c.nsectors), (2, 16));
         // Same name again, any mode: same answer, no new writer.
-        assert_eq!(s.open(&open(b"c", AccessMode::ReadWrite)), Ok(c));
+        assert_eq!(s.open(&open(b"c", AccessMode::ReadWrite), None), Ok(c));
         let c_id = ex.lookup(b"c").unwrap();
         assert_eq!(ex.writers(c_id), 1);
         assert!(s.close(1));
@@ -231,23 +244,25 @@ mod tests {
         assert!(!s.close(99));
         assert_eq!(s.lookup(1), None);
         assert_eq!(
-            s.open(&open(b"b", AccessMode::ReadOnly)).unwrap().device_id,
+            s.open(&open(b"b", AccessMode::ReadOnly), None)
+                .unwrap()
+                .device_id,
             1
         );
         assert_eq!(s.lookup(2), Some((c_id, AccessMode::Migration)));
         assert_eq!(
-            s.open(&open(b"x", AccessMode::ReadOnly)),
+            s.open(&open(b"x", AccessMode::ReadOnly), None),
             Err(AccessError::UnknownName)
         );
         assert_eq!(
-            s.open(&open(b"../a", AccessMode::ReadOnly)),
+            s.open(&open(b"../a", AccessMode::ReadOnly), None),
             Err(AccessError::DotDot)
         );
         s.end();
         assert_eq!(ex.writers(c_id), 0);
         assert_eq!(ex.writers(ex.lookup(b"a").unwrap()), 0);
         assert_eq!(
-            s.open(&open(b"a", AccessMode::ReadOnly)),
+            s.open(&open(b"a", AccessMode::ReadOnly), None),
             Err(AccessError::UnknownName)
         );
     }
@@ -257,17 +272,17 @@ mod tests {
         let ex = Arc::new(Exports::ram(&[("a", 4096)]).unwrap());
         let a = ex.lookup(b"a").unwrap();
         let s1 = RnbdSession::new("s1", ex.clone());
-        s1.open(&open(b"a", AccessMode::ReadWrite)).unwrap();
+        s1.open(&open(b"a", AccessMode::ReadWrite), None).unwrap();
         let s2 = RnbdSession::new("s2", ex.clone());
         assert_eq!(
-            s2.open(&open(b"a", AccessMode::ReadWrite))
+            s2.open(&open(b"a", AccessMode::ReadWrite), None)
                 .unwrap_err()
                 .errno(),
             -libc::EPERM
         );
         drop(s1);
         assert_eq!(ex.writers(a), 0);
-        assert!(s2.open(&open(b"a", AccessMode::ReadWrite)).is_ok());
+        assert!(s2.open(&open(b"a", AccessMode::ReadWrite), None).is_ok());
     }
 
     use crate::rnbd::backend::BlockBackend as _;
@@ -297,7 +312,7 @@ mod tests {
         let ex = Arc::new(Exports::dynamic(4));
         let old = ex.add("d", ram(4096), false).unwrap();
         let sess = RnbdSession::new("s", Arc::clone(&ex));
-        let first = sess.open(&open(b"d", AccessMode::ReadWrite)).unwrap();
+        let first = sess.open(&open(b"d", AccessMode::ReadWrite), None).unwrap();
         assert_eq!(
             sess.lookup(first.device_id),
             Some((old, AccessMode::ReadWrite))
@@ -305,13 +320,13 @@ mod tests {
         ex.remove("d");
         // Removed: the stale mapping no longer answers a re-open.
         assert_eq!(
-            sess.open(&open(b"d", AccessMode::ReadWrite)),
+            sess.open(&open(b"d", AccessMode::ReadWrite), None),
             Err(AccessError::UnknownName)
         );
         assert_eq!(sess.lookup(first.device_id), None);
         assert_eq!(ex.writers(old), 0);
         let new = ex.add("d", ram(8192), false).unwrap();
-        let again = sess.open(&open(b"d", AccessMode::ReadWrite)).unwrap();
+        let again = sess.open(&open(b"d", AccessMode::ReadWrite), None).unwrap();
         assert_eq!(again.nsectors, 16);
         assert_eq!(
             sess.lookup(again.device_id),
