@@ -27,8 +27,8 @@ use rtrs_spdk::client::SessionCore;
 use rtrs_spdk::engine::{Ctx, PollResult, Poller};
 use rtrs_spdk::rnbd::client::{ClientEvent, DevHandle, PortCompletion, RnbdClient, RnbdCore};
 
-use super::channel::{finish, ChanShared, Task};
 use super::disk::Disk;
+use super::task::{ChanShared, TaskRef};
 
 const BATCH: usize = 64;
 /// How long a closing disk waits for CLOSE's answer, then for its paths to go.
@@ -39,8 +39,8 @@ pub const OPEN_WAIT_MIN_S: u64 = 5;
 /// Where core `k`'s port is when no one polls it, and the IO of channels that do not
 /// own it.
 pub struct CoreSlot {
-    /// Tasks (addresses) waiting for the port's owner.
-    queue: Mutex<VecDeque<usize>>,
+    /// Tasks waiting for the port's owner.
+    queue: Mutex<VecDeque<TaskRef>>,
     parked: Mutex<Option<Box<PortState>>>,
     /// Channels that may own the port and do not yet.
     waiting: AtomicUsize,
@@ -62,11 +62,11 @@ impl CoreSlot {
         }
     }
 
-    pub fn enqueue(&self, task: usize) {
+    pub fn enqueue(&self, task: TaskRef) {
         lock(&self.queue).push_back(task);
     }
 
-    fn take_queued(&self, into: &mut VecDeque<usize>) {
+    fn take_queued(&self, into: &mut VecDeque<TaskRef>) {
         let mut q = lock(&self.queue);
         if !q.is_empty() {
             into.extend(q.drain(..));
@@ -130,12 +130,12 @@ pub struct PortState {
     dev: DevHandle,
     port: Port,
     /// Tasks not accepted yet (no free permit): tried again on every poll.
-    retry: VecDeque<usize>,
+    retry: VecDeque<TaskRef>,
     comps: Vec<PortCompletion>,
     /// Completions taken from the port in this poll.
-    reaped: Vec<(usize, i32)>,
+    reaped: Vec<(TaskRef, i32)>,
     /// Finished tasks of the owning channel, which completes them after its poll.
-    pub mine: Vec<(usize, i32)>,
+    pub mine: Vec<(TaskRef, i32)>,
 }
 
 impl PortState {
@@ -181,9 +181,9 @@ impl PortState {
     }
 
     /// Sends `task` for the channel `owner` (its own task, on its thread): no queue.
-    pub fn submit_own(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) {
+    pub fn submit_own(&mut self, cx: &mut dyn Ctx, task: TaskRef, owner: &ChanShared) {
         if self.retry.is_empty() {
-            self.send(cx, task, owner);
+            self.send(cx, task, Some(owner));
         } else {
             // Keep the order of tasks waiting for a permit.
             self.retry.push_back(task);
@@ -191,12 +191,12 @@ impl PortState {
     }
 
     /// Tries to send `task`; returns false when it has to wait for a permit.
-    fn send(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) -> bool {
-        // SAFETY: tasks handed to a port are live until finished.
-        let t = unsafe { &*(task as *const Task) };
+    /// An accepted task's handle is given up: its completion's tag brings it back.
+    fn send(&mut self, cx: &mut dyn Ctx, task: TaskRef, owner: Option<&ChanShared>) -> bool {
+        let t = &*task;
         let r = match &mut self.port {
-            Port::Home(h) => h.rnbd.submit(cx, self.dev, task as u64, &t.req, t.sges()),
-            Port::Other(o) => o.submit(cx, self.dev, task as u64, &t.req, t.sges()),
+            Port::Home(h) => h.rnbd.submit(cx, self.dev, task.tag(), &t.req, t.sges()),
+            Port::Other(o) => o.submit(cx, self.dev, task.tag(), &t.req, t.sges()),
         };
         match r {
             Ok(()) => true,
@@ -213,19 +213,16 @@ impl PortState {
     }
 
     /// A request is over: hand it back to its channel.
-    fn finish(&mut self, task: usize, errno: i32, owner: *const ChanShared) {
-        // SAFETY: `task` is live and finished once, here.
-        let chan = unsafe { (*(task as *const Task)).chan() };
-        if std::ptr::eq(chan, owner) {
+    fn finish(&mut self, task: TaskRef, errno: i32, owner: Option<&ChanShared>) {
+        if owner.is_some_and(|o| task.is_of(o)) {
             self.mine.push((task, errno));
         } else {
-            // SAFETY: as above.
-            unsafe { finish(task, errno) };
+            task.hand_back(errno);
         }
     }
 
     /// Sends waiting tasks until the session has no free permit.
-    fn pump(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+    fn pump(&mut self, cx: &mut dyn Ctx, owner: Option<&ChanShared>) -> bool {
         self.disk.slot(self.core).take_queued(&mut self.retry);
         let mut busy = false;
         while let Some(task) = self.retry.pop_front() {
@@ -250,15 +247,19 @@ impl PortState {
             let n = match &mut self.port {
                 Port::Other(o) => {
                     let n = o.poll(cx, &mut self.comps);
-                    self.reaped
-                        .extend(self.comps[..n].iter().map(|c| (c.tag as usize, c.errno)));
+                    self.reaped.extend(self.comps[..n].iter().map(|c| {
+                        // SAFETY: a completion's tag is that of a task we sent, handed
+                        // back once.
+                        (unsafe { TaskRef::from_tag(c.tag) }, c.errno)
+                    }));
                     n
                 }
                 Port::Home(h) => {
                     let n = h.rnbd.poll(cx, &mut h.events);
                     for i in 0..n {
                         if let ClientEvent::Io { tag, errno } = h.events[i] {
-                            self.reaped.push((tag as usize, errno));
+                            // SAFETY: as above.
+                            self.reaped.push((unsafe { TaskRef::from_tag(tag) }, errno));
                         } else {
                             let ev = h.events[i].clone();
                             admin_event(&self.disk, &mut h.phase, ev);
@@ -276,15 +277,14 @@ impl PortState {
 
     /// Makes progress: sends waiting tasks, reaps completions (the owner's own ones go
     /// to [`mine`](Self::mine)), and on the home core drives the disk's life.
-    pub fn poll(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+    pub fn poll(&mut self, cx: &mut dyn Ctx, owner: Option<&ChanShared>) -> bool {
         let mut busy = self.pump(cx, owner);
         busy |= self.reap(cx);
         if !self.reaped.is_empty() {
             let mut reaped = std::mem::take(&mut self.reaped);
-            for &(task, errno) in &reaped {
+            for (task, errno) in reaped.drain(..) {
                 self.finish(task, errno, owner);
             }
-            reaped.clear();
             self.reaped = reaped;
         }
         if matches!(self.port, Port::Home(_)) {
@@ -419,7 +419,7 @@ impl Poller for CorePoller {
             }
             return PollResult::Busy;
         }
-        if port.poll(cx, std::ptr::null()) {
+        if port.poll(cx, None) {
             PollResult::Busy
         } else {
             PollResult::Idle

@@ -25,9 +25,10 @@ use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdCore};
 use rtrs_spdk::spdk::{app_cores, Driver, RpcRequest, SpdkThread};
 use serde_json::{json, Value};
 
-use super::channel::{self, ChanShared};
+use super::channel;
 use super::core::{CorePoller, CoreSlot, PortState};
 use super::params::{access_name, path_keys, CreateParams, PathParam};
+use super::task::{self, ChanShared};
 use super::{client_fabric, fn_table, registry, ClientFabric};
 
 /// Period (µs) of the disk's own pollers (see [`make_driver`]).
@@ -180,7 +181,7 @@ impl Disk {
         b.write_cache = c_int::from(info.write_cache);
         b.max_rw_size = blocks(u64::from(info.max_io_size)).max(1);
         b.optimal_io_boundary = b.max_rw_size;
-        b.max_num_segments = channel::MAX_IOVS;
+        b.max_num_segments = task::MAX_IOVS;
         b.max_unmap = blocks(info.max_discard.min(u64::from(u32::MAX)));
         b.max_unmap_segments = 1;
         b.max_write_zeroes = blocks(info.max_write_zeroes.min(u64::from(u32::MAX)));

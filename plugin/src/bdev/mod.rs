@@ -24,6 +24,7 @@ mod disk;
 mod memmap;
 mod params;
 mod rpc;
+mod task;
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -133,7 +134,7 @@ pub extern "C" fn rtrs_bdev_module_config_json(_w: *mut sys::spdk_json_write_ctx
 /// `get_ctx_size`: per-IO driver context in `spdk_bdev_io`.
 #[no_mangle]
 pub extern "C" fn rtrs_bdev_module_ctx_size() -> c_int {
-    channel::task_size()
+    task::task_size()
 }
 
 /// # Safety
