@@ -36,7 +36,7 @@ use std::sync::Arc;
 use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{now_ns, sys, BdevIo, BdevIoType, GotBuf};
 
-use super::core::PortState;
+use super::core::{PortDisk, PortState};
 use super::disk::Disk;
 use super::task::{ChanShared, TaskRef};
 
