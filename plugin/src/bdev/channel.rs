@@ -1,8 +1,10 @@
 //! The rtrs bdev's IO channels and requests (the SPDK side of the kernel's
 //! `rnbd_queue_rq` / `rnbd_softirq_done_fn`).
 //!
-//! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels. Its
-//! iovecs become SGEs of registered memory there ([`MemMap`](super::memmap::MemMap)).
+//! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels,
+//! read through the safe [`BdevIo`]. Its iovecs become SGEs of registered memory there
+//! ([`MemMap`](super::memmap::MemMap)), in its task, whose [`TaskRef`] carries it to a
+//! port and back.
 //! Connection `k+1` of every path belongs to the disk's core `k` (DESIGN.md §3), and
 //! the first channel created on that CPU core *owns* it: it holds the core's
 //! [`PortState`] in its context, submits its requests on it directly from
