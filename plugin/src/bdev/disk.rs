@@ -271,10 +271,10 @@ impl Disk {
     /// The io_device is gone (every channel is): the disk closes.
     pub fn close(&self) {
         let mut phase = lock(&self.phase);
-        if let Phase::Open { .. } = *phase {
-            let Phase::Open { on_closed } = std::mem::replace(&mut *phase, Phase::Closed) else {
-                return;
-            };
+        if !matches!(*phase, Phase::Open { .. }) {
+            return;
+        }
+        if let Phase::Open { on_closed } = std::mem::replace(&mut *phase, Phase::Closed) {
             *phase = Phase::Closing {
                 step: CloseStep::Start,
                 on_closed: Some(on_closed),
