@@ -4,6 +4,8 @@
 //! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
 //! - [`bdev`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
 //!   IO submission with `spdk_bdev_queue_io_wait` on −ENOMEM, hot remove).
+//! - [`bdev_io`]: the other side, a bdev IO handed to a bdev module (fields, buffer,
+//!   per-IO context, completion).
 //! - [`dma`]: session chunk pools from SPDK DMA memory (the server's chunk allocator
 //!   inside SPDK), so exported bdevs doing DMA can use them.
 //! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
@@ -17,6 +19,7 @@
 //! symbols are resolved by the host application at load time.
 
 pub mod bdev;
+pub mod bdev_io;
 pub mod dma;
 pub mod driver;
 pub mod json;
@@ -25,6 +28,7 @@ pub mod log;
 pub mod sys;
 pub mod thread;
 
+pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
 pub use thread::{app_cores, now_ns, poll_until, MsgError, SpdkThread};

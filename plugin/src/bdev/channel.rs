@@ -1,8 +1,10 @@
 //! The rtrs bdev's IO channels and requests (the SPDK side of the kernel's
 //! `rnbd_queue_rq` / `rnbd_softirq_done_fn`).
 //!
-//! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels. Its
-//! iovecs become SGEs of registered memory there ([`MemMap`](super::memmap::MemMap)).
+//! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels,
+//! read through the safe [`BdevIo`]. Its iovecs become SGEs of registered memory there
+//! ([`MemMap`](super::memmap::MemMap)), in its task, whose [`TaskRef`] carries it to a
+//! port and back.
 //! Connection `k+1` of every path belongs to the disk's core `k` (DESIGN.md §3), and
 //! the first channel created on that CPU core *owns* it: it holds the core's
 //! [`PortState`] in its context, submits its requests on it directly from
@@ -29,86 +31,19 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
-use std::mem::{size_of, MaybeUninit};
+use std::mem::size_of;
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use rtrs_spdk::fabric::Sge;
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::{now_ns, sys};
+use rtrs_spdk::spdk::{now_ns, sys, BdevIo, BdevIoType, GotBuf};
 
-use super::core::PortState;
+use super::core::{PortDisk, PortState};
 use super::disk::Disk;
+use super::task::{ChanShared, TaskRef};
 
-/// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
-pub const MAX_IOVS: u32 = 16;
-/// An iovec becomes at most two SGEs (it may straddle two fabric registrations).
-const TASK_SGES: usize = 2 * MAX_IOVS as usize;
 /// `spdk_env_get_current_core` off any core.
 const NO_CORE: u32 = u32::MAX;
-
-/// Our part of a bdev IO (its `driver_ctx`).
-#[repr(C)]
-pub struct Task {
-    pub io: *mut sys::spdk_bdev_io,
-    /// The channel the completion goes back to.
-    chan: *const ChanShared,
-    pub req: BlockRequest,
-    nsge: usize,
-    sgl: [Sge; TASK_SGES],
-}
-
-impl Task {
-    pub fn sges(&self) -> &[Sge] {
-        &self.sgl[..self.nsge]
-    }
-
-    pub fn chan(&self) -> *const ChanShared {
-        self.chan
-    }
-}
-
-/// Size of [`Task`] for the module's `get_ctx_size`.
-pub fn task_size() -> c_int {
-    size_of::<Task>() as c_int
-}
-
-/// What a channel shares with the ports that carry its IO and with resets.
-#[derive(Default)]
-pub struct ChanShared {
-    /// Finished requests handed back by a port this channel does not own: task, errno.
-    done: Mutex<Vec<(usize, i32)>>,
-    /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
-    submitted: AtomicU64,
-    completed: AtomicU64,
-}
-
-impl ChanShared {
-    /// Requests of this channel not completed yet.
-    pub fn outstanding(&self) -> u64 {
-        let done = self.completed.load(Ordering::Acquire);
-        self.submitted.load(Ordering::Acquire).saturating_sub(done)
-    }
-}
-
-/// Adds one to a counter only the calling thread writes: a plain load and store.
-fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
-}
-
-/// Hands a finished request back to its channel (from a port the channel does not own).
-///
-/// # Safety
-/// `task` must be a task submitted through [`submit_request`] and not finished yet.
-pub unsafe fn finish(task: usize, errno: i32) {
-    // SAFETY: per the contract the task is live; its channel lives while the bdev IO is
-    // outstanding (SPDK destroys a channel only once its IO completed).
-    let chan = unsafe { &*(*(task as *const Task)).chan };
-    if let Ok(mut d) = chan.done.lock() {
-        d.push((task, errno));
-    }
-}
 
 /// The channel context (in SPDK's channel memory). Used on the channel's thread only.
 struct ChanCtx {
@@ -123,24 +58,17 @@ struct ChanCtx {
     /// The core's port, while this channel owns it.
     port: RefCell<Option<Box<PortState>>>,
     poller: *mut sys::spdk_poller,
-    scratch: RefCell<Vec<(usize, i32)>>,
+    scratch: RefCell<Vec<(TaskRef, i32)>>,
     /// Resets waiting for the bdev's requests to drain, with their deadlines (ns).
-    resets: RefCell<Vec<(*mut sys::spdk_bdev_io, u64)>>,
+    resets: RefCell<Vec<(BdevIo, u64)>>,
 }
 
 impl ChanCtx {
-    /// Completes one of this channel's bdev IO (not a reset).
-    ///
-    /// # Safety
-    /// As [`complete`]; `io` was counted in `submitted`.
-    unsafe fn done(&self, io: *mut sys::spdk_bdev_io, errno: i32) {
-        bump(&self.shared.completed);
-        // SAFETY: per the contract.
-        unsafe { complete(io, errno) };
-    }
-
-    fn me(&self) -> *const ChanShared {
-        Arc::as_ptr(&self.shared)
+    /// Completes one of this channel's bdev IO (not a reset), counted in `submitted`,
+    /// on the channel's thread.
+    fn done(&self, io: BdevIo, errno: i32) {
+        self.shared.count_completed();
+        io.complete(errno);
     }
 
     /// The channel's thread left the port's CPU core: the port goes back to its slot and
@@ -248,14 +176,11 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
             local.append(&mut d);
         }
     }
-    for &(task, errno) in local.iter() {
-        // SAFETY: a task of this channel, finished once by a port.
-        let io = unsafe { (*(task as *const Task)).io };
-        // SAFETY: the live bdev IO, completed exactly once, on its submitting thread.
-        unsafe { ctx.done(io, errno) };
-    }
     busy |= !local.is_empty();
-    local.clear();
+    for (task, errno) in local.drain(..) {
+        // A task of this channel, finished once by a port: completed on our thread.
+        ctx.done(task.into_io(), errno);
+    }
     drop(local);
     if !ctx.resets.borrow().is_empty() {
         busy |= poll_resets(ctx);
@@ -270,7 +195,7 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
 /// Takes the core's port if it is parked for us, polls it, and moves our finished
 /// requests into `out` (completed after the port is released: a completion callback may
 /// submit again, which uses the port).
-fn poll_port(ctx: &ChanCtx, out: &mut Vec<(usize, i32)>) -> bool {
+fn poll_port(ctx: &ChanCtx, out: &mut Vec<(TaskRef, i32)>) -> bool {
     let mut port = ctx.port.borrow_mut();
     if port.is_none() {
         let Some(p) = ctx.disk.slot(ctx.core).try_take() else {
@@ -291,8 +216,11 @@ fn poll_port(ctx: &ChanCtx, out: &mut Vec<(usize, i32)>) -> bool {
         ctx.leave_port();
         return true;
     }
-    let me = ctx.me();
-    let busy = ctx.disk.driver().with_ctx(ctx.core, |cx| p.poll(cx, me));
+    let me = &*ctx.shared;
+    let busy = ctx
+        .disk
+        .driver()
+        .with_ctx(ctx.core, |cx| p.poll(cx, Some(me)));
     out.append(&mut p.mine);
     busy
 }
@@ -304,10 +232,10 @@ fn poll_resets(ctx: &ChanCtx) -> bool {
     let mut resets = ctx.resets.borrow_mut();
     let before = resets.len();
     let mut finished = Vec::new();
-    resets.retain(|&(io, deadline)| {
+    let mut waiting = Vec::with_capacity(before);
+    for (io, deadline) in resets.drain(..) {
         if drained {
             finished.push((io, 0));
-            false
         } else if now >= deadline {
             tracing::error!(
                 "rtrs bdev {}: reset: requests still outstanding after io_timeout_sec = {} s",
@@ -315,168 +243,124 @@ fn poll_resets(ctx: &ChanCtx) -> bool {
                 ctx.disk.params.io_timeout_sec
             );
             finished.push((io, -libc::ETIMEDOUT));
-            false
         } else {
-            true
+            waiting.push((io, deadline));
         }
-    });
-    drop(resets);
-    for (io, errno) in finished.iter().copied() {
-        // SAFETY: a reset of this channel, completed once, here, on its thread.
-        unsafe { complete(io, errno) };
     }
-    before != 0 && !finished.is_empty()
+    *resets = waiting;
+    drop(resets);
+    let any = !finished.is_empty();
+    for (io, errno) in finished {
+        // A reset of this channel, completed once, here, on its thread.
+        io.complete(errno);
+    }
+    before != 0 && any
 }
 
-/// Completes `io` with `errno` (0, −ENOMEM/−EAGAIN for "retry", other negative errnos).
+/// The context of one of our channels.
 ///
 /// # Safety
-/// `io` must be a live bdev IO of this module, completed once, on its thread.
-unsafe fn complete(io: *mut sys::spdk_bdev_io, errno: i32) {
-    // SAFETY: per the contract.
+/// `ch` must be a live channel of our io_device, used on its thread: its context
+/// (written by chan_create, alive until chan_destroy) follows the channel header.
+unsafe fn ctx_of<'a>(ch: *mut sys::spdk_io_channel) -> &'a ChanCtx {
+    // SAFETY: per the contract (what spdk_io_channel_get_ctx, a static inline, computes).
     unsafe {
-        if errno == 0 {
-            sys::spdk_bdev_io_complete(io, sys::spdk_bdev_io_status_SPDK_BDEV_IO_STATUS_SUCCESS);
-        } else if errno == -libc::ENOMEM || errno == -libc::EAGAIN {
-            sys::spdk_bdev_io_complete(io, sys::spdk_bdev_io_status_SPDK_BDEV_IO_STATUS_NOMEM);
-        } else {
-            sys::spdk_bdev_io_complete_aio_status(io, errno);
-        }
-    }
-}
-
-fn ctx_of(ch: *mut sys::spdk_io_channel) -> *mut ChanCtx {
-    // SAFETY: the context follows the channel header (what spdk_io_channel_get_ctx, a
-    // static inline, computes).
-    unsafe {
-        ch.cast::<u8>()
+        &*ch.cast::<u8>()
             .add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
-            .cast()
+            .cast::<ChanCtx>()
     }
 }
 
 /// `fn_table.submit_request`.
 pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut sys::spdk_bdev_io) {
-    // SAFETY: a channel of our io_device, used on its thread.
-    let ctx = unsafe { &*ctx_of(ch) };
-    // SAFETY: SPDK hands a live IO of our bdev.
-    let ty = u32::from(unsafe { (*io).type_ });
-    if ty == sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_RESET {
+    // SAFETY: SPDK submits on a channel of our bdev, on the channel's thread.
+    let ctx = unsafe { ctx_of(ch) };
+    // SAFETY: SPDK hands a live IO of our bdev, wrapped once here.
+    let Some(io) = (unsafe { BdevIo::from_raw(io) }) else {
+        return;
+    };
+    if io.io_type() == BdevIoType::Reset {
         let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
         ctx.resets
             .borrow_mut()
             .push((io, now_ns().saturating_add(wait)));
         return;
     }
-    bump(&ctx.shared.submitted);
-    if ty == sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_READ {
-        // SAFETY: as above.
-        let has_buf =
-            unsafe { !(*io).u.bdev.iovs.is_null() && !(*(*io).u.bdev.iovs).iov_base.is_null() };
-        if !has_buf {
-            // SAFETY: the IO's size in bytes; the callback runs on this thread.
-            unsafe {
-                let len = (*io).u.bdev.num_blocks * u64::from((*(*io).bdev).blocklen);
-                sys::spdk_bdev_io_get_buf(io, Some(got_buf), len);
-            }
-            return;
-        }
-    }
-    // SAFETY: as above.
-    unsafe { prepare(ctx, io) };
-}
-
-unsafe extern "C" fn got_buf(ch: *mut sys::spdk_io_channel, io: *mut sys::spdk_bdev_io, ok: bool) {
-    // SAFETY: our channel, on its thread.
-    let ctx = unsafe { &*ctx_of(ch) };
-    if !ok {
-        // SAFETY: the live IO, counted in submit_request, completed once on its thread.
-        unsafe { ctx.done(io, -libc::ENOMEM) };
+    ctx.shared.count_submitted();
+    if io.io_type() == BdevIoType::Read && !io.has_buf() {
+        // The IO's size in bytes; the callback runs on this thread.
+        let len = io.num_blocks() * u64::from(io.block_len());
+        io.get_buf::<ChanCtx>(len);
         return;
     }
-    // SAFETY: the IO now has its buffer.
-    unsafe { prepare(ctx, io) };
+    prepare(ctx, io);
+}
+
+impl GotBuf for ChanCtx {
+    fn got_buf(ch: *mut sys::spdk_io_channel, io: BdevIo, ok: bool) {
+        // SAFETY: the bdev layer calls back on the channel the IO was submitted on
+        // (ours), on its thread.
+        let ctx = unsafe { ctx_of(ch) };
+        if ok {
+            prepare(ctx, io);
+        } else {
+            // Counted in submit_request.
+            ctx.done(io, -libc::ENOMEM);
+        }
+    }
+}
+
+/// The RNBD request of a bdev IO, or the errno it fails with.
+fn block_request(io: &BdevIo) -> Result<BlockRequest, i32> {
+    let bs = u64::from(io.block_len());
+    let (offset, len) = (io.offset_blocks() * bs, io.num_blocks() * bs);
+    let len32 = u32::try_from(len).map_err(|_| -libc::EINVAL)?;
+    match io.io_type() {
+        BdevIoType::Read => Ok(BlockRequest::read(offset, len32)),
+        BdevIoType::Write => Ok(BlockRequest::write(offset, len32)),
+        BdevIoType::Flush => Ok(BlockRequest::flush()),
+        BdevIoType::Unmap => Ok(BlockRequest::discard(offset, len32)),
+        BdevIoType::WriteZeroes => Ok(BlockRequest::write_zeroes(offset, len32)),
+        BdevIoType::Reset | BdevIoType::Other(_) => Err(-libc::ENOTSUP),
+    }
 }
 
 /// Builds the task and sends it on the core's port, or queues it for the port's owner
 /// (or completes it at once).
-unsafe fn prepare(ctx: &ChanCtx, io: *mut sys::spdk_bdev_io) {
-    // SAFETY: live IO of our bdev; its fields are read on its thread.
-    let (ty, off, nblocks, bs) = unsafe {
-        (
-            u32::from((*io).type_),
-            (*io).u.bdev.offset_blocks,
-            (*io).u.bdev.num_blocks,
-            u64::from((*(*io).bdev).blocklen),
-        )
+fn prepare(ctx: &ChanCtx, io: BdevIo) {
+    let req = match block_request(&io) {
+        Ok(r) => r,
+        Err(errno) => return ctx.done(io, errno),
     };
-    let (offset, len) = (off * bs, nblocks * bs);
-    let Ok(len32) = u32::try_from(len) else {
-        // SAFETY: as above.
-        unsafe { ctx.done(io, -libc::EINVAL) };
-        return;
-    };
-    let req = match ty {
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_READ => BlockRequest::read(offset, len32),
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE => BlockRequest::write(offset, len32),
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_FLUSH => BlockRequest::flush(),
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_UNMAP => BlockRequest::discard(offset, len32),
-        sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE_ZEROES => {
-            BlockRequest::write_zeroes(offset, len32)
-        }
-        _ => {
-            // SAFETY: as above.
-            unsafe { ctx.done(io, -libc::ENOTSUP) };
-            return;
-        }
-    };
-    // SAFETY: the IO's driver_ctx is `task_size()` bytes, ours until completion.
-    let task = unsafe { (*io).driver_ctx.as_mut_ptr().cast::<MaybeUninit<Task>>() };
-    // SAFETY: as above; written before any read.
-    let t = unsafe {
-        (*task).write(Task {
-            io,
-            chan: ctx.me(),
-            req,
-            nsge: 0,
-            sgl: [Sge::default(); TASK_SGES],
-        })
-    };
+    let mut task = TaskRef::new(io, &ctx.shared, req);
     if req.data_len() > 0 {
-        // SAFETY: the IO's iovec array, valid until completion.
-        let iovs = unsafe {
-            std::slice::from_raw_parts((*io).u.bdev.iovs, (*io).u.bdev.iovcnt.max(0) as usize)
-        };
+        let (io, sgl, nsge) = task.sgl_mut();
         let mut left = u64::from(req.data_len());
-        for iov in iovs {
+        let mut failed = None;
+        for iov in io.iovs() {
             if left == 0 {
                 break;
             }
             let l = (iov.iov_len as u64).min(left);
-            if let Err(e) = ctx
-                .disk
-                .mem()
-                .sges(iov.iov_base as u64, l, &mut t.sgl, &mut t.nsge)
-            {
+            if let Err(e) = ctx.disk.mem().sges(iov.iov_base as u64, l, sgl, nsge) {
                 tracing::error!("rtrs bdev {}: {e}", ctx.disk.params.name);
-                // SAFETY: as above.
-                unsafe { ctx.done(io, -libc::EFAULT) };
-                return;
+                failed = Some(-libc::EFAULT);
+                break;
             }
             left -= l;
         }
-        if left != 0 {
-            // SAFETY: as above.
-            unsafe { ctx.done(io, -libc::EINVAL) };
-            return;
+        if failed.is_none() && left != 0 {
+            failed = Some(-libc::EINVAL);
+        }
+        if let Some(errno) = failed {
+            return ctx.done(task.into_io(), errno);
         }
     }
-    let task = t as *mut Task as usize;
     // The port is never borrowed here in practice (completions run after the poll let it
     // go); should it be, the task takes the queue, which the next poll pumps.
     if let Ok(mut port) = ctx.port.try_borrow_mut() {
         if let Some(p) = port.as_mut() {
-            let me = ctx.me();
+            let me = &*ctx.shared;
             ctx.disk
                 .driver()
                 .with_ctx(ctx.core, |cx| p.submit_own(cx, task, me));

@@ -1,8 +1,9 @@
 //! The rtrs bdev's per-core ports: core `k` of a disk has that core's RTRS session handle
 //! (connection `k+1` of every path) and the IO waiting for it; the *home* core (0) also
 //! runs RNBD's admin side — SESS_INFO, OPEN, CLOSE and the re-open after a reconnect (the
-//! kernel's `rnbd_clt_session` and its `link_ev`). The home port drives a disk through its
-//! life: opening, open, closing, drained.
+//! kernel's `rnbd_clt_session` and its `link_ev`). The home port hands its admin events
+//! to the disk and lets it take its life's next step after every poll ([`PortDisk`], which
+//! the disk implements: this layer sits below it).
 //!
 //! A port ([`PortState`]) is polled by exactly one party at a time, its *owner*: the IO
 //! channel that took it (see [`super::channel`]) or, when no channel holds it, the disk's
@@ -27,20 +28,28 @@ use rtrs_spdk::client::SessionCore;
 use rtrs_spdk::engine::{Ctx, PollResult, Poller};
 use rtrs_spdk::rnbd::client::{ClientEvent, DevHandle, PortCompletion, RnbdClient, RnbdCore};
 
-use super::channel::{finish, ChanShared, Task};
-use super::disk::Disk;
+use super::task::{ChanShared, TaskRef};
 
 const BATCH: usize = 64;
-/// How long a closing disk waits for CLOSE's answer, then for its paths to go.
-const CLOSE_WAIT_NS: u64 = 3_000_000_000;
-/// bdev_rtrs_create waits at least this long (seconds) for the session and OPEN.
-pub const OPEN_WAIT_MIN_S: u64 = 5;
+
+/// What a port needs of the disk it carries IO for.
+pub trait PortDisk: Send + Sync {
+    /// Core `core`'s slot.
+    fn slot(&self, core: usize) -> &CoreSlot;
+    /// A request was refused for good (logged, rate-limited).
+    fn io_refused(&self, e: &dyn std::fmt::Display);
+    /// An admin event of the home port (OPEN's answer, CLOSE's, a re-open).
+    fn admin_event(&self, ev: ClientEvent);
+    /// After each poll of the home port: the disk's life moves on (the opening
+    /// deadline, CLOSE, closing the session, stopping).
+    fn home_step(&self, cx: &mut dyn Ctx, rnbd: &mut RnbdClient<SessionCore>, dev: DevHandle);
+}
 
 /// Where core `k`'s port is when no one polls it, and the IO of channels that do not
 /// own it.
 pub struct CoreSlot {
-    /// Tasks (addresses) waiting for the port's owner.
-    queue: Mutex<VecDeque<usize>>,
+    /// Tasks waiting for the port's owner.
+    queue: Mutex<VecDeque<TaskRef>>,
     parked: Mutex<Option<Box<PortState>>>,
     /// Channels that may own the port and do not yet.
     waiting: AtomicUsize,
@@ -62,15 +71,20 @@ impl CoreSlot {
         }
     }
 
-    pub fn enqueue(&self, task: usize) {
+    pub fn enqueue(&self, task: TaskRef) {
         lock(&self.queue).push_back(task);
     }
 
-    fn take_queued(&self, into: &mut VecDeque<usize>) {
+    fn take_queued(&self, into: &mut VecDeque<TaskRef>) {
         let mut q = lock(&self.queue);
         if !q.is_empty() {
             into.extend(q.drain(..));
         }
+    }
+
+    /// The parked port, waiting for its lock if needed (a disk going: no channel is left).
+    fn take_parked(&self) -> Option<Box<PortState>> {
+        lock(&self.parked).take()
     }
 
     /// A channel that may own the port asks for it.
@@ -106,45 +120,30 @@ enum Port {
 
 struct Home {
     rnbd: RnbdClient<SessionCore>,
-    phase: Phase,
     events: Vec<ClientEvent>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// OPEN sent; the RPC waits for its answer until the deadline (ns): before the first
-    /// path connects the session has no permits, so OPEN would wait for ever.
-    Opening(u64),
-    Open,
-    /// CLOSE sent (deadline in ns).
-    Closing(u64),
-    /// Session closed, waiting for its paths to go (deadline in ns).
-    Draining(u64),
-    Done,
 }
 
 /// One core's port of a disk and the IO it carries.
 pub struct PortState {
-    disk: Arc<Disk>,
+    disk: Arc<dyn PortDisk>,
     core: usize,
     dev: DevHandle,
     port: Port,
     /// Tasks not accepted yet (no free permit): tried again on every poll.
-    retry: VecDeque<usize>,
+    retry: VecDeque<TaskRef>,
     comps: Vec<PortCompletion>,
     /// Completions taken from the port in this poll.
-    reaped: Vec<(usize, i32)>,
+    reaped: Vec<(TaskRef, i32)>,
     /// Finished tasks of the owning channel, which completes them after its poll.
-    pub mine: Vec<(usize, i32)>,
+    pub mine: Vec<(TaskRef, i32)>,
 }
 
 impl PortState {
-    /// The home core's port; OPEN must succeed before `open_deadline` (ns).
+    /// The home core's port (OPEN sent on `rnbd`).
     pub fn home(
-        disk: Arc<Disk>,
+        disk: Arc<dyn PortDisk>,
         rnbd: RnbdClient<SessionCore>,
         dev: DevHandle,
-        open_deadline: u64,
     ) -> PortState {
         PortState::new(
             disk,
@@ -152,14 +151,13 @@ impl PortState {
             dev,
             Port::Home(Box::new(Home {
                 rnbd,
-                phase: Phase::Opening(open_deadline),
                 events: vec![ClientEvent::Closed { dev }; BATCH],
             })),
         )
     }
 
     pub fn other(
-        disk: Arc<Disk>,
+        disk: Arc<dyn PortDisk>,
         core: usize,
         rnbd: RnbdCore<SessionCore>,
         dev: DevHandle,
@@ -167,7 +165,7 @@ impl PortState {
         PortState::new(disk, core, dev, Port::Other(Box::new(rnbd)))
     }
 
-    fn new(disk: Arc<Disk>, core: usize, dev: DevHandle, port: Port) -> PortState {
+    fn new(disk: Arc<dyn PortDisk>, core: usize, dev: DevHandle, port: Port) -> PortState {
         PortState {
             disk,
             core,
@@ -181,9 +179,9 @@ impl PortState {
     }
 
     /// Sends `task` for the channel `owner` (its own task, on its thread): no queue.
-    pub fn submit_own(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) {
+    pub fn submit_own(&mut self, cx: &mut dyn Ctx, task: TaskRef, owner: &ChanShared) {
         if self.retry.is_empty() {
-            self.send(cx, task, owner);
+            self.send(cx, task, Some(owner));
         } else {
             // Keep the order of tasks waiting for a permit.
             self.retry.push_back(task);
@@ -191,12 +189,12 @@ impl PortState {
     }
 
     /// Tries to send `task`; returns false when it has to wait for a permit.
-    fn send(&mut self, cx: &mut dyn Ctx, task: usize, owner: *const ChanShared) -> bool {
-        // SAFETY: tasks handed to a port are live until finished.
-        let t = unsafe { &*(task as *const Task) };
+    /// An accepted task's handle is given up: its completion's tag brings it back.
+    fn send(&mut self, cx: &mut dyn Ctx, task: TaskRef, owner: Option<&ChanShared>) -> bool {
+        let t = &*task;
         let r = match &mut self.port {
-            Port::Home(h) => h.rnbd.submit(cx, self.dev, task as u64, &t.req, t.sges()),
-            Port::Other(o) => o.submit(cx, self.dev, task as u64, &t.req, t.sges()),
+            Port::Home(h) => h.rnbd.submit(cx, self.dev, task.tag(), &t.req, t.sges()),
+            Port::Other(o) => o.submit(cx, self.dev, task.tag(), &t.req, t.sges()),
         };
         match r {
             Ok(()) => true,
@@ -205,7 +203,7 @@ impl PortState {
                 false
             }
             Err(e) => {
-                self.disk.log_io_error(&e);
+                self.disk.io_refused(&e);
                 self.finish(task, e.errno(), owner);
                 true
             }
@@ -213,19 +211,16 @@ impl PortState {
     }
 
     /// A request is over: hand it back to its channel.
-    fn finish(&mut self, task: usize, errno: i32, owner: *const ChanShared) {
-        // SAFETY: `task` is live and finished once, here.
-        let chan = unsafe { (*(task as *const Task)).chan() };
-        if std::ptr::eq(chan, owner) {
+    fn finish(&mut self, task: TaskRef, errno: i32, owner: Option<&ChanShared>) {
+        if owner.is_some_and(|o| task.is_of(o)) {
             self.mine.push((task, errno));
         } else {
-            // SAFETY: as above.
-            unsafe { finish(task, errno) };
+            task.hand_back(errno);
         }
     }
 
     /// Sends waiting tasks until the session has no free permit.
-    fn pump(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+    fn pump(&mut self, cx: &mut dyn Ctx, owner: Option<&ChanShared>) -> bool {
         self.disk.slot(self.core).take_queued(&mut self.retry);
         let mut busy = false;
         while let Some(task) = self.retry.pop_front() {
@@ -250,18 +245,21 @@ impl PortState {
             let n = match &mut self.port {
                 Port::Other(o) => {
                     let n = o.poll(cx, &mut self.comps);
-                    self.reaped
-                        .extend(self.comps[..n].iter().map(|c| (c.tag as usize, c.errno)));
+                    self.reaped.extend(self.comps[..n].iter().map(|c| {
+                        // SAFETY: a completion's tag is that of a task we sent, handed
+                        // back once.
+                        (unsafe { TaskRef::from_tag(c.tag) }, c.errno)
+                    }));
                     n
                 }
                 Port::Home(h) => {
                     let n = h.rnbd.poll(cx, &mut h.events);
                     for i in 0..n {
                         if let ClientEvent::Io { tag, errno } = h.events[i] {
-                            self.reaped.push((tag as usize, errno));
+                            // SAFETY: as above.
+                            self.reaped.push((unsafe { TaskRef::from_tag(tag) }, errno));
                         } else {
-                            let ev = h.events[i].clone();
-                            admin_event(&self.disk, &mut h.phase, ev);
+                            self.disk.admin_event(h.events[i].clone());
                         }
                     }
                     n
@@ -276,120 +274,26 @@ impl PortState {
 
     /// Makes progress: sends waiting tasks, reaps completions (the owner's own ones go
     /// to [`mine`](Self::mine)), and on the home core drives the disk's life.
-    pub fn poll(&mut self, cx: &mut dyn Ctx, owner: *const ChanShared) -> bool {
+    pub fn poll(&mut self, cx: &mut dyn Ctx, owner: Option<&ChanShared>) -> bool {
         let mut busy = self.pump(cx, owner);
         busy |= self.reap(cx);
         if !self.reaped.is_empty() {
             let mut reaped = std::mem::take(&mut self.reaped);
-            for &(task, errno) in &reaped {
+            for (task, errno) in reaped.drain(..) {
                 self.finish(task, errno, owner);
             }
-            reaped.clear();
             self.reaped = reaped;
         }
-        if matches!(self.port, Port::Home(_)) {
-            self.life(cx);
+        if let Port::Home(h) = &mut self.port {
+            self.disk.home_step(cx, &mut h.rnbd, self.dev);
         }
         busy
-    }
-
-    /// The home core's part of closing: CLOSE, close the session, wait for its paths,
-    /// then let the disk stop its threads.
-    fn life(&mut self, cx: &mut dyn Ctx) {
-        let Port::Home(h) = &mut self.port else {
-            return;
-        };
-        let now = cx.now();
-        if let Phase::Opening(deadline) = h.phase {
-            if !self.disk.closing() {
-                if let Some(why) = self.disk.refused() {
-                    // Every path refused for good: waiting cannot help.
-                    self.disk.open_failed(&why);
-                } else if deadline <= now {
-                    // What the paths ran into, so the answer says more than "timed out".
-                    let last: Vec<String> = self
-                        .disk
-                        .session()
-                        .map(|s| s.path_errors())
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|(p, e)| format!("{p}: {e}"))
-                        .collect();
-                    self.disk.open_failed(&format!(
-                        "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
-                        self.disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
-                        if last.is_empty() {
-                            String::new()
-                        } else {
-                            format!("; latest attempts: {}", last.join("; "))
-                        }
-                    ));
-                }
-            }
-        }
-        match h.phase {
-            Phase::Opening(_) | Phase::Open if self.disk.closing() => {
-                if h.rnbd.close(cx, self.dev).is_ok() {
-                    h.phase = Phase::Closing(now + CLOSE_WAIT_NS);
-                } else {
-                    h.phase = Phase::Closing(0);
-                }
-            }
-            Phase::Closing(deadline) if deadline <= now => {
-                self.disk.close_session();
-                h.phase = Phase::Draining(now + CLOSE_WAIT_NS);
-            }
-            Phase::Draining(deadline) if deadline <= now || self.disk.session_gone() => {
-                h.phase = Phase::Done;
-                self.disk.stop();
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The home core's admin events: OPEN's answer, CLOSE's, a re-open after a reconnect.
-fn admin_event(disk: &Arc<Disk>, phase: &mut Phase, ev: ClientEvent) {
-    match ev {
-        ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
-        ClientEvent::Opened { info, remap, .. } => {
-            if remap {
-                tracing::info!(
-                    "rtrs bdev {}: device {} re-opened after a reconnect",
-                    disk.params.name,
-                    disk.params.device
-                );
-            } else if matches!(phase, Phase::Opening(_)) {
-                *phase = Phase::Open;
-                disk.opened(info);
-            }
-        }
-        ClientEvent::OpenFailed { error, .. } => {
-            if matches!(phase, Phase::Opening(_)) {
-                disk.open_failed(&error.to_string());
-                *phase = Phase::Closing(0);
-            } else {
-                tracing::warn!(
-                    "rtrs bdev {}: re-opening device {} failed: {error}",
-                    disk.params.name,
-                    disk.params.device
-                );
-            }
-        }
-        ClientEvent::Closed { .. } => {
-            if let Phase::Closing(_) = phase {
-                *phase = Phase::Closing(0);
-            }
-        }
-        ClientEvent::SessInfo(Err(e)) => {
-            tracing::warn!("rtrs bdev {}: SESS_INFO failed: {e}", disk.params.name);
-        }
     }
 }
 
 /// The disk's thread on core `k`: polls the core's port while no IO channel owns it.
 pub struct CorePoller {
-    disk: Arc<Disk>,
+    disk: Arc<dyn PortDisk>,
     core: usize,
     port: Option<Box<PortState>>,
 }
@@ -419,7 +323,7 @@ impl Poller for CorePoller {
             }
             return PollResult::Busy;
         }
-        if port.poll(cx, std::ptr::null()) {
+        if port.poll(cx, None) {
             PollResult::Busy
         } else {
             PollResult::Idle
@@ -430,7 +334,7 @@ impl Poller for CorePoller {
         // The disk is going: every channel is gone, so a parked port is taken back to be
         // dropped here, on its core (it holds the disk: left in the slot it would never go).
         if self.port.is_none() {
-            self.port = lock(&self.disk.slot(self.core).parked).take();
+            self.port = self.disk.slot(self.core).take_parked();
         }
     }
 }

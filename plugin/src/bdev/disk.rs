@@ -6,35 +6,93 @@
 //! the IO channel on its CPU core owns and polls, or the disk's own thread on the core
 //! while no channel does (see [`super::channel`] and [`super::core`]).
 //!
-//! Life: [`create`] opens the session on core 0 and sends OPEN; the JSON-RPC request is
-//! answered later, from the OPEN's answer ([`Disk::opened`] registers the bdev on the
-//! application thread, then answers with its name; [`Disk::open_failed`] answers with the
-//! error and tears down). Deleting goes through `spdk_bdev_unregister` →
-//! `destruct` → the io_device is unregistered → the home poller sends CLOSE, closes the
-//! session, waits for its paths → the threads stop → `spdk_bdev_destruct_done`.
+//! Life, all of it in [`Phase`]: [`create`] opens the session on core 0 and sends OPEN
+//! (*opening*); OPEN's answer hands the disk to the creator's callback on the
+//! application thread, which registers the bdev ([`super::module::register`]) and makes
+//! it *open*; a failure reaches the same callback as an error, and the disk tears down.
+//! Deleting goes through `spdk_bdev_unregister` → `destruct` → the io_device is
+//! unregistered → [`Disk::close`] (*closing*): the home port sends CLOSE, the session
+//! closes, its paths go → the threads stop → the bdev is released (*closed*). The home
+//! port drives these steps through [`PortDisk`], which the disk implements.
 
-use std::ffi::{c_int, c_void, CString};
-use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use rtrs_spdk::client::{MpPolicy, PathAddr, Session};
+use rtrs_spdk::client::{MpPolicy, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Access, MemBuf, Psk};
-use rtrs_spdk::rnbd::client::{DeviceInfo, LinkListener, RnbdClient, RnbdClientConfig, RnbdCore};
-use rtrs_spdk::spdk::{app_cores, Driver, RpcRequest, SpdkThread};
-use serde_json::{json, Value};
+use rtrs_spdk::rnbd::client::{
+    ClientEvent, DevHandle, DeviceInfo, LinkListener, RnbdClient, RnbdClientConfig, RnbdCore,
+};
+use rtrs_spdk::spdk::{Driver, SpdkThread};
 
-use super::channel::{self, ChanShared};
-use super::core::{CorePoller, CoreSlot, PortState};
-use super::params::{access_name, path_keys, CreateParams, PathParam};
-use super::{client_fabric, fn_table, registry, ClientFabric};
+use super::core::{CorePoller, CoreSlot, PortDisk, PortState};
+use super::fabric::{client_fabric, ClientFabric};
+use super::memmap::MemMap;
+use super::params::{path_keys, CreateParams, PathParam};
+use super::task::ChanShared;
+use super::threads::{make_driver, stop_driver};
 
-/// Period (µs) of the disk's own pollers (see [`make_driver`]).
-const DISK_POLL_US: u64 = 100;
+/// How long a closing disk waits for CLOSE's answer, then for its paths to go.
+const CLOSE_WAIT_NS: u64 = 3_000_000_000;
+/// `bdev_rtrs_create` waits at least this long (seconds) for the session and OPEN.
+const OPEN_WAIT_MIN_S: u64 = 5;
+
+/// Run once the disk is down: releases what registration made (the bdev).
+pub type OnClosed = Box<dyn FnOnce() + Send>;
+
+/// Why a disk was not created; the text names what was wrong.
+#[derive(Debug)]
+pub enum CreateError {
+    /// A parameter cannot be used (a name taken, a key or fabric that cannot be had).
+    Invalid(String),
+    /// The disk's threads could not be made.
+    NoMemory(String),
+    /// The session or OPEN failed (or the bdev could not be registered).
+    OpenFailed(String),
+}
+
+/// Told once how [`create`] ended: with the opened disk on the application thread (the
+/// callback registers its bdev), or with the error.
+pub type OnOpen = Box<dyn FnOnce(Result<&Arc<Disk>, CreateError>) + Send>;
+
+/// The disk's life.
+enum Phase {
+    /// The session is starting and OPEN is sent; it must be answered by `deadline` (ns
+    /// of the home core's clock; `u64::MAX` until the home core set it): before the
+    /// first path connects the session has no permits, so OPEN would wait for ever.
+    Opening { deadline: u64 },
+    /// OPEN answered: the creator registers the bdev on the application thread.
+    Registering,
+    /// The bdev is registered and IO flows.
+    Open { on_closed: OnClosed },
+    /// Going down: the create failed, or the bdev was unregistered.
+    Closing {
+        step: CloseStep,
+        on_closed: Option<OnClosed>,
+    },
+    /// Down: threads stopped, the bdev released.
+    Closed,
+}
+
+/// The home core's part of closing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseStep {
+    /// CLOSE is to be sent.
+    Start,
+    /// CLOSE sent; its answer is awaited until the deadline (ns).
+    CloseSent(u64),
+    /// Session closed, waiting for its paths to go until the deadline (ns).
+    Draining(u64),
+    /// The threads are being stopped.
+    Stopping,
+}
 
 /// An rtrs bdev and everything behind it.
 pub struct Disk {
+    /// The disk itself, for the work it posts to other threads.
+    me: Weak<Disk>,
     pub params: CreateParams,
     /// Paths as they are now (add/remove_path), for config_json and get_sessions.
     pub paths: Mutex<Vec<PathParam>>,
@@ -48,13 +106,28 @@ pub struct Disk {
     chans: Mutex<Vec<Arc<ChanShared>>>,
     session: OnceLock<Session>,
     info: OnceLock<DeviceInfo>,
-    /// The registered bdev (null before OPEN succeeded).
-    bdev: AtomicPtr<rtrs_spdk::spdk::sys::spdk_bdev>,
-    /// The create RPC, until answered.
-    pending: Mutex<Option<RpcRequest>>,
-    closing: AtomicBool,
+    phase: Mutex<Phase>,
+    /// The creator's callback, until called.
+    on_open: Mutex<Option<OnOpen>>,
     /// Rate limit of IO error logs (ns of the last one).
     last_err_log: AtomicU64,
+}
+
+static DISKS: Mutex<Vec<Arc<Disk>>> = Mutex::new(Vec::new());
+
+/// Every rtrs bdev, including those still opening or closing.
+fn registry() -> MutexGuard<'static, Vec<Arc<Disk>>> {
+    lock(&DISKS)
+}
+
+/// The disk named `name` (opening, open or closing).
+pub fn find(name: &str) -> Option<Arc<Disk>> {
+    registry().iter().find(|d| d.name() == name).cloned()
+}
+
+/// Every disk (opening, open or closing).
+pub fn all() -> Vec<Arc<Disk>> {
+    registry().clone()
 }
 
 impl Disk {
@@ -62,7 +135,7 @@ impl Disk {
         &self.params.name
     }
 
-    pub fn mem(&self) -> &super::memmap::MemMap {
+    pub fn mem(&self) -> &MemMap {
         &self.fabric.mem
     }
 
@@ -74,8 +147,18 @@ impl Disk {
         self.info.get()
     }
 
+    /// Whether the bdev is registered and not being deleted.
     pub fn is_open(&self) -> bool {
-        !self.bdev.load(Ordering::Acquire).is_null()
+        matches!(*lock(&self.phase), Phase::Open { .. })
+    }
+
+    /// The phase as `bdev_rtrs_get_sessions` names it.
+    pub fn state_name(&self) -> &'static str {
+        match *lock(&self.phase) {
+            Phase::Opening { .. } | Phase::Registering => "opening",
+            Phase::Open { .. } => "open",
+            Phase::Closing { .. } | Phase::Closed => "closing",
+        }
     }
 
     /// The disk's core on CPU core `cpu` (core 0 for a thread off the cpumask, as fio's).
@@ -86,11 +169,6 @@ impl Disk {
     /// Whether CPU core `cpu` is one of the application's (a core of the disk).
     pub fn on_mask(&self, cpu: u32) -> bool {
         self.cpus.contains(&cpu)
-    }
-
-    /// Core `core`'s port slot and queue.
-    pub fn slot(&self, core: usize) -> &CoreSlot {
-        &self.slots[core]
     }
 
     pub fn driver(&self) -> &Arc<Driver> {
@@ -110,130 +188,105 @@ impl Disk {
         lock(&self.chans).iter().map(|c| c.outstanding()).sum()
     }
 
-    pub fn closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+    pub fn policy(&self) -> MpPolicy {
+        self.session
+            .get()
+            .map_or(self.params.mp_policy, Session::policy)
     }
 
-    pub fn close_session(&self) {
-        if let Some(s) = self.session.get() {
-            s.close();
-        }
+    /// Why no path can ever connect as configured, when every path of the session was
+    /// refused for good (authentication failed).
+    fn refused(&self) -> Option<String> {
+        let s = self.session.get()?;
+        let why: Option<Vec<String>> = s.paths().iter().map(|(a, _)| s.path_failure(*a)).collect();
+        why.filter(|w| !w.is_empty()).map(|w| w.join("; "))
     }
 
-    pub fn session_gone(&self) -> bool {
+    fn session_gone(&self) -> bool {
         self.session.get().map_or(true, |s| s.paths().is_empty())
     }
 
-    pub fn log_io_error(&self, e: &dyn std::fmt::Display) {
-        let now = rtrs_spdk::spdk::now_ns();
-        let last = self.last_err_log.load(Ordering::Relaxed);
-        if now.saturating_sub(last) > 1_000_000_000
-            && self
-                .last_err_log
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!("rtrs bdev {}: IO refused: {e}", self.params.name);
-        }
-    }
-
-    /// OPEN succeeded (home core): register the bdev on the application thread.
-    pub fn opened(self: &Arc<Self>, info: DeviceInfo) {
+    /// OPEN succeeded (home core): the creator registers the bdev on the application
+    /// thread.
+    fn opened(&self, info: DeviceInfo) {
         let _ = self.info.set(info);
-        let disk = Arc::clone(self);
-        let post = SpdkThread::app().map(|t| t.send(move || disk.register()));
+        let Some(disk) = self.me.upgrade() else {
+            return;
+        };
+        let post = SpdkThread::app().map(|t| t.send(move || disk.announce()));
         if !matches!(post, Some(Ok(()))) {
             self.open_failed("could not reach the application thread to register the bdev");
         }
     }
 
-    /// OPEN (or the session) failed: answer the RPC and tear down.
-    pub fn open_failed(&self, why: &str) {
+    /// On the application thread: hands the opened disk to the creator, unless it
+    /// failed meanwhile.
+    fn announce(self: Arc<Self>) {
+        if !matches!(*lock(&self.phase), Phase::Registering) {
+            return;
+        }
+        // Taken first: the callback may report a failure, which looks at `on_open`.
+        let cb = lock(&self.on_open).take();
+        if let Some(cb) = cb {
+            cb(Ok(&self));
+        }
+    }
+
+    /// The creator registered the bdev: the disk is open; `on_closed` releases the bdev
+    /// once the disk is down.
+    pub fn set_open(&self, on_closed: OnClosed) {
+        let mut phase = lock(&self.phase);
+        match &mut *phase {
+            Phase::Registering => *phase = Phase::Open { on_closed },
+            Phase::Closing { on_closed: c, .. } if c.is_none() => *c = Some(on_closed),
+            _ => tracing::error!("rtrs bdev {}: registered twice", self.params.name),
+        }
+    }
+
+    /// Opening failed (the session, OPEN, or the bdev's registration): the creator is
+    /// told (unless it is the one reporting it) and the disk tears down. Returns the
+    /// message, which names the device and session.
+    pub fn open_failed(&self, why: &str) -> String {
         let msg = format!(
             "bdev_rtrs_create: 'device' = {:?} over session {:?}: {why}",
             self.params.device, self.params.sessname
         );
         tracing::error!("{msg}");
-        if let Some(req) = self.pending.lock().ok().and_then(|mut p| p.take()) {
-            req.error(-libc::ENODEV, &msg);
-        }
-        self.closing.store(true, Ordering::Release);
-    }
-
-    /// On the application thread: io_device and bdev registration, then the answer.
-    fn register(self: Arc<Self>) {
-        let Some(info) = self.info.get().copied() else {
-            return;
-        };
-        if self.closing() {
-            return;
-        }
-        let bs = info.logical_block_size;
-        let blocks = |bytes: u64| u32::try_from(bytes / u64::from(bs)).unwrap_or(u32::MAX);
-        let name = CString::new(self.params.name.clone()).unwrap_or_default();
-        let mut b = Box::<rtrs_spdk::spdk::sys::spdk_bdev>::default();
-        b.name = name.into_raw();
-        b.product_name = c"RTRS disk".as_ptr().cast_mut();
-        b.blocklen = bs;
-        b.phys_blocklen = info.physical_block_size.max(bs);
-        b.blockcnt = info.size / u64::from(bs);
-        b.write_cache = c_int::from(info.write_cache);
-        b.max_rw_size = blocks(u64::from(info.max_io_size)).max(1);
-        b.optimal_io_boundary = b.max_rw_size;
-        b.max_num_segments = channel::MAX_IOVS;
-        b.max_unmap = blocks(info.max_discard.min(u64::from(u32::MAX)));
-        b.max_unmap_segments = 1;
-        b.max_write_zeroes = blocks(info.max_write_zeroes.min(u64::from(u32::MAX)));
-        b.module = super::module_ptr();
-        b.fn_table = fn_table();
-        let me = Arc::into_raw(Arc::clone(&self)).cast_mut().cast::<c_void>();
-        b.ctxt = me;
-        let bdev = Box::into_raw(b);
-        // SAFETY: `me` is the disk, kept alive by the reference held in `ctxt` until
-        // destruct; the callbacks are ours; the name is copied.
-        unsafe {
-            rtrs_spdk::spdk::sys::spdk_io_device_register(
-                me,
-                Some(channel::chan_create),
-                Some(channel::chan_destroy),
-                channel::chan_ctx_size(),
-                (*bdev).name,
-            );
-        }
-        // SAFETY: a fully set up bdev, registered once on the application thread.
-        let rc = unsafe { rtrs_spdk::spdk::sys::spdk_bdev_register(bdev) };
-        if rc != 0 {
-            // SAFETY: registration failed, so SPDK keeps nothing of the bdev.
-            unsafe {
-                rtrs_spdk::spdk::sys::spdk_io_device_unregister(me, None);
-                free_bdev(bdev);
+        {
+            let mut phase = lock(&self.phase);
+            if matches!(*phase, Phase::Opening { .. } | Phase::Registering) {
+                *phase = Phase::Closing {
+                    step: CloseStep::Start,
+                    on_closed: None,
+                };
             }
-            self.open_failed(&format!("spdk_bdev_register failed: {}", errno_str(rc)));
-            return;
         }
-        self.bdev.store(bdev, Ordering::Release);
-        tracing::info!(
-            "rtrs bdev {}: {} blocks of {} B, max IO {} B",
-            self.params.name,
-            info.size / u64::from(bs),
-            bs,
-            info.max_io_size
-        );
-        if let Some(req) = self.pending.lock().ok().and_then(|mut p| p.take()) {
-            req.ok(json!(self.params.name));
+        let cb = lock(&self.on_open).take();
+        if let Some(cb) = cb {
+            cb(Err(CreateError::OpenFailed(msg.clone())));
         }
+        msg
     }
 
-    /// `destruct` (application thread): unregister the io_device, then close.
-    pub fn destruct(self: &Arc<Self>) {
-        let me = Arc::as_ptr(self).cast_mut().cast::<c_void>();
-        // SAFETY: our io_device; the callback runs once every channel is gone.
-        unsafe { rtrs_spdk::spdk::sys::spdk_io_device_unregister(me, Some(io_device_gone)) };
+    /// The io_device is gone (every channel is): the disk closes.
+    pub fn close(&self) {
+        let mut phase = lock(&self.phase);
+        if !matches!(*phase, Phase::Open { .. }) {
+            return;
+        }
+        if let Phase::Open { on_closed } = std::mem::replace(&mut *phase, Phase::Closed) {
+            *phase = Phase::Closing {
+                step: CloseStep::Start,
+                on_closed: Some(on_closed),
+            };
+        }
     }
 
     /// Stops the disk's threads (from the home core, at the end of closing) and finishes.
-    pub fn stop(self: &Arc<Self>) {
-        let disk = Arc::clone(self);
+    fn stop(&self) {
+        let Some(disk) = self.me.upgrade() else {
+            return;
+        };
         let post = SpdkThread::app().map(|t| {
             t.send(move || {
                 let d = Arc::clone(&disk);
@@ -248,115 +301,146 @@ impl Disk {
         }
     }
 
-    /// Everything is down: tell the bdev layer and forget the disk.
+    /// Everything is down (application thread): release the bdev and forget the disk.
     fn finished(self: Arc<Self>) {
         registry().retain(|d| !Arc::ptr_eq(d, &self));
-        let bdev = self.bdev.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !bdev.is_null() {
-            // SAFETY: the bdev was registered by us and is being destructed; SPDK is done
-            // with it once destruct_done returns.
-            unsafe {
-                rtrs_spdk::spdk::sys::spdk_bdev_destruct_done(bdev, 0);
-                let ctxt = (*bdev).ctxt;
-                free_bdev(bdev);
-                drop(Arc::from_raw(ctxt.cast::<Disk>().cast_const()));
+        let on_closed = match std::mem::replace(&mut *lock(&self.phase), Phase::Closed) {
+            Phase::Open { on_closed } => Some(on_closed),
+            Phase::Closing { on_closed, .. } => on_closed,
+            _ => None,
+        };
+        if let Some(f) = on_closed {
+            f();
+        }
+    }
+
+    /// Opening: fails the create once every path was refused for good or the deadline
+    /// passed (saying what the paths ran into, not just "timed out").
+    fn check_opening(&self, now: u64) {
+        let Phase::Opening { deadline } = *lock(&self.phase) else {
+            return;
+        };
+        if let Some(why) = self.refused() {
+            // Every path refused for good: waiting cannot help.
+            self.open_failed(&why);
+        } else if deadline <= now {
+            let last: Vec<String> = self
+                .session()
+                .map(|s| s.path_errors())
+                .unwrap_or_default()
+                .iter()
+                .map(|(p, e)| format!("{p}: {e}"))
+                .collect();
+            self.open_failed(&format!(
+                "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
+                self.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!("; latest attempts: {}", last.join("; "))
+                }
+            ));
+        }
+    }
+
+    fn set_close_step(&self, step: CloseStep) {
+        if let Phase::Closing { step: s, .. } = &mut *lock(&self.phase) {
+            *s = step;
+        }
+    }
+}
+
+impl PortDisk for Disk {
+    fn slot(&self, core: usize) -> &CoreSlot {
+        &self.slots[core]
+    }
+
+    fn io_refused(&self, e: &dyn std::fmt::Display) {
+        let now = rtrs_spdk::spdk::now_ns();
+        let last = self.last_err_log.load(Ordering::Relaxed);
+        if now.saturating_sub(last) > 1_000_000_000
+            && self
+                .last_err_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!("rtrs bdev {}: IO refused: {e}", self.params.name);
+        }
+    }
+
+    /// OPEN's answer, CLOSE's, a re-open after a reconnect.
+    fn admin_event(&self, ev: ClientEvent) {
+        let opening = || matches!(*lock(&self.phase), Phase::Opening { .. });
+        match ev {
+            ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
+            ClientEvent::Opened { info, remap, .. } => {
+                if remap {
+                    tracing::info!(
+                        "rtrs bdev {}: device {} re-opened after a reconnect",
+                        self.params.name,
+                        self.params.device
+                    );
+                } else if opening() {
+                    *lock(&self.phase) = Phase::Registering;
+                    self.opened(info);
+                }
+            }
+            ClientEvent::OpenFailed { error, .. } => {
+                if opening() {
+                    self.open_failed(&error.to_string());
+                    // No device to close.
+                    self.set_close_step(CloseStep::CloseSent(0));
+                } else {
+                    tracing::warn!(
+                        "rtrs bdev {}: re-opening device {} failed: {error}",
+                        self.params.name,
+                        self.params.device
+                    );
+                }
+            }
+            ClientEvent::Closed { .. } => {
+                let mut phase = lock(&self.phase);
+                if let Phase::Closing { step, .. } = &mut *phase {
+                    if let CloseStep::CloseSent(_) = step {
+                        *step = CloseStep::CloseSent(0);
+                    }
+                }
+            }
+            ClientEvent::SessInfo(Err(e)) => {
+                tracing::warn!("rtrs bdev {}: SESS_INFO failed: {e}", self.params.name);
             }
         }
     }
 
-    /// Why no path can ever connect as configured, when every path of the session was
-    /// refused for good (authentication failed).
-    pub fn refused(&self) -> Option<String> {
-        let s = self.session.get()?;
-        let why: Option<Vec<String>> = s.paths().iter().map(|(a, _)| s.path_failure(*a)).collect();
-        why.filter(|w| !w.is_empty()).map(|w| w.join("; "))
-    }
-
-    pub fn policy(&self) -> MpPolicy {
-        self.session
-            .get()
-            .map_or(self.params.mp_policy, Session::policy)
-    }
-
-    /// `bdev_rtrs_create`'s params as they would rebuild this disk now.
-    pub fn config(&self) -> Value {
-        let paths = self.paths.lock().map(|p| p.clone()).unwrap_or_default();
-        self.params.to_json(self.policy(), &paths)
-    }
-
-    /// `bdev_rtrs_get_sessions`' entry.
-    pub fn describe(&self) -> Value {
-        let stats: Value = self
-            .session
-            .get()
-            .and_then(|s| serde_json::to_value(s.stats()).ok())
-            .unwrap_or(Value::Null);
-        let paths: Vec<Value> = self.session.get().map_or_else(Vec::new, |s| {
-            s.paths()
-                .into_iter()
-                .map(|(a, st)| {
-                    let mut p = json!({"path": a.to_string(), "state": st.name()});
-                    if let Some(f) = s.path_failure(a) {
-                        p["failure"] = json!(f);
-                    }
-                    p
-                })
-                .collect()
-        });
-        let state = if self.closing() {
-            "closing"
-        } else if self.is_open() {
-            "open"
-        } else {
-            "opening"
+    /// After each poll of the home port: the opening deadline, then closing's steps
+    /// (CLOSE, close the session, wait for its paths, stop the threads).
+    fn home_step(&self, cx: &mut dyn Ctx, rnbd: &mut RnbdClient<SessionCore>, dev: DevHandle) {
+        let now = cx.now();
+        self.check_opening(now);
+        let step = match *lock(&self.phase) {
+            Phase::Closing { step, .. } => step,
+            _ => return,
         };
-        let mut v = json!({
-            "name": self.params.name,
-            "sessname": self.params.sessname,
-            "device": self.params.device,
-            "access_mode": access_name(self.params.access_mode),
-            "mp_policy": self.policy().name(),
-            "write_zeroes": self.params.write_zeroes.as_str(),
-            "state": state,
-            "paths_up": self.session.get().map_or(0, Session::paths_up),
-            "paths": paths,
-            "stats": stats,
-        });
-        if let Some(i) = self.info.get() {
-            v["device_info"] = json!({
-                "device_id": i.device_id,
-                "size": i.size,
-                "logical_block_size": i.logical_block_size,
-                "physical_block_size": i.physical_block_size,
-                "max_io_size": i.max_io_size,
-                "max_discard": i.max_discard,
-                "max_write_zeroes": i.max_write_zeroes,
-                "server_max_write_zeroes": i.server_max_write_zeroes,
-                "write_cache": i.write_cache,
-            });
-        }
-        v
-    }
-}
-
-unsafe extern "C" fn io_device_gone(io_device: *mut c_void) {
-    // SAFETY: the disk's address; the bdev's reference keeps it alive until finished().
-    let disk = unsafe {
-        Arc::increment_strong_count(io_device as *const Disk);
-        Arc::from_raw(io_device as *const Disk)
-    };
-    disk.closing.store(true, Ordering::Release);
-}
-
-/// # Safety
-/// `bdev` must come from `Box::into_raw` in `register`, with its name from
-/// `CString::into_raw`, and no longer be known to SPDK.
-unsafe fn free_bdev(bdev: *mut rtrs_spdk::spdk::sys::spdk_bdev) {
-    // SAFETY: per the contract.
-    unsafe {
-        let b = Box::from_raw(bdev);
-        if !b.name.is_null() {
-            drop(CString::from_raw(b.name));
+        match step {
+            CloseStep::Start => {
+                let next = if rnbd.close(cx, dev).is_ok() {
+                    CloseStep::CloseSent(now + CLOSE_WAIT_NS)
+                } else {
+                    CloseStep::CloseSent(0)
+                };
+                self.set_close_step(next);
+            }
+            CloseStep::CloseSent(deadline) if deadline <= now => {
+                if let Some(s) = self.session.get() {
+                    s.close();
+                }
+                self.set_close_step(CloseStep::Draining(now + CLOSE_WAIT_NS));
+            }
+            CloseStep::Draining(deadline) if deadline <= now || self.session_gone() => {
+                self.set_close_step(CloseStep::Stopping);
+                self.stop();
+            }
+            _ => {}
         }
     }
 }
@@ -369,79 +453,11 @@ pub fn errno_str(rc: i32) -> String {
     std::io::Error::from_raw_os_error(rc.abs()).to_string()
 }
 
-/// The disk's cores: core 0 (home) is the calling thread — the application thread, which
-/// every SPDK application polls, even one without reactors such as fio's `spdk_bdev`
-/// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
-/// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
-///
-/// The disk's own pollers (a port nobody else owns, the session's control work) run at
-/// most every [`DISK_POLL_US`]: the IO fast path is the channels' pollers, and a thread
-/// that has only timed pollers may sleep (fio's initialisation thread does).
-fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
-    let me = SpdkThread::current().ok_or("not called on an SPDK thread")?;
-    let cpus = app_cores();
-    let mut threads = vec![me];
-    for &c in cpus.iter().skip(1) {
-        match SpdkThread::create_on(&format!("rtrs_{name}_{c}"), c) {
-            Some(t) => threads.push(t),
-            None => {
-                for t in threads.drain(1..) {
-                    let _ = t.exit();
-                }
-                return Err(format!("spdk_thread_create failed for core {c}"));
-            }
-        }
-    }
-    let driver = Driver::adopt_with_period(&threads, DISK_POLL_US).map_err(|e| e.to_string())?;
-    Ok((driver, cpus))
-}
-
-/// Drops every core's pollers, lets the threads of ours exit, then runs `done` on the
-/// calling thread (core 0's, the application thread).
-fn stop_driver<F: FnOnce() + Send + 'static>(driver: &Arc<Driver>, done: F) {
-    for k in 1..driver.cores() {
-        let d = Arc::clone(driver);
-        let sent = driver.run_on(k, move |_cx| {
-            d.shutdown_core();
-            d.drop_core();
-            if let Some(t) = d.thread(k) {
-                if t.exit().is_err() {
-                    tracing::warn!("rtrs bdev: core {k}'s thread could not be told to exit");
-                }
-            }
-        });
-        if sent.is_err() {
-            tracing::warn!("rtrs bdev: could not stop core {k}");
-        }
-    }
-    driver.shutdown_core();
-    driver.drop_core();
-    // Core k's message runs before any later message to the same thread: post `done` behind
-    // a round trip through the last core so the other cores' pollers are gone first.
-    match driver.cores() {
-        1 => done(),
-        n => {
-            let back = SpdkThread::current();
-            let sent = driver.run_on(n - 1, move |_cx| match back {
-                Some(t) => {
-                    if t.send(done).is_err() {
-                        tracing::error!("rtrs bdev: could not post the stop completion");
-                    }
-                }
-                None => done(),
-            });
-            if sent.is_err() {
-                tracing::error!(
-                    "rtrs bdev: could not reach core {} to finish stopping",
-                    n - 1
-                );
-            }
-        }
-    }
-}
-
-/// `bdev_rtrs_create`: starts the session; `req` is answered when OPEN completes.
-pub fn create(req: RpcRequest, params: CreateParams) {
+/// Creates the disk named in `params` (`bdev_rtrs_create`): checks the name, the paths'
+/// keys and fabric, starts the disk's threads and, on the home core, the session and
+/// OPEN. `on_open` is called once: at once when the disk cannot be created, else with
+/// OPEN's outcome.
+pub fn create(params: CreateParams, on_open: OnOpen) {
     const M: &str = "bdev_rtrs_create";
     let name = params.name.clone();
     let taken = registry().iter().any(|d| d.name() == name) || {
@@ -450,33 +466,28 @@ pub fn create(req: RpcRequest, params: CreateParams) {
         !unsafe { rtrs_spdk::spdk::sys::spdk_bdev_get_by_name(c.as_ptr()) }.is_null()
     };
     if taken {
-        req.invalid(&format!(
+        return on_open(Err(CreateError::Invalid(format!(
             "{M}: 'name' = {name:?}: a bdev with this name exists"
-        ));
-        return;
+        ))));
     }
     let psks = match path_keys(&params.paths, |i| format!("paths[{i}].")) {
         Ok(k) => k,
-        Err(e) => return req.invalid(&format!("{M}: {e}")),
+        Err(e) => return on_open(Err(CreateError::Invalid(format!("{M}: {e}")))),
     };
     // All paths use paths[0]'s transport (params checked it); open its fabric.
     let transport = params.paths[0].transport;
     let fabric = match client_fabric(transport) {
         Ok(f) => f,
         Err(e) => {
-            req.invalid(&format!(
+            return on_open(Err(CreateError::Invalid(format!(
                 "{M}: 'paths[0].transport' = {:?}: {e}",
                 transport.name()
-            ));
-            return;
+            ))));
         }
     };
     let (driver, cpus) = match make_driver(&name) {
         Ok(d) => d,
-        Err(e) => {
-            req.error(-libc::ENOMEM, &format!("{M}: {e}"));
-            return;
-        }
+        Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
     };
     // A port may be owned by channels on its core's CPU: core k's thread runs on cpus[k];
     // core 0 is the calling thread, on whatever core it runs (none: no channel owns it).
@@ -485,7 +496,8 @@ pub fn create(req: RpcRequest, params: CreateParams) {
     let slots = (0..driver.cores())
         .map(|k| CoreSlot::new(if k == 0 { home_cpu } else { cpus[k] }))
         .collect();
-    let disk = Arc::new(Disk {
+    let disk = Arc::new_cyclic(|me| Disk {
+        me: me.clone(),
         paths: Mutex::new(params.paths.clone()),
         psks,
         params,
@@ -496,9 +508,8 @@ pub fn create(req: RpcRequest, params: CreateParams) {
         chans: Mutex::new(Vec::new()),
         session: OnceLock::new(),
         info: OnceLock::new(),
-        bdev: AtomicPtr::new(ptr::null_mut()),
-        pending: Mutex::new(Some(req)),
-        closing: AtomicBool::new(false),
+        phase: Mutex::new(Phase::Opening { deadline: u64::MAX }),
+        on_open: Mutex::new(Some(on_open)),
         last_err_log: AtomicU64::new(0),
     });
     registry().push(Arc::clone(&disk));
@@ -556,9 +567,10 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         Ok(d) => d,
         Err(e) => return fail(&disk, e.to_string()),
     };
+    let port_disk = |d: &Arc<Disk>| -> Arc<dyn PortDisk> { Arc::clone(d) as Arc<dyn PortDisk> };
     for (i, sc) in cores.enumerate() {
         let k = i + 1;
-        let (d, core) = (Arc::clone(&disk), RnbdCore::new(sc, Arc::clone(&shared)));
+        let (d, core) = (port_disk(&disk), RnbdCore::new(sc, Arc::clone(&shared)));
         let sent = cx.defer(k, move |cx: &mut dyn Ctx| {
             cx.register(Box::new(CorePoller::new(PortState::other(d, k, core, dev))));
         });
@@ -566,9 +578,13 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
             tracing::error!("rtrs bdev {}: could not start core {k}", disk.params.name);
         }
     }
-    let wait = disk.params.io_timeout_sec.max(super::core::OPEN_WAIT_MIN_S);
-    let deadline = cx.now() + wait * 1_000_000_000;
+    let wait = disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S);
+    if let Phase::Opening { deadline } = &mut *lock(&disk.phase) {
+        *deadline = cx.now() + wait * 1_000_000_000;
+    }
     cx.register(Box::new(CorePoller::new(PortState::home(
-        disk, rnbd, dev, deadline,
+        port_disk(&disk),
+        rnbd,
+        dev,
     ))));
 }

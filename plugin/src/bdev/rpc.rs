@@ -1,5 +1,6 @@
 //! The client side's JSON-RPC methods: decode the parameters (errors name the field),
-//! call the disk's API, answer. `bdev_rtrs_create` answers later, when OPEN completes.
+//! call the disk's API, answer. `bdev_rtrs_create` answers later, when OPEN completes and
+//! the bdev is registered.
 //! Like every bdev-creating method in SPDK it is a RUNTIME method: `--json` configurations
 //! replay it right after the subsystems are initialized (in the STARTUP phase the bdev
 //! and accel layers do not exist yet, so a bdev registered then has no channels).
@@ -12,11 +13,13 @@ use std::sync::Arc;
 use rtrs_spdk::spdk::{sys, RpcRequest};
 use serde_json::{json, Value};
 
-use super::disk::Disk;
+use super::disk::{self, errno_str, find, CreateError, Disk};
+use super::fabric::client_fabric;
+use super::info::describe;
+use super::module::{self, module_ptr};
 use super::params::{
     decode_path_rpc, opt_str, parse_policy, path_keys, req_str, CreateParams, PathParam,
 };
-use super::{disk, find, registry};
 use crate::rpc::{register, rpc_handler, Params, RUNTIME};
 
 rpc_handler!(c_create => create);
@@ -36,19 +39,32 @@ pub fn register_rpcs() {
     register(c"bdev_rtrs_set_mp_policy", Some(c_set_mp_policy), RUNTIME);
 }
 
+/// Answered once the disk is open and its bdev registered (with the bdev's name), or
+/// with why not.
 fn create(req: RpcRequest, v: Value) {
-    match CreateParams::decode(&v) {
-        Ok(p) => disk::create(req, p),
-        Err(e) => req.invalid(&e),
-    }
+    let params = match CreateParams::decode(&v) {
+        Ok(p) => p,
+        Err(e) => return req.invalid(&e),
+    };
+    let name = params.name.clone();
+    disk::create(
+        params,
+        Box::new(move |opened| {
+            let registered = opened.and_then(|d| {
+                module::register(d).map_err(|why| CreateError::OpenFailed(d.open_failed(&why)))
+            });
+            match registered {
+                Ok(()) => req.ok(json!(name)),
+                Err(CreateError::Invalid(e)) => req.invalid(&e),
+                Err(CreateError::NoMemory(e)) => req.error(-libc::ENOMEM, &e),
+                Err(CreateError::OpenFailed(e)) => req.error(-libc::ENODEV, &e),
+            }
+        }),
+    );
 }
 
 /// The open disk named by the `name` parameter.
-fn named(
-    method: &'static str,
-    v: &Value,
-    known: &[&str],
-) -> Result<std::sync::Arc<disk::Disk>, String> {
+fn named(method: &'static str, v: &Value, known: &[&str]) -> Result<Arc<Disk>, String> {
     let p = Params::new(method, v)?;
     p.only(known)?;
     let name = req_str(method, v, "name")?;
@@ -66,7 +82,7 @@ unsafe extern "C" fn unregistered(arg: *mut c_void, rc: i32) {
         u.req.ok(json!(true));
     } else {
         u.req
-            .error(rc, &format!("bdev_rtrs_delete: {}", disk::errno_str(rc)));
+            .error(rc, &format!("bdev_rtrs_delete: {}", errno_str(rc)));
     }
 }
 
@@ -76,7 +92,7 @@ fn delete(req: RpcRequest, v: Value) {
         Ok(d) => d,
         Err(e) => return req.invalid(&e),
     };
-    if !d.is_open() || d.closing() {
+    if !d.is_open() {
         return req.invalid(&format!(
             "{M}: 'name' = {:?}: the bdev is still being created or already being deleted",
             d.name()
@@ -87,19 +103,14 @@ fn delete(req: RpcRequest, v: Value) {
     // SAFETY: unregister by name on the RPC (application) thread; the callback takes
     // the box back exactly once.
     let rc = unsafe {
-        sys::spdk_bdev_unregister_by_name(
-            name.as_ptr(),
-            super::module_ptr(),
-            Some(unregistered),
-            arg,
-        )
+        sys::spdk_bdev_unregister_by_name(name.as_ptr(), module_ptr(), Some(unregistered), arg)
     };
     if rc != 0 {
         // SAFETY: not queued: the box is still ours.
         let u = unsafe { Box::from_raw(arg.cast::<Unregister>()) };
         u.req.error(
             rc,
-            &format!("{M}: spdk_bdev_unregister_by_name: {}", disk::errno_str(rc)),
+            &format!("{M}: spdk_bdev_unregister_by_name: {}", errno_str(rc)),
         );
     }
 }
@@ -116,13 +127,13 @@ fn get_sessions(req: RpcRequest, v: Value) {
     match opt_str(M, &v, "name") {
         Err(e) => req.invalid(&e),
         Ok(Some(name)) => match find(name) {
-            Some(d) => req.ok(json!([d.describe()])),
+            Some(d) => req.ok(json!([describe(&d)])),
             None => req.invalid(&format!(
                 "{M}: 'name' = {name:?}: no rtrs bdev of that name"
             )),
         },
         Ok(None) => {
-            let all: Vec<Value> = registry().iter().map(|d| d.describe()).collect();
+            let all: Vec<Value> = disk::all().iter().map(|d| describe(d)).collect();
             req.ok(Value::Array(all));
         }
     }
@@ -148,7 +159,7 @@ fn add_path(req: RpcRequest, v: Value) {
         Err(e) => return req.invalid(&e),
     };
     // The path's fabric must open (rdma: an RDMA device) before anything else is said.
-    if let Err(e) = super::client_fabric(path.transport) {
+    if let Err(e) = client_fabric(path.transport) {
         return req.invalid(&format!(
             "{M}: 'transport' = {:?}: {e}",
             path.transport.name()

@@ -1,0 +1,236 @@
+//! The `rtrs` bdev module as SPDK sees it (SPDK's `module/bdev/null` and `passthru`
+//! shape): the module's callbacks (`module_init`, `module_fini`, `config_json`,
+//! `get_ctx_size`), the bdevs' function table (`destruct`, `submit_request`,
+//! `io_type_supported`, `get_io_channel`, `dump_info_json`, `write_config_json`), and
+//! [`register`], which turns an opened disk into a registered `spdk_bdev` whose
+//! io_device is the disk (its channels are [`super::channel`]'s).
+
+use std::ffi::{c_int, c_void, CString};
+use std::sync::{Arc, OnceLock};
+
+use rtrs_spdk::spdk::json::write_value;
+use rtrs_spdk::spdk::{sys, BdevIoType};
+use serde_json::json;
+
+use super::channel;
+use super::disk::{errno_str, Disk};
+use super::fabric;
+use super::info;
+use super::task;
+
+extern "C" {
+    /// The module structure, defined by the shim's `SPDK_BDEV_MODULE_REGISTER`.
+    fn rtrs_bdev_module() -> *mut sys::spdk_bdev_module;
+}
+
+pub fn module_ptr() -> *mut sys::spdk_bdev_module {
+    // SAFETY: a plain accessor of a static in the shim.
+    unsafe { rtrs_bdev_module() }
+}
+
+/// `module_init`: nothing to set up before the first `bdev_rtrs_create`.
+#[no_mangle]
+pub extern "C" fn rtrs_bdev_module_init() -> c_int {
+    0
+}
+
+/// `module_fini`: every bdev is gone (the bdev layer unregistered them); release SPDK's
+/// memory from the fabrics.
+#[no_mangle]
+pub extern "C" fn rtrs_bdev_module_fini() {
+    fabric::release_all();
+}
+
+/// `config_json`: no module-wide options; each bdev writes its own create call.
+#[no_mangle]
+pub extern "C" fn rtrs_bdev_module_config_json(_w: *mut sys::spdk_json_write_ctx) -> c_int {
+    0
+}
+
+/// `get_ctx_size`: per-IO driver context in `spdk_bdev_io` (the task).
+#[no_mangle]
+pub extern "C" fn rtrs_bdev_module_ctx_size() -> c_int {
+    task::task_size()
+}
+
+/// # Safety
+/// `ctx` must be a bdev's `ctxt` (or its io_device): a disk address from
+/// `Arc::into_raw`, still held.
+unsafe fn disk_of(ctx: *mut c_void) -> Arc<Disk> {
+    // SAFETY: per the contract the pointer came from Arc::into_raw and is alive; the
+    // count is raised first, so the returned Arc owns a reference of its own.
+    unsafe {
+        Arc::increment_strong_count(ctx.cast_const().cast::<Disk>());
+        Arc::from_raw(ctx.cast_const().cast::<Disk>())
+    }
+}
+
+/// A registered bdev, released once its disk is down.
+struct Registered(*mut sys::spdk_bdev);
+
+// SAFETY: the bdev is only touched on the application thread, where the disk finishes
+// (Disk::finished runs there); the handle merely travels inside the disk.
+unsafe impl Send for Registered {}
+
+impl Registered {
+    /// Tells the bdev layer the destruct is done and frees the bdev with the disk
+    /// reference its `ctxt` held.
+    fn release(self) {
+        let bdev = self.0;
+        // SAFETY: the bdev was registered by `register` and is being destructed; SPDK is
+        // done with it once destruct_done returns. Its ctxt holds a disk reference from
+        // Arc::into_raw, given back once, here.
+        unsafe {
+            sys::spdk_bdev_destruct_done(bdev, 0);
+            let ctxt = (*bdev).ctxt;
+            free_bdev(bdev);
+            drop(Arc::from_raw(ctxt.cast::<Disk>().cast_const()));
+        }
+    }
+}
+
+/// On the application thread, once OPEN answered: registers the disk's io_device and
+/// its bdev, whose geometry comes from the device's info. The disk is open afterwards.
+///
+/// # Errors
+/// No device info yet, or `spdk_bdev_register` failed (named, with its errno).
+pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
+    let info = *disk.info().ok_or("registered before OPEN answered")?;
+    let bs = info.logical_block_size;
+    let blocks = |bytes: u64| u32::try_from(bytes / u64::from(bs)).unwrap_or(u32::MAX);
+    let name = CString::new(disk.params.name.clone()).unwrap_or_default();
+    let mut b = Box::<sys::spdk_bdev>::default();
+    b.name = name.into_raw();
+    b.product_name = c"RTRS disk".as_ptr().cast_mut();
+    b.blocklen = bs;
+    b.phys_blocklen = info.physical_block_size.max(bs);
+    b.blockcnt = info.size / u64::from(bs);
+    b.write_cache = c_int::from(info.write_cache);
+    b.max_rw_size = blocks(u64::from(info.max_io_size)).max(1);
+    b.optimal_io_boundary = b.max_rw_size;
+    b.max_num_segments = task::MAX_IOVS;
+    b.max_unmap = blocks(info.max_discard.min(u64::from(u32::MAX)));
+    b.max_unmap_segments = 1;
+    b.max_write_zeroes = blocks(info.max_write_zeroes.min(u64::from(u32::MAX)));
+    b.module = module_ptr();
+    b.fn_table = fn_table();
+    let me = Arc::into_raw(Arc::clone(disk)).cast_mut().cast::<c_void>();
+    b.ctxt = me;
+    let bdev = Box::into_raw(b);
+    // SAFETY: `me` is the disk, kept alive by the reference held in `ctxt` until the
+    // bdev is released; the callbacks are ours; the name is copied.
+    unsafe {
+        sys::spdk_io_device_register(
+            me,
+            Some(channel::chan_create),
+            Some(channel::chan_destroy),
+            channel::chan_ctx_size(),
+            (*bdev).name,
+        );
+    }
+    // SAFETY: a fully set up bdev, registered once on the application thread.
+    let rc = unsafe { sys::spdk_bdev_register(bdev) };
+    if rc != 0 {
+        // SAFETY: registration failed, so SPDK keeps nothing of the bdev; the reference
+        // `ctxt` held is given back.
+        unsafe {
+            sys::spdk_io_device_unregister(me, None);
+            free_bdev(bdev);
+            drop(Arc::from_raw(me.cast_const().cast::<Disk>()));
+        }
+        return Err(format!("spdk_bdev_register failed: {}", errno_str(rc)));
+    }
+    let registered = Registered(bdev);
+    disk.set_open(Box::new(move || registered.release()));
+    tracing::info!(
+        "rtrs bdev {}: {} blocks of {} B, max IO {} B",
+        disk.params.name,
+        info.size / u64::from(bs),
+        bs,
+        info.max_io_size
+    );
+    Ok(())
+}
+
+/// # Safety
+/// `bdev` must come from `Box::into_raw` in `register`, with its name from
+/// `CString::into_raw`, and no longer be known to SPDK.
+unsafe fn free_bdev(bdev: *mut sys::spdk_bdev) {
+    // SAFETY: per the contract.
+    unsafe {
+        let b = Box::from_raw(bdev);
+        if !b.name.is_null() {
+            drop(CString::from_raw(b.name));
+        }
+    }
+}
+
+/// `destruct` (application thread): unregister the io_device; once its channels are
+/// gone the disk closes.
+unsafe extern "C" fn destruct(ctx: *mut c_void) -> c_int {
+    // SAFETY: our io_device (the bdev's ctxt); the callback runs once every channel is
+    // gone.
+    unsafe { sys::spdk_io_device_unregister(ctx, Some(io_device_gone)) };
+    1
+}
+
+unsafe extern "C" fn io_device_gone(io_device: *mut c_void) {
+    // SAFETY: the disk's address; the bdev's reference keeps it alive until released.
+    unsafe { disk_of(io_device) }.close();
+}
+
+unsafe extern "C" fn io_type_supported(ctx: *mut c_void, ty: sys::spdk_bdev_io_type) -> bool {
+    // SAFETY: the bdev's ctxt.
+    let disk = unsafe { disk_of(ctx) };
+    let info = disk.info();
+    match BdevIoType::from_raw(ty) {
+        BdevIoType::Read | BdevIoType::Write | BdevIoType::Flush | BdevIoType::Reset => true,
+        BdevIoType::Unmap => info.is_some_and(|i| i.max_discard > 0),
+        BdevIoType::WriteZeroes => info.is_some_and(|i| i.max_write_zeroes > 0),
+        BdevIoType::Other(_) => false,
+    }
+}
+
+unsafe extern "C" fn get_io_channel(ctx: *mut c_void) -> *mut sys::spdk_io_channel {
+    // SAFETY: the disk is our io_device (registered before the bdev).
+    unsafe { sys::spdk_get_io_channel(ctx) }
+}
+
+unsafe extern "C" fn dump_info_json(ctx: *mut c_void, w: *mut sys::spdk_json_write_ctx) -> c_int {
+    // SAFETY: the bdev's ctxt.
+    let disk = unsafe { disk_of(ctx) };
+    // SAFETY: `w` is the live writer inside the bdev's driver_specific object.
+    unsafe {
+        sys::spdk_json_write_name(w, c"rtrs".as_ptr());
+        write_value(w, &info::describe(&disk));
+    }
+    0
+}
+
+unsafe extern "C" fn write_config_json(
+    bdev: *mut sys::spdk_bdev,
+    w: *mut sys::spdk_json_write_ctx,
+) {
+    // SAFETY: one of our bdevs.
+    let disk = unsafe { disk_of((*bdev).ctxt) };
+    let entry = json!({"method": "bdev_rtrs_create", "params": info::config(&disk)});
+    // SAFETY: `w` is the live writer of the bdev subsystem's config array.
+    unsafe { write_value(w, &entry) };
+}
+
+/// The bdevs' function table (built once; SPDK keeps the pointer).
+fn fn_table() -> *const sys::spdk_bdev_fn_table {
+    static TABLE: OnceLock<usize> = OnceLock::new();
+    *TABLE.get_or_init(|| {
+        let t = sys::spdk_bdev_fn_table {
+            destruct: Some(destruct),
+            submit_request: Some(channel::submit_request),
+            io_type_supported: Some(io_type_supported),
+            get_io_channel: Some(get_io_channel),
+            dump_info_json: Some(dump_info_json),
+            write_config_json: Some(write_config_json),
+            ..Default::default()
+        };
+        Box::into_raw(Box::new(t)) as usize
+    }) as *const sys::spdk_bdev_fn_table
+}

@@ -1,0 +1,173 @@
+//! One bdev IO's request as the rtrs bdev carries it (the kernel's `rnbd_iu`): the
+//! [`Task`] lives in the IO's `driver_ctx` (SPDK's per-IO context, `get_ctx_size` bytes),
+//! and a [`TaskRef`] is the one handle to it that travels — through a core's queue, as
+//! the tag of the RTRS request, back to its channel — until the IO is completed. What a
+//! channel shares with the ports that finish its tasks is [`ChanShared`].
+//!
+//! This is the one place that converts between the IO's `driver_ctx` and our task, and
+//! between a task and a request tag.
+
+use std::mem::{align_of, size_of};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rtrs_spdk::fabric::Sge;
+use rtrs_spdk::rnbd::client::BlockRequest;
+use rtrs_spdk::spdk::{sys, BdevIo};
+
+/// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
+pub const MAX_IOVS: u32 = 16;
+/// An iovec becomes at most two SGEs (it may straddle two fabric registrations).
+pub const TASK_SGES: usize = 2 * MAX_IOVS as usize;
+
+/// Our part of a bdev IO (its `driver_ctx`).
+pub struct Task {
+    io: BdevIo,
+    /// The channel the completion goes back to; it lives while the IO is outstanding
+    /// (SPDK destroys a channel only once its IO completed).
+    chan: NonNull<ChanShared>,
+    pub req: BlockRequest,
+    nsge: usize,
+    sgl: [Sge; TASK_SGES],
+}
+
+// The task is written at the start of `driver_ctx`, which is aligned as the IO.
+const _: () = assert!(align_of::<Task>() <= align_of::<sys::spdk_bdev_io>());
+
+/// Size of [`Task`] for the module's `get_ctx_size`.
+pub fn task_size() -> i32 {
+    size_of::<Task>() as i32
+}
+
+impl Task {
+    pub fn sges(&self) -> &[Sge] {
+        &self.sgl[..self.nsge]
+    }
+
+    /// The bdev IO with the scatter list to fill from its buffer, and the list's length.
+    pub fn sgl_mut(&mut self) -> (&BdevIo, &mut [Sge; TASK_SGES], &mut usize) {
+        (&self.io, &mut self.sgl, &mut self.nsge)
+    }
+
+    /// The channel the task belongs to.
+    pub fn chan(&self) -> &ChanShared {
+        // SAFETY: the channel outlives its outstanding IO (see the field).
+        unsafe { self.chan.as_ref() }
+    }
+}
+
+/// The handle of a live task: created once per bdev IO, moved (never copied) until the
+/// IO completes, which consumes it.
+pub struct TaskRef(NonNull<Task>);
+
+// SAFETY: the task is owned by whoever holds its one TaskRef; the handle moves between
+// threads through locks (a core's queue, a channel's done list), and the task's
+// contents (a BdevIo, which is Send, plain data, a pointer to the Sync ChanShared) may
+// be used from any thread.
+unsafe impl Send for TaskRef {}
+
+impl TaskRef {
+    /// Writes the task of `io` into its `driver_ctx`; `chan` is the submitting channel.
+    pub fn new(io: BdevIo, chan: &ChanShared, req: BlockRequest) -> TaskRef {
+        let at = io.driver_ctx().cast::<Task>();
+        // SAFETY: driver_ctx is `task_size()` bytes (our get_ctx_size), aligned for Task
+        // (checked above), ours until the IO completes; nothing else refers to it.
+        unsafe {
+            at.as_ptr().write(Task {
+                io,
+                chan: NonNull::from(chan),
+                req,
+                nsge: 0,
+                sgl: [Sge::default(); TASK_SGES],
+            });
+        }
+        TaskRef(at)
+    }
+
+    /// The tag the task's RTRS request carries.
+    pub fn tag(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+
+    /// The task whose request carried `tag`.
+    ///
+    /// # Safety
+    /// `tag` must come from [`tag`](Self::tag) of a task that is still live and whose
+    /// `TaskRef` was given up when its request was accepted (the request's completion
+    /// hands it back, once).
+    pub unsafe fn from_tag(tag: u64) -> TaskRef {
+        // SAFETY: per the contract the tag is a live task's address.
+        TaskRef(unsafe { NonNull::new_unchecked(tag as *mut Task) })
+    }
+
+    /// Whether the task belongs to `chan`.
+    pub fn is_of(&self, chan: &ChanShared) -> bool {
+        std::ptr::eq(self.chan(), chan)
+    }
+
+    /// Hands the finished task back to its channel, which completes it on its thread.
+    pub fn hand_back(self, errno: i32) {
+        let chan = self.chan;
+        // SAFETY: the channel outlives the task (see Task::chan).
+        let chan = unsafe { chan.as_ref() };
+        if let Ok(mut d) = chan.done.lock() {
+            d.push((self, errno));
+        }
+    }
+
+    /// The bdev IO, for completion: the task is over.
+    pub fn into_io(self) -> BdevIo {
+        // SAFETY: the task is live and this is its last use: the IO moves out once, and
+        // Task has no drop of its own to run.
+        unsafe { std::ptr::read(&self.0.as_ref().io) }
+    }
+}
+
+impl std::ops::Deref for TaskRef {
+    type Target = Task;
+    fn deref(&self) -> &Task {
+        // SAFETY: the task is live while its one handle exists.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl std::ops::DerefMut for TaskRef {
+    fn deref_mut(&mut self) -> &mut Task {
+        // SAFETY: as in deref; the handle is unique, so the borrow is exclusive.
+        unsafe { self.0.as_mut() }
+    }
+}
+
+/// What a channel shares with the ports that carry its IO and with resets.
+#[derive(Default)]
+pub struct ChanShared {
+    /// Finished tasks handed back by a port this channel does not own: task, errno.
+    pub done: Mutex<Vec<(TaskRef, i32)>>,
+    /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
+    submitted: AtomicU64,
+    completed: AtomicU64,
+}
+
+impl ChanShared {
+    /// Requests of this channel not completed yet.
+    pub fn outstanding(&self) -> u64 {
+        let done = self.completed.load(Ordering::Acquire);
+        self.submitted.load(Ordering::Acquire).saturating_sub(done)
+    }
+
+    /// One more IO taken (on the channel's thread only).
+    pub fn count_submitted(&self) {
+        bump(&self.submitted);
+    }
+
+    /// One more IO completed (on the channel's thread only).
+    pub fn count_completed(&self) {
+        bump(&self.completed);
+    }
+}
+
+/// Adds one to a counter only the calling thread writes: a plain load and store.
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+}

@@ -1,0 +1,83 @@
+//! The threads a disk's cores run on (the kernel's per-CPU queues of `rnbd-clt`, here SPDK
+//! threads): core 0 is the thread that creates the disk, core `k` a thread of ours on the
+//! `k`-th core of the application's cpumask; the engine's [`Driver`] runs the disk's
+//! pollers on them. [`make_driver`] starts them, [`stop_driver`] drops their pollers and
+//! lets ours exit.
+
+use std::sync::Arc;
+
+use rtrs_spdk::spdk::{app_cores, Driver, SpdkThread};
+
+/// Period (µs) of the disk's own pollers (see [`make_driver`]).
+const DISK_POLL_US: u64 = 100;
+
+/// The disk's cores: core 0 (home) is the calling thread — the application thread, which
+/// every SPDK application polls, even one without reactors such as fio's `spdk_bdev`
+/// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
+/// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
+///
+/// The disk's own pollers (a port nobody else owns, the session's control work) run at
+/// most every [`DISK_POLL_US`]: the IO fast path is the channels' pollers, and a thread
+/// that has only timed pollers may sleep (fio's initialisation thread does).
+pub fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
+    let me = SpdkThread::current().ok_or("not called on an SPDK thread")?;
+    let cpus = app_cores();
+    let mut threads = vec![me];
+    for &c in cpus.iter().skip(1) {
+        match SpdkThread::create_on(&format!("rtrs_{name}_{c}"), c) {
+            Some(t) => threads.push(t),
+            None => {
+                for t in threads.drain(1..) {
+                    let _ = t.exit();
+                }
+                return Err(format!("spdk_thread_create failed for core {c}"));
+            }
+        }
+    }
+    let driver = Driver::adopt_with_period(&threads, DISK_POLL_US).map_err(|e| e.to_string())?;
+    Ok((driver, cpus))
+}
+
+/// Drops every core's pollers, lets the threads of ours exit, then runs `done` on the
+/// calling thread (core 0's, the application thread).
+pub fn stop_driver<F: FnOnce() + Send + 'static>(driver: &Arc<Driver>, done: F) {
+    for k in 1..driver.cores() {
+        let d = Arc::clone(driver);
+        let sent = driver.run_on(k, move |_cx| {
+            d.shutdown_core();
+            d.drop_core();
+            if let Some(t) = d.thread(k) {
+                if t.exit().is_err() {
+                    tracing::warn!("rtrs bdev: core {k}'s thread could not be told to exit");
+                }
+            }
+        });
+        if sent.is_err() {
+            tracing::warn!("rtrs bdev: could not stop core {k}");
+        }
+    }
+    driver.shutdown_core();
+    driver.drop_core();
+    // Core k's message runs before any later message to the same thread: post `done` behind
+    // a round trip through the last core so the other cores' pollers are gone first.
+    match driver.cores() {
+        1 => done(),
+        n => {
+            let back = SpdkThread::current();
+            let sent = driver.run_on(n - 1, move |_cx| match back {
+                Some(t) => {
+                    if t.send(done).is_err() {
+                        tracing::error!("rtrs bdev: could not post the stop completion");
+                    }
+                }
+                None => done(),
+            });
+            if sent.is_err() {
+                tracing::error!(
+                    "rtrs bdev: could not reach core {} to finish stopping",
+                    n - 1
+                );
+            }
+        }
+    }
+}
