@@ -26,6 +26,7 @@ pub fn sessions_json(transport: &str, stats: &ServerStats) -> Vec<Value> {
                         "write_bytes": p.write_bytes,
                         "inflight": p.inflight,
                         "failover_waits": p.failover_waits,
+                        "failover_dups": p.failover_dups,
                         "rsp_queued": p.rsp_queued,
                         "dropped": p.dropped,
                         "handler_lat_sum_ns": p.handler_lat_sum_ns,
