@@ -5,6 +5,13 @@
 //!
 //! There is no thread: everything happens inside [`Conn::poll_cq`] and [`Conn::poll_cm`],
 //! which read what arrived, execute it, and write what is pending.
+//!
+//! A connection its user disconnects or drops is closed with a reset (`SO_LINGER` 0):
+//! bytes of it still in our socket buffers are discarded, never delivered later. RTRS
+//! re-sends the requests of a dead path on another path right after disconnecting it,
+//! so the old copy must not be able to arrive after the new one (a segment waiting for
+//! the peer's receive window, or retransmitted once a silent link comes back). What the
+//! peer already received is still read by it, then the reset.
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -137,6 +144,17 @@ impl TcpConn {
         self.qp.fail();
         if let Some(s) = self.stream.take() {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        self.phase = Phase::Closed;
+    }
+
+    /// Closes the socket with a reset, discarding what our socket buffers still hold
+    /// (see the module doc), and flushes the queue pair.
+    fn abort(&mut self) {
+        self.qp.fail();
+        if let Some(s) = self.stream.take() {
+            // Best effort: without it the close is a graceful one.
+            let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
         }
         self.phase = Phase::Closed;
     }
@@ -308,6 +326,15 @@ impl TcpConn {
     }
 }
 
+impl Drop for TcpConn {
+    /// A connection dropped unclosed is reset, as `disconnect` does.
+    fn drop(&mut self) {
+        if self.stream.is_some() && self.phase != Phase::Closed {
+            self.abort();
+        }
+    }
+}
+
 fn who(addr: Option<SocketAddr>) -> String {
     match addr {
         Some(a) => a.to_string(),
@@ -343,12 +370,8 @@ impl Conn for TcpConn {
                 self.stream = None;
                 self.phase = Phase::Closed;
             }
-            Phase::Connected => {
-                self.qp.fail();
-                self.tx.queue_last(Header::new(Opcode::Disconnect));
-                self.phase = Phase::Closing;
-            }
-            Phase::Closing | Phase::Closed => {}
+            Phase::Connected | Phase::Closing => self.abort(),
+            Phase::Closed => {}
         }
         self.progress();
     }
