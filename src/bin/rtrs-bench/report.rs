@@ -25,6 +25,9 @@ pub struct RunInfo {
     pub verify: bool,
     /// Ended early by SIGINT/SIGTERM.
     pub interrupted: bool,
+    /// The session's statistics at the end of the run, as JSON (per path: state,
+    /// counters, failovers onto it, reconnects).
+    pub client_stats: String,
 }
 
 /// The sum of the cores' reports.
@@ -197,7 +200,8 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
          \"reads\":{},\"writes\":{},\"bytes\":{},\"iops\":{:.1},\"mib_s\":{:.3},\
          \"lat_avg_us\":{:.3},\"lat_p50_us\":{:.3},\"lat_p99_us\":{:.3},\"lat_p999_us\":{:.3},\
          \"lat_max_us\":{:.3},\"errors\":{},\"first_errno\":{},\"verify\":{},\
-         \"verify_mismatches\":{},\"first_bad_offset\":{first_bad},\"interrupted\":{}}}",
+         \"verify_mismatches\":{},\"first_bad_offset\":{first_bad},\"interrupted\":{},\
+         \"client_stats\":{}}}",
         jstr(info.rw),
         info.bs,
         info.qd,
@@ -228,5 +232,6 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
         info.verify,
         t.mismatches,
         info.interrupted,
+        info.client_stats,
     )
 }

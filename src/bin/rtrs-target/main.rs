@@ -52,6 +52,13 @@ struct Args {
     /// Do not register a new key per IO (always_invalidate off).
     #[arg(long)]
     no_always_invalidate: bool,
+    /// Heartbeat interval (500ms, 5s): a path silent for --heartbeat-missed intervals is
+    /// closed.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    heartbeat: Duration,
+    /// Silent heartbeat intervals after which a path is closed.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = shared::missed_arg)]
+    heartbeat_missed: u32,
     /// Reactor cores, a hex mask (0x3) or a list ([0-1]); default every core.
     #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
     cpumask: Option<CpuMask>,
@@ -89,6 +96,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         queue_depth: args.queue_depth,
         chunk_size: args.chunk_size,
         always_invalidate: !args.no_always_invalidate,
+        hb: shared::hb_config(args.heartbeat, args.heartbeat_missed),
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
