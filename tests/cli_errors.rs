@@ -64,6 +64,32 @@ fn target_bad_arguments() {
             "--listen",
             "tcp://127.0.0.1:0",
             "--export",
+            "a=ram:1M",
+            "--heartbeat-missed",
+            "0",
+        ]),
+        2,
+        &["--heartbeat-missed", "at least 1"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--export",
+            "a=ram:1M",
+            "--heartbeat",
+            "0ms",
+        ]),
+        2,
+        &["--heartbeat", "must not be zero"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--export",
             "a=file:/nonexistent/rtrs-cli-test",
         ]),
         1,
@@ -128,6 +154,20 @@ fn bench_bad_arguments_without_a_target() {
         &["unsupported scheme", "verbs"],
     );
     call(with(&["--path", &free, "--rw", "read"]), 2, &["--device"]);
+    call(
+        with(&[
+            "--path",
+            &free,
+            "--device",
+            "d",
+            "--rw",
+            "read",
+            "--reconnect-delay",
+            "soon",
+        ]),
+        2,
+        &["--reconnect-delay", "soon"],
+    );
     call(with(&["--rw", "read"]), 2, &["--path", "--inline-target"]);
     call(
         with(&["--path", &free, "--device", "d", "--rw", "sideways"]),
