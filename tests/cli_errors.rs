@@ -120,6 +120,32 @@ fn target_bad_arguments() {
             "--listen",
             "tcp://127.0.0.1:0",
             "--export",
+            "a=ram:1M",
+            "--heartbeat-missed",
+            "0",
+        ]),
+        2,
+        &["--heartbeat-missed", "at least 1"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--export",
+            "a=ram:1M",
+            "--heartbeat",
+            "0ms",
+        ]),
+        2,
+        &["--heartbeat", "must not be zero"],
+    );
+    expect_err(
+        TARGET,
+        &with(&[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--export",
             "a=file:/nonexistent/rtrs-cli-test",
         ]),
         1,
@@ -287,6 +313,20 @@ fn bench_bad_arguments_without_a_target() {
         ]),
         2,
         &["--write-zeroes", "same", "native or emulate"],
+    );
+    call(
+        with(&[
+            "--path",
+            &free,
+            "--device",
+            "d",
+            "--rw",
+            "read",
+            "--reconnect-delay",
+            "soon",
+        ]),
+        2,
+        &["--reconnect-delay", "soon"],
     );
     let dev_read = ["--device", "d", "--rw", "read"];
     for (url, words) in [

@@ -1,6 +1,9 @@
-//! The failover hazard: a request re-sent on a second path with the buf id of a
-//! request still running on the first (dying) path waits until the first completes,
-//! so two requests never use one chunk at once.
+//! The failover hazards. A request re-sent on a second path with the buf id of a copy
+//! still running on the first (dying) path waits until the first completes, so two
+//! requests never use one chunk at once; the copy is then answered with the first one's
+//! result instead of executing again. A copy's trailer is read when it arrives, so the
+//! dying path's last write into the shared chunk cannot replace it (its READ descriptor
+//! carries the client's new key).
 
 mod server_util;
 
@@ -15,21 +18,30 @@ use rtrs_spdk::fabric::{
     Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr, QpCaps,
 };
 use server_util::client::Ids;
-use server_util::{Harness, TestPath};
+use server_util::{Event, Harness, TestPath};
 
-fn failover(always_invalidate: bool, kill_first: bool) {
+/// A harness with two paths `a` (connected first) and `b` of one session.
+fn two_paths(always_invalidate: bool) -> (Harness, TestPath, TestPath) {
     let mut h = Harness::new(2, Harness::config(always_invalidate));
-    let mut a = h.connect("fo", 3);
+    let a = h.connect("fo", 3);
     let ids = Ids {
         sess_uuid: random_uuid(),
         ..a.ids
     };
     let addr2 = h.addr2;
-    let mut b = TestPath::connect_to(&mut h, addr2, "fo", 3, ids, false).expect("second path");
+    let b = TestPath::connect_to(&mut h, addr2, "fo", 3, ids, false).expect("second path");
     assert_eq!(h.server.session_count(), 1);
+    (h, a, b)
+}
 
+fn path_sum(h: &Harness, f: impl Fn(&rtrs_spdk::server::PathStats) -> u64) -> u64 {
+    h.server.stats().sessions[0].paths.iter().map(f).sum()
+}
+
+fn failover(always_invalidate: bool, kill_first: bool) {
+    let (mut h, mut a, mut b) = two_paths(always_invalidate);
     h.shared.hold.on.store(true, Ordering::SeqCst);
-    a.post_write(1, 5, &0u64.to_le_bytes(), b"old data");
+    a.post_write(1, 5, &0u64.to_le_bytes(), b"the data");
     for _ in 0..100 {
         h.step();
     }
@@ -39,8 +51,8 @@ fn failover(always_invalidate: bool, kill_first: bool) {
             c.disconnect();
         }
     }
-    // The failed-over request: same buf id, other path.
-    b.post_write(1, 5, &0u64.to_le_bytes(), b"new data");
+    // The failed-over copy: same request, same buf id, other path.
+    b.post_write(1, 5, &0u64.to_le_bytes(), b"the data");
     for _ in 0..300 {
         h.step();
         a.poll();
@@ -49,31 +61,31 @@ fn failover(always_invalidate: bool, kill_first: bool) {
     assert_eq!(
         h.shared.requests.load(Ordering::SeqCst),
         1,
-        "the second request ran while the first still held the chunk"
+        "the copy ran while the first still held the chunk"
     );
-    let st = h.server.stats();
-    let waits: u64 = st.sessions[0].paths.iter().map(|p| p.failover_waits).sum();
-    assert_eq!(waits, 1, "{st:?}");
+    assert_eq!(path_sum(&h, |p| p.failover_waits), 1);
     assert!(b.events.is_empty(), "{:?}", b.events);
 
     h.shared.hold.on.store(false, Ordering::SeqCst);
     let ev = b.wait_rsp(&mut h, 5);
-    assert!(
-        matches!(ev, server_util::Event::Rsp { errno: 0, .. }),
-        "{ev:?}"
+    assert!(matches!(ev, Event::Rsp { errno: 0, .. }), "{ev:?}");
+    assert_eq!(
+        h.shared.requests.load(Ordering::SeqCst),
+        1,
+        "the copy was executed a second time"
     );
-    assert_eq!(h.shared.requests.load(Ordering::SeqCst), 2);
-    assert_eq!(&h.shared.ram.lock().unwrap()[..8], b"new data");
+    assert_eq!(path_sum(&h, |p| p.failover_dups), 1);
+    assert_eq!(&h.shared.ram.lock().unwrap()[..8], b"the data");
     if !kill_first {
         // The first path is alive: it got its answer too.
         let ev = a.wait_rsp(&mut h, 5);
-        assert!(
-            matches!(ev, server_util::Event::Rsp { errno: 0, .. }),
-            "{ev:?}"
-        );
+        assert!(matches!(ev, Event::Rsp { errno: 0, .. }), "{ev:?}");
     }
-    let (e, d) = b.read(&mut h, 2, 6, 0, 8, true);
-    assert_eq!((e, &d[..]), (0, &b"new data"[..]));
+    // The buf id's next request is a new one and runs.
+    let (e, d) = b.read(&mut h, 1, 5, 0, 8, true);
+    assert_eq!((e, &d[..]), (0, &b"the data"[..]));
+    assert_eq!(h.shared.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(path_sum(&h, |p| p.failover_dups), 1);
     h.stop();
 }
 
@@ -88,8 +100,57 @@ fn failed_over_request_waits_without_always_invalidate() {
 }
 
 #[test]
-fn same_buf_id_on_two_live_paths_is_serialised() {
+fn same_buf_id_on_two_live_paths_runs_once() {
     failover(true, false);
+}
+
+/// The failed-over READ arrives first (on `b`); the dying path's copy (on `a`, with the
+/// old key of the client's reply slot) is placed into the same chunk before the first
+/// one's LOCAL_INV completes. The first must still answer through its own descriptor.
+/// Under always_invalidate the copy arrives while the first is pending and is answered
+/// without executing; without it the first has already been answered, so the copy (a
+/// new request as far as the server can tell) runs again.
+fn copy_placed_behind(always_invalidate: bool) {
+    let (mut h, mut a, mut b) = two_paths(always_invalidate);
+    assert_eq!(b.write(&mut h, 1, 9, 64, b"readable"), 0);
+    let before = h.shared.requests.load(Ordering::SeqCst);
+    b.post_read(1, 5, &64u64.to_le_bytes(), 8, true);
+    h.step();
+    a.post_read(1, 5, &64u64.to_le_bytes(), 8, true);
+    let ev = b.wait_rsp(&mut h, 5);
+    assert!(
+        matches!(
+            ev,
+            Event::Rsp {
+                errno: 0,
+                w_inv: true,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
+    let mut d = [0u8; 8];
+    b.reply.read_at(5 * b.cs(), &mut d);
+    assert_eq!(&d, b"readable", "the reply went elsewhere");
+    let ev = a.wait_rsp(&mut h, 5);
+    assert!(matches!(ev, Event::Rsp { errno: 0, .. }), "{ev:?}");
+    a.reply.read_at(5 * a.cs(), &mut d);
+    assert_eq!(&d, b"readable");
+    let ran = h.shared.requests.load(Ordering::SeqCst) - before;
+    let dups = path_sum(&h, |p| p.failover_dups);
+    assert_eq!((ran, dups), if always_invalidate { (1, 1) } else { (2, 0) });
+    assert!(!a.down && !b.down, "{:?} {:?}", a.events, b.events);
+    h.stop();
+}
+
+#[test]
+fn failed_over_read_keeps_its_own_trailer() {
+    copy_placed_behind(true);
+}
+
+#[test]
+fn failed_over_read_keeps_its_own_trailer_without_always_invalidate() {
+    copy_placed_behind(false);
 }
 
 /// The loopback fabric with tiny send queues, so responses run out of send slots.
@@ -159,10 +220,7 @@ fn responses_queue_when_send_budget_is_exhausted() {
         h.shared.hold.on.store(false, Ordering::SeqCst);
         for buf in 0..16u16 {
             let ev = p.wait_rsp(&mut h, buf);
-            assert!(
-                matches!(ev, server_util::Event::Rsp { errno: 0, .. }),
-                "{ev:?}"
-            );
+            assert!(matches!(ev, Event::Rsp { errno: 0, .. }), "{ev:?}");
             let mut d = [0u8; 16];
             p.reply.read_at(usize::from(buf) * 16384, &mut d);
             assert_eq!(d, [buf as u8; 16]);

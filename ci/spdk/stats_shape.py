@@ -29,7 +29,7 @@ CLIENT_STATS = {"sessname": STR, "mp_policy": STR, "paths": [CLIENT_PATH]}
 TARGET_PATH = {
     "pathname": STR, "addr": STR, "state": STR, "cid_num": INT, "recon_cnt": INT,
     "read_cnt": INT, "read_bytes": INT, "write_cnt": INT, "write_bytes": INT,
-    "inflight": INT, "failover_waits": INT, "rsp_queued": INT, "dropped": INT,
+    "inflight": INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
     "handler_lat_sum_ns": INT, "handler_lat_us_log2": INTS,
 }
 TARGET_SESSION = {

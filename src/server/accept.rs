@@ -332,6 +332,7 @@ impl Acceptor {
             layout,
             chunks,
             owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
+            done: (0..qd).map(|_| AtomicU64::new(0)).collect(),
             name: Mutex::new(String::new()),
         }))
     }

@@ -5,13 +5,22 @@
 //! A request lives in a slot of the core's table from its IO_REQ imm to its response:
 //! 1. the imm is split and checked ([`crate::proto::ImmLayout::decode_io_req`]); the
 //!    buf id is marked busy on the path (already busy: a broken client, the path closes);
-//! 2. under always_invalidate the chunk's key on this path is retired with a signaled
-//!    LOCAL_INV first, so the client can no longer write the chunk;
-//! 3. the trailer is read from the chunk and checked ([`ChunkReq::decode`]: type, usr_len
-//!    ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len; and usr_len ≤
-//!    max_hdr_size, the most a client may send);
+//! 2. the trailer is read from the chunk at once and checked ([`ChunkReq::decode`]: type,
+//!    usr_len ≤ offset, trailer inside the chunk, sg_cnt, desc len ≤ data len; and
+//!    usr_len ≤ max_hdr_size, the most a client may send), and the request takes the
+//!    chunk's count of finished executions (its ticket). At once, because the chunk is
+//!    shared by every path of the session: when a path dies, the client re-sends its
+//!    requests on another path with the same buf ids while the dead path's last writes
+//!    may still be placed into the same chunks, and the trailer (whose READ descriptor
+//!    carries the client's new rkey) must be the one this imm came with;
+//! 3. under always_invalidate the chunk's key on this path is retired with a signaled
+//!    LOCAL_INV, so the client can no longer write the chunk, before anything else;
 //! 4. the chunk is claimed for the path in the session; if another (dying) path still
-//!    runs a request on it — a failed-over request — this one waits on this core;
+//!    runs a request on it — a failed-over request — this one waits on this core. Once
+//!    claimed, a request whose ticket is older than the chunk's count is a copy of a
+//!    request that executed meanwhile (see `super::session`): it is answered with that
+//!    result and not executed again, so a stale copy never runs after the client moved
+//!    on (and a write is never applied twice);
 //! 5. the handler gets it; its answer builds the response chain (case A or B) on the
 //!    request's connection, queued when the send budget is exhausted, dropped when the
 //!    path is no longer connected. The chunk and buf id are released just before the
@@ -93,10 +102,11 @@ pub(crate) struct Op {
     path: Option<Arc<Path>>,
     con: usize,
     buf_id: u16,
-    offset: u32,
     req: Option<ChunkReq>,
     errno: i32,
     counted_wait: bool,
+    /// The chunk's count of finished executions when the request arrived.
+    ticket: u32,
     /// When the handler got it (ns).
     t0: u64,
 }
@@ -109,10 +119,10 @@ impl Op {
             path: None,
             con: 0,
             buf_id: 0,
-            offset: 0,
             req: None,
             errno: 0,
             counted_wait: false,
+            ticket: 0,
             t0: 0,
         }
     }
@@ -130,8 +140,9 @@ impl Op {
 }
 
 impl CorePoller {
-    fn alloc_op(&mut self, path: Arc<Path>, con: usize, buf_id: u16, offset: u32) -> u32 {
+    fn alloc_op(&mut self, path: Arc<Path>, con: usize, buf_id: u16, req: ChunkReq) -> u32 {
         path.ops.fetch_add(1, Ordering::AcqRel);
+        let ticket = path.sess.done_ticket(buf_id);
         let idx = match self.free_ops.pop() {
             Some(i) => i,
             None => {
@@ -144,10 +155,10 @@ impl CorePoller {
         op.path = Some(path);
         op.con = con;
         op.buf_id = buf_id;
-        op.offset = offset;
-        op.req = None;
+        op.req = Some(req);
         op.errno = 0;
         op.counted_wait = false;
+        op.ticket = ticket;
         idx
     }
 
@@ -176,22 +187,45 @@ impl CorePoller {
         let Some(slot) = self.cons[i].as_ref() else {
             return;
         };
-        let req = match slot.path.sess.layout.decode_io_req(payload) {
+        let imm = match slot.path.sess.layout.decode_io_req(payload) {
             Ok(r) => r,
             Err(e) => return self.close_con_path(cx, i, format_args!("IO_REQ: {e}")),
         };
-        if !slot.path.mark_busy(req.buf_id) {
+        let buf_id = imm.buf_id;
+        if !slot.path.mark_busy(buf_id) {
             return self.close_con_path(
                 cx,
                 i,
-                format_args!(
-                    "IO_REQ for buf_id {} already in flight on this path",
-                    req.buf_id
-                ),
+                format_args!("IO_REQ for buf_id {buf_id} already in flight on this path"),
             );
         }
+        // The trailer now, in the poll that placed it (see the module doc, step 2).
+        let sess = &slot.path.sess;
+        let cs = sess.chunk_size();
+        let mut tr = [0u8; RDMA_READ_MAX_TRAILER_LEN];
+        let n = tr.len().min(cs.saturating_sub(imm.offset) as usize);
+        sess.chunks
+            .read_at(sess.chunk_off(buf_id) + imm.offset as usize, &mut tr[..n]);
+        let req = match ChunkReq::decode(&tr[..n], imm.offset, cs) {
+            Ok(r) if u32::from(r.usr_len) > self.sh.cfg.max_hdr => {
+                slot.path.clear_busy(buf_id);
+                return self.close_con_path(
+                    cx,
+                    i,
+                    format_args!(
+                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {}",
+                        r.usr_len, self.sh.cfg.max_hdr
+                    ),
+                );
+            }
+            Ok(r) => r,
+            Err(e) => {
+                slot.path.clear_busy(buf_id);
+                return self.close_con_path(cx, i, format_args!("buf_id {buf_id}: {e}"));
+            }
+        };
         let path = Arc::clone(&slot.path);
-        let idx = self.alloc_op(path, i, req.buf_id, req.offset);
+        let idx = self.alloc_op(path, i, buf_id, req);
         if !self.sh.cfg.always_invalidate {
             return self.after_inv(cx, idx);
         }
@@ -250,39 +284,10 @@ impl CorePoller {
         any
     }
 
-    /// The chunk key is retired (or there is none): read and check the trailer.
+    /// The chunk key is retired (or there is none): claim the chunk and run the request.
     pub(crate) fn after_inv(&mut self, cx: &mut dyn Ctx, idx: u32) {
-        let op = &self.ops[idx as usize];
-        if op.stage != Stage::Inv {
+        if self.ops[idx as usize].stage != Stage::Inv {
             return;
-        }
-        let Some(path) = op.path.as_ref() else {
-            return;
-        };
-        let (con, buf_id, offset) = (op.con, op.buf_id, op.offset);
-        let sess = &path.sess;
-        let cs = sess.chunk_size();
-        let mut tr = [0u8; RDMA_READ_MAX_TRAILER_LEN];
-        let n = tr.len().min(cs.saturating_sub(offset) as usize);
-        sess.chunks
-            .read_at(sess.chunk_off(buf_id) + offset as usize, &mut tr[..n]);
-        match ChunkReq::decode(&tr[..n], offset, cs) {
-            Ok(r) if u32::from(r.usr_len) > self.sh.cfg.max_hdr => {
-                self.drop_op(idx, false);
-                return self.close_con_path(
-                    cx,
-                    con,
-                    format_args!(
-                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {}",
-                        r.usr_len, self.sh.cfg.max_hdr
-                    ),
-                );
-            }
-            Ok(r) => self.ops[idx as usize].req = Some(r),
-            Err(e) => {
-                self.drop_op(idx, false);
-                return self.close_con_path(cx, con, format_args!("buf_id {buf_id}: {e}"));
-            }
         }
         if !self.try_dispatch(cx, idx) {
             self.waiting.push_back(idx);
@@ -317,12 +322,20 @@ impl CorePoller {
         true
     }
 
-    /// Gives request `idx` (its chunk owned by its path) to the handler.
+    /// Gives request `idx` (its chunk owned by its path) to the handler, or answers it
+    /// with the result of the request it copies (module doc, step 4).
     fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) {
         let op = &mut self.ops[idx as usize];
         let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return;
         };
+        if let Some(errno) = path.sess.executed_since(op.buf_id, op.ticket) {
+            CoreCounters::add(&path.counters.core(self.core).failover_dups, 1);
+            op.stage = Stage::Handler;
+            op.errno = errno;
+            self.send_response(cx, idx, false);
+            return;
+        }
         op.stage = Stage::Handler;
         op.t0 = self.now;
         let id = IoId::new(idx, op.gen);
@@ -392,6 +405,8 @@ impl CorePoller {
             let op = &mut self.ops[idx as usize];
             op.errno = errno;
             if let Some(p) = &op.path {
+                // Executed: copies of this request still pending take this answer.
+                p.sess.record_done(op.buf_id, errno);
                 let now = *now.get_or_insert_with(|| cx.now());
                 p.counters
                     .core(self.core)

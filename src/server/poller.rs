@@ -192,7 +192,14 @@ impl CorePoller {
             .count() as u32;
         if reposts > 0 {
             if let Err(e) = slot.con.post_recv_empty(reposts, WR_RECV) {
-                self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
+                // The usual case: the peer went away right after these requests (a
+                // client closing or dying resets its sockets); say so, not "post refused".
+                if slot.con.state() == ConnState::Disconnected {
+                    let cid = slot.con.cid();
+                    self.close_con_path(cx, i, format_args!("connection cid {cid}: Disconnected"));
+                } else {
+                    self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
+                }
                 return true;
             }
         }

@@ -12,6 +12,10 @@
 //! broken client: the path closes). `Session::owner` names the path whose request is
 //! executing on a chunk; a failed-over request finding its chunk owned by another (dying)
 //! path waits until that owner releases it, so two requests never use a chunk at once.
+//! `Session::done` counts, per chunk, the requests that finished executing on it: a
+//! request that arrived before the latest of them finished is a failed-over copy of it
+//! (a client re-uses a buf id only once it has the answer, which comes later), so it is
+//! answered with that execution's result instead of running a second time.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -51,6 +55,9 @@ pub(crate) struct Session {
     pub chunks: ChunkPool,
     /// Path id executing on each chunk, 0 when free.
     pub owner: Box<[AtomicU32]>,
+    /// Per chunk: requests that finished executing on it (high 32 bits) and the errno
+    /// of the latest (low 32 bits). Written only by the chunk's owner.
+    pub done: Box<[AtomicU64]>,
     pub name: Mutex<String>,
 }
 
@@ -83,6 +90,29 @@ impl Session {
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
+    }
+
+    /// The count of executions finished on chunk `buf_id`: a request takes it when it
+    /// arrives (see [`Session::executed_since`]).
+    pub fn done_ticket(&self, buf_id: u16) -> u32 {
+        (self.done[usize::from(buf_id)].load(Ordering::Acquire) >> 32) as u32
+    }
+
+    /// Records that a request executing on chunk `buf_id` (its owner) finished with
+    /// `errno`.
+    pub fn record_done(&self, buf_id: u16, errno: i32) {
+        let d = &self.done[usize::from(buf_id)];
+        // Only the chunk's owner writes, so a load and a store suffice.
+        let count = (d.load(Ordering::Relaxed) >> 32).wrapping_add(1);
+        d.store(count << 32 | u64::from(errno as u32), Ordering::Release);
+    }
+
+    /// The errno of the latest execution on chunk `buf_id` if one finished after a
+    /// request that took `ticket` arrived: that request is a copy of it (see the module
+    /// doc).
+    pub fn executed_since(&self, buf_id: u16, ticket: u32) -> Option<i32> {
+        let v = self.done[usize::from(buf_id)].load(Ordering::Acquire);
+        ((v >> 32) as u32 != ticket).then_some(v as u32 as i32)
     }
 
     pub fn name(&self) -> String {
@@ -184,7 +214,7 @@ impl Path {
     }
 
     pub fn stats(&self) -> PathStats {
-        let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, rsp_queued, dropped] =
+        let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, failover_dups, rsp_queued, dropped] =
             self.counters.snapshot();
         let (handler_lat_us_log2, handler_lat_sum_ns) = self.counters.latency();
         PathStats {
@@ -199,6 +229,7 @@ impl Path {
             write_bytes,
             inflight: self.ops.load(Ordering::Relaxed).into(),
             failover_waits,
+            failover_dups,
             rsp_queued,
             dropped,
             handler_lat_us_log2,

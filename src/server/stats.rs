@@ -1,7 +1,8 @@
 //! Server statistics: the kernel's `rtrs-srv-stats.c` per-path `rdma` counters (read and
 //! write counts and bytes, bytes being the imm offset = data + user header) plus what a
 //! polled engine sees for free: requests in flight, requests that waited for a chunk
-//! still busy on another path (failover), responses queued for lack of send slots, and
+//! still busy on another path (failover), failed-over copies answered from the execution
+//! of the request they copy, responses queued for lack of send slots, and
 //! requests dropped because their path was closing, and a log2 histogram of the time
 //! requests spent with the handler. Snapshots serialise with serde
 //! ([`ServerStats::to_json`]).
@@ -27,6 +28,7 @@ pub(crate) struct CoreCounters {
     pub write_cnt: AtomicU64,
     pub write_bytes: AtomicU64,
     pub failover_waits: AtomicU64,
+    pub failover_dups: AtomicU64,
     pub rsp_queued: AtomicU64,
     pub dropped: AtomicU64,
 }
@@ -84,13 +86,14 @@ impl PathCounters {
         )
     }
 
-    pub fn snapshot(&self) -> [u64; 7] {
+    pub fn snapshot(&self) -> [u64; 8] {
         [
             self.sum(|c| &c.read_cnt),
             self.sum(|c| &c.read_bytes),
             self.sum(|c| &c.write_cnt),
             self.sum(|c| &c.write_bytes),
             self.sum(|c| &c.failover_waits),
+            self.sum(|c| &c.failover_dups),
             self.sum(|c| &c.rsp_queued),
             self.sum(|c| &c.dropped),
         ]
@@ -119,6 +122,9 @@ pub struct PathStats {
     pub inflight: u64,
     /// Requests that waited for their chunk to be released by another path.
     pub failover_waits: u64,
+    /// Failed-over copies of a request that arrived while the request itself was still
+    /// pending on another path, answered with its result instead of executing again.
+    pub failover_dups: u64,
     /// Responses that had to wait for send-queue slots.
     pub rsp_queued: u64,
     /// Requests dropped unanswered because the path was no longer connected.
@@ -189,7 +195,7 @@ mod tests {
         CoreCounters::add(&c.core(1).dropped, 1);
         c.core(0).record_latency(5_000);
         c.core(1).record_latency(5_000);
-        assert_eq!(c.snapshot(), [5, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(c.snapshot(), [5, 0, 0, 0, 0, 0, 0, 1]);
         let (h, sum) = c.latency();
         assert_eq!((h[2], sum), (2, 10_000));
         // Each core's counters sit on cache lines of their own.

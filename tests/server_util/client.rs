@@ -275,7 +275,7 @@ impl TestPath {
         })
     }
 
-    fn cs(&self) -> usize {
+    pub fn cs(&self) -> usize {
         self.acc.chunk_size() as usize
     }
 

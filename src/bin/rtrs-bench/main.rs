@@ -151,6 +151,17 @@ struct Args {
     #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg,
           conflicts_with = "inline_target")]
     psk_file: Option<rtrs_spdk::fabric::Psk>,
+    /// Heartbeat interval (500ms, 5s): a path silent for --heartbeat-missed intervals is
+    /// declared dead and its IO fails over to the other paths.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    heartbeat: Duration,
+    /// Silent heartbeat intervals after which a path is declared dead.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = shared::missed_arg)]
+    heartbeat_missed: u32,
+    /// Delay before reconnecting a failed path, plus random jitter of up to 200 ms (and at
+    /// most the delay itself).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = shared::duration_arg)]
+    reconnect_delay: Duration,
     /// How long each connection of the session and its handshake may take (a target
     /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
     /// the device may take 5 s more.
@@ -407,8 +418,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;
-    ccfg.reconnect_delay = Duration::from_secs(1);
-    ccfg.reconnect_jitter = Duration::from_millis(200);
+    ccfg.reconnect_delay = args.reconnect_delay;
+    ccfg.hb = shared::hb_config(args.heartbeat, args.heartbeat_missed);
+    ccfg.reconnect_jitter = args.reconnect_delay.min(Duration::from_millis(200));
     ccfg.io_wait_timeout = args.io_wait_timeout;
     ccfg.connect_timeout = args.connect_timeout;
     let (stx, srx) = mpsc::channel();
@@ -451,7 +463,8 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     progress.clear();
-    tracing::info!("client statistics: {}", session.stats().to_json());
+    let client_stats = serde_json::to_value(session.stats()).unwrap_or(serde_json::Value::Null);
+    tracing::info!("client statistics: {client_stats}");
     td.finish();
 
     let totals = Totals::sum(&reports);
@@ -472,6 +485,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         policy: args.policy.name(),
         verify: args.verify,
         interrupted: stop.load(Ordering::Acquire),
+        client_stats,
     };
     if args.json {
         println!("{}", report::json(&info, &totals));

@@ -27,6 +27,9 @@ pub struct RunInfo {
     pub verify: bool,
     /// Ended early by SIGINT/SIGTERM.
     pub interrupted: bool,
+    /// The session's statistics at the end of the run, as JSON (per path: state,
+    /// counters, failovers onto it, reconnects).
+    pub client_stats: serde_json::Value,
 }
 
 /// The sum of the cores' reports.
@@ -211,6 +214,8 @@ struct JsonReport<'a> {
     verify_mismatches: u64,
     first_bad_offset: Option<u64>,
     interrupted: bool,
+    /// The session's statistics at the end of the run (`Session::stats`).
+    client_stats: &'a serde_json::Value,
 }
 
 /// `x` rounded to `digits` decimals.
@@ -256,6 +261,7 @@ pub fn json(info: &RunInfo, t: &Totals) -> String {
         verify_mismatches: t.mismatches,
         first_bad_offset: t.first_bad,
         interrupted: info.interrupted,
+        client_stats: &info.client_stats,
     };
     // Plain fields with string keys: serialising cannot fail.
     serde_json::to_string(&r).expect("the run's report serialises to JSON")
@@ -283,6 +289,7 @@ mod tests {
             policy: "min-inflight",
             verify: false,
             interrupted: false,
+            client_stats: serde_json::Value::Null,
         }
     }
 
@@ -314,7 +321,7 @@ mod tests {
              \"iops\":2.0,\"mib_s\":0.008,\"lat_avg_us\":0.0,\"lat_p50_us\":0.0,\
              \"lat_p99_us\":0.0,\"lat_p999_us\":0.0,\"lat_max_us\":0.0,\"errors\":0,\
              \"first_errno\":0,\"first_error\":null,\"verify\":false,\"verify_mismatches\":0,\
-             \"first_bad_offset\":null,\"interrupted\":false}"
+             \"first_bad_offset\":null,\"interrupted\":false,\"client_stats\":null}"
         );
     }
 
@@ -344,6 +351,6 @@ mod tests {
         assert_eq!(v["verify_mismatches"], 1);
         assert_eq!(v["first_bad_offset"], 8192);
         assert!(v["lat_max_us"].as_f64().is_some_and(|x| x > 0.0), "{s}");
-        assert_eq!(v.as_object().map(|o| o.len()), Some(33), "{s}");
+        assert_eq!(v.as_object().map(|o| o.len()), Some(34), "{s}");
     }
 }

@@ -77,6 +77,13 @@ struct Args {
     /// `openssl rand -hex 32`). Authenticates connections; does not encrypt data.
     #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg)]
     psk_file: Option<rtrs_spdk::fabric::Psk>,
+    /// Heartbeat interval (500ms, 5s): a path silent for --heartbeat-missed intervals is
+    /// closed.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    heartbeat: Duration,
+    /// Silent heartbeat intervals after which a path is closed.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = shared::missed_arg)]
+    heartbeat_missed: u32,
     /// Reactor cores, a hex mask (0x3) or a list ([0-1]); default every core.
     #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
     cpumask: Option<CpuMask>,
@@ -160,6 +167,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
             max_pending_per_source: args.max_pending_per_source,
         },
         psk: args.psk_file.clone(),
+        hb: shared::hb_config(args.heartbeat, args.heartbeat_missed),
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;

@@ -97,6 +97,22 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `--heartbeat-missed`: at least 1.
+pub fn missed_arg(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("bad count {s:?}: a whole number of at least 1")),
+    }
+}
+
+/// The heartbeat configuration of `--heartbeat` and `--heartbeat-missed`.
+pub fn hb_config(interval: Duration, missed: u32) -> rtrs_spdk::common::HbConfig {
+    rtrs_spdk::common::HbConfig {
+        interval,
+        missed_max: missed,
+    }
+}
+
 /// How reactors wait when idle (`--idle`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Idle {

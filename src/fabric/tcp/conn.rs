@@ -10,6 +10,13 @@
 //! half of `docs/tcp-fabric.md`, "Authentication"): its CM_REQ carries a nonce, it
 //! checks the listener's CM_CHALLENGE before answering with CM_PROOF, and it takes no
 //! CM_REP from a listener that has not proven the key. Without a key it speaks version 1.
+//!
+//! A connection its user disconnects or drops is closed with a reset (`SO_LINGER` 0):
+//! bytes of it still in our socket buffers are discarded, never delivered later. RTRS
+//! re-sends the requests of a dead path on another path right after disconnecting it,
+//! so the old copy must not be able to arrive after the new one (a segment waiting for
+//! the peer's receive window, or retransmitted once a silent link comes back). What the
+//! peer already received is still read by it, then the reset.
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -202,6 +209,17 @@ impl TcpConn {
         self.qp.fail();
         if let Some(s) = self.stream.take() {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        self.phase = Phase::Closed;
+    }
+
+    /// Closes the socket with a reset, discarding what our socket buffers still hold
+    /// (see the module doc), and flushes the queue pair.
+    fn abort(&mut self) {
+        self.qp.fail();
+        if let Some(s) = self.stream.take() {
+            // Best effort: without it the close is a graceful one.
+            let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
         }
         self.phase = Phase::Closed;
     }
@@ -448,6 +466,15 @@ impl TcpConn {
     }
 }
 
+impl Drop for TcpConn {
+    /// A connection dropped unclosed is reset, as `disconnect` does.
+    fn drop(&mut self) {
+        if self.stream.is_some() && self.phase != Phase::Closed {
+            self.abort();
+        }
+    }
+}
+
 fn who(addr: Option<SocketAddr>) -> String {
     match addr {
         Some(a) => a.to_string(),
@@ -483,12 +510,8 @@ impl Conn for TcpConn {
                 self.stream = None;
                 self.phase = Phase::Closed;
             }
-            Phase::Connected => {
-                self.qp.fail();
-                self.tx.queue_last(Header::new(Opcode::Disconnect));
-                self.phase = Phase::Closing;
-            }
-            Phase::Closing | Phase::Closed => {}
+            Phase::Connected | Phase::Closing => self.abort(),
+            Phase::Closed => {}
         }
         self.progress();
     }
