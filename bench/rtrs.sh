@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rtrs-bench figures (issue 3, section 6): RNBD over RTRS measured with the release
+# rtrs-bench figures: RNBD over RTRS measured with the release
 # binaries, over the in-process loopback fabric (--inline-target: the engine's cost
 # without a network) and over TCP on 127.0.0.1 (rtrs-target's reactor pinned to core 0,
 # rtrs-bench's to core 1): 4 KiB randread and randwrite at QD 1 and 32, 128 KiB read at

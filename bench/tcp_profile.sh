@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-IO profile of the tcp fabric under rtrs-bench (issue 5): syscalls per IO on each
+# Per-IO profile of the tcp fabric under rtrs-bench: syscalls per IO on each
 # side, counted by the kernel's syscall tracepoints (`perf stat`, which costs the traced
 # process almost nothing, unlike strace), and optionally user-space instructions per IO of
 # the initiator (`valgrind --tool=callgrind`). rtrs-target runs on core 0, rtrs-bench on

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SPDK tests (issue 4, §6): the plugin loaded into real SPDK applications on this
+# The SPDK tests: the plugin loaded into real SPDK applications on this
 # machine. Target apps run on core 0 (-m 0x1), client apps on core 1 (-m 0x2).
 #
 # Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it

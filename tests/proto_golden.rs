@@ -1,5 +1,5 @@
 //! Golden bytes for every RTRS and RNBD message and imm encoding, written out by hand
-//! from the layouts in PROTOCOL.md (§1, §2, §2.10), checked in both directions:
+//! from the layouts in docs/PROTOCOL.md (§1, §2, §2.10), checked in both directions:
 //! our encoder produces exactly these bytes and our decoder reads them back.
 
 use rtrs_spdk::proto::rnbd::{

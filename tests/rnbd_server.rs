@@ -1,6 +1,6 @@
 //! The RNBD server without a transport: exports with their access rules across
 //! sessions, the per-session device table, and each core's dispatcher turning user
-//! headers and data areas into replies and block IO (PROTOCOL.md §7, §9.8).
+//! headers and data areas into replies and block IO (docs/PROTOCOL.md §7, §9.8).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

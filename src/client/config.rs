@@ -1,5 +1,5 @@
 //! Client configuration with the kernel's defaults (`rtrs_clt_open` arguments as RNBD
-//! passes them, the module constants of PROTOCOL.md §1) and path addresses.
+//! passes them, the module constants of docs/PROTOCOL.md §1) and path addresses.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};

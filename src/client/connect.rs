@@ -1,6 +1,6 @@
 //! Bringing a client path up (the kernel's `init_path`, `init_conns`,
 //! `create_con_cq_qp`, `rtrs_rdma_conn_established`, `rtrs_send_path_info` and
-//! `rtrs_clt_rdma_done` for INFO_RSP; PROTOCOL.md §3.2, §3.6, §4.6, §9.2, §9.4): the
+//! `rtrs_clt_rdma_done` for INFO_RSP; docs/PROTOCOL.md §3.2, §3.6, §4.6, §9.2, §9.4): the
 //! connections one after the other (cid 0 first: its REP carries the queue depth that
 //! sizes the others), INFO_REQ/INFO_RSP on cid 0, the receives (2×512 on cid 0, 2×qd on
 //! the others, empty or 8-byte buffers under NEW_RKEY_F), and the hand-over of

@@ -1,6 +1,6 @@
 //! [`SessionCore`]: one core's handle of a client session — the kernel's per-CPU side
-//! of `rtrs_clt_request`, `rtrs_clt_rdma_done` and `failover_requests`, without its
-//! locks (ARCHITECTURE.md "Sessions on cores").
+//! of `rtrs_clt_request`, `rtrs_clt_rdma_done` and `rtrs_clt_failover_req`, without its
+//! locks (docs/ARCHITECTURE.md "Sessions on cores").
 //!
 //! A core owns a fixed slice of the session's permits ([`super::permit`]), the
 //! per-permit buffers (user header + RTRS trailer, a bounce area of `max_io_size`, a

@@ -1,6 +1,6 @@
 //! The session's home-core poller: per path, the connection sequence (the kernel's
 //! `init_path`/`init_conns`/`create_con_cq_qp`/`rtrs_rdma_conn_established` and
-//! `rtrs_send_path_info`, PROTOCOL.md §3.2), the heartbeat on cid 0 (§5), error
+//! `rtrs_send_path_info`, docs/PROTOCOL.md §3.2), the heartbeat on cid 0 (§5), error
 //! recovery and teardown (`rtrs_rdma_error_recovery`, `rtrs_clt_stop_and_destroy_conns`,
 //! §6.1), reconnects (`rtrs_clt_reconnect_work`, §6.4), link events (§6.3) and the
 //! runtime commands (`add_path`, `remove_path`, `disconnect`, `reconnect`).

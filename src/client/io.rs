@@ -1,7 +1,7 @@
 //! The data path of a [`SessionCore`]: posting requests (the kernel's
-//! `rtrs_clt_write_req`/`rtrs_clt_read_req`, PROTOCOL.md §4.3–§4.4), handling responses
+//! `rtrs_clt_write_req`/`rtrs_clt_read_req`, docs/PROTOCOL.md §4.3–§4.4), handling responses
 //! (`rtrs_clt_rdma_done`, §4.6, validated per §9.6), and failing requests over when
-//! their path dies (`failover_requests`, §6.2).
+//! their path dies (`fail_all_outstanding_reqs` and `rtrs_clt_failover_req`, §6.2).
 //!
 //! WRITE: `[data][usr][rdma_write]` in one RDMA_WRITE_WITH_IMM at chunk offset 0; the
 //! data goes straight from the caller's single segment, or from the permit's bounce

@@ -28,7 +28,7 @@
 //!   connection like other requests; the server treats all connections alike, and this
 //!   keeps every completion on its submitting core.
 //! - Unknown imm types, malformed RKEY_RSPs and IO_RSP_W_INV for a request that asked
-//!   no invalidation are path errors (PROTOCOL.md §9.6 "Add").
+//!   no invalidation are path errors (docs/PROTOCOL.md §9.6 "Add").
 //! - Opening never fails because a path cannot connect: the path retries under the
 //!   reconnect policy (the kernel fails the whole open), and the layer above learns of
 //!   the session's first connected path through [`ClientEvents`]. When instead every

@@ -1,5 +1,5 @@
 //! Permits: the right to use server chunk `buf_id` for one request (the kernel's
-//! `rtrs_permit`, `rtrs_clt_get_permit`/`rtrs_clt_put_permit`, PROTOCOL.md §4.1).
+//! `rtrs_permit`, `rtrs_clt_get_permit`/`rtrs_clt_put_permit`, docs/PROTOCOL.md §4.1).
 //!
 //! The kernel keeps one bitmap per session and takes it with atomic bit operations from
 //! any CPU. Here the session's `queue_depth` buf ids are split once into one contiguous

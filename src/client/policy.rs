@@ -1,6 +1,6 @@
 //! Multipath policies: which path a request goes out on (the kernel's
 //! `rtrs_clt_mpath_policy`, `get_next_path_rr`/`_min_inflight`/`_min_latency` and the
-//! `path_it` iterator, PROTOCOL.md §4.2 and §6.6).
+//! `path_it` iterator, docs/PROTOCOL.md §4.2 and §6.6).
 //!
 //! The policy is a session setting switchable at runtime; each request records the
 //! policy it was posted under, so in-flight accounting stays right when the setting

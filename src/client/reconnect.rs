@@ -1,5 +1,5 @@
 //! When a dead path tries again: the kernel's `rtrs_clt_reconnect_work`,
-//! `max_reconnect_attempts` and the reconnect delay (PROTOCOL.md §6.4), as pure logic.
+//! `max_reconnect_attempts` and the reconnect delay (docs/PROTOCOL.md §6.4), as pure logic.
 //!
 //! Two things are done better than the kernel:
 //! - the jitter is real: a uniformly random 0..`jitter` (hundreds of milliseconds by

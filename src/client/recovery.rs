@@ -1,5 +1,5 @@
 //! A connected client path's life on its home core: the heartbeat on cid 0 (the
-//! kernel's `hb_work` and HB_ACK handling, PROTOCOL.md §5), error recovery when cid 0,
+//! kernel's `hb_work` and HB_ACK handling, docs/PROTOCOL.md §5), error recovery when cid 0,
 //! an IO connection or the heartbeat fails (`rtrs_rdma_error_recovery`, §6.1), and the
 //! teardown that asks every core to drop its connection and fail its requests over,
 //! then decides between reconnecting, closing and removing the path (§6.2–§6.4).

@@ -1,7 +1,7 @@
 //! Why a target refused a session, and whether trying again can change it.
 //!
 //! A server rejects a connection request with a negative errno in the REJ private data
-//! (`rtrs_msg_conn_rsp.errno`, PROTOCOL.md §3.3; the kernel client only logs it in
+//! (`rtrs_msg_conn_rsp.errno`, docs/PROTOCOL.md §3.3; the kernel client only logs it in
 //! `rtrs_rdma_conn_rejected`). The client sorts those errnos in two kinds:
 //!
 //! | errno | the server means | kind |

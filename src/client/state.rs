@@ -1,5 +1,5 @@
 //! The client path state machine: the kernel's `enum rtrs_clt_state` and
-//! `rtrs_clt_change_state` (PROTOCOL.md §6.1), as a pure type plus an atomic cell.
+//! `rtrs_clt_change_state` (docs/PROTOCOL.md §6.1), as a pure type plus an atomic cell.
 //!
 //! A path's state is written only by its home core (the core driving its connection
 //! manager, heartbeat and reconnect) and read by every core that picks a path for IO,
@@ -39,7 +39,7 @@ impl PathState {
         PathState::Dead,
     ];
 
-    /// Whether the kernel allows `self -> to` (PROTOCOL.md §6.1 table).
+    /// Whether the kernel allows `self -> to` (docs/PROTOCOL.md §6.1 table).
     pub const fn can_become(self, to: PathState) -> bool {
         use PathState::*;
         matches!(

@@ -1,5 +1,5 @@
 //! Client statistics: the kernel's `rtrs-clt-stats.c` and sysfs `stats/` files
-//! (PROTOCOL.md §8.1) — rdma read/write counts and bytes, in-flight, failover count,
+//! (docs/PROTOCOL.md §8.1) — rdma read/write counts and bytes, in-flight, failover count,
 //! reconnects (successful starting at −1, failed), cpu migration from/to — plus what the
 //! kernel dropped and a polled engine gets nearly for free: sg entries per request,
 //! completions per poll (`wc_completion`), a per-IO latency histogram, and the

@@ -1,7 +1,7 @@
 //! [`Con`]: one reliable connection of an RTRS path, with the bookkeeping both sides
 //! need around it — the kernel's `struct rtrs_con` plus `rtrs_post_recv_empty`,
 //! `rtrs_post_rdma_write_imm_empty` and the `signal_interval` / `sq_wr_avail` rules of
-//! `rtrs-srv.c` and `rtrs-clt.c` (PROTOCOL.md §4.7).
+//! `rtrs-srv.c` and `rtrs-clt.c` (docs/PROTOCOL.md §4.7).
 //!
 //! # Send-queue budget and signaling
 //! A fabric send slot stays held from posting until a completion is generated for that

@@ -1,6 +1,6 @@
 //! The heartbeat as pure logic: the kernel's `hb_work` / `rtrs_start_hb` /
 //! `rtrs_stop_hb` and the `hb_missed_cnt` / `hb_cur_latency` fields of `struct
-//! rtrs_path` (PROTOCOL.md §5). The caller arms a periodic timer of
+//! rtrs_path` (docs/PROTOCOL.md §5). The caller arms a periodic timer of
 //! [`Heartbeat::interval_ns`] on the path's home core, calls [`Heartbeat::on_tick`] from it
 //! and acts on the answer (post HB_MSG on cid 0, or declare the path dead); it calls
 //! [`Heartbeat::on_traffic`] for every receive completion on any connection of the path

@@ -4,7 +4,7 @@
 //! The kernel builds them in `rtrs_rdma_route_resolved` / `rtrs_rdma_do_accept` /
 //! `rtrs_rdma_do_reject` and checks them in `rtrs_rdma_connect` (server) and
 //! `rtrs_rdma_conn_established` / `rtrs_rdma_conn_rejected` (client).
-//! See PROTOCOL.md §2.2, §2.3, §3.2, §3.3, §9.1 and §9.2.
+//! See docs/PROTOCOL.md §2.2, §2.3, §3.2, §3.3, §9.1 and §9.2.
 
 use super::constants::{
     ceil_log2, chunk_bits, signal_interval, CM_PRIVATE_DATA_LEN, IMM_PAYLOAD_BITS, MAGIC,
@@ -380,7 +380,7 @@ impl ConnRsp {
 
     /// The errno a client reports for a REJ with consumer data `buf`: the carried
     /// negative errno if the data is a well-formed reject (at least 56 bytes, magic,
-    /// major version, errno < 0), otherwise −ECONNRESET (PROTOCOL.md §9.2).
+    /// major version, errno < 0), otherwise −ECONNRESET (docs/PROTOCOL.md §9.2).
     pub fn reject_errno(buf: &[u8]) -> i32 {
         match ConnRsp::decode(buf) {
             Ok(ConnRsp::Reject(r)) => r.errno,

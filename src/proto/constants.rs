@@ -1,7 +1,7 @@
 //! Protocol constants of RTRS 2.0 (the kernel's `rtrs-pri.h`) and the small integer
 //! helpers the wire layout is defined with (`ilog2`, the kernel's ceil-log2 idiom).
 //!
-//! See PROTOCOL.md §1.
+//! See docs/PROTOCOL.md §1.
 
 use super::error::{DecodeError, Expected};
 

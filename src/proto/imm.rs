@@ -5,7 +5,7 @@
 //! endian): type in bits 31..28, payload in bits 27..0. IO_REQ payloads carry a chunk
 //! id and an offset whose split depends on the session queue depth ([`ImmLayout`]);
 //! IO_RSP payloads carry a 9-bit errno magnitude and a 19-bit message id ([`IoRsp`]).
-//! See PROTOCOL.md §1, §2.1, §4.5, §4.6 and §5.
+//! See docs/PROTOCOL.md §1, §2.1, §4.5, §4.6 and §5.
 
 use super::constants::{
     chunk_bits, fits_imm_budget, IMM_PAYLOAD_BITS, IMM_PAYLOAD_MASK, IMM_TYPE_BITS,
@@ -97,7 +97,7 @@ pub enum Imm {
 
 impl Imm {
     /// Decodes an imm in host order. Unknown types and heartbeats with a non-zero payload
-    /// are errors (the kernel only warns; PROTOCOL.md §9.6, §9.7).
+    /// are errors (the kernel only warns; docs/PROTOCOL.md §9.6, §9.7).
     ///
     /// # Errors
     /// [`DecodeError::BadField`] naming `imm.type` or `imm.payload`.
@@ -217,7 +217,7 @@ impl IoRsp {
     }
 
     /// Checks the message id against the session queue depth (the client warns and
-    /// ignores such a response, PROTOCOL.md §4.6).
+    /// ignores such a response, docs/PROTOCOL.md §4.6).
     ///
     /// # Errors
     /// [`DecodeError::BadField`] naming `imm.msg_id`.
@@ -349,7 +349,7 @@ impl ImmLayout {
         Ok(to_imm(ImmType::IoReq, mem_off | offset))
     }
 
-    /// Splits an IO_REQ payload and checks it (PROTOCOL.md §4.5/§9.5: the server closes
+    /// Splits an IO_REQ payload and checks it (docs/PROTOCOL.md §4.5/§9.5: the server closes
     /// the path on `buf_id >= queue_depth` or `offset >= chunk_size`).
     ///
     /// # Errors

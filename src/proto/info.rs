@@ -3,7 +3,7 @@
 //!
 //! The kernel sends them from `rtrs_send_path_info` / `post_recv_path` +
 //! `process_info_req`, and checks the response in `rtrs_clt_info_rsp_done` and
-//! `process_info_rsp`. See PROTOCOL.md §2.4, §2.5, §3.5, §3.6, §9.3 and §9.4.
+//! `process_info_rsp`. See docs/PROTOCOL.md §2.4, §2.5, §3.5, §3.6, §9.3 and §9.4.
 
 use super::constants::{ceil_log2, chunk_bits, MsgType, IMM_PAYLOAD_BITS};
 use super::error::{DecodeError, EncodeError, Expected};
@@ -130,7 +130,7 @@ impl<'a> InfoReq<'a> {
 /// is a non-zero multiple of `chunk_size`, `addr + len` does not wrap, the lengths
 /// sum (in 64 bits) to exactly `queue_depth·chunk_size`, and the imm bit budget holds
 /// for `queue_depth`. The kernel's extra `queue_depth % sg_cnt == 0` is not required:
-/// the mapping below works for uneven splits (PROTOCOL.md §9.4, the note on uneven splits).
+/// the mapping below works for uneven splits (docs/PROTOCOL.md §9.4, the note on uneven splits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InfoRsp<'a> {
     descs: &'a [u8],
@@ -288,7 +288,7 @@ impl<'a> InfoRsp<'a> {
     }
 
     /// The chunks in buf_id order as `(addr, rkey)`: each descriptor split into
-    /// `len / chunk_size` consecutive chunks (PROTOCOL.md §3.6). Yields exactly
+    /// `len / chunk_size` consecutive chunks (docs/PROTOCOL.md §3.6). Yields exactly
     /// `queue_depth` items.
     pub fn chunks(&self) -> impl Iterator<Item = (u64, u32)> + 'a {
         let cs = self.chunk_size;

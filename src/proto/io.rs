@@ -7,7 +7,7 @@
 //! chunk size ([`write_placement`], [`read_placement`]). Server side:
 //! `rtrs_srv_rdma_done` → `process_io_req` → `process_read` / `process_write` read the
 //! trailer at the imm offset ([`ChunkReq::decode`]); `rtrs_clt_rkey_rsp_done` checks
-//! the rkey response ([`RkeyRsp::decode`]). See PROTOCOL.md §2.6–§2.9, §4, §9.5, §9.6.
+//! the rkey response ([`RkeyRsp::decode`]). See docs/PROTOCOL.md §2.6–§2.9, §4, §9.5, §9.6.
 
 use core::ops::Range;
 

@@ -4,7 +4,7 @@
 //! to the kernel's `rtrs-pri.h` (RTRS messages and imm helpers) and `rnbd-proto.h`.
 //! Every decoder takes `&[u8]` and returns a typed value or a [`DecodeError`] that names
 //! the message, the field, the value found and what was expected; it checks every field
-//! the peer controls (the PROTOCOL.md §9 checklist, including the "Add" items a pure
+//! the peer controls (the docs/PROTOCOL.md §9 checklist, including the "Add" items a pure
 //! decoder can check), ignores reserved bytes, never panics and never allocates.
 //! Decoders that need session context (queue depth, chunk size, the largest user
 //! header) take it as parameters. Encoders write into caller buffers (or return fixed
@@ -14,7 +14,7 @@
 //!
 //! # Message map
 //!
-//! | Message | Size | Carried by | Type | PROTOCOL.md |
+//! | Message | Size | Carried by | Type | docs/PROTOCOL.md |
 //! |---|---|---|---|---|
 //! | imm: IO_REQ / IO_RSP(_W_INV) / HB_MSG / HB_ACK | 32 bits | WRITE_WITH_IMM, SEND_WITH_IMM | [`Imm`], [`ImmLayout`], [`IoReq`], [`IoRsp`] | §2.1, §4.5, §4.6, §5 |
 //! | `rtrs_msg_conn_req` | 56 | CM REQ private data | [`ConnReq`] | §2.2, §3.3, §9.1 |

@@ -13,7 +13,7 @@
 //!   session handles (`rnbd-clt`).
 //!
 //! # Cores
-//! Both sides follow the RTRS layers' plan (ARCHITECTURE.md, "Sessions on cores"):
+//! Both sides follow the RTRS layers' plan (docs/ARCHITECTURE.md, "Sessions on cores"):
 //! - Server: every core has its own backend instances (RAM disks share one memory, files
 //!   are opened once per core) and answers the requests of the connections it polls;
 //!   exports (writer counts) and sessions (device tables) are shared, behind locks
@@ -24,7 +24,7 @@
 //! # Beyond the kernel
 //! - Every message length is checked before use; replies are written only into a data
 //!   area large enough; data areas must match `bi_size`; ranges are checked; a
-//!   read-only mapping refuses writes (PROTOCOL.md §9.8).
+//!   read-only mapping refuses writes (docs/PROTOCOL.md §9.8).
 //! - The RTRS client keeps IO while no path is up, so requests built with a device id
 //!   of the old server session can be re-sent after a reconnect. The client re-opens
 //!   its devices (which may get other ids) only once none of them is in flight, so an

@@ -1,5 +1,5 @@
 //! Listeners and CONNECT_REQUEST handling: the kernel's `rtrs_srv_rdma_cm_handler` /
-//! `rtrs_rdma_connect` (PROTOCOL.md §3.3, §6.4, §6.5, §9.1), as one poller on the core
+//! `rtrs_rdma_connect` (docs/PROTOCOL.md §3.3, §6.4, §6.5, §9.1), as one poller on the core
 //! that started the server.
 //!
 //! A request is decoded and checked by [`ConnReq::decode`]; the session is found by

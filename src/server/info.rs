@@ -1,5 +1,5 @@
 //! The service connection's control work on the session's home core: INFO_REQ →
-//! INFO_RSP (the kernel's `process_info_req` / `post_recv_info_req_done`, PROTOCOL.md
+//! INFO_RSP (the kernel's `process_info_req` / `post_recv_info_req_done`, docs/PROTOCOL.md
 //! §3.5, §9.3) and the heartbeat (`rtrs_srv_start_hb` / `hb_work`, §5).
 
 use std::sync::atomic::Ordering;

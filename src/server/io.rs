@@ -1,6 +1,6 @@
 //! Requests on one core: the kernel's `rtrs_srv_rdma_done` IO_REQ branch,
 //! `process_read`/`process_write` and `rtrs_srv_resp_rdma` with `rdma_write_sg` /
-//! `send_io_resp_imm` (PROTOCOL.md §4.5, §9.5).
+//! `send_io_resp_imm` (docs/PROTOCOL.md §4.5, §9.5).
 //!
 //! A request lives in a slot of the core's table from its IO_REQ imm to its response:
 //! 1. the imm is split and checked ([`crate::proto::ImmLayout::decode_io_req`]); the

@@ -19,7 +19,7 @@
 //!   path, else the pool's own key.
 //! - **Cores** (`poller`, `io`, `info`): accepted connection `c` is served by core
 //!   `(c-1) mod n`, cid 0 by the session's home core (INFO_REQ, heartbeats, link events,
-//!   teardown). Requests go to that core's [`ServerHandler`]; responses follow PROTOCOL.md
+//!   teardown). Requests go to that core's [`ServerHandler`]; responses follow docs/PROTOCOL.md
 //!   §4.5 with the send-queue budget and queueing of [`crate::common::Con`].
 //! - Every value from the peer is checked; a violation closes that path only, with a
 //!   rate-limited log line naming the field.
@@ -79,7 +79,7 @@ pub struct ServerConfig {
     /// the oldest such session of the busiest source (of its own source), whose paths
     /// are closed, so a newcomer is never starved. Each session costs a whole chunk pool,
     /// so this bounds what connection requests alone can make the server allocate
-    /// (PROTOCOL.md §9.1 "rate-limit session creation"): sessions without a connected
+    /// (docs/PROTOCOL.md §9.1 "rate-limit session creation"): sessions without a connected
     /// path, including those still closing, never exceed twice the cap (beyond, new
     /// sessions are refused with −EBUSY). Default 256.
     pub max_pending_sessions: usize,

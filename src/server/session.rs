@@ -7,15 +7,16 @@
 //! per-session in-flight buf-id tables, counters — and everything else is written under
 //! the session table lock on the control path (connect, INFO_REQ, close).
 //!
-//! **Buf-id ownership** (PROTOCOL.md §6.2 [NOTE], DESIGN.md §7): `Path::busy` marks a
-//! buf id from the IO_REQ's arrival until its answer on that path (a second arrival is a
-//! broken client: the path closes). `Session::owner` names the path whose request is
-//! executing on a chunk; a failed-over request finding its chunk owned by another (dying)
-//! path waits until that owner releases it, so two requests never use a chunk at once.
-//! `Session::done` counts, per chunk, the requests that finished executing on it: a
-//! request that arrived before the latest of them finished is a failed-over copy of it
-//! (a client re-uses a buf id only once it has the answer, which comes later), so it is
-//! answered with that execution's result instead of running a second time.
+//! **Buf-id ownership** (docs/PROTOCOL.md §6.2 [NOTE], docs/ARCHITECTURE.md, "Failover
+//! without double execution hazards"): `Path::busy` marks a buf id from the IO_REQ's
+//! arrival until its answer on that path (a second arrival is a broken client: the path
+//! closes). `Session::owner` names the path whose request is executing on a chunk; a
+//! failed-over request finding its chunk owned by another (dying) path waits until that
+//! owner releases it, so two requests never use a chunk at once. `Session::done` counts,
+//! per chunk, the requests that finished executing on it: a request that arrived before
+//! the latest of them finished is a failed-over copy of it (a client re-uses a buf id
+//! only once it has the answer, which comes later), so it is answered with that
+//! execution's result instead of running a second time.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -29,7 +30,7 @@ use super::chunks::ChunkPool;
 use super::handler::SessionId;
 use super::stats::{PathCounters, PathStats};
 
-/// Path states (PROTOCOL.md §6.5).
+/// Path states (docs/PROTOCOL.md §6.5).
 pub(crate) const CONNECTING: u8 = 0;
 pub(crate) const CONNECTED: u8 = 1;
 pub(crate) const CLOSING: u8 = 2;

@@ -9,7 +9,8 @@
 //! - [`dma`]: session chunk pools from SPDK DMA memory (the server's chunk allocator
 //!   inside SPDK), so exported bdevs doing DMA can use them.
 //! - [`driver`]: the engine's [`Ctx`](crate::engine::Ctx) over SPDK threads, so RTRS
-//!   pollers run as `spdk_poller`s (DESIGN.md §2) with no threads of ours.
+//!   pollers run as `spdk_poller`s (docs/ARCHITECTURE.md, "One set of pollers, two
+//!   drivers") with no threads of ours.
 //! - [`keyring`]: pre-shared keys by name from SPDK's keyring (`keyring_file_add_key`).
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
 //!   entries written back, and the pending [`RpcRequest`](json::RpcRequest).

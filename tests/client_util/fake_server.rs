@@ -1,7 +1,7 @@
 //! A scripted RTRS server for client tests, built from `proto` and the loopback fabric
 //! only: accepts paths (conn_req/conn_rsp), answers INFO_REQ with one descriptor over
 //! the session's chunks, acknowledges heartbeats, and serves a RAM block device whose
-//! user header is an 8-byte little-endian byte offset. Responses follow PROTOCOL.md
+//! user header is an 8-byte little-endian byte offset. Responses follow docs/PROTOCOL.md
 //! §4.5 (RDMA_WRITE of the reply, SEND_WITH_INV when asked, then the response imm, as
 //! an empty write-with-imm or an RKEY_RSP under NEW_RKEY_F). One session, answered at
 //! once; enough to drive every client path deterministically.

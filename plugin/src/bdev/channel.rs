@@ -5,13 +5,13 @@
 //! read through the safe [`BdevIo`]. Its iovecs become SGEs of registered memory there
 //! ([`MemMap`](super::memmap::MemMap)), in its task, whose [`TaskRef`] carries it to a
 //! port and back.
-//! Connection `k+1` of every path belongs to the disk's core `k` (DESIGN.md §3), and
-//! the first channel created on that CPU core *owns* it: it holds the core's
-//! [`PortState`] in its context, submits its requests on it directly from
-//! `submit_request`, and its SPDK poller polls the port and completes the bdev IO it
-//! reaps on the spot — no queue, no hop, no lock per IO. The port moves in and out of a
-//! channel through its [`CoreSlot`](super::core::CoreSlot) (one uncontended lock per
-//! move); while no channel owns it the disk's own thread on that core polls it.
+//! Connection `k+1` of every path belongs to the disk's core `k` (docs/ARCHITECTURE.md,
+//! "Sessions on cores"), and the first channel created on that CPU core *owns* it: it
+//! holds the core's [`PortState`] in its context, submits its requests on it directly
+//! from `submit_request`, and its SPDK poller polls the port and completes the bdev IO
+//! it reaps on the spot — no queue, no hop, no lock per IO. The port moves in and out
+//! of a channel through its [`CoreSlot`](super::core::CoreSlot) (one uncontended lock
+//! per move); while no channel owns it the disk's own thread on that core polls it.
 //!
 //! Requests of the other channels of the core (two bdevperf jobs on one core, or fio's
 //! threads, which run on no core of the application) go through the slot's queue, which

@@ -1,6 +1,7 @@
 //! One rtrs bdev: an RNBD device mapped over an RTRS client session whose pollers run
-//! on SPDK threads of ours, one per core of the application's cpumask (DESIGN.md §3).
-//! The kernel's `rnbd_clt_dev` with its gendisk; here the "disk" is an `spdk_bdev`.
+//! on SPDK threads of ours, one per core of the application's cpumask
+//! (docs/ARCHITECTURE.md, "Sessions on cores"). The kernel's `rnbd_clt_dev` with its
+//! gendisk; here the "disk" is an `spdk_bdev`.
 //!
 //! IO: each core of the disk has a port ([`PortState`]: that core's session handle) that
 //! the IO channel on its CPU core owns and polls, or the disk's own thread on the core

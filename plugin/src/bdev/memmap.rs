@@ -1,10 +1,11 @@
 //! SPDK's memory, registered with the client's fabric so bdev IO buffers can be named in
-//! RTRS scatter-gather lists without a copy (DESIGN.md §8). An `spdk_mem_map` hears of
-//! every region SPDK registers (now and later) and we register each with the fabric,
-//! keeping its lkey as the map's translation; a bdev IO's iovecs are then turned into
-//! SGEs by looking their addresses up. This is what SPDK's own RDMA transports do with
-//! `ibv_reg_mr`; for the tcp fabric any memory would do, but the fabric contract wants
-//! every SGE to name a registration, and the same code then serves verbs.
+//! RTRS scatter-gather lists without a copy (docs/ARCHITECTURE.md, "The SPDK plugin as a
+//! shared library"). An `spdk_mem_map` hears of every region SPDK registers (now and
+//! later) and we register each with the fabric, keeping its lkey as the map's
+//! translation; a bdev IO's iovecs are then turned into SGEs by looking their addresses
+//! up. This is what SPDK's own RDMA transports do with `ibv_reg_mr`; for the tcp fabric
+//! any memory would do, but the fabric contract wants every SGE to name a registration,
+//! and the same code then serves verbs.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};

@@ -1,4 +1,4 @@
-//! The RTRS target inside SPDK (server side, issue 4 §4): SPDK bdevs exported as RNBD
+//! The RTRS target inside SPDK (server side): SPDK bdevs exported as RNBD
 //! devices over RTRS. It is the `rtrs_target` SPDK subsystem (depending on `bdev`, so
 //! `save_config` writes it after the bdevs it exports and `--json` replays it after
 //! them), configured by the `rtrs_target_*` RPCs ([`rpc`]).

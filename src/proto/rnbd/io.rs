@@ -1,7 +1,7 @@
 //! RNBD IO (`rnbd_msg_io`): the user header of every block request, with the `rw` word
 //! (op in bits 7..0, `RNBD_F_*` flags above), as built by `rnbd_client_xfer_request`
 //! and read by `process_rdma` / `rnbd_to_bio_flags` in the kernel.
-//! See PROTOCOL.md §2.10, §7.3 and §9.8.
+//! See docs/PROTOCOL.md §2.10, §7.3 and §9.8.
 
 use core::ops::{BitOr, BitOrAssign};
 

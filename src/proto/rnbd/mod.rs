@@ -12,7 +12,7 @@
 //!
 //! The server dispatches a user header with [`RnbdMsg::decode`] (the kernel's
 //! `rnbd_srv_rdma_ev`, which never checks `usrlen`; we require the full message).
-//! See PROTOCOL.md §2.10, §7 and §9.8.
+//! See docs/PROTOCOL.md §2.10, §7 and §9.8.
 
 mod io;
 mod open;
@@ -220,7 +220,7 @@ pub enum RnbdMsg<'a> {
 
 impl<'a> RnbdMsg<'a> {
     /// Decodes a user header received by the server. The header must be at least as
-    /// long as its message (36 / 264 / ≥ 24 / 8 bytes, PROTOCOL.md §9.8); the two reply
+    /// long as its message (36 / 264 / ≥ 24 / 8 bytes, docs/PROTOCOL.md §9.8); the two reply
     /// types are refused.
     ///
     /// # Errors

@@ -1,6 +1,6 @@
 //! RNBD OPEN (`rnbd_msg_open`, 264 bytes) and its reply OPEN_RSP (`rnbd_msg_open_rsp`,
 //! 56 bytes), as built by `send_msg_open` / `rnbd_srv_fill_msg_open_rsp` and checked by
-//! `process_msg_open` / `process_msg_open_rsp` in the kernel. See PROTOCOL.md §2.10,
+//! `process_msg_open` / `process_msg_open_rsp` in the kernel. See docs/PROTOCOL.md §2.10,
 //! §7.2 and §9.8.
 
 use super::{fixed, start, RnbdMsgType};

@@ -17,7 +17,7 @@
 //! - Buffers are raw memory ([`IoBuf`]), normally a request's RTRS chunk, which the
 //!   request owns exclusively until its response; a backend touches it only between
 //!   submission and completion. Dropping a backend waits for IO still in flight.
-//! - [`Geometry`] holds what `rnbd_msg_open_rsp` reports (PROTOCOL.md §2.10, §7.2).
+//! - [`Geometry`] holds what `rnbd_msg_open_rsp` reports (docs/PROTOCOL.md §2.10, §7.2).
 //! - [`BlockOp::WriteSame`] (RNBD op 5 from a client older than Linux 5.18, which
 //!   carries one logical block of data) writes that block over the whole range; every
 //!   backend emulates it with writes of the repeated block (docs/ARCHITECTURE.md, "RNBD
@@ -61,7 +61,7 @@ pub const RNBD_FUA: u8 = 1;
 /// See [`RNBD_FUA`].
 pub const RNBD_WRITEBACK: u8 = 2;
 
-/// Block operations (RNBD's `rnbd_io_flags` op codes, PROTOCOL.md §2.10).
+/// Block operations (RNBD's `rnbd_io_flags` op codes, docs/PROTOCOL.md §2.10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlockOp {
     Read,

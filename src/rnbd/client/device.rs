@@ -4,7 +4,7 @@
 //! `rnbd_clt_unmap_device` and the remap after `RTRS_CLT_LINK_EV_RECONNECTED`
 //! (`rnbd_clt_remap_device`).
 //!
-//! States (PROTOCOL.md §7.2): INIT → (OPEN_RSP) → MAPPED ⇄ MAPPED_DISCONNECTED (link
+//! States (docs/PROTOCOL.md §7.2): INIT → (OPEN_RSP) → MAPPED ⇄ MAPPED_DISCONNECTED (link
 //! down / re-open adopting the new device id) → UNMAPPED.
 
 use std::fmt;

@@ -3,7 +3,7 @@
 //! written into the data area) or a block IO started on this core's backend out, its
 //! errno reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
 //! `process_msg_sess_info`, `process_msg_open`, `process_msg_close` and `process_rdma`
-//! (bio flags from `rnbd_to_bio_flags`), plus the checks PROTOCOL.md §9.8 adds.
+//! (bio flags from `rnbd_to_bio_flags`), plus the checks docs/PROTOCOL.md §9.8 adds.
 //!
 //! Op 5 means WRITE_SAME to clients older than Linux 5.18 and WRITE_ZEROES to clients
 //! from 6.8 on; the version on the wire cannot tell them apart, the data can: an old
@@ -136,7 +136,7 @@ impl Dispatcher {
     }
 
     /// Handles one request of `sess`: SESS_INFO and OPEN answer at once with their reply
-    /// in the data area, CLOSE answers 0, IO starts on this core's backend (PROTOCOL.md
+    /// in the data area, CLOSE answers 0, IO starts on this core's backend (docs/PROTOCOL.md
     /// §7). Every field is checked first; a malformed header is −EINVAL.
     pub fn process(&mut self, sess: &RnbdSession, req: Request<'_>) -> Outcome {
         let msg = match RnbdMsg::decode(req.usr) {
@@ -398,7 +398,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     // the module doc; the backend checks the block's length).
     let write_same = io.op == RnbdOp::WriteZeroes && datalen != 0;
     // With data, the chunk is the bio and must be exactly `bi_size` long; without, the
-    // size comes from the message (PROTOCOL.md §7.3).
+    // size comes from the message (docs/PROTOCOL.md §7.3).
     if datalen != 0 && datalen != io.bi_size as usize && !write_same {
         return Err(errno::EINVAL);
     }

@@ -101,7 +101,7 @@ pub enum AccessError {
 }
 
 impl AccessError {
-    /// The negative errno for OPEN's response (PROTOCOL.md §7.2): −ENOENT for a name
+    /// The negative errno for OPEN's response (docs/PROTOCOL.md §7.2): −ENOENT for a name
     /// the server does not have (what opening a missing path gives), −EINVAL for `..`,
     /// −EPERM for a writer conflict, −EACCES for write access to a read-only export
     /// (what the kernel's block-device open returns for a read-only device) and for a
@@ -411,7 +411,7 @@ impl Exports {
         *lock(&self.export(id).writers)
     }
 
-    /// Applies the access rule for a new mapping of `id` in `mode` (PROTOCOL.md §7.2
+    /// Applies the access rule for a new mapping of `id` in `mode` (docs/PROTOCOL.md §7.2
     /// step 6): RO always; RW only without writers; MIGRATION while fewer than two.
     /// A granted write mode counts one writer until [`release`](Self::release).
     ///

@@ -67,7 +67,7 @@ impl RnbdSession {
         self.ver.load(Ordering::Relaxed)
     }
 
-    /// Maps a device (PROTOCOL.md §7.2): an idempotent re-open of a name this session
+    /// Maps a device (docs/PROTOCOL.md §7.2): an idempotent re-open of a name this session
     /// already has returns its OPEN_RSP again without any access check (unless that
     /// export was removed meanwhile: the dead mapping is dropped first); otherwise the
     /// name must be an export (and free of `..`) whose host list allows this session
