@@ -3,8 +3,9 @@
 //! and `rtrs-bench --verify` over both paths (read, write, randrw). While it runs, the
 //! paths are broken alternately at random moments: every TCP socket of the path killed
 //! with `ss -K` (the client's or the server's side), or (once in every other run) the
-//! path made silent by an `nft` drop rule until both heartbeats (shortened to 1 s × 3)
-//! have declared it dead. A path is broken only once it carries IO again and the other path is up, so IO
+//! path made silent by an `nft` drop rule until both heartbeats (shortened to 2 s × 4,
+//! which still outlasts the 5 s a process here sometimes waits for a CPU) have declared
+//! it dead. A path is broken only once it carries IO again and the other path is up, so IO
 //! always has a path to fail over to.
 //!
 //! Checked: no IO error, no verify mismatch, and every path reconnected exactly as many
@@ -33,16 +34,18 @@ use fault_util::{break_path, client_sockets, remove_orphan_tables, tools_usable,
 use serde_json::Value;
 
 const ADDRS: [&str; 2] = ["127.0.0.1", "127.0.0.2"];
-/// Heartbeat of both sides: a silent path is dead within 3 s (interval × missed).
-const HB: &str = "1s";
-const HB_MISSED: &str = "3";
-/// Silence (or a wait for a CPU) that can get a path declared dead: the heartbeat's
-/// probe goes out after one interval, the path is dead two intervals later at most.
-const STARVED: Duration = Duration::from_secs(2);
+/// Heartbeat of both sides: a silent path is dead within 8 s (interval × missed).
+const HB: &str = "2s";
+const HB_MISSED: &str = "4";
+/// Silence (or a wait for a CPU) that can get a path declared dead: the probe goes out
+/// at the first tick of a silence, the path is dead three ticks later (missed − 1).
+const STARVED: Duration = Duration::from_secs(6);
 /// Longest silence: both heartbeats give the path up well before.
-const SILENCE_MAX: Duration = Duration::from_secs(10);
-/// The bench's measured time per run; breaks stop a little before its end.
-const RUN: Duration = Duration::from_secs(8);
+const SILENCE_MAX: Duration = Duration::from_secs(15);
+/// The bench's measured time per run (with a silence: longer, it lasts up to 8 s); breaks
+/// stop a little before its end.
+const RUN: Duration = Duration::from_secs(6);
+const RUN_SILENCE: Duration = Duration::from_secs(14);
 const MIN_BREAKS: usize = 50;
 /// Bound of every wait for a path or a process.
 const WAIT: Duration = Duration::from_secs(30);
@@ -178,7 +181,8 @@ fn run(
     let urls: Vec<String> = (0..2)
         .map(|k| format!("tcp://{}:{}", ADDRS[k], t.ports[k]))
         .collect();
-    let time = format!("{}s", RUN.as_secs());
+    let run_for = if silence { RUN_SILENCE } else { RUN };
+    let time = format!("{}s", run_for.as_secs());
     let mut args = vec![
         "-m",
         "0x2",
@@ -235,7 +239,7 @@ fn run(
     let mut up = (0..2).all(|k| wait_carrying_io(ADDRS[k], t.ports[k], cons, &mut bench));
     // Breaks end well before the bench's measured time does (it starts after the
     // device is mapped), so the last broken path is back while the bench still runs.
-    while up && started.elapsed() + Duration::from_millis(1500) < RUN {
+    while up && started.elapsed() + Duration::from_millis(1500) < run_for {
         thread::sleep(Duration::from_millis(20 + rng.below(130)));
         // The second break of a `silence` run silences its path; the others kill its
         // sockets on the client's or the server's side.
@@ -258,7 +262,7 @@ fn run(
         up = wait_carrying_io(ADDRS[p], t.ports[p], cons, &mut bench);
         p ^= 1;
     }
-    let status = bench.wait(RUN + WAIT * 2);
+    let status = bench.wait(run_for + WAIT * 2);
     let starved = watch.finish();
     let stdout = out.recv_timeout(WAIT).unwrap_or_default();
     let stderr = err.recv_timeout(WAIT).unwrap_or_default();
