@@ -26,6 +26,7 @@
 pub mod client;
 pub mod common;
 pub mod engine;
+pub mod errno;
 pub mod error;
 pub mod fabric;
 pub mod proto;
@@ -35,4 +36,5 @@ pub mod server;
 #[cfg(feature = "spdk")]
 pub mod spdk;
 
+pub use errno::Errno;
 pub use error::{Error, Result};

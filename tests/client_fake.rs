@@ -533,7 +533,7 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
     drop(cores);
     sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
         let mut out = [ClientCompletion::default(); 4];
-        core0.poll(cx, &mut out);
+        core0.poll(cx.now(), &mut out);
         PollResult::Idle
     }));
     let step_until = |sim: &mut Simulation, cond: &dyn Fn() -> bool| {

@@ -63,7 +63,7 @@ impl Worker {
             sgl: &sgl,
             admin: false,
         };
-        match self.core.submit(cx, io) {
+        match self.core.submit(cx.now(), io) {
             Ok(()) => true,
             Err(SubmitError::Busy { .. }) => false,
             // The test closed the session.
@@ -74,7 +74,7 @@ impl Worker {
 
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let mut out = [ClientCompletion::default(); 16];
-        let n = self.core.poll(cx, &mut out);
+        let n = self.core.poll(cx.now(), &mut out);
         if self.buf.is_none() {
             if self.core.max_io_size() == 0 {
                 return PollResult::Idle;

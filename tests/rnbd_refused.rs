@@ -232,7 +232,7 @@ fn a_refused_session_connects_once_a_retry_gets_through() {
                 let mut core: SessionCore = cores.remove(0);
                 let mut comps = [ClientCompletion::default(); 4];
                 cx.register(Box::new(move |cx: &mut dyn Ctx| {
-                    if core.poll(cx, &mut comps) > 0 {
+                    if core.poll(cx.now(), &mut comps) > 0 {
                         PollResult::Busy
                     } else {
                         PollResult::Idle

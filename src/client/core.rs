@@ -23,7 +23,6 @@ use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::shared::{CoreCmd, IoConn, Params, PathShared, SessShared};
 use crate::common::{Dir, IuPool};
-use crate::engine::Ctx;
 use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge};
 use crate::proto::constants::MAX_SEGMENTS;
 
@@ -318,7 +317,7 @@ impl SessionCore {
     /// come back, or has not connected yet (wait for the `Connected` link event);
     /// `Refused` when it never connected and the target refused every path for good
     /// ([`refusal`](Self::refusal) says why).
-    pub fn submit(&mut self, cx: &mut dyn Ctx, io: ClientIo<'_>) -> Result<(), SubmitError> {
+    pub fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SubmitError> {
         let Some(p) = self.params else {
             return Err(match self.refusal() {
                 Some(r) => SubmitError::Refused { errno: r.errno },
@@ -353,7 +352,6 @@ impl SessionCore {
             });
         };
         let i = usize::from(buf_id - self.permits.range().start);
-        let now = cx.now();
         let res = self
             .res
             .as_ref()
@@ -403,8 +401,7 @@ impl SessionCore {
 
     /// Makes progress (connections, failover, waiting requests) and moves up to
     /// `out.len()` completions into `out`; returns how many.
-    pub fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [ClientCompletion]) -> usize {
-        let now = cx.now();
+    pub fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
         self.polls = self.polls.wrapping_add(1);
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);

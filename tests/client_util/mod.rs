@@ -141,7 +141,7 @@ impl Load {
         if let Some(m) = self.measure {
             m(true);
         }
-        let res = self.core.submit(cx, io);
+        let res = self.core.submit(cx.now(), io);
         if let Some(m) = self.measure {
             m(false);
         }
@@ -170,7 +170,7 @@ impl Load {
         if let Some(m) = self.measure {
             m(true);
         }
-        let n = self.core.poll(cx, &mut out);
+        let n = self.core.poll(cx.now(), &mut out);
         if let Some(m) = self.measure {
             m(false);
         }

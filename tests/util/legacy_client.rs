@@ -59,7 +59,7 @@ impl Legacy {
             sgl: if len == 0 { &[] } else { &sge },
             admin: false,
         };
-        match self.core.submit(cx, io) {
+        match self.core.submit(cx.now(), io) {
             Ok(()) => Ok(true),
             Err(SubmitError::Busy { .. }) => Ok(false),
             Err(SubmitError::NoPath) if self.core.max_io_size() == 0 => Ok(false),
@@ -82,7 +82,7 @@ impl Legacy {
     /// Even steps send, odd steps wait for their answer.
     fn poll(&mut self, cx: &mut dyn Ctx) -> Result<bool, String> {
         let mut out = [ClientCompletion::default(); 4];
-        let n = self.core.poll(cx, &mut out);
+        let n = self.core.poll(cx.now(), &mut out);
         for c in &out[..n] {
             self.answer(c.errno)?;
         }
@@ -226,7 +226,7 @@ pub fn write_same(
         cx.defer(1, move |cx: &mut dyn Ctx| {
             cx.register(Box::new(move |cx: &mut dyn Ctx| {
                 let mut out = [ClientCompletion::default(); 4];
-                if other.poll(cx, &mut out) > 0 {
+                if other.poll(cx.now(), &mut out) > 0 {
                     PollResult::Busy
                 } else {
                     PollResult::Idle

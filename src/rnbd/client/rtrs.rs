@@ -24,7 +24,7 @@ impl RtrsPort for SessionCore {
             sgl: io.sgl,
             admin: io.admin,
         };
-        match SessionCore::submit(self, cx, cio) {
+        match SessionCore::submit(self, cx.now(), cio) {
             Ok(()) => Ok(()),
             Err(SubmitError::Busy { .. }) => Err(PortError::Busy),
             // Not connected yet (limits unknown): wait for the first Connected.
@@ -49,7 +49,7 @@ impl RtrsPort for SessionCore {
     fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
         let mut buf = [ClientCompletion::default(); BATCH];
         let want = out.len().min(BATCH);
-        let n = SessionCore::poll(self, cx, &mut buf[..want]);
+        let n = SessionCore::poll(self, cx.now(), &mut buf[..want]);
         for (o, c) in out.iter_mut().zip(&buf[..n]) {
             *o = PortCompletion {
                 tag: c.tag,
