@@ -16,7 +16,7 @@ use rtrs_spdk::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, FileBackend, FileOptions, IoBuf, IoFlags, IoMode,
 };
 
-fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), i32> {
+fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), rtrs_spdk::Errno> {
     b.submit(io).expect("submit");
     let mut out = [BlockCompletion::default(); 2];
     let start = Instant::now();
@@ -86,6 +86,6 @@ fn block_device_round_trip() {
             assert_eq!(run_one(&mut b, d), Ok(()), "discard");
         }
         let past = BlockIo::read(6, g.size, buf(&back, 0, lbs));
-        assert_eq!(b.submit(past).unwrap_err().errno(), -libc::EIO);
+        assert_eq!(b.submit(past).unwrap_err().errno().neg(), -libc::EIO);
     }
 }

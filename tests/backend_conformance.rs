@@ -154,7 +154,7 @@ fn wait_for(b: &mut dyn BlockBackend, n: usize) -> Vec<BlockCompletion> {
     got
 }
 
-fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), i32> {
+fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), rtrs_spdk::Errno> {
     b.submit(io).expect("submit");
     let c = wait_for(b, 1);
     assert_eq!(c[0].tag, io.tag);
@@ -387,16 +387,19 @@ fn write_same_repeats_the_block(f: Flavour) {
                 block_size: BS
             }
         );
-        assert_eq!(e.errno(), -libc::EINVAL);
+        assert_eq!(e.errno().neg(), -libc::EINVAL);
         assert!(
             e.to_string().contains("exactly one 512-byte logical block"),
             "{e}"
         );
     }
     let no_block = BlockIo::range(6, BlockOp::WriteSame, 0, BS * 4);
-    assert_eq!(b.submit(no_block).unwrap_err().errno(), -libc::EINVAL);
+    assert_eq!(b.submit(no_block).unwrap_err().errno().neg(), -libc::EINVAL);
     let misaligned = BlockIo::write_same(7, 0, BS * 4 + 100, io_buf(&blocks, 0, BS as usize));
-    assert_eq!(b.submit(misaligned).unwrap_err().errno(), -libc::EINVAL);
+    assert_eq!(
+        b.submit(misaligned).unwrap_err().errno().neg(),
+        -libc::EINVAL
+    );
     assert_eq!(b.in_flight(), 0);
     let back = MemBuf::zeroed(SIZE);
     assert_eq!(
@@ -424,7 +427,7 @@ fn read_only_refuses_writes(f: Flavour) {
     ] {
         let e = b.submit(io).unwrap_err();
         assert_eq!(e, SubmitError::ReadOnly { op: io.op });
-        assert_eq!(e.errno(), -libc::EROFS);
+        assert_eq!(e.errno().neg(), -libc::EROFS);
     }
     assert_eq!(b.in_flight(), 0);
     assert_eq!(
@@ -471,7 +474,7 @@ fn bad_io_is_refused_synchronously(f: Flavour) {
     ];
     for (io, errno) in cases {
         let e = b.submit(io).expect_err("bad IO accepted");
-        assert_eq!(e.errno(), errno, "tag {}: {e}", io.tag);
+        assert_eq!(e.errno().neg(), errno, "tag {}: {e}", io.tag);
         assert!(!e.is_busy());
         assert!(!e.to_string().is_empty());
     }
@@ -501,12 +504,12 @@ fn full_queue_is_busy_then_retried(f: Flavour) {
     let e = b.submit(extra).unwrap_err();
     assert!(e.is_busy(), "{e}");
     assert_eq!(e, SubmitError::Busy { depth: DEPTH });
-    assert_eq!(e.errno(), -libc::EAGAIN);
+    assert_eq!(e.errno().neg(), -libc::EAGAIN);
     // An invalid IO is still refused for what it is, not as busy.
     let bad = b
         .submit(BlockIo::read(98, 3, io_buf(&mem, 0, 512)))
         .unwrap_err();
-    assert_eq!(bad.errno(), -libc::EINVAL);
+    assert_eq!(bad.errno().neg(), -libc::EINVAL);
     // Reap one slot, then the same IO goes through.
     let mut out = [BlockCompletion::default(); 1];
     let start = Instant::now();

@@ -113,7 +113,7 @@ fn drive(backend: Box<dyn BlockBackend>) {
             assert!(start.elapsed() < Duration::from_secs(60), "read-back stuck");
             std::thread::sleep(Duration::from_micros(100));
         }
-        assert_eq!(out[0], BlockCompletion::new(part as u64, 0));
+        assert_eq!(out[0], BlockCompletion::new(part as u64, Ok(())));
         // SAFETY: the read has completed; nothing else writes `back`.
         let got = unsafe { std::slice::from_raw_parts(back.as_ptr(), 100 * LEN) };
         for i in 0..100 {

@@ -39,7 +39,7 @@ impl Drop for TempFile {
     }
 }
 
-fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), i32> {
+fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), rtrs_spdk::Errno> {
     b.submit(io).expect("submit");
     let mut out = [BlockCompletion::default(); 2];
     let start = Instant::now();
@@ -357,7 +357,11 @@ fn file_shrunk_under_the_export_gives_eio() {
             .unwrap();
         let mem = MemBuf::zeroed(4096);
         let past = BlockIo::read(1, 32 << 10, io_buf(&mem));
-        assert_eq!(run_one(&mut b, past), Err(-libc::EIO), "{mode:?}");
+        assert_eq!(
+            run_one(&mut b, past),
+            Err(rtrs_spdk::Errno::EIO),
+            "{mode:?}"
+        );
         let inside = BlockIo::read(2, 8 << 10, io_buf(&mem));
         assert_eq!(run_one(&mut b, inside), Ok(()), "{mode:?}");
         assert!(mem_bytes(&mem).iter().all(|&x| x == 1));

@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, IoFlags, OpenRsp, RnbdOp};
-use rtrs_spdk::rnbd::backend::IoBuf;
+use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice, WriteZeroesMode,
 };
-use rtrs_spdk::rnbd::server::{Completion, Dispatcher, Exports, Outcome, Request, RnbdSession};
+use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSession};
 use rtrs_spdk::rnbd::Dir;
+use rtrs_spdk::Errno;
 
 /// One client session talking to one server core without RTRS in between.
 struct Link {
@@ -46,15 +47,15 @@ impl Link {
             peer: None,
         };
         let errno = match self.disp.process(&self.sess, req) {
-            Outcome::Done(e) => e,
+            Outcome::Done(r) => Errno::neg_of(r),
             Outcome::Submitted => {
-                let mut out = [Completion::default(); 1];
+                let mut out = [BlockCompletion::default(); 1];
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while self.disp.poll(&mut out) == 0 {
                     assert!(Instant::now() < deadline, "IO did not complete");
                 }
                 assert_eq!(out[0].tag, 9);
-                out[0].errno
+                Errno::neg_of(out[0].result)
             }
         };
         let mut back = vec![0; len];

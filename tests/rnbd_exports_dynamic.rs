@@ -14,11 +14,11 @@ use rtrs_spdk::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, Geometry, IoBuf, RamBackend, SubmitError,
 };
 use rtrs_spdk::rnbd::server::{
-    AccessError, Completion, Dir, Dispatcher, ExportBackend, Exports, ExportsError, Outcome,
-    Request, RnbdSession,
+    AccessError, Dir, Dispatcher, ExportBackend, Exports, ExportsError, Outcome, Request,
+    RnbdSession,
 };
 
-const EIO: i32 = -libc::EIO;
+use rtrs_spdk::Errno;
 
 /// A RAM disk whose per-core instances are counted (opened, dropped).
 struct Counted {
@@ -99,7 +99,7 @@ fn area(len: usize) -> (MemBuf, IoBuf) {
     (mem, buf)
 }
 
-fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, i32> {
+fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errno> {
     let mut msg = [0u8; Open::LEN];
     Open {
         access_mode: AccessMode::ReadWrite,
@@ -119,14 +119,14 @@ fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, i32>
         },
     );
     match r {
-        Outcome::Done(0) => {
+        Outcome::Done(Ok(())) => {
             let mut b = [0u8; OpenRsp::LEN];
             // SAFETY: the request was answered; nobody uses the area.
             unsafe { buf.copy_out(0, &mut b) };
             drop(mem);
             Ok(OpenRsp::decode(&b).unwrap().device_id)
         }
-        Outcome::Done(e) => Err(e),
+        Outcome::Done(Err(e)) => Err(e),
         Outcome::Submitted => panic!("OPEN answers at once"),
     }
 }
@@ -154,10 +154,10 @@ fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf
 }
 
 /// Polls until `n` completions came (bounded), returning them.
-fn reap(d: &mut Dispatcher, n: usize) -> Vec<Completion> {
+fn reap(d: &mut Dispatcher, n: usize) -> Vec<BlockCompletion> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
-    let mut out = [Completion::default(); 8];
+    let mut out = [BlockCompletion::default(); 8];
     while got.len() < n {
         let k = d.poll(&mut out);
         got.extend_from_slice(&out[..k]);
@@ -171,7 +171,7 @@ fn exports_come_and_go_under_a_dispatcher() {
     let exports = Arc::new(Exports::dynamic(8));
     let mut d = Dispatcher::new(Arc::clone(&exports), 0).unwrap();
     let sess = RnbdSession::new("s", Arc::clone(&exports));
-    assert_eq!(open(&mut d, &sess, b"d"), Err(-libc::ENOENT));
+    assert_eq!(open(&mut d, &sess, b"d"), Err(Errno::ENOENT));
 
     let first = disk(1 << 20);
     exports.add("d", Arc::clone(&first.backend), false).unwrap();
@@ -184,7 +184,7 @@ fn exports_come_and_go_under_a_dispatcher() {
     let (_mem, buf) = area(4096);
     assert_eq!(write(&mut d, &sess, dev, 7, buf), Outcome::Submitted);
     assert_eq!(first.opened.load(Ordering::SeqCst), 1);
-    assert_eq!(reap(&mut d, 1), [Completion { tag: 7, errno: 0 }]);
+    assert_eq!(reap(&mut d, 1), [BlockCompletion::new(7, Ok(()))]);
 
     // Removed with an IO in flight: the IO completes, then the instance goes.
     assert_eq!(write(&mut d, &sess, dev, 8, buf), Outcome::Submitted);
@@ -192,12 +192,15 @@ fn exports_come_and_go_under_a_dispatcher() {
         exports.remove("d").map(|id| exports.is_closed(id)),
         Some(true)
     );
-    assert_eq!(reap(&mut d, 1), [Completion { tag: 8, errno: 0 }]);
-    let mut out = [Completion::default(); 2];
+    assert_eq!(reap(&mut d, 1), [BlockCompletion::new(8, Ok(()))]);
+    let mut out = [BlockCompletion::default(); 2];
     d.poll(&mut out);
     assert_eq!(first.dropped.load(Ordering::SeqCst), 1);
     assert_eq!(d.in_flight(), 0);
-    assert_eq!(write(&mut d, &sess, dev, 9, buf), Outcome::Done(EIO));
+    assert_eq!(
+        write(&mut d, &sess, dev, 9, buf),
+        Outcome::Done(Err(Errno::EIO))
+    );
     drop(first.backend);
 
     // Exported again under the same name: a fresh mapping and a fresh instance.
@@ -207,7 +210,7 @@ fn exports_come_and_go_under_a_dispatcher() {
         .unwrap();
     let dev2 = open(&mut d, &sess, b"d").unwrap();
     assert_eq!(write(&mut d, &sess, dev2, 10, buf), Outcome::Submitted);
-    assert_eq!(reap(&mut d, 1), [Completion { tag: 10, errno: 0 }]);
+    assert_eq!(reap(&mut d, 1), [BlockCompletion::new(10, Ok(()))]);
     assert_eq!(second.opened.load(Ordering::SeqCst), 1);
     assert_eq!(second.dropped.load(Ordering::SeqCst), 0);
 }

@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
-use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions, IoBuf};
-use rtrs_spdk::rnbd::server::{
-    Completion, Dir, Dispatcher, Exports, Outcome, Request, RnbdSession,
-};
+use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
+use rtrs_spdk::rnbd::server::{Dir, Dispatcher, Exports, Outcome, Request, RnbdSession};
+use rtrs_spdk::Errno;
 
 const SIZE: usize = 1 << 20;
 const BS: usize = 512;
@@ -57,7 +56,8 @@ fn io_msg(device_id: u32, op: RnbdOp, sector: u64, bi_size: u32) -> [u8; 32] {
     .to_bytes()
 }
 
-/// Runs one request to its end (bounded wait) and returns its errno.
+/// Runs one request to its end (bounded wait) and returns its wire status (0 or a
+/// negative errno).
 fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
     let req = Request {
         tag: 1,
@@ -67,16 +67,16 @@ fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -
         peer: None,
     };
     match d.process(s, req) {
-        Outcome::Done(e) => return e,
+        Outcome::Done(r) => return Errno::neg_of(r),
         Outcome::Submitted => {}
     }
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut out = [Completion::default(); 4];
+    let mut out = [BlockCompletion::default(); 4];
     loop {
         let n = d.poll(&mut out);
         if n > 0 {
             assert_eq!((n, out[0].tag), (1, 1));
-            return out[0].errno;
+            return Errno::neg_of(out[0].result);
         }
         assert!(Instant::now() < deadline, "IO did not complete");
         std::thread::yield_now();
@@ -103,7 +103,7 @@ fn open(d: &mut Dispatcher, s: &RnbdSession) -> u32 {
                 peer: None,
             }
         ),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     let rsp = OpenRsp::decode(&area.bytes(OpenRsp::LEN)).unwrap();
     // Byte 20 (max_write_same_sectors before 5.18, max_write_zeroes_sectors since 6.8)

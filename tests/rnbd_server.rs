@@ -9,13 +9,14 @@ use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{
     AccessMode, Close, Io, IoFlags, Open, OpenRsp, RnbdOp, SessInfo, SessInfoRsp,
 };
-use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions, IoBuf};
+use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
 use rtrs_spdk::rnbd::server::{
-    Completion, Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdSession,
+    Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdSession,
 };
+use rtrs_spdk::Errno;
 
+/// The wire's −EINVAL, as [`run`] reports it.
 const EINVAL: i32 = -libc::EINVAL;
-const EPERM: i32 = -libc::EPERM;
 
 /// A chunk-like data area.
 struct Area {
@@ -90,39 +91,40 @@ fn open(
     sess: &RnbdSession,
     name: &[u8],
     mode: AccessMode,
-) -> Result<OpenRsp, i32> {
+) -> Result<OpenRsp, Errno> {
     let area = Area::new(4096);
     area.fill(0xee);
     let msg = open_msg(name, mode);
     match d.process(sess, req(&msg, Dir::Read, area.buf(OpenRsp::LEN))) {
-        Outcome::Done(0) => {
+        Outcome::Done(Ok(())) => {
             let b = area.bytes(OpenRsp::LEN);
             // Reserved bytes and obsolete_rotational are zeroed.
             assert!(b[44] == 0 && b[46..].iter().all(|&x| x == 0), "{b:?}");
             Ok(OpenRsp::decode(&b).unwrap())
         }
-        Outcome::Done(e) => Err(e),
+        Outcome::Done(Err(e)) => Err(e),
         Outcome::Submitted => panic!("OPEN must answer at once"),
     }
 }
 
-/// Runs one IO to completion (bounded wait) and returns its errno.
+/// Runs one IO to completion (bounded wait) and returns its wire status (0 or a
+/// negative errno).
 fn run(d: &mut Dispatcher, sess: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
     match d.process(sess, req(usr, dir, data)) {
-        Outcome::Done(e) => e,
+        Outcome::Done(r) => Errno::neg_of(r),
         Outcome::Submitted => wait_one(d),
     }
 }
 
 fn wait_one(d: &mut Dispatcher) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut out = [Completion::default(); 4];
+    let mut out = [BlockCompletion::default(); 4];
     loop {
         let n = d.poll(&mut out);
         if n > 0 {
             assert_eq!(n, 1);
             assert_eq!(out[0].tag, 1);
-            return out[0].errno;
+            return Errno::neg_of(out[0].result);
         }
         assert!(Instant::now() < deadline, "IO did not complete");
         std::thread::yield_now();
@@ -145,7 +147,7 @@ fn sess_info_negotiates_and_checks_the_reply_space() {
     let msg = SessInfo { ver: 5 }.to_bytes();
     assert_eq!(
         d.process(&s, req(&msg, Dir::Read, area.buf(36))),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     let b = area.bytes(36);
     assert_eq!(SessInfoRsp::decode(&b), Ok(SessInfoRsp { ver: 2 }));
@@ -155,17 +157,17 @@ fn sess_info_negotiates_and_checks_the_reply_space() {
     area.fill(0xaa);
     assert_eq!(
         d.process(&s, req(&msg, Dir::Read, area.buf(35))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     assert_eq!(
         d.process(&s, req(&msg, Dir::Write, area.buf(36))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     assert!(area.bytes(64).iter().all(|&x| x == 0xaa));
     let old = SessInfo { ver: 1 }.to_bytes();
     assert_eq!(
         d.process(&s, req(&old, Dir::Read, area.buf(36))),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     assert_eq!(s.ver(), 1);
 }
@@ -186,7 +188,7 @@ fn access_modes_across_sessions() {
     );
     assert_eq!(
         open(&mut d1, &b, b"disk0", AccessMode::ReadWrite),
-        Err(EPERM)
+        Err(Errno::EPERM)
     );
     // Read-only is always granted.
     assert_eq!(
@@ -214,7 +216,7 @@ fn access_modes_across_sessions() {
     let c2 = RnbdSession::new("c2", ex.clone());
     assert_eq!(
         open(&mut d1, &c2, b"disk0", AccessMode::Migration),
-        Err(EPERM)
+        Err(Errno::EPERM)
     );
     // An idempotent re-open returns the same answer without a new writer.
     let again = open(&mut d0, &a, b"disk0", AccessMode::ReadWrite).unwrap();
@@ -226,11 +228,11 @@ fn access_modes_across_sessions() {
     let none = Area::new(8);
     assert_eq!(
         d1.process(&a, req(&close, Dir::Write, none.buf(0))),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     assert_eq!(
         d1.process(&a, req(&close, Dir::Write, none.buf(0))),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     assert_eq!(ex.writers(disk0), 1);
     assert!(open(&mut d1, &c2, b"disk0", AccessMode::Migration).is_ok());
@@ -243,7 +245,7 @@ fn access_modes_across_sessions() {
     let close_b = Close { device_id: 0 }.to_bytes();
     assert_eq!(
         d0.process(&b, req(&close_b, Dir::Write, none.buf(0))),
-        Outcome::Done(0)
+        Outcome::Done(Ok(()))
     );
     assert_eq!(ex.writers(disk0), 1);
 }
@@ -254,15 +256,15 @@ fn open_errors() {
     let s = RnbdSession::new("s", ex.clone());
     assert_eq!(
         open(&mut d, &s, b"nope", AccessMode::ReadOnly),
-        Err(-libc::ENOENT)
+        Err(Errno::ENOENT)
     );
     assert_eq!(
         open(&mut d, &s, b"../disk0", AccessMode::ReadOnly),
-        Err(EINVAL)
+        Err(Errno::EINVAL)
     );
     assert_eq!(
         open(&mut d, &s, b"disk0/..", AccessMode::ReadOnly),
-        Err(EINVAL)
+        Err(Errno::EINVAL)
     );
     // A bad access mode byte.
     let mut msg = open_msg(b"disk0", AccessMode::ReadWrite);
@@ -270,33 +272,33 @@ fn open_errors() {
     let area = Area::new(64);
     assert_eq!(
         d.process(&s, req(&msg, Dir::Read, area.buf(56))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     // dev_name without its NUL.
     let mut msg = open_msg(b"disk0", AccessMode::ReadWrite);
     msg[6..261].fill(b'x');
     assert_eq!(
         d.process(&s, req(&msg, Dir::Read, area.buf(56))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     // Reply space too small: refused before anything is mapped.
     let msg = open_msg(b"disk0", AccessMode::ReadWrite);
     assert_eq!(
         d.process(&s, req(&msg, Dir::Read, area.buf(55))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     assert_eq!(ex.writers(ex.lookup(b"disk0").unwrap()), 0);
     assert!(s.mappings().is_empty());
     // A truncated OPEN header.
     assert_eq!(
         d.process(&s, req(&msg[..263], Dir::Read, area.buf(56))),
-        Outcome::Done(EINVAL)
+        Outcome::Done(Err(Errno::EINVAL))
     );
     // Unknown and reply message types, and junk.
     for usr in [&[9u8, 0, 0, 0][..], &[1, 0, 0, 0], &[3, 0], &[]] {
         assert_eq!(
             d.process(&s, req(usr, Dir::Read, area.buf(56))),
-            Outcome::Done(EINVAL)
+            Outcome::Done(Err(Errno::EINVAL))
         );
     }
 }
@@ -444,12 +446,12 @@ fn a_busy_backend_queues_and_everything_completes() {
         assert_eq!(d.process(&s, r), Outcome::Submitted);
     }
     let mut seen = vec![false; N];
-    let mut out = [Completion::default(); 32];
+    let mut out = [BlockCompletion::default(); 32];
     let deadline = Instant::now() + Duration::from_secs(20);
     while seen.iter().any(|s| !s) {
         let n = d.poll(&mut out);
         for c in &out[..n] {
-            assert_eq!(c.errno, 0);
+            assert_eq!(c.result, Ok(()));
             assert!(
                 !std::mem::replace(&mut seen[c.tag as usize], true),
                 "tag {} twice",
@@ -506,11 +508,11 @@ fn file_exports_open_per_core() {
     // Write-mode open of a read-only export: EACCES; read-only works.
     assert_eq!(
         open(&mut d0, &s, b"r", AccessMode::ReadWrite),
-        Err(-libc::EACCES)
+        Err(Errno::EACCES)
     );
     assert_eq!(
         open(&mut d0, &s, b"r", AccessMode::Migration),
-        Err(-libc::EACCES)
+        Err(Errno::EACCES)
     );
     assert!(open(&mut d1, &s, b"r", AccessMode::ReadOnly).is_ok());
 

@@ -5,18 +5,17 @@
 //! One [`ServerHandler`] instance runs per reactor core, made by the factory given to
 //! [`super::Server::start`]; it is only ever called on its own core, for the connections
 //! that core polls, so it needs no locks. A request's chunk belongs to the handler from
-//! [`ServerHandler::request`] until it answers through the [`Responder`] (at once or on a
-//! later poll of the same core).
+//! [`ServerHandler::request`] until it answers into the server's [`Responses`]: at once,
+//! from `request`, or later from [`ServerHandler::poll`], which the core's server poller
+//! calls on every loop (no poller of its own, nothing shared).
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
-use std::rc::Rc;
 
 use super::session::Path;
 use crate::common::{Dir, LinkEvent};
 use crate::engine::Ctx;
+use crate::Errno;
 
 /// Identifies a server session (one client session, all its paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,7 +76,7 @@ impl DataArea {
     ///
     /// # Safety
     /// Only between the [`ServerHandler::request`] call that handed out this area and
-    /// the [`Responder::respond`] for it: in that window the request owns its chunk
+    /// the [`Responses::respond`] for it: in that window the request owns its chunk
     /// (under always_invalidate the client's key is revoked; otherwise a correct client
     /// does not touch a chunk it has a request outstanding on). The slice must not
     /// outlive the answer.
@@ -153,34 +152,49 @@ pub struct SrvIo<'a> {
     pub data: DataArea,
 }
 
-/// Answers requests. Cheap to clone; only usable on the core it was given on.
-#[derive(Clone, Default)]
-pub struct Responder {
-    queue: Rc<RefCell<VecDeque<(IoId, i32)>>>,
+/// One answer: the request and its result (an error goes on the wire as its negative
+/// errno; numbers above 511 do not fit there and are sent as EIO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    pub id: IoId,
+    pub result: Result<(), Errno>,
 }
 
-impl fmt::Debug for Responder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Responder({} queued)", self.queue.borrow().len())
-    }
+/// The answers a handler gives during one call, owned by the core's server poller and
+/// sent by it when the call returns. Its storage is kept from call to call: answering
+/// allocates only while the core's busiest loop so far is being exceeded.
+#[derive(Debug, Default)]
+pub struct Responses {
+    buf: Vec<Response>,
 }
 
-impl Responder {
-    /// Answers request `id` with `errno` (0 or a negative errno; magnitudes above 511
-    /// do not fit the wire and are sent as EIO). The response goes out on the server's
-    /// next poll of this core; an id already answered is ignored.
-    pub fn respond(&self, id: IoId, errno: i32) {
-        self.queue.borrow_mut().push_back((id, errno));
-    }
-
-    pub(crate) fn with_capacity(n: usize) -> Responder {
-        Responder {
-            queue: Rc::new(RefCell::new(VecDeque::with_capacity(n))),
+impl Responses {
+    /// Room for `n` answers.
+    pub fn with_capacity(n: usize) -> Responses {
+        Responses {
+            buf: Vec::with_capacity(n),
         }
     }
 
-    pub(crate) fn pop(&self) -> Option<(IoId, i32)> {
-        self.queue.borrow_mut().pop_front()
+    /// Answers request `id`. An id already answered (or unknown) is ignored by the
+    /// server.
+    pub fn respond(&mut self, id: IoId, result: Result<(), Errno>) {
+        self.buf.push(Response { id, result });
+    }
+
+    /// Answers given and not yet sent.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether no answer waits.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Takes the answers out, in the order given (the storage stays).
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Response> {
+        self.buf.drain(..)
     }
 }
 
@@ -190,7 +204,15 @@ pub trait ServerHandler {
     /// ([`LinkEvent::Disconnected`]). Called on the session's home core.
     fn link_event(&mut self, cx: &mut dyn Ctx, sess: SessionId, sessname: &str, ev: LinkEvent);
 
-    /// A request; answer it (now or later, on this core) with
-    /// [`Responder::respond`]`(io.id, errno)`.
-    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, responder: &Responder);
+    /// A request; answer it with [`Responses::respond`]`(io.id, result)`, into `out`
+    /// now or into the `out` of a later [`poll`](Self::poll).
+    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, out: &mut Responses);
+
+    /// Called by this core's server poller on every loop: answer requests that finished
+    /// since. Returns whether anything happened (the poller reports itself busy then).
+    /// The default answers nothing (a handler that answers every request at once).
+    fn poll(&mut self, cx: &mut dyn Ctx, out: &mut Responses) -> bool {
+        let _ = (cx, out);
+        false
+    }
 }

@@ -34,12 +34,11 @@ use crate::engine::Ctx;
 use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
 use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
 
-use super::handler::{DataArea, IoId, SrvIo, SrvPath};
+use super::handler::{DataArea, IoId, Response, SrvIo, SrvPath};
 use super::poller::{CorePoller, WR_INV, WR_RSP};
 use super::session::Path;
 use super::stats::CoreCounters;
-
-const EIO: i32 = 5;
+use crate::Errno;
 
 /// A response chain (at most RDMA_WRITE, REG_MR, SEND_WITH_INV and the imm): built in
 /// place on the stack.
@@ -103,7 +102,7 @@ pub(crate) struct Op {
     con: usize,
     buf_id: u16,
     req: Option<ChunkReq>,
-    errno: i32,
+    result: Result<(), Errno>,
     counted_wait: bool,
     /// The chunk's count of finished executions when the request arrived.
     ticket: u32,
@@ -120,7 +119,7 @@ impl Op {
             con: 0,
             buf_id: 0,
             req: None,
-            errno: 0,
+            result: Ok(()),
             counted_wait: false,
             ticket: 0,
             t0: 0,
@@ -156,7 +155,7 @@ impl CorePoller {
         op.con = con;
         op.buf_id = buf_id;
         op.req = Some(req);
-        op.errno = 0;
+        op.result = Ok(());
         op.counted_wait = false;
         op.ticket = ticket;
         idx
@@ -329,10 +328,10 @@ impl CorePoller {
         let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return;
         };
-        if let Some(errno) = path.sess.executed_since(op.buf_id, op.ticket) {
+        if let Some(result) = path.sess.executed_since(op.buf_id, op.ticket) {
             CoreCounters::add(&path.counters.core(self.core).failover_dups, 1);
             op.stage = Stage::Handler;
-            op.errno = errno;
+            op.result = result;
             self.send_response(cx, idx, false);
             return;
         }
@@ -365,7 +364,7 @@ impl CorePoller {
             usr: &self.usr[..ulen],
             data: DataArea::new(ptr, req.data_len() as usize),
         };
-        self.handler.request(cx, io, &self.responder);
+        self.handler.request(cx, io, &mut self.responses);
     }
 
     /// Retries waiting requests once each; true if any moved.
@@ -389,10 +388,14 @@ impl CorePoller {
 
     /// Sends the handler's answers.
     pub(crate) fn drain_responses(&mut self, cx: &mut dyn Ctx) -> bool {
-        let mut any = false;
+        if self.responses.is_empty() {
+            return false;
+        }
+        // Taken out while sending (an empty `Responses` does not allocate) and put back
+        // with its storage.
+        let mut responses = std::mem::take(&mut self.responses);
         let mut now = None;
-        while let Some((id, errno)) = self.responder.pop() {
-            any = true;
+        for Response { id, result } in responses.drain() {
             let idx = id.slot();
             let ok = self
                 .ops
@@ -403,10 +406,10 @@ impl CorePoller {
                 continue;
             }
             let op = &mut self.ops[idx as usize];
-            op.errno = errno;
+            op.result = result;
             if let Some(p) = &op.path {
                 // Executed: copies of this request still pending take this answer.
-                p.sess.record_done(op.buf_id, errno);
+                p.sess.record_done(op.buf_id, result);
                 let now = *now.get_or_insert_with(|| cx.now());
                 p.counters
                     .core(self.core)
@@ -414,7 +417,8 @@ impl CorePoller {
             }
             self.send_response(cx, idx, false);
         }
-        any
+        self.responses = responses;
+        true
     }
 
     /// Retries responses of connection `i` that waited for send slots.
@@ -439,7 +443,7 @@ impl CorePoller {
         let (Some(path), Some(req)) = (op.path.clone(), op.req) else {
             return true;
         };
-        let (ci, buf_id, errno) = (op.con, op.buf_id, op.errno);
+        let (ci, buf_id, result) = (op.con, op.buf_id, op.result);
         let usable = path.is_connected()
             && self.cons[ci]
                 .as_ref()
@@ -455,9 +459,9 @@ impl CorePoller {
             ChunkOp::Read { desc, need_inval } => (desc, need_inval && desc.is_some()),
             ChunkOp::Write => (None, false),
         };
-        let case_b = errno == 0 && desc.is_some();
-        let rsp = IoRsp::new(buf_id.into(), errno, need_inval)
-            .or_else(|_| IoRsp::new(buf_id.into(), -EIO, need_inval));
+        let case_b = result.is_ok() && desc.is_some();
+        let rsp = IoRsp::new(buf_id.into(), Errno::neg_of(result), need_inval)
+            .or_else(|_| IoRsp::new(buf_id.into(), Errno::EIO.neg(), need_inval));
         let Ok(rsp) = rsp else {
             self.drop_op(idx, true);
             return true;

@@ -47,7 +47,7 @@ use crossbeam_queue::SegQueue;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
-pub use handler::{DataArea, IoId, Responder, ServerHandler, SessionId, SrvIo, SrvPath};
+pub use handler::{DataArea, IoId, Response, Responses, ServerHandler, SessionId, SrvIo, SrvPath};
 pub use stats::{PathStats, ServerStats, SessionStats};
 
 use crate::engine::{Ctx, Engine, Msg};

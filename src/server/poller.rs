@@ -16,7 +16,7 @@ use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{CmEvent, ConnState, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
 
-use super::handler::{Responder, ServerHandler};
+use super::handler::{Responses, ServerHandler};
 use super::io::Op;
 use super::session::{lock, Path, CLOSED, CONNECTED};
 use super::shared::{CoreCmd, Shared};
@@ -74,7 +74,8 @@ pub(crate) struct CorePoller {
     pub free_ops: Vec<u32>,
     /// Requests waiting for their chunk to be released by another path.
     pub waiting: VecDeque<u32>,
-    pub responder: Responder,
+    /// The handler's answers, sent after each call into it.
+    pub responses: Responses,
     /// Copy of the current request's user header.
     pub usr: Vec<u8>,
     /// Home core: paths being torn down, finalised once drained.
@@ -99,7 +100,7 @@ impl CorePoller {
             ops: Vec::with_capacity(qd),
             free_ops: Vec::with_capacity(qd),
             waiting: VecDeque::with_capacity(qd),
-            responder: Responder::with_capacity(qd),
+            responses: Responses::with_capacity(qd),
             usr: vec![0; max_hdr],
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
@@ -398,6 +399,7 @@ impl Poller for CorePoller {
         for i in 0..self.cons.len() {
             busy |= self.poll_con(cx, i);
         }
+        busy |= self.handler.poll(cx, &mut self.responses);
         busy |= self.drain_responses(cx);
         busy |= self.run_waiting(cx);
         busy |= self.finalize(cx);

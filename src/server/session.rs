@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::common::{IuPool, Uuid};
 use crate::fabric::FastMr;
 use crate::proto::{ImmLayout, SgDesc};
+use crate::Errno;
 
 use super::chunks::ChunkPool;
 use super::handler::SessionId;
@@ -56,8 +57,8 @@ pub(crate) struct Session {
     pub chunks: ChunkPool,
     /// Path id executing on each chunk, 0 when free.
     pub owner: Box<[AtomicU32]>,
-    /// Per chunk: requests that finished executing on it (high 32 bits) and the errno
-    /// of the latest (low 32 bits). Written only by the chunk's owner.
+    /// Per chunk: requests that finished executing on it (high 32 bits) and the result
+    /// of the latest (low 32 bits: its positive errno, 0 for success). Written only by the chunk's owner.
     pub done: Box<[AtomicU64]>,
     pub name: Mutex<String>,
 }
@@ -100,20 +101,25 @@ impl Session {
     }
 
     /// Records that a request executing on chunk `buf_id` (its owner) finished with
-    /// `errno`.
-    pub fn record_done(&self, buf_id: u16, errno: i32) {
+    /// `result`.
+    pub fn record_done(&self, buf_id: u16, result: Result<(), Errno>) {
         let d = &self.done[usize::from(buf_id)];
-        // Only the chunk's owner writes, so a load and a store suffice.
+        // Only the chunk's owner writes, so a load and a store suffice. The result is
+        // kept as the positive errno, 0 for success.
         let count = (d.load(Ordering::Relaxed) >> 32).wrapping_add(1);
+        let errno = result.err().map_or(0, Errno::get);
         d.store(count << 32 | u64::from(errno as u32), Ordering::Release);
     }
 
-    /// The errno of the latest execution on chunk `buf_id` if one finished after a
+    /// The result of the latest execution on chunk `buf_id` if one finished after a
     /// request that took `ticket` arrived: that request is a copy of it (see the module
     /// doc).
-    pub fn executed_since(&self, buf_id: u16, ticket: u32) -> Option<i32> {
+    pub fn executed_since(&self, buf_id: u16, ticket: u32) -> Option<Result<(), Errno>> {
         let v = self.done[usize::from(buf_id)].load(Ordering::Acquire);
-        ((v >> 32) as u32 != ticket).then_some(v as u32 as i32)
+        ((v >> 32) as u32 != ticket).then(|| match Errno::from_raw(v as u32 as i32) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        })
     }
 
     pub fn name(&self) -> String {

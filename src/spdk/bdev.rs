@@ -23,6 +23,7 @@ use crate::rnbd::backend::{
     DEFAULT_MAX_DISCARD, DEFAULT_MAX_TRANSFER,
 };
 use crate::rnbd::server::ExportBackend;
+use crate::Errno;
 
 /// IOs a channel accepts before it answers [`SubmitError::Busy`].
 pub const CHANNEL_DEPTH: usize = 1024;
@@ -436,13 +437,13 @@ unsafe extern "C" fn io_done(bdev_io: *mut sys::spdk_bdev_io, success: bool, arg
                     (*st).waiting.push_front(next);
                     arm_wait(st);
                 }
-                rc => (*st).done.push_back(BlockCompletion::new(tag, rc.min(-1))),
+                rc => (*st).done.push_back(BlockCompletion::from_neg(tag, rc)),
             }
             return;
         }
         (*st).done.push_back(BlockCompletion::new(
             tag,
-            if success { 0 } else { -libc::EIO },
+            if success { Ok(()) } else { Err(Errno::EIO) },
         ));
     }
 }
@@ -475,7 +476,8 @@ unsafe fn arm_wait(st: *mut ChanState) {
         if rc != 0 {
             // Nothing of ours is in flight on this bdev: fail what waits.
             while let Some(io) = s.waiting.pop_front() {
-                s.done.push_back(BlockCompletion::new(io.tag, -libc::EIO));
+                s.done
+                    .push_back(BlockCompletion::new(io.tag, Err(Errno::EIO)));
             }
         }
     }
@@ -494,9 +496,7 @@ unsafe extern "C" fn retry_waiting(arg: *mut c_void) {
                     arm_wait(st);
                     break;
                 }
-                rc => (*st)
-                    .done
-                    .push_back(BlockCompletion::new(io.tag, rc.min(-1))),
+                rc => (*st).done.push_back(BlockCompletion::from_neg(io.tag, rc)),
             }
         }
     }
@@ -537,9 +537,7 @@ impl BlockBackend for BdevChannel {
                     (*st).waiting.push_back(io);
                     arm_wait(st);
                 }
-                rc => (*st)
-                    .done
-                    .push_back(BlockCompletion::new(io.tag, rc.min(-1))),
+                rc => (*st).done.push_back(BlockCompletion::from_neg(io.tag, rc)),
             }
         }
         Ok(())

@@ -12,7 +12,7 @@ use rtrs_spdk::fabric::{
     Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr, QpCaps,
 };
 use rtrs_spdk::server::{
-    Dir, IoId, LinkEvent, Responder, Server, ServerConfig, ServerHandler, SessionId, SrvIo,
+    Dir, IoId, LinkEvent, Responses, Server, ServerConfig, ServerHandler, SessionId, SrvIo,
 };
 
 use super::{Rig, Setup};
@@ -77,14 +77,14 @@ impl ServerHandler for RamHandler {
         self.0.events.lock().unwrap().push((name.to_string(), ev));
     }
 
-    fn request(&mut self, _cx: &mut dyn Ctx, io: SrvIo<'_>, responder: &Responder) {
+    fn request(&mut self, _cx: &mut dyn Ctx, io: SrvIo<'_>, out: &mut Responses) {
         let id: IoId = io.id;
         let off = io
             .usr
             .get(..8)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize);
         let mut ram = self.0.bytes.lock().unwrap();
-        let errno = match off {
+        let result = match off {
             Some(off) if off + io.data.len() <= ram.len() => {
                 match io.dir {
                     // SAFETY: the request owns its chunk until it is answered below.
@@ -98,11 +98,11 @@ impl ServerHandler for RamHandler {
                             .copy_from_slice(&ram[off..off + io.data.len()])
                     },
                 }
-                0
+                Ok(())
             }
-            _ => -22,
+            _ => Err(rtrs_spdk::Errno::EINVAL),
         };
-        responder.respond(id, errno);
+        out.respond(id, result);
     }
 }
 

@@ -5,8 +5,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rtrs_spdk::engine::{Ctx, PollResult};
-use rtrs_spdk::server::{Dir, IoId, LinkEvent, Responder, ServerHandler, SessionId, SrvIo};
+use rtrs_spdk::engine::Ctx;
+use rtrs_spdk::server::{Dir, IoId, LinkEvent, Responses, ServerHandler, SessionId, SrvIo};
+use rtrs_spdk::Errno;
 
 pub const RAM_SIZE: usize = 1 << 20;
 
@@ -41,9 +42,8 @@ impl Default for Shared {
 pub struct RamHandler {
     core: usize,
     sh: Arc<Shared>,
-    /// Held requests of this core (`Rc`: answered by this core's release poller).
-    held: std::rc::Rc<std::cell::RefCell<Vec<(IoId, i32)>>>,
-    poller: bool,
+    /// Held requests of this core, answered from `poll` once the hold is off.
+    held: Vec<(IoId, Result<(), Errno>)>,
 }
 
 impl RamHandler {
@@ -51,8 +51,7 @@ impl RamHandler {
         RamHandler {
             core,
             sh,
-            held: Default::default(),
-            poller: false,
+            held: Vec::new(),
         }
     }
 }
@@ -71,10 +70,10 @@ impl ServerHandler for RamHandler {
             .push((sess, name.to_string(), ev));
     }
 
-    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, responder: &Responder) {
+    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, out: &mut Responses) {
         assert_eq!(cx.core(), self.core);
         self.sh.requests.fetch_add(1, Ordering::SeqCst);
-        let errno = match offset(io.usr) {
+        let result = match offset(io.usr) {
             Some(off) if off + io.data.len() <= RAM_SIZE => {
                 let mut ram = self.sh.ram.lock().unwrap();
                 match io.dir {
@@ -89,29 +88,27 @@ impl ServerHandler for RamHandler {
                             .copy_from_slice(&ram[off..off + io.data.len()])
                     },
                 }
-                0
+                Ok(())
             }
-            _ => -22,
+            _ => Err(Errno::EINVAL),
         };
         if !self.sh.hold.on.load(Ordering::SeqCst) {
-            responder.respond(io.id, errno);
+            out.respond(io.id, result);
             return;
         }
         self.sh.hold.held.fetch_add(1, Ordering::SeqCst);
-        self.held.borrow_mut().push((io.id, errno));
-        if !self.poller {
-            self.poller = true;
-            let (held, sh, r) = (self.held.clone(), Arc::clone(&self.sh), responder.clone());
-            cx.register(Box::new(move |_cx: &mut dyn Ctx| {
-                if sh.hold.on.load(Ordering::SeqCst) || held.borrow().is_empty() {
-                    return PollResult::Idle;
-                }
-                for (id, e) in held.borrow_mut().drain(..) {
-                    sh.hold.held.fetch_sub(1, Ordering::SeqCst);
-                    r.respond(id, e);
-                }
-                PollResult::Busy
-            }));
+        self.held.push((io.id, result));
+    }
+
+    fn poll(&mut self, cx: &mut dyn Ctx, out: &mut Responses) -> bool {
+        assert_eq!(cx.core(), self.core);
+        if self.held.is_empty() || self.sh.hold.on.load(Ordering::SeqCst) {
+            return false;
         }
+        for (id, result) in self.held.drain(..) {
+            self.sh.hold.held.fetch_sub(1, Ordering::SeqCst);
+            out.respond(id, result);
+        }
+        true
     }
 }

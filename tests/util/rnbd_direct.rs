@@ -16,14 +16,13 @@ use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
-use rtrs_spdk::rnbd::backend::IoBuf;
+use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, PortCompletion, PortError, PortIo, RnbdClient, RtrsPort,
 };
-use rtrs_spdk::rnbd::server::{
-    Completion, Dispatcher, Exports, Outcome, Request, SessionCache, SessionTable,
-};
+use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, SessionCache, SessionTable};
 use rtrs_spdk::rnbd::Dir;
+use rtrs_spdk::Errno;
 
 pub const CHUNK: usize = 128 << 10;
 /// The wait for an unreachable device of [`Rig::client`]'s ports.
@@ -201,16 +200,16 @@ impl RtrsPort for DirectPort {
             peer: None,
         };
         if let Outcome::Done(e) = self.disp.process(&sess, req) {
-            self.finish(io.tag, e);
+            self.finish(io.tag, Errno::neg_of(e));
         }
         Ok(())
     }
 
     fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
-        let mut cs = [Completion::default(); 16];
+        let mut cs = [BlockCompletion::default(); 16];
         let n = self.disp.poll(&mut cs);
         for c in &cs[..n] {
-            self.finish(c.tag, c.errno);
+            self.finish(c.tag, Errno::neg_of(c.result));
         }
         let mut k = 0;
         while k < out.len() {

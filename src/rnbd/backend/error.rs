@@ -6,6 +6,7 @@ use std::io;
 use std::path::PathBuf;
 
 use super::BlockOp;
+use crate::Errno;
 
 /// Why [`submit`](super::BlockBackend::submit) refused an IO. Nothing was started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,23 +50,23 @@ pub enum SubmitError {
 }
 
 impl SubmitError {
-    /// The negative errno for the IO response. Choices follow what a Linux `rnbd-srv`
+    /// The errno for the IO response. Choices follow what a Linux `rnbd-srv`
     /// client would see: the block layer fails IO beyond the end of the device with
     /// `-EIO` (`bio_check_eod`), writes to a read-only device with `-EROFS`, unknown ops
     /// with `-EOPNOTSUPP`, malformed IO with `-EINVAL`. [`Busy`](Self::Busy) maps to
     /// `-EAGAIN` but should be retried rather than sent.
-    pub fn errno(&self) -> i32 {
-        -match self {
-            SubmitError::Busy { .. } => libc::EAGAIN,
-            SubmitError::ReadOnly { .. } => libc::EROFS,
-            SubmitError::Unsupported { .. } => libc::EOPNOTSUPP,
-            SubmitError::OutOfRange { .. } => libc::EIO,
+    pub fn errno(&self) -> Errno {
+        match self {
+            SubmitError::Busy { .. } => Errno::EAGAIN,
+            SubmitError::ReadOnly { .. } => Errno::EROFS,
+            SubmitError::Unsupported { .. } => Errno::EOPNOTSUPP,
+            SubmitError::OutOfRange { .. } => Errno::EIO,
             SubmitError::Misaligned { .. }
             | SubmitError::TooLarge { .. }
             | SubmitError::ZeroLength { .. }
             | SubmitError::MissingBuffer { .. }
             | SubmitError::NotOneBlock { .. }
-            | SubmitError::ShortBuffer { .. } => libc::EINVAL,
+            | SubmitError::ShortBuffer { .. } => Errno::EINVAL,
         }
     }
 

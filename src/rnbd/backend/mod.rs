@@ -47,6 +47,8 @@ pub use sys::IoBuf;
 use std::fmt;
 use std::ops::BitOr;
 
+use crate::Errno;
+
 /// Bytes in the 512-byte sectors RNBD counts in.
 pub const SECTOR_SIZE: u64 = 512;
 /// Default queue depth of a backend: IOs accepted and not yet completed.
@@ -213,12 +215,13 @@ impl BlockIo {
     }
 }
 
-/// The end of one accepted IO.
+/// The end of one accepted IO: the one completion type from a backend to the wire (the
+/// RNBD server hands `result` to the RTRS server's response unchanged, with `tag` as the
+/// request's id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockCompletion {
     pub tag: u64,
-    /// `Err` holds a negative errno, as RNBD sends it in the IO response.
-    pub result: Result<(), i32>,
+    pub result: Result<(), Errno>,
 }
 
 impl Default for BlockCompletion {
@@ -232,16 +235,17 @@ impl Default for BlockCompletion {
 }
 
 impl BlockCompletion {
-    pub fn new(tag: u64, errno: i32) -> BlockCompletion {
-        BlockCompletion {
-            tag,
-            result: if errno < 0 { Err(errno) } else { Ok(()) },
-        }
+    pub fn new(tag: u64, result: Result<(), Errno>) -> BlockCompletion {
+        BlockCompletion { tag, result }
     }
 
-    /// 0 or a negative errno, for the wire.
-    pub fn errno(&self) -> i32 {
-        self.result.err().unwrap_or(0)
+    /// From the kernel's convention (0, or a negative errno), as system calls and SPDK
+    /// report it: the one place a backend's negative number becomes an [`Errno`].
+    pub fn from_neg(tag: u64, rc: i32) -> BlockCompletion {
+        BlockCompletion {
+            tag,
+            result: Errno::result_from_neg(rc),
+        }
     }
 }
 

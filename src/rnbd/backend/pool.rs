@@ -15,6 +15,7 @@ use crossbeam_queue::ArrayQueue;
 use super::error::OpenError;
 use super::plan::Plan;
 use super::{sys, BlockCompletion};
+use crate::Errno;
 
 /// A parked worker rechecks the queue this often even without a wake-up (belt and
 /// braces; wake-ups are not lost by construction).
@@ -67,7 +68,7 @@ impl Pool {
     /// so the queue has room; otherwise the IO comes back as a failed completion.
     pub(crate) fn start(&mut self, plan: Plan) -> Result<(), BlockCompletion> {
         if let Err(plan) = self.shared.jobs.push(plan) {
-            return Err(BlockCompletion::new(plan.tag, -libc::EBUSY));
+            return Err(BlockCompletion::new(plan.tag, Err(Errno::EBUSY)));
         }
         // Pairs with the worker's fence between raising its idle flag and rechecking the
         // queue: either it sees the job, or we see it idle and wake it.
@@ -123,7 +124,7 @@ fn worker(shared: &Shared, index: usize) {
             // Cannot be full: at most `depth` IOs are in flight.
             if shared
                 .done
-                .push(BlockCompletion::new(plan.tag, errno))
+                .push(BlockCompletion::from_neg(plan.tag, errno))
                 .is_err()
             {
                 tracing::error!("file IO completion queue overflow; tag {} lost", plan.tag);

@@ -176,7 +176,7 @@ impl BlockBackend for RamBackend {
             // validation.
             _ => {}
         }
-        self.done.push_back(BlockCompletion::new(io.tag, 0));
+        self.done.push_back(BlockCompletion::new(io.tag, Ok(())));
         Ok(())
     }
 
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(a.poll(&mut out), 1);
         assert_eq!(out[0].tag, 1);
         assert_eq!(b.poll(&mut out), 1);
-        assert_eq!(out[0], BlockCompletion::new(2, 0));
+        assert_eq!(out[0], BlockCompletion::new(2, Ok(())));
         let mut got = [0u8; 512];
         // SAFETY: the read completed; nobody else uses `dst`.
         unsafe { dbuf.copy_out(0, &mut got) };

@@ -13,6 +13,7 @@ use super::error::OpenError;
 use super::plan::{Plan, Step, SAME_IOVS};
 use super::sys::{self, PushFailed};
 use super::BlockCompletion;
+use crate::Errno;
 
 pub(crate) struct Uring {
     ring: IoUring,
@@ -60,7 +61,7 @@ impl Uring {
     /// completion, for the caller to report on the next poll.
     pub(crate) fn start(&mut self, plan: Plan) -> Result<(), BlockCompletion> {
         let Some(slot) = self.free.pop() else {
-            return Err(BlockCompletion::new(plan.tag, -libc::EBUSY));
+            return Err(BlockCompletion::new(plan.tag, Err(Errno::EBUSY)));
         };
         self.slots[slot as usize] = Some(plan);
         self.in_flight += 1;
@@ -70,7 +71,7 @@ impl Uring {
                 self.slots[slot as usize] = None;
                 self.free.push(slot);
                 self.in_flight -= 1;
-                Err(BlockCompletion::new(plan.tag, errno))
+                Err(BlockCompletion::from_neg(plan.tag, errno))
             }
         }
     }
@@ -144,7 +145,7 @@ impl Uring {
         let plan = self.slots[slot as usize].take()?;
         self.free.push(slot);
         self.in_flight -= 1;
-        Some(BlockCompletion::new(plan.tag, errno))
+        Some(BlockCompletion::from_neg(plan.tag, errno))
     }
 
     fn submit_queued(&mut self) {

@@ -1,7 +1,7 @@
 //! One core's RNBD request processing, independent of the transport: a user header, the
-//! request's data area and its RTRS direction in; an immediate errno (with a reply
+//! request's data area and its RTRS direction in; an immediate result (with a reply
 //! written into the data area) or a block IO started on this core's backend out, its
-//! errno reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
+//! [`BlockCompletion`] reported later by [`Dispatcher::poll`]. The kernel's `rnbd_srv_rdma_ev` with
 //! `process_msg_sess_info`, `process_msg_open`, `process_msg_close` and `process_rdma`
 //! (bio flags from `rnbd_to_bio_flags`), plus the checks docs/PROTOCOL.md §9.8 adds.
 //!
@@ -15,7 +15,6 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::errno;
 use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
 use crate::proto::rnbd::{
@@ -25,11 +24,12 @@ use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, BlockOp, IoBuf, IoFlags, SubmitError, SECTOR_SIZE,
 };
 use crate::rnbd::Dir;
+use crate::Errno;
 
 /// One request as the transport hands it over.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
-    /// Comes back in the [`Completion`] of a submitted IO.
+    /// Comes back in the [`BlockCompletion`] of a submitted IO.
     pub tag: u64,
     pub dir: Dir,
     /// The RTRS user header: an RNBD message.
@@ -46,22 +46,14 @@ pub struct Request<'a> {
 /// What [`Dispatcher::process`] did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Answer now with this errno (0 or negative); any reply is in the data area.
-    Done(i32),
-    /// A block IO is under way; its errno comes from [`Dispatcher::poll`].
+    /// Answer now with this result; any reply is in the data area.
+    Done(Result<(), Errno>),
+    /// A block IO is under way; its completion comes from [`Dispatcher::poll`].
     Submitted,
 }
 
-/// The end of a submitted request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Completion {
-    pub tag: u64,
-    /// 0 or a negative errno, for the RTRS response.
-    pub errno: i32,
-}
-
-/// Completions taken from a backend per call of its `poll`.
-const BATCH: usize = 64;
+/// Completions made ready outside a backend, before the queue has to grow.
+const READY_CAPACITY: usize = 64;
 /// IOs queued for a busy backend before the queue has to grow.
 const WAIT_CAPACITY: usize = 1024;
 
@@ -83,8 +75,7 @@ pub struct Dispatcher {
     /// Refused with `Busy`: `(backend index, io)`, retried on every poll.
     waiting: VecDeque<(usize, BlockIo)>,
     /// Completions produced outside a backend (a retried IO refused for good).
-    ready: VecDeque<Completion>,
-    scratch: [BlockCompletion; BATCH],
+    ready: VecDeque<BlockCompletion>,
     bad_headers: u64,
     /// IOs the backend refused as invalid (logged at powers of two).
     refused: u64,
@@ -108,8 +99,7 @@ impl Dispatcher {
             closing: false,
             open_failures: 0,
             waiting: VecDeque::with_capacity(WAIT_CAPACITY),
-            ready: VecDeque::with_capacity(BATCH),
-            scratch: [BlockCompletion::default(); BATCH],
+            ready: VecDeque::with_capacity(READY_CAPACITY),
             bad_headers: 0,
             refused: 0,
             denied: 0,
@@ -150,22 +140,22 @@ impl Dispatcher {
                         "rnbd: refusing request with a bad header: {e}"
                     );
                 }
-                return Outcome::Done(errno::EINVAL);
+                return Outcome::Done(Err(Errno::EINVAL));
             }
         };
         match msg {
             RnbdMsg::SessInfo(info) => {
                 if req.dir != Dir::Read || req.data.len() < SessInfoRsp::LEN {
-                    return Outcome::Done(errno::EINVAL);
+                    return Outcome::Done(Err(Errno::EINVAL));
                 }
                 let ver = sess.set_client_ver(info.ver);
                 put_reply(req.data, &SessInfoRsp { ver }.to_bytes());
-                Outcome::Done(0)
+                Outcome::Done(Ok(()))
             }
             RnbdMsg::Open(open) => {
                 // Checked before anything changes: a refused reply must not leave a mapping.
                 if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
-                    return Outcome::Done(errno::EINVAL);
+                    return Outcome::Done(Err(Errno::EINVAL));
                 }
                 match sess.open(&open, req.peer) {
                     Ok(rsp) => {
@@ -173,10 +163,10 @@ impl Dispatcher {
                         match rsp.encode(&mut b) {
                             Ok(_) => {
                                 put_reply(req.data, &b);
-                                Outcome::Done(0)
+                                Outcome::Done(Ok(()))
                             }
                             // Backends only report block sizes a client accepts.
-                            Err(_) => Outcome::Done(errno::EINVAL),
+                            Err(_) => Outcome::Done(Err(Errno::EINVAL)),
                         }
                     }
                     Err(e @ AccessError::HostDenied) => {
@@ -190,7 +180,7 @@ impl Dispatcher {
                                 "rnbd: open refused: {e}"
                             );
                         }
-                        Outcome::Done(e.errno())
+                        Outcome::Done(Err(e.errno()))
                     }
                     Err(e) => {
                         tracing::debug!(
@@ -199,13 +189,13 @@ impl Dispatcher {
                             mode = open.access_mode.as_str(),
                             "rnbd: open refused: {e}"
                         );
-                        Outcome::Done(e.errno())
+                        Outcome::Done(Err(e.errno()))
                     }
                 }
             }
             RnbdMsg::Close(close) => {
                 sess.close(close.device_id);
-                Outcome::Done(0)
+                Outcome::Done(Ok(()))
             }
             RnbdMsg::Io(io) => self.start_io(sess, req, &io),
         }
@@ -213,16 +203,16 @@ impl Dispatcher {
 
     fn start_io(&mut self, sess: &RnbdSession, req: Request<'_>, io: &Io) -> Outcome {
         let Some((export, mode)) = sess.lookup(io.device_id) else {
-            return Outcome::Done(errno::ENOTCONN);
+            return Outcome::Done(Err(Errno::ENOTCONN));
         };
         let io_block = match to_block_io(req, io, mode) {
             Ok(Some(b)) => b,
-            Ok(None) => return Outcome::Done(0),
-            Err(e) => return Outcome::Done(e),
+            Ok(None) => return Outcome::Done(Ok(())),
+            Err(e) => return Outcome::Done(Err(e)),
         };
         let index = export.index();
         let Some(backend) = self.backend(export) else {
-            return Outcome::Done(errno::EIO);
+            return Outcome::Done(Err(Errno::EIO));
         };
         match backend.submit(io_block) {
             Ok(()) => Outcome::Submitted,
@@ -239,7 +229,7 @@ impl Dispatcher {
                         "rnbd: refusing IO: {e}"
                     );
                 }
-                Outcome::Done(e.errno())
+                Outcome::Done(Err(e.errno()))
             }
         }
     }
@@ -286,10 +276,8 @@ impl Dispatcher {
                     break;
                 };
                 if i == index {
-                    self.ready.push_back(Completion {
-                        tag: io.tag,
-                        errno: errno::EIO,
-                    });
+                    self.ready
+                        .push_back(BlockCompletion::new(io.tag, Err(Errno::EIO)));
                 } else {
                     self.waiting.push_back((i, io));
                 }
@@ -307,7 +295,7 @@ impl Dispatcher {
 
     /// Moves finished requests into `out` and retries IOs that found their backend
     /// busy; returns how many were written. Never blocks.
-    pub fn poll(&mut self, out: &mut [Completion]) -> usize {
+    pub fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
         if self.closing || self.exports.generation() != self.seen_gen {
             self.drop_closed();
         }
@@ -319,21 +307,12 @@ impl Dispatcher {
             out[n] = c;
             n += 1;
         }
+        // Straight into `out`: the backend's completion is the one the wire gets.
         for backend in self.backends.iter_mut().flatten() {
-            while n < out.len() {
-                let want = (out.len() - n).min(BATCH);
-                let got = backend.poll(&mut self.scratch[..want]);
-                for c in &self.scratch[..got] {
-                    out[n] = Completion {
-                        tag: c.tag,
-                        errno: c.errno(),
-                    };
-                    n += 1;
-                }
-                if got < want {
-                    break;
-                }
+            if n == out.len() {
+                break;
             }
+            n += backend.poll(&mut out[n..]);
         }
         // Each waiting IO gets one try per poll; a busy backend keeps its order.
         for _ in 0..self.waiting.len() {
@@ -341,10 +320,8 @@ impl Dispatcher {
                 break;
             };
             let Some(backend) = self.backends.get_mut(index).and_then(Option::as_mut) else {
-                self.ready.push_back(Completion {
-                    tag: io.tag,
-                    errno: errno::EIO,
-                });
+                self.ready
+                    .push_back(BlockCompletion::new(io.tag, Err(Errno::EIO)));
                 continue;
             };
             match backend.submit(io) {
@@ -364,10 +341,8 @@ impl Dispatcher {
     }
 
     fn finish_early(&mut self, tag: u64, e: SubmitError) {
-        self.ready.push_back(Completion {
-            tag,
-            errno: e.errno(),
-        });
+        self.ready
+            .push_back(BlockCompletion::new(tag, Err(e.errno())));
     }
 }
 
@@ -392,7 +367,7 @@ fn put_reply(data: IoBuf, reply: &[u8]) {
 
 /// Turns an RNBD IO into a block IO (`process_rdma` + `rnbd_to_bio_flags`): `Ok(None)`
 /// for an IO with nothing to do, `Err(errno)` for one that must be refused.
-fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<BlockIo>, i32> {
+fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<BlockIo>, Errno> {
     let datalen = req.data.len();
     // Op 5 with data is an old client's WRITE_SAME: one block for the whole range (see
     // the module doc; the backend checks the block's length).
@@ -400,9 +375,9 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     // With data, the chunk is the bio and must be exactly `bi_size` long; without, the
     // size comes from the message (docs/PROTOCOL.md §7.3).
     if datalen != 0 && datalen != io.bi_size as usize && !write_same {
-        return Err(errno::EINVAL);
+        return Err(Errno::EINVAL);
     }
-    let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(errno::EIO)?;
+    let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(Errno::EIO)?;
     let mut flags = IoFlags::NONE;
     if io.flags.contains(WireFlags::FUA) {
         flags = flags | IoFlags::FUA;
@@ -416,12 +391,12 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     // The kernel lets the block layer decide; a read-only mapping refusing to change the
     // device is the point of the mode.
     if mode == AccessMode::ReadOnly && io.op.is_rtrs_write() {
-        return Err(errno::EROFS);
+        return Err(Errno::EROFS);
     }
     if write_same {
         // The data is the client's: it must come as a WRITE.
         if req.dir != Dir::Write {
-            return Err(errno::EINVAL);
+            return Err(Errno::EINVAL);
         }
         return Ok(Some(
             BlockIo::write_same(req.tag, offset, io.bi_size, req.data).with_flags(flags),
@@ -453,7 +428,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
         // Data must be where the direction puts it: reply space for a read, the
         // client's bytes for a write.
         if datalen == 0 || req.dir != want {
-            return Err(errno::EINVAL);
+            return Err(Errno::EINVAL);
         }
         return Ok(Some(
             BlockIo {
@@ -553,7 +528,7 @@ mod tests {
                 &io(RnbdOp::Write, WireFlags::NONE, 512),
                 rw
             ),
-            Err(-libc::EINVAL)
+            Err(Errno::EINVAL)
         );
         // A read needs reply space, a write its data, in the right direction.
         assert_eq!(
@@ -562,7 +537,7 @@ mod tests {
                 &io(RnbdOp::Read, WireFlags::NONE, 512),
                 rw
             ),
-            Err(-libc::EINVAL)
+            Err(Errno::EINVAL)
         );
         assert_eq!(
             to_block_io(
@@ -570,7 +545,7 @@ mod tests {
                 &io(RnbdOp::Write, WireFlags::NONE, 4096),
                 rw
             ),
-            Err(-libc::EINVAL)
+            Err(Errno::EINVAL)
         );
         // Empty write with preflush is a flush; an empty read does nothing.
         let e = to_block_io(
@@ -597,7 +572,7 @@ mod tests {
                 &io(RnbdOp::Discard, WireFlags::NONE, 512),
                 ro
             ),
-            Err(-libc::EROFS)
+            Err(Errno::EROFS)
         );
         assert!(to_block_io(
             req(Dir::Read, none),
@@ -616,7 +591,7 @@ mod tests {
         far.sector = u64::MAX / 2;
         assert_eq!(
             to_block_io(req(Dir::Write, none), &far, rw),
-            Err(-libc::EIO)
+            Err(Errno::EIO)
         );
     }
 }

@@ -20,13 +20,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use super::errno;
 use super::hosts::HostList;
 use crate::proto::rnbd::{AccessMode, CachePolicy, OpenRsp};
 use crate::rnbd::backend::{
     BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
     RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
 };
+use crate::Errno;
 
 /// A backend supplied from outside at run time (an SPDK bdev): its geometry, and one
 /// instance per core, opened on that core's thread the first time the core needs it.
@@ -101,17 +101,17 @@ pub enum AccessError {
 }
 
 impl AccessError {
-    /// The negative errno for OPEN's response (docs/PROTOCOL.md §7.2): −ENOENT for a name
+    /// The errno for OPEN's response (docs/PROTOCOL.md §7.2): −ENOENT for a name
     /// the server does not have (what opening a missing path gives), −EINVAL for `..`,
     /// −EPERM for a writer conflict, −EACCES for write access to a read-only export
     /// (what the kernel's block-device open returns for a read-only device) and for a
     /// host the export's host list does not allow.
-    pub fn errno(self) -> i32 {
+    pub fn errno(self) -> Errno {
         match self {
-            AccessError::UnknownName => errno::ENOENT,
-            AccessError::DotDot => errno::EINVAL,
-            AccessError::InUse { .. } => errno::EPERM,
-            AccessError::ReadOnlyExport { .. } | AccessError::HostDenied => errno::EACCES,
+            AccessError::UnknownName => Errno::ENOENT,
+            AccessError::DotDot => Errno::EINVAL,
+            AccessError::InUse { .. } => Errno::EPERM,
+            AccessError::ReadOnlyExport { .. } | AccessError::HostDenied => Errno::EACCES,
         }
     }
 }
@@ -563,7 +563,7 @@ mod tests {
         assert_eq!(ex.writers(a), 0);
         assert_eq!(ex.acquire(a, AccessMode::ReadWrite), Ok(()));
         let e = ex.acquire(a, AccessMode::ReadWrite).unwrap_err();
-        assert_eq!(e.errno(), -libc::EPERM);
+        assert_eq!(e.errno(), Errno::EPERM);
         assert_eq!(
             e.to_string(),
             "rw refused: the export already has 1 writer(s)"

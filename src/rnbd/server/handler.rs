@@ -5,59 +5,38 @@
 //! exports are shared by all cores.
 //!
 //! Requests answered at once (SESS_INFO, OPEN, CLOSE, refused IO) are answered inside
-//! [`ServerHandler::request`]; block IO is answered by a poller this handler registers
-//! on its core on the first request, which polls the backends and responds. The poller
-//! unregisters itself once the handler is dropped.
+//! [`ServerHandler::request`]; block IO is answered from [`ServerHandler::poll`], which
+//! the RTRS server's core poller calls every loop: the backends' completions go to the
+//! server's [`Responses`] as they are, with the request's id as their tag.
 
-use std::cell::RefCell;
-use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
-use super::dispatch::{Completion, Dispatcher, Outcome, Request};
+use super::dispatch::{Dispatcher, Outcome, Request};
 use super::exports::{Exports, ExportsError};
 use super::registry::{SessionCache, SessionTable};
 use crate::common::LinkEvent;
-use crate::engine::{Ctx, PollResult};
+use crate::engine::Ctx;
 use crate::proto::rnbd::RnbdMsgType;
-use crate::rnbd::backend::IoBuf;
-use crate::server::{IoId, Responder, ServerHandler, SessionId, SrvIo};
+use crate::rnbd::backend::{BlockCompletion, IoBuf};
+use crate::server::{IoId, Responses, ServerHandler, SessionId, SrvIo};
+use crate::Errno;
 
+/// Completions taken from the dispatcher per call of its `poll`.
 const BATCH: usize = 64;
 
+/// One core's RNBD state: its backends and its view of the sessions.
 struct Core {
     disp: Dispatcher,
     sessions: SessionCache<SessionId>,
-    responder: Option<Responder>,
-    out: [Completion; BATCH],
-}
-
-impl Core {
-    /// Answers finished block IO; returns how many.
-    fn reap(&mut self) -> usize {
-        let Some(responder) = &self.responder else {
-            return 0;
-        };
-        let mut total = 0;
-        loop {
-            let n = self.disp.poll(&mut self.out);
-            for c in &self.out[..n] {
-                responder.respond(IoId(c.tag), c.errno);
-            }
-            total += n;
-            if n < BATCH {
-                return total;
-            }
-        }
-    }
+    done: [BlockCompletion; BATCH],
 }
 
 /// One core's RNBD server.
 pub struct RnbdServer {
     /// `None` when this core's backends could not be opened: every request then
     /// fails with −EIO (the reason was logged once).
-    core: Option<Rc<RefCell<Core>>>,
+    core: Option<Core>,
     table: Arc<SessionTable<SessionId>>,
-    poller: bool,
 }
 
 impl RnbdServer {
@@ -71,14 +50,12 @@ impl RnbdServer {
     ) -> Result<RnbdServer, ExportsError> {
         let disp = Dispatcher::new(Arc::clone(table.exports()), core)?;
         Ok(RnbdServer {
-            core: Some(Rc::new(RefCell::new(Core {
+            core: Some(Core {
                 disp,
                 sessions: SessionCache::new(Arc::clone(&table)),
-                responder: None,
-                out: [Completion::default(); BATCH],
-            }))),
+                done: [BlockCompletion::default(); BATCH],
+            }),
             table,
-            poller: false,
         })
     }
 
@@ -100,34 +77,10 @@ impl RnbdServer {
                     Box::new(RnbdServer {
                         core: None,
                         table: Arc::clone(&table),
-                        poller: false,
                     })
                 }
             }
         }
-    }
-
-    /// Registers the poller answering this core's block IO (once).
-    fn start_poller(&mut self, cx: &mut dyn Ctx, core: &Rc<RefCell<Core>>) {
-        if self.poller {
-            return;
-        }
-        self.poller = true;
-        let weak: Weak<RefCell<Core>> = Rc::downgrade(core);
-        cx.register(Box::new(move |cx: &mut dyn Ctx| -> PollResult {
-            let Some(core) = weak.upgrade() else {
-                if let Some(me) = cx.current() {
-                    cx.unregister(me);
-                }
-                return PollResult::Idle;
-            };
-            let n = core.borrow_mut().reap();
-            if n > 0 {
-                PollResult::Busy
-            } else {
-                PollResult::Idle
-            }
-        }));
     }
 }
 
@@ -147,30 +100,23 @@ impl ServerHandler for RnbdServer {
                         "rnbd server: session down, its devices closed"
                     );
                 }
-                if let Some(core) = &self.core {
-                    core.borrow_mut().sessions.forget(sess);
+                if let Some(core) = &mut self.core {
+                    core.sessions.forget(sess);
                 }
             }
         }
     }
 
-    fn request(&mut self, cx: &mut dyn Ctx, io: SrvIo<'_>, responder: &Responder) {
-        let Some(core) = self.core.clone() else {
-            responder.respond(io.id, -libc::EIO);
-            return;
+    fn request(&mut self, _cx: &mut dyn Ctx, io: SrvIo<'_>, out: &mut Responses) {
+        let Some(Core { disp, sessions, .. }) = &mut self.core else {
+            return out.respond(io.id, Err(Errno::EIO));
         };
-        self.start_poller(cx, &core);
-        let mut c = core.borrow_mut();
-        if c.responder.is_none() {
-            c.responder = Some(responder.clone());
-        }
-        let Core { disp, sessions, .. } = &mut *c;
         let sess = match sessions.session(io.sess) {
             Some(s) => s,
             None => match RnbdMsgType::peek(io.usr) {
                 // No session: its devices are gone (IO) or were never there (CLOSE).
-                Ok(RnbdMsgType::Io) => return responder.respond(io.id, -libc::ENOTCONN),
-                Ok(RnbdMsgType::Close) => return responder.respond(io.id, 0),
+                Ok(RnbdMsgType::Io) => return out.respond(io.id, Err(Errno::ENOTCONN)),
+                Ok(RnbdMsgType::Close) => return out.respond(io.id, Ok(())),
                 // SESS_INFO or OPEN may beat the Connected event to this core: create
                 // the session (its name is known: the path's INFO_REQ carried it).
                 _ => sessions.session_or_create(io.sess, &io.path.sessname()),
@@ -188,8 +134,25 @@ impl ServerHandler for RnbdServer {
             peer: Some(io.path.peer().ip()),
         };
         match disp.process(sess, req) {
-            Outcome::Done(errno) => responder.respond(io.id, errno),
+            Outcome::Done(result) => out.respond(io.id, result),
             Outcome::Submitted => {}
+        }
+    }
+
+    fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut Responses) -> bool {
+        let Some(Core { disp, done, .. }) = &mut self.core else {
+            return false;
+        };
+        let mut any = false;
+        loop {
+            let n = disp.poll(done);
+            for c in &done[..n] {
+                out.respond(IoId(c.tag), c.result);
+            }
+            any |= n > 0;
+            if n < BATCH {
+                return any;
+            }
         }
     }
 }

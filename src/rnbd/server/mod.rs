@@ -20,20 +20,9 @@ mod registry;
 mod session;
 
 pub use super::Dir;
-pub use dispatch::{Completion, Dispatcher, Outcome, Request};
+pub use dispatch::{Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;
 pub use hosts::{Host, HostList, HostPattern, HostPatternError};
 pub use registry::{SessionCache, SessionTable};
 pub use session::{Mapping, RnbdSession};
-
-/// Negative errnos as RNBD puts them in the RTRS response.
-pub mod errno {
-    pub const EPERM: i32 = -libc::EPERM;
-    pub const ENOENT: i32 = -libc::ENOENT;
-    pub const EIO: i32 = -libc::EIO;
-    pub const EACCES: i32 = -libc::EACCES;
-    pub const EINVAL: i32 = -libc::EINVAL;
-    pub const EROFS: i32 = -libc::EROFS;
-    pub const ENOTCONN: i32 = -libc::ENOTCONN;
-}

@@ -278,7 +278,7 @@ mod tests {
             s2.open(&open(b"a", AccessMode::ReadWrite), None)
                 .unwrap_err()
                 .errno(),
-            -libc::EPERM
+            crate::Errno::EPERM
         );
         drop(s1);
         assert_eq!(ex.writers(a), 0);
