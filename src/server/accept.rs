@@ -26,11 +26,10 @@ use crate::fabric::{Access, ConnRequest, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
-use super::handler::SessionId;
-use super::poller::{WR_INFO_REQ, WR_RECV};
-use super::session::{lock, state_name, Path, SessEntry, Session, SessionTable, CONNECTING};
-use super::shared::{CoreCmd, Shared};
+use super::session::{lock, state_name, Path, SessEntry, Session, SessionId, Sessions, CONNECTING};
+use super::state::{PathWork, ServerState};
 use super::stats::PathCounters;
+use super::wr::WrId;
 
 const ECONNRESET: i32 = 104;
 const ENXIO: i32 = 6;
@@ -47,7 +46,7 @@ type Admit = Result<Arc<Path>, (i32, String)>;
 
 /// The listeners' poller.
 pub(crate) struct Acceptor {
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     listeners: Vec<Box<dyn Listener>>,
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
@@ -82,7 +81,7 @@ fn setting_up(e: &SessEntry) -> bool {
 }
 
 impl Acceptor {
-    pub fn new(sh: Arc<Shared>, listeners: Vec<Box<dyn Listener>>) -> Acceptor {
+    pub fn new(sh: Arc<ServerState>, listeners: Vec<Box<dyn Listener>>) -> Acceptor {
         let timeout_ns = sh.cfg.admission.handshake_timeout_ns();
         Acceptor {
             sh,
@@ -191,7 +190,7 @@ impl Acceptor {
     /// a connected path, those still closing included, reach twice the cap.
     fn make_room(
         &self,
-        t: &SessionTable,
+        t: &Sessions,
         peer: SocketAddr,
         evicted: &mut Vec<Arc<Path>>,
     ) -> Result<(), (i32, String)> {
@@ -429,9 +428,9 @@ impl Acceptor {
         };
         let mut con = Con::new(msg.cid, conn, signal_interval(qd));
         let posted = if msg.cid == 0 {
-            con.post_recv(&[path.info_req.recv_wr(0, WR_INFO_REQ)])
+            con.post_recv(&[path.info_req.recv_wr(0, WrId::InfoReq.encode())])
         } else {
-            con.post_recv_empty(qd.into(), WR_RECV)
+            con.post_recv_empty(qd.into(), WrId::Recv.encode())
         };
         if let Err(e) = posted {
             sh.close_path(cx, &path, format_args!("posting receives: {e}"));
@@ -442,7 +441,7 @@ impl Acceptor {
         let core = sh.core_of(msg.cid, path.sess.home);
         let sh2 = Arc::clone(&sh);
         let m = Msg::new(move |cx: &mut dyn Ctx| {
-            sh2.inbox[cx.core()].push(CoreCmd::AddCon { path, con });
+            sh2.inbox[cx.core()].push(PathWork::AddCon { path, con });
         });
         if let Err(e) = cx.send(core, m) {
             self.pending.push((core, e.into_msg()));

@@ -98,7 +98,8 @@ impl ChunkAlloc for HeapChunks {
     }
 }
 
-/// The allocator hook of [`super::ServerConfig`]: shared, compared by identity.
+/// The allocator hook of [`ServerConfig`](crate::server::ServerConfig): shared, compared
+/// by identity.
 #[derive(Clone)]
 pub struct ChunkAllocator(pub Arc<dyn ChunkAlloc>);
 

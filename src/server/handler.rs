@@ -12,20 +12,10 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use super::session::Path;
+use super::session::{Path, SessionId};
 use crate::common::{Dir, LinkEvent};
 use crate::engine::Ctx;
 use crate::Errno;
-
-/// Identifies a server session (one client session, all its paths).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionId(pub u64);
-
-impl fmt::Display for SessionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "session#{}", self.0)
-    }
-}
 
 /// Identifies one request on the core that received it (slot and generation, so a late
 /// or repeated answer for a finished request is recognised and ignored).

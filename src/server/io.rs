@@ -26,18 +26,19 @@
 //!    path is no longer connected. The chunk and buf id are released just before the
 //!    response is posted (the client may reuse the buf id as soon as it sees it).
 
-use std::sync::atomic::Ordering;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::conn::{close_path_of, ConSlot};
+use super::handler::{DataArea, Response, Responses, ServerHandler, SrvIo, SrvPath};
+use super::ops::{OpTable, Stage};
+use super::state::ServerState;
+use super::stats::CoreCounters;
+use super::wr::WrId;
 use crate::common::Dir;
 use crate::engine::Ctx;
-use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
+use crate::fabric::{inc_rkey, Access, SendOp, SendWr, WcStatus};
 use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
-
-use super::handler::{DataArea, IoId, Response, SrvIo, SrvPath};
-use super::poller::{CorePoller, WR_INV, WR_RSP};
-use super::session::Path;
-use super::stats::CoreCounters;
 use crate::Errno;
 
 /// A response chain (at most RDMA_WRITE, REG_MR, SEND_WITH_INV and the imm): built in
@@ -81,118 +82,66 @@ impl<'a> Chain<'a> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    Free,
-    /// LOCAL_INV posted, waiting for its completion.
-    Inv,
-    /// Waiting for the chunk to be released by another path.
-    Waiting,
-    /// With the handler.
-    Handler,
-    /// Answered; the response waits for send slots.
-    RspQueued,
+/// What the request path borrows from the core's poller for one call.
+pub(crate) struct Env<'a> {
+    pub sh: &'a ServerState,
+    /// The core's connections, by index.
+    pub cons: &'a mut [Option<ConSlot>],
+    /// The handler (on this core).
+    pub handler: &'a mut dyn ServerHandler,
+    /// The reactor's time at the start of this poll.
+    pub now: u64,
 }
 
-/// One request on this core.
-pub(crate) struct Op {
-    gen: u32,
-    stage: Stage,
-    path: Option<Arc<Path>>,
-    con: usize,
-    buf_id: u16,
-    req: Option<ChunkReq>,
-    result: Result<(), Errno>,
-    counted_wait: bool,
-    /// The chunk's count of finished executions when the request arrived.
-    ticket: u32,
-    /// When the handler got it (ns).
-    t0: u64,
-}
-
-impl Op {
-    fn free(gen: u32) -> Op {
-        Op {
-            gen,
-            stage: Stage::Free,
-            path: None,
-            con: 0,
-            buf_id: 0,
-            req: None,
-            result: Ok(()),
-            counted_wait: false,
-            ticket: 0,
-            t0: 0,
-        }
-    }
-
-    /// Whether this slot still holds the request a LOCAL_INV with this generation
-    /// (24 bits, as carried in the work request id) was posted for.
-    pub fn inv_matches(&self, gen24: u32) -> bool {
-        self.stage == Stage::Inv && self.gen & 0xff_ffff == gen24
-    }
-
-    /// Whether this request waits for a LOCAL_INV on connection `con`.
-    pub fn pending_inv_on(&self, con: usize) -> bool {
-        self.stage == Stage::Inv && self.con == con
+impl Env<'_> {
+    fn close(&self, cx: &mut dyn Ctx, i: usize, why: std::fmt::Arguments<'_>) {
+        close_path_of(self.sh, cx, self.cons, i, why);
     }
 }
 
-impl CorePoller {
-    fn alloc_op(&mut self, path: Arc<Path>, con: usize, buf_id: u16, req: ChunkReq) -> u32 {
-        path.ops.fetch_add(1, Ordering::AcqRel);
-        let ticket = path.sess.done_ticket(buf_id);
-        let idx = match self.free_ops.pop() {
-            Some(i) => i,
-            None => {
-                self.ops.push(Op::free(0));
-                (self.ops.len() - 1) as u32
-            }
-        };
-        let op = &mut self.ops[idx as usize];
-        op.stage = Stage::Inv;
-        op.path = Some(path);
-        op.con = con;
-        op.buf_id = buf_id;
-        op.req = Some(req);
-        op.result = Ok(());
-        op.counted_wait = false;
-        op.ticket = ticket;
-        idx
+/// The requests of one core: the op table, the requests waiting for their chunk, and
+/// the handler's answers not yet sent.
+pub(crate) struct Requests {
+    ops: OpTable,
+    /// Requests waiting for their chunk to be released by another path.
+    waiting: VecDeque<u32>,
+    /// The handler's answers, sent after each call into it.
+    responses: Responses,
+    /// Copy of the current request's user header.
+    usr: Vec<u8>,
+    core: usize,
+}
+
+impl Requests {
+    /// The requests of `core`: room for `qd` before anything grows, user headers of up
+    /// to `max_hdr` bytes.
+    pub fn new(core: usize, qd: usize, max_hdr: usize) -> Requests {
+        Requests {
+            ops: OpTable::new(core, qd),
+            waiting: VecDeque::with_capacity(qd),
+            responses: Responses::with_capacity(qd),
+            usr: vec![0; max_hdr],
+            core,
+        }
     }
 
-    /// Ends request `idx`: releases its chunk and buf id and frees the slot. `dropped`
-    /// counts it as dropped unanswered.
-    pub(crate) fn drop_op(&mut self, idx: u32, dropped: bool) {
-        let op = &mut self.ops[idx as usize];
-        if op.stage == Stage::Free {
-            return;
-        }
-        if let Some(p) = op.path.take() {
-            p.sess.release(op.buf_id, p.id);
-            p.clear_busy(op.buf_id);
-            if dropped {
-                CoreCounters::add(&p.counters.core(self.core).dropped, 1);
-            }
-            p.ops.fetch_sub(1, Ordering::AcqRel);
-        }
-        op.stage = Stage::Free;
-        op.gen = op.gen.wrapping_add(1);
-        self.free_ops.push(idx);
+    /// Whether no request is under way on this core.
+    pub fn is_idle(&self) -> bool {
+        self.ops.is_empty()
     }
 
     /// An IO_REQ imm arrived on connection `i`.
-    pub(crate) fn on_io_req(&mut self, cx: &mut dyn Ctx, i: usize, payload: u32) {
-        let Some(slot) = self.cons[i].as_ref() else {
+    pub fn on_io_req(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, i: usize, payload: u32) {
+        let Some(slot) = env.cons[i].as_ref() else {
             return;
         };
         let imm = match slot.path.sess.layout.decode_io_req(payload) {
             Ok(r) => r,
-            Err(e) => return self.close_con_path(cx, i, format_args!("IO_REQ: {e}")),
+            Err(e) => return env.close(cx, i, format_args!("IO_REQ: {e}")),
         };
         let buf_id = imm.buf_id;
         if !slot.path.mark_busy(buf_id) {
-            return self.close_con_path(
+            return env.close(
                 cx,
                 i,
                 format_args!("IO_REQ for buf_id {buf_id} already in flight on this path"),
@@ -205,31 +154,32 @@ impl CorePoller {
         let n = tr.len().min(cs.saturating_sub(imm.offset) as usize);
         sess.chunks
             .read_at(sess.chunk_off(buf_id) + imm.offset as usize, &mut tr[..n]);
+        let max_hdr = env.sh.cfg.max_hdr;
         let req = match ChunkReq::decode(&tr[..n], imm.offset, cs) {
-            Ok(r) if u32::from(r.usr_len) > self.sh.cfg.max_hdr => {
+            Ok(r) if u32::from(r.usr_len) > max_hdr => {
                 slot.path.clear_busy(buf_id);
-                return self.close_con_path(
+                return env.close(
                     cx,
                     i,
                     format_args!(
-                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {}",
-                        r.usr_len, self.sh.cfg.max_hdr
+                        "buf_id {buf_id}: usr_len {} exceeds max_hdr_size {max_hdr}",
+                        r.usr_len
                     ),
                 );
             }
             Ok(r) => r,
             Err(e) => {
                 slot.path.clear_busy(buf_id);
-                return self.close_con_path(cx, i, format_args!("buf_id {buf_id}: {e}"));
+                return env.close(cx, i, format_args!("buf_id {buf_id}: {e}"));
             }
         };
         let path = Arc::clone(&slot.path);
-        let idx = self.alloc_op(path, i, buf_id, req);
-        if !self.sh.cfg.always_invalidate {
-            return self.after_inv(cx, idx);
+        let idx = self.ops.alloc(path, i, buf_id, req);
+        if !env.sh.cfg.always_invalidate {
+            return self.after_inv(cx, env, idx);
         }
-        if !self.post_inv(cx, idx) {
-            if let Some(slot) = self.cons[i].as_mut() {
+        if !self.post_inv(cx, env, idx) {
+            if let Some(slot) = env.cons[i].as_mut() {
                 slot.inv_wait.push_back(idx);
             }
         }
@@ -237,8 +187,8 @@ impl CorePoller {
 
     /// Posts the LOCAL_INV of request `idx`'s chunk key on its connection. False when
     /// the send budget is exhausted (retry later); a failed post closes the path.
-    pub(crate) fn post_inv(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
-        let op = &self.ops[idx as usize];
+    fn post_inv(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, idx: u32) -> bool {
+        let op = self.ops.get(idx);
         let (i, gen) = (op.con, op.gen);
         let Some(rkey) = op
             .path
@@ -247,12 +197,12 @@ impl CorePoller {
         else {
             return true;
         };
-        let Some(slot) = self.cons[i].as_mut() else {
-            self.drop_op(idx, false);
+        let Some(slot) = env.cons[i].as_mut() else {
+            self.ops.end(idx, false);
             return true;
         };
         let wr = SendWr {
-            wr_id: WR_INV | u64::from(gen & 0xff_ffff) << 32 | u64::from(idx),
+            wr_id: WrId::inv(idx, gen).encode(),
             op: SendOp::LocalInv { rkey },
             sges: &[],
             signaled: true,
@@ -261,22 +211,46 @@ impl CorePoller {
             Ok(()) => true,
             Err(e) if e.is_budget() => false,
             Err(e) => {
-                self.drop_op(idx, false);
-                self.close_con_path(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
+                self.ops.end(idx, false);
+                env.close(cx, i, format_args!("LOCAL_INV of chunk key: {e}"));
                 true
             }
         }
     }
 
+    /// The LOCAL_INV of slot `op` (generation `gen24`), posted on connection `i`,
+    /// completed with `status`.
+    pub fn on_inv_done(
+        &mut self,
+        cx: &mut dyn Ctx,
+        env: &mut Env<'_>,
+        i: usize,
+        op: u32,
+        gen24: u32,
+        status: WcStatus,
+    ) {
+        if !self.ops.inv_matches(op, gen24) {
+            return;
+        }
+        if status.is_ok() {
+            self.after_inv(cx, env, op);
+        } else {
+            self.ops.end(op, false);
+            if status != WcStatus::WrFlush {
+                env.close(cx, i, format_args!("LOCAL_INV failed: {status:?}"));
+            }
+        }
+    }
+
     /// Retries LOCAL_INVs of connection `i` that waited for send slots.
-    pub(crate) fn retry_invs(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
+    pub fn retry_invs(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, i: usize) -> bool {
         let mut any = false;
-        while let Some(&idx) = self.cons[i].as_ref().and_then(|s| s.inv_wait.front()) {
-            if !self.post_inv(cx, idx) {
+        while let Some(&idx) = env.cons[i].as_ref().and_then(|s| s.inv_wait.front()) {
+            if !self.post_inv(cx, env, idx) {
                 break;
             }
             any = true;
-            if let Some(s) = self.cons[i].as_mut() {
+            if let Some(s) = env.cons[i].as_mut() {
                 s.inv_wait.pop_front();
             }
         }
@@ -284,47 +258,43 @@ impl CorePoller {
     }
 
     /// The chunk key is retired (or there is none): claim the chunk and run the request.
-    pub(crate) fn after_inv(&mut self, cx: &mut dyn Ctx, idx: u32) {
-        if self.ops[idx as usize].stage != Stage::Inv {
+    fn after_inv(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, idx: u32) {
+        if self.ops.get(idx).stage != Stage::Inv {
             return;
         }
-        if !self.try_dispatch(cx, idx) {
+        if !self.try_dispatch(cx, env, idx) {
             self.waiting.push_back(idx);
         }
     }
 
     /// Dispatches `idx` if its chunk is free; false if it must wait.
-    fn try_dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) -> bool {
-        let Op {
-            path,
-            stage,
-            counted_wait,
-            buf_id,
-            ..
-        } = &mut self.ops[idx as usize];
-        let Some(path) = path.as_ref() else {
+    fn try_dispatch(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, idx: u32) -> bool {
+        let core = self.core;
+        let op = self.ops.get_mut(idx);
+        let Some(path) = op.path.as_ref() else {
             return true;
         };
         if !path.is_connected() {
-            self.drop_op(idx, true);
+            self.ops.end(idx, true);
             return true;
         }
-        if path.sess.try_own(*buf_id, path.id).is_err() {
-            *stage = Stage::Waiting;
-            if !*counted_wait {
-                *counted_wait = true;
-                CoreCounters::add(&path.counters.core(self.core).failover_waits, 1);
+        if path.sess.try_own(op.buf_id, path.id).is_err() {
+            op.stage = Stage::Waiting;
+            if !op.counted_wait {
+                op.counted_wait = true;
+                CoreCounters::add(&path.counters.core(core).failover_waits, 1);
             }
             return false;
         }
-        self.dispatch(cx, idx);
+        self.dispatch(cx, env, idx);
         true
     }
 
     /// Gives request `idx` (its chunk owned by its path) to the handler, or answers it
     /// with the result of the request it copies (module doc, step 4).
-    fn dispatch(&mut self, cx: &mut dyn Ctx, idx: u32) {
-        let op = &mut self.ops[idx as usize];
+    fn dispatch(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, idx: u32) {
+        let id = self.ops.id(idx);
+        let op = self.ops.get_mut(idx);
         let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return;
         };
@@ -332,12 +302,11 @@ impl CorePoller {
             CoreCounters::add(&path.counters.core(self.core).failover_dups, 1);
             op.stage = Stage::Handler;
             op.result = result;
-            self.send_response(cx, idx, false);
+            self.send_response(cx, env, idx, false);
             return;
         }
         op.stage = Stage::Handler;
-        op.t0 = self.now;
-        let id = IoId::new(idx, op.gen);
+        op.t0 = env.now;
         let sess = &path.sess;
         let base = sess.chunk_off(op.buf_id);
         let usr = req.usr_range();
@@ -364,20 +333,20 @@ impl CorePoller {
             usr: &self.usr[..ulen],
             data: DataArea::new(ptr, req.data_len() as usize),
         };
-        self.handler.request(cx, io, &mut self.responses);
+        env.handler.request(cx, io, &mut self.responses);
     }
 
     /// Retries waiting requests once each; true if any moved.
-    pub(crate) fn run_waiting(&mut self, cx: &mut dyn Ctx) -> bool {
+    pub fn run_waiting(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>) -> bool {
         let mut moved = false;
         for _ in 0..self.waiting.len() {
             let Some(idx) = self.waiting.pop_front() else {
                 break;
             };
-            if self.ops[idx as usize].stage != Stage::Waiting {
+            if self.ops.get(idx).stage != Stage::Waiting {
                 continue;
             }
-            if self.try_dispatch(cx, idx) {
+            if self.try_dispatch(cx, env, idx) {
                 moved = true;
             } else {
                 self.waiting.push_back(idx);
@@ -386,8 +355,15 @@ impl CorePoller {
         moved
     }
 
+    /// Lets the handler answer what finished since its last poll, and sends every
+    /// answer it gave; true if it did anything.
+    pub fn poll_handler(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>) -> bool {
+        let polled = env.handler.poll(cx, &mut self.responses);
+        self.send_responses(cx, env) | polled
+    }
+
     /// Sends the handler's answers.
-    pub(crate) fn drain_responses(&mut self, cx: &mut dyn Ctx) -> bool {
+    fn send_responses(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>) -> bool {
         if self.responses.is_empty() {
             return false;
         }
@@ -396,16 +372,11 @@ impl CorePoller {
         let mut responses = std::mem::take(&mut self.responses);
         let mut now = None;
         for Response { id, result } in responses.drain() {
-            let idx = id.slot();
-            let ok = self
-                .ops
-                .get(idx as usize)
-                .is_some_and(|o| o.gen == id.gen() && o.stage == Stage::Handler);
-            if !ok {
+            let Some(idx) = self.ops.answered(id) else {
                 tracing::debug!("rtrs-srv: answer for unknown or finished request {id:?}");
                 continue;
-            }
-            let op = &mut self.ops[idx as usize];
+            };
+            let op = self.ops.get_mut(idx);
             op.result = result;
             if let Some(p) = &op.path {
                 // Executed: copies of this request still pending take this answer.
@@ -415,55 +386,71 @@ impl CorePoller {
                     .core(self.core)
                     .record_latency(now.saturating_sub(op.t0));
             }
-            self.send_response(cx, idx, false);
+            self.send_response(cx, env, idx, false);
         }
         self.responses = responses;
         true
     }
 
     /// Retries responses of connection `i` that waited for send slots.
-    pub(crate) fn retry_responses(&mut self, cx: &mut dyn Ctx, i: usize) -> bool {
+    pub fn retry_responses(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, i: usize) -> bool {
         let mut any = false;
-        while let Some(&idx) = self.cons[i].as_ref().and_then(|s| s.rsp_wait.front()) {
-            if !self.send_response(cx, idx, true) {
+        while let Some(&idx) = env.cons[i].as_ref().and_then(|s| s.rsp_wait.front()) {
+            if !self.send_response(cx, env, idx, true) {
                 break;
             }
             any = true;
-            if let Some(s) = self.cons[i].as_mut() {
+            if let Some(s) = env.cons[i].as_mut() {
                 s.rsp_wait.pop_front();
             }
         }
         any
     }
 
+    /// Drops connection `slot` (index `i`, drained after disconnect): every request
+    /// waiting on it ends unanswered.
+    pub fn drop_con(&mut self, slot: ConSlot, i: usize) {
+        for idx in slot.rsp_wait.into_iter().chain(slot.inv_wait) {
+            self.ops.end(idx, true);
+        }
+        self.ops.end_invs_on(i);
+    }
+
     /// Posts the response of `idx`. Returns false when it had to wait for send slots
     /// (it is then on its connection's wait list).
-    fn send_response(&mut self, cx: &mut dyn Ctx, idx: u32, queued: bool) -> bool {
-        let op = &self.ops[idx as usize];
+    fn send_response(
+        &mut self,
+        cx: &mut dyn Ctx,
+        env: &mut Env<'_>,
+        idx: u32,
+        queued: bool,
+    ) -> bool {
+        let op = self.ops.get(idx);
         let (Some(path), Some(req)) = (op.path.clone(), op.req) else {
             return true;
         };
         let (ci, buf_id, result) = (op.con, op.buf_id, op.result);
         let usable = path.is_connected()
-            && self.cons[ci]
+            && env.cons[ci]
                 .as_ref()
                 .is_some_and(|s| !s.closing && Arc::ptr_eq(&s.path, &path));
         if !usable {
             // A queued one is popped from its wait list by the caller.
-            self.drop_op(idx, true);
+            self.ops.end(idx, true);
             return true;
         }
         let sess = &path.sess;
-        let ai = self.sh.cfg.always_invalidate;
+        let ai = env.sh.cfg.always_invalidate;
         let (desc, need_inval) = match req.op {
             ChunkOp::Read { desc, need_inval } => (desc, need_inval && desc.is_some()),
             ChunkOp::Write => (None, false),
         };
         let case_b = result.is_ok() && desc.is_some();
+        // The one place the result becomes the wire's negative errno.
         let rsp = IoRsp::new(buf_id.into(), Errno::neg_of(result), need_inval)
             .or_else(|_| IoRsp::new(buf_id.into(), Errno::EIO.neg(), need_inval));
         let Ok(rsp) = rsp else {
-            self.drop_op(idx, true);
+            self.ops.end(idx, true);
             return true;
         };
         let imm = rsp.to_imm();
@@ -473,8 +460,9 @@ impl CorePoller {
         let data_sge;
         let rkey_sge;
         let mut chain = Chain::new();
+        let rsp_id = WrId::Rsp.encode();
         let reg = new_rkey.map(|rkey| SendWr {
-            wr_id: WR_RSP,
+            wr_id: rsp_id,
             op: SendOp::RegMr {
                 slot: &path.mrs[usize::from(buf_id)],
                 region: &sess.chunks,
@@ -487,7 +475,7 @@ impl CorePoller {
             signaled: false,
         });
         let inv = desc.filter(|_| need_inval).map(|d| SendWr {
-            wr_id: WR_RSP,
+            wr_id: rsp_id,
             op: SendOp::SendWithInv { rkey: d.key },
             sges: &[],
             signaled: false,
@@ -495,7 +483,7 @@ impl CorePoller {
         if let (true, Some(d)) = (case_b, desc) {
             data_sge = [sess.chunks.sge(base, d.len as usize)];
             chain.push(SendWr {
-                wr_id: WR_RSP,
+                wr_id: rsp_id,
                 op: SendOp::RdmaWrite {
                     remote_addr: d.addr,
                     rkey: d.key,
@@ -514,14 +502,14 @@ impl CorePoller {
                 ius.write(usize::from(buf_id), &RkeyRsp { buf_id, rkey }.to_bytes());
                 rkey_sge = [ius.sge(usize::from(buf_id), RkeyRsp::LEN)];
                 chain.push(SendWr {
-                    wr_id: WR_RSP,
+                    wr_id: rsp_id,
                     op: SendOp::SendWithImm { imm },
                     sges: &rkey_sge,
                     signaled: false,
                 });
             }
             _ => chain.push(SendWr {
-                wr_id: WR_RSP,
+                wr_id: rsp_id,
                 op: SendOp::RdmaWriteWithImm {
                     remote_addr: 0,
                     rkey: 0,
@@ -531,12 +519,12 @@ impl CorePoller {
                 signaled: false,
             }),
         }
-        let Some(slot) = self.cons[ci].as_mut() else {
+        let Some(slot) = env.cons[ci].as_mut() else {
             return true;
         };
         if chain.len() > slot.con.sq_avail() as usize {
             if !queued {
-                self.ops[idx as usize].stage = Stage::RspQueued;
+                self.ops.get_mut(idx).stage = Stage::RspQueued;
                 slot.rsp_wait.push_back(idx);
                 CoreCounters::add(&path.counters.core(self.core).rsp_queued, 1);
             }
@@ -545,13 +533,13 @@ impl CorePoller {
         // Release the chunk and the buf id before the response can reach the client:
         // once it has the response it may send the next request for this buf id, on
         // any connection of the path, and that one must not look like a duplicate.
-        self.drop_op(idx, false);
-        let Some(slot) = self.cons[ci].as_mut() else {
+        self.ops.end(idx, false);
+        let Some(slot) = env.cons[ci].as_mut() else {
             return true;
         };
         if let Err(e) = slot.con.post_chain(chain.as_mut()) {
             CoreCounters::add(&path.counters.core(self.core).dropped, 1);
-            self.close_con_path(cx, ci, format_args!("posting the response: {e}"));
+            env.close(cx, ci, format_args!("posting the response: {e}"));
         }
         true
     }

@@ -1,107 +1,63 @@
-//! The per-core server poller: polls every connection this core serves (CM events and
-//! completions), runs the handler's answers, retries queued responses and waiting
-//! requests, and on the session's home core also runs heartbeats, INFO_REQ and path
-//! finalisation. It corresponds to the kernel's `rtrs_srv_rdma_done` CQ handler plus
-//! `rtrs_srv_close_work`, on one reactor.
+//! [`ServerCore`]: the server on one core, registered as that core's poller. It polls
+//! every connection this core serves (CM events and completions), lets the handler
+//! answer (its [`ServerHandler::poll`]) and sends the answers, retries queued responses
+//! and waiting requests, and on the session's home core also runs heartbeats, INFO_REQ
+//! and path finalisation. It corresponds to the kernel's `rtrs_srv_rdma_done` CQ handler
+//! plus `rtrs_srv_close_work`, on one reactor.
 //!
-//! Work request ids carry a kind in the top byte ([`WR_RECV`] ...) and, for a request's
-//! LOCAL_INV, the request's slot.
+//! It owns the parts and hands them out: the connections ([`ConSlot`]), the requests
+//! ([`Requests`], with the op table), the service connection's control work
+//! ([`super::info`]); completions are told apart by their [`WrId`].
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::common::{Con, Heartbeat};
+use crate::common::LinkEvent;
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{CmEvent, ConnState, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
 
-use super::handler::{Responses, ServerHandler};
-use super::io::Op;
+use super::conn::{close_path_of, ConSlot};
+use super::handler::ServerHandler;
+use super::info;
+use super::io::{Env, Requests};
 use super::session::{lock, Path, CLOSED, CONNECTED};
-use super::shared::{CoreCmd, Shared};
-use crate::common::LinkEvent;
+use super::state::{PathWork, ServerState};
+use super::wr::WrId;
 
 /// Polls of a core between connection-manager checks of a healthy connection.
 const CM_POLL_EVERY: u64 = 16;
-pub(crate) const WR_RECV: u64 = 1 << 56;
-pub(crate) const WR_INFO_REQ: u64 = 2 << 56;
-pub(crate) const WR_INV: u64 = 3 << 56;
-pub(crate) const WR_INFO_RSP: u64 = 4 << 56;
-pub(crate) const WR_RSP: u64 = 5 << 56;
-pub(crate) const WR_HB: u64 = 6 << 56;
-const KIND_MASK: u64 = 0xff << 56;
 
 /// Completions taken per poll of one connection.
 const WC_BATCH: usize = 32;
 
-/// INFO_RSP progress on a cid 0 connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum InfoState {
-    /// Not asked yet (or not cid 0).
-    Idle,
-    /// Posting the REG_MR chain: next chunk to bind, then the SEND of `len` bytes.
-    Posting {
-        next: usize,
-        len: usize,
-    },
-    Done,
-}
-
-/// One connection served here.
-pub(crate) struct ConSlot {
-    pub path: Arc<Path>,
-    pub con: Con,
-    /// Disconnect issued; dropped once drained.
-    pub closing: bool,
-    /// Requests whose response waits for send slots.
-    pub rsp_wait: VecDeque<u32>,
-    /// Requests whose LOCAL_INV waits for send slots.
-    pub inv_wait: VecDeque<u32>,
-    /// cid 0 once connected: heartbeat and its next tick.
-    pub hb: Option<(Heartbeat, u64)>,
-    pub info: InfoState,
-    /// Ask the connection manager at the next poll (see `poll_con`).
-    pub cm_due: bool,
-}
-
-pub(crate) struct CorePoller {
-    pub sh: Arc<Shared>,
-    pub core: usize,
-    pub handler: Box<dyn ServerHandler>,
-    pub cons: Vec<Option<ConSlot>>,
-    pub ops: Vec<Op>,
-    pub free_ops: Vec<u32>,
-    /// Requests waiting for their chunk to be released by another path.
-    pub waiting: VecDeque<u32>,
-    /// The handler's answers, sent after each call into it.
-    pub responses: Responses,
-    /// Copy of the current request's user header.
-    pub usr: Vec<u8>,
+/// The server's poller on one core.
+pub(crate) struct ServerCore {
+    sh: Arc<ServerState>,
+    core: usize,
+    handler: Box<dyn ServerHandler>,
+    cons: Vec<Option<ConSlot>>,
+    requests: Requests,
     /// Home core: paths being torn down, finalised once drained.
-    pub closing: Vec<Arc<Path>>,
+    closing: Vec<Arc<Path>>,
     wcs: [Wc; WC_BATCH],
     done: bool,
     /// The reactor's time at the start of this poll (one clock read per loop).
-    pub now: u64,
+    now: u64,
     /// Calls of `poll` so far (paces connection-manager checks).
     polls: u64,
 }
 
-impl CorePoller {
-    pub fn new(sh: Arc<Shared>, core: usize, handler: Box<dyn ServerHandler>) -> CorePoller {
+impl ServerCore {
+    pub fn new(sh: Arc<ServerState>, core: usize, handler: Box<dyn ServerHandler>) -> ServerCore {
         let qd = usize::from(sh.cfg.queue_depth);
         let max_hdr = sh.cfg.max_hdr as usize;
-        CorePoller {
+        ServerCore {
             sh,
             core,
             handler,
             cons: Vec::new(),
-            ops: Vec::with_capacity(qd),
-            free_ops: Vec::with_capacity(qd),
-            waiting: VecDeque::with_capacity(qd),
-            responses: Responses::with_capacity(qd),
-            usr: vec![0; max_hdr],
+            requests: Requests::new(core, qd, max_hdr),
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
             done: false,
@@ -110,43 +66,44 @@ impl CorePoller {
         }
     }
 
-    /// Closes the path of connection `i` with a reason.
-    pub fn close_con_path(&self, cx: &mut dyn Ctx, i: usize, why: std::fmt::Arguments<'_>) {
-        if let Some(s) = &self.cons[i] {
-            let p = Arc::clone(&s.path);
-            self.sh.close_path(cx, &p, why);
-        }
+    /// The request path's view of this core, and the requests.
+    fn split(&mut self) -> (&mut Requests, Env<'_>) {
+        (
+            &mut self.requests,
+            Env {
+                sh: &self.sh,
+                cons: &mut self.cons,
+                handler: &mut *self.handler,
+                now: self.now,
+            },
+        )
     }
 
-    fn on_cmd(&mut self, cx: &mut dyn Ctx, cmd: CoreCmd) {
-        match cmd {
-            CoreCmd::AddCon { path, mut con } => {
+    /// Closes the path of connection `i` with a reason.
+    fn close_con_path(&self, cx: &mut dyn Ctx, i: usize, why: std::fmt::Arguments<'_>) {
+        close_path_of(&self.sh, cx, &self.cons, i, why);
+    }
+
+    fn on_work(&mut self, cx: &mut dyn Ctx, work: PathWork) {
+        match work {
+            PathWork::AddCon { path, mut con } => {
                 if path.state() > CONNECTED || self.sh.stop.load(Ordering::Acquire) {
                     con.disconnect();
                     path.live_cons.fetch_sub(1, Ordering::AcqRel);
                     return;
                 }
-                let slot = ConSlot {
-                    path,
-                    con,
-                    closing: false,
-                    rsp_wait: VecDeque::new(),
-                    inv_wait: VecDeque::new(),
-                    hb: None,
-                    info: InfoState::Idle,
-                    cm_due: true,
-                };
+                let slot = ConSlot::new(path, con);
                 match self.cons.iter().position(Option::is_none) {
                     Some(i) => self.cons[i] = Some(slot),
                     None => self.cons.push(Some(slot)),
                 }
             }
-            CoreCmd::Finalize(path) => {
+            PathWork::Finalize(path) => {
                 if !self.closing.iter().any(|p| Arc::ptr_eq(p, &path)) {
                     self.closing.push(path);
                 }
             }
-            CoreCmd::Close(path) => {
+            PathWork::Close(path) => {
                 self.sh
                     .close_path(cx, &path, format_args!("disconnect requested"));
             }
@@ -173,10 +130,8 @@ impl CorePoller {
         while let Some(ev) = cm_due.then(|| slot.con.poll_cm()).flatten() {
             busy = true;
             if let CmEvent::Disconnected | CmEvent::Error { .. } | CmEvent::Rejected { .. } = ev {
-                let p = Arc::clone(&slot.path);
                 let cid = slot.con.cid();
-                self.sh
-                    .close_path(cx, &p, format_args!("connection cid {cid}: {ev:?}"));
+                slot.close_path(&self.sh, cx, format_args!("connection cid {cid}: {ev:?}"));
                 break;
             }
         }
@@ -192,7 +147,7 @@ impl CorePoller {
             .filter(|w| w.status.is_ok() && w.opcode == WcOpcode::RecvRdmaWithImm)
             .count() as u32;
         if reposts > 0 {
-            if let Err(e) = slot.con.post_recv_empty(reposts, WR_RECV) {
+            if let Err(e) = slot.con.post_recv_empty(reposts, WrId::Recv.encode()) {
                 // The usual case: the peer went away right after these requests (a
                 // client closing or dying resets its sockets); say so, not "post refused".
                 if slot.con.state() == ConnState::Disconnected {
@@ -219,44 +174,37 @@ impl CorePoller {
             }
             return busy;
         }
-        busy |= self.retry_responses(cx, i);
-        busy |= self.retry_invs(cx, i);
-        busy |= self.heartbeat(cx, i);
-        busy |= self.post_info_rsp(cx, i);
+        let now = self.now;
+        let (requests, mut env) = self.split();
+        busy |= requests.retry_responses(cx, &mut env, i);
+        busy |= requests.retry_invs(cx, &mut env, i);
+        if let Some(slot) = self.cons[i].as_mut() {
+            busy |= info::heartbeat(cx, &self.sh, slot, now);
+        }
+        if let Some(slot) = self.cons[i].as_mut() {
+            busy |= info::post_info_rsp(cx, &self.sh, slot);
+        }
         busy
     }
 
     fn on_wc(&mut self, cx: &mut dyn Ctx, i: usize, wc: Wc) {
-        let kind = wc.wr_id & KIND_MASK;
-        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-            || kind == WR_RECV
-            || kind == WR_INFO_REQ;
-        if kind == WR_INV {
-            let op = wc.wr_id as u32;
-            let gen24 = ((wc.wr_id >> 32) & 0xff_ffff) as u32;
-            if !self
-                .ops
-                .get(op as usize)
-                .is_some_and(|o| o.inv_matches(gen24))
-            {
-                return;
-            }
-            if wc.status.is_ok() {
-                self.after_inv(cx, op);
-            } else {
-                self.drop_op(op, false);
-                if wc.status != WcStatus::WrFlush {
-                    self.close_con_path(cx, i, format_args!("LOCAL_INV failed: {:?}", wc.status));
-                }
-            }
-            return;
+        let wr = WrId::decode(wc.wr_id);
+        if let WrId::Inv { op, gen24 } = wr {
+            let (requests, mut env) = self.split();
+            return requests.on_inv_done(cx, &mut env, i, op, gen24, wc.status);
         }
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+            || matches!(wr, WrId::Recv | WrId::InfoReq);
         if !wc.status.is_ok() {
             if wc.status != WcStatus::WrFlush {
                 self.close_con_path(
                     cx,
                     i,
-                    format_args!("completion error {:?} (wr kind {})", wc.status, kind >> 56),
+                    format_args!(
+                        "completion error {:?} (wr kind {})",
+                        wc.status,
+                        WrId::kind(wc.wr_id)
+                    ),
                 );
             }
             return;
@@ -279,7 +227,9 @@ impl CorePoller {
                 };
                 self.on_imm(cx, i, imm);
             }
-            _ if kind == WR_INFO_REQ => self.on_info_req(cx, i, wc.byte_len),
+            _ if wr == WrId::InfoReq => {
+                info::on_info_req(cx, &self.sh, slot, wc.byte_len, &mut *self.handler)
+            }
             _ => self.close_con_path(
                 cx,
                 i,
@@ -292,13 +242,16 @@ impl CorePoller {
         let cid = self.cons[i].as_ref().map_or(0, |s| s.con.cid());
         match Imm::decode(imm) {
             Err(e) => self.close_con_path(cx, i, format_args!("{e}")),
-            Ok(Imm::IoReq { payload }) => self.on_io_req(cx, i, payload),
+            Ok(Imm::IoReq { payload }) => {
+                let (requests, mut env) = self.split();
+                requests.on_io_req(cx, &mut env, i, payload);
+            }
             Ok(Imm::HbMsg) if cid == 0 => {
                 let Some(slot) = self.cons[i].as_mut() else {
                     return;
                 };
                 // Out of send slots the ack is skipped: traffic is flowing anyway.
-                match slot.con.post_imm_empty(WR_HB, HB_ACK_IMM) {
+                match slot.con.post_imm_empty(WrId::Hb.encode(), HB_ACK_IMM) {
                     Err(e) if !e.is_budget() => {
                         self.close_con_path(cx, i, format_args!("sending HB_ACK: {e}"))
                     }
@@ -320,15 +273,9 @@ impl CorePoller {
         let Some(slot) = self.cons[i].take() else {
             return;
         };
-        for idx in slot.rsp_wait.into_iter().chain(slot.inv_wait) {
-            self.drop_op(idx, true);
-        }
-        for idx in 0..self.ops.len() as u32 {
-            if self.ops[idx as usize].pending_inv_on(i) {
-                self.drop_op(idx, false);
-            }
-        }
-        slot.path.live_cons.fetch_sub(1, Ordering::AcqRel);
+        let path = Arc::clone(&slot.path);
+        self.requests.drop_con(slot, i);
+        path.live_cons.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Home core: finalises drained paths (link event, removal, session release).
@@ -371,16 +318,13 @@ impl CorePoller {
     }
 
     fn stop_all(&mut self, cx: &mut dyn Ctx) {
-        for i in 0..self.cons.len() {
-            if let Some(s) = &self.cons[i] {
-                let p = Arc::clone(&s.path);
-                self.sh.close_path(cx, &p, format_args!("server stopping"));
-            }
+        for s in self.cons.iter().flatten() {
+            s.close_path(&self.sh, cx, format_args!("server stopping"));
         }
     }
 }
 
-impl Poller for CorePoller {
+impl Poller for ServerCore {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         if self.done {
             return PollResult::Idle;
@@ -388,8 +332,8 @@ impl Poller for CorePoller {
         let mut busy = false;
         self.now = cx.now();
         self.polls = self.polls.wrapping_add(1);
-        while let Some(cmd) = self.sh.inbox[self.core].pop() {
-            self.on_cmd(cx, cmd);
+        while let Some(work) = self.sh.inbox[self.core].pop() {
+            self.on_work(cx, work);
             busy = true;
         }
         let stopping = self.sh.stop.load(Ordering::Acquire);
@@ -399,13 +343,15 @@ impl Poller for CorePoller {
         for i in 0..self.cons.len() {
             busy |= self.poll_con(cx, i);
         }
-        busy |= self.handler.poll(cx, &mut self.responses);
-        busy |= self.drain_responses(cx);
-        busy |= self.run_waiting(cx);
+        {
+            let (requests, mut env) = self.split();
+            busy |= requests.poll_handler(cx, &mut env);
+            busy |= requests.run_waiting(cx, &mut env);
+        }
         busy |= self.finalize(cx);
         if stopping {
             if self.cons.iter().all(Option::is_none)
-                && self.free_ops.len() == self.ops.len()
+                && self.requests.is_idle()
                 && self.closing.is_empty()
             {
                 self.done = true;

@@ -18,6 +18,7 @@
 //! only once it has the answer, which comes later), so it is answered with that
 //! execution's result instead of running a second time.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,8 +29,17 @@ use crate::proto::{ImmLayout, SgDesc};
 use crate::Errno;
 
 use super::chunks::ChunkPool;
-use super::handler::SessionId;
 use super::stats::{PathCounters, PathStats};
+
+/// Identifies a server session (one client session, all its paths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "session#{}", self.0)
+    }
+}
 
 /// Path states (docs/PROTOCOL.md §6.5).
 pub(crate) const CONNECTING: u8 = 0;
@@ -259,11 +269,11 @@ pub(crate) struct SessEntry {
 
 /// All sessions, under one lock (control path only).
 #[derive(Default)]
-pub(crate) struct SessionTable {
+pub(crate) struct Sessions {
     pub sessions: Vec<SessEntry>,
 }
 
-impl SessionTable {
+impl Sessions {
     pub fn by_id(&mut self, id: SessionId) -> Option<&mut SessEntry> {
         self.sessions.iter_mut().find(|e| e.sess.id == id)
     }

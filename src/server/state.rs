@@ -14,11 +14,11 @@ use crate::engine::{Ctx, Msg};
 use crate::fabric::Fabric;
 use crate::ratelimit::RateLimit;
 
-use super::session::{Path, SessionTable, CLOSING, CONNECTED, CONNECTING};
-use super::ServerConfig;
+use super::config::ServerConfig;
+use super::session::{Path, Sessions, CLOSING, CONNECTED, CONNECTING};
 
 /// Work for one core, delivered through its inbox.
-pub(crate) enum CoreCmd {
+pub(crate) enum PathWork {
     /// Serve this connection (a cid of `path`) on this core.
     AddCon { path: Arc<Path>, con: Con },
     /// Home core: finalise `path` once it has drained.
@@ -27,12 +27,12 @@ pub(crate) enum CoreCmd {
     Close(Arc<Path>),
 }
 
-pub(crate) struct Shared {
+pub(crate) struct ServerState {
     pub cfg: ServerConfig,
     pub fabric: Arc<dyn Fabric>,
     pub ncores: usize,
-    pub table: Mutex<SessionTable>,
-    pub inbox: Vec<SegQueue<CoreCmd>>,
+    pub table: Mutex<Sessions>,
+    pub inbox: Vec<SegQueue<PathWork>>,
     pub stop: AtomicBool,
     pub next_home: AtomicUsize,
     pub next_id: AtomicU64,
@@ -44,9 +44,9 @@ pub(crate) struct Shared {
 
 fn wake(_: &mut dyn Ctx, _: u64) {}
 
-impl Shared {
+impl ServerState {
     /// Delivers `cmd` to `core`'s inbox and wakes that core.
-    pub fn post(&self, cx: &mut dyn Ctx, core: usize, cmd: CoreCmd) {
+    pub fn post(&self, cx: &mut dyn Ctx, core: usize, cmd: PathWork) {
         self.inbox[core].push(cmd);
         if core != cx.core() {
             // Only a wake-up: the inbox is drained on every poll, so a full mailbox
@@ -91,7 +91,7 @@ impl Shared {
                 path.local
             );
         }
-        self.post(cx, path.sess.home, CoreCmd::Finalize(Arc::clone(path)));
+        self.post(cx, path.sess.home, PathWork::Finalize(Arc::clone(path)));
         for core in 0..self.ncores {
             if core != path.sess.home && core != cx.core() {
                 let _ = cx.send(core, Msg::call(wake, 0));
