@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, FileBackend, FileOptions, IoBuf, IoFlags, IoMode,
+    BlockBackend, BlockCompletion, BlockFlags, BlockIo, FileBackend, FileOptions, IoBuf, IoMode,
 };
 
 fn run_one(b: &mut dyn BlockBackend, io: BlockIo) -> Result<(), rtrs_spdk::Errno> {
@@ -66,7 +66,7 @@ fn block_device_round_trip() {
         let mem = MemBuf::zeroed(64 * 1024);
         // SAFETY: no IO in flight on `mem` yet.
         unsafe { std::ptr::write_bytes(mem.as_ptr(), 0x5a, 64 * 1024) };
-        let w = BlockIo::write(1, end, buf(&mem, 0, 64 * 1024)).with_flags(IoFlags::FUA);
+        let w = BlockIo::write(1, end, buf(&mem, 0, 64 * 1024)).with_flags(BlockFlags::FUA);
         assert_eq!(run_one(&mut b, w), Ok(()));
         assert_eq!(run_one(&mut b, BlockIo::flush(2)), Ok(()));
         let zero_at = end + 4096;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, BlockOp, FileBackend, FileOptions, IoBuf, IoFlags,
-    IoMode, OpenError, RamBackend, SubmitError,
+    BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, FileBackend,
+    FileOptions, IoBuf, IoMode, OpenError, RamBackend,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -280,13 +280,13 @@ fn flush_and_fua(f: Flavour) {
     let b = dut.backend.as_mut();
     let mem = MemBuf::zeroed(8192);
     fill_mem(&mem, 0, &pattern(3, 8192));
-    let w = BlockIo::write(1, 4096, io_buf(&mem, 0, 4096)).with_flags(IoFlags::FUA);
+    let w = BlockIo::write(1, 4096, io_buf(&mem, 0, 4096)).with_flags(BlockFlags::FUA);
     assert_eq!(run_one(b, w), Ok(()));
     assert_eq!(run_one(b, BlockIo::flush(2)), Ok(()));
     let w = BlockIo::write(3, 65536, io_buf(&mem, 4096, 4096))
-        .with_flags(IoFlags::PREFLUSH | IoFlags::FUA);
+        .with_flags(BlockFlags::PREFLUSH | BlockFlags::FUA);
     assert_eq!(run_one(b, w), Ok(()));
-    let z = BlockIo::write_zeroes(4, 0, 4096).with_flags(IoFlags::FUA | IoFlags::PREFLUSH);
+    let z = BlockIo::write_zeroes(4, 0, 4096).with_flags(BlockFlags::FUA | BlockFlags::PREFLUSH);
     assert_eq!(run_one(b, z), Ok(()));
     let back = MemBuf::zeroed(8192);
     assert_eq!(
@@ -320,7 +320,7 @@ fn discard_and_write_zeroes_read_back_zero(f: Flavour) {
         run_one(b, BlockIo::write_zeroes(3, 512 * 77, 512 * 5)),
         Ok(())
     );
-    let z = BlockIo::write_zeroes(4, 131072, 65536).with_flags(IoFlags::NOUNMAP);
+    let z = BlockIo::write_zeroes(4, 131072, 65536).with_flags(BlockFlags::NOUNMAP);
     assert_eq!(run_one(b, z), Ok(()));
     let mut model = data.clone();
     model[8192..8192 + 16384].fill(0);
@@ -371,7 +371,7 @@ fn write_same_repeats_the_block(f: Flavour) {
         BS * 3,
         io_buf(&blocks, BS as usize, BS as usize),
     )
-    .with_flags(IoFlags::FUA | IoFlags::PREFLUSH);
+    .with_flags(BlockFlags::FUA | BlockFlags::PREFLUSH);
     assert_eq!(run_one(b, ws), Ok(()));
     for k in 0..3 {
         model[at2 + k * BS as usize..at2 + (k + 1) * BS as usize].copy_from_slice(&two);
@@ -382,7 +382,7 @@ fn write_same_repeats_the_block(f: Flavour) {
         let e = b.submit(bad).unwrap_err();
         assert_eq!(
             e,
-            SubmitError::NotOneBlock {
+            BlockSubmitError::NotOneBlock {
                 len,
                 block_size: BS
             }
@@ -426,7 +426,7 @@ fn read_only_refuses_writes(f: Flavour) {
         BlockIo::write_same(6, 0, 4096, io_buf(&mem, 0, BS as usize)),
     ] {
         let e = b.submit(io).unwrap_err();
-        assert_eq!(e, SubmitError::ReadOnly { op: io.op });
+        assert_eq!(e, BlockSubmitError::ReadOnly { op: io.op });
         assert_eq!(e.errno().neg(), -libc::EROFS);
     }
     assert_eq!(b.in_flight(), 0);
@@ -503,7 +503,7 @@ fn full_queue_is_busy_then_retried(f: Flavour) {
     let extra = BlockIo::read(99, 4096, io_buf(&mem, 5 * 4096, 4096));
     let e = b.submit(extra).unwrap_err();
     assert!(e.is_busy(), "{e}");
-    assert_eq!(e, SubmitError::Busy { depth: DEPTH });
+    assert_eq!(e, BlockSubmitError::Busy { depth: DEPTH });
     assert_eq!(e.errno().neg(), -libc::EAGAIN);
     // An invalid IO is still refused for what it is, not as busy.
     let bad = b

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::rnbd::backend::{
-    BackendSpec, BlockBackend, BlockCompletion, BlockIo, ExportSpec, FileBackend, FileOptions,
-    IoBuf, IoFlags, IoMode, OpenError, RamBackend, SpecProblem, SubmitError, RNBD_FUA,
+    BackendSpec, BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockSubmitError, ExportSpec,
+    FileBackend, FileOptions, IoBuf, IoMode, OpenError, RamBackend, SpecProblem, RNBD_FUA,
     RNBD_WRITEBACK,
 };
 
@@ -180,7 +180,7 @@ fn ram_spec_opens_with_rnbd_geometry() {
     assert!(
         matches!(
             e,
-            SubmitError::Misaligned {
+            BlockSubmitError::Misaligned {
                 block_size: 4096,
                 ..
             }
@@ -272,7 +272,7 @@ fn read_only_file_spec_reads_and_refuses_writes() {
         let e = b.submit(BlockIo::write(2, 0, io_buf(&mem))).unwrap_err();
         assert_eq!(
             e,
-            SubmitError::ReadOnly {
+            BlockSubmitError::ReadOnly {
                 op: rtrs_spdk::rnbd::backend::BlockOp::Write
             }
         );
@@ -297,7 +297,7 @@ fn writes_reach_the_file() {
         let fill = 0x30 + i as u8;
         // SAFETY: no IO is in flight on `mem` yet.
         unsafe { std::ptr::write_bytes(mem.as_ptr(), fill, 4096) };
-        let io = BlockIo::write(1, 8192, io_buf(&mem)).with_flags(IoFlags::FUA);
+        let io = BlockIo::write(1, 8192, io_buf(&mem)).with_flags(BlockFlags::FUA);
         assert_eq!(run_one(&mut b, io), Ok(()));
         drop(b);
         let on_disk = std::fs::read(&f.0).unwrap();
@@ -321,7 +321,10 @@ fn write_zeroes_on_tmpfs_falls_back_and_reads_zero() {
             ..FileOptions::default()
         };
         let mut b = FileBackend::open(&f.0, &opts).unwrap();
-        for (tag, flags) in [(1, IoFlags::NONE), (2, IoFlags::NOUNMAP | IoFlags::FUA)] {
+        for (tag, flags) in [
+            (1, BlockFlags::NONE),
+            (2, BlockFlags::NOUNMAP | BlockFlags::FUA),
+        ] {
             let off = 4096 * tag;
             let io = BlockIo::write_zeroes(tag, off, 4096).with_flags(flags);
             assert_eq!(run_one(&mut b, io), Ok(()), "{mode:?} {flags:?}");

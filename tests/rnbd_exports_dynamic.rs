@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
 use rtrs_spdk::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, Geometry, IoBuf, RamBackend, SubmitError,
+    BlockBackend, BlockCompletion, BlockIo, BlockSubmitError, Geometry, IoBuf, RamBackend,
 };
 use rtrs_spdk::rnbd::server::{
     AccessError, Dir, Dispatcher, ExportBackend, Exports, ExportsError, Outcome, Request,
@@ -62,7 +62,7 @@ impl BlockBackend for Instance {
     fn in_flight(&self) -> usize {
         self.inner.in_flight()
     }
-    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+    fn submit(&mut self, io: BlockIo) -> Result<(), BlockSubmitError> {
         self.inner.submit(io)
     }
     fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {

@@ -18,7 +18,7 @@ use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, DeviceError, PortCompletion, RnbdClient,
     RnbdClientConfig, RnbdCore, WriteZeroesMode,
 };
-use rtrs_spdk::rnbd::server::{Exports, SessionTable};
+use rtrs_spdk::rnbd::server::{Exports, RnbdSessions};
 use rtrs_spdk::rnbd::Dir;
 
 #[path = "util/rnbd_direct.rs"]
@@ -34,7 +34,7 @@ struct Rig {
     sim: Simulation,
     fabric: LoopbackFabric,
     ex: Arc<Exports>,
-    table: Arc<SessionTable<u64>>,
+    table: Arc<RnbdSessions<u64>>,
 }
 
 impl Rig {
@@ -43,7 +43,7 @@ impl Rig {
         Rig {
             sim: Simulation::new(1, 16),
             fabric: LoopbackFabric::new(),
-            table: Arc::new(SessionTable::new(ex.clone())),
+            table: Arc::new(RnbdSessions::new(ex.clone())),
             ex,
         }
     }

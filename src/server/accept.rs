@@ -30,19 +30,14 @@ use super::session::{lock, state_name, Path, SessEntry, Session, SessionId, Sess
 use super::state::{PathWork, ServerState};
 use super::stats::PathCounters;
 use super::wr::WrId;
-
-const ECONNRESET: i32 = 104;
-const ENXIO: i32 = 6;
-const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
-const EBUSY: i32 = 16;
+use crate::Errno;
 
 /// How often half-open paths are looked for, at most (a quarter of the handshake timeout
 /// when that is shorter).
 const REAP_EVERY_NS: u64 = 1_000_000_000;
 
 /// A path to accept the connection into, or a refusal (errno, reason).
-type Admit = Result<Arc<Path>, (i32, String)>;
+type Admit = Result<Arc<Path>, (Errno, String)>;
 
 /// The listeners' poller.
 pub(crate) struct Acceptor {
@@ -96,14 +91,16 @@ impl Acceptor {
         }
     }
 
-    fn refuse(&self, cx: &mut dyn Ctx, req: ConnRequest, errno: i32, why: &str) {
+    fn refuse(&self, cx: &mut dyn Ctx, req: ConnRequest, errno: Errno, why: &str) {
         if self.sh.log.allow(cx.now()) {
             tracing::warn!(
-                "rtrs-srv: refusing connection from {}: {why} (errno -{errno})",
-                req.peer
+                "rtrs-srv: refusing connection from {}: {why} (errno {})",
+                req.peer,
+                errno.neg()
             );
         }
-        let rsp = ConnRsp::reject(errno)
+        // The wire's negative errno, made here.
+        let rsp = ConnRsp::reject(errno.neg())
             .to_bytes()
             .unwrap_or([0; ConnRsp::LEN]);
         let _ = req.reject(&rsp);
@@ -112,7 +109,7 @@ impl Acceptor {
     fn on_request(&mut self, cx: &mut dyn Ctx, req: ConnRequest, local: SocketAddr) {
         let msg = match ConnReq::decode(req.private_data.as_bytes()) {
             Ok(m) => m,
-            Err(e) => return self.refuse(cx, req, ECONNRESET, &e.to_string()),
+            Err(e) => return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string()),
         };
         let (res, zombies, evicted) = self.admit(cx.now(), &msg, req.peer, local);
         for z in &zombies {
@@ -159,12 +156,12 @@ impl Acceptor {
             Some(i) => i,
             None if !msg.first_conn => {
                 let why = "unknown session (paths_uuid) and first_conn not set".to_string();
-                return (Err((ENXIO, why)), zombies, evicted);
+                return (Err((Errno::ENXIO, why)), zombies, evicted);
             }
-            None => match self
-                .make_room(&t, peer, &mut evicted)
-                .and_then(|()| self.new_session(msg.paths_uuid).map_err(|w| (ENOMEM, w)))
-            {
+            None => match self.make_room(&t, peer, &mut evicted).and_then(|()| {
+                self.new_session(msg.paths_uuid)
+                    .map_err(|w| (Errno::ENOMEM, w))
+            }) {
                 Ok(sess) => {
                     t.sessions.push(SessEntry {
                         sess,
@@ -193,12 +190,12 @@ impl Acceptor {
         t: &Sessions,
         peer: SocketAddr,
         evicted: &mut Vec<Arc<Path>>,
-    ) -> Result<(), (i32, String)> {
+    ) -> Result<(), (Errno, String)> {
         let cap = self.sh.cfg.max_pending_sessions;
         let unfinished = t.sessions.iter().filter(|e| e.up == 0).count();
         if unfinished >= cap.saturating_mul(2) {
             return Err((
-                EBUSY,
+                Errno::EBUSY,
                 format!(
                     "{unfinished} sessions are being set up or closed \
                      (twice max_pending_sessions, {cap})"
@@ -238,7 +235,7 @@ impl Acceptor {
             if p.recon_cnt != msg.recon_cnt {
                 if msg.cid != 0 {
                     return Err((
-                        ECONNRESET,
+                        Errno::ECONNRESET,
                         format!(
                             "cid {} of reconnect attempt {} before its cid 0 (path is at attempt {})",
                             msg.cid, msg.recon_cnt, p.recon_cnt
@@ -250,13 +247,13 @@ impl Acceptor {
             } else {
                 if p.state() != CONNECTING {
                     return Err((
-                        ECONNRESET,
+                        Errno::ECONNRESET,
                         format!("path is {}, not connecting", state_name(p.state())),
                     ));
                 }
                 if p.cid_num != msg.cid_num {
                     return Err((
-                        ECONNRESET,
+                        Errno::ECONNRESET,
                         format!(
                             "cid_num {} differs from the path's {}",
                             msg.cid_num, p.cid_num
@@ -269,7 +266,10 @@ impl Acceptor {
                     if is_zombie(&p, now, self.timeout_ns) {
                         zombies.push(p);
                     }
-                    return Err((ECONNRESET, format!("connection cid {cid} already exists")));
+                    return Err((
+                        Errno::ECONNRESET,
+                        format!("connection cid {cid} already exists"),
+                    ));
                 }
                 present[cid] = true;
                 drop(present);
@@ -278,7 +278,7 @@ impl Acceptor {
         }
         if e.all.len() >= MAX_PATHS_NUM {
             return Err((
-                ECONNRESET,
+                Errno::ECONNRESET,
                 format!("session already has {MAX_PATHS_NUM} paths"),
             ));
         }
@@ -291,13 +291,13 @@ impl Acceptor {
                 zombies.push(Arc::clone(dup));
             }
             return Err((
-                EEXIST,
+                Errno::EEXIST,
                 format!("session already has a path from {} to {local}", peer.ip()),
             ));
         }
         let path = self
             .new_path(&e.sess, msg, peer, local, now)
-            .map_err(|why| (ENOMEM, why))?;
+            .map_err(|why| (Errno::ENOMEM, why))?;
         e.paths.push(Arc::clone(&path));
         e.all.push(Arc::clone(&path));
         Ok(path)
@@ -416,7 +416,7 @@ impl Acceptor {
             Ok(b) => b,
             Err(e) => {
                 sh.close_path(cx, &path, format_args!("conn_rsp: {e}"));
-                return self.refuse(cx, req, ECONNRESET, &e.to_string());
+                return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string());
             }
         };
         let conn = match req.accept(self.caps_for(msg.cid), &rsp) {

@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex};
 use super::sys;
 use super::thread::SpdkThread;
 use crate::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, BlockOp, Geometry, IoFlags, SubmitError,
+    BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, Geometry,
     DEFAULT_MAX_DISCARD, DEFAULT_MAX_TRANSFER,
 };
 use crate::rnbd::server::ExportBackend;
 use crate::Errno;
 
-/// IOs a channel accepts before it answers [`SubmitError::Busy`].
+/// IOs a channel accepts before it answers [`BlockSubmitError::Busy`].
 pub const CHANNEL_DEPTH: usize = 1024;
 /// Most blocks of one `writev` of a write-same (each an iovec over the same block).
 pub const SAME_BLOCKS: usize = 256;
@@ -329,10 +329,10 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
     let (write_cache, bs) = unsafe { ((*st).write_cache, (*st).block_size) };
     let preflush = write_cache
         && matches!(io.op, BlockOp::Write | BlockOp::WriteSame)
-        && io.flags.contains(IoFlags::PREFLUSH);
+        && io.flags.contains(BlockFlags::PREFLUSH);
     let (io, then) = if preflush {
         let write = BlockIo {
-            flags: IoFlags::NONE,
+            flags: BlockFlags::NONE,
             ..*io
         };
         (BlockIo::flush(io.tag), Some(write))
@@ -517,13 +517,13 @@ impl BlockBackend for BdevChannel {
         s.in_flight + s.waiting.len() + s.done.len()
     }
 
-    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+    fn submit(&mut self, io: BlockIo) -> Result<(), BlockSubmitError> {
         self.geometry.validate(&io)?;
         let st = self.state.as_ptr();
         // SAFETY: on the owning thread; short borrows around SPDK calls.
         unsafe {
             if (*st).in_flight + (*st).waiting.len() >= CHANNEL_DEPTH {
-                return Err(SubmitError::Busy {
+                return Err(BlockSubmitError::Busy {
                     depth: CHANNEL_DEPTH,
                 });
             }

@@ -20,7 +20,7 @@ use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, PortCompletion, PortError, PortIo, RnbdClient, RtrsPort,
 };
-use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, SessionCache, SessionTable};
+use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSessions, SessionCache};
 use rtrs_spdk::rnbd::Dir;
 use rtrs_spdk::Errno;
 
@@ -72,7 +72,7 @@ pub struct DirectPort {
 impl DirectPort {
     pub fn new(
         ex: &Arc<Exports>,
-        table: &Arc<SessionTable<u64>>,
+        table: &Arc<RnbdSessions<u64>>,
         key: u64,
         depth: usize,
     ) -> DirectPort {
@@ -244,7 +244,7 @@ pub struct Rig {
     pub sim: Simulation,
     pub fabric: LoopbackFabric,
     pub ex: Arc<Exports>,
-    pub table: Arc<SessionTable<u64>>,
+    pub table: Arc<RnbdSessions<u64>>,
 }
 
 impl Rig {
@@ -255,7 +255,7 @@ impl Rig {
         Rig {
             sim: Simulation::new(1, 16),
             fabric: LoopbackFabric::new(),
-            table: Arc::new(SessionTable::new(ex.clone())),
+            table: Arc::new(RnbdSessions::new(ex.clone())),
             ex,
         }
     }

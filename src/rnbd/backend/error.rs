@@ -11,7 +11,7 @@ use crate::Errno;
 /// Why [`submit`](super::BlockBackend::submit) refused an IO. Nothing was started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum SubmitError {
+pub enum BlockSubmitError {
     /// The backend's queue is full: not a failure, submit the same IO again after a poll.
     #[error("backend queue full ({depth} IOs in flight): retry after completions are polled")]
     Busy { depth: usize },
@@ -49,7 +49,7 @@ pub enum SubmitError {
     },
 }
 
-impl SubmitError {
+impl BlockSubmitError {
     /// The errno for the IO response. Choices follow what a Linux `rnbd-srv`
     /// client would see: the block layer fails IO beyond the end of the device with
     /// `-EIO` (`bio_check_eod`), writes to a read-only device with `-EROFS`, unknown ops
@@ -57,22 +57,22 @@ impl SubmitError {
     /// `-EAGAIN` but should be retried rather than sent.
     pub fn errno(&self) -> Errno {
         match self {
-            SubmitError::Busy { .. } => Errno::EAGAIN,
-            SubmitError::ReadOnly { .. } => Errno::EROFS,
-            SubmitError::Unsupported { .. } => Errno::EOPNOTSUPP,
-            SubmitError::OutOfRange { .. } => Errno::EIO,
-            SubmitError::Misaligned { .. }
-            | SubmitError::TooLarge { .. }
-            | SubmitError::ZeroLength { .. }
-            | SubmitError::MissingBuffer { .. }
-            | SubmitError::NotOneBlock { .. }
-            | SubmitError::ShortBuffer { .. } => Errno::EINVAL,
+            BlockSubmitError::Busy { .. } => Errno::EAGAIN,
+            BlockSubmitError::ReadOnly { .. } => Errno::EROFS,
+            BlockSubmitError::Unsupported { .. } => Errno::EOPNOTSUPP,
+            BlockSubmitError::OutOfRange { .. } => Errno::EIO,
+            BlockSubmitError::Misaligned { .. }
+            | BlockSubmitError::TooLarge { .. }
+            | BlockSubmitError::ZeroLength { .. }
+            | BlockSubmitError::MissingBuffer { .. }
+            | BlockSubmitError::NotOneBlock { .. }
+            | BlockSubmitError::ShortBuffer { .. } => Errno::EINVAL,
         }
     }
 
     /// Whether the IO should be queued and submitted again rather than failed.
     pub fn is_busy(&self) -> bool {
-        matches!(self, SubmitError::Busy { .. })
+        matches!(self, BlockSubmitError::Busy { .. })
     }
 }
 

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::error::{OpenError, SubmitError};
+use super::error::{BlockSubmitError, OpenError};
 use super::plan::{FileKind, Plan};
 use super::pool::Pool;
 use super::ram::{check_block_size, check_queue_depth, MAX_BLOCK_SIZE};
@@ -233,10 +233,10 @@ impl BlockBackend for FileBackend {
         self.in_flight
     }
 
-    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+    fn submit(&mut self, io: BlockIo) -> Result<(), BlockSubmitError> {
         self.geometry.validate(&io)?;
         if self.in_flight >= self.depth {
-            return Err(SubmitError::Busy { depth: self.depth });
+            return Err(BlockSubmitError::Busy { depth: self.depth });
         }
         let plan = Plan::new(io, self.kind);
         let started = match (&mut self.engine, &mut self.aux) {

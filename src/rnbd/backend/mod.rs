@@ -6,9 +6,9 @@
 //! # Contract
 //! - [`BlockBackend::submit`] never blocks and never panics on bad input: an IO that is
 //!   out of range, misaligned, too large, unsupported or a write to a read-only export is
-//!   refused synchronously with a typed [`SubmitError`] whose
-//!   [`errno`](SubmitError::errno) is what RNBD puts on the wire. A full queue is
-//!   [`SubmitError::Busy`]: keep the IO (it is `Copy`) and submit it again after a poll,
+//!   refused synchronously with a typed [`BlockSubmitError`] whose
+//!   [`errno`](BlockSubmitError::errno) is what RNBD puts on the wire. A full queue is
+//!   [`BlockSubmitError::Busy`]: keep the IO (it is `Copy`) and submit it again after a poll,
 //!   as SPDK's `spdk_bdev_queue_io_wait` does.
 //! - Accepted IOs complete later, exactly once each, through
 //!   [`BlockBackend::poll`] on the thread that polls (the reactor), into a caller-owned
@@ -38,7 +38,7 @@ mod spec;
 mod sys;
 mod uring;
 
-pub use error::{OpenError, SpecError, SpecProblem, SubmitError};
+pub use error::{BlockSubmitError, OpenError, SpecError, SpecProblem};
 pub use file::{FileBackend, FileOptions, IoMode};
 pub use ram::RamBackend;
 pub use spec::{parse_size, BackendSpec, ExportSpec, MAX_NAME_LEN, RAM_BLOCK_SIZE};
@@ -112,28 +112,30 @@ impl fmt::Display for BlockOp {
     }
 }
 
-/// Request flags (`RNBD_F_FUA`, `RNBD_F_PREFLUSH`, `RNBD_F_NOUNMAP`).
+/// Flags of a block IO: what the block layer makes of RNBD's `RNBD_F_FUA`,
+/// `RNBD_F_PREFLUSH` and `RNBD_F_NOUNMAP` (the wire's own bits are
+/// [`crate::proto::rnbd::IoFlags`]; the dispatcher maps one to the other).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct IoFlags(u8);
+pub struct BlockFlags(u8);
 
-impl IoFlags {
-    pub const NONE: IoFlags = IoFlags(0);
+impl BlockFlags {
+    pub const NONE: BlockFlags = BlockFlags(0);
     /// The data is durable when the IO completes.
-    pub const FUA: IoFlags = IoFlags(1);
+    pub const FUA: BlockFlags = BlockFlags(1);
     /// Flush the cache before the IO.
-    pub const PREFLUSH: IoFlags = IoFlags(2);
+    pub const PREFLUSH: BlockFlags = BlockFlags(2);
     /// Write-zeroes must keep the range allocated.
-    pub const NOUNMAP: IoFlags = IoFlags(4);
+    pub const NOUNMAP: BlockFlags = BlockFlags(4);
 
-    pub fn contains(self, other: IoFlags) -> bool {
+    pub fn contains(self, other: BlockFlags) -> bool {
         self.0 & other.0 == other.0
     }
 }
 
-impl BitOr for IoFlags {
-    type Output = IoFlags;
-    fn bitor(self, rhs: IoFlags) -> IoFlags {
-        IoFlags(self.0 | rhs.0)
+impl BitOr for BlockFlags {
+    type Output = BlockFlags;
+    fn bitor(self, rhs: BlockFlags) -> BlockFlags {
+        BlockFlags(self.0 | rhs.0)
     }
 }
 
@@ -147,7 +149,7 @@ pub struct BlockIo {
     /// Data for reads and writes (at least `len` bytes), the one logical block of a
     /// write-same; `None` for the others.
     pub buf: Option<IoBuf>,
-    pub flags: IoFlags,
+    pub flags: BlockFlags,
 }
 
 impl BlockIo {
@@ -182,7 +184,7 @@ impl BlockIo {
             offset,
             len,
             buf: Some(block),
-            flags: IoFlags::NONE,
+            flags: BlockFlags::NONE,
         }
     }
 
@@ -194,7 +196,7 @@ impl BlockIo {
             offset,
             len,
             buf: None,
-            flags: IoFlags::NONE,
+            flags: BlockFlags::NONE,
         }
     }
 
@@ -205,11 +207,11 @@ impl BlockIo {
             offset,
             len: u32::try_from(buf.len()).unwrap_or(u32::MAX),
             buf: Some(buf),
-            flags: IoFlags::NONE,
+            flags: BlockFlags::NONE,
         }
     }
 
-    pub fn with_flags(mut self, flags: IoFlags) -> BlockIo {
+    pub fn with_flags(mut self, flags: BlockFlags) -> BlockIo {
         self.flags = flags;
         self
     }
@@ -318,7 +320,7 @@ impl Geometry {
     /// # Errors
     /// The first problem found, in this order: unsupported op, read-only, missing or short
     /// buffer (a write-same's not exactly one logical block), zero length, misalignment, range, size limit.
-    pub fn validate(&self, io: &BlockIo) -> Result<(), SubmitError> {
+    pub fn validate(&self, io: &BlockIo) -> Result<(), BlockSubmitError> {
         let op = io.op;
         let limit = match op {
             BlockOp::Read | BlockOp::Write => self.max_transfer,
@@ -328,19 +330,19 @@ impl Geometry {
             BlockOp::SecureErase => self.max_secure_erase,
         };
         if limit == 0 {
-            return Err(SubmitError::Unsupported { op });
+            return Err(BlockSubmitError::Unsupported { op });
         }
         if self.read_only && op.is_write() {
-            return Err(SubmitError::ReadOnly { op });
+            return Err(BlockSubmitError::ReadOnly { op });
         }
         if op == BlockOp::Flush {
             return Ok(());
         }
         if op.has_data() {
             match io.buf {
-                None => return Err(SubmitError::MissingBuffer { op }),
+                None => return Err(BlockSubmitError::MissingBuffer { op }),
                 Some(buf) if buf.len() < io.len as usize => {
-                    return Err(SubmitError::ShortBuffer {
+                    return Err(BlockSubmitError::ShortBuffer {
                         op,
                         len: io.len,
                         buf_len: buf.len(),
@@ -351,9 +353,9 @@ impl Geometry {
         }
         if op == BlockOp::WriteSame {
             match io.buf {
-                None => return Err(SubmitError::MissingBuffer { op }),
+                None => return Err(BlockSubmitError::MissingBuffer { op }),
                 Some(buf) if buf.len() != self.logical_block_size as usize => {
-                    return Err(SubmitError::NotOneBlock {
+                    return Err(BlockSubmitError::NotOneBlock {
                         len: buf.len(),
                         block_size: self.logical_block_size,
                     })
@@ -362,11 +364,11 @@ impl Geometry {
             }
         }
         if io.len == 0 {
-            return Err(SubmitError::ZeroLength { op });
+            return Err(BlockSubmitError::ZeroLength { op });
         }
         let bs = u64::from(self.logical_block_size);
         if io.offset % bs != 0 || u64::from(io.len) % bs != 0 {
-            return Err(SubmitError::Misaligned {
+            return Err(BlockSubmitError::Misaligned {
                 op,
                 offset: io.offset,
                 len: io.len,
@@ -378,7 +380,7 @@ impl Geometry {
             .checked_add(u64::from(io.len))
             .map_or(true, |end| end > self.size)
         {
-            return Err(SubmitError::OutOfRange {
+            return Err(BlockSubmitError::OutOfRange {
                 op,
                 offset: io.offset,
                 len: io.len,
@@ -386,7 +388,7 @@ impl Geometry {
             });
         }
         if io.len > limit {
-            return Err(SubmitError::TooLarge {
+            return Err(BlockSubmitError::TooLarge {
                 op,
                 len: io.len,
                 max: limit,
@@ -406,7 +408,7 @@ pub trait BlockBackend {
         self.geometry().read_only
     }
 
-    /// IOs that may be in flight at once; one more is [`SubmitError::Busy`].
+    /// IOs that may be in flight at once; one more is [`BlockSubmitError::Busy`].
     fn queue_depth(&self) -> usize;
 
     /// IOs accepted and not yet returned by [`poll`](Self::poll).
@@ -415,10 +417,10 @@ pub trait BlockBackend {
     /// Starts `io`.
     ///
     /// # Errors
-    /// [`SubmitError::Busy`] when `queue_depth` IOs are in flight (retry after a poll);
+    /// [`BlockSubmitError::Busy`] when `queue_depth` IOs are in flight (retry after a poll);
     /// otherwise why `io` is invalid for this backend (see [`Geometry::validate`]). A
     /// refused IO produces no completion.
-    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError>;
+    fn submit(&mut self, io: BlockIo) -> Result<(), BlockSubmitError>;
 
     /// Moves finished IOs into `out`, returns how many. Never blocks.
     fn poll(&mut self, out: &mut [BlockCompletion]) -> usize;

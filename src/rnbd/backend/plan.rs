@@ -5,7 +5,7 @@
 //! `REQ_PREFLUSH`/`REQ_FUA` into cache flushes around a request (`blk-flush.c`).
 
 use super::sys::IoBuf;
-use super::{BlockIo, BlockOp, IoFlags};
+use super::{BlockFlags, BlockIo, BlockOp};
 
 /// One syscall's worth of work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ const MAX_RETRIES: u8 = 16;
 pub(crate) struct Plan {
     pub(crate) tag: u64,
     op: BlockOp,
-    flags: IoFlags,
+    flags: BlockFlags,
     offset: u64,
     len: u32,
     buf: Option<IoBuf>,
@@ -120,7 +120,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// A plan for an IO that has passed validation.
     pub(crate) fn new(io: BlockIo, kind: FileKind) -> Plan {
-        let preflush = io.flags.contains(IoFlags::PREFLUSH)
+        let preflush = io.flags.contains(BlockFlags::PREFLUSH)
             && !matches!(io.op, BlockOp::Read | BlockOp::Flush);
         Plan {
             tag: io.tag,
@@ -170,7 +170,7 @@ impl Plan {
                         offset,
                         ptr,
                         len,
-                        dsync: self.flags.contains(IoFlags::FUA),
+                        dsync: self.flags.contains(BlockFlags::FUA),
                     },
                     BlockOp::WriteSame => Step::WriteSame {
                         offset,
@@ -178,7 +178,7 @@ impl Plan {
                         block: self.buf.map_or(0, |b| b.len() as u32),
                         skew: self.done % self.buf.map_or(1, |b| (b.len() as u32).max(1)),
                         len,
-                        dsync: self.flags.contains(IoFlags::FUA),
+                        dsync: self.flags.contains(BlockFlags::FUA),
                     },
                     BlockOp::Flush => Step::Sync,
                     BlockOp::Discard | BlockOp::SecureErase => match self.kind {
@@ -256,7 +256,7 @@ impl Plan {
                 if res < 0 {
                     return Some(res);
                 }
-                if self.punched && self.flags.contains(IoFlags::NOUNMAP) {
+                if self.punched && self.flags.contains(BlockFlags::NOUNMAP) {
                     self.stage = Stage::Allocate;
                     return None;
                 }
@@ -273,7 +273,7 @@ impl Plan {
 
     /// Writes (and write-same) carry FUA as RWF_DSYNC; other mutating ops sync afterwards.
     fn after_main(&mut self) -> Option<i32> {
-        if self.flags.contains(IoFlags::FUA) {
+        if self.flags.contains(BlockFlags::FUA) {
             self.stage = Stage::PostSync;
             return None;
         }
@@ -319,7 +319,7 @@ mod tests {
         let mut mem = vec![0u8; 512];
         // SAFETY: as above.
         let buf = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
-        let io = BlockIo::write(1, 0, buf).with_flags(IoFlags::FUA | IoFlags::PREFLUSH);
+        let io = BlockIo::write(1, 0, buf).with_flags(BlockFlags::FUA | BlockFlags::PREFLUSH);
         let mut plan = Plan::new(io, FileKind::Regular);
         let (steps, res) = run(&mut plan, &[0, 512]);
         assert_eq!(res, Some(0));
@@ -329,7 +329,8 @@ mod tests {
 
     #[test]
     fn write_zeroes_falls_back_to_punch_and_reallocates_for_nounmap() {
-        let io = BlockIo::write_zeroes(2, 4096, 4096).with_flags(IoFlags::NOUNMAP | IoFlags::FUA);
+        let io =
+            BlockIo::write_zeroes(2, 4096, 4096).with_flags(BlockFlags::NOUNMAP | BlockFlags::FUA);
         let mut plan = Plan::new(io, FileKind::Regular);
         let (steps, res) = run(&mut plan, &[-libc::EOPNOTSUPP, 0, 0, 0]);
         assert_eq!(res, Some(0));
@@ -349,7 +350,7 @@ mod tests {
         let mut mem = vec![0u8; 512];
         // SAFETY: as above.
         let block = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
-        let io = BlockIo::write_same(8, 4096, 512 * 300, block).with_flags(IoFlags::FUA);
+        let io = BlockIo::write_same(8, 4096, 512 * 300, block).with_flags(BlockFlags::FUA);
         let mut plan = Plan::new(io, FileKind::Regular);
         let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
-use super::error::{OpenError, SubmitError};
+use super::error::{BlockSubmitError, OpenError};
 use super::{
     sys, BlockBackend, BlockCompletion, BlockIo, BlockOp, Geometry, DEFAULT_MAX_DISCARD,
     DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH,
@@ -120,7 +120,7 @@ impl RamBackend {
         self
     }
 
-    /// Sets how many IOs may wait for a poll before [`SubmitError::Busy`].
+    /// Sets how many IOs may wait for a poll before [`BlockSubmitError::Busy`].
     ///
     /// # Errors
     /// A depth outside 1..=32768.
@@ -145,10 +145,10 @@ impl BlockBackend for RamBackend {
         self.done.len()
     }
 
-    fn submit(&mut self, io: BlockIo) -> Result<(), SubmitError> {
+    fn submit(&mut self, io: BlockIo) -> Result<(), BlockSubmitError> {
         self.geometry.validate(&io)?;
         if self.done.len() >= self.depth {
-            return Err(SubmitError::Busy { depth: self.depth });
+            return Err(BlockSubmitError::Busy { depth: self.depth });
         }
         // Validation bounds the range by the store's size, which fits in usize.
         let (offset, len) = (io.offset as usize, io.len as usize);

@@ -19,7 +19,7 @@ use crate::fabric::mem::MemBuf;
 /// request owns exclusively from its arrival until its response.
 ///
 /// Copyable on purpose: a submission refused with
-/// [`SubmitError::Busy`](super::SubmitError::Busy) is retried with the same value.
+/// [`BlockSubmitError::Busy`](super::BlockSubmitError::Busy) is retried with the same value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IoBuf {
     ptr: *mut u8,

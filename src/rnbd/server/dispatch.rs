@@ -17,11 +17,10 @@ use std::sync::Arc;
 
 use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
-use crate::proto::rnbd::{
-    AccessMode, Io, IoFlags as WireFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp,
-};
+use crate::proto::rnbd::{AccessMode, Io, IoFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp};
 use crate::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockIo, BlockOp, IoBuf, IoFlags, SubmitError, SECTOR_SIZE,
+    BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, IoBuf,
+    SECTOR_SIZE,
 };
 use crate::rnbd::Dir;
 use crate::Errno;
@@ -340,7 +339,7 @@ impl Dispatcher {
         n
     }
 
-    fn finish_early(&mut self, tag: u64, e: SubmitError) {
+    fn finish_early(&mut self, tag: u64, e: BlockSubmitError) {
         self.ready
             .push_back(BlockCompletion::new(tag, Err(e.errno())));
     }
@@ -378,15 +377,15 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
         return Err(Errno::EINVAL);
     }
     let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(Errno::EIO)?;
-    let mut flags = IoFlags::NONE;
-    if io.flags.contains(WireFlags::FUA) {
-        flags = flags | IoFlags::FUA;
+    let mut flags = BlockFlags::NONE;
+    if io.flags.contains(IoFlags::FUA) {
+        flags = flags | BlockFlags::FUA;
     }
-    if io.flags.contains(WireFlags::PREFLUSH) {
-        flags = flags | IoFlags::PREFLUSH;
+    if io.flags.contains(IoFlags::PREFLUSH) {
+        flags = flags | BlockFlags::PREFLUSH;
     }
-    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(WireFlags::NOUNMAP) {
-        flags = flags | IoFlags::NOUNMAP;
+    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(IoFlags::NOUNMAP) {
+        flags = flags | BlockFlags::NOUNMAP;
     }
     // The kernel lets the block layer decide; a read-only mapping refusing to change the
     // device is the point of the mode.
@@ -420,7 +419,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
         if io.bi_size == 0 {
             // A data-less read or write: at most a cache flush (a write with PREFLUSH
             // or FUA and no data is how a block layer may express a flush).
-            if datalen == 0 && flags != IoFlags::NONE && op == BlockOp::Write {
+            if datalen == 0 && flags != BlockFlags::NONE && op == BlockOp::Write {
                 return Ok(Some(BlockIo::flush(req.tag).with_flags(flags)));
             }
             return Ok(None);
@@ -437,7 +436,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
                 offset,
                 len: io.bi_size,
                 buf: Some(req.data),
-                flags: IoFlags::NONE,
+                flags: BlockFlags::NONE,
             }
             .with_flags(flags),
         ));
@@ -451,7 +450,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
 mod tests {
     use super::*;
 
-    fn io(op: RnbdOp, flags: WireFlags, bi_size: u32) -> Io {
+    fn io(op: RnbdOp, flags: IoFlags, bi_size: u32) -> Io {
         Io {
             device_id: 0,
             sector: 8,
@@ -484,7 +483,7 @@ mod tests {
             req(Dir::Write, data),
             &io(
                 RnbdOp::Write,
-                WireFlags::FUA | WireFlags::PREFLUSH | WireFlags::SYNC,
+                IoFlags::FUA | IoFlags::PREFLUSH | IoFlags::SYNC,
                 4096,
             ),
             rw,
@@ -492,10 +491,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((w.op, w.offset, w.len), (BlockOp::Write, 4096, 4096));
-        assert_eq!(w.flags, IoFlags::FUA | IoFlags::PREFLUSH);
+        assert_eq!(w.flags, BlockFlags::FUA | BlockFlags::PREFLUSH);
         let f = to_block_io(
             req(Dir::Read, none),
-            &io(RnbdOp::Flush, WireFlags::NONE, 0),
+            &io(RnbdOp::Flush, IoFlags::NONE, 0),
             rw,
         )
         .unwrap()
@@ -503,29 +502,29 @@ mod tests {
         assert_eq!(f.op, BlockOp::Flush);
         let z = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::WriteZeroes, WireFlags::NOUNMAP, 65536),
+            &io(RnbdOp::WriteZeroes, IoFlags::NOUNMAP, 65536),
             rw,
         )
         .unwrap()
         .unwrap();
         assert_eq!(
             (z.op, z.len, z.flags, z.buf),
-            (BlockOp::WriteZeroes, 65536, IoFlags::NOUNMAP, None)
+            (BlockOp::WriteZeroes, 65536, BlockFlags::NOUNMAP, None)
         );
         // NOUNMAP only means something for write-zeroes.
         let d = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::Discard, WireFlags::NOUNMAP, 512),
+            &io(RnbdOp::Discard, IoFlags::NOUNMAP, 512),
             rw,
         )
         .unwrap()
         .unwrap();
-        assert_eq!((d.op, d.flags), (BlockOp::Discard, IoFlags::NONE));
+        assert_eq!((d.op, d.flags), (BlockOp::Discard, BlockFlags::NONE));
         // datalen must equal bi_size when present.
         assert_eq!(
             to_block_io(
                 req(Dir::Write, data),
-                &io(RnbdOp::Write, WireFlags::NONE, 512),
+                &io(RnbdOp::Write, IoFlags::NONE, 512),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -534,7 +533,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, none),
-                &io(RnbdOp::Read, WireFlags::NONE, 512),
+                &io(RnbdOp::Read, IoFlags::NONE, 512),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -542,7 +541,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, data),
-                &io(RnbdOp::Write, WireFlags::NONE, 4096),
+                &io(RnbdOp::Write, IoFlags::NONE, 4096),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -550,7 +549,7 @@ mod tests {
         // Empty write with preflush is a flush; an empty read does nothing.
         let e = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::Write, WireFlags::PREFLUSH, 0),
+            &io(RnbdOp::Write, IoFlags::PREFLUSH, 0),
             rw,
         )
         .unwrap()
@@ -559,7 +558,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, none),
-                &io(RnbdOp::Read, WireFlags::NONE, 0),
+                &io(RnbdOp::Read, IoFlags::NONE, 0),
                 rw
             ),
             Ok(None)
@@ -569,25 +568,25 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Write, none),
-                &io(RnbdOp::Discard, WireFlags::NONE, 512),
+                &io(RnbdOp::Discard, IoFlags::NONE, 512),
                 ro
             ),
             Err(Errno::EROFS)
         );
         assert!(to_block_io(
             req(Dir::Read, none),
-            &io(RnbdOp::Flush, WireFlags::NONE, 0),
+            &io(RnbdOp::Flush, IoFlags::NONE, 0),
             ro
         )
         .is_ok());
         assert!(to_block_io(
             req(Dir::Read, data),
-            &io(RnbdOp::Read, WireFlags::NONE, 4096),
+            &io(RnbdOp::Read, IoFlags::NONE, 4096),
             ro
         )
         .is_ok());
         // A sector whose byte offset overflows is out of range.
-        let mut far = io(RnbdOp::Discard, WireFlags::NONE, 512);
+        let mut far = io(RnbdOp::Discard, IoFlags::NONE, 512);
         far.sector = u64::MAX / 2;
         assert_eq!(
             to_block_io(req(Dir::Write, none), &far, rw),

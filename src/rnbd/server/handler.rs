@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::dispatch::{Dispatcher, Outcome, Request};
 use super::exports::{Exports, ExportsError};
-use super::registry::{SessionCache, SessionTable};
+use super::registry::{RnbdSessions, SessionCache};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::proto::rnbd::RnbdMsgType;
@@ -36,7 +36,7 @@ pub struct RnbdServer {
     /// `None` when this core's backends could not be opened: every request then
     /// fails with −EIO (the reason was logged once).
     core: Option<Core>,
-    table: Arc<SessionTable<SessionId>>,
+    table: Arc<RnbdSessions<SessionId>>,
 }
 
 impl RnbdServer {
@@ -45,7 +45,7 @@ impl RnbdServer {
     /// # Errors
     /// A backend that cannot be opened on this core.
     pub fn new(
-        table: Arc<SessionTable<SessionId>>,
+        table: Arc<RnbdSessions<SessionId>>,
         core: usize,
     ) -> Result<RnbdServer, ExportsError> {
         let disp = Dispatcher::new(Arc::clone(table.exports()), core)?;
@@ -65,7 +65,7 @@ impl RnbdServer {
     pub fn factory(
         exports: Arc<Exports>,
     ) -> impl Fn(usize) -> Box<dyn ServerHandler> + Send + Sync + 'static {
-        let table = Arc::new(SessionTable::new(exports));
+        let table = Arc::new(RnbdSessions::new(exports));
         move |core| -> Box<dyn ServerHandler> {
             match RnbdServer::new(Arc::clone(&table), core) {
                 Ok(s) => Box::new(s),

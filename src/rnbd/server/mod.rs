@@ -7,7 +7,7 @@
 //!   the cores serving that session.
 //! - [`Dispatcher`]: one core's request processor (`rnbd_srv_rdma_ev`): SESS_INFO, OPEN,
 //!   CLOSE and IO onto that core's backend instances.
-//! - [`SessionTable`] / [`SessionCache`]: RNBD sessions by RTRS session, shared, with a
+//! - [`RnbdSessions`] / [`SessionCache`]: RNBD sessions by RTRS session, shared, with a
 //!   per-core cache for the data path.
 //! - [`RnbdServer`]: all of it as the RTRS server's per-core handler
 //!   ([`RnbdServer::factory`] for `Server::start`).
@@ -24,5 +24,5 @@ pub use dispatch::{Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;
 pub use hosts::{Host, HostList, HostPattern, HostPatternError};
-pub use registry::{SessionCache, SessionTable};
+pub use registry::{RnbdSessions, SessionCache};
 pub use session::{Mapping, RnbdSession};

@@ -11,14 +11,14 @@ use super::exports::Exports;
 use super::session::RnbdSession;
 
 /// RNBD sessions by RTRS session key, shared by all cores.
-pub struct SessionTable<K> {
+pub struct RnbdSessions<K> {
     exports: Arc<Exports>,
     map: Mutex<HashMap<K, Arc<RnbdSession>>>,
 }
 
-impl<K: Copy + Eq + Hash> SessionTable<K> {
-    pub fn new(exports: Arc<Exports>) -> SessionTable<K> {
-        SessionTable {
+impl<K: Copy + Eq + Hash> RnbdSessions<K> {
+    pub fn new(exports: Arc<Exports>) -> RnbdSessions<K> {
+        RnbdSessions {
             exports,
             map: Mutex::new(HashMap::new()),
         }
@@ -68,9 +68,9 @@ impl<K: Copy + Eq + Hash> SessionTable<K> {
     }
 }
 
-/// One core's view of a [`SessionTable`].
+/// One core's view of a [`RnbdSessions`].
 pub struct SessionCache<K> {
-    table: Arc<SessionTable<K>>,
+    table: Arc<RnbdSessions<K>>,
     local: HashMap<K, Arc<RnbdSession>>,
     /// The session of the last request: consecutive requests mostly come from one
     /// session, and comparing a key is cheaper than hashing it.
@@ -78,7 +78,7 @@ pub struct SessionCache<K> {
 }
 
 impl<K: Copy + Eq + Hash> SessionCache<K> {
-    pub fn new(table: Arc<SessionTable<K>>) -> SessionCache<K> {
+    pub fn new(table: Arc<RnbdSessions<K>>) -> SessionCache<K> {
         SessionCache {
             table,
             local: HashMap::new(),
@@ -86,7 +86,7 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
         }
     }
 
-    pub fn table(&self) -> &Arc<SessionTable<K>> {
+    pub fn table(&self) -> &Arc<RnbdSessions<K>> {
         &self.table
     }
 
@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn cores_share_sessions_and_drop_ended_ones() {
         let ex = Arc::new(Exports::ram(&[("a", 4096)]).unwrap());
-        let table = Arc::new(SessionTable::<u32>::new(ex.clone()));
+        let table = Arc::new(RnbdSessions::<u32>::new(ex.clone()));
         let mut c0 = SessionCache::new(table.clone());
         let mut c1 = SessionCache::new(table.clone());
         assert!(c0.session(7).is_none());
