@@ -17,10 +17,13 @@
 //! - **Sessions** (`session`): one chunk pool (queue depth × chunk size) registered
 //!   once; under always_invalidate (default) one fast-registration key per chunk per
 //!   path, else the pool's own key.
-//! - **Cores** (`poller`, `io`, `info`): accepted connection `c` is served by core
-//!   `(c-1) mod n`, cid 0 by the session's home core (INFO_REQ, heartbeats, link events,
-//!   teardown). Requests go to that core's [`ServerHandler`]; responses follow docs/PROTOCOL.md
-//!   §4.5 with the send-queue budget and queueing of [`crate::common::Con`].
+//! - **Cores** (`poller`'s `ServerCore` with `conn`, `io`, `ops`, `info`, `wr`; see
+//!   docs/ARCHITECTURE.md, "The server's core poller"): accepted connection `c` is served
+//!   by core `(c-1) mod n`, cid 0 by the session's home core (INFO_REQ, heartbeats, link
+//!   events, teardown). Requests go to that core's [`ServerHandler`], which answers into
+//!   the core's [`Responses`] (at once or from its `poll`, called every loop); responses
+//!   follow docs/PROTOCOL.md §4.5 with the send-queue budget and queueing of
+//!   [`crate::common::Con`].
 //! - Every value from the peer is checked; a violation closes that path only, with a
 //!   rate-limited log line naming the field.
 //!
