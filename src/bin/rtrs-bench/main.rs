@@ -20,7 +20,7 @@
 //! reads find data); `--size` limits the region to the first SIZE bytes.
 //! `--rw zero` sends write-zeroes of `--bs` (`--verify` reads them back as zeros): as
 //! zero-filled WRITEs by default, or as RNBD op 5 with `--write-zeroes native` (only for
-//! targets on Linux 6.8+ or rtrs-target; docs/ARCHITECTURE.md, "RNBD op 5").
+//! targets on Linux 6.8+ or rtrs-target; docs/ARCHITECTURE.md, "RNBD op 5 across kernel versions").
 //! `--inline-target` runs an RNBD target in the same process on the same reactors over
 //! the loopback fabric: the engine's cost without a network.
 //! `--psk-file KEYFILE` proves a pre-shared key to the target (which must use the same
