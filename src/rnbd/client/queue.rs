@@ -428,6 +428,9 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// write-zeroes are ready (poll again: there may be more).
     pub(super) fn poll_more(&mut self, now: u64, out: &mut [ClientCompletion]) -> (usize, bool) {
         let got = self.session.poll(now, out);
+        // What happened to the devices since the last submission (a request whose wait
+        // ran out says why from the device's state now).
+        self.refresh();
         let mut n = 0;
         let mut done = 0;
         for r in 0..got {
@@ -478,7 +481,6 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// Goes through the waiting queue when something changed: sends what the device
     /// allows again, fails what it refuses or what waited too long (into `out`).
     fn drive(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
-        self.refresh();
         let version = self.snap.version();
         if version == self.seen && !self.again && now < self.next_end {
             return 0;
