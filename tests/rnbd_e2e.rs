@@ -178,7 +178,7 @@ impl Rig {
         }
         match ev.last().unwrap() {
             ClientEvent::Opened { dev, info, .. } if *dev == h => (h, Ok(info.device_id)),
-            ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno())),
+            ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno().neg())),
             other => panic!("{other:?}"),
         }
     }

@@ -207,7 +207,7 @@ impl Rig {
 
 fn denied(r: Result<(DevHandle, DeviceInfo), DeviceError>) -> DeviceError {
     let e = r.expect_err("OPEN must be refused");
-    assert_eq!(e.errno(), -libc::EACCES, "{e}");
+    assert_eq!(e.errno().neg(), -libc::EACCES, "{e}");
     e
 }
 

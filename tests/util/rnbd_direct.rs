@@ -325,7 +325,7 @@ impl Rig {
             }
             ClientEvent::OpenFailed { dev, error } => {
                 assert_eq!(*dev, h);
-                (h, Err(error.errno()))
+                (h, Err(error.errno().neg()))
             }
             other => panic!("{other:?}"),
         }

@@ -374,20 +374,20 @@ impl RnbdAdmin {
         if result.is_ok() && len > 0 {
             self.replies.read_at(slot * REPLY_SLOT, &mut reply[..len]);
         }
-        self.finish(op, Errno::neg_of(result), &reply[..len], max_io);
+        self.finish(op, result, &reply[..len], max_io);
     }
 
-    fn finish(&mut self, op: Admin, errno: i32, reply: &[u8], max_io: u32) {
+    fn finish(&mut self, op: Admin, result: Result<(), Errno>, reply: &[u8], max_io: u32) {
         match op {
             Admin::SessInfo => {
                 self.sess_info_inflight = false;
-                let r = sess_info_done(errno, reply);
+                let r = sess_info_done(result, reply);
                 if let Ok(v) = r {
                     self.ver = Some(v);
                 }
                 self.events.push_back(ClientEvent::SessInfo(r));
             }
-            Admin::Open(i) => self.open_finished(i, errno, reply, max_io),
+            Admin::Open(i) => self.open_finished(i, result, reply, max_io),
             Admin::Close { dev, .. } => {
                 if let Some(i) = dev {
                     self.devices[i].gone = true;
@@ -414,7 +414,7 @@ impl RnbdAdmin {
                 self.events
                     .push_back(ClientEvent::SessInfo(Err(DeviceError::NotSent {
                         what: "session info".into(),
-                        errno: errno.neg(),
+                        errno,
                         reason,
                     })));
             }
@@ -427,12 +427,12 @@ impl RnbdAdmin {
                 }
                 let error = DeviceError::NotSent {
                     what: format!("open of device '{}'", d.dev.name()),
-                    errno: errno.neg(),
+                    errno,
                     reason,
                 };
                 self.open_failed(i, was, error);
             }
-            Admin::Close { .. } => self.finish(op, errno.neg(), &[], q.max_io_size()),
+            Admin::Close { .. } => self.finish(op, Err(errno), &[], q.max_io_size()),
         }
     }
 
@@ -448,14 +448,14 @@ impl RnbdAdmin {
         });
     }
 
-    fn open_finished(&mut self, i: usize, errno: i32, reply: &[u8], max_io: u32) {
+    fn open_finished(&mut self, i: usize, result: Result<(), Errno>, reply: &[u8], max_io: u32) {
         let d = &mut self.devices[i];
         d.opening = false;
         let was = d.dev.state();
         if was == DevState::Unmapped {
             // Closed while the OPEN was out: give the id back at once.
             if let Ok(rsp) = OpenRsp::decode(reply) {
-                if errno == 0 {
+                if result.is_ok() {
                     self.queued.push_back(Admin::Close {
                         dev: None,
                         device_id: rsp.device_id,
@@ -465,7 +465,7 @@ impl RnbdAdmin {
             return;
         }
         d.dev.set_session_max_io(max_io);
-        match d.dev.open_done(errno, reply) {
+        match d.dev.open_done(result, reply) {
             Ok(info) => {
                 let info = *info;
                 self.publish();

@@ -102,9 +102,7 @@ impl IoError {
         match self {
             IoError::NoDevice => Errno::ENODEV,
             IoError::BadTag { .. } | IoError::SglLength { .. } => Errno::EINVAL,
-            IoError::Device(e) => Errno::result_from_neg(e.errno())
-                .err()
-                .unwrap_or(Errno::EIO),
+            IoError::Device(e) => e.errno(),
             IoError::Send(SendError::Busy) => Errno::EAGAIN,
             IoError::Send(SendError::Refused { errno, .. }) => *errno,
             IoError::Unreachable { .. } => Errno::ENOTCONN,
@@ -522,11 +520,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                         }
                     }
                     Look::Send(..) | Look::Wait => Err(None),
-                    Look::Fail(e) => Err(Some(
-                        Errno::result_from_neg(e.errno())
-                            .err()
-                            .unwrap_or(Errno::EIO),
-                    )),
+                    Look::Fail(e) => Err(Some(e.errno())),
                 },
             };
             let errno = match result {
