@@ -76,7 +76,7 @@ impl InFlight {
         self.0.store(v.saturating_sub(n), Ordering::Release);
     }
 
-    fn get(&self) -> usize {
+    pub(super) fn get(&self) -> usize {
         self.0.load(Ordering::Acquire)
     }
 }

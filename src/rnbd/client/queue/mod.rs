@@ -170,8 +170,6 @@ pub struct RnbdQueue<S> {
     snap: Arc<Snapshot>,
     /// This queue's requests handed to the session.
     in_flight: Arc<InFlight>,
-    /// Handed to the session, not yet back (the count `in_flight` shows).
-    sent: usize,
     reqs: Vec<Request>,
     free: Vec<u32>,
     waiting: VecDeque<u32>,
@@ -207,7 +205,6 @@ impl<S: SessionHandle> RnbdQueue<S> {
             snap,
             table,
             in_flight,
-            sent: 0,
             reqs: Vec::new(),
             free: Vec::new(),
             waiting: VecDeque::new(),
@@ -452,7 +449,6 @@ impl<S: SessionHandle> RnbdQueue<S> {
             self.finish_request(i, result, out, &mut n);
         }
         if done > 0 {
-            self.sent = self.sent.saturating_sub(done);
             self.in_flight.sub(done);
         }
         if !self.waiting.is_empty() {
@@ -516,7 +512,6 @@ impl<S: SessionHandle> RnbdQueue<S> {
         let s = &mut self.reqs[i];
         s.stage = Stage::Sent;
         s.version = version;
-        self.sent += 1;
         self.in_flight.add(1);
     }
 
@@ -552,7 +547,7 @@ impl<S> std::fmt::Debug for RnbdQueue<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RnbdQueue")
             .field("version", &self.snap.version())
-            .field("sent", &self.sent)
+            .field("in_flight", &self.in_flight.get())
             .field("waiting", &self.waiting.len())
             .finish_non_exhaustive()
     }
