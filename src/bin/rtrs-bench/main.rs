@@ -66,12 +66,12 @@ use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::rnbd::client::{DeviceInfo, WriteZeroesMode, WriteZeroesParseError};
 use rtrs_spdk::server::ServerConfig;
 
-use progress::Progress;
-use report::{RunInfo, Totals};
-use run::Setup;
 use cli::target::{Listen, Target};
 use cli::url::{parse_url, FabricUrl};
 use cli::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
+use progress::Progress;
+use report::{RunInfo, Totals};
+use run::Setup;
 use worker::{JobSpec, Rw};
 
 const PROG: &str = "rtrs-bench";

@@ -233,14 +233,14 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
     let config_admission = config.admission;
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
-    let target =
-        match cli::target::start_target(&engine, listen, &args.export, &args.allow, config) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = engine.shutdown();
-                return Err((e, EXIT_FAILED));
-            }
-        };
+    let target = match cli::target::start_target(&engine, listen, &args.export, &args.allow, config)
+    {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = engine.shutdown();
+            return Err((e, EXIT_FAILED));
+        }
+    };
     let urls = target.urls();
     println!(
         "listening on {}, exports: {}",
