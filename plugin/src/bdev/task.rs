@@ -2,7 +2,7 @@
 //! [`Task`] lives in the IO's `driver_ctx` (SPDK's per-IO context, `get_ctx_size` bytes),
 //! and a [`TaskRef`] is the one handle to it that travels — through a core's queue, as
 //! the tag of the RTRS request, back to its channel — until the IO is completed. What a
-//! channel shares with the ports that finish its tasks is [`ChanShared`].
+//! channel shares with the core queues that finish its tasks is [`ChanShared`].
 //!
 //! This is the one place that converts between the IO's `driver_ctx` and our task, and
 //! between a task and a request tag.
