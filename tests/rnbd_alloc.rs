@@ -70,13 +70,19 @@ impl Rig {
         rnbd.listen(links);
         let dev = sim
             .reactor(0)
-            .with_ctx(|cx| rnbd.open(cx, "vol", AccessMode::ReadWrite))
+            .with_ctx(|cx| rnbd.open(cx.now(), "vol", AccessMode::ReadWrite))
             .unwrap();
         let mut rig = Rig {
             sim,
             rnbd,
             dev,
-            events: vec![ClientEvent::Io { tag: 0, errno: 0 }; 64],
+            events: vec![
+                ClientEvent::Io {
+                    tag: 0,
+                    result: Ok(())
+                };
+                64
+            ],
             fabric,
             _session: session,
             _server: server,
@@ -97,7 +103,7 @@ impl Rig {
     fn poll(&mut self) -> usize {
         self.sim.step();
         let (rnbd, out) = (&mut self.rnbd, &mut self.events);
-        self.sim.reactor(0).with_ctx(|cx| rnbd.poll(cx, out))
+        self.sim.reactor(0).with_ctx(|cx| rnbd.poll(cx.now(), out))
     }
 
     /// `ios` block IOs at queue depth [`QD`] (reads, writes and 128 KiB write-zeroes in
@@ -123,7 +129,7 @@ impl Rig {
                 let (rnbd, dev) = (&mut self.rnbd, self.dev);
                 self.sim
                     .reactor(0)
-                    .with_ctx(|cx| rnbd.submit(cx, dev, slot as u64, &req, sgl))
+                    .with_ctx(|cx| rnbd.submit(cx.now(), dev, slot as u64, &req, sgl))
                     .expect("submit");
                 *f = false;
                 sent += 1;
@@ -131,8 +137,8 @@ impl Rig {
             let n = self.poll();
             for e in &self.events[..n] {
                 match e {
-                    ClientEvent::Io { tag, errno } => {
-                        assert_eq!(*errno, 0, "IO {tag} failed");
+                    ClientEvent::Io { tag, result } => {
+                        assert_eq!(*result, Ok(()), "IO {tag} failed");
                         free[*tag as usize] = true;
                         done += 1;
                     }
@@ -159,7 +165,7 @@ fn steady_state(always_invalidate: bool) {
             .unwrap(),
     );
     // Reads land in the buffer directly, as rtrs-bench does.
-    rig.rnbd.port_mut().add_region(Arc::clone(&buf));
+    rig.rnbd.session_mut().add_region(Arc::clone(&buf));
     // Warm-up: queues, tables and caches reach their working size.
     rig.run(&buf, 512);
     counting::set_counting(true);

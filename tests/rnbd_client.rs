@@ -66,18 +66,19 @@ impl Link {
 
     fn handshake(&mut self) -> u8 {
         let (e, reply) = self.send(&msg::sess_info(), Dir::Read, 36, &[]);
-        sess_info_done(e, &reply).unwrap()
+        sess_info_done(Errno::result_from_neg(e), &reply).unwrap()
     }
 
     fn open(&mut self, dev: &mut RnbdDevice) -> Result<u32, DeviceError> {
         let (e, reply) = self.send(&dev.open_msg(), Dir::Read, OpenRsp::LEN, &[]);
-        dev.open_done(e, &reply).map(|i| i.device_id)
+        dev.open_done(Errno::result_from_neg(e), &reply)
+            .map(|i| i.device_id)
     }
 
     /// Runs a block request; `data` is the payload of a write, the result the bytes of
     /// a read.
     fn io(&mut self, dev: &RnbdDevice, req: BlockRequest, data: &[u8]) -> Result<Vec<u8>, i32> {
-        let (usr, dir) = dev.io_msg(&req).map_err(|e| e.errno())?;
+        let (usr, dir) = dev.io_msg(&req).map_err(|e| e.errno().neg())?;
         assert_eq!(dir, req.dir());
         let (e, back) = self.send(&usr, dir, req.data_len() as usize, data);
         if e == 0 {
@@ -109,7 +110,7 @@ fn open_modes_across_two_sessions() {
     assert_eq!(a_rw.state(), DevState::Mapped);
     let mut b_rw = RnbdDevice::new("vol", AccessMode::ReadWrite, MAX_IO).unwrap();
     let err = b.open(&mut b_rw).unwrap_err();
-    assert_eq!(err.errno(), -libc::EPERM);
+    assert_eq!(err.errno().neg(), -libc::EPERM);
     assert_eq!(
         err.to_string(),
         "server refused open of device 'vol': -EPERM (access mode refused: the export has its writers)"
@@ -132,11 +133,14 @@ fn open_modes_across_two_sessions() {
     assert!(got[..4096].iter().all(|&x| x == 1) && got[4096..].iter().all(|&x| x == 2));
     // The read-only device refuses writes locally.
     let e = c_ro.io_msg(&BlockRequest::write(0, 512)).unwrap_err();
-    assert_eq!(e.errno(), -libc::EROFS);
+    assert_eq!(e.errno().neg(), -libc::EROFS);
 
     // Unknown device name.
     let mut missing = RnbdDevice::new("nope", AccessMode::ReadOnly, MAX_IO).unwrap();
-    assert_eq!(a.open(&mut missing).unwrap_err().errno(), -libc::ENOENT);
+    assert_eq!(
+        a.open(&mut missing).unwrap_err().errno().neg(),
+        -libc::ENOENT
+    );
 
     // Closing the RW mapping lets session b's writer in.
     a.close(&mut a_rw);
@@ -144,7 +148,7 @@ fn open_modes_across_two_sessions() {
     assert!(a_rw.io_msg(&BlockRequest::read(0, 512)).is_err());
     let mut b_rw2 = RnbdDevice::new("vol", AccessMode::ReadWrite, MAX_IO).unwrap();
     let mut d = Link::new(&ex, "d", 0);
-    assert_eq!(d.open(&mut b_rw2).unwrap_err().errno(), -libc::EPERM); // c still writes
+    assert_eq!(d.open(&mut b_rw2).unwrap_err().errno().neg(), -libc::EPERM); // c still writes
     c.close(&mut b_mig);
     assert_eq!(d.open(&mut b_rw2), Ok(0));
 }
@@ -197,7 +201,7 @@ fn data_flush_discard_write_zeroes() {
     assert_eq!(got, want);
 
     // Local checks mirror the server's limits.
-    let bad = |r: BlockRequest| dev.io_msg(&r).unwrap_err().errno();
+    let bad = |r: BlockRequest| dev.io_msg(&r).unwrap_err().errno().neg();
     assert_eq!(bad(BlockRequest::read(100, 512)), -libc::EINVAL);
     assert_eq!(bad(BlockRequest::read(4 << 20, 512)), -libc::EIO);
     assert_eq!(bad(BlockRequest::read(0, MAX_IO + 512)), -libc::EINVAL);
@@ -244,7 +248,10 @@ fn reconnect_reopens_and_adopts_the_new_device_id() {
     assert!(y.needs_reopen());
     assert_eq!(y.device_id(), None);
     assert_eq!(
-        y.io_msg(&BlockRequest::read(0, 512)).unwrap_err().errno(),
+        y.io_msg(&BlockRequest::read(0, 512))
+            .unwrap_err()
+            .errno()
+            .neg(),
         -libc::ENOTCONN
     );
     assert_eq!(y.info().unwrap().device_id, 1);
@@ -265,7 +272,7 @@ fn reconnect_reopens_and_adopts_the_new_device_id() {
     x.link_down();
     assert_eq!(x.close(), None);
     assert_eq!(x.state(), DevState::Unmapped);
-    assert!(x.open_done(0, &[0; 56]).is_err());
+    assert!(x.open_done(Ok(()), &[0; 56]).is_err());
 }
 
 #[test]
@@ -287,7 +294,7 @@ fn open_rsp_validation() {
     // Stale reserved bytes (servers before the fix) are ignored.
     b[44] = 1;
     b[46..].fill(0xee);
-    let info = *dev.open_done(0, &b).unwrap();
+    let info = *dev.open_done(Ok(()), &b).unwrap();
     assert_eq!(
         (info.device_id, info.size, info.max_io_size),
         (4, 4096, MAX_IO)
@@ -297,7 +304,8 @@ fn open_rsp_validation() {
     assert_eq!(
         dev.io_msg(&BlockRequest::discard(0, 4096))
             .unwrap_err()
-            .errno(),
+            .errno()
+            .neg(),
         -libc::EOPNOTSUPP
     );
 
@@ -307,7 +315,7 @@ fn open_rsp_validation() {
         let mut t = b;
         t[36..38].copy_from_slice(&pbs.to_le_bytes());
         t[38..40].copy_from_slice(&lbs.to_le_bytes());
-        match dev.open_done(0, &t) {
+        match dev.open_done(Ok(()), &t) {
             Err(DeviceError::BadReply { device_id, .. }) => assert_eq!(device_id, Some(4)),
             other => panic!("lbs {lbs} pbs {pbs}: {other:?}"),
         }
@@ -315,7 +323,7 @@ fn open_rsp_validation() {
     }
     // Short or mistyped replies.
     assert!(matches!(
-        dev.open_done(0, &b[..55]),
+        dev.open_done(Ok(()), &b[..55]),
         Err(DeviceError::BadReply {
             device_id: None,
             ..
@@ -323,10 +331,13 @@ fn open_rsp_validation() {
     ));
     let mut t = b;
     t[0] = 1;
-    assert!(dev.open_done(0, &t).is_err());
-    assert!(sess_info_done(0, &[0; 36]).is_err());
+    assert!(dev.open_done(Ok(()), &t).is_err());
+    assert!(sess_info_done(Ok(()), &[0; 36]).is_err());
     assert_eq!(
-        sess_info_done(-libc::EIO, &[0; 36]).unwrap_err().errno(),
+        sess_info_done(Err(Errno::EIO), &[0; 36])
+            .unwrap_err()
+            .errno()
+            .neg(),
         -libc::EIO
     );
 

@@ -16,12 +16,13 @@ use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortCompletion, PortIo,
-    RnbdClient, RnbdCore, RtrsPort,
+    completion_result, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, DevState,
+    LinkListener, RnbdClient, RnbdQueue, SessionHandle,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::rnbd::Dir;
 use rtrs_spdk::server::{Server, ServerConfig};
+use rtrs_spdk::Errno;
 
 /// Upper bound of simulation steps for one wait.
 const MAX_STEPS: usize = 50_000;
@@ -40,7 +41,7 @@ struct Clt {
     /// Core 0, the session's home core: admin requests, link events, IO.
     rnbd: RnbdClient<SessionCore>,
     /// Core 1: IO of the same devices.
-    other: RnbdCore<SessionCore>,
+    other: RnbdQueue<SessionCore>,
     path: PathAddr,
 }
 
@@ -96,7 +97,7 @@ impl Rig {
     }
 
     /// A client session named `name`: its home core 0 runs the `RnbdClient`, core 1 an
-    /// `RnbdCore` over the same devices (both polled by `turn`).
+    /// `RnbdQueue` over the same devices (both polled by `turn`).
     fn client(&mut self, name: &str) -> Clt {
         let path = PathAddr::new(self.addr);
         let mut cfg = ClientConfig::new(name, vec![path]);
@@ -113,7 +114,7 @@ impl Rig {
         let core1 = cores.pop().unwrap();
         let mut rnbd = RnbdClient::new(cores.pop().unwrap(), self.mr(4096)).unwrap();
         rnbd.listen(links);
-        let other = RnbdCore::new(core1, rnbd.shared());
+        let other = RnbdQueue::new(core1, rnbd.table());
         Clt {
             session,
             rnbd,
@@ -126,17 +127,26 @@ impl Rig {
     /// (core 1's completions as `ClientEvent::Io`).
     fn turn(&mut self, c: &mut Clt) -> Vec<ClientEvent> {
         self.sim.step();
-        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
-        let n = self.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
+        let mut out = vec![
+            ClientEvent::Io {
+                tag: 0,
+                result: Ok(())
+            };
+            8
+        ];
+        let n = self
+            .sim
+            .reactor(0)
+            .with_ctx(|cx| c.rnbd.poll(cx.now(), &mut out));
         out.truncate(n);
-        let mut done = [PortCompletion::default(); 8];
+        let mut done = [ClientCompletion::default(); 8];
         let n = self
             .sim
             .reactor(1)
-            .with_ctx(|cx| c.other.poll(cx, &mut done));
+            .with_ctx(|cx| c.other.poll(cx.now(), &mut done));
         out.extend(done[..n].iter().map(|d| ClientEvent::Io {
             tag: d.tag,
-            errno: d.errno,
+            result: completion_result(d),
         }));
         out
     }
@@ -160,7 +170,7 @@ impl Rig {
         let h = self
             .sim
             .reactor(0)
-            .with_ctx(|cx| c.rnbd.open(cx, name, mode))
+            .with_ctx(|cx| c.rnbd.open(cx.now(), name, mode))
             .unwrap();
         let ev = self.events(c, if first { 2 } else { 1 });
         if first {
@@ -168,7 +178,7 @@ impl Rig {
         }
         match ev.last().unwrap() {
             ClientEvent::Opened { dev, info, .. } if *dev == h => (h, Ok(info.device_id)),
-            ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno())),
+            ClientEvent::OpenFailed { dev, error } if *dev == h => (h, Err(error.errno().neg())),
             other => panic!("{other:?}"),
         }
     }
@@ -188,14 +198,14 @@ impl Rig {
         let sge = [reply.sge(0, len.max(1))];
         let sgl: &[_] = if len == 0 { &[] } else { &sge };
         self.sim.reactor(0).with_ctx(|cx| {
-            let io = PortIo {
+            let io = ClientIo {
                 tag: 5,
                 dir,
                 usr,
                 sgl,
                 admin,
             };
-            RtrsPort::submit(c.rnbd.port_mut(), cx, io).unwrap()
+            SessionHandle::submit(c.rnbd.session_mut(), cx.now(), io).unwrap()
         });
         self.raw_done(c, 5)
     }
@@ -205,16 +215,16 @@ impl Rig {
     fn raw_done(&mut self, c: &mut Clt, tag: u64) -> i32 {
         for _ in 0..MAX_STEPS {
             self.sim.step();
-            let mut done = [PortCompletion::default(); 1];
-            let port = c.rnbd.port_mut();
+            let mut done = [ClientCompletion::default(); 1];
+            let port = c.rnbd.session_mut();
             if self
                 .sim
                 .reactor(0)
-                .with_ctx(|cx| RtrsPort::poll(port, cx, &mut done))
+                .with_ctx(|cx| SessionHandle::poll(port, cx.now(), &mut done))
                 == 1
             {
                 assert_eq!(done[0].tag, tag, "{:?}", done[0]);
-                return done[0].errno;
+                return Errno::neg_of(completion_result(&done[0]));
             }
         }
         panic!("the raw request {tag} did not complete");
@@ -243,12 +253,12 @@ impl Rig {
         self.sim
             .reactor(core)
             .with_ctx(|cx| match core {
-                0 => c.rnbd.submit(cx, dev, 77, &req, &sgl),
-                _ => c.other.submit(cx, dev, 77, &req, &sgl),
+                0 => c.rnbd.submit(cx.now(), dev, 77, &req, &sgl),
+                _ => c.other.submit(cx.now(), dev, 77, &req, &sgl),
             })
             .unwrap();
         match &self.events(c, 1)[0] {
-            ClientEvent::Io { tag: 77, errno } => *errno,
+            ClientEvent::Io { tag: 77, result } => Errno::neg_of(*result),
             other => panic!("{other:?}"),
         }
     }
@@ -382,14 +392,14 @@ fn modes_data_and_close_over_rtrs() {
         .unwrap();
     let sge = [rbuf.sge(0, 512)];
     rig.sim.reactor(0).with_ctx(|cx| {
-        let io = PortIo {
+        let io = ClientIo {
             tag: 6,
             dir: Dir::Read,
             usr: &b_usr,
             sgl: &sge,
             admin: false,
         };
-        RtrsPort::submit(b.rnbd.port_mut(), cx, io).unwrap()
+        SessionHandle::submit(b.rnbd.session_mut(), cx.now(), io).unwrap()
     });
     assert_eq!(rig.raw_done(&mut b, 6), -libc::EINVAL);
     assert_eq!(rig.io(&mut b, b_vol, BlockRequest::read(0, 512), &rbuf), 0);
@@ -397,7 +407,7 @@ fn modes_data_and_close_over_rtrs() {
     // A closes its RW mapping: C may now open vol RW.
     rig.sim
         .reactor(0)
-        .with_ctx(|cx| a.rnbd.close(cx, a_vol))
+        .with_ctx(|cx| a.rnbd.close(cx.now(), a_vol))
         .unwrap();
     assert_eq!(
         rig.events(&mut a, 1),
@@ -425,7 +435,7 @@ fn reconnect_reopens_the_device() {
     );
     rig.sim
         .reactor(0)
-        .with_ctx(|cx| a.rnbd.close(cx, x))
+        .with_ctx(|cx| a.rnbd.close(cx.now(), x))
         .unwrap();
     rig.events(&mut a, 1);
 
@@ -515,14 +525,14 @@ fn file_export_without_always_invalidate() {
     // Past the end of the 2 MiB file: refused locally, and by the server.
     let e = rig.sim.reactor(0).with_ctx(|cx| {
         a.rnbd.submit(
-            cx,
+            cx.now(),
             d,
             1,
             &BlockRequest::read(2 << 20, 512),
             &[rbuf.sge(0, 512)],
         )
     });
-    assert_eq!(e.unwrap_err().errno(), -libc::EIO);
+    assert_eq!(e.unwrap_err().errno().neg(), -libc::EIO);
     let past = Io {
         device_id: 0,
         sector: (2 << 20) / 512,

@@ -20,6 +20,7 @@ use rtrs_spdk::rnbd::client::{
 };
 use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
+use rtrs_spdk::Errno;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -104,10 +105,19 @@ impl Rig {
     /// Steps until `c` reports an event; returns the events of that poll.
     fn events(&mut self, c: &mut Client) -> Vec<ClientEvent> {
         let start = Instant::now();
-        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+        let mut out = vec![
+            ClientEvent::Io {
+                tag: 0,
+                result: Ok(())
+            };
+            8
+        ];
         loop {
             self.sim.step();
-            let n = self.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
+            let n = self
+                .sim
+                .reactor(0)
+                .with_ctx(|cx| c.rnbd.poll(cx.now(), &mut out));
             if n > 0 {
                 return out[..n].to_vec();
             }
@@ -124,7 +134,7 @@ impl Rig {
         let h = self
             .sim
             .reactor(0)
-            .with_ctx(|cx| c.rnbd.open(cx, name, AccessMode::ReadWrite))
+            .with_ctx(|cx| c.rnbd.open(cx.now(), name, AccessMode::ReadWrite))
             .unwrap();
         loop {
             for e in self.events(c) {
@@ -147,7 +157,7 @@ impl Rig {
     fn close(&mut self, c: &mut Client, dev: DevHandle) {
         self.sim
             .reactor(0)
-            .with_ctx(|cx| c.rnbd.close(cx, dev))
+            .with_ctx(|cx| c.rnbd.close(cx.now(), dev))
             .unwrap();
         assert!(matches!(self.events(c)[..], [ClientEvent::Closed { .. }]));
     }
@@ -165,11 +175,14 @@ impl Rig {
             let sge = [c.buf.sge(0, 4096)];
             self.sim
                 .reactor(0)
-                .with_ctx(|cx| c.rnbd.submit(cx, dev, tag, &req, &sge))
+                .with_ctx(|cx| c.rnbd.submit(cx.now(), dev, tag, &req, &sge))
                 .unwrap();
             match self.events(c)[..] {
-                [ClientEvent::Io { tag: t, errno: 0 }] if t == tag => {}
-                [ClientEvent::Io { errno, .. }] => return errno,
+                [ClientEvent::Io {
+                    tag: t,
+                    result: Ok(()),
+                }] if t == tag => {}
+                [ClientEvent::Io { result, .. }] => return Errno::neg_of(result),
                 ref other => panic!("unexpected {other:?}"),
             }
         }
@@ -194,7 +207,7 @@ impl Rig {
 
 fn denied(r: Result<(DevHandle, DeviceInfo), DeviceError>) -> DeviceError {
     let e = r.expect_err("OPEN must be refused");
-    assert_eq!(e.errno(), -libc::EACCES, "{e}");
+    assert_eq!(e.errno().neg(), -libc::EACCES, "{e}");
     e
 }
 
@@ -249,10 +262,19 @@ fn a_denied_open_names_the_device_and_is_not_retried() {
     assert!(c.rnbd.device(h).is_none());
     let reads = rig.reads_from("refused");
     assert_eq!(reads, 2);
-    let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+    let mut out = vec![
+        ClientEvent::Io {
+            tag: 0,
+            result: Ok(())
+        };
+        8
+    ];
     for _ in 0..2000 {
         rig.sim.step();
-        let n = rig.sim.reactor(0).with_ctx(|cx| c.rnbd.poll(cx, &mut out));
+        let n = rig
+            .sim
+            .reactor(0)
+            .with_ctx(|cx| c.rnbd.poll(cx.now(), &mut out));
         assert_eq!(n, 0, "{:?}", &out[..n]);
     }
     assert_eq!(rig.reads_from("refused"), reads);
@@ -275,7 +297,7 @@ fn removing_a_host_keeps_its_open_devices() {
     denied(rig.open(&mut b, "vol"));
     rig.sim
         .reactor(0)
-        .with_ctx(|cx| a.rnbd.close(cx, dev))
+        .with_ctx(|cx| a.rnbd.close(cx.now(), dev))
         .unwrap();
     assert!(matches!(
         rig.events(&mut a)[..],

@@ -105,11 +105,18 @@ fn open_vol(
                     .expect("reply buffer");
                 let mut rnbd = RnbdClient::new(cores.remove(0), replies).expect("rnbd client");
                 rnbd.listen(links);
-                rnbd.open(cx, "vol", AccessMode::ReadWrite).expect("open");
+                rnbd.open(cx.now(), "vol", AccessMode::ReadWrite)
+                    .expect("open");
                 let _ = stx.send(session);
-                let mut ev = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+                let mut ev = vec![
+                    ClientEvent::Io {
+                        tag: 0,
+                        result: Ok(())
+                    };
+                    8
+                ];
                 cx.register(Box::new(move |cx: &mut dyn Ctx| {
-                    let n = rnbd.poll(cx, &mut ev);
+                    let n = rnbd.poll(cx.now(), &mut ev);
                     for e in &ev[..n] {
                         match e {
                             ClientEvent::Opened { info, .. } => {

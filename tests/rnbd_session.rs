@@ -83,17 +83,17 @@ fn two_sessions_modes_data_and_close() {
     // Client-side refusals.
     let e = rig.cx(|cx| {
         b.submit(
-            cx,
+            cx.now(),
             b_ro,
             1,
             &BlockRequest::write(0, 512),
             &[buf.sge(0, 512)],
         )
     });
-    assert_eq!(e.unwrap_err().errno(), -libc::EROFS);
+    assert_eq!(e.unwrap_err().errno().neg(), -libc::EROFS);
     let e = rig.cx(|cx| {
         a.submit(
-            cx,
+            cx.now(),
             a_rw,
             1 << 63,
             &BlockRequest::read(0, 512),
@@ -103,7 +103,7 @@ fn two_sessions_modes_data_and_close() {
     assert!(matches!(e, Err(IoError::BadTag { .. })));
     let e = rig.cx(|cx| {
         a.submit(
-            cx,
+            cx.now(),
             a_rw,
             1,
             &BlockRequest::read(0, 1024),
@@ -119,21 +119,29 @@ fn two_sessions_modes_data_and_close() {
     ));
 
     // Close: the writer leaves, the other session may now write.
-    rig.cx(|cx| a.close(cx, a_rw)).unwrap();
+    rig.cx(|cx| a.close(cx.now(), a_rw)).unwrap();
     assert_eq!(
         rig.events(&mut a, 1),
         vec![ClientEvent::Closed { dev: a_rw }]
     );
     assert!(a.device(a_rw).is_none());
-    let e = rig.cx(|cx| a.submit(cx, a_rw, 1, &BlockRequest::read(0, 512), &[buf.sge(0, 512)]));
+    let e = rig.cx(|cx| {
+        a.submit(
+            cx.now(),
+            a_rw,
+            1,
+            &BlockRequest::read(0, 512),
+            &[buf.sge(0, 512)],
+        )
+    });
     assert!(matches!(e, Err(IoError::NoDevice)));
     let (b_rw, id) = rig.open(&mut b, "aux", AccessMode::Migration);
     assert_eq!(id, Ok(1));
     // A name already open in the session is refused locally.
     let e = rig
-        .cx(|cx| b.open(cx, "vol", AccessMode::ReadWrite))
+        .cx(|cx| b.open(cx.now(), "vol", AccessMode::ReadWrite))
         .unwrap_err();
-    assert_eq!(e.errno(), -libc::EEXIST);
+    assert_eq!(e.errno().neg(), -libc::EEXIST);
     assert_eq!(rig.io(&mut b, b_rw, BlockRequest::write(0, 512), &buf), 0);
     let vol = rig.ex.lookup(b"vol").unwrap();
     assert_eq!(rig.ex.writers(vol), 0);
@@ -151,21 +159,29 @@ fn reconnect_reopens_with_new_ids() {
     let buf = rig.mr(4096);
     buf.write_at(0, &[9; 4096]);
     assert_eq!(rig.io(&mut c, y, BlockRequest::write(8192, 4096), &buf), 0);
-    rig.cx(|cx| c.close(cx, x)).unwrap();
+    rig.cx(|cx| c.close(cx.now(), x)).unwrap();
     rig.events(&mut c, 1);
 
     // All paths lost: the server session ends, the client's devices wait.
-    c.port_mut().connected = false;
+    c.session_mut().connected = false;
     rig.table.remove(7);
     c.link_down();
     assert_eq!(c.device(y).unwrap().state(), DevState::MappedDisconnected);
-    let e = rig.cx(|cx| c.submit(cx, y, 1, &BlockRequest::read(0, 512), &[buf.sge(0, 512)]));
-    assert_eq!(e.unwrap_err().errno(), -libc::ENOTCONN);
+    let e = rig.cx(|cx| {
+        c.submit(
+            cx.now(),
+            y,
+            1,
+            &BlockRequest::read(0, 512),
+            &[buf.sge(0, 512)],
+        )
+    });
+    assert_eq!(e.unwrap_err().errno().neg(), -libc::ENOTCONN);
     assert_eq!(rig.ex.writers(rig.ex.lookup(b"vol").unwrap()), 0);
 
     // Back: SESS_INFO, then the re-open, which now gets id 0.
-    c.port_mut().connected = true;
-    rig.cx(|cx| c.link_up(cx));
+    c.session_mut().connected = true;
+    rig.cx(|cx| c.link_up(cx.now()));
     let ev = rig.events(&mut c, 2);
     assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
     match &ev[1] {
@@ -195,11 +211,18 @@ fn busy_ports_are_retried() {
     let mut next = 0usize;
     let mut done = 0usize;
     let mut busy = 0usize;
-    let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
+    let mut out = vec![
+        ClientEvent::Io {
+            tag: 0,
+            result: Ok(())
+        };
+        8
+    ];
     for _ in 0..10_000 {
         while next < 64 {
             let req = BlockRequest::write(next as u64 * 512, 512);
-            match rig.cx(|cx| c.submit(cx, d, next as u64, &req, &[buf.sge(next * 512, 512)])) {
+            match rig.cx(|cx| c.submit(cx.now(), d, next as u64, &req, &[buf.sge(next * 512, 512)]))
+            {
                 Ok(()) => next += 1,
                 Err(e) if e.is_busy() => {
                     busy += 1;
@@ -208,9 +231,9 @@ fn busy_ports_are_retried() {
                 Err(e) => panic!("{e}"),
             }
         }
-        let n = rig.cx(|cx| c.poll(cx, &mut out));
+        let n = rig.cx(|cx| c.poll(cx.now(), &mut out));
         for e in &out[..n] {
-            assert!(matches!(e, ClientEvent::Io { errno: 0, .. }), "{e:?}");
+            assert!(matches!(e, ClientEvent::Io { result: Ok(()), .. }), "{e:?}");
         }
         done += n;
         if done == 64 {
@@ -225,7 +248,7 @@ fn busy_ports_are_retried() {
         let len = 64 * 512 - off;
         let req = BlockRequest::read(off as u64, len as u32);
         let sgl = [back.sge(off, len)];
-        rig.cx(|cx| c.submit(cx, d, 5, &req, &sgl)).unwrap();
+        rig.cx(|cx| c.submit(cx.now(), d, 5, &req, &sgl)).unwrap();
         rig.events(&mut c, 1);
         off += len;
     }
@@ -243,7 +266,7 @@ fn a_name_is_opened_once_per_session() {
     let (_, id) = rig.open(&mut c, "vol", AccessMode::ReadOnly);
     assert_eq!(id, Ok(0));
     let e = rig
-        .cx(|cx| c.open(cx, "vol", AccessMode::ReadWrite))
+        .cx(|cx| c.open(cx.now(), "vol", AccessMode::ReadWrite))
         .unwrap_err();
-    assert_eq!(e.errno(), -libc::EEXIST);
+    assert_eq!(e.errno().neg(), -libc::EEXIST);
 }

@@ -1,6 +1,6 @@
 //! Block IO of the RNBD client while its device is unreachable, over the direct port of
 //! `util/rnbd_direct.rs` on one simulated reactor with a virtual clock, through both the
-//! home core's `RnbdClient` and another core's `RnbdCore`: IO submitted while the session
+//! home core's `RnbdClient` and another core's `RnbdQueue`: IO submitted while the session
 //! is down waits and completes after the re-open; IO in flight when the session dropped
 //! comes back from the new server session with −ENOTCONN and is sent again, once, to the
 //! re-opened device; −ECONNRESET is sent again at once; a wait that runs out fails with
@@ -14,11 +14,13 @@ use direct::{DirectPort, Rig, WAIT};
 use rtrs_spdk::fabric::{Mr, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DevState, PortCompletion, RnbdClient, RnbdCore,
+    completion_result, BlockRequest, ClientCompletion, ClientEvent, DevHandle, DevState,
+    RnbdClient, RnbdQueue,
 };
+use rtrs_spdk::Errno;
 
 type Client = RnbdClient<DirectPort>;
-type Core = RnbdCore<DirectPort>;
+type Core = RnbdQueue<DirectPort>;
 
 const WAIT_NS: u64 = WAIT.as_nanos() as u64;
 const MS: u64 = 1_000_000;
@@ -30,17 +32,27 @@ fn settle(rig: &mut Rig, c: &mut Client, o: &mut Core) -> (Vec<(u64, i32)>, Vec<
     let mut events = Vec::new();
     let mut quiet = 0;
     for _ in 0..1000 {
-        let mut ev = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
-        let mut comps = [PortCompletion::default(); 8];
-        let n = rig.cx(|cx| c.poll(cx, &mut ev));
-        let m = rig.cx(|cx| o.poll(cx, &mut comps));
+        let mut ev = vec![
+            ClientEvent::Io {
+                tag: 0,
+                result: Ok(())
+            };
+            8
+        ];
+        let mut comps = [ClientCompletion::default(); 8];
+        let n = rig.cx(|cx| c.poll(cx.now(), &mut ev));
+        let m = rig.cx(|cx| o.poll(cx.now(), &mut comps));
         for e in ev.drain(..n) {
             match e {
-                ClientEvent::Io { tag, errno } => done.push((tag, errno)),
+                ClientEvent::Io { tag, result } => done.push((tag, Errno::neg_of(result))),
                 other => events.push(other),
             }
         }
-        done.extend(comps[..m].iter().map(|c| (c.tag, c.errno)));
+        done.extend(
+            comps[..m]
+                .iter()
+                .map(|c| (c.tag, Errno::neg_of(completion_result(c)))),
+        );
         quiet = if n + m == 0 { quiet + 1 } else { 0 };
         if quiet == 20 {
             break;
@@ -60,23 +72,23 @@ fn setup(rig: &mut Rig, key: u64) -> (Client, Core, DevHandle) {
     let mut c = rig.client(key, 8);
     let (vol, id) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
     assert_eq!(id, Ok(0));
-    let o = RnbdCore::new(rig.port(key, 8), c.shared());
+    let o = RnbdQueue::new(rig.port(key, 8), c.table());
     (c, o, vol)
 }
 
 /// Every path lost: the server session ends, the client marks its devices disconnected.
 fn lose(rig: &mut Rig, key: u64, c: &mut Client, o: &mut Core) {
-    c.port_mut().connected = false;
-    o.port_mut().connected = false;
+    c.session_mut().connected = false;
+    o.session_mut().connected = false;
     rig.table.remove(key);
     c.link_down();
 }
 
 /// A path is back: SESS_INFO, then the re-open (once nothing is in flight).
 fn regain(rig: &mut Rig, c: &mut Client, o: &mut Core) {
-    c.port_mut().connected = true;
-    o.port_mut().connected = true;
-    rig.cx(|cx| c.link_up(cx));
+    c.session_mut().connected = true;
+    o.session_mut().connected = true;
+    rig.cx(|cx| c.link_up(cx.now()));
 }
 
 fn remapped(ev: &[ClientEvent]) -> Vec<(DevHandle, u32)> {
@@ -114,15 +126,15 @@ fn io_submitted_while_disconnected_waits_for_the_reopen() {
     let r = rig.mr(4096);
     let w = BlockRequest::write(8192, 4096);
     let rd = BlockRequest::read(0, 4096);
-    rig.cx(|cx| c.submit(cx, vol, 1, &w, &sge(&b, 4096)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 1, &w, &sge(&b, 4096)))
         .expect("accepted while disconnected");
-    rig.cx(|cx| o.submit(cx, vol, 2, &rd, &sge(&r, 4096)))
+    rig.cx(|cx| o.submit(cx.now(), vol, 2, &rd, &sge(&r, 4096)))
         .expect("accepted while disconnected");
     // Half the wait later: nothing completed, nothing was sent.
     rig.sim.advance(WAIT_NS / 2);
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
-    assert_eq!(c.port().block_submits, 1);
-    assert_eq!(o.port().block_submits, 0);
+    assert_eq!(c.session().block_submits, 1);
+    assert_eq!(o.session().block_submits, 0);
 
     regain(&mut rig, &mut c, &mut o);
     let (done, ev) = settle(&mut rig, &mut c, &mut o);
@@ -130,7 +142,10 @@ fn io_submitted_while_disconnected_waits_for_the_reopen() {
     assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
     assert_eq!(remapped(&ev), [(vol, 0)]);
     // Each was sent once, after the re-open.
-    assert_eq!((c.port().block_submits, o.port().block_submits), (2, 1));
+    assert_eq!(
+        (c.session().block_submits, o.session().block_submits),
+        (2, 1)
+    );
     let mut got = [0u8; 4096];
     r.read_at(0, &mut got);
     assert_eq!(got, [0x5a; 4096]);
@@ -142,25 +157,25 @@ fn io_submitted_while_disconnected_waits_for_the_reopen() {
 fn io_in_flight_is_sent_again_once_to_the_reopened_device() {
     let mut rig = Rig::new();
     let mut c = rig.client(11, 8);
-    let mut o = RnbdCore::new(rig.port(11, 8), c.shared());
+    let mut o = RnbdQueue::new(rig.port(11, 8), c.table());
     // Ids: spare 0, vol 1, aux 2; spare closes, so a re-open in order makes vol 0 and
     // aux 1, the old id of vol.
     let (spare, _) = rig.open(&mut c, "spare", AccessMode::ReadOnly);
     let (vol, id_vol) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
     let (aux, id_aux) = rig.open(&mut c, "aux", AccessMode::ReadWrite);
     assert_eq!((id_vol, id_aux), (Ok(1), Ok(2)));
-    rig.cx(|cx| c.close(cx, spare)).unwrap();
+    rig.cx(|cx| c.close(cx.now(), spare)).unwrap();
     rig.events(&mut c, 1);
 
     // A write to vol is in flight (kept by the transport) when the session drops.
     let buf = rig.mr(512);
     buf.write_at(0, &[0xaa; 512]);
-    c.port_mut().hold = true;
+    c.session_mut().hold = true;
     let w = BlockRequest::write(0, 512);
-    rig.cx(|cx| c.submit(cx, vol, 1, &w, &sge(&buf, 512)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 1, &w, &sge(&buf, 512)))
         .unwrap();
     lose(&mut rig, 11, &mut c, &mut o);
-    assert_eq!(c.shared().in_flight(), 1);
+    assert_eq!(c.table().in_flight(), 1);
 
     // The path is back, the write still in flight: SESS_INFO goes, the re-opens do not.
     regain(&mut rig, &mut c, &mut o);
@@ -172,13 +187,13 @@ fn io_in_flight_is_sent_again_once_to_the_reopened_device() {
     // The write goes out with its old id, which the new server session does not know
     // (−ENOTCONN): it waits, the devices are re-opened with new ids, and it is sent
     // again with vol's new one.
-    rig.cx(|cx| c.port_mut().replay(cx));
+    rig.cx(|cx| c.session_mut().replay(cx.now()));
     let (done, ev) = settle(&mut rig, &mut c, &mut o);
     assert_eq!(done, [(1, 0)], "{ev:?}");
     assert_eq!(remapped(&ev), [(vol, 0), (aux, 1)]);
     // Once held, once re-sent.
-    assert_eq!(c.port().block_submits, 2);
-    assert_eq!(c.shared().in_flight(), 0);
+    assert_eq!(c.session().block_submits, 2);
+    assert_eq!(c.table().in_flight(), 0);
     assert_eq!(read_back(&mut rig, &mut c, vol, 0)[..512], [0xaa; 512]);
     assert_eq!(read_back(&mut rig, &mut c, aux, 0), [0; 4096]);
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
@@ -190,19 +205,22 @@ fn io_dropped_with_econnreset_is_sent_again_at_once() {
     let (mut c, mut o, vol) = setup(&mut rig, 22);
     let buf = rig.mr(4096);
     buf.write_at(0, &[0x11; 4096]);
-    c.port_mut().reset_next = 1;
-    o.port_mut().reset_next = 1;
+    c.session_mut().reset_next = 1;
+    o.session_mut().reset_next = 1;
     let w = BlockRequest::write(0, 4096);
     let w2 = BlockRequest::write(4096, 4096);
-    rig.cx(|cx| c.submit(cx, vol, 3, &w, &sge(&buf, 4096)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 3, &w, &sge(&buf, 4096)))
         .unwrap();
-    rig.cx(|cx| o.submit(cx, vol, 4, &w2, &sge(&buf, 4096)))
+    rig.cx(|cx| o.submit(cx.now(), vol, 4, &w2, &sge(&buf, 4096)))
         .unwrap();
     assert_eq!(
         settle(&mut rig, &mut c, &mut o),
         (vec![(3, 0), (4, 0)], vec![])
     );
-    assert_eq!((c.port().block_submits, o.port().block_submits), (2, 2));
+    assert_eq!(
+        (c.session().block_submits, o.session().block_submits),
+        (2, 2)
+    );
     assert_eq!(read_back(&mut rig, &mut c, vol, 4096), [0x11; 4096]);
 }
 
@@ -212,15 +230,15 @@ fn a_wait_that_runs_out_fails_and_says_why() {
     let (mut c, mut o, vol) = setup(&mut rig, 23);
     let buf = rig.mr(4096);
     // One write in flight (kept by the transport) and two reads submitted while down.
-    c.port_mut().hold = true;
+    c.session_mut().hold = true;
     let w = BlockRequest::write(0, 4096);
-    rig.cx(|cx| c.submit(cx, vol, 7, &w, &sge(&buf, 4096)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 7, &w, &sge(&buf, 4096)))
         .unwrap();
     lose(&mut rig, 23, &mut c, &mut o);
     let rd = BlockRequest::read(0, 4096);
-    rig.cx(|cx| c.submit(cx, vol, 5, &rd, &sge(&buf, 4096)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 5, &rd, &sge(&buf, 4096)))
         .unwrap();
-    rig.cx(|cx| o.submit(cx, vol, 6, &rd, &sge(&buf, 4096)))
+    rig.cx(|cx| o.submit(cx.now(), vol, 6, &rd, &sge(&buf, 4096)))
         .unwrap();
     rig.sim.advance(WAIT_NS - MS);
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
@@ -233,12 +251,12 @@ fn a_wait_that_runs_out_fails_and_says_why() {
     for e in [c.last_wait_error(), o.last_wait_error()] {
         let e = e.expect("the reason is kept");
         assert_eq!(e.to_string(), why);
-        assert_eq!(e.errno(), enotconn);
+        assert_eq!(e.errno().neg(), enotconn);
     }
     // The write in flight comes back after its wait ran out: it fails at once, and the
     // device is re-opened for new IO.
     regain(&mut rig, &mut c, &mut o);
-    rig.cx(|cx| c.port_mut().replay(cx));
+    rig.cx(|cx| c.session_mut().replay(cx.now()));
     let (done, ev) = settle(&mut rig, &mut c, &mut o);
     assert_eq!(done, [(7, enotconn)]);
     assert_eq!(remapped(&ev), [(vol, 0)]);
@@ -261,12 +279,12 @@ fn closing_the_device_fails_its_waiting_io_at_once() {
     lose(&mut rig, 24, &mut c, &mut o);
     let buf = rig.mr(4096);
     let rd = BlockRequest::read(0, 4096);
-    rig.cx(|cx| c.submit(cx, vol, 8, &rd, &sge(&buf, 4096)))
+    rig.cx(|cx| c.submit(cx.now(), vol, 8, &rd, &sge(&buf, 4096)))
         .unwrap();
-    rig.cx(|cx| o.submit(cx, vol, 9, &rd, &sge(&buf, 4096)))
+    rig.cx(|cx| o.submit(cx.now(), vol, 9, &rd, &sge(&buf, 4096)))
         .unwrap();
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
-    rig.cx(|cx| c.close(cx, vol)).unwrap();
+    rig.cx(|cx| c.close(cx.now(), vol)).unwrap();
     let (done, ev) = settle(&mut rig, &mut c, &mut o);
     assert_eq!(done, [(8, -libc::ENODEV), (9, -libc::ENODEV)]);
     assert_eq!(ev, [ClientEvent::Closed { dev: vol }]);

@@ -2,7 +2,7 @@
 //! the wire of a direct in-process port to the server's dispatcher:
 //! - `emulate` (the default, safe with servers of every kernel version): WRITEs of
 //!   zeros, at most `max_io_size` each, and never an op-5 header; one completion for
-//!   the request, from the home core and from another core's `RnbdCore`; the first
+//!   the request, from the home core and from another core's `RnbdQueue`; the first
 //!   error of a piece fails the request, once; a piece RTRS drops is sent again;
 //! - `native`: one data-less op-5 header (golden bytes).
 //!
@@ -15,11 +15,12 @@ use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdOp};
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DeviceError, PortCompletion, RnbdClient,
-    RnbdClientConfig, RnbdCore, WriteZeroesMode,
+    completion, BlockRequest, ClientCompletion, ClientEvent, DevHandle, DeviceError, RnbdClient,
+    RnbdClientConfig, RnbdQueue, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdSessions};
 use rtrs_spdk::rnbd::Dir;
+use rtrs_spdk::Errno;
 
 #[path = "util/rnbd_direct.rs"]
 mod direct;
@@ -77,7 +78,7 @@ impl Rig {
         }
         .unwrap();
         let h = self
-            .cx(|cx| c.open(cx, "vol", AccessMode::ReadWrite))
+            .cx(|cx| c.open(cx.now(), "vol", AccessMode::ReadWrite))
             .unwrap();
         let ev = self.events(&mut c, 2);
         assert!(
@@ -91,8 +92,14 @@ impl Rig {
     fn events(&mut self, c: &mut RnbdClient<DirectPort>, want: usize) -> Vec<ClientEvent> {
         let mut got = Vec::new();
         for _ in 0..ROUNDS {
-            let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
-            let n = self.cx(|cx| c.poll(cx, &mut out));
+            let mut out = vec![
+                ClientEvent::Io {
+                    tag: 0,
+                    result: Ok(())
+                };
+                8
+            ];
+            let n = self.cx(|cx| c.poll(cx.now(), &mut out));
             got.extend(out.drain(..n));
             if got.len() >= want {
                 break;
@@ -115,9 +122,10 @@ impl Rig {
         } else {
             vec![]
         };
-        self.cx(|cx| c.submit(cx, dev, 42, &req, &sgl)).unwrap();
+        self.cx(|cx| c.submit(cx.now(), dev, 42, &req, &sgl))
+            .unwrap();
         match self.events(c, 1)[..] {
-            [ClientEvent::Io { tag: 42, errno }] => errno,
+            [ClientEvent::Io { tag: 42, result }] => Errno::neg_of(result),
             ref other => panic!("{other:?}"),
         }
     }
@@ -165,7 +173,7 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
     assert_eq!(info.write_zeroes, WriteZeroesMode::Emulate);
     assert!(info.server_max_write_zeroes > 0);
     let mut model = rig.fill(&mut c, dev);
-    let before = c.port().sent.len();
+    let before = c.session().sent.len();
 
     // 300 KiB at 4 KiB: three pieces of at most 128 KiB (the port's max_io_size).
     let (at, len) = (4096usize, 300 << 10);
@@ -174,7 +182,7 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
         .fua();
     assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
     model[at..at + len].fill(0);
-    let ios = block_ios(&c.port().sent[before..]);
+    let ios = block_ios(&c.session().sent[before..]);
     assert_eq!(ios.len(), 3, "{ios:?}");
     let mut next = at as u64;
     for (io, dir, data_len) in &ios {
@@ -188,7 +196,7 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
     }
     assert_eq!(next, (at + len) as u64);
     assert!(c
-        .port()
+        .session()
         .sent
         .iter()
         .all(|s| s.admin || Io::decode(&s.usr).unwrap().op != RnbdOp::WriteZeroes));
@@ -204,7 +212,7 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
         .io_msg(&BlockRequest::write_zeroes(0, 4096))
         .unwrap_err();
     assert!(matches!(e, DeviceError::Emulated { .. }), "{e}");
-    assert_eq!(e.errno(), -libc::EINVAL);
+    assert_eq!(e.errno().neg(), -libc::EINVAL);
 }
 
 #[test]
@@ -217,11 +225,11 @@ fn native_sends_one_data_less_op5() {
         (WriteZeroesMode::Native, info.server_max_write_zeroes)
     );
     let mut model = rig.fill(&mut c, dev);
-    let before = c.port().sent.len();
+    let before = c.session().sent.len();
     let req = BlockRequest::write_zeroes(8192, 300 << 10).nounmap();
     assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
     model[8192..8192 + (300 << 10)].fill(0);
-    let sent = &c.port().sent[before..];
+    let sent = &c.session().sent[before..];
     assert_eq!(sent.len(), 1);
     assert_eq!(
         (sent[0].dir, sent[0].data_len, sent[0].admin),
@@ -249,32 +257,38 @@ fn a_failed_piece_fails_the_request_once() {
     // Depth 1: one piece at a time.
     let (mut c, dev) = rig.client(None, 1);
     let req = BlockRequest::write_zeroes(0, 3 * CHUNK as u32);
-    rig.cx(|cx| c.submit(cx, dev, 7, &req, &[])).unwrap();
+    rig.cx(|cx| c.submit(cx.now(), dev, 7, &req, &[])).unwrap();
     // The first piece is out; the path goes away before the next can be sent.
-    c.port_mut().connected = false;
+    c.session_mut().connected = false;
     let ev = rig.events(&mut c, 1);
     assert_eq!(
         ev,
         vec![ClientEvent::Io {
             tag: 7,
-            errno: -libc::ENOTCONN
+            result: Err(Errno::ENOTCONN)
         }]
     );
-    assert_eq!(block_ios(&c.port().sent).len(), 1);
+    assert_eq!(block_ios(&c.session().sent).len(), 1);
     // Nothing else comes, and the client works on once the path is back.
     for _ in 0..100 {
-        let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 4];
-        assert_eq!(rig.cx(|cx| c.poll(cx, &mut out)), 0);
+        let mut out = vec![
+            ClientEvent::Io {
+                tag: 0,
+                result: Ok(())
+            };
+            4
+        ];
+        assert_eq!(rig.cx(|cx| c.poll(cx.now(), &mut out)), 0);
     }
-    c.port_mut().connected = true;
+    c.session_mut().connected = true;
     assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
     // A write-zeroes carries no data; a bad range is refused before anything is sent.
     let buf = rig.mr(512);
-    let e = rig.cx(|cx| c.submit(cx, dev, 8, &req, &[buf.sge(0, 512)]));
-    assert_eq!(e.unwrap_err().errno(), -libc::EINVAL);
+    let e = rig.cx(|cx| c.submit(cx.now(), dev, 8, &req, &[buf.sge(0, 512)]));
+    assert_eq!(e.unwrap_err().errno().neg(), -libc::EINVAL);
     let past = BlockRequest::write_zeroes(SIZE as u64 - 512, 1024);
-    let e = rig.cx(|cx| c.submit(cx, dev, 9, &past, &[]));
-    assert_eq!(e.unwrap_err().errno(), -libc::EIO);
+    let e = rig.cx(|cx| c.submit(cx.now(), dev, 9, &past, &[]));
+    assert_eq!(e.unwrap_err().errno().neg(), -libc::EIO);
 }
 
 #[test]
@@ -282,21 +296,22 @@ fn another_core_emulates_too() {
     let mut rig = Rig::new();
     let (mut c, dev) = rig.client(None, 8);
     let mut model = rig.fill(&mut c, dev);
-    let mut core = RnbdCore::new(rig.port(2), c.shared());
+    let mut core = RnbdQueue::new(rig.port(2), c.table());
     let req = BlockRequest::write_zeroes(512, 200 << 10);
-    rig.cx(|cx| core.submit(cx, dev, 5, &req, &[])).unwrap();
+    rig.cx(|cx| core.submit(cx.now(), dev, 5, &req, &[]))
+        .unwrap();
     let mut done = Vec::new();
     for _ in 0..ROUNDS {
-        let mut out = [PortCompletion::default(); 4];
-        let n = rig.cx(|cx| core.poll(cx, &mut out));
+        let mut out = [ClientCompletion::default(); 4];
+        let n = rig.cx(|cx| core.poll(cx.now(), &mut out));
         done.extend_from_slice(&out[..n]);
         if !done.is_empty() {
             break;
         }
     }
     // One completion under the caller's tag: the pieces stay inside.
-    assert_eq!(done, vec![PortCompletion { tag: 5, errno: 0 }]);
-    let ios = block_ios(&core.port().sent);
+    assert_eq!(done, vec![completion(5, Ok(()))]);
+    let ios = block_ios(&core.session().sent);
     assert_eq!(ios.len(), 2);
     assert!(ios
         .iter()
@@ -315,14 +330,14 @@ fn a_piece_dropped_by_rtrs_is_sent_again() {
     let mut model = rig.fill(&mut c, dev);
     // RTRS drops the next request unexecuted (−ECONNRESET, as at a queue-depth
     // change): the piece waits in the core and goes out again; the request succeeds.
-    c.port_mut().reset_next = 1;
-    let (sent, submits) = (c.port().sent.len(), c.port().block_submits);
+    c.session_mut().reset_next = 1;
+    let (sent, submits) = (c.session().sent.len(), c.session().block_submits);
     let req = BlockRequest::write_zeroes(0, 2 * CHUNK as u32);
     assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
     model[..2 * CHUNK].fill(0);
     // Two pieces executed, three handed to the port (one of them twice).
-    assert_eq!(c.port().sent.len() - sent, 2);
-    assert_eq!(c.port().block_submits - submits, 3);
+    assert_eq!(c.session().sent.len() - sent, 2);
+    assert_eq!(c.session().block_submits - submits, 3);
     assert!(
         rig.read_all(&mut c, dev) == model,
         "device differs from the model"

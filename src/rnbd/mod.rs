@@ -8,9 +8,9 @@
 //! - [`server`]: exports with their access rules, per-session device tables, the
 //!   per-core request processor and [`server::RnbdServer`], the RTRS server's handler
 //!   (`rnbd-srv`).
-//! - [`client`]: message building, the device state machine and
-//!   [`client::RnbdClient`] / [`client::RnbdCore`] over the RTRS client's per-core
-//!   session handles (`rnbd-clt`).
+//! - [`client`]: message building, the device state machine, one
+//!   [`client::RnbdQueue`] per core over the RTRS client's per-core session handles and
+//!   one [`client::RnbdAdmin`] per session (`rnbd-clt`).
 //!
 //! # Cores
 //! Both sides follow the RTRS layers' plan (docs/ARCHITECTURE.md, "Sessions on cores"):

@@ -1,4 +1,4 @@
-//! A direct in-process RTRS port for RNBD client tests (`tests/rnbd_session.rs`,
+//! A direct in-process RTRS session handle for RNBD client tests (`tests/rnbd_session.rs`,
 //! `tests/rnbd_wait.rs`): [`DirectPort`] carries requests straight to an RNBD server's
 //! dispatcher, copying between the client's registered buffers and a chunk as RTRS does,
 //! and can keep block requests (as RTRS keeps IO while no path is up), refuse them (no
@@ -18,7 +18,8 @@ use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, PortCompletion, PortError, PortIo, RnbdClient, RtrsPort,
+    completion, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, RnbdClient,
+    SendError, SessionHandle,
 };
 use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSessions, SessionCache};
 use rtrs_spdk::rnbd::Dir;
@@ -53,7 +54,7 @@ pub struct DirectPort {
     free: Vec<usize>,
     /// tag → (chunk, dir, the client's SGEs)
     inflight: HashMap<u64, (usize, Dir, Vec<Sge>)>,
-    done: VecDeque<PortCompletion>,
+    done: VecDeque<ClientCompletion>,
     /// While set, block requests are kept (as RTRS keeps IO while no path is up) and
     /// sent by `replay`.
     pub hold: bool,
@@ -96,19 +97,19 @@ impl DirectPort {
     }
 
     /// Sends the held block requests (the path is back).
-    pub fn replay(&mut self, cx: &mut dyn Ctx) {
+    pub fn replay(&mut self, now: u64) {
         self.hold = false;
         for (tag, dir, usr, sgl) in std::mem::take(&mut self.held) {
             // Not counted twice: they were counted when held.
             self.block_submits -= 1;
-            let io = PortIo {
+            let io = ClientIo {
                 tag,
                 dir,
                 usr: &usr,
                 sgl: &sgl,
                 admin: false,
             };
-            self.submit(cx, io).unwrap();
+            self.submit(now, io).unwrap();
         }
     }
 
@@ -118,18 +119,19 @@ impl DirectPort {
     }
 
     fn finish(&mut self, tag: u64, errno: i32) {
+        let result = Errno::result_from_neg(errno);
         let (i, dir, sgl) = self.inflight.remove(&tag).expect("known tag");
-        if dir == Dir::Read && errno == 0 {
+        if dir == Dir::Read && result.is_ok() {
             let mut off = 0;
             for s in &sgl {
                 // SAFETY: the SGE names registered memory the client reserved for this
-                // request (RtrsPort's contract); the chunk is this request's.
+                // request (SessionHandle's contract); the chunk is this request's.
                 unsafe { self.chunk(i, CHUNK).copy_out(off, sge_slice(s)) };
                 off += s.len as usize;
             }
         }
         self.free.push(i);
-        self.done.push_back(PortCompletion { tag, errno });
+        self.done.push_back(completion(tag, result));
     }
 }
 
@@ -143,8 +145,8 @@ unsafe fn sge_slice(s: &Sge) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }
 }
 
-impl RtrsPort for DirectPort {
-    fn submit(&mut self, _cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
+impl SessionHandle for DirectPort {
+    fn submit(&mut self, _now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
         if !io.admin {
             self.block_submits += 1;
         }
@@ -157,21 +159,19 @@ impl RtrsPort for DirectPort {
             if !io.admin {
                 self.block_submits -= 1;
             }
-            return Err(PortError::Refused {
-                errno: -libc::ENOTCONN,
+            return Err(SendError::Refused {
+                errno: Errno::ENOTCONN,
                 reason: "no path".into(),
             });
         }
         if self.reset_next > 0 && !io.admin {
             self.reset_next -= 1;
-            self.done.push_back(PortCompletion {
-                tag: io.tag,
-                errno: -libc::ECONNRESET,
-            });
+            self.done
+                .push_back(completion(io.tag, Err(Errno::ECONNRESET)));
             return Ok(());
         }
         let Some(i) = self.free.pop() else {
-            return Err(PortError::Busy);
+            return Err(SendError::Busy);
         };
         let len: usize = io.sgl.iter().map(|s| s.len as usize).sum();
         assert!(len <= CHUNK);
@@ -205,7 +205,7 @@ impl RtrsPort for DirectPort {
         Ok(())
     }
 
-    fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
+    fn poll(&mut self, _now: u64, out: &mut [ClientCompletion]) -> usize {
         let mut cs = [BlockCompletion::default(); 16];
         let n = self.disp.poll(&mut cs);
         for c in &cs[..n] {
@@ -230,11 +230,11 @@ impl RtrsPort for DirectPort {
         self.wait
     }
 
-    fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
+    fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
         self.fabric
             .register(MemBuf::zeroed(len), Access::NONE)
-            .map_err(|e| PortError::Refused {
-                errno: -libc::ENOMEM,
+            .map_err(|e| SendError::Refused {
+                errno: Errno::ENOMEM,
                 reason: e.to_string(),
             })
     }
@@ -291,8 +291,14 @@ impl Rig {
     pub fn events(&mut self, c: &mut RnbdClient<DirectPort>, want: usize) -> Vec<ClientEvent> {
         let mut got = Vec::new();
         for _ in 0..10_000 {
-            let mut out = vec![ClientEvent::Io { tag: 0, errno: 0 }; 8];
-            let n = self.cx(|cx| c.poll(cx, &mut out));
+            let mut out = vec![
+                ClientEvent::Io {
+                    tag: 0,
+                    result: Ok(())
+                };
+                8
+            ];
+            let n = self.cx(|cx| c.poll(cx.now(), &mut out));
             got.extend(out.drain(..n));
             if got.len() >= want {
                 break;
@@ -308,7 +314,7 @@ impl Rig {
         name: &str,
         mode: AccessMode,
     ) -> (DevHandle, Result<u32, i32>) {
-        let h = self.cx(|cx| c.open(cx, name, mode)).unwrap();
+        let h = self.cx(|cx| c.open(cx.now(), name, mode)).unwrap();
         let ev = self.events(c, if c.ver().is_none() { 2 } else { 1 });
         match ev.last().unwrap() {
             ClientEvent::Opened { dev, info, .. } => {
@@ -317,7 +323,7 @@ impl Rig {
             }
             ClientEvent::OpenFailed { dev, error } => {
                 assert_eq!(*dev, h);
-                (h, Err(error.errno()))
+                (h, Err(error.errno().neg()))
             }
             other => panic!("{other:?}"),
         }
@@ -336,9 +342,10 @@ impl Rig {
         } else {
             vec![]
         };
-        self.cx(|cx| c.submit(cx, dev, 42, &req, &sgl)).unwrap();
+        self.cx(|cx| c.submit(cx.now(), dev, 42, &req, &sgl))
+            .unwrap();
         match &self.events(c, 1)[0] {
-            ClientEvent::Io { tag: 42, errno } => *errno,
+            ClientEvent::Io { tag: 42, result } => Errno::neg_of(*result),
             other => panic!("{other:?}"),
         }
     }

@@ -18,7 +18,8 @@ use rtrs_spdk::engine::{Ctx, Engine, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, LinkListener, PortCompletion, RnbdClient, RnbdCore,
+    completion_result, BlockRequest, ClientCompletion, ClientEvent, DevHandle, LinkListener,
+    RnbdClient, RnbdQueue,
 };
 
 pub const BS: usize = 4096;
@@ -107,8 +108,14 @@ impl Home {
     }
 
     fn step(&mut self, cx: &mut dyn Ctx) -> Result<bool, String> {
-        let mut ev = vec![ClientEvent::Io { tag: 0, errno: 0 }; 32];
-        let n = self.rnbd.poll(cx, &mut ev);
+        let mut ev = vec![
+            ClientEvent::Io {
+                tag: 0,
+                result: Ok(())
+            };
+            32
+        ];
+        let n = self.rnbd.poll(cx.now(), &mut ev);
         for e in &ev[..n] {
             match e {
                 ClientEvent::SessInfo(Ok(_)) => {}
@@ -117,8 +124,11 @@ impl Home {
                     self.phase = 1;
                 }
                 // Flush/discard/write-zeroes and the final read use no window slot.
-                ClientEvent::Io { errno: 0, .. } if self.phase >= 3 => self.win.done += 1,
-                ClientEvent::Io { tag, errno: 0 } => self.win.finish(*tag, self.phase == 2)?,
+                ClientEvent::Io { result: Ok(()), .. } if self.phase >= 3 => self.win.done += 1,
+                ClientEvent::Io {
+                    tag,
+                    result: Ok(()),
+                } => self.win.finish(*tag, self.phase == 2)?,
                 ClientEvent::Closed { .. } => {
                     self.phase = 9;
                     let _ = self.tx.send(Ok("core 0 done".into()));
@@ -151,7 +161,7 @@ impl Home {
                     let sge = [self.win.buf.sge(slot * BS, BS)];
                     match self
                         .rnbd
-                        .submit(cx, dev, (b << 16 | slot) as u64, &req, &sge)
+                        .submit(cx.now(), dev, (b << 16 | slot) as u64, &req, &sge)
                     {
                         Ok(()) => self.win.next += 1,
                         Err(e) if e.is_busy() => {
@@ -182,7 +192,7 @@ impl Home {
                 ];
                 for (i, r) in reqs.iter().enumerate() {
                     self.rnbd
-                        .submit(cx, dev, (1 << 40) + i as u64, r, &[])
+                        .submit(cx.now(), dev, (1 << 40) + i as u64, r, &[])
                         .map_err(|e| e.to_string())?;
                 }
                 self.phase = 4;
@@ -192,7 +202,7 @@ impl Home {
                 let sge = [self.win.buf.sge(0, 16 * BS)];
                 let req = BlockRequest::read(0, (16 * BS) as u32);
                 self.rnbd
-                    .submit(cx, dev, 1 << 41, &req, &sge)
+                    .submit(cx.now(), dev, 1 << 41, &req, &sge)
                     .map_err(|e| e.to_string())?;
                 self.phase = 5;
             }
@@ -202,7 +212,7 @@ impl Home {
                 if got.iter().any(|&x| x != 0) {
                     return Err("discarded / zeroed blocks are not zero".into());
                 }
-                self.rnbd.close(cx, dev).map_err(|e| e.to_string())?;
+                self.rnbd.close(cx.now(), dev).map_err(|e| e.to_string())?;
                 self.phase = 6;
             }
             _ => {}
@@ -213,7 +223,7 @@ impl Home {
 
 /// Core 1: reads every block through its own connection once core 0 wrote them.
 struct Other {
-    core: RnbdCore<SessionCore>,
+    core: RnbdQueue<SessionCore>,
     win: Window,
     flags: Arc<Flags>,
     tx: Report,
@@ -222,11 +232,11 @@ struct Other {
 
 impl Other {
     fn step(&mut self, cx: &mut dyn Ctx) -> Result<bool, String> {
-        let mut done = [PortCompletion::default(); 32];
-        let n = self.core.poll(cx, &mut done);
+        let mut done = [ClientCompletion::default(); 32];
+        let n = self.core.poll(cx.now(), &mut done);
         for c in &done[..n] {
-            if c.errno != 0 {
-                return Err(format!("read tag {:#x}: errno {}", c.tag, c.errno));
+            if let Err(e) = completion_result(c) {
+                return Err(format!("read tag {:#x}: errno {}", c.tag, e.neg()));
             }
             self.win.finish(c.tag, true)?;
         }
@@ -248,7 +258,7 @@ impl Other {
             let sge = [self.win.buf.sge(slot * BS, BS)];
             match self
                 .core
-                .submit(cx, dev, (b << 16 | slot) as u64, &req, &sge)
+                .submit(cx.now(), dev, (b << 16 | slot) as u64, &req, &sge)
             {
                 Ok(()) => self.win.next += 1,
                 Err(e) if e.is_busy() => {
@@ -332,8 +342,9 @@ pub fn run_with(
         let core1 = cores.pop().unwrap();
         let mut rnbd = RnbdClient::new(cores.pop().unwrap(), reg(4096)).unwrap();
         rnbd.listen(links);
-        let other = RnbdCore::new(core1, rnbd.shared());
-        rnbd.open(cx, &open_name, AccessMode::ReadWrite).unwrap();
+        let other = RnbdQueue::new(core1, rnbd.table());
+        rnbd.open(cx.now(), &open_name, AccessMode::ReadWrite)
+            .unwrap();
         // The final check reads 16 blocks into the home window.
         const _: () = assert!(QD >= 16);
         let (buf0, buf1) = (reg(QD * BS), reg(QD * BS));

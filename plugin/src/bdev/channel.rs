@@ -4,24 +4,24 @@
 //! A bdev IO arrives in `submit_request` on the SPDK thread of one of our IO channels,
 //! read through the safe [`BdevIo`]. Its iovecs become SGEs of registered memory there
 //! ([`MemMap`](super::memmap::MemMap)), in its task, whose [`TaskRef`] carries it to a
-//! port and back.
+//! queue and back.
 //! Connection `k+1` of every path belongs to the disk's core `k` (docs/ARCHITECTURE.md,
 //! "Sessions on cores"), and the first channel created on that CPU core *owns* it: it
-//! holds the core's [`PortState`] in its context, submits its requests on it directly
-//! from `submit_request`, and its SPDK poller polls the port and completes the bdev IO
-//! it reaps on the spot — no queue, no hop, no lock per IO. The port moves in and out
+//! holds the core's [`CoreQueue`] in its context, submits its requests on it directly
+//! from `submit_request`, and its SPDK poller polls the queue and completes the bdev IO
+//! it reaps on the spot — no hand-over, no hop, no lock per IO. The queue moves in and out
 //! of a channel through its [`CoreSlot`](super::core::CoreSlot) (one uncontended lock
 //! per move); while no channel owns it the disk's own thread on that core polls it.
 //!
 //! Requests of the other channels of the core (two bdevperf jobs on one core, or fio's
-//! threads, which run on no core of the application) go through the slot's queue, which
-//! the port's owner pumps, and come back through the channel's `done` queue: two locks,
-//! uncontended in practice. A port is `Send` and owned by one channel at a time, so
+//! threads, which run on no core of the application) go through the slot's task queue, which
+//! the queue's owner pumps, and come back through the channel's `done` queue: two locks,
+//! uncontended in practice. A queue is `Send` and owned by one channel at a time, so
 //! whichever OS thread polls the owner's SPDK thread may drive it. A channel on one of
-//! the application's cores may own that core's port (one whose thread is later moved to
-//! another CPU core gives it back, so that the port stays with its core's connection);
+//! the application's cores may own that core's queue (one whose thread is later moved to
+//! another CPU core gives it back, so that the queue stays with its core's connection);
 //! a channel on a thread off the cpumask — fio's job threads, which fio polls itself —
-//! may own core 0's port, so fio's IO needs no other thread: fio's initialisation thread,
+//! may own core 0's queue, so fio's IO needs no other thread: fio's initialisation thread,
 //! where the disk's core 0 lives, then only runs timed work and sleeps in between.
 //!
 //! Reset: SPDK freezes every channel of the bdev before it submits a reset, so nothing new
@@ -37,8 +37,9 @@ use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{now_ns, sys, BdevIo, BdevIoType, GotBuf};
+use rtrs_spdk::Errno;
 
-use super::core::{PortDisk, PortState};
+use super::core::{CoreDisk, CoreQueue};
 use super::disk::Disk;
 use super::task::{ChanShared, TaskRef};
 
@@ -51,14 +52,14 @@ struct ChanCtx {
     shared: Arc<ChanShared>,
     /// Index of the disk's core on this CPU core.
     core: usize,
-    /// This channel may own its core's port (see the module doc).
+    /// This channel may own its core's queue (see the module doc).
     eligible: Cell<bool>,
-    /// Eligible because its thread runs on the port's CPU core (and must stay there).
+    /// Eligible because its thread runs on the queue's CPU core (and must stay there).
     pinned: bool,
-    /// The core's port, while this channel owns it.
-    port: RefCell<Option<Box<PortState>>>,
+    /// The core's queue, while this channel owns it.
+    queue: RefCell<Option<Box<CoreQueue>>>,
     poller: *mut sys::spdk_poller,
-    scratch: RefCell<Vec<(TaskRef, i32)>>,
+    scratch: RefCell<Vec<(TaskRef, Result<(), Errno>)>>,
     /// Resets waiting for the bdev's requests to drain, with their deadlines (ns).
     resets: RefCell<Vec<(BdevIo, u64)>>,
 }
@@ -66,16 +67,16 @@ struct ChanCtx {
 impl ChanCtx {
     /// Completes one of this channel's bdev IO (not a reset), counted in `submitted`,
     /// on the channel's thread.
-    fn done(&self, io: BdevIo, errno: i32) {
+    fn done(&self, io: BdevIo, result: Result<(), Errno>) {
         self.shared.count_completed();
-        io.complete(errno);
+        io.complete(Errno::neg_of(result));
     }
 
-    /// The channel's thread left the port's CPU core: the port goes back to its slot and
+    /// The channel's thread left the queue's CPU core: the queue goes back to its slot and
     /// the channel stops asking for it.
-    fn leave_port(&self) {
+    fn leave_queue(&self) {
         self.eligible.set(false);
-        if let Some(p) = self.port.borrow_mut().take() {
+        if let Some(p) = self.queue.borrow_mut().take() {
             self.disk.slot(self.core).park(p);
         }
     }
@@ -114,7 +115,7 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
                 core,
                 eligible: Cell::new(eligible),
                 pinned,
-                port: RefCell::new(None),
+                queue: RefCell::new(None),
                 poller: ptr::null_mut(),
                 scratch: RefCell::new(Vec::with_capacity(256)),
                 resets: RefCell::new(Vec::new()),
@@ -124,17 +125,17 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
         if (*ctx).poller.is_null() {
             release(&*ctx);
             ptr::drop_in_place(ctx);
-            return -libc::ENOMEM;
+            return Errno::ENOMEM.neg();
         }
     }
     0
 }
 
-/// Gives up the channel's claim on its core's port (and the port, if it owns it).
+/// Gives up the channel's claim on its core's queue (and the queue, if it owns it).
 fn release(ctx: &ChanCtx) {
     let slot = ctx.disk.slot(ctx.core);
-    match ctx.port.borrow_mut().take() {
-        // SPDK destroys a channel once all its IO completed: the port carries none of
+    match ctx.queue.borrow_mut().take() {
+        // SPDK destroys a channel once all its IO completed: the queue carries none of
         // ours any more, only other channels' tasks, which go on to the next owner.
         Some(p) => {
             debug_assert!(
@@ -160,7 +161,7 @@ pub unsafe extern "C" fn chan_destroy(_io_device: *mut c_void, ctx_buf: *mut c_v
     }
 }
 
-/// The channel's poller: takes or polls the core's port, completes finished bdev IO on
+/// The channel's poller: takes or polls the core's queue, completes finished bdev IO on
 /// the channel's thread, and finishes resets.
 unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
     // SAFETY: the channel context this poller was registered with, alive until destroy
@@ -169,7 +170,7 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
     let mut busy = false;
     let mut local = ctx.scratch.borrow_mut();
     if ctx.eligible.get() {
-        busy |= poll_port(ctx, &mut local);
+        busy |= poll_queue(ctx, &mut local);
     }
     if let Ok(mut d) = ctx.shared.done.lock() {
         if !d.is_empty() {
@@ -177,9 +178,10 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
         }
     }
     busy |= !local.is_empty();
-    for (task, errno) in local.drain(..) {
-        // A task of this channel, finished once by a port: completed on our thread.
-        ctx.done(task.into_io(), errno);
+    for (task, result) in local.drain(..) {
+        // A task of this channel, finished once by a core queue: completed on our
+        // thread.
+        ctx.done(task.into_io(), result);
     }
     drop(local);
     if !ctx.resets.borrow().is_empty() {
@@ -192,35 +194,31 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
     }
 }
 
-/// Takes the core's port if it is parked for us, polls it, and moves our finished
-/// requests into `out` (completed after the port is released: a completion callback may
-/// submit again, which uses the port).
-fn poll_port(ctx: &ChanCtx, out: &mut Vec<(TaskRef, i32)>) -> bool {
-    let mut port = ctx.port.borrow_mut();
-    if port.is_none() {
+/// Takes the core's queue if it is parked for us, polls it, and moves our finished
+/// requests into `out` (completed after the queue is released: a completion callback may
+/// submit again, which uses the queue).
+fn poll_queue(ctx: &ChanCtx, out: &mut Vec<(TaskRef, Result<(), Errno>)>) -> bool {
+    let mut queue = ctx.queue.borrow_mut();
+    if queue.is_none() {
         let Some(p) = ctx.disk.slot(ctx.core).try_take() else {
             return false;
         };
         ctx.disk.slot(ctx.core).unwant();
-        *port = Some(p);
+        *queue = Some(p);
     }
-    let Some(p) = port.as_mut() else {
+    let Some(p) = queue.as_mut() else {
         return false;
     };
     // SAFETY: plain query of the calling thread's core.
     if ctx.pinned && unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
-        // The thread was moved off the port's CPU core: the port stays on its reactor.
+        // The thread was moved off the queue's CPU core: the queue stays on its reactor.
         // Our requests it finished (refused at submission) are completed here first.
         out.append(&mut p.mine);
-        drop(port);
-        ctx.leave_port();
+        drop(queue);
+        ctx.leave_queue();
         return true;
     }
-    let me = &*ctx.shared;
-    let busy = ctx
-        .disk
-        .driver()
-        .with_ctx(ctx.core, |cx| p.poll(cx, Some(me)));
+    let busy = p.poll(now_ns(), Some(&*ctx.shared));
     out.append(&mut p.mine);
     busy
 }
@@ -242,7 +240,7 @@ fn poll_resets(ctx: &ChanCtx) -> bool {
                 ctx.disk.params.name,
                 ctx.disk.params.io_timeout_sec
             );
-            finished.push((io, -libc::ETIMEDOUT));
+            finished.push((io, Errno::ETIMEDOUT.neg()));
         } else {
             waiting.push((io, deadline));
         }
@@ -305,32 +303,33 @@ impl GotBuf for ChanCtx {
             prepare(ctx, io);
         } else {
             // Counted in submit_request.
-            ctx.done(io, -libc::ENOMEM);
+            ctx.done(io, Err(Errno::ENOMEM));
         }
     }
 }
 
 /// The RNBD request of a bdev IO, or the errno it fails with.
-fn block_request(io: &BdevIo) -> Result<BlockRequest, i32> {
+fn block_request(io: &BdevIo) -> Result<BlockRequest, Errno> {
     let bs = u64::from(io.block_len());
     let (offset, len) = (io.offset_blocks() * bs, io.num_blocks() * bs);
-    let len32 = u32::try_from(len).map_err(|_| -libc::EINVAL)?;
+    let len32 = u32::try_from(len).map_err(|_| Errno::EINVAL)?;
     match io.io_type() {
         BdevIoType::Read => Ok(BlockRequest::read(offset, len32)),
         BdevIoType::Write => Ok(BlockRequest::write(offset, len32)),
         BdevIoType::Flush => Ok(BlockRequest::flush()),
         BdevIoType::Unmap => Ok(BlockRequest::discard(offset, len32)),
         BdevIoType::WriteZeroes => Ok(BlockRequest::write_zeroes(offset, len32)),
-        BdevIoType::Reset | BdevIoType::Other(_) => Err(-libc::ENOTSUP),
+        // ENOTSUP (the same number on Linux).
+        BdevIoType::Reset | BdevIoType::Other(_) => Err(Errno::EOPNOTSUPP),
     }
 }
 
-/// Builds the task and sends it on the core's port, or queues it for the port's owner
-/// (or completes it at once).
+/// Builds the task and sends it on the core's queue, or leaves it in the slot for the
+/// queue's owner (or completes it at once).
 fn prepare(ctx: &ChanCtx, io: BdevIo) {
     let req = match block_request(&io) {
         Ok(r) => r,
-        Err(errno) => return ctx.done(io, errno),
+        Err(errno) => return ctx.done(io, Err(errno)),
     };
     let mut task = TaskRef::new(io, &ctx.shared, req);
     if req.data_len() > 0 {
@@ -344,26 +343,23 @@ fn prepare(ctx: &ChanCtx, io: BdevIo) {
             let l = (iov.iov_len as u64).min(left);
             if let Err(e) = ctx.disk.mem().sges(iov.iov_base as u64, l, sgl, nsge) {
                 tracing::error!("rtrs bdev {}: {e}", ctx.disk.params.name);
-                failed = Some(-libc::EFAULT);
+                failed = Some(Errno::EFAULT);
                 break;
             }
             left -= l;
         }
         if failed.is_none() && left != 0 {
-            failed = Some(-libc::EINVAL);
+            failed = Some(Errno::EINVAL);
         }
         if let Some(errno) = failed {
-            return ctx.done(task.into_io(), errno);
+            return ctx.done(task.into_io(), Err(errno));
         }
     }
-    // The port is never borrowed here in practice (completions run after the poll let it
-    // go); should it be, the task takes the queue, which the next poll pumps.
-    if let Ok(mut port) = ctx.port.try_borrow_mut() {
-        if let Some(p) = port.as_mut() {
-            let me = &*ctx.shared;
-            ctx.disk
-                .driver()
-                .with_ctx(ctx.core, |cx| p.submit_own(cx, task, me));
+    // The queue is never borrowed here in practice (completions run after the poll let it
+    // go); should it be, the task takes the slot's task queue, which the next poll pumps.
+    if let Ok(mut queue) = ctx.queue.try_borrow_mut() {
+        if let Some(q) = queue.as_mut() {
+            q.submit_own(now_ns(), task, &ctx.shared);
             return;
         }
     }

@@ -3,18 +3,20 @@
 //! (docs/ARCHITECTURE.md, "Sessions on cores"). The kernel's `rnbd_clt_dev` with its
 //! gendisk; here the "disk" is an `spdk_bdev`.
 //!
-//! IO: each core of the disk has a port ([`PortState`]: that core's session handle) that
-//! the IO channel on its CPU core owns and polls, or the disk's own thread on the core
-//! while no channel does (see [`super::channel`] and [`super::core`]).
+//! IO: each core of the disk has a queue ([`CoreQueue`]: that core's RNBD queue over its
+//! session handle) that the IO channel on its CPU core owns and polls, or the disk's own
+//! thread on the core while no channel does (see [`super::channel`] and
+//! [`super::core`]); every core's is the same, core 0's also carries the admin.
 //!
-//! Life, all of it in [`Phase`]: [`create`] opens the session on core 0 and sends OPEN
+//! Life, all of it in [`Life`]: [`create`] opens the session on core 0 and sends OPEN
 //! (*opening*); OPEN's answer hands the disk to the creator's callback on the
 //! application thread, which registers the bdev ([`super::module::register`]) and makes
 //! it *open*; a failure reaches the same callback as an error, and the disk tears down.
 //! Deleting goes through `spdk_bdev_unregister` → `destruct` → the io_device is
-//! unregistered → [`Disk::close`] (*closing*): the home port sends CLOSE, the session
-//! closes, its paths go → the threads stop → the bdev is released (*closed*). The home
-//! port drives these steps through [`PortDisk`], which the disk implements.
+//! unregistered → [`Disk::close`] (*closing*): the admin on core 0's queue sends CLOSE,
+//! the session closes, its paths go → the threads stop → the bdev is released
+//! (*closed*). Core 0's queue drives these steps through [`CoreDisk`], which the disk
+//! implements.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,11 +26,11 @@ use rtrs_spdk::client::{MpPolicy, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Access, MemBuf, Psk};
 use rtrs_spdk::rnbd::client::{
-    ClientEvent, DevHandle, DeviceInfo, LinkListener, RnbdClient, RnbdClientConfig, RnbdCore,
+    ClientEvent, DevHandle, DeviceInfo, LinkListener, RnbdAdmin, RnbdClientConfig, RnbdQueue,
 };
 use rtrs_spdk::spdk::{Driver, SpdkThread};
 
-use super::core::{CorePoller, CoreSlot, PortDisk, PortState};
+use super::core::{CoreDisk, CoreQueue, CoreSlot, SlotPoller};
 use super::fabric::{client_fabric, ClientFabric};
 use super::memmap::MemMap;
 use super::params::{path_keys, CreateParams, PathParam};
@@ -59,7 +61,7 @@ pub enum CreateError {
 pub type OnOpen = Box<dyn FnOnce(Result<&Arc<Disk>, CreateError>) + Send>;
 
 /// The disk's life.
-enum Phase {
+enum Life {
     /// The session is starting and OPEN is sent; it must be answered by `deadline` (ns
     /// of the home core's clock; `u64::MAX` until the home core set it): before the
     /// first path connects the session has no permits, so OPEN would wait for ever.
@@ -107,7 +109,7 @@ pub struct Disk {
     chans: Mutex<Vec<Arc<ChanShared>>>,
     session: OnceLock<Session>,
     info: OnceLock<DeviceInfo>,
-    phase: Mutex<Phase>,
+    life: Mutex<Life>,
     /// The creator's callback, until called.
     on_open: Mutex<Option<OnOpen>>,
     /// Rate limit of IO error logs (ns of the last one).
@@ -150,15 +152,15 @@ impl Disk {
 
     /// Whether the bdev is registered and not being deleted.
     pub fn is_open(&self) -> bool {
-        matches!(*lock(&self.phase), Phase::Open { .. })
+        matches!(*lock(&self.life), Life::Open { .. })
     }
 
-    /// The phase as `bdev_rtrs_get_sessions` names it.
+    /// The life stage as `bdev_rtrs_get_sessions` names it.
     pub fn state_name(&self) -> &'static str {
-        match *lock(&self.phase) {
-            Phase::Opening { .. } | Phase::Registering => "opening",
-            Phase::Open { .. } => "open",
-            Phase::Closing { .. } | Phase::Closed => "closing",
+        match *lock(&self.life) {
+            Life::Opening { .. } | Life::Registering => "opening",
+            Life::Open { .. } => "open",
+            Life::Closing { .. } | Life::Closed => "closing",
         }
     }
 
@@ -170,10 +172,6 @@ impl Disk {
     /// Whether CPU core `cpu` is one of the application's (a core of the disk).
     pub fn on_mask(&self, cpu: u32) -> bool {
         self.cpus.contains(&cpu)
-    }
-
-    pub fn driver(&self) -> &Arc<Driver> {
-        &self.driver
     }
 
     pub fn add_channel(&self, chan: &Arc<ChanShared>) {
@@ -223,7 +221,7 @@ impl Disk {
     /// On the application thread: hands the opened disk to the creator, unless it
     /// failed meanwhile.
     fn announce(self: Arc<Self>) {
-        if !matches!(*lock(&self.phase), Phase::Registering) {
+        if !matches!(*lock(&self.life), Life::Registering) {
             return;
         }
         // Taken first: the callback may report a failure, which looks at `on_open`.
@@ -236,10 +234,10 @@ impl Disk {
     /// The creator registered the bdev: the disk is open; `on_closed` releases the bdev
     /// once the disk is down.
     pub fn set_open(&self, on_closed: OnClosed) {
-        let mut phase = lock(&self.phase);
-        match &mut *phase {
-            Phase::Registering => *phase = Phase::Open { on_closed },
-            Phase::Closing { on_closed: c, .. } if c.is_none() => *c = Some(on_closed),
+        let mut life = lock(&self.life);
+        match &mut *life {
+            Life::Registering => *life = Life::Open { on_closed },
+            Life::Closing { on_closed: c, .. } if c.is_none() => *c = Some(on_closed),
             _ => tracing::error!("rtrs bdev {}: registered twice", self.params.name),
         }
     }
@@ -254,9 +252,9 @@ impl Disk {
         );
         tracing::error!("{msg}");
         {
-            let mut phase = lock(&self.phase);
-            if matches!(*phase, Phase::Opening { .. } | Phase::Registering) {
-                *phase = Phase::Closing {
+            let mut life = lock(&self.life);
+            if matches!(*life, Life::Opening { .. } | Life::Registering) {
+                *life = Life::Closing {
                     step: CloseStep::Start,
                     on_closed: None,
                 };
@@ -271,12 +269,12 @@ impl Disk {
 
     /// The io_device is gone (every channel is): the disk closes.
     pub fn close(&self) {
-        let mut phase = lock(&self.phase);
-        if !matches!(*phase, Phase::Open { .. }) {
+        let mut life = lock(&self.life);
+        if !matches!(*life, Life::Open { .. }) {
             return;
         }
-        if let Phase::Open { on_closed } = std::mem::replace(&mut *phase, Phase::Closed) {
-            *phase = Phase::Closing {
+        if let Life::Open { on_closed } = std::mem::replace(&mut *life, Life::Closed) {
+            *life = Life::Closing {
                 step: CloseStep::Start,
                 on_closed: Some(on_closed),
             };
@@ -305,9 +303,9 @@ impl Disk {
     /// Everything is down (application thread): release the bdev and forget the disk.
     fn finished(self: Arc<Self>) {
         registry().retain(|d| !Arc::ptr_eq(d, &self));
-        let on_closed = match std::mem::replace(&mut *lock(&self.phase), Phase::Closed) {
-            Phase::Open { on_closed } => Some(on_closed),
-            Phase::Closing { on_closed, .. } => on_closed,
+        let on_closed = match std::mem::replace(&mut *lock(&self.life), Life::Closed) {
+            Life::Open { on_closed } => Some(on_closed),
+            Life::Closing { on_closed, .. } => on_closed,
             _ => None,
         };
         if let Some(f) = on_closed {
@@ -318,7 +316,7 @@ impl Disk {
     /// Opening: fails the create once every path was refused for good or the deadline
     /// passed (saying what the paths ran into, not just "timed out").
     fn check_opening(&self, now: u64) {
-        let Phase::Opening { deadline } = *lock(&self.phase) else {
+        let Life::Opening { deadline } = *lock(&self.life) else {
             return;
         };
         if let Some(why) = self.refused() {
@@ -345,13 +343,13 @@ impl Disk {
     }
 
     fn set_close_step(&self, step: CloseStep) {
-        if let Phase::Closing { step: s, .. } = &mut *lock(&self.phase) {
+        if let Life::Closing { step: s, .. } = &mut *lock(&self.life) {
             *s = step;
         }
     }
 }
 
-impl PortDisk for Disk {
+impl CoreDisk for Disk {
     fn slot(&self, core: usize) -> &CoreSlot {
         &self.slots[core]
     }
@@ -371,7 +369,7 @@ impl PortDisk for Disk {
 
     /// OPEN's answer, CLOSE's, a re-open after a reconnect.
     fn admin_event(&self, ev: ClientEvent) {
-        let opening = || matches!(*lock(&self.phase), Phase::Opening { .. });
+        let opening = || matches!(*lock(&self.life), Life::Opening { .. });
         match ev {
             ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
             ClientEvent::Opened { info, remap, .. } => {
@@ -382,7 +380,7 @@ impl PortDisk for Disk {
                         self.params.device
                     );
                 } else if opening() {
-                    *lock(&self.phase) = Phase::Registering;
+                    *lock(&self.life) = Life::Registering;
                     self.opened(info);
                 }
             }
@@ -400,8 +398,8 @@ impl PortDisk for Disk {
                 }
             }
             ClientEvent::Closed { .. } => {
-                let mut phase = lock(&self.phase);
-                if let Phase::Closing { step, .. } = &mut *phase {
+                let mut life = lock(&self.life);
+                if let Life::Closing { step, .. } = &mut *life {
                     if let CloseStep::CloseSent(_) = step {
                         *step = CloseStep::CloseSent(0);
                     }
@@ -413,18 +411,23 @@ impl PortDisk for Disk {
         }
     }
 
-    /// After each poll of the home port: the opening deadline, then closing's steps
+    /// After each poll of core 0's queue: the opening deadline, then closing's steps
     /// (CLOSE, close the session, wait for its paths, stop the threads).
-    fn home_step(&self, cx: &mut dyn Ctx, rnbd: &mut RnbdClient<SessionCore>, dev: DevHandle) {
-        let now = cx.now();
+    fn home_step(
+        &self,
+        now: u64,
+        admin: &mut RnbdAdmin,
+        queue: &mut RnbdQueue<SessionCore>,
+        dev: DevHandle,
+    ) {
         self.check_opening(now);
-        let step = match *lock(&self.phase) {
-            Phase::Closing { step, .. } => step,
+        let step = match *lock(&self.life) {
+            Life::Closing { step, .. } => step,
             _ => return,
         };
         match step {
             CloseStep::Start => {
-                let next = if rnbd.close(cx, dev).is_ok() {
+                let next = if admin.close(queue, now, dev).is_ok() {
                     CloseStep::CloseSent(now + CLOSE_WAIT_NS)
                 } else {
                     CloseStep::CloseSent(0)
@@ -490,7 +493,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         Ok(d) => d,
         Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
     };
-    // A port may be owned by channels on its core's CPU: core k's thread runs on cpus[k];
+    // A core queue may be owned by channels on its core's CPU: core k's thread runs on cpus[k];
     // core 0 is the calling thread, on whatever core it runs (none: no channel owns it).
     // SAFETY: plain query of the calling thread's core.
     let home_cpu = unsafe { rtrs_spdk::spdk::sys::spdk_env_get_current_core() };
@@ -509,7 +512,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         chans: Mutex::new(Vec::new()),
         session: OnceLock::new(),
         info: OnceLock::new(),
-        phase: Mutex::new(Phase::Opening { deadline: u64::MAX }),
+        life: Mutex::new(Life::Opening { deadline: u64::MAX }),
         on_open: Mutex::new(Some(on_open)),
         last_err_log: AtomicU64::new(0),
     });
@@ -522,7 +525,8 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
     }
 }
 
-/// On the home core: the session, the RNBD client, OPEN, and the cores' pollers.
+/// On core 0: the session, the RNBD admin and every core's queue, OPEN, and the cores'
+/// pollers.
 fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
     let fail = |disk: &Arc<Disk>, why: String| {
         disk.open_failed(&why);
@@ -558,34 +562,44 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
     let rnbd_config = RnbdClientConfig {
         write_zeroes: disk.params.write_zeroes,
     };
-    let mut rnbd = match RnbdClient::with_config(home, replies, rnbd_config) {
-        Ok(r) => r,
+    let mut admin = match RnbdAdmin::new(replies, rnbd_config) {
+        Ok(a) => a,
         Err(e) => return fail(&disk, e.to_string()),
     };
-    rnbd.listen(links);
-    let shared = rnbd.shared();
-    let dev = match rnbd.open(cx, &disk.params.device, disk.params.access_mode) {
+    admin.listen(links);
+    let table = Arc::clone(admin.table());
+    let mut home = RnbdQueue::new(home, Arc::clone(&table));
+    let dev = match admin.open(
+        &mut home,
+        cx.now(),
+        &disk.params.device,
+        disk.params.access_mode,
+    ) {
         Ok(d) => d,
         Err(e) => return fail(&disk, e.to_string()),
     };
-    let port_disk = |d: &Arc<Disk>| -> Arc<dyn PortDisk> { Arc::clone(d) as Arc<dyn PortDisk> };
+    let core_disk = |d: &Arc<Disk>| -> Arc<dyn CoreDisk> { Arc::clone(d) as Arc<dyn CoreDisk> };
     for (i, sc) in cores.enumerate() {
         let k = i + 1;
-        let (d, core) = (port_disk(&disk), RnbdCore::new(sc, Arc::clone(&shared)));
+        let (d, queue) = (core_disk(&disk), RnbdQueue::new(sc, Arc::clone(&table)));
         let sent = cx.defer(k, move |cx: &mut dyn Ctx| {
-            cx.register(Box::new(CorePoller::new(PortState::other(d, k, core, dev))));
+            cx.register(Box::new(SlotPoller::new(CoreQueue::new(
+                d, k, queue, None, dev,
+            ))));
         });
         if sent.is_err() {
             tracing::error!("rtrs bdev {}: could not start core {k}", disk.params.name);
         }
     }
     let wait = disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S);
-    if let Phase::Opening { deadline } = &mut *lock(&disk.phase) {
+    if let Life::Opening { deadline } = &mut *lock(&disk.life) {
         *deadline = cx.now() + wait * 1_000_000_000;
     }
-    cx.register(Box::new(CorePoller::new(PortState::home(
-        port_disk(&disk),
-        rnbd,
+    cx.register(Box::new(SlotPoller::new(CoreQueue::new(
+        core_disk(&disk),
+        0,
+        home,
+        Some(admin),
         dev,
     ))));
 }

@@ -7,17 +7,19 @@
 //! - [`params`]: `bdev_rtrs_*` parameters, decoded with errors naming the field;
 //!   [`memmap`]: SPDK memory registered with the fabric, so IO buffers go out as-is;
 //!   [`task`]: one bdev IO's request in its `driver_ctx` and the typed handle
-//!   ([`task::TaskRef`]) that carries it to a port and back to its channel;
+//!   ([`task::TaskRef`]) that carries it to a core queue and back to its channel;
 //!   [`threads`]: the SPDK threads a disk's cores run on.
 //! - [`fabric`]: one client fabric per transport for the whole application (`tcp`: the
 //!   tcp fabric, `rdma`: the verbs fabric over the first RDMA device); all paths of one
 //!   bdev use one transport.
-//! - [`core`]: the per-core ports carrying a disk's IO (connection `k+1` of every path on
-//!   core `k`); it sees its disk through the [`core::PortDisk`] trait.
-//! - [`disk`]: one bdev — session, OPEN, its life ([`disk`]'s `Phase`: opening, open,
-//!   closing, closed), the registry of disks; implements `PortDisk`.
+//! - [`core`]: the per-core queues carrying a disk's IO (the library's `RnbdQueue` over
+//!   connection `k+1` of every path on core `k`, the same on every core; core 0's also
+//!   carries the session's `RnbdAdmin`); it sees its disk through the
+//!   [`core::CoreDisk`] trait.
+//! - [`disk`]: one bdev — session, OPEN, its life ([`disk`]'s `Life`: opening, open,
+//!   closing, closed), the registry of disks; implements `CoreDisk`.
 //! - [`channel`]: IO channels, `submit_request`, completions on the submitting thread; the
-//!   channel on a core's CPU owns and polls that core's port (the disk's thread there
+//!   channel on a core's CPU owns and polls that core's queue (the disk's thread there
 //!   polls it while no channel does).
 //! - [`info`]: what a disk says of itself (`bdev_rtrs_get_sessions`, `config_json`).
 //! - [`module`]: the SPDK module's callbacks, the bdevs' function table, and the

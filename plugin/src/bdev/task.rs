@@ -2,7 +2,7 @@
 //! [`Task`] lives in the IO's `driver_ctx` (SPDK's per-IO context, `get_ctx_size` bytes),
 //! and a [`TaskRef`] is the one handle to it that travels — through a core's queue, as
 //! the tag of the RTRS request, back to its channel — until the IO is completed. What a
-//! channel shares with the ports that finish its tasks is [`ChanShared`].
+//! channel shares with the core queues that finish its tasks is [`ChanShared`].
 //!
 //! This is the one place that converts between the IO's `driver_ctx` and our task, and
 //! between a task and a request tag.
@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use rtrs_spdk::fabric::Sge;
 use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{sys, BdevIo};
+use rtrs_spdk::Errno;
 
 /// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
 pub const MAX_IOVS: u32 = 16;
@@ -107,12 +108,12 @@ impl TaskRef {
     }
 
     /// Hands the finished task back to its channel, which completes it on its thread.
-    pub fn hand_back(self, errno: i32) {
+    pub fn hand_back(self, result: Result<(), Errno>) {
         let chan = self.chan;
         // SAFETY: the channel outlives the task (see Task::chan).
         let chan = unsafe { chan.as_ref() };
         if let Ok(mut d) = chan.done.lock() {
-            d.push((self, errno));
+            d.push((self, result));
         }
     }
 
@@ -139,11 +140,12 @@ impl std::ops::DerefMut for TaskRef {
     }
 }
 
-/// What a channel shares with the ports that carry its IO and with resets.
+/// What a channel shares with the core queues that carry its IO and with resets.
 #[derive(Default)]
 pub struct ChanShared {
-    /// Finished tasks handed back by a port this channel does not own: task, errno.
-    pub done: Mutex<Vec<(TaskRef, i32)>>,
+    /// Finished tasks handed back by a core queue this channel does not own: task, how
+    /// it ended.
+    pub done: Mutex<Vec<(TaskRef, Result<(), Errno>)>>,
     /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
     submitted: AtomicU64,
     completed: AtomicU64,

@@ -16,7 +16,7 @@ const DISK_POLL_US: u64 = 100;
 /// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
 /// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
 ///
-/// The disk's own pollers (a port nobody else owns, the session's control work) run at
+/// The disk's own pollers (a core queue nobody else owns, the session's control work) run at
 /// most every [`DISK_POLL_US`]: the IO fast path is the channels' pollers, and a thread
 /// that has only timed pollers may sleep (fio's initialisation thread does).
 pub fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {

@@ -1,19 +1,22 @@
-//! The benchmark on the reactors: the client session opened on core 0 (its home core,
-//! which also maps the device, as `rnbd-clt` does on map), one [`RnbdCore`] per other
-//! core, and one poller per core that drives that core's [`Worker`] once the main thread
-//! has handed out the plans. The main thread and the reactors meet only in [`Setup`].
+//! The benchmark on the reactors: the client session opened on core 0, one
+//! [`RnbdQueue`] per core (the same on every core) and one poller per core that drives
+//! that core's queue and [`Worker`] once the main thread has handed out the plans.
+//! Core 0's poller also runs the session's [`RnbdAdmin`] through its queue (it maps the
+//! device, as `rnbd-clt` does on map). The main thread and the reactors meet only in
+//! [`Setup`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use rtrs_spdk::client::{ClientConfig, Session, SessionCore};
+use rtrs_spdk::client::{ClientCompletion, ClientConfig, Session, SessionCore};
 use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener, PortCompletion,
-    RnbdClient, RnbdClientConfig, RnbdCore,
+    completion_result, BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener,
+    RnbdAdmin, RnbdClientConfig, RnbdQueue,
 };
+use rtrs_spdk::Errno;
 
 use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};
 
@@ -108,98 +111,64 @@ impl Setup {
     }
 }
 
-/// Core 0: the RNBD client (device map/unmap, link events) and core 0's worker.
-struct Home {
-    setup: Arc<Setup>,
-    client: RnbdClient<SessionCore>,
-    dev: Option<DevHandle>,
-    worker: Option<Worker>,
-    started: bool,
+/// The admin side of the session on core 0: maps the device (as `rnbd-clt` does on
+/// map), follows link events, unmaps when the main thread asks.
+struct AdminRun {
+    admin: RnbdAdmin,
     closing: bool,
     events: Vec<ClientEvent>,
 }
 
-impl Home {
-    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
-        let n = self.client.poll(cx, &mut self.events);
-        let now = cx.now();
-        for i in 0..n {
-            match &self.events[i] {
+impl AdminRun {
+    /// Polls the admin through core 0's `queue`; returns whether anything happened.
+    fn poll(&mut self, setup: &Setup, queue: &mut RnbdQueue<SessionCore>, now: u64) -> bool {
+        let n = self.admin.poll(queue, now, &mut self.events);
+        for ev in &self.events[..n] {
+            match ev {
                 ClientEvent::Opened { dev, info, remap } => {
                     if *remap {
                         tracing::warn!(
                             "device '{}' re-opened after a reconnect: waiting IO goes on",
-                            self.setup.device
+                            setup.device
                         );
                     } else {
-                        self.dev = Some(*dev);
-                        *self.setup.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(*dev);
-                        self.setup.set_opened(Ok(*info));
+                        *setup.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(*dev);
+                        setup.set_opened(Ok(*info));
                     }
                 }
                 ClientEvent::OpenFailed { error, .. } => {
-                    if self.dev.is_none() {
-                        self.setup.set_opened(Err(error.to_string()));
-                        self.setup.unmapped.store(true, Ordering::Release);
-                    } else {
+                    let mapped = setup
+                        .handle
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_some();
+                    if mapped {
                         tracing::error!("re-opening the device after a reconnect failed: {error}");
+                    } else {
+                        setup.set_opened(Err(error.to_string()));
+                        setup.unmapped.store(true, Ordering::Release);
                     }
                 }
-                ClientEvent::Closed { .. } => self.setup.unmapped.store(true, Ordering::Release),
-                ClientEvent::Io { tag, errno } => {
-                    if let Some(w) = self.worker.as_mut() {
-                        w.complete(now, *tag, *errno);
-                        if *errno != 0 {
-                            w.explain(self.client.last_wait_error());
-                        }
-                    }
-                }
+                ClientEvent::Closed { .. } => setup.unmapped.store(true, Ordering::Release),
                 // Not sent (the session was refused or closed): the OPEN behind it
                 // fails with the same reason and names the device.
                 ClientEvent::SessInfo(Err(DeviceError::NotSent { .. })) => {}
                 ClientEvent::SessInfo(Err(e)) => {
-                    self.setup
-                        .set_opened(Err(format!("session info exchange failed: {e}")));
-                    self.setup.unmapped.store(true, Ordering::Release);
+                    setup.set_opened(Err(format!("session info exchange failed: {e}")));
+                    setup.unmapped.store(true, Ordering::Release);
                 }
-                ClientEvent::SessInfo(Ok(_)) => {}
+                ClientEvent::SessInfo(Ok(_)) | ClientEvent::Io { .. } => {}
             }
         }
-        let mut busy = n > 0;
-        if !self.started && self.setup.go.load(Ordering::Acquire) {
-            self.started = true;
-            match self.setup.make_worker(0) {
-                Ok(w) => {
-                    // Reads land in the buffer directly (no bounce copy).
-                    if let Some(w) = &w {
-                        self.client.port_mut().add_region(w.buffer());
-                    }
-                    self.worker = w;
-                }
-                Err(e) => fail_core(&self.setup, e),
-            }
-        }
-        if let (Some(w), Some(dev)) = (self.worker.as_mut(), self.dev) {
-            let client = &mut self.client;
-            busy |= w.pump(cx, &mut |cx: &mut dyn Ctx,
-                                     tag,
-                                     req: &BlockRequest,
-                                     sgl: &[Sge]| {
-                client.submit(cx, dev, tag, req, sgl)
-            });
-        }
-        if !self.closing && self.setup.unmap.load(Ordering::Acquire) {
+        if !self.closing && setup.unmap.load(Ordering::Acquire) {
             self.closing = true;
-            match self.dev {
-                Some(dev) if self.client.close(cx, dev).is_ok() => {}
-                _ => self.setup.unmapped.store(true, Ordering::Release),
+            let dev = *setup.handle.lock().unwrap_or_else(|e| e.into_inner());
+            match dev {
+                Some(dev) if self.admin.close(queue, now, dev).is_ok() => {}
+                _ => setup.unmapped.store(true, Ordering::Release),
             }
         }
-        if busy {
-            PollResult::Busy
-        } else {
-            PollResult::Idle
-        }
+        n > 0
     }
 }
 
@@ -211,7 +180,7 @@ fn fail_core(setup: &Setup, why: String) {
         writes: 0,
         bytes: 0,
         errors: 1,
-        first_errno: -libc::ENOMEM,
+        first_errno: Errno::ENOMEM.neg(),
         first_error: None,
         mismatches: 0,
         first_bad: None,
@@ -225,36 +194,55 @@ fn fail_core(setup: &Setup, why: String) {
         .send(r);
 }
 
-/// Cores 1..n: block IO of the device through this core's connection.
-struct Other {
+/// One core: block IO of the device through this core's connection, and on core 0
+/// also the session's admin.
+struct CoreRun {
     setup: Arc<Setup>,
-    core: RnbdCore<SessionCore>,
+    queue: RnbdQueue<SessionCore>,
+    admin: Option<Box<AdminRun>>,
     worker: Option<Worker>,
     dev: Option<DevHandle>,
     started: bool,
-    done: [PortCompletion; BATCH],
+    done: [ClientCompletion; BATCH],
 }
 
-impl Other {
+impl CoreRun {
+    fn new(setup: Arc<Setup>, queue: RnbdQueue<SessionCore>) -> CoreRun {
+        CoreRun {
+            setup,
+            queue,
+            admin: None,
+            worker: None,
+            dev: None,
+            started: false,
+            done: [ClientCompletion::default(); BATCH],
+        }
+    }
+
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
-        let n = self.core.poll(cx, &mut self.done);
         let now = cx.now();
+        let n = self.queue.poll(now, &mut self.done);
         if let Some(w) = self.worker.as_mut() {
             for c in &self.done[..n] {
-                w.complete(now, c.tag, c.errno);
-                if c.errno != 0 {
-                    w.explain(self.core.last_wait_error());
+                let result = completion_result(c);
+                w.complete(now, c.tag, result);
+                if result.is_err() {
+                    w.explain(self.queue.last_wait_error());
                 }
             }
         }
         let mut busy = n > 0;
+        if let Some(a) = self.admin.as_mut() {
+            busy |= a.poll(&self.setup, &mut self.queue, now);
+        }
         if !self.started && self.setup.go.load(Ordering::Acquire) {
             self.started = true;
             self.dev = *self.setup.handle.lock().unwrap_or_else(|e| e.into_inner());
             match self.setup.make_worker(cx.core()) {
                 Ok(w) => {
+                    // Reads land in the buffer directly (no bounce copy).
                     if let Some(w) = &w {
-                        self.core.port_mut().add_region(w.buffer());
+                        self.queue.session_mut().add_region(w.buffer());
                     }
                     self.worker = w;
                 }
@@ -262,12 +250,9 @@ impl Other {
             }
         }
         if let (Some(w), Some(dev)) = (self.worker.as_mut(), self.dev) {
-            let core = &mut self.core;
-            busy |= w.pump(cx, &mut |cx: &mut dyn Ctx,
-                                     tag,
-                                     req: &BlockRequest,
-                                     sgl: &[Sge]| {
-                core.submit(cx, dev, tag, req, sgl)
+            let queue = &mut self.queue;
+            busy |= w.pump(now, &mut |now, tag, req: &BlockRequest, sgl: &[Sge]| {
+                queue.submit(now, dev, tag, req, sgl)
             });
         }
         if busy {
@@ -293,7 +278,7 @@ pub fn start_msg(
             config,
             Box::new(links.clone()),
         );
-        let (session, mut cores) = match opened {
+        let (session, cores) = match opened {
             Ok(x) => x,
             Err(e) => {
                 let _ = tx.send(Err(e.to_string()));
@@ -311,38 +296,37 @@ pub fn start_msg(
                 return;
             }
         };
-        let rest: Vec<SessionCore> = cores.drain(1..).collect();
         let rnbd_config = RnbdClientConfig {
             write_zeroes: setup.job.write_zeroes,
         };
-        let mut client = match RnbdClient::with_config(cores.remove(0), replies, rnbd_config) {
-            Ok(c) => c,
+        let mut admin = match RnbdAdmin::new(replies, rnbd_config) {
+            Ok(a) => a,
             Err(e) => {
                 session.close();
                 let _ = tx.send(Err(e.to_string()));
                 return;
             }
         };
-        client.listen(links);
-        let shared = client.shared();
-        if let Err(e) = client.open(cx, &setup.device, setup.mode) {
+        admin.listen(links);
+        let table = Arc::clone(admin.table());
+        let mut queues = cores
+            .into_iter()
+            .map(|sc| RnbdQueue::new(sc, Arc::clone(&table)));
+        let Some(mut home) = queues.next() else {
+            session.close();
+            let _ = tx.send(Err("the session has no core".to_string()));
+            return;
+        };
+        if let Err(e) = admin.open(&mut home, cx.now(), &setup.device, setup.mode) {
             session.close();
             let _ = tx.send(Err(e.to_string()));
             return;
         }
-        for (i, sc) in rest.into_iter().enumerate() {
+        for (i, queue) in queues.enumerate() {
             let setup = Arc::clone(&setup);
-            let shared = Arc::clone(&shared);
             let r = cx.defer(i + 1, move |cx: &mut dyn Ctx| {
-                let mut o = Other {
-                    setup,
-                    core: RnbdCore::new(sc, shared),
-                    worker: None,
-                    dev: None,
-                    started: false,
-                    done: [PortCompletion::default(); BATCH],
-                };
-                cx.register(Box::new(move |cx: &mut dyn Ctx| o.poll(cx)));
+                let mut run = CoreRun::new(setup, queue);
+                cx.register(Box::new(move |cx: &mut dyn Ctx| run.poll(cx)));
             });
             if let Err(e) = r {
                 session.close();
@@ -350,16 +334,13 @@ pub fn start_msg(
                 return;
             }
         }
-        let mut home = Home {
-            setup,
-            client,
-            dev: None,
-            worker: None,
-            started: false,
+        let mut run = CoreRun::new(setup, home);
+        run.admin = Some(Box::new(AdminRun {
+            admin,
             closing: false,
-            events: vec![ClientEvent::Io { tag: 0, errno: 0 }; BATCH],
-        };
-        cx.register(Box::new(move |cx: &mut dyn Ctx| home.poll(cx)));
+            events: vec![ClientEvent::SessInfo(Ok(0)); BATCH],
+        }));
+        cx.register(Box::new(move |cx: &mut dyn Ctx| run.poll(cx)));
         let _ = tx.send(Ok(session));
     })
 }

@@ -13,9 +13,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
-use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Mr, Sge};
 use rtrs_spdk::rnbd::client::{BlockRequest, IoError, WriteZeroesMode};
+use rtrs_spdk::Errno;
 
 use crate::hist::Hist;
 use crate::stamp;
@@ -107,7 +107,7 @@ pub struct CoreReport {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum JobPhase {
     Prefill,
     Run,
     Drain,
@@ -116,7 +116,7 @@ enum Phase {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Slot {
+struct Issued {
     busy: bool,
     write: bool,
     /// Counts in the measurement (not prefill or read-back).
@@ -127,20 +127,19 @@ struct Slot {
 }
 
 /// How a worker sends one block request (the core's RNBD handle).
-pub type SubmitFn<'a> =
-    dyn FnMut(&mut dyn Ctx, u64, &BlockRequest, &[Sge]) -> Result<(), IoError> + 'a;
+pub type SubmitFn<'a> = dyn FnMut(u64, u64, &BlockRequest, &[Sge]) -> Result<(), IoError> + 'a;
 
 pub struct Worker {
     spec: JobSpec,
     plan: Plan,
     buf: Arc<Mr>,
-    slots: Vec<Slot>,
+    slots: Vec<Issued>,
     free: Vec<usize>,
     /// Generation last written per unit (0: unknown); only with `--verify`.
     gens: Vec<u32>,
     rng: u64,
     next_seq: u64,
-    phase: Phase,
+    phase: JobPhase,
     inflight: usize,
     /// The timed run has begun (at `start`).
     running: bool,
@@ -166,9 +165,9 @@ impl Worker {
         tx: mpsc::Sender<CoreReport>,
     ) -> Worker {
         let phase = if spec.warmup || (spec.verify && spec.rw.reads()) {
-            Phase::Prefill
+            JobPhase::Prefill
         } else {
-            Phase::Run
+            JobPhase::Run
         };
         let gens = if spec.verify {
             vec![0; plan.units as usize]
@@ -179,7 +178,7 @@ impl Worker {
             spec,
             plan,
             buf,
-            slots: vec![Slot::default(); plan.qd],
+            slots: vec![Issued::default(); plan.qd],
             free: (0..plan.qd).rev().collect(),
             gens,
             rng: seed | 1,
@@ -255,12 +254,11 @@ impl Worker {
     }
 
     /// Sends what the phase allows; returns whether anything was sent.
-    pub fn pump(&mut self, cx: &mut dyn Ctx, submit: &mut SubmitFn<'_>) -> bool {
-        let now = cx.now();
+    pub fn pump(&mut self, now: u64, submit: &mut SubmitFn<'_>) -> bool {
         let mut sent = false;
         loop {
             match self.phase {
-                Phase::Prefill | Phase::Readback => {
+                JobPhase::Prefill | JobPhase::Readback => {
                     if self.next_seq < self.plan.units && self.stop.load(Ordering::Relaxed) {
                         self.next_seq = self.plan.units;
                     }
@@ -269,8 +267,8 @@ impl Worker {
                             return sent;
                         }
                         self.next_seq = 0;
-                        if self.phase == Phase::Prefill {
-                            self.phase = Phase::Run;
+                        if self.phase == JobPhase::Prefill {
+                            self.phase = JobPhase::Run;
                             continue;
                         }
                         self.finish();
@@ -281,16 +279,16 @@ impl Worker {
                     }
                     let unit = self.next_seq;
                     self.next_seq += 1;
-                    let write = self.phase == Phase::Prefill;
+                    let write = self.phase == JobPhase::Prefill;
                     if !write && self.gens[unit as usize] == 0 {
                         continue;
                     }
-                    if !self.send(cx, submit, unit, write, false, now) {
+                    if !self.send(submit, unit, write, false, now) {
                         return sent;
                     }
                     sent = true;
                 }
-                Phase::Run => {
+                JobPhase::Run => {
                     if !self.running {
                         self.running = true;
                         self.start = now;
@@ -298,7 +296,7 @@ impl Worker {
                         self.last_done = now;
                     }
                     if now >= self.deadline || self.stop.load(Ordering::Relaxed) {
-                        self.phase = Phase::Drain;
+                        self.phase = JobPhase::Drain;
                         continue;
                     }
                     if self.free.is_empty() {
@@ -307,31 +305,31 @@ impl Worker {
                     let Some((unit, write)) = self.pick() else {
                         return sent;
                     };
-                    if !self.send(cx, submit, unit, write, true, now) {
+                    if !self.send(submit, unit, write, true, now) {
                         return sent;
                     }
                     sent = true;
                 }
-                Phase::Drain => {
+                JobPhase::Drain => {
                     if self.inflight > 0 {
                         return sent;
                     }
                     self.r.elapsed_ns = self.last_done.saturating_sub(self.start).max(1);
                     if self.spec.verify && self.spec.rw.writes() && self.r.errors == 0 {
-                        self.phase = Phase::Readback;
+                        self.phase = JobPhase::Readback;
                         self.next_seq = 0;
                         continue;
                     }
                     self.finish();
                     return sent;
                 }
-                Phase::Done => return sent,
+                JobPhase::Done => return sent,
             }
         }
     }
 
     fn finish(&mut self) {
-        self.phase = Phase::Done;
+        self.phase = JobPhase::Done;
         let r = std::mem::replace(
             &mut self.r,
             CoreReport {
@@ -354,7 +352,6 @@ impl Worker {
     /// or refused it (then the run ends: counted as an error).
     fn send(
         &mut self,
-        cx: &mut dyn Ctx,
         submit: &mut SubmitFn<'_>,
         unit: u64,
         write: bool,
@@ -384,9 +381,9 @@ impl Worker {
         };
         let sge = [self.buf.sge(i * bs, bs)];
         let sgl: &[Sge] = if req.data_len() > 0 { &sge } else { &[] };
-        match submit(cx, i as u64, &req, sgl) {
+        match submit(now, i as u64, &req, sgl) {
             Ok(()) => {
-                self.slots[i] = Slot {
+                self.slots[i] = Issued {
                     busy: true,
                     write,
                     timed,
@@ -405,9 +402,9 @@ impl Worker {
                 self.free.push(i);
                 tracing::error!(offset = off, "submit refused: {e}");
                 self.error(e.errno());
-                if self.phase == Phase::Run {
-                    self.phase = Phase::Drain;
-                } else if self.phase != Phase::Drain {
+                if self.phase == JobPhase::Run {
+                    self.phase = JobPhase::Drain;
+                } else if self.phase != JobPhase::Drain {
                     self.next_seq = self.plan.units;
                 }
                 false
@@ -418,7 +415,7 @@ impl Worker {
     /// The client's account of a request that waited for its device in vain, kept for
     /// the report if the first error was such a request's (−ENOTCONN).
     pub fn explain(&mut self, why: Option<&IoError>) {
-        if self.r.first_errno != -libc::ENOTCONN || self.r.first_error.is_some() {
+        if self.r.first_errno != Errno::ENOTCONN.neg() || self.r.first_error.is_some() {
             return;
         }
         if let Some(e @ IoError::Unreachable { .. }) = why {
@@ -426,27 +423,27 @@ impl Worker {
         }
     }
 
-    fn error(&mut self, errno: i32) {
+    fn error(&mut self, errno: Errno) {
         self.r.errors += 1;
         if self.r.first_errno == 0 {
-            self.r.first_errno = errno;
+            self.r.first_errno = errno.neg();
         }
         self.live.errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request of this worker ended.
-    pub fn complete(&mut self, now: u64, tag: u64, errno: i32) {
+    pub fn complete(&mut self, now: u64, tag: u64, result: Result<(), Errno>) {
         let i = tag as usize;
         let Some(s) = self.slots.get(i).copied().filter(|s| s.busy) else {
             tracing::error!(tag, "completion for a slot not in flight");
-            self.error(-libc::EIO);
+            self.error(Errno::EIO);
             return;
         };
         self.slots[i].busy = false;
         self.free.push(i);
         self.inflight -= 1;
         let bs = self.spec.bs as usize;
-        if errno != 0 {
+        if let Err(errno) = result {
             self.error(errno);
             if self.spec.verify && s.write {
                 self.gens[s.unit as usize] = 0;

@@ -58,7 +58,7 @@ impl FromStr for WriteZeroesMode {
     }
 }
 
-/// Options of an [`RnbdClient`](super::RnbdClient) (and the [`RnbdCore`](super::RnbdCore)s
+/// Options of an [`RnbdAdmin`](super::RnbdAdmin) (and the [`RnbdQueue`](super::RnbdQueue)s
 /// sharing its devices). `Default` is safe with every server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RnbdClientConfig {

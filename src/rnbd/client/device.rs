@@ -15,6 +15,7 @@ use crate::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdOp, SessInfoRsp};
 use crate::proto::DecodeError;
 use crate::rnbd::backend::{MAX_NAME_LEN, SECTOR_SIZE};
 use crate::rnbd::Dir;
+use crate::Errno;
 
 /// `rnbd_clt_dev_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,7 +51,7 @@ pub enum DeviceError {
     Refused {
         what: &'static str,
         name: String,
-        errno: i32,
+        errno: Errno,
     },
     /// A malformed reply. For OPEN_RSP, `device_id` is the id the server assigned (if
     /// readable), which the client should CLOSE as the kernel does.
@@ -102,50 +103,47 @@ pub enum DeviceError {
     #[error("{what}: {reason}")]
     NotSent {
         what: String,
-        errno: i32,
+        errno: Errno,
         reason: String,
     },
 }
 
 impl DeviceError {
-    /// A negative errno for a block layer: the server's, or the local equivalent.
-    pub fn errno(&self) -> i32 {
-        -match self {
-            DeviceError::Refused { errno, .. } | DeviceError::NotSent { errno, .. } => {
-                return *errno
-            }
-            DeviceError::NotMapped { .. } => libc::ENOTCONN,
-            DeviceError::ReadOnly { .. } => libc::EROFS,
-            DeviceError::OutOfRange { .. } => libc::EIO,
-            DeviceError::Unsupported { .. } => libc::EOPNOTSUPP,
-            DeviceError::AlreadyOpen { .. } => libc::EEXIST,
+    /// The errno for a block layer: the server's, or the local equivalent.
+    pub fn errno(&self) -> Errno {
+        match self {
+            DeviceError::Refused { errno, .. } | DeviceError::NotSent { errno, .. } => *errno,
+            DeviceError::NotMapped { .. } => Errno::ENOTCONN,
+            DeviceError::ReadOnly { .. } => Errno::EROFS,
+            DeviceError::OutOfRange { .. } => Errno::EIO,
+            DeviceError::Unsupported { .. } => Errno::EOPNOTSUPP,
+            DeviceError::AlreadyOpen { .. } => Errno::EEXIST,
             DeviceError::BadName { .. }
             | DeviceError::BadReply { .. }
             | DeviceError::Misaligned { .. }
             | DeviceError::TooLarge { .. }
             | DeviceError::ZeroLength { .. }
             | DeviceError::Emulated { .. }
-            | DeviceError::ReplyBuffer { .. } => libc::EINVAL,
+            | DeviceError::ReplyBuffer { .. } => Errno::EINVAL,
         }
     }
 }
 
-fn errno_name(errno: i32) -> String {
-    let e = -errno;
-    let name = match e {
-        libc::ENOENT => "ENOENT (no such export)",
-        libc::EPERM => "EPERM (access mode refused: the export has its writers)",
-        libc::EACCES => {
+fn errno_name(errno: Errno) -> String {
+    let name = match errno {
+        Errno::ENOENT => "ENOENT (no such export)",
+        Errno::EPERM => "EPERM (access mode refused: the export has its writers)",
+        Errno::EACCES => {
             "EACCES (access denied: this host is not allowed to open it, or it is exported read-only)"
         }
-        libc::EINVAL => "EINVAL (invalid request)",
-        libc::ENOTCONN => "ENOTCONN (device not open on the server)",
-        libc::EBUSY => "EBUSY (the export's device is held by someone else)",
-        libc::ENOMEM => "ENOMEM (out of memory on the server)",
-        libc::EIO => "EIO",
-        libc::EROFS => "EROFS (read-only mapping)",
-        libc::EOPNOTSUPP => "EOPNOTSUPP (not supported)",
-        _ => return format!("errno {errno}"),
+        Errno::EINVAL => "EINVAL (invalid request)",
+        Errno::ENOTCONN => "ENOTCONN (device not open on the server)",
+        Errno::EBUSY => "EBUSY (the export's device is held by someone else)",
+        Errno::ENOMEM => "ENOMEM (out of memory on the server)",
+        Errno::EIO => "EIO",
+        Errno::EROFS => "EROFS (read-only mapping)",
+        Errno::EOPNOTSUPP => "EOPNOTSUPP (not supported)",
+        _ => return format!("errno {}", errno.neg()),
     };
     format!("-{name}")
 }
@@ -173,10 +171,10 @@ pub fn check_dev_name(name: &str) -> Result<(), DeviceError> {
 /// Reads SESS_INFO_RSP: the version both sides use.
 ///
 /// # Errors
-/// [`DeviceError::Refused`] for a non-zero errno, [`DeviceError::BadReply`] for a bad
+/// [`DeviceError::Refused`] for a failed request, [`DeviceError::BadReply`] for a bad
 /// reply.
-pub fn sess_info_done(errno: i32, reply: &[u8]) -> Result<u8, DeviceError> {
-    if errno != 0 {
+pub fn sess_info_done(result: Result<(), Errno>, reply: &[u8]) -> Result<u8, DeviceError> {
+    if let Err(errno) = result {
         return Err(DeviceError::Refused {
             what: "session info",
             name: String::new(),
@@ -289,11 +287,15 @@ impl RnbdDevice {
     /// [`DeviceError::Refused`] with the server's errno; [`DeviceError::BadReply`] for
     /// an OPEN_RSP the client cannot use (the kernel then CLOSEs the id it carries);
     /// [`DeviceError::NotMapped`] once unmapped.
-    pub fn open_done(&mut self, errno: i32, reply: &[u8]) -> Result<&DeviceInfo, DeviceError> {
+    pub fn open_done(
+        &mut self,
+        result: Result<(), Errno>,
+        reply: &[u8],
+    ) -> Result<&DeviceInfo, DeviceError> {
         if self.state == DevState::Unmapped {
             return Err(self.not_mapped());
         }
-        if errno != 0 {
+        if let Err(errno) = result {
             return Err(DeviceError::Refused {
                 what: "open",
                 name: self.name.clone(),

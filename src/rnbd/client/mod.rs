@@ -1,25 +1,34 @@
-//! The RNBD client (the kernel's `rnbd-clt`): message builders ([`msg`]), the per-device
-//! state machine ([`RnbdDevice`]), both free of any transport, and [`RnbdClient`], which
-//! drives devices over one core's RTRS session handle ([`RtrsPort`]) on the session's
-//! home core; [`RnbdCore`] sends block IO of the same devices from the other cores.
-//! Both send block IO through one core's `CoreIo` (`io.rs`), which keeps requests
-//! while their device is unreachable and sends them again once it is re-opened.
+//! The RNBD client (the kernel's `rnbd-clt`): message builders ([`msg`]) and the
+//! per-device state machine ([`RnbdDevice`]), both free of any transport; one
+//! [`RnbdQueue`] per core, the same on every core, that sends block IO over that core's
+//! RTRS session handle ([`SessionHandle`]) and keeps requests while their device is
+//! unreachable (the kernel's per-hardware-queue `rnbd_queue_rq`); and one
+//! [`RnbdAdmin`] per session that runs SESS_INFO/OPEN/CLOSE and the re-open after a
+//! reconnect through the queue of the core it runs on, and publishes the device table
+//! as versioned snapshots ([`DeviceTable`]) the queues pick up without a lock per
+//! request. [`RnbdClient`] is an admin with its core's queue, for single-core users.
 
 pub mod msg;
 
+mod admin;
 mod config;
 mod device;
-mod io;
-mod port;
+mod handle;
+mod queue;
 mod rtrs;
 mod session;
-mod shared;
+mod table;
 mod zeroes;
 
+/// The RTRS client's request and completion, which [`SessionHandle`] passes through.
+pub use crate::client::{ClientCompletion, ClientIo};
+
+pub use admin::{ClientEvent, RnbdAdmin, REPLY_SLOT};
 pub use config::{RnbdClientConfig, WriteZeroesMode, WriteZeroesParseError};
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
+pub use handle::{SendError, SessionHandle};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
-pub use port::{PortCompletion, PortError, PortIo, RtrsPort};
-pub use rtrs::LinkListener;
-pub use session::{ClientEvent, DevHandle, IoError, RnbdClient, ADMIN_TAG, REPLY_SLOT};
-pub use shared::{RnbdCore, SharedDevices};
+pub use queue::{DevHandle, IoError, RnbdQueue, ADMIN_TAG};
+pub use rtrs::{completion, completion_result, LinkListener};
+pub use session::RnbdClient;
+pub use table::{DeviceTable, Snapshot};

@@ -1,62 +1,62 @@
-//! [`RnbdClient`](super::RnbdClient) over the RTRS client: [`RtrsPort`] for one core's
-//! [`SessionCore`], and [`LinkListener`], the [`ClientEvents`] that hands the session's
-//! link events (kernel: `rnbd_clt_link_ev`) to the client on the home core.
+//! The RNBD client over the RTRS client: [`SessionHandle`] for one core's
+//! [`SessionCore`]; the one place that reads and builds a [`ClientCompletion`]
+//! ([`completion_result`], [`completion`]); and [`LinkListener`], the [`ClientEvents`]
+//! that hands the session's link events (kernel: `rnbd_clt_link_ev`) to the
+//! [`RnbdAdmin`](super::RnbdAdmin).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
-use super::port::{PortCompletion, PortError, PortIo, RtrsPort};
+use super::handle::{SendError, SessionHandle};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::fabric::{Access, MemBuf, Mr};
+use crate::Errno;
 
-const BATCH: usize = 64;
+/// How a finished request ended.
+#[inline]
+pub fn completion_result(c: &ClientCompletion) -> Result<(), Errno> {
+    Errno::result_from_neg(c.errno)
+}
 
-impl RtrsPort for SessionCore {
-    fn submit(&mut self, cx: &mut dyn Ctx, io: PortIo<'_>) -> Result<(), PortError> {
-        let cio = ClientIo {
-            tag: io.tag,
-            dir: io.dir,
-            usr: io.usr,
-            sgl: io.sgl,
-            admin: io.admin,
-        };
-        match SessionCore::submit(self, cx.now(), cio) {
+/// A finished request `tag` that ended with `result`.
+#[inline]
+pub fn completion(tag: u64, result: Result<(), Errno>) -> ClientCompletion {
+    ClientCompletion {
+        tag,
+        errno: Errno::neg_of(result),
+    }
+}
+
+impl SessionHandle for SessionCore {
+    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
+        match SessionCore::submit(self, now, io) {
             Ok(()) => Ok(()),
-            Err(SubmitError::Busy { .. }) => Err(PortError::Busy),
+            Err(SubmitError::Busy { .. }) => Err(SendError::Busy),
             // Not connected yet (limits unknown): wait for the first Connected.
-            Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(PortError::Busy),
+            Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(SendError::Busy),
             // Never connected and refused for good: say why, at once.
-            Err(e @ SubmitError::Refused { errno }) => Err(PortError::Refused {
-                errno,
+            Err(e @ SubmitError::Refused { errno }) => Err(SendError::Refused {
+                errno: Errno::result_from_neg(errno).err().unwrap_or(Errno::EIO),
                 reason: self
                     .refusal()
                     .map_or_else(|| e.to_string(), |r| r.to_string()),
             }),
-            Err(e) => Err(PortError::Refused {
+            Err(e) => Err(SendError::Refused {
                 errno: match e {
-                    SubmitError::NoPath => -libc::ENOTCONN,
-                    _ => -libc::EINVAL,
+                    SubmitError::NoPath => Errno::ENOTCONN,
+                    _ => Errno::EINVAL,
                 },
                 reason: e.to_string(),
             }),
         }
     }
 
-    fn poll(&mut self, cx: &mut dyn Ctx, out: &mut [PortCompletion]) -> usize {
-        let mut buf = [ClientCompletion::default(); BATCH];
-        let want = out.len().min(BATCH);
-        let n = SessionCore::poll(self, cx.now(), &mut buf[..want]);
-        for (o, c) in out.iter_mut().zip(&buf[..n]) {
-            *o = PortCompletion {
-                tag: c.tag,
-                errno: c.errno,
-            };
-        }
-        n
+    fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
+        SessionCore::poll(self, now, out)
     }
 
     fn max_io_size(&self) -> u32 {
@@ -67,20 +67,20 @@ impl RtrsPort for SessionCore {
         SessionCore::io_wait_timeout(self)
     }
 
-    fn zero_region(&self, len: usize) -> Result<Mr, PortError> {
+    fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
         self.fabric()
             .register(MemBuf::zeroed(len), Access::NONE)
-            .map_err(|e| PortError::Refused {
-                errno: -libc::ENOMEM,
+            .map_err(|e| SendError::Refused {
+                errno: Errno::ENOMEM,
                 reason: format!("registering {len} bytes of zeros for write-zeroes: {e}"),
             })
     }
 }
 
 /// Link events of an RTRS client session, queued by the session's control poller for the
-/// [`RnbdClient`](super::RnbdClient) (give a clone to `Session::open` and one to
-/// [`RnbdClient::listen`](super::RnbdClient::listen)). Lock-free, so the client may be
-/// polled from another thread than the control poller (an SPDK IO channel's).
+/// [`RnbdAdmin`](super::RnbdAdmin) (give a clone to `Session::open` and one to
+/// [`RnbdAdmin::listen`](super::RnbdAdmin::listen)). Lock-free, so the admin may run on
+/// another thread than the control poller (an SPDK disk's).
 #[derive(Clone, Default)]
 pub struct LinkListener {
     queue: Arc<SegQueue<LinkEvent>>,

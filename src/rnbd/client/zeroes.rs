@@ -6,7 +6,7 @@
 //! whose scatter-gather list points into one registered buffer of zeros, shared by the
 //! session's cores and registered at the first emulated write-zeroes (so steady state
 //! allocates and copies nothing). Pieces carry the request's flags and go through the
-//! core's [`CoreIo`](super::io) like any request (so they wait for an unreachable device
+//! core's [`RnbdQueue`](super::RnbdQueue) like any request (so they wait for an unreachable device
 //! and are sent again after a re-open), under tags of their own that the caller never
 //! sees. The first piece is sent from `submit` (a submission that cannot send it is
 //! refused as busy, nothing sent), the rest from each poll, at most
@@ -19,11 +19,10 @@
 use std::collections::VecDeque;
 
 use super::msg::BlockRequest;
-use super::port::PortCompletion;
-use super::session::{DevHandle, IoError};
-use crate::engine::Ctx;
+use super::queue::{DevHandle, IoError};
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::RnbdOp;
+use crate::Errno;
 
 /// Most pieces of one request sent and not completed (bounds what a huge write-zeroes
 /// holds of the session's permits, and of the core's request slots while it waits).
@@ -46,7 +45,7 @@ pub(super) trait PieceSink {
     /// Busy (nothing sent) or why the piece cannot go.
     fn send_piece(
         &mut self,
-        cx: &mut dyn Ctx,
+        now: u64,
         dev: DevHandle,
         tag: u64,
         req: &BlockRequest,
@@ -68,8 +67,8 @@ struct ZeroOp {
     outstanding: u32,
     /// Pieces sent so far (numbers the next piece's tag).
     pieces: u32,
-    /// First error of a piece (0: none).
-    errno: i32,
+    /// How the request ends: the first error of a piece, if any.
+    result: Result<(), Errno>,
     /// In `queue` (pieces left to send).
     queued: bool,
 }
@@ -82,7 +81,7 @@ pub(super) struct ZeroWrites {
     /// Requests with pieces left to send, oldest first.
     queue: VecDeque<usize>,
     /// Finished requests, for the caller's poll.
-    ready: VecDeque<PortCompletion>,
+    ready: VecDeque<(u64, Result<(), Errno>)>,
 }
 
 /// A piece's tag: its request's slot above bit 32, its number below.
@@ -103,7 +102,7 @@ impl ZeroWrites {
         &mut self,
         sink: &mut dyn PieceSink,
         zeroes: &Mr,
-        cx: &mut dyn Ctx,
+        now: u64,
         dev: DevHandle,
         tag: u64,
         req: &BlockRequest,
@@ -123,10 +122,10 @@ impl ZeroWrites {
             req: *req,
             outstanding: 0,
             pieces: 0,
-            errno: 0,
+            result: Ok(()),
             queued: false,
         });
-        if let Err(e) = self.send_piece(i, sink, zeroes, cx) {
+        if let Err(e) = self.send_piece(i, sink, zeroes, now) {
             self.ops[i] = None;
             self.free.push(i);
             return Err(e);
@@ -134,7 +133,7 @@ impl ZeroWrites {
         if self.op(i).next < self.op(i).end {
             self.queue.push_back(i);
             self.op_mut(i).queued = true;
-            self.pump(sink, zeroes, cx);
+            self.pump(sink, zeroes, now);
         }
         Ok(())
     }
@@ -146,14 +145,14 @@ impl ZeroWrites {
 
     /// Sends pieces of waiting requests, oldest first, while permits last and each
     /// request has fewer than [`MAX_OUTSTANDING`] out.
-    pub(super) fn pump(&mut self, sink: &mut dyn PieceSink, zeroes: &Mr, cx: &mut dyn Ctx) {
+    pub(super) fn pump(&mut self, sink: &mut dyn PieceSink, zeroes: &Mr, now: u64) {
         for _ in 0..self.queue.len() {
             let Some(i) = self.queue.pop_front() else {
                 return;
             };
             loop {
                 let op = self.op(i);
-                if op.errno != 0 || op.next >= op.end {
+                if op.result.is_err() || op.next >= op.end {
                     self.op_mut(i).queued = false;
                     if op.outstanding == 0 {
                         self.finish(i);
@@ -164,13 +163,13 @@ impl ZeroWrites {
                     self.queue.push_back(i);
                     break;
                 }
-                match self.send_piece(i, sink, zeroes, cx) {
+                match self.send_piece(i, sink, zeroes, now) {
                     Ok(()) => {}
                     Err(e) if e.is_busy() => {
                         self.queue.push_front(i);
                         return;
                     }
-                    Err(e) => self.op_mut(i).errno = e.errno(),
+                    Err(e) => self.op_mut(i).result = Err(e.errno()),
                 }
             }
         }
@@ -182,7 +181,7 @@ impl ZeroWrites {
         i: usize,
         sink: &mut dyn PieceSink,
         zeroes: &Mr,
-        cx: &mut dyn Ctx,
+        now: u64,
     ) -> Result<(), IoError> {
         let op = self.op(i);
         let (lbs, max_io) = sink.limits(op.dev)?;
@@ -204,7 +203,7 @@ impl ZeroWrites {
             len: len as u32,
             ..op.req
         };
-        sink.send_piece(cx, op.dev, piece_tag(i, op.pieces), &piece, &sgl[..n])?;
+        sink.send_piece(now, op.dev, piece_tag(i, op.pieces), &piece, &sgl[..n])?;
         let op = self.op_mut(i);
         op.next += len;
         op.outstanding += 1;
@@ -212,18 +211,18 @@ impl ZeroWrites {
         Ok(())
     }
 
-    /// A piece sent under `tag` ended with `errno`.
-    pub(super) fn piece_done(&mut self, tag: u64, errno: i32) {
+    /// A piece sent under `tag` ended with `result`.
+    pub(super) fn piece_done(&mut self, tag: u64, result: Result<(), Errno>) {
         let i = (tag >> 32) as usize;
         let Some(op) = self.ops.get_mut(i).and_then(Option::as_mut) else {
             tracing::error!(tag, "rnbd: completion of an unknown write-zeroes piece");
             return;
         };
         op.outstanding -= 1;
-        if errno != 0 && op.errno == 0 {
-            op.errno = errno;
+        if op.result.is_ok() {
+            op.result = result;
         }
-        if op.outstanding == 0 && (op.errno != 0 || op.next >= op.end) {
+        if op.outstanding == 0 && (op.result.is_err() || op.next >= op.end) {
             self.finish(i);
         }
     }
@@ -236,14 +235,11 @@ impl ZeroWrites {
             self.queue.retain(|&q| q != i);
         }
         self.free.push(i);
-        self.ready.push_back(PortCompletion {
-            tag: op.tag,
-            errno: op.errno,
-        });
+        self.ready.push_back((op.tag, op.result));
     }
 
-    /// The oldest finished request.
-    pub(super) fn take_ready(&mut self) -> Option<PortCompletion> {
+    /// The oldest finished request: its tag and how it ended.
+    pub(super) fn take_ready(&mut self) -> Option<(u64, Result<(), Errno>)> {
         self.ready.pop_front()
     }
 

@@ -1,0 +1,55 @@
+//! What the RNBD client needs from one core's handle on an RTRS client session: submit a
+//! request ([`ClientIo`]: user header + scatter-gather list, READ or WRITE, admin or not)
+//! and poll its completions ([`ClientCompletion`]) on the same core, given the time. The
+//! kernel's `rtrs_clt_request` / the `conf` callback. The RTRS client's per-core
+//! `SessionCore` implements it (`rtrs.rs`); tests may put anything that carries requests
+//! to an RNBD server behind it. Requests and completions are the RTRS client's own
+//! types, passed through untouched.
+
+use std::time::Duration;
+
+use crate::client::{ClientCompletion, ClientIo};
+use crate::fabric::Mr;
+use crate::Errno;
+
+/// Why a session handle refused a request (nothing was sent).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// No free permit now: submit again after completions were polled.
+    #[error("no free permit: retry after completions")]
+    Busy,
+    /// The request cannot be carried; `errno` for the block layer.
+    #[error("{reason}")]
+    Refused { errno: Errno, reason: String },
+}
+
+/// One core's handle on an RTRS client session, as RNBD uses it.
+pub trait SessionHandle {
+    /// Sends `io`; its completion comes out of [`poll`](Self::poll) on this core.
+    /// `now`: the reactor's clock (ns).
+    ///
+    /// # Errors
+    /// [`SendError::Busy`] to retry later, [`SendError::Refused`] otherwise.
+    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError>;
+
+    /// Makes progress and moves finished requests into `out`; returns how many.
+    fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize;
+
+    /// Largest data size of one request (0 while unknown).
+    fn max_io_size(&self) -> u32;
+
+    /// How long a block request may wait for the device to be reachable: for a path
+    /// (the session's own wait) and, above it, for the device's re-open after a
+    /// reconnect (the RNBD client's per-core queue, `queue.rs`). Zero: requests fail at
+    /// once.
+    fn io_wait_timeout(&self) -> Duration;
+
+    /// Registers `len` bytes of zeros with the session's fabric: the source of the
+    /// zero-filled WRITEs of emulated write-zeroes (read by the fabric, never written).
+    /// Called once per session.
+    ///
+    /// # Errors
+    /// [`SendError::Refused`] naming why the memory could not be registered.
+    fn zero_region(&self, len: usize) -> Result<Mr, SendError>;
+}

@@ -1,0 +1,554 @@
+//! One core's block IO of an RNBD client session ([`RnbdQueue`]): the kernel's
+//! per-hardware-queue `rnbd_queue_rq` and `msg_io_conf`, the same on every core. It owns
+//! the core's RTRS session handle ([`SessionHandle`]), sends block requests on it, hands
+//! their completions back, and keeps the requests that find the device unreachable until
+//! it is reachable again. The devices it reads are the [`RnbdAdmin`](super::RnbdAdmin)'s
+//! published [`Snapshot`] (see [`table`](super::table)); the admin sends its own
+//! requests through the queue of the core it runs on, whose poll keeps their completions
+//! for it.
+//!
+//! # Waiting for the device
+//! A device is unreachable while its session has lost every path, is reconnecting, or
+//! has reconnected but not re-opened the device yet (MAPPED_DISCONNECTED). A request
+//! submitted then is accepted and waits here. A request in flight when the session lost
+//! its paths comes back from the new server session with −ENOTCONN (it carries the id of
+//! the old one) or from RTRS with −ECONNRESET (dropped at a queue-depth change); it waits
+//! here too. A waiting request is sent again, built with the device's new id, once the
+//! device is open again (one the server answered with −ENOTCONN only once the device
+//! table has changed since it was sent: an id the server did not know is not tried
+//! twice). A request still waiting `io_wait_timeout` after its submission fails with
+//! −ENOTCONN; [`IoError::Unreachable`] says why (kept for `last_wait_error`, logged at
+//! most once a second). A device closed meanwhile fails its waiting requests at once.
+//! Every request completes exactly once.
+//!
+//! Every request handed to the session has an entry here ([`Request`]), whose index is
+//! its tag on the session and which keeps what sending it again needs: the block
+//! request and the scatter-gather list. Entries, their lists and the waiting queue keep
+//! their memory once grown, so nothing is allocated per request in steady state. Per
+//! request the device table costs one Acquire load (its version); the waiting queue is
+//! looked at only when the table changed, a wait ends, or a re-send found no free
+//! permit.
+//!
+//! An emulated write-zeroes ([`zeroes`](super::zeroes)) is split into WRITE pieces that
+//! take entries here like any request, marked as pieces: their ends go to the
+//! write-zeroes, whose own end is handed back with the caller's tag.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod wait;
+
+use self::wait::waits_for_device;
+use super::config::WriteZeroesMode;
+use super::device::{DevState, DeviceError, RnbdDevice};
+use super::handle::{SendError, SessionHandle};
+use super::msg::BlockRequest;
+use super::rtrs::{completion, completion_result};
+use super::table::{DeviceTable, InFlight, Snapshot};
+use super::zeroes::{PieceSink, ZeroWrites};
+use crate::client::{ClientCompletion, ClientIo};
+use crate::fabric::{Mr, Sge};
+use crate::proto::rnbd::{Io, RnbdOp};
+use crate::rnbd::Dir;
+use crate::Errno;
+
+/// Tags with this bit are the admin's requests; block IO tags must not use it.
+pub const ADMIN_TAG: u64 = 1 << 63;
+
+/// A device of a client session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DevHandle(pub(super) usize);
+
+impl DevHandle {
+    /// Position among the session's devices (handles are never reused).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// Why a queue refused a block request (nothing was sent).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    #[error("no such device handle")]
+    NoDevice,
+    #[error("tag {tag:#x} has the admin bit (1 << 63) set")]
+    BadTag { tag: u64 },
+    #[error("scatter-gather list of {have} bytes for a request carrying {want}")]
+    SglLength { have: u64, want: u32 },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error("rtrs: {0}")]
+    Send(#[from] SendError),
+    /// A request waited `io_wait_timeout` for its device to be reachable (a path up and
+    /// the device re-opened after a reconnect) and failed with −ENOTCONN.
+    #[error("device '{name}' unreachable for {} s: {reason}", waited.as_secs_f64())]
+    Unreachable {
+        name: String,
+        waited: Duration,
+        reason: String,
+    },
+}
+
+impl IoError {
+    /// Whether to submit again later (the session has no free permit now).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, IoError::Send(SendError::Busy))
+    }
+
+    /// The errno for a block layer.
+    pub fn errno(&self) -> Errno {
+        match self {
+            IoError::NoDevice => Errno::ENODEV,
+            IoError::BadTag { .. } | IoError::SglLength { .. } => Errno::EINVAL,
+            IoError::Device(e) => e.errno(),
+            IoError::Send(SendError::Busy) => Errno::EAGAIN,
+            IoError::Send(SendError::Refused { errno, .. }) => *errno,
+            IoError::Unreachable { .. } => Errno::ENOTCONN,
+        }
+    }
+}
+
+/// What a device allows for a request now.
+enum Look {
+    /// Send it: the IO message and the RTRS direction.
+    Send([u8; Io::LEN], Dir),
+    /// Disconnected: wait for the re-open.
+    Wait,
+    Fail(DeviceError),
+}
+
+/// Whether `req` on `d` goes out as zero-filled WRITEs.
+fn emulated(d: &RnbdDevice, req: &BlockRequest) -> bool {
+    req.op == RnbdOp::WriteZeroes && d.write_zeroes() == WriteZeroesMode::Emulate
+}
+
+/// `wait`: whether a disconnected device keeps the request (a wait is configured).
+fn look(d: &RnbdDevice, req: &BlockRequest, wait: bool) -> Look {
+    if wait && d.state() == DevState::MappedDisconnected {
+        return Look::Wait;
+    }
+    match d.io_msg(req) {
+        Ok((usr, dir)) => Look::Send(usr, dir),
+        Err(e) => Look::Fail(e),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Free,
+    /// Handed to the session.
+    Sent,
+    /// In the waiting queue.
+    Waiting,
+}
+
+/// One request of the queue (see the module doc).
+struct Request {
+    stage: Stage,
+    /// The caller's tag.
+    tag: u64,
+    dev: DevHandle,
+    req: BlockRequest,
+    sgl: Vec<Sge>,
+    /// Submission time (ns); the wait ends `io_wait_timeout` later.
+    since: u64,
+    /// The device table's version when last sent.
+    version: u64,
+    /// Why it waits: `None` (the device was disconnected) or the errno it came back with.
+    cause: Option<Errno>,
+    /// A piece of an emulated write-zeroes (`tag` is the piece's).
+    piece: bool,
+}
+
+/// One core's block IO over its RTRS session handle (see the module doc).
+pub struct RnbdQueue<S> {
+    session: S,
+    table: Arc<DeviceTable>,
+    /// The devices as this queue last took them from `table`.
+    snap: Arc<Snapshot>,
+    /// This queue's requests handed to the session.
+    in_flight: Arc<InFlight>,
+    reqs: Vec<Request>,
+    free: Vec<u32>,
+    waiting: VecDeque<u32>,
+    wait_ns: u64,
+    /// The table's version when the waiting queue was last looked at.
+    seen: u64,
+    /// Look at the waiting queue again at the next poll.
+    again: bool,
+    /// The earliest end of a wait in the queue (ns).
+    next_end: u64,
+    last_error: Option<IoError>,
+    log_next: u64,
+    log_suppressed: u64,
+    /// Emulated write-zeroes of this core.
+    zero: ZeroWrites,
+    /// This core's handle on the session's zero buffer (at the first one).
+    zeroes: Option<Arc<Mr>>,
+    /// Completions of the admin's requests, kept for it.
+    admin_done: VecDeque<ClientCompletion>,
+}
+
+impl<S: SessionHandle> RnbdQueue<S> {
+    /// Block IO over `session` for the devices of `table` (the admin's
+    /// [`table`](super::RnbdAdmin::table)), waiting up to the session's
+    /// [`io_wait_timeout`](SessionHandle::io_wait_timeout) for an unreachable device.
+    pub fn new(session: S, table: Arc<DeviceTable>) -> RnbdQueue<S> {
+        let in_flight = table.in_flight_counter();
+        let wait_ns = u64::try_from(session.io_wait_timeout().as_nanos()).unwrap_or(u64::MAX);
+        let snap = table.snapshot();
+        RnbdQueue {
+            session,
+            seen: snap.version(),
+            snap,
+            table,
+            in_flight,
+            reqs: Vec::new(),
+            free: Vec::new(),
+            waiting: VecDeque::new(),
+            wait_ns,
+            again: false,
+            next_end: u64::MAX,
+            last_error: None,
+            log_next: 0,
+            log_suppressed: 0,
+            zero: ZeroWrites::default(),
+            zeroes: None,
+            admin_done: VecDeque::with_capacity(16),
+        }
+    }
+
+    /// This core's session handle.
+    pub fn session(&self) -> &S {
+        &self.session
+    }
+
+    /// This core's session handle itself. A request sent on it directly completes
+    /// through it: poll the session for it ([`poll`](Self::poll) hands back only the
+    /// queue's own requests and drops, with a log line, block completions it did not
+    /// send).
+    pub fn session_mut(&mut self) -> &mut S {
+        &mut self.session
+    }
+
+    /// The devices this queue sends to.
+    pub fn table(&self) -> &Arc<DeviceTable> {
+        &self.table
+    }
+
+    /// Why the last request whose wait for its device ran out failed.
+    pub fn last_wait_error(&self) -> Option<&IoError> {
+        self.last_error.as_ref()
+    }
+
+    /// Takes the published device table if it changed (one Acquire load otherwise).
+    #[inline]
+    fn refresh(&mut self) {
+        if self.table.version() != self.snap.version() {
+            self.snap = self.table.snapshot();
+        }
+    }
+
+    /// Sends a block request on a mapped device. `sgl` holds the data of a write or the
+    /// space of a read (exactly [`BlockRequest::data_len`] bytes; empty otherwise), and
+    /// stays untouched until the completion. While the device is unreachable (every
+    /// path lost, or the re-open after a reconnect pending) the request is accepted and
+    /// waits, up to `io_wait_timeout` after `now`, then fails with −ENOTCONN (see
+    /// [`last_wait_error`](Self::last_wait_error)); a request that comes back because
+    /// the session lost its paths waits the same way and is sent again. Its completion
+    /// comes out of [`poll`](Self::poll), exactly once. An emulated write-zeroes goes
+    /// out as WRITEs of zeros; its one completion comes when all of them are done.
+    ///
+    /// # Errors
+    /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.
+    pub fn submit(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+    ) -> Result<(), IoError> {
+        if tag & ADMIN_TAG != 0 {
+            return Err(IoError::BadTag { tag });
+        }
+        let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        if have != u64::from(req.data_len()) {
+            return Err(IoError::SglLength {
+                have,
+                want: req.data_len(),
+            });
+        }
+        self.refresh();
+        let wait = self.wait_ns > 0;
+        let d = self.snap.device(dev).ok_or(IoError::NoDevice)?;
+        if emulated(d, req) {
+            // An emulated write-zeroes is checked as a whole (unless its device is
+            // disconnected: its pieces are checked when they go out).
+            if !(wait && d.state() == DevState::MappedDisconnected) {
+                d.check(req)?;
+            }
+            return self.start_zeroes(now, dev, tag, req);
+        }
+        self.submit_request(now, dev, tag, req, sgl, false)
+    }
+
+    /// Sends an admin request (its tag has [`ADMIN_TAG`]); its completion is kept for
+    /// [`take_admin`](Self::take_admin).
+    pub(super) fn submit_admin(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
+        debug_assert!(io.admin && io.tag & ADMIN_TAG != 0);
+        self.session.submit(now, io)
+    }
+
+    /// The oldest completion of an admin request not yet taken.
+    pub(super) fn take_admin(&mut self) -> Option<ClientCompletion> {
+        self.admin_done.pop_front()
+    }
+
+    /// The largest data size of one request (0 while unknown).
+    pub fn max_io_size(&self) -> u32 {
+        self.session.max_io_size()
+    }
+
+    /// Sends (or keeps) one request in a new entry; `piece`: one of a write-zeroes.
+    fn submit_request(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+        piece: bool,
+    ) -> Result<(), IoError> {
+        let wait = self.wait_ns > 0;
+        let d = self.snap.device(dev).ok_or(IoError::NoDevice)?;
+        match look(d, req, wait) {
+            Look::Send(usr, dir) => {
+                let i = self.take_request(tag, dev, req, sgl, now, piece);
+                let io = ClientIo {
+                    tag: i as u64,
+                    dir,
+                    usr: &usr,
+                    sgl,
+                    admin: false,
+                };
+                match self.session.submit(now, io) {
+                    Ok(()) => {
+                        self.mark_sent(i);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.free_request(i);
+                        Err(e.into())
+                    }
+                }
+            }
+            Look::Wait => {
+                let i = self.take_request(tag, dev, req, sgl, now, piece);
+                self.wait(i, None);
+                Ok(())
+            }
+            Look::Fail(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts an emulated write-zeroes (see [`zeroes`](super::zeroes)).
+    fn start_zeroes(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+    ) -> Result<(), IoError> {
+        let zeroes = match &self.zeroes {
+            Some(z) => Arc::clone(z),
+            None => {
+                let z = self.table.zeroes(&self.session)?;
+                self.zeroes = Some(Arc::clone(&z));
+                z
+            }
+        };
+        let mut zero = std::mem::take(&mut self.zero);
+        let r = zero.start(self, &zeroes, now, dev, tag, req);
+        self.zero = zero;
+        r
+    }
+
+    /// Sends more pieces of this core's write-zeroes.
+    fn pump_zeroes(&mut self, now: u64) {
+        let Some(zeroes) = self.zeroes.clone() else {
+            return;
+        };
+        let mut zero = std::mem::take(&mut self.zero);
+        zero.pump(self, &zeroes, now);
+        self.zero = zero;
+    }
+
+    /// The end of entry `i` (freed here): into `out` at `*n` (caller's requests), or to
+    /// its write-zeroes (pieces).
+    fn finish_request(
+        &mut self,
+        i: usize,
+        result: Result<(), Errno>,
+        out: &mut [ClientCompletion],
+        n: &mut usize,
+    ) {
+        let (tag, piece) = (self.reqs[i].tag, self.reqs[i].piece);
+        self.free_request(i);
+        if piece {
+            self.zero.piece_done(tag, result);
+        } else {
+            out[*n] = completion(tag, result);
+            *n += 1;
+        }
+    }
+
+    /// Makes progress and moves finished block requests, with the caller's tags, into
+    /// `out`; returns how many. Requests that found the device unreachable are kept;
+    /// waiting requests the device allows again are sent, those whose wait ran out
+    /// fail. Completions of the admin's requests are kept for the admin. When all of
+    /// `out` is filled, poll again: there may be more.
+    pub fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
+        self.poll_more(now, out).0
+    }
+
+    /// As [`poll`](Self::poll); also whether the session filled all of `out` or
+    /// write-zeroes are ready (poll again: there may be more).
+    pub(super) fn poll_more(&mut self, now: u64, out: &mut [ClientCompletion]) -> (usize, bool) {
+        let got = self.session.poll(now, out);
+        // What happened to the devices since the last submission (a request whose wait
+        // ran out says why from the device's state now).
+        self.refresh();
+        let mut n = 0;
+        let mut done = 0;
+        for r in 0..got {
+            let c = out[r];
+            if c.tag & ADMIN_TAG != 0 {
+                self.admin_done.push_back(c);
+                continue;
+            }
+            done += 1;
+            let i = c.tag as usize;
+            if self.reqs.get(i).map(|s| s.stage) != Some(Stage::Sent) {
+                self.log(now, &format!("completion for unknown request {i} dropped"));
+                continue;
+            }
+            let mut result = completion_result(&c);
+            if self.wait_ns > 0 && waits_for_device(result) {
+                if now < self.end(i) {
+                    self.wait(i, result.err());
+                    // The device may be open (−ECONNRESET, or a table changed already).
+                    self.again = true;
+                    continue;
+                }
+                self.reqs[i].cause = result.err();
+                result = Err(self.ran_out(i, now));
+            }
+            self.finish_request(i, result, out, &mut n);
+        }
+        if done > 0 {
+            self.in_flight.sub(done);
+        }
+        if !self.waiting.is_empty() {
+            n += self.drive(now, &mut out[n..]);
+        }
+        if self.zero.has_queued() {
+            self.pump_zeroes(now);
+        }
+        while n < out.len() {
+            let Some((tag, result)) = self.zero.take_ready() else {
+                break;
+            };
+            out[n] = completion(tag, result);
+            n += 1;
+        }
+        (n, got == out.len() || self.zero.has_ready())
+    }
+
+    fn take_request(
+        &mut self,
+        tag: u64,
+        dev: DevHandle,
+        req: &BlockRequest,
+        sgl: &[Sge],
+        now: u64,
+        piece: bool,
+    ) -> usize {
+        let i = match self.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                self.reqs.push(Request {
+                    stage: Stage::Free,
+                    tag: 0,
+                    dev,
+                    req: *req,
+                    sgl: Vec::with_capacity(sgl.len().max(4)),
+                    since: 0,
+                    version: 0,
+                    cause: None,
+                    piece: false,
+                });
+                self.reqs.len() - 1
+            }
+        };
+        let s = &mut self.reqs[i];
+        debug_assert_eq!(s.stage, Stage::Free);
+        s.tag = tag;
+        s.dev = dev;
+        s.req = *req;
+        s.sgl.clear();
+        s.sgl.extend_from_slice(sgl);
+        s.since = now;
+        s.cause = None;
+        s.piece = piece;
+        i
+    }
+
+    /// Entry `i` was handed to the session, built from the current snapshot.
+    fn mark_sent(&mut self, i: usize) {
+        let version = self.snap.version();
+        let s = &mut self.reqs[i];
+        s.stage = Stage::Sent;
+        s.version = version;
+        self.in_flight.add(1);
+    }
+
+    fn free_request(&mut self, i: usize) {
+        self.reqs[i].stage = Stage::Free;
+        self.free.push(i as u32);
+    }
+}
+
+/// The queue as the sender of write-zeroes pieces.
+impl<S: SessionHandle> PieceSink for RnbdQueue<S> {
+    fn limits(&self, dev: DevHandle) -> Result<(u32, u32), IoError> {
+        self.snap
+            .device(dev)
+            .and_then(RnbdDevice::info)
+            .map(|i| (i.logical_block_size, i.max_io_size))
+            .ok_or(IoError::NoDevice)
+    }
+
+    fn send_piece(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: &[Sge],
+    ) -> Result<(), IoError> {
+        self.submit_request(now, dev, tag, req, sgl, true)
+    }
+}
+
+impl<S> std::fmt::Debug for RnbdQueue<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RnbdQueue")
+            .field("version", &self.snap.version())
+            .field("in_flight", &self.in_flight.get())
+            .field("waiting", &self.waiting.len())
+            .finish_non_exhaustive()
+    }
+}

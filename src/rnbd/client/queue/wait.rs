@@ -1,0 +1,162 @@
+//! Requests that wait for their device (see "Waiting for the device" in the
+//! [`queue`](super) module doc): the waiting queue is looked at when the published
+//! device table changed, a wait ends, or a re-send found no free permit; what the
+//! device allows again is sent, what it refuses or what waited `io_wait_timeout` fails.
+
+use std::time::Duration;
+
+use super::{look, Look, RnbdQueue, Stage};
+use crate::client::{ClientCompletion, ClientIo};
+use crate::rnbd::client::device::DevState;
+use crate::rnbd::client::handle::{SendError, SessionHandle};
+use crate::rnbd::client::rtrs::completion;
+use crate::rnbd::client::IoError;
+use crate::Errno;
+
+/// At most one log line a second about requests whose wait ran out.
+const LOG_EVERY_NS: u64 = 1_000_000_000;
+
+/// Whether a request that ended with `result` may succeed once the device is open again.
+pub(super) fn waits_for_device(result: Result<(), Errno>) -> bool {
+    matches!(result, Err(Errno::ENOTCONN | Errno::ECONNRESET))
+}
+
+impl<S: SessionHandle> RnbdQueue<S> {
+    /// Goes through the waiting queue when something changed: sends what the device
+    /// allows again, fails what it refuses or what waited too long (into `out`).
+    pub(super) fn drive(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
+        let version = self.snap.version();
+        if version == self.seen && !self.again && now < self.next_end {
+            return 0;
+        }
+        self.seen = version;
+        self.again = false;
+        self.next_end = u64::MAX;
+        let mut k = 0;
+        let mut busy = false;
+        for _ in 0..self.waiting.len() {
+            let Some(i) = self.waiting.pop_front() else {
+                break;
+            };
+            let i = i as usize;
+            let s = &self.reqs[i];
+            // An id the server did not know is tried again only with a newer table.
+            let may_send = !busy && (s.cause != Some(Errno::ENOTCONN) || s.version != version);
+            let result: Result<(), Option<Errno>> = match self.snap.device(s.dev) {
+                None => Err(Some(Errno::ENODEV)),
+                Some(d) => match look(d, &s.req, true) {
+                    Look::Send(usr, dir) if may_send => {
+                        let io = ClientIo {
+                            tag: i as u64,
+                            dir,
+                            usr: &usr,
+                            sgl: &s.sgl,
+                            admin: false,
+                        };
+                        match self.session.submit(now, io) {
+                            Ok(()) => {
+                                self.mark_sent(i);
+                                continue;
+                            }
+                            Err(SendError::Busy) => {
+                                busy = true;
+                                Err(None)
+                            }
+                            Err(SendError::Refused { errno, .. }) => Err(Some(errno)),
+                        }
+                    }
+                    Look::Send(..) | Look::Wait => Err(None),
+                    Look::Fail(e) => Err(Some(e.errno())),
+                },
+            };
+            let errno = match result {
+                Err(None) if now < self.end(i) => {
+                    self.next_end = self.next_end.min(self.end(i));
+                    self.waiting.push_back(i as u32);
+                    continue;
+                }
+                Ok(()) | Err(None) => self.ran_out(i, now),
+                Err(Some(e)) => e,
+            };
+            if self.reqs[i].piece {
+                let tag = self.reqs[i].tag;
+                self.free_request(i);
+                self.zero.piece_done(tag, Err(errno));
+                continue;
+            }
+            if k == out.len() {
+                // No room to hand it back now: next poll.
+                self.waiting.push_back(i as u32);
+                self.again = true;
+                continue;
+            }
+            out[k] = completion(self.reqs[i].tag, Err(errno));
+            k += 1;
+            self.free_request(i);
+        }
+        self.again |= busy;
+        k
+    }
+
+    /// The end of entry `i`'s wait (ns).
+    pub(super) fn end(&self, i: usize) -> u64 {
+        self.reqs[i].since.saturating_add(self.wait_ns)
+    }
+
+    /// Entry `i` waited `io_wait_timeout` for its device: records and logs why it
+    /// fails; returns its errno.
+    pub(super) fn ran_out(&mut self, i: usize, now: u64) -> Errno {
+        let s = &self.reqs[i];
+        let cause = s.cause;
+        let Some(d) = self.snap.device(s.dev) else {
+            return Errno::ENODEV;
+        };
+        let (name, state) = (d.name().to_string(), d.state());
+        // The OS's text of the last errno, as the log has always shown it.
+        let last = || std::io::Error::from_raw_os_error(cause.map_or(0, Errno::get)).to_string();
+        let reason = match state {
+            DevState::MappedDisconnected if cause.is_none() => {
+                "no connection to the server (waiting for a reconnect and the device's re-open)"
+                    .to_string()
+            }
+            DevState::MappedDisconnected => format!(
+                "no connection to the server (waiting for a reconnect and the device's \
+                 re-open; last attempt: {})",
+                last()
+            ),
+            _ => format!("every attempt failed: {}", last()),
+        };
+        let e = IoError::Unreachable {
+            name,
+            waited: Duration::from_nanos(self.wait_ns),
+            reason,
+        };
+        self.log(now, &e);
+        self.last_error = Some(e);
+        Errno::ENOTCONN
+    }
+
+    pub(super) fn log(&mut self, now: u64, what: &dyn std::fmt::Display) {
+        if now < self.log_next {
+            self.log_suppressed += 1;
+            return;
+        }
+        if self.log_suppressed > 0 {
+            tracing::error!(
+                "rnbd: {what} (and {} more failures in the last second)",
+                self.log_suppressed
+            );
+        } else {
+            tracing::error!("rnbd: {what}");
+        }
+        self.log_next = now.saturating_add(LOG_EVERY_NS);
+        self.log_suppressed = 0;
+    }
+
+    pub(super) fn wait(&mut self, i: usize, cause: Option<Errno>) {
+        self.reqs[i].stage = Stage::Waiting;
+        self.reqs[i].cause = cause;
+        self.next_end = self.next_end.min(self.end(i));
+        self.waiting.push_back(i as u32);
+    }
+}

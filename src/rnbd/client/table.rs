@@ -1,0 +1,163 @@
+//! The devices of one client session as every core's [`RnbdQueue`](super::RnbdQueue)
+//! sees them: the [`RnbdAdmin`](super::RnbdAdmin) publishes each change of its device
+//! table as a new immutable [`Snapshot`] with a higher version; a queue keeps the
+//! snapshot it last took and, per request, compares its version with the published one
+//! (one Acquire load). Only a queue whose snapshot is stale takes the table's lock, to
+//! pick up the new one. So the data path takes no lock and does no atomic
+//! read-modify-write (the kernel's per-hardware-queue `rnbd_queue_rq` on a shared
+//! `rnbd_clt_dev`).
+//!
+//! A device re-opened after a reconnect may get a new id; a queue picks it up at its
+//! next submission. Requests already handed to RTRS keep the id they were built with,
+//! and the RTRS client may re-send them once a path is back: had the device been
+//! re-opened by then, an old id could name another device of the new server session.
+//! So every queue counts its block requests in flight ([`InFlight`], written by that
+//! queue's core alone), and the admin re-opens devices only once none is left (after a
+//! reconnect the new server session answers old ids with −ENOTCONN until then, since it
+//! has no devices yet; those requests wait in their queue and go out again with the new
+//! id). The version also tells the queues' waiting requests to look again.
+//!
+//! The client's [`RnbdClientConfig`] applies to every core, and the zero buffer of
+//! emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once for all of them.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::config::RnbdClientConfig;
+use super::device::{DevState, RnbdDevice};
+use super::handle::SessionHandle;
+use super::queue::{DevHandle, IoError};
+use crate::fabric::Mr;
+
+/// Smallest zero buffer (the first emulated write-zeroes registers
+/// `max(max_io_size, this)` bytes, at most [`MAX_ZERO_BUFFER`]).
+const MIN_ZERO_BUFFER: usize = 4096;
+/// Largest zero buffer; longer pieces repeat it in their scatter-gather list.
+const MAX_ZERO_BUFFER: usize = 1 << 20;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is one assignment or a push: a panic elsewhere cannot
+    // leave the value half-written.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The devices of a session at one version (immutable once published).
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    version: u64,
+    devices: Vec<Option<RnbdDevice>>,
+}
+
+impl Snapshot {
+    /// The table's version this snapshot shows.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Device `dev`, unless it is closed or unknown.
+    pub fn device(&self, dev: DevHandle) -> Option<&RnbdDevice> {
+        self.devices.get(dev.index()).and_then(Option::as_ref)
+    }
+}
+
+/// Block requests of one queue in flight: written by the queue's own core only
+/// (`store(load + 1)`, no read-modify-write), read by the admin.
+#[derive(Debug, Default)]
+pub(super) struct InFlight(AtomicUsize);
+
+impl InFlight {
+    pub(super) fn add(&self, n: usize) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v + n, Ordering::Release);
+    }
+
+    pub(super) fn sub(&self, n: usize) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.saturating_sub(n), Ordering::Release);
+    }
+
+    pub(super) fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The published devices of one client session (see the module doc).
+#[derive(Debug, Default)]
+pub struct DeviceTable {
+    current: Mutex<Arc<Snapshot>>,
+    /// The version of `current`, written by the publisher alone.
+    version: AtomicU64,
+    /// One per queue.
+    in_flight: Mutex<Vec<Arc<InFlight>>>,
+    config: RnbdClientConfig,
+    /// Zeros for emulated write-zeroes, registered at the first one.
+    zeroes: Mutex<Option<Arc<Mr>>>,
+}
+
+impl DeviceTable {
+    /// An empty table for a client configured with `config`.
+    pub(super) fn new(config: RnbdClientConfig) -> DeviceTable {
+        DeviceTable {
+            config,
+            ..DeviceTable::default()
+        }
+    }
+
+    /// The configuration every core follows.
+    pub fn config(&self) -> RnbdClientConfig {
+        self.config
+    }
+
+    /// The published version (one Acquire load: the per-request check).
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The published snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&lock(&self.current))
+    }
+
+    /// The published state of `dev` (`None` once closed).
+    pub fn state(&self, dev: DevHandle) -> Option<DevState> {
+        self.snapshot().device(dev).map(RnbdDevice::state)
+    }
+
+    /// Publishes `devices` as the next version (the admin alone calls this).
+    pub(super) fn publish(&self, devices: Vec<Option<RnbdDevice>>) {
+        let mut cur = lock(&self.current);
+        let version = cur.version + 1;
+        *cur = Arc::new(Snapshot { version, devices });
+        // Stored under the lock after the snapshot: a queue that sees this version
+        // and takes the lock finds this snapshot or a newer one.
+        self.version.store(version, Ordering::Release);
+    }
+
+    /// The session's zero buffer, registered through `session` on first use.
+    pub(super) fn zeroes<S: SessionHandle + ?Sized>(
+        &self,
+        session: &S,
+    ) -> Result<Arc<Mr>, IoError> {
+        let mut z = lock(&self.zeroes);
+        if let Some(mr) = z.as_ref() {
+            return Ok(Arc::clone(mr));
+        }
+        let len = (session.max_io_size() as usize).clamp(MIN_ZERO_BUFFER, MAX_ZERO_BUFFER);
+        let mr = Arc::new(session.zero_region(len)?);
+        *z = Some(Arc::clone(&mr));
+        Ok(mr)
+    }
+
+    /// A new in-flight counter for one queue.
+    pub(super) fn in_flight_counter(&self) -> Arc<InFlight> {
+        let c = Arc::new(InFlight::default());
+        lock(&self.in_flight).push(Arc::clone(&c));
+        c
+    }
+
+    /// Block requests in flight over all queues.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.in_flight).iter().map(|c| c.get()).sum()
+    }
+}
