@@ -31,7 +31,7 @@ impl RtrsPort for SessionCore {
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(PortError::Busy),
             // Never connected and refused for good: say why, at once.
             Err(e @ SubmitError::Refused { errno }) => Err(PortError::Refused {
-                errno,
+                errno: errno.neg(),
                 reason: self
                     .refusal()
                     .map_or_else(|| e.to_string(), |r| r.to_string()),
@@ -53,7 +53,7 @@ impl RtrsPort for SessionCore {
         for (o, c) in out.iter_mut().zip(&buf[..n]) {
             *o = PortCompletion {
                 tag: c.tag,
-                errno: c.errno,
+                errno: crate::Errno::neg_of(c.result),
             };
         }
         n
