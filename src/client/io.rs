@@ -105,21 +105,25 @@ impl SessionCore {
     fn post_on(&mut self, i: usize, p: usize, policy: MpPolicy, now: u64) -> Result<(), PostFail> {
         let params = self.params.expect("params known while requests exist");
         let buf_id = self.permits.range().start + i as u16;
-        let r = self.reqs[i];
+        let mut r = self.reqs[i];
         // A single segment inside a region the caller registered with this core is
         // written by the server directly; otherwise the bounce area, whose copy needs the
         // segments held (done at submit unless the region was meant; done here when the
         // region has been removed since).
-        let seg = self.sgl[i * MAX_SGL];
-        let in_region = if r.has_desc() && r.nsg == 1 {
-            region_index(&self.regions, &seg)
-        } else {
-            None
-        };
-        if r.has_desc() && in_region.is_none() && !r.kept {
-            self.hold(i, &[seg]).map_err(|_| PostFail::Invalid)?;
-            self.reqs[i].kept = true;
+        if r.has_desc() && r.region.is_none() && !r.kept {
+            let seg = self.sgl[i * MAX_SGL];
+            // Only a single-segment READ meant for a region that was removed since
+            // (`remove_region` cleared its hint) gets here.
+            match region_index(&self.regions, &seg).and_then(|k| u16::try_from(k).ok()) {
+                Some(k) => self.reqs[i].region = Some(k),
+                None => {
+                    self.hold(i, &[seg]).map_err(|_| PostFail::Invalid)?;
+                    self.reqs[i].kept = true;
+                }
+            }
+            r = self.reqs[i];
         }
+        let in_region = r.region.map(usize::from);
         let res = self.res.as_mut().expect("resources exist with params");
         let cp: &mut CorePath = self.paths[p].as_mut().ok_or(PostFail::Broken)?;
         let (raddr, rkey) = cp.io.rbuf[usize::from(buf_id)];
@@ -180,7 +184,7 @@ impl SessionCore {
                     let region = in_region.map(|k| &self.regions[k]);
                     direct = region.is_some();
                     let (region, target) = match region {
-                        Some(m) => (&**m, seg.addr),
+                        Some(m) => (&**m, self.sgl[i * MAX_SGL].addr),
                         None => (&res.bounce, bounce_addr),
                     };
                     let new_key = inc_rkey(res.fmr[i].rkey());

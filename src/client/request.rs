@@ -132,6 +132,9 @@ pub(super) struct Req {
     /// The registrations of the READ's segments are held (in the core's `keep`), so
     /// the reply may be copied into them.
     pub kept: bool,
+    /// The single-segment READ lies in `regions[k]` (found at submit; cleared by
+    /// `remove_region`, which alone moves regions): bound in place when posted.
+    pub region: Option<u16>,
 }
 
 impl Req {
@@ -150,6 +153,7 @@ impl Req {
         failed_over: false,
         direct: false,
         kept: false,
+        region: None,
     };
 
     pub fn has_desc(&self) -> bool {
@@ -191,6 +195,7 @@ pub(super) struct CorePath {
 
 /// The region among `regions` that holds all of `seg` under its lkey: a single-segment
 /// READ there is bound in place. The check shared by submit and post.
+#[inline]
 pub(super) fn region_index(regions: &[Arc<Mr>], seg: &Sge) -> Option<usize> {
     regions.iter().position(|m| {
         m.lkey() == seg.lkey
@@ -203,6 +208,7 @@ pub(super) fn region_index(regions: &[Arc<Mr>], seg: &Sge) -> Option<usize> {
 }
 
 /// [`region_index`], as the region.
+#[inline]
 pub(super) fn region_of<'r>(regions: &'r [Arc<Mr>], seg: &Sge) -> Option<&'r Arc<Mr>> {
     region_index(regions, seg).map(|k| &regions[k])
 }

@@ -23,8 +23,8 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    region_of, ClientCompletion, ClientIo, CorePath, FmrState, Out, PollScratch, Posted, RState,
-    Req, Res, MAX_SGL,
+    region_index, region_of, ClientCompletion, ClientIo, CorePath, FmrState, Out, PollScratch,
+    Posted, RState, Req, Res, MAX_SGL,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -185,6 +185,10 @@ impl SessionCore {
     /// already posted into it still complete into it.
     pub fn remove_region(&mut self, lkey: u32) {
         self.regions.retain(|m| m.lkey() != lkey);
+        // Indices moved: requests not posted yet look again when they are.
+        for r in &mut self.reqs {
+            r.region = None;
+        }
     }
 
     /// Why the target refused the session, if it did (see `Session::refusal`).
@@ -251,9 +255,13 @@ impl SessionCore {
             io.dir == Dir::Write && len > 0 && (io.sgl.len() > 1 || self.max_send_sge < 2);
         // A single-segment READ into a region given to add_region is bound in place and
         // never copied; every other READ's segments receive a copy of the reply.
-        let kept = io.dir == Dir::Read
-            && len > 0
-            && !(io.sgl.len() == 1 && region_of(&self.regions, &io.sgl[0]).is_some());
+        let region = match io.sgl {
+            [one] if io.dir == Dir::Read => {
+                region_index(&self.regions, one).and_then(|k| u16::try_from(k).ok())
+            }
+            _ => None,
+        };
+        let kept = io.dir == Dir::Read && len > 0 && region.is_none();
         if kept {
             if let Err(e) = self.hold(i, io.sgl) {
                 self.permits.put(buf_id);
@@ -312,6 +320,7 @@ impl SessionCore {
             failed_over: false,
             direct: false,
             kept,
+            region,
         };
         match self.try_post(i, now) {
             Posted::Yes => {}
