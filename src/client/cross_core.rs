@@ -98,7 +98,7 @@ pub struct IoConn {
     pub rbuf: Vec<(u64, u32)>,
 }
 
-/// Home core → IO core.
+/// Home core → IO core: a path's connection for the core comes or goes.
 pub enum PathCmd {
     /// Path `path` is connected; this is the core's connection of it.
     Up {

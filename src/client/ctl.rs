@@ -45,6 +45,8 @@ pub(super) enum After {
     Remove,
 }
 
+/// Where the home core is in bringing one path up or taking it down (the kernel spreads
+/// this over `rtrs_clt_path.state` and its work items).
 pub(super) enum PathProgress {
     /// Connection `conns.len()` is being established.
     Connecting {
