@@ -8,7 +8,8 @@ mod client_util;
 use std::time::Duration;
 
 use client_util::{Harness, Setup, MS};
-use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState, ENOTCONN};
+use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState};
+use rtrs_spdk::Errno;
 
 fn clean(h: &Harness) {
     let t = h.total();
@@ -179,7 +180,7 @@ fn io_fails_cleanly_after_the_wait_timeout() {
     assert_eq!(t.strays, 0);
     assert_eq!(t.mismatches, 0);
     assert!(
-        !t.errors.is_empty() && t.errors.iter().all(|&e| e == -ENOTCONN),
+        !t.errors.is_empty() && t.errors.iter().all(|&e| e == Errno::ENOTCONN),
         "{:?}",
         t.errors
     );
@@ -262,7 +263,7 @@ fn no_reconnect_when_attempts_are_zero() {
     assert!(h.run_until(1_000, 1000, |h| h.outstanding() == 0));
     let t = h.total();
     assert_eq!(t.strays, 0);
-    assert!(t.errors.iter().all(|&e| e == -ENOTCONN));
+    assert!(t.errors.iter().all(|&e| e == Errno::ENOTCONN));
 }
 
 #[test]
@@ -337,7 +338,11 @@ fn queue_depth_change_is_renegotiated() {
     let t = h.total();
     assert_eq!(t.strays, 0);
     assert_eq!(t.mismatches, 0);
-    assert!(t.errors.iter().all(|&e| e == -104), "{:?}", t.errors);
+    assert!(
+        t.errors.iter().all(|&e| e == Errno::ECONNRESET),
+        "{:?}",
+        t.errors
+    );
     let errs = t.errors.len();
     h.start_load(0);
     let v = h.total().verified;
@@ -554,5 +559,178 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
             && sess.paths_up() == 1),
         "{:?}",
         sess.paths()
+    );
+}
+
+/// Every segment the client copies itself is checked at submit: a wrong address, a length
+/// past the end of the registration, an unknown lkey and a deregistered region are each
+/// refused with `SubmitError::BadSge` naming the entry, and nothing is dereferenced.
+#[test]
+fn segments_outside_registrations_are_refused_at_submit() {
+    use client_util::{Events, FakeServer};
+    use rtrs_spdk::client::{
+        ClientCompletion, ClientConfig, ClientIo, Dir, PathAddr, Session, SubmitError,
+    };
+    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    let lo = Arc::new(LoopbackFabric::new());
+    let srv = Rc::new(RefCell::new(FakeServer::new(
+        lo.clone(),
+        1,
+        64,
+        64 * 1024,
+        false,
+        1 << 20,
+    )));
+    let mut sim = Simulation::new(1, 256);
+    let s2 = srv.clone();
+    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
+        if s2.borrow_mut().poll() {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }));
+    let addr = PathAddr::new(srv.borrow().addrs[0]);
+    let cfg = ClientConfig::new("sges", vec![addr]);
+    let (_sess, mut cores) = sim
+        .reactor(0)
+        .with_ctx(|cx| Session::open(cx, lo.clone(), cfg, Box::new(Events(Default::default()))))
+        .unwrap();
+    let core = Rc::new(RefCell::new(cores.remove(0)));
+    let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));
+    let (c2, d2) = (core.clone(), done.clone());
+    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
+        let mut out = [ClientCompletion::default(); 8];
+        let n = c2.borrow_mut().poll(cx.now(), &mut out);
+        d2.borrow_mut().extend_from_slice(&out[..n]);
+        PollResult::Idle
+    }));
+    for _ in 0..20_000 {
+        if core.borrow().max_io_size() > 0 {
+            break;
+        }
+        sim.advance(MS);
+        sim.step();
+    }
+    assert!(core.borrow().max_io_size() > 0, "the session connected");
+
+    let mr = lo
+        .register(
+            MemBuf::zeroed(8192),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let gone = lo
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let gone_sge = gone.sge(0, 512);
+    drop(gone);
+    let good = mr.sge(0, 512);
+    let bad_addr = Sge {
+        addr: 0x10,
+        len: 512,
+        lkey: mr.lkey(),
+    };
+    let past_end = mr.sge(8192 - 512, 512);
+    let past_end = Sge {
+        len: 1024,
+        ..past_end
+    };
+    let unknown_key = Sge {
+        lkey: mr.lkey() ^ 0xffff_ff00,
+        ..good
+    };
+    let now = 0;
+    let cases: [(&str, Dir, [Sge; 2], usize); 8] = [
+        ("bad address, WRITE", Dir::Write, [good, bad_addr], 1),
+        ("bad address, READ", Dir::Read, [bad_addr, good], 0),
+        ("len past the end, WRITE", Dir::Write, [past_end, good], 0),
+        ("len past the end, READ", Dir::Read, [good, past_end], 1),
+        ("unknown lkey, WRITE", Dir::Write, [good, unknown_key], 1),
+        ("unknown lkey, READ", Dir::Read, [unknown_key, good], 0),
+        ("deregistered, WRITE", Dir::Write, [gone_sge, good], 0),
+        ("deregistered, READ", Dir::Read, [good, gone_sge], 1),
+    ];
+    for (what, dir, sgl, index) in cases {
+        let bad = sgl[index];
+        let io = ClientIo {
+            tag: 1,
+            dir,
+            usr: &[0; 8],
+            sgl: &sgl,
+            admin: false,
+        };
+        assert_eq!(
+            core.borrow_mut().submit(now, io),
+            Err(SubmitError::BadSge {
+                index,
+                addr: bad.addr,
+                len: bad.len,
+                lkey: bad.lkey,
+            }),
+            "{what}"
+        );
+        // A single-segment READ is copied into as well, unless it lies in a region of
+        // add_region.
+        if dir == Dir::Read {
+            let one = [bad];
+            let io = ClientIo { sgl: &one, ..io };
+            assert!(
+                matches!(
+                    core.borrow_mut().submit(now, io),
+                    Err(SubmitError::BadSge { index: 0, .. })
+                ),
+                "{what}, one segment"
+            );
+        }
+    }
+    assert_eq!(
+        core.borrow().outstanding(),
+        0,
+        "no permit kept by a refusal"
+    );
+
+    // The same requests with good segments go through and complete.
+    for (tag, dir) in [(2, Dir::Write), (3, Dir::Read)] {
+        let sgl = [good, mr.sge(4096, 512)];
+        let io = ClientIo {
+            tag,
+            dir,
+            usr: &[0; 8],
+            sgl: &sgl,
+            admin: false,
+        };
+        core.borrow_mut().submit(now, io).unwrap();
+    }
+    for _ in 0..20_000 {
+        if done.borrow().len() == 2 {
+            break;
+        }
+        sim.advance(MS);
+        sim.step();
+    }
+    let mut got = done.borrow().clone();
+    got.sort_by_key(|c| c.tag);
+    assert_eq!(
+        got,
+        [
+            ClientCompletion {
+                tag: 2,
+                result: Ok(())
+            },
+            ClientCompletion {
+                tag: 3,
+                result: Ok(())
+            }
+        ]
     );
 }

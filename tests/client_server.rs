@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use client_util::real::RealHarness;
 use client_util::{Rig, Setup, MS};
-use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState, ENOTCONN};
+use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState};
 use rtrs_spdk::server::ServerConfig;
+use rtrs_spdk::Errno;
 
 fn clean(h: &Rig) {
     let t = h.total();
@@ -163,7 +164,7 @@ fn all_paths_down_io_fails_cleanly_after_the_wait() {
     assert_eq!(t.submitted, t.completed);
     assert_eq!((t.strays, t.mismatches), (0, 0));
     assert!(
-        !t.errors.is_empty() && t.errors.iter().all(|&e| e == -ENOTCONN),
+        !t.errors.is_empty() && t.errors.iter().all(|&e| e == Errno::ENOTCONN),
         "{:?}",
         t.errors
     );

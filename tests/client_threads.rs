@@ -90,7 +90,7 @@ impl Worker {
         }
         for c in &out[..n] {
             let slot = (c.tag >> 1) as usize;
-            if c.errno != 0 {
+            if c.result.is_err() {
                 self.c.errors.fetch_add(1, Ordering::Relaxed);
                 self.state[slot] = 0;
                 continue;

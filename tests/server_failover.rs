@@ -181,6 +181,13 @@ impl Fabric for SmallQueues {
     fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
         self.0.alloc_fast_mr()
     }
+    fn local_memory(
+        &self,
+        sge: &rtrs_spdk::fabric::Sge,
+        need: Access,
+    ) -> Option<Arc<rtrs_spdk::fabric::mem::Backing>> {
+        self.0.local_memory(sge, need)
+    }
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.0.listen(addr)
     }

@@ -8,10 +8,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::ctl::{ns, Ctl, PathCtl, Phase};
+use super::cross_core::{IoConn, Params, PathCmd};
+use super::ctl::{ns, Ctl, PathCtl, PathProgress};
 use super::reconnect::ReconnectStep;
 use super::refusal::{reject_kind, reject_reason, RejectKind};
-use super::shared::{CoreCmd, IoConn, Params};
 use super::state::PathState;
 use crate::common::{random_u64, Con, IuPool, LinkEvent};
 use crate::engine::Ctx;
@@ -62,7 +62,7 @@ impl Ctl {
             pc.shared.psk.as_ref(),
         ) {
             Ok(cur) => {
-                pc.phase = Phase::Connecting {
+                pc.phase = PathProgress::Connecting {
                     conns: Vec::with_capacity(usize::from(self.cid_num())),
                     cur,
                     acc: None,
@@ -81,7 +81,7 @@ impl Ctl {
     /// for the user ([`super::Session::path_failure`]) until a manual reconnect.
     pub(super) fn path_refused(&mut self, pc: &mut PathCtl, cid: u16, why: &str) {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting cid {cid} failed: {why}; the path is closed (no reconnect)");
-        if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
+        if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
         }
@@ -102,13 +102,13 @@ impl Ctl {
             .last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
-        if let Phase::Connecting { conns, cur, .. } = &mut pc.phase {
+        if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
-        } else if let Phase::Info { conns, .. } = &mut pc.phase {
+        } else if let PathProgress::Info { conns, .. } = &mut pc.phase {
             conns.iter_mut().for_each(Con::disconnect);
         }
-        pc.phase = Phase::Idle;
+        pc.phase = PathProgress::Idle;
         pc.shared
             .home
             .reconnect_fail
@@ -120,12 +120,12 @@ impl Ctl {
 
     pub(super) fn schedule_reconnect(&mut self, pc: &mut PathCtl, now: u64, at_once: bool) {
         if at_once {
-            pc.phase = Phase::Waiting { at: now };
+            pc.phase = PathProgress::Waiting { at: now };
             return;
         }
         match pc.reconnect.next(random_u64()) {
             ReconnectStep::After(d) => {
-                pc.phase = Phase::Waiting {
+                pc.phase = PathProgress::Waiting {
                     at: now.saturating_add(ns(d)),
                 }
             }
@@ -142,11 +142,11 @@ impl Ctl {
         if pc.shared.state.change(PathState::Closed).is_ok() {
             self.sess.live_paths.fetch_sub(1, Ordering::AcqRel);
         }
-        pc.phase = Phase::Idle;
+        pc.phase = PathProgress::Idle;
     }
 
     pub(super) fn drive_connecting(&mut self, pc: &mut PathCtl, now: u64) -> bool {
-        let Phase::Connecting {
+        let PathProgress::Connecting {
             conns,
             cur,
             acc,
@@ -229,7 +229,7 @@ impl Ctl {
             self.connect_failed(pc, now, &why);
             return true;
         }
-        let Phase::Connecting {
+        let PathProgress::Connecting {
             conns, cur, acc, ..
         } = &mut pc.phase
         else {
@@ -271,7 +271,9 @@ impl Ctl {
             }
             return true;
         }
-        let Phase::Connecting { conns, .. } = std::mem::replace(&mut pc.phase, Phase::Idle) else {
+        let PathProgress::Connecting { conns, .. } =
+            std::mem::replace(&mut pc.phase, PathProgress::Idle)
+        else {
             unreachable!("phase checked above")
         };
         self.start_info(pc, conns, a, now);
@@ -301,7 +303,7 @@ impl Ctl {
                     .or(b.err())
                     .map(|e| e.to_string())
                     .unwrap_or_default();
-                pc.phase = Phase::Connecting {
+                pc.phase = PathProgress::Connecting {
                     conns,
                     cur: Box::new(NoConn),
                     acc: None,
@@ -329,7 +331,7 @@ impl Ctl {
                     }])
                     .map_err(|e| e.to_string())
             });
-        pc.phase = Phase::Info {
+        pc.phase = PathProgress::Info {
             conns,
             acc,
             rsp,
@@ -342,7 +344,7 @@ impl Ctl {
     }
 
     pub(super) fn drive_info(&mut self, cx: &mut dyn Ctx, pc: &mut PathCtl, now: u64) -> bool {
-        let Phase::Info {
+        let PathProgress::Info {
             conns,
             acc,
             rsp,
@@ -407,7 +409,8 @@ impl Ctl {
             new_rkey: acc.new_rkey,
             layout,
         };
-        let Phase::Info { conns, .. } = std::mem::replace(&mut pc.phase, Phase::Idle) else {
+        let PathProgress::Info { conns, .. } = std::mem::replace(&mut pc.phase, PathProgress::Idle)
+        else {
             unreachable!("phase checked above")
         };
         self.establish(cx, pc, conns, params, rbuf, now);
@@ -436,7 +439,7 @@ impl Ctl {
             Ok(r) => r,
             Err(e) => {
                 con0.disconnect();
-                pc.phase = Phase::Idle;
+                pc.phase = PathProgress::Idle;
                 self.connect_failed(pc, now, &format!("posting receives on cid 0: {e}"));
                 return;
             }
@@ -456,21 +459,20 @@ impl Ctl {
                 }),
                 Err(e) => {
                     con0.disconnect();
-                    pc.phase = Phase::Idle;
+                    pc.phase = PathProgress::Idle;
                     self.connect_failed(pc, now, &format!("posting receives: {e}"));
                     return;
                 }
             }
         }
         self.params = Some(params);
-        *self.sess.params.lock().unwrap_or_else(|e| e.into_inner()) = Some(params);
         if pc.shared.state.change(PathState::Connected).is_err() {
             con0.disconnect();
-            pc.phase = Phase::Idle;
+            pc.phase = PathProgress::Idle;
             return;
         }
         for (core, io) in ios.into_iter().enumerate() {
-            self.sess.to_core[core].push(CoreCmd::Up {
+            self.sess.to_core[core].push(PathCmd::Up {
                 path: pc.shared.clone(),
                 params,
                 conn: Box::new(io),
@@ -486,7 +488,7 @@ impl Ctl {
         pc.shared.error.store(false, Ordering::Release);
         pc.hb.reset();
         pc.hb_next = now.saturating_add(pc.hb.interval_ns());
-        pc.phase = Phase::Connected { con0, recv0 };
+        pc.phase = PathProgress::Connected { con0, recv0 };
         self.up += 1;
         self.sess.paths_up.store(self.up, Ordering::Release);
         tracing::info!(sess = %self.sess.sessname, path = %pc.shared.addr, "path connected (queue depth {}, max_io_size {})", params.queue_depth, params.max_io_size);

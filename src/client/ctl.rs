@@ -9,17 +9,17 @@
 //! connection request is started and its CM event picked up on a later poll, never
 //! waited for. Connections of a path are made one after the other (cid 0 first: its
 //! REP carries the queue depth that sizes the others); once INFO_RSP has arrived and
-//! every receive is posted, connection `k+1` is handed to core `k` (`CoreCmd::Up`, in `connect`).
+//! every receive is posted, connection `k+1` is handed to core `k` (`PathCmd::Up`, in `connect`).
 //! Tearing a path down asks every core to drop its connection and fail its requests
-//! over (`CoreCmd::Down`, in `recovery`) and waits for all of them to acknowledge.
+//! over (`PathCmd::Down`, in `recovery`) and waits for all of them to acknowledge.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
+use super::cross_core::{Params, PathShared, SessCmd, SessShared};
 use super::reconnect::Reconnect;
 use super::refusal::Refusal;
-use super::shared::{Params, PathShared, SessCmd, SessShared};
 use super::state::PathState;
 use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
@@ -45,7 +45,9 @@ pub(super) enum After {
     Remove,
 }
 
-pub(super) enum Phase {
+/// Where the home core is in bringing one path up or taking it down (the kernel spreads
+/// this over `rtrs_clt_path.state` and its work items).
+pub(super) enum PathProgress {
     /// Connection `conns.len()` is being established.
     Connecting {
         conns: Vec<Con>,
@@ -85,7 +87,7 @@ pub(super) struct PathCtl {
     pub(super) reconnect: Reconnect,
     pub(super) hb: Heartbeat,
     pub(super) hb_next: u64,
-    pub(super) phase: Phase,
+    pub(super) phase: PathProgress,
     /// The latest attempt was refused with this errno, which a retry will not change.
     pub(super) refused: Option<i32>,
 }
@@ -156,7 +158,7 @@ impl Ctl {
             reconnect: Reconnect::new(self.cfg.reconnect_policy()),
             hb: Heartbeat::from_config(&self.cfg.hb),
             hb_next: 0,
-            phase: Phase::Idle,
+            phase: PathProgress::Idle,
             refused: None,
         };
         self.start_connect(&mut pc, now);
@@ -208,18 +210,20 @@ impl Ctl {
             *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         match (&pc.phase, then) {
-            (Phase::Teardown { .. }, _) => pc.phase = Phase::Teardown { then },
-            (Phase::Idle, After::ReconnectNow) => {
+            (PathProgress::Teardown { .. }, _) => pc.phase = PathProgress::Teardown { then },
+            (PathProgress::Idle, After::ReconnectNow) => {
                 let _ = pc.shared.state.change(PathState::Reconnecting);
-                pc.phase = Phase::Waiting { at: now };
+                pc.phase = PathProgress::Waiting { at: now };
             }
-            (Phase::Waiting { .. }, After::ReconnectNow) => pc.phase = Phase::Waiting { at: now },
-            (Phase::Idle, After::Remove) => {
+            (PathProgress::Waiting { .. }, After::ReconnectNow) => {
+                pc.phase = PathProgress::Waiting { at: now }
+            }
+            (PathProgress::Idle, After::Remove) => {
                 let _ = pc.shared.state.change(PathState::Dead);
                 self.forget(&pc);
                 return;
             }
-            (Phase::Idle, _) => {}
+            (PathProgress::Idle, _) => {}
             _ => self.begin_teardown(cx, &mut pc, then),
         }
         self.paths[slot] = Some(pc);
@@ -278,9 +282,9 @@ impl Poller for Ctl {
             // Nothing to do for this path in this loop: leave it in place (moving a
             // path out and back costs a copy of it).
             match self.paths[slot].as_ref().map(|pc| &pc.phase) {
-                None | Some(Phase::Idle) => continue,
-                Some(Phase::Waiting { at }) if now < *at => continue,
-                Some(Phase::Connected { .. }) if paced => {
+                None | Some(PathProgress::Idle) => continue,
+                Some(PathProgress::Waiting { at }) if now < *at => continue,
+                Some(PathProgress::Connected { .. }) if paced => {
                     let pc = self.paths[slot].as_ref().expect("matched Some above");
                     if now < pc.hb_next && !pc.shared.error.load(Ordering::Relaxed) {
                         continue;
@@ -293,22 +297,22 @@ impl Poller for Ctl {
             };
             let mut gone = false;
             busy |= match pc.phase {
-                Phase::Connecting { .. } => self.drive_connecting(&mut pc, now),
-                Phase::Info { .. } => self.drive_info(cx, &mut pc, now),
-                Phase::Connected { .. } => self.drive_connected(cx, &mut pc, now),
-                Phase::Teardown { .. } => {
+                PathProgress::Connecting { .. } => self.drive_connecting(&mut pc, now),
+                PathProgress::Info { .. } => self.drive_info(cx, &mut pc, now),
+                PathProgress::Connected { .. } => self.drive_connected(cx, &mut pc, now),
+                PathProgress::Teardown { .. } => {
                     gone = self.drive_teardown(&mut pc, now);
                     true
                 }
-                Phase::Waiting { at } if now >= at => {
+                PathProgress::Waiting { at } if now >= at => {
                     if pc.shared.state.change(PathState::Connecting).is_ok() {
                         self.start_connect(&mut pc, now);
                     } else {
-                        pc.phase = Phase::Idle;
+                        pc.phase = PathProgress::Idle;
                     }
                     true
                 }
-                Phase::Waiting { .. } | Phase::Idle => false,
+                PathProgress::Waiting { .. } | PathProgress::Idle => false,
             };
             if gone {
                 self.forget(&pc);

@@ -1,6 +1,7 @@
 //! Errors of the RTRS client: opening and managing a session, and submitting IO.
 
 use crate::fabric::FabricError;
+use crate::Errno;
 
 /// Session set-up and management failures.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +50,18 @@ pub enum SubmitError {
     #[error("no path of the session is connected or coming back")]
     NoPath,
     /// The session never connected and the target refused every path for a reason a
-    /// retry will not change (`errno`, negative); `Session::refusal` says why.
-    #[error("the target refused the session (errno {errno})")]
-    Refused { errno: i32 },
+    /// retry will not change; `Session::refusal` says why.
+    #[error("the target refused the session: {errno}")]
+    Refused { errno: Errno },
+    /// Scatter-gather entry `index` (`len` bytes at `addr` under `lkey`) is not inside a
+    /// live registration of the session's fabric granting what the request needs (local
+    /// write for a READ's reply space). Checked for every entry the client itself copies
+    /// from or into, so a wrong address is refused here rather than dereferenced.
+    #[error("scatter-gather entry {index} ({len} bytes at {addr:#x}, lkey {lkey:#x}) is not inside a live registration of the session's fabric with the access the request needs")]
+    BadSge {
+        index: usize,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    },
 }

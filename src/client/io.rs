@@ -15,20 +15,21 @@
 
 use std::sync::atomic::Ordering;
 
-use super::core::{CorePath, FmrState, RState, SessionCore, EINVAL, ENOTCONN, MAX_SGL};
-use super::policy::PathSet;
+use super::policy::{Candidate, MpPolicy, PathSet};
+use super::request::{
+    region_index, CorePath, FmrState, Out, PollScratch, Posted, RState, MAX_SGL, WC_BATCH,
+};
+use super::session_core::SessionCore;
 
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
+use crate::Errno;
 
 /// Polls of a core between connection-manager checks of its IO connections.
 const CM_POLL_EVERY: u64 = 64;
-
-/// Most completions taken from a connection per poll.
-const WC_BATCH: usize = 32;
 
 /// Copies the first bytes of every successful receive among `wcs` into `payloads` (same
 /// index) and reposts all of those receives in one call, before any is handled (the
@@ -57,39 +58,6 @@ fn take_recvs(
     cp.io.con.post_recv(&posts[..k])
 }
 
-/// The arrays one [`SessionCore::poll`] fills: completions, the first bytes of each
-/// receive, and the receives to repost.
-pub(super) struct PollScratch {
-    wcs: [Wc; WC_BATCH],
-    payloads: [[u8; RkeyRsp::LEN]; WC_BATCH],
-    posts: [RecvWr; WC_BATCH],
-}
-
-impl Default for PollScratch {
-    fn default() -> PollScratch {
-        PollScratch {
-            wcs: [Wc::default(); WC_BATCH],
-            payloads: [[0; RkeyRsp::LEN]; WC_BATCH],
-            posts: [RecvWr {
-                wr_id: 0,
-                sge: None,
-            }; WC_BATCH],
-        }
-    }
-}
-
-/// Result of trying to post a request.
-pub(super) enum Posted {
-    Yes,
-    /// No usable path right now.
-    NoPath,
-    /// A path is usable but its send queue is full: retry on a later poll.
-    Retry,
-    /// The request cannot be encoded for this session (checked at submit, so only a
-    /// session whose limits changed underneath it gets here): fail it with −EINVAL.
-    Invalid,
-}
-
 /// Why a post on one path failed.
 enum PostFail {
     Budget,
@@ -100,14 +68,15 @@ enum PostFail {
 impl SessionCore {
     fn refresh_cands(&mut self) {
         let n = self.nslots;
+        let core = self.core;
         for (c, p) in self.cands[..n].iter_mut().zip(&self.paths[..n]) {
             *c = match p {
-                Some(cp) => super::policy::Candidate {
+                Some(cp) => Candidate {
                     usable: cp.shared.connected(),
-                    inflight: cp.inflight,
+                    inflight: cp.shared.core_stats[core].inflight.get() as u32,
                     latency_ns: cp.shared.home.hb_latency_ns.load(Ordering::Relaxed),
                 },
-                None => super::policy::Candidate::default(),
+                None => Candidate::default(),
             };
         }
     }
@@ -133,16 +102,28 @@ impl SessionCore {
         }
     }
 
-    fn post_on(
-        &mut self,
-        i: usize,
-        p: usize,
-        policy: super::policy::MpPolicy,
-        now: u64,
-    ) -> Result<(), PostFail> {
+    fn post_on(&mut self, i: usize, p: usize, policy: MpPolicy, now: u64) -> Result<(), PostFail> {
         let params = self.params.expect("params known while requests exist");
         let buf_id = self.permits.range().start + i as u16;
-        let r = self.reqs[i];
+        let mut r = self.reqs[i];
+        // A single segment inside a region the caller registered with this core is
+        // written by the server directly; otherwise the bounce area, whose copy needs the
+        // segments held (done at submit unless the region was meant; done here when the
+        // region has been removed since).
+        if r.has_desc() && r.region.is_none() && !r.kept {
+            let seg = self.sgl[i * MAX_SGL];
+            // Only a single-segment READ meant for a region that was removed since
+            // (`remove_region` cleared its hint) gets here.
+            match region_index(&self.regions, &seg).and_then(|k| u16::try_from(k).ok()) {
+                Some(k) => self.reqs[i].region = Some(k),
+                None => {
+                    self.hold(i, &[seg]).map_err(|_| PostFail::Invalid)?;
+                    self.reqs[i].kept = true;
+                }
+            }
+            r = self.reqs[i];
+        }
+        let in_region = r.region.map(usize::from);
         let res = self.res.as_mut().expect("resources exist with params");
         let cp: &mut CorePath = self.paths[p].as_mut().ok_or(PostFail::Broken)?;
         let (raddr, rkey) = cp.io.rbuf[usize::from(buf_id)];
@@ -200,21 +181,10 @@ impl SessionCore {
                             signaled: false,
                         });
                     }
-                    // A single segment inside a region the caller registered with this
-                    // core is written by the server directly; otherwise the bounce area.
-                    let seg = self.sgl[i * MAX_SGL];
-                    let region = (r.nsg == 1)
-                        .then(|| {
-                            self.regions.iter().find(|m| {
-                                m.lkey() == seg.lkey
-                                    && seg.addr >= m.addr()
-                                    && seg.addr + u64::from(seg.len) <= m.addr() + m.len() as u64
-                            })
-                        })
-                        .flatten();
+                    let region = in_region.map(|k| &self.regions[k]);
                     direct = region.is_some();
                     let (region, target) = match region {
-                        Some(m) => (&**m, seg.addr),
+                        Some(m) => (&**m, self.sgl[i * MAX_SGL].addr),
                         None => (&res.bounce, bounce_addr),
                     };
                     let new_key = inc_rkey(res.fmr[i].rkey());
@@ -310,8 +280,7 @@ impl SessionCore {
         if r.failed_over {
             st.failover_cnt.add(1);
         }
-        if policy == super::policy::MpPolicy::MinInflight {
-            cp.inflight += 1;
+        if policy == MpPolicy::MinInflight {
             st.inflight.add(1);
         }
         if direct {
@@ -327,7 +296,13 @@ impl SessionCore {
     }
 
     /// Polls the CQ and CM of this core's connection of path `slot`.
-    pub(super) fn poll_path(&mut self, slot: usize, sc: &mut PollScratch, now: u64) {
+    pub(super) fn poll_path(
+        &mut self,
+        slot: usize,
+        sc: &mut PollScratch,
+        out: &mut Out<'_>,
+        now: u64,
+    ) {
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
@@ -371,7 +346,7 @@ impl SessionCore {
             if self.paths[slot].is_none() {
                 return;
             }
-            self.on_wc(slot, wc, payload, now);
+            self.on_wc(slot, wc, payload, out, now);
         }
         if broken && self.paths[slot].is_some() {
             self.path_failed(slot, now);
@@ -380,7 +355,14 @@ impl SessionCore {
 
     /// One completion of this core's connection of `slot`; a receive's first bytes (an
     /// RKEY_RSP) are in `payload`, taken before the receive was reposted.
-    fn on_wc(&mut self, slot: usize, wc: &Wc, payload: &[u8; RkeyRsp::LEN], now: u64) {
+    fn on_wc(
+        &mut self,
+        slot: usize,
+        wc: &Wc,
+        payload: &[u8; RkeyRsp::LEN],
+        out: &mut Out<'_>,
+        now: u64,
+    ) {
         if wc.status == WcStatus::WrFlush {
             return;
         }
@@ -440,10 +422,10 @@ impl SessionCore {
                 }
             }
         }
-        self.complete_rsp(slot, rsp, now);
+        self.complete_rsp(slot, rsp, out, now);
     }
 
-    fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, now: u64) {
+    fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, out: &mut Out<'_>, now: u64) {
         let params = self.params.expect("params");
         if rsp.check_msg_id(params.queue_depth).is_err() {
             if let Some(suppressed) = self.may_warn(now) {
@@ -472,15 +454,25 @@ impl SessionCore {
         if rsp.w_inv() {
             res.fmr_state[i] = FmrState::Free;
         }
-        if rsp.errno() == 0 && r.has_desc() && !r.direct {
+        let mut result = Errno::result_from_neg(rsp.errno());
+        if result.is_ok() && r.has_desc() && !r.direct {
             let mut off = i * params.max_io_size as usize;
             let mut left = r.data_len as usize;
-            for s in &self.sgl[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)] {
+            let segs = i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg);
+            for (s, held) in self.sgl[segs.clone()].iter().zip(&self.keep[segs]) {
                 let n = (s.len as usize).min(left);
-                // SAFETY: the server finished writing the bounce area of permit `i` before
-                // its response (RC ordering) and its key is retired or will be replaced
-                // before reuse; the destination is the caller's memory, reserved for this
-                // request until its completion (ClientIo's contract).
+                if held.is_none() {
+                    // Not reached: a READ that is not direct holds its segments from its
+                    // post on (`hold`). An address not proven is never written.
+                    result = Err(Errno::EIO);
+                    break;
+                }
+                // SAFETY: `[s.addr, s.addr + s.len)` was proven inside a registration
+                // granting local write when the request was submitted (`hold`), and that
+                // memory is kept allocated by `held` until the completion; the caller
+                // reserved it for this request (ClientIo's contract). The server finished
+                // writing the bounce area of permit `i` before its response (RC
+                // ordering) and its key is retired or replaced before reuse.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         res.bounce.as_ptr().add(off),
@@ -492,7 +484,8 @@ impl SessionCore {
                 left -= n;
             }
         }
-        self.finish(i, rsp.errno(), now);
+        let c = self.finish(i, result, now);
+        out.put(c, &mut self.done);
     }
 
     fn protocol_error(&mut self, slot: usize, now: u64, why: std::fmt::Arguments<'_>) {
@@ -536,7 +529,8 @@ impl SessionCore {
             let _ = take_recvs(cp, &wcs[..n], &mut payloads, &mut posts);
             for (wc, payload) in wcs[..n].iter().zip(&payloads) {
                 if wc.status.is_ok() {
-                    self.on_wc(slot, wc, payload, now);
+                    // Outside a poll's slice: the completions wait for the next poll.
+                    self.on_wc(slot, wc, payload, &mut Out::new(&mut []), now);
                 }
             }
         }
@@ -555,7 +549,7 @@ impl SessionCore {
             if let Some(p) =
                 self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].as_ref()
             {
-                if r.policy == super::policy::MpPolicy::MinInflight {
+                if r.policy == MpPolicy::MinInflight {
                     p.core_stats[self.core].inflight.sub(1);
                 }
             }
@@ -574,7 +568,7 @@ impl SessionCore {
 
     /// Retries waiting requests; those past their deadline, or with no path that could
     /// come back, fail with −ENOTCONN.
-    pub(super) fn drive_wait(&mut self, now: u64) {
+    pub(super) fn drive_wait(&mut self, out: &mut Out<'_>, now: u64) {
         let live = self.sess.live();
         for _ in 0..self.wait.len() {
             let Some(b) = self.wait.pop_front() else {
@@ -583,11 +577,15 @@ impl SessionCore {
             let i = usize::from(b - self.permits.range().start);
             match self.try_post(i, now) {
                 Posted::Yes => {}
-                Posted::Invalid => self.finish(i, -EINVAL, now),
+                Posted::Invalid => {
+                    let c = self.finish(i, Err(Errno::EINVAL), now);
+                    out.put(c, &mut self.done);
+                }
                 Posted::Retry => self.wait.push_back(b),
                 Posted::NoPath => {
                     if now >= self.reqs[i].deadline || !live {
-                        self.finish(i, -ENOTCONN, now);
+                        let c = self.finish(i, Err(Errno::ENOTCONN), now);
+                        out.put(c, &mut self.done);
                     } else {
                         self.wait.push_back(b);
                     }

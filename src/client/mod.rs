@@ -51,7 +51,7 @@
 
 mod config;
 mod connect;
-mod core;
+mod cross_core;
 mod ctl;
 mod error;
 mod io;
@@ -60,12 +60,12 @@ pub mod policy;
 pub mod reconnect;
 mod recovery;
 pub mod refusal;
+mod request;
 mod session;
-mod shared;
+mod session_core;
 pub mod state;
 pub mod stats;
 
-pub use self::core::{ClientCompletion, ClientIo, SessionCore, ENOTCONN, MAX_SGL};
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use config::{ClientConfig, PathAddr, PathParseError};
 pub use ctl::ClientEvents;
@@ -73,6 +73,8 @@ pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};
 pub use reconnect::{ReconnectPolicy, ReconnectStep};
 pub use refusal::Refusal;
+pub use request::{ClientCompletion, ClientIo, MAX_SGL};
 pub use session::{check_sessname, Session};
+pub use session_core::SessionCore;
 pub use state::PathState;
 pub use stats::ClientStats;

@@ -6,8 +6,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::ctl::{After, Ctl, PathCtl, Phase};
-use super::shared::CoreCmd;
+use super::cross_core::PathCmd;
+use super::ctl::{After, Ctl, PathCtl, PathProgress};
 use super::state::PathState;
 use crate::common::{Con, LinkEvent};
 use crate::engine::Ctx;
@@ -16,7 +16,7 @@ use crate::proto::{Imm, RkeyRsp, HB_ACK_IMM, HB_MSG_IMM};
 
 impl Ctl {
     pub(super) fn drive_connected(&mut self, cx: &mut dyn Ctx, pc: &mut PathCtl, now: u64) -> bool {
-        let Phase::Connected { con0, recv0 } = &mut pc.phase else {
+        let PathProgress::Connected { con0, recv0 } = &mut pc.phase else {
             return false;
         };
         let mut err: Option<String> = None;
@@ -119,18 +119,18 @@ impl Ctl {
 
     /// Starts tearing a path down; cores drop their connections and fail over.
     pub(super) fn begin_teardown(&mut self, cx: &mut dyn Ctx, pc: &mut PathCtl, then: After) {
-        let was = std::mem::replace(&mut pc.phase, Phase::Idle);
-        let was_up = matches!(was, Phase::Connected { .. });
+        let was = std::mem::replace(&mut pc.phase, PathProgress::Idle);
+        let was_up = matches!(was, PathProgress::Connected { .. });
         match was {
-            Phase::Connected { mut con0, .. } => con0.disconnect(),
-            Phase::Connecting {
+            PathProgress::Connected { mut con0, .. } => con0.disconnect(),
+            PathProgress::Connecting {
                 mut conns, mut cur, ..
             } => {
                 cur.disconnect();
                 conns.iter_mut().for_each(Con::disconnect);
             }
-            Phase::Info { mut conns, .. } => conns.iter_mut().for_each(Con::disconnect),
-            Phase::Teardown { .. } | Phase::Waiting { .. } | Phase::Idle => {}
+            PathProgress::Info { mut conns, .. } => conns.iter_mut().for_each(Con::disconnect),
+            PathProgress::Teardown { .. } | PathProgress::Waiting { .. } | PathProgress::Idle => {}
         }
         let to = match then {
             After::Reconnect | After::ReconnectNow => PathState::Reconnecting,
@@ -147,7 +147,7 @@ impl Ctl {
         }
         pc.shared.acks.store(0, Ordering::Release);
         for (k, q) in self.sess.to_core.iter().enumerate() {
-            q.push(CoreCmd::Down {
+            q.push(PathCmd::Down {
                 slot: pc.shared.slot,
             });
             // A dropped core handle answers nothing; count it here. (If it dropped
@@ -158,12 +158,12 @@ impl Ctl {
                 pc.shared.acks.fetch_add(1, Ordering::AcqRel);
             }
         }
-        pc.phase = Phase::Teardown { then };
+        pc.phase = PathProgress::Teardown { then };
     }
 
     /// Returns whether the path is gone for good.
     pub(super) fn drive_teardown(&mut self, pc: &mut PathCtl, now: u64) -> bool {
-        let Phase::Teardown { then } = pc.phase else {
+        let PathProgress::Teardown { then } = pc.phase else {
             return false;
         };
         if pc.shared.acks.load(Ordering::Acquire) < self.sess.cores {

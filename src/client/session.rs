@@ -12,12 +12,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
-use super::core::SessionCore;
+use super::cross_core::{SessCmd, SessShared};
 use super::ctl::{ClientEvents, Ctl};
 use super::error::ClientError;
 use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
 use super::refusal::Refusal;
-use super::shared::{SessCmd, SessShared};
+use super::session_core::SessionCore;
 use super::state::PathState;
 use super::stats::{ClientStats, PathStats};
 use crate::common::random_uuid;

@@ -431,6 +431,17 @@ pub trait Fabric: Send + Sync {
         access: Access,
     ) -> Result<Mr, FabricError>;
 
+    /// The memory a local SGE names, checked as a post checks it: its lkey names a live
+    /// registration of this fabric granting `need`, and the range lies inside. The
+    /// returned handle keeps that memory allocated. `None` when it does not, or when the
+    /// backend keeps no table of its registrations to tell (the default; verbs, whose
+    /// device checks at post time): software that copies a caller's SGE itself (the RTRS
+    /// client's bounce area) resolves it here first.
+    fn local_memory(&self, sge: &Sge, need: Access) -> Option<std::sync::Arc<mem::Backing>> {
+        let _ = (sge, need);
+        None
+    }
+
     /// Allocates a fast-registration slot; it is bound by posting [`SendOp::RegMr`].
     ///
     /// # Errors

@@ -19,6 +19,7 @@ use rtrs_spdk::client::{
 use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
+use rtrs_spdk::Errno;
 
 pub use fake_server::FakeServer;
 
@@ -54,7 +55,7 @@ pub struct LoadStats {
     pub submitted: u64,
     pub completed: u64,
     pub verified: u64,
-    pub errors: Vec<i32>,
+    pub errors: Vec<Errno>,
     pub mismatches: u64,
     /// Completions for no request in flight (a double or stray completion).
     pub strays: u64,
@@ -229,8 +230,8 @@ impl Load {
             self.stats.strays += 1;
             return;
         }
-        if c.errno != 0 {
-            self.stats.errors.push(c.errno);
+        if let Err(e) = c.result {
+            self.stats.errors.push(e);
             self.slots[slot].state = SlotState::Idle;
             return;
         }

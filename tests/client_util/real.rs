@@ -46,6 +46,13 @@ impl Fabric for RecordingFabric {
     fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
         self.lo.alloc_fast_mr()
     }
+    fn local_memory(
+        &self,
+        sge: &rtrs_spdk::fabric::Sge,
+        need: Access,
+    ) -> Option<Arc<rtrs_spdk::fabric::mem::Backing>> {
+        self.lo.local_memory(sge, need)
+    }
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.lo.listen(addr)
     }

@@ -84,7 +84,7 @@ impl Legacy {
         let mut out = [ClientCompletion::default(); 4];
         let n = self.core.poll(cx.now(), &mut out);
         for c in &out[..n] {
-            self.answer(c.errno)?;
+            self.answer(rtrs_spdk::Errno::neg_of(c.result))?;
         }
         let sent = match self.step {
             0 => {

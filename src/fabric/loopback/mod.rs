@@ -228,6 +228,14 @@ impl Fabric for LoopbackFabric {
         Ok(self.inner.table.alloc_fast_mr())
     }
 
+    fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
+        self.inner
+            .table
+            .local(sge, need)
+            .ok()
+            .map(|m| m.into_backing())
+    }
+
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         let mut names = self.inner.names();
         let addr = if addr.port() == 0 {

@@ -50,6 +50,11 @@ impl MemRef {
         self.len == 0
     }
 
+    /// The handle that keeps the memory allocated.
+    pub fn into_backing(self) -> Arc<Backing> {
+        self.keep
+    }
+
     /// The first `len` bytes (`len` ≤ this range).
     ///
     /// # Panics

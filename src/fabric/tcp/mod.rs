@@ -142,6 +142,10 @@ impl Fabric for TcpFabric {
         Ok(self.table.alloc_fast_mr())
     }
 
+    fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
+        self.table.local(sge, need).ok().map(|m| m.into_backing())
+    }
+
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.listen_config(addr, &Admission::default(), None)
     }

@@ -19,16 +19,13 @@ use crate::Errno;
 /// How a finished request ended.
 #[inline]
 pub fn completion_result(c: &ClientCompletion) -> Result<(), Errno> {
-    Errno::result_from_neg(c.errno)
+    c.result
 }
 
 /// A finished request `tag` that ended with `result`.
 #[inline]
 pub fn completion(tag: u64, result: Result<(), Errno>) -> ClientCompletion {
-    ClientCompletion {
-        tag,
-        errno: Errno::neg_of(result),
-    }
+    ClientCompletion { tag, result }
 }
 
 impl SessionHandle for SessionCore {
@@ -40,7 +37,7 @@ impl SessionHandle for SessionCore {
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(SendError::Busy),
             // Never connected and refused for good: say why, at once.
             Err(e @ SubmitError::Refused { errno }) => Err(SendError::Refused {
-                errno: Errno::result_from_neg(errno).err().unwrap_or(Errno::EIO),
+                errno,
                 reason: self
                     .refusal()
                     .map_or_else(|| e.to_string(), |r| r.to_string()),

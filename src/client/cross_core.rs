@@ -2,7 +2,7 @@
 //! between them (the kernel's `rtrs_clt_sess`/`rtrs_clt_path` fields that several CPUs
 //! read, turned into explicit one-writer cells and queues).
 //!
-//! The home core ([`super::ctl`]) writes path states and pushes [`CoreCmd`]s; each
+//! The home core ([`super::ctl`]) writes path states and pushes [`PathCmd`]s; each
 //! [`super::SessionCore`] drains its own queue on its next poll, reports connection
 //! errors through [`PathShared::error`] and acknowledges teardowns through
 //! [`PathShared::acks`]. Runtime requests from any thread reach the home core as
@@ -98,8 +98,8 @@ pub struct IoConn {
     pub rbuf: Vec<(u64, u32)>,
 }
 
-/// Home core → IO core.
-pub enum CoreCmd {
+/// Home core → IO core: a path's connection for the core comes or goes.
+pub enum PathCmd {
     /// Path `path` is connected; this is the core's connection of it.
     Up {
         path: Arc<PathShared>,
@@ -129,13 +129,11 @@ pub struct SessShared {
     /// Paths by slot, for statistics and management (never touched on the data path).
     pub paths: Mutex<Vec<Option<Arc<PathShared>>>>,
     pub to_home: SegQueue<SessCmd>,
-    pub to_core: Vec<SegQueue<CoreCmd>>,
+    pub to_core: Vec<SegQueue<PathCmd>>,
     /// Core handles dropped by their owner (they acknowledge no teardown any more).
     pub core_gone: Vec<AtomicBool>,
     /// Paths not Closed or Dead: while any exists, IO may wait for a reconnect.
     pub live_paths: AtomicUsize,
-    /// Session limits, once known (written by the home core before any `Up`).
-    pub params: Mutex<Option<Params>>,
     pub closed: AtomicBool,
     /// Paths connected right now.
     pub paths_up: AtomicU32,
@@ -154,7 +152,6 @@ impl SessShared {
             to_core: (0..cores).map(|_| SegQueue::new()).collect(),
             core_gone: (0..cores).map(|_| AtomicBool::new(false)).collect(),
             live_paths: AtomicUsize::new(0),
-            params: Mutex::new(None),
             closed: AtomicBool::new(false),
             paths_up: AtomicU32::new(0),
             refusal: Mutex::new(None),

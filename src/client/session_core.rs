@@ -18,131 +18,18 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::cross_core::{Params, PathCmd, SessShared};
 use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
-use super::shared::{CoreCmd, IoConn, Params, PathShared, SessShared};
+use super::request::{
+    region_index, region_of, ClientCompletion, ClientIo, CorePath, FmrState, Out, PollScratch,
+    Posted, RState, Req, Res, MAX_SGL,
+};
 use crate::common::{Dir, IuPool};
+use crate::fabric::mem::Backing;
 use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge};
-use crate::proto::constants::MAX_SEGMENTS;
-
-/// Most scatter-gather entries per request (`RTRS_MAX_SEGMENTS`).
-pub const MAX_SGL: usize = MAX_SEGMENTS as usize;
-/// Errno of a request that found no path within the wait (positive value).
-pub const ENOTCONN: i32 = 107;
-/// Errno of a request that cannot be encoded for the session (positive value).
-pub const EINVAL: i32 = 22;
-/// Errno of a waiting request dropped by a queue-depth change (positive value).
-pub const ECONNRESET: i32 = 104;
-
-/// One request for [`SessionCore::submit`].
-///
-/// `sgl` names memory registered with the session's fabric. It must stay valid, and
-/// must not be read (for a READ) or written (for a WRITE) by anyone else, until the
-/// request's completion comes out of [`SessionCore::poll`]: the client copies from it
-/// (multi-segment WRITE) and into it (READ) by address, as a DMA engine would.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientIo<'a> {
-    /// Returned in the completion.
-    pub tag: u64,
-    pub dir: Dir,
-    /// User header (≤ [`SessionCore::max_usr_hdr`]).
-    pub usr: &'a [u8],
-    /// Data (WRITE) or reply space (READ), ≤ [`SessionCore::max_io_size`] in total.
-    pub sgl: &'a [Sge],
-    /// An administrative request (RNBD's SESS_INFO/OPEN/CLOSE). Carried like any other
-    /// request on this core's connection (see the module doc of `client`).
-    pub admin: bool,
-}
-
-/// A finished request: 0 or a negative errno.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ClientCompletion {
-    pub tag: u64,
-    pub errno: i32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RState {
-    Free,
-    /// Holding its permit, waiting for a usable path (or send-queue room).
-    Waiting,
-    InFlight,
-}
-
-/// One permit's request state.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Req {
-    pub state: RState,
-    pub tag: u64,
-    pub dir: Dir,
-    pub usr_len: u16,
-    pub nsg: u8,
-    pub data_len: u32,
-    /// WRITE data copied into the bounce area (several segments).
-    pub bounced: bool,
-    pub path: usize,
-    pub policy: MpPolicy,
-    pub start_ns: u64,
-    pub deadline: u64,
-    pub failed_over: bool,
-    /// The READ reply went straight into the caller's registered region.
-    pub direct: bool,
-}
-
-impl Req {
-    const FREE: Req = Req {
-        state: RState::Free,
-        tag: 0,
-        dir: Dir::Read,
-        usr_len: 0,
-        nsg: 0,
-        data_len: 0,
-        bounced: false,
-        path: 0,
-        policy: MpPolicy::MinInflight,
-        start_ns: 0,
-        deadline: 0,
-        failed_over: false,
-        direct: false,
-    };
-
-    pub fn has_desc(&self) -> bool {
-        self.dir == Dir::Read && self.data_len > 0
-    }
-}
-
-/// Per-permit registered memory of a core.
-pub(super) struct Res {
-    /// `max_hdr_size` bytes per permit: user header then the RTRS trailer.
-    pub hdr: IuPool,
-    /// `max_io_size` bytes per permit: READ replies, multi-segment WRITE data.
-    pub bounce: Mr,
-    /// The READ reply's key slot per permit.
-    pub fmr: Vec<FastMr>,
-    /// Whether each slot's binding is retired, live, or unknown.
-    pub fmr_state: Vec<FmrState>,
-}
-
-/// The binding of a permit's fast-registration slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FmrState {
-    /// Never bound, or retired (the server's SEND_WITH_INV, IO_RSP_W_INV).
-    Free,
-    /// Bound and not retired: a LOCAL_INV goes before the next binding (the kernel's
-    /// local invalidation when the response came without W_INV).
-    Bound,
-    /// Unknown (the path died with the request in flight): the slot is replaced by a
-    /// fresh one, so a late write through the old key can never reach reused memory.
-    Unknown,
-}
-
-/// This core's connection of one path.
-pub(super) struct CorePath {
-    pub io: Box<IoConn>,
-    pub shared: Arc<PathShared>,
-    pub inflight: u32,
-}
+use crate::Errno;
 
 /// One core's handle of a session (see the module doc). Made by
 /// [`super::Session::open`], one per core; move each to its core and poll it there.
@@ -161,6 +48,11 @@ pub struct SessionCore {
     pub(super) cands: Vec<Candidate>,
     pub(super) sel: Selector,
     pub(super) wait: VecDeque<u16>,
+    /// `MAX_SGL` entries per permit: the registrations a READ's reply is copied into,
+    /// held from submit to completion (see [`Req::kept`]).
+    pub(super) keep: Vec<Option<Arc<Backing>>>,
+    /// Completions made outside a poll, or beyond the caller's slice: handed out first
+    /// by the next poll.
     pub(super) done: VecDeque<ClientCompletion>,
     pub(super) max_send_sge: u32,
     /// One past the highest path slot this core has seen (bounds the per-IO scans).
@@ -174,7 +66,7 @@ pub struct SessionCore {
     /// Regions the caller registered for zero-copy READs ([`SessionCore::add_region`]).
     pub(super) regions: Vec<Arc<Mr>>,
     /// Completion arrays of [`SessionCore::poll`] (`None` only while it runs).
-    pub(super) scratch: Option<Box<super::io::PollScratch>>,
+    pub(super) scratch: Option<Box<PollScratch>>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -198,13 +90,13 @@ impl Drop for SessionCore {
         }
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             match cmd {
-                CoreCmd::Down { slot } => {
+                PathCmd::Down { slot } => {
                     let p = self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].clone();
                     if let Some(p) = p {
                         p.acks.fetch_add(1, Ordering::AcqRel);
                     }
                 }
-                CoreCmd::Up { mut conn, .. } => conn.con.disconnect(),
+                PathCmd::Up { mut conn, .. } => conn.con.disconnect(),
             }
         }
     }
@@ -226,6 +118,7 @@ impl SessionCore {
             permits: Permits::new(0..0),
             reqs: Vec::new(),
             sgl: Vec::new(),
+            keep: Vec::new(),
             res: None,
             paths: (0..MAX_PATHS).map(|_| None).collect(),
             cands: vec![Candidate::default(); MAX_PATHS],
@@ -292,6 +185,10 @@ impl SessionCore {
     /// already posted into it still complete into it.
     pub fn remove_region(&mut self, lkey: u32) {
         self.regions.retain(|m| m.lkey() != lkey);
+        // Indices moved: requests not posted yet look again when they are.
+        for r in &mut self.reqs {
+            r.region = None;
+        }
     }
 
     /// Why the target refused the session, if it did (see `Session::refusal`).
@@ -320,7 +217,9 @@ impl SessionCore {
     pub fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SubmitError> {
         let Some(p) = self.params else {
             return Err(match self.refusal() {
-                Some(r) => SubmitError::Refused { errno: r.errno },
+                Some(r) => SubmitError::Refused {
+                    errno: Errno::from_neg(r.errno).unwrap_or(Errno::EIO),
+                },
                 None => SubmitError::NoPath,
             });
         };
@@ -352,20 +251,48 @@ impl SessionCore {
             });
         };
         let i = usize::from(buf_id - self.permits.range().start);
+        let bounced =
+            io.dir == Dir::Write && len > 0 && (io.sgl.len() > 1 || self.max_send_sge < 2);
+        // A single-segment READ into a region given to add_region is bound in place and
+        // never copied; every other READ's segments receive a copy of the reply.
+        let region = match io.sgl {
+            [one] if io.dir == Dir::Read => {
+                region_index(&self.regions, one).and_then(|k| u16::try_from(k).ok())
+            }
+            _ => None,
+        };
+        let kept = io.dir == Dir::Read && len > 0 && region.is_none();
+        if kept {
+            if let Err(e) = self.hold(i, io.sgl) {
+                self.permits.put(buf_id);
+                return Err(e);
+            }
+        }
         let res = self
             .res
             .as_ref()
             .expect("resources exist once params are known");
-        res.hdr.write(i, io.usr);
-        self.sgl[i * MAX_SGL..i * MAX_SGL + io.sgl.len()].copy_from_slice(io.sgl);
-        let bounced =
-            io.dir == Dir::Write && len > 0 && (io.sgl.len() > 1 || self.max_send_sge < 2);
         if bounced {
             let mut off = i * p.max_io_size as usize;
-            for s in io.sgl {
-                // SAFETY: the caller guarantees (ClientIo's contract) that each SGE names
-                // valid memory not written by anyone until completion; the bounce area of
-                // permit `i` is ours alone until the permit is returned.
+            for (index, s) in io.sgl.iter().enumerate() {
+                // A region of this core's, else whatever registration of the fabric the
+                // key names; held only while the copy runs.
+                let held;
+                let ok = match region_of(&self.regions, s) {
+                    Some(_) => true,
+                    None => {
+                        held = self.fabric.local_memory(s, Access::NONE);
+                        held.is_some()
+                    }
+                };
+                if !ok {
+                    self.permits.put(buf_id);
+                    return Err(bad_sge(index, s));
+                }
+                // SAFETY: `[s.addr, s.addr + s.len)` lies inside a live registration (just
+                // checked against its bounds), kept allocated by `self.regions` or `held`
+                // during the copy; the bounce area of permit `i` is ours alone until the
+                // permit is returned.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         s.addr as *const u8,
@@ -376,6 +303,8 @@ impl SessionCore {
                 off += s.len as usize;
             }
         }
+        res.hdr.write(i, io.usr);
+        self.sgl[i * MAX_SGL..i * MAX_SGL + io.sgl.len()].copy_from_slice(io.sgl);
         self.reqs[i] = Req {
             state: RState::Waiting,
             tag: io.tag,
@@ -390,11 +319,37 @@ impl SessionCore {
             deadline: now.saturating_add(self.io_wait_ns),
             failed_over: false,
             direct: false,
+            kept,
+            region,
         };
         match self.try_post(i, now) {
-            super::io::Posted::Yes => {}
-            super::io::Posted::Invalid => self.finish(i, -EINVAL, now),
-            super::io::Posted::NoPath | super::io::Posted::Retry => self.wait.push_back(buf_id),
+            Posted::Yes => {}
+            Posted::Invalid => {
+                let c = self.finish(i, Err(Errno::EINVAL), now);
+                self.done.push_back(c);
+            }
+            Posted::NoPath | Posted::Retry => self.wait.push_back(buf_id),
+        }
+        Ok(())
+    }
+
+    /// Resolves the segments of permit `i`'s READ against the registrations (this core's
+    /// regions first, then the fabric's table) and holds each one in `keep` until the
+    /// completion, so the reply's copy needs no second lookup and cannot outlive the
+    /// memory.
+    pub(super) fn hold(&mut self, i: usize, sgl: &[Sge]) -> Result<(), SubmitError> {
+        for (index, s) in sgl.iter().enumerate() {
+            let held = match region_of(&self.regions, s) {
+                Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(m.backing().clone()),
+                _ => self.fabric.local_memory(s, Access::LOCAL_WRITE),
+            };
+            match held {
+                Some(b) => self.keep[i * MAX_SGL + index] = Some(b),
+                None => {
+                    self.keep[i * MAX_SGL..i * MAX_SGL + index].fill(None);
+                    return Err(bad_sge(index, s));
+                }
+            }
         }
         Ok(())
     }
@@ -406,6 +361,9 @@ impl SessionCore {
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);
         }
+        // Older completions first, then this poll's straight into `out`.
+        let mut out = Out::new(out);
+        out.drain(&mut self.done);
         // The completion arrays live in the handle (not re-initialised on the stack by
         // every poll); taken out while the paths are polled.
         let mut scratch = self.scratch.take().unwrap_or_default();
@@ -413,35 +371,30 @@ impl SessionCore {
             if self.paths[slot].is_none() {
                 continue;
             }
-            self.poll_path(slot, &mut scratch, now);
+            self.poll_path(slot, &mut scratch, &mut out, now);
         }
         self.scratch = Some(scratch);
         if !self.wait.is_empty() {
-            self.drive_wait(now);
+            self.drive_wait(&mut out, now);
         }
-        let n = out.len().min(self.done.len());
-        for (o, c) in out.iter_mut().zip(self.done.drain(..n)) {
-            *o = c;
-        }
-        n
+        out.len()
     }
 
-    fn on_cmd(&mut self, cmd: CoreCmd, now: u64) {
+    fn on_cmd(&mut self, cmd: PathCmd, now: u64) {
         match cmd {
-            CoreCmd::Up { path, params, conn } => {
+            PathCmd::Up { path, params, conn } => {
                 if self.params != Some(params) {
                     self.setup(params, now);
                 }
                 self.max_send_sge = conn.con.conn().caps().max_send_sge;
                 let slot = path.slot;
                 self.nslots = self.nslots.max(slot + 1);
-                self.paths[slot] = Some(super::core::CorePath {
+                self.paths[slot] = Some(CorePath {
                     io: conn,
                     shared: path,
-                    inflight: 0,
                 });
             }
-            CoreCmd::Down { slot } => {
+            PathCmd::Down { slot } => {
                 if let Some(path) = self.paths[slot].as_ref().map(|c| c.shared.clone()) {
                     self.teardown(slot, now);
                     path.acks.fetch_add(1, Ordering::AcqRel);
@@ -460,7 +413,8 @@ impl SessionCore {
         let _ = now;
         while let Some(b) = self.wait.pop_front() {
             let i = usize::from(b - self.permits.range().start);
-            self.finish(i, -ECONNRESET, now);
+            let c = self.finish(i, Err(Errno::ECONNRESET), now);
+            self.done.push_back(c);
         }
         let range = partition(params.queue_depth, self.sess.cores, self.core);
         let n = usize::from(range.end - range.start);
@@ -495,6 +449,7 @@ impl SessionCore {
         }
         self.reqs = vec![Req::FREE; n];
         self.sgl = vec![Sge::default(); n * MAX_SGL];
+        self.keep = vec![None; n * MAX_SGL];
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
         self.params = Some(params);
@@ -511,22 +466,39 @@ impl SessionCore {
         Some(std::mem::take(&mut self.warn_suppressed))
     }
 
-    /// Completes request `i` with `errno` and returns its permit.
-    pub(super) fn finish(&mut self, i: usize, errno: i32, now: u64) {
+    /// Ends request `i` with `result`, returns its permit and gives its completion (for
+    /// the caller's slice or the overflow queue).
+    pub(super) fn finish(
+        &mut self,
+        i: usize,
+        result: Result<(), Errno>,
+        now: u64,
+    ) -> ClientCompletion {
         let r = self.reqs[i];
         if r.state == RState::InFlight {
-            if let Some(cp) = self.paths[r.path].as_mut() {
+            if let Some(cp) = self.paths[r.path].as_ref() {
                 let st = &cp.shared.core_stats[self.core];
                 st.on_latency(now.saturating_sub(r.start_ns));
                 if r.policy == MpPolicy::MinInflight {
-                    cp.inflight = cp.inflight.saturating_sub(1);
                     st.inflight.sub(1);
                 }
             }
         }
+        if r.kept {
+            self.keep[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)].fill(None);
+        }
         self.reqs[i].state = RState::Free;
-        self.done.push_back(ClientCompletion { tag: r.tag, errno });
         let b = self.permits.range().start + i as u16;
         self.permits.put(b);
+        ClientCompletion { tag: r.tag, result }
+    }
+}
+
+fn bad_sge(index: usize, s: &Sge) -> SubmitError {
+    SubmitError::BadSge {
+        index,
+        addr: s.addr,
+        len: s.len,
+        lkey: s.lkey,
     }
 }

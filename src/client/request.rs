@@ -1,0 +1,247 @@
+//! What one core keeps about its requests: the public request and completion types of
+//! [`super::SessionCore`], one [`Req`] per permit (the kernel's `rtrs_clt_io_req`), the
+//! per-permit registered memory ([`Res`]) and this core's connection of each path
+//! ([`CorePath`]). A leaf: the handle (`session_core`) and the data path (`io`) both
+//! build on it, neither on the other's types (docs/ARCHITECTURE.md "Sessions on cores").
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::cross_core::{IoConn, PathShared};
+use super::policy::MpPolicy;
+use crate::common::{Dir, IuPool};
+use crate::fabric::{FastMr, Mr, RecvWr, Sge, Wc};
+use crate::proto::constants::MAX_SEGMENTS;
+use crate::proto::RkeyRsp;
+use crate::Errno;
+
+/// Most scatter-gather entries per request (`RTRS_MAX_SEGMENTS`).
+pub const MAX_SGL: usize = MAX_SEGMENTS as usize;
+
+/// Most completions taken from a connection per poll.
+pub(super) const WC_BATCH: usize = 32;
+
+/// One request for [`SessionCore::submit`](super::SessionCore::submit).
+///
+/// `sgl` names memory registered with the session's fabric. Every entry the client copies
+/// itself (the segments of a multi-segment WRITE, a READ's reply space outside a region
+/// given to [`SessionCore::add_region`](super::SessionCore::add_region)) is checked at
+/// submit against the registrations (`SubmitError::BadSge` otherwise), and the
+/// registration is kept alive until the completion. The memory must still not be read
+/// (for a READ) or written (for a WRITE) by anyone else until the request's completion
+/// comes out of [`SessionCore::poll`](super::SessionCore::poll): the client and the
+/// server write into it, as a DMA engine would.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIo<'a> {
+    /// Returned in the completion.
+    pub tag: u64,
+    pub dir: Dir,
+    /// User header (≤ [`SessionCore::max_usr_hdr`](super::SessionCore::max_usr_hdr)).
+    pub usr: &'a [u8],
+    /// Data (WRITE) or reply space (READ), ≤
+    /// [`SessionCore::max_io_size`](super::SessionCore::max_io_size) in total.
+    pub sgl: &'a [Sge],
+    /// An administrative request (RNBD's SESS_INFO/OPEN/CLOSE). Carried like any other
+    /// request on this core's connection (see the module doc of `client`).
+    pub admin: bool,
+}
+
+/// A finished request: the server's status, or why the client failed it (`ENOTCONN`
+/// when no path came back within the wait, `EINVAL` when it no longer fits the session,
+/// `ECONNRESET` when a queue-depth change dropped it while it waited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientCompletion {
+    pub tag: u64,
+    pub result: Result<(), Errno>,
+}
+
+impl Default for ClientCompletion {
+    fn default() -> ClientCompletion {
+        ClientCompletion {
+            tag: 0,
+            result: Ok(()),
+        }
+    }
+}
+
+/// Where the completions of one [`SessionCore::poll`](super::SessionCore::poll) go:
+/// straight into the caller's slice, and into the core's overflow queue once it is full
+/// (or for completions made outside a poll).
+pub(super) struct Out<'a> {
+    buf: &'a mut [ClientCompletion],
+    n: usize,
+}
+
+impl<'a> Out<'a> {
+    pub fn new(buf: &'a mut [ClientCompletion]) -> Out<'a> {
+        Out { buf, n: 0 }
+    }
+
+    /// Completions written into the caller's slice.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Moves the oldest overflowed completions into the slice.
+    pub fn drain(&mut self, overflow: &mut VecDeque<ClientCompletion>) {
+        let k = (self.buf.len() - self.n).min(overflow.len());
+        for (o, c) in self.buf[self.n..].iter_mut().zip(overflow.drain(..k)) {
+            *o = c;
+        }
+        self.n += k;
+    }
+
+    #[inline]
+    pub fn put(&mut self, c: ClientCompletion, overflow: &mut VecDeque<ClientCompletion>) {
+        match self.buf.get_mut(self.n) {
+            Some(o) => {
+                *o = c;
+                self.n += 1;
+            }
+            None => overflow.push_back(c),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RState {
+    Free,
+    /// Holding its permit, waiting for a usable path (or send-queue room).
+    Waiting,
+    InFlight,
+}
+
+/// One permit's request state.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Req {
+    pub state: RState,
+    pub tag: u64,
+    pub dir: Dir,
+    pub usr_len: u16,
+    pub nsg: u8,
+    pub data_len: u32,
+    /// WRITE data copied into the bounce area (several segments).
+    pub bounced: bool,
+    pub path: usize,
+    pub policy: MpPolicy,
+    pub start_ns: u64,
+    pub deadline: u64,
+    pub failed_over: bool,
+    /// The READ reply went straight into the caller's registered region.
+    pub direct: bool,
+    /// The registrations of the READ's segments are held (in the core's `keep`), so
+    /// the reply may be copied into them.
+    pub kept: bool,
+    /// The single-segment READ lies in `regions[k]` (found at submit; cleared by
+    /// `remove_region`, which alone moves regions): bound in place when posted.
+    pub region: Option<u16>,
+}
+
+impl Req {
+    pub const FREE: Req = Req {
+        state: RState::Free,
+        tag: 0,
+        dir: Dir::Read,
+        usr_len: 0,
+        nsg: 0,
+        data_len: 0,
+        bounced: false,
+        path: 0,
+        policy: MpPolicy::MinInflight,
+        start_ns: 0,
+        deadline: 0,
+        failed_over: false,
+        direct: false,
+        kept: false,
+        region: None,
+    };
+
+    pub fn has_desc(&self) -> bool {
+        self.dir == Dir::Read && self.data_len > 0
+    }
+}
+
+/// Per-permit registered memory of a core.
+pub(super) struct Res {
+    /// `max_hdr_size` bytes per permit: user header then the RTRS trailer.
+    pub hdr: IuPool,
+    /// `max_io_size` bytes per permit: READ replies, multi-segment WRITE data.
+    pub bounce: Mr,
+    /// The READ reply's key slot per permit.
+    pub fmr: Vec<FastMr>,
+    /// Whether each slot's binding is retired, live, or unknown.
+    pub fmr_state: Vec<FmrState>,
+}
+
+/// The binding of a permit's fast-registration slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FmrState {
+    /// Never bound, or retired (the server's SEND_WITH_INV, IO_RSP_W_INV).
+    Free,
+    /// Bound and not retired: a LOCAL_INV goes before the next binding (the kernel's
+    /// local invalidation when the response came without W_INV).
+    Bound,
+    /// Unknown (the path died with the request in flight): the slot is replaced by a
+    /// fresh one, so a late write through the old key can never reach reused memory.
+    Unknown,
+}
+
+/// This core's connection of one path. Its requests in flight under min-inflight are
+/// counted once, in `shared.core_stats[core].inflight`.
+pub(super) struct CorePath {
+    pub io: Box<IoConn>,
+    pub shared: Arc<PathShared>,
+}
+
+/// The region among `regions` that holds all of `seg` under its lkey: a single-segment
+/// READ there is bound in place. The check shared by submit and post.
+#[inline]
+pub(super) fn region_index(regions: &[Arc<Mr>], seg: &Sge) -> Option<usize> {
+    regions.iter().position(|m| {
+        m.lkey() == seg.lkey
+            && seg.addr >= m.addr()
+            && seg
+                .addr
+                .checked_add(u64::from(seg.len))
+                .is_some_and(|end| end <= m.addr() + m.len() as u64)
+    })
+}
+
+/// [`region_index`], as the region.
+#[inline]
+pub(super) fn region_of<'r>(regions: &'r [Arc<Mr>], seg: &Sge) -> Option<&'r Arc<Mr>> {
+    region_index(regions, seg).map(|k| &regions[k])
+}
+
+/// Result of trying to post a request.
+pub(super) enum Posted {
+    Yes,
+    /// No usable path right now.
+    NoPath,
+    /// A path is usable but its send queue is full: retry on a later poll.
+    Retry,
+    /// The request cannot be encoded for this session (checked at submit, so only a
+    /// session whose limits changed underneath it gets here): fail it with −EINVAL.
+    Invalid,
+}
+
+/// The arrays one [`SessionCore::poll`](super::SessionCore::poll) fills: completions,
+/// the first bytes of each receive, and the receives to repost.
+pub(super) struct PollScratch {
+    pub wcs: [Wc; WC_BATCH],
+    pub payloads: [[u8; RkeyRsp::LEN]; WC_BATCH],
+    pub posts: [RecvWr; WC_BATCH],
+}
+
+impl Default for PollScratch {
+    fn default() -> PollScratch {
+        PollScratch {
+            wcs: [Wc::default(); WC_BATCH],
+            payloads: [[0; RkeyRsp::LEN]; WC_BATCH],
+            posts: [RecvWr {
+                wr_id: 0,
+                sge: None,
+            }; WC_BATCH],
+        }
+    }
+}
