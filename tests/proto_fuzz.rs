@@ -7,6 +7,9 @@
 //! cargo-fuzz target): no panic, and whatever decodes re-encodes to the same
 //! meaningful bytes. Every unmutated valid encoding must decode.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../fuzz/roundtrip.rs"]
 mod roundtrip;
 

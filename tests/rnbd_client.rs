@@ -3,6 +3,9 @@
 //! RTRS would copy it): open rules across sessions, data, flush/discard/write-zeroes,
 //! close, disconnect and re-open adopting a new device id.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,9 @@
 //! write-zeroes, close, unknown device ids, and a path disconnect and reconnect after
 //! which the device is re-opened under the id the new server session gives.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

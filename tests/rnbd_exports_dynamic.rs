@@ -4,6 +4,9 @@
 //! fails with −EIO, the core drops its instance once the IO in flight has completed, and
 //! the name can be exported again; names, duplicates, read-only exports and capacity.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -4,6 +4,9 @@
 //! data sent as an RTRS READ, is refused with −EINVAL and changes nothing. Run on a RAM
 //! export and a file export (io_uring or threads, whichever the machine allows).
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

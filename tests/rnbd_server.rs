@@ -2,6 +2,9 @@
 //! sessions, the per-session device table, and each core's dispatcher turning user
 //! headers and data areas into replies and block IO (docs/PROTOCOL.md §7, §9.8).
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
