@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
-use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, IoFlags, OpenRsp, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::IoBuf;
 use rtrs_spdk::rnbd::client::{
     msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice, WriteZeroesMode,
@@ -215,7 +215,7 @@ fn data_flush_discard_write_zeroes() {
         (io.op, io.sector, io.bi_size),
         (RnbdOp::WriteZeroes, 8, 8192)
     );
-    assert_eq!(io.flags, IoFlags::NOUNMAP | IoFlags::FUA);
+    assert_eq!(io.flags, RnbdFlags::NOUNMAP | RnbdFlags::FUA);
     assert!(usr[26..].iter().all(|&b| b == 0));
     // A device in the default mode has no op-5 message (its client sends writes).
     // (The server answers a second OPEN of a name with the session's mapping.)

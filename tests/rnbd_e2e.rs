@@ -16,7 +16,7 @@ use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
-use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
     BlockRequest, ClientEvent, DevHandle, DevState, LinkListener, PortCompletion, PortIo,
@@ -344,7 +344,7 @@ fn modes_data_and_close_over_rtrs() {
         device_id: 99,
         sector: 0,
         op: RnbdOp::Read,
-        flags: IoFlags::NONE,
+        flags: RnbdFlags::NONE,
         bi_size: 512,
         prio: 0,
     }
@@ -530,7 +530,7 @@ fn file_export_without_always_invalidate() {
         device_id: 0,
         sector: (2 << 20) / 512,
         op: RnbdOp::Read,
-        flags: IoFlags::NONE,
+        flags: RnbdFlags::NONE,
         bi_size: 512,
         prio: 0,
     }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
-use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, Geometry, IoBuf, RamBackend, SubmitError,
 };
@@ -139,7 +139,7 @@ fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf
         device_id: dev,
         sector: 0,
         op: RnbdOp::Write,
-        flags: IoFlags::default(),
+        flags: RnbdFlags::default(),
         bi_size: data.len() as u32,
         prio: 0,
     }

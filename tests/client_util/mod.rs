@@ -4,7 +4,6 @@
 
 // Test code: a failed unwrap is a failed test that names its line.
 #![allow(clippy::unwrap_used)]
-
 #![allow(dead_code)]
 
 pub mod fake_server;

@@ -7,7 +7,6 @@
 
 // Test code: a failed unwrap is a failed test that names its line.
 #![allow(clippy::unwrap_used)]
-
 #![allow(dead_code)] // each test binary uses the part it needs
 
 use std::net::{IpAddr, SocketAddr};

@@ -39,9 +39,9 @@
 //! Exit codes: 0 success, 1 IO errors / verify mismatches / target unreachable / device
 //! refused, 2 bad arguments, 130 interrupted.
 
-#[path = "../shared/mod.rs"]
+#[path = "../cli/mod.rs"]
 #[allow(dead_code)]
-mod shared;
+mod cli;
 
 mod hist;
 mod plan;
@@ -66,12 +66,12 @@ use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::rnbd::client::{DeviceInfo, WriteZeroesMode, WriteZeroesParseError};
 use rtrs_spdk::server::ServerConfig;
 
+use cli::target::{Listen, Target};
+use cli::url::{parse_url, FabricUrl};
+use cli::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 use progress::Progress;
 use report::{RunInfo, Totals};
 use run::Setup;
-use shared::target::{Listen, Target};
-use shared::url::{parse_url, FabricUrl};
-use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 use worker::{JobSpec, Rw};
 
 const PROG: &str = "rtrs-bench";
@@ -106,14 +106,14 @@ struct Args {
           value_parser = clap::value_parser!(u8).range(0..=100))]
     rwmixread: u8,
     /// Block size of every IO (a multiple of 512).
-    #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = shared::size_arg)]
+    #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = cli::size_arg)]
     bs: u64,
     /// Total queue depth, spread over the reactors.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     qd: u32,
     /// How long to measure (500ms, 10s, 1m).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = cli::duration_arg)]
     time: Duration,
     /// Stamp every written sector and check every read (see the module doc).
     #[arg(long)]
@@ -137,10 +137,10 @@ struct Args {
     #[arg(long, value_name = "BACKEND", value_parser = inline_arg, conflicts_with = "path")]
     inline_target: Option<ExportSpec>,
     /// Use only the first SIZE bytes of the device (default: all of it).
-    #[arg(long, value_name = "SIZE", value_parser = shared::size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = cli::size_arg)]
     size: Option<u64>,
     /// Reactor cores, a hex mask (0x2) or a list ([1]); default every core.
-    #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
+    #[arg(short = 'm', long, value_name = "MASK", value_parser = cli::cpumask_arg)]
     cpumask: Option<CpuMask>,
     /// Idle reactors busy-poll (default) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
@@ -148,28 +148,28 @@ struct Args {
     /// Prove this pre-shared key to the target on connect (and require the target to
     /// prove it too): a file readable by its owner only, holding at least 32 random
     /// bytes as hex or base64. The target must use the same key (`--psk-file`).
-    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg,
+    #[arg(long, value_name = "PATH", value_parser = cli::psk_file_arg,
           conflicts_with = "inline_target")]
     psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// Heartbeat interval (500ms, 5s): a path silent for --heartbeat-missed intervals is
     /// declared dead and its IO fails over to the other paths.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = cli::duration_arg)]
     heartbeat: Duration,
     /// Silent heartbeat intervals after which a path is declared dead.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = shared::missed_arg)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = cli::missed_arg)]
     heartbeat_missed: u32,
     /// Delay before reconnecting a failed path, plus random jitter of up to 200 ms (and at
     /// most the delay itself).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = cli::duration_arg)]
     reconnect_delay: Duration,
     /// How long each connection of the session and its handshake may take (a target
     /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
     /// the device may take 5 s more.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = cli::duration_arg)]
     connect_timeout: Duration,
     /// How long an IO waits while the device is unreachable (target restarting, every
     /// path down, device not re-opened yet) before it fails; 0 fails it at once.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::duration_arg)]
     io_wait_timeout: Duration,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -206,11 +206,11 @@ fn failed(msg: impl Into<String>) -> Failure {
 }
 
 fn main() -> ExitCode {
-    let args: Args = match shared::parse_args(PROG) {
+    let args: Args = match cli::parse_args(PROG) {
         Ok(a) => a,
         Err(code) => return code,
     };
-    shared::init_logging(tracing::Level::ERROR, args.verbose);
+    cli::init_logging(tracing::Level::ERROR, args.verbose);
     match run(args) {
         Ok(code) => code,
         Err((msg, code)) => fail(PROG, msg, code),
@@ -307,7 +307,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
             )));
         }
     }
-    let engine_cfg = shared::engine_config(args.cpumask.clone(), args.idle).map_err(usage)?;
+    let engine_cfg = cli::engine_config(args.cpumask.clone(), args.idle).map_err(usage)?;
     let cores = engine_cfg.cpumask.len();
     let cpumask = engine_cfg.cpumask.to_string();
     let job = JobSpec {
@@ -345,7 +345,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
                     fabric: Arc::clone(&fabric),
                     addrs: vec!["127.0.0.1:1234".parse().expect("literal address")],
                 };
-                let t = shared::target::start_target(
+                let t = cli::target::start_target(
                     engine,
                     vec![listen],
                     std::slice::from_ref(spec),
@@ -419,7 +419,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     // No retry until the first connect: an unreachable target is reported at once.
     ccfg.max_reconnect_attempts = 0;
     ccfg.reconnect_delay = args.reconnect_delay;
-    ccfg.hb = shared::hb_config(args.heartbeat, args.heartbeat_missed);
+    ccfg.hb = cli::hb_config(args.heartbeat, args.heartbeat_missed);
     ccfg.reconnect_jitter = args.reconnect_delay.min(Duration::from_millis(200));
     ccfg.io_wait_timeout = args.io_wait_timeout;
     ccfg.connect_timeout = args.connect_timeout;

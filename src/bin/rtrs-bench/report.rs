@@ -133,7 +133,7 @@ pub fn text(info: &RunInfo, t: &Totals) -> String {
         o,
         "{} {}{mix} qd {} on {} core(s) (cpumask {}), {:.1} s, device {} over {} ({}, {})",
         info.rw,
-        crate::shared::human_size(u64::from(info.bs)),
+        crate::cli::human_size(u64::from(info.bs)),
         info.qd,
         info.active_cores,
         info.cpumask,

@@ -28,9 +28,9 @@
 //! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
 //! line and exit code 1.
 
-#[path = "../shared/mod.rs"]
+#[path = "../cli/mod.rs"]
 #[allow(dead_code)]
-mod shared;
+mod cli;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -46,9 +46,9 @@ use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::rnbd::server::HostPattern;
 use rtrs_spdk::server::ServerConfig;
 
-use shared::target::Listen;
-use shared::url::{parse_url, FabricUrl};
-use shared::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
+use cli::target::Listen;
+use cli::url::{parse_url, FabricUrl};
+use cli::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 
 const PROG: &str = "rtrs-target";
 
@@ -75,24 +75,24 @@ struct Args {
     /// Require every client to prove this pre-shared key on connect: a file readable by
     /// its owner only, holding at least 32 random bytes as hex or base64 (e.g. made with
     /// `openssl rand -hex 32`). Authenticates connections; does not encrypt data.
-    #[arg(long, value_name = "PATH", value_parser = shared::psk_file_arg)]
+    #[arg(long, value_name = "PATH", value_parser = cli::psk_file_arg)]
     psk_file: Option<rtrs_spdk::fabric::Psk>,
     /// Heartbeat interval (500ms, 5s): a path silent for --heartbeat-missed intervals is
     /// closed.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = cli::duration_arg)]
     heartbeat: Duration,
     /// Silent heartbeat intervals after which a path is closed.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = shared::missed_arg)]
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = cli::missed_arg)]
     heartbeat_missed: u32,
     /// Reactor cores, a hex mask (0x3) or a list ([0-1]); default every core.
-    #[arg(short = 'm', long, value_name = "MASK", value_parser = shared::cpumask_arg)]
+    #[arg(short = 'm', long, value_name = "MASK", value_parser = cli::cpumask_arg)]
     cpumask: Option<CpuMask>,
     /// Idle reactors busy-poll (default, as SPDK) or sleep with backoff.
     #[arg(long, value_enum, default_value_t = Idle::Busy)]
     idle: Idle,
     /// Close a connection that has not completed its handshake this long after it was
     /// accepted (the RTRS handshake: from a path's first connection to its INFO_REQ).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = shared::duration_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = cli::duration_arg)]
     handshake_timeout: Duration,
     /// Most connections still in their handshake, per listener; at the cap a newcomer
     /// evicts the oldest one of the busiest source address.
@@ -140,16 +140,16 @@ fn allow_arg(s: &str) -> Result<(String, HostPattern), String> {
 }
 
 fn chunk_arg(s: &str) -> Result<u32, String> {
-    let n = shared::size_arg(s)?;
+    let n = cli::size_arg(s)?;
     u32::try_from(n).map_err(|_| format!("chunk size {s:?} is above 4 GiB"))
 }
 
 fn main() -> ExitCode {
-    let args: Args = match shared::parse_args(PROG) {
+    let args: Args = match cli::parse_args(PROG) {
         Ok(a) => a,
         Err(code) => return code,
     };
-    shared::init_logging(tracing::Level::WARN, args.verbose);
+    cli::init_logging(tracing::Level::WARN, args.verbose);
     match run(args) {
         Ok(code) => code,
         Err((msg, code)) => fail(PROG, msg, code),
@@ -167,11 +167,11 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
             max_pending_per_source: args.max_pending_per_source,
         },
         psk: args.psk_file.clone(),
-        hb: shared::hb_config(args.heartbeat, args.heartbeat_missed),
+        hb: cli::hb_config(args.heartbeat, args.heartbeat_missed),
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
-    let engine_cfg = shared::engine_config(args.cpumask, args.idle).map_err(|e| (e, EXIT_USAGE))?;
+    let engine_cfg = cli::engine_config(args.cpumask, args.idle).map_err(|e| (e, EXIT_USAGE))?;
 
     // Signals first, so a SIGTERM during start-up is not lost.
     let stop = Arc::new(AtomicBool::new(false));
@@ -233,14 +233,14 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
     let config_admission = config.admission;
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
-    let target =
-        match shared::target::start_target(&engine, listen, &args.export, &args.allow, config) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = engine.shutdown();
-                return Err((e, EXIT_FAILED));
-            }
-        };
+    let target = match cli::target::start_target(&engine, listen, &args.export, &args.allow, config)
+    {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = engine.shutdown();
+            return Err((e, EXIT_FAILED));
+        }
+    };
     let urls = target.urls();
     println!(
         "listening on {}, exports: {}",

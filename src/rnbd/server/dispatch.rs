@@ -19,7 +19,7 @@ use super::errno;
 use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
 use crate::proto::rnbd::{
-    AccessMode, Io, IoFlags as WireFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp,
+    AccessMode, Io, OpenRsp, RnbdFlags as WireFlags, RnbdMsg, RnbdOp, SessInfoRsp,
 };
 use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, BlockOp, IoBuf, IoFlags, SubmitError, SECTOR_SIZE,
