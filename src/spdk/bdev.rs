@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
 use super::thread::SpdkThread;
@@ -203,7 +203,12 @@ unsafe extern "C" fn bdev_event(
     // events only to open descriptors.
     let ev = unsafe { &*ctx.cast::<EventCtx>() };
     tracing::warn!("spdk bdev '{}': hot-removed; closing its export", ev.name);
-    let f = ev.on_remove.lock().ok().and_then(|mut g| g.take());
+    // A poisoned lock still holds the callback: the export is closed all the same.
+    let f = ev
+        .on_remove
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
     if let Some(f) = f {
         f();
     }

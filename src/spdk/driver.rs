@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::sys;
 use super::thread::{app_cores, SpdkThread};
 use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
+use crate::Errno;
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
 const MSG_RING: usize = 65_536;
@@ -228,7 +229,7 @@ impl Driver {
         }
         // SAFETY: not queued, so `arg` is still ours.
         let (_, _, msg) = *unsafe { Box::from_raw(arg.cast::<(Arc<Driver>, usize, Msg)>()) };
-        Err(if rc == -libc::ENOMEM {
+        Err(if Errno::from_neg(rc) == Some(Errno::ENOMEM) {
             SendError::Full {
                 core,
                 capacity: MSG_RING,
