@@ -49,10 +49,10 @@ struct Core {
 
 // SAFETY: `thread` is written once, before the driver is shared, and only read after.
 // `table` is borrowed only through an `OnCore` for its core, which exists only on that
-// core's SPDK thread (its constructors: `Driver::on_core` checks the calling thread in
-// every build; `OnCore::assume` is reached only from a poller or message of the core,
-// which SPDK runs on the core's thread) and is neither `Send` nor `Sync`, so it cannot be
-// carried to another thread. SPDK runs one thread's pollers and messages one at a time,
+// core's SPDK thread (it is made by `OnCore::assume` only where that holds: in
+// `Driver::on_current`, which compares the calling SPDK thread with the core's in every
+// build, and in a poller or message of the core, which SPDK runs on the core's thread)
+// and is neither `Send` nor `Sync`, so it cannot be carried to another thread. SPDK runs one thread's pollers and messages one at a time,
 // so the RefCell is never shared between OS threads at once.
 unsafe impl Sync for Driver {}
 // SAFETY: as above; the boxed pollers are dropped on their own core (`drop_core`) or,
@@ -71,8 +71,9 @@ struct OnCore {
 
 impl OnCore {
     /// # Safety
-    /// The caller runs on `core`'s SPDK thread: it is a poller registered on that core
-    /// (SPDK runs a poller on the thread that registered it) or a message sent to it.
+    /// The caller runs on `core`'s SPDK thread: it compared the calling thread with the
+    /// core's, or it is a poller registered on that core (SPDK runs a poller on the thread
+    /// that registered it) or a message sent to it.
     unsafe fn assume(core: usize) -> OnCore {
         OnCore {
             core,
