@@ -8,6 +8,9 @@
 //!
 //! `cargo bench --bench fabric [-- --secs N] [--samples N]`
 
+// Test code: a failed unwrap is a failed test (or bench setup) that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

@@ -14,8 +14,9 @@ use core::ops::Range;
 use rtrs_spdk::proto::rnbd::{Close, Io, Open, OpenRsp, RnbdMsg, SessInfo, SessInfoRsp};
 use rtrs_spdk::proto::{
     imm_payload, to_imm, ChunkOp, ChunkReq, ConnReq, ConnRsp, Imm, ImmLayout, ImmType, InfoReq,
-    InfoRsp, RdmaRead, RdmaWrite, RkeyRsp, ECONNRESET,
+    InfoRsp, RdmaRead, RdmaWrite, RkeyRsp,
 };
+use rtrs_spdk::Errno;
 
 /// Session context the context-dependent decoders take.
 #[derive(Debug, Clone, Copy)]
@@ -122,16 +123,17 @@ pub fn check(target: Target, ctx: &Ctx, data: &[u8]) -> bool {
         Target::ConnRsp => {
             let errno = ConnRsp::reject_errno(data);
             assert!(errno < 0, "reject_errno gave {errno}");
+            assert_eq!(ConnRsp::refusal(data).neg(), errno);
             let accept = ConnRsp::decode_accept(data, ctx.max_usr_hdr);
             let Ok(r) = ConnRsp::decode(data) else {
                 assert!(accept.is_err());
-                assert_eq!(errno, -ECONNRESET);
+                assert_eq!(errno, Errno::ECONNRESET.neg());
                 return false;
             };
             let re = r.to_bytes().expect("decoded conn_rsp re-encodes");
             match r {
                 ConnRsp::Accept(a) => {
-                    assert_eq!(errno, -ECONNRESET);
+                    assert_eq!(errno, Errno::ECONNRESET.neg());
                     if let Ok(b) = accept {
                         assert_eq!(a, b);
                     }

@@ -2,6 +2,9 @@
 //! submitting more IO than the queue holds, keeping refused (busy) IOs and retrying them
 //! on later polls, and handling completions as they are polled.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;

@@ -4,6 +4,9 @@
 //! others, too short or not hex/base64 are refused up front with exit code 2, naming the
 //! file and the problem. Waits are bounded; nothing is timed.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 mod cli_util;
 
 use std::fs;

@@ -3,6 +3,9 @@
 //! `SessionCore` is moved to its reactor, and every core writes, reads back and
 //! verifies its own blocks. Bounded by generous wall-clock timeouts only.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 mod client_util;
 
 use std::sync::atomic::{AtomicU64, Ordering};

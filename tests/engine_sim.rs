@@ -1,6 +1,9 @@
 //! Deterministic engine tests: several reactors stepped by hand on one thread with a
 //! virtual clock (the `Simulation` driver). No sleeping, no threads, no timing.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};

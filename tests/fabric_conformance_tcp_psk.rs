@@ -2,6 +2,9 @@
 //! listener requires a key and every connect proves it (frame version 2), so each
 //! scenario runs over authenticated connections, unchanged.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod conformance;
 

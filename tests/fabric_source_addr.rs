@@ -2,6 +2,9 @@
 //! (RTRS paths are `[src,]dst`), on the software fabrics; a source that cannot be used is
 //! a clear error naming it.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

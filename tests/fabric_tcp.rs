@@ -3,6 +3,9 @@
 //! authentication, and hostile peers speaking raw bytes. Both ends are driven from the test thread; loops are
 //! bounded by a generous deadline (an upper bound, never a performance assertion).
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 #[path = "fabric_tcp/auth.rs"]
 mod auth;
 #[path = "fabric_tcp/cm.rs"]

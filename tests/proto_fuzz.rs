@@ -7,12 +7,15 @@
 //! cargo-fuzz target): no panic, and whatever decodes re-encodes to the same
 //! meaningful bytes. Every unmutated valid encoding must decode.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../fuzz/roundtrip.rs"]
 mod roundtrip;
 
 use roundtrip::{check, Ctx, Target, TARGETS};
 use rtrs_spdk::proto::rnbd::{
-    AccessMode, CachePolicy, Close, Io, IoFlags, Open, OpenRsp, RnbdOp, SessInfo, SessInfoRsp,
+    AccessMode, CachePolicy, Close, Io, Open, OpenRsp, RnbdFlags, RnbdOp, SessInfo, SessInfoRsp,
 };
 use rtrs_spdk::proto::{
     read_placement, write_placement, ConnReq, ConnRsp, Imm, ImmLayout, InfoReq, InfoRsp, IoRsp,
@@ -284,7 +287,7 @@ fn valid(t: Target, r: &mut Rng, ctx: &mut Ctx, out: &mut Vec<u8>) {
                 device_id: r.next() as u32,
                 sector: r.next(),
                 op: RnbdOp::from_u8(r.below(6) as u8).unwrap(),
-                flags: IoFlags::from_rw_truncate(r.next() as u32),
+                flags: RnbdFlags::from_rw_truncate(r.next() as u32),
                 bi_size: r.next() as u32,
                 prio: r.next() as u16,
             };

@@ -3,7 +3,7 @@
 //! our encoder produces exactly these bytes and our decoder reads them back.
 
 use rtrs_spdk::proto::rnbd::{
-    AccessMode, CachePolicy, Close, Io, IoFlags, Open, OpenRsp, RnbdMsg, RnbdOp, SessInfo,
+    AccessMode, CachePolicy, Close, Io, Open, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfo,
     SessInfoRsp,
 };
 use rtrs_spdk::proto::{
@@ -357,7 +357,7 @@ fn rnbd_io_golden() {
         device_id: 7,
         sector: 0x12_3456_789A,
         op: RnbdOp::WriteZeroes,
-        flags: IoFlags::SYNC | IoFlags::NOUNMAP,
+        flags: RnbdFlags::SYNC | RnbdFlags::NOUNMAP,
         bi_size: 0x10_0000,
         prio: 0x6004,
     };
@@ -368,14 +368,14 @@ fn rnbd_io_golden() {
     // A 24-byte (pre-prio) header decodes with prio 0.
     assert_eq!(Io::decode(&golden[..24]), Ok(Io { prio: 0, ..io }));
     // The flag bits: SYNC 0x100, FUA 0x200, PREFLUSH 0x400, NOUNMAP 0x800.
-    let all = IoFlags::SYNC | IoFlags::FUA | IoFlags::PREFLUSH | IoFlags::NOUNMAP;
+    let all = RnbdFlags::SYNC | RnbdFlags::FUA | RnbdFlags::PREFLUSH | RnbdFlags::NOUNMAP;
     assert_eq!(
         (
-            IoFlags::SYNC.bits(),
-            IoFlags::FUA.bits(),
-            IoFlags::PREFLUSH.bits()
+            RnbdFlags::SYNC.bits(),
+            RnbdFlags::FUA.bits(),
+            RnbdFlags::PREFLUSH.bits()
         ),
         (0x100, 0x200, 0x400)
     );
-    assert_eq!((IoFlags::NOUNMAP.bits(), all), (0x800, IoFlags::ALL));
+    assert_eq!((RnbdFlags::NOUNMAP.bits(), all), (0x800, RnbdFlags::ALL));
 }

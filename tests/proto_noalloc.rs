@@ -2,7 +2,7 @@
 //! every decoder (on valid and invalid input) and every IO-path encoder runs.
 
 use rtrs_spdk::proto::rnbd::{
-    AccessMode, Close, Io, IoFlags, Open, OpenRsp, RnbdMsg, RnbdOp, SessInfo,
+    AccessMode, Close, Io, Open, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfo,
 };
 use rtrs_spdk::proto::{
     read_placement, write_placement, ChunkReq, ConnReq, ConnRsp, Imm, ImmLayout, InfoReq, InfoRsp,
@@ -58,7 +58,7 @@ fn codecs_do_not_allocate() {
         device_id: 1,
         sector: 2,
         op: RnbdOp::Read,
-        flags: IoFlags::SYNC,
+        flags: RnbdFlags::SYNC,
         bi_size: 512,
         prio: 0,
     }

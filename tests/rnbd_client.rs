@@ -3,11 +3,14 @@
 //! RTRS would copy it): open rules across sessions, data, flush/discard/write-zeroes,
 //! close, disconnect and re-open adopting a new device id.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
-use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, IoFlags, OpenRsp, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, CachePolicy, Io, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice, WriteZeroesMode,
@@ -217,7 +220,7 @@ fn data_flush_discard_write_zeroes() {
         (io.op, io.sector, io.bi_size),
         (RnbdOp::WriteZeroes, 8, 8192)
     );
-    assert_eq!(io.flags, IoFlags::NOUNMAP | IoFlags::FUA);
+    assert_eq!(io.flags, RnbdFlags::NOUNMAP | RnbdFlags::FUA);
     assert!(usr[26..].iter().all(|&b| b == 0));
     // A device in the default mode has no op-5 message (its client sends writes).
     // (The server answers a second OPEN of a name with the session's mapping.)

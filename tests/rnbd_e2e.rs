@@ -5,6 +5,9 @@
 //! write-zeroes, close, unknown device ids, and a path disconnect and reconnect after
 //! which the device is re-opened under the id the new server session gives.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +16,7 @@ use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
-use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
     completion_result, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, DevState,
@@ -351,7 +354,7 @@ fn modes_data_and_close_over_rtrs() {
         device_id: 99,
         sector: 0,
         op: RnbdOp::Read,
-        flags: IoFlags::NONE,
+        flags: RnbdFlags::NONE,
         bi_size: 512,
         prio: 0,
     }
@@ -537,7 +540,7 @@ fn file_export_without_always_invalidate() {
         device_id: 0,
         sector: (2 << 20) / 512,
         op: RnbdOp::Read,
-        flags: IoFlags::NONE,
+        flags: RnbdFlags::NONE,
         bi_size: 512,
         prio: 0,
     }

@@ -4,12 +4,15 @@
 //! fails with −EIO, the core drops its instance once the IO in flight has completed, and
 //! the name can be exported again; names, duplicates, read-only exports and capacity.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
-use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockIo, BlockSubmitError, Geometry, IoBuf, RamBackend,
 };
@@ -136,7 +139,7 @@ fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf
         device_id: dev,
         sector: 0,
         op: RnbdOp::Write,
-        flags: IoFlags::default(),
+        flags: RnbdFlags::default(),
         bi_size: data.len() as u32,
         prio: 0,
     }

@@ -6,6 +6,9 @@
 //! is refused); removing the export ends them. Server and clients run on one simulated
 //! reactor stepped by hand; every wait is bounded.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,11 +4,14 @@
 //! data sent as an RTRS READ, is refused with −EINVAL and changes nothing. Run on a RAM
 //! export and a file export (io_uring or threads, whichever the machine allows).
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
-use rtrs_spdk::proto::rnbd::{AccessMode, Io, IoFlags, Open, OpenRsp, RnbdOp};
+use rtrs_spdk::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
 use rtrs_spdk::rnbd::server::{Dir, Dispatcher, Exports, Outcome, Request, RnbdSession};
 use rtrs_spdk::Errno;
@@ -49,7 +52,7 @@ fn io_msg(device_id: u32, op: RnbdOp, sector: u64, bi_size: u32) -> [u8; 32] {
         device_id,
         sector,
         op,
-        flags: IoFlags::SYNC,
+        flags: RnbdFlags::SYNC,
         bi_size,
         prio: 0,
     }
@@ -211,6 +214,6 @@ fn write_same_header_golden_bytes() {
         (io.device_id, io.sector, io.op, io.bi_size),
         (3, 16, RnbdOp::WriteZeroes, 4096)
     );
-    assert_eq!(io.flags, IoFlags::SYNC);
+    assert_eq!(io.flags, RnbdFlags::SYNC);
     assert_eq!(io.to_bytes(), golden);
 }

@@ -6,6 +6,9 @@
 //! gets through is connected and no longer refused. Every wait is bounded; nothing is
 //! timed.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

@@ -2,12 +2,15 @@
 //! sessions, the per-session device table, and each core's dispatcher turning user
 //! headers and data areas into replies and block IO (docs/PROTOCOL.md §7, §9.8).
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{
-    AccessMode, Close, Io, IoFlags, Open, OpenRsp, RnbdOp, SessInfo, SessInfoRsp,
+    AccessMode, Close, Io, Open, OpenRsp, RnbdFlags, RnbdOp, SessInfo, SessInfoRsp,
 };
 use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
 use rtrs_spdk::rnbd::server::{
@@ -63,7 +66,7 @@ fn open_msg(name: &[u8], mode: AccessMode) -> [u8; Open::LEN] {
     b
 }
 
-fn io_msg(device_id: u32, op: RnbdOp, flags: IoFlags, sector: u64, bi_size: u32) -> [u8; 32] {
+fn io_msg(device_id: u32, op: RnbdOp, flags: RnbdFlags, sector: u64, bi_size: u32) -> [u8; 32] {
     Io {
         device_id,
         sector,
@@ -312,18 +315,24 @@ fn io_across_cores_on_one_ram_disk() {
         .device_id;
     let wbuf = Area::new(8192);
     wbuf.fill(0x5a);
-    let w = io_msg(id, RnbdOp::Write, IoFlags::FUA | IoFlags::SYNC, 16, 8192);
+    let w = io_msg(
+        id,
+        RnbdOp::Write,
+        RnbdFlags::FUA | RnbdFlags::SYNC,
+        16,
+        8192,
+    );
     assert_eq!(run(&mut d0, &s, &w, Dir::Write, wbuf.buf(8192)), 0);
     // Core 1's instance sees core 0's write.
     let rbuf = Area::new(8192);
-    let r = io_msg(id, RnbdOp::Read, IoFlags::NONE, 16, 8192);
+    let r = io_msg(id, RnbdOp::Read, RnbdFlags::NONE, 16, 8192);
     assert_eq!(run(&mut d1, &s, &r, Dir::Read, rbuf.buf(8192)), 0);
     assert!(rbuf.bytes(8192).iter().all(|&x| x == 0x5a));
 
     // Discard and write-zeroes take their size from the message.
-    let z = io_msg(id, RnbdOp::WriteZeroes, IoFlags::NOUNMAP, 16, 1024);
+    let z = io_msg(id, RnbdOp::WriteZeroes, RnbdFlags::NOUNMAP, 16, 1024);
     assert_eq!(run(&mut d1, &s, &z, Dir::Write, rbuf.buf(0)), 0);
-    let dsc = io_msg(id, RnbdOp::Discard, IoFlags::NONE, 24, 512);
+    let dsc = io_msg(id, RnbdOp::Discard, RnbdFlags::NONE, 24, 512);
     assert_eq!(run(&mut d0, &s, &dsc, Dir::Write, rbuf.buf(0)), 0);
     assert_eq!(run(&mut d0, &s, &r, Dir::Read, rbuf.buf(8192)), 0);
     let got = rbuf.bytes(8192);
@@ -333,7 +342,13 @@ fn io_across_cores_on_one_ram_disk() {
     assert!(got[4608..].iter().all(|&x| x == 0x5a));
 
     // Flush: an RTRS READ with no data.
-    let f = io_msg(id, RnbdOp::Flush, IoFlags::FUA | IoFlags::PREFLUSH, 0, 0);
+    let f = io_msg(
+        id,
+        RnbdOp::Flush,
+        RnbdFlags::FUA | RnbdFlags::PREFLUSH,
+        0,
+        0,
+    );
     assert_eq!(run(&mut d1, &s, &f, Dir::Read, rbuf.buf(0)), 0);
     // A 24-byte (pre-prio) IO header is accepted.
     assert_eq!(run(&mut d1, &s, &r[..24], Dir::Read, rbuf.buf(8192)), 0);
@@ -351,7 +366,7 @@ fn io_errors() {
         .unwrap()
         .device_id;
     let buf = Area::new(8192);
-    let read = |dev, sector, len| io_msg(dev, RnbdOp::Read, IoFlags::NONE, sector, len);
+    let read = |dev, sector, len| io_msg(dev, RnbdOp::Read, RnbdFlags::NONE, sector, len);
     // Unknown device id.
     assert_eq!(
         run(&mut d, &s, &read(7, 0, 512), Dir::Read, buf.buf(512)),
@@ -367,7 +382,7 @@ fn io_errors() {
         run(&mut d, &s, &read(id, 0, 512), Dir::Read, buf.buf(0)),
         EINVAL
     );
-    let w = io_msg(id, RnbdOp::Write, IoFlags::NONE, 0, 512);
+    let w = io_msg(id, RnbdOp::Write, RnbdFlags::NONE, 0, 512);
     assert_eq!(run(&mut d, &s, &w, Dir::Read, buf.buf(512)), EINVAL);
     // Past the end (64 KiB = 128 sectors), and a sector whose byte offset overflows.
     assert_eq!(
@@ -384,7 +399,7 @@ fn io_errors() {
         ),
         -libc::EIO
     );
-    let dsc = io_msg(id, RnbdOp::Discard, IoFlags::NONE, 120, 8192);
+    let dsc = io_msg(id, RnbdOp::Discard, RnbdFlags::NONE, 120, 8192);
     assert_eq!(run(&mut d, &s, &dsc, Dir::Write, buf.buf(0)), -libc::EIO);
     // Not a multiple of the block size.
     assert_eq!(
@@ -392,15 +407,15 @@ fn io_errors() {
         EINVAL
     );
     // Secure erase is not offered by RAM disks.
-    let se = io_msg(id, RnbdOp::SecureErase, IoFlags::NONE, 0, 512);
+    let se = io_msg(id, RnbdOp::SecureErase, RnbdFlags::NONE, 0, 512);
     assert_eq!(
         run(&mut d, &s, &se, Dir::Write, buf.buf(0)),
         -libc::EOPNOTSUPP
     );
     // A read-only mapping refuses writes.
-    let w = io_msg(ro, RnbdOp::Write, IoFlags::NONE, 0, 512);
+    let w = io_msg(ro, RnbdOp::Write, RnbdFlags::NONE, 0, 512);
     assert_eq!(run(&mut d, &s, &w, Dir::Write, buf.buf(512)), -libc::EROFS);
-    let z = io_msg(ro, RnbdOp::WriteZeroes, IoFlags::NONE, 0, 512);
+    let z = io_msg(ro, RnbdOp::WriteZeroes, RnbdFlags::NONE, 0, 512);
     assert_eq!(run(&mut d, &s, &z, Dir::Write, buf.buf(0)), -libc::EROFS);
     // An unknown op code.
     let mut bad = read(id, 0, 512);
@@ -431,7 +446,7 @@ fn a_busy_backend_queues_and_everything_completes() {
         unsafe { all.copy_in(i * 512, &[i as u8; 512]) };
     }
     let msgs: Vec<[u8; 32]> = (0..N)
-        .map(|i| io_msg(id, RnbdOp::Write, IoFlags::NONE, i as u64, 512))
+        .map(|i| io_msg(id, RnbdOp::Write, RnbdFlags::NONE, i as u64, 512))
         .collect();
     for (i, m) in msgs.iter().enumerate() {
         // SAFETY: each request owns its own 512 bytes of the area until it completes.
@@ -462,7 +477,7 @@ fn a_busy_backend_queues_and_everything_completes() {
     }
     assert_eq!(d.in_flight(), 0);
     let back = Area::new(N * 512);
-    let r = io_msg(id, RnbdOp::Read, IoFlags::NONE, 0, (N * 512) as u32);
+    let r = io_msg(id, RnbdOp::Read, RnbdFlags::NONE, 0, (N * 512) as u32);
     assert_eq!(run(&mut d, &s, &r, Dir::Read, back.buf(N * 512)), 0);
     let got = back.bytes(N * 512);
     for i in 0..N {
@@ -518,15 +533,27 @@ fn file_exports_open_per_core() {
 
     let w = Area::new(4096);
     w.fill(0xc3);
-    let wm = io_msg(id, RnbdOp::Write, IoFlags::FUA | IoFlags::PREFLUSH, 8, 4096);
+    let wm = io_msg(
+        id,
+        RnbdOp::Write,
+        RnbdFlags::FUA | RnbdFlags::PREFLUSH,
+        8,
+        4096,
+    );
     assert_eq!(run(&mut d0, &s, &wm, Dir::Write, w.buf(4096)), 0);
     let r = Area::new(4096);
-    let rm = io_msg(id, RnbdOp::Read, IoFlags::NONE, 8, 4096);
+    let rm = io_msg(id, RnbdOp::Read, RnbdFlags::NONE, 8, 4096);
     assert_eq!(run(&mut d1, &s, &rm, Dir::Read, r.buf(4096)), 0);
     assert!(r.bytes(4096).iter().all(|&x| x == 0xc3));
-    let f = io_msg(id, RnbdOp::Flush, IoFlags::FUA | IoFlags::PREFLUSH, 0, 0);
+    let f = io_msg(
+        id,
+        RnbdOp::Flush,
+        RnbdFlags::FUA | RnbdFlags::PREFLUSH,
+        0,
+        0,
+    );
     assert_eq!(run(&mut d1, &s, &f, Dir::Read, r.buf(0)), 0);
-    let z = io_msg(id, RnbdOp::WriteZeroes, IoFlags::NONE, 8, 4096);
+    let z = io_msg(id, RnbdOp::WriteZeroes, RnbdFlags::NONE, 8, 4096);
     assert_eq!(run(&mut d0, &s, &z, Dir::Write, r.buf(0)), 0);
     assert_eq!(run(&mut d1, &s, &rm, Dir::Read, r.buf(4096)), 0);
     assert!(r.bytes(4096).iter().all(|&x| x == 0));

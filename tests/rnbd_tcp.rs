@@ -5,6 +5,9 @@
 //! same with a pre-shared key on both sides, and a wrong key refused for good.
 //! Every wait is bounded (seconds); nothing is timed.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 

@@ -8,6 +8,9 @@
 //!
 //! The data is read back each time.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use rtrs_spdk::engine::{Ctx, Simulation};

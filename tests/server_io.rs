@@ -1,6 +1,9 @@
 //! The RTRS server against a minimal client over loopback, driven by a simulation:
 //! the real handshake and READ/WRITE requests with always_invalidate on and off.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 mod server_util;
 
 use rtrs_spdk::server::{LinkEvent, ServerConfig};

@@ -1,6 +1,9 @@
 //! The server on real reactor threads (two, adaptive idle) with the test client on the
 //! test thread: over loopback and over tcp on 127.0.0.1. Every wait is bounded.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
 mod server_util;
 
 use std::net::SocketAddr;

@@ -40,7 +40,8 @@ struct Entry {
     pending: bool,
 }
 
-struct Slot {
+/// One place of the slab: its generation (so stale ids miss) and the poller, if any.
+struct PollerSlot {
     gen: u32,
     entry: Option<Entry>,
 }
@@ -53,7 +54,7 @@ pub(crate) struct Taken {
 
 pub(crate) struct Table {
     core: u32,
-    slots: Vec<Slot>,
+    slots: Vec<PollerSlot>,
     free: Vec<u32>,
     pending: Vec<(u32, u32)>,
     heap: BinaryHeap<Reverse<Due>>,
@@ -116,7 +117,7 @@ impl Table {
                 i
             }
             None => {
-                self.slots.push(Slot {
+                self.slots.push(PollerSlot {
                     gen: 0,
                     entry: Some(entry),
                 });

@@ -373,11 +373,8 @@ mod tests {
         drop(b);
         let small = MemBuf::zeroed(MMAP_MIN - 1);
         // SAFETY: as above.
-        assert!(
-            unsafe { std::slice::from_raw_parts(small.as_ptr(), small.len()) }
-                .iter()
-                .all(|&x| x == 0)
-        );
+        let bytes = unsafe { std::slice::from_raw_parts(small.as_ptr(), small.len()) };
+        assert!(bytes.iter().all(|&x| x == 0));
     }
 
     #[test]

@@ -14,9 +14,10 @@ use super::error::{DecodeError, EncodeError, Expected};
 use super::imm::ImmLayout;
 use super::io::RDMA_READ_MAX_TRAILER_LEN;
 use super::wire::{get_u16, get_u32, head, head_mut, put_u16, put_u32};
+use crate::Errno;
 
-/// `ECONNRESET`: what a client assumes when a reject carries no usable errno.
-pub const ECONNRESET: i32 = 104;
+/// What a client assumes when a reject carries no usable errno (docs/PROTOCOL.md §9.2).
+const NO_USABLE_ERRNO: Errno = Errno::ECONNRESET;
 
 const _: () = assert!(ConnReq::LEN == CM_PRIVATE_DATA_LEN);
 const _: () = assert!(ConnRsp::LEN == CM_PRIVATE_DATA_LEN);
@@ -237,8 +238,15 @@ impl ConnAccept {
 /// A reject: the negative errno the server reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnReject {
-    /// Negative errno, e.g. −104 (ECONNRESET).
+    /// Negative errno, e.g. −104 (ECONNRESET), as on the wire.
     pub errno: i32,
+}
+
+impl ConnReject {
+    /// The errno the server reports; `None` for a value no errno has (0, positive).
+    pub const fn reason(self) -> Option<Errno> {
+        Errno::from_neg(self.errno)
+    }
 }
 
 /// `rtrs_msg_conn_rsp`: accept or reject.
@@ -274,6 +282,11 @@ impl ConnRsp {
         ConnRsp::Reject(ConnReject {
             errno: if errno > 0 { -errno } else { errno },
         })
+    }
+
+    /// A reject reporting `errno`.
+    pub const fn reject_with(errno: Errno) -> ConnRsp {
+        ConnRsp::reject(errno.neg())
     }
 
     /// Writes the 56 bytes into `out`.
@@ -378,14 +391,19 @@ impl ConnRsp {
         Ok(acc)
     }
 
-    /// The errno a client reports for a REJ with consumer data `buf`: the carried
-    /// negative errno if the data is a well-formed reject (at least 56 bytes, magic,
-    /// major version, errno < 0), otherwise −ECONNRESET (docs/PROTOCOL.md §9.2).
-    pub fn reject_errno(buf: &[u8]) -> i32 {
+    /// The errno a client reports for a REJ with consumer data `buf`: the carried errno
+    /// if the data is a well-formed reject (at least 56 bytes, magic, major version,
+    /// errno < 0), otherwise ECONNRESET (docs/PROTOCOL.md §9.2).
+    pub fn refusal(buf: &[u8]) -> Errno {
         match ConnRsp::decode(buf) {
-            Ok(ConnRsp::Reject(r)) => r.errno,
-            _ => -ECONNRESET,
+            Ok(ConnRsp::Reject(r)) => r.reason().unwrap_or(NO_USABLE_ERRNO),
+            _ => NO_USABLE_ERRNO,
         }
+    }
+
+    /// [`ConnRsp::refusal`] as the kernel's negative `int`.
+    pub fn reject_errno(buf: &[u8]) -> i32 {
+        ConnRsp::refusal(buf).neg()
     }
 }
 
@@ -509,13 +527,13 @@ mod tests {
         let b = ConnRsp::reject(104).to_bytes().unwrap();
         assert_eq!(ConnRsp::reject_errno(&b), -104);
         assert_eq!(ConnRsp::decode(&b), Ok(ConnRsp::reject(-104)));
-        assert_eq!(ConnRsp::reject_errno(&b[..55]), -ECONNRESET);
+        assert_eq!(ConnRsp::reject_errno(&b[..55]), -libc::ECONNRESET);
         let mut bad = b;
         bad[0] = 0;
-        assert_eq!(ConnRsp::reject_errno(&bad), -ECONNRESET);
+        assert_eq!(ConnRsp::reject_errno(&bad), -libc::ECONNRESET);
         let mut pos = b;
         put_u16(&mut pos, 4, 5);
-        assert_eq!(ConnRsp::reject_errno(&pos), -ECONNRESET);
+        assert_eq!(ConnRsp::reject_errno(&pos), -libc::ECONNRESET);
         assert!(ConnRsp::decode(&pos).is_err());
         assert_eq!(
             ConnRsp::reject_errno(&ConnRsp::reject(-6).to_bytes().unwrap()),
@@ -523,5 +541,16 @@ mod tests {
         );
         assert!(ConnRsp::reject(0).to_bytes().is_err());
         assert!(ConnRsp::reject(40000).to_bytes().is_err());
+        // The same, typed.
+        assert_eq!(
+            ConnRsp::reject_with(Errno::ECONNRESET),
+            ConnRsp::reject(-104)
+        );
+        assert_eq!(ConnRsp::refusal(&b), Errno::ECONNRESET);
+        assert_eq!(ConnRsp::refusal(&pos), Errno::ECONNRESET);
+        let enxio = ConnRsp::reject_with(Errno::ENXIO).to_bytes().unwrap();
+        assert_eq!(ConnRsp::refusal(&enxio), Errno::ENXIO);
+        assert_eq!(ConnReject { errno: -6 }.reason(), Some(Errno::ENXIO));
+        assert_eq!(ConnReject { errno: 0 }.reason(), None);
     }
 }

@@ -11,6 +11,7 @@ use super::constants::{
     chunk_bits, fits_imm_budget, IMM_PAYLOAD_BITS, IMM_PAYLOAD_MASK, IMM_TYPE_BITS,
 };
 use super::error::{DecodeError, EncodeError, Expected};
+use crate::Errno;
 
 /// Imm type codes (`enum rtrs_imm_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -193,9 +194,17 @@ impl IoRsp {
         self.msg_id
     }
 
-    /// 0 on success, otherwise a negative errno.
+    /// 0 on success, otherwise a negative errno: the status as the kernel passes it on.
     pub const fn errno(self) -> i32 {
         -(self.errno as i32)
+    }
+
+    /// The status as a result: the error is the errno the server reported.
+    pub const fn status(self) -> Result<(), Errno> {
+        match Errno::from_raw(self.errno as i32) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// True for IO_RSP_W_INV: the client's MR was invalidated by the peer.
@@ -420,6 +429,8 @@ mod tests {
         assert_eq!(IoRsp::new(5, 5, true).unwrap().to_imm(), 0x2028_0005);
         assert_eq!(Imm::decode(0x1028_0005), Ok(Imm::IoRsp(rsp)));
         assert_eq!(rsp.errno(), -5);
+        assert_eq!(rsp.status(), Err(Errno::EIO));
+        assert_eq!(IoRsp::new(5, 0, false).unwrap().status(), Ok(()));
         assert_eq!(Imm::decode(0x8000_0000), Ok(Imm::HbMsg));
         assert_eq!(Imm::decode(0x9000_0000), Ok(Imm::HbAck));
     }

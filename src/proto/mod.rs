@@ -33,7 +33,7 @@
 //! # Typical calls
 //!
 //! Client: [`ConnReq::new`]`(..).encode(..)` for each connection;
-//! [`ConnRsp::decode_accept`] on ESTABLISHED or [`ConnRsp::reject_errno`] on REJECTED;
+//! [`ConnRsp::decode_accept`] on ESTABLISHED or [`ConnRsp::refusal`] on REJECTED;
 //! [`ConnAccept::imm_layout`] (the session's [`ImmLayout`]); [`InfoReq::encode`];
 //! a receive buffer of [`InfoRsp::wire_len`]`(qd)` bytes, then
 //! [`InfoRsp::decode`]`(..).chunks()` to fill the per-chunk table; per request
@@ -57,7 +57,7 @@ mod io;
 pub mod rnbd;
 mod wire;
 
-pub use conn::{ConnAccept, ConnReject, ConnReq, ConnRsp, ECONNRESET};
+pub use conn::{ConnAccept, ConnReject, ConnReq, ConnRsp};
 pub use constants::{ceil_log2, chunk_bits, fits_imm_budget, mem_bits, signal_interval, MsgType};
 pub use error::{DecodeError, EncodeError, Expected};
 pub use imm::{

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
 use super::thread::SpdkThread;
@@ -204,7 +204,12 @@ unsafe extern "C" fn bdev_event(
     // events only to open descriptors.
     let ev = unsafe { &*ctx.cast::<EventCtx>() };
     tracing::warn!("spdk bdev '{}': hot-removed; closing its export", ev.name);
-    let f = ev.on_remove.lock().ok().and_then(|mut g| g.take());
+    // A poisoned lock still holds the callback: the export is closed all the same.
+    let f = ev
+        .on_remove
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
     if let Some(f) = f {
         f();
     }
@@ -222,7 +227,7 @@ impl ExportBackend for BdevExport {
 }
 
 /// One IO in flight: what its completion needs.
-struct Slot {
+struct InFlight {
     chan: *mut ChanState,
     index: u32,
     tag: u64,
@@ -242,7 +247,7 @@ struct ChanState {
     size_blocks: u64,
     /// The bdev has a volatile cache: PREFLUSH on a write issues a flush first.
     write_cache: bool,
-    slots: Box<[Slot]>,
+    slots: Box<[InFlight]>,
     free: Vec<u32>,
     done: VecDeque<BlockCompletion>,
     /// Refused with −ENOMEM, in order, until `spdk_bdev_queue_io_wait` calls back.
@@ -295,7 +300,7 @@ impl BdevChannel {
         // boxed state, whose address never changes.
         unsafe {
             (*p).slots = (0..CHANNEL_DEPTH as u32)
-                .map(|index| Slot {
+                .map(|index| InFlight {
                     chan: p,
                     index,
                     tag: 0,
@@ -354,7 +359,7 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
         let Some(i) = s.free.pop() else {
             return -libc::ENOMEM;
         };
-        let slot = &mut s.slots[i as usize] as *mut Slot;
+        let slot = &mut s.slots[i as usize] as *mut InFlight;
         (*slot).tag = io.tag;
         (*slot).then = then;
         match (io.op, io.buf) {
@@ -425,7 +430,7 @@ unsafe extern "C" fn io_done(bdev_io: *mut sys::spdk_bdev_io, success: bool, arg
     // every IO completed (the drain poller waits for that).
     unsafe {
         sys::spdk_bdev_free_io(bdev_io);
-        let slot = arg.cast::<Slot>();
+        let slot = arg.cast::<InFlight>();
         let st = (*slot).chan;
         let (tag, then) = ((*slot).tag, (*slot).then.take());
         (*st).in_flight -= 1;

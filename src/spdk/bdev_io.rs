@@ -10,6 +10,7 @@
 use std::ptr::NonNull;
 
 use super::sys;
+use crate::Errno;
 
 /// What a bdev IO asks for (`spdk_bdev_io_type`, the kinds the rtrs bdev knows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +142,13 @@ impl BdevIo {
         // SAFETY: a field address inside the live IO, no read.
         let p = unsafe { (*self.0.as_ptr()).driver_ctx.as_mut_ptr() };
         NonNull::new(p).unwrap_or(NonNull::dangling())
+    }
+
+    /// Completes the IO with `result`: an error of ENOMEM or EAGAIN asks the bdev layer to
+    /// submit it again later; any other fails it. As [`complete`](Self::complete), on the
+    /// thread the IO was submitted on.
+    pub fn complete_with(self, result: Result<(), Errno>) {
+        self.complete(Errno::neg_of(result));
     }
 
     /// Completes the IO: 0 is success; −ENOMEM and −EAGAIN ask the bdev layer to submit

@@ -11,17 +11,24 @@
 //! takes existing threads (the bdev side's IO-channel threads).
 //!
 //! Each core's poller table is touched only by that core's thread: pollers need not be
-//! `Send`, as under our reactors.
+//! `Send`, as under our reactors. That is a property of the types, not of a debug check:
+//! the table is reached only through an [`OnCore`], which exists only on the core's own
+//! thread (made by comparing the calling SPDK thread with the core's, or inside a poller
+//! or message of that core, which SPDK runs on that thread) and cannot leave it. Code
+//! working for a core from another SPDK thread gets the clock ([`Driver::now`]) and
+//! nothing else: registering pollers or timers, or sending as the core, is the core's own.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
 use super::thread::{app_cores, SpdkThread};
 use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
+use crate::Errno;
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
 const MSG_RING: usize = 65_536;
@@ -34,18 +41,46 @@ pub struct Driver {
 }
 
 struct Core {
-    thread: AtomicPtr<sys::spdk_thread>,
-    /// Only ever borrowed on `thread` (see [`Driver::table`]).
+    /// Set at construction, never changed.
+    thread: *mut sys::spdk_thread,
+    /// Only ever borrowed on `thread`: through an [`OnCore`] (see [`Driver::table`]).
     table: RefCell<Table>,
 }
 
-// SAFETY: `thread` is atomic; `table` is only borrowed by code running on the core's own
-// SPDK thread (checked in `Driver::table`), and SPDK runs one thread's pollers and
-// messages one at a time, so the RefCell is never shared between OS threads at once.
+// SAFETY: `thread` is written once, before the driver is shared, and only read after.
+// `table` is borrowed only through an `OnCore` for its core, which exists only on that
+// core's SPDK thread (it is made by `OnCore::assume` only where that holds: in
+// `Driver::on_current`, which compares the calling SPDK thread with the core's in every
+// build, and in a poller or message of the core, which SPDK runs on the core's thread)
+// and is neither `Send` nor `Sync`, so it cannot be carried to another thread. SPDK runs one thread's pollers and messages one at a time,
+// so the RefCell is never shared between OS threads at once.
 unsafe impl Sync for Driver {}
 // SAFETY: as above; the boxed pollers are dropped on their own core (`drop_core`) or,
 // once every thread is gone, by whoever drops the last handle.
 unsafe impl Send for Driver {}
+
+/// Proof that the calling code runs on `core`'s own SPDK thread: the only way to the
+/// core's poller table, and so to registering, unregistering and running its pollers.
+/// Neither `Send` nor `Sync` (the raw-pointer marker): it stays on the thread it was made
+/// on.
+#[derive(Clone, Copy)]
+struct OnCore {
+    core: usize,
+    _this_thread: PhantomData<*const ()>,
+}
+
+impl OnCore {
+    /// # Safety
+    /// The caller runs on `core`'s SPDK thread: it compared the calling thread with the
+    /// core's, or it is a poller registered on that core (SPDK runs a poller on the thread
+    /// that registered it) or a message sent to it.
+    unsafe fn assume(core: usize) -> OnCore {
+        OnCore {
+            core,
+            _this_thread: PhantomData,
+        }
+    }
+}
 
 #[derive(Default)]
 struct Table {
@@ -56,10 +91,11 @@ struct Table {
 
 struct Entry {
     gen: u32,
-    slot: Option<NonNull<Slot>>,
+    slot: Option<NonNull<Registration>>,
 }
 
-struct Slot {
+/// A poller registered on a core: the box SPDK's `spdk_poller` points at.
+struct Registration {
     driver: Arc<Driver>,
     id: PollerId,
     once: bool,
@@ -126,7 +162,7 @@ impl Driver {
         let cores = threads
             .iter()
             .map(|t| Core {
-                thread: AtomicPtr::new(t.as_ptr()),
+                thread: t.as_ptr(),
                 table: RefCell::new(Table::default()),
             })
             .collect();
@@ -143,7 +179,7 @@ impl Driver {
 
     /// The SPDK thread of `core`.
     pub fn thread(&self, core: usize) -> Option<SpdkThread> {
-        let p = self.cores.get(core)?.thread.load(Ordering::Acquire);
+        let p = self.cores.get(core)?.thread;
         // SAFETY: the pointer was a live thread when stored; threads leave only through
         // `stop`, after which the driver is not used to reach them.
         unsafe { SpdkThread::from_ptr(p) }
@@ -151,10 +187,25 @@ impl Driver {
 
     /// The core the calling SPDK thread is, if it is one of this driver's.
     pub fn current_core(&self) -> Option<usize> {
+        self.on_current().map(|on| on.core)
+    }
+
+    /// The calling thread's [`OnCore`], if it is one of this driver's cores: the checked
+    /// way onto a core, in every build.
+    fn on_current(&self) -> Option<OnCore> {
         let me = SpdkThread::current()?.as_ptr();
-        self.cores
-            .iter()
-            .position(|c| c.thread.load(Ordering::Acquire) == me)
+        let core = self.cores.iter().position(|c| c.thread == me)?;
+        // SAFETY: the calling SPDK thread is `core`'s, just compared.
+        Some(unsafe { OnCore::assume(core) })
+    }
+
+    /// The time in nanoseconds (the time-stamp counter), as every core's [`Ctx::now`]
+    /// reads it: for code that works on a core's behalf from another SPDK thread (the
+    /// bdev's IO channels drive their core's session handle, whose data path only reads
+    /// the clock). Nothing else of a core can be had from another thread: pollers, timers
+    /// and messages are registered and sent on the core's own thread (send it a message).
+    pub fn now(&self) -> u64 {
+        ticks_ns()
     }
 
     /// Runs `msg` on `core` with that core's [`Ctx`]; callable from any thread.
@@ -179,7 +230,7 @@ impl Driver {
         }
         // SAFETY: not queued, so `arg` is still ours.
         let (_, _, msg) = *unsafe { Box::from_raw(arg.cast::<(Arc<Driver>, usize, Msg)>()) };
-        Err(if rc == -libc::ENOMEM {
+        Err(if Errno::from_neg(rc) == Some(Errno::ENOMEM) {
             SendError::Full {
                 core,
                 capacity: MSG_RING,
@@ -205,32 +256,21 @@ impl Driver {
         self.send(core, Msg::new(f))
     }
 
-    /// Runs `f` with core `core`'s [`Ctx`] on the calling SPDK thread, which need not be the
-    /// core's own: for code that works on the core's behalf from another SPDK thread of
-    /// the same reactor (the bdev's IO channels drive their core's session handle, whose
-    /// data path only reads the clock). The clock, the core's identity and messages work
-    /// as on the core itself; pollers and timers must not be registered through it (they
-    /// belong on the core's own thread: send it a message instead).
-    pub fn with_ctx<R>(self: &Arc<Self>, core: usize, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
-        let mut cx = SpdkCtx { driver: self, core };
-        f(&mut cx)
-    }
-
     /// Calls every poller's [`Poller::shutdown`] on the calling core (which must be one of
     /// the driver's; otherwise nothing happens).
     pub fn shutdown_core(self: &Arc<Self>) {
-        let Some(core) = self.current_core() else {
+        let Some(on) = self.on_current() else {
             return;
         };
-        let slots: Vec<NonNull<Slot>> = self
-            .table(core)
+        let slots: Vec<NonNull<Registration>> = self
+            .table(on)
             .entries
             .iter()
             .filter_map(|e| e.slot)
             .collect();
         for s in slots {
             // A shutdown hook may unregister other pollers: only live ones are called.
-            let alive = self.table(core).entries.iter().any(|e| e.slot == Some(s));
+            let alive = self.table(on).entries.iter().any(|e| e.slot == Some(s));
             if !alive {
                 continue;
             }
@@ -238,26 +278,26 @@ impl Driver {
             // runs it is `current`, so unregistering itself only marks it dead.
             let slot = unsafe { s.as_ref() };
             let id = slot.id;
-            self.table(core).current = Some(id);
+            self.table(on).current = Some(id);
             if let Ok(mut p) = slot.poller.try_borrow_mut() {
-                let mut cx = SpdkCtx { driver: self, core };
+                let mut cx = SpdkCtx { driver: self, on };
                 p.shutdown(&mut cx);
             }
-            self.table(core).current = None;
+            self.table(on).current = None;
             if slot.dead.get() {
                 // SAFETY: live slot, no longer borrowed; `slot` is not used after.
-                unsafe { self.free_slot(core, s) };
+                unsafe { self.free_slot(on, s) };
             }
         }
     }
 
     /// Unregisters and drops every poller of the calling core.
     pub fn drop_core(self: &Arc<Self>) {
-        let Some(core) = self.current_core() else {
+        let Some(on) = self.on_current() else {
             return;
         };
         let ids: Vec<PollerId> = {
-            let t = self.table(core);
+            let t = self.table(on);
             t.entries
                 .iter()
                 .filter_map(|e| e.slot)
@@ -266,7 +306,7 @@ impl Driver {
                 .collect()
         };
         for id in ids {
-            self.unregister_on(core, id);
+            self.unregister_on(on, id);
         }
     }
 
@@ -276,7 +316,7 @@ impl Driver {
     pub fn stop<F: FnOnce() + Send + 'static>(self: &Arc<Self>, done: F) {
         let back = SpdkThread::current();
         let left = Arc::new(AtomicUsize::new(self.cores()));
-        let done: Arc<std::sync::Mutex<Option<F>>> = Arc::new(std::sync::Mutex::new(Some(done)));
+        let done: Arc<Mutex<Option<F>>> = Arc::new(Mutex::new(Some(done)));
         for core in 0..self.cores() {
             let left = Arc::clone(&left);
             let done = Arc::clone(&done);
@@ -286,7 +326,8 @@ impl Driver {
                 drv.drop_core();
                 let me = drv.thread(core);
                 if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    let f = done.lock().ok().and_then(|mut g| g.take());
+                    // A poisoned lock still holds the completion: run it all the same.
+                    let f = done.lock().unwrap_or_else(PoisonError::into_inner).take();
                     if let Some(f) = f {
                         match back {
                             Some(t) if !t.is_current() => {
@@ -313,24 +354,26 @@ impl Driver {
         }
     }
 
-    fn table(&self, core: usize) -> std::cell::RefMut<'_, Table> {
+    /// The poller table of `on`'s core; `on` proves the caller runs on that core.
+    fn table(&self, on: OnCore) -> std::cell::RefMut<'_, Table> {
         debug_assert_eq!(
-            self.thread(core).map(SpdkThread::as_ptr),
+            self.thread(on.core).map(SpdkThread::as_ptr),
             SpdkThread::current().map(SpdkThread::as_ptr),
-            "a core's poller table is only used on its own SPDK thread"
+            "an OnCore exists only on its core's SPDK thread"
         );
-        self.cores[core].table.borrow_mut()
+        self.cores[on.core].table.borrow_mut()
     }
 
     fn register_on(
         self: &Arc<Self>,
-        core: usize,
+        on: OnCore,
         period_us: u64,
         once: bool,
         poller: Box<dyn Poller>,
     ) -> PollerId {
+        let core = on.core;
         let id = {
-            let mut t = self.table(core);
+            let mut t = self.table(on);
             let index = match t.free.pop() {
                 Some(i) => i,
                 None => {
@@ -346,7 +389,7 @@ impl Driver {
                 gen: e.gen,
             }
         };
-        let slot = Box::new(Slot {
+        let slot = Box::new(Registration {
             driver: Arc::clone(self),
             id,
             once,
@@ -355,9 +398,10 @@ impl Driver {
             poller: RefCell::new(poller),
         });
         let raw = NonNull::from(Box::leak(slot));
-        self.table(core).entries[id.index as usize].slot = Some(raw);
+        self.table(on).entries[id.index as usize].slot = Some(raw);
         // SAFETY: `raw` stays valid until `free_slot` unregisters the SPDK poller first
-        // and then frees it; the name is a static C string.
+        // and then frees it; the name is a static C string. SPDK registers the poller on
+        // the calling thread, which `on` proves is the core's: `poll_slot` runs there.
         let p = unsafe {
             sys::spdk_poller_register_named(
                 Some(poll_slot),
@@ -378,9 +422,9 @@ impl Driver {
         id
     }
 
-    fn unregister_on(&self, core: usize, id: PollerId) -> bool {
+    fn unregister_on(&self, on: OnCore, id: PollerId) -> bool {
         let slot = {
-            let t = self.table(core);
+            let t = self.table(on);
             match t.entries.get(id.index as usize) {
                 Some(e) if e.gen == id.gen => e.slot,
                 _ => None,
@@ -389,19 +433,19 @@ impl Driver {
         let Some(slot) = slot else {
             return false;
         };
-        if self.table(core).current == Some(id) {
+        if self.table(on).current == Some(id) {
             // SAFETY: live slot; freed by the trampoline when the poll returns.
             unsafe { slot.as_ref() }.dead.set(true);
         } else {
             // SAFETY: live slot of this core, not running: free it now.
-            unsafe { self.free_slot(core, slot) };
+            unsafe { self.free_slot(on, slot) };
         }
         true
     }
 
     /// # Safety
-    /// `slot` must be a live slot of `core`, not borrowed, on `core`'s thread.
-    unsafe fn free_slot(&self, core: usize, slot: NonNull<Slot>) {
+    /// `slot` must be a live registration of `on`'s core, not borrowed.
+    unsafe fn free_slot(&self, on: OnCore, slot: NonNull<Registration>) {
         let id = {
             // SAFETY: live per the contract.
             let s = unsafe { slot.as_ref() };
@@ -414,7 +458,7 @@ impl Driver {
             s.id
         };
         {
-            let mut t = self.table(core);
+            let mut t = self.table(on);
             t.entries[id.index as usize].slot = None;
             t.free.push(id.index);
         }
@@ -423,10 +467,10 @@ impl Driver {
     }
 }
 
-/// A poller's or message's view of the SPDK driver.
+/// A poller's or message's view of the SPDK driver: only ever made on the core's thread.
 struct SpdkCtx<'a> {
     driver: &'a Arc<Driver>,
-    core: usize,
+    on: OnCore,
 }
 
 /// The time-stamp counter in nanoseconds: the same value as `thread::now_ns`, with
@@ -450,7 +494,7 @@ impl Ctx for SpdkCtx<'_> {
     }
 
     fn core(&self) -> usize {
-        self.core
+        self.on.core
     }
 
     fn cores(&self) -> usize {
@@ -458,7 +502,7 @@ impl Ctx for SpdkCtx<'_> {
     }
 
     fn current(&self) -> Option<PollerId> {
-        self.driver.table(self.core).current
+        self.driver.table(self.on).current
     }
 
     fn send(&mut self, core: usize, msg: Msg) -> Result<(), SendError> {
@@ -466,7 +510,7 @@ impl Ctx for SpdkCtx<'_> {
     }
 
     fn register(&mut self, poller: Box<dyn Poller>) -> PollerId {
-        self.driver.register_on(self.core, 0, false, poller)
+        self.driver.register_on(self.on, 0, false, poller)
     }
 
     fn register_timer(&mut self, timer: Timer, poller: Box<dyn Poller>) -> PollerId {
@@ -476,19 +520,19 @@ impl Ctx for SpdkCtx<'_> {
         };
         // A zero-delay one-shot runs on the next loop as an active poller.
         let us = ns.div_ceil(1000);
-        self.driver.register_on(self.core, us, once, poller)
+        self.driver.register_on(self.on, us, once, poller)
     }
 
     fn unregister(&mut self, id: PollerId) -> bool {
-        if id.core() != self.core {
+        if id.core() != self.on.core {
             return false;
         }
-        self.driver.unregister_on(self.core, id)
+        self.driver.unregister_on(self.on, id)
     }
 }
 
 unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
-    let Some(slot) = NonNull::new(arg.cast::<Slot>()) else {
+    let Some(slot) = NonNull::new(arg.cast::<Registration>()) else {
         return 0;
     };
     // SAFETY: `arg` is a live slot: SPDK stops calling once free_slot unregistered it.
@@ -496,22 +540,24 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
     // Borrowed, not cloned (two atomic operations per poll): the slot, which holds the
     // driver, lives until `free_slot` below.
     let driver = &s.driver;
-    let core = s.id.core();
+    // SAFETY: SPDK runs a poller on the thread that registered it, which was the core's
+    // (`register_on` takes an `OnCore`).
+    let on = unsafe { OnCore::assume(s.id.core()) };
     let id = s.id;
-    driver.table(core).current = Some(id);
+    driver.table(on).current = Some(id);
     let r = match s.poller.try_borrow_mut() {
         Ok(mut p) => {
-            let mut cx = SpdkCtx { driver, core };
+            let mut cx = SpdkCtx { driver, on };
             p.poll(&mut cx)
         }
         Err(_) => PollResult::Idle,
     };
-    driver.table(core).current = None;
+    driver.table(on).current = None;
     if s.once || s.dead.get() {
         // Freeing the slot drops its reference to the driver: hold one meanwhile.
         let driver = Arc::clone(driver);
         // SAFETY: live slot of this core, no longer borrowed; `s` is not used after.
-        unsafe { driver.free_slot(core, slot) };
+        unsafe { driver.free_slot(on, slot) };
     }
     match r {
         PollResult::Busy => sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int,
@@ -522,9 +568,12 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
 unsafe extern "C" fn run_msg(arg: *mut c_void) {
     // SAFETY: from Box::into_raw in Driver::send, handed back once by SPDK.
     let (driver, core, msg) = *unsafe { Box::from_raw(arg.cast::<(Arc<Driver>, usize, Msg)>()) };
+    // SAFETY: `Driver::send` posted this message to `core`'s thread, and SPDK runs a
+    // message on the thread it was sent to.
+    let on = unsafe { OnCore::assume(core) };
     let mut cx = SpdkCtx {
         driver: &driver,
-        core,
+        on,
     };
     msg.run(&mut cx);
 }

@@ -12,6 +12,7 @@
     clippy::all,
     clippy::pedantic,
     clippy::missing_safety_doc,
+    clippy::undocumented_unsafe_blocks,
     rustdoc::all,
     missing_docs
 )]

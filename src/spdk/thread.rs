@@ -7,6 +7,7 @@ use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
 
 use super::sys;
+use crate::Errno;
 
 /// A handle on an SPDK thread. SPDK threads are addressed by pointer from any thread
 /// (`spdk_thread_send_msg` is thread-safe); the thread itself is owned by SPDK, which
@@ -30,7 +31,7 @@ pub enum MsgError {
     Full,
     /// Any other error (−EIO: the thread is exiting).
     #[error("spdk_thread_send_msg failed with {0} (the thread is exiting?)")]
-    Failed(i32),
+    Failed(Errno),
 }
 
 impl SpdkThread {
@@ -92,15 +93,15 @@ impl SpdkThread {
         // SAFETY: `run_boxed` takes back the box exactly once; on failure SPDK did not
         // keep `arg` and we free it here.
         let rc = unsafe { sys::spdk_thread_send_msg(self.as_ptr(), Some(run_boxed), arg) };
-        if rc == 0 {
+        let Err(e) = Errno::result_from_neg(rc) else {
             return Ok(());
-        }
+        };
         // SAFETY: the message was not queued, so `arg` is still ours.
         drop(unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) });
-        Err(if rc == -libc::ENOMEM {
+        Err(if e == Errno::ENOMEM {
             MsgError::Full
         } else {
-            MsgError::Failed(rc)
+            MsgError::Failed(e)
         })
     }
 

@@ -2,6 +2,8 @@
 //! fabric, a scripted server ([`fake_server`]), and a per-core workload that writes a
 //! pattern, reads it back and checks it, counting every completion exactly once.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)]
 
 pub mod fake_server;

@@ -19,7 +19,7 @@ use rtrs_spdk::client::{
 use rtrs_spdk::engine::{Ctx, Engine, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::{
-    AccessMode, Close, Io, IoFlags, Open, OpenRsp, RnbdOp, SessInfo, SessInfoRsp,
+    AccessMode, Close, Io, Open, OpenRsp, RnbdFlags, RnbdOp, SessInfo, SessInfoRsp,
 };
 use rtrs_spdk::rnbd::client::LinkListener;
 use rtrs_spdk::rnbd::Dir;
@@ -72,7 +72,7 @@ impl Legacy {
             device_id: self.device_id,
             sector: (OFFSET + (first * self.lbs) as u64) / 512,
             op,
-            flags: IoFlags::SYNC,
+            flags: RnbdFlags::SYNC,
             bi_size: (blocks * self.lbs) as u32,
             prio: 0,
         }

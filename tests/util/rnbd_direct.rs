@@ -6,6 +6,8 @@
 //! request it carried ([`Sent`]). [`Rig`] steps one simulated reactor with a virtual
 //! clock.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)]
 
 use std::collections::{HashMap, VecDeque};

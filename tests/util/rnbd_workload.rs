@@ -5,6 +5,8 @@
 //! flush, discard, write-zeroes, a read checking the zeroes, and close. Every wait is
 //! bounded (seconds); nothing is timed.
 
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
 #![allow(dead_code)] // each test binary uses the part it needs
 
 use std::net::{IpAddr, SocketAddr};

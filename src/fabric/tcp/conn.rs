@@ -35,7 +35,7 @@ use crate::fabric::{
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum TcpConnPhase {
     /// Initiator: the non-blocking TCP connect is in progress.
     TcpConnecting,
     /// Initiator: CM_REQ queued or sent, waiting for CM_REP / CM_REJ.
@@ -63,7 +63,7 @@ pub struct TcpConn {
     version: u8,
     /// Initiator with a key: the authentication exchange.
     auth: Option<InitiatorAuth>,
-    phase: Phase,
+    phase: TcpConnPhase,
     write_shut: bool,
     /// The batch in flight was detached from user memory (once, entering Closing).
     cut_done: bool,
@@ -80,7 +80,7 @@ pub struct TcpConn {
 impl TcpConn {
     fn with(
         stream: Option<TcpStream>,
-        phase: Phase,
+        phase: TcpConnPhase,
         table: Arc<MrTable>,
         caps: QpCaps,
         version: u8,
@@ -115,7 +115,13 @@ impl TcpConn {
         psk: Option<Psk>,
     ) -> TcpConn {
         let version = if psk.is_some() { V2 } else { V1 };
-        let mut c = TcpConn::with(Some(stream), Phase::TcpConnecting, table, caps, version);
+        let mut c = TcpConn::with(
+            Some(stream),
+            TcpConnPhase::TcpConnecting,
+            table,
+            caps,
+            version,
+        );
         c.dst = Some(dst);
         let payload = CmPayload::new(RejectReason::None, private_data);
         if let Some(psk) = psk {
@@ -155,7 +161,7 @@ impl TcpConn {
     ) -> TcpConn {
         let peer = stream.peer_addr().ok();
         let local = stream.local_addr().ok();
-        let mut c = TcpConn::with(Some(stream), Phase::Connected, table, caps, version);
+        let mut c = TcpConn::with(Some(stream), TcpConnPhase::Connected, table, caps, version);
         c.peer = peer;
         c.local = local;
         c.tx.queue_cm(&cm_frame(
@@ -200,7 +206,7 @@ impl TcpConn {
         // A connection that never came up reports Error or Rejected, not Disconnected.
         let _ = self.qp.take_disconnect();
         self.stream = None;
-        self.phase = Phase::Closed;
+        self.phase = TcpConnPhase::Closed;
     }
 
     /// The socket failed or the peer broke the protocol: break at once, no goodbye.
@@ -210,7 +216,7 @@ impl TcpConn {
         if let Some(s) = self.stream.take() {
             let _ = s.shutdown(Shutdown::Both);
         }
-        self.phase = Phase::Closed;
+        self.phase = TcpConnPhase::Closed;
     }
 
     /// Closes the socket with a reset, discarding what our socket buffers still hold
@@ -221,21 +227,21 @@ impl TcpConn {
             // Best effort: without it the close is a graceful one.
             let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
         }
-        self.phase = Phase::Closed;
+        self.phase = TcpConnPhase::Closed;
     }
 
     /// Drives the connection: connect, CM answer, frames in and out, closing.
     fn progress(&mut self) {
-        if self.phase == Phase::TcpConnecting {
+        if self.phase == TcpConnPhase::TcpConnecting {
             self.check_connected();
         }
-        if self.phase == Phase::AwaitAnswer {
+        if self.phase == TcpConnPhase::AwaitAnswer {
             self.await_answer();
         }
-        if self.phase == Phase::Connected {
+        if self.phase == TcpConnPhase::Connected {
             self.run_connected();
         }
-        if self.phase == Phase::Closing {
+        if self.phase == TcpConnPhase::Closing {
             self.run_closing();
         }
         if self.qp.take_disconnect() {
@@ -251,7 +257,7 @@ impl TcpConn {
                 Ok(None) => {
                     self.peer = stream.peer_addr().ok();
                     self.local = stream.local_addr().ok();
-                    self.phase = Phase::AwaitAnswer;
+                    self.phase = TcpConnPhase::AwaitAnswer;
                 }
                 Ok(Some(e)) | Err(e) => {
                     let who = self.who();
@@ -315,7 +321,7 @@ impl TcpConn {
         let who = self.who();
         if a.opcode == Opcode::CmChallenge {
             self.on_challenge(&a);
-            return self.phase == Phase::AwaitAnswer;
+            return self.phase == TcpConnPhase::AwaitAnswer;
         }
         let p = match CmPayload::decode(&a.payload) {
             Ok(p) => p,
@@ -358,7 +364,7 @@ impl TcpConn {
                 self.events.push_back(CmEvent::Established {
                     private_data: p.private_data,
                 });
-                self.phase = Phase::Connected;
+                self.phase = TcpConnPhase::Connected;
             }
             _ => {
                 self.events.push_back(CmEvent::Rejected {
@@ -405,7 +411,7 @@ impl TcpConn {
         if self.qp.state() == ConnState::Disconnected {
             // Broken locally (a post-time error): say goodbye.
             self.tx.queue_last(Header::new(Opcode::Disconnect));
-            self.phase = Phase::Closing;
+            self.phase = TcpConnPhase::Closing;
             return;
         }
         let Some(stream) = self.stream.as_mut() else {
@@ -426,12 +432,12 @@ impl TcpConn {
             RxStop::Refused { seq, status } => {
                 tracing::debug!(peer = %self.who(), seq, ?status, "tcp fabric: refusing operation");
                 self.tx.queue_last(Header::nak(seq, status));
-                self.phase = Phase::Closing;
+                self.phase = TcpConnPhase::Closing;
             }
-            RxStop::PeerNak => self.phase = Phase::Closing,
+            RxStop::PeerNak => self.phase = TcpConnPhase::Closing,
             RxStop::PeerDisconnect => {
                 self.qp.fail();
-                self.phase = Phase::Closing;
+                self.phase = TcpConnPhase::Closing;
             }
         }
     }
@@ -444,7 +450,7 @@ impl TcpConn {
             }
         }
         let Some(stream) = self.stream.as_mut() else {
-            self.phase = Phase::Closed;
+            self.phase = TcpConnPhase::Closed;
             return;
         };
         if !self.write_shut {
@@ -460,7 +466,7 @@ impl TcpConn {
             RxStop::Idle => {}
             _ => {
                 self.stream = None;
-                self.phase = Phase::Closed;
+                self.phase = TcpConnPhase::Closed;
             }
         }
     }
@@ -469,7 +475,7 @@ impl TcpConn {
 impl Drop for TcpConn {
     /// A connection dropped unclosed is reset, as `disconnect` does.
     fn drop(&mut self) {
-        if self.stream.is_some() && self.phase != Phase::Closed {
+        if self.stream.is_some() && self.phase != TcpConnPhase::Closed {
             self.abort();
         }
     }
@@ -505,13 +511,13 @@ impl Conn for TcpConn {
 
     fn disconnect(&mut self) {
         match self.phase {
-            Phase::TcpConnecting | Phase::AwaitAnswer => {
+            TcpConnPhase::TcpConnecting | TcpConnPhase::AwaitAnswer => {
                 self.qp.fail();
                 self.stream = None;
-                self.phase = Phase::Closed;
+                self.phase = TcpConnPhase::Closed;
             }
-            Phase::Connected | Phase::Closing => self.abort(),
-            Phase::Closed => {}
+            TcpConnPhase::Connected | TcpConnPhase::Closing => self.abort(),
+            TcpConnPhase::Closed => {}
         }
         self.progress();
     }

@@ -12,7 +12,7 @@ use crate::fabric::{CmEvent, PrivateData};
 
 /// Where a connection is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Phase {
+pub(super) enum CmPhase {
     /// Active side: `rdma_resolve_addr` issued.
     ResolvingAddr,
     /// Active side: QP created, `rdma_resolve_route` issued.
@@ -28,11 +28,14 @@ pub(super) enum Phase {
     Closed,
 }
 
-impl Phase {
+impl CmPhase {
     pub fn before_established(self) -> bool {
         matches!(
             self,
-            Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting | Phase::Accepting
+            CmPhase::ResolvingAddr
+                | CmPhase::ResolvingRoute
+                | CmPhase::Connecting
+                | CmPhase::Accepting
         )
     }
 }
@@ -69,37 +72,37 @@ fn status_text(status: i32) -> String {
 
 /// The transition for `kind` (with `status` and private data) in `phase`.
 pub(super) fn on_event(
-    phase: Phase,
+    phase: CmPhase,
     kind: CmEventKind,
     status: i32,
     data: PrivateData,
     passive: bool,
-) -> (Phase, Step) {
+) -> (CmPhase, Step) {
     use CmEventKind as K;
     let error = |reason: String| {
         (
-            Phase::Closed,
+            CmPhase::Closed,
             Step::FlushAndReport(CmEvent::Error { reason }),
         )
     };
     match (phase, kind) {
-        (Phase::Closed, _) => (Phase::Closed, Step::Nothing),
-        (Phase::ResolvingAddr, K::AddrResolved) => {
-            (Phase::ResolvingRoute, Step::CreateQpThenResolveRoute)
+        (CmPhase::Closed, _) => (CmPhase::Closed, Step::Nothing),
+        (CmPhase::ResolvingAddr, K::AddrResolved) => {
+            (CmPhase::ResolvingRoute, Step::CreateQpThenResolveRoute)
         }
-        (Phase::ResolvingRoute, K::RouteResolved) => (Phase::Connecting, Step::Connect),
-        (Phase::Connecting | Phase::Accepting, K::Established) => {
+        (CmPhase::ResolvingRoute, K::RouteResolved) => (CmPhase::Connecting, Step::Connect),
+        (CmPhase::Connecting | CmPhase::Accepting, K::Established) => {
             let private_data = if passive { PrivateData::empty() } else { data };
             (
-                Phase::Established,
+                CmPhase::Established,
                 Step::Report(CmEvent::Established { private_data }),
             )
         }
-        (Phase::Connecting, K::Rejected) if is_consumer_reject(status) => (
-            Phase::Closed,
+        (CmPhase::Connecting, K::Rejected) if is_consumer_reject(status) => (
+            CmPhase::Closed,
             Step::FlushAndReport(CmEvent::Rejected { private_data: data }),
         ),
-        (Phase::Connecting, K::Rejected) => error(format!(
+        (CmPhase::Connecting, K::Rejected) => error(format!(
             "the peer's connection manager rejected the request (reason {status}; 8 means \
              nothing listens on that port)"
         )),
@@ -124,9 +127,9 @@ pub(super) fn on_event(
             error("the RDMA device was removed".to_owned())
         }
         (
-            Phase::Established | Phase::Closing,
+            CmPhase::Established | CmPhase::Closing,
             K::Disconnected | K::DeviceRemoval | K::ConnectError,
-        ) => (Phase::Closed, Step::FlushAndReport(CmEvent::Disconnected)),
+        ) => (CmPhase::Closed, Step::FlushAndReport(CmEvent::Disconnected)),
         // TIMEWAIT_EXIT, ADDR_CHANGE and anything unexpected change nothing.
         (p, _) => (p, Step::Nothing),
     }
@@ -135,10 +138,10 @@ pub(super) fn on_event(
 /// What a local disconnect (or a failed completion) does in `phase`: `(next phase,
 /// issue rdma_disconnect, event to report now)`. Once established, DISCONNECTED arrives
 /// from the CM later; before that, the CM may never send one, so it is reported here.
-pub(super) fn on_local_disconnect(phase: Phase) -> (Phase, bool, Option<CmEvent>) {
+pub(super) fn on_local_disconnect(phase: CmPhase) -> (CmPhase, bool, Option<CmEvent>) {
     match phase {
-        Phase::Established => (Phase::Closing, true, None),
-        p if p.before_established() => (Phase::Closed, true, Some(CmEvent::Disconnected)),
+        CmPhase::Established => (CmPhase::Closing, true, None),
+        p if p.before_established() => (CmPhase::Closed, true, Some(CmEvent::Disconnected)),
         p => (p, false, None),
     }
 }
@@ -155,15 +158,15 @@ mod tests {
     #[test]
     fn active_side_happy_path() {
         let none = PrivateData::empty();
-        let (p, s) = on_event(Phase::ResolvingAddr, K::AddrResolved, 0, none, false);
+        let (p, s) = on_event(CmPhase::ResolvingAddr, K::AddrResolved, 0, none, false);
         assert_eq!(
             (p, s),
-            (Phase::ResolvingRoute, Step::CreateQpThenResolveRoute)
+            (CmPhase::ResolvingRoute, Step::CreateQpThenResolveRoute)
         );
         let (p, s) = on_event(p, K::RouteResolved, 0, none, false);
-        assert_eq!((p, s), (Phase::Connecting, Step::Connect));
+        assert_eq!((p, s), (CmPhase::Connecting, Step::Connect));
         let (p, s) = on_event(p, K::Established, 0, pd(&[1, 2, 3]), false);
-        assert_eq!(p, Phase::Established);
+        assert_eq!(p, CmPhase::Established);
         assert_eq!(
             s,
             Step::Report(CmEvent::Established {
@@ -173,18 +176,18 @@ mod tests {
         let (p, s) = on_event(p, K::Disconnected, 0, none, false);
         assert_eq!(
             (p, s),
-            (Phase::Closed, Step::FlushAndReport(CmEvent::Disconnected))
+            (CmPhase::Closed, Step::FlushAndReport(CmEvent::Disconnected))
         );
         assert_eq!(
             on_event(p, K::TimewaitExit, 0, none, false),
-            (Phase::Closed, Step::Nothing)
+            (CmPhase::Closed, Step::Nothing)
         );
     }
 
     #[test]
     fn passive_side_established_carries_no_data() {
-        let (p, s) = on_event(Phase::Accepting, K::Established, 0, pd(&[9]), true);
-        assert_eq!(p, Phase::Established);
+        let (p, s) = on_event(CmPhase::Accepting, K::Established, 0, pd(&[9]), true);
+        assert_eq!(p, CmPhase::Established);
         assert_eq!(
             s,
             Step::Report(CmEvent::Established {
@@ -195,8 +198,8 @@ mod tests {
 
     #[test]
     fn consumer_reject_carries_private_data_other_rejects_are_errors() {
-        let (p, s) = on_event(Phase::Connecting, K::Rejected, 28, pd(&[5; 56]), false);
-        assert_eq!(p, Phase::Closed);
+        let (p, s) = on_event(CmPhase::Connecting, K::Rejected, 28, pd(&[5; 56]), false);
+        assert_eq!(p, CmPhase::Closed);
         assert_eq!(
             s,
             Step::FlushAndReport(CmEvent::Rejected {
@@ -204,7 +207,7 @@ mod tests {
             })
         );
         let (_, s) = on_event(
-            Phase::Connecting,
+            CmPhase::Connecting,
             K::Rejected,
             -libc::ECONNREFUSED,
             pd(&[1]),
@@ -212,13 +215,13 @@ mod tests {
         );
         assert!(matches!(s, Step::FlushAndReport(CmEvent::Rejected { .. })));
         let (p, s) = on_event(
-            Phase::Connecting,
+            CmPhase::Connecting,
             K::Rejected,
             8,
             PrivateData::empty(),
             false,
         );
-        assert_eq!(p, Phase::Closed);
+        assert_eq!(p, CmPhase::Closed);
         match s {
             Step::FlushAndReport(CmEvent::Error { reason }) => {
                 assert!(reason.contains("reason 8"), "{reason}")
@@ -231,13 +234,13 @@ mod tests {
     fn resolution_failures_are_errors_naming_the_cause() {
         let none = PrivateData::empty();
         let (p, s) = on_event(
-            Phase::ResolvingAddr,
+            CmPhase::ResolvingAddr,
             K::AddrError,
             -libc::ETIMEDOUT,
             none,
             false,
         );
-        assert_eq!(p, Phase::Closed);
+        assert_eq!(p, CmPhase::Closed);
         match s {
             Step::FlushAndReport(CmEvent::Error { reason }) => {
                 assert!(reason.contains("address resolution failed"), "{reason}")
@@ -245,7 +248,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         let (_, s) = on_event(
-            Phase::Connecting,
+            CmPhase::Connecting,
             K::Unreachable,
             -libc::ETIMEDOUT,
             none,
@@ -257,20 +260,20 @@ mod tests {
     #[test]
     fn local_disconnect() {
         assert_eq!(
-            on_local_disconnect(Phase::Established),
-            (Phase::Closing, true, None)
+            on_local_disconnect(CmPhase::Established),
+            (CmPhase::Closing, true, None)
         );
         assert_eq!(
-            on_local_disconnect(Phase::Connecting),
-            (Phase::Closed, true, Some(CmEvent::Disconnected))
+            on_local_disconnect(CmPhase::Connecting),
+            (CmPhase::Closed, true, Some(CmEvent::Disconnected))
         );
         assert_eq!(
-            on_local_disconnect(Phase::Closed),
-            (Phase::Closed, false, None)
+            on_local_disconnect(CmPhase::Closed),
+            (CmPhase::Closed, false, None)
         );
         assert_eq!(
-            on_local_disconnect(Phase::Closing),
-            (Phase::Closing, false, None)
+            on_local_disconnect(CmPhase::Closing),
+            (CmPhase::Closing, false, None)
         );
     }
 
@@ -278,12 +281,12 @@ mod tests {
     fn out_of_order_events_change_nothing() {
         let none = PrivateData::empty();
         assert_eq!(
-            on_event(Phase::Established, K::RouteResolved, 0, none, false),
-            (Phase::Established, Step::Nothing)
+            on_event(CmPhase::Established, K::RouteResolved, 0, none, false),
+            (CmPhase::Established, Step::Nothing)
         );
         assert_eq!(
-            on_event(Phase::ResolvingRoute, K::AddrResolved, 0, none, false),
-            (Phase::ResolvingRoute, Step::Nothing)
+            on_event(CmPhase::ResolvingRoute, K::AddrResolved, 0, none, false),
+            (CmPhase::ResolvingRoute, Step::Nothing)
         );
     }
 }

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::cm::{self, Phase, Step};
+use super::cm::{self, CmPhase, Step};
 use super::slots::{self, QueueSlots};
 use super::sys::{CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
 use super::{wc, Shared};
@@ -26,7 +26,7 @@ pub(super) struct VerbsConn {
     dst: Option<SocketAddr>,
     caps: QpCaps,
     private_data: PrivateData,
-    phase: Phase,
+    phase: CmPhase,
     passive: bool,
     /// An event decided outside `poll_cm` (local disconnect, failure), reported next.
     pending: Option<CmEvent>,
@@ -57,7 +57,7 @@ impl VerbsConn {
             dst: Some(dst),
             caps,
             private_data,
-            phase: Phase::ResolvingAddr,
+            phase: CmPhase::ResolvingAddr,
             passive: false,
             pending: None,
             poll_error_logged: false,
@@ -73,7 +73,7 @@ impl VerbsConn {
             dst: None,
             caps,
             private_data: PrivateData::empty(),
-            phase: Phase::Accepting,
+            phase: CmPhase::Accepting,
             passive: true,
             pending: None,
             poll_error_logged: false,
@@ -82,11 +82,11 @@ impl VerbsConn {
     }
 
     fn can_send(&self) -> bool {
-        self.ep.has_qp() && matches!(self.phase, Phase::Accepting | Phase::Established)
+        self.ep.has_qp() && matches!(self.phase, CmPhase::Accepting | CmPhase::Established)
     }
 
     fn can_recv(&self) -> bool {
-        self.ep.has_qp() && !matches!(self.phase, Phase::Closing | Phase::Closed)
+        self.ep.has_qp() && !matches!(self.phase, CmPhase::Closing | CmPhase::Closed)
     }
 
     fn describe(&self) -> String {
@@ -100,7 +100,7 @@ impl VerbsConn {
     /// Ends the connection after a local failure; the event to report.
     fn fail(&mut self, reason: String) -> CmEvent {
         let was_up = !self.phase.before_established();
-        self.phase = Phase::Closed;
+        self.phase = CmPhase::Closed;
         self.flush();
         if was_up {
             CmEvent::Disconnected
@@ -383,7 +383,7 @@ impl Conn for VerbsConn {
                     }
                 }
                 Err(e) => {
-                    if self.phase == Phase::Closed {
+                    if self.phase == CmPhase::Closed {
                         return None;
                     }
                     return Some(self.fail(e.to_string()));
@@ -405,8 +405,8 @@ impl Conn for VerbsConn {
 
     fn state(&self) -> ConnState {
         match self.phase {
-            Phase::Established => ConnState::Connected,
-            Phase::Closing | Phase::Closed => ConnState::Disconnected,
+            CmPhase::Established => ConnState::Connected,
+            CmPhase::Closing | CmPhase::Closed => ConnState::Disconnected,
             _ => ConnState::Connecting,
         }
     }

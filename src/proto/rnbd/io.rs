@@ -62,21 +62,21 @@ impl RnbdOp {
 
 /// `RNBD_F_*` flags (bits 8.. of `rw`). Unknown bits are dropped on decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct IoFlags(u32);
+pub struct RnbdFlags(u32);
 
-impl IoFlags {
+impl RnbdFlags {
     /// No flags.
-    pub const NONE: IoFlags = IoFlags(0);
+    pub const NONE: RnbdFlags = RnbdFlags(0);
     /// `RNBD_F_SYNC` (2.0): synchronous request.
-    pub const SYNC: IoFlags = IoFlags(1 << 8);
+    pub const SYNC: RnbdFlags = RnbdFlags(1 << 8);
     /// `RNBD_F_FUA` (2.0): set for FUA or PREFLUSH requests.
-    pub const FUA: IoFlags = IoFlags(1 << 9);
+    pub const FUA: RnbdFlags = RnbdFlags(1 << 9);
     /// `RNBD_F_PREFLUSH` (2.1): flush the cache before the request.
-    pub const PREFLUSH: IoFlags = IoFlags(1 << 10);
+    pub const PREFLUSH: RnbdFlags = RnbdFlags(1 << 10);
     /// `RNBD_F_NOUNMAP` (2.2): with WRITE_ZEROES, do not deallocate.
-    pub const NOUNMAP: IoFlags = IoFlags(1 << 11);
+    pub const NOUNMAP: RnbdFlags = RnbdFlags(1 << 11);
     /// Every known flag.
-    pub const ALL: IoFlags = IoFlags(0xF00);
+    pub const ALL: RnbdFlags = RnbdFlags(0xF00);
 
     /// The bits as in `rw`.
     pub const fn bits(self) -> u32 {
@@ -84,25 +84,25 @@ impl IoFlags {
     }
 
     /// Keeps only the known flag bits of `rw`.
-    pub const fn from_rw_truncate(rw: u32) -> IoFlags {
-        IoFlags(rw & Self::ALL.0)
+    pub const fn from_rw_truncate(rw: u32) -> RnbdFlags {
+        RnbdFlags(rw & Self::ALL.0)
     }
 
     /// True if every flag of `other` is set.
-    pub const fn contains(self, other: IoFlags) -> bool {
+    pub const fn contains(self, other: RnbdFlags) -> bool {
         self.0 & other.0 == other.0
     }
 }
 
-impl BitOr for IoFlags {
-    type Output = IoFlags;
-    fn bitor(self, rhs: IoFlags) -> IoFlags {
-        IoFlags(self.0 | rhs.0)
+impl BitOr for RnbdFlags {
+    type Output = RnbdFlags;
+    fn bitor(self, rhs: RnbdFlags) -> RnbdFlags {
+        RnbdFlags(self.0 | rhs.0)
     }
 }
 
-impl BitOrAssign for IoFlags {
-    fn bitor_assign(&mut self, rhs: IoFlags) {
+impl BitOrAssign for RnbdFlags {
+    fn bitor_assign(&mut self, rhs: RnbdFlags) {
         self.0 |= rhs.0;
     }
 }
@@ -117,7 +117,7 @@ pub struct Io {
     /// Operation.
     pub op: RnbdOp,
     /// Flags.
-    pub flags: IoFlags,
+    pub flags: RnbdFlags,
     /// Bytes affected (for data-less ops, the only size information).
     pub bi_size: u32,
     /// I/O priority (`ioprio`); 0 when the header is shorter than 32 bytes.
@@ -184,7 +184,7 @@ impl Io {
             device_id: get_u32(b, 4),
             sector: get_u64(b, 8),
             op,
-            flags: IoFlags::from_rw_truncate(rw),
+            flags: RnbdFlags::from_rw_truncate(rw),
             bi_size: get_u32(b, 20),
             prio,
         })
@@ -200,7 +200,7 @@ mod tests {
             device_id: 2,
             sector: 8,
             op: RnbdOp::Write,
-            flags: IoFlags::SYNC | IoFlags::FUA,
+            flags: RnbdFlags::SYNC | RnbdFlags::FUA,
             bi_size: 4096,
             prio: 0x4003,
         }
@@ -232,11 +232,11 @@ mod tests {
         b[17] = 0xff;
         let d = Io::decode(&b).unwrap();
         assert_eq!(d.op, RnbdOp::WriteZeroes);
-        assert_eq!(d.flags, IoFlags::ALL);
-        assert!(d.flags.contains(IoFlags::NOUNMAP | IoFlags::PREFLUSH));
-        let mut f = IoFlags::NONE;
-        f |= IoFlags::PREFLUSH;
-        assert!(!f.contains(IoFlags::SYNC));
+        assert_eq!(d.flags, RnbdFlags::ALL);
+        assert!(d.flags.contains(RnbdFlags::NOUNMAP | RnbdFlags::PREFLUSH));
+        let mut f = RnbdFlags::NONE;
+        f |= RnbdFlags::PREFLUSH;
+        assert!(!f.contains(RnbdFlags::SYNC));
         let dirs: Vec<bool> = (0..6)
             .map(|c| RnbdOp::from_u8(c).unwrap().is_rtrs_write())
             .collect();

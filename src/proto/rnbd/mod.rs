@@ -17,7 +17,7 @@
 mod io;
 mod open;
 
-pub use io::{Io, IoFlags, RnbdOp};
+pub use io::{Io, RnbdFlags, RnbdOp};
 pub use open::{AccessMode, CachePolicy, Open, OpenRsp};
 
 use super::error::{DecodeError, EncodeError, Expected};

@@ -114,7 +114,7 @@ impl fmt::Display for BlockOp {
 
 /// Flags of a block IO: what the block layer makes of RNBD's `RNBD_F_FUA`,
 /// `RNBD_F_PREFLUSH` and `RNBD_F_NOUNMAP` (the wire's own bits are
-/// [`crate::proto::rnbd::IoFlags`]; the dispatcher maps one to the other).
+/// [`crate::proto::rnbd::RnbdFlags`]; the dispatcher maps one to the other).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BlockFlags(u8);
 

@@ -4,7 +4,7 @@
 //! the device's limits from OPEN_RSP (`rnbd_clt_setup_gen_disk` and friends).
 
 use super::config::WriteZeroesMode;
-use crate::proto::rnbd::{Close, IoFlags, OpenRsp, RnbdOp, SessInfo, RNBD_PROTO_VER_MAJOR};
+use crate::proto::rnbd::{Close, OpenRsp, RnbdFlags, RnbdOp, SessInfo, RNBD_PROTO_VER_MAJOR};
 use crate::rnbd::backend::SECTOR_SIZE;
 use crate::rnbd::Dir;
 
@@ -38,19 +38,19 @@ pub struct ReqFlags {
 impl ReqFlags {
     /// The `RNBD_F_*` bits: FUA for FUA *or* PREFLUSH (old servers know only FUA),
     /// PREFLUSH (2.1), SYNC, NOUNMAP (2.2, write-zeroes only).
-    pub fn wire(self, op: RnbdOp) -> IoFlags {
-        let mut f = IoFlags::NONE;
+    pub fn wire(self, op: RnbdOp) -> RnbdFlags {
+        let mut f = RnbdFlags::NONE;
         if self.fua || self.preflush {
-            f |= IoFlags::FUA;
+            f |= RnbdFlags::FUA;
         }
         if self.preflush {
-            f |= IoFlags::PREFLUSH;
+            f |= RnbdFlags::PREFLUSH;
         }
         if self.sync {
-            f |= IoFlags::SYNC;
+            f |= RnbdFlags::SYNC;
         }
         if self.nounmap && op == RnbdOp::WriteZeroes {
-            f |= IoFlags::NOUNMAP;
+            f |= RnbdFlags::NOUNMAP;
         }
         f
     }
@@ -247,18 +247,18 @@ mod tests {
     fn flags_and_directions() {
         let f = BlockRequest::flush();
         assert_eq!(f.dir(), Dir::Read);
-        assert_eq!(f.flags.wire(f.op), IoFlags::FUA | IoFlags::PREFLUSH);
+        assert_eq!(f.flags.wire(f.op), RnbdFlags::FUA | RnbdFlags::PREFLUSH);
         let w = BlockRequest::write(0, 4096).sync();
-        assert_eq!(w.flags.wire(w.op), IoFlags::SYNC);
+        assert_eq!(w.flags.wire(w.op), RnbdFlags::SYNC);
         assert_eq!((w.dir(), w.data_len()), (Dir::Write, 4096));
         let z = BlockRequest::write_zeroes(0, 4096).nounmap();
-        assert_eq!(z.flags.wire(z.op), IoFlags::NOUNMAP);
+        assert_eq!(z.flags.wire(z.op), RnbdFlags::NOUNMAP);
         assert_eq!((z.dir(), z.data_len()), (Dir::Write, 0));
         let d = BlockRequest::discard(0, 4096).nounmap();
-        assert_eq!(d.flags.wire(d.op), IoFlags::NONE);
+        assert_eq!(d.flags.wire(d.op), RnbdFlags::NONE);
         let r = BlockRequest::read(0, 512).fua();
         assert_eq!(r.dir(), Dir::Read);
-        assert_eq!(r.flags.wire(r.op), IoFlags::FUA);
+        assert_eq!(r.flags.wire(r.op), RnbdFlags::FUA);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::exports::{AccessError, Exports, ExportsError};
 use super::session::RnbdSession;
-use crate::proto::rnbd::{AccessMode, Io, IoFlags, OpenRsp, RnbdMsg, RnbdOp, SessInfoRsp};
+use crate::proto::rnbd::{AccessMode, Io, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfoRsp};
 use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, IoBuf,
     SECTOR_SIZE,
@@ -378,13 +378,13 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     }
     let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(Errno::EIO)?;
     let mut flags = BlockFlags::NONE;
-    if io.flags.contains(IoFlags::FUA) {
+    if io.flags.contains(RnbdFlags::FUA) {
         flags = flags | BlockFlags::FUA;
     }
-    if io.flags.contains(IoFlags::PREFLUSH) {
+    if io.flags.contains(RnbdFlags::PREFLUSH) {
         flags = flags | BlockFlags::PREFLUSH;
     }
-    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(IoFlags::NOUNMAP) {
+    if io.op == RnbdOp::WriteZeroes && !write_same && io.flags.contains(RnbdFlags::NOUNMAP) {
         flags = flags | BlockFlags::NOUNMAP;
     }
     // The kernel lets the block layer decide; a read-only mapping refusing to change the
@@ -450,7 +450,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
 mod tests {
     use super::*;
 
-    fn io(op: RnbdOp, flags: IoFlags, bi_size: u32) -> Io {
+    fn io(op: RnbdOp, flags: RnbdFlags, bi_size: u32) -> Io {
         Io {
             device_id: 0,
             sector: 8,
@@ -483,7 +483,7 @@ mod tests {
             req(Dir::Write, data),
             &io(
                 RnbdOp::Write,
-                IoFlags::FUA | IoFlags::PREFLUSH | IoFlags::SYNC,
+                RnbdFlags::FUA | RnbdFlags::PREFLUSH | RnbdFlags::SYNC,
                 4096,
             ),
             rw,
@@ -494,7 +494,7 @@ mod tests {
         assert_eq!(w.flags, BlockFlags::FUA | BlockFlags::PREFLUSH);
         let f = to_block_io(
             req(Dir::Read, none),
-            &io(RnbdOp::Flush, IoFlags::NONE, 0),
+            &io(RnbdOp::Flush, RnbdFlags::NONE, 0),
             rw,
         )
         .unwrap()
@@ -502,7 +502,7 @@ mod tests {
         assert_eq!(f.op, BlockOp::Flush);
         let z = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::WriteZeroes, IoFlags::NOUNMAP, 65536),
+            &io(RnbdOp::WriteZeroes, RnbdFlags::NOUNMAP, 65536),
             rw,
         )
         .unwrap()
@@ -514,7 +514,7 @@ mod tests {
         // NOUNMAP only means something for write-zeroes.
         let d = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::Discard, IoFlags::NOUNMAP, 512),
+            &io(RnbdOp::Discard, RnbdFlags::NOUNMAP, 512),
             rw,
         )
         .unwrap()
@@ -524,7 +524,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Write, data),
-                &io(RnbdOp::Write, IoFlags::NONE, 512),
+                &io(RnbdOp::Write, RnbdFlags::NONE, 512),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -533,7 +533,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, none),
-                &io(RnbdOp::Read, IoFlags::NONE, 512),
+                &io(RnbdOp::Read, RnbdFlags::NONE, 512),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -541,7 +541,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, data),
-                &io(RnbdOp::Write, IoFlags::NONE, 4096),
+                &io(RnbdOp::Write, RnbdFlags::NONE, 4096),
                 rw
             ),
             Err(Errno::EINVAL)
@@ -549,7 +549,7 @@ mod tests {
         // Empty write with preflush is a flush; an empty read does nothing.
         let e = to_block_io(
             req(Dir::Write, none),
-            &io(RnbdOp::Write, IoFlags::PREFLUSH, 0),
+            &io(RnbdOp::Write, RnbdFlags::PREFLUSH, 0),
             rw,
         )
         .unwrap()
@@ -558,7 +558,7 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Read, none),
-                &io(RnbdOp::Read, IoFlags::NONE, 0),
+                &io(RnbdOp::Read, RnbdFlags::NONE, 0),
                 rw
             ),
             Ok(None)
@@ -568,25 +568,25 @@ mod tests {
         assert_eq!(
             to_block_io(
                 req(Dir::Write, none),
-                &io(RnbdOp::Discard, IoFlags::NONE, 512),
+                &io(RnbdOp::Discard, RnbdFlags::NONE, 512),
                 ro
             ),
             Err(Errno::EROFS)
         );
         assert!(to_block_io(
             req(Dir::Read, none),
-            &io(RnbdOp::Flush, IoFlags::NONE, 0),
+            &io(RnbdOp::Flush, RnbdFlags::NONE, 0),
             ro
         )
         .is_ok());
         assert!(to_block_io(
             req(Dir::Read, data),
-            &io(RnbdOp::Read, IoFlags::NONE, 4096),
+            &io(RnbdOp::Read, RnbdFlags::NONE, 4096),
             ro
         )
         .is_ok());
         // A sector whose byte offset overflows is out of range.
-        let mut far = io(RnbdOp::Discard, IoFlags::NONE, 512);
+        let mut far = io(RnbdOp::Discard, RnbdFlags::NONE, 512);
         far.sector = u64::MAX / 2;
         assert_eq!(
             to_block_io(req(Dir::Write, none), &far, rw),
