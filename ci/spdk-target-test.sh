@@ -291,7 +291,7 @@ expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"hl","allowe
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"hl","allowed_hosts":["127.0.0.2"]}'
 expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2
 # Another address: OPEN refused with -EACCES (13), not retried.
-expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_EXPECT=fail
+expect_client 'name: "hl", errno: EACCES' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_EXPECT=fail
 expect_err rtrs_target_export_add_host '{"export_name":"hl","host":"10.0.0.1/8"}' "'host'" "10.0.0.0/8"
 expect_err rtrs_target_export_add_host '{"export_name":"nope","host":"10.0.0.0/8"}' export_name
 expect_ok rtrs_target_export_add_host '{"export_name":"hl","host":"sess:hl-sess"}'
@@ -318,7 +318,7 @@ expect_err rtrs_target_export_remove_host '{"export_name":"hl","host":"127.0.0.2
 wait "$HL" || true
 grep -q "verified 256 blocks" "$WORK/hl.out" && ok "open device kept working after remove_host" ||
     fail "remove_host ended the open device: $(cat "$WORK/hl.out")"
-expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
+expect_client 'name: "hl", errno: EACCES' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
 
 echo "== save_config -> spdk_tgt --json"
 save_config >"$WORK/config.json"
@@ -344,7 +344,7 @@ cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical
 expect_client "verified 256 blocks"
 # The replayed host list still admits by session name and refuses the rest.
 expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_SESSNAME=hl-sess
-expect_client 'name: "hl", errno: -13' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
+expect_client 'name: "hl", errno: EACCES' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_EXPECT=fail
 expect_ok rtrs_target_unexport '{"export_name":"hl"}'
 
 echo "== PSK: a listener requiring a key from SPDK's keyring; rtrs-bench --psk-file"
