@@ -15,6 +15,7 @@ mod config;
 mod device;
 mod handle;
 mod queue;
+mod request;
 mod rtrs;
 mod session;
 mod table;

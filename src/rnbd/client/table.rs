@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::config::RnbdClientConfig;
 use super::device::{DevState, RnbdDevice};
 use super::handle::SessionHandle;
-use super::queue::{DevHandle, IoError};
+use super::request::{DevHandle, IoError};
 use crate::fabric::Mr;
 
 /// Smallest zero buffer (the first emulated write-zeroes registers

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 
 use super::msg::BlockRequest;
-use super::queue::{DevHandle, IoError};
+use super::request::{DevHandle, IoError};
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::RnbdOp;
 use crate::Errno;

@@ -35,7 +35,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 mod wait;
 
@@ -44,6 +43,7 @@ use super::config::WriteZeroesMode;
 use super::device::{DevState, DeviceError, RnbdDevice};
 use super::handle::{SendError, SessionHandle};
 use super::msg::BlockRequest;
+pub use super::request::{DevHandle, IoError, ADMIN_TAG};
 use super::rtrs::{completion, completion_result};
 use super::table::{DeviceTable, InFlight, Snapshot};
 use super::zeroes::{PieceSink, ZeroWrites};
@@ -52,63 +52,6 @@ use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{Io, RnbdOp};
 use crate::rnbd::Dir;
 use crate::Errno;
-
-/// Tags with this bit are the admin's requests; block IO tags must not use it.
-pub const ADMIN_TAG: u64 = 1 << 63;
-
-/// A device of a client session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DevHandle(pub(super) usize);
-
-impl DevHandle {
-    /// Position among the session's devices (handles are never reused).
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
-
-/// Why a queue refused a block request (nothing was sent).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IoError {
-    #[error("no such device handle")]
-    NoDevice,
-    #[error("tag {tag:#x} has the admin bit (1 << 63) set")]
-    BadTag { tag: u64 },
-    #[error("scatter-gather list of {have} bytes for a request carrying {want}")]
-    SglLength { have: u64, want: u32 },
-    #[error(transparent)]
-    Device(#[from] DeviceError),
-    #[error("rtrs: {0}")]
-    Send(#[from] SendError),
-    /// A request waited `io_wait_timeout` for its device to be reachable (a path up and
-    /// the device re-opened after a reconnect) and failed with −ENOTCONN.
-    #[error("device '{name}' unreachable for {} s: {reason}", waited.as_secs_f64())]
-    Unreachable {
-        name: String,
-        waited: Duration,
-        reason: String,
-    },
-}
-
-impl IoError {
-    /// Whether to submit again later (the session has no free permit now).
-    pub fn is_busy(&self) -> bool {
-        matches!(self, IoError::Send(SendError::Busy))
-    }
-
-    /// The errno for a block layer.
-    pub fn errno(&self) -> Errno {
-        match self {
-            IoError::NoDevice => Errno::ENODEV,
-            IoError::BadTag { .. } | IoError::SglLength { .. } => Errno::EINVAL,
-            IoError::Device(e) => e.errno(),
-            IoError::Send(SendError::Busy) => Errno::EAGAIN,
-            IoError::Send(SendError::Refused { errno, .. }) => *errno,
-            IoError::Unreachable { .. } => Errno::ENOTCONN,
-        }
-    }
-}
 
 /// What a device allows for a request now.
 enum Look {
