@@ -10,7 +10,7 @@
 //! holds the core's [`CoreQueue`] in its context, submits its requests on it directly
 //! from `submit_request`, and its SPDK poller polls the queue and completes the bdev IO
 //! it reaps on the spot — no hand-over, no hop, no lock per IO. The queue moves in and out
-//! of a channel through its [`CoreSlot`](super::core::CoreSlot) (one uncontended lock
+//! of a channel through its [`CoreSlot`](super::core_queue::CoreSlot) (one uncontended lock
 //! per move); while no channel owns it the disk's own thread on that core polls it.
 //!
 //! Requests of the other channels of the core (two bdevperf jobs on one core, or fio's
@@ -39,7 +39,7 @@ use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{now_ns, sys, BdevIo, BdevIoType, GotBuf};
 use rtrs_spdk::Errno;
 
-use super::core::{CoreDisk, CoreQueue};
+use super::core_queue::{CoreDisk, CoreQueue};
 use super::disk::Disk;
 use super::task::{ChanShared, TaskRef};
 

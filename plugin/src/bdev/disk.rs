@@ -6,7 +6,7 @@
 //! IO: each core of the disk has a queue ([`CoreQueue`]: that core's RNBD queue over its
 //! session handle) that the IO channel on its CPU core owns and polls, or the disk's own
 //! thread on the core while no channel does (see [`super::channel`] and
-//! [`super::core`]); every core's is the same, core 0's also carries the admin.
+//! [`super::core_queue`]); every core's is the same, core 0's also carries the admin.
 //!
 //! Life, all of it in [`Life`]: [`create`] opens the session on core 0 and sends OPEN
 //! (*opening*); OPEN's answer hands the disk to the creator's callback on the
@@ -30,7 +30,7 @@ use rtrs_spdk::rnbd::client::{
 };
 use rtrs_spdk::spdk::{Driver, SpdkThread};
 
-use super::core::{CoreDisk, CoreQueue, CoreSlot, SlotPoller};
+use super::core_queue::{CoreDisk, CoreQueue, CoreSlot, SlotPoller};
 use super::fabric::{client_fabric, ClientFabric};
 use super::memmap::MemMap;
 use super::params::{path_keys, CreateParams, PathParam};

@@ -12,10 +12,10 @@
 //! - [`fabric`]: one client fabric per transport for the whole application (`tcp`: the
 //!   tcp fabric, `rdma`: the verbs fabric over the first RDMA device); all paths of one
 //!   bdev use one transport.
-//! - [`core`]: the per-core queues carrying a disk's IO (the library's `RnbdQueue` over
+//! - [`core_queue`]: the per-core queues carrying a disk's IO (the library's `RnbdQueue` over
 //!   connection `k+1` of every path on core `k`, the same on every core; core 0's also
 //!   carries the session's `RnbdAdmin`); it sees its disk through the
-//!   [`core::CoreDisk`] trait.
+//!   [`core_queue::CoreDisk`] trait.
 //! - [`disk`]: one bdev — session, OPEN, its life ([`disk`]'s `Life`: opening, open,
 //!   closing, closed), the registry of disks; implements `CoreDisk`.
 //! - [`channel`]: IO channels, `submit_request`, completions on the submitting thread; the
@@ -30,7 +30,7 @@
 //! followed by `--json` rebuilds it.
 
 mod channel;
-mod core;
+mod core_queue;
 mod disk;
 mod fabric;
 mod info;
