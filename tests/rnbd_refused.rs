@@ -184,7 +184,7 @@ fn chunk_pool_failure_fails_open_at_once_with_the_reason() {
         assert!(err.contains(w), "{err:?} lacks {w:?}");
     }
     let r = session.refusal().expect("the session is refused");
-    assert_eq!(r.errno, -libc::ENOMEM);
+    assert_eq!(r.errno, rtrs_spdk::Errno::ENOMEM);
     let errs = session.path_errors();
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert!(errs[0].1.contains("ENOMEM"), "{errs:?}");

@@ -171,7 +171,7 @@ impl Ctl {
         let pd = match ev {
             CmEvent::Established { private_data } => private_data,
             CmEvent::Rejected { private_data } => {
-                let errno = ConnRsp::reject_errno(private_data.as_bytes());
+                let errno = ConnRsp::refusal(private_data.as_bytes());
                 self.connect_failed(
                     pc,
                     now,

@@ -25,6 +25,7 @@ use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{Conn, Fabric, Psk};
 use crate::proto::ConnAccept;
+use crate::Errno;
 
 /// The layer above (RNBD's client), told on the home core when the session gains its
 /// first connected path ([`LinkEvent::Connected`]) or loses its last one.
@@ -89,7 +90,7 @@ pub(super) struct PathCtl {
     pub(super) hb_next: u64,
     pub(super) phase: PathProgress,
     /// The latest attempt was refused with this errno, which a retry will not change.
-    pub(super) refused: Option<i32>,
+    pub(super) refused: Option<Errno>,
 }
 
 /// The home-core poller of a session.

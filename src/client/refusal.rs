@@ -30,6 +30,8 @@
 
 use std::fmt;
 
+use crate::Errno;
+
 /// How a refused connection attempt counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectKind {
@@ -39,9 +41,9 @@ pub enum RejectKind {
     Transient,
 }
 
-/// Whether a REJ with the (negative) `errno` is worth retrying.
-pub fn reject_kind(errno: i32) -> RejectKind {
-    match -errno {
+/// Whether a REJ with `errno` is worth retrying.
+pub fn reject_kind(errno: Errno) -> RejectKind {
+    match errno.get() {
         libc::ENOMEM
         | libc::EINVAL
         | libc::EPROTO
@@ -53,10 +55,9 @@ pub fn reject_kind(errno: i32) -> RejectKind {
     }
 }
 
-/// What the server means by rejecting with the (negative) `errno`, for people.
-pub fn reject_reason(errno: i32) -> String {
-    let e = -errno;
-    let (what, name) = match e {
+/// What the server means by rejecting with `errno`, for people.
+pub fn reject_reason(errno: Errno) -> String {
+    let (what, name) = match errno.get() {
         libc::ENOMEM => ("out of memory for its chunk pool or path buffers", "ENOMEM"),
         libc::EINVAL => ("invalid connection parameters", "EINVAL"),
         libc::EPROTO => ("protocol error", "EPROTO"),
@@ -68,12 +69,7 @@ pub fn reject_reason(errno: i32) -> String {
         libc::EBUSY => ("too many sessions being set up", "EBUSY"),
         libc::EEXIST => ("a path from this address already exists", "EEXIST"),
         libc::ENXIO => ("unknown session", "ENXIO"),
-        _ => {
-            return format!(
-                "{} (errno {errno})",
-                std::io::Error::from_raw_os_error(e.abs())
-            )
-        }
+        _ => return format!("{} (errno {})", errno.description(), errno.neg()),
     };
     format!("{what} ({name})")
 }
@@ -81,8 +77,8 @@ pub fn reject_reason(errno: i32) -> String {
 /// A session every path of which was refused permanently (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// The first refused path's negative errno.
-    pub errno: i32,
+    /// The first refused path's errno.
+    pub errno: Errno,
     /// `target refused the session: <reason>`, with each path's reason when they differ.
     pub reason: String,
 }
@@ -90,7 +86,7 @@ pub struct Refusal {
 impl Refusal {
     /// The refusal of paths whose latest attempts were refused with `errnos` (one per
     /// path, each with its address); `None` for no paths.
-    pub fn of<A: fmt::Display>(errnos: &[(A, i32)]) -> Option<Refusal> {
+    pub fn of<A: fmt::Display>(errnos: &[(A, Errno)]) -> Option<Refusal> {
         let (_, first) = errnos.first()?;
         let reason = if errnos.iter().all(|(_, e)| e == first) {
             format!("target refused the session: {}", reject_reason(*first))
@@ -123,8 +119,8 @@ mod tests {
 
     #[test]
     fn kinds_and_reasons() {
-        assert_eq!(reject_kind(-libc::ENOMEM), RejectKind::Permanent);
-        assert_eq!(reject_kind(-libc::EPERM), RejectKind::Permanent);
+        assert_eq!(reject_kind(Errno::ENOMEM), RejectKind::Permanent);
+        assert_eq!(reject_kind(Errno::EPERM), RejectKind::Permanent);
         for e in [
             libc::ECONNRESET,
             libc::EBUSY,
@@ -132,25 +128,25 @@ mod tests {
             libc::ENXIO,
             libc::EIO,
         ] {
-            assert_eq!(reject_kind(-e), RejectKind::Transient, "{e}");
+            assert_eq!(reject_kind(Errno::new(e)), RejectKind::Transient, "{e}");
         }
         assert_eq!(
-            reject_reason(-libc::ENOMEM),
+            reject_reason(Errno::ENOMEM),
             "out of memory for its chunk pool or path buffers (ENOMEM)"
         );
-        assert!(reject_reason(-libc::EIO).contains("errno -5"));
+        assert!(reject_reason(Errno::EIO).contains("errno -5"));
     }
 
     #[test]
     fn refusal_text() {
         assert_eq!(Refusal::of::<&str>(&[]), None);
-        let r = Refusal::of(&[("a", -libc::ENOMEM), ("b", -libc::ENOMEM)]).unwrap();
+        let r = Refusal::of(&[("a", Errno::ENOMEM), ("b", Errno::ENOMEM)]).unwrap();
         assert_eq!(
             r.to_string(),
             "target refused the session: out of memory for its chunk pool or path buffers (ENOMEM)"
         );
-        assert_eq!(r.errno, -libc::ENOMEM);
-        let r = Refusal::of(&[("a", -libc::ENOMEM), ("b", -libc::EPERM)]).unwrap();
+        assert_eq!(r.errno, Errno::ENOMEM);
+        let r = Refusal::of(&[("a", Errno::ENOMEM), ("b", Errno::EPERM)]).unwrap();
         assert!(r.reason.contains("on every path: a: out of memory"), "{r}");
         assert!(r.reason.contains("b: not permitted (EPERM)"), "{r}");
     }

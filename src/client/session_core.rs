@@ -217,9 +217,7 @@ impl SessionCore {
     pub fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SubmitError> {
         let Some(p) = self.params else {
             return Err(match self.refusal() {
-                Some(r) => SubmitError::Refused {
-                    errno: Errno::from_neg(r.errno).unwrap_or(Errno::EIO),
-                },
+                Some(r) => SubmitError::Refused { errno: r.errno },
                 None => SubmitError::NoPath,
             });
         };
