@@ -70,6 +70,13 @@ pub struct DirectPort {
     pub wait: Duration,
     /// Every request handed to the dispatcher, in order.
     pub sent: Vec<Sent>,
+    /// The regions the queue announced with `use_region` (the zero buffer).
+    pub regions: Vec<Arc<Mr>>,
+    /// WRITE segments that lay in none of `regions`, by lkey (only the zero buffer's
+    /// lkey is checked: see `zero_lkeys`).
+    pub unannounced: usize,
+    /// The lkeys of the zero buffers this port registered.
+    zero_lkeys: std::sync::Mutex<Vec<u32>>,
 }
 
 impl DirectPort {
@@ -95,6 +102,9 @@ impl DirectPort {
             block_submits: 0,
             wait: WAIT,
             sent: Vec::new(),
+            regions: Vec::new(),
+            unannounced: 0,
+            zero_lkeys: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -178,6 +188,19 @@ impl SessionHandle for DirectPort {
         let len: usize = io.sgl.iter().map(|s| s.len as usize).sum();
         assert!(len <= CHUNK);
         if io.dir == Dir::Write {
+            // A segment of the zero buffer must lie in a region the queue announced:
+            // a fabric without a registration table (verbs) resolves nothing else.
+            let zero = self.zero_lkeys.lock().unwrap().clone();
+            for s in io.sgl.iter().filter(|s| zero.contains(&s.lkey)) {
+                let inside = self.regions.iter().any(|m| {
+                    m.lkey() == s.lkey
+                        && s.addr >= m.addr()
+                        && s.addr + u64::from(s.len) <= m.addr() + m.len() as u64
+                });
+                if !inside {
+                    self.unannounced += 1;
+                }
+            }
             let mut off = 0;
             for s in io.sgl {
                 // SAFETY: as in finish.
@@ -233,12 +256,19 @@ impl SessionHandle for DirectPort {
     }
 
     fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
-        self.fabric
+        let mr = self
+            .fabric
             .register(MemBuf::zeroed(len), Access::NONE)
             .map_err(|e| SendError::Refused {
                 errno: Errno::ENOMEM,
                 reason: e.to_string(),
-            })
+            })?;
+        self.zero_lkeys.lock().unwrap().push(mr.lkey());
+        Ok(mr)
+    }
+
+    fn use_region(&mut self, mr: Arc<Mr>) {
+        self.regions.push(mr);
     }
 }
 

@@ -6,6 +6,7 @@
 //! to an RNBD server behind it. Requests and completions are the RTRS client's own
 //! types, passed through untouched.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::{ClientCompletion, ClientIo};
@@ -52,4 +53,11 @@ pub trait SessionHandle {
     /// # Errors
     /// [`SendError::Refused`] naming why the memory could not be registered.
     fn zero_region(&self, len: usize) -> Result<Mr, SendError>;
+
+    /// Tells this core's handle that its requests will name `mr` (the zero buffer), so
+    /// it can resolve their segments against it without asking the fabric (the verbs
+    /// fabric keeps no table to ask). Called once per core, before the first use.
+    fn use_region(&mut self, mr: Arc<Mr>) {
+        let _ = mr;
+    }
 }

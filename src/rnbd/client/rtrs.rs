@@ -64,6 +64,10 @@ impl SessionHandle for SessionCore {
         SessionCore::io_wait_timeout(self)
     }
 
+    fn use_region(&mut self, mr: Arc<Mr>) {
+        SessionCore::add_region(self, mr);
+    }
+
     fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
         self.fabric()
             .register(MemBuf::zeroed(len), Access::NONE)

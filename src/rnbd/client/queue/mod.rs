@@ -309,6 +309,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
             Some(z) => Arc::clone(z),
             None => {
                 let z = self.table.zeroes(&self.session)?;
+                self.session.use_region(Arc::clone(&z));
                 self.zeroes = Some(Arc::clone(&z));
                 z
             }
