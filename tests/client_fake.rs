@@ -734,3 +734,150 @@ fn segments_outside_registrations_are_refused_at_submit() {
         ]
     );
 }
+
+/// A loopback fabric that has no fast-registration slot to give: a core cannot allocate
+/// its per-permit buffers.
+struct NoFastMr(std::sync::Arc<rtrs_spdk::fabric::loopback::LoopbackFabric>);
+
+impl rtrs_spdk::fabric::Fabric for NoFastMr {
+    fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
+        self.0.kind()
+    }
+    fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
+        self.0.caps()
+    }
+    fn register(
+        &self,
+        buf: rtrs_spdk::fabric::MemBuf,
+        access: rtrs_spdk::fabric::Access,
+    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
+        self.0.register(buf, access)
+    }
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: rtrs_spdk::fabric::Access,
+    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.0.register_raw(addr, len, access) }
+    }
+    fn alloc_fast_mr(&self) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
+        Err(rtrs_spdk::fabric::FabricError::Register {
+            len: 0,
+            reason: "no fast-registration slot left (test)".into(),
+        })
+    }
+    fn listen(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<Box<dyn rtrs_spdk::fabric::Listener>, rtrs_spdk::fabric::FabricError> {
+        self.0.listen(addr)
+    }
+    fn connect_from(
+        &self,
+        src: Option<std::net::SocketAddr>,
+        dst: std::net::SocketAddr,
+        caps: rtrs_spdk::fabric::QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn rtrs_spdk::fabric::Conn>, rtrs_spdk::fabric::FabricError> {
+        self.0.connect_from(src, dst, caps, private_data)
+    }
+}
+
+/// A core whose per-permit buffers cannot be allocated knows the session's limits but has
+/// no permits: submit answers `Busy` with capacity 0 (not `NoPath`: the session is up), and
+/// nothing panics; the session itself stays connected.
+#[test]
+fn a_core_without_buffers_answers_busy_with_no_capacity() {
+    use client_util::{Events, FakeServer};
+    use rtrs_spdk::client::{
+        ClientCompletion, ClientConfig, ClientIo, Dir, PathAddr, Session, SubmitError,
+    };
+    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    let lo = Arc::new(LoopbackFabric::new());
+    let srv = Rc::new(RefCell::new(FakeServer::new(
+        lo.clone(),
+        1,
+        64,
+        64 * 1024,
+        false,
+        1 << 20,
+    )));
+    let mut sim = Simulation::new(1, 256);
+    let s2 = srv.clone();
+    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
+        if s2.borrow_mut().poll() {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }));
+    let addr = PathAddr::new(srv.borrow().addrs[0]);
+    let cfg = ClientConfig::new("starved", vec![addr]);
+    let client_fabric: Arc<dyn Fabric> = Arc::new(NoFastMr(lo.clone()));
+    let (sess, mut cores) = sim
+        .reactor(0)
+        .with_ctx(|cx| Session::open(cx, client_fabric, cfg, Box::new(Events(Default::default()))))
+        .unwrap();
+    let core = Rc::new(RefCell::new(cores.remove(0)));
+    let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));
+    let (c2, d2) = (core.clone(), done.clone());
+    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
+        let mut out = [ClientCompletion::default(); 8];
+        let n = c2.borrow_mut().poll(cx.now(), &mut out);
+        d2.borrow_mut().extend_from_slice(&out[..n]);
+        PollResult::Idle
+    }));
+    for _ in 0..20_000 {
+        if core.borrow().max_io_size() > 0 {
+            break;
+        }
+        sim.advance(MS);
+        sim.step();
+    }
+    assert!(
+        core.borrow().max_io_size() > 0,
+        "the limits reached the core"
+    );
+    assert_eq!(core.borrow().queue_depth(), 64);
+    assert_eq!(core.borrow().permits(), 0, "no buffers, no permits");
+
+    let mr = lo
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let sgl = [mr.sge(0, 4096)];
+    for dir in [Dir::Read, Dir::Write] {
+        let io = ClientIo {
+            tag: 7,
+            dir,
+            usr: &[0; 8],
+            sgl: &sgl,
+            admin: false,
+        };
+        assert_eq!(
+            core.borrow_mut().submit(0, io),
+            Err(SubmitError::Busy { capacity: 0 }),
+            "{dir:?}"
+        );
+    }
+    for _ in 0..100 {
+        sim.advance(MS);
+        sim.step();
+    }
+    assert_eq!(core.borrow().outstanding(), 0);
+    assert!(
+        done.borrow().is_empty(),
+        "nothing was accepted, nothing completes"
+    );
+    assert_eq!(sess.paths_up(), 1, "the session stays connected");
+}

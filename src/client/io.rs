@@ -19,7 +19,7 @@ use super::policy::{Candidate, MpPolicy, PathSet};
 use super::request::{
     region_index, CorePath, FmrState, Out, PollScratch, Posted, RState, MAX_SGL, WC_BATCH,
 };
-use super::session_core::SessionCore;
+use super::session_core::{hold, SessionCore, Sizing};
 
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
@@ -103,8 +103,12 @@ impl SessionCore {
     }
 
     fn post_on(&mut self, i: usize, p: usize, policy: MpPolicy, now: u64) -> Result<(), PostFail> {
-        let params = self.params.expect("params known while requests exist");
-        let buf_id = self.permits.range().start + i as u16;
+        // A request holds one of the permits, which exist only while ready.
+        let Sizing::Ready(rd) = &mut self.sizing else {
+            return Err(PostFail::Invalid);
+        };
+        let params = rd.params;
+        let buf_id = rd.permits.range().start + i as u16;
         let mut r = self.reqs[i];
         // A single segment inside a region the caller registered with this core is
         // written by the server directly; otherwise the bounce area, whose copy needs the
@@ -117,14 +121,15 @@ impl SessionCore {
             match region_index(&self.regions, &seg).and_then(|k| u16::try_from(k).ok()) {
                 Some(k) => self.reqs[i].region = Some(k),
                 None => {
-                    self.hold(i, &[seg]).map_err(|_| PostFail::Invalid)?;
+                    hold(&mut self.keep, &self.regions, &*self.fabric, i, &[seg])
+                        .map_err(|_| PostFail::Invalid)?;
                     self.reqs[i].kept = true;
                 }
             }
             r = self.reqs[i];
         }
         let in_region = r.region.map(usize::from);
-        let res = self.res.as_mut().expect("resources exist with params");
+        let res = &mut rd.res;
         let cp: &mut CorePath = self.paths[p].as_mut().ok_or(PostFail::Broken)?;
         let (raddr, rkey) = cp.io.rbuf[usize::from(buf_id)];
         let bounce_addr = res.bounce.addr() + (i * params.max_io_size as usize) as u64;
@@ -377,7 +382,10 @@ impl SessionCore {
         if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
             return;
         }
-        let params = self.params.expect("params known while paths exist");
+        // Paths reach a core together with the limits (`PathCmd::Up`).
+        let Some(params) = self.sizing.params() else {
+            return;
+        };
         let Some(cp) = self.paths[slot].as_mut() else {
             return;
         };
@@ -426,7 +434,11 @@ impl SessionCore {
     }
 
     fn complete_rsp(&mut self, slot: usize, rsp: IoRsp, out: &mut Out<'_>, now: u64) {
-        let params = self.params.expect("params");
+        // A response is matched to a taken permit, which exists only while ready.
+        let Sizing::Ready(rd) = &mut self.sizing else {
+            return;
+        };
+        let params = rd.params;
         if rsp.check_msg_id(params.queue_depth).is_err() {
             if let Some(suppressed) = self.may_warn(now) {
                 tracing::warn!(sess = %self.sess.sessname, msg_id = rsp.msg_id(), suppressed, "response for a msg_id beyond the queue depth ignored");
@@ -434,10 +446,10 @@ impl SessionCore {
             return;
         }
         let buf_id = rsp.msg_id() as u16;
-        if !self.permits.is_taken(buf_id) {
+        if !rd.permits.is_taken(buf_id) {
             return;
         }
-        let i = usize::from(buf_id - self.permits.range().start);
+        let i = usize::from(buf_id - rd.permits.range().start);
         let r = self.reqs[i];
         if r.state != RState::InFlight || r.path != slot {
             return;
@@ -450,7 +462,7 @@ impl SessionCore {
             );
             return;
         }
-        let res = self.res.as_mut().expect("res");
+        let res = &mut rd.res;
         if rsp.w_inv() {
             res.fmr_state[i] = FmrState::Free;
         }
@@ -554,15 +566,15 @@ impl SessionCore {
                 }
             }
             if r.has_desc() {
-                if let Some(res) = self.res.as_mut() {
-                    res.fmr_state[i] = FmrState::Unknown;
+                if let Sizing::Ready(rd) = &mut self.sizing {
+                    rd.res.fmr_state[i] = FmrState::Unknown;
                 }
             }
             let q = &mut self.reqs[i];
             q.state = RState::Waiting;
             q.failed_over = true;
             q.deadline = now.saturating_add(self.io_wait_ns);
-            self.wait.push_front(self.permits.range().start + i as u16);
+            self.wait.push_front(self.first_buf_id() + i as u16);
         }
     }
 
@@ -574,7 +586,7 @@ impl SessionCore {
             let Some(b) = self.wait.pop_front() else {
                 break;
             };
-            let i = usize::from(b - self.permits.range().start);
+            let i = usize::from(b - self.first_buf_id());
             match self.try_post(i, now) {
                 Posted::Yes => {}
                 Posted::Invalid => {

@@ -31,6 +31,38 @@ use crate::fabric::mem::Backing;
 use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge};
 use crate::Errno;
 
+/// What one core knows of the session's limits and what it built from them: one value,
+/// so the limits, the permits and their buffers cannot disagree.
+pub(super) enum Sizing {
+    /// The session has not connected yet: no limits, no permits.
+    Unknown,
+    /// The limits are known but this core's per-permit buffers could not be allocated:
+    /// it has no permits, and submit answers `Busy` with capacity 0.
+    Starved(Params),
+    /// The limits and this core's permits with their buffers.
+    Ready(Ready),
+}
+
+/// A core's share of the session, sized from its limits: the permits and, per permit,
+/// the registered header, bounce area and fast-registration slot. A request exists only
+/// while it holds one of these permits.
+pub(super) struct Ready {
+    pub params: Params,
+    pub permits: Permits,
+    pub res: Res,
+}
+
+impl Sizing {
+    /// The session's limits, once known.
+    pub(super) fn params(&self) -> Option<Params> {
+        match self {
+            Sizing::Unknown => None,
+            Sizing::Starved(p) => Some(*p),
+            Sizing::Ready(rd) => Some(rd.params),
+        }
+    }
+}
+
 /// One core's handle of a session (see the module doc). Made by
 /// [`super::Session::open`], one per core; move each to its core and poll it there.
 pub struct SessionCore {
@@ -38,12 +70,11 @@ pub struct SessionCore {
     pub(super) sess: Arc<SessShared>,
     pub(super) fabric: Arc<dyn Fabric>,
     pub(super) io_wait_ns: u64,
-    pub(super) params: Option<Params>,
-    pub(super) permits: Permits,
+    /// The session's limits as this core knows them, and what it built from them.
+    pub(super) sizing: Sizing,
     pub(super) reqs: Vec<Req>,
     /// `MAX_SGL` entries per permit.
     pub(super) sgl: Vec<Sge>,
-    pub(super) res: Option<Res>,
     pub(super) paths: Vec<Option<CorePath>>,
     pub(super) cands: Vec<Candidate>,
     pub(super) sel: Selector,
@@ -74,8 +105,8 @@ impl std::fmt::Debug for SessionCore {
         f.debug_struct("SessionCore")
             .field("sess", &self.sess.sessname)
             .field("core", &self.core)
-            .field("permits", &self.permits.capacity())
-            .field("in_use", &self.permits.in_use())
+            .field("permits", &self.permits())
+            .field("in_use", &self.outstanding())
             .finish()
     }
 }
@@ -114,12 +145,10 @@ impl SessionCore {
             sess,
             fabric,
             io_wait_ns,
-            params: None,
-            permits: Permits::new(0..0),
+            sizing: Sizing::Unknown,
             reqs: Vec::new(),
             sgl: Vec::new(),
             keep: Vec::new(),
-            res: None,
             paths: (0..MAX_PATHS).map(|_| None).collect(),
             cands: vec![Candidate::default(); MAX_PATHS],
             sel: Selector::new(),
@@ -147,7 +176,7 @@ impl SessionCore {
 
     /// Largest data size of one request (0 before the session first connected).
     pub fn max_io_size(&self) -> u32 {
-        self.params.map_or(0, |p| p.max_io_size)
+        self.sizing.params().map_or(0, |p| p.max_io_size)
     }
 
     /// How long a request waits for a path (the session's
@@ -158,17 +187,20 @@ impl SessionCore {
 
     /// Largest user header (0 before the session first connected).
     pub fn max_usr_hdr(&self) -> u32 {
-        self.params.map_or(0, |p| p.max_usr_hdr())
+        self.sizing.params().map_or(0, |p| p.max_usr_hdr())
     }
 
     /// The session's queue depth (0 before the session first connected).
     pub fn queue_depth(&self) -> u16 {
-        self.params.map_or(0, |p| p.queue_depth)
+        self.sizing.params().map_or(0, |p| p.queue_depth)
     }
 
     /// Permits this core owns (its share of the queue depth).
     pub fn permits(&self) -> u32 {
-        self.permits.capacity()
+        match &self.sizing {
+            Sizing::Ready(rd) => rd.permits.capacity(),
+            Sizing::Unknown | Sizing::Starved(_) => 0,
+        }
     }
 
     /// Lets single-segment READs into `mr` skip the bounce area: the permit's
@@ -202,7 +234,10 @@ impl SessionCore {
 
     /// Requests submitted here and not yet completed.
     pub fn outstanding(&self) -> u32 {
-        self.permits.in_use()
+        match &self.sizing {
+            Sizing::Ready(rd) => rd.permits.in_use(),
+            Sizing::Unknown | Sizing::Starved(_) => 0,
+        }
     }
 
     /// Submits a request; its completion comes out of [`poll`](Self::poll) on this core.
@@ -215,7 +250,7 @@ impl SessionCore {
     /// `Refused` when it never connected and the target refused every path for good
     /// ([`refusal`](Self::refusal) says why).
     pub fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SubmitError> {
-        let Some(p) = self.params else {
+        let Some(p) = self.sizing.params() else {
             return Err(match self.refusal() {
                 Some(r) => SubmitError::Refused { errno: r.errno },
                 None => SubmitError::NoPath,
@@ -243,12 +278,16 @@ impl SessionCore {
                 max: p.max_io_size,
             });
         }
-        let Some(buf_id) = self.permits.get() else {
+        // Limits known but no buffers (their allocation failed): no permits on this core.
+        let Sizing::Ready(rd) = &mut self.sizing else {
+            return Err(SubmitError::Busy { capacity: 0 });
+        };
+        let Some(buf_id) = rd.permits.get() else {
             return Err(SubmitError::Busy {
-                capacity: self.permits.capacity(),
+                capacity: rd.permits.capacity(),
             });
         };
-        let i = usize::from(buf_id - self.permits.range().start);
+        let i = usize::from(buf_id - rd.permits.range().start);
         let bounced =
             io.dir == Dir::Write && len > 0 && (io.sgl.len() > 1 || self.max_send_sge < 2);
         // A single-segment READ into a region given to add_region is bound in place and
@@ -261,15 +300,12 @@ impl SessionCore {
         };
         let kept = io.dir == Dir::Read && len > 0 && region.is_none();
         if kept {
-            if let Err(e) = self.hold(i, io.sgl) {
-                self.permits.put(buf_id);
+            if let Err(e) = hold(&mut self.keep, &self.regions, &*self.fabric, i, io.sgl) {
+                rd.permits.put(buf_id);
                 return Err(e);
             }
         }
-        let res = self
-            .res
-            .as_ref()
-            .expect("resources exist once params are known");
+        let res = &rd.res;
         if bounced {
             let mut off = i * p.max_io_size as usize;
             for (index, s) in io.sgl.iter().enumerate() {
@@ -284,7 +320,7 @@ impl SessionCore {
                     }
                 };
                 if !ok {
-                    self.permits.put(buf_id);
+                    rd.permits.put(buf_id);
                     return Err(bad_sge(index, s));
                 }
                 // SAFETY: `[s.addr, s.addr + s.len)` lies inside a live registration (just
@@ -331,27 +367,6 @@ impl SessionCore {
         Ok(())
     }
 
-    /// Resolves the segments of permit `i`'s READ against the registrations (this core's
-    /// regions first, then the fabric's table) and holds each one in `keep` until the
-    /// completion, so the reply's copy needs no second lookup and cannot outlive the
-    /// memory.
-    pub(super) fn hold(&mut self, i: usize, sgl: &[Sge]) -> Result<(), SubmitError> {
-        for (index, s) in sgl.iter().enumerate() {
-            let held = match region_of(&self.regions, s) {
-                Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(m.backing().clone()),
-                _ => self.fabric.local_memory(s, Access::LOCAL_WRITE),
-            };
-            match held {
-                Some(b) => self.keep[i * MAX_SGL + index] = Some(b),
-                None => {
-                    self.keep[i * MAX_SGL..i * MAX_SGL + index].fill(None);
-                    return Err(bad_sge(index, s));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Makes progress (connections, failover, waiting requests) and moves up to
     /// `out.len()` completions into `out`; returns how many.
     pub fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
@@ -381,7 +396,7 @@ impl SessionCore {
     fn on_cmd(&mut self, cmd: PathCmd, now: u64) {
         match cmd {
             PathCmd::Up { path, params, conn } => {
-                if self.params != Some(params) {
+                if self.sizing.params() != Some(params) {
                     self.setup(params, now);
                 }
                 self.max_send_sge = conn.con.conn().caps().max_send_sge;
@@ -410,7 +425,7 @@ impl SessionCore {
     fn setup(&mut self, params: Params, now: u64) {
         let _ = now;
         while let Some(b) = self.wait.pop_front() {
-            let i = usize::from(b - self.permits.range().start);
+            let i = usize::from(b - self.first_buf_id());
             let c = self.finish(i, Err(Errno::ECONNRESET), now);
             self.done.push_back(c);
         }
@@ -430,19 +445,21 @@ impl SessionCore {
         let fmr: Result<Vec<FastMr>, _> = (0..n).map(|_| self.fabric.alloc_fast_mr()).collect();
         match (hdr, bounce, fmr) {
             (Ok(hdr), Ok(bounce), Ok(fmr)) => {
-                self.res = Some(Res {
-                    hdr,
-                    bounce,
-                    fmr,
-                    fmr_state: vec![FmrState::Free; n],
+                self.sizing = Sizing::Ready(Ready {
+                    params,
+                    permits: Permits::new(range),
+                    res: Res {
+                        hdr,
+                        bounce,
+                        fmr,
+                        fmr_state: vec![FmrState::Free; n],
+                    },
                 });
-                self.permits = Permits::new(range);
             }
             (h, b, f) => {
                 let err = h.err().or(b.err()).or(f.err());
                 tracing::error!(sess = %self.sess.sessname, core = self.core, "cannot allocate per-permit buffers: {err:?}; this core gets no permits");
-                self.res = None;
-                self.permits = Permits::new(0..0);
+                self.sizing = Sizing::Starved(params);
             }
         }
         self.reqs = vec![Req::FREE; n];
@@ -450,7 +467,14 @@ impl SessionCore {
         self.keep = vec![None; n * MAX_SGL];
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
-        self.params = Some(params);
+    }
+
+    /// The buf id of this core's first permit (its requests are numbered from it).
+    pub(super) fn first_buf_id(&self) -> u16 {
+        match &self.sizing {
+            Sizing::Ready(rd) => rd.permits.range().start,
+            Sizing::Unknown | Sizing::Starved(_) => 0,
+        }
     }
 
     /// Whether a data-path warning may be logged now (at most one per second per core);
@@ -486,10 +510,38 @@ impl SessionCore {
             self.keep[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)].fill(None);
         }
         self.reqs[i].state = RState::Free;
-        let b = self.permits.range().start + i as u16;
-        self.permits.put(b);
+        if let Sizing::Ready(rd) = &mut self.sizing {
+            let b = rd.permits.range().start + i as u16;
+            rd.permits.put(b);
+        }
         ClientCompletion { tag: r.tag, result }
     }
+}
+
+/// Resolves the segments of permit `i`'s READ against the registrations (the core's
+/// regions first, then the fabric's table) and holds each one in `keep` until the
+/// completion, so the reply's copy needs no second lookup and cannot outlive the memory.
+pub(super) fn hold(
+    keep: &mut [Option<Arc<Backing>>],
+    regions: &[Arc<Mr>],
+    fabric: &dyn Fabric,
+    i: usize,
+    sgl: &[Sge],
+) -> Result<(), SubmitError> {
+    for (index, s) in sgl.iter().enumerate() {
+        let held = match region_of(regions, s) {
+            Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(m.backing().clone()),
+            _ => fabric.local_memory(s, Access::LOCAL_WRITE),
+        };
+        match held {
+            Some(b) => keep[i * MAX_SGL + index] = Some(b),
+            None => {
+                keep[i * MAX_SGL..i * MAX_SGL + index].fill(None);
+                return Err(bad_sge(index, s));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn bad_sge(index: usize, s: &Sge) -> SubmitError {
