@@ -3,10 +3,21 @@
 
 Subcommands (each prints one line the shell script reads, or writes a file):
 
-  bdevperf RESULT.json          -> "IOPS MiB/s AVG_US FAILED" of a perform_tests result
+  bdevperf RESULT.json [LOG OFFSET]
+                                -> "IOPS MiB/s AVG_US FAILED P99_US" of a perform_tests
+                                   result; P99_US from the latency summary bdevperf -l
+                                   printed to LOG after byte OFFSET ("-" without one)
   fio RESULT.json               -> "IOPS AVG_US P50_US P99_US P999_US" of a read job
   rtrs-bench LINE               -> "IOPS" of an rtrs-bench --json line
-  ratio A B                     -> A / B with two decimals (0.00 when B is 0)
+  floor LINE                    -> "IOPS AVG_US P99_US CLIENT_SC SERVER_SC" of a tcp_floor
+                                   line (SC: that side's syscalls per IO)
+  window SOCK BDEV SECS PERF... -> IOs bdev BDEV of the SPDK application at SOCK completed
+                                   while the perf stat instances PERF (fifo prefixes:
+                                   PERF.ctl, PERF.ack; started with -D -1) counted, for SECS
+  syscalls PERF.csv IOS         -> "ALL BREAKDOWN": syscalls per IO of a perf stat -x, file
+                                   and the main calls per IO ("recvfrom 1.20 (0.50 data), ...")
+  ratio A B                     -> A / B with two decimals (0.00 when B is 0, n/a when
+                                   either is not a number)
   svg-qd SWEEP.tsv OUT.svg      -> IOPS vs queue depth, one line per side
   svg-lat RTRS.json NVMF.json OUT.svg
                                 -> QD1 completion-latency distribution (fio percentiles)
@@ -18,19 +29,117 @@ SWEEP.tsv has lines "side<TAB>qd<TAB>iops".
 import json
 import math
 import os
+import socket
 import sys
+import time
 
 COLORS = {"rtrs": "#1f77b4", "nvmf": "#d62728"}
 LABELS = {"rtrs": "rtrs bdev (tcp fabric)", "nvmf": "SPDK NVMe-oF/TCP"}
 
 
-def bdevperf(path):
+def bdevperf_p99(log, offset):
+    """p99 of the latency summary bdevperf (-l) printed after byte OFFSET of LOG: the
+    summary is written just before the RPC answer leaves, so it is there or about to be."""
+    for _ in range(20):
+        with open(log, "rb") as f:
+            f.seek(int(offset))
+            text = f.read().decode(errors="replace")
+        vals = [float(l.split(":")[1].split("us")[0]) for l in text.splitlines()
+                if l.strip().startswith("99.00000%")]
+        if vals:
+            return "%.2f" % max(vals)
+        time.sleep(0.1)
+    return "-"
+
+
+def bdevperf(path, log=None, offset=0):
     jobs = json.load(open(path))["results"]
     iops = sum(j["iops"] for j in jobs)
     mibps = sum(j["mibps"] for j in jobs)
     lat = sum(j["avg_latency_us"] for j in jobs) / len(jobs)
     failed = sum(j.get("io_failed", 0) for j in jobs)
-    print("%.0f %.1f %.2f %d" % (iops, mibps, lat, failed))
+    p99 = bdevperf_p99(log, offset) if log else "-"
+    print("%.0f %.1f %.2f %d %s" % (iops, mibps, lat, failed, p99))
+
+
+def floor(line):
+    d = json.loads(line)
+    print("%.0f %.2f %.2f %.2f %.2f" % (d["iops"], d["lat_avg_us"], d["lat_p99_us"],
+                                        d["client_syscalls_per_io"], d["server_syscalls_per_io"]))
+
+
+def rpc_call(sock_path, method, params):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock_path)
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                          "params": params}).encode())
+    buf, dec = b"", json.JSONDecoder()
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise SystemExit("%s: connection closed without an answer to %s" % (sock_path, method))
+        buf += chunk
+        try:
+            obj, _ = dec.raw_decode(buf.decode())
+        except ValueError:
+            continue
+        s.close()
+        if "error" in obj:
+            raise SystemExit("%s %s: %s" % (sock_path, method, obj["error"]))
+        return obj["result"]
+
+
+def bdev_ops(sock_path, bdev):
+    st = rpc_call(sock_path, "bdev_get_iostat", {"name": bdev})["bdevs"][0]
+    return st["num_read_ops"] + st["num_write_ops"]
+
+
+def perf_ctl(prefix, cmd):
+    # perf holds both fifos open read-write: the open for writing returns once perf has
+    # the control fifo, and the ack arrives when the command took effect.
+    with open(prefix + ".ctl", "w") as c:
+        c.write(cmd + "\n")
+    with open(prefix + ".ack") as a:
+        a.readline()
+
+
+def window(sock_path, bdev, secs, *perfs):
+    before = bdev_ops(sock_path, bdev)
+    for p in perfs:
+        perf_ctl(p, "enable")
+    time.sleep(float(secs))
+    for p in perfs:
+        perf_ctl(p, "disable")
+    print(bdev_ops(sock_path, bdev) - before)
+
+
+def syscalls(path, ios):
+    ios = float(ios)
+    counts = {}
+    for line in open(path):
+        f = line.strip().split(",")
+        if len(f) < 3 or not f[0].isdigit():
+            continue
+        ev = f[2]
+        # The exit events are filtered (ret > 0): calls that moved data.
+        key = ev.replace("raw_syscalls:sys_enter", "all").replace("syscalls:sys_enter_", "")
+        key = key.replace("syscalls:sys_exit_", "data:")
+        counts[key] = counts.get(key, 0) + int(f[0])
+    if not ios or "all" not in counts:
+        print("n/a n/a")
+        return
+    total = counts.pop("all")
+    parts, named = [], 0
+    for k, v in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if k.startswith("data:") or v / ios < 0.005:
+            continue
+        named += v
+        data = counts.get("data:" + k)
+        parts.append("%s %.2f%s" % (k, v / ios, " (%.2f data)" % (data / ios) if data is not None else ""))
+    if total - named > 0.005 * ios:
+        parts.append("other %.2f" % ((total - named) / ios))
+    print("%.2f %s" % (total / ios, ", ".join(parts) or "-"))
 
 
 def fio_read(path):
@@ -56,7 +165,11 @@ def rtrs_bench(line):
 
 
 def ratio(a, b):
-    a, b = float(a), float(b)
+    try:
+        a, b = float(a), float(b)
+    except ValueError:
+        print("n/a")
+        return
     print("%.2f" % (a / b if b else 0.0))
 
 
@@ -198,6 +311,7 @@ def append(doc, section, intro, run):
 
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
+            "floor": floor, "window": window, "syscalls": syscalls,
             "svg-qd": svg_qd, "svg-lat": svg_lat, "append": append}
     if len(argv) < 2 or argv[1] not in cmds:
         sys.stderr.write(__doc__)
