@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 
 use super::link::{EndState, Frame, Handshake, Link, CLIENT, SERVER};
+use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{InboundError, MrTable, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
@@ -323,6 +324,10 @@ impl Conn for LoopbackConn {
         self.end.publish(&self.link);
     }
 
+    fn qp_num(&self) -> u32 {
+        self.end.qp.qp_num()
+    }
+
     fn state(&self) -> ConnState {
         self.end.qp.state()
     }
@@ -337,6 +342,24 @@ impl Conn for LoopbackConn {
 
     fn local_addr(&self) -> Option<SocketAddr> {
         Some(self.link.addrs[self.end.me])
+    }
+}
+
+impl Member for LoopbackConn {
+    fn table(&self) -> &Arc<MrTable> {
+        self.end.qp.table()
+    }
+
+    fn progress(&mut self) {
+        self.end.progress(&self.link);
+    }
+
+    fn queued(&self) -> usize {
+        self.end.qp.queued()
+    }
+
+    fn drain(&mut self, wcs: &mut [Wc]) -> usize {
+        self.end.qp.poll(wcs)
     }
 }
 
