@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr,
-    Psk, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, Psk, QpCaps,
 };
 
 /// A tcp fabric whose `listen` and `connect` always use one key.
@@ -63,7 +63,7 @@ impl Fabric for Keyed {
     }
     fn connect_on(
         &self,
-        cq: &Cq,
+        cq: &CqRef,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,

@@ -6,15 +6,18 @@
 //! [`ConnRequest::accept_on`]) reports its completions there, each carrying the
 //! connection's [`Conn::qp_num`] in [`Wc::qp_num`].
 //!
-//! Software backends keep the progress state of every connection of a CQ inside the CQ
-//! (so that one poll drives them all, and a later readiness set per CQ fits), and a
-//! connection handle reaches its own state there. Both live on one thread at a time;
-//! [`OwnedByThread`] is what makes that sound without a lock: the first thread to touch
-//! the state claims it with one compare-and-swap, and from then on every access is a
-//! plain load of the owner and a comparison with the caller's thread token. A thread
-//! that does not hold the CQ is refused (posts fail with
-//! [`PostErrorKind::WrongThread`]); [`Cq::release_thread`] hands the CQ on.
+//! Software backends keep the progress state of every connection of a CQ where the CQ
+//! reaches it (so that one poll drives them all, and a later readiness set per CQ fits),
+//! and a connection handle reaches its own state there. Each connection is used by one
+//! thread at a time; [`OwnedByThread`] is what makes that sound without a lock: the
+//! first thread to touch a state claims it with one compare-and-swap, and from then on
+//! every access is a plain load of the owner and a comparison with the caller's
+//! [`ThreadToken`]. Another thread is refused (posts fail with
+//! [`PostErrorKind::WrongThread`]) until the holder lets go
+//! ([`Conn::release_thread`]); the CQ drives and reports only the connections held by
+//! the thread polling it.
 //!
+//! [`Conn::release_thread`]: crate::fabric::Conn::release_thread
 //! [`Fabric::connect_on`]: crate::fabric::Fabric::connect_on
 //! [`ConnRequest::accept_on`]: crate::fabric::ConnRequest::accept_on
 //! [`Conn::qp_num`]: crate::fabric::Conn::qp_num
@@ -22,7 +25,9 @@
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::{FabricKind, Wc};
 
@@ -47,18 +52,17 @@ pub trait CqBackend: Send {
     fn poll_event(&mut self) -> Option<CqEvent>;
     /// The number of completions the CQ holds before it overruns.
     fn entries(&self) -> u32;
-    /// Gives up the calling thread's hold on the CQ (see [`Cq::release_thread`]).
-    fn release_thread(&self) {}
-    /// For the backend that made the CQ, to find its own type behind a [`Cq`].
-    fn as_any(&self) -> &dyn Any;
+    /// What connections are made on (see [`CqRef`]): the backend's own type, found
+    /// again by downcasting when a connection is made.
+    fn share(&self) -> Arc<dyn Any + Send + Sync>;
 }
 
 /// A completion queue made by [`Fabric::create_cq`](crate::fabric::Fabric::create_cq).
 ///
-/// Polled by one thread at a time (it is `Send`, not `Sync`); its connections are used
-/// by that same thread. Dropping it while connections remain on it leaves them without
-/// a poller (software backends make no progress for them, verbs keeps the queue until
-/// the last one is gone).
+/// Polled by whoever holds it (`&mut`; it is `Send`, not `Sync`). Connections are made
+/// on it through a [`CqRef`] ([`Cq::share`]), from any thread. Dropping it while
+/// connections remain on it leaves them without a poller (software backends make no
+/// progress for them, verbs keeps the queue until the last one is gone).
 pub struct Cq {
     kind: FabricKind,
     inner: Box<dyn CqBackend>,
@@ -104,36 +108,80 @@ impl Cq {
         self.inner.entries()
     }
 
-    /// The calling thread stops using the CQ and its connections; the next thread to use
-    /// them takes them over. Without this, a CQ of a software backend stays with the
-    /// first thread that used it (or one of its connections), and other threads are
-    /// refused. Does nothing on a thread that does not hold it.
-    pub fn release_thread(&self) {
-        self.inner.release_thread();
-    }
-
-    /// The backend's queue, for the backend (to check a CQ it is given is its own).
-    pub fn backend(&self) -> &dyn Any {
-        self.inner.as_any()
+    /// A reference to make connections on this CQ with
+    /// ([`Fabric::connect_on`](crate::fabric::Fabric::connect_on),
+    /// [`ConnRequest::accept_on`](crate::fabric::ConnRequest::accept_on)), from this
+    /// thread or another (a control thread making the connections a core will serve).
+    pub fn share(&self) -> CqRef {
+        CqRef {
+            kind: self.kind,
+            inner: self.inner.share(),
+        }
     }
 }
 
-/// A token unique to the calling thread, never 0 and never reused.
-fn thread_token() -> u64 {
+/// What connections are made on: a shared reference to a [`Cq`] (`Clone`, `Send`,
+/// `Sync`), good for nothing else.
+#[derive(Clone)]
+pub struct CqRef {
+    kind: FabricKind,
+    inner: Arc<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for CqRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqRef").field("kind", &self.kind).finish()
+    }
+}
+
+impl CqRef {
+    /// The backend that made the CQ.
+    pub fn kind(&self) -> FabricKind {
+        self.kind
+    }
+
+    /// The backend's part, for the backend (to check a CQ it is given is its own).
+    pub fn backend(&self) -> &(dyn Any + Send + Sync) {
+        &*self.inner
+    }
+
+    /// The backend's part, shared (for a backend whose connections keep it).
+    pub fn backend_arc(&self) -> Arc<dyn Any + Send + Sync> {
+        self.inner.clone()
+    }
+}
+
+/// The calling thread's token: a number unique to it, never 0 and never reused. It is
+/// neither `Send` nor `Sync`, so it cannot leave its thread: holding one proves which
+/// thread is calling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadToken {
+    v: u64,
+    _here: PhantomData<*const ()>,
+}
+
+/// See [`ThreadToken`].
+#[inline]
+pub fn thread_token() -> ThreadToken {
     thread_local!(static TOKEN: Cell<u64> = const { Cell::new(0) });
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    TOKEN.with(|t| match t.get() {
+    let v = TOKEN.with(|t| match t.get() {
         0 => {
             let v = NEXT.fetch_add(1, Ordering::Relaxed);
             t.set(v);
             v
         }
         v => v,
-    })
+    });
+    ThreadToken {
+        v,
+        _here: PhantomData,
+    }
 }
 
 /// State used by one thread at a time, reached through shared handles (`Arc`) from
-/// objects that are each `Send`: a CQ and the connections on it.
+/// objects that are each `Send`: a connection's state, reached by its handle and by the
+/// CQ it is on.
 ///
 /// The owner is a thread token (0: nobody). A thread claims an unowned state with one
 /// compare-and-swap; after that, each access is a relaxed load that finds the caller's
@@ -159,13 +207,15 @@ impl<T> OwnedByThread<T> {
         }
     }
 
-    /// Whether the calling thread holds the state, claiming it when nobody does.
+    /// Whether the thread of token `me` holds the state, claiming it when nobody does
+    /// and `claim` is set.
     #[inline]
-    fn enter(&self) -> bool {
-        let me = thread_token();
+    fn enter(&self, me: ThreadToken, claim: bool) -> bool {
+        let me = me.v;
         let cur = self.owner.load(Ordering::Relaxed);
         cur == me
-            || (cur == 0
+            || (claim
+                && cur == 0
                 && self
                     .owner
                     .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
@@ -177,20 +227,40 @@ impl<T> OwnedByThread<T> {
     ///
     /// `f` must not reach this same state again (it gets the only `&mut`): the callers
     /// in this crate pass closures that call into backend connections and queues, none
-    /// of which holds a handle to its own CQ.
+    /// of which holds a handle to its own state.
     #[inline]
     pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        if !self.enter() {
+        self.with_as(thread_token(), true, f)
+    }
+
+    /// [`OwnedByThread::with`] only if the calling thread already holds the state (never
+    /// claims it).
+    #[inline]
+    pub fn with_held<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.with_as(thread_token(), false, f)
+    }
+
+    /// [`OwnedByThread::with`] (`claim`) or [`OwnedByThread::with_held`] for a caller
+    /// that read its [`thread_token`] once for many states.
+    #[inline]
+    pub fn with_as<R>(
+        &self,
+        me: ThreadToken,
+        claim: bool,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
+        if !self.enter(me, claim) {
             return None;
         }
-        // SAFETY: `enter` admitted only the owning thread, and the only `&mut` made here
-        // lives for `f`, which does not re-enter (see above), so it is unique.
+        // SAFETY: `enter` admitted only the thread whose token is `me`, which is the
+        // caller's own (a token cannot leave its thread); the only `&mut` made here
+        // lives for `f`, which does not re-enter (see `with`), so it is unique.
         Some(f(unsafe { &mut *self.value.get() }))
     }
 
     /// Gives up the calling thread's hold, if it has one.
     pub fn release(&self) {
-        let me = thread_token();
+        let me = thread_token().v;
         if self.owner.load(Ordering::Relaxed) == me {
             self.owner.store(0, Ordering::Release);
         }
@@ -238,10 +308,18 @@ mod tests {
 
     #[test]
     fn thread_tokens_differ() {
-        let here = thread_token();
+        let here = thread_token().v;
         assert_ne!(here, 0);
-        assert_eq!(here, thread_token());
-        let there = std::thread::spawn(thread_token).join().unwrap();
+        assert_eq!(here, thread_token().v);
+        let there = std::thread::spawn(|| thread_token().v).join().unwrap();
         assert_ne!(here, there);
+    }
+
+    #[test]
+    fn holding_is_not_claiming() {
+        let s = OwnedByThread::new(1u8);
+        assert_eq!(s.with_held(|v| *v), None, "nobody holds it yet");
+        assert_eq!(s.with(|v| *v), Some(1), "claimed");
+        assert_eq!(s.with_held(|v| *v), Some(1), "now held");
     }
 }

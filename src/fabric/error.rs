@@ -18,8 +18,8 @@ pub enum PostErrorKind {
     Invalid,
     /// Fault injection refused the post (loopback only).
     Injected,
-    /// The connection is on a completion queue another thread holds (software backends;
-    /// see `Cq::release_thread`).
+    /// The connection (on a shared completion queue) is held by another thread; software
+    /// backends check this (see `Conn::release_thread`).
     WrongThread,
 }
 

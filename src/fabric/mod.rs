@@ -72,12 +72,17 @@
 //!   completions held by the CQ's connections after each poll's progress; they lose
 //!   none, where verbs may.
 //!
-//! A CQ and its connections are used by one thread at a time (each is `Send`, none
-//! `Sync`); peers may be on other threads. On the software fabrics the CQ owns the
-//! progress state of its connections and a connection handle reaches its own there
-//! ([`cq::OwnedByThread`]: the first thread to use them holds them, checked by one
-//! plain load per call, no lock; another thread is refused until
-//! [`Cq::release_thread`]). See `docs/ARCHITECTURE.md`, "Completion queues".
+//! A CQ is polled by whoever holds it (`&mut`; it is `Send`, not `Sync`); connections
+//! are made on it through a [`CqRef`] ([`Cq::share`]) from any thread, and each
+//! connection is used by one thread at a time; peers may be on other threads. A
+//! connection belongs to the thread that made it; to serve it on the thread that polls
+//! its CQ (as RTRS makes connections on a control thread and serves them on a core), the
+//! maker calls [`Conn::release_thread`] and hands it over, and the first thread to use
+//! it then holds it. A CQ drives and reports only the connections held by the thread
+//! polling it, so a connection's completions come out once that thread has taken it.
+//! On the software fabrics this is checked ([`cq::OwnedByThread`]: a plain load per
+//! call, no lock; another thread is refused with [`PostErrorKind::WrongThread`]). See
+//! `docs/ARCHITECTURE.md`, "Completion queues".
 //!
 //! **Ordering.** As on an RC queue pair: operations from one connection reach the peer in
 //! posting order, and the data of an RDMA WRITE is in place before the peer sees the
@@ -131,7 +136,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use admission::Admission;
-pub use cq::{Cq, CqBackend, CqEvent};
+pub use cq::{Cq, CqBackend, CqEvent, CqRef};
 pub use error::{FabricError, PostError, PostErrorKind};
 pub use mem::{FastMr, MemBuf, Mr};
 pub use psk::{Psk, PskError};
@@ -601,15 +606,16 @@ pub trait Fabric: Send + Sync {
         })
     }
 
-    /// [`Fabric::connect_auth`] with the connection's completions on `cq` (made by this
-    /// fabric's backend) instead of a private CQ.
+    /// [`Fabric::connect_auth`] with the connection's completions on `cq` (a CQ made by
+    /// this fabric) instead of a private CQ. The connection is held by the calling
+    /// thread ([`Conn::release_thread`]).
     ///
     /// # Errors
-    /// As [`Fabric::connect_auth`]; [`FabricError::Cq`] when `cq` is another backend's,
-    /// is in error (overrun), or is held by another thread.
+    /// As [`Fabric::connect_auth`]; [`FabricError::Cq`] when `cq` is another fabric's or
+    /// is in error (overrun).
     fn connect_on(
         &self,
-        cq: &Cq,
+        cq: &CqRef,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
@@ -643,6 +649,12 @@ pub trait Conn: Send {
     /// connection made on a shared [`Cq`] it only makes progress and returns 0: the
     /// completions come out of that CQ.
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize;
+
+    /// The calling thread stops using the connection, so that another (the thread that
+    /// polls its shared [`Cq`]) takes it over at its first call. Needed only to hand a
+    /// connection made on a shared CQ to that CQ's thread (the software fabrics check
+    /// which thread holds it); nothing on a connection with a private CQ.
+    fn release_thread(&self) {}
 
     /// The connection's number on its fabric, carried by each of its completions
     /// ([`Wc::qp_num`]); verbs' `qp_num` (0 there until the queue pair exists). The
@@ -703,15 +715,16 @@ impl ConnRequest {
         self.pending.accept(caps, pd)
     }
 
-    /// [`ConnRequest::accept`] with the connection's completions on `cq` (made by the
-    /// listener's backend) instead of a private CQ.
+    /// [`ConnRequest::accept`] with the connection's completions on `cq` (a CQ made by
+    /// the listener's fabric) instead of a private CQ. The connection is held by the
+    /// calling thread ([`Conn::release_thread`]).
     ///
     /// # Errors
-    /// As [`ConnRequest::accept`]; [`FabricError::Cq`] when `cq` is another backend's,
-    /// is in error (overrun), or is held by another thread.
+    /// As [`ConnRequest::accept`]; [`FabricError::Cq`] when `cq` is another fabric's or
+    /// is in error (overrun).
     pub fn accept_on(
         self,
-        cq: &Cq,
+        cq: &CqRef,
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
@@ -742,7 +755,7 @@ pub trait PendingConn: Send {
     /// Accepts on a shared CQ; the default refuses (a backend without shared CQs).
     fn accept_on(
         self: Box<Self>,
-        cq: &Cq,
+        cq: &CqRef,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {

@@ -134,7 +134,7 @@ pub fn shared_pairs(
         let conn = client
             .fabric
             .connect_on(
-                &client.cq,
+                &client.cq.share(),
                 None,
                 listener.local_addr(),
                 caps,
@@ -154,7 +154,7 @@ pub fn shared_pairs(
         };
         assert_eq!(req.private_data.as_bytes()[0], i as u8, "request {i}");
         let conn = req
-            .accept_on(&server.cq, caps, &[])
+            .accept_on(&server.cq.share(), caps, &[])
             .unwrap_or_else(|e| panic!("accept_on: {e}"));
         server.add(conn);
         let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
@@ -500,6 +500,6 @@ pub fn shared_cq_overrun_is_reported(b: &dyn Backend) {
     assert_eq!(c.cq.poll_event(), None, "the overrun is reported once");
     let again = c
         .fabric
-        .connect_on(&c.cq, None, l.local_addr(), b.caps(), &[], None);
+        .connect_on(&c.cq.share(), None, l.local_addr(), b.caps(), &[], None);
     assert!(again.is_err(), "a CQ in error takes no new connection");
 }

@@ -32,8 +32,8 @@ use link::{Handshake, Link, Queues, CLIENT, SERVER};
 use super::mem::Backing;
 use super::soft::{self, MrTable, MAX_MR_SIZE};
 use super::{
-    Access, Conn, ConnRequest, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
-    MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
+    Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
 };
 
 /// Largest send and receive queues a loopback connection accepts.
@@ -287,7 +287,7 @@ impl Fabric for LoopbackFabric {
 
     fn connect_on(
         &self,
-        cq: &Cq,
+        cq: &CqRef,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
@@ -426,7 +426,7 @@ impl PendingConn for Pending {
 
     fn accept_on(
         self: Box<Self>,
-        cq: &Cq,
+        cq: &CqRef,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {

@@ -1,13 +1,20 @@
 //! A completion queue shared by software connections (the `loopback` and `tcp` fabrics'
 //! `ibv_cq`).
 //!
-//! The CQ owns its connections' progress state (`T`, the backend's connection: soft
-//! queue pair, link or socket, CM state) in a slab; the [`Conn`] a caller holds is a
-//! [`CqConn`], a handle naming its slot. So one [`Cq::poll`] drives every connection of
-//! the queue (delivery, socket reads and writes) and gathers their completions, and a
-//! backend can later watch the readiness of all of them at once. The handles and the
-//! queue reach the slab through [`OwnedByThread`]: one thread at a time, checked per
-//! call with a plain load, no lock and no read-modify-write on the data path.
+//! Each connection's progress state (`T`, the backend's connection: soft queue pair,
+//! link or socket, CM state) lives in a cell the CQ lists and the caller's [`Conn`], a
+//! [`CqConn`], points to. One [`Cq::poll`] drives every connection of the queue that its
+//! thread holds (delivery, socket reads and writes) and gathers their completions, so a
+//! backend can later watch the readiness of all of them at once. The queue and each
+//! connection are [`OwnedByThread`]: one thread at a time, checked per call with a plain
+//! load, no lock and no read-modify-write on the data path.
+//!
+//! A connection belongs to the thread that made it; [`Conn::release_thread`] lets it go,
+//! and the next thread to use it takes it. The CQ drives and gathers only connections
+//! its own thread holds, so a connection being set up on a control thread is left alone
+//! until it is handed to the CQ's thread and used there; its completions wait in its own
+//! queue meanwhile. A new connection reaches the CQ's list at its next poll, through a
+//! small locked list (connection set-up, not the data path).
 //!
 //! Completions stay in each connection's own queue until gathered, so per-connection
 //! order is the queue pair's. Gathering takes connections in turn from where the last
@@ -22,9 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::MrTable;
-use crate::fabric::cq::OwnedByThread;
+use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, FabricError, FabricKind, PostError,
+    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
     PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
 };
 
@@ -44,104 +51,119 @@ pub trait Member: Conn + 'static {
     fn drain(&mut self, wcs: &mut [Wc]) -> usize;
 }
 
+/// One connection's state: `None` once its handle dropped it.
+struct Cell<T> {
+    conn: OwnedByThread<Option<T>>,
+    /// The handle was dropped on a thread that did not hold the connection: the holder
+    /// drops the state at its next poll of the CQ.
+    abandoned: AtomicBool,
+}
+
 struct Core<T> {
     entries: usize,
-    members: Vec<Option<T>>,
-    free: Vec<usize>,
+    members: Vec<Arc<Cell<T>>>,
     /// Where the next gathering starts (the connection after the one that filled the
     /// caller's slice last time).
     next: usize,
-    /// Overrun: the CQ is in error.
-    broken: bool,
     event: Option<CqEvent>,
 }
 
-impl<T: Member> Core<T> {
-    fn insert(&mut self, conn: T) -> usize {
-        match self.free.pop() {
-            Some(i) => {
-                self.members[i] = Some(conn);
-                i
-            }
-            None => {
-                self.members.push(Some(conn));
-                self.members.len() - 1
-            }
+/// What the queue and whoever makes connections on it share (the [`CqRef`]).
+pub struct Shared<T> {
+    /// The protection domain of the fabric that made the CQ.
+    table: Arc<MrTable>,
+    /// Connections made since the last poll.
+    incoming: Mutex<Vec<Arc<Cell<T>>>>,
+    has_incoming: AtomicBool,
+    /// Overrun: the CQ is in error (readable by any thread making a connection).
+    broken: AtomicBool,
+}
+
+impl<T: Member> Shared<T> {
+    fn take_incoming(&self, core: &mut Core<T>) {
+        if !self.has_incoming.load(Ordering::Acquire) {
+            return;
         }
+        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        self.has_incoming.store(false, Ordering::Release);
+        core.members.append(&mut inc);
     }
 
-    fn remove(&mut self, slot: usize) {
-        if let Some(m) = self.members.get_mut(slot) {
-            if m.take().is_some() {
-                self.free.push(slot);
+    fn poll(&self, core: &mut Core<T>, wcs: &mut [Wc]) -> usize {
+        self.take_incoming(core);
+        let me = thread_token();
+        let broken = self.broken.load(Ordering::Relaxed);
+        // Progress for every connection this thread holds; the state of dropped ones
+        // goes (a member held by another thread is left alone). On a CQ in error, a
+        // connection taken over since the overrun breaks too.
+        core.members.retain(|cell| {
+            let abandoned = cell.abandoned.load(Ordering::Acquire);
+            cell.conn
+                .with_as(me, false, |c| {
+                    if abandoned {
+                        *c = None;
+                    }
+                    match c {
+                        Some(t) => {
+                            if broken {
+                                t.disconnect();
+                            }
+                            t.progress();
+                            true
+                        }
+                        None => false,
+                    }
+                })
+                .unwrap_or(true)
+        });
+        if !broken {
+            let held: usize = core
+                .members
+                .iter()
+                .filter_map(|cell| {
+                    cell.conn
+                        .with_as(me, false, |c| c.as_ref().map_or(0, Member::queued))
+                })
+                .sum();
+            if held > core.entries {
+                self.overrun(core, held);
             }
         }
-    }
-
-    fn member(&mut self, slot: usize) -> Option<&mut T> {
-        self.members.get_mut(slot).and_then(Option::as_mut)
-    }
-
-    fn poll(&mut self, wcs: &mut [Wc]) -> usize {
-        for m in self.members.iter_mut().flatten() {
-            m.progress();
-        }
-        if !self.broken {
-            let held: usize = self.members.iter().flatten().map(Member::queued).sum();
-            if held > self.entries {
-                self.overrun(held);
-            }
-        }
-        let n = self.members.len();
-        let mut filled = 0;
+        let n = core.members.len();
         if wcs.is_empty() || n == 0 {
             return 0;
         }
+        let mut filled = 0;
         for k in 0..n {
-            let i = (self.next + k) % n;
-            if let Some(m) = &mut self.members[i] {
-                filled += m.drain(&mut wcs[filled..]);
-                if filled == wcs.len() {
-                    self.next = (i + 1) % n;
-                    break;
-                }
+            let i = (core.next + k) % n;
+            let got = core.members[i]
+                .conn
+                .with_as(me, false, |c| {
+                    c.as_mut().map_or(0, |t| t.drain(&mut wcs[filled..]))
+                })
+                .unwrap_or(0);
+            filled += got;
+            if filled == wcs.len() {
+                core.next = (i + 1) % n;
+                break;
             }
         }
         filled
     }
 
-    fn overrun(&mut self, held: usize) {
+    fn overrun(&self, core: &mut Core<T>, held: usize) {
         tracing::warn!(
             held,
-            entries = self.entries,
+            entries = core.entries,
             "software completion queue overrun; its connections break"
         );
-        self.broken = true;
-        self.event = Some(CqEvent::Overrun);
-        for m in self.members.iter_mut().flatten() {
-            m.disconnect();
-        }
-    }
-}
-
-/// What the queue handle and the connection handles share.
-struct Shared<T> {
-    core: OwnedByThread<Core<T>>,
-    /// Slots of handles dropped on a thread that did not hold the CQ, freed by the next
-    /// poll of the holder (rare: a misuse, or a connection dropped after its CQ moved).
-    orphans: Mutex<Vec<usize>>,
-    has_orphans: AtomicBool,
-}
-
-impl<T: Member> Shared<T> {
-    fn reap_orphans(&self, core: &mut Core<T>) {
-        if !self.has_orphans.load(Ordering::Acquire) {
-            return;
-        }
-        let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        self.has_orphans.store(false, Ordering::Release);
-        for slot in o.drain(..) {
-            core.remove(slot);
+        self.broken.store(true, Ordering::Relaxed);
+        core.event = Some(CqEvent::Overrun);
+        let me = thread_token();
+        for cell in &core.members {
+            // One held by another thread breaks once the CQ's thread has taken it.
+            cell.conn
+                .with_as(me, false, |c| c.as_mut().map(|t| t.disconnect()));
         }
     }
 }
@@ -149,8 +171,8 @@ impl<T: Member> Shared<T> {
 /// A software fabric's shared completion queue for connections of type `T`.
 pub struct SoftCq<T: Member> {
     shared: Arc<Shared<T>>,
+    core: Core<T>,
     entries: u32,
-    table: Arc<MrTable>,
 }
 
 /// Creates a CQ of `entries` entries for the connections of the fabric whose protection
@@ -171,22 +193,21 @@ pub fn create<T: Member>(
     let core = Core::<T> {
         entries: entries as usize,
         members: Vec::new(),
-        free: Vec::new(),
         next: 0,
-        broken: false,
         event: None,
     };
     let shared = Arc::new(Shared {
-        core: OwnedByThread::new(core),
-        orphans: Mutex::new(Vec::new()),
-        has_orphans: AtomicBool::new(false),
+        table: table.clone(),
+        incoming: Mutex::new(Vec::new()),
+        has_incoming: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
     });
     Ok(Cq::new(
         kind,
         Box::new(SoftCq {
             shared,
+            core,
             entries,
-            table: table.clone(),
         }),
     ))
 }
@@ -195,15 +216,18 @@ pub fn create<T: Member>(
 ///
 /// # Errors
 /// [`FabricError::Cq`] naming why not.
-pub fn check<T: Member>(cq: &Cq, table: &Arc<MrTable>) -> Result<(), FabricError> {
-    match cq.backend().downcast_ref::<SoftCq<T>>() {
-        Some(soft) if Arc::ptr_eq(&soft.table, table) => Ok(()),
-        Some(_) => Err(FabricError::Cq {
+pub fn check<T: Member>(cq: &CqRef, table: &Arc<MrTable>) -> Result<(), FabricError> {
+    match cq.backend().downcast_ref::<Shared<T>>() {
+        Some(shared) if !Arc::ptr_eq(&shared.table, table) => Err(FabricError::Cq {
             reason: format!(
                 "the {} completion queue belongs to another fabric instance",
                 cq.kind()
             ),
         }),
+        Some(shared) if shared.broken.load(Ordering::Relaxed) => Err(FabricError::Cq {
+            reason: "the completion queue overran and is in error".into(),
+        }),
+        Some(_) => Ok(()),
         None => Err(FabricError::Cq {
             reason: format!(
                 "a {} completion queue cannot take a connection of this fabric",
@@ -214,84 +238,64 @@ pub fn check<T: Member>(cq: &Cq, table: &Arc<MrTable>) -> Result<(), FabricError
 }
 
 /// Puts `conn` on `cq` (a [`SoftCq`] of `conn`'s fabric, see [`check`]) and returns
-/// its handle.
+/// its handle, held by the calling thread.
 ///
 /// # Errors
-/// [`FabricError::Cq`] when `cq` is not for `conn`, is in error, or is held by another
-/// thread.
-pub fn attach<T: Member>(cq: &Cq, conn: T) -> Result<Box<dyn Conn>, FabricError> {
-    let fail = |reason: &str| FabricError::Cq {
-        reason: reason.to_owned(),
-    };
+/// [`FabricError::Cq`] when `cq` is not for `conn` or is in error.
+pub fn attach<T: Member>(cq: &CqRef, conn: T) -> Result<Box<dyn Conn>, FabricError> {
     check::<T>(cq, conn.table())?;
-    let Some(soft) = cq.backend().downcast_ref::<SoftCq<T>>() else {
-        return Err(fail("not a software completion queue"));
+    let Some(shared) = cq.backend().downcast_ref::<Shared<T>>() else {
+        return Err(FabricError::Cq {
+            reason: "not a software completion queue".into(),
+        });
     };
-    let shared = soft.shared.clone();
     let (qp_num, caps) = (conn.qp_num(), conn.caps());
-    let slot = shared
-        .core
-        .with(|core| {
-            shared.reap_orphans(core);
-            if core.broken {
-                return Err(fail("the completion queue overran and is in error"));
-            }
-            Ok(core.insert(conn))
-        })
-        .ok_or_else(|| fail("the completion queue is held by another thread"))??;
-    Ok(Box::new(CqConn {
-        shared,
-        slot,
-        qp_num,
-        caps,
-    }))
+    let cell = Arc::new(Cell {
+        conn: OwnedByThread::new(Some(conn)),
+        abandoned: AtomicBool::new(false),
+    });
+    // The maker holds it until it lets go (Conn::release_thread).
+    cell.conn.with(|_| ());
+    shared
+        .incoming
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(cell.clone());
+    shared.has_incoming.store(true, Ordering::Release);
+    Ok(Box::new(CqConn { cell, qp_num, caps }))
 }
 
 impl<T: Member> CqBackend for SoftCq<T> {
     fn poll(&mut self, wcs: &mut [Wc]) -> usize {
-        let shared = &*self.shared;
-        shared
-            .core
-            .with(|core| {
-                shared.reap_orphans(core);
-                core.poll(wcs)
-            })
-            .unwrap_or(0)
+        self.shared.poll(&mut self.core, wcs)
     }
 
     fn poll_event(&mut self) -> Option<CqEvent> {
-        self.shared.core.with(|c| c.event.take()).flatten()
+        self.core.event.take()
     }
 
     fn entries(&self) -> u32 {
         self.entries
     }
 
-    fn release_thread(&self) {
-        self.shared.core.release();
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn share(&self) -> Arc<dyn Any + Send + Sync> {
+        self.shared.clone()
     }
 }
 
-/// A connection on a shared software CQ: the caller's handle to its state in the CQ.
+/// A connection on a shared software CQ: the caller's handle to its state.
 pub struct CqConn<T: Member> {
-    shared: Arc<Shared<T>>,
-    slot: usize,
+    cell: Arc<Cell<T>>,
     qp_num: u32,
     caps: QpCaps,
 }
 
 impl<T: Member> CqConn<T> {
-    /// Runs `f` on the connection's state, if the calling thread holds the CQ.
+    /// Runs `f` on the connection's state, if the calling thread holds it (taking it
+    /// when nobody does).
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        self.shared
-            .core
-            .with(|core| core.member(self.slot).map(f))
-            .flatten()
+        self.cell.conn.with(|c| c.as_mut().map(f)).flatten()
     }
 }
 
@@ -317,6 +321,10 @@ impl<T: Member> Conn for CqConn<T> {
 
     fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    fn release_thread(&self) {
+        self.cell.conn.release();
     }
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
@@ -346,16 +354,10 @@ impl<T: Member> Conn for CqConn<T> {
 
 impl<T: Member> Drop for CqConn<T> {
     /// The connection's state goes as the backend's own connection goes when dropped
-    /// (the peer sees it close).
+    /// (the peer sees it close); the CQ forgets it at its next poll.
     fn drop(&mut self) {
-        let slot = self.slot;
-        if self.shared.core.with(|core| core.remove(slot)).is_none() {
-            self.shared
-                .orphans
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(slot);
-            self.shared.has_orphans.store(true, Ordering::Release);
+        if self.cell.conn.with(|c| *c = None).is_none() {
+            self.cell.abandoned.store(true, Ordering::Release);
         }
     }
 }

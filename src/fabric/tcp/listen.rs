@@ -29,7 +29,7 @@ use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Conn, ConnRequest, Cq, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
+    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
 };
 use crate::ratelimit::RateLimit;
 
@@ -260,7 +260,7 @@ impl PendingConn for TcpPending {
 
     fn accept_on(
         mut self: Box<Self>,
-        cq: &Cq,
+        cq: &CqRef,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {

@@ -41,8 +41,8 @@ pub use listen::{TcpListener, TcpPending};
 use crate::fabric::mem::Backing;
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Access, Admission, Conn, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
-    MemBuf, Mr, PrivateData, Psk, QpCaps,
+    Access, Admission, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -199,7 +199,7 @@ impl Fabric for TcpFabric {
 
     fn connect_on(
         &self,
-        cq: &Cq,
+        cq: &CqRef,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,

@@ -3,10 +3,11 @@
 //! Its CQ is its own, or shared (`cq.rs`): then its queue shadow lives with the CQ.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::cm::{self, CmPhase, Step};
-use super::cq::{Link, VerbsCq};
+use super::cq::{shadow, CqShare, ShadowCell};
 use super::slots::{self, QueueSlots};
 use super::sys::{self, CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
 use super::{wc, Shared};
@@ -41,72 +42,67 @@ pub(super) struct VerbsConn {
 pub(super) enum Slots {
     /// With the connection, whose CQ is its own.
     Own(QueueSlots),
-    /// With the shared CQ (`cq.rs`), in slot `idx` of its shadows.
+    /// In a cell the shared CQ (`cq.rs`) finds by `qp_num`.
     Shared {
-        cq: Arc<sys::Cq>,
-        link: Arc<Link>,
-        idx: usize,
+        share: Arc<CqShare>,
+        cell: Arc<ShadowCell>,
     },
 }
 
 impl Slots {
     /// A shadow for a connection with queues of `caps`, on `cq` or on its own CQ.
-    pub(super) fn new(cq: Option<&VerbsCq>, caps: QpCaps) -> Result<Slots, String> {
-        let Some(cq) = cq else {
-            return Ok(Slots::Own(QueueSlots::new(caps)));
-        };
-        match cq.link.with(|sh| sh.add(caps)) {
-            Some(Some(idx)) => Ok(Slots::Shared {
-                cq: cq.cq.clone(),
-                link: cq.link.clone(),
-                idx,
+    pub(super) fn new(cq: Option<&Arc<CqShare>>, caps: QpCaps) -> Result<Slots, String> {
+        match cq {
+            None => Ok(Slots::Own(QueueSlots::new(caps))),
+            Some(s) if s.overrun.load(Ordering::Relaxed) => {
+                Err("the completion queue overran and is in error".into())
+            }
+            Some(s) => Ok(Slots::Shared {
+                share: s.clone(),
+                cell: shadow(caps),
             }),
-            Some(None) => Err("the completion queue overran and is in error".into()),
-            None => Err("the completion queue is held by another thread".into()),
         }
     }
 
     fn shared_cq(&self) -> Option<&Arc<sys::Cq>> {
         match self {
             Slots::Own(_) => None,
-            Slots::Shared { cq, .. } => Some(cq),
+            Slots::Shared { share, .. } => Some(&share.cq),
         }
     }
 
-    /// Runs `f` on the shadow; `None` when it is with a CQ another thread holds.
+    /// Runs `f` on the shadow; `None` when another thread holds the connection.
     fn with<R>(&mut self, f: impl FnOnce(&mut QueueSlots) -> R) -> Option<R> {
         match self {
             Slots::Own(s) => Some(f(s)),
-            Slots::Shared { link, idx, .. } => link
-                .with(|sh| sh.get(*idx).map(|s| f(&mut s.slots)))
-                .flatten(),
+            Slots::Shared { cell, .. } => cell.with(|s| f(&mut s.slots)),
         }
     }
 
     /// The queue pair now has a number: completions find the shadow by it.
     fn bind(&self, qp_num: Option<u32>) {
-        if let (Slots::Shared { link, idx, .. }, Some(n)) = (self, qp_num) {
-            link.with(|sh| sh.bind(*idx, n));
+        if let (Slots::Shared { share, cell }, Some(n)) = (self, qp_num) {
+            share.bind(n, cell);
         }
     }
 
-    /// Whether the shared CQ saw a failed completion of ours (or overran).
+    /// Whether the shared CQ saw a failed completion of ours, or overran (once each).
     fn take_failed(&self) -> bool {
-        match self {
-            Slots::Own(_) => false,
-            Slots::Shared { link, idx, .. } => {
-                link.with(|sh| sh.take_failed(*idx)).unwrap_or(false)
-            }
-        }
+        let Slots::Shared { share, cell } = self else {
+            return false;
+        };
+        let overrun = share.overrun.load(Ordering::Relaxed);
+        cell.with(|s| {
+            let broke = !s.overrun_seen && overrun;
+            s.overrun_seen |= overrun;
+            std::mem::take(&mut s.failed) || broke
+        })
+        .unwrap_or(false)
     }
-}
 
-impl Drop for Slots {
-    fn drop(&mut self) {
-        if let Slots::Shared { link, idx, .. } = self {
-            // On a thread that does not hold the CQ the shadow stays (a few bytes) and
-            // completions of the gone queue pair are passed on unshadowed.
-            link.with(|sh| sh.remove(*idx));
+    fn release(&self) {
+        if let Slots::Shared { cell, .. } = self {
+            cell.release();
         }
     }
 }
@@ -119,7 +115,7 @@ impl VerbsConn {
         dst: SocketAddr,
         caps: QpCaps,
         private_data: PrivateData,
-        cq: Option<&VerbsCq>,
+        cq: Option<&Arc<CqShare>>,
     ) -> Result<VerbsConn, FabricError> {
         let err = |e: super::sys::SysError| FabricError::Connect {
             addr: dst,
@@ -529,6 +525,10 @@ impl Conn for VerbsConn {
 
     fn qp_num(&self) -> u32 {
         self.ep.qp_num().unwrap_or(0)
+    }
+
+    fn release_thread(&self) {
+        self.slots.release();
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {

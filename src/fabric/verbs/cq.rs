@@ -4,95 +4,99 @@
 //! The hardware keeps the completions; what the CQ adds is the software shadow of each
 //! queue pair's queues (`slots.rs`: queue sizes counted as the contract counts them,
 //! opcodes of failed completions), which a completion must update and a post must read.
-//! The shadows of all connections of the CQ live in one [`Shadows`] reached by the CQ and
-//! by each connection through [`OwnedByThread`] (one thread at a time, a plain load per
-//! call). A failed completion marks its connection, which breaks it at its next poll (as
-//! a private CQ's connection does at once). `IBV_EVENT_CQ_ERR`, read from the device's
-//! asynchronous events, is the overrun: [`CqEvent::Overrun`], and every connection of
-//! the CQ breaks.
+//! Each connection's shadow is a cell [`OwnedByThread`], held by the thread using the
+//! connection; the CQ finds it by `qp_num` and updates it when the polling thread holds
+//! it. Completions of a connection another thread holds (one still being set up on a
+//! control thread) wait in the CQ, in order, until the polling thread has taken it, as
+//! on the software fabrics. A failed completion marks its connection, which breaks it at
+//! its next poll (as a private CQ's connection does at once). `IBV_EVENT_CQ_ERR`, read
+//! from the device's asynchronous events, is the overrun: [`CqEvent::Overrun`], and
+//! every connection of the CQ breaks.
 
 use std::any::Any;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::slots::QueueSlots;
-use super::sys::{self, AsyncEvent, PollBuf};
+use super::sys::{self, AsyncEvent, PollBuf, RawWc};
 use super::{wc, Shared};
-use crate::fabric::cq::OwnedByThread;
+use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
 
 /// One connection's shadow queues.
 pub(super) struct Shadow {
     pub slots: QueueSlots,
-    /// A completion of the connection failed (or the CQ overran): break it.
+    /// A completion of the connection failed: break it.
     pub failed: bool,
+    /// The connection broke for the CQ's overrun already.
+    pub overrun_seen: bool,
 }
 
-/// The shadows of every connection of one CQ, by slot and by queue-pair number.
-#[derive(Default)]
-pub(super) struct Shadows {
-    slots: Vec<Option<Shadow>>,
-    free: Vec<usize>,
-    by_qp: HashMap<u32, usize>,
-    overrun: bool,
+pub(super) type ShadowCell = OwnedByThread<Shadow>;
+
+/// A new shadow, held by the calling thread.
+pub(super) fn shadow(caps: QpCaps) -> Arc<ShadowCell> {
+    let cell = Arc::new(OwnedByThread::new(Shadow {
+        slots: QueueSlots::new(caps),
+        failed: false,
+        overrun_seen: false,
+    }));
+    cell.with(|_| ());
+    cell
 }
 
-pub(super) type Link = OwnedByThread<Shadows>;
+/// What the CQ and whoever makes connections on it share (the `CqRef`).
+pub(super) struct CqShare {
+    pub shared: Arc<Shared>,
+    pub cq: Arc<sys::Cq>,
+    /// Queue pairs created since the last poll, with their shadows.
+    incoming: Mutex<Vec<(u32, Arc<ShadowCell>)>>,
+    has_incoming: AtomicBool,
+    /// `IBV_EVENT_CQ_ERR` was seen: the CQ is in error.
+    pub overrun: AtomicBool,
+}
 
-impl Shadows {
-    /// A shadow for a new connection with queues of `caps`; `None` once the CQ overran.
-    pub fn add(&mut self, caps: QpCaps) -> Option<usize> {
-        if self.overrun {
-            return None;
+impl CqShare {
+    /// Queue pair `qp_num` (with `shadow`) now reports to this CQ.
+    pub fn bind(&self, qp_num: u32, shadow: &Arc<ShadowCell>) {
+        self.incoming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((qp_num, shadow.clone()));
+        self.has_incoming.store(true, Ordering::Release);
+    }
+
+    fn take_incoming(&self, by_qp: &mut HashMap<u32, Arc<ShadowCell>>) {
+        if !self.has_incoming.load(Ordering::Acquire) {
+            return;
         }
-        let shadow = Shadow {
-            slots: QueueSlots::new(caps),
-            failed: false,
-        };
-        Some(match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(shadow);
-                i
-            }
-            None => {
-                self.slots.push(Some(shadow));
-                self.slots.len() - 1
-            }
-        })
-    }
-
-    /// The connection in slot `idx` has queue pair `qp_num`.
-    pub fn bind(&mut self, idx: usize, qp_num: u32) {
-        self.by_qp.insert(qp_num, idx);
-    }
-
-    pub fn remove(&mut self, idx: usize) {
-        if self.slots.get_mut(idx).and_then(Option::take).is_some() {
-            self.by_qp.retain(|_, i| *i != idx);
-            self.free.push(idx);
-        }
-    }
-
-    pub fn get(&mut self, idx: usize) -> Option<&mut Shadow> {
-        self.slots.get_mut(idx).and_then(Option::as_mut)
-    }
-
-    /// Whether the connection in slot `idx` must break (once per failure).
-    pub fn take_failed(&mut self, idx: usize) -> bool {
-        self.get(idx).is_some_and(|s| std::mem::take(&mut s.failed))
+        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        self.has_incoming.store(false, Ordering::Release);
+        // A number the device reuses names the newest queue pair.
+        by_qp.extend(inc.drain(..));
     }
 }
 
 /// A verbs CQ shared by connections.
 pub(super) struct VerbsCq {
-    pub shared: Arc<Shared>,
-    pub cq: Arc<sys::Cq>,
-    pub link: Arc<Link>,
+    share: Arc<CqShare>,
+    by_qp: HashMap<u32, Arc<ShadowCell>>,
+    /// Completions of connections another thread holds, oldest first.
+    deferred: VecDeque<RawWc>,
     buf: PollBuf,
     entries: u32,
     event: Option<CqEvent>,
-    overran: bool,
     poll_error_logged: bool,
+}
+
+/// What becomes of one raw completion.
+enum Route {
+    /// Out, updated by its connection's shadow (or as it is, for a queue pair the CQ
+    /// does not know any more).
+    Out(Wc),
+    /// Its connection is held by another thread: wait.
+    Wait,
 }
 
 impl VerbsCq {
@@ -100,14 +104,49 @@ impl VerbsCq {
     pub fn new(shared: Arc<Shared>, cq: Arc<sys::Cq>) -> VerbsCq {
         let entries = cq.entries();
         VerbsCq {
-            shared,
-            cq,
-            link: Arc::new(OwnedByThread::new(Shadows::default())),
+            share: Arc::new(CqShare {
+                shared,
+                cq,
+                incoming: Mutex::new(Vec::new()),
+                has_incoming: AtomicBool::new(false),
+                overrun: AtomicBool::new(false),
+            }),
+            by_qp: HashMap::new(),
+            deferred: VecDeque::new(),
             buf: PollBuf::new(),
             entries,
             event: None,
-            overran: false,
             poll_error_logged: false,
+        }
+    }
+
+    /// Routes `raw` through its connection's shadow (held by `me`) or holds it back.
+    fn route(
+        share: &CqShare,
+        by_qp: &mut HashMap<u32, Arc<ShadowCell>>,
+        me: crate::fabric::cq::ThreadToken,
+        raw: &RawWc,
+    ) -> Route {
+        if !by_qp.contains_key(&raw.qp_num) {
+            // Created, and bound, after the last look at the list.
+            share.take_incoming(by_qp);
+        }
+        let mut w = wc::completion(raw);
+        let Some(cell) = by_qp.get(&raw.qp_num) else {
+            return Route::Out(w);
+        };
+        if Arc::strong_count(cell) == 1 {
+            // The connection is gone; so is its shadow.
+            by_qp.remove(&raw.qp_num);
+            return Route::Out(w);
+        }
+        let done = cell.with_as(me, false, |s| {
+            s.slots.completed(&mut w, raw.opcode.is_some());
+            s.failed |= !w.status.is_ok();
+        });
+        match done {
+            Some(()) => Route::Out(w),
+            None => Route::Wait,
         }
     }
 
@@ -115,12 +154,13 @@ impl VerbsCq {
     /// are left with the fabric for their own poll.
     fn read_async_events(&mut self) {
         let mut others = self
+            .share
             .shared
             .cq_errors
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         loop {
-            match self.shared.pd.device().next_async_event() {
+            match self.share.shared.pd.device().next_async_event() {
                 Ok(None) => break,
                 Ok(Some(AsyncEvent::CqError { cq })) => others.push(cq),
                 Ok(Some(AsyncEvent::Other(kind))) => {
@@ -133,59 +173,69 @@ impl VerbsCq {
             }
         }
         let before = others.len();
-        others.retain(|&cq| !self.cq.is(cq));
-        if others.len() < before && !self.overran {
-            self.overran = true;
+        others.retain(|&cq| !self.share.cq.is(cq));
+        if others.len() < before && !self.share.overrun.swap(true, Ordering::Relaxed) {
+            tracing::warn!("verbs completion queue overrun; its connections break");
             self.event = Some(CqEvent::Overrun);
-            self.link.with(|sh| {
-                sh.overrun = true;
-                for s in sh.slots.iter_mut().flatten() {
-                    s.failed = true;
-                }
-            });
         }
     }
 }
 
 impl CqBackend for VerbsCq {
     fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        let me = thread_token();
         let VerbsCq {
-            cq,
-            link,
+            share,
+            by_qp,
+            deferred,
             buf,
             poll_error_logged,
             ..
         } = self;
-        link.with(|sh| {
-            let mut filled = 0;
-            while filled < wcs.len() {
-                let out = &mut wcs[filled..];
-                let mut k = 0;
-                let res = cq.poll(buf, out.len(), |raw| {
-                    let mut w = wc::completion(&raw);
-                    let idx = sh.by_qp.get(&raw.qp_num).copied();
-                    if let Some(s) = idx.and_then(|i| sh.get(i)) {
-                        s.slots.completed(&mut w, raw.opcode.is_some());
-                        s.failed |= !w.status.is_ok();
+        share.take_incoming(by_qp);
+        let mut filled = 0;
+        // First what waited, in order; what still cannot go keeps its place.
+        let mut i = 0;
+        while i < deferred.len() && filled < wcs.len() {
+            match Self::route(share, by_qp, me, &deferred[i]) {
+                Route::Out(w) => {
+                    wcs[filled] = w;
+                    filled += 1;
+                    deferred.remove(i);
+                }
+                Route::Wait => i += 1,
+            }
+        }
+        while filled < wcs.len() {
+            let room = wcs.len() - filled;
+            let mut got_out = 0;
+            let res = share.cq.poll(buf, room, |raw| {
+                // A connection with completions waiting keeps its order behind them.
+                if deferred.iter().any(|d| d.qp_num == raw.qp_num) {
+                    deferred.push_back(raw);
+                    return;
+                }
+                match Self::route(share, by_qp, me, &raw) {
+                    Route::Out(w) => {
+                        wcs[filled + got_out] = w;
+                        got_out += 1;
                     }
-                    out[k] = w;
-                    k += 1;
-                });
-                match res {
-                    Ok(0) => break,
-                    Ok(got) => filled += got,
-                    Err(e) => {
-                        if !*poll_error_logged {
-                            *poll_error_logged = true;
-                            tracing::error!("shared completion queue: {e}");
-                        }
-                        break;
+                    Route::Wait => deferred.push_back(raw),
+                }
+            });
+            match res {
+                Ok(0) => break,
+                Ok(_) => filled += got_out,
+                Err(e) => {
+                    if !*poll_error_logged {
+                        *poll_error_logged = true;
+                        tracing::error!("shared completion queue: {e}");
                     }
+                    break;
                 }
             }
-            filled
-        })
-        .unwrap_or(0)
+        }
+        filled
     }
 
     fn poll_event(&mut self) -> Option<CqEvent> {
@@ -197,11 +247,7 @@ impl CqBackend for VerbsCq {
         self.entries
     }
 
-    fn release_thread(&self) {
-        self.link.release();
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn share(&self) -> Arc<dyn Any + Send + Sync> {
+        self.share.clone()
     }
 }

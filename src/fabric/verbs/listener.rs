@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::conn::{Slots, VerbsConn};
-use super::cq::VerbsCq;
+use super::cq::CqShare;
 use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
 use super::Shared;
 use crate::fabric::{
-    Conn, ConnRequest, Cq, FabricError, Listener, PendingConn, PrivateData, QpCaps,
+    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, QpCaps,
 };
 
 /// Listen backlog, as the kernel's RTRS server uses.
@@ -127,12 +127,12 @@ impl PendingConn for VerbsPending {
 
     fn accept_on(
         self: Box<Self>,
-        cq: &Cq,
+        cq: &CqRef,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let vcq = super::own_cq(&self.shared, cq)?;
-        (*self).answer(caps, private_data, Some(vcq))
+        let share = super::own_cq(&self.shared, cq)?;
+        (*self).answer(caps, private_data, Some(&share))
     }
 
     fn reject(mut self: Box<Self>, private_data: PrivateData) {
@@ -150,7 +150,7 @@ impl VerbsPending {
         mut self,
         caps: QpCaps,
         private_data: PrivateData,
-        cq: Option<&VerbsCq>,
+        cq: Option<&Arc<CqShare>>,
     ) -> Result<Box<dyn Conn>, FabricError> {
         let err = |reason: String| FabricError::Accept { reason };
         // On this error `self` is dropped, which rejects the request.

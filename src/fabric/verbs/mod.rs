@@ -59,8 +59,8 @@ use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{
-    Access, Conn, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr,
-    PrivateData, Psk, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, PrivateData, Psk, QpCaps,
 };
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
@@ -293,7 +293,7 @@ impl Fabric for VerbsFabric {
 
     fn connect_on(
         &self,
-        cq: &Cq,
+        cq: &CqRef,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
@@ -306,33 +306,26 @@ impl Fabric for VerbsFabric {
         let data = PrivateData::new(private_data)?;
         check_caps(&self.shared, caps)
             .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
-        let vcq = self.own_cq(cq)?;
+        let share = own_cq(&self.shared, cq)?;
         Ok(Box::new(conn::VerbsConn::connect(
             self.shared.clone(),
             src,
             dst,
             caps,
             data,
-            Some(vcq),
+            Some(&share),
         )?))
     }
 }
 
-impl VerbsFabric {
-    /// `cq` as a CQ of this fabric's device context.
-    fn own_cq<'a>(&self, cq: &'a Cq) -> Result<&'a cq::VerbsCq, FabricError> {
-        own_cq(&self.shared, cq)
-    }
-}
-
 /// `cq` as a verbs CQ of the context `shared` belongs to.
-fn own_cq<'a>(shared: &Arc<Shared>, cq: &'a Cq) -> Result<&'a cq::VerbsCq, FabricError> {
-    match cq.backend().downcast_ref::<cq::VerbsCq>() {
-        Some(v) if Arc::ptr_eq(&v.shared, shared) => Ok(v),
-        Some(_) => Err(FabricError::Cq {
+fn own_cq(shared: &Arc<Shared>, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
+    match cq.backend_arc().downcast::<cq::CqShare>() {
+        Ok(v) if Arc::ptr_eq(&v.shared, shared) => Ok(v),
+        Ok(_) => Err(FabricError::Cq {
             reason: "the completion queue belongs to another verbs fabric (device context)".into(),
         }),
-        None => Err(FabricError::Cq {
+        Err(_) => Err(FabricError::Cq {
             reason: format!(
                 "a {} completion queue cannot take a verbs connection",
                 cq.kind()
