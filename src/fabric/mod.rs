@@ -77,8 +77,8 @@
 //! connection is used by one thread at a time; peers may be on other threads. A
 //! connection belongs to the thread that made it; to serve it on the thread that polls
 //! its CQ (as RTRS makes connections on a control thread and serves them on a core), the
-//! maker calls [`Conn::release_thread`] and hands it over, and the first thread to use
-//! it then holds it. A CQ drives and reports only the connections held by the thread
+//! maker calls [`Conn::release_thread`] and hands it over, and the first thread to post
+//! to it or poll it (a [`Conn::poll_cq`] with no room will do) then holds it. A CQ drives and reports only the connections held by the thread
 //! polling it, so a connection's completions come out once that thread has taken it.
 //! On the software fabrics this is checked ([`cq::OwnedByThread`]: a plain load per
 //! call, no lock; another thread is refused with [`PostErrorKind::WrongThread`]). See
@@ -651,7 +651,7 @@ pub trait Conn: Send {
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize;
 
     /// The calling thread stops using the connection, so that another (the thread that
-    /// polls its shared [`Cq`]) takes it over at its first call. Needed only to hand a
+    /// polls its shared [`Cq`]) takes it over at its first post or poll. Needed only to hand a
     /// connection made on a shared CQ to that CQ's thread (the software fabrics check
     /// which thread holds it); nothing on a connection with a private CQ.
     fn release_thread(&self) {}

@@ -54,8 +54,8 @@ pub trait Member: Conn + 'static {
 /// One connection's state: `None` once its handle dropped it.
 struct Cell<T> {
     conn: OwnedByThread<Option<T>>,
-    /// The handle was dropped on a thread that did not hold the connection: the holder
-    /// drops the state at its next poll of the CQ.
+    /// The handle was dropped: the CQ's next poll forgets the cell (and drops the state
+    /// if the handle's thread could not, not holding it).
     abandoned: AtomicBool,
 }
 
@@ -97,22 +97,21 @@ impl<T: Member> Shared<T> {
         // goes (a member held by another thread is left alone). On a CQ in error, a
         // connection taken over since the overrun breaks too.
         core.members.retain(|cell| {
-            let abandoned = cell.abandoned.load(Ordering::Acquire);
+            if cell.abandoned.load(Ordering::Acquire) {
+                // The handle is gone (and let go of it): the state goes, here if it is
+                // still there, and the cell with it.
+                return cell.conn.with_as(me, true, |c| *c = None).is_none();
+            }
             cell.conn
-                .with_as(me, false, |c| {
-                    if abandoned {
-                        *c = None;
-                    }
-                    match c {
-                        Some(t) => {
-                            if broken {
-                                t.disconnect();
-                            }
-                            t.progress();
-                            true
+                .with_as(me, false, |c| match c {
+                    Some(t) => {
+                        if broken {
+                            t.disconnect();
                         }
-                        None => false,
+                        t.progress();
+                        true
                     }
+                    None => false,
                 })
                 .unwrap_or(true)
         });
@@ -356,9 +355,9 @@ impl<T: Member> Drop for CqConn<T> {
     /// The connection's state goes as the backend's own connection goes when dropped
     /// (the peer sees it close); the CQ forgets it at its next poll.
     fn drop(&mut self) {
-        if self.cell.conn.with(|c| *c = None).is_none() {
-            self.cell.abandoned.store(true, Ordering::Release);
-        }
+        self.cell.conn.with(|c| *c = None);
+        self.cell.abandoned.store(true, Ordering::Release);
+        self.cell.conn.release();
     }
 }
 
