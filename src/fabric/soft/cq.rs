@@ -93,9 +93,11 @@ impl<T: Member> Shared<T> {
         self.take_incoming(core);
         let me = thread_token();
         let broken = self.broken.load(Ordering::Relaxed);
-        // Progress for every connection this thread holds; the state of dropped ones
-        // goes (a member held by another thread is left alone). On a CQ in error, a
-        // connection taken over since the overrun breaks too.
+        // Progress for every connection this thread holds, counting the completions
+        // they hold; the state of dropped ones goes (a member held by another thread is
+        // left alone). On a CQ in error, a connection taken over since the overrun
+        // breaks too.
+        let mut held = 0;
         core.members.retain(|cell| {
             if cell.abandoned.load(Ordering::Acquire) {
                 // The handle is gone (and let go of it): the state goes, here if it is
@@ -109,24 +111,15 @@ impl<T: Member> Shared<T> {
                             t.disconnect();
                         }
                         t.progress();
+                        held += t.queued();
                         true
                     }
                     None => false,
                 })
                 .unwrap_or(true)
         });
-        if !broken {
-            let held: usize = core
-                .members
-                .iter()
-                .filter_map(|cell| {
-                    cell.conn
-                        .with_as(me, false, |c| c.as_ref().map_or(0, Member::queued))
-                })
-                .sum();
-            if held > core.entries {
-                self.overrun(core, held);
-            }
+        if !broken && held > core.entries {
+            self.overrun(core, held);
         }
         let n = core.members.len();
         if wcs.is_empty() || n == 0 {
