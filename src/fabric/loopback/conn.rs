@@ -261,6 +261,7 @@ impl End {
     }
 
     /// Step 4: our ack, then (after any refusal stored by `deliver`) our close.
+    #[inline]
     fn publish(&mut self, link: &Link) {
         let mine = &link.ends[self.me];
         let silent = link.is_blackholed();

@@ -352,6 +352,7 @@ impl SoftQp {
     ///
     /// # Errors
     /// [`PostError`] naming the first receive not accepted.
+    #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
         for (index, wr) in wrs.iter().enumerate() {
             if self.state == ConnState::Disconnected {
