@@ -78,8 +78,11 @@
 //! connection belongs to the thread that made it; to serve it on the thread that polls
 //! its CQ (as RTRS makes connections on a control thread and serves them on a core), the
 //! maker calls [`Conn::release_thread`] and hands it over, and the first thread to post
-//! to it or poll it (a [`Conn::poll_cq`] with no room will do) then holds it. A CQ drives and reports only the connections held by the thread
-//! polling it, so a connection's completions come out once that thread has taken it.
+//! to it or poll it (a [`Conn::poll_cq`] with no room will do) then holds it. A CQ
+//! drives and reports only the connections held by the thread polling it, so a
+//! connection's completions come out once that thread has taken it (where maker and
+//! poller are one thread, at once: possibly before the poller's code has been handed
+//! the connection).
 //! On the software fabrics this is checked ([`cq::OwnedByThread`]: a plain load per
 //! call, no lock; another thread is refused with [`PostErrorKind::WrongThread`]). See
 //! `docs/ARCHITECTURE.md`, "Completion queues".
