@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr, Psk,
-    QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, Psk, QpCaps,
 };
 
 /// A tcp fabric whose `listen` and `connect` always use one key.
@@ -57,6 +57,21 @@ impl Fabric for Keyed {
     ) -> Result<Box<dyn Conn>, FabricError> {
         self.inner
             .connect_auth(src, dst, caps, private_data, Some(&self.psk))
+    }
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        self.inner.create_cq(entries)
+    }
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        _psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.inner
+            .connect_on(cq, src, dst, caps, private_data, Some(&self.psk))
     }
 }
 

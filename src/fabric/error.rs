@@ -18,6 +18,9 @@ pub enum PostErrorKind {
     Invalid,
     /// Fault injection refused the post (loopback only).
     Injected,
+    /// The connection (on a shared completion queue) is held by another thread; software
+    /// backends check this (see `Conn::release_thread`).
+    WrongThread,
 }
 
 /// A refused post: which request of the chain, and why. Requests before `index` were
@@ -47,6 +50,8 @@ pub enum FabricError {
     PrivateDataTooLong { len: usize },
     #[error("the {kind} fabric cannot authenticate connections: a pre-shared key (psk) is supported on the tcp fabric only")]
     AuthUnsupported { kind: FabricKind },
+    #[error("completion queue: {reason}")]
+    Cq { reason: String },
     #[error("{call} failed: {source}")]
     Os {
         call: &'static str,

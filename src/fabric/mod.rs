@@ -49,7 +49,43 @@
 //! connection that nobody polls makes none. A receive completion reports the opcode
 //! ([`WcOpcode::Recv`] or [`WcOpcode::RecvRdmaWithImm`]), `byte_len` (bytes received, or
 //! bytes written by an RDMA_WRITE_WITH_IMM), the immediate data in host order, and the
-//! rkey invalidated by a SEND_WITH_INV.
+//! rkey invalidated by a SEND_WITH_INV. Every completion carries its connection's
+//! [`Conn::qp_num`] in [`Wc::qp_num`].
+//!
+//! **Shared completion queues.** [`Fabric::create_cq`] makes a [`Cq`] with a number of
+//! entries; [`Fabric::connect_on`] and [`ConnRequest::accept_on`] make a connection on
+//! it. Its completions then come out of [`Cq::poll`] (never out of [`Conn::poll_cq`],
+//! which on such a connection only makes progress), tagged with its `qp_num`; on the
+//! software fabrics that one poll drives every connection of the CQ. A connection made
+//! without a CQ has a private one, polled through [`Conn::poll_cq`], as before.
+//! On a shared CQ:
+//! - completions of one connection come out in their order, as on a private CQ;
+//! - one connection breaking flushes its own work (its `qp_num` on the flush
+//!   completions) and nobody else's: the other connections go on;
+//! - no connection is starved: a connection with a stream of completions does not hold
+//!   back another's (verbs' CQ is first in, first out; the software CQs take their
+//!   connections in turn);
+//! - more completions outstanding (generated and not yet polled) than the CQ has entries
+//!   is an overrun, reported as verbs reports `IBV_EVENT_CQ_ERR`: [`Cq::poll_event`]
+//!   yields [`CqEvent::Overrun`] once, every connection of the CQ breaks (its peer sees
+//!   `Disconnected`), and no connection can be added to it. The software fabrics count
+//!   completions held by the CQ's connections after each poll's progress; they lose
+//!   none, where verbs may.
+//!
+//! A CQ is polled by whoever holds it (`&mut`; it is `Send`, not `Sync`); connections
+//! are made on it through a [`CqRef`] ([`Cq::share`]) from any thread, and each
+//! connection is used by one thread at a time; peers may be on other threads. A
+//! connection belongs to the thread that made it; to serve it on the thread that polls
+//! its CQ (as RTRS makes connections on a control thread and serves them on a core), the
+//! maker calls [`Conn::release_thread`] and hands it over, and the first thread to post
+//! to it or poll it (a [`Conn::poll_cq`] with no room will do) then holds it. A CQ
+//! drives and reports only the connections held by the thread polling it, so a
+//! connection's completions come out once that thread has taken it (where maker and
+//! poller are one thread, at once: possibly before the poller's code has been handed
+//! the connection).
+//! On the software fabrics this is checked ([`cq::OwnedByThread`]: a plain load per
+//! call, no lock; another thread is refused with [`PostErrorKind::WrongThread`]). See
+//! `docs/ARCHITECTURE.md`, "Completion queues".
 //!
 //! **Ordering.** As on an RC queue pair: operations from one connection reach the peer in
 //! posting order, and the data of an RDMA WRITE is in place before the peer sees the
@@ -85,10 +121,11 @@
 //! a key with [`FabricError::AuthUnsupported`] (only `tcp` can).
 //!
 //! **Threads.** A connection is polled and posted to by one thread at a time (it is
-//! `Send`, not `Sync`); registrations ([`Mr`], [`FastMr`]) may be used from any thread.
-//! Peers may live on different threads.
+//! `Send`, not `Sync`), on a shared CQ the thread that holds the CQ; registrations
+//! ([`Mr`], [`FastMr`]) may be used from any thread. Peers may live on different threads.
 
 pub mod admission;
+pub mod cq;
 mod error;
 pub mod mem;
 pub mod psk;
@@ -102,6 +139,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use admission::Admission;
+pub use cq::{Cq, CqBackend, CqEvent, CqRef};
 pub use error::{FabricError, PostError, PostErrorKind};
 pub use mem::{FastMr, MemBuf, Mr};
 pub use psk::{Psk, PskError};
@@ -286,6 +324,9 @@ pub struct Wc {
     pub imm: Option<u32>,
     /// The local rkey a SEND_WITH_INV invalidated.
     pub invalidated_rkey: Option<u32>,
+    /// The connection the work request was posted on ([`Conn::qp_num`]), as verbs'
+    /// `ibv_wc::qp_num`: tells connections apart on a shared [`Cq`].
+    pub qp_num: u32,
 }
 
 /// Queue sizes of a connection (as `ibv_qp_cap` plus the CQ size derived from them).
@@ -554,9 +595,46 @@ pub trait Fabric: Send + Sync {
     ) -> Result<Box<dyn Conn>, FabricError> {
         self.connect_from(None, dst, caps, private_data)
     }
+
+    /// A completion queue of `entries` entries for connections to share (verbs'
+    /// `ibv_create_cq`). A backend that has none refuses (the default, for wrappers).
+    ///
+    /// # Errors
+    /// [`FabricError::Cq`] when the backend has no shared CQs or the size is out of
+    /// range; [`FabricError::Os`] when the device refuses.
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        let _ = entries;
+        Err(FabricError::Cq {
+            reason: format!("the {} fabric has no shared completion queues", self.kind()),
+        })
+    }
+
+    /// [`Fabric::connect_auth`] with the connection's completions on `cq` (a CQ made by
+    /// this fabric) instead of a private CQ. The connection is held by the calling
+    /// thread ([`Conn::release_thread`]).
+    ///
+    /// # Errors
+    /// As [`Fabric::connect_auth`]; [`FabricError::Cq`] when `cq` is another fabric's or
+    /// is in error (overrun).
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let _ = (cq, src, caps, private_data, psk);
+        Err(FabricError::Connect {
+            addr: dst,
+            reason: format!("the {} fabric has no shared completion queues", self.kind()),
+        })
+    }
 }
 
-/// One reliable connection: a queue pair with its own completion queue.
+/// One reliable connection: a queue pair with its own completion queue, or on a shared
+/// one ([`Fabric::connect_on`]).
 pub trait Conn: Send {
     /// Posts a chain of send work requests.
     ///
@@ -570,8 +648,23 @@ pub trait Conn: Send {
     /// [`PostError`] with the index of the first receive not accepted.
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError>;
 
-    /// Makes progress and moves up to `wcs.len()` completions into `wcs`.
+    /// Makes progress and moves up to `wcs.len()` completions into `wcs`. On a
+    /// connection made on a shared [`Cq`] it only makes progress and returns 0: the
+    /// completions come out of that CQ.
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize;
+
+    /// The calling thread stops using the connection, so that another (the thread that
+    /// polls its shared [`Cq`]) takes it over at its first post or poll. Needed only to hand a
+    /// connection made on a shared CQ to that CQ's thread (the software fabrics check
+    /// which thread holds it); nothing on a connection with a private CQ.
+    fn release_thread(&self) {}
+
+    /// The connection's number on its fabric, carried by each of its completions
+    /// ([`Wc::qp_num`]); verbs' `qp_num` (0 there until the queue pair exists). The
+    /// default 0 is for test doubles that need no number.
+    fn qp_num(&self) -> u32 {
+        0
+    }
 
     /// The next connection-manager event, if any. Polling it also makes progress.
     fn poll_cm(&mut self) -> Option<CmEvent>;
@@ -625,6 +718,23 @@ impl ConnRequest {
         self.pending.accept(caps, pd)
     }
 
+    /// [`ConnRequest::accept`] with the connection's completions on `cq` (a CQ made by
+    /// the listener's fabric) instead of a private CQ. The connection is held by the
+    /// calling thread ([`Conn::release_thread`]).
+    ///
+    /// # Errors
+    /// As [`ConnRequest::accept`]; [`FabricError::Cq`] when `cq` is another fabric's or
+    /// is in error (overrun).
+    pub fn accept_on(
+        self,
+        cq: &CqRef,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let pd = PrivateData::new(private_data)?;
+        self.pending.accept_on(cq, caps, pd)
+    }
+
     /// Rejects with `private_data` (≤ 56 bytes), which the initiator sees in
     /// [`CmEvent::Rejected`].
     ///
@@ -645,6 +755,21 @@ pub trait PendingConn: Send {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError>;
     fn reject(self: Box<Self>, private_data: PrivateData);
+    /// Accepts on a shared CQ; the default refuses (a backend without shared CQs).
+    fn accept_on(
+        self: Box<Self>,
+        cq: &CqRef,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let _ = (caps, private_data);
+        Err(FabricError::Cq {
+            reason: format!(
+                "the {} fabric cannot accept on a shared completion queue",
+                cq.kind()
+            ),
+        })
+    }
 }
 
 #[cfg(test)]

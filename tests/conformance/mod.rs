@@ -32,6 +32,7 @@ pub mod cm;
 pub mod data;
 pub mod errors;
 pub mod keys;
+pub mod shared_cq;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -139,6 +140,11 @@ macro_rules! conformance_tests {
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::bind_outside_region_fails,
             keys::rebinding_a_bound_slot_fails,
+            shared_cq::private_cq_completions_carry_qp_num,
+            shared_cq::shared_cq_keeps_per_connection_order,
+            shared_cq::shared_cq_break_leaves_the_others,
+            shared_cq::shared_cq_busy_connection_does_not_starve_another,
+            shared_cq::shared_cq_overrun_is_reported,
         );
     };
     (ignore = $why:literal, $backend:expr) => {

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 
 use super::link::{EndState, Frame, Handshake, Link, CLIENT, SERVER};
+use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{InboundError, MrTable, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
@@ -260,6 +261,7 @@ impl End {
     }
 
     /// Step 4: our ack, then (after any refusal stored by `deliver`) our close.
+    #[inline]
     fn publish(&mut self, link: &Link) {
         let mine = &link.ends[self.me];
         let silent = link.is_blackholed();
@@ -323,6 +325,10 @@ impl Conn for LoopbackConn {
         self.end.publish(&self.link);
     }
 
+    fn qp_num(&self) -> u32 {
+        self.end.qp.qp_num()
+    }
+
     fn state(&self) -> ConnState {
         self.end.qp.state()
     }
@@ -337,6 +343,24 @@ impl Conn for LoopbackConn {
 
     fn local_addr(&self) -> Option<SocketAddr> {
         Some(self.link.addrs[self.end.me])
+    }
+}
+
+impl Member for LoopbackConn {
+    fn table(&self) -> &Arc<MrTable> {
+        self.end.qp.table()
+    }
+
+    fn progress(&mut self) {
+        self.end.progress(&self.link);
+    }
+
+    fn queued(&self) -> usize {
+        self.end.qp.queued()
+    }
+
+    fn drain(&mut self, wcs: &mut [Wc]) -> usize {
+        self.end.qp.poll(wcs)
     }
 }
 

@@ -30,10 +30,10 @@ pub use link::MAX_SGE;
 use link::{Handshake, Link, Queues, CLIENT, SERVER};
 
 use super::mem::Backing;
-use super::soft::{MrTable, MAX_MR_SIZE};
+use super::soft::{self, MrTable, MAX_MR_SIZE};
 use super::{
-    Access, Conn, ConnRequest, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
-    MemBuf, Mr, PendingConn, PrivateData, QpCaps,
+    Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
 };
 
 /// Largest send and receive queues a loopback connection accepts.
@@ -273,6 +273,47 @@ impl Fabric for LoopbackFabric {
         caps: QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
+        Ok(Box::new(self.start_connect(
+            src,
+            dst,
+            caps,
+            private_data,
+        )?))
+    }
+
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        soft::cq::create::<LoopbackConn>(FabricKind::Loopback, &self.inner.table, entries)
+    }
+
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        if psk.is_some() {
+            return Err(FabricError::AuthUnsupported { kind: self.kind() });
+        }
+        // The connection is made only once the CQ is known to take it, so a refusal
+        // leaves no request behind at the listener.
+        soft::cq::check::<LoopbackConn>(cq, &self.inner.table)?;
+        let conn = self.start_connect(src, dst, caps, private_data)?;
+        soft::cq::attach(cq, conn)
+    }
+}
+
+impl LoopbackFabric {
+    /// The connecting end of a new connection to `dst` (see [`Fabric::connect_from`]).
+    fn start_connect(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<LoopbackConn, FabricError> {
         let private_data = PrivateData::new(private_data)?;
         let fail = |reason: String| FabricError::Connect { addr: dst, reason };
         check_caps(&caps).map_err(fail)?;
@@ -316,12 +357,12 @@ impl Fabric for LoopbackFabric {
             inner: Arc::downgrade(&self.inner),
             addr: local,
         };
-        Ok(Box::new(LoopbackConn::client(
+        Ok(LoopbackConn::client(
             self.inner.table.clone(),
             caps,
             link,
             name,
-        )))
+        ))
     }
 }
 
@@ -380,6 +421,31 @@ impl PendingConn for Pending {
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
+        Ok(Box::new(self.answer(caps, private_data)?))
+    }
+
+    fn accept_on(
+        self: Box<Self>,
+        cq: &CqRef,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        soft::cq::check::<LoopbackConn>(cq, &self.table)?;
+        let conn = self.answer(caps, private_data)?;
+        soft::cq::attach(cq, conn)
+    }
+
+    fn reject(self: Box<Self>, private_data: PrivateData) {
+        let mut hs = self.link.handshake();
+        if matches!(*hs, Handshake::Requested) {
+            *hs = Handshake::Rejected { private_data };
+        }
+    }
+}
+
+impl Pending {
+    /// Accepts: the accepting end, established at once.
+    fn answer(&self, caps: QpCaps, private_data: PrivateData) -> Result<LoopbackConn, FabricError> {
         check_caps(&caps).map_err(|reason| FabricError::Accept { reason })?;
         let mut hs = self.link.handshake();
         if !matches!(*hs, Handshake::Requested) {
@@ -401,18 +467,11 @@ impl PendingConn for Pending {
         }
         *hs = Handshake::Accepted { private_data };
         drop(hs);
-        Ok(Box::new(LoopbackConn::server(
+        Ok(LoopbackConn::server(
             self.table.clone(),
             caps,
             self.link.clone(),
-        )))
-    }
-
-    fn reject(self: Box<Self>, private_data: PrivateData) {
-        let mut hs = self.link.handshake();
-        if matches!(*hs, Handshake::Requested) {
-            *hs = Handshake::Rejected { private_data };
-        }
+        ))
     }
 }
 

@@ -6,11 +6,14 @@
 //!   checks a NIC makes on every local SGE and every incoming remote access;
 //! - [`qp`]: one endpoint: send queue with slots held until the peer acknowledges,
 //!   receive queue, completion queue, receive-not-ready stalls, refusals (naks) and flush
-//!   on break.
+//!   on break;
+//! - [`cq`]: a completion queue shared by connections, which owns their progress state
+//!   and drives them all in one poll.
 //!
 //! So the fabrics differ only in how bytes move; every rule of the contract in
 //! [`crate::fabric`] is implemented once, here.
 
+pub mod cq;
 pub mod qp;
 pub mod table;
 

@@ -111,6 +111,8 @@ struct InProgress {
 /// A software RC queue pair.
 pub struct SoftQp {
     table: Arc<MrTable>,
+    /// The connection's number, on every completion (`Wc::qp_num`).
+    qp_num: u32,
     /// The regions local SGEs named last (see [`LkeyCache`]).
     lkeys: LkeyCache,
     caps: QpCaps,
@@ -153,6 +155,7 @@ impl SoftQp {
             .collect();
         let cq_len = (caps.max_send_wr + caps.max_recv_wr) as usize;
         SoftQp {
+            qp_num: table.next_qp_num(),
             table,
             lkeys: LkeyCache::default(),
             caps,
@@ -177,6 +180,16 @@ impl SoftQp {
 
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// The connection's number (unique among its fabric's queue pairs).
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Completions generated and not yet polled.
+    pub fn queued(&self) -> usize {
+        self.cq.len()
     }
 
     pub fn state(&self) -> ConnState {
@@ -339,6 +352,7 @@ impl SoftQp {
     ///
     /// # Errors
     /// [`PostError`] naming the first receive not accepted.
+    #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
         for (index, wr) in wrs.iter().enumerate() {
             if self.state == ConnState::Disconnected {
@@ -486,6 +500,7 @@ impl SoftQp {
                     byte_len: 0,
                     imm: None,
                     invalidated_rkey: None,
+                    qp_num: self.qp_num,
                 });
             }
             s.srcs.clear();
@@ -624,6 +639,7 @@ impl SoftQp {
                 byte_len,
                 imm,
                 invalidated_rkey: inv,
+                qp_num: self.qp_num,
             };
             self.cq.push_back(wc);
         }

@@ -11,7 +11,7 @@
 //! Every check returns a [`MemRef`] that keeps the memory alive while the caller copies,
 //! so a registration dropped concurrently can never free memory under a copy in progress.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::fabric::mem::Backing;
@@ -180,6 +180,8 @@ pub struct MrTable {
     /// [`LkeyCache`] knows its regions are still what it saw. Bindings and
     /// invalidations of slots do not bump it: local checks never accept a slot.
     epoch: AtomicU64,
+    /// The last queue-pair number given out ([`MrTable::next_qp_num`]).
+    qp_nums: AtomicU32,
 }
 
 /// The regions a queue pair's local SGEs named last, remembered so that checking the
@@ -264,7 +266,20 @@ impl MrTable {
         Arc::new(MrTable {
             inner: RwLock::new(inner),
             epoch: AtomicU64::new(0),
+            qp_nums: AtomicU32::new(0),
         })
+    }
+
+    /// A fresh queue-pair number of this protection domain (so of this fabric): 24 bits
+    /// as on verbs, never 0, reused only after 2^24 - 1 newer ones. Numbered per fabric,
+    /// a run on a fresh fabric numbers its connections the same way every time.
+    pub fn next_qp_num(&self) -> u32 {
+        loop {
+            let n = self.qp_nums.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x00ff_ffff;
+            if n != 0 {
+                return n;
+            }
+        }
     }
 
     fn alloc(self: &Arc<Self>, entry: Entry) -> (u32, u32) {

@@ -29,6 +29,7 @@ use super::frame::{CM_PAYLOAD_LEN, NONCE_LEN, V1, V2, VERSION};
 use super::rx::{CmIn, CmReadError, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
+use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{MrTable, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc,
@@ -481,6 +482,24 @@ impl Drop for TcpConn {
     }
 }
 
+impl Member for TcpConn {
+    fn table(&self) -> &Arc<MrTable> {
+        self.qp.table()
+    }
+
+    fn progress(&mut self) {
+        TcpConn::progress(self);
+    }
+
+    fn queued(&self) -> usize {
+        self.qp.queued()
+    }
+
+    fn drain(&mut self, wcs: &mut [Wc]) -> usize {
+        self.qp.poll(wcs)
+    }
+}
+
 fn who(addr: Option<SocketAddr>) -> String {
     match addr {
         Some(a) => a.to_string(),
@@ -520,6 +539,10 @@ impl Conn for TcpConn {
             TcpConnPhase::Closed => {}
         }
         self.progress();
+    }
+
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
     }
 
     fn state(&self) -> ConnState {

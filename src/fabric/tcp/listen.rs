@@ -27,9 +27,9 @@ use super::conn::TcpConn;
 use super::frame::{cm_frame, CmPayload, Opcode, RejectReason};
 use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
 use crate::fabric::admission::{self, Admission};
-use crate::fabric::soft::MrTable;
+use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Conn, ConnRequest, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
+    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
 };
 use crate::ratelimit::RateLimit;
 
@@ -255,17 +255,18 @@ impl PendingConn for TcpPending {
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        check_caps(caps).map_err(|reason| FabricError::Accept { reason })?;
-        let stream = self.stream.take().ok_or_else(|| FabricError::Accept {
-            reason: "the connect request was already answered".into(),
-        })?;
-        Ok(Box::new(TcpConn::accepted(
-            stream,
-            self.table.clone(),
-            caps,
-            private_data,
-            self.version,
-        )))
+        Ok(Box::new(self.answer(caps, private_data)?))
+    }
+
+    fn accept_on(
+        mut self: Box<Self>,
+        cq: &CqRef,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        soft::cq::check::<TcpConn>(cq, &self.table)?;
+        let conn = self.answer(caps, private_data)?;
+        soft::cq::attach(cq, conn)
     }
 
     fn reject(mut self: Box<Self>, private_data: PrivateData) {
@@ -274,6 +275,21 @@ impl PendingConn for TcpPending {
 }
 
 impl TcpPending {
+    /// Accepts: CM_REP goes out and the connection is established.
+    fn answer(&mut self, caps: QpCaps, private_data: PrivateData) -> Result<TcpConn, FabricError> {
+        check_caps(caps).map_err(|reason| FabricError::Accept { reason })?;
+        let stream = self.stream.take().ok_or_else(|| FabricError::Accept {
+            reason: "the connect request was already answered".into(),
+        })?;
+        Ok(TcpConn::accepted(
+            stream,
+            self.table.clone(),
+            caps,
+            private_data,
+            self.version,
+        ))
+    }
+
     fn reject_now(&mut self, private_data: PrivateData) {
         if let Some(mut stream) = self.stream.take() {
             let rej = cm_frame(

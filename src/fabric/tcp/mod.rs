@@ -6,7 +6,9 @@
 //! private data. The queue-pair semantics (key and bounds checks as a NIC makes them,
 //! receive matching, RNR, completions, flush) are the shared soft RC core's
 //! ([`crate::fabric::soft`]); this module only moves bytes and drives progress, inside
-//! `poll_cq`/`poll_cm`, with no thread of its own.
+//! `poll_cq`/`poll_cm` (or the poll of the shared CQ a connection was made on,
+//! [`crate::fabric::soft::cq`], which drives all its sockets: where readiness of the
+//! whole set will be watched), with no thread of its own.
 //!
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
 //! instances in one process behave as two hosts.
@@ -37,10 +39,10 @@ pub use conn::TcpConn;
 pub use listen::{TcpListener, TcpPending};
 
 use crate::fabric::mem::Backing;
-use crate::fabric::soft::MrTable;
+use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Access, Admission, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
-    Mr, PrivateData, Psk, QpCaps,
+    Access, Admission, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -182,6 +184,44 @@ impl Fabric for TcpFabric {
         private_data: &[u8],
         psk: Option<&Psk>,
     ) -> Result<Box<dyn Conn>, FabricError> {
+        Ok(Box::new(self.start_connect(
+            src,
+            dst,
+            caps,
+            private_data,
+            psk,
+        )?))
+    }
+
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        soft::cq::create::<TcpConn>(FabricKind::Tcp, &self.table, entries)
+    }
+
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        soft::cq::check::<TcpConn>(cq, &self.table)?;
+        let conn = self.start_connect(src, dst, caps, private_data, psk)?;
+        soft::cq::attach(cq, conn)
+    }
+}
+
+impl TcpFabric {
+    /// The initiator of a new connection (see [`Fabric::connect_auth`]).
+    fn start_connect(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<TcpConn, FabricError> {
         let pd = PrivateData::new(private_data)?;
         let fail = |reason: String| FabricError::Connect { addr: dst, reason };
         check_caps(caps).map_err(fail)?;
@@ -211,7 +251,7 @@ impl Fabric for TcpFabric {
             Err(e) => Some(e),
         };
         let stream: std::net::TcpStream = sock.into();
-        Ok(Box::new(TcpConn::connecting(
+        Ok(TcpConn::connecting(
             stream,
             dst,
             self.table.clone(),
@@ -219,6 +259,6 @@ impl Fabric for TcpFabric {
             pd,
             connect_error,
             psk.cloned(),
-        )))
+        ))
     }
 }

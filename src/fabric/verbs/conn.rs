@@ -1,12 +1,15 @@
 //! One verbs connection (the kernel's `rtrs_con` with its `rdma_cm_id`, QP and CQ): the
 //! [`Conn`] trait over an [`Endpoint`], driven by polling its own rdma_cm event channel.
+//! Its CQ is its own, or shared (`cq.rs`): then its queue shadow lives with the CQ.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::cm::{self, CmPhase, Step};
+use super::cq::{shadow, CqShare, ShadowCell};
 use super::slots::{self, QueueSlots};
-use super::sys::{CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
+use super::sys::{self, CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
 use super::{wc, Shared};
 use crate::fabric::{
     CmEvent, Conn, ConnState, FabricError, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr,
@@ -32,7 +35,76 @@ pub(super) struct VerbsConn {
     pending: Option<CmEvent>,
     /// A failed `ibv_poll_cq` is logged once per connection, not per poll.
     poll_error_logged: bool,
-    slots: QueueSlots,
+    slots: Slots,
+}
+
+/// Where a connection's queue shadow lives.
+pub(super) enum Slots {
+    /// With the connection, whose CQ is its own.
+    Own(QueueSlots),
+    /// In a cell the shared CQ (`cq.rs`) finds by `qp_num`.
+    Shared {
+        share: Arc<CqShare>,
+        cell: Arc<ShadowCell>,
+    },
+}
+
+impl Slots {
+    /// A shadow for a connection with queues of `caps`, on `cq` or on its own CQ.
+    pub(super) fn new(cq: Option<&Arc<CqShare>>, caps: QpCaps) -> Result<Slots, String> {
+        match cq {
+            None => Ok(Slots::Own(QueueSlots::new(caps))),
+            Some(s) if s.overrun.load(Ordering::Relaxed) => {
+                Err("the completion queue overran and is in error".into())
+            }
+            Some(s) => Ok(Slots::Shared {
+                share: s.clone(),
+                cell: shadow(caps),
+            }),
+        }
+    }
+
+    fn shared_cq(&self) -> Option<&Arc<sys::Cq>> {
+        match self {
+            Slots::Own(_) => None,
+            Slots::Shared { share, .. } => Some(&share.cq),
+        }
+    }
+
+    /// Runs `f` on the shadow; `None` when another thread holds the connection.
+    fn with<R>(&mut self, f: impl FnOnce(&mut QueueSlots) -> R) -> Option<R> {
+        match self {
+            Slots::Own(s) => Some(f(s)),
+            Slots::Shared { cell, .. } => cell.with(|s| f(&mut s.slots)),
+        }
+    }
+
+    /// The queue pair now has a number: completions find the shadow by it.
+    fn bind(&self, qp_num: Option<u32>) {
+        if let (Slots::Shared { share, cell }, Some(n)) = (self, qp_num) {
+            share.bind(n, cell);
+        }
+    }
+
+    /// Whether the shared CQ saw a failed completion of ours, or overran (once each).
+    fn take_failed(&self) -> bool {
+        let Slots::Shared { share, cell } = self else {
+            return false;
+        };
+        let overrun = share.overrun.load(Ordering::Relaxed);
+        cell.with(|s| {
+            let broke = !s.overrun_seen && overrun;
+            s.overrun_seen |= overrun;
+            std::mem::take(&mut s.failed) || broke
+        })
+        .unwrap_or(false)
+    }
+
+    fn release(&self) {
+        if let Slots::Shared { cell, .. } = self {
+            cell.release();
+        }
+    }
 }
 
 impl VerbsConn {
@@ -43,11 +115,13 @@ impl VerbsConn {
         dst: SocketAddr,
         caps: QpCaps,
         private_data: PrivateData,
+        cq: Option<&Arc<CqShare>>,
     ) -> Result<VerbsConn, FabricError> {
         let err = |e: super::sys::SysError| FabricError::Connect {
             addr: dst,
             reason: e.to_string(),
         };
+        let slots = Slots::new(cq, caps).map_err(|reason| FabricError::Cq { reason })?;
         let channel = EventChannel::create().map_err(err)?;
         let id = CmId::create(&channel).map_err(err)?;
         id.resolve_addr(src, dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
@@ -61,12 +135,14 @@ impl VerbsConn {
             passive: false,
             pending: None,
             poll_error_logged: false,
-            slots: QueueSlots::new(caps),
+            slots,
         })
     }
 
-    /// A passive connection whose QP exists and whose `rdma_accept` was issued.
-    pub fn accepted(shared: Arc<Shared>, ep: Endpoint, caps: QpCaps) -> VerbsConn {
+    /// A passive connection whose QP exists (on the CQ of `slots`) and whose
+    /// `rdma_accept` was issued.
+    pub fn accepted(shared: Arc<Shared>, ep: Endpoint, caps: QpCaps, slots: Slots) -> VerbsConn {
+        slots.bind(ep.qp_num());
         VerbsConn {
             shared,
             ep,
@@ -77,7 +153,7 @@ impl VerbsConn {
             passive: true,
             pending: None,
             poll_error_logged: false,
-            slots: QueueSlots::new(caps),
+            slots,
         }
     }
 
@@ -131,11 +207,18 @@ impl VerbsConn {
         match step {
             Step::Nothing => None,
             Step::CreateQpThenResolveRoute => {
+                let cq = self.slots.shared_cq().cloned();
                 let res = self
                     .ep
-                    .create_qp(&self.shared.pd, self.caps, self.shared.attr.max_cqe)
+                    .create_qp(
+                        &self.shared.pd,
+                        self.caps,
+                        self.shared.attr.max_cqe,
+                        cq.as_ref(),
+                    )
                     .and_then(|granted| {
                         self.caps = granted;
+                        self.slots.bind(self.ep.qp_num());
                         self.ep.id().resolve_route(RESOLVE_TIMEOUT_MS)
                     });
                 res.err().map(|e| self.fail(e.to_string()))
@@ -267,7 +350,12 @@ impl Conn for VerbsConn {
             }
             // Past the requested queue size the post is refused here, even where the
             // provider rounded the queue up.
-            let room = self.slots.send_room();
+            let Some(room) = self.slots.with(|s| s.send_room()) else {
+                return Err(PostError {
+                    index: base,
+                    kind: PostErrorKind::WrongThread,
+                });
+            };
             let full = n > room;
             let n = n.min(room);
             let posted = self.ep.post_send(&reqs[..n]);
@@ -275,9 +363,12 @@ impl Conn for VerbsConn {
                 Ok(()) => n,
                 Err(f) => f.index,
             };
+            self.slots.with(|s| {
+                for wr in &chunk[..accepted] {
+                    s.sent(wr.wr_id, slots::send_opcode(&wr.op), wr.signaled);
+                }
+            });
             for wr in &chunk[..accepted] {
-                self.slots
-                    .sent(wr.wr_id, slots::send_opcode(&wr.op), wr.signaled);
                 // The slots of accepted bindings now carry their new keys.
                 if let SendOp::RegMr { slot, rkey, .. } = wr.op {
                     slot.set_rkey(rkey);
@@ -314,15 +405,23 @@ impl Conn for VerbsConn {
         }
         for (c, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
             let base = c * MAX_CHAIN;
-            let n = chunk.len().min(self.slots.recv_room());
+            let Some(room) = self.slots.with(|s| s.recv_room()) else {
+                return Err(PostError {
+                    index: base,
+                    kind: PostErrorKind::WrongThread,
+                });
+            };
+            let n = chunk.len().min(room);
             let posted = self.ep.post_recv(&chunk[..n]);
             let accepted = match posted {
                 Ok(()) => n,
                 Err(f) => f.index,
             };
-            for w in &chunk[..accepted] {
-                self.slots.recv_posted(w.wr_id);
-            }
+            self.slots.with(|s| {
+                for w in &chunk[..accepted] {
+                    s.recv_posted(w.wr_id);
+                }
+            });
             posted.map_err(|f| PostError {
                 index: base + f.index,
                 kind: wc::post_error_kind(f.errno),
@@ -338,12 +437,18 @@ impl Conn for VerbsConn {
     }
 
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize {
+        let Slots::Own(slots) = &mut self.slots else {
+            // The completions are the shared CQ's; it may have seen one of ours fail.
+            if self.slots.take_failed() {
+                self.on_cq_error();
+            }
+            return 0;
+        };
         let mut filled = 0;
         let mut failed = false;
         while filled < wcs.len() {
             let out = &mut wcs[filled..];
             let mut k = 0;
-            let slots = &mut self.slots;
             let res = self.ep.poll_cq(out.len(), |raw| {
                 let mut w = wc::completion(&raw);
                 slots.completed(&mut w, raw.opcode.is_some());
@@ -370,6 +475,9 @@ impl Conn for VerbsConn {
     }
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
+        if self.slots.take_failed() {
+            self.on_cq_error();
+        }
         if let Some(ev) = self.pending.take() {
             return Some(ev);
         }
@@ -413,6 +521,14 @@ impl Conn for VerbsConn {
 
     fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    fn qp_num(&self) -> u32 {
+        self.ep.qp_num().unwrap_or(0)
+    }
+
+    fn release_thread(&self) {
+        self.slots.release();
     }
 
     fn peer_addr(&self) -> Option<SocketAddr> {

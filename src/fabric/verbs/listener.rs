@@ -8,10 +8,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::conn::VerbsConn;
+use super::conn::{Slots, VerbsConn};
+use super::cq::CqShare;
 use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
 use super::Shared;
-use crate::fabric::{Conn, ConnRequest, FabricError, Listener, PendingConn, PrivateData, QpCaps};
+use crate::fabric::{
+    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, QpCaps,
+};
 
 /// Listen backlog, as the kernel's RTRS server uses.
 const BACKLOG: i32 = 64;
@@ -115,9 +118,39 @@ struct VerbsPending {
 
 impl PendingConn for VerbsPending {
     fn accept(
-        mut self: Box<Self>,
+        self: Box<Self>,
         caps: QpCaps,
         private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        (*self).answer(caps, private_data, None)
+    }
+
+    fn accept_on(
+        self: Box<Self>,
+        cq: &CqRef,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let share = super::own_cq(&self.shared, cq)?;
+        (*self).answer(caps, private_data, Some(&share))
+    }
+
+    fn reject(mut self: Box<Self>, private_data: PrivateData) {
+        if let Some(ep) = self.ep.take() {
+            if let Err(e) = ep.id().reject(&private_data) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+impl VerbsPending {
+    /// Creates the QP (on `cq`, or on its own CQ) and accepts.
+    fn answer(
+        mut self,
+        caps: QpCaps,
+        private_data: PrivateData,
+        cq: Option<&Arc<CqShare>>,
     ) -> Result<Box<dyn Conn>, FabricError> {
         let err = |reason: String| FabricError::Accept { reason };
         // On this error `self` is dropped, which rejects the request.
@@ -126,7 +159,15 @@ impl PendingConn for VerbsPending {
             .ep
             .take()
             .ok_or_else(|| err("request already answered".to_owned()))?;
-        let granted = match ep.create_qp(&self.shared.pd, caps, self.shared.attr.max_cqe) {
+        let slots = match Slots::new(cq, caps) {
+            Ok(s) => s,
+            Err(reason) => {
+                let _ = ep.id().reject(&PrivateData::empty());
+                return Err(FabricError::Cq { reason });
+            }
+        };
+        let raw_cq = cq.map(|c| &c.cq);
+        let granted = match ep.create_qp(&self.shared.pd, caps, self.shared.attr.max_cqe, raw_cq) {
             Ok(granted) => granted,
             Err(e) => {
                 let _ = ep.id().reject(&PrivateData::empty());
@@ -140,15 +181,8 @@ impl PendingConn for VerbsPending {
             self.shared.clone(),
             ep,
             granted,
+            slots,
         )))
-    }
-
-    fn reject(mut self: Box<Self>, private_data: PrivateData) {
-        if let Some(ep) = self.ep.take() {
-            if let Err(e) = ep.id().reject(&private_data) {
-                tracing::warn!("{e}");
-            }
-        }
     }
 }
 

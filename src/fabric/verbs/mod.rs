@@ -12,7 +12,8 @@
 //!   request) and retired by `IBV_WR_LOCAL_INV` or a peer's `IBV_WR_SEND_WITH_INV`. The
 //!   peer only ever sees rkeys, so the wire is the kernel's.
 //! - Each connection has its own rdma_cm event channel (non-blocking), one CQ shared by
-//!   both queues, and an RC queue pair from `rdma_create_qp`. Connecting follows the
+//!   both queues (its own, or one from [`Fabric::create_cq`] shared with other
+//!   connections, `cq.rs`), and an RC queue pair from `rdma_create_qp`. Connecting follows the
 //!   kernel client: resolve address → create QP → resolve route → `rdma_connect`
 //!   (retry 7, RNR retry 7); accepting follows the kernel server (`rdma_accept`, RNR
 //!   retry 7). Nothing blocks: [`Conn::poll_cm`] reads the event channel,
@@ -47,6 +48,7 @@
 
 mod cm;
 mod conn;
+mod cq;
 mod listener;
 mod slots;
 mod sys;
@@ -57,8 +59,8 @@ use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{
-    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr,
-    PrivateData, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, PrivateData, Psk, QpCaps,
 };
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
@@ -68,6 +70,9 @@ struct Shared {
     pd: Arc<sys::Pd>,
     attr: sys::DeviceAttr,
     caps: FabricCaps,
+    /// `IBV_EVENT_CQ_ERR`s read by one shared CQ for another (by CQ address), until that
+    /// one polls its events (`cq.rs`).
+    cq_errors: std::sync::Mutex<Vec<usize>>,
 }
 
 /// A fabric over one RDMA device.
@@ -144,7 +149,12 @@ impl VerbsFabric {
             tracing::warn!(device = %name, "device reports no memory windows; fast registration will fail");
         }
         Ok(VerbsFabric {
-            shared: Arc::new(Shared { pd, attr, caps }),
+            shared: Arc::new(Shared {
+                pd,
+                attr,
+                caps,
+                cq_errors: std::sync::Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -260,6 +270,66 @@ impl Fabric for VerbsFabric {
             dst,
             caps,
             data,
+            None,
         )?))
+    }
+
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        let max = self.shared.attr.max_cqe;
+        if entries == 0 || entries > max {
+            return Err(FabricError::Cq {
+                reason: format!("{entries} entries is outside 1..={max} (the device's max_cqe)"),
+            });
+        }
+        let cq = sys::Cq::create(&self.shared.pd, entries, max).map_err(|e| FabricError::Os {
+            call: e.call,
+            source: e.source,
+        })?;
+        Ok(Cq::new(
+            FabricKind::Verbs,
+            Box::new(cq::VerbsCq::new(self.shared.clone(), cq)),
+        ))
+    }
+
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        if psk.is_some() {
+            return Err(FabricError::AuthUnsupported { kind: self.kind() });
+        }
+        let data = PrivateData::new(private_data)?;
+        check_caps(&self.shared, caps)
+            .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
+        let share = own_cq(&self.shared, cq)?;
+        Ok(Box::new(conn::VerbsConn::connect(
+            self.shared.clone(),
+            src,
+            dst,
+            caps,
+            data,
+            Some(&share),
+        )?))
+    }
+}
+
+/// `cq` as a verbs CQ of the context `shared` belongs to.
+fn own_cq(shared: &Arc<Shared>, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
+    match cq.backend_arc().downcast::<cq::CqShare>() {
+        Ok(v) if Arc::ptr_eq(&v.shared, shared) => Ok(v),
+        Ok(_) => Err(FabricError::Cq {
+            reason: "the completion queue belongs to another verbs fabric (device context)".into(),
+        }),
+        Err(_) => Err(FabricError::Cq {
+            reason: format!(
+                "a {} completion queue cannot take a verbs connection",
+                cq.kind()
+            ),
+        }),
     }
 }

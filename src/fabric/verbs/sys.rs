@@ -30,7 +30,7 @@ mod cm;
 mod qp;
 
 pub(super) use cm::{CmEventKind, CmId, EventChannel, RawEvent};
-pub(super) use qp::{Endpoint, RawWc, SendReq, SendReqOp, MAX_CHAIN};
+pub(super) use qp::{Cq, Endpoint, PollBuf, RawWc, SendReq, SendReqOp, MAX_CHAIN};
 
 // The structs rdma-sys writes by hand (unions bindgen cannot express) must match the C
 // layout of the installed rdma-core headers (sizes and offsets taken from them with a C
@@ -165,11 +165,13 @@ impl Device {
                 (ctx, CStr::from_ptr(ffi::ibv_get_device_name((*ctx).device)))
             };
             if found.to_bytes() == name.as_bytes() {
-                return Ok(Some(Device {
+                let dev = Device {
                     list,
                     ctx,
                     name: name.to_owned(),
-                }));
+                };
+                dev.async_events_nonblocking()?;
+                return Ok(Some(dev));
             }
         }
         // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
@@ -196,6 +198,71 @@ impl Device {
             max_mr_size: attr.max_mr_size,
             max_mw: pos(attr.max_mw),
         })
+    }
+}
+
+/// An asynchronous event of a device (`ibv_get_async_event`), already acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR` (a CQ overran) of the CQ at this address (see [`Cq::is`]).
+    CqError { cq: usize },
+    /// Any other event, by its `ibv_event_type` value.
+    Other(u32),
+}
+
+impl Device {
+    /// Makes `ibv_get_async_event` return at once when no event is pending.
+    fn async_events_nonblocking(&self) -> Result<(), SysError> {
+        // SAFETY: `ctx` is open; `async_fd` is its event file descriptor.
+        let fd = unsafe { (*self.ctx).async_fd };
+        // SAFETY: fcntl on a descriptor the context owns; only the status flags change.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(SysError::last("fcntl(async_fd, F_GETFL)"));
+        }
+        // SAFETY: as above.
+        let ret = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        if ret < 0 {
+            return Err(SysError::last("fcntl(async_fd, F_SETFL, O_NONBLOCK)"));
+        }
+        Ok(())
+    }
+
+    /// The next asynchronous event of the device, if one is pending.
+    pub fn next_async_event(&self) -> Result<Option<AsyncEvent>, SysError> {
+        let mut ev = MaybeUninit::<ffi::ibv_async_event>::zeroed();
+        // SAFETY: `ctx` is open and its descriptor non-blocking; `ev` is writable.
+        let ret = unsafe { ffi::ibv_get_async_event(self.ctx, ev.as_mut_ptr()) };
+        if ret != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(SysError {
+                call: "ibv_get_async_event",
+                source: e,
+            });
+        }
+        // The type is read as its raw value (the Rust enum may not know every value a
+        // newer library reports), and the element as an address only.
+        // SAFETY: the library filled `ev`; `event_type` is a 32-bit C enum.
+        let kind = unsafe {
+            std::ptr::addr_of!((*ev.as_ptr()).event_type)
+                .cast::<u32>()
+                .read()
+        };
+        // SAFETY: the element union is pointer-sized plain data; read as the cq member
+        // only to compare addresses, never dereferenced.
+        let element = unsafe { (*ev.as_ptr()).element.cq } as usize;
+        // SAFETY: a successfully read event is acknowledged exactly once.
+        unsafe { ffi::ibv_ack_async_event(ev.as_mut_ptr()) };
+        Ok(Some(
+            if kind == ffi::ibv_event_type::IBV_EVENT_CQ_ERR as u32 {
+                AsyncEvent::CqError { cq: element }
+            } else {
+                AsyncEvent::Other(kind)
+            },
+        ))
     }
 }
 

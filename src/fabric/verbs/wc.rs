@@ -81,6 +81,7 @@ pub(super) fn completion(raw: &RawWc) -> Wc {
         byte_len: if status.is_ok() { raw.byte_len } else { 0 },
         imm: (status.is_ok() && with_imm).then(|| u32::from_be(raw.imm_or_rkey)),
         invalidated_rkey: (status.is_ok() && with_inv).then_some(raw.imm_or_rkey),
+        qp_num: raw.qp_num,
     }
 }
 
@@ -98,6 +99,7 @@ mod tests {
             byte_len: 100,
             wc_flags: flags,
             imm_or_rkey: ex,
+            qp_num: 7,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Queue pairs and completion queues (the kernel's `ib_qp`/`ib_cq` as `rtrs.c` creates
-//! them in `create_con`/`create_qp`): one RC queue pair per cm_id, sharing one CQ for
-//! its send and receive queues, with work-request and completion arrays allocated once
-//! so posting and polling never allocate.
+//! them in `create_con`/`create_qp`): one RC queue pair per cm_id, on a CQ of its own
+//! for both queues or on a CQ shared with other queue pairs, with work-request and
+//! completion arrays allocated once so posting and polling never allocate.
 
 use std::mem;
 use std::ptr;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rdma_sys as ffi;
 
-use super::{CmId, MemRegion, MemWindow, Pd, SysError};
+use super::{CmId, Device, MemRegion, MemWindow, Pd, SysError};
 use crate::fabric::{QpCaps, RecvWr, Sge};
 
 /// Longest chain handed to one `ibv_post_send`/`ibv_post_recv`; longer chains are posted
@@ -87,15 +87,119 @@ pub(in crate::fabric::verbs) struct RawWc {
     pub wc_flags: u32,
     /// `imm_data` (network order) or `invalidated_rkey`, as `wc_flags` says.
     pub imm_or_rkey: u32,
+    /// The queue pair the work request was posted on.
+    pub qp_num: u32,
 }
 
-struct Cq {
+/// A completion queue, shared by the queue pairs created on it (each holds an `Arc`).
+pub(in crate::fabric::verbs) struct Cq {
     raw: *mut ffi::ibv_cq,
+    // Dropped after ibv_destroy_cq: the context goes last.
+    _dev: Arc<Device>,
+}
+
+// SAFETY: a CQ is only passed to verbs calls, which are thread-safe; polling needs
+// `&mut PollBuf`, so one poller per buffer.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+/// The array `ibv_poll_cq` fills, allocated once.
+pub(in crate::fabric::verbs) struct PollBuf(Box<[ffi::ibv_wc]>);
+
+// SAFETY: plain data (the `wr_id`s are the caller's numbers, never dereferenced).
+unsafe impl Send for PollBuf {}
+
+impl PollBuf {
+    pub fn new() -> PollBuf {
+        PollBuf(zeroed_slice(POLL_BATCH))
+    }
+}
+
+impl Cq {
+    /// A CQ of `cqe` entries (clamped to 1..=`max_cqe`) on `pd`'s context.
+    pub fn create(pd: &Arc<Pd>, cqe: u32, max_cqe: u32) -> Result<Arc<Cq>, SysError> {
+        let cqe = cqe.clamp(1, max_cqe.max(1));
+        // SAFETY: the context is open (held by the PD); no completion channel.
+        let raw = unsafe {
+            ffi::ibv_create_cq(
+                pd.device().ctx,
+                cqe as libc::c_int,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if raw.is_null() {
+            return Err(SysError::last("ibv_create_cq"));
+        }
+        Ok(Arc::new(Cq {
+            raw,
+            _dev: pd.device().clone(),
+        }))
+    }
+
+    /// The entries the device gave the CQ (at least the number asked for).
+    pub fn entries(&self) -> u32 {
+        // SAFETY: the CQ is live; `cqe` is set by ibv_create_cq.
+        let cqe = unsafe { (*self.raw).cqe };
+        cqe.max(0) as u32
+    }
+
+    /// Whether `raw` (from an asynchronous event) names this CQ.
+    pub fn is(&self, raw: usize) -> bool {
+        self.raw as usize == raw
+    }
+
+    /// Polls up to `max` completions (at most one batch) and hands each to `f`.
+    pub fn poll(
+        &self,
+        buf: &mut PollBuf,
+        max: usize,
+        mut f: impl FnMut(RawWc),
+    ) -> Result<usize, SysError> {
+        let n = max.min(buf.0.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let base = buf.0.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= buf.len().
+            unsafe { (*base.add(i)).opcode = OPCODE_UNSET };
+        }
+        // SAFETY: the CQ is live; `base` has room for `n` completions.
+        let got = unsafe { ffi::ibv_poll_cq(self.raw, n as libc::c_int, base) };
+        if got < 0 {
+            return Err(SysError {
+                call: "ibv_poll_cq",
+                source: std::io::Error::from_raw_os_error(-got),
+            });
+        }
+        let got = (got as usize).min(n);
+        for i in 0..got {
+            // SAFETY: the provider filled the first `got` entries; both union members
+            // are 32-bit integers, so reading either is defined.
+            let raw = unsafe {
+                let wc = &*base.add(i);
+                RawWc {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                    opcode: (wc.opcode != OPCODE_UNSET).then_some(wc.opcode),
+                    byte_len: wc.byte_len,
+                    wc_flags: wc.wc_flags,
+                    imm_or_rkey: wc.imm_data_invalidated_rkey_union.imm_data,
+                    qp_num: wc.qp_num,
+                }
+            };
+            f(raw);
+        }
+        Ok(got)
+    }
 }
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        // After the QP that uses it (Endpoint::drop), before the PD and device.
+        // After every QP that uses it (they hold an Arc), before the device.
         // SAFETY: created by ibv_create_cq, destroyed once, no QP attached any more.
         let ret = unsafe { ffi::ibv_destroy_cq(self.raw) };
         if ret != 0 {
@@ -111,9 +215,10 @@ struct Qp {
     send_sges: Box<[ffi::ibv_sge]>,
     recv_wrs: Box<[ffi::ibv_recv_wr]>,
     recv_sges: Box<[ffi::ibv_sge]>,
-    wcs: Box<[ffi::ibv_wc]>,
-    // Dropped only after rdma_destroy_qp (Endpoint::drop): the CQ, then the PD.
-    cq: Cq,
+    wcs: PollBuf,
+    // Dropped only after rdma_destroy_qp (Endpoint::drop): the CQ (when this was its
+    // last queue pair), then the PD.
+    cq: Arc<Cq>,
     _pd: Arc<Pd>,
 }
 
@@ -159,14 +264,15 @@ impl Endpoint {
         self.qp.is_some()
     }
 
-    /// Creates the CQ (sized for both queues, at most `max_cqe`) and the RC queue pair
-    /// through `rdma_create_qp`; returns the capacities to use. Fails when
-    /// the cm_id is bound to another device than `pd`'s.
+    /// Creates the RC queue pair through `rdma_create_qp`, on `shared` or on a CQ of its
+    /// own (sized for both queues, at most `max_cqe`); returns the capacities to use.
+    /// Fails when the cm_id is bound to another device than `pd`'s.
     pub fn create_qp(
         &mut self,
         pd: &Arc<Pd>,
         caps: QpCaps,
         max_cqe: u32,
+        shared: Option<&Arc<Cq>>,
     ) -> Result<QpCaps, SysError> {
         if self.qp.is_some() {
             return Err(SysError::invalid(
@@ -189,24 +295,20 @@ impl Endpoint {
                 ))
             }
         }
-        let cqe = caps
-            .max_send_wr
-            .saturating_add(caps.max_recv_wr)
-            .clamp(1, max_cqe.max(1));
-        // SAFETY: the context is open (held by the PD); no completion channel.
-        let raw_cq = unsafe {
-            ffi::ibv_create_cq(
-                pd.device().ctx,
-                cqe as libc::c_int,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                0,
-            )
+        let cq = match shared {
+            Some(cq) if Arc::ptr_eq(&cq._dev, pd.device()) => cq.clone(),
+            Some(_) => {
+                return Err(SysError::invalid(
+                    "rdma_create_qp",
+                    "the completion queue belongs to another device context",
+                ))
+            }
+            None => Cq::create(
+                pd,
+                caps.max_send_wr.saturating_add(caps.max_recv_wr),
+                max_cqe,
+            )?,
         };
-        if raw_cq.is_null() {
-            return Err(SysError::last("ibv_create_cq"));
-        }
-        let cq = Cq { raw: raw_cq };
         let mut attr = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: cq.raw,
@@ -241,7 +343,7 @@ impl Endpoint {
             send_sges: zeroed_slice(MAX_CHAIN * per),
             recv_wrs: zeroed_slice(MAX_CHAIN),
             recv_sges: zeroed_slice(MAX_CHAIN),
-            wcs: zeroed_slice(POLL_BATCH),
+            wcs: PollBuf::new(),
             cq,
             _pd: pd.clone(),
         });
@@ -373,46 +475,19 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Polls up to `max` completions (at most one batch) and hands each to `f`.
-    pub fn poll_cq(&mut self, max: usize, mut f: impl FnMut(RawWc)) -> Result<usize, SysError> {
+    /// Polls up to `max` completions (at most one batch) of the queue pair's own CQ and
+    /// hands each to `f`.
+    pub fn poll_cq(&mut self, max: usize, f: impl FnMut(RawWc)) -> Result<usize, SysError> {
         let Some(qp) = self.qp.as_mut() else {
             return Ok(0);
         };
-        let n = max.min(qp.wcs.len());
-        if n == 0 {
-            return Ok(0);
-        }
-        let base = qp.wcs.as_mut_ptr();
-        for i in 0..n {
-            // SAFETY: i < n <= wcs.len().
-            unsafe { (*base.add(i)).opcode = OPCODE_UNSET };
-        }
-        // SAFETY: the CQ is live; `base` has room for `n` completions.
-        let got = unsafe { ffi::ibv_poll_cq(qp.cq.raw, n as libc::c_int, base) };
-        if got < 0 {
-            return Err(SysError {
-                call: "ibv_poll_cq",
-                source: std::io::Error::from_raw_os_error(-got),
-            });
-        }
-        let got = (got as usize).min(n);
-        for i in 0..got {
-            // SAFETY: the provider filled the first `got` entries; both union members
-            // are 32-bit integers, so reading either is defined.
-            let raw = unsafe {
-                let wc = &*base.add(i);
-                RawWc {
-                    wr_id: wc.wr_id,
-                    status: wc.status,
-                    opcode: (wc.opcode != OPCODE_UNSET).then_some(wc.opcode),
-                    byte_len: wc.byte_len,
-                    wc_flags: wc.wc_flags,
-                    imm_or_rkey: wc.imm_data_invalidated_rkey_union.imm_data,
-                }
-            };
-            f(raw);
-        }
-        Ok(got)
+        qp.cq.poll(&mut qp.wcs, max, f)
+    }
+
+    /// The queue pair's number, once it exists.
+    pub fn qp_num(&self) -> Option<u32> {
+        // SAFETY: the QP is live while `self.qp` holds it.
+        self.qp.as_ref().map(|qp| unsafe { (*qp.raw).qp_num })
     }
 }
 

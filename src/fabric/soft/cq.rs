@@ -1,0 +1,359 @@
+//! A completion queue shared by software connections (the `loopback` and `tcp` fabrics'
+//! `ibv_cq`).
+//!
+//! Each connection's progress state (`T`, the backend's connection: soft queue pair,
+//! link or socket, CM state) lives in a cell the CQ lists and the caller's [`Conn`], a
+//! [`CqConn`], points to. One [`Cq::poll`] drives every connection of the queue that its
+//! thread holds (delivery, socket reads and writes) and gathers their completions, so a
+//! backend can later watch the readiness of all of them at once. The queue and each
+//! connection are [`OwnedByThread`]: one thread at a time, checked per call with a plain
+//! load, no lock and no read-modify-write on the data path.
+//!
+//! A connection belongs to the thread that made it; [`Conn::release_thread`] lets it go,
+//! and the next thread to use it takes it. The CQ drives and gathers only connections
+//! its own thread holds, so a connection being set up on a control thread is left alone
+//! until it is handed to the CQ's thread and used there; its completions wait in its own
+//! queue meanwhile. A new connection reaches the CQ's list at its next poll, through a
+//! small locked list (connection set-up, not the data path).
+//!
+//! Completions stay in each connection's own queue until gathered, so per-connection
+//! order is the queue pair's. Gathering takes connections in turn from where the last
+//! full poll stopped, so a connection with a stream of completions cannot hold back the
+//! others. After each poll's progress, more completions held than the CQ's entries is an
+//! overrun ([`CqEvent::Overrun`]): every connection breaks, as a verbs QP whose CQ is in
+//! error does.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::MrTable;
+use crate::fabric::cq::{thread_token, OwnedByThread};
+use crate::fabric::{
+    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
+    PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
+};
+
+/// Largest software CQ (entries).
+pub const MAX_CQ_ENTRIES: u32 = 1 << 22;
+
+/// A backend connection that can live on a shared CQ.
+pub trait Member: Conn + 'static {
+    /// The protection domain (fabric instance) the connection belongs to: a CQ takes
+    /// connections of its own fabric only, whose `qp_num`s are distinct.
+    fn table(&self) -> &Arc<MrTable>;
+    /// Makes progress (delivery, socket I/O, CM) without taking completions.
+    fn progress(&mut self);
+    /// Completions generated and not yet taken.
+    fn queued(&self) -> usize;
+    /// Moves up to `wcs.len()` completions into `wcs`, in order, without progress.
+    fn drain(&mut self, wcs: &mut [Wc]) -> usize;
+}
+
+/// One connection's state: `None` once its handle dropped it.
+struct Cell<T> {
+    conn: OwnedByThread<Option<T>>,
+    /// The handle was dropped: the CQ's next poll forgets the cell (and drops the state
+    /// if the handle's thread could not, not holding it).
+    abandoned: AtomicBool,
+}
+
+struct Core<T> {
+    entries: usize,
+    members: Vec<Arc<Cell<T>>>,
+    /// Where the next gathering starts (the connection after the one that filled the
+    /// caller's slice last time).
+    next: usize,
+    event: Option<CqEvent>,
+}
+
+/// What the queue and whoever makes connections on it share (the [`CqRef`]).
+pub struct Shared<T> {
+    /// The protection domain of the fabric that made the CQ.
+    table: Arc<MrTable>,
+    /// Connections made since the last poll.
+    incoming: Mutex<Vec<Arc<Cell<T>>>>,
+    has_incoming: AtomicBool,
+    /// Overrun: the CQ is in error (readable by any thread making a connection).
+    broken: AtomicBool,
+}
+
+impl<T: Member> Shared<T> {
+    fn take_incoming(&self, core: &mut Core<T>) {
+        if !self.has_incoming.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        self.has_incoming.store(false, Ordering::Release);
+        core.members.append(&mut inc);
+    }
+
+    fn poll(&self, core: &mut Core<T>, wcs: &mut [Wc]) -> usize {
+        self.take_incoming(core);
+        let me = thread_token();
+        let broken = self.broken.load(Ordering::Relaxed);
+        // Progress for every connection this thread holds, counting the completions
+        // they hold; the state of dropped ones goes (a member held by another thread is
+        // left alone). On a CQ in error, a connection taken over since the overrun
+        // breaks too.
+        let mut held = 0;
+        core.members.retain(|cell| {
+            if cell.abandoned.load(Ordering::Acquire) {
+                // The handle is gone (and let go of it): the state goes, here if it is
+                // still there, and the cell with it.
+                return cell.conn.with_as(me, true, |c| *c = None).is_none();
+            }
+            cell.conn
+                .with_as(me, false, |c| match c {
+                    Some(t) => {
+                        if broken {
+                            t.disconnect();
+                        }
+                        t.progress();
+                        held += t.queued();
+                        true
+                    }
+                    None => false,
+                })
+                .unwrap_or(true)
+        });
+        if !broken && held > core.entries {
+            self.overrun(core, held);
+        }
+        let n = core.members.len();
+        if wcs.is_empty() || n == 0 {
+            return 0;
+        }
+        let mut filled = 0;
+        for k in 0..n {
+            let i = (core.next + k) % n;
+            let got = core.members[i]
+                .conn
+                .with_as(me, false, |c| {
+                    c.as_mut().map_or(0, |t| t.drain(&mut wcs[filled..]))
+                })
+                .unwrap_or(0);
+            filled += got;
+            if filled == wcs.len() {
+                core.next = (i + 1) % n;
+                break;
+            }
+        }
+        filled
+    }
+
+    fn overrun(&self, core: &mut Core<T>, held: usize) {
+        tracing::warn!(
+            held,
+            entries = core.entries,
+            "software completion queue overrun; its connections break"
+        );
+        self.broken.store(true, Ordering::Relaxed);
+        core.event = Some(CqEvent::Overrun);
+        let me = thread_token();
+        for cell in &core.members {
+            // One held by another thread breaks once the CQ's thread has taken it.
+            cell.conn
+                .with_as(me, false, |c| c.as_mut().map(|t| t.disconnect()));
+        }
+    }
+}
+
+/// A software fabric's shared completion queue for connections of type `T`.
+pub struct SoftCq<T: Member> {
+    shared: Arc<Shared<T>>,
+    core: Core<T>,
+    entries: u32,
+}
+
+/// Creates a CQ of `entries` entries for the connections of the fabric whose protection
+/// domain is `table`.
+///
+/// # Errors
+/// [`FabricError::Cq`] for 0 or more than [`MAX_CQ_ENTRIES`] entries.
+pub fn create<T: Member>(
+    kind: FabricKind,
+    table: &Arc<MrTable>,
+    entries: u32,
+) -> Result<Cq, FabricError> {
+    if entries == 0 || entries > MAX_CQ_ENTRIES {
+        return Err(FabricError::Cq {
+            reason: format!("{entries} entries is outside 1..={MAX_CQ_ENTRIES}"),
+        });
+    }
+    let core = Core::<T> {
+        entries: entries as usize,
+        members: Vec::new(),
+        next: 0,
+        event: None,
+    };
+    let shared = Arc::new(Shared {
+        table: table.clone(),
+        incoming: Mutex::new(Vec::new()),
+        has_incoming: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
+    });
+    Ok(Cq::new(
+        kind,
+        Box::new(SoftCq {
+            shared,
+            core,
+            entries,
+        }),
+    ))
+}
+
+/// Whether `cq` can take connections of type `T` made by the fabric of `table`.
+///
+/// # Errors
+/// [`FabricError::Cq`] naming why not.
+pub fn check<T: Member>(cq: &CqRef, table: &Arc<MrTable>) -> Result<(), FabricError> {
+    match cq.backend().downcast_ref::<Shared<T>>() {
+        Some(shared) if !Arc::ptr_eq(&shared.table, table) => Err(FabricError::Cq {
+            reason: format!(
+                "the {} completion queue belongs to another fabric instance",
+                cq.kind()
+            ),
+        }),
+        Some(shared) if shared.broken.load(Ordering::Relaxed) => Err(FabricError::Cq {
+            reason: "the completion queue overran and is in error".into(),
+        }),
+        Some(_) => Ok(()),
+        None => Err(FabricError::Cq {
+            reason: format!(
+                "a {} completion queue cannot take a connection of this fabric",
+                cq.kind()
+            ),
+        }),
+    }
+}
+
+/// Puts `conn` on `cq` (a [`SoftCq`] of `conn`'s fabric, see [`check`]) and returns
+/// its handle, held by the calling thread.
+///
+/// # Errors
+/// [`FabricError::Cq`] when `cq` is not for `conn` or is in error.
+pub fn attach<T: Member>(cq: &CqRef, conn: T) -> Result<Box<dyn Conn>, FabricError> {
+    check::<T>(cq, conn.table())?;
+    let Some(shared) = cq.backend().downcast_ref::<Shared<T>>() else {
+        return Err(FabricError::Cq {
+            reason: "not a software completion queue".into(),
+        });
+    };
+    let (qp_num, caps) = (conn.qp_num(), conn.caps());
+    let cell = Arc::new(Cell {
+        conn: OwnedByThread::new(Some(conn)),
+        abandoned: AtomicBool::new(false),
+    });
+    // The maker holds it until it lets go (Conn::release_thread).
+    cell.conn.with(|_| ());
+    shared
+        .incoming
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(cell.clone());
+    shared.has_incoming.store(true, Ordering::Release);
+    Ok(Box::new(CqConn { cell, qp_num, caps }))
+}
+
+impl<T: Member> CqBackend for SoftCq<T> {
+    fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        self.shared.poll(&mut self.core, wcs)
+    }
+
+    fn poll_event(&mut self) -> Option<CqEvent> {
+        self.core.event.take()
+    }
+
+    fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    fn share(&self) -> Arc<dyn Any + Send + Sync> {
+        self.shared.clone()
+    }
+}
+
+/// A connection on a shared software CQ: the caller's handle to its state.
+pub struct CqConn<T: Member> {
+    cell: Arc<Cell<T>>,
+    qp_num: u32,
+    caps: QpCaps,
+}
+
+impl<T: Member> CqConn<T> {
+    /// Runs `f` on the connection's state, if the calling thread holds it (taking it
+    /// when nobody does).
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.cell.conn.with(|c| c.as_mut().map(f)).flatten()
+    }
+}
+
+const WRONG_THREAD: PostError = PostError {
+    index: 0,
+    kind: PostErrorKind::WrongThread,
+};
+
+impl<T: Member> Conn for CqConn<T> {
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.with(|c| c.post_send(wrs)).unwrap_or(Err(WRONG_THREAD))
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        self.with(|c| c.post_recv(wrs)).unwrap_or(Err(WRONG_THREAD))
+    }
+
+    fn poll_cq(&mut self, _wcs: &mut [Wc]) -> usize {
+        // Completions belong to the shared CQ; this only makes progress.
+        self.with(Member::progress);
+        0
+    }
+
+    fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    fn release_thread(&self) {
+        self.cell.conn.release();
+    }
+
+    fn poll_cm(&mut self) -> Option<CmEvent> {
+        self.with(|c| c.poll_cm()).flatten()
+    }
+
+    fn disconnect(&mut self) {
+        self.with(|c| c.disconnect());
+    }
+
+    fn state(&self) -> ConnState {
+        self.with(|c| c.state()).unwrap_or(ConnState::Disconnected)
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.with(|c| c.peer_addr()).flatten()
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.with(|c| c.local_addr()).flatten()
+    }
+}
+
+impl<T: Member> Drop for CqConn<T> {
+    /// The connection's state goes as the backend's own connection goes when dropped
+    /// (the peer sees it close); the CQ forgets it at its next poll.
+    fn drop(&mut self) {
+        self.cell.conn.with(|c| *c = None);
+        self.cell.abandoned.store(true, Ordering::Release);
+        self.cell.conn.release();
+    }
+}
+
+#[cfg(test)]
+#[path = "cq_tests.rs"]
+mod tests;

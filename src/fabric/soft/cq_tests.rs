@@ -1,0 +1,185 @@
+//! Thread hand-over and fabric checks of the software shared CQ (over loopback).
+
+use std::net::SocketAddr;
+
+use crate::fabric::loopback::LoopbackFabric;
+use crate::fabric::{CmEvent, Conn, CqRef, Fabric, FabricError, PostErrorKind, QpCaps, RecvWr, Wc};
+
+fn addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A client connection on `cq`, accepted on a private CQ, both established.
+fn pair(f: &LoopbackFabric, cq: &CqRef) -> (Box<dyn Conn>, Box<dyn Conn>) {
+    let mut l = f.listen(addr()).unwrap();
+    let mut c = f
+        .connect_on(cq, None, l.local_addr(), QpCaps::default(), &[], None)
+        .unwrap();
+    let req = l.poll().expect("the request is queued at once on loopback");
+    let mut s = req.accept(QpCaps::default(), &[]).unwrap();
+    let est = |e: Option<CmEvent>| matches!(e, Some(CmEvent::Established { .. }));
+    assert!(est(c.poll_cm()), "client established");
+    assert!(est(s.poll_cm()), "server established");
+    (c, s)
+}
+
+fn recv(wr_id: u64) -> RecvWr {
+    RecvWr { wr_id, sge: None }
+}
+
+#[test]
+fn another_thread_is_refused_until_the_connection_is_released() {
+    let f = LoopbackFabric::new();
+    let mut cq = f.create_cq(64).unwrap();
+    let (mut c, _s) = pair(&f, &cq.share());
+    c.post_recv(&[recv(1)])
+        .expect("the making thread holds the connection");
+    let (c, refused) = std::thread::spawn(move || {
+        let r = c.post_recv(&[recv(2)]);
+        (c, r)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(refused.unwrap_err().kind, PostErrorKind::WrongThread);
+
+    c.release_thread();
+    let (c, taken) = std::thread::spawn(move || {
+        let mut c = c;
+        let r = c.post_recv(&[recv(3)]);
+        c.release_thread();
+        (c, r)
+    })
+    .join()
+    .unwrap();
+    assert!(
+        taken.is_ok(),
+        "a released connection is taken over: {taken:?}"
+    );
+    let mut c = c;
+    c.disconnect();
+    let mut wcs = [Wc::default(); 8];
+    let n = cq.poll(&mut wcs);
+    let mut ids: Vec<u64> = wcs[..n].iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 3], "both receives flushed on the CQ, taken back");
+    assert!(wcs[..n].iter().all(|w| w.qp_num == c.qp_num()));
+}
+
+#[test]
+fn a_connection_made_elsewhere_reports_once_handed_to_the_cq_thread() {
+    use std::sync::mpsc;
+    let f = LoopbackFabric::new();
+    let cq = f.create_cq(64).unwrap();
+    let share = cq.share();
+    // The core: polls its CQ; reports what came out before and after the hand-over.
+    let (to_core, from_ctl) = mpsc::channel::<Box<dyn Conn>>();
+    let (report, reports) = mpsc::channel::<Vec<Wc>>();
+    let (go, went) = mpsc::channel::<()>();
+    let core = std::thread::spawn(move || {
+        let mut cq = cq;
+        let mut wcs = [Wc::default(); 8];
+        // Until the connection is handed over: it is not this thread's, nothing of it
+        // comes out (its receive completed meanwhile, see below).
+        went.recv().unwrap();
+        let n = cq.poll(&mut wcs);
+        report.send(wcs[..n].to_vec()).unwrap();
+        let mut c = from_ctl.recv().unwrap();
+        assert_eq!(c.state(), crate::fabric::ConnState::Connected, "taken over");
+        c.post_recv(&[recv(2)]).expect("the core holds it now");
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            let n = cq.poll(&mut wcs);
+            got.extend_from_slice(&wcs[..n]);
+            if got.len() >= 2 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        report.send(got).unwrap();
+        c
+    });
+    // The control thread makes the connection on the core's CQ and sets it up.
+    let mut l = f.listen(addr()).unwrap();
+    let mut c = f
+        .connect_on(&share, None, l.local_addr(), QpCaps::default(), &[], None)
+        .unwrap();
+    let mut s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
+    assert!(matches!(c.poll_cm(), Some(CmEvent::Established { .. })));
+    assert!(matches!(s.poll_cm(), Some(CmEvent::Established { .. })));
+    c.post_recv(&[recv(1)]).unwrap();
+    let imm = crate::fabric::SendWr {
+        wr_id: 7,
+        op: crate::fabric::SendOp::SendWithImm { imm: 5 },
+        sges: &[],
+        signaled: true,
+    };
+    s.post_send(&[imm]).unwrap();
+    // Progress on the control thread completes the receive; it waits in the connection.
+    assert_eq!(
+        c.poll_cq(&mut [Wc::default(); 4]),
+        0,
+        "completions are the CQ's"
+    );
+    go.send(()).unwrap();
+    let before = reports.recv().unwrap();
+    assert!(
+        before.is_empty(),
+        "nothing of a connection the core does not hold: {before:?}"
+    );
+    c.release_thread();
+    to_core.send(c).unwrap();
+    s.post_send(&[crate::fabric::SendWr { wr_id: 8, ..imm }])
+        .unwrap();
+    let after = reports.recv().unwrap();
+    let c = core.join().unwrap();
+    let ids: Vec<u64> = after.iter().map(|w| w.wr_id).collect();
+    assert_eq!(
+        ids,
+        [1, 2],
+        "both receives, in order, on the core's CQ: {after:?}"
+    );
+    assert!(after
+        .iter()
+        .all(|w| w.qp_num == c.qp_num() && w.imm == Some(5)));
+}
+
+#[test]
+fn a_cq_takes_connections_of_its_own_fabric_only() {
+    let a = LoopbackFabric::new();
+    let b = LoopbackFabric::new();
+    let cq = a.create_cq(16).unwrap();
+    let l = b.listen(addr()).unwrap();
+    let err = b
+        .connect_on(
+            &cq.share(),
+            None,
+            l.local_addr(),
+            QpCaps::default(),
+            &[],
+            None,
+        )
+        .err()
+        .expect("another fabric's CQ");
+    assert!(matches!(err, FabricError::Cq { .. }), "{err}");
+    assert!(a.create_cq(0).is_err(), "a CQ has at least one entry");
+}
+
+#[test]
+fn a_dropped_connection_leaves_the_cq_working() {
+    let f = LoopbackFabric::new();
+    let mut cq = f.create_cq(64).unwrap();
+    let (c1, mut s1) = pair(&f, &cq.share());
+    let (mut c2, _s2) = pair(&f, &cq.share());
+    drop(c1);
+    let mut wcs = [Wc::default(); 8];
+    cq.poll(&mut wcs);
+    assert!(
+        matches!(s1.poll_cm(), Some(CmEvent::Disconnected)),
+        "the peer of a dropped connection sees it go"
+    );
+    c2.post_recv(&[recv(9)]).unwrap();
+    c2.disconnect();
+    let n = cq.poll(&mut wcs);
+    assert_eq!(n, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].qp_num), (9, c2.qp_num()));
+}

@@ -1,0 +1,253 @@
+//! A completion queue shared by verbs connections: one `ibv_cq` that the queue pairs
+//! made on it report to, as a polled-mode engine shares one CQ per core.
+//!
+//! The hardware keeps the completions; what the CQ adds is the software shadow of each
+//! queue pair's queues (`slots.rs`: queue sizes counted as the contract counts them,
+//! opcodes of failed completions), which a completion must update and a post must read.
+//! Each connection's shadow is a cell [`OwnedByThread`], held by the thread using the
+//! connection; the CQ finds it by `qp_num` and updates it when the polling thread holds
+//! it. Completions of a connection another thread holds (one still being set up on a
+//! control thread) wait in the CQ, in order, until the polling thread has taken it, as
+//! on the software fabrics. A failed completion marks its connection, which breaks it at
+//! its next poll (as a private CQ's connection does at once). `IBV_EVENT_CQ_ERR`, read
+//! from the device's asynchronous events, is the overrun: [`CqEvent::Overrun`], and
+//! every connection of the CQ breaks.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::slots::QueueSlots;
+use super::sys::{self, AsyncEvent, PollBuf, RawWc};
+use super::{wc, Shared};
+use crate::fabric::cq::{thread_token, OwnedByThread};
+use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
+
+/// One connection's shadow queues.
+pub(super) struct Shadow {
+    pub slots: QueueSlots,
+    /// A completion of the connection failed: break it.
+    pub failed: bool,
+    /// The connection broke for the CQ's overrun already.
+    pub overrun_seen: bool,
+}
+
+pub(super) type ShadowCell = OwnedByThread<Shadow>;
+
+/// A new shadow, held by the calling thread.
+pub(super) fn shadow(caps: QpCaps) -> Arc<ShadowCell> {
+    let cell = Arc::new(OwnedByThread::new(Shadow {
+        slots: QueueSlots::new(caps),
+        failed: false,
+        overrun_seen: false,
+    }));
+    cell.with(|_| ());
+    cell
+}
+
+/// What the CQ and whoever makes connections on it share (the `CqRef`).
+pub(super) struct CqShare {
+    pub shared: Arc<Shared>,
+    pub cq: Arc<sys::Cq>,
+    /// Queue pairs created since the last poll, with their shadows.
+    incoming: Mutex<Vec<(u32, Arc<ShadowCell>)>>,
+    has_incoming: AtomicBool,
+    /// `IBV_EVENT_CQ_ERR` was seen: the CQ is in error.
+    pub overrun: AtomicBool,
+}
+
+impl CqShare {
+    /// Queue pair `qp_num` (with `shadow`) now reports to this CQ.
+    pub fn bind(&self, qp_num: u32, shadow: &Arc<ShadowCell>) {
+        self.incoming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((qp_num, shadow.clone()));
+        self.has_incoming.store(true, Ordering::Release);
+    }
+
+    fn take_incoming(&self, by_qp: &mut HashMap<u32, Arc<ShadowCell>>) {
+        if !self.has_incoming.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        self.has_incoming.store(false, Ordering::Release);
+        // A number the device reuses names the newest queue pair.
+        by_qp.extend(inc.drain(..));
+    }
+}
+
+/// A verbs CQ shared by connections.
+pub(super) struct VerbsCq {
+    share: Arc<CqShare>,
+    by_qp: HashMap<u32, Arc<ShadowCell>>,
+    /// Completions of connections another thread holds, oldest first.
+    deferred: VecDeque<RawWc>,
+    buf: PollBuf,
+    entries: u32,
+    event: Option<CqEvent>,
+    poll_error_logged: bool,
+}
+
+/// What becomes of one raw completion.
+enum Route {
+    /// Out, updated by its connection's shadow (or as it is, for a queue pair the CQ
+    /// does not know any more).
+    Out(Wc),
+    /// Its connection is held by another thread: wait.
+    Wait,
+}
+
+impl VerbsCq {
+    /// The CQ's entries are what the device gave it (providers round up).
+    pub fn new(shared: Arc<Shared>, cq: Arc<sys::Cq>) -> VerbsCq {
+        let entries = cq.entries();
+        VerbsCq {
+            share: Arc::new(CqShare {
+                shared,
+                cq,
+                incoming: Mutex::new(Vec::new()),
+                has_incoming: AtomicBool::new(false),
+                overrun: AtomicBool::new(false),
+            }),
+            by_qp: HashMap::new(),
+            deferred: VecDeque::new(),
+            buf: PollBuf::new(),
+            entries,
+            event: None,
+            poll_error_logged: false,
+        }
+    }
+
+    /// Routes `raw` through its connection's shadow (held by `me`) or holds it back.
+    fn route(
+        share: &CqShare,
+        by_qp: &mut HashMap<u32, Arc<ShadowCell>>,
+        me: crate::fabric::cq::ThreadToken,
+        raw: &RawWc,
+    ) -> Route {
+        if !by_qp.contains_key(&raw.qp_num) {
+            // Created, and bound, after the last look at the list.
+            share.take_incoming(by_qp);
+        }
+        let mut w = wc::completion(raw);
+        let Some(cell) = by_qp.get(&raw.qp_num) else {
+            return Route::Out(w);
+        };
+        if Arc::strong_count(cell) == 1 {
+            // The connection is gone; so is its shadow.
+            by_qp.remove(&raw.qp_num);
+            return Route::Out(w);
+        }
+        let done = cell.with_as(me, false, |s| {
+            s.slots.completed(&mut w, raw.opcode.is_some());
+            s.failed |= !w.status.is_ok();
+        });
+        match done {
+            Some(()) => Route::Out(w),
+            None => Route::Wait,
+        }
+    }
+
+    /// Reads the device's asynchronous events: this CQ's error is kept here, other CQs'
+    /// are left with the fabric for their own poll.
+    fn read_async_events(&mut self) {
+        let mut others = self
+            .share
+            .shared
+            .cq_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        loop {
+            match self.share.shared.pd.device().next_async_event() {
+                Ok(None) => break,
+                Ok(Some(AsyncEvent::CqError { cq })) => others.push(cq),
+                Ok(Some(AsyncEvent::Other(kind))) => {
+                    tracing::debug!(kind, "verbs asynchronous event");
+                }
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    break;
+                }
+            }
+        }
+        let before = others.len();
+        others.retain(|&cq| !self.share.cq.is(cq));
+        if others.len() < before && !self.share.overrun.swap(true, Ordering::Relaxed) {
+            tracing::warn!("verbs completion queue overrun; its connections break");
+            self.event = Some(CqEvent::Overrun);
+        }
+    }
+}
+
+impl CqBackend for VerbsCq {
+    fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        let me = thread_token();
+        let VerbsCq {
+            share,
+            by_qp,
+            deferred,
+            buf,
+            poll_error_logged,
+            ..
+        } = self;
+        share.take_incoming(by_qp);
+        let mut filled = 0;
+        // First what waited, in order; what still cannot go keeps its place.
+        let mut i = 0;
+        while i < deferred.len() && filled < wcs.len() {
+            match Self::route(share, by_qp, me, &deferred[i]) {
+                Route::Out(w) => {
+                    wcs[filled] = w;
+                    filled += 1;
+                    deferred.remove(i);
+                }
+                Route::Wait => i += 1,
+            }
+        }
+        while filled < wcs.len() {
+            let room = wcs.len() - filled;
+            let mut got_out = 0;
+            let res = share.cq.poll(buf, room, |raw| {
+                // A connection with completions waiting keeps its order behind them.
+                if deferred.iter().any(|d| d.qp_num == raw.qp_num) {
+                    deferred.push_back(raw);
+                    return;
+                }
+                match Self::route(share, by_qp, me, &raw) {
+                    Route::Out(w) => {
+                        wcs[filled + got_out] = w;
+                        got_out += 1;
+                    }
+                    Route::Wait => deferred.push_back(raw),
+                }
+            });
+            match res {
+                Ok(0) => break,
+                Ok(_) => filled += got_out,
+                Err(e) => {
+                    if !*poll_error_logged {
+                        *poll_error_logged = true;
+                        tracing::error!("shared completion queue: {e}");
+                    }
+                    break;
+                }
+            }
+        }
+        filled
+    }
+
+    fn poll_event(&mut self) -> Option<CqEvent> {
+        self.read_async_events();
+        self.event.take()
+    }
+
+    fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    fn share(&self) -> Arc<dyn Any + Send + Sync> {
+        self.share.clone()
+    }
+}

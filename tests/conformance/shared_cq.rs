@@ -1,0 +1,505 @@
+//! Shared completion queues: connections made on one CQ report there, tagged with their
+//! `qp_num`, in per-connection order; one breaking disturbs no other; a busy one starves
+//! no other; more outstanding completions than entries is an overrun, as verbs reports
+//! `IBV_EVENT_CQ_ERR`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rtrs_spdk::fabric::{
+    Access, CmEvent, Conn, ConnState, Cq, CqEvent, Fabric, Listener, PostErrorKind, QpCaps, RecvWr,
+    SendOp, Wc, WcOpcode, WcStatus,
+};
+
+use super::{bogus_rkey, connect, expect, wait_wr, wr, Backend, DEADLINE};
+
+/// One host's CQ with its connections and what came out of them.
+pub struct CqSide {
+    pub name: &'static str,
+    pub fabric: Arc<dyn Fabric>,
+    pub cq: Cq,
+    pub conns: Vec<Box<dyn Conn>>,
+    /// Completions polled from the CQ, per connection (index into `conns`).
+    pub wcs: Vec<VecDeque<Wc>>,
+    /// CM events polled, per connection.
+    pub cm: Vec<VecDeque<CmEvent>>,
+    /// Completions the CQ gave that belong to none of `conns`.
+    pub strays: Vec<Wc>,
+    /// Poll size: how many completions one `Cq::poll` may return.
+    pub batch: usize,
+}
+
+impl CqSide {
+    pub fn new(name: &'static str, fabric: Arc<dyn Fabric>, entries: u32) -> CqSide {
+        let cq = fabric
+            .create_cq(entries)
+            .unwrap_or_else(|e| panic!("{name}: create_cq({entries}): {e}"));
+        CqSide {
+            name,
+            fabric,
+            cq,
+            conns: Vec::new(),
+            wcs: Vec::new(),
+            cm: Vec::new(),
+            strays: Vec::new(),
+            batch: 16,
+        }
+    }
+
+    fn add(&mut self, conn: Box<dyn Conn>) -> usize {
+        self.conns.push(conn);
+        self.wcs.push(VecDeque::new());
+        self.cm.push(VecDeque::new());
+        self.conns.len() - 1
+    }
+
+    /// Which connection a completion belongs to, by `qp_num`.
+    pub fn owner(&self, wc: &Wc) -> Option<usize> {
+        self.conns.iter().position(|c| c.qp_num() == wc.qp_num)
+    }
+
+    /// One poll of the CQ (and of every connection's CM); whether anything came out.
+    pub fn pump(&mut self) -> bool {
+        let mut buf = vec![Wc::default(); self.batch];
+        let n = self.cq.poll(&mut buf);
+        for wc in &buf[..n] {
+            match self.owner(wc) {
+                Some(i) => self.wcs[i].push_back(*wc),
+                None => self.strays.push(*wc),
+            }
+        }
+        let mut any = n > 0;
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            while let Some(ev) = c.poll_cm() {
+                self.cm[i].push_back(ev);
+                any = true;
+            }
+        }
+        any
+    }
+
+    pub fn reg(&self, len: usize, access: Access) -> rtrs_spdk::fabric::Mr {
+        self.fabric
+            .register(rtrs_spdk::fabric::MemBuf::zeroed(len), access)
+            .unwrap_or_else(|e| panic!("{}: register: {e}", self.name))
+    }
+}
+
+/// Polls both sides until `done`, panicking after [`DEADLINE`] with `what`.
+pub fn pump_until(
+    a: &mut CqSide,
+    b: &mut CqSide,
+    what: &str,
+    mut done: impl FnMut(&mut CqSide, &mut CqSide) -> bool,
+) {
+    let start = Instant::now();
+    while !done(a, b) {
+        let progressed = a.pump() | b.pump();
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out after {DEADLINE:?} waiting for {what}; {} completions {:?} CM {:?} \
+             strays {:?}; {} completions {:?} CM {:?} strays {:?}",
+            a.name,
+            a.wcs,
+            a.cm,
+            a.strays,
+            b.name,
+            b.wcs,
+            b.cm,
+            b.strays
+        );
+        if !progressed {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A listener and `n` connections, each made on the client's CQ and accepted on the
+/// server's, all established (their CM queues empty).
+pub fn shared_pairs(
+    b: &dyn Backend,
+    n: usize,
+    caps: QpCaps,
+    client_entries: u32,
+    server_entries: u32,
+) -> (CqSide, CqSide, Box<dyn Listener>) {
+    let mut client = CqSide::new("client", b.client_fabric(), client_entries);
+    let mut server = CqSide::new("server", b.server_fabric(), server_entries);
+    let mut listener = server
+        .fabric
+        .listen(b.listen_addr())
+        .unwrap_or_else(|e| panic!("listen on {}: {e}", b.listen_addr()));
+    for i in 0..n {
+        let conn = client
+            .fabric
+            .connect_on(
+                &client.cq.share(),
+                None,
+                listener.local_addr(),
+                caps,
+                &[i as u8],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("connect_on: {e}"));
+        client.add(conn);
+        let start = Instant::now();
+        let req = loop {
+            if let Some(req) = listener.poll() {
+                break req;
+            }
+            client.pump();
+            assert!(start.elapsed() < DEADLINE, "no connection request {i}");
+            std::thread::yield_now();
+        };
+        assert_eq!(req.private_data.as_bytes()[0], i as u8, "request {i}");
+        let conn = req
+            .accept_on(&server.cq.share(), caps, &[])
+            .unwrap_or_else(|e| panic!("accept_on: {e}"));
+        server.add(conn);
+        let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
+        pump_until(&mut client, &mut server, "Established", |c, s| {
+            c.cm[i].iter().any(est) && s.cm[i].iter().any(est)
+        });
+        client.cm[i].clear();
+        server.cm[i].clear();
+    }
+    let nums: Vec<u32> = client
+        .conns
+        .iter()
+        .chain(&server.conns)
+        .map(|c| c.qp_num())
+        .collect();
+    for (side, conns) in [("client", &client.conns), ("server", &server.conns)] {
+        for (i, c) in conns.iter().enumerate() {
+            let q = c.qp_num();
+            assert!(
+                conns.iter().filter(|o| o.qp_num() == q).count() == 1,
+                "{side} connection {i}: qp_num {q} is not unique on its CQ ({nums:?})"
+            );
+        }
+    }
+    (client, server, listener)
+}
+
+fn recv(wr_id: u64) -> RecvWr {
+    RecvWr { wr_id, sge: None }
+}
+
+/// Completions of one connection's receives on a private CQ carry its `qp_num` too.
+pub fn private_cq_completions_carry_qp_num(b: &dyn Backend) {
+    let mut p = connect(b);
+    p.server.post_recv(&[recv(5)]);
+    p.client
+        .post_send(&[wr(6, SendOp::SendWithImm { imm: 1 }, &[])]);
+    let wc = wait_wr(&mut p.server, &mut p.client, 5);
+    expect(&wc, WcStatus::Success, WcOpcode::Recv, "receive");
+    assert_eq!(wc.qp_num, p.server.conn.qp_num(), "server qp_num on {wc:?}");
+    let wc = wait_wr(&mut p.client, &mut p.server, 6);
+    assert_eq!(wc.qp_num, p.client.conn.qp_num(), "client qp_num on {wc:?}");
+    assert_ne!(p.client.conn.qp_num(), 0, "a connection has a number");
+}
+
+/// Three connections on one CQ each side, sends interleaved across them: every
+/// completion names its connection, and each connection's completions come in order.
+pub fn shared_cq_keeps_per_connection_order(b: &dyn Backend) {
+    const N: usize = 3;
+    const K: u64 = 40;
+    let (mut c, mut s, _l) = shared_pairs(b, N, b.caps(), 1024, 1024);
+    for (i, conn) in s.conns.iter_mut().enumerate() {
+        let wrs: Vec<RecvWr> = (0..K).map(|k| recv(1000 * i as u64 + k)).collect();
+        conn.post_recv(&wrs).expect("post_recv");
+    }
+    for k in 0..K {
+        for (i, conn) in c.conns.iter_mut().enumerate() {
+            let imm = (i as u32) << 16 | k as u32;
+            conn.post_send(&[wr(1000 * i as u64 + k, SendOp::SendWithImm { imm }, &[])])
+                .expect("post_send");
+        }
+    }
+    // Completions stay with the shared CQ: a connection's own poll returns none.
+    let mut none = [Wc::default(); 4];
+    assert_eq!(
+        s.conns[0].poll_cq(&mut none),
+        0,
+        "poll_cq on a shared-CQ connection"
+    );
+    let total = N * K as usize;
+    pump_until(
+        &mut c,
+        &mut s,
+        "every send and receive completion",
+        |c, s| {
+            c.wcs.iter().map(VecDeque::len).sum::<usize>() == total
+                && s.wcs.iter().map(VecDeque::len).sum::<usize>() == total
+        },
+    );
+    for side in [&c, &s] {
+        assert!(
+            side.strays.is_empty(),
+            "{}: stray completions {:?}",
+            side.name,
+            side.strays
+        );
+        for (i, wcs) in side.wcs.iter().enumerate() {
+            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+            let want: Vec<u64> = (0..K).map(|k| 1000 * i as u64 + k).collect();
+            assert_eq!(ids, want, "{} connection {i}: completion order", side.name);
+            for w in wcs {
+                assert_eq!(w.status, WcStatus::Success, "{}: {w:?}", side.name);
+                assert_eq!(w.qp_num, side.conns[i].qp_num(), "{}: {w:?}", side.name);
+            }
+        }
+    }
+    for (i, wcs) in s.wcs.iter().enumerate() {
+        let imms: Vec<u32> = wcs.iter().map(|w| w.imm.unwrap_or(u32::MAX)).collect();
+        let want: Vec<u32> = (0..K).map(|k| (i as u32) << 16 | k as u32).collect();
+        assert_eq!(imms, want, "server connection {i}: immediates in order");
+    }
+}
+
+/// A connection on a shared CQ that breaks (a refused write) flushes its own work only:
+/// the others keep working and see no flush and no disconnect.
+pub fn shared_cq_break_leaves_the_others(b: &dyn Backend) {
+    const N: usize = 3;
+    const BROKEN: usize = 1;
+    let (mut c, mut s, _l) = shared_pairs(b, N, b.caps(), 1024, 1024);
+    for (i, conn) in s.conns.iter_mut().enumerate() {
+        let wrs: Vec<RecvWr> = (0..4).map(|k| recv(100 * i as u64 + k)).collect();
+        conn.post_recv(&wrs).expect("server post_recv");
+    }
+    for (i, conn) in c.conns.iter_mut().enumerate() {
+        conn.post_recv(&[recv(500 + i as u64)])
+            .expect("client post_recv");
+    }
+    let src = c.reg(64, Access::NONE);
+    let sges = [src.sge(0, 8)];
+    let target = s.reg(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let bad = SendOp::RdmaWrite {
+        remote_addr: target.addr(),
+        rkey: bogus_rkey(target.rkey()),
+    };
+    c.conns[BROKEN]
+        .post_send(&[wr(7, bad, &sges)])
+        .expect("post the refused write");
+
+    let is_disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected);
+    pump_until(
+        &mut c,
+        &mut s,
+        "the broken connection's end on both sides",
+        |c, s| {
+            c.cm[BROKEN].iter().any(is_disc)
+                && s.cm[BROKEN].iter().any(is_disc)
+                && c.wcs[BROKEN].len() == 2
+                && s.wcs[BROKEN].len() == 4
+        },
+    );
+    let w = c.wcs[BROKEN]
+        .iter()
+        .find(|w| w.wr_id == 7)
+        .copied()
+        .expect("the refused write's completion");
+    expect(
+        &w,
+        WcStatus::RemoteAccess,
+        WcOpcode::RdmaWrite,
+        "refused write",
+    );
+    let w = c.wcs[BROKEN]
+        .iter()
+        .find(|w| w.wr_id == 500 + BROKEN as u64)
+        .copied()
+        .expect("the client's flushed receive");
+    assert_eq!(w.status, WcStatus::WrFlush, "{w:?}");
+    for w in &s.wcs[BROKEN] {
+        assert_eq!(
+            w.status,
+            WcStatus::WrFlush,
+            "server receive of the broken one: {w:?}"
+        );
+        assert_eq!(w.qp_num, s.conns[BROKEN].qp_num(), "{w:?}");
+    }
+
+    // The others: traffic both ways completes, nothing flushes, nobody disconnects.
+    for i in (0..N).filter(|&i| i != BROKEN) {
+        for k in 0..4 {
+            c.conns[i]
+                .post_send(&[wr(
+                    10 * i as u64 + k,
+                    SendOp::SendWithImm { imm: k as u32 },
+                    &[],
+                )])
+                .expect("send on a healthy connection");
+        }
+        s.conns[i]
+            .post_send(&[wr(77, SendOp::SendWithImm { imm: 77 }, &[])])
+            .expect("server send on a healthy connection");
+    }
+    pump_until(
+        &mut c,
+        &mut s,
+        "traffic on the healthy connections",
+        |c, s| {
+            (0..N)
+                .filter(|&i| i != BROKEN)
+                .all(|i| s.wcs[i].len() == 5 && c.wcs[i].len() == 5)
+        },
+    );
+    for side in [&c, &s] {
+        assert!(
+            side.strays.is_empty(),
+            "{}: strays {:?}",
+            side.name,
+            side.strays
+        );
+        for i in (0..N).filter(|&i| i != BROKEN) {
+            for w in &side.wcs[i] {
+                assert_eq!(
+                    w.status,
+                    WcStatus::Success,
+                    "{} connection {i}: {w:?}",
+                    side.name
+                );
+            }
+            assert!(
+                side.cm[i].is_empty(),
+                "{} connection {i}: {:?}",
+                side.name,
+                side.cm[i]
+            );
+            assert_eq!(side.conns[i].state(), ConnState::Connected);
+        }
+    }
+    let err = c.conns[BROKEN]
+        .post_send(&[wr(8, SendOp::Send, &[])])
+        .expect_err("post on the broken connection");
+    assert_eq!(err.kind, PostErrorKind::NotConnected, "{err}");
+}
+
+/// A connection with a stream of completions does not starve another on the same CQ:
+/// the other's completion comes out while the stream goes on, after at most what a
+/// first-in-first-out CQ would put before it.
+pub fn shared_cq_busy_connection_does_not_starve_another(b: &dyn Backend) {
+    const BUSY: usize = 0;
+    const QUIET: usize = 1;
+    const DEPTH: u64 = 32;
+    const STREAM: u64 = 600;
+    let (mut c, mut s, _l) = shared_pairs(b, 2, b.caps(), 1024, 2048);
+    c.batch = 4;
+    let recvs: Vec<RecvWr> = (0..DEPTH).map(recv).collect();
+    c.conns[BUSY].post_recv(&recvs).expect("busy receives");
+    c.conns[QUIET]
+        .post_recv(&[recv(9999)])
+        .expect("quiet receive");
+    let sends: Vec<_> = (0..STREAM)
+        .map(|k| wr(k, SendOp::SendWithImm { imm: k as u32 }, &[]))
+        .collect();
+    s.conns[BUSY].post_send(&sends).expect("the stream");
+
+    // The client drains in small polls and re-posts each receive it gets back.
+    let mut busy_seen = 0u64;
+    let start = Instant::now();
+    while busy_seen < 2 * DEPTH {
+        let quiet = stream_step(&mut c, &mut s, &mut busy_seen, DEPTH, STREAM);
+        assert!(quiet.is_none(), "quiet completion before it was sent");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the stream does not flow ({busy_seen} seen)"
+        );
+    }
+    let at_send = busy_seen;
+    s.conns[QUIET]
+        .post_send(&[wr(1, SendOp::SendWithImm { imm: 1 }, &[])])
+        .expect("the quiet send");
+    let at_quiet = loop {
+        if let Some(w) = stream_step(&mut c, &mut s, &mut busy_seen, DEPTH, STREAM) {
+            assert_eq!((w.wr_id, w.status), (9999, WcStatus::Success), "{w:?}");
+            break busy_seen;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the quiet connection's completion never came ({busy_seen} of the busy one's)"
+        );
+    };
+    // Before it, at most what was outstanding on the busy connection (its receive
+    // depth) and what arrived meanwhile; never the rest of the stream.
+    let behind = at_quiet - at_send;
+    assert!(
+        behind <= 4 * DEPTH,
+        "{behind} completions of the busy connection came out before the quiet one's"
+    );
+    assert!(
+        at_quiet + DEPTH < STREAM,
+        "the quiet completion came only as the stream ended ({at_quiet} of {STREAM})"
+    );
+}
+
+/// One round of the stream: both sides polled, the busy connection's receives counted
+/// and re-posted (while the stream needs them); the quiet connection's completion, if
+/// it came.
+fn stream_step(
+    c: &mut CqSide,
+    s: &mut CqSide,
+    busy_seen: &mut u64,
+    depth: u64,
+    stream: u64,
+) -> Option<Wc> {
+    c.pump();
+    s.pump();
+    s.wcs.iter_mut().for_each(VecDeque::clear);
+    while let Some(w) = c.wcs[0].pop_front() {
+        assert_eq!(w.status, WcStatus::Success, "busy: {w:?}");
+        *busy_seen += 1;
+        if *busy_seen + depth <= stream {
+            c.conns[0].post_recv(&[recv(w.wr_id)]).expect("re-post");
+        }
+    }
+    c.wcs[1].pop_front()
+}
+
+/// More completions outstanding than the CQ's entries: `CqEvent::Overrun` once, the
+/// connections on it break on both sides, and the CQ takes no new connection.
+pub fn shared_cq_overrun_is_reported(b: &dyn Backend) {
+    let probe = b.client_fabric().create_cq(4).expect("create_cq(4)");
+    let entries = probe.entries();
+    assert!(entries >= 4, "entries {entries} below the 4 asked for");
+    drop(probe);
+    let n = u64::from(entries) + 4;
+    let caps = QpCaps {
+        max_recv_wr: (n as u32).max(b.caps().max_recv_wr),
+        ..b.caps()
+    };
+    let (mut c, mut s, l) = shared_pairs(b, 1, caps, 4, 1024);
+    assert_eq!(c.cq.entries(), entries);
+    let recvs: Vec<RecvWr> = (0..n).map(recv).collect();
+    c.conns[0].post_recv(&recvs).expect("receives");
+    let sends: Vec<_> = (0..n)
+        .map(|k| wr(k, SendOp::SendWithImm { imm: k as u32 }, &[]))
+        .collect();
+    s.conns[0].post_send(&sends).expect("sends");
+
+    // Progress without taking completions (an empty poll), as completions pile up on a
+    // NIC whose CQ nobody reads.
+    c.batch = 0;
+    let start = Instant::now();
+    loop {
+        c.pump();
+        s.pump();
+        if let Some(ev) = c.cq.poll_event() {
+            assert_eq!(ev, CqEvent::Overrun);
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "no overrun reported");
+        std::thread::yield_now();
+    }
+    let is_disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected);
+    pump_until(&mut c, &mut s, "Disconnected after the overrun", |c, s| {
+        c.cm[0].iter().any(is_disc) && s.cm[0].iter().any(is_disc)
+    });
+    assert_eq!(c.cq.poll_event(), None, "the overrun is reported once");
+    let again = c
+        .fabric
+        .connect_on(&c.cq.share(), None, l.local_addr(), b.caps(), &[], None);
+    assert!(again.is_err(), "a CQ in error takes no new connection");
+}
