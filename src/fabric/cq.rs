@@ -179,6 +179,22 @@ pub fn thread_token() -> ThreadToken {
     }
 }
 
+/// Marks a state whose owner is inside [`OwnedByThread::with_as`]; tokens count up from
+/// 1 and never reach it.
+const BUSY: u64 = 1 << 63;
+
+/// Puts the owner's token back when its access ends (also on unwinding).
+struct Busy<'a> {
+    owner: &'a AtomicU64,
+    me: u64,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.owner.store(self.me, Ordering::Relaxed);
+    }
+}
+
 /// State used by one thread at a time, reached through shared handles (`Arc`) from
 /// objects that are each `Send`: a connection's state, reached by its handle and by the
 /// CQ it is on.
@@ -223,11 +239,8 @@ impl<T> OwnedByThread<T> {
     }
 
     /// Runs `f` on the value if the calling thread holds it (claiming it when nobody
-    /// does); `None` when another thread holds it.
-    ///
-    /// `f` must not reach this same state again (it gets the only `&mut`): the callers
-    /// in this crate pass closures that call into backend connections and queues, none
-    /// of which holds a handle to its own state.
+    /// does); `None` when another thread holds it, or when `f` itself (or anything it
+    /// calls) reaches the same state again: `f` has the only `&mut` while it runs.
     #[inline]
     pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         self.with_as(thread_token(), true, f)
@@ -252,13 +265,24 @@ impl<T> OwnedByThread<T> {
         if !self.enter(me, claim) {
             return None;
         }
+        // While `f` runs the owner reads `me | BUSY`, which no token equals: a nested
+        // call on this thread is refused by `enter`, and other threads were already.
+        // Only the owning thread stores here, so plain stores suffice (no read-modify-
+        // write); the guard puts `me` back even if `f` unwinds.
+        self.owner.store(me.v | BUSY, Ordering::Relaxed);
+        let _busy = Busy {
+            owner: &self.owner,
+            me: me.v,
+        };
         // SAFETY: `enter` admitted only the thread whose token is `me`, which is the
-        // caller's own (a token cannot leave its thread); the only `&mut` made here
-        // lives for `f`, which does not re-enter (see `with`), so it is unique.
+        // caller's own (a token cannot leave its thread), and the BUSY mark set above
+        // refuses every other entry until `f` returns, so the `&mut` made here is the
+        // only reference to the value while it lives.
         Some(f(unsafe { &mut *self.value.get() }))
     }
 
-    /// Gives up the calling thread's hold, if it has one.
+    /// Gives up the calling thread's hold, if it has one (not from inside
+    /// [`OwnedByThread::with`] on the same state: that hold ends when `f` returns).
     pub fn release(&self) {
         let me = thread_token().v;
         if self.owner.load(Ordering::Relaxed) == me {
@@ -313,6 +337,27 @@ mod tests {
         assert_eq!(here, thread_token().v);
         let there = std::thread::spawn(|| thread_token().v).join().unwrap();
         assert_ne!(here, there);
+    }
+
+    #[test]
+    fn a_nested_access_to_the_same_state_is_refused() {
+        let s = OwnedByThread::new(5u32);
+        let inner = s.with(|outer| {
+            *outer += 1;
+            // A second `&mut` while the first lives would alias it.
+            s.with(|v| *v += 100)
+        });
+        assert_eq!(inner, Some(None), "the nested call is refused");
+        assert_eq!(s.with(|v| *v), Some(6), "and the hold is back after it");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.with(|_| panic!("inside"));
+        }));
+        assert!(r.is_err());
+        assert_eq!(
+            s.with(|v| *v),
+            Some(6),
+            "the hold survives an unwinding access"
+        );
     }
 
     #[test]
