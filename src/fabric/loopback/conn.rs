@@ -4,11 +4,13 @@
 //! Progress happens in `poll_cq` and `poll_cm` (and posting hands new operations to the
 //! link at once, so a peer polled on another thread need not wait for our next poll):
 //! 1. read what the peer published: cumulative ack, refusal, "closed";
-//! 2. hand newly posted operations to the peer's queue (header plus source `MemRef`s);
-//! 3. execute the peer's queued operations in order: the soft core checks each one and
-//!    says where its payload goes, and the payload is copied there straight from the
-//!    sender's memory, the only copy a transfer makes; an operation that finds no
-//!    receive posted stays here until one is (RNR), and everything behind it waits;
+//! 2. hand newly posted operations to the peer's ring (header plus source `MemRef`s,
+//!    written in place into the ring's slot);
+//! 3. execute the peer's queued operations in order, in place in the ring: the soft
+//!    core checks each one and says where its payload goes, and the payload is copied
+//!    there straight from the sender's memory, the only copy a transfer makes; an
+//!    operation that finds no receive posted stays at the ring's front until one is
+//!    (RNR), and everything behind it waits;
 //! 4. publish our own ack, refusal and "closed".
 
 use std::collections::VecDeque;
@@ -16,9 +18,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crossbeam_queue::ArrayQueue;
-
-use super::link::{EndState, Frame, Handshake, Link, CLIENT, SERVER};
+use super::link::{EndState, Handshake, Link, Rings, CLIENT, SERVER};
 use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{InboundError, MrTable, SoftQp};
 use crate::fabric::{
@@ -42,8 +42,8 @@ struct End {
     /// Which end of the link this is (`CLIENT` or `SERVER`).
     me: usize,
     events: VecDeque<CmEvent>,
-    /// A peer operation waiting for a receive to be posted.
-    stalled: Option<Frame>,
+    /// Our halves of the link's rings (the client's arrive with the acceptor's answer).
+    rings: Option<Rings>,
     /// The client has seen the answer to its request (always true on the acceptor).
     answered: bool,
 }
@@ -60,7 +60,7 @@ impl LoopbackConn {
             qp: SoftQp::new(table, caps),
             me: CLIENT,
             events: VecDeque::new(),
-            stalled: None,
+            rings: None,
             answered: false,
         };
         LoopbackConn {
@@ -71,7 +71,12 @@ impl LoopbackConn {
     }
 
     /// The accepting end, established at once.
-    pub(super) fn server(table: Arc<MrTable>, caps: QpCaps, link: Arc<Link>) -> LoopbackConn {
+    pub(super) fn server(
+        table: Arc<MrTable>,
+        caps: QpCaps,
+        link: Arc<Link>,
+        rings: Rings,
+    ) -> LoopbackConn {
         let mut qp = SoftQp::new(table, caps);
         qp.set_connected();
         let mut events = VecDeque::new();
@@ -82,7 +87,7 @@ impl LoopbackConn {
             qp,
             me: SERVER,
             events,
-            stalled: None,
+            rings: Some(rings),
             answered: true,
         };
         LoopbackConn {
@@ -142,6 +147,11 @@ impl End {
         };
         self.answered = true;
         if matches!(event, CmEvent::Established { .. }) {
+            self.rings = link
+                .client_rings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             self.qp.set_connected();
         } else {
             // Posted receives flush; the failed attempt raises no Disconnected.
@@ -178,48 +188,39 @@ impl End {
         }
     }
 
-    /// Step 2: newly posted operations go to the peer's queue (or vanish, blackholed).
+    /// Step 2: newly posted operations go to the peer's ring (or vanish, blackholed).
     fn transmit(&mut self, link: &Link) {
         if !self.qp.has_outbound() {
             return;
         }
-        let Some(queues) = link.queues.get() else {
+        let Some(rings) = self.rings.as_mut() else {
             return;
         };
-        let out = &queues.to[self.peer()];
+        let out = &mut rings.tx;
         let vanish = link.is_blackholed();
         self.qp.transmit_with(|op, srcs| {
             if vanish {
                 return true;
             }
-            // The queue holds the sender's max_send_wr frames and every frame holds a
+            // The ring holds the sender's max_send_wr frames and every frame holds a
             // send slot until acked, so it cannot be full; stop rather than lose. The
-            // sources move into the frame: the slot needs them no more.
-            let frame = Frame {
-                op,
-                srcs: std::mem::take(srcs),
-            };
-            match out.push(frame) {
-                Ok(()) => true,
-                Err(frame) => {
-                    *srcs = frame.srcs;
-                    false
-                }
-            }
+            // sources move into the frame (the slot needs them no more) by a swap with
+            // the frame's emptied list, so neither list ever allocates.
+            out.push_with(|frame| {
+                frame.op = op;
+                std::mem::swap(&mut frame.srcs, srcs);
+                true
+            })
         });
     }
 
     /// Step 3: executes the peer's operations, in order, up to the budget.
     fn deliver(&mut self, link: &Link) {
-        let Some(queues) = link.queues.get() else {
+        let (mine, peer) = (&link.ends[self.me], &link.ends[self.peer()]);
+        let Some(rings) = self.rings.as_mut() else {
             return;
         };
-        let inbox = &queues.to[self.me];
-        let (mine, peer) = (&link.ends[self.me], &link.ends[self.peer()]);
-        if (self.stalled.is_none() && inbox.is_empty())
-            || self.qp.state() != ConnState::Connected
-            || mine.delivery_held()
-        {
+        if rings.rx.is_empty() || self.qp.state() != ConnState::Connected || mine.delivery_held() {
             return;
         }
         // Busy first, then check that the peer has not closed (see `EndState::busy`).
@@ -228,18 +229,18 @@ impl End {
             && !link.broken.load(Ordering::SeqCst)
             && !link.blackhole.load(Ordering::SeqCst)
         {
-            self.execute(inbox, mine);
+            self.execute(mine);
         }
     }
 
-    fn execute(&mut self, inbox: &ArrayQueue<Frame>, mine: &EndState) {
+    fn execute(&mut self, mine: &EndState) {
+        let Some(rings) = self.rings.as_mut() else {
+            return;
+        };
+        let inbox = &mut rings.rx;
         for _ in 0..DELIVERY_BUDGET {
-            let frame = match self.stalled.take() {
-                Some(frame) => frame,
-                None => match inbox.pop() {
-                    Some(frame) => frame,
-                    None => return,
-                },
+            let Some(frame) = inbox.front() else {
+                return;
             };
             match self.qp.inbound(&frame.op) {
                 Ok(place) => {
@@ -247,13 +248,17 @@ impl End {
                         dst.gather_from(&frame.srcs);
                     }
                     self.qp.inbound_done(&frame.op);
+                    // The sender's memory is no longer needed; the emptied list goes
+                    // back with the slot.
+                    frame.srcs.clear();
+                    inbox.pop();
                 }
-                Err(InboundError::NotReady) => {
-                    self.stalled = Some(frame);
-                    return;
-                }
+                // The operation stays at the front until a receive is posted.
+                Err(InboundError::NotReady) => return,
                 Err(InboundError::Refuse(status)) => {
                     mine.set_nak(frame.op.seq, status);
+                    frame.srcs.clear();
+                    inbox.pop();
                     return;
                 }
             }

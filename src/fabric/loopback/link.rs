@@ -1,21 +1,20 @@
 //! The shared state of one loopback connection: what the two endpoints exchange.
 //!
-//! This is the loopback fabric's "wire". Each direction is a bounded lock-free queue of
-//! [`Frame`]s (a wire operation header plus the sender's source memory), sized by the
-//! sender's `max_send_wr`: every frame in flight holds a send-queue slot until the peer
-//! acknowledges it, so the queue can never overflow. What flows back (the cumulative
+//! This is the loopback fabric's "wire". Each direction is a bounded single-producer
+//! single-consumer ring of [`Frame`]s (a wire operation header plus the sender's source
+//! memory), sized by the sender's `max_send_wr`: every frame in flight holds a send-queue
+//! slot until the peer acknowledges it, so the ring can never overflow. What flows back (the cumulative
 //! ack, a refusal, "this end closed") is a few atomics per end, written only by that end.
 //! The connection manager's handshake (the kernel's REQ/REP/REJ) is a small state under
 //! a mutex, touched only while connecting.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-use crossbeam_queue::ArrayQueue;
-
+use super::ring::{ring, Consumer, Producer};
 use crate::fabric::soft::qp::{Srcs, INLINE_SRCS};
-use crate::fabric::soft::WireOp;
+use crate::fabric::soft::{WireKind, WireOp};
 use crate::fabric::{PrivateData, QpCaps, WcStatus};
 
 /// Most SGEs a loopback work request may carry: a frame holds its sources inline, so a
@@ -27,10 +26,52 @@ pub const CLIENT: usize = 0;
 pub const SERVER: usize = 1;
 
 /// One operation in flight: the header and the sender's source memory, kept alive by the
-/// `MemRef`s' Arcs until the receiver has copied from it.
+/// `MemRef`s' Arcs until the receiver has copied from it. A frame lives in a ring slot:
+/// the sender fills it in place and the receiver empties it in place.
 pub struct Frame {
     pub op: WireOp,
     pub srcs: Srcs,
+}
+
+impl Default for Frame {
+    fn default() -> Frame {
+        Frame {
+            op: WireOp {
+                seq: 0,
+                kind: WireKind::Send,
+                len: 0,
+                remote_addr: 0,
+                rkey: 0,
+                imm: 0,
+                inv_rkey: 0,
+            },
+            srcs: Srcs::new(),
+        }
+    }
+}
+
+/// One end's halves of the two rings: it writes frames to the peer and reads the
+/// peer's.
+pub struct Rings {
+    pub tx: Producer<Frame>,
+    pub rx: Consumer<Frame>,
+}
+
+/// The rings of a new connection: the client's ends and the server's (each direction
+/// sized by its sender's `max_send_wr`).
+pub fn rings(client_sends: usize, server_sends: usize) -> (Rings, Rings) {
+    let (to_server, from_client) = ring(client_sends);
+    let (to_client, from_server) = ring(server_sends);
+    (
+        Rings {
+            tx: to_server,
+            rx: from_server,
+        },
+        Rings {
+            tx: to_client,
+            rx: from_client,
+        },
+    )
 }
 
 /// Where the handshake is.
@@ -80,20 +121,15 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
-/// The two directions' queues, created when the acceptor answers (each sized by its
-/// sender's caps).
-pub struct Queues {
-    /// `to[i]`: frames travelling to end `i`.
-    pub to: [ArrayQueue<Frame>; 2],
-}
-
 /// One connection, shared by its two ends.
 pub struct Link {
     /// `addrs[i]`: end `i`'s own address.
     pub addrs: [SocketAddr; 2],
     pub client_caps: QpCaps,
     pub handshake: Mutex<Handshake>,
-    pub queues: OnceLock<Queues>,
+    /// The client's [`Rings`], left here by the acceptor for the client to take when
+    /// it learns the answer.
+    pub client_rings: Mutex<Option<Rings>>,
     pub ends: [EndState; 2],
     /// Fault: all traffic in both directions vanishes, nobody is told.
     pub blackhole: AtomicBool,
@@ -107,7 +143,7 @@ impl Link {
             addrs: [client, server],
             client_caps,
             handshake: Mutex::new(Handshake::Requested),
-            queues: OnceLock::new(),
+            client_rings: Mutex::new(None),
             ends: [EndState::default(), EndState::default()],
             blackhole: AtomicBool::new(false),
             broken: AtomicBool::new(false),

@@ -15,6 +15,7 @@
 mod conn;
 mod faults;
 mod link;
+mod ring;
 
 #[cfg(test)]
 mod tests;
@@ -27,7 +28,7 @@ pub use conn::LoopbackConn;
 pub use faults::Faults;
 pub use link::MAX_SGE;
 
-use link::{Handshake, Link, Queues, CLIENT, SERVER};
+use link::{Handshake, Link, CLIENT, SERVER};
 
 use super::mem::Backing;
 use super::soft::{self, MrTable, MAX_MR_SIZE};
@@ -453,24 +454,25 @@ impl Pending {
                 reason: format!("the connecting end {} went away", self.link.addrs[CLIENT]),
             });
         }
-        // Each direction holds at most its sender's max_send_wr frames.
-        let queues = Queues {
-            to: [
-                crossbeam_queue::ArrayQueue::new(caps.max_send_wr as usize),
-                crossbeam_queue::ArrayQueue::new(self.link.client_caps.max_send_wr as usize),
-            ],
-        };
-        if self.link.queues.set(queues).is_err() {
-            return Err(FabricError::Accept {
-                reason: "connection request answered twice".into(),
-            });
-        }
+        // Each direction holds at most its sender's max_send_wr frames. The request is
+        // answered once (the handshake leaves `Requested` here, under its lock), so the
+        // client's rings are set once.
+        let (client, server) = link::rings(
+            self.link.client_caps.max_send_wr as usize,
+            caps.max_send_wr as usize,
+        );
+        *self
+            .link
+            .client_rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(client);
         *hs = Handshake::Accepted { private_data };
         drop(hs);
         Ok(LoopbackConn::server(
             self.table.clone(),
             caps,
             self.link.clone(),
+            server,
         ))
     }
 }
