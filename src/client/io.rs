@@ -102,8 +102,18 @@ impl SessionCore {
         let mut tried = PathSet::EMPTY;
         let policy = self.sess.policy.get();
         loop {
-            self.refresh_cands();
-            let Some(p) = self.sel.select(policy, &self.cands[..self.nslots], tried) else {
+            let picked = if self.nslots == 1 {
+                // One path slot (the usual case): only whether it is usable matters, so
+                // the candidates' counters are not gathered per request.
+                let usable = self.paths[0]
+                    .as_ref()
+                    .is_some_and(|cp| cp.shared.connected());
+                self.sel.select_only(policy, usable && !tried.contains(0))
+            } else {
+                self.refresh_cands();
+                self.sel.select(policy, &self.cands[..self.nslots], tried)
+            };
+            let Some(p) = picked else {
                 return Posted::NoPath;
             };
             match self.post_on(i, p, policy, now) {
