@@ -67,12 +67,6 @@ impl<'a> Chain<'a> {
         self.len += 1;
     }
 
-    fn push_opt(&mut self, wr: Option<SendWr<'a>>) {
-        if let Some(wr) = wr {
-            self.push(wr);
-        }
-    }
-
     fn len(&self) -> usize {
         self.len
     }
@@ -466,7 +460,8 @@ impl Requests {
         let rkey_sge;
         let mut chain = Chain::new();
         let rsp_id = WrId::Rsp.encode();
-        let reg = new_rkey.map(|rkey| SendWr {
+        // Each request is written once, straight into the chain.
+        let reg = |rkey| SendWr {
             wr_id: rsp_id,
             op: SendOp::RegMr {
                 slot: &path.mrs[usize::from(buf_id)],
@@ -478,13 +473,13 @@ impl Requests {
             },
             sges: &[],
             signaled: false,
-        });
-        let inv = desc.filter(|_| need_inval).map(|d| SendWr {
+        };
+        let inv = |rkey| SendWr {
             wr_id: rsp_id,
-            op: SendOp::SendWithInv { rkey: d.key },
+            op: SendOp::SendWithInv { rkey },
             sges: &[],
             signaled: false,
-        });
+        };
         if let (true, Some(d)) = (case_b, desc) {
             data_sge = [sess.chunks.sge(base, d.len as usize)];
             chain.push(SendWr {
@@ -496,11 +491,19 @@ impl Requests {
                 sges: &data_sge,
                 signaled: false,
             });
-            chain.push_opt(reg);
-            chain.push_opt(inv);
+            if let Some(rkey) = new_rkey {
+                chain.push(reg(rkey));
+            }
+            if need_inval {
+                chain.push(inv(d.key));
+            }
         } else {
-            chain.push_opt(inv);
-            chain.push_opt(reg);
+            if let Some(d) = desc.filter(|_| need_inval) {
+                chain.push(inv(d.key));
+            }
+            if let Some(rkey) = new_rkey {
+                chain.push(reg(rkey));
+            }
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
