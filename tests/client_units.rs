@@ -72,6 +72,36 @@ fn round_robin_skips_unusable_and_wraps() {
 }
 
 #[test]
+fn select_only_matches_select_over_one_slot() {
+    for policy in [
+        MpPolicy::RoundRobin,
+        MpPolicy::MinInflight,
+        MpPolicy::MinLatency,
+    ] {
+        for (usable, tried0) in [(true, false), (true, true), (false, false), (false, true)] {
+            let c = cands(&[(usable, 7, 300)]);
+            let mut tried = PathSet::EMPTY;
+            if tried0 {
+                tried.insert(0);
+            }
+            let (mut a, mut b) = (Selector::new(), Selector::new());
+            for _ in 0..3 {
+                let want = a.select(policy, &c, tried);
+                let got = b.select_only(policy, usable && !tried.contains(0));
+                assert_eq!(got, want, "{policy:?} usable={usable} tried={tried0}");
+            }
+            // The round-robin cursor moved the same way: the next pick over two slots
+            // agrees too.
+            let two = cands(&[(true, 0, 0), (true, 0, 0)]);
+            assert_eq!(
+                b.select(policy, &two, PathSet::EMPTY),
+                a.select(policy, &two, PathSet::EMPTY)
+            );
+        }
+    }
+}
+
+#[test]
 fn min_inflight_and_min_latency() {
     let c = cands(&[
         (true, 5, 900),

@@ -31,18 +31,33 @@ use crate::Errno;
 /// Polls of a core between connection-manager checks of its IO connections.
 const CM_POLL_EVERY: u64 = 64;
 
+/// What [`take_recvs`] saw in a batch of completions.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    /// A successful receive.
+    received: bool,
+    /// A failed (or flushed) completion.
+    flushed: bool,
+}
+
 /// Copies the first bytes of every successful receive among `wcs` into `payloads` (same
 /// index) and reposts all of those receives in one call, before any is handled (the
-/// kernel reposts first too; the buffer may be reused once reposted).
+/// kernel reposts first too; the buffer may be reused once reposted). Says whether the
+/// batch held a receive and a failed completion (one pass over the batch).
 fn take_recvs(
     cp: &mut CorePath,
     wcs: &[Wc],
     payloads: &mut [[u8; RkeyRsp::LEN]; WC_BATCH],
     posts: &mut [RecvWr; WC_BATCH],
-) -> Result<(), ConPostError> {
+) -> Result<Seen, ConPostError> {
     let mut k = 0;
+    let mut seen = Seen::default();
     for (wc, payload) in wcs.iter().zip(payloads.iter_mut()) {
-        if !wc.status.is_ok() || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+        if !wc.status.is_ok() {
+            seen.flushed = true;
+            continue;
+        }
+        if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
             continue;
         }
         if let Some(pool) = &cp.io.recv {
@@ -53,9 +68,10 @@ fn take_recvs(
         k += 1;
     }
     if k == 0 {
-        return Ok(());
+        return Ok(seen);
     }
-    cp.io.con.post_recv(&posts[..k])
+    seen.received = true;
+    cp.io.con.post_recv(&posts[..k]).map(|()| seen)
 }
 
 /// Why a post on one path failed.
@@ -86,8 +102,18 @@ impl SessionCore {
         let mut tried = PathSet::EMPTY;
         let policy = self.sess.policy.get();
         loop {
-            self.refresh_cands();
-            let Some(p) = self.sel.select(policy, &self.cands[..self.nslots], tried) else {
+            let picked = if self.nslots == 1 {
+                // One path slot (the usual case): only whether it is usable matters, so
+                // the candidates' counters are not gathered per request.
+                let usable = self.paths[0]
+                    .as_ref()
+                    .is_some_and(|cp| cp.shared.connected());
+                self.sel.select_only(policy, usable && !tried.contains(0))
+            } else {
+                self.refresh_cands();
+                self.sel.select(policy, &self.cands[..self.nslots], tried)
+            };
+            let Some(p) = picked else {
                 return Posted::NoPath;
             };
             match self.post_on(i, p, policy, now) {
@@ -253,15 +279,23 @@ impl SessionCore {
             sges: &sges[..nsge],
             signaled: false,
         };
-        // [LOCAL_INV] [REG_MR] IO: built in place, no iterator adaptors per IO.
-        let mut chain = [io_wr; 3];
-        let mut n = 0;
-        for wr in [inv, reg].into_iter().flatten() {
-            chain[n] = wr;
-            n += 1;
-        }
-        chain[n] = io_wr;
-        let result = cp.io.con.post_chain(&mut chain[..=n]);
+        // [LOCAL_INV] [REG_MR] IO: built in place, each request written once.
+        let (mut c3, mut c2, mut c1);
+        let chain: &mut [SendWr<'_>] = match (inv, reg) {
+            (Some(a), Some(b)) => {
+                c3 = [a, b, io_wr];
+                &mut c3
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                c2 = [a, io_wr];
+                &mut c2
+            }
+            (None, None) => {
+                c1 = [io_wr];
+                &mut c1
+            }
+        };
+        let result = cp.io.con.post_chain(chain);
         match result {
             Ok(()) => {}
             Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
@@ -318,14 +352,14 @@ impl SessionCore {
         } = sc;
         let n = cp.io.con.poll(wcs);
         cp.shared.core_stats[self.core].on_poll(n);
-        if let Err(e) = take_recvs(cp, &wcs[..n], payloads, posts) {
-            self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
-            return;
-        }
-        let received = wcs[..n].iter().any(|w| {
-            w.status.is_ok() && matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-        });
-        if received {
+        let seen = match take_recvs(cp, &wcs[..n], payloads, posts) {
+            Ok(seen) => seen,
+            Err(e) => {
+                self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
+                return;
+            }
+        };
+        if seen.received {
             // Only when not set yet (the home core clears it): no write per poll to a
             // line another core reads.
             if !cp.shared.rx_seen.load(Ordering::Relaxed) {
@@ -335,9 +369,8 @@ impl SessionCore {
         // A break shows in the CQ first (the posted receives flush); the CM is asked then,
         // and otherwise only every CM_POLL_EVERY polls (on the software fabrics asking
         // it costs a progress pass of its own).
-        let flushed = wcs[..n].iter().any(|w| !w.status.is_ok());
         let mut broken = false;
-        if flushed || self.polls % CM_POLL_EVERY == 0 {
+        if seen.flushed || self.polls % CM_POLL_EVERY == 0 {
             while let Some(ev) = cp.io.con.poll_cm() {
                 if matches!(
                     ev,

@@ -165,4 +165,16 @@ impl Selector {
                 .min_by_key(|&i| paths[i].latency_ns),
         }
     }
+
+    /// [`select`](Self::select) over a single slot (slot 0), without its counters:
+    /// every policy picks the slot when it is usable and not yet tried (`ok`).
+    pub fn select_only(&mut self, policy: MpPolicy, ok: bool) -> Option<usize> {
+        if !ok {
+            return None;
+        }
+        if policy == MpPolicy::RoundRobin {
+            self.last = Some(0);
+        }
+        Some(0)
+    }
 }

@@ -162,9 +162,9 @@ impl Con {
     /// # Errors
     /// As [`post_send`](Self::post_send).
     pub fn post_chain(&mut self, chain: &mut [SendWr<'_>]) -> Result<(), ConPostError> {
-        if chain.is_empty() {
+        let Some(last) = chain.len().checked_sub(1) else {
             return Ok(());
-        }
+        };
         if chain.len() > self.sq_avail as usize {
             return Err(ConPostError::Budget {
                 cid: self.cid,
@@ -172,9 +172,11 @@ impl Con {
                 avail: self.sq_avail,
             });
         }
-        let mut pending = self.pending;
-        let mut avail = self.sq_avail;
-        let last = chain.len() - 1;
+        // One pass sets the flags and accounts the whole chain as posted (the usual
+        // case); a refused post rolls back to the prefix the fabric accepted.
+        let (pending0, avail0, credits0) = (self.pending, self.sq_avail, self.credits.len());
+        let mut pending = pending0;
+        let mut avail = avail0;
         for (i, wr) in chain.iter_mut().enumerate() {
             pending += 1;
             avail -= 1;
@@ -182,19 +184,19 @@ impl Con {
                 || (i == last && (pending >= self.signal_interval || avail <= self.low_water))
             {
                 wr.signaled = true;
+                self.credits.push_back(pending);
                 pending = 0;
             }
         }
-        let (accepted, res) = match self.conn.post_send(chain) {
-            Ok(()) => (chain.len(), Ok(())),
-            Err(e) => (
-                e.index.min(chain.len()),
-                Err(ConPostError::Post {
-                    cid: self.cid,
-                    source: e,
-                }),
-            ),
+        self.pending = pending;
+        self.sq_avail = avail;
+        let Err(e) = self.conn.post_send(chain) else {
+            return Ok(());
         };
+        let accepted = e.index.min(chain.len());
+        self.pending = pending0;
+        self.sq_avail = avail0;
+        self.credits.truncate(credits0);
         for wr in &chain[..accepted] {
             self.pending += 1;
             self.sq_avail -= 1;
@@ -203,7 +205,10 @@ impl Con {
                 self.pending = 0;
             }
         }
-        res
+        Err(ConPostError::Post {
+            cid: self.cid,
+            source: e,
+        })
     }
 
     /// Posts an RDMA_WRITE_WITH_IMM with no data (heartbeats, and responses without

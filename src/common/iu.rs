@@ -48,16 +48,19 @@ impl IuPool {
     }
 
     /// Number of slots.
+    #[inline]
     pub fn count(&self) -> usize {
         self.count
     }
 
     /// Bytes per slot.
+    #[inline]
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// The registration.
+    #[inline]
     pub fn mr(&self) -> &Mr {
         &self.mr
     }
@@ -66,6 +69,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count`.
+    #[inline]
     pub fn addr(&self, i: usize) -> u64 {
         assert!(i < self.count, "message buffer {i} of {}", self.count);
         self.mr.addr() + (i * self.size) as u64
@@ -75,6 +79,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count` or `len > size`.
+    #[inline]
     pub fn sge(&self, i: usize, len: usize) -> Sge {
         assert!(
             i < self.count && len <= self.size,
@@ -87,6 +92,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count`.
+    #[inline]
     pub fn recv_wr(&self, i: usize, wr_id: u64) -> RecvWr {
         RecvWr {
             wr_id,
@@ -98,6 +104,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count` or `data` is longer than a slot.
+    #[inline]
     pub fn write(&self, i: usize, data: &[u8]) {
         assert!(
             i < self.count && data.len() <= self.size,
@@ -110,6 +117,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count` or `out` is longer than a slot.
+    #[inline]
     pub fn read(&self, i: usize, out: &mut [u8]) {
         assert!(
             i < self.count && out.len() <= self.size,

@@ -67,12 +67,6 @@ impl<'a> Chain<'a> {
         self.len += 1;
     }
 
-    fn push_opt(&mut self, wr: Option<SendWr<'a>>) {
-        if let Some(wr) = wr {
-            self.push(wr);
-        }
-    }
-
     fn len(&self) -> usize {
         self.len
     }
@@ -207,7 +201,7 @@ impl Requests {
             sges: &[],
             signaled: true,
         };
-        match slot.con.post_send(&[wr]) {
+        match slot.con.post_chain(&mut [wr]) {
             Ok(()) => true,
             Err(e) if e.is_budget() => false,
             Err(e) => {
@@ -425,20 +419,25 @@ impl Requests {
         idx: u32,
         queued: bool,
     ) -> bool {
-        let op = self.ops.get(idx);
-        let (Some(path), Some(req)) = (op.path.clone(), op.req) else {
+        let op = self.ops.get_mut(idx);
+        // The path is taken out of the slot for the call (no reference count moves per
+        // response); every way out either puts it back or ends the slot with it.
+        let (Some(req), Some(path)) = (op.req, op.path.as_ref()) else {
             return true;
         };
         let (ci, buf_id, result) = (op.con, op.buf_id, op.result);
         let usable = path.is_connected()
             && env.cons[ci]
                 .as_ref()
-                .is_some_and(|s| !s.closing && Arc::ptr_eq(&s.path, &path));
+                .is_some_and(|s| !s.closing && Arc::ptr_eq(&s.path, path));
         if !usable {
             // A queued one is popped from its wait list by the caller.
             self.ops.end(idx, true);
             return true;
         }
+        let Some(path) = op.path.take() else {
+            return true;
+        };
         let sess = &path.sess;
         let ai = env.sh.cfg.always_invalidate;
         let (desc, need_inval) = match req.op {
@@ -450,7 +449,7 @@ impl Requests {
         let rsp = IoRsp::new(buf_id.into(), Errno::neg_of(result), need_inval)
             .or_else(|_| IoRsp::new(buf_id.into(), Errno::EIO.neg(), need_inval));
         let Ok(rsp) = rsp else {
-            self.ops.end(idx, true);
+            self.ops.end_taken(idx, &path, true);
             return true;
         };
         let imm = rsp.to_imm();
@@ -461,7 +460,8 @@ impl Requests {
         let rkey_sge;
         let mut chain = Chain::new();
         let rsp_id = WrId::Rsp.encode();
-        let reg = new_rkey.map(|rkey| SendWr {
+        // Each request is written once, straight into the chain.
+        let reg = |rkey| SendWr {
             wr_id: rsp_id,
             op: SendOp::RegMr {
                 slot: &path.mrs[usize::from(buf_id)],
@@ -473,13 +473,13 @@ impl Requests {
             },
             sges: &[],
             signaled: false,
-        });
-        let inv = desc.filter(|_| need_inval).map(|d| SendWr {
+        };
+        let inv = |rkey| SendWr {
             wr_id: rsp_id,
-            op: SendOp::SendWithInv { rkey: d.key },
+            op: SendOp::SendWithInv { rkey },
             sges: &[],
             signaled: false,
-        });
+        };
         if let (true, Some(d)) = (case_b, desc) {
             data_sge = [sess.chunks.sge(base, d.len as usize)];
             chain.push(SendWr {
@@ -491,11 +491,19 @@ impl Requests {
                 sges: &data_sge,
                 signaled: false,
             });
-            chain.push_opt(reg);
-            chain.push_opt(inv);
+            if let Some(rkey) = new_rkey {
+                chain.push(reg(rkey));
+            }
+            if need_inval {
+                chain.push(inv(d.key));
+            }
         } else {
-            chain.push_opt(inv);
-            chain.push_opt(reg);
+            if let Some(d) = desc.filter(|_| need_inval) {
+                chain.push(inv(d.key));
+            }
+            if let Some(rkey) = new_rkey {
+                chain.push(reg(rkey));
+            }
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
@@ -520,20 +528,25 @@ impl Requests {
             }),
         }
         let Some(slot) = env.cons[ci].as_mut() else {
+            self.ops.get_mut(idx).path = Some(path);
             return true;
         };
         if chain.len() > slot.con.sq_avail() as usize {
             if !queued {
-                self.ops.get_mut(idx).stage = Stage::RspQueued;
                 slot.rsp_wait.push_back(idx);
                 CoreCounters::add(&path.counters.core(self.core).rsp_queued, 1);
             }
+            let op = self.ops.get_mut(idx);
+            if !queued {
+                op.stage = Stage::RspQueued;
+            }
+            op.path = Some(path);
             return false;
         }
         // Release the chunk and the buf id before the response can reach the client:
         // once it has the response it may send the next request for this buf id, on
         // any connection of the path, and that one must not look like a duplicate.
-        self.ops.end(idx, false);
+        self.ops.end_taken(idx, &path, false);
         let Some(slot) = env.cons[ci].as_mut() else {
             return true;
         };

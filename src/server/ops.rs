@@ -111,7 +111,22 @@ impl OpTable {
         if op.stage == Stage::Free {
             return;
         }
-        if let Some(p) = op.path.take() {
+        let path = op.path.take();
+        self.finish(idx, path.as_deref(), dropped);
+    }
+
+    /// As [`end`](Self::end), for a request whose path the caller has taken out of the
+    /// slot (`Op::path` is `None`) and still holds: no reference count moves.
+    pub fn end_taken(&mut self, idx: u32, path: &Path, dropped: bool) {
+        if self.ops[idx as usize].stage == Stage::Free {
+            return;
+        }
+        self.finish(idx, Some(path), dropped);
+    }
+
+    fn finish(&mut self, idx: u32, path: Option<&Path>, dropped: bool) {
+        let op = &mut self.ops[idx as usize];
+        if let Some(p) = path {
             p.sess.release(op.buf_id, p.id);
             p.clear_busy(op.buf_id);
             if dropped {

@@ -139,13 +139,19 @@ impl ServerCore {
             return busy;
         };
         let n = slot.con.poll(&mut self.wcs);
-        slot.cm_due = self.wcs[..n].iter().any(|w| !w.status.is_ok());
         // Every consumed receive (a request's WRITE_WITH_IMM) is reposted before the
-        // batch is handled, as the kernel does per completion, but in one call.
-        let reposts = self.wcs[..n]
-            .iter()
-            .filter(|w| w.status.is_ok() && w.opcode == WcOpcode::RecvRdmaWithImm)
-            .count() as u32;
+        // batch is handled, as the kernel does per completion, but in one call; a failed
+        // completion has the connection manager asked (one pass over the batch).
+        let mut failed = false;
+        let mut reposts = 0u32;
+        for w in &self.wcs[..n] {
+            if !w.status.is_ok() {
+                failed = true;
+            } else if w.opcode == WcOpcode::RecvRdmaWithImm {
+                reposts += 1;
+            }
+        }
+        slot.cm_due = failed;
         if reposts > 0 {
             if let Err(e) = slot.con.post_recv_empty(reposts, WrId::Recv.encode()) {
                 // The usual case: the peer went away right after these requests (a
