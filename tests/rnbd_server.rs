@@ -14,7 +14,7 @@ use rtrs_spdk::proto::rnbd::{
 };
 use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
 use rtrs_spdk::rnbd::server::{
-    Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdSession,
+    Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdSession, SessionView,
 };
 use rtrs_spdk::Errno;
 
@@ -352,6 +352,67 @@ fn io_across_cores_on_one_ram_disk() {
     assert_eq!(run(&mut d1, &s, &f, Dir::Read, rbuf.buf(0)), 0);
     // A 24-byte (pre-prio) IO header is accepted.
     assert_eq!(run(&mut d1, &s, &r[..24], Dir::Read, rbuf.buf(8192)), 0);
+    assert_eq!(d0.in_flight() + d1.in_flight(), 0);
+}
+
+/// As [`run`], through a core's own copy of the session's devices.
+fn run_view(d: &mut Dispatcher, v: &mut SessionView, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
+    match d.process_view(v, req(usr, dir, data)) {
+        Outcome::Done(r) => Errno::neg_of(r),
+        Outcome::Submitted => wait_one(d),
+    }
+}
+
+#[test]
+fn each_core_sees_open_and_close_of_another() {
+    let (ex, mut d0, mut d1) = setup();
+    let s = Arc::new(RnbdSession::new("s", ex.clone()));
+    let mut v0 = SessionView::new(Arc::clone(&s));
+    let mut v1 = SessionView::new(Arc::clone(&s));
+    let buf = Area::new(4096);
+    // Core 1 took its copy before the OPEN on core 0: the IO still finds the device.
+    let area = Area::new(4096);
+    let msg = open_msg(b"disk0", AccessMode::ReadWrite);
+    assert_eq!(
+        d0.process_view(&mut v0, req(&msg, Dir::Read, area.buf(OpenRsp::LEN))),
+        Outcome::Done(Ok(()))
+    );
+    let id = OpenRsp::decode(&area.bytes(OpenRsp::LEN))
+        .unwrap()
+        .device_id;
+    let r = io_msg(id, RnbdOp::Read, RnbdFlags::NONE, 0, 4096);
+    assert_eq!(run_view(&mut d1, &mut v1, &r, Dir::Read, buf.buf(4096)), 0);
+    // CLOSE on core 0: core 1's next IO on that id is refused as unconnected.
+    let close = Close { device_id: id }.to_bytes();
+    assert_eq!(
+        run_view(&mut d0, &mut v0, &close, Dir::Write, buf.buf(0)),
+        0
+    );
+    assert_eq!(
+        run_view(&mut d1, &mut v1, &r, Dir::Read, buf.buf(4096)),
+        -libc::ENOTCONN
+    );
+    assert_eq!(
+        run_view(&mut d0, &mut v0, &r, Dir::Read, buf.buf(4096)),
+        -libc::ENOTCONN
+    );
+    // The id comes back for another export; core 1 follows it (a read-only mapping
+    // refuses a write, so the new mapping is the one used).
+    let id2 = open(&mut d0, &s, b"disk1", AccessMode::ReadOnly)
+        .unwrap()
+        .device_id;
+    assert_eq!(id2, id);
+    let w = io_msg(id, RnbdOp::Write, RnbdFlags::NONE, 0, 4096);
+    assert_eq!(
+        run_view(&mut d1, &mut v1, &w, Dir::Write, buf.buf(4096)),
+        -libc::EROFS
+    );
+    // The session's end closes everything for every core.
+    s.end();
+    assert_eq!(
+        run_view(&mut d1, &mut v1, &r, Dir::Read, buf.buf(4096)),
+        -libc::ENOTCONN
+    );
     assert_eq!(d0.in_flight() + d1.in_flight(), 0);
 }
 

@@ -216,7 +216,6 @@ impl SessionHandle for DirectPort {
             data_len: len,
         });
         let data = self.chunk(i, len);
-        let sess = self.sessions.session_or_create(self.key, "clt").clone();
         let req = Request {
             tag: io.tag,
             dir: io.dir,
@@ -224,7 +223,8 @@ impl SessionHandle for DirectPort {
             data,
             peer: None,
         };
-        if let Outcome::Done(e) = self.disp.process(&sess, req) {
+        let sess = self.sessions.session_or_create(self.key, "clt");
+        if let Outcome::Done(e) = self.disp.process_view(sess, req) {
             self.finish(io.tag, Errno::neg_of(e));
         }
         Ok(())

@@ -16,7 +16,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::exports::{AccessError, Exports, ExportsError};
-use super::session::RnbdSession;
+use super::session::{lookup_fresh, RnbdSession, SessionView};
+use super::ExportId;
 use crate::proto::rnbd::{AccessMode, Io, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfoRsp};
 use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, IoBuf,
@@ -124,10 +125,28 @@ impl Dispatcher {
             + self.ready.len()
     }
 
-    /// Handles one request of `sess`: SESS_INFO and OPEN answer at once with their reply
-    /// in the data area, CLOSE answers 0, IO starts on this core's backend (docs/PROTOCOL.md
-    /// §7). Every field is checked first; a malformed header is −EINVAL.
+    /// Handles one request of the session `view` shows, looking an IO's device up in
+    /// this core's copy of the session's devices (no lock unless the copy is stale):
+    /// SESS_INFO and OPEN answer at once with their reply in the data area, CLOSE answers
+    /// 0, IO starts on this core's backend (docs/PROTOCOL.md §7). Every field is checked
+    /// first; a malformed header is −EINVAL.
+    pub fn process_view(&mut self, view: &mut SessionView, req: Request<'_>) -> Outcome {
+        let (sess, devices) = view.parts();
+        self.handle(sess, req, |id| lookup_fresh(sess, devices, id))
+    }
+
+    /// As [`process_view`](Self::process_view) for a caller that keeps no per-core copy:
+    /// an IO looks its device up under the session's lock.
     pub fn process(&mut self, sess: &RnbdSession, req: Request<'_>) -> Outcome {
+        self.handle(sess, req, |id| sess.lookup(id))
+    }
+
+    fn handle(
+        &mut self,
+        sess: &RnbdSession,
+        req: Request<'_>,
+        lookup: impl FnOnce(u32) -> Option<(ExportId, AccessMode)>,
+    ) -> Outcome {
         let msg = match RnbdMsg::decode(req.usr) {
             Ok(msg) => msg,
             Err(e) => {
@@ -196,12 +215,22 @@ impl Dispatcher {
                 sess.close(close.device_id);
                 Outcome::Done(Ok(()))
             }
-            RnbdMsg::Io(io) => self.start_io(sess, req, &io),
+            RnbdMsg::Io(io) => {
+                let device = lookup(io.device_id);
+                self.start_io(sess, req, &io, device)
+            }
         }
     }
 
-    fn start_io(&mut self, sess: &RnbdSession, req: Request<'_>, io: &Io) -> Outcome {
-        let Some((export, mode)) = sess.lookup(io.device_id) else {
+    #[inline]
+    fn start_io(
+        &mut self,
+        sess: &RnbdSession,
+        req: Request<'_>,
+        io: &Io,
+        device: Option<(ExportId, AccessMode)>,
+    ) -> Outcome {
+        let Some((export, mode)) = device else {
             return Outcome::Done(Err(Errno::ENOTCONN));
         };
         let io_block = match to_block_io(req, io, mode) {
@@ -235,8 +264,13 @@ impl Dispatcher {
 
     /// This core's instance of `export`, opened here on first use; `None` (the IO fails
     /// with −EIO) for a removed export or one that cannot be opened on this core.
-    fn backend(&mut self, export: super::ExportId) -> Option<&mut Box<dyn BlockBackend>> {
-        if self.exports.is_closed(export) {
+    fn backend(&mut self, export: ExportId) -> Option<&mut Box<dyn BlockBackend>> {
+        // While the generation is the one `drop_closed` last saw and no removed export
+        // kept an instance here, no instance here is of a removed export: one dropped
+        // there is opened again below only if its export is still open.
+        if (self.closing || self.exports.generation() != self.seen_gen)
+            && self.exports.is_closed(export)
+        {
             return None;
         }
         let index = export.index();
@@ -267,7 +301,7 @@ impl Dispatcher {
         self.seen_gen = self.exports.generation();
         self.closing = false;
         for index in 0..self.backends.len() {
-            if self.backends[index].is_none() || !self.exports.is_closed(super::ExportId(index)) {
+            if self.backends[index].is_none() || !self.exports.is_closed(ExportId(index)) {
                 continue;
             }
             for _ in 0..self.waiting.len() {

@@ -133,7 +133,7 @@ impl ServerHandler for RnbdServer {
             data,
             peer: Some(io.path.peer().ip()),
         };
-        match disp.process(sess, req) {
+        match disp.process_view(sess, req) {
             Outcome::Done(result) => out.respond(io.id, result),
             Outcome::Submitted => {}
         }

@@ -1,14 +1,15 @@
 //! Which RNBD session belongs to which RTRS session, for every core: a table shared by
 //! the cores (written on link events, the kernel's `rnbd_srv_link_ev` creating and
 //! destroying `rnbd_srv_session`), and a per-core cache read on every request so the
-//! data path takes no shared lock once a core has seen a session.
+//! data path takes no shared lock once a core has seen a session. The cache holds each
+//! session as a [`SessionView`]: the session with this core's copy of its devices.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::exports::Exports;
-use super::session::RnbdSession;
+use super::session::{RnbdSession, SessionView};
 
 /// RNBD sessions by RTRS session key, shared by all cores.
 pub struct RnbdSessions<K> {
@@ -71,10 +72,11 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
 /// One core's view of a [`RnbdSessions`].
 pub struct SessionCache<K> {
     table: Arc<RnbdSessions<K>>,
-    local: HashMap<K, Arc<RnbdSession>>,
+    /// The sessions seen on this core, but for `last`.
+    local: HashMap<K, SessionView>,
     /// The session of the last request: consecutive requests mostly come from one
     /// session, and comparing a key is cheaper than hashing it.
-    last: Option<(K, Arc<RnbdSession>)>,
+    last: Option<(K, SessionView)>,
 }
 
 impl<K: Copy + Eq + Hash> SessionCache<K> {
@@ -92,37 +94,36 @@ impl<K: Copy + Eq + Hash> SessionCache<K> {
 
     /// The live session of `key`, from the cache or else the table; `None` when the
     /// RTRS session has none (not connected yet, or gone).
-    pub fn session(&mut self, key: K) -> Option<&Arc<RnbdSession>> {
+    pub fn session(&mut self, key: K) -> Option<&mut SessionView> {
         let hit = matches!(&self.last, Some((k, s)) if *k == key && !s.is_ended());
         if !hit {
-            self.last = None;
-            if self.local.get(&key).map_or(true, |s| s.is_ended()) {
-                match self.table.get(key) {
-                    Some(fresh) => {
-                        self.local.insert(key, fresh);
-                    }
-                    None => {
-                        self.local.remove(&key);
-                        return None;
-                    }
+            if let Some((k, s)) = self.last.take() {
+                if !s.is_ended() {
+                    self.local.insert(k, s);
                 }
             }
-            let s = self.local.get(&key)?;
-            self.last = Some((key, Arc::clone(s)));
+            let view = match self.local.remove(&key) {
+                Some(s) if !s.is_ended() => s,
+                _ => SessionView::new(self.table.get(key)?),
+            };
+            self.last = Some((key, view));
         }
-        self.last.as_ref().map(|(_, s)| s)
+        self.last.as_mut().map(|(_, s)| s)
     }
 
     /// As [`session`](Self::session), creating the session (named `name`) in the table
     /// when there is none: for SESS_INFO or OPEN arriving on a core before the link
     /// event that creates it was handled.
-    pub fn session_or_create(&mut self, key: K, name: &str) -> &Arc<RnbdSession> {
+    pub fn session_or_create(&mut self, key: K, name: &str) -> &mut SessionView {
         if self.session(key).is_none() {
             let fresh = self.table.get_or_create(key, name);
-            self.local.insert(key, Arc::clone(&fresh));
-            self.last = Some((key, fresh));
+            self.last = Some((key, SessionView::new(fresh)));
         }
-        &self.local[&key]
+        let (_, view) = self
+            .last
+            .as_mut()
+            .expect("session() or the line above set the last session");
+        view
     }
 
     /// Forgets `key` on this core (the table is not touched).
@@ -146,7 +147,7 @@ mod tests {
         let mut c0 = SessionCache::new(table.clone());
         let mut c1 = SessionCache::new(table.clone());
         assert!(c0.session(7).is_none());
-        let s = Arc::clone(c0.session_or_create(7, "clt"));
+        let s = Arc::clone(c0.session_or_create(7, "clt").session());
         let open = Open {
             access_mode: AccessMode::ReadWrite,
             dev_name: b"a",
@@ -162,11 +163,11 @@ mod tests {
         assert_eq!(ex.writers(ex.lookup(b"a").unwrap()), 0);
         // A core still caching it no longer finds it; a new one is a new, empty session.
         assert!(c1.session(7).is_none());
-        let again = Arc::clone(c1.session_or_create(7, "clt"));
+        let again = Arc::clone(c1.session_or_create(7, "clt").session());
         assert!(!Arc::ptr_eq(&again, &gone));
         assert!(again.lookup(0).is_none());
         c0.forget(7);
-        assert!(Arc::ptr_eq(c0.session(7).unwrap(), &again));
+        assert!(Arc::ptr_eq(c0.session(7).unwrap().session(), &again));
         assert!(table.remove(8).is_none());
     }
 }

@@ -3,9 +3,20 @@
 //! (`process_msg_open`, `process_msg_close`, `rnbd_srv_destroy_sess`): created when the
 //! RTRS session's first path comes up, destroyed (closing every mapping) when the last
 //! one goes. Shared by the cores serving the session's connections.
+//!
+//! OPEN and CLOSE (rare) change the table under a mutex and publish it as a new immutable
+//! [`Devices`] snapshot with a higher version. Each core serving the session keeps its own
+//! copy in a [`SessionView`] and, per IO, compares its version with the published one
+//! (one Acquire load); only a stale copy takes the mutex, to pick up the new one. So the
+//! data path takes no lock and does no atomic read-modify-write (docs/ARCHITECTURE.md,
+//! "The server's core poller"). A CLOSE (or the session's end) is published before it
+//! is answered, so a request handled after it on any core finds the device gone, as it
+//! did behind a lock; an IO that looked its device up before keeps its export, which
+//! is never freed (a removed export only turns closed, see [`Exports`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::net::IpAddr;
 
@@ -24,14 +35,45 @@ pub struct Mapping {
     pub rsp: OpenRsp,
 }
 
+/// What an IO needs of the session's devices at one version (immutable once published):
+/// slot `i` is device id `i`, `None` a free id.
+#[derive(Debug, Default)]
+pub struct Devices {
+    version: u64,
+    slots: Vec<Option<(ExportId, AccessMode)>>,
+}
+
+impl Devices {
+    /// The table's version this snapshot shows.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Export and mode of `device_id`, unless it is closed or unknown.
+    #[inline]
+    pub fn get(&self, device_id: u32) -> Option<(ExportId, AccessMode)> {
+        self.slots.get(device_id as usize).copied().flatten()
+    }
+}
+
+/// The mappings and their last published snapshot, changed together.
+#[derive(Default)]
+struct Table {
+    /// Slot `i` is device id `i`; `None` is a free id.
+    mappings: Vec<Option<Mapping>>,
+    published: Arc<Devices>,
+}
+
 /// A session's device table and negotiated version.
 pub struct RnbdSession {
     name: String,
     exports: Arc<Exports>,
     /// `min(client ver, 2)`; 0 until SESS_INFO.
     ver: AtomicU8,
-    /// Slot `i` is device id `i`; `None` is a free id. Reads (every IO) share the lock.
-    devices: RwLock<Vec<Option<Mapping>>>,
+    /// Written by OPEN, CLOSE and the end; IO reads the snapshot (see the module doc).
+    table: Mutex<Table>,
+    /// The version of `table.published`, stored under the lock after it.
+    version: AtomicU64,
     ended: AtomicBool,
 }
 
@@ -42,7 +84,8 @@ impl RnbdSession {
             name: name.to_string(),
             exports,
             ver: AtomicU8::new(0),
-            devices: RwLock::new(Vec::new()),
+            table: Mutex::new(Table::default()),
+            version: AtomicU64::new(0),
             ended: AtomicBool::new(false),
         }
     }
@@ -78,7 +121,18 @@ impl RnbdSession {
     /// The refusal, whose [`errno`](AccessError::errno) goes on the wire; also
     /// [`AccessError::UnknownName`] once the session has ended.
     pub fn open(&self, open: &Open<'_>, addr: Option<IpAddr>) -> Result<OpenRsp, AccessError> {
-        let mut devices = self.write();
+        let mut table = self.lock();
+        let result = self.open_locked(&mut table.mappings, open, addr);
+        self.publish(&mut table);
+        result
+    }
+
+    fn open_locked(
+        &self,
+        devices: &mut Vec<Option<Mapping>>,
+        open: &Open<'_>,
+        addr: Option<IpAddr>,
+    ) -> Result<OpenRsp, AccessError> {
         if let Some(i) = devices
             .iter()
             .position(|m| m.as_ref().is_some_and(|m| *m.name == *open.dev_name))
@@ -132,27 +186,27 @@ impl RnbdSession {
     /// answers 0). Returns whether a mapping was closed. IO already submitted for it
     /// completes normally.
     pub fn close(&self, device_id: u32) -> bool {
-        let mut devices = self.write();
-        let Some(slot) = devices.get_mut(device_id as usize) else {
-            return false;
-        };
-        let Some(m) = slot.take() else {
+        let mut table = self.lock();
+        let devices = &mut table.mappings;
+        let Some(m) = devices.get_mut(device_id as usize).and_then(Option::take) else {
             return false;
         };
         self.exports.release(m.export, m.mode);
         while devices.last().is_some_and(Option::is_none) {
             devices.pop();
         }
+        self.publish(&mut table);
         true
     }
 
     /// Closes every mapping (the session's last path went away). Later OPENs fail.
     pub fn end(&self) {
         self.ended.store(true, Ordering::Relaxed);
-        let mut devices = self.write();
-        for m in devices.drain(..).flatten() {
+        let mut table = self.lock();
+        for m in table.mappings.drain(..).flatten() {
             self.exports.release(m.export, m.mode);
         }
+        self.publish(&mut table);
     }
 
     /// Whether [`end`](Self::end) ran: the RTRS session is gone.
@@ -160,31 +214,115 @@ impl RnbdSession {
         self.ended.load(Ordering::Relaxed)
     }
 
-    /// Export and mode of `device_id`, for an IO.
+    /// Export and mode of `device_id` as published (takes the table's lock: the data
+    /// path asks its [`SessionView`] instead).
     pub fn lookup(&self, device_id: u32) -> Option<(ExportId, AccessMode)> {
-        let devices = self.read();
-        devices
-            .get(device_id as usize)
-            .and_then(Option::as_ref)
-            .map(|m| (m.export, m.mode))
+        self.devices().get(device_id)
+    }
+
+    /// The published version (one Acquire load: the per-IO check).
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The published snapshot of the devices.
+    pub fn devices(&self) -> Arc<Devices> {
+        Arc::clone(&self.lock().published)
     }
 
     /// A copy of the device table: `(device_id, mapping)`.
     pub fn mappings(&self) -> Vec<(u32, Mapping)> {
-        self.read()
+        self.lock()
+            .mappings
             .iter()
             .enumerate()
             .filter_map(|(i, m)| m.clone().map(|m| (i as u32, m)))
             .collect()
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Vec<Option<Mapping>>> {
-        // The table is consistent after any panic (one assignment per change).
-        self.devices.read().unwrap_or_else(|e| e.into_inner())
+    /// Publishes the mappings as the next version, if they changed.
+    fn publish(&self, table: &mut Table) {
+        let slots: Vec<Option<(ExportId, AccessMode)>> = table
+            .mappings
+            .iter()
+            .map(|m| m.as_ref().map(|m| (m.export, m.mode)))
+            .collect();
+        if slots == table.published.slots {
+            return;
+        }
+        let version = table.published.version + 1;
+        table.published = Arc::new(Devices { version, slots });
+        // Stored under the lock after the snapshot: a core that sees this version and
+        // takes the lock finds this snapshot or a newer one.
+        self.version.store(version, Ordering::Release);
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, Vec<Option<Mapping>>> {
-        self.devices.write().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // The table is consistent after any panic: each change is published before the
+        // guard drops, and a change cut short only leaves the snapshot one change behind
+        // until the next.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One core's view of a session: the session and this core's copy of its published
+/// devices, refreshed only when the published version moved (see the module doc).
+#[derive(Clone, Debug)]
+pub struct SessionView {
+    sess: Arc<RnbdSession>,
+    devices: Arc<Devices>,
+}
+
+impl SessionView {
+    /// A view of `sess` holding its current snapshot.
+    pub fn new(sess: Arc<RnbdSession>) -> SessionView {
+        let devices = sess.devices();
+        SessionView { sess, devices }
+    }
+
+    pub fn session(&self) -> &Arc<RnbdSession> {
+        &self.sess
+    }
+
+    /// Export and mode of `device_id`, for an IO: one Acquire load, and the session's
+    /// lock only when this copy is stale.
+    #[inline]
+    pub fn lookup(&mut self, device_id: u32) -> Option<(ExportId, AccessMode)> {
+        lookup_fresh(&self.sess, &mut self.devices, device_id)
+    }
+
+    /// The session and this core's copy, borrowed apart (the dispatcher reads the one and
+    /// refreshes the other).
+    pub(super) fn parts(&mut self) -> (&RnbdSession, &mut Arc<Devices>) {
+        (&self.sess, &mut self.devices)
+    }
+}
+
+/// `device_id` in `devices`, a copy of `sess`'s snapshot taken again first if stale.
+#[inline]
+pub(super) fn lookup_fresh(
+    sess: &RnbdSession,
+    devices: &mut Arc<Devices>,
+    device_id: u32,
+) -> Option<(ExportId, AccessMode)> {
+    if devices.version != sess.version() {
+        *devices = sess.devices();
+    }
+    devices.get(device_id)
+}
+
+impl Deref for SessionView {
+    type Target = RnbdSession;
+
+    fn deref(&self) -> &RnbdSession {
+        &self.sess
+    }
+}
+
+impl From<Arc<RnbdSession>> for SessionView {
+    fn from(sess: Arc<RnbdSession>) -> SessionView {
+        SessionView::new(sess)
     }
 }
 
@@ -283,6 +421,51 @@ mod tests {
         drop(s1);
         assert_eq!(ex.writers(a), 0);
         assert!(s2.open(&open(b"a", AccessMode::ReadWrite), None).is_ok());
+    }
+
+    #[test]
+    fn views_refresh_only_when_the_version_moves() {
+        let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096)]).unwrap());
+        let a = ex.lookup(b"a").unwrap();
+        let b = ex.lookup(b"b").unwrap();
+        let s = Arc::new(RnbdSession::new("s", ex.clone()));
+        let mut core0 = SessionView::new(Arc::clone(&s));
+        let mut core1 = SessionView::from(Arc::clone(&s));
+        assert_eq!(core1.lookup(0), None);
+        let id = s
+            .open(&open(b"a", AccessMode::ReadWrite), None)
+            .unwrap()
+            .device_id;
+        let v = s.version();
+        assert_eq!(v, 1);
+        // Taken again once, then kept while nothing changes.
+        assert_eq!(core1.lookup(id), Some((a, AccessMode::ReadWrite)));
+        let copy = Arc::clone(&core1.devices);
+        assert_eq!(core1.lookup(id), Some((a, AccessMode::ReadWrite)));
+        assert!(Arc::ptr_eq(&copy, &core1.devices));
+        // An idempotent re-open and refused OPENs publish nothing.
+        s.open(&open(b"a", AccessMode::ReadOnly), None).unwrap();
+        assert!(s.open(&open(b"x", AccessMode::ReadOnly), None).is_err());
+        assert_eq!(s.version(), v);
+        // A CLOSE through one core's view shows on the other's next lookup.
+        assert!(core0.close(id));
+        assert_eq!(s.version(), v + 1);
+        assert_eq!(core1.lookup(id), None);
+        // An unknown id changes nothing.
+        assert!(!core0.close(id));
+        assert_eq!(s.version(), v + 1);
+        let id_b = s
+            .open(&open(b"b", AccessMode::ReadOnly), None)
+            .unwrap()
+            .device_id;
+        assert_eq!(id_b, id);
+        assert_eq!(core1.lookup(id), Some((b, AccessMode::ReadOnly)));
+        assert_eq!(core0.lookup(id), Some((b, AccessMode::ReadOnly)));
+        s.end();
+        assert_eq!(core0.lookup(id), None);
+        assert_eq!(core1.lookup(id), None);
+        assert_eq!(s.devices().version(), s.version());
+        assert_eq!(ex.writers(a), 0);
     }
 
     use crate::rnbd::backend::BlockBackend as _;
