@@ -244,7 +244,13 @@ impl SoftQp {
             };
             self.push_send(wr, len);
         }
-        self.advance();
+        // Every earlier change (an ack, a break) ran `advance`, so the slot at `sq_done`
+        // is the first incomplete one. Posting completes only requests that complete at
+        // post time (local operations, errors, flushes): the walk can move on only when
+        // the first incomplete slot is now one of those.
+        if self.sq_done < self.sq_len && self.slot(self.sq_done).status.is_some() {
+            self.advance();
+        }
         Ok(())
     }
 
