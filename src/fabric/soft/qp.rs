@@ -266,7 +266,8 @@ impl SoftQp {
         slot.signaled = wr.signaled;
         slot.wire = None;
         slot.status = None;
-        slot.srcs.clear();
+        // A slot leaves the ring with its sources released (`advance`, `break_now`).
+        debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
         let (kind, remote_addr, rkey, imm, inv_rkey) = match wr.op {
             SendOp::Send => (WireKind::Send, 0, 0, 0, 0),
             SendOp::SendWithImm { imm } => (WireKind::SendWithImm, 0, 0, imm, 0),
