@@ -146,14 +146,7 @@ struct Entry {
     base: u64,
     len: u64,
     access: Access,
-    /// A region's memory; `None` for a slot, whose memory is its region's.
     backing: Option<Arc<Backing>>,
-    /// A bound slot's region: its index and key byte at binding time. A slot holds no
-    /// handle of its own on the memory (a binding touches no reference count); an access
-    /// through it finds the memory in the region's entry, and finds none once the region
-    /// is gone (its index retired or reused under a new key byte).
-    region: u32,
-    region_key: u8,
 }
 
 impl Entry {
@@ -165,8 +158,6 @@ impl Entry {
         len: 0,
         access: Access::NONE,
         backing: None,
-        region: 0,
-        region_key: 0,
     };
 
     fn range(&self, addr: u64, len: u64) -> Option<usize> {
@@ -317,7 +308,6 @@ impl MrTable {
             len: backing.len() as u64,
             access,
             backing: Some(backing.clone()),
-            ..Entry::FREE
         };
         let (index, key) = self.alloc(entry);
         let reg = Registration {
@@ -439,15 +429,7 @@ impl MrTable {
             return Err(WcStatus::RemoteAccess);
         }
         let start = e.range(addr, len as u64).ok_or(WcStatus::RemoteAccess)?;
-        let owner = match e.kind {
-            Kind::Slot => inner
-                .entries
-                .get(e.region as usize)
-                .filter(|r| r.kind == Kind::Region && r.valid && r.key == e.region_key)
-                .ok_or(WcStatus::RemoteAccess)?,
-            _ => e,
-        };
-        let keep = owner.backing.clone().ok_or(WcStatus::RemoteAccess)?;
+        let keep = e.backing.clone().ok_or(WcStatus::RemoteAccess)?;
         Ok(MemRef {
             ptr: start as *mut u8,
             len: len as usize,
@@ -455,10 +437,7 @@ impl MrTable {
         })
     }
 
-    /// Binds `slot` to `[addr, addr+len)` of `region` under `rkey` (a REG_MR). The
-    /// binding names the region (no reference count is taken): once the region is
-    /// dropped, accesses through the slot are refused, as accesses through the region
-    /// itself are.
+    /// Binds `slot` to `[addr, addr+len)` of `region` under `rkey` (a REG_MR).
     ///
     /// # Errors
     /// [`WcStatus::LocalQpOperation`] when the slot or region belongs to another table,
@@ -485,7 +464,7 @@ impl MrTable {
         if r.kind != Kind::Region || !r.valid || r.range(addr, len as u64).is_none() {
             return Err(bad);
         }
-        let region_key = r.key;
+        let backing = r.backing.clone();
         let e = &mut inner.entries[slot_index as usize];
         if e.valid {
             return Err(bad);
@@ -497,9 +476,7 @@ impl MrTable {
             base: addr,
             len: len as u64,
             access,
-            backing: None,
-            region: region_index,
-            region_key,
+            backing,
         };
         drop(inner);
         slot.set_rkey(rkey);
@@ -517,6 +494,7 @@ impl MrTable {
         match inner.entries.get_mut((rkey >> 8) as usize) {
             Some(e) if e.kind == Kind::Slot && e.valid && e.key == rkey as u8 => {
                 e.valid = false;
+                e.backing = None;
                 Ok(())
             }
             _ => Err(()),
@@ -652,29 +630,6 @@ mod tests {
             .bind(&slot, &mr, mr.addr() + 1, 8192, RW, inc_rkey(k2))
             .is_err());
         assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey()).is_err());
-    }
-
-    #[test]
-    fn a_binding_ends_with_its_region() {
-        let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(4096), RW);
-        let addr = mr.addr();
-        let slot = t.alloc_fast_mr();
-        let k = inc_rkey(slot.rkey());
-        t.bind(&slot, &mr, addr, 4096, RW, k).unwrap();
-        let held = t.remote(k, addr, 4096, Access::REMOTE_WRITE).unwrap();
-        drop(mr);
-        assert!(
-            t.remote(k, addr, 1, Access::REMOTE_WRITE).is_err(),
-            "region gone"
-        );
-        // The region's index reused by a new region: still not the bound one.
-        let again = t.register_buf(MemBuf::zeroed(4096), RW);
-        assert!(t.remote(k, again.addr(), 1, Access::REMOTE_WRITE).is_err());
-        assert!(t.remote(k, addr, 1, Access::REMOTE_WRITE).is_err());
-        // A reference taken before the drop still keeps the memory.
-        held.write_at(0, b"still here");
-        t.invalidate(k).unwrap();
     }
 
     #[test]
