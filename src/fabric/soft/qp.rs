@@ -244,7 +244,13 @@ impl SoftQp {
             };
             self.push_send(wr, len);
         }
-        self.advance();
+        // Every earlier change (an ack, a break) ran `advance`, so the slot at `sq_done`
+        // is the first incomplete one. Posting completes only requests that complete at
+        // post time (local operations, errors, flushes): the walk can move on only when
+        // the first incomplete slot is now one of those.
+        if self.sq_done < self.sq_len && self.slot(self.sq_done).status.is_some() {
+            self.advance();
+        }
         Ok(())
     }
 
@@ -260,7 +266,8 @@ impl SoftQp {
         slot.signaled = wr.signaled;
         slot.wire = None;
         slot.status = None;
-        slot.srcs.clear();
+        // A slot leaves the ring with its sources released (`advance`, `break_now`).
+        debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
         let (kind, remote_addr, rkey, imm, inv_rkey) = match wr.op {
             SendOp::Send => (WireKind::Send, 0, 0, 0, 0),
             SendOp::SendWithImm { imm } => (WireKind::SendWithImm, 0, 0, imm, 0),
@@ -463,35 +470,30 @@ impl SoftQp {
         self.break_now();
     }
 
-    /// Moves completed send requests to the CQ and frees their slots. As on a NIC, an
-    /// unsignaled request that succeeded keeps its slot until a later request of the
-    /// same queue generates a completion; that completion frees everything before it.
+    /// Moves completed send requests to the CQ and frees their slots, in one walk. As on
+    /// a NIC, an unsignaled request that succeeded keeps its slot until a later request
+    /// of the same queue generates a completion; that completion frees everything before
+    /// it. Slots before `sq_done` are known complete and generate no completion (one
+    /// that did would have freed them), so the walk starts there.
     fn advance(&mut self) {
-        let (acked, mask, head) = (self.peer_acked, self.sq_mask, self.sq_head);
-        // Extend the prefix of requests known to be complete; `free` ends just after
-        // the last one that generates a completion.
+        let (acked, mask, head, qp_num) =
+            (self.peer_acked, self.sq_mask, self.sq_head, self.qp_num);
         let mut done = self.sq_done;
+        // Ends just after the last request that generates a completion.
         let mut free = 0;
         while done < self.sq_len {
             let s = &mut self.sq[(head + done) & mask];
             let status = match (s.status, s.wire) {
                 (Some(st), _) => st,
-                (None, Some(w)) if w.seq <= acked => {
-                    s.status = Some(WcStatus::Success);
-                    WcStatus::Success
-                }
+                // Acked: the peer executed it. No need to record the status: a slot
+                // before `sq_done` is never looked at again except to be freed.
+                (None, Some(w)) if w.seq <= acked => WcStatus::Success,
                 _ => break,
             };
             done += 1;
-            if s.signaled || !status.is_ok() {
-                free = done;
-            }
-        }
-        self.sq_done = done;
-        // A completion-generating request frees itself and every slot before it.
-        for k in 0..free {
-            let s = &mut self.sq[(head + k) & mask];
-            let status = s.status.unwrap_or(WcStatus::Success);
+            // Complete: its sources are needed no more (a transmitted operation's are
+            // with the transport or the peer; a failed one's were never sent).
+            s.srcs.clear();
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
                     wr_id: s.wr_id,
@@ -500,14 +502,14 @@ impl SoftQp {
                     byte_len: 0,
                     imm: None,
                     invalidated_rkey: None,
-                    qp_num: self.qp_num,
+                    qp_num,
                 });
+                free = done;
             }
-            s.srcs.clear();
         }
+        self.sq_done = done - free;
         self.sq_head = (head + free) & mask;
         self.sq_len -= free;
-        self.sq_done -= free;
         self.sq_sent = self.sq_sent.saturating_sub(free);
     }
 
