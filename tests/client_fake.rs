@@ -562,62 +562,93 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
     );
 }
 
+/// One client core of a session against a scripted server on the loopback fabric `lo`,
+/// the client using `client_fabric` (`lo` itself, or a wrapper of it), both polled on one
+/// simulated reactor. `connect` runs it until the session's limits reach the core, or
+/// 20 s of virtual time pass (the caller asserts which).
+struct OneCore {
+    sim: rtrs_spdk::engine::Simulation,
+    sess: rtrs_spdk::client::Session,
+    core: std::rc::Rc<std::cell::RefCell<rtrs_spdk::client::SessionCore>>,
+    done: std::rc::Rc<std::cell::RefCell<Vec<rtrs_spdk::client::ClientCompletion>>>,
+}
+
+impl OneCore {
+    fn connect(
+        lo: std::sync::Arc<rtrs_spdk::fabric::loopback::LoopbackFabric>,
+        client_fabric: std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>,
+        name: &str,
+    ) -> OneCore {
+        use client_util::{Events, FakeServer};
+        use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session};
+        use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
+        use std::cell::RefCell;
+        use std::rc::Rc;
+
+        let srv = Rc::new(RefCell::new(FakeServer::new(
+            lo,
+            1,
+            64,
+            64 * 1024,
+            false,
+            1 << 20,
+        )));
+        let mut sim = Simulation::new(1, 256);
+        let s2 = srv.clone();
+        sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
+            if s2.borrow_mut().poll() {
+                PollResult::Busy
+            } else {
+                PollResult::Idle
+            }
+        }));
+        let addr = PathAddr::new(srv.borrow().addrs[0]);
+        let cfg = ClientConfig::new(name, vec![addr]);
+        let events = Box::new(Events(Default::default()));
+        let (sess, mut cores) = sim
+            .reactor(0)
+            .with_ctx(|cx| Session::open(cx, client_fabric, cfg, events))
+            .expect("the session opens");
+        let core = Rc::new(RefCell::new(cores.remove(0)));
+        let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));
+        let (c2, d2) = (core.clone(), done.clone());
+        sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
+            let mut out = [ClientCompletion::default(); 8];
+            let n = c2.borrow_mut().poll(cx.now(), &mut out);
+            d2.borrow_mut().extend_from_slice(&out[..n]);
+            PollResult::Idle
+        }));
+        for _ in 0..20_000 {
+            if core.borrow().max_io_size() > 0 {
+                break;
+            }
+            sim.advance(MS);
+            sim.step();
+        }
+        OneCore {
+            sim,
+            sess,
+            core,
+            done,
+        }
+    }
+}
+
 /// Every segment the client copies itself is checked at submit: a wrong address, a length
 /// past the end of the registration, an unknown lkey and a deregistered region are each
 /// refused with `SubmitError::BadSge` naming the entry, and nothing is dereferenced.
 #[test]
 fn segments_outside_registrations_are_refused_at_submit() {
-    use client_util::{Events, FakeServer};
-    use rtrs_spdk::client::{
-        ClientCompletion, ClientConfig, ClientIo, Dir, PathAddr, Session, SubmitError,
-    };
-    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
-    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
-    use std::cell::RefCell;
-    use std::rc::Rc;
-    use std::sync::Arc;
 
-    let lo = Arc::new(LoopbackFabric::new());
-    let srv = Rc::new(RefCell::new(FakeServer::new(
-        lo.clone(),
-        1,
-        64,
-        64 * 1024,
-        false,
-        1 << 20,
-    )));
-    let mut sim = Simulation::new(1, 256);
-    let s2 = srv.clone();
-    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
-        if s2.borrow_mut().poll() {
-            PollResult::Busy
-        } else {
-            PollResult::Idle
-        }
-    }));
-    let addr = PathAddr::new(srv.borrow().addrs[0]);
-    let cfg = ClientConfig::new("sges", vec![addr]);
-    let (_sess, mut cores) = sim
-        .reactor(0)
-        .with_ctx(|cx| Session::open(cx, lo.clone(), cfg, Box::new(Events(Default::default()))))
-        .unwrap();
-    let core = Rc::new(RefCell::new(cores.remove(0)));
-    let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));
-    let (c2, d2) = (core.clone(), done.clone());
-    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
-        let mut out = [ClientCompletion::default(); 8];
-        let n = c2.borrow_mut().poll(cx.now(), &mut out);
-        d2.borrow_mut().extend_from_slice(&out[..n]);
-        PollResult::Idle
-    }));
-    for _ in 0..20_000 {
-        if core.borrow().max_io_size() > 0 {
-            break;
-        }
-        sim.advance(MS);
-        sim.step();
-    }
+    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
+    let OneCore {
+        mut sim,
+        sess: _sess,
+        core,
+        done,
+    } = OneCore::connect(lo.clone(), lo.clone(), "sges");
     assert!(core.borrow().max_io_size() > 0, "the session connected");
 
     let mr = lo
@@ -790,58 +821,13 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
 /// nothing panics; the session itself stays connected.
 #[test]
 fn a_core_without_buffers_answers_busy_with_no_capacity() {
-    use client_util::{Events, FakeServer};
-    use rtrs_spdk::client::{
-        ClientCompletion, ClientConfig, ClientIo, Dir, PathAddr, Session, SubmitError,
-    };
-    use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
-    use rtrs_spdk::fabric::loopback::LoopbackFabric;
+    use rtrs_spdk::client::{ClientIo, Dir, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
-    use std::cell::RefCell;
-    use std::rc::Rc;
-    use std::sync::Arc;
 
-    let lo = Arc::new(LoopbackFabric::new());
-    let srv = Rc::new(RefCell::new(FakeServer::new(
-        lo.clone(),
-        1,
-        64,
-        64 * 1024,
-        false,
-        1 << 20,
-    )));
-    let mut sim = Simulation::new(1, 256);
-    let s2 = srv.clone();
-    sim.reactor(0).register(Box::new(move |_: &mut dyn Ctx| {
-        if s2.borrow_mut().poll() {
-            PollResult::Busy
-        } else {
-            PollResult::Idle
-        }
-    }));
-    let addr = PathAddr::new(srv.borrow().addrs[0]);
-    let cfg = ClientConfig::new("starved", vec![addr]);
-    let client_fabric: Arc<dyn Fabric> = Arc::new(NoFastMr(lo.clone()));
-    let (sess, mut cores) = sim
-        .reactor(0)
-        .with_ctx(|cx| Session::open(cx, client_fabric, cfg, Box::new(Events(Default::default()))))
-        .unwrap();
-    let core = Rc::new(RefCell::new(cores.remove(0)));
-    let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));
-    let (c2, d2) = (core.clone(), done.clone());
-    sim.reactor(0).register(Box::new(move |cx: &mut dyn Ctx| {
-        let mut out = [ClientCompletion::default(); 8];
-        let n = c2.borrow_mut().poll(cx.now(), &mut out);
-        d2.borrow_mut().extend_from_slice(&out[..n]);
-        PollResult::Idle
-    }));
-    for _ in 0..20_000 {
-        if core.borrow().max_io_size() > 0 {
-            break;
-        }
-        sim.advance(MS);
-        sim.step();
-    }
+    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
+    let starved = std::sync::Arc::new(NoFastMr(lo.clone()));
+    let mut one = OneCore::connect(lo.clone(), starved, "starved");
+    let (core, done) = (one.core.clone(), one.done.clone());
     assert!(
         core.borrow().max_io_size() > 0,
         "the limits reached the core"
@@ -871,13 +857,13 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
         );
     }
     for _ in 0..100 {
-        sim.advance(MS);
-        sim.step();
+        one.sim.advance(MS);
+        one.sim.step();
     }
     assert_eq!(core.borrow().outstanding(), 0);
     assert!(
         done.borrow().is_empty(),
         "nothing was accepted, nothing completes"
     );
-    assert_eq!(sess.paths_up(), 1, "the session stays connected");
+    assert_eq!(one.sess.paths_up(), 1, "the session stays connected");
 }
