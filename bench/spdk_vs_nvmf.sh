@@ -512,7 +512,12 @@ fi
 {
 	echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), ${TIME} s per workload, $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $SPDK_VERSION"
 	echo
-	echo "Command: \`bench/spdk_vs_nvmf.sh --time $TIME --sweep-time $SWEEP_TIME --soak $SOAK_MIN --only $ONLY\`; load average before the run: $LOAD0, after: $(cut -d" " -f1-3 /proc/loadavg)."
+	# The command as it ran: options of parts that did not run are left out.
+	cmd="bench/spdk_vs_nvmf.sh --time $TIME"
+	want sweep && cmd+=" --sweep-time $SWEEP_TIME"
+	want soak && cmd+=" --soak $SOAK_MIN"
+	cmd+=" --only $ONLY"
+	echo "Command: \`$cmd\`; load average before the run: $LOAD0, after: $(cut -d" " -f1-3 /proc/loadavg)."
 	if [[ ${#GOALS[@]} -gt 0 ]]; then
 		echo
 		echo "| goal | measured | target | result |"
