@@ -39,6 +39,14 @@ pub(crate) struct ConSlot {
     pub info: InfoState,
     /// Ask the connection manager at the next poll.
     pub cm_due: bool,
+    /// On a shared CQ: a loop found the connection closed with nothing delivered; its
+    /// flushes, made after that loop's CQ poll, come with the next one.
+    pub quiet_once: bool,
+    /// On a shared CQ, this loop: completions handled, receives to repost, and whether
+    /// reposting failed (its completions are then left unhandled, as `poll_con` does).
+    pub got: u32,
+    pub reposts: u32,
+    pub repost_failed: bool,
 }
 
 impl ConSlot {
@@ -52,6 +60,10 @@ impl ConSlot {
             hb: None,
             info: InfoState::Idle,
             cm_due: true,
+            quiet_once: false,
+            got: 0,
+            reposts: 0,
+            repost_failed: false,
         }
     }
 

@@ -5,13 +5,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crossbeam_queue::SegQueue;
 
 use crate::common::Con;
 use crate::engine::{Ctx, Msg};
-use crate::fabric::Fabric;
+use crate::fabric::{CqRef, Fabric};
 use crate::ratelimit::RateLimit;
 
 use super::config::ServerConfig;
@@ -40,6 +40,10 @@ pub(crate) struct ServerState {
     pub pollers: AtomicUsize,
     /// Messages about peers: refused connections, protocol violations, closed paths.
     pub log: RateLimit,
+    /// Each core's shared completion queue, to accept its connections on (set by the
+    /// core's poller when it starts; unset where the fabric has none: then each
+    /// connection has its own).
+    pub cqs: Vec<OnceLock<CqRef>>,
 }
 
 fn wake(_: &mut dyn Ctx, _: u64) {}
