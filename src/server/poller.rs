@@ -54,6 +54,8 @@ pub(crate) struct ServerCore {
     /// each connection is polled on its own CQ).
     cq: Option<Cq>,
     cq_wcs: [Wc; CQ_BATCH],
+    /// Per entry of `cq_wcs`: its connection's index in `cons` (`u32::MAX`: none).
+    cq_at: [u32; CQ_BATCH],
     requests: Requests,
     /// Home core: paths being torn down, finalised once drained.
     closing: Vec<Arc<Path>>,
@@ -86,6 +88,7 @@ impl ServerCore {
             cons: Vec::new(),
             cq,
             cq_wcs: [Wc::default(); CQ_BATCH],
+            cq_at: [u32::MAX; CQ_BATCH],
             requests: Requests::new(core, qd, max_hdr),
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
@@ -115,7 +118,11 @@ impl ServerCore {
 
     fn on_work(&mut self, cx: &mut dyn Ctx, work: PathWork) {
         match work {
-            PathWork::AddCon { path, mut con } => {
+            PathWork::AddCon {
+                path,
+                mut con,
+                claim,
+            } => {
                 if path.state() > CONNECTED || self.sh.stop.load(Ordering::Acquire) {
                     con.disconnect();
                     path.live_cons.fetch_sub(1, Ordering::AcqRel);
@@ -127,7 +134,8 @@ impl ServerCore {
                     // before its next poll of the CQ.
                     con.adopt();
                 }
-                let slot = ConSlot::new(path, con);
+                let mut slot = ConSlot::new(path, con);
+                slot.cq_claim = claim;
                 match self.cons.iter().position(Option::is_none) {
                     Some(i) => self.cons[i] = Some(slot),
                     None => self.cons.push(Some(slot)),
@@ -169,46 +177,60 @@ impl ServerCore {
     /// receive is reposted before the completions are handled, in one call per
     /// connection (as `poll_con`).
     fn on_cq_batch(&mut self, cx: &mut dyn Ctx, n: usize) {
-        let mut at = [usize::MAX; CQ_BATCH];
-        let mut last = usize::MAX;
-        for (k, wc) in self.cq_wcs[..n].iter().enumerate() {
-            let hit = |i: usize, cons: &[Option<ConSlot>]| {
-                cons[i]
-                    .as_ref()
+        const NONE: u32 = u32::MAX;
+        let mut last = NONE;
+        let mut reposting = false;
+        for k in 0..n {
+            let wc = &self.cq_wcs[k];
+            let hit = |i: u32, cons: &[Option<ConSlot>]| {
+                cons.get(i as usize)
+                    .and_then(Option::as_ref)
                     .is_some_and(|s| s.con.on_shared() && s.con.qp_num() == wc.qp_num)
             };
-            let i = if last != usize::MAX && hit(last, &self.cons) {
-                Some(last)
+            let i = if hit(last, &self.cons) {
+                last
             } else {
-                (0..self.cons.len()).find(|&i| hit(i, &self.cons))
-            };
-            let Some(i) = i else {
-                // A connection of this CQ reports only once this core took it (the
-                // acceptor releases it before the hand-over, see `on_work`), and is
-                // dropped only after a quiet poll (`after_wcs`): a completion of no
-                // connection here belongs to one refused at hand-over (or, on verbs,
-                // to a queue pair already destroyed). Its work died with it; holding
-                // it could hand it to a later connection given the same qp_num.
-                tracing::debug!(
-                    core = self.core,
-                    qp_num = wc.qp_num,
-                    "completion of a connection gone from this core"
-                );
-                continue;
+                match (0..self.cons.len() as u32).find(|&i| hit(i, &self.cons)) {
+                    Some(i) => i,
+                    None => {
+                        // A connection of this CQ reports only once this core took it
+                        // (the acceptor releases it before the hand-over, see
+                        // `on_work`), and is dropped only after a quiet poll
+                        // (`after_wcs`): a completion of no connection here belongs to
+                        // one refused at hand-over (or, on verbs, to a queue pair
+                        // already destroyed). Its work died with it; holding it could
+                        // hand it to a later connection given the same qp_num.
+                        tracing::debug!(
+                            core = self.core,
+                            qp_num = wc.qp_num,
+                            "completion of a connection gone from this core"
+                        );
+                        self.cq_at[k] = NONE;
+                        continue;
+                    }
+                }
             };
             last = i;
-            at[k] = i;
-            if let Some(slot) = self.cons[i].as_mut() {
+            self.cq_at[k] = i;
+            if let Some(slot) = self.cons[i as usize].as_mut() {
                 slot.con.account(wc);
                 slot.got += 1;
                 if !wc.status.is_ok() {
                     slot.cm_due = true;
                 } else if wc.opcode == WcOpcode::RecvRdmaWithImm {
                     slot.reposts += 1;
+                    reposting = true;
                 }
             }
         }
-        for &i in &at[..n] {
+        // Every consumed receive is reposted before any completion is handled, in one
+        // call per connection.
+        let mut failed = false;
+        for k in 0..n {
+            if !reposting {
+                break;
+            }
+            let i = self.cq_at[k] as usize;
             let Some(slot) = self.cons.get_mut(i).and_then(Option::as_mut) else {
                 continue;
             };
@@ -217,7 +239,9 @@ impl ServerCore {
                 continue;
             }
             if let Err(e) = slot.con.post_recv_empty(reposts, WrId::Recv.encode()) {
+                // Its completions are left unhandled, as poll_con leaves them.
                 slot.repost_failed = true;
+                failed = true;
                 // As in poll_con: say Disconnected when that is what happened.
                 if slot.con.state() == ConnState::Disconnected {
                     let cid = slot.con.cid();
@@ -227,7 +251,8 @@ impl ServerCore {
                 }
             }
         }
-        for (k, &i) in at[..n].iter().enumerate() {
+        for k in 0..n {
+            let i = self.cq_at[k] as usize;
             match self.cons.get(i).and_then(Option::as_ref) {
                 Some(slot) if !slot.repost_failed => {}
                 _ => continue,
@@ -235,8 +260,8 @@ impl ServerCore {
             let wc = self.cq_wcs[k];
             self.on_wc(cx, i, wc);
         }
-        for &i in &at[..n] {
-            if let Some(slot) = self.cons.get_mut(i).and_then(Option::as_mut) {
+        if failed {
+            for slot in self.cons.iter_mut().flatten() {
                 slot.repost_failed = false;
             }
         }
