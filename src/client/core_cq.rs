@@ -149,8 +149,8 @@ impl CoreCq {
     }
 
     /// Polls the CQ, once per loop of the core, before the core's sessions are polled;
-    /// returns how many completions it took. On the core's thread only (the first
-    /// poll binds it there; see [`CoreCq::release_thread`]).
+    /// returns how many completions it took. On the core's thread only: the first poll
+    /// binds it there, with the connections its sessions take.
     pub fn poll(&mut self) -> usize {
         let (got, overran) = self.hub.st.with(HubState::poll).unwrap_or((0, false));
         if overran {
@@ -165,18 +165,13 @@ impl CoreCq {
         got
     }
 
-    /// Connections routed through it now (on the core's thread; 0 from another).
+    /// Connections routed through it now (asked on the core's thread, after a poll;
+    /// 0 from another thread).
     pub fn connections(&self) -> usize {
         self.hub
             .st
-            .with(|st| st.routes.iter().flatten().count())
+            .with_held(|st| st.routes.iter().flatten().count())
             .unwrap_or(0)
-    }
-
-    /// Lets the calling thread's hold go, so another thread may poll it from now on
-    /// (with the sessions attached to it).
-    pub fn release_thread(&self) {
-        self.hub.st.release();
     }
 
     pub(super) fn hub(&self) -> &Arc<Hub> {

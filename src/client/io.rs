@@ -79,7 +79,7 @@ fn take_recvs(
 /// `wcs` (none when the hub is held by another thread: they wait for a later poll).
 #[inline]
 fn take_routed(hub: Option<&Hub>, route: u32, wcs: &mut [Wc]) -> usize {
-    hub.and_then(|h| h.st.with(|st| st.take(route, wcs)))
+    hub.and_then(|h| h.st.with_held(|st| st.take(route, wcs)))
         .unwrap_or(0)
 }
 

@@ -201,10 +201,11 @@ impl SessionCore {
         if r == NO_ROUTE {
             return;
         }
+        // Never claims the hub: a route exists only once the core's thread holds it.
         let told = self
             .hub
             .as_ref()
-            .and_then(|h| h.st.with(|st| st.unregister(r)));
+            .and_then(|h| h.st.with_held(|st| st.unregister(r)));
         if told.is_none() && self.hub.is_some() {
             self.dead_routes.push(r);
         }
@@ -445,7 +446,7 @@ impl SessionCore {
     fn tell_dead_routes(&mut self) {
         if let Some(h) = &self.hub {
             let dead = &mut self.dead_routes;
-            h.st.with(|st| dead.drain(..).for_each(|r| st.unregister(r)));
+            h.st.with_held(|st| dead.drain(..).for_each(|r| st.unregister(r)));
         }
     }
 
