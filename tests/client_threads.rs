@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use client_util::real::{Ram, RamHandler};
 use client_util::Events;
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientIo, Dir, PathAddr, Session, SessionCore, SubmitError,
+    ClientCompletion, ClientConfig, ClientIo, CoreCq, Dir, PathAddr, Session, SessionCore,
+    SubmitError,
 };
 use rtrs_spdk::engine::{
     Adaptive, CpuMask, Ctx, Engine, EngineConfig, IdleStrategy, Msg, PollResult,
@@ -32,9 +33,13 @@ struct Counters {
     verified: AtomicU64,
     errors: AtomicU64,
     mismatches: AtomicU64,
+    /// Most connections a core's shared CQ routed at once, over all cores.
+    routed: AtomicU64,
 }
 
 struct Worker {
+    /// The core's shared CQ, polled once per loop before the session.
+    cq: Option<CoreCq>,
     core: SessionCore,
     fabric: Arc<dyn Fabric>,
     buf: Option<Mr>,
@@ -77,6 +82,12 @@ impl Worker {
 
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let mut out = [ClientCompletion::default(); 16];
+        if let Some(cq) = self.cq.as_mut() {
+            cq.poll();
+            self.c
+                .routed
+                .fetch_max(cq.connections() as u64, Ordering::Relaxed);
+        }
         let n = self.core.poll(cx.now(), &mut out);
         if self.buf.is_none() {
             if self.core.max_io_size() == 0 {
@@ -131,6 +142,17 @@ impl Worker {
 
 #[test]
 fn client_and_server_on_reactor_threads_over_tcp() {
+    run(false);
+}
+
+/// The same with each core's IO connection on the core's shared CQ: made on the home
+/// core's thread, handed to the core's thread, which polls the CQ once per loop.
+#[test]
+fn client_and_server_on_reactor_threads_over_tcp_on_core_cqs() {
+    run(true);
+}
+
+fn run(core_cq: bool) {
     let mut ec = EngineConfig::new(CpuMask::parse("[0-1]").expect("mask"));
     ec.idle = IdleStrategy::Adaptive(Adaptive::default());
     ec.pin = false;
@@ -168,8 +190,16 @@ fn client_and_server_on_reactor_threads_over_tcp() {
             let cfg = ClientConfig::new("threads", vec![path]);
             let events = Box::new(Events(Default::default()));
             let (sess, cores) = Session::open(cx, f2.clone(), cfg, events).expect("open");
-            for (k, core) in cores.into_iter().enumerate() {
+            for (k, mut core) in cores.into_iter().enumerate() {
+                // Made and attached here, before the session connects; the core's
+                // thread takes it with its first poll.
+                let cq = core_cq.then(|| {
+                    let cq = CoreCq::new(&*f2, k).expect("tcp has shared CQs");
+                    assert!(core.attach(&cq));
+                    cq
+                });
                 let w = Worker {
+                    cq,
                     core,
                     fabric: f2.clone(),
                     buf: None,
@@ -223,4 +253,11 @@ fn client_and_server_on_reactor_threads_over_tcp() {
     assert_eq!(counters.mismatches.load(Ordering::Relaxed), 0);
     assert_eq!(stats.paths[0].reconnects_ok, 0, "{}", stats.to_json());
     assert!(stats.paths[0].rdma.read_cnt > 0);
+    if core_cq {
+        assert_eq!(
+            counters.routed.load(Ordering::Relaxed),
+            1,
+            "each core's IO connection routed through its CQ"
+        );
+    }
 }

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::cross_core::{IoConn, Params, PathCmd};
+use super::cross_core::{IoConn, Params, PathCmd, SessShared};
 use super::ctl::{ns, Ctl, PathCtl, PathProgress};
 use super::reconnect::ReconnectStep;
 use super::refusal::{reject_kind, reject_reason, RejectKind};
@@ -65,6 +65,7 @@ impl Ctl {
                 pc.phase = PathProgress::Connecting {
                     conns: Vec::with_capacity(usize::from(self.cid_num())),
                     cur,
+                    cur_on_cq: false,
                     acc: None,
                     deadline: now.saturating_add(ns(self.cfg.connect_timeout)),
                 };
@@ -151,6 +152,7 @@ impl Ctl {
             cur,
             acc,
             deadline,
+            ..
         } = &mut pc.phase
         else {
             return false;
@@ -230,7 +232,11 @@ impl Ctl {
             return true;
         }
         let PathProgress::Connecting {
-            conns, cur, acc, ..
+            conns,
+            cur,
+            cur_on_cq,
+            acc,
+            ..
         } = &mut pc.phase
         else {
             return false;
@@ -243,7 +249,11 @@ impl Ctl {
             pc.for_new_clt = true;
         }
         let conn = std::mem::replace(cur, Box::new(NoConn));
-        conns.push(Con::new(cid, conn, a.signal_interval()));
+        conns.push(if std::mem::take(cur_on_cq) {
+            Con::on_shared_cq(cid, conn, a.signal_interval())
+        } else {
+            Con::new(cid, conn, a.signal_interval())
+        });
         let next = cid + 1;
         if next < self.cid_num() {
             let req = ConnReq::new(
@@ -256,14 +266,20 @@ impl Ctl {
             )
             .to_bytes()
             .expect("valid cid");
-            match self.fabric.connect_auth(
-                pc.shared.addr.src,
-                pc.shared.addr.dst,
+            match connect_io(
+                &*self.fabric,
+                &self.sess,
+                pc,
+                next,
                 self.caps(false, a.queue_depth),
                 &req,
-                pc.shared.psk.as_ref(),
             ) {
-                Ok(c) => *cur = c,
+                Ok((c, on_cq)) => {
+                    if let PathProgress::Connecting { cur, cur_on_cq, .. } = &mut pc.phase {
+                        *cur = c;
+                        *cur_on_cq = on_cq;
+                    }
+                }
                 Err(e @ FabricError::AuthUnsupported { .. }) => {
                     self.path_refused(pc, next, &e.to_string())
                 }
@@ -306,6 +322,7 @@ impl Ctl {
                 pc.phase = PathProgress::Connecting {
                     conns,
                     cur: Box::new(NoConn),
+                    cur_on_cq: false,
                     acc: None,
                     deadline: 0,
                 };
@@ -452,11 +469,18 @@ impl Ctl {
                 2 * usize::from(params.queue_depth),
                 params.new_rkey,
             ) {
-                Ok(recv) => ios.push(IoConn {
-                    con,
-                    recv,
-                    rbuf: rbuf.clone(),
-                }),
+                Ok(recv) => {
+                    // Its core takes it over on arrival (docs/ARCHITECTURE.md,
+                    // "Completion queues").
+                    if con.on_shared() {
+                        con.release_thread();
+                    }
+                    ios.push(IoConn {
+                        con,
+                        recv,
+                        rbuf: rbuf.clone(),
+                    });
+                }
                 Err(e) => {
                     con0.disconnect();
                     pc.phase = PathProgress::Idle;
@@ -496,6 +520,36 @@ impl Ctl {
             self.events.link_event(cx, LinkEvent::Connected);
         }
     }
+}
+
+/// Connects IO connection `cid` of `pc`'s path on its core's shared CQ when the core
+/// has one (docs/ARCHITECTURE.md, "Completion queues"), else with a private CQ; says
+/// which. A CQ that refuses the connection (it overran) is not used again.
+fn connect_io(
+    f: &dyn Fabric,
+    sess: &SessShared,
+    pc: &PathCtl,
+    cid: u16,
+    caps: QpCaps,
+    req: &[u8],
+) -> Result<(Box<dyn Conn>, bool), FabricError> {
+    let (src, dst, psk) = (
+        pc.shared.addr.src,
+        pc.shared.addr.dst,
+        pc.shared.psk.as_ref(),
+    );
+    let core = usize::from(cid.saturating_sub(1));
+    if let Some(cq) = sess.cq_of(core) {
+        match f.connect_on(&cq, src, dst, caps, req, psk) {
+            Ok(c) => return Ok((c, true)),
+            Err(FabricError::Cq { reason }) => {
+                tracing::warn!(sess = %sess.sessname, core, "core's completion queue refused a connection ({reason}): private completion queues from now on");
+                sess.forget_cq(core);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    f.connect_auth(src, dst, caps, req, psk).map(|c| (c, false))
 }
 
 /// Posts `n` receives on `con`: 8-byte buffers for RKEY_RSP under NEW_RKEY_F, else empty.

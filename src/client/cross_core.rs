@@ -19,7 +19,7 @@ use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats};
 use crate::common::{Con, IuPool};
-use crate::fabric::Psk;
+use crate::fabric::{CqRef, Psk};
 use crate::proto::ImmLayout;
 
 /// Session limits learnt from the first connection's conn_rsp.
@@ -139,6 +139,10 @@ pub struct SessShared {
     pub paths_up: AtomicU32,
     /// Set while the session never connected and every path was refused permanently.
     pub refusal: Mutex<Option<Refusal>>,
+    /// Per core: the CQ its IO connections are made on, once the core's session handle
+    /// was attached to one (`SessionCore::attach`); none: private CQs. Read by the home
+    /// core when it connects, never on the data path.
+    pub cqs: Vec<Mutex<Option<CqRef>>>,
 }
 
 impl SessShared {
@@ -155,6 +159,31 @@ impl SessShared {
             closed: AtomicBool::new(false),
             paths_up: AtomicU32::new(0),
             refusal: Mutex::new(None),
+            cqs: (0..cores).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// The CQ core `core`'s IO connections are to be made on, if any.
+    pub fn cq_of(&self, core: usize) -> Option<CqRef> {
+        self.cqs
+            .get(core)?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Core `core`'s connections are made on `cq` from now on.
+    pub fn use_cq(&self, core: usize, cq: CqRef) {
+        if let Some(c) = self.cqs.get(core) {
+            *c.lock().unwrap_or_else(|e| e.into_inner()) = Some(cq);
+        }
+    }
+
+    /// `cq` failed (overrun, or it refused a connection): core `core`'s connections get
+    /// private CQs from now on.
+    pub fn forget_cq(&self, core: usize) {
+        if let Some(c) = self.cqs.get(core) {
+            *c.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
 

@@ -53,6 +53,8 @@ pub(super) enum PathProgress {
     Connecting {
         conns: Vec<Con>,
         cur: Box<dyn Conn>,
+        /// `cur` was made on its core's shared CQ.
+        cur_on_cq: bool,
         acc: Option<ConnAccept>,
         deadline: u64,
     },

@@ -15,9 +15,10 @@
 
 use std::sync::atomic::Ordering;
 
+use super::core_cq::Hub;
 use super::policy::{Candidate, MpPolicy, PathSet};
 use super::request::{
-    region_index, CorePath, FmrState, Out, PollScratch, Posted, RState, MAX_SGL, WC_BATCH,
+    region_index, CorePath, FmrState, Out, PollScratch, Posted, RState, MAX_SGL, NO_ROUTE, WC_BATCH,
 };
 use super::session_core::{hold, SessionCore, Sizing};
 
@@ -72,6 +73,14 @@ fn take_recvs(
     }
     seen.received = true;
     cp.io.con.post_recv(&posts[..k]).map(|()| seen)
+}
+
+/// Moves the completions of route `route` in the core's shared CQ's current batch into
+/// `wcs` (none when the hub is held by another thread: they wait for a later poll).
+#[inline]
+fn take_routed(hub: Option<&Hub>, route: u32, wcs: &mut [Wc]) -> usize {
+    hub.and_then(|h| h.st.with_held(|st| st.take(route, wcs)))
+        .unwrap_or(0)
 }
 
 /// Why a post on one path failed.
@@ -350,7 +359,17 @@ impl SessionCore {
             payloads,
             posts,
         } = sc;
-        let n = cp.io.con.poll(wcs);
+        let n = if cp.route == NO_ROUTE {
+            cp.io.con.poll(wcs)
+        } else {
+            // On the core's shared CQ, polled by the loop's owner this loop: this
+            // connection's completions, taken out of its batch.
+            let n = take_routed(self.hub.as_deref(), cp.route, wcs);
+            for wc in &wcs[..n] {
+                cp.io.con.account(wc);
+            }
+            n
+        };
         cp.shared.core_stats[self.core].on_poll(n);
         let seen = match take_recvs(cp, &wcs[..n], payloads, posts) {
             Ok(seen) => seen,
@@ -546,6 +565,7 @@ impl SessionCore {
         if let Some(mut cp) = self.paths[slot].take() {
             cp.io.con.disconnect();
             cp.shared.error.store(true, Ordering::Release);
+            self.drop_route(cp.route);
         }
         self.fail_over(slot, now);
     }
@@ -561,7 +581,17 @@ impl SessionCore {
             let Some(cp) = self.paths[slot].as_mut() else {
                 break;
             };
-            let n = cp.io.con.poll(&mut wcs);
+            // On the shared CQ: what this loop's batch holds of it (the rest of what it
+            // reported goes with its route, below).
+            let n = if cp.route == NO_ROUTE {
+                cp.io.con.poll(&mut wcs)
+            } else {
+                let n = take_routed(self.hub.as_deref(), cp.route, &mut wcs);
+                for wc in &wcs[..n] {
+                    cp.io.con.account(wc);
+                }
+                n
+            };
             if n == 0 {
                 break;
             }
@@ -579,7 +609,9 @@ impl SessionCore {
                 }
             }
         }
-        self.paths[slot] = None;
+        if let Some(cp) = self.paths[slot].take() {
+            self.drop_route(cp.route);
+        }
         self.fail_over(slot, now);
     }
 

@@ -10,6 +10,10 @@
 //!   of the queue depth), its IO connection of every path (`cid = core + 1`), request
 //!   submission, completions and failover. Submit on core `k`, poll on core `k`: no
 //!   locks, no cross-core hops on the data path.
+//! - One [`CoreCq`] per core, made by whoever runs the core's loop and polled once per
+//!   loop, carries the completions of every session's IO connections on that core; each
+//!   [`SessionCore`] attached to it ([`SessionCore::attach`]) takes its own from it.
+//!   Without one, each IO connection has its own CQ, polled by its session.
 //! - [`state`], [`policy`], [`permit`], [`reconnect`], [`stats`] are the pure pieces
 //!   (path state machine, multipath policies, permits, reconnect policy, statistics).
 //!
@@ -51,6 +55,7 @@
 
 mod config;
 mod connect;
+mod core_cq;
 mod cross_core;
 mod ctl;
 mod error;
@@ -68,6 +73,7 @@ pub mod stats;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use config::{ClientConfig, PathAddr, PathParseError};
+pub use core_cq::CoreCq;
 pub use ctl::ClientEvents;
 pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};

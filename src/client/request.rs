@@ -191,7 +191,13 @@ pub(super) enum FmrState {
 pub(super) struct CorePath {
     pub io: Box<IoConn>,
     pub shared: Arc<PathShared>,
+    /// The connection's route in the core's shared CQ ([`super::CoreCq`]), or
+    /// [`NO_ROUTE`] on a private CQ.
+    pub route: u32,
 }
+
+/// [`CorePath::route`] of a connection on a private CQ.
+pub(super) const NO_ROUTE: u32 = u32::MAX;
 
 /// The region among `regions` that holds all of `seg` under its lkey: a single-segment
 /// READ there is bound in place. The check shared by submit and post.

@@ -18,13 +18,14 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::core_cq::{CoreCq, Hub};
 use super::cross_core::{Params, PathCmd, SessShared};
 use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
     region_index, region_of, ClientCompletion, ClientIo, CorePath, FmrState, Out, PollScratch,
-    Posted, RState, Req, Res, MAX_SGL,
+    Posted, RState, Req, Res, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -98,6 +99,11 @@ pub struct SessionCore {
     pub(super) regions: Vec<Arc<Mr>>,
     /// Completion arrays of [`SessionCore::poll`] (`None` only while it runs).
     pub(super) scratch: Option<Box<PollScratch>>,
+    /// The core's shared CQ, once attached ([`SessionCore::attach`]).
+    pub(super) hub: Option<Arc<Hub>>,
+    /// Routes of connections gone that the hub could not be told of at once (another
+    /// thread held it): told at the next poll.
+    pub(super) dead_routes: Vec<u32>,
 }
 
 impl std::fmt::Debug for SessionCore {
@@ -116,9 +122,17 @@ impl Drop for SessionCore {
     /// teardowns, so the other cores' paths are not held up waiting for it.
     fn drop(&mut self) {
         self.sess.core_gone[self.core].store(true, Ordering::Release);
+        let mut routes = Vec::new();
         for cp in self.paths.iter_mut().flatten() {
             cp.io.con.disconnect();
+            routes.push(cp.route);
         }
+        // The hub forgets them now if this thread holds it, else once it sees the core
+        // gone.
+        for r in routes {
+            self.drop_route(r);
+        }
+        self.dead_routes.clear();
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             match cmd {
                 PathCmd::Down { slot } => {
@@ -161,6 +175,39 @@ impl SessionCore {
             polls: 0,
             regions: Vec::new(),
             scratch: Some(Box::default()),
+            hub: None,
+            dead_routes: Vec::new(),
+        }
+    }
+
+    /// Makes this core's IO connections, from the next one on, on `cq`, the core's
+    /// shared CQ, which the owner of the core's loop polls once per loop before it
+    /// polls this handle (docs/ARCHITECTURE.md, "Completion queues"). Call it on the
+    /// core, before the session connects if every connection is to be on it; once.
+    /// A `cq` of another core is refused (false), and so is one that failed.
+    pub fn attach(&mut self, cq: &CoreCq) -> bool {
+        let hub = cq.hub();
+        if hub.core != self.core || self.hub.is_some() || !hub.attach(&self.sess) {
+            return false;
+        }
+        self.sess.use_cq(self.core, hub.share.clone());
+        self.hub = Some(Arc::clone(hub));
+        true
+    }
+
+    /// Tells the hub that route `r`'s connection is gone (later if another thread
+    /// holds the hub now).
+    pub(super) fn drop_route(&mut self, r: u32) {
+        if r == NO_ROUTE {
+            return;
+        }
+        // Never claims the hub: a route exists only once the core's thread holds it.
+        let told = self
+            .hub
+            .as_ref()
+            .and_then(|h| h.st.with_held(|st| st.unregister(r)));
+        if told.is_none() && self.hub.is_some() {
+            self.dead_routes.push(r);
         }
     }
 
@@ -371,6 +418,9 @@ impl SessionCore {
     /// `out.len()` completions into `out`; returns how many.
     pub fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
         self.polls = self.polls.wrapping_add(1);
+        if !self.dead_routes.is_empty() {
+            self.tell_dead_routes();
+        }
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             self.on_cmd(cmd, now);
         }
@@ -393,18 +443,53 @@ impl SessionCore {
         out.len()
     }
 
+    fn tell_dead_routes(&mut self) {
+        if let Some(h) = &self.hub {
+            let dead = &mut self.dead_routes;
+            h.st.with_held(|st| dead.drain(..).for_each(|r| st.unregister(r)));
+        }
+    }
+
     fn on_cmd(&mut self, cmd: PathCmd, now: u64) {
         match cmd {
-            PathCmd::Up { path, params, conn } => {
+            PathCmd::Up {
+                path,
+                params,
+                mut conn,
+            } => {
+                let mut route = NO_ROUTE;
+                if conn.con.on_shared() {
+                    // Made on this core's CQ by the home core and released: taken here,
+                    // with its route, before the CQ's next poll can report it.
+                    let sess = &self.sess;
+                    let routed = self.hub.as_ref().and_then(|h| {
+                        conn.con.adopt();
+                        h.st.with(|st| st.register(conn.con.qp_num(), sess))
+                    });
+                    match routed {
+                        Some(r) => route = r,
+                        None => {
+                            tracing::warn!(sess = %self.sess.sessname, core = self.core, "a connection made on the core's completion queue cannot be polled here (no hub attached on this thread)");
+                            conn.con.disconnect();
+                            path.error.store(true, Ordering::Release);
+                            return;
+                        }
+                    }
+                }
                 if self.sizing.params() != Some(params) {
                     self.setup(params, now);
                 }
                 self.max_send_sge = conn.con.conn().caps().max_send_sge;
                 let slot = path.slot;
                 self.nslots = self.nslots.max(slot + 1);
+                if let Some(old) = self.paths[slot].take() {
+                    // A connection this core still had of the path goes with its route.
+                    self.drop_route(old.route);
+                }
                 self.paths[slot] = Some(CorePath {
                     io: conn,
                     shared: path,
+                    route,
                 });
             }
             PathCmd::Down { slot } => {

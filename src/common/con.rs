@@ -19,6 +19,12 @@
 //! A chain that does not fit the budget is refused with [`ConPostError::Budget`] before
 //! anything is posted: the caller queues it and retries after polling (the kernel's
 //! `rsp_wr_wait_list`). Nothing here allocates after construction.
+//!
+//! # On a core's shared completion queue
+//! A `Con` made with [`Con::on_shared_cq`] does not poll a CQ of its own: the core polls
+//! its shared CQ once per loop, finds each completion's connection by `qp_num` and has
+//! it accounted here ([`Con::account`], what [`Con::poll`] does for its own CQ)
+//! (docs/ARCHITECTURE.md, "Completion queues").
 
 use std::collections::VecDeque;
 
@@ -66,6 +72,10 @@ pub struct Con {
     sq_avail: u32,
     /// Slots each outstanding signaled request returns on completion, oldest first.
     credits: VecDeque<u32>,
+    /// The fabric connection's number (its completions carry it).
+    qp_num: u32,
+    /// On a core's shared CQ (see [`Con::on_shared_cq`]).
+    shared: bool,
 }
 
 impl std::fmt::Debug for Con {
@@ -89,13 +99,61 @@ impl Con {
         let interval = signal_interval.clamp(1, (max / 2).max(1));
         Con {
             cid,
-            conn,
             signal_interval: interval,
             low_water: interval.min(max / 4),
             pending: 0,
             sq_avail: max,
             credits: VecDeque::with_capacity(max as usize + 1),
+            qp_num: conn.qp_num(),
+            shared: false,
+            conn,
         }
+    }
+
+    /// [`Con::new`] for a connection made on a core's shared CQ: the core polls that
+    /// CQ and hands each of its completions to [`Con::account`]; [`Con::poll`] has
+    /// nothing to take.
+    pub fn on_shared_cq(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> Con {
+        let mut con = Con::new(cid, conn, signal_interval);
+        con.shared = true;
+        con
+    }
+
+    /// Whether the connection is on a shared CQ (see [`Con::on_shared_cq`]).
+    pub fn on_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The fabric connection's number, which its completions carry.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Accounts one completion of this connection (from the core's shared CQ, or from
+    /// [`Con::poll`]): a successful send-side one returns its slots to the budget.
+    #[inline]
+    pub fn account(&mut self, wc: &Wc) {
+        let send_side = matches!(
+            wc.opcode,
+            WcOpcode::Send | WcOpcode::RdmaWrite | WcOpcode::RegMr | WcOpcode::LocalInv
+        );
+        if send_side && wc.status.is_ok() {
+            if let Some(c) = self.credits.pop_front() {
+                self.sq_avail += c;
+            }
+        }
+    }
+
+    /// The making thread lets the connection go, to hand it to the core that polls its
+    /// CQ ([`Conn::release_thread`]).
+    pub fn release_thread(&self) {
+        self.conn.release_thread();
+    }
+
+    /// The core takes the connection over (after [`Con::release_thread`] elsewhere):
+    /// a poll without room, whose only effect is that this thread now holds it.
+    pub fn adopt(&mut self) {
+        self.conn.poll_cq(&mut []);
     }
 
     /// The connection index in its path (0 = service connection).
@@ -264,19 +322,15 @@ impl Con {
     }
 
     /// Polls the completion queue into `wcs` and returns how many completions were
-    /// written; successful send-side completions return their slots to the budget.
+    /// written; successful send-side completions return their slots to the budget. On a
+    /// shared CQ there is nothing to take here (see [`Con::on_shared_cq`]).
     pub fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        if self.shared {
+            return 0;
+        }
         let n = self.conn.poll_cq(wcs);
         for wc in &wcs[..n] {
-            let send_side = matches!(
-                wc.opcode,
-                WcOpcode::Send | WcOpcode::RdmaWrite | WcOpcode::RegMr | WcOpcode::LocalInv
-            );
-            if send_side && wc.status.is_ok() {
-                if let Some(c) = self.credits.pop_front() {
-                    self.sq_avail += c;
-                }
-            }
+            self.account(wc);
         }
         n
     }

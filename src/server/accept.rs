@@ -333,6 +333,7 @@ impl Acceptor {
             owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
             done: (0..qd).map(|_| AtomicU64::new(0)).collect(),
             name: Mutex::new(String::new()),
+            shared_cids: Mutex::new(Vec::new()),
         }))
     }
 
@@ -419,14 +420,35 @@ impl Acceptor {
                 return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string());
             }
         };
-        let conn = match req.accept(self.caps_for(msg.cid), &rsp) {
+        // On the serving core's shared CQ when it has one (docs/ARCHITECTURE.md,
+        // "Completion queues"), unless another path's connection of this IO cid is on a
+        // shared CQ (see `SharedCqClaim`); the core takes the connection over when it
+        // arrives.
+        let core = sh.core_of(msg.cid, path.sess.home);
+        let caps = self.caps_for(msg.cid);
+        let mut claim = None;
+        let cq = sh.cqs[core].get().filter(|_| {
+            if msg.cid == 0 {
+                return true;
+            }
+            claim = path.sess.claim_shared_cq(msg.cid);
+            claim.is_some()
+        });
+        let accepted = match cq {
+            Some(cq) => req.accept_on(cq, caps, &rsp),
+            None => req.accept(caps, &rsp),
+        };
+        let conn = match accepted {
             Ok(c) => c,
             Err(e) => {
                 sh.close_path(cx, &path, format_args!("accept of cid {}: {e}", msg.cid));
                 return;
             }
         };
-        let mut con = Con::new(msg.cid, conn, signal_interval(qd));
+        let mut con = match cq {
+            Some(_) => Con::on_shared_cq(msg.cid, conn, signal_interval(qd)),
+            None => Con::new(msg.cid, conn, signal_interval(qd)),
+        };
         let posted = if msg.cid == 0 {
             con.post_recv(&[path.info_req.recv_wr(0, WrId::InfoReq.encode())])
         } else {
@@ -438,10 +460,10 @@ impl Acceptor {
             return;
         }
         path.live_cons.fetch_add(1, Ordering::AcqRel);
-        let core = sh.core_of(msg.cid, path.sess.home);
+        con.release_thread();
         let sh2 = Arc::clone(&sh);
         let m = Msg::new(move |cx: &mut dyn Ctx| {
-            sh2.inbox[cx.core()].push(PathWork::AddCon { path, con });
+            sh2.inbox[cx.core()].push(PathWork::AddCon { path, con, claim });
         });
         if let Err(e) = cx.send(core, m) {
             self.pending.push((core, e.into_msg()));

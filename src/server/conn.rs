@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
-use super::session::Path;
+use super::session::{Path, SharedCqClaim};
 use super::state::ServerState;
 use crate::common::{Con, Heartbeat};
 use crate::engine::Ctx;
@@ -39,6 +39,16 @@ pub(crate) struct ConSlot {
     pub info: InfoState,
     /// Ask the connection manager at the next poll.
     pub cm_due: bool,
+    /// On a shared CQ: a loop found the connection closed with nothing delivered; its
+    /// flushes, made after that loop's CQ poll, come with the next one.
+    pub quiet_once: bool,
+    /// On a shared CQ, this loop: completions handled, receives to repost, and whether
+    /// reposting failed (its completions are then left unhandled, as `poll_con` does).
+    pub got: u32,
+    pub reposts: u32,
+    pub repost_failed: bool,
+    /// Its IO cid's place on a shared CQ (dropped with the connection).
+    pub cq_claim: Option<SharedCqClaim>,
 }
 
 impl ConSlot {
@@ -52,6 +62,11 @@ impl ConSlot {
             hb: None,
             info: InfoState::Idle,
             cm_due: true,
+            quiet_once: false,
+            got: 0,
+            reposts: 0,
+            repost_failed: false,
+            cq_claim: None,
         }
     }
 

@@ -124,6 +124,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             pollers: AtomicUsize::new(ncores + 1),
             log: RateLimit::per_second("rtrs-srv"),
+            cqs: (0..ncores).map(|_| std::sync::OnceLock::new()).collect(),
         });
         let factory: Arc<HandlerFactory> = Arc::new(factory);
         for core in 0..ncores {

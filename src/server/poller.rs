@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::common::LinkEvent;
 use crate::engine::{Ctx, PollResult, Poller};
-use crate::fabric::{CmEvent, ConnState, Wc, WcOpcode, WcStatus};
+use crate::fabric::{CmEvent, ConnState, Cq, FabricKind, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
 
 use super::conn::{close_path_of, ConSlot};
@@ -31,12 +31,31 @@ const CM_POLL_EVERY: u64 = 16;
 /// Completions taken per poll of one connection.
 const WC_BATCH: usize = 32;
 
+/// Completions taken per call of the core's shared CQ (called until it has no more).
+const CQ_BATCH: usize = 64;
+
+/// Entries of a core's shared CQ. A software CQ costs nothing per entry, so it takes the
+/// most there is (an overrun breaks every connection of the core); a verbs CQ is device
+/// memory, sized for about twenty connections of queue depth 512 at once.
+fn core_cq_entries(kind: FabricKind) -> u32 {
+    match kind {
+        FabricKind::Verbs => 1 << 16,
+        _ => crate::fabric::soft::cq::MAX_CQ_ENTRIES,
+    }
+}
+
 /// The server's poller on one core.
 pub(crate) struct ServerCore {
     sh: Arc<ServerState>,
     core: usize,
     handler: Box<dyn ServerHandler>,
     cons: Vec<Option<ConSlot>>,
+    /// The core's shared CQ, polled once per loop (none where the fabric has none: then
+    /// each connection is polled on its own CQ).
+    cq: Option<Cq>,
+    cq_wcs: [Wc; CQ_BATCH],
+    /// Per entry of `cq_wcs`: its connection's index in `cons` (`u32::MAX`: none).
+    cq_at: [u32; CQ_BATCH],
     requests: Requests,
     /// Home core: paths being torn down, finalised once drained.
     closing: Vec<Arc<Path>>,
@@ -52,11 +71,24 @@ impl ServerCore {
     pub fn new(sh: Arc<ServerState>, core: usize, handler: Box<dyn ServerHandler>) -> ServerCore {
         let qd = usize::from(sh.cfg.queue_depth);
         let max_hdr = sh.cfg.max_hdr as usize;
+        let cq = match sh.fabric.create_cq(core_cq_entries(sh.fabric.kind())) {
+            Ok(cq) => {
+                let _ = sh.cqs[core].set(cq.share());
+                Some(cq)
+            }
+            Err(e) => {
+                tracing::debug!(core, "no shared completion queue: {e}");
+                None
+            }
+        };
         ServerCore {
             sh,
             core,
             handler,
             cons: Vec::new(),
+            cq,
+            cq_wcs: [Wc::default(); CQ_BATCH],
+            cq_at: [u32::MAX; CQ_BATCH],
             requests: Requests::new(core, qd, max_hdr),
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
@@ -86,13 +118,24 @@ impl ServerCore {
 
     fn on_work(&mut self, cx: &mut dyn Ctx, work: PathWork) {
         match work {
-            PathWork::AddCon { path, mut con } => {
+            PathWork::AddCon {
+                path,
+                mut con,
+                claim,
+            } => {
                 if path.state() > CONNECTED || self.sh.stop.load(Ordering::Acquire) {
                     con.disconnect();
                     path.live_cons.fetch_sub(1, Ordering::AcqRel);
                     return;
                 }
-                let slot = ConSlot::new(path, con);
+                if con.on_shared() {
+                    // Made and released by the acceptor (which may be this very thread):
+                    // the CQ reports nothing of it until this core takes it, here,
+                    // before its next poll of the CQ.
+                    con.adopt();
+                }
+                let mut slot = ConSlot::new(path, con);
+                slot.cq_claim = claim;
                 match self.cons.iter().position(Option::is_none) {
                     Some(i) => self.cons[i] = Some(slot),
                     None => self.cons.push(Some(slot)),
@@ -106,6 +149,120 @@ impl ServerCore {
             PathWork::Close(path) => {
                 self.sh
                     .close_path(cx, &path, format_args!("disconnect requested"));
+            }
+        }
+    }
+
+    /// Polls the core's shared CQ, once per loop, until it has nothing more, and handles
+    /// each completion for its connection as [`ServerCore::poll_con`] does for a
+    /// connection with its own CQ.
+    fn poll_cq(&mut self, cx: &mut dyn Ctx) -> bool {
+        let Some(mut cq) = self.cq.take() else {
+            return false;
+        };
+        let mut any = false;
+        loop {
+            let n = cq.poll(&mut self.cq_wcs);
+            self.on_cq_batch(cx, n);
+            any |= n > 0;
+            if n < CQ_BATCH {
+                break;
+            }
+        }
+        self.cq = Some(cq);
+        any
+    }
+
+    /// Handles `cq_wcs[..n]`: each completion's connection accounts it; every consumed
+    /// receive is reposted before the completions are handled, in one call per
+    /// connection (as `poll_con`).
+    fn on_cq_batch(&mut self, cx: &mut dyn Ctx, n: usize) {
+        const NONE: u32 = u32::MAX;
+        let mut last = NONE;
+        let mut reposting = false;
+        for k in 0..n {
+            let wc = &self.cq_wcs[k];
+            let hit = |i: u32, cons: &[Option<ConSlot>]| {
+                cons.get(i as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|s| s.con.on_shared() && s.con.qp_num() == wc.qp_num)
+            };
+            let i = if hit(last, &self.cons) {
+                last
+            } else {
+                match (0..self.cons.len() as u32).find(|&i| hit(i, &self.cons)) {
+                    Some(i) => i,
+                    None => {
+                        // A connection of this CQ reports only once this core took it
+                        // (the acceptor releases it before the hand-over, see
+                        // `on_work`), and is dropped only after a quiet poll
+                        // (`after_wcs`): a completion of no connection here belongs to
+                        // one refused at hand-over (or, on verbs, to a queue pair
+                        // already destroyed). Its work died with it; holding it could
+                        // hand it to a later connection given the same qp_num.
+                        tracing::debug!(
+                            core = self.core,
+                            qp_num = wc.qp_num,
+                            "completion of a connection gone from this core"
+                        );
+                        self.cq_at[k] = NONE;
+                        continue;
+                    }
+                }
+            };
+            last = i;
+            self.cq_at[k] = i;
+            if let Some(slot) = self.cons[i as usize].as_mut() {
+                slot.con.account(wc);
+                slot.got += 1;
+                if !wc.status.is_ok() {
+                    slot.cm_due = true;
+                } else if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    slot.reposts += 1;
+                    reposting = true;
+                }
+            }
+        }
+        // Every consumed receive is reposted before any completion is handled, in one
+        // call per connection.
+        let mut failed = false;
+        for k in 0..n {
+            if !reposting {
+                break;
+            }
+            let i = self.cq_at[k] as usize;
+            let Some(slot) = self.cons.get_mut(i).and_then(Option::as_mut) else {
+                continue;
+            };
+            let reposts = std::mem::take(&mut slot.reposts);
+            if reposts == 0 {
+                continue;
+            }
+            if let Err(e) = slot.con.post_recv_empty(reposts, WrId::Recv.encode()) {
+                // Its completions are left unhandled, as poll_con leaves them.
+                slot.repost_failed = true;
+                failed = true;
+                // As in poll_con: say Disconnected when that is what happened.
+                if slot.con.state() == ConnState::Disconnected {
+                    let cid = slot.con.cid();
+                    self.close_con_path(cx, i, format_args!("connection cid {cid}: Disconnected"));
+                } else {
+                    self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
+                }
+            }
+        }
+        for k in 0..n {
+            let i = self.cq_at[k] as usize;
+            match self.cons.get(i).and_then(Option::as_ref) {
+                Some(slot) if !slot.repost_failed => {}
+                _ => continue,
+            }
+            let wc = self.cq_wcs[k];
+            self.on_wc(cx, i, wc);
+        }
+        if failed {
+            for slot in self.cons.iter_mut().flatten() {
+                slot.repost_failed = false;
             }
         }
     }
@@ -135,6 +292,21 @@ impl ServerCore {
                 break;
             }
         }
+        let Some(slot) = self.cons[i].as_mut() else {
+            return busy;
+        };
+        if slot.con.on_shared() {
+            // Its completions were handled by this loop's poll_cq.
+            let got = std::mem::take(&mut slot.got) as usize;
+            busy |= got > 0;
+            self.after_wcs(cx, i, got, busy)
+        } else {
+            self.poll_own_cq(cx, i, busy)
+        }
+    }
+
+    /// Polls the own CQ of connection `i` and handles its completions.
+    fn poll_own_cq(&mut self, cx: &mut dyn Ctx, i: usize, mut busy: bool) -> bool {
         let Some(slot) = self.cons[i].as_mut() else {
             return busy;
         };
@@ -170,12 +342,24 @@ impl ServerCore {
             self.on_wc(cx, i, wc);
         }
         busy |= n > 0;
+        self.after_wcs(cx, i, n, busy)
+    }
+
+    /// The rest of a poll of connection `i`, after its `n` completions of this loop were
+    /// handled: closing, waiting responses and invalidations, heartbeat, INFO_RSP.
+    fn after_wcs(&mut self, cx: &mut dyn Ctx, i: usize, n: usize, mut busy: bool) -> bool {
         let Some(slot) = self.cons[i].as_mut() else {
             return busy;
         };
         if slot.closing {
             if n == 0 && slot.con.state() == ConnState::Disconnected {
-                self.drop_con(i);
+                // On a shared CQ, drained only once a CQ poll after the break found
+                // nothing more (docs/ARCHITECTURE.md, "Completion queues").
+                if slot.con.on_shared() && !slot.quiet_once {
+                    slot.quiet_once = true;
+                } else {
+                    self.drop_con(i);
+                }
                 busy = true;
             }
             return busy;
@@ -346,6 +530,7 @@ impl Poller for ServerCore {
         if stopping {
             self.stop_all(cx);
         }
+        busy |= self.poll_cq(cx);
         for i in 0..self.cons.len() {
             busy |= self.poll_con(cx, i);
         }

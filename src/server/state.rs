@@ -5,22 +5,27 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crossbeam_queue::SegQueue;
 
 use crate::common::Con;
 use crate::engine::{Ctx, Msg};
-use crate::fabric::Fabric;
+use crate::fabric::{CqRef, Fabric};
 use crate::ratelimit::RateLimit;
 
 use super::config::ServerConfig;
-use super::session::{Path, Sessions, CLOSING, CONNECTED, CONNECTING};
+use super::session::{Path, Sessions, SharedCqClaim, CLOSING, CONNECTED, CONNECTING};
 
 /// Work for one core, delivered through its inbox.
 pub(crate) enum PathWork {
     /// Serve this connection (a cid of `path`) on this core.
-    AddCon { path: Arc<Path>, con: Con },
+    /// `claim`: its IO cid's place on a shared CQ, held as long as the connection.
+    AddCon {
+        path: Arc<Path>,
+        con: Con,
+        claim: Option<SharedCqClaim>,
+    },
     /// Home core: finalise `path` once it has drained.
     Finalize(Arc<Path>),
     /// Close `path` (an administrative disconnect).
@@ -40,6 +45,10 @@ pub(crate) struct ServerState {
     pub pollers: AtomicUsize,
     /// Messages about peers: refused connections, protocol violations, closed paths.
     pub log: RateLimit,
+    /// Each core's shared completion queue, to accept its connections on (set by the
+    /// core's poller when it starts; unset where the fabric has none: then each
+    /// connection has its own).
+    pub cqs: Vec<OnceLock<CqRef>>,
 }
 
 fn wake(_: &mut dyn Ctx, _: u64) {}

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientEvents, ClientIo, Dir, LinkEvent, PathAddr, Session,
-    SessionCore, SubmitError,
+    ClientCompletion, ClientConfig, ClientEvents, ClientIo, CoreCq, Dir, LinkEvent, PathAddr,
+    Session, SessionCore, SubmitError,
 };
 use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
@@ -101,6 +101,41 @@ fn pattern(slot: usize, seq: u64, len: usize) -> Vec<u8> {
 }
 
 impl Load {
+    /// A stopped workload of `qd` slots on `core`, whose disk regions are those of
+    /// index `core_idx` (distinct per workload sharing a disk).
+    pub fn new(
+        core: SessionCore,
+        fabric: Arc<dyn Fabric>,
+        qd: usize,
+        sizes: Vec<u32>,
+        core_idx: usize,
+        direct: bool,
+    ) -> Load {
+        Load {
+            core,
+            buf: None,
+            direct,
+            fabric,
+            slots: vec![
+                Slot {
+                    state: SlotState::Idle,
+                    tag: u64::MAX,
+                    seq: 0,
+                    len: 0
+                };
+                qd
+            ],
+            qd,
+            sizes,
+            stats: LoadStats::default(),
+            stop: true,
+            target: 0,
+            region: 0,
+            core_idx,
+            measure: None,
+        }
+    }
+
     fn max_io(&self) -> usize {
         self.core.max_io_size() as usize
     }
@@ -168,7 +203,7 @@ impl Load {
         }
     }
 
-    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
+    pub fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let mut out = [ClientCompletion::default(); 32];
         if let Some(m) = self.measure {
             m(true);
@@ -285,6 +320,21 @@ pub struct Rig {
     pub loads: Vec<Rc<RefCell<Load>>>,
     pub events: Rc<RefCell<Vec<LinkEvent>>>,
     pub paths: Vec<PathAddr>,
+    /// Per core, with [`Setup::core_cq`].
+    pub core_cqs: Vec<Rc<RefCell<CoreCq>>>,
+}
+
+/// Registers on reactor `k` a poller that polls `cq` once per loop; registered before
+/// the core's workloads, it runs before them in every loop.
+pub fn register_core_cq(sim: &mut Simulation, k: usize, cq: &Rc<RefCell<CoreCq>>) {
+    let cq = cq.clone();
+    sim.reactor(k).register(Box::new(move |_cx: &mut dyn Ctx| {
+        if cq.borrow_mut().poll() > 0 {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }));
 }
 
 pub struct Setup {
@@ -300,6 +350,9 @@ pub struct Setup {
     pub tcp: bool,
     /// Zero-copy READs into the workload's registered buffer.
     pub direct: bool,
+    /// Each core's IO connections on one shared CQ per core ([`CoreCq`]), polled once
+    /// per loop before the core's workload.
+    pub core_cq: bool,
 }
 
 impl Default for Setup {
@@ -315,6 +368,7 @@ impl Default for Setup {
             tweak: |_| {},
             tcp: false,
             direct: false,
+            core_cq: false,
         }
     }
 }
@@ -393,30 +447,23 @@ impl Rig {
             .with_ctx(|cx| Session::open(cx, f, cfg, ev))
             .expect("open");
         let mut loads = Vec::new();
-        for (k, core) in cores.into_iter().enumerate() {
-            let load = Rc::new(RefCell::new(Load {
+        let mut core_cqs = Vec::new();
+        for (k, mut core) in cores.into_iter().enumerate() {
+            if s.core_cq {
+                let cq = CoreCq::new(&*fabric, k).expect("the fabric has shared CQs");
+                assert!(core.attach(&cq));
+                let cq = Rc::new(RefCell::new(cq));
+                register_core_cq(&mut sim, k, &cq);
+                core_cqs.push(cq);
+            }
+            let load = Rc::new(RefCell::new(Load::new(
                 core,
-                buf: None,
-                direct: s.direct,
-                fabric: fabric.clone(),
-                slots: vec![
-                    Slot {
-                        state: SlotState::Idle,
-                        tag: u64::MAX,
-                        seq: 0,
-                        len: 0
-                    };
-                    s.load_qd
-                ],
-                qd: s.load_qd,
-                sizes: s.sizes.clone(),
-                stats: LoadStats::default(),
-                stop: true,
-                target: 0,
-                region: 0,
-                core_idx: k,
-                measure: None,
-            }));
+                fabric.clone(),
+                s.load_qd,
+                s.sizes.clone(),
+                k,
+                s.direct,
+            )));
             let l2 = load.clone();
             sim.reactor(k)
                 .register(Box::new(move |cx: &mut dyn Ctx| l2.borrow_mut().poll(cx)));
@@ -429,6 +476,7 @@ impl Rig {
             loads,
             events,
             paths,
+            core_cqs,
         }
     }
 

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
+    Mr, Psk, QpCaps,
 };
 use rtrs_spdk::server::{
     Dir, IoId, LinkEvent, Responses, Server, ServerConfig, ServerHandler, SessionId, SrvIo,
@@ -64,6 +65,24 @@ impl Fabric for RecordingFabric {
         pd: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
         let c = self.lo.connect_from(src, dst, caps, pd)?;
+        if let (Some(l), Some(p)) = (c.local_addr(), c.peer_addr()) {
+            self.conns.lock().unwrap().push((l, p));
+        }
+        Ok(c)
+    }
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        self.lo.create_cq(entries)
+    }
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        pd: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let c = self.lo.connect_on(cq, src, dst, caps, pd, psk)?;
         if let (Some(l), Some(p)) = (c.local_addr(), c.peer_addr()) {
             self.conns.lock().unwrap().push((l, p));
         }

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use rtrs_spdk::client::{ClientCompletion, ClientConfig, Session, SessionCore};
+use rtrs_spdk::client::{ClientCompletion, ClientConfig, CoreCq, Session, SessionCore};
 use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
@@ -198,6 +198,9 @@ fn fail_core(setup: &Setup, why: String) {
 /// also the session's admin.
 struct CoreRun {
     setup: Arc<Setup>,
+    /// The core's shared completion queue (none where the fabric has none), polled
+    /// once per loop before the queue (docs/ARCHITECTURE.md, "Completion queues").
+    cq: Option<CoreCq>,
     queue: RnbdQueue<SessionCore>,
     admin: Option<Box<AdminRun>>,
     worker: Option<Worker>,
@@ -207,9 +210,19 @@ struct CoreRun {
 }
 
 impl CoreRun {
-    fn new(setup: Arc<Setup>, queue: RnbdQueue<SessionCore>) -> CoreRun {
+    /// On the core's thread.
+    fn new(setup: Arc<Setup>, mut queue: RnbdQueue<SessionCore>) -> CoreRun {
+        let core = queue.session().core();
+        let cq = match CoreCq::new(&*setup.fabric, core) {
+            Ok(cq) => queue.session_mut().attach(&cq).then_some(cq),
+            Err(e) => {
+                tracing::debug!(core, "private completion queues: {e}");
+                None
+            }
+        };
         CoreRun {
             setup,
+            cq,
             queue,
             admin: None,
             worker: None,
@@ -221,6 +234,9 @@ impl CoreRun {
 
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let now = cx.now();
+        if let Some(cq) = self.cq.as_mut() {
+            cq.poll();
+        }
         let n = self.queue.poll(now, &mut self.done);
         if let Some(w) = self.worker.as_mut() {
             for c in &self.done[..n] {
