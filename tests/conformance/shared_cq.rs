@@ -576,15 +576,15 @@ pub fn shared_cq_idle_then_busy_loses_nothing(b: &dyn Backend) {
         let recvs: Vec<RecvWr> = (0..K).map(|k| recv(2000 + k)).collect();
         c.conns[i].post_recv(&recvs).expect("client receives");
     }
-    for i in 0..N {
+    for (i, target) in targets.iter().enumerate() {
         let sges: Vec<_> = (0..K as usize).map(|k| [src.sge(k * LEN, LEN)]).collect();
         let wrs: Vec<_> = (0..K as usize)
             .map(|k| {
                 wr(
                     k as u64,
                     SendOp::RdmaWriteWithImm {
-                        remote_addr: targets[i].addr() + (k * LEN) as u64,
-                        rkey: targets[i].rkey(),
+                        remote_addr: target.addr() + (k * LEN) as u64,
+                        rkey: target.rkey(),
                         imm: k as u32,
                     },
                     &sges[k],

@@ -242,9 +242,6 @@ pub(crate) struct Epoll {
     events: Vec<libc::epoll_event>,
 }
 
-// SAFETY: `epoll_event` is plain data; the buffer is only scratch space for results.
-unsafe impl Send for Epoll {}
-
 /// Events taken per `epoll_wait` call.
 const EPOLL_BATCH: usize = 64;
 

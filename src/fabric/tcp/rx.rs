@@ -132,7 +132,7 @@ impl ReadGate {
     fn after(&mut self, asked: usize, got: Option<usize>) {
         #[cfg(test)]
         count_read();
-        if got.is_none_or(|n| n != 0 && n < asked) {
+        if got.map_or(true, |n| n != 0 && n < asked) {
             self.readable = false;
         }
     }
