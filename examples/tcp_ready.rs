@@ -182,13 +182,12 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
         for &(i, slot) in &answers {
             let (c, _, addr, rkey) = &mut conns[i];
             let s = slot as usize;
-            c.post_recv(&[RecvWr {
+            let re = c.post_recv(&[RecvWr {
                 wr_id: slot,
                 sge: Some(rx.sge(s * o.len, o.len)),
-            }])
-            .expect("re-post");
+            }]);
             let sge = [tx.sge(s * o.len, o.len)];
-            c.post_send(&[SendWr {
+            let answer = c.post_send(&[SendWr {
                 wr_id: slot,
                 op: SendOp::RdmaWriteWithImm {
                     remote_addr: *addr + (s * o.len) as u64,
@@ -197,8 +196,11 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
                 },
                 sges: &sge,
                 signaled: true,
-            }])
-            .expect("answer");
+            }]);
+            if re.is_err() || answer.is_err() {
+                // The client closed at the end of its run.
+                return;
+            }
         }
         rounds = rounds.wrapping_add(1);
         if rounds % 1024 == 0 && stop.load(Ordering::Relaxed) {
