@@ -116,6 +116,9 @@ impl Slot {
 struct Entry<T> {
     cell: Arc<Cell<T>>,
     watch: Option<Watch>,
+    /// The set refused its descriptor: it is polled as without a set, for good (no
+    /// failing call per poll).
+    refused: bool,
 }
 
 /// The readiness set with its slots.
@@ -181,8 +184,16 @@ impl Ready {
 }
 
 /// Brings `t`'s membership of the readiness set up to date after its progress.
-fn reconcile<T: Member>(ready: &mut Option<Ready>, watch: &mut Option<Watch>, t: &mut T) {
+fn reconcile<T: Member>(
+    ready: &mut Option<Ready>,
+    watch: &mut Option<Watch>,
+    refused: &mut bool,
+    t: &mut T,
+) {
     let Some(r) = ready.as_mut() else { return };
+    if *refused {
+        return;
+    }
     let fd = t.ready_fd();
     match (*watch, fd) {
         (Some(w), Some(fd)) if w.fd == fd => {}
@@ -197,6 +208,8 @@ fn reconcile<T: Member>(ready: &mut Option<Ready>, watch: &mut Option<Watch>, t:
                 *watch = r.join(fd);
                 if watch.is_some() {
                     t.set_watched(true);
+                } else {
+                    *refused = true;
                 }
             }
         }
@@ -240,8 +253,11 @@ impl<T: Member> Shared<T> {
         }
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         self.has_incoming.store(false, Ordering::Release);
-        core.members
-            .extend(inc.drain(..).map(|cell| Entry { cell, watch: None }));
+        core.members.extend(inc.drain(..).map(|cell| Entry {
+            cell,
+            watch: None,
+            refused: false,
+        }));
     }
 
     fn poll(&self, core: &mut Core<T>, wcs: &mut [Wc]) -> usize {
@@ -257,43 +273,49 @@ impl<T: Member> Shared<T> {
             r.collect();
         }
         let ready = &mut core.ready;
-        core.members.retain_mut(|Entry { cell, watch }| {
-            if cell.abandoned.load(Ordering::Acquire) {
-                // The handle is gone (and let go of it): the state goes, here if it is
-                // still there, and the cell with it (and its socket the readiness set).
-                let gone = cell.conn.with_as(me, true, |c| *c = None).is_some();
-                if gone {
-                    if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
-                        r.leave(w);
-                    }
-                }
-                return !gone;
-            }
-            cell.conn
-                .with_as(me, false, |c| match c {
-                    Some(t) => {
-                        if broken {
-                            t.disconnect();
-                        }
-                        if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
-                            if r.take(w) {
-                                t.set_readable();
-                            }
-                        }
-                        t.progress();
-                        reconcile(ready, watch, t);
-                        held += t.queued();
-                        true
-                    }
-                    None => {
+        core.members.retain_mut(
+            |Entry {
+                 cell,
+                 watch,
+                 refused,
+             }| {
+                if cell.abandoned.load(Ordering::Acquire) {
+                    // The handle is gone (and let go of it): the state goes, here if it is
+                    // still there, and the cell with it (and its socket the readiness set).
+                    let gone = cell.conn.with_as(me, true, |c| *c = None).is_some();
+                    if gone {
                         if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
                             r.leave(w);
                         }
-                        false
                     }
-                })
-                .unwrap_or(true)
-        });
+                    return !gone;
+                }
+                cell.conn
+                    .with_as(me, false, |c| match c {
+                        Some(t) => {
+                            if broken {
+                                t.disconnect();
+                            }
+                            if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
+                                if r.take(w) {
+                                    t.set_readable();
+                                }
+                            }
+                            t.progress();
+                            reconcile(ready, watch, refused, t);
+                            held += t.queued();
+                            true
+                        }
+                        None => {
+                            if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
+                                r.leave(w);
+                            }
+                            false
+                        }
+                    })
+                    .unwrap_or(true)
+            },
+        );
         if !broken && held > core.entries {
             self.overrun(core, held);
         }
