@@ -4,9 +4,9 @@
 //!
 //! Two threads over 127.0.0.1, each pinned to one core, each with one tcp fabric and one
 //! shared CQ. The client keeps `--qd` requests in flight spread over `--conns`
-//! connections: a SEND of `--len` bytes into a receive buffer the server posted; the
-//! server answers each with an RDMA_WRITE_WITH_IMM of `--len` bytes into the client's
-//! memory. Only the CQs are polled (no per-connection calls), as a reactor does.
+//! connections: a SEND_WITH_IMM (the client's slot) of `--len` bytes into a receive
+//! buffer the server posted; the server answers each with an RDMA_WRITE_WITH_IMM of
+//! `--len` bytes into that slot of the client's memory. Only the CQs are polled (no per-connection calls), as a reactor does.
 //!
 //! Prints one JSON line per mode: operations in the timed window and per second, and
 //! `total_ops` (warm-up included), the divisor for a syscall count of the whole process
@@ -162,7 +162,7 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
             return;
         }
     }
-    let mut answers: Vec<(usize, u64)> = Vec::with_capacity(64);
+    let mut answers: Vec<(usize, u64, u32)> = Vec::with_capacity(64);
     let mut rounds = 0u32;
     loop {
         answers.clear();
@@ -173,13 +173,13 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
                     .iter()
                     .position(|c| c.1 == w.qp_num)
                     .expect("a connection of ours");
-                answers.push((i, w.wr_id));
+                answers.push((i, w.wr_id, w.imm.expect("the client's slot")));
             }
         });
         if !ok {
             return;
         }
-        for &(i, slot) in &answers {
+        for &(i, slot, theirs) in &answers {
             let (c, _, addr, rkey) = &mut conns[i];
             let s = slot as usize;
             let re = c.post_recv(&[RecvWr {
@@ -190,9 +190,9 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
             let answer = c.post_send(&[SendWr {
                 wr_id: slot,
                 op: SendOp::RdmaWriteWithImm {
-                    remote_addr: *addr + (s * o.len) as u64,
+                    remote_addr: *addr + u64::from(theirs) * o.len as u64,
                     rkey: *rkey,
-                    imm: slot as u32,
+                    imm: theirs,
                 },
                 sges: &sge,
                 signaled: true,
@@ -263,7 +263,7 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
         let sge = [src.sge(slot * o.len, o.len)];
         c.post_send(&[SendWr {
             wr_id: slot as u64,
-            op: SendOp::Send,
+            op: SendOp::SendWithImm { imm: slot as u32 },
             sges: &sge,
             signaled: true,
         }])
