@@ -138,33 +138,35 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
     // Per connection: the handle, its qp_num, the client's target address and rkey.
     let mut conns: Vec<(Box<dyn Conn>, u32, u64, u32)> = Vec::new();
     let mut wcs = vec![Wc::default(); 64];
-    while conns.len() < o.conns {
-        if let Some(req) = l.poll() {
-            let pd = req.private_data.as_bytes();
-            let addr = u64::from_le_bytes(pd[..8].try_into().expect("8 bytes"));
-            let rkey = u32::from_le_bytes(pd[8..12].try_into().expect("4 bytes"));
-            let mut c = req.accept_on(&cq.share(), caps(per), &[]).expect("accept");
-            let i = conns.len();
-            let recvs: Vec<RecvWr> = (0..per)
-                .map(|k| {
-                    let slot = i * per + k;
-                    RecvWr {
-                        wr_id: slot as u64,
-                        sge: Some(rx.sge(slot * o.len, o.len)),
-                    }
-                })
-                .collect();
-            c.post_recv(&recvs).expect("post_recv");
-            let q = c.qp_num();
-            conns.push((c, q, addr, rkey));
-        }
-        if !poll_all(&mut cq, &mut wcs, |_| {}) || stop.load(Ordering::Relaxed) {
-            return;
-        }
-    }
     let mut answers: Vec<(usize, u64, u32)> = Vec::with_capacity(64);
     let mut rounds = 0u32;
+    let mut last = Instant::now();
+    let mut told = false;
     loop {
+        // Accepting goes on inside the loop: a connection's requests may arrive while the
+        // next one is being accepted, and each must be answered.
+        if conns.len() < o.conns {
+            if let Some(req) = l.poll() {
+                let pd = req.private_data.as_bytes();
+                let addr = u64::from_le_bytes(pd[..8].try_into().expect("8 bytes"));
+                let rkey = u32::from_le_bytes(pd[8..12].try_into().expect("4 bytes"));
+                let mut c = req.accept_on(&cq.share(), caps(per), &[]).expect("accept");
+                let i = conns.len();
+                let recvs: Vec<RecvWr> = (0..per)
+                    .map(|k| {
+                        let slot = i * per + k;
+                        RecvWr {
+                            wr_id: slot as u64,
+                            sge: Some(rx.sge(slot * o.len, o.len)),
+                        }
+                    })
+                    .collect();
+                c.post_recv(&recvs).expect("post_recv");
+                let q = c.qp_num();
+                conns.push((c, q, addr, rkey));
+            }
+            last = Instant::now();
+        }
         answers.clear();
         // A failure is the client closing at the end of its run.
         let ok = poll_all(&mut cq, &mut wcs, |w| {
@@ -178,6 +180,13 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
         });
         if !ok {
             return;
+        }
+        if !answers.is_empty() {
+            last = Instant::now();
+        } else if last.elapsed() > Duration::from_secs(1) && !told {
+            told = true;
+            let states: Vec<_> = conns.iter().map(|c| c.0.state()).collect();
+            eprintln!("server: no request for 1 s; connections {states:?}");
         }
         for &(i, slot, theirs) in &answers {
             let (c, _, addr, rkey) = &mut conns[i];
@@ -259,6 +268,12 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
             "connect timed out"
         );
     }
+    if let Some(ms) = std::env::var("TCP_READY_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     let send = |c: &mut Box<dyn Conn>, slot: usize| {
         let sge = [src.sge(slot * o.len, o.len)];
         c.post_send(&[SendWr {
@@ -287,6 +302,8 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
     let warm = Duration::from_secs_f64(o.warmup);
     let end = warm + Duration::from_secs_f64(o.secs);
     let mut at_warm = None;
+    let mut last_reply = Instant::now();
+    let mut stall_told = false;
     loop {
         replies.clear();
         let ok = poll_all(&mut cq, &mut wcs, |w| {
@@ -305,6 +322,13 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
             send(c, slot);
         }
         total += replies.len() as u64;
+        if !replies.is_empty() {
+            last_reply = Instant::now();
+        } else if last_reply.elapsed() > Duration::from_secs(1) && !stall_told {
+            stall_told = true;
+            let states: Vec<_> = conns.iter().map(|c| c.state()).collect();
+            eprintln!("client: no reply for 1 s after {total} operations; connections {states:?}");
+        }
         if total & 0xff < replies.len() as u64 || replies.is_empty() {
             let t = t0.elapsed();
             if at_warm.is_none() && t >= warm {
@@ -323,6 +347,12 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
 }
 
 fn main() -> ExitCode {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let o = match parse_opts() {
         Ok(o) => o,
         Err(e) => {
