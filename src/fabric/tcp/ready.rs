@@ -175,9 +175,10 @@ impl Readiness for Uring {
             self.slots.resize(slot + 1, None);
         }
         self.arm(fd, key)?;
-        self.ring.submit()?;
-        self.queued = false;
+        // Queued, it will be armed: from here on the slot is watched (and removed by
+        // `unwatch`), even if this submission has to wait for the next poll.
         self.slots[slot] = Some((key, fd));
+        self.submit();
         Ok(())
     }
 
@@ -189,8 +190,11 @@ impl Readiness for Uring {
         // The poll holds the socket's file until removed: remove it now, so that a
         // connection that closed its socket is closed for the peer at once.
         let sqe = opcode::PollRemove::new(key).build().user_data(REMOVE_TAG);
-        if self.push(&sqe).is_ok() {
-            self.submit();
+        match self.push(&sqe) {
+            Ok(()) => self.submit(),
+            Err(e) => {
+                tracing::warn!(error = %e, "tcp fabric: io_uring poll removal failed; the socket stays open until the CQ goes")
+            }
         }
     }
 

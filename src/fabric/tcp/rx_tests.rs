@@ -303,3 +303,51 @@ fn acks_naks_refusals_and_garbage() {
         RxStop::Eof
     ));
 }
+
+/// A watched receive side reads only while its gate is open: an empty read closes it,
+/// a readiness event opens it, and frames already staged are executed with it closed.
+#[test]
+fn a_watched_receive_side_reads_only_while_its_gate_is_open() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
+    let mut gate = ReadGate::default();
+    gate.set_watched(true);
+    let reads = || READS.with(|r| r.get());
+
+    // Joining opens the gate once; the read finds nothing and closes it.
+    let r0 = reads();
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut gate),
+        RxStop::Idle
+    ));
+    assert_eq!(reads() - r0, 1, "one read, EAGAIN");
+    assert!(!gate.readable, "an empty read closes the gate");
+
+    // Closed: data waiting in the socket is not read, whatever the number of polls.
+    write_frame(&mut s.peer, write_op(1, &dst, 0, 8, None), &[1; 8]);
+    write_frame(&mut s.peer, write_op(2, &dst, 8, 8, None), &[2; 8]);
+    let r1 = reads();
+    for _ in 0..10 {
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    }
+    assert_eq!(reads(), r1, "no read while closed");
+    assert_eq!(s.qp.take_ack(), None, "nothing executed");
+
+    // An event opens it: one read takes both frames (fewer bytes than asked: the socket
+    // is drained) and closes it again.
+    gate.set_readable();
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    assert_eq!(reads() - r1, 1, "a single short read");
+    assert!(!gate.readable, "a short read closes the gate");
+    assert_eq!(s.qp.take_ack(), Some(2), "both frames executed");
+    let mut out = [0u8; 16];
+    dst.read_at(0, &mut out);
+    assert_eq!(out, [[1u8; 8], [2u8; 8]].concat()[..]);
+
+    // Unwatched, the gate is always open (a private CQ reads on every poll).
+    gate.set_watched(false);
+    let r2 = reads();
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    assert_eq!(reads() - r2, 2, "a read per poll");
+}
