@@ -72,8 +72,8 @@ pub trait Member: Conn + 'static {
 }
 
 /// Which of a CQ's descriptors are ready, for all of them at once (see the module doc).
-/// `key`s are the CQ's own; an implementation reports a watched key as often as it
-/// likes, never one it no longer watches after [`Readiness::unwatch`] returned, except
+/// `key`s are the CQ's own, never zero and below 2^63; an implementation reports a
+/// watched key as often as it likes, never one it no longer watches after [`Readiness::unwatch`] returned, except
 /// that events already collected may name it.
 pub trait Readiness: Send {
     /// The backend's name, for logs.
@@ -152,8 +152,9 @@ impl Ready {
             }
         };
         let s = &mut self.slots[slot as usize];
-        // Generations run 1..u32::MAX, so that no key is all ones or zero.
-        s.gen = if s.gen >= u32::MAX - 1 { 1 } else { s.gen + 1 };
+        // Generations run 1..2^31, so that no key is zero or has its top bit set
+        // (`Readiness` implementations may tag their own requests with it).
+        s.gen = if s.gen >= (1 << 31) - 1 { 1 } else { s.gen + 1 };
         s.used = true;
         s.ready = false;
         let key = s.key(slot);

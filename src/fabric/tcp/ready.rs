@@ -12,13 +12,22 @@
 //!   poll makes none.
 //! - `epoll`: one epoll set per CQ, sockets edge-triggered, one `epoll_wait(0)` per poll.
 //!
+//! A poll's wake-ups are completed by task work of the thread that armed it: a ring
+//! whose polls were armed on one thread and read on another would see events only when
+//! the first enters the kernel or takes a timer tick (milliseconds). So `uring` notes the
+//! thread that armed its polls, and when another thread collects, it removes them all and
+//! arms them again from there (each removed poll's last completion reports its socket
+//! ready, which is harmless, and is what re-arms it).
+//!
 //! A key (`u64`, the CQ's slot and its generation) names the socket in events; the CQ
 //! ignores an event whose generation is no longer the slot's (a socket that left, its
 //! descriptor perhaps reused since), and `uring` drops completions of removed polls
 //! itself.
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 use io_uring::{cqueue, opcode, types, IoUring};
@@ -90,9 +99,16 @@ pub(crate) fn open(mode: TcpReadiness) -> Option<Box<dyn Readiness>> {
     set
 }
 
-/// The user data of `POLL_REMOVE` requests (keys never take it: generations start at 1
-/// and stay below `u32::MAX`).
-const REMOVE_TAG: u64 = u64::MAX;
+/// Set in the user data of a `POLL_REMOVE` request, with the key of the poll it removes
+/// (keys are below 2^63).
+const REMOVE_BIT: u64 = 1 << 63;
+
+/// A `POLL_REMOVE` of `key`'s poll.
+fn removal(key: u64) -> io_uring::squeue::Entry {
+    opcode::PollRemove::new(key)
+        .build()
+        .user_data(key | REMOVE_BIT)
+}
 /// Submission queue entries (the completion queue gets twice as many; more completions
 /// than that wait in the kernel's overflow list, flushed by the next enter).
 const RING_ENTRIES: u32 = 256;
@@ -106,6 +122,25 @@ pub(crate) struct Uring {
     queued: bool,
     /// Keys whose multishot poll ended, to arm again.
     rearm: Vec<u64>,
+    /// Keys whose poll removal found the poll mid-wake-up (`EALREADY`): sent again.
+    unremoved: Vec<u64>,
+    /// The thread that armed the polls ([`thread_id`]; 0: none yet).
+    armer: u64,
+}
+
+/// A number for the calling thread, unique in the process and never 0 (a thread-local
+/// read after the thread's first call).
+fn thread_id() -> u64 {
+    thread_local!(static ID: Cell<u64> = const { Cell::new(0) });
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    ID.with(|id| match id.get() {
+        0 => {
+            let v = NEXT.fetch_add(1, Ordering::Relaxed);
+            id.set(v);
+            v
+        }
+        v => v,
+    })
 }
 
 impl Uring {
@@ -119,7 +154,27 @@ impl Uring {
             slots: Vec::new(),
             queued: false,
             rearm: Vec::new(),
+            unremoved: Vec::new(),
+            armer: 0,
         })
+    }
+
+    /// Moves the polls to the calling thread if another armed them (see the module doc).
+    fn follow_thread(&mut self) {
+        let me = thread_id();
+        if self.armer == me {
+            return;
+        }
+        if self.armer != 0 {
+            for i in 0..self.slots.len() {
+                if let Some((key, _)) = self.slots[i] {
+                    if let Err(e) = self.push(&removal(key)) {
+                        tracing::debug!(error = %e, "tcp fabric: io_uring poll move failed");
+                    }
+                }
+            }
+        }
+        self.armer = me;
     }
 
     fn push(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
@@ -158,7 +213,7 @@ impl Uring {
     /// its last completion lacks `IORING_CQE_F_MORE`), without forgetting the socket.
     #[cfg(test)]
     pub(crate) fn end_multishot(&mut self, key: u64) -> io::Result<()> {
-        self.push(&opcode::PollRemove::new(key).build().user_data(REMOVE_TAG))?;
+        self.push(&removal(key))?;
         self.submit();
         Ok(())
     }
@@ -170,6 +225,7 @@ impl Readiness for Uring {
     }
 
     fn watch(&mut self, fd: RawFd, key: u64) -> io::Result<()> {
+        self.follow_thread();
         let slot = key as u32 as usize;
         if self.slots.len() <= slot {
             self.slots.resize(slot + 1, None);
@@ -189,8 +245,7 @@ impl Readiness for Uring {
         self.slots[key as u32 as usize] = None;
         // The poll holds the socket's file until removed: remove it now, so that a
         // connection that closed its socket is closed for the peer at once.
-        let sqe = opcode::PollRemove::new(key).build().user_data(REMOVE_TAG);
-        match self.push(&sqe) {
+        match self.push(&removal(key)) {
             Ok(()) => self.submit(),
             Err(e) => {
                 tracing::warn!(error = %e, "tcp fabric: io_uring poll removal failed; the socket stays open until the CQ goes")
@@ -199,6 +254,7 @@ impl Readiness for Uring {
     }
 
     fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
+        self.follow_thread();
         let pending = {
             let sq = self.ring.submission();
             sq.taskrun() || sq.cq_overflow()
@@ -209,12 +265,28 @@ impl Readiness for Uring {
         let slots = &self.slots;
         for cqe in self.ring.completion() {
             let key = cqe.user_data();
-            if key == REMOVE_TAG || watched(slots, key).is_none() {
+            if key & REMOVE_BIT != 0 {
+                // A poll whose wake-up is under way (its task work not run yet) cannot
+                // be removed: it would stay armed, holding its socket, or stay with the
+                // thread that armed it. Try again.
+                if cqe.result() == -libc::EALREADY {
+                    self.unremoved.push(key & !REMOVE_BIT);
+                }
+                continue;
+            }
+            if watched(slots, key).is_none() {
                 continue;
             }
             ready(key);
             if !cqueue::more(cqe.flags()) {
                 self.rearm.push(key);
+            }
+        }
+        while let Some(key) = self.unremoved.pop() {
+            if let Err(e) = self.push(&removal(key)) {
+                tracing::debug!(error = %e, "tcp fabric: io_uring poll removal failed");
+                self.unremoved.push(key);
+                break;
             }
         }
         while let Some(key) = self.rearm.pop() {
