@@ -51,8 +51,8 @@ pub enum TcpReadiness {
 pub const READINESS_ENV: &str = "RTRS_TCP_READINESS";
 
 impl TcpReadiness {
-    /// The default: [`READINESS_ENV`] when set to a known mode, else `Uring` (the faster
-    /// in `docs/BENCHMARKS.md`, "tcp readiness").
+    /// The default: [`READINESS_ENV`] when set to a known mode, else `Uring` (see
+    /// `docs/BENCHMARKS.md`, "tcp readiness on a shared CQ").
     pub fn from_env() -> TcpReadiness {
         match std::env::var(READINESS_ENV) {
             Ok(v) => TcpReadiness::parse(&v).unwrap_or_else(|| {
@@ -109,6 +109,7 @@ fn removal(key: u64) -> io_uring::squeue::Entry {
         .build()
         .user_data(key | REMOVE_BIT)
 }
+
 /// Submission queue entries (the completion queue gets twice as many; more completions
 /// than that wait in the kernel's overflow list, flushed by the next enter).
 const RING_ENTRIES: u32 = 256;
