@@ -87,7 +87,9 @@ pub fn run<B: Backend>(backend: &B, name: &str, scenario: fn(&dyn Backend)) {
 }
 
 /// Expands to one `#[test]` per scenario, each with a fresh `$backend`;
-/// `conformance_tests!(ignore = "why", backend)` marks every one `#[ignore]`.
+/// `conformance_tests!(ignore = "why", backend)` marks every one `#[ignore]`;
+/// `conformance_tests!(shared_cq, backend)` expands the shared-CQ scenarios only (for a
+/// backend's variants that differ only there, such as tcp's readiness modes).
 #[macro_export]
 macro_rules! conformance_tests {
     (@one [$(#[$attr:meta])*] $backend:expr; $module:ident :: $name:ident) => {
@@ -145,6 +147,19 @@ macro_rules! conformance_tests {
             shared_cq::shared_cq_break_leaves_the_others,
             shared_cq::shared_cq_busy_connection_does_not_starve_another,
             shared_cq::shared_cq_overrun_is_reported,
+            shared_cq::shared_cq_sees_a_peer_vanish,
+            shared_cq::shared_cq_idle_then_busy_loses_nothing,
+        );
+    };
+    (shared_cq, $backend:expr) => {
+        $crate::conformance_tests!(@each [] $backend;
+            shared_cq::private_cq_completions_carry_qp_num,
+            shared_cq::shared_cq_keeps_per_connection_order,
+            shared_cq::shared_cq_break_leaves_the_others,
+            shared_cq::shared_cq_busy_connection_does_not_starve_another,
+            shared_cq::shared_cq_overrun_is_reported,
+            shared_cq::shared_cq_sees_a_peer_vanish,
+            shared_cq::shared_cq_idle_then_busy_loses_nothing,
         );
     };
     (ignore = $why:literal, $backend:expr) => {

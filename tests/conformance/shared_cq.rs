@@ -503,3 +503,143 @@ pub fn shared_cq_overrun_is_reported(b: &dyn Backend) {
         .connect_on(&c.cq.share(), None, l.local_addr(), b.caps(), &[], None);
     assert!(again.is_err(), "a CQ in error takes no new connection");
 }
+
+/// A peer's connection dropped: its partner on the shared CQ sees `Disconnected` and its
+/// posted receive flushed, promptly, while it is otherwise idle (nothing is polled for it
+/// but the CQ); the other connection goes on.
+pub fn shared_cq_sees_a_peer_vanish(b: &dyn Backend) {
+    let (mut c, mut s, _l) = shared_pairs(b, 2, b.caps(), 1024, 1024);
+    for (i, conn) in c.conns.iter_mut().enumerate() {
+        conn.post_recv(&[recv(40 + i as u64)])
+            .expect("client post_recv");
+    }
+    // Idle for a while first: the partner must not depend on having read recently.
+    for _ in 0..100 {
+        c.pump();
+        s.pump();
+    }
+    drop(s.conns.remove(0));
+    s.wcs.remove(0);
+    s.cm.remove(0);
+    let is_disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected);
+    pump_until(&mut c, &mut s, "the vanished peer's partner", |c, _| {
+        c.cm[0].iter().any(is_disc) && !c.wcs[0].is_empty()
+    });
+    let w = c.wcs[0][0];
+    assert_eq!((w.wr_id, w.status), (40, WcStatus::WrFlush), "{w:?}");
+    assert_eq!(c.conns[0].state(), ConnState::Disconnected);
+
+    // The survivor (client 1, server 0 now) still carries traffic both ways.
+    s.conns[0].post_recv(&[recv(50)]).expect("server post_recv");
+    c.conns[1]
+        .post_send(&[wr(51, SendOp::SendWithImm { imm: 51 }, &[])])
+        .expect("client send");
+    s.conns[0]
+        .post_send(&[wr(52, SendOp::SendWithImm { imm: 52 }, &[])])
+        .expect("server send");
+    pump_until(&mut c, &mut s, "traffic on the survivor", |c, s| {
+        c.wcs[1].len() == 2 && s.wcs[0].len() == 2
+    });
+    for w in c.wcs[1].iter().chain(&s.wcs[0]) {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    }
+    assert!(c.cm[1].is_empty() && s.cm[0].is_empty(), "no CM event");
+}
+
+/// Connections left idle, then a burst larger than socket buffers on each, both ways:
+/// every byte and completion arrives (a readiness set that missed an event would stall
+/// here), and a single message after the burst still comes through.
+pub fn shared_cq_idle_then_busy_loses_nothing(b: &dyn Backend) {
+    const N: usize = 2;
+    const LEN: usize = 64 * 1024;
+    const K: u64 = 16;
+    let caps = QpCaps {
+        max_send_wr: b.caps().max_send_wr.max(K as u32 + 2),
+        max_recv_wr: b.caps().max_recv_wr.max(K as u32 + 2),
+        ..b.caps()
+    };
+    let (mut c, mut s, _l) = shared_pairs(b, N, caps, 1024, 1024);
+    for _ in 0..200 {
+        c.pump();
+        s.pump();
+    }
+    let src = c.reg(LEN * K as usize, Access::NONE);
+    for k in 0..K as usize {
+        src.write_at(k * LEN, &super::pattern(k as u8, LEN));
+    }
+    let targets: Vec<_> = (0..N)
+        .map(|_| s.reg(LEN * K as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE))
+        .collect();
+    for i in 0..N {
+        let recvs: Vec<RecvWr> = (0..K).map(|k| recv(1000 + k)).collect();
+        s.conns[i].post_recv(&recvs).expect("server receives");
+        let recvs: Vec<RecvWr> = (0..K).map(|k| recv(2000 + k)).collect();
+        c.conns[i].post_recv(&recvs).expect("client receives");
+    }
+    for (i, target) in targets.iter().enumerate() {
+        let sges: Vec<_> = (0..K as usize).map(|k| [src.sge(k * LEN, LEN)]).collect();
+        let wrs: Vec<_> = (0..K as usize)
+            .map(|k| {
+                wr(
+                    k as u64,
+                    SendOp::RdmaWriteWithImm {
+                        remote_addr: target.addr() + (k * LEN) as u64,
+                        rkey: target.rkey(),
+                        imm: k as u32,
+                    },
+                    &sges[k],
+                )
+            })
+            .collect();
+        c.conns[i].post_send(&wrs).expect("the burst");
+        let back: Vec<_> = (0..K)
+            .map(|k| wr(3000 + k, SendOp::SendWithImm { imm: k as u32 }, &[]))
+            .collect();
+        s.conns[i].post_send(&back).expect("the answers");
+    }
+    let k = K as usize;
+    pump_until(&mut c, &mut s, "the bursts", |c, s| {
+        (0..N).all(|i| c.wcs[i].len() == 2 * k && s.wcs[i].len() == 2 * k)
+    });
+    for side in [&c, &s] {
+        for (i, wcs) in side.wcs.iter().enumerate() {
+            for w in wcs {
+                assert_eq!(w.status, WcStatus::Success, "{} {i}: {w:?}", side.name);
+            }
+        }
+    }
+    for (i, t) in targets.iter().enumerate() {
+        for k in 0..k {
+            assert!(
+                super::read(t, k * LEN, LEN) == super::pattern(k as u8, LEN),
+                "connection {i}: write {k} landed wrong"
+            );
+        }
+    }
+    for i in 0..N {
+        c.wcs[i].clear();
+        s.wcs[i].clear();
+    }
+    for _ in 0..200 {
+        c.pump();
+        s.pump();
+    }
+    s.conns[1].post_recv(&[recv(7)]).expect("post_recv");
+    c.conns[1]
+        .post_send(&[wr(8, SendOp::SendWithImm { imm: 8 }, &[])])
+        .expect("send");
+    let w = super::shared_cq::pump_until_wc(&mut c, &mut s, 1, 7);
+    assert_eq!((w.status, w.imm), (WcStatus::Success, Some(8)), "{w:?}");
+}
+
+/// Pumps until the server's connection `i` has completed `wr_id`.
+fn pump_until_wc(c: &mut CqSide, s: &mut CqSide, i: usize, wr_id: u64) -> Wc {
+    pump_until(c, s, "the message after the burst", |_, s| {
+        s.wcs[i].iter().any(|w| w.wr_id == wr_id)
+    });
+    s.wcs[i]
+        .iter()
+        .find(|w| w.wr_id == wr_id)
+        .copied()
+        .expect("just seen")
+}

@@ -22,9 +22,19 @@
 //! others. After each poll's progress, more completions held than the CQ's entries is an
 //! overrun ([`CqEvent::Overrun`]): every connection breaks, as a verbs QP whose CQ is in
 //! error does.
+//!
+//! A backend may give the queue a [`Readiness`] set (tcp: io_uring or epoll over its
+//! sockets). A member that offers a descriptor ([`Member::ready_fd`]) joins the set once
+//! it has one and is told so ([`Member::set_watched`]); from then on it reads only after
+//! the set reported it ready ([`Member::set_readable`]), so an idle poll reads no socket.
+//! Events are kept per slot until the member's thread holds it, so none is lost while a
+//! member is held elsewhere; a slot's generation, part of the key, makes events of a
+//! member that left harmless.
 
 use std::any::Any;
+use std::io;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -49,6 +59,162 @@ pub trait Member: Conn + 'static {
     fn queued(&self) -> usize;
     /// Moves up to `wcs.len()` completions into `wcs`, in order, without progress.
     fn drain(&mut self, wcs: &mut [Wc]) -> usize;
+    /// The descriptor a [`Readiness`] set may watch for this connection now (a tcp
+    /// socket once connected), `None` when it has none or must be polled as before.
+    fn ready_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// The connection joined (`true`) or left the CQ's readiness set. While in it, it
+    /// reads only after [`Member::set_readable`]; joining makes it readable once.
+    fn set_watched(&mut self, _on: bool) {}
+    /// The readiness set reported the descriptor readable (or hung up, or in error).
+    fn set_readable(&mut self) {}
+}
+
+/// Which of a CQ's descriptors are ready, for all of them at once (see the module doc).
+/// `key`s are the CQ's own, never zero and below 2^63; an implementation reports a
+/// watched key as often as it likes, never one it no longer watches after [`Readiness::unwatch`] returned, except
+/// that events already collected may name it.
+pub trait Readiness: Send {
+    /// The backend's name, for logs.
+    fn name(&self) -> &'static str;
+    /// Starts watching `fd` under `key`.
+    ///
+    /// # Errors
+    /// The OS error; the member is then polled as if there were no set.
+    fn watch(&mut self, fd: RawFd, key: u64) -> io::Result<()>;
+    /// Stops watching `fd` (watched under `key`); `fd` may be closed already.
+    fn unwatch(&mut self, fd: RawFd, key: u64);
+    /// Calls `ready` with the key of every descriptor that became ready since the last
+    /// call, without waiting.
+    fn collect(&mut self, ready: &mut dyn FnMut(u64));
+}
+
+/// A member's place in the readiness set.
+#[derive(Clone, Copy)]
+struct Watch {
+    slot: u32,
+    fd: RawFd,
+}
+
+/// One slot of the readiness set: its current generation, and whether an event for it
+/// waits to be handed to its member.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    gen: u32,
+    used: bool,
+    ready: bool,
+}
+
+impl Slot {
+    fn key(&self, slot: u32) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(slot)
+    }
+}
+
+/// A member of the CQ: its cell, and its slot in the readiness set if it is in it.
+struct Entry<T> {
+    cell: Arc<Cell<T>>,
+    watch: Option<Watch>,
+    /// The set refused its descriptor: it is polled as without a set, for good (no
+    /// failing call per poll).
+    refused: bool,
+}
+
+/// The readiness set with its slots.
+struct Ready {
+    set: Box<dyn Readiness>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+impl Ready {
+    /// Takes the set's events into the slots.
+    fn collect(&mut self) {
+        let slots = &mut self.slots;
+        self.set.collect(&mut |key| {
+            let (gen, slot) = ((key >> 32) as u32, key as u32);
+            if let Some(s) = slots.get_mut(slot as usize) {
+                if s.used && s.gen == gen {
+                    s.ready = true;
+                }
+            }
+        });
+    }
+
+    /// Puts `fd` in the set; `None` if the set refused it.
+    fn join(&mut self, fd: RawFd) -> Option<Watch> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot::default());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        // Generations run 1..2^31, so that no key is zero or has its top bit set
+        // (`Readiness` implementations may tag their own requests with it).
+        s.gen = if s.gen >= (1 << 31) - 1 { 1 } else { s.gen + 1 };
+        s.used = true;
+        s.ready = false;
+        let key = s.key(slot);
+        match self.set.watch(fd, key) {
+            Ok(()) => Some(Watch { slot, fd }),
+            Err(e) => {
+                tracing::debug!(error = %e, backend = self.set.name(), "readiness set refused a socket; polling it");
+                self.slots[slot as usize].used = false;
+                self.free.push(slot);
+                None
+            }
+        }
+    }
+
+    fn leave(&mut self, w: Watch) {
+        let s = &mut self.slots[w.slot as usize];
+        let key = s.key(w.slot);
+        s.used = false;
+        s.ready = false;
+        self.set.unwatch(w.fd, key);
+        self.free.push(w.slot);
+    }
+
+    /// Whether an event waits for `w`'s member (and forgets it).
+    fn take(&mut self, w: Watch) -> bool {
+        std::mem::take(&mut self.slots[w.slot as usize].ready)
+    }
+}
+
+/// Brings `t`'s membership of the readiness set up to date after its progress.
+fn reconcile<T: Member>(
+    ready: &mut Option<Ready>,
+    watch: &mut Option<Watch>,
+    refused: &mut bool,
+    t: &mut T,
+) {
+    let Some(r) = ready.as_mut() else { return };
+    if *refused {
+        return;
+    }
+    let fd = t.ready_fd();
+    match (*watch, fd) {
+        (Some(w), Some(fd)) if w.fd == fd => {}
+        (None, None) => {}
+        (w, fd) => {
+            if let Some(w) = w {
+                r.leave(w);
+                *watch = None;
+                t.set_watched(false);
+            }
+            if let Some(fd) = fd {
+                *watch = r.join(fd);
+                if watch.is_some() {
+                    t.set_watched(true);
+                } else {
+                    *refused = true;
+                }
+            }
+        }
+    }
 }
 
 /// One connection's state: `None` once its handle dropped it.
@@ -61,7 +227,9 @@ struct Cell<T> {
 
 struct Core<T> {
     entries: usize,
-    members: Vec<Arc<Cell<T>>>,
+    members: Vec<Entry<T>>,
+    /// The readiness set, if the backend gave one.
+    ready: Option<Ready>,
     /// Where the next gathering starts (the connection after the one that filled the
     /// caller's slice last time).
     next: usize,
@@ -86,7 +254,11 @@ impl<T: Member> Shared<T> {
         }
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         self.has_incoming.store(false, Ordering::Release);
-        core.members.append(&mut inc);
+        core.members.extend(inc.drain(..).map(|cell| Entry {
+            cell,
+            watch: None,
+            refused: false,
+        }));
     }
 
     fn poll(&self, core: &mut Core<T>, wcs: &mut [Wc]) -> usize {
@@ -98,26 +270,53 @@ impl<T: Member> Shared<T> {
         // left alone). On a CQ in error, a connection taken over since the overrun
         // breaks too.
         let mut held = 0;
-        core.members.retain(|cell| {
-            if cell.abandoned.load(Ordering::Acquire) {
-                // The handle is gone (and let go of it): the state goes, here if it is
-                // still there, and the cell with it.
-                return cell.conn.with_as(me, true, |c| *c = None).is_none();
-            }
-            cell.conn
-                .with_as(me, false, |c| match c {
-                    Some(t) => {
-                        if broken {
-                            t.disconnect();
+        if let Some(r) = core.ready.as_mut() {
+            r.collect();
+        }
+        let ready = &mut core.ready;
+        core.members.retain_mut(
+            |Entry {
+                 cell,
+                 watch,
+                 refused,
+             }| {
+                if cell.abandoned.load(Ordering::Acquire) {
+                    // The handle is gone (and let go of it): the state goes, here if it is
+                    // still there, and the cell with it (and its socket the readiness set).
+                    let gone = cell.conn.with_as(me, true, |c| *c = None).is_some();
+                    if gone {
+                        if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
+                            r.leave(w);
                         }
-                        t.progress();
-                        held += t.queued();
-                        true
                     }
-                    None => false,
-                })
-                .unwrap_or(true)
-        });
+                    return !gone;
+                }
+                cell.conn
+                    .with_as(me, false, |c| match c {
+                        Some(t) => {
+                            if broken {
+                                t.disconnect();
+                            }
+                            if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
+                                if r.take(w) {
+                                    t.set_readable();
+                                }
+                            }
+                            t.progress();
+                            reconcile(ready, watch, refused, t);
+                            held += t.queued();
+                            true
+                        }
+                        None => {
+                            if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
+                                r.leave(w);
+                            }
+                            false
+                        }
+                    })
+                    .unwrap_or(true)
+            },
+        );
         if !broken && held > core.entries {
             self.overrun(core, held);
         }
@@ -129,6 +328,7 @@ impl<T: Member> Shared<T> {
         for k in 0..n {
             let i = (core.next + k) % n;
             let got = core.members[i]
+                .cell
                 .conn
                 .with_as(me, false, |c| {
                     c.as_mut().map_or(0, |t| t.drain(&mut wcs[filled..]))
@@ -152,7 +352,7 @@ impl<T: Member> Shared<T> {
         self.broken.store(true, Ordering::Relaxed);
         core.event = Some(CqEvent::Overrun);
         let me = thread_token();
-        for cell in &core.members {
+        for Entry { cell, .. } in &core.members {
             // One held by another thread breaks once the CQ's thread has taken it.
             cell.conn
                 .with_as(me, false, |c| c.as_mut().map(|t| t.disconnect()));
@@ -177,6 +377,19 @@ pub fn create<T: Member>(
     table: &Arc<MrTable>,
     entries: u32,
 ) -> Result<Cq, FabricError> {
+    create_with::<T>(kind, table, entries, None)
+}
+
+/// [`create`], with a readiness set for the members' descriptors.
+///
+/// # Errors
+/// As [`create`].
+pub fn create_with<T: Member>(
+    kind: FabricKind,
+    table: &Arc<MrTable>,
+    entries: u32,
+    readiness: Option<Box<dyn Readiness>>,
+) -> Result<Cq, FabricError> {
     if entries == 0 || entries > MAX_CQ_ENTRIES {
         return Err(FabricError::Cq {
             reason: format!("{entries} entries is outside 1..={MAX_CQ_ENTRIES}"),
@@ -185,6 +398,11 @@ pub fn create<T: Member>(
     let core = Core::<T> {
         entries: entries as usize,
         members: Vec::new(),
+        ready: readiness.map(|set| Ready {
+            set,
+            slots: Vec::new(),
+            free: Vec::new(),
+        }),
         next: 0,
         event: None,
     };

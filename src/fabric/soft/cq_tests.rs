@@ -183,3 +183,85 @@ fn a_dropped_connection_leaves_the_cq_working() {
     assert_eq!(n, 1);
     assert_eq!((wcs[0].wr_id, wcs[0].qp_num), (9, c2.qp_num()));
 }
+
+/// A readiness set that reports what the test scripts and records what it was asked.
+struct Script {
+    events: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    watched: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    refuse: bool,
+}
+
+impl super::Readiness for Script {
+    fn name(&self) -> &'static str {
+        "script"
+    }
+    fn watch(&mut self, _fd: std::os::fd::RawFd, key: u64) -> std::io::Result<()> {
+        if self.refuse {
+            return Err(std::io::Error::other("refused"));
+        }
+        self.watched.lock().unwrap().push(key);
+        Ok(())
+    }
+    fn unwatch(&mut self, _fd: std::os::fd::RawFd, key: u64) {
+        self.watched.lock().unwrap().retain(|&k| k != key);
+    }
+    fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
+        for k in self.events.lock().unwrap().drain(..) {
+            ready(k);
+        }
+    }
+}
+
+fn scripted(refuse: bool) -> (super::Ready, Script) {
+    let s = Script {
+        events: Default::default(),
+        watched: Default::default(),
+        refuse,
+    };
+    let handle = Script {
+        events: s.events.clone(),
+        watched: s.watched.clone(),
+        refuse,
+    };
+    let r = super::Ready {
+        set: Box::new(s),
+        slots: Vec::new(),
+        free: Vec::new(),
+    };
+    (r, handle)
+}
+
+#[test]
+fn readiness_events_of_a_slot_s_former_member_are_ignored() {
+    let (mut r, s) = scripted(false);
+    let first = r.join(10).expect("watched");
+    let old = s.watched.lock().unwrap()[0];
+    r.leave(first);
+    assert!(s.watched.lock().unwrap().is_empty(), "unwatched on leaving");
+    let second = r.join(11).expect("watched");
+    assert_eq!(second.slot, first.slot, "the slot is reused");
+    let new = s.watched.lock().unwrap()[0];
+    assert_ne!(new, old, "a new generation, a new key");
+
+    s.events.lock().unwrap().push(old);
+    r.collect();
+    assert!(
+        !r.take(second),
+        "the former member's event is not the new one's"
+    );
+
+    s.events.lock().unwrap().extend([new, new]);
+    r.collect();
+    // Kept until the member takes it (it may be held by another thread meanwhile).
+    r.collect();
+    assert!(r.take(second), "the member's own event");
+    assert!(!r.take(second), "taken once");
+}
+
+#[test]
+fn a_descriptor_the_readiness_set_refuses_frees_its_slot() {
+    let (mut r, _s) = scripted(true);
+    assert!(r.join(10).is_none(), "refused");
+    assert_eq!(r.free, vec![0], "the slot is free again");
+    assert!(!r.slots[0].used);
+}

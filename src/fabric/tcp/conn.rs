@@ -20,13 +20,13 @@
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use super::auth::{self, Nonce, Role, Transcript};
 use super::frame::{cm_frame, v2_frame, CmPayload, Header, Opcode, RejectReason};
 use super::frame::{CM_PAYLOAD_LEN, NONCE_LEN, V1, V2, VERSION};
-use super::rx::{CmIn, CmReadError, Rx, RxStop};
+use super::rx::{CmIn, CmReadError, ReadGate, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
 use crate::fabric::soft::cq::Member;
@@ -71,6 +71,8 @@ pub struct TcpConn {
     qp: SoftQp,
     tx: Tx,
     rx: Rx,
+    /// Whether `rx` may read the socket (the shared CQ's readiness set says).
+    gate: ReadGate,
     events: VecDeque<CmEvent>,
     peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
@@ -96,6 +98,7 @@ impl TcpConn {
             qp: SoftQp::new(table, caps),
             tx: Tx::new(caps.max_send_wr, version),
             rx: Rx::new(version),
+            gate: ReadGate::default(),
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,
@@ -424,7 +427,7 @@ impl TcpConn {
         if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
             return self.lost(&format!("socket write failed: {e}"));
         }
-        match self.rx.progress(stream, &mut self.qp) {
+        match self.rx.progress(stream, &mut self.qp, &mut self.gate) {
             RxStop::Idle => {}
             RxStop::Eof => self.lost("the peer closed the connection"),
             RxStop::Io(e) => self.lost(&format!("socket read failed: {e}")),
@@ -497,6 +500,23 @@ impl Member for TcpConn {
 
     fn drain(&mut self, wcs: &mut [Wc]) -> usize {
         self.qp.poll(wcs)
+    }
+
+    /// Only an established connection is watched: connecting and closing read on every
+    /// poll, as on a private CQ (they are short, and closing must see the peer's EOF).
+    fn ready_fd(&self) -> Option<RawFd> {
+        match (&self.stream, self.phase) {
+            (Some(s), TcpConnPhase::Connected) => Some(s.as_raw_fd()),
+            _ => None,
+        }
+    }
+
+    fn set_watched(&mut self, on: bool) {
+        self.gate.set_watched(on);
+    }
+
+    fn set_readable(&mut self) {
+        self.gate.set_readable();
     }
 }
 

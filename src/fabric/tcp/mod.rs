@@ -7,8 +7,8 @@
 //! receive matching, RNR, completions, flush) are the shared soft RC core's
 //! ([`crate::fabric::soft`]); this module only moves bytes and drives progress, inside
 //! `poll_cq`/`poll_cm` (or the poll of the shared CQ a connection was made on,
-//! [`crate::fabric::soft::cq`], which drives all its sockets: where readiness of the
-//! whole set will be watched), with no thread of its own.
+//! [`crate::fabric::soft::cq`], which drives all its sockets and watches their readiness
+//! at once, [`ready`]: an idle socket costs no system call), with no thread of its own.
 //!
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
 //! instances in one process behave as two hosts.
@@ -20,7 +20,8 @@
 //! Files: `frame` (wire format), `tx`/`rx` (the send and receive engines of a
 //! connection), `conn` (a connection and its CM state machine), `listen` (the passive
 //! side) and `handshake` (the listener's half of establishing one connection), `auth`
-//! (nonces and proofs), `sys` (the libc calls, all of this module's `unsafe`).
+//! (nonces and proofs), `ready` (a shared CQ's readiness set: io_uring or epoll), `sys`
+//! (the libc calls, all of this module's `unsafe`).
 
 pub mod frame;
 
@@ -28,6 +29,7 @@ mod auth;
 mod conn;
 mod handshake;
 mod listen;
+mod ready;
 mod rx;
 mod sys;
 mod tx;
@@ -37,6 +39,7 @@ use std::sync::Arc;
 
 pub use conn::TcpConn;
 pub use listen::{TcpListener, TcpPending};
+pub use ready::{TcpReadiness, READINESS_ENV};
 
 use crate::fabric::mem::Backing;
 use crate::fabric::soft::{self, MrTable};
@@ -57,13 +60,23 @@ pub const TCP_CAPS: FabricCaps = FabricCaps {
 #[derive(Debug)]
 pub struct TcpFabric {
     table: Arc<MrTable>,
+    /// How its shared CQs watch their sockets.
+    readiness: TcpReadiness,
 }
 
 impl TcpFabric {
-    /// A new protection domain with no registrations.
+    /// A new protection domain with no registrations; shared CQs watch their sockets as
+    /// [`TcpReadiness::from_env`] says.
     pub fn new() -> TcpFabric {
+        TcpFabric::with_readiness(TcpReadiness::from_env())
+    }
+
+    /// [`TcpFabric::new`] with shared CQs watching their sockets by `readiness` (or its
+    /// fallback, where the kernel refuses it).
+    pub fn with_readiness(readiness: TcpReadiness) -> TcpFabric {
         TcpFabric {
             table: MrTable::new(),
+            readiness,
         }
     }
 }
@@ -194,7 +207,12 @@ impl Fabric for TcpFabric {
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
-        soft::cq::create::<TcpConn>(FabricKind::Tcp, &self.table, entries)
+        soft::cq::create_with::<TcpConn>(
+            FabricKind::Tcp,
+            &self.table,
+            entries,
+            ready::open(self.readiness),
+        )
     }
 
     fn connect_on(

@@ -8,6 +8,12 @@
 //! *and* the staging buffer, so the same call also fetches the headers that follow. No
 //! payload ever passes through a bounce buffer. An operation that needs a receive when
 //! none is posted stalls the stream (RNR) until one is.
+//!
+//! On a shared CQ with a readiness set the socket is read only while the [`ReadGate`]
+//! says it may have data: a readiness event opens the gate, a read that found the socket
+//! empty (`EAGAIN`, or fewer bytes than asked: the socket was drained at that instant,
+//! and a later arrival raises a new event) closes it. Nothing else closes it (a stall or
+//! the frame budget leaves bytes in the socket).
 
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
@@ -97,6 +103,52 @@ pub(crate) struct Rx {
     copied: u64,
 }
 
+/// Whether the receive side may read the socket (see the module doc).
+#[derive(Debug, Default)]
+pub(crate) struct ReadGate {
+    /// In a readiness set: read only while `readable`.
+    watched: bool,
+    readable: bool,
+}
+
+impl ReadGate {
+    /// Joins (`true`) or leaves the readiness set; joining opens the gate once, for
+    /// what arrived before the set watched the socket.
+    pub(crate) fn set_watched(&mut self, on: bool) {
+        self.watched = on;
+        self.readable = true;
+    }
+
+    /// A readiness event.
+    pub(crate) fn set_readable(&mut self) {
+        self.readable = true;
+    }
+
+    fn open(&self) -> bool {
+        !self.watched || self.readable
+    }
+
+    /// A read asked for `asked` bytes and got `got` (`None`: `EAGAIN`).
+    fn after(&mut self, asked: usize, got: Option<usize>) {
+        #[cfg(test)]
+        count_read();
+        if got.map_or(true, |n| n != 0 && n < asked) {
+            self.readable = false;
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Socket reads made by receive sides on this thread (tests count them).
+    pub(crate) static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+fn count_read() {
+    READS.with(|r| r.set(r.get() + 1));
+}
+
 enum Fill {
     Data,
     Eof,
@@ -135,7 +187,10 @@ impl Rx {
 
     /// Reads more into the staging buffer, making room first (a frame header or CM
     /// frame always fits contiguously after this).
-    fn fill<S: Read>(&mut self, stream: &mut S) -> Fill {
+    fn fill<S: Read>(&mut self, stream: &mut S, gate: &mut ReadGate) -> Fill {
+        if !gate.open() {
+            return Fill::WouldBlock;
+        }
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -145,15 +200,20 @@ impl Rx {
             self.start = 0;
         }
         let to = (self.end + self.read_limit()).min(STAGE_LEN);
+        let asked = to - self.end;
         loop {
             match stream.read(&mut self.stage[self.end..to]) {
                 Ok(0) => return Fill::Eof,
                 Ok(n) => {
+                    gate.after(asked, Some(n));
                     self.end += n;
                     return Fill::Data;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Fill::WouldBlock,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    gate.after(asked, None);
+                    return Fill::WouldBlock;
+                }
                 Err(e) => return Fill::Err(e),
             }
         }
@@ -172,13 +232,20 @@ impl Rx {
         &mut self,
         stream: &mut S,
         qp: &mut SoftQp,
+        gate: &mut ReadGate,
     ) -> RxStop {
         for _ in 0..FRAME_BUDGET {
             match &mut self.state {
                 State::Stalled(op) => {
                     if !qp.recv_ready() {
                         // The peer's DISCONNECT or EOF is behind the stalled operation;
-                        // a peer that went away must still break the connection.
+                        // a peer that went away must still break the connection (and
+                        // raises a readiness event: POLLRDHUP is watched).
+                        if !gate.open() {
+                            return RxStop::Idle;
+                        }
+                        #[cfg(test)]
+                        count_read();
                         return match sys::peer_hung_up(stream.as_raw_fd()) {
                             Ok(false) => RxStop::Idle,
                             Ok(true) => RxStop::Eof,
@@ -198,6 +265,9 @@ impl Rx {
                         self.copied += staged as u64;
                         self.start += staged;
                         *done += staged;
+                    }
+                    if *done < len && !gate.open() {
+                        return RxStop::Idle;
                     }
                     if *done < len {
                         // Nothing staged: read the rest of the payload into place and the
@@ -219,12 +289,19 @@ impl Rx {
                         // the second is our own staging buffer, borrowed mutably here.
                         match unsafe { sys::recv_scatter(stream.as_raw_fd(), &iov) } {
                             Ok(0) => return RxStop::Eof,
-                            Ok(n) if n <= rest => *done += n,
                             Ok(n) => {
-                                *done = len;
-                                self.end = n - rest;
+                                gate.after(rest + ahead, Some(n));
+                                if n <= rest {
+                                    *done += n;
+                                } else {
+                                    *done = len;
+                                    self.end = n - rest;
+                                }
                             }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return RxStop::Idle,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                gate.after(rest + ahead, None);
+                                return RxStop::Idle;
+                            }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => return RxStop::Io(e),
                         }
@@ -237,7 +314,7 @@ impl Rx {
                 }
                 State::Header => {
                     if self.staged() < HEADER_LEN {
-                        match self.fill(stream) {
+                        match self.fill(stream, gate) {
                             Fill::Data => continue,
                             Fill::Eof => return RxStop::Eof,
                             Fill::WouldBlock => return RxStop::Idle,
@@ -362,7 +439,7 @@ impl Rx {
                     }));
                 }
             }
-            match self.fill(stream) {
+            match self.fill(stream, &mut ReadGate::default()) {
                 Fill::Data => {}
                 Fill::Eof => return Err(CmReadError::Eof),
                 Fill::WouldBlock => return Ok(None),

@@ -81,7 +81,7 @@ fn small_and_large_payloads_land_in_place() {
     let mut got = Vec::new();
     for _ in 0..1_000_000 {
         assert!(matches!(
-            s.rx.progress(&mut s.ours, &mut s.qp),
+            s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
             RxStop::Idle
         ));
         got.extend(wcs(&mut s.qp));
@@ -115,7 +115,7 @@ fn after_a_large_payload_reads_stay_short() {
     write_frame(&mut s.peer, write_op(1, &dst, 0, len, None), &large);
     let progress = |s: &mut Setup| {
         assert!(matches!(
-            s.rx.progress(&mut s.ours, &mut s.qp),
+            s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
             RxStop::Idle
         ));
     };
@@ -160,7 +160,7 @@ fn rnr_stalls_the_stream_until_a_receive_is_posted() {
     write_frame(&mut s.peer, write_op(2, &dst, 0, 4, None), b"abcd");
     for _ in 0..10 {
         assert!(matches!(
-            s.rx.progress(&mut s.ours, &mut s.qp),
+            s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
             RxStop::Idle
         ));
     }
@@ -174,7 +174,7 @@ fn rnr_stalls_the_stream_until_a_receive_is_posted() {
     }])
     .unwrap();
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Idle
     ));
     assert_eq!(wcs(&mut s.qp)[0].imm, Some(5));
@@ -194,11 +194,14 @@ fn a_departed_peer_breaks_a_stalled_stream() {
         &[],
     );
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Idle
     ));
     s.peer.shutdown(std::net::Shutdown::Write).unwrap();
-    assert!(matches!(s.rx.progress(&mut s.ours, &mut s.qp), RxStop::Eof));
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
+        RxStop::Eof
+    ));
 }
 
 #[test]
@@ -225,7 +228,7 @@ fn acks_naks_refusals_and_garbage() {
     write_frame(&mut s.peer, Header::ack(1), &[]);
     write_frame(&mut s.peer, Header::nak(2, WcStatus::RemoteAccess), &[]);
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::PeerNak
     ));
     let w = wcs(&mut s.qp);
@@ -242,7 +245,10 @@ fn acks_naks_refusals_and_garbage() {
         ..Header::new(Opcode::RdmaWrite)
     };
     write_frame(&mut s.peer, h, &[1; 8]);
-    match s.rx.progress(&mut s.ours, &mut s.qp) {
+    match s
+        .rx
+        .progress(&mut s.ours, &mut s.qp, &mut ReadGate::default())
+    {
         RxStop::Refused {
             seq: 1,
             status: WcStatus::RemoteAccess,
@@ -254,7 +260,7 @@ fn acks_naks_refusals_and_garbage() {
     let mut s = setup();
     s.peer.write_all(&[0xee; HEADER_LEN]).unwrap();
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Garbage(FrameError::BadMagic { .. })
     ));
     let mut s = setup();
@@ -267,7 +273,7 @@ fn acks_naks_refusals_and_garbage() {
         &[0; 96],
     );
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Unexpected(Opcode::CmReq)
     ));
     let mut s = setup();
@@ -280,17 +286,68 @@ fn acks_naks_refusals_and_garbage() {
         &[0; 32],
     );
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Unexpected(Opcode::CmProof)
     ));
     // A frame of another version on this connection is garbage.
     let mut s = setup();
     s.peer.write_all(&Header::ack(0).to_bytes_as(V1)).unwrap();
     assert!(matches!(
-        s.rx.progress(&mut s.ours, &mut s.qp),
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
         RxStop::Garbage(FrameError::WrongVersion { .. })
     ));
     let mut s = setup();
     drop(s.peer);
-    assert!(matches!(s.rx.progress(&mut s.ours, &mut s.qp), RxStop::Eof));
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default()),
+        RxStop::Eof
+    ));
+}
+
+/// A watched receive side reads only while its gate is open: an empty read closes it,
+/// a readiness event opens it, and frames already staged are executed with it closed.
+#[test]
+fn a_watched_receive_side_reads_only_while_its_gate_is_open() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
+    let mut gate = ReadGate::default();
+    gate.set_watched(true);
+    let reads = || READS.with(|r| r.get());
+
+    // Joining opens the gate once; the read finds nothing and closes it.
+    let r0 = reads();
+    assert!(matches!(
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut gate),
+        RxStop::Idle
+    ));
+    assert_eq!(reads() - r0, 1, "one read, EAGAIN");
+    assert!(!gate.readable, "an empty read closes the gate");
+
+    // Closed: data waiting in the socket is not read, whatever the number of polls.
+    write_frame(&mut s.peer, write_op(1, &dst, 0, 8, None), &[1; 8]);
+    write_frame(&mut s.peer, write_op(2, &dst, 8, 8, None), &[2; 8]);
+    let r1 = reads();
+    for _ in 0..10 {
+        s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    }
+    assert_eq!(reads(), r1, "no read while closed");
+    assert_eq!(s.qp.take_ack(), None, "nothing executed");
+
+    // An event opens it: one read takes both frames (fewer bytes than asked: the socket
+    // is drained) and closes it again.
+    gate.set_readable();
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    assert_eq!(reads() - r1, 1, "a single short read");
+    assert!(!gate.readable, "a short read closes the gate");
+    assert_eq!(s.qp.take_ack(), Some(2), "both frames executed");
+    let mut out = [0u8; 16];
+    dst.read_at(0, &mut out);
+    assert_eq!(out, [[1u8; 8], [2u8; 8]].concat()[..]);
+
+    // Unwatched, the gate is always open (a private CQ reads on every poll).
+    gate.set_watched(false);
+    let r2 = reads();
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    s.rx.progress(&mut s.ours, &mut s.qp, &mut gate);
+    assert_eq!(reads() - r2, 2, "a read per poll");
 }

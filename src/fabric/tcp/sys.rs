@@ -1,7 +1,8 @@
 //! The few socket calls the tcp fabric makes through libc: gathered writes and
 //! scattered reads over raw memory (registered memory is never borrowed as a Rust slice,
-//! see `fabric::mem`), and a zero-timeout poll to learn that a non-blocking connect
-//! finished. All of the tcp fabric's `unsafe` lives here.
+//! see `fabric::mem`), a zero-timeout poll to learn that a non-blocking connect
+//! finished, and the readiness set's epoll calls and io_uring submissions (`ready`). All
+//! of the tcp fabric's `unsafe` lives here.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -182,4 +183,83 @@ impl IoVecs {
     pub(crate) fn bytes(&self, from: usize, to: usize) -> usize {
         self.0[from..to].iter().map(|v| v.iov_len).sum()
     }
+}
+
+/// Readiness events a socket is watched for: data or EOF (`POLLIN`), the peer's shutdown
+/// (`POLLRDHUP`), errors and hang-ups (always reported).
+pub(crate) const WATCH_EVENTS: u32 =
+    (libc::POLLIN | libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP) as u32;
+
+/// `epoll_create1(EPOLL_CLOEXEC)`.
+///
+/// # Errors
+/// The OS error.
+pub(crate) fn epoll_create() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: no pointer arguments.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to the epoll set `ep`, edge-triggered for [`WATCH_EVENTS`], reporting `key`.
+///
+/// # Errors
+/// The OS error.
+pub(crate) fn epoll_add(ep: RawFd, fd: RawFd, key: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+        u64: key,
+    };
+    // SAFETY: `ev` is a valid event the kernel only reads.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes `fd` from the epoll set `ep` (closing `fd` removes it too: errors are the
+/// caller's to ignore).
+///
+/// # Errors
+/// The OS error.
+pub(crate) fn epoll_del(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: `ev` is a valid event (ignored by EPOLL_CTL_DEL since Linux 2.6.9).
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `epoll_wait(ep, events, 0)`: the events ready now, without waiting.
+///
+/// # Errors
+/// The OS error.
+pub(crate) fn epoll_poll(ep: RawFd, events: &mut [libc::epoll_event]) -> io::Result<usize> {
+    let max = events.len().min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: the kernel writes at most `max` events into `events`.
+    let r = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), max, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// Queues `sqe` in `ring`'s submission queue; false when the queue is full.
+///
+/// Only poll requests go through here (`IORING_OP_POLL_ADD`, `IORING_OP_POLL_REMOVE`),
+/// which name a file descriptor or a request, never a buffer.
+pub(crate) fn uring_push(ring: &mut io_uring::IoUring, sqe: &io_uring::squeue::Entry) -> bool {
+    let op = sqe.get_opcode();
+    debug_assert!(
+        op == u32::from(io_uring::opcode::PollAdd::CODE)
+            || op == u32::from(io_uring::opcode::PollRemove::CODE)
+    );
+    // SAFETY: the entry points at no memory (a poll on a descriptor, or the removal of
+    // one by its user data), so nothing must outlive the submission.
+    unsafe { ring.submission().push(sqe).is_ok() }
 }

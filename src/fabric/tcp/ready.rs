@@ -1,0 +1,370 @@
+//! The readiness set of a shared tcp completion queue: which of its sockets have
+//! something to read, learnt for all of them at once instead of by a `recv` per socket
+//! per poll (what an SPDK sock poll group is to its sockets). See `docs/ARCHITECTURE.md`,
+//! "Completion queues".
+//!
+//! Two backends implement [`Readiness`]:
+//! - `uring`: one io_uring per CQ with a multishot `POLL_ADD` per socket. Readiness
+//!   events are read from the completion ring in user space; the only system call is an
+//!   `io_uring_enter` when the kernel flagged pending work (`IORING_SQ_TASKRUN`: with
+//!   cooperative task running the kernel never interrupts the polling thread, it raises
+//!   the flag), when a poll must be re-armed, or when a socket joins or leaves. An idle
+//!   poll makes none.
+//! - `epoll`: one epoll set per CQ, sockets edge-triggered, one `epoll_wait(0)` per poll.
+//!
+//! A poll's wake-ups are completed by task work of the thread that armed it: a ring
+//! whose polls were armed on one thread and read on another would see events only when
+//! the first enters the kernel or takes a timer tick (milliseconds). So `uring` notes the
+//! thread that armed its polls, and when another thread collects, it removes them all and
+//! arms them again from there (each removed poll's last completion reports its socket
+//! ready, which is harmless, and is what re-arms it).
+//!
+//! A key (`u64`, the CQ's slot and its generation) names the socket in events; the CQ
+//! ignores an event whose generation is no longer the slot's (a socket that left, its
+//! descriptor perhaps reused since), and `uring` drops completions of removed polls
+//! itself.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+use io_uring::{cqueue, opcode, types, IoUring};
+
+use super::sys;
+use crate::fabric::soft::cq::Readiness;
+
+/// How a shared tcp CQ learns which sockets are readable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcpReadiness {
+    /// io_uring multishot polls, falling back to `Epoll` where io_uring is missing or
+    /// refused.
+    Uring,
+    /// An epoll set, falling back to `None`.
+    Epoll,
+    /// No readiness set: every poll reads every socket (as a private CQ does).
+    None,
+}
+
+/// The environment variable that overrides the default mode: `uring`, `epoll`, `none`.
+pub const READINESS_ENV: &str = "RTRS_TCP_READINESS";
+
+impl TcpReadiness {
+    /// The default: [`READINESS_ENV`] when set to a known mode, else `Uring` (see
+    /// `docs/BENCHMARKS.md`, "tcp readiness on a shared CQ").
+    pub fn from_env() -> TcpReadiness {
+        match std::env::var(READINESS_ENV) {
+            Ok(v) => TcpReadiness::parse(&v).unwrap_or_else(|| {
+                tracing::warn!(value = %v, "{READINESS_ENV}: unknown mode (uring, epoll, none); using uring");
+                TcpReadiness::Uring
+            }),
+            Err(_) => TcpReadiness::Uring,
+        }
+    }
+
+    /// `uring`, `epoll` or `none`.
+    pub fn parse(s: &str) -> Option<TcpReadiness> {
+        match s {
+            "uring" | "io_uring" => Some(TcpReadiness::Uring),
+            "epoll" => Some(TcpReadiness::Epoll),
+            "none" => Some(TcpReadiness::None),
+            _ => None,
+        }
+    }
+}
+
+/// A readiness set for `mode`, falling back as [`TcpReadiness`] says; `None` for no set.
+/// The backend in use is logged once per process (debug).
+pub(crate) fn open(mode: TcpReadiness) -> Option<Box<dyn Readiness>> {
+    static LOGGED: Once = Once::new();
+    let set: Option<Box<dyn Readiness>> = match mode {
+        TcpReadiness::None => None,
+        TcpReadiness::Uring => match Uring::new() {
+            Ok(u) => Some(Box::new(u)),
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp fabric: io_uring unavailable; readiness by epoll");
+                Epoll::new().ok().map(|e| Box::new(e) as Box<dyn Readiness>)
+            }
+        },
+        TcpReadiness::Epoll => Epoll::new().ok().map(|e| Box::new(e) as Box<dyn Readiness>),
+    };
+    LOGGED.call_once(|| {
+        tracing::debug!(
+            requested = ?mode,
+            using = set.as_ref().map_or("none", |s| s.name()),
+            "tcp fabric: shared completion queue readiness"
+        );
+    });
+    set
+}
+
+/// Set in the user data of a `POLL_REMOVE` request, with the key of the poll it removes
+/// (keys are below 2^63).
+const REMOVE_BIT: u64 = 1 << 63;
+
+/// A `POLL_REMOVE` of `key`'s poll.
+fn removal(key: u64) -> io_uring::squeue::Entry {
+    opcode::PollRemove::new(key)
+        .build()
+        .user_data(key | REMOVE_BIT)
+}
+
+/// Submission queue entries (the completion queue gets twice as many; more completions
+/// than that wait in the kernel's overflow list, flushed by the next enter).
+const RING_ENTRIES: u32 = 256;
+
+/// The io_uring backend (see the module doc).
+pub(crate) struct Uring {
+    ring: IoUring,
+    /// The key and descriptor watched in each slot (the key's low half).
+    slots: Vec<Option<(u64, RawFd)>>,
+    /// Submissions queued and not yet entered.
+    queued: bool,
+    /// Keys whose multishot poll ended, to arm again.
+    rearm: Vec<u64>,
+    /// Keys whose poll removal found the poll mid-wake-up (`EALREADY`): sent again.
+    unremoved: Vec<u64>,
+    /// The thread that armed the polls ([`thread_id`]; 0: none yet).
+    armer: u64,
+}
+
+/// A number for the calling thread, unique in the process and never 0 (a thread-local
+/// read after the thread's first call).
+fn thread_id() -> u64 {
+    thread_local!(static ID: Cell<u64> = const { Cell::new(0) });
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    ID.with(|id| match id.get() {
+        0 => {
+            let v = NEXT.fetch_add(1, Ordering::Relaxed);
+            id.set(v);
+            v
+        }
+        v => v,
+    })
+}
+
+impl Uring {
+    pub(crate) fn new() -> io::Result<Uring> {
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(RING_ENTRIES)?;
+        Ok(Uring {
+            ring,
+            slots: Vec::new(),
+            queued: false,
+            rearm: Vec::new(),
+            unremoved: Vec::new(),
+            armer: 0,
+        })
+    }
+
+    /// Moves the polls to the calling thread if another armed them (see the module doc).
+    fn follow_thread(&mut self) {
+        let me = thread_id();
+        if self.armer == me {
+            return;
+        }
+        if self.armer != 0 {
+            for i in 0..self.slots.len() {
+                if let Some((key, _)) = self.slots[i] {
+                    if let Err(e) = self.push(&removal(key)) {
+                        tracing::debug!(error = %e, "tcp fabric: io_uring poll move failed");
+                    }
+                }
+            }
+        }
+        self.armer = me;
+    }
+
+    fn push(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
+        if !sys::uring_push(&mut self.ring, sqe) {
+            self.ring.submit()?;
+            if !sys::uring_push(&mut self.ring, sqe) {
+                return Err(io::Error::other("io_uring submission queue full"));
+            }
+        }
+        self.queued = true;
+        Ok(())
+    }
+
+    fn arm(&mut self, fd: RawFd, key: u64) -> io::Result<()> {
+        let sqe = opcode::PollAdd::new(types::Fd(fd), sys::WATCH_EVENTS)
+            .multi(true)
+            .build()
+            .user_data(key);
+        self.push(&sqe)
+    }
+
+    fn submit(&mut self) {
+        if let Err(e) = self.ring.submit() {
+            // The queued entries stay queued; the next poll tries again.
+            tracing::debug!(error = %e, "tcp fabric: io_uring submit failed");
+            return;
+        }
+        self.queued = false;
+    }
+
+    fn watched(&self, key: u64) -> Option<RawFd> {
+        watched(&self.slots, key)
+    }
+
+    /// Test hook: ends `key`'s multishot poll as the kernel may (the poll is removed,
+    /// its last completion lacks `IORING_CQE_F_MORE`), without forgetting the socket.
+    #[cfg(test)]
+    pub(crate) fn end_multishot(&mut self, key: u64) -> io::Result<()> {
+        self.push(&removal(key))?;
+        self.submit();
+        Ok(())
+    }
+}
+
+impl Readiness for Uring {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+
+    fn watch(&mut self, fd: RawFd, key: u64) -> io::Result<()> {
+        self.follow_thread();
+        let slot = key as u32 as usize;
+        if self.slots.len() <= slot {
+            self.slots.resize(slot + 1, None);
+        }
+        self.arm(fd, key)?;
+        // Queued, it will be armed: from here on the slot is watched (and removed by
+        // `unwatch`), even if this submission has to wait for the next poll.
+        self.slots[slot] = Some((key, fd));
+        self.submit();
+        Ok(())
+    }
+
+    fn unwatch(&mut self, _fd: RawFd, key: u64) {
+        if self.watched(key).is_none() {
+            return;
+        }
+        self.slots[key as u32 as usize] = None;
+        // The poll holds the socket's file until removed: remove it now, so that a
+        // connection that closed its socket is closed for the peer at once.
+        match self.push(&removal(key)) {
+            Ok(()) => self.submit(),
+            Err(e) => {
+                tracing::warn!(error = %e, "tcp fabric: io_uring poll removal failed; the socket stays open until the CQ goes")
+            }
+        }
+    }
+
+    fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
+        self.follow_thread();
+        let pending = {
+            let sq = self.ring.submission();
+            sq.taskrun() || sq.cq_overflow()
+        };
+        if pending || self.queued {
+            self.submit();
+        }
+        let slots = &self.slots;
+        for cqe in self.ring.completion() {
+            let key = cqe.user_data();
+            if key & REMOVE_BIT != 0 {
+                // A poll whose wake-up is under way (its task work not run yet) cannot
+                // be removed: it would stay armed, holding its socket, or stay with the
+                // thread that armed it. Try again.
+                if cqe.result() == -libc::EALREADY {
+                    self.unremoved.push(key & !REMOVE_BIT);
+                }
+                continue;
+            }
+            if watched(slots, key).is_none() {
+                continue;
+            }
+            ready(key);
+            if !cqueue::more(cqe.flags()) {
+                self.rearm.push(key);
+            }
+        }
+        while let Some(key) = self.unremoved.pop() {
+            if let Err(e) = self.push(&removal(key)) {
+                tracing::debug!(error = %e, "tcp fabric: io_uring poll removal failed");
+                self.unremoved.push(key);
+                break;
+            }
+        }
+        while let Some(key) = self.rearm.pop() {
+            if let Some(fd) = self.watched(key) {
+                if let Err(e) = self.arm(fd, key) {
+                    tracing::debug!(error = %e, "tcp fabric: io_uring re-arm failed");
+                    self.rearm.push(key);
+                    break;
+                }
+            }
+        }
+        if self.queued {
+            self.submit();
+        }
+    }
+}
+
+/// The descriptor watched under `key`, if its slot still holds that key.
+fn watched(slots: &[Option<(u64, RawFd)>], key: u64) -> Option<RawFd> {
+    match slots.get(key as u32 as usize) {
+        Some(Some((k, fd))) if *k == key => Some(*fd),
+        _ => None,
+    }
+}
+
+/// The epoll backend (see the module doc).
+pub(crate) struct Epoll {
+    ep: OwnedFd,
+    events: Vec<libc::epoll_event>,
+}
+
+/// Events taken per `epoll_wait` call.
+const EPOLL_BATCH: usize = 64;
+
+impl Epoll {
+    pub(crate) fn new() -> io::Result<Epoll> {
+        Ok(Epoll {
+            ep: sys::epoll_create()?,
+            events: vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_BATCH],
+        })
+    }
+}
+
+impl Readiness for Epoll {
+    fn name(&self) -> &'static str {
+        "epoll"
+    }
+
+    fn watch(&mut self, fd: RawFd, key: u64) -> io::Result<()> {
+        sys::epoll_add(self.ep.as_raw_fd(), fd, key)
+    }
+
+    fn unwatch(&mut self, fd: RawFd, _key: u64) {
+        // A closed socket has left the set already (the error then says so).
+        let _ = sys::epoll_del(self.ep.as_raw_fd(), fd);
+    }
+
+    fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
+        loop {
+            let n = match sys::epoll_poll(self.ep.as_raw_fd(), &mut self.events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "tcp fabric: epoll_wait failed");
+                    return;
+                }
+            };
+            for ev in &self.events[..n] {
+                ready(ev.u64);
+            }
+            if n < self.events.len() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "ready_tests.rs"]
+mod tests;
