@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::ring::{ring, Consumer, Producer};
-use crate::fabric::soft::qp::{Srcs, INLINE_SRCS};
+use crate::fabric::soft::qp::Srcs;
 use crate::fabric::soft::{WireKind, WireOp};
 use crate::fabric::{PrivateData, QpCaps, WcStatus};
 
-/// Most SGEs a loopback work request may carry: a frame holds its sources inline, so a
-/// transfer never allocates.
-pub const MAX_SGE: usize = INLINE_SRCS;
+/// Most SGEs a loopback work request may carry: every frame's source list is allocated
+/// for this many when the ring is made, so a transfer never allocates.
+pub const MAX_SGE: usize = 4;
 
 /// The client end is 0, the accepting end 1.
 pub const CLIENT: usize = 0;
@@ -45,7 +45,7 @@ impl Default for Frame {
                 imm: 0,
                 inv_rkey: 0,
             },
-            srcs: Srcs::new(),
+            srcs: Srcs::with_capacity(MAX_SGE),
         }
     }
 }

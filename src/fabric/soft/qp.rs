@@ -27,8 +27,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use super::table::{LkeyCache, MemRef, MrTable};
 use crate::fabric::{
     Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -89,12 +87,12 @@ struct SqSlot {
     srcs: Srcs,
 }
 
-/// Sources held inline up to this many SGEs (more spill to the heap once, at
-/// construction, and keep that capacity).
-pub const INLINE_SRCS: usize = 4;
-
-/// A send request's checked source list.
-pub type Srcs = SmallVec<[MemRef; INLINE_SRCS]>;
+/// A send request's checked source list. Every list is allocated once, at
+/// construction, for the queue pair's `max_send_sge`, and never grows after: a post
+/// takes at most that many SGEs. A plain vector rather than an inline one: each push and
+/// clear is a length test and no inline-or-heap test, and a transport hands a list over
+/// by swapping three words.
+pub type Srcs = Vec<MemRef>;
 
 struct RqSlot {
     wr_id: u64,
@@ -268,6 +266,10 @@ impl SoftQp {
         slot.status = None;
         // A slot leaves the ring with its sources released (`advance`, `break_now`).
         debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
+        debug_assert!(
+            slot.srcs.capacity() >= wr.sges.len(),
+            "a source list would grow"
+        );
         let (kind, remote_addr, rkey, imm, inv_rkey) = match wr.op {
             SendOp::Send => (WireKind::Send, 0, 0, 0, 0),
             SendOp::SendWithImm { imm } => (WireKind::SendWithImm, 0, 0, imm, 0),
@@ -521,6 +523,35 @@ impl SoftQp {
     /// [`InboundError::Refuse`] when the responder refuses it (the queue pair is then
     /// broken).
     pub fn inbound(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
+        let (place, invalidated) = self.accept(op)?;
+        self.in_progress = Some(InProgress {
+            seq: op.seq,
+            invalidated,
+        });
+        Ok(place)
+    }
+
+    /// [`SoftQp::inbound`], the placement of the payload by `fill` (called with the
+    /// destination when the operation carries a payload), and [`SoftQp::inbound_done`]
+    /// in one step: for a transport that has the payload at hand when the operation
+    /// arrives (the loopback fabric copies it from the sender's memory), so nothing is
+    /// kept in between.
+    ///
+    /// # Errors
+    /// As [`SoftQp::inbound`]; `fill` is then not called.
+    #[inline]
+    pub fn execute(&mut self, op: &WireOp, fill: impl FnOnce(MemRef)) -> Result<(), InboundError> {
+        let (place, invalidated) = self.accept(op)?;
+        if let Some(dst) = place {
+            fill(dst);
+        }
+        self.finish(op, invalidated);
+        Ok(())
+    }
+
+    /// The checks of [`SoftQp::inbound`]: where the payload goes, and the rkey the
+    /// operation invalidated.
+    fn accept(&mut self, op: &WireOp) -> Result<(Option<MemRef>, Option<u32>), InboundError> {
         if self.state == ConnState::Disconnected {
             return Err(InboundError::Refuse(WcStatus::WrFlush));
         }
@@ -562,11 +593,7 @@ impl SoftQp {
         } else {
             self.remote_place(op)?
         };
-        self.in_progress = Some(InProgress {
-            seq: op.seq,
-            invalidated,
-        });
-        Ok(place)
+        Ok((place, invalidated))
     }
 
     fn remote_place(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
@@ -598,6 +625,12 @@ impl SoftQp {
             .take()
             .expect("inbound_done without inbound");
         assert_eq!(p.seq, op.seq, "inbound_done for another operation");
+        self.finish(op, p.invalidated);
+    }
+
+    /// The operation `accept` placed is executed: consume its receive, record the ack.
+    #[inline]
+    fn finish(&mut self, op: &WireOp, invalidated: Option<u32>) {
         self.executed = op.seq;
         match op.kind {
             WireKind::RdmaWrite => {}
@@ -615,13 +648,9 @@ impl SoftQp {
                 Some(op.imm),
                 None,
             ),
-            WireKind::Send | WireKind::SendWithInv => self.complete_recv(
-                WcStatus::Success,
-                WcOpcode::Recv,
-                op.len,
-                None,
-                p.invalidated,
-            ),
+            WireKind::Send | WireKind::SendWithInv => {
+                self.complete_recv(WcStatus::Success, WcOpcode::Recv, op.len, None, invalidated)
+            }
         }
     }
 
