@@ -208,7 +208,7 @@ impl End {
             // the frame's emptied list, so neither list ever allocates: every list of
             // this direction was made for at least the sender's max_send_sge.
             out.push_with(|frame| {
-                frame.op = op;
+                frame.op = *op;
                 std::mem::swap(&mut frame.srcs, srcs);
                 true
             })

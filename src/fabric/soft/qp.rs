@@ -418,11 +418,12 @@ impl SoftQp {
     /// and [`SoftQp::mark_transmitted`] in one pass, for a transport that carries the
     /// sources along. `take` returns false to stop; that operation is not handed over
     /// and must then keep its sources.
-    pub fn transmit_with(&mut self, mut take: impl FnMut(WireOp, &mut Srcs) -> bool) {
+    pub fn transmit_with(&mut self, mut take: impl FnMut(&WireOp, &mut Srcs) -> bool) {
         let mut i = self.sq_sent;
         while i < self.sq_len {
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
-            if let (Some(w), None) = (s.wire, s.status) {
+            // By reference: the header is copied once, into the transport's frame.
+            if let (Some(w), None) = (&s.wire, s.status) {
                 if !take(w, &mut s.srcs) {
                     break;
                 }
@@ -485,7 +486,8 @@ impl SoftQp {
         let mut free = 0;
         while done < self.sq_len {
             let s = &mut self.sq[(head + done) & mask];
-            let status = match (s.status, s.wire) {
+            // The header by reference: only its seq is needed here.
+            let status = match (s.status, &s.wire) {
                 (Some(st), _) => st,
                 // Acked: the peer executed it. No need to record the status: a slot
                 // before `sq_done` is never looked at again except to be freed.
