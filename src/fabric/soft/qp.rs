@@ -13,8 +13,9 @@
 //! Receiving: for each incoming operation, in order, [`SoftQp::inbound`] checks it and
 //! says where its payload goes (or that no receive is posted: stall and retry, the
 //! `rnr_retry = 7` behaviour; or that it is refused: nak it and close). The transport
-//! puts the payload there and calls [`SoftQp::inbound_done`]. [`SoftQp::take_ack`] gives
-//! the cumulative ack to send back.
+//! puts the payload there and calls [`SoftQp::inbound_done`]; a transport that has the
+//! payload at hand (loopback) does all three with [`SoftQp::execute`]. [`SoftQp::take_ack`]
+//! gives the cumulative ack to send back.
 //!
 //! Breaking ([`SoftQp::fail`], or a refusal either way) flushes every posted receive and
 //! every uncompleted send request with [`WcStatus::WrFlush`]. The transport learns that
