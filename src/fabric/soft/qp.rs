@@ -17,6 +17,14 @@
 //! payload at hand (loopback) does all three with [`SoftQp::execute`]. [`SoftQp::take_ack`]
 //! gives the cumulative ack to send back.
 //!
+//! Executing at post time (loopback, see docs/ARCHITECTURE.md, "The loopback fabric"):
+//! the sender runs the responder's checks itself with [`respond`] against the peer's
+//! table and receive, and reports each operation's fate to
+//! [`SoftQp::transmit_or_execute`]; an executed one is complete without an ack. Such a
+//! transport keeps the receive queue itself ([`SoftQp::check_recv`],
+//! [`SoftQp::stage_recv`], [`SoftQp::push_completion`]) and moves completions made at
+//! post time to the CQ with [`SoftQp::settle`], once per poll.
+//!
 //! Breaking ([`SoftQp::fail`], or a refusal either way) flushes every posted receive and
 //! every uncompleted send request with [`WcStatus::WrFlush`]. The transport learns that
 //! it must tell its peer and raise `CmEvent::Disconnected` from
