@@ -521,6 +521,285 @@ fn ends_on_two_threads_stream_in_order() {
     drop((cconn, sconn, listener));
 }
 
+/// One `poll_cq` of `conn` alone (the peer is not polled).
+fn poll_once(conn: &mut dyn Conn) -> Vec<Wc> {
+    let mut wcs = [Wc::default(); 16];
+    let n = conn.poll_cq(&mut wcs);
+    wcs[..n].to_vec()
+}
+
+#[test]
+fn an_operation_executes_at_post_time() {
+    let (mut p, _, _) = faulty_pair();
+    let rbuf = p.server.reg(256, Access::LOCAL_WRITE);
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: Some(rbuf.sge(0, 256)),
+    }]);
+    let src = p.client.reg(512, Access::NONE);
+    src.write_at(0, &pattern(3, 256));
+    src.write_at(256, &pattern(4, 256));
+    let (s1, s2) = ([src.sge(0, 256)], [src.sge(256, 256)]);
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    p.client
+        .post_send(&[wr(10, write, &s2), wr(11, SendOp::Send, &s1)]);
+    // Placed by the post itself, before the server is polled at all.
+    assert_eq!(read(&dst, 0, 256), pattern(4, 256), "the write landed");
+    assert_eq!(read(&rbuf, 0, 256), pattern(3, 256), "the send landed");
+    // The sender's completions need no ack round: its own poll has them.
+    let wcs = poll_once(&mut *p.client.conn);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(
+        got,
+        [
+            (10, WcStatus::Success, WcOpcode::RdmaWrite),
+            (11, WcStatus::Success, WcOpcode::Send)
+        ]
+    );
+    let wcs = poll_once(&mut *p.server.conn);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode, wcs[0].byte_len),
+        (1, WcStatus::Success, WcOpcode::Recv, 256)
+    );
+}
+
+#[test]
+fn without_a_receive_operations_queue_in_order() {
+    let (mut p, _, _) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    let src = p.client.reg(256, Access::NONE);
+    src.write_at(0, &pattern(5, 256));
+    let sges = [src.sge(0, 256)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    // No receive posted: the first send waits (RNR), and the write behind it must not
+    // overtake it, though a write needs no receive.
+    p.client
+        .post_send(&[wr(1, SendOp::SendWithImm { imm: 1 }, &[])]);
+    p.client.post_send(&[wr(2, write, &sges)]);
+    p.client
+        .post_send(&[wr(3, SendOp::SendWithImm { imm: 3 }, &[])]);
+    for _ in 0..4 {
+        assert!(
+            poll_once(&mut *p.client.conn).is_empty(),
+            "completed unexecuted"
+        );
+    }
+    assert!(
+        read(&dst, 0, 256).iter().all(|&x| x == 0),
+        "the write overtook the send waiting for a receive"
+    );
+    p.server.post_recv(&[
+        RecvWr {
+            wr_id: 21,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 23,
+            sge: None,
+        },
+    ]);
+    let first = wait_wr(&mut p.server, &mut p.client, 21);
+    let second = next_wc(&mut p.server, &mut p.client, "the second receive");
+    assert_eq!((first.status, first.imm), (WcStatus::Success, Some(1)));
+    assert_eq!((second.wr_id, second.imm), (23, Some(3)), "{second:?}");
+    assert_eq!(read(&dst, 0, 256), pattern(5, 256));
+    for id in 1..=3 {
+        let wc = next_wc(&mut p.client, &mut p.server, "the sender's completions");
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success), "{wc:?}");
+    }
+    // Once the queue drained, posts execute at post time again.
+    p.server.post_recv(&[RecvWr {
+        wr_id: 24,
+        sge: None,
+    }]);
+    p.client
+        .post_send(&[wr(4, SendOp::SendWithImm { imm: 4 }, &[])]);
+    let wcs = poll_once(&mut *p.client.conn);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(4, WcStatus::Success)]
+    );
+    let wc = wait_wr(&mut p.server, &mut p.client, 24);
+    assert_eq!(wc.imm, Some(4));
+}
+
+#[test]
+fn an_rkey_refused_at_post_is_the_senders_remote_access() {
+    let (mut p, _, _) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    let src = p.client.reg(256, Access::NONE);
+    let sges = [src.sge(0, 256)];
+    let bad = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey() ^ 0x5a5a_0000,
+    };
+    p.client
+        .post_send(&[wr(10, bad, &sges), wr(11, SendOp::Send, &[])]);
+    // The refusal is the sender's at once; what follows it flushes.
+    let wcs = poll_once(&mut *p.client.conn);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(10, WcStatus::RemoteAccess), (11, WcStatus::WrFlush)]);
+    assert_eq!(p.client.conn.state(), ConnState::Disconnected);
+    // The responder breaks too: its receive flushes, unconsumed.
+    let wc = wait_wr(&mut p.server, &mut p.client, 1);
+    assert_eq!(wc.status, WcStatus::WrFlush, "{wc:?}");
+    wait_both_disconnected(&mut p);
+    assert!(read(&dst, 0, 256).iter().all(|&x| x == 0));
+}
+
+#[test]
+fn a_post_after_the_peer_refused_on_the_queued_path_flushes() {
+    let (mut p, _, server) = faulty_pair();
+    let dst = p.server.reg(256, RW);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    let src = p.client.reg(256, Access::NONE);
+    let sges = [src.sge(0, 256)];
+    let bad = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey() ^ 0x5a5a_0000,
+    };
+    server.hold();
+    p.client.post_send(&[wr(10, bad, &sges)]);
+    server.release();
+    // The server refuses the queued write and breaks (its receive flushes); the client
+    // has not heard of it yet when it posts a send: the send must not execute.
+    let wcs = poll_once(&mut *p.server.conn);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::WrFlush)]
+    );
+    assert_eq!(p.client.conn.state(), ConnState::Connected);
+    p.client.post_send(&[wr(11, SendOp::Send, &[])]);
+    let wc = wait_wr(&mut p.client, &mut p.server, 10);
+    assert_eq!(wc.status, WcStatus::RemoteAccess, "{wc:?}");
+    let wc = wait_wr(&mut p.client, &mut p.server, 11);
+    assert_eq!(
+        wc.status,
+        WcStatus::WrFlush,
+        "executed after the peer broke: {wc:?}"
+    );
+    wait_both_disconnected(&mut p);
+    assert!(p.server.drain_wcs().is_empty(), "the server completed more");
+}
+
+/// Completions in order: `Success` up to some point, `WrFlush` from there on.
+fn successes_then_flushes(wcs: &[Wc], who: &str) -> usize {
+    let ok = wcs
+        .iter()
+        .take_while(|w| w.status == WcStatus::Success)
+        .count();
+    assert!(
+        wcs[ok..].iter().all(|w| w.status == WcStatus::WrFlush),
+        "{who}: a completion after the first flush is not a flush: {wcs:?}"
+    );
+    let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "{who}: out of order: {ids:?}"
+    );
+    ok
+}
+
+#[test]
+fn a_disconnect_racing_posts_from_another_thread() {
+    const RECVS: u64 = 200;
+    for round in 0..20u64 {
+        let fabric = Arc::new(LoopbackFabric::new());
+        let caps = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 256,
+            max_send_sge: 1,
+        };
+        let p = conformance::connect_with(&Loopback(fabric.clone()), caps, &[], &[]);
+        let Pair {
+            client,
+            server,
+            listener,
+        } = p;
+        let (mut cconn, mut sconn) = (client.conn, server.conn);
+        let wrs: Vec<RecvWr> = (0..RECVS)
+            .map(|wr_id| RecvWr { wr_id, sge: None })
+            .collect();
+        sconn.post_recv(&wrs).expect("receives");
+        let start = Instant::now();
+        // Break after some receives arrived (early in later rounds, to vary the race).
+        let at = 1 + (round * 7) % 40;
+        let receiver = thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut wcs = [Wc::default(); 32];
+            let mut disconnected = false;
+            while !disconnected || got.len() < RECVS as usize {
+                let n = sconn.poll_cq(&mut wcs);
+                got.extend_from_slice(&wcs[..n]);
+                if got.len() as u64 >= at {
+                    sconn.disconnect();
+                }
+                while let Some(ev) = sconn.poll_cm() {
+                    disconnected |= ev == CmEvent::Disconnected;
+                }
+                assert!(start.elapsed() < DEADLINE, "receiver stuck: {got:?}");
+            }
+            (sconn, got)
+        });
+        let mut sent = Vec::new();
+        let mut i = 0u64;
+        let mut disconnected = false;
+        let mut wcs = [Wc::default(); 32];
+        while !disconnected {
+            match cconn.post_send(&[wr(i, SendOp::SendWithImm { imm: i as u32 }, &[])]) {
+                Ok(()) => i += 1,
+                Err(e) => assert!(
+                    matches!(
+                        e.kind,
+                        PostErrorKind::QueueFull | PostErrorKind::NotConnected
+                    ),
+                    "{e}"
+                ),
+            }
+            let n = cconn.poll_cq(&mut wcs);
+            sent.extend_from_slice(&wcs[..n]);
+            while let Some(ev) = cconn.poll_cm() {
+                disconnected |= ev == CmEvent::Disconnected;
+            }
+            assert!(start.elapsed() < DEADLINE, "sender stuck at {i}");
+        }
+        let n = cconn.poll_cq(&mut wcs);
+        sent.extend_from_slice(&wcs[..n]);
+        let (sconn, got) = receiver.join().expect("receiver thread");
+        assert_eq!(sent.len() as u64, i, "every send completed once");
+        assert_eq!(got.len() as u64, RECVS, "every receive completed once");
+        let sent_ok = successes_then_flushes(&sent, "sender");
+        let got_ok = successes_then_flushes(&got, "receiver");
+        assert!(
+            got_ok as u64 >= at,
+            "the receiver broke after {at} receives"
+        );
+        assert_eq!(
+            sent_ok, got_ok,
+            "a send succeeded exactly when it consumed a receive"
+        );
+        for (k, w) in got[..got_ok].iter().enumerate() {
+            assert_eq!(w.imm, Some(k as u32), "{w:?}");
+        }
+        drop((cconn, sconn, listener));
+    }
+}
+
 #[path = "util/counting_alloc.rs"]
 mod counting;
 

@@ -257,9 +257,12 @@ impl FakeServer {
                 }
             }
             let n = self.conns[ci].con.poll(&mut wcs);
+            // A request received before the connection broke cannot be answered on it
+            // (the loopback executes at post time, so such receives complete).
+            let alive = self.conns[ci].alive;
             for wc in &wcs[..n] {
                 busy = true;
-                if wc.status.is_ok() {
+                if wc.status.is_ok() && alive {
                     self.on_wc(ci, wc);
                 }
             }

@@ -1,28 +1,37 @@
 //! One end of a loopback connection: what the kernel's RTRS holds as an `rdma_cm_id`
 //! with its RC `ib_qp` and `ib_cq` — here a soft RC queue pair driven over a [`Link`].
 //!
-//! Progress happens in `poll_cq` and `poll_cm` (and posting hands new operations to the
-//! link at once, so a peer polled on another thread need not wait for our next poll):
-//! 1. read what the peer published: cumulative ack, refusal, "closed";
-//! 2. hand newly posted operations to the peer's ring (header plus source `MemRef`s,
-//!    written in place into the ring's slot);
-//! 3. execute the peer's queued operations in order, in place in the ring: the soft
+//! Posting executes an operation at once, as a NIC's DMA does (see `super::rq`): the
+//! peer's checks (rkey, bounds, access, receive length), the copy from our memory into
+//! the peer's, the peer's receive consumed and its completion pushed into the ring the
+//! peer drains, and our own completion, with no ack round. What cannot execute at post
+//! time (no receive posted, a delivery fault on the link, or anything queued before it)
+//! goes the queued way, in order, and progress in `poll_cq` and `poll_cm` moves it:
+//! 1. take the receive completions the peer's posts made for us;
+//! 2. read what the peer published: cumulative ack, refusal, "closed";
+//! 3. hand queued operations to the peer's ring (header plus source `MemRef`s, written
+//!    in place into the ring's slot);
+//! 4. execute the peer's queued operations in order, in place in the ring: the soft
 //!    core checks each one and says where its payload goes, and the payload is copied
 //!    there straight from the sender's memory, the only copy a transfer makes; an
 //!    operation that finds no receive posted stays at the ring's front until one is
 //!    (RNR), and everything behind it waits;
-//! 4. publish our own ack, refusal and "closed".
+//! 5. publish our own ack, refusal and "closed"; on a break, flush our receives once
+//!    the peer is no longer posting into them.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::link::{EndState, Handshake, Link, Rings, CLIENT, SERVER};
+use super::link::{EndState, Handshake, Link, Rings, CLIENT};
+use super::ring::{ring, Producer};
+use super::rq::{execute_at_post, AtPost, RecvQueue};
 use crate::fabric::soft::cq::Member;
-use crate::fabric::soft::{InboundError, MrTable, SoftQp};
+use crate::fabric::soft::{recv_error, Handed, InboundError, MrTable, PostedRecv, SoftQp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
+    WcStatus,
 };
 
 /// Most peer operations executed per poll, so one poll stays short.
@@ -37,8 +46,16 @@ pub struct LoopbackConn {
 }
 
 /// Everything of an endpoint but the link, so its steps can borrow the link alongside.
-struct End {
+pub(super) struct End {
     qp: SoftQp,
+    /// Our receive queue: we produce, the consumer role moves (see `super::rq`).
+    rq: Producer<PostedRecv>,
+    own_rq: Arc<RecvQueue>,
+    /// Receives posted, and retired (their completions taken into our CQ, or staged
+    /// for a queued operation, or flushed): at most `max_recv_wr` apart, which bounds
+    /// both the receive ring and the peer's ring of our receive completions.
+    posted: u64,
+    retired: u64,
     /// Which end of the link this is (`CLIENT` or `SERVER`).
     me: usize,
     events: VecDeque<CmEvent>,
@@ -49,20 +66,8 @@ struct End {
 }
 
 impl LoopbackConn {
-    /// The connecting end, waiting for the acceptor's answer.
-    pub(super) fn client(
-        table: Arc<MrTable>,
-        caps: QpCaps,
-        link: Arc<Link>,
-        name: super::EphemeralName,
-    ) -> LoopbackConn {
-        let end = End {
-            qp: SoftQp::new(table, caps),
-            me: CLIENT,
-            events: VecDeque::new(),
-            rings: None,
-            answered: false,
-        };
+    /// The connecting end (made by [`End::new`]), waiting for the acceptor's answer.
+    pub(super) fn client(end: End, link: Arc<Link>, name: super::EphemeralName) -> LoopbackConn {
         LoopbackConn {
             link,
             end,
@@ -70,26 +75,14 @@ impl LoopbackConn {
         }
     }
 
-    /// The accepting end, established at once.
-    pub(super) fn server(
-        table: Arc<MrTable>,
-        caps: QpCaps,
-        link: Arc<Link>,
-        rings: Rings,
-    ) -> LoopbackConn {
-        let mut qp = SoftQp::new(table, caps);
-        qp.set_connected();
-        let mut events = VecDeque::new();
-        events.push_back(CmEvent::Established {
+    /// The accepting end (made by [`End::new`]), established at once.
+    pub(super) fn server(mut end: End, link: Arc<Link>, rings: Rings) -> LoopbackConn {
+        end.qp.set_connected();
+        end.events.push_back(CmEvent::Established {
             private_data: PrivateData::empty(),
         });
-        let end = End {
-            qp,
-            me: SERVER,
-            events,
-            rings: Some(rings),
-            answered: true,
-        };
+        end.rings = Some(rings);
+        end.answered = true;
         LoopbackConn {
             link,
             end,
@@ -109,18 +102,44 @@ impl LoopbackConn {
 }
 
 impl End {
+    /// End `me` of a new connection, with its receive queue.
+    pub(super) fn new(table: Arc<MrTable>, caps: QpCaps, me: usize) -> End {
+        let qp = SoftQp::new(table.clone(), caps);
+        let (rq, consumer) = ring(caps.max_recv_wr as usize);
+        let own_rq = Arc::new(RecvQueue::new(consumer, table, qp.qp_num()));
+        End {
+            qp,
+            rq,
+            own_rq,
+            posted: 0,
+            retired: 0,
+            me,
+            events: VecDeque::new(),
+            rings: None,
+            answered: false,
+        }
+    }
+
+    /// Our receive queue, for the peer to execute into.
+    pub(super) fn recv_queue(&self) -> Arc<RecvQueue> {
+        self.own_rq.clone()
+    }
+
     fn peer(&self) -> usize {
         1 - self.me
     }
 
     fn progress(&mut self, link: &Link) {
         self.check_answer(link);
+        self.drain_incoming();
         self.check_broken(link);
         if self.qp.state() == ConnState::Connecting {
             return;
         }
         self.read_peer(link);
         self.transmit(link);
+        // What our posts completed at once moves to the CQ, in one walk per poll.
+        self.qp.settle();
         self.deliver(link);
         self.publish(link);
     }
@@ -147,16 +166,18 @@ impl End {
         };
         self.answered = true;
         if matches!(event, CmEvent::Established { .. }) {
-            self.rings = link
-                .client_rings
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            // (None if a disconnect took them already.)
+            if let Some(rings) = link.take_client_rings() {
+                self.rings = Some(rings);
+            }
             self.qp.set_connected();
         } else {
             // Posted receives flush; the failed attempt raises no Disconnected.
             self.qp.fail();
             self.qp.take_disconnect();
+            // SAFETY: the connection was never accepted, so no peer ever had our receive
+            // queue: the consumer role is ours (see `super::rq`).
+            unsafe { self.flush_own_rq() };
         }
         self.events.push_back(event);
     }
@@ -188,7 +209,8 @@ impl End {
         }
     }
 
-    /// Step 2: newly posted operations go to the peer's ring (or vanish, blackholed).
+    /// Newly posted operations execute at the peer at once (see `super::rq`), or go to
+    /// the peer's ring (or vanish, blackholed).
     fn transmit(&mut self, link: &Link) {
         if !self.qp.has_outbound() {
             return;
@@ -196,25 +218,121 @@ impl End {
         let Some(rings) = self.rings.as_mut() else {
             return;
         };
-        let out = &mut rings.tx;
+        let (mine, peer) = (&link.ends[self.me], &link.ends[1 - self.me]);
         let vanish = link.is_blackholed();
-        self.qp.transmit_with(|op, srcs| {
+        // At post time only behind nothing queued (the peer has handed back every frame,
+        // so it no longer holds our view of its receive queue and order is kept), and
+        // only while the peer is there and no fault acts on the link: busy first, then
+        // the checks (see `EndState::busy`).
+        let mut direct = !vanish && rings.tx.is_drained();
+        let _busy = direct.then(|| mine.busy_guard());
+        direct = direct
+            && peer.accepts_at_post()
+            && !link.broken.load(Ordering::SeqCst)
+            && !link.blackhole.load(Ordering::SeqCst);
+        let Rings {
+            tx, wc_tx, peer_rq, ..
+        } = rings;
+        self.qp.transmit_or_execute(|op, srcs| {
             if vanish {
-                return true;
+                return Handed::Queued;
+            }
+            if direct {
+                // SAFETY: our ring of frames to the peer is drained (read with acquire
+                // above) and we are busy having seen the peer not gone: the consumer role
+                // of its receive queue is ours (see `super::rq`); we are the only
+                // producer of its completion ring; and the peer releases neither its
+                // memory nor its receives before our busy flag clears.
+                match unsafe { execute_at_post(op, srcs, peer_rq, wc_tx) } {
+                    AtPost::Done => return Handed::Executed,
+                    AtPost::Refused(status) => return Handed::Refused(status),
+                    // Queued from here on, so nothing overtakes it.
+                    AtPost::Defer => direct = false,
+                }
             }
             // The ring holds the sender's max_send_wr frames and every frame holds a
             // send slot until acked, so it cannot be full; stop rather than lose. The
             // sources move into the frame (the slot needs them no more) by a swap with
-            // the frame's emptied list, so neither list ever allocates.
-            out.push_with(|frame| {
-                frame.op = op;
+            // the frame's emptied list, so neither list ever allocates: every list of
+            // this direction was made for at least the sender's max_send_sge.
+            let queued = tx.push_with(|frame| {
+                frame.op = *op;
                 std::mem::swap(&mut frame.srcs, srcs);
                 true
-            })
+            });
+            if queued {
+                Handed::Queued
+            } else {
+                Handed::Stop
+            }
         });
     }
 
-    /// Step 3: executes the peer's operations, in order, up to the budget.
+    /// Takes the receive completions the peer's posts made for us, in order.
+    #[inline]
+    fn drain_incoming(&mut self) {
+        let Some(rings) = self.rings.as_mut() else {
+            return;
+        };
+        while let Some(wc) = rings.wc_rx.front() {
+            let wc = *wc;
+            rings.wc_rx.pop();
+            self.qp.push_completion(wc);
+            self.retired += 1;
+        }
+    }
+
+    /// Flushes the receives left in our receive queue.
+    ///
+    /// # Safety
+    /// The caller holds the consumer role of our receive queue (see `super::rq`).
+    unsafe fn flush_own_rq(&mut self) {
+        let (qp, retired) = (&mut self.qp, &mut self.retired);
+        let qp_num = qp.qp_num();
+        // SAFETY: the caller holds the role; the closure does not reenter.
+        unsafe {
+            self.own_rq.with_consumer(|c| {
+                while let Some(r) = c.front() {
+                    let wc = recv_error(r.wr_id, WcStatus::WrFlush, qp_num);
+                    r.buf = Ok(None);
+                    c.pop();
+                    qp.push_completion(wc);
+                    *retired += 1;
+                }
+            });
+        }
+    }
+
+    /// Posts receives into our receive queue (the lkey checked now, as
+    /// `SoftQp::post_recv` does).
+    fn post_recvs(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        let cap = u64::from(self.qp.caps().max_recv_wr);
+        for (index, wr) in wrs.iter().enumerate() {
+            let refuse = |kind| Err(PostError { index, kind });
+            if self.qp.state() == ConnState::Disconnected {
+                return refuse(PostErrorKind::NotConnected);
+            }
+            if self.posted - self.retired >= cap {
+                // Receives the peer completed free their places once taken.
+                self.drain_incoming();
+                if self.posted - self.retired >= cap {
+                    return refuse(PostErrorKind::QueueFull);
+                }
+            }
+            let r = self.qp.check_recv(wr);
+            // Fewer than `max_recv_wr` receives are outstanding, so the ring has room.
+            if !self.rq.push_with(|slot| {
+                *slot = r;
+                true
+            }) {
+                return refuse(PostErrorKind::QueueFull);
+            }
+            self.posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Executes the peer's queued operations, in order, up to the budget.
     fn deliver(&mut self, link: &Link) {
         let (mine, peer) = (&link.ends[self.me], &link.ends[self.peer()]);
         let Some(rings) = self.rings.as_mut() else {
@@ -229,12 +347,21 @@ impl End {
             && !link.broken.load(Ordering::SeqCst)
             && !link.blackhole.load(Ordering::SeqCst)
         {
+            // What the peer executed at post time before queueing these completes first.
+            self.drain_incoming();
             self.execute(mine);
         }
     }
 
     fn execute(&mut self, mine: &EndState) {
-        let Some(rings) = self.rings.as_mut() else {
+        let End {
+            qp,
+            rings: Some(rings),
+            own_rq,
+            retired,
+            ..
+        } = self
+        else {
             return;
         };
         let inbox = &mut rings.rx;
@@ -242,12 +369,28 @@ impl End {
             let Some(frame) = inbox.front() else {
                 return;
             };
-            match self.qp.inbound(&frame.op) {
-                Ok(place) => {
-                    if let Some(dst) = place {
-                        dst.gather_from(&frame.srcs);
-                    }
-                    self.qp.inbound_done(&frame.op);
+            // The peer executed the operations before this one at post time.
+            qp.skip_to(frame.op.seq);
+            if frame.op.kind.consumes_recv() && !qp.recv_ready() {
+                // SAFETY: we hold a frame at the front of the peer's ring to us, so the
+                // consumer role of our receive queue is ours (see `super::rq`).
+                let next = unsafe {
+                    own_rq.with_consumer(|c| {
+                        let r = c.front().map(std::mem::take);
+                        c.pop();
+                        r
+                    })
+                };
+                if let Some(r) = next {
+                    qp.stage_recv(r);
+                    *retired += 1;
+                }
+            }
+            // Checked, copied straight from the sender's memory, and completed in one
+            // step (see `SoftQp::execute`).
+            let srcs = &frame.srcs;
+            match qp.execute(&frame.op, |dst| dst.gather_from(srcs)) {
+                Ok(()) => {
                     // The sender's memory is no longer needed; the emptied list goes
                     // back with the slot.
                     frame.srcs.clear();
@@ -256,6 +399,10 @@ impl End {
                 // The operation stays at the front until a receive is posted.
                 Err(InboundError::NotReady) => return,
                 Err(InboundError::Refuse(status)) => {
+                    // Gone before the frame goes back: a poster that sees its ring
+                    // drained then sees us gone, and executes nothing behind the refused
+                    // operation at post time.
+                    mine.gone.store(true, Ordering::SeqCst);
                     mine.set_nak(frame.op.seq, status);
                     frame.srcs.clear();
                     inbox.pop();
@@ -265,7 +412,9 @@ impl End {
         }
     }
 
-    /// Step 4: our ack, then (after any refusal stored by `deliver`) our close.
+    /// Our ack, then (after any refusal stored by `deliver`) our close; on a break, the
+    /// receive completions the peer made before it saw us gone, then our receives
+    /// flushed.
     #[inline]
     fn publish(&mut self, link: &Link) {
         let mine = &link.ends[self.me];
@@ -276,9 +425,28 @@ impl End {
             }
         }
         if self.qp.take_disconnect() {
-            mine.close_and_quiesce(&link.ends[self.peer()], !silent);
-            self.events.push_back(CmEvent::Disconnected);
+            self.shut(link, silent);
         }
+    }
+
+    /// The queue pair broke: tell the peer (unless `silent`), wait until it no longer
+    /// posts into us, take what it completed for us, flush our receives.
+    #[cold]
+    #[inline(never)]
+    fn shut(&mut self, link: &Link, silent: bool) {
+        let mine = &link.ends[self.me];
+        mine.close_and_quiesce(&link.ends[self.peer()], !silent);
+        // A client that gives up before it saw the answer may have been accepted
+        // and executed into already: its completions are in the rings it has not
+        // taken yet.
+        if self.rings.is_none() {
+            self.rings = link.take_client_rings();
+        }
+        self.drain_incoming();
+        // SAFETY: we are gone and the peer is no longer busy, so the consumer role
+        // of our receive queue is ours for good (see `super::rq`).
+        unsafe { self.flush_own_rq() };
+        self.events.push_back(CmEvent::Disconnected);
     }
 
     fn injected(&self, link: &Link) -> Result<(), PostError> {
@@ -297,7 +465,10 @@ impl Conn for LoopbackConn {
         let (end, link) = (&mut self.end, &*self.link);
         end.injected(link)?;
         end.check_broken(link);
-        let result = end.qp.post_send(wrs);
+        // Completions made at post time (local operations, and operations executed at
+        // the peer) move to the CQ at the next poll, in one walk for all the posts
+        // between two polls.
+        let result = end.qp.post_send_unsettled(wrs);
         if end.qp.state() == ConnState::Connected {
             end.transmit(link);
         }
@@ -309,7 +480,7 @@ impl Conn for LoopbackConn {
         let (end, link) = (&mut self.end, &*self.link);
         end.injected(link)?;
         end.check_broken(link);
-        let result = end.qp.post_recv(wrs);
+        let result = end.post_recvs(wrs);
         end.publish(link);
         result
     }
@@ -372,10 +543,12 @@ impl Member for LoopbackConn {
 impl Drop for LoopbackConn {
     fn drop(&mut self) {
         self.withdraw();
-        if !self.link.is_blackholed() {
-            self.link.ends[self.end.me]
-                .closed
-                .store(true, Ordering::Release);
-        }
+        // Gone, and the peer no longer writing into our memory or consuming our receives
+        // once the handle is gone (as on a break).
+        let (mine, peer) = (
+            &self.link.ends[self.end.me],
+            &self.link.ends[self.end.peer()],
+        );
+        mine.close_and_quiesce(peer, !self.link.is_blackholed());
     }
 }

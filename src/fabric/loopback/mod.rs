@@ -16,6 +16,7 @@ mod conn;
 mod faults;
 mod link;
 mod ring;
+mod rq;
 
 #[cfg(test)]
 mod tests;
@@ -343,7 +344,8 @@ impl LoopbackFabric {
             }
         };
         names.ephemeral.insert(local);
-        let link = Arc::new(Link::new(local, dst, caps));
+        let end = conn::End::new(self.inner.table.clone(), caps, CLIENT);
+        let link = Arc::new(Link::new(local, dst, caps, end.recv_queue()));
         match names.listeners.get(&dst) {
             Some(backlog) => backlog.requests().push_back(Pending {
                 table: self.inner.table.clone(),
@@ -358,12 +360,7 @@ impl LoopbackFabric {
             inner: Arc::downgrade(&self.inner),
             addr: local,
         };
-        Ok(LoopbackConn::client(
-            self.inner.table.clone(),
-            caps,
-            link,
-            name,
-        ))
+        Ok(LoopbackConn::client(end, link, name))
     }
 }
 
@@ -457,9 +454,10 @@ impl Pending {
         // Each direction holds at most its sender's max_send_wr frames. The request is
         // answered once (the handshake leaves `Requested` here, under its lock), so the
         // client's rings are set once.
+        let end = conn::End::new(self.table.clone(), caps, SERVER);
         let (client, server) = link::rings(
-            self.link.client_caps.max_send_wr as usize,
-            caps.max_send_wr as usize,
+            (self.link.client_caps, self.link.client_rq.clone()),
+            (caps, end.recv_queue()),
         );
         *self
             .link
@@ -468,12 +466,7 @@ impl Pending {
             .unwrap_or_else(|e| e.into_inner()) = Some(client);
         *hs = Handshake::Accepted { private_data };
         drop(hs);
-        Ok(LoopbackConn::server(
-            self.table.clone(),
-            caps,
-            self.link.clone(),
-            server,
-        ))
+        Ok(LoopbackConn::server(end, self.link.clone(), server))
     }
 }
 

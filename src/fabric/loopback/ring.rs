@@ -102,6 +102,27 @@ impl<T> Producer<T> {
     }
 }
 
+impl<T> Producer<T> {
+    /// Whether the consumer has handed back every slot published so far (reads its
+    /// position with acquire if needed, so what it did before handing a slot back
+    /// happens before what the caller does next).
+    pub fn is_drained(&mut self) -> bool {
+        if self.head != self.tail {
+            self.head = self.ring.head.0.load(Ordering::Acquire);
+        }
+        self.head == self.tail
+    }
+
+    /// Whether a slot is free for [`Producer::push_with`].
+    pub fn has_room(&mut self) -> bool {
+        let r = &*self.ring;
+        if self.tail.wrapping_sub(self.head) > r.mask {
+            self.head = r.head.0.load(Ordering::Acquire);
+        }
+        self.tail.wrapping_sub(self.head) <= r.mask
+    }
+}
+
 impl<T> Consumer<T> {
     /// Whether a filled slot waits (reads the producer's position if needed).
     pub fn is_empty(&mut self) -> bool {
@@ -171,6 +192,20 @@ mod tests {
         assert_eq!(seen, [2, 3, 4, 5]);
         rx.pop();
         assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn producer_sees_room_and_drain() {
+        let (mut tx, mut rx) = ring::<u32>(2);
+        assert!(tx.is_drained() && tx.has_room());
+        assert!(tx.push_with(|_| true));
+        assert!(!tx.is_drained(), "one slot out");
+        assert!(tx.push_with(|_| true));
+        assert!(!tx.has_room(), "both slots out");
+        rx.pop();
+        assert!(tx.has_room() && !tx.is_drained(), "one handed back");
+        rx.pop();
+        assert!(tx.is_drained());
     }
 
     #[test]

@@ -140,3 +140,47 @@ fn a_closing_end_waits_for_the_peers_copy() {
     assert!(ends[0].closed.load(std::sync::atomic::Ordering::Acquire));
     assert_eq!(*log.lock().unwrap(), ["copy done", "closed"]);
 }
+
+#[test]
+fn a_client_that_leaves_before_the_answer_keeps_what_was_executed() {
+    use crate::fabric::{RecvWr, SendOp, SendWr, Wc, WcStatus};
+    let f = LoopbackFabric::new();
+    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let mut c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    c.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 2,
+            sge: None,
+        },
+    ])
+    .unwrap();
+    let mut s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
+    // Executed into the client's first receive at post time, before the client learnt
+    // that it was accepted.
+    s.post_send(&[SendWr {
+        wr_id: 9,
+        op: SendOp::SendWithImm { imm: 5 },
+        sges: &[],
+        signaled: true,
+    }])
+    .unwrap();
+    c.disconnect();
+    let mut wcs = [Wc::default(); 4];
+    let n = c.poll_cq(&mut wcs);
+    let got: Vec<_> = wcs[..n]
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.imm))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, Some(5)),
+            (2, WcStatus::WrFlush, None)
+        ]
+    );
+    assert_eq!(c.poll_cm(), Some(CmEvent::Disconnected));
+}

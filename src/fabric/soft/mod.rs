@@ -17,5 +17,8 @@ pub mod cq;
 pub mod qp;
 pub mod table;
 
-pub use qp::{InboundError, SoftQp, WireKind, WireOp};
+pub use qp::{
+    recv_completion, recv_error, respond, Handed, InboundError, Placed, PostedRecv, Respond,
+    SoftQp, WireKind, WireOp,
+};
 pub use table::{LkeyCache, MemRef, MrTable, MAX_MR_SIZE};

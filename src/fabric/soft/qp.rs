@@ -13,8 +13,17 @@
 //! Receiving: for each incoming operation, in order, [`SoftQp::inbound`] checks it and
 //! says where its payload goes (or that no receive is posted: stall and retry, the
 //! `rnr_retry = 7` behaviour; or that it is refused: nak it and close). The transport
-//! puts the payload there and calls [`SoftQp::inbound_done`]. [`SoftQp::take_ack`] gives
-//! the cumulative ack to send back.
+//! puts the payload there and calls [`SoftQp::inbound_done`]; a transport that has the
+//! payload at hand (loopback) does all three with [`SoftQp::execute`]. [`SoftQp::take_ack`]
+//! gives the cumulative ack to send back.
+//!
+//! Executing at post time (loopback, see docs/ARCHITECTURE.md, "The loopback fabric"):
+//! the sender runs the responder's checks itself with [`respond`] against the peer's
+//! table and receive, and reports each operation's fate to
+//! [`SoftQp::transmit_or_execute`]; an executed one is complete without an ack. Such a
+//! transport keeps the receive queue itself ([`SoftQp::check_recv`],
+//! [`SoftQp::stage_recv`], [`SoftQp::push_completion`]) and moves completions made at
+//! post time to the CQ with [`SoftQp::settle`], once per poll.
 //!
 //! Breaking ([`SoftQp::fail`], or a refusal either way) flushes every posted receive and
 //! every uncompleted send request with [`WcStatus::WrFlush`]. The transport learns that
@@ -26,8 +35,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-use smallvec::SmallVec;
 
 use super::table::{LkeyCache, MemRef, MrTable};
 use crate::fabric::{
@@ -46,7 +53,8 @@ pub enum WireKind {
 }
 
 impl WireKind {
-    fn consumes_recv(self) -> bool {
+    /// Whether the operation takes the responder's next posted receive.
+    pub fn consumes_recv(self) -> bool {
         !matches!(self, WireKind::RdmaWrite)
     }
 }
@@ -89,17 +97,167 @@ struct SqSlot {
     srcs: Srcs,
 }
 
-/// Sources held inline up to this many SGEs (more spill to the heap once, at
-/// construction, and keep that capacity).
-pub const INLINE_SRCS: usize = 4;
+/// A send request's checked source list. Every list is allocated once, at
+/// construction, for the queue pair's `max_send_sge`, and never grows after: a post
+/// takes at most that many SGEs. A plain vector rather than an inline one: each push and
+/// clear is a length test and no inline-or-heap test, and a transport hands a list over
+/// by swapping three words.
+pub type Srcs = Vec<MemRef>;
 
-/// A send request's checked source list.
-pub type Srcs = SmallVec<[MemRef; INLINE_SRCS]>;
-
-struct RqSlot {
-    wr_id: u64,
+/// A posted receive, its buffer's lkey already checked.
+#[derive(Debug)]
+pub struct PostedRecv {
+    pub wr_id: u64,
     /// The buffer, `None` for an empty receive, or the lkey check's failure.
-    buf: Result<Option<MemRef>, WcStatus>,
+    pub buf: Result<Option<MemRef>, WcStatus>,
+}
+
+impl Default for PostedRecv {
+    fn default() -> PostedRecv {
+        PostedRecv {
+            wr_id: 0,
+            buf: Ok(None),
+        }
+    }
+}
+
+/// Why [`respond`] did not place an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Respond {
+    /// It needs a receive and none is posted.
+    NotReady,
+    /// Refused: the sender's request completes with `status`; `recv`, when set, is the
+    /// error the responder's front receive completes with (it is consumed).
+    Refuse {
+        status: WcStatus,
+        recv: Option<WcStatus>,
+    },
+}
+
+/// Where [`respond`] placed an operation.
+#[derive(Debug)]
+pub struct Placed {
+    /// Where the payload goes (`None` when it carries none).
+    pub place: Option<MemRef>,
+    /// The rkey a SEND_WITH_INV invalidated.
+    pub invalidated: Option<u32>,
+}
+
+/// The responder's checks of one incoming operation, given the receive at the front of
+/// its receive queue (`None` when none is posted): where the payload goes, or why not.
+/// On success a SEND's buffer is moved out of `recv`; the caller then consumes `recv`
+/// (if the kind consumes one) with the completion [`recv_completion`] describes. The
+/// same checks whoever runs them: the responder's queue pair for an operation that
+/// arrived ([`SoftQp::execute`]), or the loopback sender executing at post time.
+///
+/// # Errors
+/// [`Respond::NotReady`] when the kind needs a receive and `recv` is `None`;
+/// [`Respond::Refuse`] when the responder refuses it.
+#[inline(always)]
+pub fn respond(
+    table: &MrTable,
+    recv: Option<&mut PostedRecv>,
+    op: &WireOp,
+) -> Result<Placed, Respond> {
+    let mut invalidated = None;
+    let place = if op.kind.consumes_recv() {
+        let Some(recv) = recv else {
+            return Err(Respond::NotReady);
+        };
+        match &mut recv.buf {
+            Err(status) => {
+                return Err(Respond::Refuse {
+                    status: WcStatus::RemoteInvalidRequest,
+                    recv: Some(*status),
+                })
+            }
+            Ok(buf) if op.kind != WireKind::RdmaWriteWithImm => {
+                let room = buf.as_ref().map_or(0, |b| b.len());
+                if op.len as usize > room {
+                    return Err(Respond::Refuse {
+                        status: WcStatus::RemoteInvalidRequest,
+                        recv: Some(WcStatus::LocalLength),
+                    });
+                }
+                if op.kind == WireKind::SendWithInv {
+                    if table.invalidate(op.inv_rkey).is_err() {
+                        return Err(Respond::Refuse {
+                            status: WcStatus::RemoteInvalidRequest,
+                            recv: None,
+                        });
+                    }
+                    invalidated = Some(op.inv_rkey);
+                }
+                // The receive's buffer moves to the caller (the receive needs it no
+                // more): no reference count touched.
+                if op.len > 0 {
+                    buf.take().map(|b| b.truncate(op.len as usize))
+                } else {
+                    None
+                }
+            }
+            Ok(_) => remote_place(table, op)?,
+        }
+    } else {
+        remote_place(table, op)?
+    };
+    Ok(Placed { place, invalidated })
+}
+
+fn remote_place(table: &MrTable, op: &WireOp) -> Result<Option<MemRef>, Respond> {
+    if op.len == 0 {
+        return Ok(None);
+    }
+    table
+        .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
+        .map(Some)
+        .map_err(|status| Respond::Refuse { status, recv: None })
+}
+
+/// The completion of the receive an executed operation consumed (kinds that consume
+/// one; see [`WireKind::consumes_recv`]).
+pub fn recv_completion(op: &WireOp, wr_id: u64, qp_num: u32, invalidated: Option<u32>) -> Wc {
+    let (opcode, imm) = match op.kind {
+        WireKind::RdmaWriteWithImm => (WcOpcode::RecvRdmaWithImm, Some(op.imm)),
+        WireKind::SendWithImm => (WcOpcode::Recv, Some(op.imm)),
+        _ => (WcOpcode::Recv, None),
+    };
+    Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len: op.len,
+        imm,
+        invalidated_rkey: invalidated,
+        qp_num,
+    }
+}
+
+/// The completion of a receive that failed (`status`) or was flushed.
+pub fn recv_error(wr_id: u64, status: WcStatus, qp_num: u32) -> Wc {
+    Wc {
+        wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+        imm: None,
+        invalidated_rkey: None,
+        qp_num,
+    }
+}
+
+/// What a transport did with a wire operation [`SoftQp::transmit_or_execute`] handed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handed {
+    /// Queued for the peer: it completes on the peer's ack (or nak).
+    Queued,
+    /// Executed at the peer already: it completes now, successfully.
+    Executed,
+    /// Refused by the peer's checks: it completes with this status and the queue pair
+    /// breaks.
+    Refused(WcStatus),
+    /// Not taken: it and everything behind it stay for a later call.
+    Stop,
 }
 
 /// The receive an operation in progress will consume.
@@ -133,7 +291,7 @@ pub struct SoftQp {
     sq_sent: usize,
     next_seq: u64,
     peer_acked: u64,
-    rq: VecDeque<RqSlot>,
+    rq: VecDeque<PostedRecv>,
     cq: VecDeque<Wc>,
     executed: u64,
     ack_sent: u64,
@@ -220,6 +378,20 @@ impl SoftQp {
     /// # Errors
     /// [`PostError`] naming the first request not accepted.
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let result = self.post_send_unsettled(wrs);
+        self.settle();
+        result
+    }
+
+    /// [`SoftQp::post_send`] without moving completions made at post time to the CQ:
+    /// for a transport that completes more at once (the loopback executes at post
+    /// time) and calls [`SoftQp::settle`] once before its next poll takes completions
+    /// (a post that finds the send queue full settles first).
+    ///
+    /// # Errors
+    /// [`PostError`] naming the first request not accepted.
+    #[inline]
+    pub fn post_send_unsettled(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         for (index, wr) in wrs.iter().enumerate() {
             let refuse = |kind| Err(PostError { index, kind });
             if self.state != ConnState::Connected
@@ -228,7 +400,11 @@ impl SoftQp {
                 return refuse(PostErrorKind::NotConnected);
             }
             if self.sq_len == self.sq_cap {
-                return refuse(PostErrorKind::QueueFull);
+                // Slots completed at post time and not settled yet are free.
+                self.settle();
+                if self.sq_len == self.sq_cap {
+                    return refuse(PostErrorKind::QueueFull);
+                }
             }
             let local_op = matches!(wr.op, SendOp::RegMr { .. } | SendOp::LocalInv { .. });
             if wr.sges.len() > self.caps.max_send_sge as usize || (local_op && !wr.sges.is_empty())
@@ -244,14 +420,19 @@ impl SoftQp {
             };
             self.push_send(wr, len);
         }
-        // Every earlier change (an ack, a break) ran `advance`, so the slot at `sq_done`
-        // is the first incomplete one. Posting completes only requests that complete at
-        // post time (local operations, errors, flushes): the walk can move on only when
-        // the first incomplete slot is now one of those.
+        Ok(())
+    }
+
+    /// Moves the send requests completed at post time to the CQ. Every earlier change
+    /// (an ack, a break) ran `advance`, so the slot at `sq_done` is the first incomplete
+    /// one; a post completes only requests that complete at once (local operations,
+    /// errors, flushes, operations executed at post time): the walk can move on only
+    /// when the first incomplete slot is now one of those.
+    #[inline]
+    pub fn settle(&mut self) {
         if self.sq_done < self.sq_len && self.slot(self.sq_done).status.is_some() {
             self.advance();
         }
-        Ok(())
     }
 
     fn push_send(&mut self, wr: &SendWr<'_>, len: u32) {
@@ -268,6 +449,10 @@ impl SoftQp {
         slot.status = None;
         // A slot leaves the ring with its sources released (`advance`, `break_now`).
         debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
+        debug_assert!(
+            slot.srcs.capacity() >= wr.sges.len(),
+            "a source list would grow"
+        );
         let (kind, remote_addr, rkey, imm, inv_rkey) = match wr.op {
             SendOp::Send => (WireKind::Send, 0, 0, 0, 0),
             SendOp::SendWithImm { imm } => (WireKind::SendWithImm, 0, 0, imm, 0),
@@ -374,19 +559,51 @@ impl SoftQp {
                     kind: PostErrorKind::QueueFull,
                 });
             }
-            let buf = match wr.sge {
-                None => Ok(None),
-                Some(sge) => self
-                    .table
-                    .local_cached(&mut self.lkeys, &sge, Access::LOCAL_WRITE)
-                    .map(Some),
-            };
-            self.rq.push_back(RqSlot {
-                wr_id: wr.wr_id,
-                buf,
-            });
+            let r = self.check_recv(wr);
+            self.rq.push_back(r);
         }
         Ok(())
+    }
+
+    /// A receive's lkey check, for a transport that keeps the receive queue itself (the
+    /// loopback's is shared with the peer's poster): the failure, if any, is the
+    /// receive's completion status once an operation consumes it.
+    #[inline]
+    pub fn check_recv(&mut self, wr: &RecvWr) -> PostedRecv {
+        let buf = match wr.sge {
+            None => Ok(None),
+            Some(sge) => self
+                .table
+                .local_cached(&mut self.lkeys, &sge, Access::LOCAL_WRITE)
+                .map(Some),
+        };
+        PostedRecv {
+            wr_id: wr.wr_id,
+            buf,
+        }
+    }
+
+    /// Puts a receive checked by [`SoftQp::check_recv`] at the back of this queue pair's
+    /// own receive queue, for the next incoming operation (no capacity check: the
+    /// transport that keeps the receive queue counts).
+    pub fn stage_recv(&mut self, r: PostedRecv) {
+        self.rq.push_back(r);
+    }
+
+    /// A completion generated outside this queue pair (a receive the peer's poster
+    /// consumed, or flushed by the transport), queued behind the ones generated so far.
+    #[inline]
+    pub fn push_completion(&mut self, wc: Wc) {
+        self.cq.push_back(wc);
+    }
+
+    /// The peer executed our operations before `seq` itself (the loopback does at post
+    /// time): the next one expected is `seq`.
+    #[inline]
+    pub fn skip_to(&mut self, seq: u64) {
+        if seq > self.executed + 1 {
+            self.executed = seq - 1;
+        }
     }
 
     /// Whether a receive is posted (an operation stalled on [`InboundError::NotReady`]
@@ -416,11 +633,12 @@ impl SoftQp {
     /// and [`SoftQp::mark_transmitted`] in one pass, for a transport that carries the
     /// sources along. `take` returns false to stop; that operation is not handed over
     /// and must then keep its sources.
-    pub fn transmit_with(&mut self, mut take: impl FnMut(WireOp, &mut Srcs) -> bool) {
+    pub fn transmit_with(&mut self, mut take: impl FnMut(&WireOp, &mut Srcs) -> bool) {
         let mut i = self.sq_sent;
         while i < self.sq_len {
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
-            if let (Some(w), None) = (s.wire, s.status) {
+            // By reference: the header is copied once, into the transport's frame.
+            if let (Some(w), None) = (&s.wire, s.status) {
                 if !take(w, &mut s.srcs) {
                     break;
                 }
@@ -430,6 +648,42 @@ impl SoftQp {
         // Everything before the first operation not taken counts as handed over (local
         // operations and completed ones in between were never due).
         self.sq_sent = i;
+    }
+
+    /// [`SoftQp::transmit_with`] for a transport that may execute an operation at the
+    /// peer at once (the loopback, at post time): `go` says what became of each
+    /// operation (see [`Handed`]). An executed operation is complete, with no ack
+    /// round (its completion reaches the CQ at the next [`SoftQp::settle`]); a refused
+    /// one completes with the refusal's status and breaks the queue pair, flushing
+    /// everything behind it, as a nak does.
+    pub fn transmit_or_execute(&mut self, mut go: impl FnMut(&WireOp, &mut Srcs) -> Handed) {
+        let mut i = self.sq_sent;
+        let mut refused = false;
+        while i < self.sq_len {
+            let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
+            if let (Some(w), None) = (&s.wire, s.status) {
+                match go(w, &mut s.srcs) {
+                    Handed::Queued => {}
+                    Handed::Executed => {
+                        s.srcs.clear();
+                        s.status = Some(WcStatus::Success);
+                    }
+                    Handed::Refused(status) => {
+                        s.srcs.clear();
+                        s.status = Some(status);
+                        refused = true;
+                        i += 1;
+                        break;
+                    }
+                    Handed::Stop => break,
+                }
+            }
+            i += 1;
+        }
+        self.sq_sent = i;
+        if refused {
+            self.break_now();
+        }
     }
 
     /// The first `n` operations of [`SoftQp::outbound`] were handed over.
@@ -483,7 +737,8 @@ impl SoftQp {
         let mut free = 0;
         while done < self.sq_len {
             let s = &mut self.sq[(head + done) & mask];
-            let status = match (s.status, s.wire) {
+            // The header by reference: only its seq is needed here.
+            let status = match (s.status, &s.wire) {
                 (Some(st), _) => st,
                 // Acked: the peer executed it. No need to record the status: a slot
                 // before `sq_done` is never looked at again except to be freed.
@@ -521,47 +776,7 @@ impl SoftQp {
     /// [`InboundError::Refuse`] when the responder refuses it (the queue pair is then
     /// broken).
     pub fn inbound(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
-        if self.state == ConnState::Disconnected {
-            return Err(InboundError::Refuse(WcStatus::WrFlush));
-        }
-        if op.seq != self.executed + 1 {
-            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
-        }
-        let mut invalidated = None;
-        let place = if op.kind.consumes_recv() {
-            let Some(recv) = self.rq.front() else {
-                return Err(InboundError::NotReady);
-            };
-            match &recv.buf {
-                Err(status) => {
-                    let status = *status;
-                    self.complete_recv(status, WcOpcode::Recv, 0, None, None);
-                    return Err(self.refuse(WcStatus::RemoteInvalidRequest));
-                }
-                Ok(buf) if op.kind != WireKind::RdmaWriteWithImm => {
-                    let room = buf.as_ref().map_or(0, |b| b.len());
-                    if op.len as usize > room {
-                        self.complete_recv(WcStatus::LocalLength, WcOpcode::Recv, 0, None, None);
-                        return Err(self.refuse(WcStatus::RemoteInvalidRequest));
-                    }
-                    if op.kind == WireKind::SendWithInv {
-                        if self.table.invalidate(op.inv_rkey).is_err() {
-                            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
-                        }
-                        invalidated = Some(op.inv_rkey);
-                    }
-                    // The receive's buffer moves to the caller (the receive slot
-                    // needs it no more): no reference count touched.
-                    match self.rq.front_mut().map(|r| &mut r.buf) {
-                        Some(Ok(b)) if op.len > 0 => b.take().map(|b| b.truncate(op.len as usize)),
-                        _ => None,
-                    }
-                }
-                Ok(_) => self.remote_place(op)?,
-            }
-        } else {
-            self.remote_place(op)?
-        };
+        let (place, invalidated) = self.accept(op)?;
         self.in_progress = Some(InProgress {
             seq: op.seq,
             invalidated,
@@ -569,16 +784,42 @@ impl SoftQp {
         Ok(place)
     }
 
-    fn remote_place(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
-        if op.len == 0 {
-            return Ok(None);
+    /// [`SoftQp::inbound`], the placement of the payload by `fill` (called with the
+    /// destination when the operation carries a payload), and [`SoftQp::inbound_done`]
+    /// in one step: for a transport that has the payload at hand when the operation
+    /// arrives (the loopback fabric copies it from the sender's memory), so nothing is
+    /// kept in between.
+    ///
+    /// # Errors
+    /// As [`SoftQp::inbound`]; `fill` is then not called.
+    #[inline]
+    pub fn execute(&mut self, op: &WireOp, fill: impl FnOnce(MemRef)) -> Result<(), InboundError> {
+        let (place, invalidated) = self.accept(op)?;
+        if let Some(dst) = place {
+            fill(dst);
         }
-        match self
-            .table
-            .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
-        {
-            Ok(m) => Ok(Some(m)),
-            Err(status) => Err(self.refuse(status)),
+        self.finish(op, invalidated);
+        Ok(())
+    }
+
+    /// The checks of [`SoftQp::inbound`]: where the payload goes, and the rkey the
+    /// operation invalidated.
+    fn accept(&mut self, op: &WireOp) -> Result<(Option<MemRef>, Option<u32>), InboundError> {
+        if self.state == ConnState::Disconnected {
+            return Err(InboundError::Refuse(WcStatus::WrFlush));
+        }
+        if op.seq != self.executed + 1 {
+            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+        }
+        match respond(&self.table, self.rq.front_mut(), op) {
+            Ok(p) => Ok((p.place, p.invalidated)),
+            Err(Respond::NotReady) => Err(InboundError::NotReady),
+            Err(Respond::Refuse { status, recv }) => {
+                if let Some(recv_status) = recv {
+                    self.complete_recv(recv_status, WcOpcode::Recv, 0, None, None);
+                }
+                Err(self.refuse(status))
+            }
         }
     }
 
@@ -598,6 +839,12 @@ impl SoftQp {
             .take()
             .expect("inbound_done without inbound");
         assert_eq!(p.seq, op.seq, "inbound_done for another operation");
+        self.finish(op, p.invalidated);
+    }
+
+    /// The operation `accept` placed is executed: consume its receive, record the ack.
+    #[inline]
+    fn finish(&mut self, op: &WireOp, invalidated: Option<u32>) {
         self.executed = op.seq;
         match op.kind {
             WireKind::RdmaWrite => {}
@@ -615,13 +862,9 @@ impl SoftQp {
                 Some(op.imm),
                 None,
             ),
-            WireKind::Send | WireKind::SendWithInv => self.complete_recv(
-                WcStatus::Success,
-                WcOpcode::Recv,
-                op.len,
-                None,
-                p.invalidated,
-            ),
+            WireKind::Send | WireKind::SendWithInv => {
+                self.complete_recv(WcStatus::Success, WcOpcode::Recv, op.len, None, invalidated)
+            }
         }
     }
 

@@ -24,16 +24,32 @@ fn pair(caps: QpCaps) -> Pair {
 /// Moves everything `from` has to send into `to`, as a transport would; returns the
 /// number of operations moved and the refusal, if any.
 fn pump(from: &mut SoftQp, to: &mut SoftQp) -> (usize, Option<(u64, WcStatus)>) {
+    pump_with(from, to, false)
+}
+
+/// [`pump`], executing each operation with [`SoftQp::execute`] when `one_step`, else
+/// with [`SoftQp::inbound`] and [`SoftQp::inbound_done`].
+fn pump_with(
+    from: &mut SoftQp,
+    to: &mut SoftQp,
+    one_step: bool,
+) -> (usize, Option<(u64, WcStatus)>) {
     let ops: Vec<(WireOp, Vec<MemRef>)> = from.outbound().map(|(w, s)| (w, s.to_vec())).collect();
     let mut moved = 0;
     let mut nak = None;
     for (op, srcs) in &ops {
-        match to.inbound(op) {
-            Ok(place) => {
+        let result = if one_step {
+            to.execute(op, |p| p.gather_from(srcs))
+        } else {
+            to.inbound(op).map(|place| {
                 if let Some(p) = place {
                     p.gather_from(srcs);
                 }
                 to.inbound_done(op);
+            })
+        };
+        match result {
+            Ok(()) => {
                 moved += 1;
             }
             Err(InboundError::NotReady) => break,
@@ -547,4 +563,122 @@ fn a_bound_slot_must_be_invalidated_before_rebinding() {
         (wcs[0].wr_id, wcs[0].status),
         (4, WcStatus::LocalQpOperation)
     );
+}
+
+/// One scenario through both ways of executing incoming operations: a SEND into a
+/// posted receive, a WRITE and a WRITE_WITH_IMM, a SEND_WITH_INV, a stall for want of a
+/// receive, then a bad rkey. Returns both sides' completions and the bytes that landed.
+fn execute_scenario(one_step: bool) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
+    let mut p = pair(QpCaps::default());
+    let src = buf(&p, 64, Access::NONE);
+    src.write_at(0, &[7; 64]);
+    let dst = buf(&p, 64, RW);
+    let rbuf = buf(&p, 64, Access::LOCAL_WRITE);
+    let slot = p.table.alloc_fast_mr();
+    let key = inc_rkey(slot.rkey());
+    p.b.post_send(&[wr(
+        1,
+        SendOp::RegMr {
+            slot: &slot,
+            region: &dst,
+            addr: dst.addr(),
+            len: 64,
+            access: RW,
+            rkey: key,
+        },
+        &[],
+        false,
+    )])
+    .unwrap();
+    p.b.post_recv(&[
+        RecvWr {
+            wr_id: 20,
+            sge: Some(rbuf.sge(0, 64)),
+        },
+        RecvWr {
+            wr_id: 21,
+            sge: None,
+        },
+        RecvWr {
+            wr_id: 22,
+            sge: Some(rbuf.sge(0, 64)),
+        },
+    ])
+    .unwrap();
+    let s8 = [src.sge(0, 8)];
+    let s16 = [src.sge(0, 16)];
+    let write = |wr_id, imm: Option<u32>, rkey| {
+        let (remote_addr, sges): (u64, &[crate::fabric::Sge]) = (dst.addr() + 8, &s16);
+        let op = match imm {
+            Some(imm) => SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            None => SendOp::RdmaWrite { remote_addr, rkey },
+        };
+        wr(wr_id, op, sges, true)
+    };
+    p.a.post_send(&[
+        wr(10, SendOp::Send, &s8, true),
+        write(11, None, key),
+        write(12, Some(5), key),
+        wr(13, SendOp::SendWithInv { rkey: key }, &s8, true),
+        // No receive left for this one: it stalls until one is posted.
+        wr(14, SendOp::SendWithImm { imm: 6 }, &[], true),
+    ])
+    .unwrap();
+    assert_eq!(pump_with(&mut p.a, &mut p.b, one_step), (4, None));
+    p.b.post_recv(&[RecvWr {
+        wr_id: 23,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(pump_with(&mut p.a, &mut p.b, one_step), (1, None));
+    // The slot's key was retired by the SEND_WITH_INV: a write through it is refused.
+    p.a.post_send(&[write(15, None, key)]).unwrap();
+    assert_eq!(
+        pump_with(&mut p.a, &mut p.b, one_step),
+        (1, Some((6, WcStatus::RemoteAccess)))
+    );
+    let mut landed = vec![0u8; 64];
+    dst.read_at(0, &mut landed);
+    let mut got = vec![0u8; 64];
+    rbuf.read_at(0, &mut got);
+    landed.extend(got);
+    (drain(&mut p.a), drain(&mut p.b), landed)
+}
+
+#[test]
+fn execute_in_one_step_matches_inbound_then_done() {
+    let (a1, b1, m1) = execute_scenario(false);
+    let (a2, b2, m2) = execute_scenario(true);
+    assert_eq!(a1, a2, "sender completions");
+    assert_eq!(b1, b2, "responder completions");
+    assert_eq!(m1, m2, "memory");
+    // And the scenario did what it says.
+    let ids = |w: &[Wc]| w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>();
+    assert_eq!(
+        ids(&a1),
+        [
+            (10, WcStatus::Success),
+            (11, WcStatus::Success),
+            (12, WcStatus::Success),
+            (13, WcStatus::Success),
+            (14, WcStatus::Success),
+            (15, WcStatus::RemoteAccess)
+        ]
+    );
+    assert_eq!(b1[2].invalidated_rkey, b2[2].invalidated_rkey);
+    assert!(b1[2].invalidated_rkey.is_some());
+    assert_eq!(
+        (b1[1].opcode, b1[1].imm),
+        (WcOpcode::RecvRdmaWithImm, Some(5))
+    );
+    assert_eq!(
+        (b1[3].wr_id, b1[3].imm, b1[3].status),
+        (23, Some(6), WcStatus::Success)
+    );
+    assert_eq!(&m1[8..24], &[7; 16], "the writes landed");
+    assert_eq!(&m1[64..72], &[7; 8], "the sends landed");
 }

@@ -374,6 +374,7 @@ impl MrTable {
     ///
     /// # Errors
     /// [`WcStatus::LocalProtection`].
+    #[inline]
     pub fn local_cached(
         &self,
         cache: &mut LkeyCache,
@@ -391,6 +392,20 @@ impl MrTable {
         if let Some(c) = hit {
             return c.check(sge, need);
         }
+        self.local_miss(cache, sge, need, epoch)
+    }
+
+    /// [`MrTable::local_cached`] on a miss: the lookup under the lock, remembered. Out
+    /// of line, so a hit pays for none of its registers.
+    #[cold]
+    #[inline(never)]
+    fn local_miss(
+        &self,
+        cache: &mut LkeyCache,
+        sge: &Sge,
+        need: Access,
+        epoch: u64,
+    ) -> Result<MemRef, WcStatus> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let e = inner
             .entries
