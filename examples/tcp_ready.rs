@@ -7,6 +7,9 @@
 //! connections: a SEND_WITH_IMM (the client's slot) of `--len` bytes into a receive
 //! buffer the server posted; the server answers each with an RDMA_WRITE_WITH_IMM of
 //! `--len` bytes into that slot of the client's memory. Only the CQs are polled (no per-connection calls), as a reactor does.
+//! With `--private` each connection has its own CQ instead (`Fabric::connect_from`,
+//! `ConnRequest::accept`), polled through `Conn::poll_cq` one after the other, as the
+//! SPDK bdev polls its connections (see `docs/ARCHITECTURE.md`, "The tcp fabric").
 //!
 //! Prints one JSON line per mode: operations in the timed window and per second, and
 //! `total_ops` (warm-up included), the divisor for a syscall count of the whole process
@@ -28,7 +31,8 @@ use rtrs_spdk::fabric::{
 };
 
 const USAGE: &str = "usage: tcp_ready [--mode uring|epoll|none|all] [--conns N] [--qd N] \
-                     [--len BYTES] [--secs S] [--warmup S] [--server-core C] [--client-core C]";
+                     [--len BYTES] [--secs S] [--warmup S] [--server-core C] [--client-core C] \
+                     [--private]";
 
 struct Opts {
     modes: Vec<TcpReadiness>,
@@ -39,6 +43,8 @@ struct Opts {
     warmup: f64,
     server_core: usize,
     client_core: usize,
+    /// A private CQ per connection instead of one shared CQ per side.
+    private: bool,
 }
 
 fn parse_opts() -> Result<Opts, String> {
@@ -51,11 +57,16 @@ fn parse_opts() -> Result<Opts, String> {
         warmup: 1.0,
         server_core: 0,
         client_core: 1,
+        private: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--bench" {
+            continue;
+        }
+        if a == "--private" {
+            o.private = true;
             continue;
         }
         let v = it
@@ -106,16 +117,28 @@ fn caps(per_conn: usize) -> QpCaps {
     }
 }
 
-/// Polls `cq` once, calling `f` on each completion; false if one failed (the peer went).
-fn poll_all(cq: &mut Cq, wcs: &mut [Wc], mut f: impl FnMut(&Wc)) -> bool {
-    let n = cq.poll(wcs);
-    for w in &wcs[..n] {
-        if w.status != WcStatus::Success {
-            return false;
+/// Polls once, the shared CQ or else each connection's private CQ, putting the
+/// completions in `out`; false if one failed (the peer went).
+fn gather<'a>(
+    cq: Option<&mut Cq>,
+    conns: impl Iterator<Item = &'a mut Box<dyn Conn>>,
+    wcs: &mut [Wc],
+    out: &mut Vec<Wc>,
+) -> bool {
+    out.clear();
+    match cq {
+        Some(cq) => {
+            let n = cq.poll(wcs);
+            out.extend_from_slice(&wcs[..n]);
         }
-        f(w);
+        None => {
+            for c in conns {
+                let n = c.poll_cq(wcs);
+                out.extend_from_slice(&wcs[..n]);
+            }
+        }
     }
-    true
+    out.iter().all(|w| w.status == WcStatus::Success)
 }
 
 /// The server: accepts `conns` connections on its CQ and answers every request.
@@ -123,7 +146,7 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
     pin(o.server_core);
     let per = o.qd.div_ceil(o.conns);
     let fabric = TcpFabric::with_readiness(mode);
-    let mut cq = fabric.create_cq(4 * (o.qd as u32) + 64).expect("server cq");
+    let mut cq = (!o.private).then(|| fabric.create_cq(4 * (o.qd as u32) + 64).expect("server cq"));
     let mut l = fabric
         .listen(SocketAddr::from(([127, 0, 0, 1], 0)))
         .expect("listen");
@@ -138,6 +161,7 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
     // Per connection: the handle, its qp_num, the client's target address and rkey.
     let mut conns: Vec<(Box<dyn Conn>, u32, u64, u32)> = Vec::new();
     let mut wcs = vec![Wc::default(); 64];
+    let mut got = Vec::with_capacity(64 * o.conns);
     let mut answers: Vec<(usize, u64, u32)> = Vec::with_capacity(64);
     let mut rounds = 0u32;
     let mut last = Instant::now();
@@ -150,7 +174,11 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
                 let pd = req.private_data.as_bytes();
                 let addr = u64::from_le_bytes(pd[..8].try_into().expect("8 bytes"));
                 let rkey = u32::from_le_bytes(pd[8..12].try_into().expect("4 bytes"));
-                let mut c = req.accept_on(&cq.share(), caps(per), &[]).expect("accept");
+                let mut c = match &cq {
+                    Some(cq) => req.accept_on(&cq.share(), caps(per), &[]),
+                    None => req.accept(caps(per), &[]),
+                }
+                .expect("accept");
                 let i = conns.len();
                 let recvs: Vec<RecvWr> = (0..per)
                     .map(|k| {
@@ -169,7 +197,15 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
         }
         answers.clear();
         // A failure is the client closing at the end of its run.
-        let ok = poll_all(&mut cq, &mut wcs, |w| {
+        if !gather(
+            cq.as_mut(),
+            conns.iter_mut().map(|c| &mut c.0),
+            &mut wcs,
+            &mut got,
+        ) {
+            return;
+        }
+        for w in &got {
             if w.opcode == WcOpcode::Recv {
                 let i = conns
                     .iter()
@@ -177,9 +213,6 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
                     .expect("a connection of ours");
                 answers.push((i, w.wr_id, w.imm.expect("the client's slot")));
             }
-        });
-        if !ok {
-            return;
         }
         if !answers.is_empty() {
             last = Instant::now();
@@ -229,7 +262,7 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
     pin(o.client_core);
     let per = o.qd.div_ceil(o.conns);
     let fabric = TcpFabric::with_readiness(mode);
-    let mut cq = fabric.create_cq(4 * (o.qd as u32) + 64).expect("client cq");
+    let mut cq = (!o.private).then(|| fabric.create_cq(4 * (o.qd as u32) + 64).expect("client cq"));
     let slots = o.conns * per;
     let target = fabric
         .register(
@@ -245,16 +278,22 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
     pd[8..].copy_from_slice(&target.rkey().to_le_bytes());
     let mut conns: Vec<Box<dyn Conn>> = (0..o.conns)
         .map(|_| {
-            fabric
-                .connect_on(&cq.share(), None, addr, caps(per), &pd, None)
-                .expect("connect_on")
+            match &cq {
+                Some(cq) => fabric.connect_on(&cq.share(), None, addr, caps(per), &pd, None),
+                None => fabric.connect_from(None, addr, caps(per), &pd),
+            }
+            .expect("connect")
         })
         .collect();
     let mut wcs = vec![Wc::default(); 64];
+    let mut got = Vec::with_capacity(64 * o.conns);
     let mut up = vec![false; o.conns];
     let start = Instant::now();
     while !up.iter().all(|&u| u) {
-        assert!(poll_all(&mut cq, &mut wcs, |_| {}), "a failed completion");
+        assert!(
+            gather(cq.as_mut(), conns.iter_mut(), &mut wcs, &mut got),
+            "a failed completion"
+        );
         for (c, u) in conns.iter_mut().zip(&mut up) {
             while let Some(ev) = c.poll_cm() {
                 match ev {
@@ -306,12 +345,13 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
     let mut stall_told = false;
     loop {
         replies.clear();
-        let ok = poll_all(&mut cq, &mut wcs, |w| {
+        let ok = gather(cq.as_mut(), conns.iter_mut(), &mut wcs, &mut got);
+        assert!(ok, "a failed completion");
+        for w in &got {
             if w.opcode == WcOpcode::RecvRdmaWithImm {
                 replies.push(w.imm.expect("an immediate") as usize);
             }
-        });
-        assert!(ok, "a failed completion");
+        }
         for &slot in &replies {
             let c = &mut conns[slot / per];
             c.post_recv(&[RecvWr {
@@ -378,7 +418,8 @@ fn main() -> ExitCode {
         };
         let mode_name = format!("{mode:?}").to_lowercase();
         println!(
-            "{{\"mode\":\"{mode_name}\",\"conns\":{},\"qd\":{},\"len\":{},\"ops\":{},\"ops_per_s\":{:.0},\"total_ops\":{}}}",
+            "{{\"mode\":\"{mode_name}\",\"private\":{},\"conns\":{},\"qd\":{},\"len\":{},\"ops\":{},\"ops_per_s\":{:.0},\"total_ops\":{}}}",
+            o.private,
             o.conns,
             o.qd,
             o.len,

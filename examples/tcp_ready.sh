@@ -23,7 +23,7 @@ for line in open(sys.argv[1]):
 r = json.loads(sys.argv[2])
 ops = r["total_ops"]
 per = {k: round(v / ops, 3) for k, v in counts.items()}
-print(json.dumps({"mode": r["mode"], "conns": r["conns"], "qd": r["qd"],
+print(json.dumps({"mode": r["mode"], "private": r.get("private", False), "conns": r["conns"], "qd": r["qd"],
                   "ops_per_s": r["ops_per_s"], "syscalls_per_op": per}))
 PY
     rm -f "$out"

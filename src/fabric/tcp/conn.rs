@@ -26,6 +26,7 @@ use std::sync::Arc;
 use super::auth::{self, Nonce, Role, Transcript};
 use super::frame::{cm_frame, v2_frame, CmPayload, Header, Opcode, RejectReason};
 use super::frame::{CM_PAYLOAD_LEN, NONCE_LEN, V1, V2, VERSION};
+use super::ready::{Own, TcpReadiness};
 use super::rx::{CmIn, CmReadError, ReadGate, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
@@ -71,8 +72,10 @@ pub struct TcpConn {
     qp: SoftQp,
     tx: Tx,
     rx: Rx,
-    /// Whether `rx` may read the socket (the shared CQ's readiness set says).
+    /// Whether `rx` may read the socket (the shared CQ's readiness set or `own` says).
     gate: ReadGate,
+    /// With a private CQ: the connection's own readiness source, if its mode has one.
+    own: Option<Own>,
     events: VecDeque<CmEvent>,
     peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
@@ -99,6 +102,7 @@ impl TcpConn {
             tx: Tx::new(caps.max_send_wr, version),
             rx: Rx::new(version),
             gate: ReadGate::default(),
+            own: None,
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,
@@ -181,6 +185,65 @@ impl TcpConn {
         c
     }
 
+    /// A connection with a private CQ: once established, it reads its socket only after
+    /// a readiness event of its own ring when `mode` is `Uring` (see
+    /// `docs/ARCHITECTURE.md`, "The tcp fabric"). `Epoll` gains nothing here (an
+    /// `epoll_wait` per poll costs what the read it saves does), so it and `None` read on
+    /// every poll.
+    pub(crate) fn with_own_readiness(mut self, mode: TcpReadiness) -> TcpConn {
+        if mode == TcpReadiness::Uring {
+            self.own = Some(Own::new());
+            self.reconcile_own();
+        }
+        self
+    }
+
+    /// Takes in the own ring's events (before the connection reads).
+    fn collect_own(&mut self) {
+        let Some(own) = self.own.as_mut() else { return };
+        if own.collect() {
+            self.gate.set_readable();
+        }
+        if !own.watching() && self.gate.watched() {
+            // The ring gave up the socket (a move to this thread failed): ungated.
+            self.gate.set_watched(false);
+        }
+    }
+
+    /// Brings the own ring's watch up to date: an established connection with a socket
+    /// is watched; any other is not (and leaves the ring before its socket closes).
+    fn reconcile_own(&mut self) {
+        let Some(own) = self.own.as_mut() else { return };
+        let want = match (&self.stream, self.phase) {
+            (Some(s), TcpConnPhase::Connected) => Some(s.as_raw_fd()),
+            _ => None,
+        };
+        match (own.watching(), want) {
+            (false, Some(fd)) if own.join(fd) => self.gate.set_watched(true),
+            (true, None) => self.leave_own(),
+            _ => {}
+        }
+    }
+
+    /// The socket leaves the own ring (its poll holds the socket's file): called before
+    /// the socket is closed.
+    fn leave_own(&mut self) {
+        if let Some(own) = self.own.as_mut() {
+            if own.watching() {
+                own.leave();
+                self.gate.set_watched(false);
+            }
+        }
+    }
+
+    /// Test hook: shuts the socket down as a peer process might (half-close, EOF).
+    #[cfg(test)]
+    pub(crate) fn shutdown_socket(&self, how: Shutdown) {
+        if let Some(s) = &self.stream {
+            let _ = s.shutdown(how);
+        }
+    }
+
     fn who(&self) -> String {
         who(self.peer.or(self.dst))
     }
@@ -207,6 +270,7 @@ impl TcpConn {
 
     fn end_before_established(&mut self) {
         self.qp.fail();
+        self.leave_own();
         // A connection that never came up reports Error or Rejected, not Disconnected.
         let _ = self.qp.take_disconnect();
         self.stream = None;
@@ -217,6 +281,7 @@ impl TcpConn {
     fn lost(&mut self, why: &str) {
         tracing::debug!(peer = %self.who(), why, "tcp fabric connection lost");
         self.qp.fail();
+        self.leave_own();
         if let Some(s) = self.stream.take() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -227,6 +292,7 @@ impl TcpConn {
     /// (see the module doc), and flushes the queue pair.
     fn abort(&mut self) {
         self.qp.fail();
+        self.leave_own();
         if let Some(s) = self.stream.take() {
             // Best effort: without it the close is a graceful one.
             let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
@@ -236,6 +302,7 @@ impl TcpConn {
 
     /// Drives the connection: connect, CM answer, frames in and out, closing.
     fn progress(&mut self) {
+        self.collect_own();
         if self.phase == TcpConnPhase::TcpConnecting {
             self.check_connected();
         }
@@ -251,6 +318,7 @@ impl TcpConn {
         if self.qp.take_disconnect() {
             self.events.push_back(CmEvent::Disconnected);
         }
+        self.reconcile_own();
     }
 
     fn check_connected(&mut self) {
@@ -447,6 +515,8 @@ impl TcpConn {
     }
 
     fn run_closing(&mut self) {
+        // Closing reads on every poll (it must see the peer's EOF).
+        self.leave_own();
         if !self.cut_done {
             self.cut_done = true;
             if !self.tx.detach() {
@@ -552,6 +622,7 @@ impl Conn for TcpConn {
         match self.phase {
             TcpConnPhase::TcpConnecting | TcpConnPhase::AwaitAnswer => {
                 self.qp.fail();
+                self.leave_own();
                 self.stream = None;
                 self.phase = TcpConnPhase::Closed;
             }

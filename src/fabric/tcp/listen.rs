@@ -26,6 +26,7 @@ use super::check_caps;
 use super::conn::TcpConn;
 use super::frame::{cm_frame, CmPayload, Opcode, RejectReason};
 use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
+use super::ready::TcpReadiness;
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
@@ -59,6 +60,8 @@ pub struct TcpListener {
     next_order: u64,
     /// The key every initiator must prove (frame version 2), if any.
     psk: Option<Psk>,
+    /// How its private-CQ connections learn that their socket is readable.
+    readiness: TcpReadiness,
     /// Messages about refused, timed-out or malformed sockets; its clock is `epoch`.
     log: RateLimit,
     epoch: Instant,
@@ -76,6 +79,7 @@ impl TcpListener {
         table: Arc<MrTable>,
         admission: &Admission,
         psk: Option<Psk>,
+        readiness: TcpReadiness,
     ) -> Result<TcpListener, FabricError> {
         let fail = |call: &str, e: io::Error| FabricError::Listen {
             addr,
@@ -109,6 +113,7 @@ impl TcpListener {
             admission: *admission,
             next_order: 0,
             psk,
+            readiness,
             log: RateLimit::per_second(format!("tcp fabric listener {local}")),
             epoch: Instant::now(),
         })
@@ -223,6 +228,7 @@ impl Listener for TcpListener {
                         stream: Some(inc.stream),
                         table: self.table.clone(),
                         version,
+                        readiness: self.readiness,
                     };
                     self.ready.push_back(ConnRequest {
                         private_data,
@@ -247,6 +253,8 @@ pub struct TcpPending {
     table: Arc<MrTable>,
     /// The frame version of the connection (the request's).
     version: u8,
+    /// See [`TcpListener`]'s field.
+    readiness: TcpReadiness,
 }
 
 impl PendingConn for TcpPending {
@@ -255,7 +263,10 @@ impl PendingConn for TcpPending {
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        Ok(Box::new(self.answer(caps, private_data)?))
+        let mode = self.readiness;
+        Ok(Box::new(
+            self.answer(caps, private_data)?.with_own_readiness(mode),
+        ))
     }
 
     fn accept_on(

@@ -176,6 +176,7 @@ impl Fabric for TcpFabric {
             self.table.clone(),
             admission,
             psk,
+            self.readiness,
         )?))
     }
 
@@ -197,13 +198,10 @@ impl Fabric for TcpFabric {
         private_data: &[u8],
         psk: Option<&Psk>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        Ok(Box::new(self.start_connect(
-            src,
-            dst,
-            caps,
-            private_data,
-            psk,
-        )?))
+        Ok(Box::new(
+            self.start_connect(src, dst, caps, private_data, psk)?
+                .with_own_readiness(self.readiness),
+        ))
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {

@@ -19,6 +19,14 @@
 //! arms them again from there (each removed poll's last completion reports its socket
 //! ready, which is harmless, and is what re-arms it).
 //!
+//! A socket that hung up or failed (its event carried `POLLRDHUP`, `POLLHUP` or
+//! `POLLERR`) is reported ready again on every collect until it leaves the set. Its
+//! receive side closes its gate after a short read, taking the socket for drained; but
+//! when the peer's FIN or reset came before that read, the EOF or the error waits behind
+//! the data it returned, and no later event would announce it (both backends report
+//! edges). Reported until unwatched, it is read on every poll until the connection sees
+//! it and goes.
+//!
 //! A key (`u64`, the CQ's slot and its generation) names the socket in events; the CQ
 //! ignores an event whose generation is no longer the slot's (a socket that left, its
 //! descriptor perhaps reused since), and `uring` drops completions of removed polls
@@ -127,6 +135,9 @@ pub(crate) struct Uring {
     unremoved: Vec<u64>,
     /// The thread that armed the polls ([`thread_id`]; 0: none yet).
     armer: u64,
+    /// Keys of sockets that hung up or failed, reported on every collect (see the
+    /// module doc).
+    hung_up: Vec<u64>,
 }
 
 /// A number for the calling thread, unique in the process and never 0 (a thread-local
@@ -146,10 +157,15 @@ fn thread_id() -> u64 {
 
 impl Uring {
     pub(crate) fn new() -> io::Result<Uring> {
+        Uring::with_entries(RING_ENTRIES)
+    }
+
+    /// A ring of `entries` submission entries.
+    fn with_entries(entries: u32) -> io::Result<Uring> {
         let ring = IoUring::builder()
             .setup_coop_taskrun()
             .setup_taskrun_flag()
-            .build(RING_ENTRIES)?;
+            .build(entries)?;
         Ok(Uring {
             ring,
             slots: Vec::new(),
@@ -157,6 +173,7 @@ impl Uring {
             rearm: Vec::new(),
             unremoved: Vec::new(),
             armer: 0,
+            hung_up: Vec::new(),
         })
     }
 
@@ -208,6 +225,11 @@ impl Uring {
 
     fn watched(&self, key: u64) -> Option<RawFd> {
         watched(&self.slots, key)
+    }
+
+    /// Whether another thread than the calling one armed the polls.
+    fn armed_elsewhere(&self) -> bool {
+        self.armer != 0 && self.armer != thread_id()
     }
 
     /// Test hook: ends `key`'s multishot poll as the kernel may (the poll is removed,
@@ -264,6 +286,7 @@ impl Readiness for Uring {
             self.submit();
         }
         let slots = &self.slots;
+        let hung_up = &mut self.hung_up;
         for cqe in self.ring.completion() {
             let key = cqe.user_data();
             if key & REMOVE_BIT != 0 {
@@ -279,9 +302,16 @@ impl Readiness for Uring {
                 continue;
             }
             ready(key);
+            if sys::hung_up(cqe.result()) && !hung_up.contains(&key) {
+                hung_up.push(key);
+            }
             if !cqueue::more(cqe.flags()) {
                 self.rearm.push(key);
             }
+        }
+        self.hung_up.retain(|&k| watched(slots, k).is_some());
+        for &k in &self.hung_up {
+            ready(k);
         }
         while let Some(key) = self.unremoved.pop() {
             if let Err(e) = self.push(&removal(key)) {
@@ -305,6 +335,137 @@ impl Readiness for Uring {
     }
 }
 
+/// Submission entries of a private connection's ring: its one poll, its re-arm and a
+/// removal when it moves to another thread.
+const OWN_RING_ENTRIES: u32 = 8;
+
+/// The readiness source of one connection with a private CQ (see `docs/ARCHITECTURE.md`,
+/// "The tcp fabric"): a small io_uring of its own with one multishot poll on its socket,
+/// made once the connection is established. The connection's read gate then lets it
+/// read only after an event, so an idle `poll_cq` makes no system call.
+///
+/// A private connection may be polled by any thread, one at a time. When the polling
+/// thread changes, the poll armed by the former thread (whose wake-ups run as that
+/// thread's task work) is removed and a new one, under a new key, is armed from the new
+/// thread at once, and the gate opens once for what arrived meanwhile: nothing waits
+/// for the former thread to enter the kernel. The old poll's late completions carry a
+/// key no longer watched and are dropped.
+pub(crate) struct Own {
+    ring: Option<Uring>,
+    /// The socket watched (in `ring`), and the generation of its key.
+    fd: Option<RawFd>,
+    gen: u32,
+    /// The ring could not be made or refused the socket: the connection reads on every
+    /// poll, for good (no failing call per poll).
+    refused: bool,
+}
+
+impl Own {
+    pub(crate) fn new() -> Own {
+        Own {
+            ring: None,
+            fd: None,
+            gen: 0,
+            refused: false,
+        }
+    }
+
+    /// The key of the current poll: generation `gen`, slot 0 (never zero, top bit clear).
+    fn key(&self) -> u64 {
+        u64::from(self.gen) << 32
+    }
+
+    /// Whether the socket is watched (its reads gated).
+    pub(crate) fn watching(&self) -> bool {
+        self.fd.is_some()
+    }
+
+    /// Watches `fd`; false if the ring cannot be had or refused it (then never again).
+    pub(crate) fn join(&mut self, fd: RawFd) -> bool {
+        if self.refused {
+            return false;
+        }
+        if self.ring.is_none() {
+            match Uring::with_entries(OWN_RING_ENTRIES) {
+                Ok(r) => self.ring = Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "tcp fabric: no io_uring for a private connection; it reads on every poll");
+                    self.refused = true;
+                    return false;
+                }
+            }
+        }
+        if self.arm(fd) {
+            self.fd = Some(fd);
+            true
+        } else {
+            self.refused = true;
+            self.ring = None;
+            false
+        }
+    }
+
+    /// Arms a poll on `fd` under a new key.
+    fn arm(&mut self, fd: RawFd) -> bool {
+        self.gen = if self.gen >= (1 << 31) - 1 {
+            1
+        } else {
+            self.gen + 1
+        };
+        let key = self.key();
+        let Some(r) = self.ring.as_mut() else {
+            return false;
+        };
+        match r.watch(fd, key) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp fabric: io_uring refused a private connection's socket; it reads on every poll");
+                false
+            }
+        }
+    }
+
+    /// Takes the socket out of the ring: its poll (which holds the socket's file) is
+    /// removed now, before the socket closes, and the ring goes. A removal that meets
+    /// the poll mid-wake-up (`EALREADY`) would have to be sent again from a later
+    /// collect, which a connection no longer watching makes no more: closing the ring
+    /// cancels whatever it still holds.
+    pub(crate) fn leave(&mut self) {
+        let key = self.key();
+        if let (Some(fd), Some(r)) = (self.fd.take(), self.ring.as_mut()) {
+            r.unwatch(fd, key);
+        }
+        self.ring = None;
+    }
+
+    /// Reports whether the socket may be readable since the last call (an event, or a
+    /// move to this thread).
+    pub(crate) fn collect(&mut self) -> bool {
+        let Some(fd) = self.fd else { return false };
+        let key = self.key();
+        let Some(r) = self.ring.as_mut() else {
+            return false;
+        };
+        let mut ready = false;
+        if r.armed_elsewhere() {
+            // Moved to this thread: the old poll goes, a new one is armed from here.
+            r.unwatch(fd, key);
+            ready = true;
+            if !self.arm(fd) {
+                // Read on every poll from here on (the gate is told by the caller).
+                self.fd = None;
+                self.refused = true;
+                return true;
+            }
+        }
+        let key = self.key();
+        if let Some(r) = self.ring.as_mut() {
+            r.collect(&mut |k| ready |= k == key);
+        }
+        ready
+    }
+}
+
 /// The descriptor watched under `key`, if its slot still holds that key.
 fn watched(slots: &[Option<(u64, RawFd)>], key: u64) -> Option<RawFd> {
     match slots.get(key as u32 as usize) {
@@ -317,6 +478,8 @@ fn watched(slots: &[Option<(u64, RawFd)>], key: u64) -> Option<RawFd> {
 pub(crate) struct Epoll {
     ep: OwnedFd,
     events: Vec<libc::epoll_event>,
+    /// Keys of sockets that hung up or failed (see the module doc).
+    hung_up: Vec<u64>,
 }
 
 /// Events taken per `epoll_wait` call.
@@ -327,6 +490,7 @@ impl Epoll {
         Ok(Epoll {
             ep: sys::epoll_create()?,
             events: vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_BATCH],
+            hung_up: Vec::new(),
         })
     }
 }
@@ -340,12 +504,16 @@ impl Readiness for Epoll {
         sys::epoll_add(self.ep.as_raw_fd(), fd, key)
     }
 
-    fn unwatch(&mut self, fd: RawFd, _key: u64) {
+    fn unwatch(&mut self, fd: RawFd, key: u64) {
+        self.hung_up.retain(|&k| k != key);
         // A closed socket has left the set already (the error then says so).
         let _ = sys::epoll_del(self.ep.as_raw_fd(), fd);
     }
 
     fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
+        for &k in &self.hung_up {
+            ready(k);
+        }
         loop {
             let n = match sys::epoll_poll(self.ep.as_raw_fd(), &mut self.events) {
                 Ok(n) => n,
@@ -356,7 +524,11 @@ impl Readiness for Epoll {
                 }
             };
             for ev in &self.events[..n] {
-                ready(ev.u64);
+                let (key, mask) = (ev.u64, ev.events);
+                ready(key);
+                if sys::hung_up(mask as i32) && !self.hung_up.contains(&key) {
+                    self.hung_up.push(key);
+                }
             }
             if n < self.events.len() {
                 return;

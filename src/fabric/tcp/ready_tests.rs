@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::fabric::tcp::rx::READS;
-use crate::fabric::tcp::TcpFabric;
+use crate::fabric::tcp::{TcpConn, TcpFabric};
 use crate::fabric::{
     Access, CmEvent, Conn, Cq, Fabric, MemBuf, QpCaps, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode,
     WcStatus,
@@ -353,4 +353,362 @@ fn uring_events_follow_the_collecting_thread() {
     );
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     armer.join().expect("armer");
+}
+
+// --- Private-CQ connections and their own ring ---
+
+/// A connection's own ring, armed by a thread that then stays busy in user space, and
+/// collected by another: the first collect there re-arms the poll from there under a new
+/// key (and reports the socket possibly readable), so events come without that thread.
+#[test]
+fn own_ring_rearms_on_the_polling_thread() {
+    let (mut a, mut b) = pair();
+    let fd = a.as_raw_fd();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spin = done.clone();
+    let armer = std::thread::spawn(move || {
+        let mut own = Own::new();
+        assert!(own.join(fd), "watch");
+        assert!(!own.collect(), "idle on the arming thread");
+        tx.send(own).expect("the test waits");
+        while !spin.load(std::sync::atomic::Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let mut own = rx.recv().expect("the ring");
+    let old = own.key();
+    assert!(own.collect(), "a move reports the socket possibly readable");
+    assert!(own.watching(), "still watched");
+    assert_ne!(own.key(), old, "a new key");
+    let ring = own.ring.as_ref().expect("ring");
+    assert!(!ring.armed_elsewhere(), "armed by this thread");
+    assert_eq!(ring.watched(own.key()), Some(fd));
+    assert_eq!(ring.watched(old), None, "the old poll left");
+    for _ in 0..3 {
+        b.write_all(b"x").expect("write");
+        let start = Instant::now();
+        while !own.collect() {
+            assert!(start.elapsed() < WAIT, "no event after the move");
+        }
+        drain(&mut a);
+    }
+    own.leave();
+    assert!(!own.watching());
+    b.write_all(b"y").expect("write");
+    for _ in 0..5 {
+        assert!(!own.collect(), "no event once left");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    armer.join().expect("armer");
+}
+
+/// A connected pair with private CQs: the client (unboxed, for its test hooks) and the
+/// server.
+struct Private {
+    client: TcpConn,
+    server: Box<dyn Conn>,
+    fabrics: [std::sync::Arc<TcpFabric>; 2],
+}
+
+impl Private {
+    fn conns(&mut self) -> [&mut dyn Conn; 2] {
+        [&mut self.client, self.server.as_mut()]
+    }
+}
+
+fn ppoll(conns: [&mut dyn Conn; 2], got: &mut Vec<Wc>) {
+    let mut wcs = [Wc::default(); 16];
+    for c in conns {
+        let n = c.poll_cq(&mut wcs);
+        got.extend_from_slice(&wcs[..n]);
+    }
+}
+
+fn private_pair(mode: TcpReadiness) -> Private {
+    let client = std::sync::Arc::new(TcpFabric::with_readiness(mode));
+    let server = std::sync::Arc::new(TcpFabric::with_readiness(mode));
+    let mut l = server
+        .listen("127.0.0.1:0".parse().expect("address"))
+        .expect("listen");
+    let caps = QpCaps::default();
+    let mut c = client
+        .start_connect(None, l.local_addr(), caps, &[], None)
+        .expect("connect")
+        .with_own_readiness(mode);
+    let start = Instant::now();
+    let req = loop {
+        if let Some(r) = l.poll() {
+            break r;
+        }
+        c.poll_cm();
+        assert!(start.elapsed() < WAIT, "no request");
+    };
+    let s = req.accept(caps, &[]).expect("accept");
+    let mut p = Private {
+        client: c,
+        server: s,
+        fabrics: [client, server],
+    };
+    let mut est = [false, false];
+    while !(est[0] && est[1]) {
+        assert!(start.elapsed() < WAIT, "not established");
+        for (conn, est) in p.conns().into_iter().zip(&mut est) {
+            while let Some(ev) = conn.poll_cm() {
+                *est |= matches!(ev, CmEvent::Established { .. });
+            }
+        }
+    }
+    p
+}
+
+/// One 64 KiB RDMA_WRITE_WITH_IMM client → server over private CQs, both completions
+/// awaited (bounded).
+fn pexchange(p: &mut Private, imm: u32) {
+    let src = p.fabrics[0]
+        .register(MemBuf::zeroed(64 * 1024), RW)
+        .expect("register");
+    src.write_at(0, &vec![imm as u8; 64 * 1024]);
+    let dst = p.fabrics[1]
+        .register(MemBuf::zeroed(64 * 1024), RW)
+        .expect("register");
+    p.server
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sge: None,
+        }])
+        .expect("post_recv");
+    let sge = [Sge {
+        addr: src.addr(),
+        len: 64 * 1024,
+        lkey: src.lkey(),
+    }];
+    p.client
+        .post_send(&[SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+                imm,
+            },
+            sges: &sge,
+            signaled: true,
+        }])
+        .expect("post_send");
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < 2 {
+        assert!(start.elapsed() < WAIT, "exchange {imm}: {got:?}");
+        ppoll(p.conns(), &mut got);
+    }
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    let recv = got
+        .iter()
+        .find(|w| w.opcode == WcOpcode::RecvRdmaWithImm)
+        .expect("the server's completion");
+    assert_eq!(
+        (recv.imm, recv.byte_len),
+        (Some(imm), 64 * 1024),
+        "{recv:?}"
+    );
+    let mut back = vec![0u8; 64 * 1024];
+    dst.read_at(0, &mut back);
+    assert!(back.iter().all(|&b| b == imm as u8), "payload landed");
+}
+
+/// Lets the last ACKs arrive and be read.
+fn settle(p: &mut Private) {
+    for _ in 0..50 {
+        ppoll(p.conns(), &mut Vec::new());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Socket reads of 1000 idle polls of both ends, then a check that the next arrival is
+/// still seen.
+fn private_idle_reads(mode: TcpReadiness) -> u64 {
+    let mut p = private_pair(mode);
+    pexchange(&mut p, 7);
+    settle(&mut p);
+    let before = READS.with(|r| r.get());
+    for _ in 0..1000 {
+        ppoll(p.conns(), &mut Vec::new());
+    }
+    let reads = READS.with(|r| r.get()) - before;
+    pexchange(&mut p, 9);
+    reads
+}
+
+#[test]
+fn an_idle_private_cq_reads_no_socket() {
+    assert_eq!(
+        private_idle_reads(TcpReadiness::Uring),
+        0,
+        "uring: reads of 1000 idle polls"
+    );
+    // Epoll gains nothing on a private CQ: it reads on every poll, as does none.
+    for mode in [TcpReadiness::Epoll, TcpReadiness::None] {
+        assert!(
+            private_idle_reads(mode) >= 2000,
+            "{mode:?}: every poll reads"
+        );
+    }
+}
+
+/// Polls `conn` until `want` says its CM event came (bounded).
+fn await_cm(conn: &mut dyn Conn, want: fn(&CmEvent) -> bool, what: &str) {
+    let start = Instant::now();
+    loop {
+        let mut wcs = [Wc::default(); 16];
+        conn.poll_cq(&mut wcs);
+        if let Some(ev) = conn.poll_cm() {
+            if want(&ev) {
+                return;
+            }
+        }
+        assert!(start.elapsed() < WAIT, "{what}: not seen");
+    }
+}
+
+/// An idle gated connection sees its peer's EOF, and its peer's reset.
+#[test]
+fn an_idle_private_cq_sees_eof_and_reset() {
+    // EOF: the peer half-closes its socket (no frame).
+    let mut p = private_pair(TcpReadiness::Uring);
+    pexchange(&mut p, 1);
+    settle(&mut p);
+    p.client.shutdown_socket(std::net::Shutdown::Write);
+    await_cm(
+        p.server.as_mut(),
+        |e| matches!(e, CmEvent::Disconnected),
+        "EOF",
+    );
+    assert_eq!(p.server.state(), crate::fabric::ConnState::Disconnected);
+
+    // Reset: the peer disconnects (a reset); and the gated side closing its socket is
+    // seen by its peer at once (the ring let go of the socket before it closed).
+    let mut p = private_pair(TcpReadiness::Uring);
+    pexchange(&mut p, 2);
+    settle(&mut p);
+    p.client.disconnect();
+    await_cm(
+        p.server.as_mut(),
+        |e| matches!(e, CmEvent::Disconnected),
+        "reset",
+    );
+    let mut p = private_pair(TcpReadiness::Uring);
+    pexchange(&mut p, 3);
+    settle(&mut p);
+    p.server.disconnect();
+    await_cm(
+        &mut p.client,
+        |e| matches!(e, CmEvent::Disconnected),
+        "the gated side's close",
+    );
+}
+
+/// A gated private connection armed on one thread (which then stays busy in user space)
+/// and polled on another after `release_thread` still gets its data.
+#[test]
+fn a_private_cq_polled_from_another_thread_gets_its_data() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spin = done.clone();
+    let armer = std::thread::spawn(move || {
+        let mut p = private_pair(TcpReadiness::Uring);
+        pexchange(&mut p, 4);
+        settle(&mut p);
+        p.client.release_thread();
+        p.server.release_thread();
+        tx.send(p).expect("the test waits");
+        while !spin.load(std::sync::atomic::Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let mut p = rx.recv().expect("the pair");
+    for imm in 5..10 {
+        pexchange(&mut p, imm);
+    }
+    // Idle here too, once moved.
+    settle(&mut p);
+    let before = READS.with(|r| r.get());
+    for _ in 0..1000 {
+        ppoll(p.conns(), &mut Vec::new());
+    }
+    assert_eq!(READS.with(|r| r.get()) - before, 0, "idle after the move");
+    pexchange(&mut p, 10);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    armer.join().expect("armer");
+}
+
+/// Posts 32 RDMA_WRITEs of 1 MiB on `from` (the client, of `fabrics[0]`) into memory of
+/// `fabrics[1]`.
+fn post_bulk(from: &mut dyn Conn, fabrics: &[std::sync::Arc<TcpFabric>; 2]) {
+    let src = fabrics[0]
+        .register(MemBuf::zeroed(1 << 20), RW)
+        .expect("register");
+    let dst = fabrics[1]
+        .register(MemBuf::zeroed(1 << 20), RW)
+        .expect("register");
+    let s = [Sge {
+        addr: src.addr(),
+        len: 1 << 20,
+        lkey: src.lkey(),
+    }];
+    let wrs: Vec<SendWr> = (0..32)
+        .map(|i| SendWr {
+            wr_id: i,
+            op: SendOp::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            sges: &s,
+            signaled: true,
+        })
+        .collect();
+    from.post_send(&wrs).expect("post_send");
+}
+
+/// A peer's reset that arrives behind data (the read that drains the data is short and
+/// closes the gate; the reset's event came before it) is still seen: a hung-up socket
+/// stays reported until it leaves the set.
+#[test]
+fn a_reset_behind_data_is_seen_on_a_shared_cq() {
+    for mode in [TcpReadiness::Uring, TcpReadiness::Epoll] {
+        let mut e = connected(mode);
+        post_bulk(e.conns[0].as_mut(), &e.fabrics);
+        poll(&mut e, &mut Vec::new());
+        e.conns[0].disconnect();
+        let start = Instant::now();
+        while e.conns[1].state() != crate::fabric::ConnState::Disconnected {
+            assert!(start.elapsed() < WAIT, "{mode:?}: the reset was not seen");
+            poll(&mut e, &mut Vec::new());
+        }
+    }
+}
+
+/// As above on private CQs, for a reset and for an EOF behind data.
+#[test]
+fn a_reset_or_eof_behind_data_is_seen_on_a_private_cq() {
+    for eof in [false, true] {
+        let mut p = private_pair(TcpReadiness::Uring);
+        post_bulk(&mut p.client, &p.fabrics);
+        ppoll(p.conns(), &mut Vec::new());
+        if eof {
+            // The client keeps sending what it can, then half-closes.
+            for _ in 0..20 {
+                ppoll(p.conns(), &mut Vec::new());
+            }
+            p.client.shutdown_socket(std::net::Shutdown::Write);
+        } else {
+            p.client.disconnect();
+        }
+        let start = Instant::now();
+        while p.server.state() != crate::fabric::ConnState::Disconnected {
+            assert!(start.elapsed() < WAIT, "eof {eof}: not seen");
+            let mut wcs = [Wc::default(); 64];
+            p.server.poll_cq(&mut wcs);
+        }
+    }
 }

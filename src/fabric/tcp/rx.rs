@@ -119,6 +119,11 @@ impl ReadGate {
         self.readable = true;
     }
 
+    /// Whether the socket is in a readiness set (reads gated).
+    pub(crate) fn watched(&self) -> bool {
+        self.watched
+    }
+
     /// A readiness event.
     pub(crate) fn set_readable(&mut self) {
         self.readable = true;

@@ -190,6 +190,12 @@ impl IoVecs {
 pub(crate) const WATCH_EVENTS: u32 =
     (libc::POLLIN | libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP) as u32;
 
+/// Whether a readiness event's mask (an io_uring poll result, or epoll's events) says
+/// the socket hung up or failed; negative results (errors of the poll itself) say no.
+pub(crate) fn hung_up(mask: i32) -> bool {
+    mask > 0 && mask & i32::from(libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP) != 0
+}
+
 /// `epoll_create1(EPOLL_CLOEXEC)`.
 ///
 /// # Errors
