@@ -312,8 +312,8 @@ impl<T: Member> Shared<T> {
         }));
     }
 
-    /// Drives member `i` (see [`Shared::poll`]): progress if this thread holds it, a
-    /// member gone is removed (the next one takes index `i`).
+    /// Drives member `i` (see [`Shared::poll`]): progress if this thread holds it, then
+    /// the overrun check; a member gone is removed (the next one takes index `i`).
     fn drive(&self, core: &mut Core<T>, i: usize, me: ThreadToken, broken: bool) -> Drive {
         let Core {
             members,
@@ -321,12 +321,15 @@ impl<T: Member> Shared<T> {
             held,
             ..
         } = core;
-        let Entry {
+        let Some(Entry {
             cell,
             watch,
             refused,
             held: counted,
-        } = &mut members[i];
+        }) = members.get_mut(i)
+        else {
+            return Drive::Gone;
+        };
         if cell.abandoned.load(Ordering::Acquire) {
             // The handle is gone (and let go of it): the state goes, here if it is still
             // there, and the cell with it (and its socket the readiness set).
@@ -360,6 +363,10 @@ impl<T: Member> Shared<T> {
                 }
                 Some(Some(q)) => {
                     core.count(i, q);
+                    if q > 0 && !broken && core.held > core.entries {
+                        let held = core.held;
+                        self.overrun(core, held);
+                    }
                     return Drive::Queued(q);
                 }
                 // Its state went with its handle on the handle's thread.
@@ -463,10 +470,6 @@ impl<T: Member> Shared<T> {
                 Drive::Gone => continue,
                 Drive::Elsewhere | Drive::Queued(0) => i += 1,
                 Drive::Queued(_) => {
-                    if !broken && core.held > core.entries {
-                        let held = core.held;
-                        self.overrun(core, held);
-                    }
                     let (got, q) = self.drain(core, i, me, wcs).unwrap_or((0, 0));
                     core.next = i;
                     core.owed = q;
