@@ -18,8 +18,10 @@
 //!
 //! **A poll is one connection's turn.** Connections are driven one at a time, in turn
 //! from the one after the last turn's; the first that has completions gets them handed
-//! out and the poll returns, so the next poll goes on with the next connection, and a
-//! poll that returns nothing has driven every connection once. No connection is driven
+//! out and the poll returns, so the next poll goes on with the next connection. The
+//! polls up to one that returns nothing are a round: every connection is driven once in
+//! it (one more poll ends a round whose last connection had completions), so a caller
+//! that polls until nothing comes gives each connection one turn. No connection is driven
 //! (no data of it placed in memory) between another connection's placement and the
 //! moment the caller has that connection's completions: the order of a private CQ per
 //! connection, read and handled one after the other, which RTRS's server relies on when
