@@ -4,7 +4,8 @@
 //!
 //! Whoever runs the core's loop makes it, attaches each [`SessionCore`] of the core to
 //! it ([`SessionCore::attach`]) and calls [`CoreCq::poll`] once per loop, before it
-//! polls the sessions. That poll takes a batch from the CQ and marks each completion
+//! polls the sessions. That poll takes a batch from the CQ (a round of calls, each
+//! giving one connection's completions) and marks each completion
 //! with its connection's route (found by `qp_num`); each session's poll then takes the
 //! completions of its own connections out of the batch, in order, and handles them as
 //! it handles its private CQ's. A completion taken is marked taken, so it is handled
@@ -203,7 +204,25 @@ impl HubState {
         let overran = self.polls % EVENT_EVERY == 0 && self.events();
         // What no session took yet keeps its place, in order, ahead of the new batch.
         let start = if self.left > 0 { self.compact() } else { 0 };
-        let got = self.cq.poll(&mut self.wcs[start..]);
+        // A software CQ's call gives one connection's completions, and the calls until
+        // one returns nothing are a round, one turn per connection (docs/ARCHITECTURE.md,
+        // "Completion queues"): calls until the round ends or the batch is full (a call
+        // per connection with completions, and one more), so a loop takes what every
+        // connection has. Each call's completions go after the last call's, so one
+        // connection's stay in order (the rest of a turn that did not fit comes first in
+        // the next loop's call). They are handled after the loop, unlike the server's,
+        // which handles each call's before the next: the client needs no read order
+        // across connections, since a request is re-sent on another path only after the
+        // dying connection was drained and dropped with its route, so nothing of the
+        // old path can land after the new copy's answer.
+        let mut got = 0;
+        loop {
+            let n = self.cq.poll(&mut self.wcs[start + got..]);
+            got += n;
+            if n == 0 || start + got == self.wcs.len() {
+                break;
+            }
+        }
         let mut left = start;
         for k in start..start + got {
             let r = self.route_of(self.wcs[k].qp_num);

@@ -333,7 +333,6 @@ impl Acceptor {
             owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
             done: (0..qd).map(|_| AtomicU64::new(0)).collect(),
             name: Mutex::new(String::new()),
-            shared_cids: Mutex::new(Vec::new()),
         }))
     }
 
@@ -420,20 +419,12 @@ impl Acceptor {
                 return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string());
             }
         };
-        // On the serving core's shared CQ when it has one (docs/ARCHITECTURE.md,
-        // "Completion queues"), unless another path's connection of this IO cid is on a
-        // shared CQ (see `SharedCqClaim`); the core takes the connection over when it
-        // arrives.
+        // On the serving core's shared CQ when it has one, every path's connection of
+        // every cid (docs/ARCHITECTURE.md, "Completion queues"); the core takes the
+        // connection over when it arrives.
         let core = sh.core_of(msg.cid, path.sess.home);
         let caps = self.caps_for(msg.cid);
-        let mut claim = None;
-        let cq = sh.cqs[core].get().filter(|_| {
-            if msg.cid == 0 {
-                return true;
-            }
-            claim = path.sess.claim_shared_cq(msg.cid);
-            claim.is_some()
-        });
+        let cq = sh.cqs[core].get();
         let accepted = match cq {
             Some(cq) => req.accept_on(cq, caps, &rsp),
             None => req.accept(caps, &rsp),
@@ -463,7 +454,7 @@ impl Acceptor {
         con.release_thread();
         let sh2 = Arc::clone(&sh);
         let m = Msg::new(move |cx: &mut dyn Ctx| {
-            sh2.inbox[cx.core()].push(PathWork::AddCon { path, con, claim });
+            sh2.inbox[cx.core()].push(PathWork::AddCon { path, con });
         });
         if let Err(e) = cx.send(core, m) {
             self.pending.push((core, e.into_msg()));

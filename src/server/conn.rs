@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
-use super::session::{Path, SharedCqClaim};
+use super::session::Path;
 use super::state::ServerState;
 use crate::common::{Con, Heartbeat};
 use crate::engine::Ctx;
@@ -47,8 +47,6 @@ pub(crate) struct ConSlot {
     pub got: u32,
     pub reposts: u32,
     pub repost_failed: bool,
-    /// Its IO cid's place on a shared CQ (dropped with the connection).
-    pub cq_claim: Option<SharedCqClaim>,
 }
 
 impl ConSlot {
@@ -66,7 +64,6 @@ impl ConSlot {
             got: 0,
             reposts: 0,
             repost_failed: false,
-            cq_claim: None,
         }
     }
 

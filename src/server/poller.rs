@@ -31,8 +31,13 @@ const CM_POLL_EVERY: u64 = 16;
 /// Completions taken per poll of one connection.
 const WC_BATCH: usize = 32;
 
-/// Completions taken per call of the core's shared CQ (called until it has no more).
+/// Completions taken per call of the core's shared CQ (each call gives at most one
+/// connection's).
 const CQ_BATCH: usize = 64;
+
+/// Calls of the core's shared CQ per loop, at most, per connection on it (a round is
+/// one call per connection with completions, more for one with more than a batch).
+const CQ_CALLS_PER_CON: usize = 16;
 
 /// Entries of a core's shared CQ. A software CQ costs nothing per entry, so it takes the
 /// most there is (an overrun breaks every connection of the core); a verbs CQ is device
@@ -56,6 +61,8 @@ pub(crate) struct ServerCore {
     cq_wcs: [Wc; CQ_BATCH],
     /// Per entry of `cq_wcs`: its connection's index in `cons` (`u32::MAX`: none).
     cq_at: [u32; CQ_BATCH],
+    /// This loop's CQ poll ended its round: every connection on the CQ had its turn.
+    cq_quiet: bool,
     requests: Requests,
     /// Home core: paths being torn down, finalised once drained.
     closing: Vec<Arc<Path>>,
@@ -89,6 +96,7 @@ impl ServerCore {
             cq,
             cq_wcs: [Wc::default(); CQ_BATCH],
             cq_at: [u32::MAX; CQ_BATCH],
+            cq_quiet: false,
             requests: Requests::new(core, qd, max_hdr),
             closing: Vec::new(),
             wcs: [Wc::default(); WC_BATCH],
@@ -118,11 +126,7 @@ impl ServerCore {
 
     fn on_work(&mut self, cx: &mut dyn Ctx, work: PathWork) {
         match work {
-            PathWork::AddCon {
-                path,
-                mut con,
-                claim,
-            } => {
+            PathWork::AddCon { path, mut con } => {
                 if path.state() > CONNECTED || self.sh.stop.load(Ordering::Acquire) {
                     con.disconnect();
                     path.live_cons.fetch_sub(1, Ordering::AcqRel);
@@ -134,8 +138,7 @@ impl ServerCore {
                     // before its next poll of the CQ.
                     con.adopt();
                 }
-                let mut slot = ConSlot::new(path, con);
-                slot.cq_claim = claim;
+                let slot = ConSlot::new(path, con);
                 match self.cons.iter().position(Option::is_none) {
                     Some(i) => self.cons[i] = Some(slot),
                     None => self.cons.push(Some(slot)),
@@ -153,19 +156,35 @@ impl ServerCore {
         }
     }
 
-    /// Polls the core's shared CQ, once per loop, until it has nothing more, and handles
-    /// each completion for its connection as [`ServerCore::poll_con`] does for a
-    /// connection with its own CQ.
+    /// Polls the core's shared CQ, once per loop, and handles each completion for its
+    /// connection as [`ServerCore::poll_con`] does for a connection with its own CQ.
+    ///
+    /// A software CQ's call hands out one connection's completions, placed by driving
+    /// that connection alone, and drives no other connection before the next call; the
+    /// calls until one returns nothing are a round, one turn per connection
+    /// (docs/ARCHITECTURE.md, "Completion queues"). Each batch is handled before the
+    /// next call, so the request a completion announces is read before another
+    /// connection, maybe another path's carrying a copy into the same chunk, is read
+    /// ("Failover without double execution hazards"). One round per loop, within a
+    /// bound of calls; `cq_quiet` says whether the round ended.
     fn poll_cq(&mut self, cx: &mut dyn Ctx) -> bool {
         let Some(mut cq) = self.cq.take() else {
             return false;
         };
-        let mut any = false;
+        let shared = self.cons.iter().flatten().filter(|s| s.con.on_shared());
+        let cap = CQ_CALLS_PER_CON * (shared.count() + 1);
+        let (mut calls, mut any) = (0, false);
+        self.cq_quiet = false;
         loop {
             let n = cq.poll(&mut self.cq_wcs);
+            if n == 0 {
+                self.cq_quiet = true;
+                break;
+            }
             self.on_cq_batch(cx, n);
-            any |= n > 0;
-            if n < CQ_BATCH {
+            any = true;
+            calls += 1;
+            if calls >= cap {
                 break;
             }
         }
@@ -354,11 +373,12 @@ impl ServerCore {
         if slot.closing {
             if n == 0 && slot.con.state() == ConnState::Disconnected {
                 // On a shared CQ, drained only once a CQ poll after the break found
-                // nothing more (docs/ARCHITECTURE.md, "Completion queues").
-                if slot.con.on_shared() && !slot.quiet_once {
-                    slot.quiet_once = true;
-                } else {
+                // nothing more (docs/ARCHITECTURE.md, "Completion queues"): two loops
+                // whose CQ round, its turn included, ended with nothing of it.
+                if !slot.con.on_shared() || (self.cq_quiet && slot.quiet_once) {
                     self.drop_con(i);
+                } else if self.cq_quiet {
+                    slot.quiet_once = true;
                 }
                 busy = true;
             }

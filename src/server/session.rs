@@ -71,47 +71,9 @@ pub(crate) struct Session {
     /// of the latest (low 32 bits: its positive errno, 0 for success). Written only by the chunk's owner.
     pub done: Box<[AtomicU64]>,
     pub name: Mutex<String>,
-    /// The IO cids that have a connection on a core's shared CQ: at most one per cid
-    /// ([`Session::claim_shared_cq`]).
-    pub shared_cids: Mutex<Vec<u16>>,
-}
-
-/// A session's IO connection of one cid on a core's shared CQ; the cid is free for
-/// another path's connection again once this is dropped (with the connection).
-///
-/// Connection `c` of two paths carries the same buf ids (a client core's, re-sent on the
-/// other path on failover) into the same chunks. On its own CQ each connection is read
-/// and its completions handled before the next connection is read, which is what keeps
-/// a stale copy from landing between a request's arrival and the read of its trailer
-/// (docs/ARCHITECTURE.md, "Failover without double execution hazards"). A software
-/// shared CQ reads every connection on it before it reports any completion, so two
-/// connections that can carry copies of one request are never put on one.
-pub(crate) struct SharedCqClaim {
-    sess: Arc<Session>,
-    cid: u16,
-}
-
-impl Drop for SharedCqClaim {
-    fn drop(&mut self) {
-        lock(&self.sess.shared_cids).retain(|&c| c != self.cid);
-    }
 }
 
 impl Session {
-    /// Claims IO cid `cid` (not 0, which carries no buf ids) for a connection on a
-    /// shared CQ; none while another path's connection of that cid has it.
-    pub fn claim_shared_cq(self: &Arc<Self>, cid: u16) -> Option<SharedCqClaim> {
-        let mut v = lock(&self.shared_cids);
-        if v.contains(&cid) {
-            return None;
-        }
-        v.push(cid);
-        Some(SharedCqClaim {
-            sess: Arc::clone(self),
-            cid,
-        })
-    }
-
     pub fn chunk_size(&self) -> u32 {
         self.layout.chunk_size()
     }

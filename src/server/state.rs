@@ -15,17 +15,12 @@ use crate::fabric::{CqRef, Fabric};
 use crate::ratelimit::RateLimit;
 
 use super::config::ServerConfig;
-use super::session::{Path, Sessions, SharedCqClaim, CLOSING, CONNECTED, CONNECTING};
+use super::session::{Path, Sessions, CLOSING, CONNECTED, CONNECTING};
 
 /// Work for one core, delivered through its inbox.
 pub(crate) enum PathWork {
     /// Serve this connection (a cid of `path`) on this core.
-    /// `claim`: its IO cid's place on a shared CQ, held as long as the connection.
-    AddCon {
-        path: Arc<Path>,
-        con: Con,
-        claim: Option<SharedCqClaim>,
-    },
+    AddCon { path: Arc<Path>, con: Con },
     /// Home core: finalise `path` once it has drained.
     Finalize(Arc<Path>),
     /// Close `path` (an administrative disconnect).

@@ -149,6 +149,7 @@ macro_rules! conformance_tests {
             shared_cq::shared_cq_overrun_is_reported,
             shared_cq::shared_cq_sees_a_peer_vanish,
             shared_cq::shared_cq_idle_then_busy_loses_nothing,
+            shared_cq::shared_cq_hands_out_a_connection_before_the_next_lands,
         );
     };
     (shared_cq, $backend:expr) => {
@@ -160,6 +161,7 @@ macro_rules! conformance_tests {
             shared_cq::shared_cq_overrun_is_reported,
             shared_cq::shared_cq_sees_a_peer_vanish,
             shared_cq::shared_cq_idle_then_busy_loses_nothing,
+            shared_cq::shared_cq_hands_out_a_connection_before_the_next_lands,
         );
     };
     (ignore = $why:literal, $backend:expr) => {

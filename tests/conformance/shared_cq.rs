@@ -1,18 +1,19 @@
 //! Shared completion queues: connections made on one CQ report there, tagged with their
 //! `qp_num`, in per-connection order; one breaking disturbs no other; a busy one starves
 //! no other; more outstanding completions than entries is an overrun, as verbs reports
-//! `IBV_EVENT_CQ_ERR`.
+//! `IBV_EVENT_CQ_ERR`; and a software CQ hands out a connection's completions before
+//! it places another connection's data.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use rtrs_spdk::fabric::{
-    Access, CmEvent, Conn, ConnState, Cq, CqEvent, Fabric, Listener, PostErrorKind, QpCaps, RecvWr,
-    SendOp, Wc, WcOpcode, WcStatus,
+    Access, CmEvent, Conn, ConnState, Cq, CqEvent, Fabric, FabricKind, Listener, MemBuf,
+    PostErrorKind, QpCaps, RecvWr, SendOp, Wc, WcOpcode, WcStatus,
 };
 
-use super::{bogus_rkey, connect, expect, wait_wr, wr, Backend, DEADLINE};
+use super::{bogus_rkey, connect, expect, pattern, read, wait_wr, wr, Backend, DEADLINE};
 
 /// One host's CQ with its connections and what came out of them.
 pub struct CqSide {
@@ -642,4 +643,112 @@ fn pump_until_wc(c: &mut CqSide, s: &mut CqSide, i: usize, wr_id: u64) -> Wc {
         .find(|w| w.wr_id == wr_id)
         .copied()
         .expect("just seen")
+}
+
+/// Two connections whose peers both write one region of the server's, each a
+/// write-with-imm, both arrived before the server polls: when a connection's
+/// completion comes out of the CQ, the region holds that connection's data, as on a
+/// private CQ per connection, read and handled one after the other. A software CQ
+/// drives (places the data of) no other connection between a connection's placement
+/// and the poll that hands out its completions (docs/ARCHITECTURE.md, "Completion
+/// queues"); RTRS's server relies on it when two paths carry copies of a request into
+/// the same chunk ("Failover without double execution hazards").
+pub fn shared_cq_hands_out_a_connection_before_the_next_lands(b: &dyn Backend) {
+    const ROUNDS: usize = 16;
+    const LEN: usize = 4096;
+    const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    if b.server_fabric().kind() == FabricKind::Verbs {
+        // A device places data as it arrives, whatever polls its CQ: this is the
+        // software CQs' contract.
+        eprintln!("not a software CQ: the placement order is the device's");
+        return;
+    }
+    let (mut c, mut s, _l) = shared_pairs(b, 2, b.caps(), 256, 256);
+    let dst = s
+        .fabric
+        .register(MemBuf::zeroed(LEN), RW)
+        .expect("server region");
+    let srcs: Vec<_> = (0..2)
+        .map(|_| {
+            c.fabric
+                .register(MemBuf::zeroed(LEN), Access::NONE)
+                .expect("client source")
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        let seeds = [(2 * round) as u8, (2 * round + 1) as u8];
+        let data = seeds.map(|seed| pattern(seed, LEN));
+        // Either connection writes first, by round.
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            srcs[i].write_at(0, &data[i]);
+            let sges = [srcs[i].sge(0, LEN)];
+            let op = SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+                imm: (round * 2 + i) as u32,
+            };
+            c.conns[i]
+                .post_send(&[wr((round * 2 + i) as u64, op, &sges)])
+                .expect("client write");
+        }
+        // Both writes on their way to the server before it polls (the client's CQ
+        // drives its connections; the time lets a socket's bytes arrive).
+        for _ in 0..20 {
+            c.pump();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The receives only now: a fabric that executes a write at post time when a
+        // receive waits (as a NIC does) queues these instead, for the server's polls.
+        for (i, conn) in s.conns.iter_mut().enumerate() {
+            conn.post_recv(&[recv((round * 2 + i) as u64)])
+                .expect("server receive");
+        }
+        let mut seen = [false; 2];
+        let mut buf = vec![Wc::default(); 16];
+        let start = Instant::now();
+        while !(seen[0] && seen[1]) {
+            let n = s.cq.poll(&mut buf);
+            // The region as the caller finds it on taking these completions.
+            let now = read(&dst, 0, LEN);
+            let holds = data.iter().position(|d| *d == now);
+            for wc in &buf[..n] {
+                let i = s
+                    .owner(wc)
+                    .unwrap_or_else(|| panic!("round {round}: stray {wc:?}"));
+                expect(
+                    wc,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    "write-with-imm receive",
+                );
+                assert_eq!(wc.imm, Some((round * 2 + i) as u32), "{wc:?}");
+                assert_eq!(
+                    holds,
+                    Some(i),
+                    "round {round}: connection {i}'s completion came out while the region \
+                     held connection {holds:?}'s data (another connection was driven \
+                     before it was handed out)"
+                );
+                seen[i] = true;
+            }
+            c.pump();
+            assert!(
+                start.elapsed() < DEADLINE,
+                "round {round}: the writes' completions never came ({seen:?})"
+            );
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        pump_until(&mut c, &mut s, "the writes' completions", |c, _| {
+            c.wcs.iter().all(|w| w.len() > round)
+        });
+    }
+    for (i, w) in c.wcs.iter().enumerate() {
+        assert!(
+            w.iter().all(|w| w.status == WcStatus::Success),
+            "client connection {i}: {w:?}"
+        );
+    }
 }

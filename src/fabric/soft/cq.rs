@@ -3,9 +3,9 @@
 //!
 //! Each connection's progress state (`T`, the backend's connection: soft queue pair,
 //! link or socket, CM state) lives in a cell the CQ lists and the caller's [`Conn`], a
-//! [`CqConn`], points to. One [`Cq::poll`] drives every connection of the queue that its
-//! thread holds (delivery, socket reads and writes) and gathers their completions, so a
-//! backend can later watch the readiness of all of them at once. The queue and each
+//! [`CqConn`], points to. A [`Cq::poll`] drives the connections of the queue that its
+//! thread holds (delivery, socket reads and writes), one at a time, and the readiness of
+//! all of them is watched at once (below). The queue and each
 //! connection are [`OwnedByThread`]: one thread at a time, checked per call with a plain
 //! load, no lock and no read-modify-write on the data path.
 //!
@@ -16,15 +16,30 @@
 //! queue meanwhile. A new connection reaches the CQ's list at its next poll, through a
 //! small locked list (connection set-up, not the data path).
 //!
-//! Completions stay in each connection's own queue until gathered, so per-connection
-//! order is the queue pair's. Gathering takes connections in turn from where the last
-//! full poll stopped, so a connection with a stream of completions cannot hold back the
-//! others. After each poll's progress, more completions held than the CQ's entries is an
-//! overrun ([`CqEvent::Overrun`]): every connection breaks, as a verbs QP whose CQ is in
-//! error does.
+//! **A poll is one connection's turn.** Connections are driven one at a time, in turn
+//! from the one after the last turn's; the first that has completions gets them handed
+//! out and the poll returns, so the next poll goes on with the next connection. The
+//! polls up to one that returns nothing are a round: every connection is driven once in
+//! it (one more poll ends a round whose last connection had completions), so a caller
+//! that polls until nothing comes gives each connection one turn. No connection is driven
+//! (no data of it placed in memory) between another connection's placement and the
+//! moment the caller has that connection's completions: the order of a private CQ per
+//! connection, read and handled one after the other, which RTRS's server relies on when
+//! two paths carry copies of one request into the same chunk (docs/ARCHITECTURE.md,
+//! "Completion queues" and "Failover without double execution hazards"). Completions of
+//! a turn that do not fit the caller's slice are handed out by the next polls before any
+//! other connection is driven, and without driving that one again, so its turn ends and
+//! a connection with a stream of completions holds back no other. (Progress a caller
+//! makes outside the CQ, a CM poll, reports at that connection's next turn.)
+//!
+//! Completions stay in each connection's own queue until handed out, so per-connection
+//! order is the queue pair's. The CQ counts the completions each connection holds
+//! whenever it drives or drains it; more in all than the CQ's entries is an overrun
+//! ([`CqEvent::Overrun`]): every connection breaks, as a verbs QP whose CQ is in error
+//! does.
 //!
 //! A backend may give the queue a [`Readiness`] set (tcp: io_uring or epoll over its
-//! sockets). A member that offers a descriptor ([`Member::ready_fd`]) joins the set once
+//! sockets), read once per poll. A member that offers a descriptor ([`Member::ready_fd`]) joins the set once
 //! it has one and is told so ([`Member::set_watched`]); from then on it reads only after
 //! the set reported it ready ([`Member::set_readable`]), so an idle poll reads no socket.
 //! Events are kept per slot until the member's thread holds it, so none is lost while a
@@ -39,7 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::MrTable;
-use crate::fabric::cq::{thread_token, OwnedByThread};
+use crate::fabric::cq::{thread_token, OwnedByThread, ThreadToken};
 use crate::fabric::{
     CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
     PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
@@ -119,6 +134,9 @@ struct Entry<T> {
     /// The set refused its descriptor: it is polled as without a set, for good (no
     /// failing call per poll).
     refused: bool,
+    /// Its completions as last counted (after its progress or drain), part of
+    /// [`Core::held`].
+    held: usize,
 }
 
 /// The readiness set with its slots.
@@ -217,6 +235,16 @@ fn reconcile<T: Member>(
     }
 }
 
+/// What driving a member found.
+enum Drive {
+    /// It holds this many completions.
+    Queued(usize),
+    /// Another thread holds it.
+    Elsewhere,
+    /// It is gone, and removed from the list.
+    Gone,
+}
+
 /// One connection's state: `None` once its handle dropped it.
 struct Cell<T> {
     conn: OwnedByThread<Option<T>>,
@@ -230,10 +258,29 @@ struct Core<T> {
     members: Vec<Entry<T>>,
     /// The readiness set, if the backend gave one.
     ready: Option<Ready>,
-    /// Where the next gathering starts (the connection after the one that filled the
-    /// caller's slice last time).
+    /// The member whose turn comes next: the one after the member whose completions the
+    /// last poll handed out, or that member itself while it is `owed` some.
     next: usize,
+    /// Completions of the member at `next`'s turn that did not fit the caller's slice
+    /// (what progress outside the CQ adds meanwhile waits for its next turn).
+    owed: usize,
+    /// Members still to be driven in this round (each member has one turn per round).
+    round_left: usize,
+    /// The round's last member had its turn: the next call says so (returns nothing).
+    round_end: bool,
+    /// Completions held by the members, as last counted per member.
+    held: usize,
     event: Option<CqEvent>,
+}
+
+impl<T> Core<T> {
+    /// Member `i` holds `q` completions now.
+    #[inline]
+    fn count(&mut self, i: usize, q: usize) {
+        let e = &mut self.members[i];
+        self.held = self.held - e.held + q;
+        e.held = q;
+    }
 }
 
 /// What the queue and whoever makes connections on it share (the [`CqRef`]).
@@ -254,93 +301,190 @@ impl<T: Member> Shared<T> {
         }
         let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
         self.has_incoming.store(false, Ordering::Release);
+        if core.round_left > 0 {
+            // Appended at the end of the list: they join the round under way (exactly
+            // so unless it has wrapped past the end).
+            core.round_left += inc.len();
+        }
         core.members.extend(inc.drain(..).map(|cell| Entry {
             cell,
             watch: None,
             refused: false,
+            held: 0,
         }));
     }
 
+    /// Drives member `i` (see [`Shared::poll`]): progress if this thread holds it, then
+    /// the overrun check; a member gone is removed (the next one takes index `i`).
+    fn drive(&self, core: &mut Core<T>, i: usize, me: ThreadToken, broken: bool) -> Drive {
+        let Core {
+            members,
+            ready,
+            held,
+            ..
+        } = core;
+        let Some(Entry {
+            cell,
+            watch,
+            refused,
+            held: counted,
+        }) = members.get_mut(i)
+        else {
+            return Drive::Gone;
+        };
+        if cell.abandoned.load(Ordering::Acquire) {
+            // The handle is gone (and let go of it): the state goes, here if it is still
+            // there, and the cell with it (and its socket the readiness set).
+            if cell.conn.with_as(me, true, |c| *c = None).is_none() {
+                return Drive::Elsewhere;
+            }
+        } else {
+            // Progress for a connection this thread holds (a member held by another
+            // thread is left alone). On a CQ in error, a connection taken over since the
+            // overrun breaks too.
+            let queued = cell.conn.with_as(me, false, |c| {
+                c.as_mut().map(|t| {
+                    if broken {
+                        t.disconnect();
+                    }
+                    if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
+                        if r.take(w) {
+                            t.set_readable();
+                        }
+                    }
+                    t.progress();
+                    reconcile(ready, watch, refused, t);
+                    t.queued()
+                })
+            });
+            match queued {
+                // Held elsewhere: what it holds is not this CQ's to count until it is back.
+                None => {
+                    *held -= std::mem::take(counted);
+                    return Drive::Elsewhere;
+                }
+                Some(Some(q)) => {
+                    core.count(i, q);
+                    if q > 0 && !broken && core.held > core.entries {
+                        let held = core.held;
+                        self.overrun(core, held);
+                    }
+                    return Drive::Queued(q);
+                }
+                // Its state went with its handle on the handle's thread.
+                Some(None) => {}
+            }
+        }
+        if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
+            r.leave(w);
+        }
+        *held -= *counted;
+        members.remove(i);
+        Drive::Gone
+    }
+
+    /// Hands out up to `room` completions of member `i` (`None`: not this thread's or
+    /// gone); the completions it still holds.
+    fn drain(
+        &self,
+        core: &mut Core<T>,
+        i: usize,
+        me: ThreadToken,
+        wcs: &mut [Wc],
+    ) -> Option<(usize, usize)> {
+        let got = core.members.get(i).and_then(|e| {
+            e.cell
+                .conn
+                .with_as(me, false, |c| {
+                    c.as_mut().map(|t| (t.drain(wcs), t.queued()))
+                })
+                .flatten()
+        });
+        if let Some((_, q)) = got {
+            core.count(i, q);
+        }
+        got
+    }
+
+    /// A turn is over (the next one is member `next`'s); the round's too if that was
+    /// the round's last.
+    fn turn_over(core: &mut Core<T>, next: usize) {
+        core.owed = 0;
+        core.next = next;
+        core.round_end = core.round_left == 0;
+    }
+
+    /// One call (see the module doc): the rest of a turn that did not fit; else the end
+    /// of a round (nothing); else members driven one at a time from `next` until one has
+    /// completions, which are handed out before any other member is driven.
     fn poll(&self, core: &mut Core<T>, wcs: &mut [Wc]) -> usize {
         self.take_incoming(core);
         let me = thread_token();
         let broken = self.broken.load(Ordering::Relaxed);
-        // Progress for every connection this thread holds, counting the completions
-        // they hold; the state of dropped ones goes (a member held by another thread is
-        // left alone). On a CQ in error, a connection taken over since the overrun
-        // breaks too.
-        let mut held = 0;
+        if core.owed > 0 {
+            let i = core.next;
+            if wcs.is_empty() {
+                // Nothing can be handed out: progress for that member alone (what it
+                // adds is owed too), so a caller that only makes progress makes it.
+                if let Some(r) = core.ready.as_mut() {
+                    r.collect();
+                }
+                match self.drive(core, i, me, broken) {
+                    Drive::Queued(q) if q > 0 => core.owed = core.owed.max(q),
+                    Drive::Gone => Self::turn_over(core, i),
+                    _ => Self::turn_over(core, i + 1),
+                }
+                return 0;
+            }
+            // Its data is placed and part of its completions handed out: the rest goes
+            // before any other member is driven (no progress for it either).
+            let room = wcs.len().min(core.owed);
+            match self.drain(core, i, me, &mut wcs[..room]) {
+                Some((got, q)) => {
+                    core.owed = (core.owed - got).min(q);
+                    if core.owed == 0 {
+                        Self::turn_over(core, i + 1);
+                    }
+                    return got;
+                }
+                // Gone, or taken by another thread (whose completions wait in it).
+                None => Self::turn_over(core, i + 1),
+            }
+        }
+        if core.round_end {
+            // Every member had its turn since the round began.
+            core.round_end = false;
+            return 0;
+        }
+        if core.round_left == 0 {
+            core.round_left = core.members.len();
+        }
         if let Some(r) = core.ready.as_mut() {
             r.collect();
         }
-        let ready = &mut core.ready;
-        core.members.retain_mut(
-            |Entry {
-                 cell,
-                 watch,
-                 refused,
-             }| {
-                if cell.abandoned.load(Ordering::Acquire) {
-                    // The handle is gone (and let go of it): the state goes, here if it is
-                    // still there, and the cell with it (and its socket the readiness set).
-                    let gone = cell.conn.with_as(me, true, |c| *c = None).is_some();
-                    if gone {
-                        if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
-                            r.leave(w);
-                        }
+        let mut i = core.next;
+        while core.round_left > 0 {
+            if i >= core.members.len() {
+                i = 0;
+            }
+            core.round_left -= 1;
+            match self.drive(core, i, me, broken) {
+                Drive::Gone => continue,
+                Drive::Elsewhere | Drive::Queued(0) => i += 1,
+                Drive::Queued(_) => {
+                    let (got, q) = self.drain(core, i, me, wcs).unwrap_or((0, 0));
+                    core.next = i;
+                    core.owed = q;
+                    if q == 0 {
+                        Self::turn_over(core, i + 1);
                     }
-                    return !gone;
+                    return got;
                 }
-                cell.conn
-                    .with_as(me, false, |c| match c {
-                        Some(t) => {
-                            if broken {
-                                t.disconnect();
-                            }
-                            if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
-                                if r.take(w) {
-                                    t.set_readable();
-                                }
-                            }
-                            t.progress();
-                            reconcile(ready, watch, refused, t);
-                            held += t.queued();
-                            true
-                        }
-                        None => {
-                            if let (Some(r), Some(w)) = (ready.as_mut(), watch.take()) {
-                                r.leave(w);
-                            }
-                            false
-                        }
-                    })
-                    .unwrap_or(true)
-            },
-        );
-        if !broken && held > core.entries {
-            self.overrun(core, held);
-        }
-        let n = core.members.len();
-        if wcs.is_empty() || n == 0 {
-            return 0;
-        }
-        let mut filled = 0;
-        for k in 0..n {
-            let i = (core.next + k) % n;
-            let got = core.members[i]
-                .cell
-                .conn
-                .with_as(me, false, |c| {
-                    c.as_mut().map_or(0, |t| t.drain(&mut wcs[filled..]))
-                })
-                .unwrap_or(0);
-            filled += got;
-            if filled == wcs.len() {
-                core.next = (i + 1) % n;
-                break;
             }
         }
-        filled
+        // The round is over, with nothing in its last calls.
+        core.next = i;
+        0
     }
 
     fn overrun(&self, core: &mut Core<T>, held: usize) {
@@ -404,6 +548,10 @@ pub fn create_with<T: Member>(
             free: Vec::new(),
         }),
         next: 0,
+        owed: 0,
+        round_left: 0,
+        round_end: false,
+        held: 0,
         event: None,
     };
     let shared = Arc::new(Shared {

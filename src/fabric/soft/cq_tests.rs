@@ -265,3 +265,56 @@ fn a_descriptor_the_readiness_set_refuses_frees_its_slot() {
     assert_eq!(r.free, vec![0], "the slot is free again");
     assert!(!r.slots[0].used);
 }
+
+/// A poll hands out one connection's completions; the rest of a turn that did not fit
+/// comes first in the next poll; the polls up to one that returns nothing give every
+/// connection one turn (docs/ARCHITECTURE.md, "Completion queues").
+#[test]
+fn a_poll_is_one_connection_s_turn_and_a_round_ends_with_nothing() {
+    use crate::fabric::{SendOp, SendWr};
+    let f = LoopbackFabric::new();
+    let mut cq = f.create_cq(64).unwrap();
+    let share = cq.share();
+    let mut pairs: Vec<_> = (0..3).map(|_| pair(&f, &share)).collect();
+    // Connection k gets k + 1 completions.
+    for (k, (c, s)) in pairs.iter_mut().enumerate() {
+        let n = k as u64 + 1;
+        let recvs: Vec<RecvWr> = (0..n).map(|j| recv(10 * k as u64 + j)).collect();
+        c.post_recv(&recvs).unwrap();
+        let sends: Vec<SendWr<'_>> = (0..n)
+            .map(|j| SendWr {
+                wr_id: j,
+                op: SendOp::SendWithImm { imm: j as u32 },
+                sges: &[],
+                signaled: false,
+            })
+            .collect();
+        s.post_send(&sends).unwrap();
+        // The server end delivers on its own polls (its private CQ).
+        s.poll_cq(&mut [Wc::default(); 4]);
+    }
+    let qps: Vec<u32> = pairs.iter().map(|(c, _)| c.qp_num()).collect();
+    let mut wcs = [Wc::default(); 2];
+    let mut calls: Vec<Vec<u64>> = Vec::new();
+    for _ in 0..10 {
+        let n = cq.poll(&mut wcs);
+        if n == 0 {
+            break;
+        }
+        let qp = wcs[0].qp_num;
+        assert!(
+            wcs[..n].iter().all(|w| w.qp_num == qp),
+            "one connection per poll: {:?}",
+            &wcs[..n]
+        );
+        assert!(qps.contains(&qp));
+        calls.push(wcs[..n].iter().map(|w| w.wr_id).collect());
+    }
+    // Connection 2's three completions come in two polls (two fit), in order.
+    assert_eq!(
+        calls,
+        [vec![0], vec![10, 11], vec![20, 21], vec![22]],
+        "one turn each, in order, the round ended by a poll with nothing"
+    );
+    assert_eq!(cq.poll(&mut wcs), 0, "an idle round: nothing");
+}
