@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::fabric::{
-    Access, Conn, ConnRequest, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener,
-    MemBuf, Mr, Psk, QpCaps,
+    mem, Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    Listener, MemBuf, Mr, Psk, QpCaps, Sge,
 };
 
 /// The listeners of one transport, shared by the target (adds, removes) and the server's
@@ -81,8 +81,31 @@ impl Fabric for MuxFabric {
         unsafe { self.inner.register_raw(addr, len, access) }
     }
 
+    fn local_memory(&self, sge: &Sge, need: Access) -> Option<Arc<mem::Backing>> {
+        self.inner.local_memory(sge, need)
+    }
+
     fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
         self.inner.alloc_fast_mr()
+    }
+
+    // The server's cores put their connections on shared completion queues of the real
+    // fabric (docs/ARCHITECTURE.md, "Completion queues"); the requests its listeners hand
+    // out are that fabric's, so they accept onto those queues.
+    fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
+        self.inner.create_cq(entries)
+    }
+
+    fn connect_on(
+        &self,
+        cq: &CqRef,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        caps: QpCaps,
+        private_data: &[u8],
+        psk: Option<&Psk>,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        self.inner.connect_on(cq, src, dst, caps, private_data, psk)
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
