@@ -19,6 +19,10 @@
 #   sweep   4 KiB randread IOPS at QD 1..128, both sides → docs/perf-iops-qd.svg
 #   fio     4 KiB randread QD1 through fio's spdk_bdev plugin: avg, p50, p99, p99.9 for both
 #           sides → docs/perf-qd1-latency.svg (needs hugepages, which root can reserve)
+#   split   where the gap lies: 4 KiB randread QD32 with each side of rtrs in or out of
+#           SPDK — rtrs-bench and bdevperf over the rtrs bdev, each against the standalone
+#           rtrs-target (a RAM export, core 0, run before spdk_tgt) and against spdk_tgt
+#           (bdevperf's figure against spdk_tgt is the pairs' one)
 #   inline  rtrs-bench --inline-target (loopback fabric, one reactor, 4 KiB randread QD32)
 #           vs bdevperf on a malloc bdev on one core
 #   memory  resident memory of the target per connected session and of the client per bdev
@@ -29,8 +33,8 @@
 # Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
 # the plots, and appends the run to docs/BENCHMARKS.md under "## SPDK: rtrs vs NVMe-oF/TCP".
-# Ports: 14500 (RTRS), 4420 (NVMe-oF/TCP) and an ephemeral one (floor), or
-# RTRS_TEST_PORT_BASE + 95, 96 and 97 when that is set.
+# Ports: 14500 (RTRS), 4420 (NVMe-oF/TCP), 14501 (split) and an ephemeral one (floor), or
+# RTRS_TEST_PORT_BASE + 95, 96, 98 and 97 when that is set.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 1
@@ -41,7 +45,7 @@ REPORT=(python3 "$REPO/bench/perf_report.py")
 TIME=10
 SWEEP_TIME=5
 SOAK_MIN=10
-PARTS=floor,pairs,syscalls,sweep,fio,inline,memory,soak
+PARTS=floor,pairs,syscalls,split,sweep,fio,inline,memory,soak
 ONLY=$PARTS
 APPEND=1
 usage() {
@@ -88,8 +92,9 @@ BIN=${CARGO_TARGET_DIR:-$REPO/target}/release
 MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 if [[ -n "${RTRS_TEST_PORT_BASE:-}" ]]; then
 	RTRS_PORT=$((RTRS_TEST_PORT_BASE + 95)) NVMF_PORT=$((RTRS_TEST_PORT_BASE + 96)) FLOOR_PORT=$((RTRS_TEST_PORT_BASE + 97))
+	SPLIT_PORT=$((RTRS_TEST_PORT_BASE + 98))
 else
-	RTRS_PORT=14500 NVMF_PORT=4420 FLOOR_PORT=0
+	RTRS_PORT=14500 NVMF_PORT=4420 FLOOR_PORT=0 SPLIT_PORT=14501
 fi
 NQN=nqn.2016-06.io.spdk:rtrsbench
 NMEM=4 # sessions (bdevs) of the memory part
@@ -124,6 +129,51 @@ if want floor; then
 	done
 fi
 
+# perform NAME QD SIZE RW SECONDS OUT: one bdevperf perform_tests; prints
+# "IOPS MiB/s avg-µs failed p99-µs" (p99 from the summary bdevperf -l prints to its log).
+perform() {
+	local name=$1 qd=$2 size=$3 rw=$4 t=$5 out=$6 at
+	at=$(stat -c %s "$APP_DIR/$name.log")
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/$name.sock" -t $((t + 60)) perform_tests \
+		-q "$qd" -o "$size" -w "$rw" -t "$t" >"$out" || {
+		echo "$name: perform_tests -q $qd -o $size -w $rw failed; log:" >&2
+		tail -n 20 "$APP_DIR/$name.log" >&2
+		return 1
+	}
+	"${REPORT[@]}" bdevperf "$out" "$APP_DIR/$name.log" "$at"
+}
+
+# split_bench PORT: rtrs-bench (core 1) against device null0 at 127.0.0.1:PORT; prints IOPS.
+split_bench() {
+	local line
+	line=$("$BIN/rtrs-bench" --path "tcp://127.0.0.1:$1" --device null0 --rw randread --bs 4K \
+		--qd 32 --time "${TIME}s" -m 0x2 --json) || return 1
+	"${REPORT[@]}" rtrs-bench "$line"
+}
+
+# ---- split, first half: the standalone rtrs-target on core 0, before spdk_tgt spins there ----
+if want split; then
+	echo "== split: standalone rtrs-target on core 0 (:$SPLIT_PORT), 4 KiB randread QD32 from core 1"
+	"$BIN/rtrs-target" --listen "tcp://127.0.0.1:$SPLIT_PORT" --export null0=ram:1G -m 0x1 \
+		>"$APP_DIR/split-ready" 2>"$APP_DIR/split-target.log" &
+	echo $! >"$APP_DIR/pids/split-target"
+	for _ in $(seq 300); do
+		[[ -s "$APP_DIR/split-ready" ]] && break
+		sleep 0.1
+	done
+	[[ -s "$APP_DIR/split-ready" ]] || { echo "rtrs-target did not get ready:" >&2; cat "$APP_DIR/split-target.log" >&2; exit 1; }
+	RES[split-bench-rt]=$(split_bench "$SPLIT_PORT") || { echo "split: rtrs-bench failed" >&2; exit 1; }
+	echo "   rtrs-bench -> rtrs-target: ${RES[split-bench-rt]} IOPS"
+	rtrs_bdev_json split0 null0 $SPLIT_PORT '{"hb_interval_ms": 5000}' >"$APP_DIR/split.json"
+	app_start bp-split "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/split.json" -z -l \
+		-q 1 -o 4096 -w randread -t "$TIME" || exit 1
+	r=$(perform bp-split 32 4096 randread "$TIME" "$APP_DIR/split-bdev-rt.json") || exit 1
+	RES[split-bdev-rt]=${r%% *}
+	echo "   bdevperf (rtrs bdev) -> rtrs-target: ${RES[split-bdev-rt]} IOPS"
+	app_stop bp-split
+	app_stop split-target
+fi
+
 echo "== target on core 0: null0 over RTRS (tcp :$RTRS_PORT) and NVMe-oF/TCP (:$NVMF_PORT)"
 app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" || exit 1
 rpc tgt bdev_null_create null0 1024 4096 >/dev/null || exit 1
@@ -146,20 +196,6 @@ EOF
 BDEV_rtrs=bench0 BDEV_nvmf=nvme0n1
 
 : >"$APP_DIR/sweep.tsv"
-
-# perform NAME QD SIZE RW SECONDS OUT: one bdevperf perform_tests; prints
-# "IOPS MiB/s avg-µs failed p99-µs" (p99 from the summary bdevperf -l prints to its log).
-perform() {
-	local name=$1 qd=$2 size=$3 rw=$4 t=$5 out=$6 at
-	at=$(stat -c %s "$APP_DIR/$name.log")
-	python3 "$BDEVPERF_PY" -s "$APP_DIR/$name.sock" -t $((t + 60)) perform_tests \
-		-q "$qd" -o "$size" -w "$rw" -t "$t" >"$out" || {
-		echo "$name: perform_tests -q $qd -o $size -w $rw failed; log:" >&2
-		tail -n 20 "$APP_DIR/$name.log" >&2
-		return 1
-	}
-	"${REPORT[@]}" bdevperf "$out" "$APP_DIR/$name.log" "$at"
-}
 
 # Syscall tracepoints counted per process: every syscall, the socket and polling calls by
 # name, and the receives that returned data (exit events filtered on ret > 0).
@@ -237,6 +273,11 @@ run_side() {
 	fi
 	app_stop "bp-$kind"
 }
+
+if want split; then
+	RES[split-bench-st]=$(split_bench "$RTRS_PORT") || { echo "split: rtrs-bench against spdk_tgt failed" >&2; exit 1; }
+	echo "   split: rtrs-bench -> spdk_tgt: ${RES[split-bench-st]} IOPS"
+fi
 
 if want pairs || want sweep || want syscalls; then
 	echo "== bdevperf on core 1 over the rtrs bdev"
@@ -499,6 +540,15 @@ if want sweep; then
 	"${REPORT[@]}" svg-qd "$APP_DIR/sweep.tsv" docs/perf-iops-qd.svg
 	echo "wrote docs/perf-iops-qd.svg"
 fi
+if want split; then
+	nv=$(field nvmf-4k-randread-qd32) bs=$(field rtrs-4k-randread-qd32)
+	{
+		echo "| 4 KiB randread QD32, IOPS (ratio to NVMe-oF/TCP${nv:+, $nv}) | standalone rtrs-target | spdk_tgt (rtrs target backend) |"
+		echo "|---|---:|---:|"
+		echo "| rtrs-bench | ${RES[split-bench-rt]} ($(ratio "${RES[split-bench-rt]}" "$nv")) | ${RES[split-bench-st]} ($(ratio "${RES[split-bench-st]}" "$nv")) |"
+		echo "| bdevperf over the rtrs bdev | ${RES[split-bdev-rt]} ($(ratio "${RES[split-bdev-rt]}" "$nv")) | ${bs:-n/a (pairs not run)} ($(ratio "$bs" "$nv")) |"
+	} >"$APP_DIR/split.md"
+fi
 if want inline; then
 	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"))" \
 		"$(ratio "${RES[inline-rtrs]}" "${RES[inline-malloc]}")" ">=" 0.60 0.80
@@ -524,7 +574,7 @@ fi
 		echo "|---|---:|---:|---|"
 		printf '%s\n' "${GOALS[@]}"
 	fi
-	for part in pairs floor syscalls fio sweep; do
+	for part in pairs floor syscalls split fio sweep; do
 		[[ -s "$APP_DIR/$part.md" ]] && { echo; cat "$APP_DIR/$part.md"; }
 	done
 	if want memory; then

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
-use super::thread::{app_cores, SpdkThread};
+use super::thread::{app_cores, now_ns, SpdkThread};
 use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
 use crate::Errno;
 
@@ -205,7 +205,7 @@ impl Driver {
     /// the clock). Nothing else of a core can be had from another thread: pollers, timers
     /// and messages are registered and sent on the core's own thread (send it a message).
     pub fn now(&self) -> u64 {
-        ticks_ns()
+        now_ns()
     }
 
     /// Runs `msg` on `core` with that core's [`Ctx`]; callable from any thread.
@@ -473,24 +473,9 @@ struct SpdkCtx<'a> {
     on: OnCore,
 }
 
-/// The time-stamp counter in nanoseconds: the same value as `thread::now_ns`, with
-/// 64-bit arithmetic only (that one divides in 128 bits, a library call; this is read
-/// several times per IO). Exact: with `t = q·hz + r`, `⌊t·10⁹/hz⌋ = q·10⁹ + ⌊r·10⁹/hz⌋`,
-/// and `r·10⁹` fits in 64 bits for any counter below 18 GHz (wider ones fall back).
-fn ticks_ns() -> u64 {
-    const NS: u64 = 1_000_000_000;
-    // SAFETY: both read the time-stamp counter / its frequency; no state involved.
-    let (t, hz) = unsafe { (sys::spdk_get_ticks(), sys::spdk_get_ticks_hz().max(1)) };
-    let (q, r) = (t / hz, t % hz);
-    match r.checked_mul(NS) {
-        Some(rn) => q.saturating_mul(NS).saturating_add(rn / hz),
-        None => u64::try_from(u128::from(t) * u128::from(NS) / u128::from(hz)).unwrap_or(u64::MAX),
-    }
-}
-
 impl Ctx for SpdkCtx<'_> {
     fn now(&self) -> u64 {
-        ticks_ns()
+        now_ns()
     }
 
     fn core(&self) -> usize {

@@ -56,6 +56,9 @@ struct ChanCtx {
     eligible: Cell<bool>,
     /// Eligible because its thread runs on the queue's CPU core (and must stay there).
     pinned: bool,
+    /// Polls of the queue since this channel last checked that its thread is still on
+    /// the queue's CPU core (a thread moves rarely; the check is a library call).
+    unchecked: Cell<u32>,
     /// The core's queue, while this channel owns it.
     queue: RefCell<Option<Box<CoreQueue>>>,
     poller: *mut sys::spdk_poller,
@@ -115,6 +118,7 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
                 core,
                 eligible: Cell::new(eligible),
                 pinned,
+                unchecked: Cell::new(0),
                 queue: RefCell::new(None),
                 poller: ptr::null_mut(),
                 scratch: RefCell::new(Vec::with_capacity(256)),
@@ -172,11 +176,7 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
     if ctx.eligible.get() {
         busy |= poll_queue(ctx, &mut local);
     }
-    if let Ok(mut d) = ctx.shared.done.lock() {
-        if !d.is_empty() {
-            local.append(&mut d);
-        }
-    }
+    ctx.shared.take_done(&mut local);
     busy |= !local.is_empty();
     for (task, result) in local.drain(..) {
         // A task of this channel, finished once by a core queue: completed on our
@@ -209,8 +209,7 @@ fn poll_queue(ctx: &ChanCtx, out: &mut Vec<(TaskRef, Result<(), Errno>)>) -> boo
     let Some(p) = queue.as_mut() else {
         return false;
     };
-    // SAFETY: plain query of the calling thread's core.
-    if ctx.pinned && unsafe { sys::spdk_env_get_current_core() } != ctx.disk.slot(ctx.core).cpu {
+    if ctx.pinned && moved_off(ctx) {
         // The thread was moved off the queue's CPU core: the queue stays on its reactor.
         // Our requests it finished (refused at submission) are completed here first.
         out.append(&mut p.mine);
@@ -221,6 +220,20 @@ fn poll_queue(ctx: &ChanCtx, out: &mut Vec<(TaskRef, Result<(), Errno>)>) -> boo
     let busy = p.poll(now_ns(), Some(&*ctx.shared));
     out.append(&mut p.mine);
     busy
+}
+
+/// Whether the channel's thread now runs off its queue's CPU core, checked every
+/// [`CORE_CHECK_POLLS`]th poll (a queue polled from another core for a few more polls
+/// is still polled by its one owner, only farther from its connection).
+fn moved_off(ctx: &ChanCtx) -> bool {
+    let n = ctx.unchecked.get();
+    if n + 1 < CORE_CHECK_POLLS {
+        ctx.unchecked.set(n + 1);
+        return false;
+    }
+    ctx.unchecked.set(0);
+    // SAFETY: plain query of the calling thread's core.
+    unsafe { sys::spdk_env_get_current_core() != ctx.disk.slot(ctx.core).cpu }
 }
 
 /// Completes the resets whose requests have drained, fails those past their deadline.
@@ -254,6 +267,9 @@ fn poll_resets(ctx: &ChanCtx) -> bool {
     }
     before != 0 && any
 }
+
+/// How often an owning channel checks that its thread stayed on the queue's CPU core.
+const CORE_CHECK_POLLS: u32 = 16;
 
 /// The context of one of our channels.
 ///

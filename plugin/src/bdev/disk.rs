@@ -19,7 +19,7 @@
 //! implements.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rtrs_spdk::client::{MpPolicy, PathAddr, Session, SessionCore};
@@ -79,6 +79,70 @@ enum Life {
     Closed,
 }
 
+/// The disk's life behind its lock, with a lock-free answer to "has the home core
+/// anything to do?" (opening's deadline, closing's steps): [`CoreDisk::home_step`] runs
+/// after every poll of core 0's queue and takes no lock while the disk is open.
+struct LifeCell {
+    life: Mutex<Life>,
+    /// Whether the life is `Opening` or `Closing`; written by every guard as it drops,
+    /// still under the lock, so it always follows the last change.
+    active: AtomicBool,
+}
+
+impl LifeCell {
+    fn new(life: Life) -> LifeCell {
+        let active = AtomicBool::new(LifeGuard::is_active(&life));
+        LifeCell {
+            life: Mutex::new(life),
+            active,
+        }
+    }
+
+    fn lock(&self) -> LifeGuard<'_> {
+        LifeGuard {
+            guard: lock(&self.life),
+            active: &self.active,
+        }
+    }
+
+    /// Opening or closing (as of the last change any thread made).
+    fn active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+/// The locked life; its drop refreshes [`LifeCell::active`].
+struct LifeGuard<'a> {
+    guard: MutexGuard<'a, Life>,
+    active: &'a AtomicBool,
+}
+
+impl LifeGuard<'_> {
+    fn is_active(life: &Life) -> bool {
+        matches!(life, Life::Opening { .. } | Life::Closing { .. })
+    }
+}
+
+impl std::ops::Deref for LifeGuard<'_> {
+    type Target = Life;
+    fn deref(&self) -> &Life {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for LifeGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Life {
+        &mut self.guard
+    }
+}
+
+impl Drop for LifeGuard<'_> {
+    fn drop(&mut self) {
+        self.active
+            .store(Self::is_active(&self.guard), Ordering::Release);
+    }
+}
+
 /// The home core's part of closing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CloseStep {
@@ -109,7 +173,7 @@ pub struct Disk {
     chans: Mutex<Vec<Arc<ChanShared>>>,
     session: OnceLock<Session>,
     info: OnceLock<DeviceInfo>,
-    life: Mutex<Life>,
+    life: LifeCell,
     /// The creator's callback, until called.
     on_open: Mutex<Option<OnOpen>>,
     /// Rate limit of IO error logs (ns of the last one).
@@ -152,12 +216,12 @@ impl Disk {
 
     /// Whether the bdev is registered and not being deleted.
     pub fn is_open(&self) -> bool {
-        matches!(*lock(&self.life), Life::Open { .. })
+        matches!(*self.life.lock(), Life::Open { .. })
     }
 
     /// The life stage as `bdev_rtrs_get_sessions` names it.
     pub fn state_name(&self) -> &'static str {
-        match *lock(&self.life) {
+        match *self.life.lock() {
             Life::Opening { .. } | Life::Registering => "opening",
             Life::Open { .. } => "open",
             Life::Closing { .. } | Life::Closed => "closing",
@@ -221,7 +285,7 @@ impl Disk {
     /// On the application thread: hands the opened disk to the creator, unless it
     /// failed meanwhile.
     fn announce(self: Arc<Self>) {
-        if !matches!(*lock(&self.life), Life::Registering) {
+        if !matches!(*self.life.lock(), Life::Registering) {
             return;
         }
         // Taken first: the callback may report a failure, which looks at `on_open`.
@@ -234,7 +298,7 @@ impl Disk {
     /// The creator registered the bdev: the disk is open; `on_closed` releases the bdev
     /// once the disk is down.
     pub fn set_open(&self, on_closed: OnClosed) {
-        let mut life = lock(&self.life);
+        let mut life = self.life.lock();
         match &mut *life {
             Life::Registering => *life = Life::Open { on_closed },
             Life::Closing { on_closed: c, .. } if c.is_none() => *c = Some(on_closed),
@@ -252,7 +316,7 @@ impl Disk {
         );
         tracing::error!("{msg}");
         {
-            let mut life = lock(&self.life);
+            let mut life = self.life.lock();
             if matches!(*life, Life::Opening { .. } | Life::Registering) {
                 *life = Life::Closing {
                     step: CloseStep::Start,
@@ -269,7 +333,7 @@ impl Disk {
 
     /// The io_device is gone (every channel is): the disk closes.
     pub fn close(&self) {
-        let mut life = lock(&self.life);
+        let mut life = self.life.lock();
         if !matches!(*life, Life::Open { .. }) {
             return;
         }
@@ -303,7 +367,7 @@ impl Disk {
     /// Everything is down (application thread): release the bdev and forget the disk.
     fn finished(self: Arc<Self>) {
         registry().retain(|d| !Arc::ptr_eq(d, &self));
-        let on_closed = match std::mem::replace(&mut *lock(&self.life), Life::Closed) {
+        let on_closed = match std::mem::replace(&mut *self.life.lock(), Life::Closed) {
             Life::Open { on_closed } => Some(on_closed),
             Life::Closing { on_closed, .. } => on_closed,
             _ => None,
@@ -316,7 +380,7 @@ impl Disk {
     /// Opening: fails the create once every path was refused for good or the deadline
     /// passed (saying what the paths ran into, not just "timed out").
     fn check_opening(&self, now: u64) {
-        let Life::Opening { deadline } = *lock(&self.life) else {
+        let Life::Opening { deadline } = *self.life.lock() else {
             return;
         };
         if let Some(why) = self.refused() {
@@ -343,7 +407,7 @@ impl Disk {
     }
 
     fn set_close_step(&self, step: CloseStep) {
-        if let Life::Closing { step: s, .. } = &mut *lock(&self.life) {
+        if let Life::Closing { step: s, .. } = &mut *self.life.lock() {
             *s = step;
         }
     }
@@ -369,7 +433,7 @@ impl CoreDisk for Disk {
 
     /// OPEN's answer, CLOSE's, a re-open after a reconnect.
     fn admin_event(&self, ev: ClientEvent) {
-        let opening = || matches!(*lock(&self.life), Life::Opening { .. });
+        let opening = || matches!(*self.life.lock(), Life::Opening { .. });
         match ev {
             ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
             ClientEvent::Opened { info, remap, .. } => {
@@ -380,7 +444,7 @@ impl CoreDisk for Disk {
                         self.params.device
                     );
                 } else if opening() {
-                    *lock(&self.life) = Life::Registering;
+                    *self.life.lock() = Life::Registering;
                     self.opened(info);
                 }
             }
@@ -398,7 +462,7 @@ impl CoreDisk for Disk {
                 }
             }
             ClientEvent::Closed { .. } => {
-                let mut life = lock(&self.life);
+                let mut life = self.life.lock();
                 if let Life::Closing { step, .. } = &mut *life {
                     if let CloseStep::CloseSent(_) = step {
                         *step = CloseStep::CloseSent(0);
@@ -420,8 +484,12 @@ impl CoreDisk for Disk {
         queue: &mut RnbdQueue<SessionCore>,
         dev: DevHandle,
     ) {
+        if !self.life.active() {
+            // Open (IO flows), registering or closed: nothing to do here.
+            return;
+        }
         self.check_opening(now);
-        let step = match *lock(&self.life) {
+        let step = match *self.life.lock() {
             Life::Closing { step, .. } => step,
             _ => return,
         };
@@ -512,7 +580,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         chans: Mutex::new(Vec::new()),
         session: OnceLock::new(),
         info: OnceLock::new(),
-        life: Mutex::new(Life::Opening { deadline: u64::MAX }),
+        life: LifeCell::new(Life::Opening { deadline: u64::MAX }),
         on_open: Mutex::new(Some(on_open)),
         last_err_log: AtomicU64::new(0),
     });
@@ -592,7 +660,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         }
     }
     let wait = disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S);
-    if let Life::Opening { deadline } = &mut *lock(&disk.life) {
+    if let Life::Opening { deadline } = &mut *disk.life.lock() {
         *deadline = cx.now() + wait * 1_000_000_000;
     }
     cx.register(Box::new(SlotPoller::new(CoreQueue::new(
