@@ -46,23 +46,73 @@ pub(crate) struct Acceptor {
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
     last_reap: u64,
-    last_listen: u64,
     /// The handshake deadline and the reaping period, in ns.
     timeout_ns: u64,
     reap_every_ns: u64,
-    /// Loops since the listeners were last polled.
-    skipped: u32,
+    /// When the listeners are polled next.
+    pacing: ListenPacing,
     done: bool,
 }
 
-/// Listeners are polled every this many loops (a tcp listener costs an `accept` system
-/// call per poll, which the reactor's IO loop should not pay every time); a loop that
-/// found a request polls again on the next one.
+/// Listeners are polled every this many loops while connections arrive (a tcp listener
+/// costs an `accept` system call per poll, which the reactor's IO loop should not pay
+/// every time); a loop that found a request polls again on the next one.
 const LISTEN_EVERY: u32 = 32;
+/// ... and every this many once nothing arrives (each empty poll doubles the gap): a
+/// busy reactor loops a million times a second or more, and at every 32nd loop the
+/// idle `accept` calls were as many as the IO's own system calls at queue depth 1
+/// (docs/BENCHMARKS.md, "Syscalls per IO").
+const LISTEN_EVERY_IDLE: u32 = 1024;
 /// ... and at least this often (ns): a reactor that sleeps when idle makes few loops,
 /// and a burst of connections must not overflow the accept queue (whose overflow
 /// drops SYNs: a client would wait for its retransmission, a second or more).
 const LISTEN_PERIOD_NS: u64 = 1_000_000;
+
+/// When the listeners are polled: every [`LISTEN_EVERY`] loops while connections
+/// arrive, the gap doubling with every poll that finds nothing up to
+/// [`LISTEN_EVERY_IDLE`], and at least every [`LISTEN_PERIOD_NS`]; the loop after a poll
+/// that found a request polls again.
+#[derive(Debug)]
+struct ListenPacing {
+    /// Loops since the last poll.
+    skipped: u32,
+    /// Loops between two polls now.
+    every: u32,
+    /// When the listeners were last polled (ns).
+    last: u64,
+}
+
+impl ListenPacing {
+    fn new() -> ListenPacing {
+        ListenPacing {
+            skipped: LISTEN_EVERY,
+            every: LISTEN_EVERY,
+            last: 0,
+        }
+    }
+
+    /// One more loop at `now`: whether it polls the listeners (then [`polled`](Self::polled)
+    /// must follow).
+    fn due(&mut self, now: u64) -> bool {
+        self.skipped += 1;
+        if self.skipped < self.every && now.saturating_sub(self.last) < LISTEN_PERIOD_NS {
+            return false;
+        }
+        self.skipped = 0;
+        self.last = now;
+        true
+    }
+
+    /// The listeners were polled; `found`: some request came.
+    fn polled(&mut self, found: bool) {
+        if found {
+            self.every = LISTEN_EVERY;
+            self.skipped = LISTEN_EVERY;
+        } else {
+            self.every = (self.every * 2).min(LISTEN_EVERY_IDLE);
+        }
+    }
+}
 
 /// Whether `p` is still connecting `timeout_ns` after its first connection request.
 fn is_zombie(p: &Path, now: u64, timeout_ns: u64) -> bool {
@@ -83,10 +133,9 @@ impl Acceptor {
             listeners,
             pending: Vec::new(),
             last_reap: 0,
-            last_listen: 0,
             timeout_ns,
             reap_every_ns: (timeout_ns / 4).clamp(1_000_000, REAP_EVERY_NS),
-            skipped: LISTEN_EVERY,
+            pacing: ListenPacing::new(),
             done: false,
         }
     }
@@ -511,19 +560,19 @@ impl Poller for Acceptor {
             }
             return busy;
         }
-        self.skipped += 1;
         let now = cx.now();
-        if self.skipped >= LISTEN_EVERY || now.saturating_sub(self.last_listen) >= LISTEN_PERIOD_NS
-        {
-            self.skipped = 0;
-            self.last_listen = now;
+        if self.pacing.due(now) {
+            let mut found = false;
             for i in 0..self.listeners.len() {
                 while let Some(req) = self.listeners[i].poll() {
                     let local = self.listeners[i].local_addr();
                     self.on_request(cx, req, local);
-                    busy = PollResult::Busy;
-                    self.skipped = LISTEN_EVERY;
+                    found = true;
                 }
+            }
+            self.pacing.polled(found);
+            if found {
+                busy = PollResult::Busy;
             }
         }
         if now.saturating_sub(self.last_reap) >= self.reap_every_ns {
@@ -540,5 +589,76 @@ impl Poller for Acceptor {
 
     fn name(&self) -> &str {
         "rtrs-srv-accept"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls in `loops` loops of `tick` ns each, nothing arriving.
+    fn polls(p: &mut ListenPacing, loops: u32, now: &mut u64, tick: u64) -> u32 {
+        let mut n = 0;
+        for _ in 0..loops {
+            *now += tick;
+            if p.due(*now) {
+                p.polled(false);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn idle_listeners_are_polled_ever_less_often_down_to_the_idle_rate() {
+        let (mut p, mut now) = (ListenPacing::new(), 0);
+        // The first loop polls; then gaps of 32, 64, ... 1024 loops.
+        assert!(p.due(1));
+        p.polled(false);
+        now += 1;
+        let gaps: Vec<u32> = (0..7)
+            .map(|_| {
+                let mut loops = 0;
+                loop {
+                    loops += 1;
+                    now += 1;
+                    if p.due(now) {
+                        p.polled(false);
+                        return loops;
+                    }
+                }
+            })
+            .collect();
+        assert_eq!(gaps, [64, 128, 256, 512, 1024, 1024, 1024]);
+        // A fast idle reactor (1 ns loops): 1,000,000 loops, about a thousand polls.
+        let n = polls(&mut p, 1_000_000, &mut now, 1);
+        assert!((976..=977).contains(&n), "{n} polls");
+    }
+
+    #[test]
+    fn a_request_brings_the_next_loop_and_the_busy_rate_back() {
+        let (mut p, mut now) = (ListenPacing::new(), 0);
+        polls(&mut p, 100_000, &mut now, 1);
+        assert_eq!(p.every, LISTEN_EVERY_IDLE);
+        // A poll finds a request: the very next loop polls again.
+        while !p.due(now) {
+            now += 1;
+        }
+        p.polled(true);
+        now += 1;
+        assert!(p.due(now), "the loop after a found request polls");
+        p.polled(false);
+        // Back to short gaps: polled again within 2 × LISTEN_EVERY loops.
+        let n = polls(&mut p, 2 * LISTEN_EVERY, &mut now, 1);
+        assert!(n >= 1, "{n}");
+    }
+
+    #[test]
+    fn a_slow_reactor_still_polls_every_period() {
+        let (mut p, mut now) = (ListenPacing::new(), 0);
+        polls(&mut p, 100_000, &mut now, 1);
+        // Loops 100 µs apart: the period, not the loop count, decides (every 10th loop).
+        let n = polls(&mut p, 1000, &mut now, 100_000);
+        assert_eq!(n, 100);
     }
 }
