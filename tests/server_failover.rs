@@ -25,7 +25,11 @@ use server_util::{Event, Harness, TestPath};
 
 /// A harness with two paths `a` (connected first) and `b` of one session.
 fn two_paths(always_invalidate: bool) -> (Harness, TestPath, TestPath) {
-    let mut h = Harness::new(2, Harness::config(always_invalidate));
+    two_paths_on(Harness::new(2, Harness::config(always_invalidate)))
+}
+
+/// [`two_paths`] on a harness made by the caller.
+fn two_paths_on(mut h: Harness) -> (Harness, TestPath, TestPath) {
     let a = h.connect("fo", 3);
     let ids = Ids {
         sess_uuid: random_uuid(),
@@ -107,14 +111,37 @@ fn same_buf_id_on_two_live_paths_runs_once() {
     failover(true, false);
 }
 
+/// How the server learns that a request's LOCAL_INV is done.
+#[derive(Clone, Copy, PartialEq)]
+enum Inv {
+    /// No LOCAL_INV (always_invalidate off).
+    None,
+    /// From its completion, a poll later (verbs: the fabric's caps say local operations
+    /// are done only when they complete).
+    Completion,
+    /// At post (the software fabrics' `local_ops_at_post`).
+    AtPost,
+}
+
 /// The failed-over READ arrives first (on `b`); the dying path's copy (on `a`, with the
-/// old key of the client's reply slot) is placed into the same chunk before the first
-/// one's LOCAL_INV completes. The first must still answer through its own descriptor.
-/// Under always_invalidate the copy arrives while the first is pending and is answered
-/// without executing; without it the first has already been answered, so the copy (a
+/// old key of the client's reply slot) is placed into the same chunk right after. The
+/// first must still answer through its own descriptor. When the server waits for the
+/// LOCAL_INV's completion the copy arrives while the first is pending and is answered
+/// without executing; otherwise the first has already been answered, so the copy (a
 /// new request as far as the server can tell) runs again.
-fn copy_placed_behind(always_invalidate: bool) {
-    let (mut h, mut a, mut b) = two_paths(always_invalidate);
+fn copy_placed_behind(inv: Inv) {
+    let cfg = Harness::config(inv != Inv::None);
+    let h = if inv == Inv::Completion {
+        let lo = LoopbackFabric::new();
+        let f: Arc<dyn Fabric> = Arc::new(WithCaps(lo.clone(), |c| FabricCaps {
+            local_ops_at_post: false,
+            ..c
+        }));
+        Harness::with_fabric(2, cfg, lo, f)
+    } else {
+        Harness::new(2, cfg)
+    };
+    let (mut h, mut a, mut b) = two_paths_on(h);
     assert_eq!(b.write(&mut h, 1, 9, 64, b"readable"), 0);
     let before = h.shared.requests.load(Ordering::SeqCst);
     b.post_read(1, 5, &64u64.to_le_bytes(), 8, true);
@@ -141,33 +168,43 @@ fn copy_placed_behind(always_invalidate: bool) {
     assert_eq!(&d, b"readable");
     let ran = h.shared.requests.load(Ordering::SeqCst) - before;
     let dups = path_sum(&h, |p| p.failover_dups);
-    assert_eq!((ran, dups), if always_invalidate { (1, 1) } else { (2, 0) });
+    assert_eq!(
+        (ran, dups),
+        if inv == Inv::Completion {
+            (1, 1)
+        } else {
+            (2, 0)
+        }
+    );
     assert!(!a.down && !b.down, "{:?} {:?}", a.events, b.events);
     h.stop();
 }
 
 #[test]
 fn failed_over_read_keeps_its_own_trailer() {
-    copy_placed_behind(true);
+    copy_placed_behind(Inv::Completion);
+}
+
+#[test]
+fn failed_over_read_keeps_its_own_trailer_with_inv_at_post() {
+    copy_placed_behind(Inv::AtPost);
 }
 
 #[test]
 fn failed_over_read_keeps_its_own_trailer_without_always_invalidate() {
-    copy_placed_behind(false);
+    copy_placed_behind(Inv::None);
 }
 
-/// The loopback fabric with tiny send queues, so responses run out of send slots.
-struct SmallQueues(LoopbackFabric);
+/// The loopback fabric with its capabilities reshaped by the function (tiny send queues,
+/// local operations done only at completion as on verbs).
+struct WithCaps(LoopbackFabric, fn(FabricCaps) -> FabricCaps);
 
-impl Fabric for SmallQueues {
+impl Fabric for WithCaps {
     fn kind(&self) -> FabricKind {
         self.0.kind()
     }
     fn caps(&self) -> FabricCaps {
-        FabricCaps {
-            max_send_wr: 8,
-            ..self.0.caps()
-        }
+        (self.1)(self.0.caps())
     }
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.0.register(buf, access)
@@ -209,7 +246,11 @@ impl Fabric for SmallQueues {
 fn responses_queue_when_send_budget_is_exhausted() {
     for ai in [true, false] {
         let lo = LoopbackFabric::new();
-        let f: Arc<dyn Fabric> = Arc::new(SmallQueues(lo.clone()));
+        // Tiny send queues, so responses run out of send slots.
+        let f: Arc<dyn Fabric> = Arc::new(WithCaps(lo.clone(), |c| FabricCaps {
+            max_send_wr: 8,
+            ..c
+        }));
         let mut h = Harness::with_fabric(1, Harness::config(ai), lo, f);
         // INFO_RSP's 16 REG_MRs + SEND also go out in pieces through 8 slots.
         let mut p = h.connect("burst", 2);

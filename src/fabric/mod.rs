@@ -31,7 +31,9 @@
 //! from one of them, see it. [`SendOp::LocalInv`] and an incoming [`SendOp::SendWithInv`]
 //! retire an rkey; later accesses with it are remote-access errors. Over verbs a slot is a
 //! type-2 memory window (userspace verbs has no REG_MR work request); the peer only ever
-//! sees rkeys, so the wire is the same as the kernel's.
+//! sees rkeys, so the wire is the same as the kernel's. Where
+//! [`FabricCaps::local_ops_at_post`] says so (the software fabrics), a posted LOCAL_INV or
+//! REG_MR has taken effect when `post_send` returns, before its completion is polled.
 //!
 //! **Work requests.** [`Conn::post_send`] takes a chain: all of it is accepted or, on the
 //! first bad request, nothing from that one on ([`PostError::index`] says which). A send
@@ -440,6 +442,14 @@ pub struct FabricCaps {
     pub max_send_sge: u32,
     /// Largest length one registration or one fast-registration binding may cover.
     pub max_mr_size: u64,
+    /// Local operations take effect within the post: when [`Conn::post_send`] returns
+    /// `Ok`, a posted [`SendOp::LocalInv`] has already retired its key (remote accesses
+    /// through it fail from then on) and a [`SendOp::RegMr`] has already bound its slot.
+    /// One that fails still completes with its error status and breaks the connection,
+    /// as everywhere. True on the software fabrics, which execute them at post time;
+    /// false on verbs, where the NIC executes them in send-queue order and only their
+    /// completion says they are done.
+    pub local_ops_at_post: bool,
 }
 
 /// A device context with its protection domain: registrations and connections made

@@ -202,7 +202,15 @@ impl Requests {
             signaled: true,
         };
         match slot.con.post_chain(&mut [wr]) {
-            Ok(()) => true,
+            Ok(()) => {
+                if env.sh.inv_at_post {
+                    // The key is retired already (docs/ARCHITECTURE.md, "always_invalidate
+                    // on the software fabrics"): the request goes on now; the completion,
+                    // when it comes, finds it past this stage.
+                    self.after_inv(cx, env, idx);
+                }
+                true
+            }
             Err(e) if e.is_budget() => false,
             Err(e) => {
                 self.ops.end(idx, false);
@@ -224,6 +232,11 @@ impl Requests {
         status: WcStatus,
     ) {
         if !self.ops.inv_matches(op, gen24) {
+            // Stale, or the request went on at post (`inv_at_post`): only a failure
+            // still matters (the connection is broken then).
+            if !status.is_ok() && status != WcStatus::WrFlush {
+                env.close(cx, i, format_args!("LOCAL_INV failed: {status:?}"));
+            }
             return;
         }
         if status.is_ok() {

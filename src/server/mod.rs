@@ -113,9 +113,11 @@ impl Server {
         }
         let addrs = listeners.iter().map(|l| l.local_addr()).collect();
         let ncores = cx.cores().max(1);
+        let inv_at_post = fabric.caps().local_ops_at_post;
         let sh = Arc::new(ServerState {
             cfg: config,
             fabric,
+            inv_at_post,
             ncores,
             table: Mutex::new(Sessions::default()),
             inbox: (0..ncores).map(|_| SegQueue::new()).collect(),

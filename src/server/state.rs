@@ -30,6 +30,10 @@ pub(crate) enum PathWork {
 pub(crate) struct ServerState {
     pub cfg: ServerConfig,
     pub fabric: Arc<dyn Fabric>,
+    /// The fabric's [`FabricCaps::local_ops_at_post`](crate::fabric::FabricCaps): a
+    /// request's LOCAL_INV of its chunk key is done once posted, so the request goes on
+    /// at once instead of one poll later, with the completion.
+    pub inv_at_post: bool,
     pub ncores: usize,
     pub table: Mutex<Sessions>,
     pub inbox: Vec<SegQueue<PathWork>>,

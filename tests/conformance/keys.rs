@@ -153,6 +153,25 @@ pub fn local_inv_retires_rkey(b: &dyn Backend) {
     write_refused(&mut p, &region, 0, r1);
 }
 
+/// `FabricCaps::local_ops_at_post`: a LOCAL_INV retires its key before its completion
+/// is polled, so a write through the key that the peer posts right after is refused
+/// (on loopback the write executes within the peer's post, before the server polls at
+/// all). Fabrics that do not promise it are skipped.
+pub fn local_ops_take_effect_at_post(b: &dyn Backend) {
+    let mut p = connect(b);
+    if !p.server.fabric.caps().local_ops_at_post {
+        return;
+    }
+    let region = p.server.reg(4096, RW);
+    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+    write_ok(&mut p, &region, 0, r1, 5);
+    // Posted, its completion not polled: the key refuses the client's write already.
+    p.server
+        .post_send(&[wr(2, SendOp::LocalInv { rkey: r1 }, &[])]);
+    write_refused(&mut p, &region, 0, r1);
+}
+
 pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
     let mut p = connect(b);
     let region = p.server.reg(4096, RW);

@@ -138,6 +138,7 @@ macro_rules! conformance_tests {
             errors::disconnect_flushes_peer_receives,
             keys::reg_mr_binds_new_rkey,
             keys::local_inv_retires_rkey,
+            keys::local_ops_take_effect_at_post,
             keys::send_with_inv_retires_peer_rkey,
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::bind_outside_region_fails,

@@ -201,6 +201,7 @@ impl Fabric for LoopbackFabric {
             max_recv_wr: MAX_QUEUE_WR,
             max_send_sge: MAX_SGE as u32,
             max_mr_size: MAX_MR_SIZE,
+            local_ops_at_post: true,
         }
     }
 

@@ -682,3 +682,38 @@ fn execute_in_one_step_matches_inbound_then_done() {
     assert_eq!(&m1[8..24], &[7; 16], "the writes landed");
     assert_eq!(&m1[64..72], &[7; 8], "the sends landed");
 }
+
+/// What `FabricCaps::local_ops_at_post` promises for the software fabrics: a REG_MR
+/// grants, and a LOCAL_INV revokes, remote access before its completion is polled.
+#[test]
+fn local_operations_take_effect_at_post() {
+    let mut p = pair(QpCaps::default());
+    let region = buf(&p, 4096, RW);
+    let slot = p.table.alloc_fast_mr();
+    let k1 = inc_rkey(slot.rkey());
+    let bind = SendOp::RegMr {
+        slot: &slot,
+        region: &region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey: k1,
+    };
+    let remote = |t: &MrTable| t.remote(k1, region.addr() + 64, 64, Access::REMOTE_WRITE);
+    assert!(remote(&p.table).is_err(), "an unbound key");
+    p.a.post_send(&[wr(1, bind, &[], true)]).unwrap();
+    assert!(remote(&p.table).is_ok(), "bound once the REG_MR is posted");
+    p.a.post_send(&[wr(2, SendOp::LocalInv { rkey: k1 }, &[], true)])
+        .unwrap();
+    assert_eq!(
+        remote(&p.table).err(),
+        Some(WcStatus::RemoteAccess),
+        "retired once the LOCAL_INV is posted"
+    );
+    // Both completions still come, in order, successful.
+    let wcs = drain(&mut p.a);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+}

@@ -54,6 +54,7 @@ pub const TCP_CAPS: FabricCaps = FabricCaps {
     max_recv_wr: 16 * 1024,
     max_send_sge: 32,
     max_mr_size: 1 << 30,
+    local_ops_at_post: true,
 };
 
 /// Software RDMA over TCP (see the module docs).

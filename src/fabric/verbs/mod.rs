@@ -144,6 +144,7 @@ impl VerbsFabric {
             max_recv_wr: attr.max_qp_wr,
             max_send_sge: attr.max_sge,
             max_mr_size: attr.max_mr_size,
+            local_ops_at_post: false,
         };
         if attr.max_mw == 0 {
             tracing::warn!(device = %name, "device reports no memory windows; fast registration will fail");
