@@ -221,6 +221,15 @@ impl SessionCore {
         &self.fabric
     }
 
+    /// Transmits what this core posted since the last push on each of its connections,
+    /// now (see [`Conn::push`](crate::fabric::Conn::push)): a caller that submits from
+    /// completion callbacks after [`poll`](Self::poll) calls it once they are done.
+    pub fn push(&mut self) {
+        for p in self.paths[..self.nslots].iter_mut().flatten() {
+            p.io.con.push();
+        }
+    }
+
     /// Largest data size of one request (0 before the session first connected).
     pub fn max_io_size(&self) -> u32 {
         self.sizing.params().map_or(0, |p| p.max_io_size)

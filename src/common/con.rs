@@ -68,6 +68,8 @@ pub struct Con {
     low_water: u32,
     /// Work requests posted since the last signaled one.
     pending: u32,
+    /// Something was posted since the last [`Con::push`].
+    posted: bool,
     /// Free send slots.
     sq_avail: u32,
     /// Slots each outstanding signaled request returns on completion, oldest first.
@@ -102,6 +104,7 @@ impl Con {
             signal_interval: interval,
             low_water: interval.min(max / 4),
             pending: 0,
+            posted: false,
             sq_avail: max,
             credits: VecDeque::with_capacity(max as usize + 1),
             qp_num: conn.qp_num(),
@@ -117,6 +120,16 @@ impl Con {
         let mut con = Con::new(cid, conn, signal_interval);
         con.shared = true;
         con
+    }
+
+    /// Transmits what was posted since the last push, now (see [`Conn::push`]); nothing
+    /// when nothing was.
+    #[inline]
+    pub fn push(&mut self) {
+        if self.posted {
+            self.posted = false;
+            self.conn.push();
+        }
     }
 
     /// Whether the connection is on a shared CQ (see [`Con::on_shared_cq`]).
@@ -248,6 +261,7 @@ impl Con {
         }
         self.pending = pending;
         self.sq_avail = avail;
+        self.posted = true;
         let Err(e) = self.conn.post_send(chain) else {
             return Ok(());
         };

@@ -669,6 +669,13 @@ pub trait Conn: Send {
     /// which thread holds it); nothing on a connection with a private CQ.
     fn release_thread(&self) {}
 
+    /// Starts transmitting what was posted since the connection was last polled, now.
+    /// The tcp fabric sends posted work at the connection's next poll, which batches a
+    /// loop's posts into one system call but leaves them waiting for the rest of the
+    /// loop; a caller that has posted all it will post this loop pushes once instead.
+    /// Nothing to do where a post is the doorbell (verbs) or executes the work (loopback).
+    fn push(&mut self) {}
+
     /// The connection's number on its fabric, carried by each of its completions
     /// ([`Wc::qp_num`]); verbs' `qp_num` (0 there until the queue pair exists). The
     /// default 0 is for test doubles that need no number.

@@ -560,6 +560,11 @@ impl Poller for ServerCore {
             busy |= requests.run_waiting(cx, &mut env);
         }
         busy |= self.finalize(cx);
+        // What this loop posted (responses, RKEY_RSPs, acks) goes out now, not at the
+        // next loop's poll of the CQ (docs/ARCHITECTURE.md, "Posting and pushing").
+        for slot in self.cons.iter_mut().flatten() {
+            slot.con.push();
+        }
         if stopping {
             if self.cons.iter().all(Option::is_none)
                 && self.requests.is_idle()

@@ -438,6 +438,48 @@ pub fn server_writes_into_client(b: &dyn Backend) {
     );
 }
 
+/// `Conn::push`: what was posted goes out without the poster polling again, so the
+/// peer alone, polling, receives it (a fabric that sent only at the next poll would never
+/// deliver it here).
+pub fn push_transmits_without_another_poll(b: &dyn Backend) {
+    let mut p = connect(b);
+    let dst = p.server.reg(4096, RW);
+    let src = p.client.reg(4096, Access::NONE);
+    let data = pattern(21, 4096);
+    src.write_at(0, &data);
+    p.server.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }]);
+    let sges = [src.sge(0, 4096)];
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: 21,
+    };
+    p.client.post_send(&[wr(2, op, &sges)]);
+    p.client.conn.push();
+    let start = std::time::Instant::now();
+    while !p.server.pending_wcs().iter().any(|w| w.wr_id == 1) {
+        assert!(
+            start.elapsed() < super::DEADLINE,
+            "the pushed write never reached the peer polling alone"
+        );
+        if !p.server.pump() {
+            std::thread::yield_now();
+        }
+    }
+    let wc = wait_wr(&mut p.server, &mut p.client, 1);
+    expect(
+        &wc,
+        WcStatus::Success,
+        WcOpcode::RecvRdmaWithImm,
+        "pushed write-with-imm",
+    );
+    assert_eq!((wc.byte_len, wc.imm), (4096, Some(21)), "{wc:?}");
+    assert!(read(&dst, 0, 4096) == data, "data of the pushed write");
+}
+
 pub fn receive_not_ready_waits(b: &dyn Backend) {
     let mut p = connect(b);
     let rbuf = p.server.reg(4096, RW);

@@ -126,6 +126,7 @@ macro_rules! conformance_tests {
             data::unsignaled_slots_held_until_a_completion,
             data::server_writes_into_client,
             data::receive_not_ready_waits,
+            data::push_transmits_without_another_poll,
             errors::unknown_rkey_breaks_connection,
             errors::write_past_region_end_is_remote_access,
             errors::write_without_remote_write_right_is_remote_access,

@@ -184,6 +184,13 @@ unsafe extern "C" fn chan_poll(arg: *mut c_void) -> c_int {
         ctx.done(task.into_io(), result);
     }
     drop(local);
+    // What the poll and the completions' resubmissions posted goes out now, not at the
+    // next poll (docs/ARCHITECTURE.md, "Posting and pushing").
+    if let Ok(mut queue) = ctx.queue.try_borrow_mut() {
+        if let Some(q) = queue.as_mut() {
+            q.push();
+        }
+    }
     if !ctx.resets.borrow().is_empty() {
         busy |= poll_resets(ctx);
     }

@@ -250,6 +250,12 @@ impl CoreQueue {
         }
     }
 
+    /// Transmits the requests sent since the last push now (see `RnbdQueue::push`): the
+    /// owner calls it once the completions of its poll, which may submit again, are done.
+    pub fn push(&mut self) {
+        self.queue.push();
+    }
+
     /// Makes progress: sends waiting tasks, reaps completions (the owner's own ones go
     /// to [`mine`](Self::mine)), and on core 0 runs the admin and the disk's life.
     pub fn poll(&mut self, now: u64, owner: Option<&ChanShared>) -> bool {
@@ -314,7 +320,9 @@ impl Poller for SlotPoller {
             }
             return PollResult::Busy;
         }
-        if queue.poll(cx.now(), None) {
+        let busy = queue.poll(cx.now(), None);
+        queue.push();
+        if busy {
             PollResult::Busy
         } else {
             PollResult::Idle

@@ -271,6 +271,8 @@ impl CoreRun {
                 queue.submit(now, dev, tag, req, sgl)
             });
         }
+        // This loop's requests go out now, not at the next poll.
+        self.queue.push();
         if busy {
             PollResult::Busy
         } else {

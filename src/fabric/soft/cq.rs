@@ -685,6 +685,10 @@ impl<T: Member> Conn for CqConn<T> {
         self.cell.conn.release();
     }
 
+    fn push(&mut self) {
+        self.with(Conn::push);
+    }
+
     fn poll_cm(&mut self) -> Option<CmEvent> {
         self.with(|c| c.poll_cm()).flatten()
     }

@@ -611,6 +611,20 @@ impl Conn for TcpConn {
         self.qp.poll(wcs)
     }
 
+    /// Writes what was posted (and the ack owed) now; the rest of a poll (reading,
+    /// connecting, closing) waits for the next one.
+    fn push(&mut self) {
+        if self.phase != TcpConnPhase::Connected || self.qp.state() != ConnState::Connected {
+            return;
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
+            self.lost(&format!("socket write failed: {e}"));
+        }
+    }
+
     fn poll_cm(&mut self) -> Option<CmEvent> {
         if self.events.is_empty() {
             self.progress();

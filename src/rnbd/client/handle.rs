@@ -37,6 +37,10 @@ pub trait SessionHandle {
     /// Makes progress and moves finished requests into `out`; returns how many.
     fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize;
 
+    /// Transmits what was submitted since the last push now instead of at the next
+    /// poll (see `SessionCore::push`); nothing by default.
+    fn push(&mut self) {}
+
     /// Largest data size of one request (0 while unknown).
     fn max_io_size(&self) -> u32;
 

@@ -56,6 +56,10 @@ impl SessionHandle for SessionCore {
         SessionCore::poll(self, now, out)
     }
 
+    fn push(&mut self) {
+        SessionCore::push(self);
+    }
+
     fn max_io_size(&self) -> u32 {
         SessionCore::max_io_size(self)
     }

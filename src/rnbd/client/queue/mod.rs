@@ -358,6 +358,12 @@ impl<S: SessionHandle> RnbdQueue<S> {
         self.poll_more(now, out).0
     }
 
+    /// Transmits the requests submitted since the last push now (see
+    /// [`SessionHandle::push`]): after a poll and the submissions its completions led to.
+    pub fn push(&mut self) {
+        self.session.push();
+    }
+
     /// As [`poll`](Self::poll); also whether the session filled all of `out` or
     /// write-zeroes are ready (poll again: there may be more).
     pub(super) fn poll_more(&mut self, now: u64, out: &mut [ClientCompletion]) -> (usize, bool) {
