@@ -11,8 +11,9 @@ use rtrs_spdk::spdk::{app_cores, Driver, SpdkThread};
 /// Period (µs) of the disk's own pollers (see [`make_driver`]). Under fio's `spdk_bdev`
 /// plugin every period is a wake-up of its initialisation thread, which may land on a job
 /// thread's CPU: at 100 µs that cost fio's QD1 reads 3–5 µs of p99 and 8–24 % of IOPS
-/// against 1 ms (docs/BENCHMARKS.md, "The disk's own pollers under fio"); at 1 ms
-/// the session's control steps (connect, OPEN, re-open) still take a few ms at most.
+/// against 1 ms (docs/BENCHMARKS.md, "The disk's own pollers under fio"). Each control
+/// step of a session (a connect handshake step, OPEN, CLOSE, a re-open) may wait up to a
+/// period.
 const DISK_POLL_US: u64 = 1000;
 
 /// The disk's cores: core 0 (home) is the calling thread — the application thread, which
