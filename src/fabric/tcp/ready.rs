@@ -232,6 +232,17 @@ impl Uring {
         self.armer != 0 && self.armer != thread_id()
     }
 
+    /// Whether the only thing the ring has for us is task work, which any system call of
+    /// this thread runs on its way out: no overflow, nothing queued to submit, and the
+    /// polls armed here.
+    fn only_task_work(&mut self) -> bool {
+        if self.queued || self.armed_elsewhere() {
+            return false;
+        }
+        let sq = self.ring.submission();
+        sq.taskrun() && !sq.cq_overflow()
+    }
+
     /// Test hook: ends `key`'s multishot poll as the kernel may (the poll is removed,
     /// its last completion lacks `IORING_CQE_F_MORE`), without forgetting the socket.
     #[cfg(test)]
@@ -358,6 +369,9 @@ pub(crate) struct Own {
     /// The ring could not be made or refused the socket: the connection reads on every
     /// poll, for good (no failing call per poll).
     refused: bool,
+    /// The last collect reported the socket on pending task work alone (see
+    /// [`Own::collect`]); the next one takes the ring's completions in any case.
+    early: bool,
 }
 
 impl Own {
@@ -367,6 +381,7 @@ impl Own {
             fd: None,
             gen: 0,
             refused: false,
+            early: false,
         }
     }
 
@@ -460,6 +475,16 @@ impl Own {
         }
         let key = self.key();
         if let Some(r) = self.ring.as_mut() {
+            if !ready && !self.early && r.only_task_work() {
+                // Task work is pending, and this ring's only poll is on our socket: an
+                // event is on its way. Read now rather than enter the kernel to run it
+                // first: the read's own return to user space runs it, and the
+                // completion it posts is taken by the next collect (a spare wake-up,
+                // one empty read, after the data). The enter is off the data's path.
+                self.early = true;
+                return true;
+            }
+            self.early = false;
             r.collect(&mut |k| ready |= k == key);
         }
         ready
