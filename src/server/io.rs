@@ -195,18 +195,20 @@ impl Requests {
             self.ops.end(idx, false);
             return true;
         };
+        // Where the post itself retires the key (docs/ARCHITECTURE.md, "always_invalidate
+        // on the software fabrics") the request goes on at once and its completion is not
+        // asked for: a failure completes all the same, and one the connection's signaling
+        // interval asks for finds the request past this stage.
+        let at_post = env.sh.inv_at_post;
         let wr = SendWr {
             wr_id: WrId::inv(idx, gen).encode(),
             op: SendOp::LocalInv { rkey },
             sges: &[],
-            signaled: true,
+            signaled: !at_post,
         };
         match slot.con.post_chain(&mut [wr]) {
             Ok(()) => {
-                if env.sh.inv_at_post {
-                    // The key is retired already (docs/ARCHITECTURE.md, "always_invalidate
-                    // on the software fabrics"): the request goes on now; the completion,
-                    // when it comes, finds it past this stage.
+                if at_post {
                     self.after_inv(cx, env, idx);
                 }
                 true
