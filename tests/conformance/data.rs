@@ -1,11 +1,13 @@
 //! Data-path scenarios: SEND into receives, RDMA WRITE with and without immediate,
 //! ordering, signaling and send-queue slots, receive-not-ready.
 
-use rtrs_spdk::fabric::{Access, PostErrorKind, QpCaps, RecvWr, SendOp, WcOpcode, WcStatus};
+use rtrs_spdk::fabric::{
+    Access, Mr, PostErrorKind, QpCaps, RecvWr, SendOp, Wc, WcOpcode, WcStatus,
+};
 
 use super::{
     connect, connect_with, expect, next_wc, pattern, post_send_retrying, read, settle, wait_wr, wr,
-    wr_unsignaled, Backend,
+    wr_unsignaled, Backend, Side,
 };
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
@@ -402,33 +404,51 @@ pub fn unsignaled_slots_held_until_a_completion(b: &dyn Backend) {
     );
 }
 
-/// The acceptor writes into the connector's memory (RTRS's read path), with an imm.
-pub fn server_writes_into_client(b: &dyn Backend) {
-    let mut p = connect(b);
-    let dst = p.client.reg(65536, RW);
-    let src = p.server.reg(65536, Access::NONE);
-    let data = pattern(15, 65536);
+/// `writer` writes `len` bytes of `seed`'s pattern into a new region of `reader` with
+/// RDMA_WRITE_WITH_IMM `imm` (send wr_id 2), into a receive posted there (wr_id 1);
+/// returns the region and the bytes.
+fn post_write_with_imm(
+    writer: &mut Side,
+    reader: &mut Side,
+    len: usize,
+    seed: u8,
+    imm: u32,
+) -> (Mr, Vec<u8>) {
+    let dst = reader.reg(len, RW);
+    let src = writer.reg(len, Access::NONE);
+    let data = pattern(seed, len);
     src.write_at(0, &data);
-    p.client.post_recv(&[RecvWr {
+    reader.post_recv(&[RecvWr {
         wr_id: 1,
         sge: None,
     }]);
-    let sges = [src.sge(0, 65536)];
+    let sges = [src.sge(0, len)];
     let op = SendOp::RdmaWriteWithImm {
         remote_addr: dst.addr(),
         rkey: dst.rkey(),
-        imm: 3,
+        imm,
     };
-    p.server.post_send(&[wr(2, op, &sges)]);
-    let wc = wait_wr(&mut p.client, &mut p.server, 1);
-    expect(
-        &wc,
-        WcStatus::Success,
-        WcOpcode::RecvRdmaWithImm,
-        "server's write-with-imm",
+    writer.post_send(&[wr(2, op, &sges)]);
+    (dst, data)
+}
+
+/// The reader's completion `wc` of [`post_write_with_imm`]: `data` with `imm` in `dst`.
+fn expect_write_with_imm(wc: &Wc, dst: &Mr, data: &[u8], imm: u32, what: &str) {
+    expect(wc, WcStatus::Success, WcOpcode::RecvRdmaWithImm, what);
+    assert_eq!(
+        (wc.byte_len as usize, wc.imm),
+        (data.len(), Some(imm)),
+        "{wc:?}"
     );
-    assert_eq!((wc.byte_len, wc.imm), (65536, Some(3)), "{wc:?}");
-    assert!(read(&dst, 0, 65536) == data, "data written by the server");
+    assert!(read(dst, 0, data.len()) == data, "data of the {what}");
+}
+
+/// The acceptor writes into the connector's memory (RTRS's read path), with an imm.
+pub fn server_writes_into_client(b: &dyn Backend) {
+    let mut p = connect(b);
+    let (dst, data) = post_write_with_imm(&mut p.server, &mut p.client, 65536, 15, 3);
+    let wc = wait_wr(&mut p.client, &mut p.server, 1);
+    expect_write_with_imm(&wc, &dst, &data, 3, "server's write-with-imm");
     let wc = wait_wr(&mut p.server, &mut p.client, 2);
     expect(
         &wc,
@@ -443,21 +463,7 @@ pub fn server_writes_into_client(b: &dyn Backend) {
 /// deliver it here).
 pub fn push_transmits_without_another_poll(b: &dyn Backend) {
     let mut p = connect(b);
-    let dst = p.server.reg(4096, RW);
-    let src = p.client.reg(4096, Access::NONE);
-    let data = pattern(21, 4096);
-    src.write_at(0, &data);
-    p.server.post_recv(&[RecvWr {
-        wr_id: 1,
-        sge: None,
-    }]);
-    let sges = [src.sge(0, 4096)];
-    let op = SendOp::RdmaWriteWithImm {
-        remote_addr: dst.addr(),
-        rkey: dst.rkey(),
-        imm: 21,
-    };
-    p.client.post_send(&[wr(2, op, &sges)]);
+    let (dst, data) = post_write_with_imm(&mut p.client, &mut p.server, 4096, 21, 21);
     p.client.conn.push();
     let start = std::time::Instant::now();
     while !p.server.pending_wcs().iter().any(|w| w.wr_id == 1) {
@@ -470,14 +476,7 @@ pub fn push_transmits_without_another_poll(b: &dyn Backend) {
         }
     }
     let wc = wait_wr(&mut p.server, &mut p.client, 1);
-    expect(
-        &wc,
-        WcStatus::Success,
-        WcOpcode::RecvRdmaWithImm,
-        "pushed write-with-imm",
-    );
-    assert_eq!((wc.byte_len, wc.imm), (4096, Some(21)), "{wc:?}");
-    assert!(read(&dst, 0, 4096) == data, "data of the pushed write");
+    expect_write_with_imm(&wc, &dst, &data, 21, "pushed write-with-imm");
 }
 
 pub fn receive_not_ready_waits(b: &dyn Backend) {

@@ -23,7 +23,7 @@
 //! requests the session had no free permit for.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::client::SessionCore;
@@ -33,6 +33,7 @@ use rtrs_spdk::rnbd::client::{
 };
 use rtrs_spdk::Errno;
 
+use super::handoff::Handoff;
 use super::task::{ChanShared, TaskRef};
 
 const BATCH: usize = 64;
@@ -60,10 +61,7 @@ pub trait CoreDisk: Send + Sync {
 /// own it.
 pub struct CoreSlot {
     /// Tasks waiting for the queue's owner.
-    tasks: Mutex<VecDeque<TaskRef>>,
-    /// Whether `tasks` may hold any: set under its lock by a push, cleared under it by
-    /// the drain, read without it so that the owner's poll takes no lock when none wait.
-    queued: AtomicBool,
+    tasks: Handoff<TaskRef>,
     parked: Mutex<Option<Box<CoreQueue>>>,
     /// Channels that may own the queue and do not yet.
     waiting: AtomicUsize,
@@ -78,8 +76,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CoreSlot {
     pub fn new(cpu: u32) -> CoreSlot {
         CoreSlot {
-            tasks: Mutex::new(VecDeque::new()),
-            queued: AtomicBool::new(false),
+            tasks: Handoff::default(),
             parked: Mutex::new(None),
             waiting: AtomicUsize::new(0),
             cpu,
@@ -87,20 +84,11 @@ impl CoreSlot {
     }
 
     pub fn enqueue(&self, task: TaskRef) {
-        let mut q = lock(&self.tasks);
-        q.push_back(task);
-        self.queued.store(true, Ordering::Release);
+        self.tasks.push(task);
     }
 
-    /// Moves the waiting tasks into `into`. A task enqueued while this runs is taken
-    /// now or by the next poll (its push sets `queued` again after the drain cleared it).
     fn take_queued(&self, into: &mut VecDeque<TaskRef>) {
-        if !self.queued.load(Ordering::Acquire) {
-            return;
-        }
-        let mut q = lock(&self.tasks);
-        into.extend(q.drain(..));
-        self.queued.store(false, Ordering::Release);
+        self.tasks.take_into(into);
     }
 
     /// The parked queue, waiting for its lock if needed (a disk going: no channel is

@@ -33,6 +33,7 @@ mod channel;
 mod core_queue;
 mod disk;
 mod fabric;
+mod handoff;
 mod info;
 mod memmap;
 mod module;

@@ -9,13 +9,14 @@
 
 use std::mem::{align_of, size_of};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rtrs_spdk::fabric::Sge;
 use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{sys, BdevIo};
 use rtrs_spdk::Errno;
+
+use super::handoff::Handoff;
 
 /// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
 pub const MAX_IOVS: u32 = 16;
@@ -112,7 +113,7 @@ impl TaskRef {
         let chan = self.chan;
         // SAFETY: the channel outlives the task (see Task::chan).
         let chan = unsafe { chan.as_ref() };
-        chan.hand_back(self, result);
+        chan.done.push((self, result));
     }
 
     /// The bdev IO, for completion: the task is over.
@@ -143,32 +144,16 @@ impl std::ops::DerefMut for TaskRef {
 pub struct ChanShared {
     /// Finished tasks handed back by a core queue this channel does not own: task, how
     /// it ended.
-    done: Mutex<Vec<(TaskRef, Result<(), Errno>)>>,
-    /// Whether `done` may hold any: set under its lock by a hand-back, cleared under it
-    /// by the channel's take, read without it so that an idle poll takes no lock.
-    has_done: AtomicBool,
+    done: Handoff<(TaskRef, Result<(), Errno>)>,
     /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
     submitted: AtomicU64,
     completed: AtomicU64,
 }
 
 impl ChanShared {
-    /// A task of this channel finished on a core queue it does not own.
-    fn hand_back(&self, task: TaskRef, result: Result<(), Errno>) {
-        let mut d = self.done.lock().unwrap_or_else(PoisonError::into_inner);
-        d.push((task, result));
-        self.has_done.store(true, Ordering::Release);
-    }
-
-    /// Moves the handed-back tasks into `into` (on the channel's thread). One handed back
-    /// while this runs is taken now or by the next call.
+    /// Moves the handed-back tasks into `into` (on the channel's thread).
     pub fn take_done(&self, into: &mut Vec<(TaskRef, Result<(), Errno>)>) {
-        if !self.has_done.load(Ordering::Acquire) {
-            return;
-        }
-        let mut d = self.done.lock().unwrap_or_else(PoisonError::into_inner);
-        into.append(&mut d);
-        self.has_done.store(false, Ordering::Release);
+        self.done.take_into(into);
     }
 
     /// Requests of this channel not completed yet.

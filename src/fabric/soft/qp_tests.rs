@@ -2,7 +2,7 @@
 //! operations moved by hand.
 
 use super::*;
-use crate::fabric::{inc_rkey, MemBuf, Mr};
+use crate::fabric::{inc_rkey, FastMr, MemBuf, Mr};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -78,6 +78,18 @@ fn drain(qp: &mut SoftQp) -> Vec<Wc> {
 
 fn buf(p: &Pair, len: usize, access: Access) -> Mr {
     p.table.register_buf(MemBuf::zeroed(len), access)
+}
+
+/// A REG_MR binding `slot` to the first 4 KiB of `region`, read-write, under `rkey`.
+fn bind_4k<'a>(slot: &'a FastMr, region: &'a Mr, rkey: u32) -> SendOp<'a> {
+    SendOp::RegMr {
+        slot,
+        region,
+        addr: region.addr(),
+        len: 4096,
+        access: RW,
+        rkey,
+    }
 }
 
 fn wr<'a>(
@@ -395,15 +407,8 @@ fn fast_registration_and_remote_invalidation() {
     let slot = p.table.alloc_fast_mr();
     let key = inc_rkey(slot.rkey());
     // B binds a window over its region (a REG_MR posted on its own send queue) ...
-    let bind = SendOp::RegMr {
-        slot: &slot,
-        region: &region,
-        addr: region.addr(),
-        len: 4096,
-        access: RW,
-        rkey: key,
-    };
-    p.b.post_send(&[wr(1, bind, &[], true)]).unwrap();
+    p.b.post_send(&[wr(1, bind_4k(&slot, &region, key), &[], true)])
+        .unwrap();
     assert_eq!(drain(&mut p.b)[0].opcode, WcOpcode::RegMr);
     // ... A writes through it, then invalidates it with a SEND_WITH_INV ...
     let src = buf(&p, 64, Access::NONE);
@@ -541,14 +546,7 @@ fn a_bound_slot_must_be_invalidated_before_rebinding() {
     let region = buf(&p, 4096, RW);
     let slot = p.table.alloc_fast_mr();
     let k1 = inc_rkey(slot.rkey());
-    let bind = |rkey| SendOp::RegMr {
-        slot: &slot,
-        region: &region,
-        addr: region.addr(),
-        len: 4096,
-        access: RW,
-        rkey,
-    };
+    let bind = |rkey| bind_4k(&slot, &region, rkey);
     p.a.post_send(&[wr(1, bind(k1), &[], false)]).unwrap();
     p.a.post_send(&[
         wr(2, SendOp::LocalInv { rkey: k1 }, &[], false),
@@ -691,14 +689,7 @@ fn local_operations_take_effect_at_post() {
     let region = buf(&p, 4096, RW);
     let slot = p.table.alloc_fast_mr();
     let k1 = inc_rkey(slot.rkey());
-    let bind = SendOp::RegMr {
-        slot: &slot,
-        region: &region,
-        addr: region.addr(),
-        len: 4096,
-        access: RW,
-        rkey: k1,
-    };
+    let bind = bind_4k(&slot, &region, k1);
     let remote = |t: &MrTable| t.remote(k1, region.addr() + 64, 64, Access::REMOTE_WRITE);
     assert!(remote(&p.table).is_err(), "an unbound key");
     p.a.post_send(&[wr(1, bind, &[], true)]).unwrap();

@@ -479,6 +479,20 @@ impl TcpConn {
         self.tx.queue_cm(&frame[..n]);
     }
 
+    /// Writes what was posted since the last write (and the ack owed), as far as the
+    /// socket takes it. False when there is no socket or the write failed (the
+    /// connection is lost then).
+    fn send_posted(&mut self) -> bool {
+        let Some(stream) = self.stream.as_mut() else {
+            return false;
+        };
+        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
+            self.lost(&format!("socket write failed: {e}"));
+            return false;
+        }
+        true
+    }
+
     fn run_connected(&mut self) {
         if self.qp.state() == ConnState::Disconnected {
             // Broken locally (a post-time error): say goodbye.
@@ -486,15 +500,15 @@ impl TcpConn {
             self.phase = TcpConnPhase::Closing;
             return;
         }
-        let Some(stream) = self.stream.as_mut() else {
-            return;
-        };
         // Send first: what the user posted since the last poll (and the ack owed for
         // what we executed then) goes out before we spend a read on the socket. The
         // frames executed below are acknowledged by the next poll's batch.
-        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
-            return self.lost(&format!("socket write failed: {e}"));
+        if !self.send_posted() {
+            return;
         }
+        let Some(stream) = self.stream.as_mut() else {
+            return;
+        };
         match self.rx.progress(stream, &mut self.qp, &mut self.gate) {
             RxStop::Idle => {}
             RxStop::Eof => self.lost("the peer closed the connection"),
@@ -614,14 +628,8 @@ impl Conn for TcpConn {
     /// Writes what was posted (and the ack owed) now; the rest of a poll (reading,
     /// connecting, closing) waits for the next one.
     fn push(&mut self) {
-        if self.phase != TcpConnPhase::Connected || self.qp.state() != ConnState::Connected {
-            return;
-        }
-        let Some(stream) = self.stream.as_mut() else {
-            return;
-        };
-        if let Err(e) = self.tx.flush(stream.as_raw_fd(), Some(&mut self.qp)) {
-            self.lost(&format!("socket write failed: {e}"));
+        if self.phase == TcpConnPhase::Connected && self.qp.state() == ConnState::Connected {
+            self.send_posted();
         }
     }
 
