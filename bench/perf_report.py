@@ -11,9 +11,14 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   rtrs-bench LINE               -> "IOPS" of an rtrs-bench --json line
   floor LINE                    -> "IOPS AVG_US P99_US CLIENT_SC SERVER_SC" of a tcp_floor
                                    line (SC: that side's syscalls per IO)
-  window SOCK BDEV SECS PERF... -> IOs bdev BDEV of the SPDK application at SOCK completed
-                                   while the perf stat instances PERF (fifo prefixes:
-                                   PERF.ctl, PERF.ack; started with -D -1) counted, for SECS
+  window SOCK BDEV SECS SIZE PERF:PID...
+                                -> IOs of SIZE bytes bdev BDEV of the SPDK application at
+                                   SOCK completed (its bytes moved / SIZE: a split IO counts
+                                   once) while the perf stat instances PERF (fifo prefixes:
+                                   PERF.ctl, PERF.ack; started with -D -1) counted, for SECS;
+                                   the user and system CPU time of process PID over the same
+                                   window goes to PERF.cpu ("USER_S SYS_S")
+  cpu PERF.cpu IOS              -> "USER_US SYS_US": CPU time per IO of that window
   syscalls PERF.csv IOS         -> "ALL BREAKDOWN": syscalls per IO of a perf stat -x, file
                                    and the main calls per IO ("recvfrom 1.20 (0.50 data), ...")
   ratio A B                     -> A / B with two decimals (0.00 when B is 0, n/a when
@@ -90,9 +95,18 @@ def rpc_call(sock_path, method, params):
         return obj["result"]
 
 
-def bdev_ops(sock_path, bdev):
+def bdev_bytes(sock_path, bdev):
     st = rpc_call(sock_path, "bdev_get_iostat", {"name": bdev})["bdevs"][0]
-    return st["num_read_ops"] + st["num_write_ops"]
+    return st["bytes_read"] + st["bytes_written"]
+
+
+def cpu_seconds(pid):
+    """User and system CPU time of process PID, all its threads (/proc/PID/stat fields
+    14 and 15, in clock ticks)."""
+    with open("/proc/%s/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / hz, int(fields[12]) / hz
 
 
 def perf_ctl(prefix, cmd):
@@ -104,14 +118,29 @@ def perf_ctl(prefix, cmd):
         a.readline()
 
 
-def window(sock_path, bdev, secs, *perfs):
-    before = bdev_ops(sock_path, bdev)
-    for p in perfs:
+def window(sock_path, bdev, secs, size, *specs):
+    perfs = [spec.rsplit(":", 1) for spec in specs]
+    before = bdev_bytes(sock_path, bdev)
+    for p, _ in perfs:
         perf_ctl(p, "enable")
+    cpu0 = [cpu_seconds(pid) for _, pid in perfs]
     time.sleep(float(secs))
-    for p in perfs:
+    cpu1 = [cpu_seconds(pid) for _, pid in perfs]
+    for p, _ in perfs:
         perf_ctl(p, "disable")
-    print(bdev_ops(sock_path, bdev) - before)
+    for (p, _), a, b in zip(perfs, cpu0, cpu1):
+        with open(p + ".cpu", "w") as f:
+            f.write("%.2f %.2f\n" % (b[0] - a[0], b[1] - a[1]))
+    print((bdev_bytes(sock_path, bdev) - before) // int(size))
+
+
+def cpu(path, ios):
+    user, system = (float(v) for v in open(path).read().split())
+    ios = float(ios)
+    if not ios:
+        print("n/a n/a")
+        return
+    print("%.2f %.2f" % (user / ios * 1e6, system / ios * 1e6))
 
 
 def syscalls(path, ios):
@@ -311,7 +340,7 @@ def append(doc, section, intro, run):
 
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
-            "floor": floor, "window": window, "syscalls": syscalls,
+            "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu,
             "svg-qd": svg_qd, "svg-lat": svg_lat, "append": append}
     if len(argv) < 2 or argv[1] not in cmds:
         sys.stderr.write(__doc__)

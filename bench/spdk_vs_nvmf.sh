@@ -15,7 +15,8 @@
 #           average and p99 latency)
 #   syscalls  every pair once more with `perf stat` syscall tracepoints attached to spdk_tgt
 #           and to bdevperf, counting only in the middle of the run: syscalls per IO of the
-#           target and of the initiator, for rtrs and for NVMe-oF/TCP
+#           target and of the initiator, for rtrs and for NVMe-oF/TCP, and over the same
+#           window each process's user and system CPU time per IO (/proc/PID/stat)
 #   sweep   4 KiB randread IOPS at QD 1..128, both sides → docs/perf-iops-qd.svg
 #   fio     4 KiB randread QD1 through fio's spdk_bdev plugin: avg, p50, p99, p99.9 for both
 #           sides → docs/perf-qd1-latency.svg (needs hugepages, which root can reserve)
@@ -221,7 +222,9 @@ sc_perf() {
 
 # syscalls_run KIND NAME QD SIZE RW: perform_tests once more with perf stat attached to
 # spdk_tgt and to bdevperf; sets RES[sc-KIND-NAME-tgt] and RES[sc-KIND-NAME-ini] to
-# "ALL BREAKDOWN" (syscalls per IO, the IOs being the bdev's in the counting window).
+# "ALL BREAKDOWN" (syscalls per IO, the IOs being the bytes the bdev moved in the counting
+# window over the IO size, so that an IO the bdev layer splits counts once), and
+# RES[cpu-KIND-NAME-SIDE] to "USER_US SYS_US" per IO of that side's process.
 syscalls_run() {
 	local kind=$1 name=$2 qd=$3 size=$4 rw=$5 bdev_var=BDEV_$1 bp ios side
 	sc_perf tgt "$(app_pid tgt)" || return 1
@@ -230,14 +233,15 @@ syscalls_run() {
 		-q "$qd" -o "$size" -w "$rw" -t $((SC_WIN + 2)) >"$APP_DIR/sc-$kind-$name.json" &
 	bp=$!
 	sleep 1
-	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" \
-		"$APP_DIR/sc-tgt" "$APP_DIR/sc-ini") || ios=
+	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" "$size" \
+		"$APP_DIR/sc-tgt:$(app_pid tgt)" "$APP_DIR/sc-ini:$(app_pid "bp-$kind")") || ios=
 	wait $bp || { echo "$kind $name: perform_tests under perf failed" >&2; ios=; }
 	app_stop perf-tgt
 	app_stop perf-ini
 	[[ -n "$ios" ]] || return 1
 	for side in tgt ini; do
 		RES[sc-$kind-$name-$side]=$("${REPORT[@]}" syscalls "$APP_DIR/sc-$side.perf" "$ios")
+		RES[cpu-$kind-$name-$side]=$("${REPORT[@]}" cpu "$APP_DIR/sc-$side.cpu" "$ios")
 	done
 	RES[sc-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/sc-$kind-$name.json")
 }
@@ -261,6 +265,7 @@ run_side() {
 			echo "   $kind $name under perf: ${RES[sc-$kind-$name]} (IOPS MiB/s avg-µs failed p99-µs)"
 			echo "   $kind $name syscalls per IO: target ${RES[sc-$kind-$name-tgt]}"
 			echo "   $kind $name syscalls per IO: initiator ${RES[sc-$kind-$name-ini]}"
+			echo "   $kind $name CPU µs per IO (user sys): target ${RES[cpu-$kind-$name-tgt]}, initiator ${RES[cpu-$kind-$name-ini]}"
 		done
 	fi
 	if want sweep; then
@@ -497,6 +502,17 @@ if want syscalls; then
 			for side in tgt ini; do
 				rs=${RES[sc-rtrs-$name-$side]} ns=${RES[sc-nvmf-$name-$side]}
 				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | ${rs%% *} | ${ns%% *} | $(ratio "${rs%% *}" "${ns%% *}") | ${rs#* } | ${ns#* } | $(field "sc-rtrs-$name"); $(field "sc-nvmf-$name") |"
+			done
+		done
+		echo
+		echo "| workload | side | rtrs user µs/IO | NVMe-oF/TCP user µs/IO | rtrs / nvmf, user | rtrs system µs/IO | NVMe-oF/TCP system µs/IO | rtrs / nvmf, system |"
+		echo "|---|---|---:|---:|---:|---:|---:|---:|"
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name _ _ _ <<<"$w"
+			for side in tgt ini; do
+				read -r ru rs <<<"${RES[cpu-rtrs-$name-$side]}"
+				read -r nu ns <<<"${RES[cpu-nvmf-$name-$side]}"
+				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | $ru | $nu | $(ratio "$ru" "$nu") | $rs | $ns | $(ratio "$rs" "$ns") |"
 			done
 		done
 	} >"$APP_DIR/syscalls.md"

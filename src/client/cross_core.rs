@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_queue::SegQueue;
+use crate::common::Inbox;
 
 use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};
@@ -128,8 +128,8 @@ pub struct SessShared {
     pub policy: PolicyCell,
     /// Paths by slot, for statistics and management (never touched on the data path).
     pub paths: Mutex<Vec<Option<Arc<PathShared>>>>,
-    pub to_home: SegQueue<SessCmd>,
-    pub to_core: Vec<SegQueue<PathCmd>>,
+    pub to_home: Inbox<SessCmd>,
+    pub to_core: Vec<Inbox<PathCmd>>,
     /// Core handles dropped by their owner (they acknowledge no teardown any more).
     pub core_gone: Vec<AtomicBool>,
     /// Paths not Closed or Dead: while any exists, IO may wait for a reconnect.
@@ -152,8 +152,8 @@ impl SessShared {
             cores,
             policy,
             paths: Mutex::new(vec![None; MAX_PATHS]),
-            to_home: SegQueue::new(),
-            to_core: (0..cores).map(|_| SegQueue::new()).collect(),
+            to_home: Inbox::new(),
+            to_core: (0..cores).map(|_| Inbox::new()).collect(),
             core_gone: (0..cores).map(|_| AtomicBool::new(false)).collect(),
             live_paths: AtomicUsize::new(0),
             closed: AtomicBool::new(false),

@@ -14,11 +14,13 @@
 mod con;
 mod heartbeat;
 mod ids;
+mod inbox;
 mod iu;
 
 pub use con::{Con, ConPostError, RECV_BATCH};
 pub use heartbeat::{HbAction, HbConfig, Heartbeat};
 pub use ids::{random_u64, random_uuid, Uuid};
+pub use inbox::Inbox;
 pub use iu::IuPool;
 
 /// Direction of an RTRS request, from the client's point of view (the kernel's

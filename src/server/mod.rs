@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_queue::SegQueue;
+use crate::common::Inbox;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
@@ -120,7 +120,7 @@ impl Server {
             inv_at_post,
             ncores,
             table: Mutex::new(Sessions::default()),
-            inbox: (0..ncores).map(|_| SegQueue::new()).collect(),
+            inbox: (0..ncores).map(|_| Inbox::new()).collect(),
             stop: AtomicBool::new(false),
             next_home: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),

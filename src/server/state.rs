@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crossbeam_queue::SegQueue;
+use crate::common::Inbox;
 
 use crate::common::Con;
 use crate::engine::{Ctx, Msg};
@@ -36,7 +36,7 @@ pub(crate) struct ServerState {
     pub inv_at_post: bool,
     pub ncores: usize,
     pub table: Mutex<Sessions>,
-    pub inbox: Vec<SegQueue<PathWork>>,
+    pub inbox: Vec<Inbox<PathWork>>,
     pub stop: AtomicBool,
     pub next_home: AtomicUsize,
     pub next_id: AtomicU64,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_queue::SegQueue;
+use crate::common::Inbox;
 
 use super::handle::{SendError, SessionHandle};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
@@ -88,7 +88,7 @@ impl SessionHandle for SessionCore {
 /// another thread than the control poller (an SPDK disk's).
 #[derive(Clone, Default)]
 pub struct LinkListener {
-    queue: Arc<SegQueue<LinkEvent>>,
+    queue: Arc<Inbox<LinkEvent>>,
 }
 
 impl LinkListener {
