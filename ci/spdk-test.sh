@@ -755,6 +755,42 @@ sys.exit(0 if all(w in m for w in ("malloc0", "target refused the session", "out
 	[[ "$resp" == "[]" ]] || { echo "the target kept a session: $resp"; return 1; }
 }
 
+# The disk's own pollers (session control, core queues) on the application thread move
+# from their 1 ms period to an idle one (a sixteenth of the 1000 ms heartbeat interval:
+# 62.5 ms) once they have found no work for a while, and go with the disk.
+scenario_pace() {
+	start_target tgt $((PB + 15)) || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n pace-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 15)) \
+		-i 1000 -M 5 -D 1 -t 10 >/dev/null || return 1
+	# 100 idle runs at 1 ms, with room to spare.
+	sleep 1
+	rpc clt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
+	python3 - "$APP_DIR/pollers.json" <<'PY' || return 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+hz = d["tick_rate"]
+ours = [p for t in d["threads"] for kind in ("active_pollers", "timed_pollers", "paused_pollers")
+        for p in t.get(kind, []) if p["name"] == "rtrs"]
+assert ours, "no rtrs poller on any thread: %s" % d
+idle = 62_500 * hz // 1_000_000
+periods = sorted({p["period_ticks"] for p in ours})
+assert periods == [idle], "rtrs pollers' periods %s ticks, expected all %d (62.5 ms)" % (periods, idle)
+print("%d rtrs pollers, all on the 62.5 ms idle period" % len(ours))
+PY
+	rpc clt bdev_rtrs_delete rtrs0 || return 1
+	rpc clt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
+	python3 - "$APP_DIR/pollers.json" <<'PY' || return 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+left = [p for t in d["threads"] for kind in ("active_pollers", "timed_pollers", "paused_pollers")
+        for p in t.get(kind, []) if p["name"] == "rtrs"]
+assert not left, "rtrs pollers left after bdev_rtrs_delete: %s" % left
+print("no rtrs poller left")
+PY
+	app_alive tgt && app_alive clt
+}
+
 # ---- runner -----------------------------------------------------------------------------
 
 run_scenario() {
@@ -801,7 +837,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -104,6 +104,97 @@ impl IdleState {
     }
 }
 
+/// Two periods for a timed poller off the IO fast path (an SPDK disk's own control work,
+/// which the SPDK driver runs as timed pollers): `active_us` while it finds work, and
+/// `idle_us` once it has found none on `slow_after` runs in a row. The first run that
+/// finds work, or a [`PaceState::wake`] from whoever hands it some, puts it back on
+/// `active_us`. A thread whose only pollers are timed may sleep between their runs (fio's
+/// `spdk_bdev` plugin sleeps its initialisation thread so), and every run is a wake-up
+/// that takes a CPU from whatever runs there (docs/BENCHMARKS.md, "The disk's own pollers
+/// under fio").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollPace {
+    pub active_us: u64,
+    pub idle_us: u64,
+    pub slow_after: u32,
+}
+
+impl PollPace {
+    /// One period, whatever the poller finds.
+    pub fn fixed(period_us: u64) -> PollPace {
+        PollPace {
+            active_us: period_us,
+            idle_us: period_us,
+            slow_after: u32::MAX,
+        }
+    }
+
+    /// `active_us`, and an idle period of a sixteenth of `interval_us`, the interval of
+    /// something the poller must keep doing (sending heartbeats), so that an idle period
+    /// stays well inside it: at least `active_us`, at most `max_idle_us`.
+    pub fn keeping(
+        interval_us: u64,
+        active_us: u64,
+        max_idle_us: u64,
+        slow_after: u32,
+    ) -> PollPace {
+        PollPace {
+            active_us,
+            idle_us: (interval_us / 16).min(max_idle_us).max(active_us),
+            slow_after,
+        }
+    }
+
+    pub fn is_fixed(&self) -> bool {
+        self.idle_us == self.active_us
+    }
+}
+
+/// One poller's place in its [`PollPace`]: on the active period until it has been idle
+/// `slow_after` runs in a row.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PaceState {
+    idle_runs: u32,
+    slow: bool,
+}
+
+impl PaceState {
+    /// After a run that found work (`busy`) or none: the period the poller moves to, when
+    /// it changes.
+    pub fn after(&mut self, pace: &PollPace, busy: bool) -> Option<u64> {
+        if pace.is_fixed() {
+            return None;
+        }
+        if busy {
+            return self.wake(pace);
+        }
+        if self.slow {
+            return None;
+        }
+        self.idle_runs = self.idle_runs.saturating_add(1);
+        if self.idle_runs < pace.slow_after {
+            return None;
+        }
+        self.slow = true;
+        Some(pace.idle_us)
+    }
+
+    /// Work is on its way: the period the poller moves to, when it changes.
+    pub fn wake(&mut self, pace: &PollPace) -> Option<u64> {
+        self.idle_runs = 0;
+        if !self.slow {
+            return None;
+        }
+        self.slow = false;
+        Some(pace.active_us)
+    }
+
+    /// Whether the poller is on its idle period.
+    pub fn is_slow(&self) -> bool {
+        self.slow
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -116,6 +207,69 @@ mod tests {
         let mb = Mailboxes::new(1, 4);
         let r = Reactor::new(0, Arc::clone(&mb), Arc::new(VirtualClock::new()));
         (r, mb)
+    }
+
+    const PACE: PollPace = PollPace {
+        active_us: 1_000,
+        idle_us: 100_000,
+        slow_after: 3,
+    };
+
+    #[test]
+    fn an_idle_poller_slows_after_its_count_and_a_busy_run_speeds_it_up() {
+        let mut st = PaceState::default();
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, false), None);
+        // A busy run starts the count again.
+        assert_eq!(st.after(&PACE, true), None);
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, false), None);
+        assert!(!st.is_slow());
+        assert_eq!(st.after(&PACE, false), Some(100_000));
+        assert!(st.is_slow());
+        // Once slow, more idle runs change nothing.
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, true), Some(1_000));
+        assert!(!st.is_slow());
+        assert_eq!(st.after(&PACE, true), None);
+    }
+
+    #[test]
+    fn a_wake_speeds_up_only_a_slow_poller_and_restarts_its_count() {
+        let mut st = PaceState::default();
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.wake(&PACE), None);
+        // The count started again: two more idle runs do not slow it.
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, false), None);
+        assert_eq!(st.after(&PACE, false), Some(100_000));
+        assert_eq!(st.wake(&PACE), Some(1_000));
+        assert_eq!(st.wake(&PACE), None);
+    }
+
+    #[test]
+    fn an_idle_period_is_a_sixteenth_of_the_interval_kept_within_its_bounds() {
+        let idle = |interval_us| PollPace::keeping(interval_us, 1_000, 100_000, 100).idle_us;
+        assert_eq!(idle(5_000_000), 100_000);
+        assert_eq!(idle(800_000), 50_000);
+        assert_eq!(idle(16_000), 1_000);
+        assert_eq!(idle(1_000), 1_000);
+        assert_eq!(idle(u64::MAX), 100_000);
+        // A heartbeat no longer than the active period: the pace stays fixed.
+        assert!(PollPace::keeping(1_000, 1_000, 100_000, 100).is_fixed());
+    }
+
+    #[test]
+    fn a_fixed_pace_never_changes_the_period() {
+        let fixed = PollPace::fixed(1_000);
+        assert!(fixed.is_fixed());
+        let mut st = PaceState::default();
+        for _ in 0..1_000 {
+            assert_eq!(st.after(&fixed, false), None);
+        }
+        assert!(!st.is_slow());
+        assert_eq!(st.wake(&fixed), None);
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub mod threads;
 pub use clock::{Clock, MonotonicClock, VirtualClock};
 pub use cpumask::{CpuMask, MAX_CPUS};
 pub use error::{CpuMaskError, EngineError};
-pub use idle::{Adaptive, IdleStrategy};
+pub use idle::{Adaptive, IdleStrategy, PaceState, PollPace};
 pub use mailbox::{Mailboxes, Msg, SendError};
 pub use poller::{Ctx, PollResult, Poller, PollerId, Timer};
 pub use reactor::{Dropped, Reactor};

@@ -8,7 +8,11 @@
 //! Cores come either from [`Driver::spawn`], which creates one SPDK thread per core of the
 //! application's cpumask (as the nvmf target creates its poll groups; the RTRS target
 //! serves accepted connection `c` on core `(c-1) mod n`), or from [`Driver::adopt`], which
-//! takes existing threads (the bdev side's IO-channel threads).
+//! takes existing threads (the bdev side's IO-channel threads). A driver may pace the
+//! pollers registered without a period ([`Driver::adopt_paced`]): an active period while
+//! they find work, a longer one after an idle spell, and [`Driver::wake`] for work handed
+//! to them from elsewhere (docs/ARCHITECTURE.md, "The SPDK bdev: who polls a core's
+//! connection").
 //!
 //! Each core's poller table is touched only by that core's thread: pollers need not be
 //! `Send`, as under our reactors. That is a property of the types, not of a debug check:
@@ -27,7 +31,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
 use super::thread::{app_cores, now_ns, SpdkThread};
-use crate::engine::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
+use crate::engine::{
+    Ctx, Msg, PaceState, PollPace, PollResult, Poller, PollerId, SendError, Timer,
+};
 use crate::Errno;
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
@@ -36,8 +42,10 @@ const MSG_RING: usize = 65_536;
 /// A set of SPDK threads the engine's pollers run on, indexed 0..n ("cores").
 pub struct Driver {
     cores: Box<[Core]>,
-    /// Period (µs) given to pollers registered without one; 0 = run on every iteration.
-    poll_period_us: u64,
+    /// Periods (µs) of pollers registered without one: `active_us` 0 = run on every
+    /// iteration; an `idle_us` above it stretches an idle poller's period (see
+    /// [`PollPace`]).
+    pace: PollPace,
 }
 
 struct Core {
@@ -101,6 +109,9 @@ struct Registration {
     once: bool,
     dead: Cell<bool>,
     spdk: Cell<*mut sys::spdk_poller>,
+    /// Where a poller on the driver's [`PollPace`] is in it (None: a timer, or a fixed
+    /// pace).
+    pace: Cell<Option<PaceState>>,
     poller: RefCell<Box<dyn Poller>>,
 }
 
@@ -156,6 +167,16 @@ impl Driver {
         threads: &[SpdkThread],
         poll_period_us: u64,
     ) -> Result<Arc<Driver>, DriverError> {
+        Driver::adopt_paced(threads, PollPace::fixed(poll_period_us))
+    }
+
+    /// As [`Driver::adopt_with_period`] with `pace.active_us`, and a poller that finds
+    /// nothing to do on `pace.slow_after` runs in a row moves to `pace.idle_us` until a
+    /// run finds work or [`Driver::wake`] is called for its core.
+    ///
+    /// # Errors
+    /// [`DriverError::NoThreads`] for an empty list.
+    pub fn adopt_paced(threads: &[SpdkThread], pace: PollPace) -> Result<Arc<Driver>, DriverError> {
         if threads.is_empty() {
             return Err(DriverError::NoThreads);
         }
@@ -166,10 +187,7 @@ impl Driver {
                 table: RefCell::new(Table::default()),
             })
             .collect();
-        Ok(Arc::new(Driver {
-            cores,
-            poll_period_us,
-        }))
+        Ok(Arc::new(Driver { cores, pace }))
     }
 
     /// Number of cores.
@@ -254,6 +272,26 @@ impl Driver {
         F: FnOnce(&mut dyn Ctx) + Send + 'static,
     {
         self.send(core, Msg::new(f))
+    }
+
+    /// Puts `core`'s pollers that an idle spell moved to the driver's idle period back on
+    /// its active one, for work handed to them from elsewhere (a channel asking for a
+    /// queue, a path added): from any thread, by a message to the core's thread, which
+    /// an SPDK reactor runs at once. Nothing changes under a fixed pace.
+    ///
+    /// # Errors
+    /// [`SendError::NoSuchCore`] or [`SendError::Full`] (the message could not be posted;
+    /// the pollers find the work on their idle period).
+    pub fn wake(self: &Arc<Self>, core: usize) -> Result<(), SendError> {
+        if self.pace.is_fixed() {
+            return Ok(());
+        }
+        let d = Arc::clone(self);
+        self.run_on(core, move |_cx| {
+            if let Some(on) = d.on_current() {
+                d.wake_on(on);
+            }
+        })
     }
 
     /// Calls every poller's [`Poller::shutdown`] on the calling core (which must be one of
@@ -389,12 +427,14 @@ impl Driver {
                 gen: e.gen,
             }
         };
+        let paced = period_us == 0 && !once && !self.pace.is_fixed();
         let slot = Box::new(Registration {
             driver: Arc::clone(self),
             id,
             once,
             dead: Cell::new(false),
             spdk: Cell::new(ptr::null_mut()),
+            pace: Cell::new(paced.then(PaceState::default)),
             poller: RefCell::new(poller),
         });
         let raw = NonNull::from(Box::leak(slot));
@@ -407,7 +447,7 @@ impl Driver {
                 Some(poll_slot),
                 raw.as_ptr().cast::<c_void>(),
                 if period_us == 0 {
-                    self.poll_period_us
+                    self.pace.active_us
                 } else {
                     period_us
                 },
@@ -420,6 +460,31 @@ impl Driver {
             tracing::error!("spdk driver: spdk_poller_register failed on core {core}");
         }
         id
+    }
+
+    /// [`Driver::wake`] on the core's own thread.
+    fn wake_on(&self, on: OnCore) {
+        let slots: Vec<NonNull<Registration>> = self
+            .table(on)
+            .entries
+            .iter()
+            .filter_map(|e| e.slot)
+            .collect();
+        for slot in slots {
+            // SAFETY: a live slot of this core (taken from its table just now, and nothing
+            // in this loop frees one), used on its own thread.
+            let s = unsafe { slot.as_ref() };
+            let Some(mut st) = s.pace.get() else {
+                continue;
+            };
+            if let Some(us) = st.wake(&self.pace) {
+                // SAFETY: as above.
+                if !unsafe { repace(slot, us) } {
+                    continue;
+                }
+            }
+            s.pace.set(Some(st));
+        }
     }
 
     fn unregister_on(&self, on: OnCore, id: PollerId) -> bool {
@@ -538,6 +603,13 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
         Err(_) => PollResult::Idle,
     };
     driver.table(on).current = None;
+    if let Some(mut st) = s.pace.get().filter(|_| !s.dead.get()) {
+        match st.after(&driver.pace, r == PollResult::Busy) {
+            // SAFETY: live slot of this core, on its thread, no longer borrowed.
+            Some(us) if !unsafe { repace(slot, us) } => {}
+            _ => s.pace.set(Some(st)),
+        }
+    }
     if s.once || s.dead.get() {
         // Freeing the slot drops its reference to the driver: hold one meanwhile.
         let driver = Arc::clone(driver);
@@ -548,6 +620,38 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
         PollResult::Busy => sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int,
         PollResult::Idle => sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int,
     }
+}
+
+/// Moves a paced poller's SPDK poller to `period_us`: the new one is registered first, so
+/// a failure leaves the old one running (and returns false).
+///
+/// # Safety
+/// `slot` is a live registration of the calling thread's core, not freed before this
+/// returns.
+unsafe fn repace(slot: NonNull<Registration>, period_us: u64) -> bool {
+    // SAFETY: live per the contract.
+    let s = unsafe { slot.as_ref() };
+    // SAFETY: as in `register_on`: `slot` stays valid until `free_slot` unregisters the
+    // poller that `s.spdk` holds, which is this new one from here on.
+    let new = unsafe {
+        sys::spdk_poller_register_named(
+            Some(poll_slot),
+            slot.as_ptr().cast::<c_void>(),
+            period_us,
+            c"rtrs".as_ptr(),
+        )
+    };
+    if new.is_null() {
+        tracing::warn!("spdk driver: a poller could not move to a {period_us} µs period");
+        return false;
+    }
+    let mut old = s.spdk.replace(new);
+    if !old.is_null() {
+        // SAFETY: our own poller on this thread, unregistered once (allowed from inside
+        // its own callback: SPDK frees it when the callback returns).
+        unsafe { sys::spdk_poller_unregister(&mut old) };
+    }
+    true
 }
 
 unsafe extern "C" fn run_msg(arg: *mut c_void) {

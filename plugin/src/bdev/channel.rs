@@ -106,6 +106,7 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
     disk.add_channel(&shared);
     if eligible {
         disk.slot(core).want();
+        disk.wake(core);
     }
     let ctx = ctx_buf.cast::<ChanCtx>();
     // SAFETY: SPDK gives `chan_ctx_size()` bytes, suitably aligned, ours until destroy.

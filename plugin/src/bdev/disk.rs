@@ -333,15 +333,27 @@ impl Disk {
 
     /// The io_device is gone (every channel is): the disk closes.
     pub fn close(&self) {
-        let mut life = self.life.lock();
-        if !matches!(*life, Life::Open { .. }) {
-            return;
+        {
+            let mut life = self.life.lock();
+            if !matches!(*life, Life::Open { .. }) {
+                return;
+            }
+            if let Life::Open { on_closed } = std::mem::replace(&mut *life, Life::Closed) {
+                *life = Life::Closing {
+                    step: CloseStep::Start,
+                    on_closed: Some(on_closed),
+                };
+            }
         }
-        if let Life::Open { on_closed } = std::mem::replace(&mut *life, Life::Closed) {
-            *life = Life::Closing {
-                step: CloseStep::Start,
-                on_closed: Some(on_closed),
-            };
+        self.wake(0);
+    }
+
+    /// Puts `core`'s pollers back on their active period for work handed to them from
+    /// another thread (see `Driver::wake`); if that fails they find it on their idle
+    /// period.
+    pub fn wake(&self, core: usize) {
+        if let Err(e) = self.driver.wake(core) {
+            tracing::warn!("rtrs bdev {}: core {core} not woken: {e}", self.params.name);
         }
     }
 
@@ -557,7 +569,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
             ))));
         }
     };
-    let (driver, cpus) = match make_driver(&name) {
+    let (driver, cpus) = match make_driver(&name, params.hb_interval_ms) {
         Ok(d) => d,
         Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
     };

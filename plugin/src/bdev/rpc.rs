@@ -189,6 +189,7 @@ fn add_path(req: RpcRequest, v: Value) {
     }
     s.add_path_psk(path.addr, psk);
     paths.push(path);
+    d.wake(0);
     req.ok(json!(true));
 }
 
@@ -220,6 +221,7 @@ fn remove_path(req: RpcRequest, v: Value) {
     }
     s.remove_path(paths[i].addr);
     paths.remove(i);
+    d.wake(0);
     req.ok(json!(true));
 }
 

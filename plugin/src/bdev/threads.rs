@@ -6,25 +6,35 @@
 
 use std::sync::Arc;
 
+use rtrs_spdk::engine::PollPace;
 use rtrs_spdk::spdk::{app_cores, Driver, SpdkThread};
 
-/// Period (µs) of the disk's own pollers (see [`make_driver`]). Under fio's `spdk_bdev`
-/// plugin every period is a wake-up of its initialisation thread, which may land on a job
-/// thread's CPU: at 100 µs that cost fio's QD1 reads 3–5 µs of p99 and 8–24 % of IOPS
-/// against 1 ms (docs/BENCHMARKS.md, "The disk's own pollers under fio"). Each control
-/// step of a session (a connect handshake step, OPEN, CLOSE, a re-open) may wait up to a
-/// period.
+/// Period (µs) of the disk's own pollers while they find work (see [`make_driver`]).
+/// Under fio's `spdk_bdev` plugin every period is a wake-up of its initialisation thread,
+/// which takes a CPU from the job or from the target: at 100 µs that cost fio's QD1 reads
+/// 3–5 µs of p99 and 8–24 % of IOPS against 1 ms (docs/BENCHMARKS.md, "The disk's own
+/// pollers under fio"). Each control step of a session (a connect handshake step, OPEN,
+/// CLOSE, a re-open) may wait up to a period.
 const DISK_POLL_US: u64 = 1000;
+
+/// Runs in a row without work after which a poller of the disk moves to its idle period.
+const DISK_SLOW_AFTER: u32 = 100;
+
+/// Longest idle period (µs) of the disk's own pollers.
+const DISK_IDLE_MAX_US: u64 = 100_000;
 
 /// The disk's cores: core 0 (home) is the calling thread — the application thread, which
 /// every SPDK application polls, even one without reactors such as fio's `spdk_bdev`
 /// plugin, which polls no other thread while its JSON config runs — and core `k` a thread
 /// of ours on the `k`-th core of the cpumask. Returns the driver and the CPU of each core.
 ///
-/// The disk's own pollers (a core queue nobody else owns, the session's control work) run at
-/// most every [`DISK_POLL_US`]: the IO fast path is the channels' pollers, and a thread
-/// that has only timed pollers may sleep (fio's initialisation thread does).
-pub fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
+/// The disk's own pollers (a core queue nobody else owns, the session's control work) run
+/// every [`DISK_POLL_US`] while they find work and, after [`DISK_SLOW_AFTER`] runs
+/// without, every sixteenth of the heartbeat interval up to [`DISK_IDLE_MAX_US`] (see
+/// [`PollPace::keeping`]); whoever hands them work calls [`Driver::wake`]. The IO fast
+/// path is the channels' pollers, and a thread that has only timed pollers may sleep
+/// (fio's initialisation thread does).
+pub fn make_driver(name: &str, hb_interval_ms: u64) -> Result<(Arc<Driver>, Vec<u32>), String> {
     let me = SpdkThread::current().ok_or("not called on an SPDK thread")?;
     let cpus = app_cores();
     let mut threads = vec![me];
@@ -39,7 +49,15 @@ pub fn make_driver(name: &str) -> Result<(Arc<Driver>, Vec<u32>), String> {
             }
         }
     }
-    let driver = Driver::adopt_with_period(&threads, DISK_POLL_US).map_err(|e| e.to_string())?;
+    // The session's control poller sends the heartbeats and answers the server's: its
+    // idle period stays well inside their interval.
+    let pace = PollPace::keeping(
+        hb_interval_ms.saturating_mul(1000),
+        DISK_POLL_US,
+        DISK_IDLE_MAX_US,
+        DISK_SLOW_AFTER,
+    );
+    let driver = Driver::adopt_paced(&threads, pace).map_err(|e| e.to_string())?;
     Ok((driver, cpus))
 }
 
