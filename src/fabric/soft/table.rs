@@ -50,6 +50,12 @@ impl MemRef {
         self.len == 0
     }
 
+    /// Whether `other` keeps the same registered memory alive as this one (so that holding
+    /// either keeps both ranges valid).
+    pub fn shares_backing(&self, other: &MemRef) -> bool {
+        Arc::ptr_eq(&self.keep, &other.keep)
+    }
+
     /// The handle that keeps the memory allocated.
     pub fn into_backing(self) -> Arc<Backing> {
         self.keep

@@ -4,11 +4,11 @@
 //! of a NIC's send engine walking the send queue).
 //!
 //! A *batch* is a list of iovecs: 40-byte headers from a fixed header buffer and payload
-//! pieces pointing straight at the source memory (no copy). The batch keeps a clone of
-//! every source `MemRef`, so a frame that is half written when the queue pair breaks
-//! (and flushes its requests) can still be finished, which keeps the stream parseable
-//! for the NAK or DISCONNECT that follows it. A new batch is built only when the
-//! previous one is completely written.
+//! pieces pointing straight at the source memory (no copy). The batch keeps a handle on
+//! the registered memory of every source (one per registration), so a frame that is half
+//! written when the queue pair breaks (and flushes its requests) can still be finished,
+//! which keeps the stream parseable for the NAK or DISCONNECT that follows it. A new
+//! batch is built only when the previous one is completely written.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -268,7 +268,11 @@ impl Tx {
                 self.push_header(&wire_header(&op));
                 for s in srcs.iter().filter(|s| !s.is_empty()) {
                     self.iov.push(s.as_ptr(), s.len());
-                    self.keep.push(s.clone());
+                    // One handle per registration keeps all its pieces alive: `keep`
+                    // holds a few distinct ones, not a reference count per piece.
+                    if !self.keep.iter().any(|k| k.shares_backing(s)) {
+                        self.keep.push(s.clone());
+                    }
                 }
                 self.frame_ends.push(self.iov.len());
                 n += 1;
@@ -405,6 +409,76 @@ mod tests {
         );
         at += HEADER_LEN + 3;
         assert_eq!(header(&got[at..]), H::ack(1), "the owed ack rides along");
+    }
+
+    #[test]
+    fn a_batch_keeps_one_handle_per_registration_and_finishes_after_they_are_dropped() {
+        const LEN: usize = 64 * 1024;
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let table = MrTable::new();
+        let mrs: Vec<_> = (0..2u8)
+            .map(|i| {
+                let mr = table.register_buf(MemBuf::zeroed(2 * LEN), Access::NONE);
+                mr.write_at(0, &vec![i + 1; 2 * LEN]);
+                mr
+            })
+            .collect();
+        let mut qp = SoftQp::new(table.clone(), QpCaps::default());
+        qp.set_connected();
+        // Four frames, two pieces each, every piece from one of two registrations.
+        let sges: Vec<[crate::fabric::Sge; 2]> = (0..4)
+            .map(|i| {
+                let mr = &mrs[i % 2];
+                [mr.sge(0, LEN / 2), mr.sge(LEN, LEN / 2)]
+            })
+            .collect();
+        let wrs: Vec<SendWr<'_>> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SendWr {
+                wr_id: i as u64,
+                op: SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: 0x300,
+                },
+                sges: s,
+                signaled: true,
+            })
+            .collect();
+        qp.post_send(&wrs).unwrap();
+        let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert_eq!(qp.outbound().count(), 0, "every operation in the batch");
+        assert_eq!(
+            tx.keep.len(),
+            2,
+            "one handle per registration, not per piece"
+        );
+        // The queue pair breaks and flushes its requests, and the registrations go, while
+        // the batch is still being written: the batch's handles keep the memory.
+        qp.fail();
+        drop(qp);
+        drop(wrs);
+        drop(mrs);
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; LEN];
+        while !tx.drained() || got.len() < 4 * (HEADER_LEN + LEN) {
+            tx.flush(a.as_raw_fd(), None).unwrap();
+            b.set_nonblocking(true).unwrap();
+            match b.read(&mut buf) {
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got.len(), 4 * (HEADER_LEN + LEN));
+        for i in 0..4 {
+            let at = i * (HEADER_LEN + LEN);
+            assert_eq!(header(&got[at..]).len as usize, LEN);
+            let payload = &got[at + HEADER_LEN..at + HEADER_LEN + LEN];
+            assert!(payload.iter().all(|&v| v == (i % 2) as u8 + 1), "frame {i}");
+        }
     }
 
     #[test]
