@@ -114,7 +114,7 @@ pub unsafe fn execute_at_post(
                 None
             };
             let wr_id = recv.as_ref().map_or(0, |r| r.wr_id);
-            let (wc, outcome) = match respond(&rq.table, recv, op) {
+            let (wc, outcome) = match respond(&rq.table, recv, op, None) {
                 Ok(placed) => {
                     if let Some(dst) = placed.place {
                         dst.gather_from(srcs);

@@ -153,11 +153,16 @@ pub struct Placed {
 /// # Errors
 /// [`Respond::NotReady`] when the kind needs a receive and `recv` is `None`;
 /// [`Respond::Refuse`] when the responder refuses it.
+///
+/// With `payload` (the whole payload, at hand), a remote placement is written at once
+/// under the table's lock ([`MrTable::remote_write`]) and `place` comes back `None`; a
+/// receive's buffer still comes back for the caller to fill.
 #[inline(always)]
 pub fn respond(
     table: &MrTable,
     recv: Option<&mut PostedRecv>,
     op: &WireOp,
+    payload: Option<&[u8]>,
 ) -> Result<Placed, Respond> {
     let mut invalidated = None;
     let place = if op.kind.consumes_recv() {
@@ -196,22 +201,38 @@ pub fn respond(
                     None
                 }
             }
-            Ok(_) => remote_place(table, op)?,
+            Ok(_) => remote_place(table, op, payload)?,
         }
     } else {
-        remote_place(table, op)?
+        remote_place(table, op, payload)?
     };
     Ok(Placed { place, invalidated })
 }
 
-fn remote_place(table: &MrTable, op: &WireOp) -> Result<Option<MemRef>, Respond> {
+fn remote_place(
+    table: &MrTable,
+    op: &WireOp,
+    payload: Option<&[u8]>,
+) -> Result<Option<MemRef>, Respond> {
     if op.len == 0 {
         return Ok(None);
     }
-    table
-        .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
-        .map(Some)
-        .map_err(|status| Respond::Refuse { status, recv: None })
+    let refused = |status| Respond::Refuse { status, recv: None };
+    match payload {
+        Some(data) => {
+            if data.len() != op.len as usize {
+                return Err(refused(WcStatus::RemoteInvalidRequest));
+            }
+            table
+                .remote_write(op.rkey, op.remote_addr, data)
+                .map(|()| None)
+                .map_err(refused)
+        }
+        None => table
+            .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
+            .map(Some)
+            .map_err(refused),
+    }
 }
 
 /// The completion of the receive an executed operation consumed (kinds that consume
@@ -776,7 +797,7 @@ impl SoftQp {
     /// [`InboundError::Refuse`] when the responder refuses it (the queue pair is then
     /// broken).
     pub fn inbound(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
-        let (place, invalidated) = self.accept(op)?;
+        let (place, invalidated) = self.accept(op, None)?;
         self.in_progress = Some(InProgress {
             seq: op.seq,
             invalidated,
@@ -794,7 +815,7 @@ impl SoftQp {
     /// As [`SoftQp::inbound`]; `fill` is then not called.
     #[inline]
     pub fn execute(&mut self, op: &WireOp, fill: impl FnOnce(MemRef)) -> Result<(), InboundError> {
-        let (place, invalidated) = self.accept(op)?;
+        let (place, invalidated) = self.accept(op, None)?;
         if let Some(dst) = place {
             fill(dst);
         }
@@ -802,16 +823,39 @@ impl SoftQp {
         Ok(())
     }
 
+    /// [`SoftQp::execute`] for a transport that holds the whole `payload` in a buffer of
+    /// its own (the tcp fabric's staging buffer): a remote write is checked and copied
+    /// under the table's lock, with no [`MemRef`] made for it.
+    ///
+    /// # Errors
+    /// As [`SoftQp::inbound`]; nothing is written then.
+    pub fn execute_staged(&mut self, op: &WireOp, payload: &[u8]) -> Result<(), InboundError> {
+        if payload.len() != op.len as usize {
+            return Err(self.refuse(WcStatus::RemoteInvalidRequest));
+        }
+        let (place, invalidated) = self.accept(op, Some(payload))?;
+        if let Some(dst) = place {
+            // A receive's buffer, cut to the payload's length by the checks.
+            dst.write_at(0, payload);
+        }
+        self.finish(op, invalidated);
+        Ok(())
+    }
+
     /// The checks of [`SoftQp::inbound`]: where the payload goes, and the rkey the
-    /// operation invalidated.
-    fn accept(&mut self, op: &WireOp) -> Result<(Option<MemRef>, Option<u32>), InboundError> {
+    /// operation invalidated (with `payload`, see [`respond`]).
+    fn accept(
+        &mut self,
+        op: &WireOp,
+        payload: Option<&[u8]>,
+    ) -> Result<(Option<MemRef>, Option<u32>), InboundError> {
         if self.state == ConnState::Disconnected {
             return Err(InboundError::Refuse(WcStatus::WrFlush));
         }
         if op.seq != self.executed + 1 {
             return Err(self.refuse(WcStatus::RemoteInvalidRequest));
         }
-        match respond(&self.table, self.rq.front_mut(), op) {
+        match respond(&self.table, self.rq.front_mut(), op, payload) {
             Ok(p) => Ok((p.place, p.invalidated)),
             Err(Respond::NotReady) => Err(InboundError::NotReady),
             Err(Respond::Refuse { status, recv }) => {

@@ -24,29 +24,43 @@ fn pair(caps: QpCaps) -> Pair {
 /// Moves everything `from` has to send into `to`, as a transport would; returns the
 /// number of operations moved and the refusal, if any.
 fn pump(from: &mut SoftQp, to: &mut SoftQp) -> (usize, Option<(u64, WcStatus)>) {
-    pump_with(from, to, false)
+    pump_with(from, to, Exec::Inbound)
 }
 
-/// [`pump`], executing each operation with [`SoftQp::execute`] when `one_step`, else
-/// with [`SoftQp::inbound`] and [`SoftQp::inbound_done`].
-fn pump_with(
-    from: &mut SoftQp,
-    to: &mut SoftQp,
-    one_step: bool,
-) -> (usize, Option<(u64, WcStatus)>) {
+/// How a transport executes an operation that arrived.
+#[derive(Clone, Copy, Debug)]
+enum Exec {
+    /// [`SoftQp::inbound`], the payload placed, [`SoftQp::inbound_done`].
+    Inbound,
+    /// [`SoftQp::execute`], the payload copied from the sender's memory.
+    OneStep,
+    /// [`SoftQp::execute_staged`], the payload first copied into a buffer of ours.
+    Staged,
+}
+
+/// [`pump`], executing each operation as `how` says.
+fn pump_with(from: &mut SoftQp, to: &mut SoftQp, how: Exec) -> (usize, Option<(u64, WcStatus)>) {
     let ops: Vec<(WireOp, Vec<MemRef>)> = from.outbound().map(|(w, s)| (w, s.to_vec())).collect();
     let mut moved = 0;
     let mut nak = None;
     for (op, srcs) in &ops {
-        let result = if one_step {
-            to.execute(op, |p| p.gather_from(srcs))
-        } else {
-            to.inbound(op).map(|place| {
+        let result = match how {
+            Exec::OneStep => to.execute(op, |p| p.gather_from(srcs)),
+            Exec::Staged => {
+                let mut payload = Vec::new();
+                for s in srcs {
+                    let mut piece = vec![0u8; s.len()];
+                    s.read_into(&mut piece);
+                    payload.extend(piece);
+                }
+                to.execute_staged(op, &payload)
+            }
+            Exec::Inbound => to.inbound(op).map(|place| {
                 if let Some(p) = place {
                     p.gather_from(srcs);
                 }
                 to.inbound_done(op);
-            })
+            }),
         };
         match result {
             Ok(()) => {
@@ -566,7 +580,7 @@ fn a_bound_slot_must_be_invalidated_before_rebinding() {
 /// One scenario through both ways of executing incoming operations: a SEND into a
 /// posted receive, a WRITE and a WRITE_WITH_IMM, a SEND_WITH_INV, a stall for want of a
 /// receive, then a bad rkey. Returns both sides' completions and the bytes that landed.
-fn execute_scenario(one_step: bool) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
+fn execute_scenario(how: Exec) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
     let mut p = pair(QpCaps::default());
     let src = buf(&p, 64, Access::NONE);
     src.write_at(0, &[7; 64]);
@@ -626,17 +640,17 @@ fn execute_scenario(one_step: bool) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
         wr(14, SendOp::SendWithImm { imm: 6 }, &[], true),
     ])
     .unwrap();
-    assert_eq!(pump_with(&mut p.a, &mut p.b, one_step), (4, None));
+    assert_eq!(pump_with(&mut p.a, &mut p.b, how), (4, None));
     p.b.post_recv(&[RecvWr {
         wr_id: 23,
         sge: None,
     }])
     .unwrap();
-    assert_eq!(pump_with(&mut p.a, &mut p.b, one_step), (1, None));
+    assert_eq!(pump_with(&mut p.a, &mut p.b, how), (1, None));
     // The slot's key was retired by the SEND_WITH_INV: a write through it is refused.
     p.a.post_send(&[write(15, None, key)]).unwrap();
     assert_eq!(
-        pump_with(&mut p.a, &mut p.b, one_step),
+        pump_with(&mut p.a, &mut p.b, how),
         (1, Some((6, WcStatus::RemoteAccess)))
     );
     let mut landed = vec![0u8; 64];
@@ -648,12 +662,14 @@ fn execute_scenario(one_step: bool) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
 }
 
 #[test]
-fn execute_in_one_step_matches_inbound_then_done() {
-    let (a1, b1, m1) = execute_scenario(false);
-    let (a2, b2, m2) = execute_scenario(true);
-    assert_eq!(a1, a2, "sender completions");
-    assert_eq!(b1, b2, "responder completions");
-    assert_eq!(m1, m2, "memory");
+fn execute_in_one_step_or_staged_matches_inbound_then_done() {
+    let (a1, b1, m1) = execute_scenario(Exec::Inbound);
+    for how in [Exec::OneStep, Exec::Staged] {
+        let (a2, b2, m2) = execute_scenario(how);
+        assert_eq!(a1, a2, "sender completions, {how:?}");
+        assert_eq!(b1, b2, "responder completions, {how:?}");
+        assert_eq!(m1, m2, "memory, {how:?}");
+    }
     // And the scenario did what it says.
     let ids = |w: &[Wc]| w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>();
     assert_eq!(
@@ -667,7 +683,6 @@ fn execute_in_one_step_matches_inbound_then_done() {
             (15, WcStatus::RemoteAccess)
         ]
     );
-    assert_eq!(b1[2].invalidated_rkey, b2[2].invalidated_rkey);
     assert!(b1[2].invalidated_rkey.is_some());
     assert_eq!(
         (b1[1].opcode, b1[1].imm),
@@ -679,6 +694,29 @@ fn execute_in_one_step_matches_inbound_then_done() {
     );
     assert_eq!(&m1[8..24], &[7; 16], "the writes landed");
     assert_eq!(&m1[64..72], &[7; 8], "the sends landed");
+}
+
+#[test]
+fn a_staged_payload_of_the_wrong_length_is_refused_and_writes_nothing() {
+    let mut p = pair(QpCaps::default());
+    let dst = buf(&p, 64, RW);
+    let op = WireOp {
+        seq: 1,
+        kind: WireKind::RdmaWrite,
+        len: 8,
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        imm: 0,
+        inv_rkey: 0,
+    };
+    assert!(matches!(
+        p.b.execute_staged(&op, &[9u8; 7]),
+        Err(InboundError::Refuse(WcStatus::RemoteInvalidRequest))
+    ));
+    let mut landed = [0u8; 8];
+    dst.read_at(0, &mut landed);
+    assert_eq!(landed, [0; 8]);
+    assert_eq!(p.b.state(), ConnState::Disconnected, "the queue pair broke");
 }
 
 /// What `FabricCaps::local_ops_at_post` promises for the software fabrics: a REG_MR

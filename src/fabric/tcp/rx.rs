@@ -375,6 +375,32 @@ impl Rx {
 
     /// Asks the queue pair where `op` goes and starts placing its payload.
     fn start_op(&mut self, op: WireOp, qp: &mut SoftQp) -> Option<RxStop> {
+        let len = op.len as usize;
+        if len > 0 && self.staged() >= len {
+            // The whole payload is staged: checked and copied in one step, with no
+            // destination kept between polls.
+            let payload = &self.stage[self.start..self.start + len];
+            return match qp.execute_staged(&op, payload) {
+                Ok(()) => {
+                    self.copied += len as u64;
+                    self.start += len;
+                    self.bulk = op.len >= BULK_PAYLOAD;
+                    self.state = State::Header;
+                    None
+                }
+                Err(InboundError::NotReady) => {
+                    self.state = State::Stalled(op);
+                    Some(RxStop::Idle)
+                }
+                Err(InboundError::Refuse(status)) => {
+                    self.state = State::Header;
+                    Some(RxStop::Refused {
+                        seq: op.seq,
+                        status,
+                    })
+                }
+            };
+        }
         match qp.inbound(&op) {
             Ok(Some(dest)) if dest.len() == op.len as usize && op.len > 0 => {
                 self.bulk = op.len >= BULK_PAYLOAD;
