@@ -152,6 +152,8 @@ struct Entry {
     base: u64,
     len: u64,
     access: Access,
+    /// The memory a region covers, or that a slot was last bound over (kept while the
+    /// slot is invalid, see [`MrTable::invalidate`]; reached only through a valid entry).
     backing: Option<Arc<Backing>>,
 }
 
@@ -520,20 +522,26 @@ impl MrTable {
         if r.kind != Kind::Region || !r.valid || r.range(addr, len as u64).is_none() {
             return Err(bad);
         }
-        let backing = r.backing.clone();
-        let e = &mut inner.entries[slot_index as usize];
+        let e = &inner.entries[slot_index as usize];
         if e.valid {
             return Err(bad);
         }
-        *e = Entry {
-            kind: Kind::Slot,
-            key: rkey as u8,
-            valid: true,
-            base: addr,
-            len: len as u64,
-            access,
-            backing,
+        // A slot keeps the memory of the region it was last bound over (see
+        // `invalidate`): bound over the same one again, it takes no new reference.
+        let backing = match (&e.backing, &r.backing) {
+            (Some(kept), Some(new)) if Arc::ptr_eq(kept, new) => None,
+            _ => Some(r.backing.clone()),
         };
+        let e = &mut inner.entries[slot_index as usize];
+        e.kind = Kind::Slot;
+        e.key = rkey as u8;
+        e.valid = true;
+        e.base = addr;
+        e.len = len as u64;
+        e.access = access;
+        if let Some(b) = backing {
+            e.backing = b;
+        }
         drop(inner);
         slot.set_rkey(rkey);
         Ok(())
@@ -549,8 +557,11 @@ impl MrTable {
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         match inner.entries.get_mut((rkey >> 8) as usize) {
             Some(e) if e.kind == Kind::Slot && e.valid && e.key == rkey as u8 => {
+                // The key is dead from here on (every check wants `valid`). The region's
+                // memory stays referenced until the slot is bound over another region or
+                // freed, so that rebinding over the same region, the common case, touches
+                // no reference count.
                 e.valid = false;
-                e.backing = None;
                 Ok(())
             }
             _ => Err(()),
@@ -722,6 +733,38 @@ mod tests {
             .bind(&slot, &mr, mr.addr() + 1, 8192, RW, inc_rkey(k2))
             .is_err());
         assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey()).is_err());
+    }
+
+    #[test]
+    fn rebinding_over_the_same_region_takes_no_new_reference() {
+        let t = MrTable::new();
+        let mr = t.register_buf(MemBuf::zeroed(8192), RW);
+        let other = t.register_buf(MemBuf::zeroed(4096), RW);
+        let slot = t.alloc_fast_mr();
+        let refs = |m: &Mr| Arc::strong_count(m.backing());
+        let (base, other_base) = (refs(&mr), refs(&other));
+        let mut k = slot.rkey();
+        for _ in 0..3 {
+            k = inc_rkey(k);
+            t.bind(&slot, &mr, mr.addr(), 4096, RW, k).unwrap();
+            assert_eq!(refs(&mr), base + 1, "one reference, held by the slot");
+            assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_ok());
+            t.invalidate(k).unwrap();
+            assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_err());
+            assert_eq!(
+                t.remote_write(k, mr.addr(), &[1]),
+                Err(WcStatus::RemoteAccess)
+            );
+            // The key is dead; the slot keeps its reference for the next binding.
+            assert_eq!(refs(&mr), base + 1, "kept across the invalidation");
+        }
+        // Over another region: the first one's reference goes, the other's comes.
+        k = inc_rkey(k);
+        t.bind(&slot, &other, other.addr(), 4096, RW, k).unwrap();
+        assert_eq!((refs(&mr), refs(&other)), (base, other_base + 1));
+        // A freed slot holds nothing.
+        drop(slot);
+        assert_eq!(refs(&other), other_base);
     }
 
     #[test]
