@@ -152,27 +152,16 @@ impl Driver {
     /// # Errors
     /// [`DriverError::NoThreads`] for an empty list.
     pub fn adopt(threads: &[SpdkThread]) -> Result<Arc<Driver>, DriverError> {
-        Driver::adopt_with_period(threads, 0)
+        Driver::adopt_paced(threads, PollPace::fixed(0))
     }
 
-    /// As [`Driver::adopt`], but the pollers run at most every `poll_period_us` µs: for
-    /// work off the IO fast path on threads that must be able to sleep. fio's
-    /// `spdk_bdev` plugin busy-loops a thread that has any untimed poller, and its
+    /// As [`Driver::adopt`], but the pollers registered without a period run every
+    /// `pace.active_us` µs, and one that finds nothing to do on `pace.slow_after` runs in
+    /// a row moves to `pace.idle_us` until a run finds work or [`Driver::wake`] is called
+    /// for its core: for work off the IO fast path on threads that must be able to sleep.
+    /// fio's `spdk_bdev` plugin busy-loops a thread that has any untimed poller, and its
     /// initialisation thread floats over every CPU — a busy one there competes with the
     /// job threads for their cores.
-    ///
-    /// # Errors
-    /// [`DriverError::NoThreads`] for an empty list.
-    pub fn adopt_with_period(
-        threads: &[SpdkThread],
-        poll_period_us: u64,
-    ) -> Result<Arc<Driver>, DriverError> {
-        Driver::adopt_paced(threads, PollPace::fixed(poll_period_us))
-    }
-
-    /// As [`Driver::adopt_with_period`] with `pace.active_us`, and a poller that finds
-    /// nothing to do on `pace.slow_after` runs in a row moves to `pace.idle_us` until a
-    /// run finds work or [`Driver::wake`] is called for its core.
     ///
     /// # Errors
     /// [`DriverError::NoThreads`] for an empty list.
@@ -300,13 +289,7 @@ impl Driver {
         let Some(on) = self.on_current() else {
             return;
         };
-        let slots: Vec<NonNull<Registration>> = self
-            .table(on)
-            .entries
-            .iter()
-            .filter_map(|e| e.slot)
-            .collect();
-        for s in slots {
+        for s in self.live_slots(on) {
             // A shutdown hook may unregister other pollers: only live ones are called.
             let alive = self.table(on).entries.iter().any(|e| e.slot == Some(s));
             if !alive {
@@ -462,15 +445,18 @@ impl Driver {
         id
     }
 
-    /// [`Driver::wake`] on the core's own thread.
-    fn wake_on(&self, on: OnCore) {
-        let slots: Vec<NonNull<Registration>> = self
-            .table(on)
+    /// The core's registered pollers now (a copy: walking it may register or free some).
+    fn live_slots(&self, on: OnCore) -> Vec<NonNull<Registration>> {
+        self.table(on)
             .entries
             .iter()
             .filter_map(|e| e.slot)
-            .collect();
-        for slot in slots {
+            .collect()
+    }
+
+    /// [`Driver::wake`] on the core's own thread.
+    fn wake_on(&self, on: OnCore) {
+        for slot in self.live_slots(on) {
             // SAFETY: a live slot of this core (taken from its table just now, and nothing
             // in this loop frees one), used on its own thread.
             let s = unsafe { slot.as_ref() };

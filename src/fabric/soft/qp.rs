@@ -154,9 +154,9 @@ pub struct Placed {
 /// [`Respond::NotReady`] when the kind needs a receive and `recv` is `None`;
 /// [`Respond::Refuse`] when the responder refuses it.
 ///
-/// With `payload` (the whole payload, at hand), a remote placement is written at once
-/// under the table's lock ([`MrTable::remote_write`]) and `place` comes back `None`; a
-/// receive's buffer still comes back for the caller to fill.
+/// With `payload` (the whole payload, at hand, of the operation's length), a remote
+/// placement is written at once under the table's lock ([`MrTable::remote_write`]) and
+/// `place` comes back `None`; a receive's buffer still comes back for the caller to fill.
 #[inline(always)]
 pub fn respond(
     table: &MrTable,
@@ -219,15 +219,11 @@ fn remote_place(
     }
     let refused = |status| Respond::Refuse { status, recv: None };
     match payload {
-        Some(data) => {
-            if data.len() != op.len as usize {
-                return Err(refused(WcStatus::RemoteInvalidRequest));
-            }
-            table
-                .remote_write(op.rkey, op.remote_addr, data)
-                .map(|()| None)
-                .map_err(refused)
-        }
+        // `execute_staged` checked that the payload is the operation's length.
+        Some(data) => table
+            .remote_write(op.rkey, op.remote_addr, data)
+            .map(|()| None)
+            .map_err(refused),
         None => table
             .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
             .map(Some)

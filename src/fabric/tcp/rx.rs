@@ -376,38 +376,29 @@ impl Rx {
     /// Asks the queue pair where `op` goes and starts placing its payload.
     fn start_op(&mut self, op: WireOp, qp: &mut SoftQp) -> Option<RxStop> {
         let len = op.len as usize;
-        if len > 0 && self.staged() >= len {
-            // The whole payload is staged: checked and copied in one step, with no
-            // destination kept between polls.
+        // The whole payload staged: checked and copied in one step, with no destination
+        // kept between polls.
+        let staged = len > 0 && self.staged() >= len;
+        let placed = if staged {
             let payload = &self.stage[self.start..self.start + len];
-            return match qp.execute_staged(&op, payload) {
-                Ok(()) => {
-                    self.copied += len as u64;
-                    self.start += len;
-                    self.bulk = op.len >= BULK_PAYLOAD;
-                    self.state = State::Header;
-                    None
-                }
-                Err(InboundError::NotReady) => {
-                    self.state = State::Stalled(op);
-                    Some(RxStop::Idle)
-                }
-                Err(InboundError::Refuse(status)) => {
-                    self.state = State::Header;
-                    Some(RxStop::Refused {
-                        seq: op.seq,
-                        status,
-                    })
-                }
-            };
-        }
-        match qp.inbound(&op) {
-            Ok(Some(dest)) if dest.len() == op.len as usize && op.len > 0 => {
+            qp.execute_staged(&op, payload).map(|()| None)
+        } else {
+            qp.inbound(&op)
+        };
+        match placed {
+            Ok(None) if staged => {
+                self.copied += len as u64;
+                self.start += len;
+                self.bulk = op.len >= BULK_PAYLOAD;
+                self.state = State::Header;
+                None
+            }
+            Ok(Some(dest)) if dest.len() == len && len > 0 => {
                 self.bulk = op.len >= BULK_PAYLOAD;
                 self.state = State::Payload { op, dest, done: 0 };
                 None
             }
-            Ok(None) if op.len == 0 => {
+            Ok(None) if len == 0 => {
                 self.state = State::Header;
                 qp.inbound_done(&op);
                 None
