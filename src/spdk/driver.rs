@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
-use super::thread::{app_cores, now_ns, SpdkThread};
+use super::thread::{app_cores, loop_now_ns, SpdkThread};
 use crate::engine::{
     Ctx, Msg, PaceState, PollPace, PollResult, Poller, PollerId, SendError, Timer,
 };
@@ -206,13 +206,13 @@ impl Driver {
         Some(unsafe { OnCore::assume(core) })
     }
 
-    /// The time in nanoseconds (the time-stamp counter), as every core's [`Ctx::now`]
-    /// reads it: for code that works on a core's behalf from another SPDK thread (the
+    /// The time in nanoseconds as every core's [`Ctx::now`] reads it (the calling
+    /// thread's poll start, [`loop_now_ns`]): for code that works on a core's behalf from another SPDK thread (the
     /// bdev's IO channels drive their core's session handle, whose data path only reads
     /// the clock). Nothing else of a core can be had from another thread: pollers, timers
     /// and messages are registered and sent on the core's own thread (send it a message).
     pub fn now(&self) -> u64 {
-        now_ns()
+        loop_now_ns()
     }
 
     /// Runs `msg` on `core` with that core's [`Ctx`]; callable from any thread.
@@ -525,8 +525,10 @@ struct SpdkCtx<'a> {
 }
 
 impl Ctx for SpdkCtx<'_> {
+    /// The poll's start ([`loop_now_ns`]): a poller's deadlines are measured as SPDK
+    /// schedules its timed pollers.
     fn now(&self) -> u64 {
-        now_ns()
+        loop_now_ns()
     }
 
     fn core(&self) -> usize {

@@ -145,13 +145,32 @@ pub fn app_cores() -> Vec<u32> {
 static NS_PER_TICK_FP32: AtomicU64 = AtomicU64::new(0);
 
 /// Monotonic nanoseconds from SPDK's tick counter (`spdk_get_ticks` scaled by
-/// `spdk_get_ticks_hz`). Read several times per IO and per poll, so one multiplication
-/// by a cached 32.32 fixed-point factor instead of a division: monotonic, and within
-/// one part in 2³² of the exact quotient (every time the library compares comes from
-/// this function).
+/// `spdk_get_ticks_hz`), read now.
 pub fn now_ns() -> u64 {
     // SAFETY: reads the time-stamp counter; no state involved.
-    let t = unsafe { sys::spdk_get_ticks() };
+    ticks_to_ns(unsafe { sys::spdk_get_ticks() })
+}
+
+/// "Now" as the calling SPDK thread's pollers see it: the tick at which the thread's
+/// current poll began (`spdk_thread_get_last_tsc`, the time SPDK's own timed pollers
+/// are scheduled by), in nanoseconds; off an SPDK thread, [`now_ns`]. It reads no
+/// counter: on this machine's kind of virtual CPU a counter read is 9 ns, and a poll
+/// loop read it several times (docs/BENCHMARKS.md, "The clock in the poll loop").
+/// It stands still within a poll, so a caller that waits for time to pass inside one
+/// poll must use [`now_ns`]. Both clocks count the same ticks; comparisons between
+/// them are only ever off by the length of one poll.
+pub fn loop_now_ns() -> u64 {
+    match SpdkThread::current() {
+        // SAFETY: the calling thread's own live SPDK thread; a plain field read.
+        Some(t) => ticks_to_ns(unsafe { sys::spdk_thread_get_last_tsc(t.0.as_ptr()) }),
+        None => now_ns(),
+    }
+}
+
+/// Ticks of SPDK's counter in nanoseconds: one multiplication by a cached 32.32
+/// fixed-point factor instead of a division, monotonic, and within one part in 2³² of
+/// the exact quotient.
+fn ticks_to_ns(t: u64) -> u64 {
     let mut f = NS_PER_TICK_FP32.load(Ordering::Relaxed);
     if f == 0 {
         // SAFETY: reads the counter's frequency; no state involved.

@@ -36,7 +36,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::{now_ns, sys, BdevIo, BdevIoType, GotBuf};
+use rtrs_spdk::spdk::{loop_now_ns, sys, BdevIo, BdevIoType, GotBuf};
 use rtrs_spdk::Errno;
 
 use super::core_queue::{CoreDisk, CoreQueue};
@@ -225,7 +225,7 @@ fn poll_queue(ctx: &ChanCtx, out: &mut Vec<(TaskRef, Result<(), Errno>)>) -> boo
         ctx.leave_queue();
         return true;
     }
-    let busy = p.poll(now_ns(), Some(&*ctx.shared));
+    let busy = p.poll(loop_now_ns(), Some(&*ctx.shared));
     out.append(&mut p.mine);
     busy
 }
@@ -246,9 +246,12 @@ fn moved_off(ctx: &ChanCtx) -> bool {
 
 /// Completes the resets whose requests have drained, fails those past their deadline.
 fn poll_resets(ctx: &ChanCtx) -> bool {
-    let drained = ctx.disk.outstanding() == 0;
-    let now = now_ns();
     let mut resets = ctx.resets.borrow_mut();
+    if resets.is_empty() {
+        return false;
+    }
+    let drained = ctx.disk.outstanding() == 0;
+    let now = loop_now_ns();
     let before = resets.len();
     let mut finished = Vec::new();
     let mut waiting = Vec::with_capacity(before);
@@ -305,7 +308,7 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
         let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
         ctx.resets
             .borrow_mut()
-            .push((io, now_ns().saturating_add(wait)));
+            .push((io, loop_now_ns().saturating_add(wait)));
         return;
     }
     ctx.shared.count_submitted();
@@ -383,7 +386,7 @@ fn prepare(ctx: &ChanCtx, io: BdevIo) {
     // go); should it be, the task takes the slot's task queue, which the next poll pumps.
     if let Ok(mut queue) = ctx.queue.try_borrow_mut() {
         if let Some(q) = queue.as_mut() {
-            q.submit_own(now_ns(), task, &ctx.shared);
+            q.submit_own(loop_now_ns(), task, &ctx.shared);
             return;
         }
     }
