@@ -428,10 +428,7 @@ impl Acceptor {
             rkey_ius,
             info_req: io(1, InfoReq::LEN)?,
             info_rsp: io(1, InfoRsp::wire_len(qd))?,
-            busy: (0..usize::from(qd).div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            ops: AtomicU32::new(0),
+            busy: (0..qd).map(|_| AtomicBool::new(false)).collect(),
             live_cons: AtomicU32::new(0),
             traffic: AtomicBool::new(false),
             name: Mutex::new(String::new()),

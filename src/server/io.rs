@@ -295,6 +295,7 @@ impl Requests {
             }
             return false;
         }
+        op.owns = true;
         self.dispatch(cx, env, idx);
         true
     }

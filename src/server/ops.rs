@@ -3,7 +3,6 @@
 //! core serves the connections of many paths). A slot's generation moves when it is
 //! freed, so an id or a LOCAL_INV completion of a finished request is recognised.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::handler::IoId;
@@ -43,6 +42,9 @@ pub(crate) struct Op {
     pub ticket: u32,
     /// When the handler got it (ns).
     pub t0: u64,
+    /// It claimed its chunk ([`Session::try_own`](super::session::Session::try_own)
+    /// succeeded) and releases it when it ends.
+    pub owns: bool,
 }
 
 impl Op {
@@ -58,6 +60,7 @@ impl Op {
             counted_wait: false,
             ticket: 0,
             t0: 0,
+            owns: false,
         }
     }
 }
@@ -83,7 +86,7 @@ impl OpTable {
     /// Takes a slot for a request for chunk `buf_id` of `path` that came on connection
     /// `con`; it waits for its LOCAL_INV ([`Stage::Inv`]).
     pub fn alloc(&mut self, path: Arc<Path>, con: usize, buf_id: u16, req: ChunkReq) -> u32 {
-        path.ops.fetch_add(1, Ordering::AcqRel);
+        path.counters.hold(self.core);
         let ticket = path.sess.done_ticket(buf_id);
         let idx = match self.free.pop() {
             Some(i) => i,
@@ -101,6 +104,7 @@ impl OpTable {
         op.result = Ok(());
         op.counted_wait = false;
         op.ticket = ticket;
+        op.owns = false;
         idx
     }
 
@@ -127,13 +131,16 @@ impl OpTable {
     fn finish(&mut self, idx: u32, path: Option<&Path>, dropped: bool) {
         let op = &mut self.ops[idx as usize];
         if let Some(p) = path {
-            p.sess.release(op.buf_id, p.id);
+            if op.owns {
+                p.sess.release_owned(op.buf_id);
+            }
             p.clear_busy(op.buf_id);
             if dropped {
                 CoreCounters::add(&p.counters.core(self.core).dropped, 1);
             }
-            p.ops.fetch_sub(1, Ordering::AcqRel);
+            p.counters.unhold(self.core);
         }
+        op.owns = false;
         op.stage = Stage::Free;
         op.gen = op.gen.wrapping_add(1);
         self.free.push(idx);

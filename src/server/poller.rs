@@ -494,7 +494,7 @@ impl ServerCore {
         let mut k = 0;
         while k < self.closing.len() {
             let p = &self.closing[k];
-            if p.live_cons.load(Ordering::Acquire) != 0 || p.ops.load(Ordering::Acquire) != 0 {
+            if p.live_cons.load(Ordering::Acquire) != 0 || p.ops_held() != 0 {
                 k += 1;
                 continue;
             }

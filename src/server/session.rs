@@ -73,6 +73,29 @@ pub(crate) struct Session {
     pub name: Mutex<String>,
 }
 
+/// Claims an owner word for `pid` (non-zero); `Err(owner)` when another holds it.
+fn claim(owner: &AtomicU32, pid: u32) -> Result<(), u32> {
+    owner
+        .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+        .map(|_| ())
+}
+
+/// Releases an owner word the caller [claimed](claim): nobody else writes it meanwhile,
+/// so a plain store (with release ordering) suffices.
+fn release_claim(owner: &AtomicU32) {
+    owner.store(0, Ordering::Release);
+}
+
+/// Sets a flag; true if it was clear (the caller is the one that set it).
+fn set_flag(f: &AtomicBool) -> bool {
+    !f.swap(true, Ordering::AcqRel)
+}
+
+/// Clears a flag the caller [set](set_flag): a plain store.
+fn clear_flag(f: &AtomicBool) {
+    f.store(false, Ordering::Release);
+}
+
 impl Session {
     pub fn chunk_size(&self) -> u32 {
         self.layout.chunk_size()
@@ -89,19 +112,16 @@ impl Session {
 
     /// Claims chunk `buf_id` for path `pid`; `Err(owner)` when another holds it.
     pub fn try_own(&self, buf_id: u16, pid: u32) -> Result<(), u32> {
-        self.owner[usize::from(buf_id)]
-            .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
+        claim(&self.owner[usize::from(buf_id)], pid)
     }
 
-    /// Releases chunk `buf_id` if path `pid` holds it.
-    pub fn release(&self, buf_id: u16, pid: u32) {
-        let _ = self.owner[usize::from(buf_id)].compare_exchange(
-            pid,
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+    /// Releases chunk `buf_id`, which the caller's request claimed ([`Session::try_own`]
+    /// succeeded for it and it has not released it since). A plain store: while a
+    /// request owns the chunk nobody else writes its owner word (every other claim
+    /// fails its compare-exchange), so no read-modify-write is needed; the release
+    /// ordering publishes the request's writes to the chunk to the next owner.
+    pub fn release_owned(&self, buf_id: u16) {
+        release_claim(&self.owner[usize::from(buf_id)]);
     }
 
     /// The count of executions finished on chunk `buf_id`: a request takes it when it
@@ -160,10 +180,9 @@ pub(crate) struct Path {
     /// INFO_REQ receive buffer (slot 0) — INFO_RSP is built in `info_rsp`.
     pub info_req: IuPool,
     pub info_rsp: IuPool,
-    /// Buf ids with a request on this path, one bit each.
-    pub busy: Box<[AtomicU64]>,
-    /// Requests of this path held by some core (any state).
-    pub ops: AtomicU32,
+    /// Buf ids with a request on this path, one flag each (a flag of its own, so that
+    /// clearing it is a plain store).
+    pub busy: Box<[AtomicBool]>,
     /// Connections of this path still held by some core.
     pub live_cons: AtomicU32,
     /// Set by any receive on the path; consumed by the heartbeat on the home core.
@@ -181,15 +200,26 @@ impl Path {
         self.state() == CONNECTED
     }
 
-    /// Marks `buf_id` busy on this path; false if it already was (a duplicate).
+    /// Marks `buf_id` busy on this path; false if it already was (a duplicate). The one
+    /// read-modify-write of the flag: a broken client may send a buf id on two cores at
+    /// once, and exactly one of them must see it free.
     pub fn mark_busy(&self, buf_id: u16) -> bool {
-        let (w, b) = (usize::from(buf_id) / 64, buf_id % 64);
-        self.busy[w].fetch_or(1 << b, Ordering::AcqRel) & (1 << b) == 0
+        self.busy.get(usize::from(buf_id)).is_some_and(set_flag)
     }
 
+    /// Clears `buf_id`'s flag, set by the caller's request ([`Path::mark_busy`]
+    /// returned true for it): nobody else writes a set flag, so a plain store.
     pub fn clear_busy(&self, buf_id: u16) {
-        let (w, b) = (usize::from(buf_id) / 64, buf_id % 64);
-        self.busy[w].fetch_and(!(1u64 << b), Ordering::AcqRel);
+        if let Some(b) = self.busy.get(usize::from(buf_id)) {
+            clear_flag(b);
+        }
+    }
+
+    /// Requests of this path that some core holds (any state): the sum of the cores'
+    /// counts ([`PathCounters::held`]). Once the path has no connection left no core can
+    /// take a new one, so a zero sum stays zero.
+    pub fn ops_held(&self) -> u64 {
+        self.counters.held()
     }
 
     pub fn name(&self) -> String {
@@ -244,7 +274,7 @@ impl Path {
             read_bytes,
             write_cnt,
             write_bytes,
-            inflight: self.ops.load(Ordering::Relaxed).into(),
+            inflight: self.ops_held(),
             failover_waits,
             failover_dups,
             rsp_queued,
@@ -282,4 +312,73 @@ impl Sessions {
 /// Locks, ignoring poisoning (a panicking core must not wedge the others).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Threads that take `take`, count under it with a plain load and store, and give
+    /// it back: no count may be lost, so no two ever hold it at once.
+    fn exclusive(
+        take: impl Fn(u32) -> bool + Send + Sync + 'static,
+        give: impl Fn() + Send + Sync + 'static,
+    ) {
+        let take = Arc::new(take);
+        let give = Arc::new(give);
+        let count = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (1..=4u32)
+            .map(|pid| {
+                let (take, give, count) =
+                    (Arc::clone(&take), Arc::clone(&give), Arc::clone(&count));
+                std::thread::spawn(move || {
+                    let mut mine = 0u64;
+                    while mine < 20_000 {
+                        if take(pid) {
+                            let n = count.load(Ordering::Relaxed);
+                            std::hint::spin_loop();
+                            count.store(n + 1, Ordering::Relaxed);
+                            mine += 1;
+                            give();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+        assert_eq!(count.load(Ordering::Relaxed), 4 * 20_000);
+    }
+
+    #[test]
+    fn a_claimed_chunk_is_released_by_a_plain_store() {
+        let owner = Arc::new(AtomicU32::new(0));
+        assert_eq!(claim(&owner, 7), Ok(()));
+        assert_eq!(claim(&owner, 9), Err(7));
+        release_claim(&owner);
+        assert_eq!(claim(&owner, 9), Ok(()));
+        release_claim(&owner);
+        let (a, b) = (Arc::clone(&owner), Arc::clone(&owner));
+        exclusive(move |pid| claim(&a, pid).is_ok(), move || release_claim(&b));
+        assert_eq!(owner.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_busy_flag_is_set_once_and_cleared_by_a_plain_store() {
+        let flag = Arc::new(AtomicBool::new(false));
+        assert!(set_flag(&flag));
+        assert!(
+            !set_flag(&flag),
+            "a second request on a busy buf id is a duplicate"
+        );
+        clear_flag(&flag);
+        assert!(set_flag(&flag));
+        clear_flag(&flag);
+        let (a, b) = (Arc::clone(&flag), Arc::clone(&flag));
+        exclusive(move |_| set_flag(&a), move || clear_flag(&b));
+        assert!(!flag.load(Ordering::Relaxed));
+    }
 }

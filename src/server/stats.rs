@@ -31,6 +31,9 @@ pub(crate) struct CoreCounters {
     pub failover_dups: AtomicU64,
     pub rsp_queued: AtomicU64,
     pub dropped: AtomicU64,
+    /// Requests of the path this core holds now, in any state (see
+    /// [`PathCounters::hold`]).
+    held: AtomicU64,
 }
 
 impl CoreCounters {
@@ -54,6 +57,9 @@ impl CoreCounters {
 #[derive(Debug)]
 pub(crate) struct PathCounters {
     cores: Box<[CoreCounters]>,
+    /// Held requests of cores beyond `cores` (which a server never has): shared, so
+    /// counted with read-modify-writes.
+    held_beyond: AtomicU64,
 }
 
 impl PathCounters {
@@ -61,6 +67,7 @@ impl PathCounters {
     pub fn new(cores: usize) -> PathCounters {
         PathCounters {
             cores: (0..cores.max(1)).map(|_| CoreCounters::default()).collect(),
+            held_beyond: AtomicU64::new(0),
         }
     }
 
@@ -69,6 +76,43 @@ impl PathCounters {
     /// worse).
     pub fn core(&self, core: usize) -> &CoreCounters {
         self.cores.get(core).unwrap_or(&self.cores[0])
+    }
+
+    /// Core `core` took one of the path's requests. Each core counts its own with a
+    /// plain load and store (it is the count's only writer); the release store orders
+    /// the core's work on the request before a reader that sees the count.
+    pub fn hold(&self, core: usize) {
+        match self.cores.get(core) {
+            Some(c) => c.held.store(
+                c.held.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Release,
+            ),
+            None => {
+                self.held_beyond.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Core `core` is done with one of the requests it [held](Self::hold).
+    pub fn unhold(&self, core: usize) {
+        match self.cores.get(core) {
+            Some(c) => c.held.store(
+                c.held.load(Ordering::Relaxed).wrapping_sub(1),
+                Ordering::Release,
+            ),
+            None => {
+                self.held_beyond.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// The path's requests held by all cores: exact once no core can take a new one
+    /// (the counts then only fall, so reading them one after the other is enough).
+    pub fn held(&self) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.held.load(Ordering::Acquire))
+            .fold(self.held_beyond.load(Ordering::Acquire), u64::wrapping_add)
     }
 
     fn sum(&self, f: impl Fn(&CoreCounters) -> &AtomicU64) -> u64 {
@@ -174,6 +218,8 @@ impl ServerStats {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -204,6 +250,38 @@ mod tests {
             c.core(1) as *const CoreCounters,
         );
         assert!(b as usize - a as usize >= 128);
+    }
+
+    #[test]
+    fn held_requests_sum_over_cores_and_beyond() {
+        let c = Arc::new(PathCounters::new(2));
+        // Two cores, each the only writer of its count, take and end requests at once;
+        // a core beyond the count shares the read-modify-write fallback.
+        let workers: Vec<_> = [0usize, 1, 5]
+            .into_iter()
+            .map(|core| {
+                let c = Arc::clone(&c);
+                std::thread::spawn(move || {
+                    for k in 0..10_000 {
+                        c.hold(core);
+                        if k % 3 != 0 {
+                            c.unhold(core);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("worker");
+        }
+        // 3,334 of each core's 10,000 are still held.
+        assert_eq!(c.held(), 3 * 3_334);
+        for core in [0, 1, 5] {
+            for _ in 0..3_334 {
+                c.unhold(core);
+            }
+        }
+        assert_eq!(c.held(), 0);
     }
 
     #[test]
