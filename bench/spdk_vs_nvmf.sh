@@ -12,7 +12,12 @@
 #           cores 0 and 1, fixed-size requests and responses pipelined QD deep, nothing
 #           else), run before the target starts so that no reactor spins on its cores
 #   pairs   4 KiB randread and randwrite at QD1 and QD32, 128 KiB read at QD8 (bdevperf;
-#           average and p99 latency)
+#           average and p99 latency). Each pair runs --rounds times (3 by default), rtrs
+#           and NVMe-oF/TCP one after the other in every round, each in a bdevperf of its
+#           own; the round whose IOPS ratio is the median of the rounds' is the pair's
+#           result (this machine changes speed from one minute to the next, and a run of
+#           one transport after all of the other's would measure the two in different
+#           spells). Every round's ratio is printed and kept in the report.
 #   syscalls  every pair once more with `perf stat` syscall tracepoints attached to spdk_tgt
 #           and to bdevperf, counting only in the middle of the run: syscalls per IO of the
 #           target and of the initiator, for rtrs and for NVMe-oF/TCP, and over the same
@@ -29,7 +34,7 @@
 #   memory  resident memory of the target per connected session and of the client per bdev
 #   soak    a --soak-minute bdevperf run over the rtrs bdev, sampling both sides' memory
 #
-#   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--soak MINUTES] [--only a,b] [--no-append]
+#   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--rounds N] [--soak MINUTES] [--only a,b] [--no-append]
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
@@ -46,17 +51,19 @@ REPORT=(python3 "$REPO/bench/perf_report.py")
 TIME=10
 SWEEP_TIME=5
 SOAK_MIN=10
+ROUNDS=3
 PARTS=floor,pairs,syscalls,split,sweep,fio,inline,memory,soak
 ONLY=$PARTS
 APPEND=1
 usage() {
-	echo "usage: $0 [--time S] [--sweep-time S] [--soak MINUTES] [--only $PARTS] [--no-append]" >&2
+	echo "usage: $0 [--time S] [--sweep-time S] [--rounds N] [--soak MINUTES] [--only $PARTS] [--no-append]" >&2
 	exit 2
 }
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--time) TIME=${2:?}; shift 2 ;;
 	--sweep-time) SWEEP_TIME=${2:?}; shift 2 ;;
+	--rounds) ROUNDS=${2:?}; shift 2 ;;
 	--soak) SOAK_MIN=${2:?}; shift 2 ;;
 	--only) ONLY=${2:?}; shift 2 ;;
 	--no-append) APPEND=0; shift ;;
@@ -246,18 +253,45 @@ syscalls_run() {
 	RES[sc-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/sc-$kind-$name.json")
 }
 
-# run_side KIND: one bdevperf on core 1 for the pairs and the sweep of this transport.
+# pair_once KIND NAME QD SIZE RW OUT: one bdevperf of its own on core 1, one run; prints
+# its result line.
+pair_once() {
+	local kind=$1 r
+	app_start "pr-$kind" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$kind.json" -z -l \
+		-q 1 -o 4096 -w randread -t "$TIME" || return 1
+	r=$(perform "pr-$kind" "$3" "$4" "$5" "$TIME" "$6") || { app_stop "pr-$kind"; return 1; }
+	app_stop "pr-$kind"
+	echo "$r"
+}
+
+# run_pairs: every workload ROUNDS times, rtrs then NVMe-oF/TCP in each round; the round
+# with the median IOPS ratio gives the pair's result (RES[rtrs-NAME], RES[nvmf-NAME]).
+run_pairs() {
+	local w name qd size rw k a b picked
+	for w in "${WORKLOADS[@]}"; do
+		IFS='|' read -r name qd size rw <<<"$w"
+		local -a ra=() rb=() rr=()
+		for ((k = 1; k <= ROUNDS; k++)); do
+			a=$(pair_once rtrs "$name" "$qd" "$size" "$rw" "$APP_DIR/rtrs-$name-$k.json") || return 1
+			b=$(pair_once nvmf "$name" "$qd" "$size" "$rw" "$APP_DIR/nvmf-$name-$k.json") || return 1
+			ra+=("$a"); rb+=("$b"); rr+=("$("${REPORT[@]}" ratio "${a%% *}" "${b%% *}")")
+			echo "   round $k $name: rtrs $a; nvmf $b; IOPS ratio ${rr[-1]}"
+		done
+		# The index of the median ratio (the lower middle one for an even count).
+		picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
+		RES[rtrs-$name]=${ra[$picked]}
+		RES[nvmf-$name]=${rb[$picked]}
+		RES[rounds-$name]=${rr[*]}
+		echo "   rtrs $name: ${RES[rtrs-$name]} (IOPS MiB/s avg-µs failed p99-µs; round $((picked + 1)), the median ratio)"
+		echo "   nvmf $name: ${RES[nvmf-$name]}"
+	done
+}
+
+# run_side KIND: one bdevperf on core 1 for the syscalls and the sweep of this transport.
 run_side() {
 	local kind=$1 w name qd size rw
 	app_start "bp-$kind" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$kind.json" -z -l \
 		-q 1 -o 4096 -w randread -t "$TIME" || return 1
-	if want pairs; then
-		for w in "${WORKLOADS[@]}"; do
-			IFS='|' read -r name qd size rw <<<"$w"
-			RES[$kind-$name]=$(perform "bp-$kind" "$qd" "$size" "$rw" "$TIME" "$APP_DIR/$kind-$name.json") || return 1
-			echo "   $kind $name: ${RES[$kind-$name]} (IOPS MiB/s avg-µs failed p99-µs)"
-		done
-	fi
 	if want syscalls; then
 		for w in "${WORKLOADS[@]}"; do
 			IFS='|' read -r name qd size rw <<<"$w"
@@ -284,7 +318,11 @@ if want split; then
 	echo "   split: rtrs-bench -> spdk_tgt: ${RES[split-bench-st]} IOPS"
 fi
 
-if want pairs || want sweep || want syscalls; then
+if want pairs; then
+	echo "== bdevperf on core 1, the pairs: $ROUNDS rounds of rtrs then NVMe-oF/TCP"
+	run_pairs || exit 1
+fi
+if want sweep || want syscalls; then
 	echo "== bdevperf on core 1 over the rtrs bdev"
 	run_side rtrs || exit 1
 	echo "== bdevperf on core 1 over NVMe-oF/TCP"
@@ -452,13 +490,13 @@ field() { local f; read -r -a f <<<"${RES[$1]:-}"; echo "${f[${2:-1} - 1]:-}"; }
 
 if want pairs; then
 	{
-		echo "| workload | rtrs IOPS | rtrs MiB/s | rtrs avg µs | rtrs p99 µs | NVMe-oF/TCP IOPS | NVMe-oF/TCP MiB/s | NVMe-oF/TCP avg µs | NVMe-oF/TCP p99 µs | IOPS ratio rtrs/nvmf |"
-		echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+		echo "| workload | rtrs IOPS | rtrs MiB/s | rtrs avg µs | rtrs p99 µs | NVMe-oF/TCP IOPS | NVMe-oF/TCP MiB/s | NVMe-oF/TCP avg µs | NVMe-oF/TCP p99 µs | IOPS ratio rtrs/nvmf | every round's ratio |"
+		echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 		for w in "${WORKLOADS[@]}"; do
 			IFS='|' read -r name _ _ _ <<<"$w"
 			read -r ri rm rl _ r99 <<<"${RES[rtrs-$name]}"
 			read -r ni nm nl _ n99 <<<"${RES[nvmf-$name]}"
-			echo "| $name | $ri | $rm | $rl | $r99 | $ni | $nm | $nl | $n99 | $(ratio "$ri" "$ni") |"
+			echo "| $name | $ri | $rm | $rl | $r99 | $ni | $nm | $nl | $n99 | $(ratio "$ri" "$ni") | ${RES[rounds-$name]// / · } |"
 		done
 	} >"$APP_DIR/pairs.md"
 	goal "4 KiB randread QD32: IOPS rtrs / NVMe-oF/TCP" \
@@ -580,6 +618,7 @@ fi
 	echo
 	# The command as it ran: options of parts that did not run are left out.
 	cmd="bench/spdk_vs_nvmf.sh --time $TIME"
+	want pairs && cmd+=" --rounds $ROUNDS"
 	want sweep && cmd+=" --sweep-time $SWEEP_TIME"
 	want soak && cmd+=" --soak $SOAK_MIN"
 	cmd+=" --only $ONLY"
