@@ -809,8 +809,13 @@ run_scenario() {
 	echo "== $name"
 	(scenario_"$name") &
 	local sub=$!
+	# The watchdog's sleep goes with it: a sleep left behind would hold the output open
+	# (a reader of a pipe would wait for it) until the timeout.
 	(
-		sleep "$SCENARIO_TIMEOUT"
+		sleep "$SCENARIO_TIMEOUT" &
+		nap=$!
+		trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+		wait "$nap" || exit 0
 		echo "   $name: timed out after ${SCENARIO_TIMEOUT}s"
 		kill -TERM "$sub" 2>/dev/null
 	) &
