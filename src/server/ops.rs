@@ -140,7 +140,6 @@ impl OpTable {
             }
             p.counters.unhold(self.core);
         }
-        op.owns = false;
         op.stage = Stage::Free;
         op.gen = op.gen.wrapping_add(1);
         self.free.push(idx);

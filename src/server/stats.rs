@@ -82,26 +82,23 @@ impl PathCounters {
     /// plain load and store (it is the count's only writer); the release store orders
     /// the core's work on the request before a reader that sees the count.
     pub fn hold(&self, core: usize) {
-        match self.cores.get(core) {
-            Some(c) => c.held.store(
-                c.held.load(Ordering::Relaxed).wrapping_add(1),
-                Ordering::Release,
-            ),
-            None => {
-                self.held_beyond.fetch_add(1, Ordering::AcqRel);
-            }
-        }
+        self.move_held(core, 1);
     }
 
     /// Core `core` is done with one of the requests it [held](Self::hold).
     pub fn unhold(&self, core: usize) {
+        self.move_held(core, 1u64.wrapping_neg());
+    }
+
+    /// Adds `delta` (wrapping) to `core`'s held count.
+    fn move_held(&self, core: usize, delta: u64) {
         match self.cores.get(core) {
             Some(c) => c.held.store(
-                c.held.load(Ordering::Relaxed).wrapping_sub(1),
+                c.held.load(Ordering::Relaxed).wrapping_add(delta),
                 Ordering::Release,
             ),
             None => {
-                self.held_beyond.fetch_sub(1, Ordering::AcqRel);
+                self.held_beyond.fetch_add(delta, Ordering::AcqRel);
             }
         }
     }
