@@ -13,6 +13,10 @@ cargo test
 # Benches are plain programs; build them so they cannot rot.
 echo "== cargo build --benches"
 cargo build --benches -q
+# The verbs fabric against the kernel's RTRS/RNBD in a QEMU guest with Soft-RoCE, on the
+# debug binaries just built (one SKIPPED line where no guest can run).
+echo "== ci/kernel-vm.sh (interop with the kernel's RTRS/RNBD over rxe)"
+ci/kernel-vm.sh
 # The SPDK plugin tests (one SKIPPED line when SPDK is not found).
 ci/spdk-test.sh
 # The RTRS target inside spdk_tgt, driven by the project's own client (same skip rule).

@@ -793,7 +793,10 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { self.0.register_raw(addr, len, access) }
     }
-    fn alloc_fast_mr(&self) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
+    fn alloc_fast_mr(
+        &self,
+        _scope: rtrs_spdk::fabric::KeyScope,
+    ) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
         Err(rtrs_spdk::fabric::FabricError::Register {
             len: 0,
             reason: "no fast-registration slot left (test)".into(),

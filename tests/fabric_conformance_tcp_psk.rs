@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
-    Mr, Psk, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
+    Listener, MemBuf, Mr, Psk, QpCaps,
 };
 
 /// A tcp fabric whose `listen` and `connect` always use one key.
@@ -42,8 +42,8 @@ impl Fabric for Keyed {
         // SAFETY: the caller's guarantees are passed on unchanged.
         unsafe { self.inner.register_raw(addr, len, access) }
     }
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        self.inner.alloc_fast_mr()
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.inner.alloc_fast_mr(scope)
     }
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
         self.inner.listen_auth(addr, Some(self.psk.clone()))

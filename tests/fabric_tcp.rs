@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use rtrs_spdk::fabric::tcp::frame::{self, CmPayload, Header, Opcode, RejectReason};
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{
-    inc_rkey, Access, CmEvent, Conn, ConnState, Fabric, FabricKind, Listener, MemBuf, Mr,
+    inc_rkey, Access, CmEvent, Conn, ConnState, Fabric, FabricKind, KeyScope, Listener, MemBuf, Mr,
     PostErrorKind, PrivateData, QpCaps, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 

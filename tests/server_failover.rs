@@ -18,7 +18,8 @@ use std::sync::Arc;
 use rtrs_spdk::common::random_uuid;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf, Mr, QpCaps,
+    Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope, Listener, MemBuf,
+    Mr, QpCaps,
 };
 use server_util::client::Ids;
 use server_util::{Event, Harness, TestPath};
@@ -218,8 +219,8 @@ impl Fabric for WithCaps {
         // SAFETY: the caller's contract is passed on unchanged.
         unsafe { self.0.register_raw(addr, len, access) }
     }
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        self.0.alloc_fast_mr()
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.0.alloc_fast_mr(scope)
     }
     fn local_memory(
         &self,

@@ -81,7 +81,8 @@ apps_init() {
 }
 
 # app_start NAME BINARY ARGS... : start an SPDK application with the plugin preloaded, its
-# RPC socket at $APP_DIR/NAME.sock, output in $APP_DIR/NAME.log; waits for its RPC server.
+# RPC socket at $APP_DIR/NAME.sock, output in $APP_DIR/NAME.log; waits for its RPC server
+# (APP_START_WAIT tenths of a second, 30 s by default).
 app_start() {
 	local name=$1 bin=$2
 	shift 2
@@ -92,7 +93,7 @@ app_start() {
 	local pid=$!
 	echo "$pid" >"$APP_DIR/pids/$name"
 	local i
-	for ((i = 0; i < 300; i++)); do
+	for ((i = 0; i < ${APP_START_WAIT:-300}; i++)); do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			echo "app $name exited during start-up; log:" >&2
 			tail -n 30 "$APP_DIR/$name.log" >&2
@@ -103,7 +104,7 @@ app_start() {
 		fi
 		sleep 0.1
 	done
-	echo "app $name: RPC socket $sock did not come up within 30 s" >&2
+	echo "app $name: RPC socket $sock did not come up within $((${APP_START_WAIT:-300} / 10)) s" >&2
 	return 1
 }
 

@@ -18,12 +18,14 @@ use std::sync::atomic::Ordering;
 use super::core_cq::Hub;
 use super::policy::{Candidate, MpPolicy, PathSet};
 use super::request::{
-    region_index, CorePath, FmrState, Out, PollScratch, Posted, RState, MAX_SGL, NO_ROUTE, WC_BATCH,
+    region_index, CorePath, Out, PollScratch, Posted, RState, ReadKey, MAX_SGL, NO_ROUTE, WC_BATCH,
 };
 use super::session_core::{hold, SessionCore, Sizing};
 
 use crate::common::{ConPostError, Dir};
-use crate::fabric::{inc_rkey, Access, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus};
+use crate::fabric::{
+    inc_rkey, Access, KeyScope, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
@@ -199,24 +201,25 @@ impl SessionCore {
                 .map_err(|_| PostFail::Invalid)?;
                 let mut desc = None;
                 if r.data_len > 0 {
-                    if res.fmr_state[i] == FmrState::Unknown {
-                        match self.fabric.alloc_fast_mr() {
-                            Ok(f) => {
-                                res.fmr[i] = f;
-                                res.fmr_state[i] = FmrState::Free;
-                            }
+                    if cp.keys.len() <= i {
+                        cp.keys.resize_with(i + 1, || None);
+                    }
+                    if cp.keys[i].is_none() {
+                        match self.fabric.alloc_fast_mr(KeyScope::Connection) {
+                            Ok(slot) => cp.keys[i] = Some(ReadKey { slot, bound: false }),
                             Err(e) => {
-                                tracing::warn!("cannot replace a fast-registration slot: {e}");
+                                tracing::warn!("cannot make a READ key slot: {e}");
                                 return Err(PostFail::Budget);
                             }
                         }
                     }
-                    if res.fmr_state[i] == FmrState::Bound {
+                    let Some(key) = cp.keys[i].as_ref() else {
+                        return Err(PostFail::Budget);
+                    };
+                    if key.bound {
                         inv = Some(SendWr {
                             wr_id: 0,
-                            op: SendOp::LocalInv {
-                                rkey: res.fmr[i].rkey(),
-                            },
+                            op: SendOp::LocalInv { slot: &key.slot },
                             sges: &[],
                             signaled: false,
                         });
@@ -227,11 +230,11 @@ impl SessionCore {
                         Some(m) => (&**m, self.sgl[i * MAX_SGL].addr),
                         None => (&res.bounce, bounce_addr),
                     };
-                    let new_key = inc_rkey(res.fmr[i].rkey());
+                    let new_key = inc_rkey(key.slot.rkey());
                     reg = Some(SendWr {
                         wr_id: 0,
                         op: SendOp::RegMr {
-                            slot: &res.fmr[i],
+                            slot: &key.slot,
                             region,
                             addr: target,
                             len: r.data_len,
@@ -310,14 +313,14 @@ impl SessionCore {
             Err(ConPostError::Budget { .. }) => return Err(PostFail::Budget),
             Err(e) => {
                 if r.has_desc() {
-                    res.fmr_state[i] = FmrState::Unknown;
+                    cp.keys[i] = None;
                 }
                 tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, "post failed: {e}");
                 return Err(PostFail::Broken);
             }
         }
-        if r.has_desc() {
-            res.fmr_state[i] = FmrState::Bound;
+        if let Some(key) = cp.keys.get_mut(i).and_then(Option::as_mut) {
+            key.bound |= r.has_desc();
         }
         let st = &cp.shared.core_stats[self.core];
         st.on_post(
@@ -516,7 +519,14 @@ impl SessionCore {
         }
         let res = &mut rd.res;
         if rsp.w_inv() {
-            res.fmr_state[i] = FmrState::Free;
+            // Retired by the server's SEND_WITH_INV on this path's connection.
+            if let Some(key) = self.paths[slot]
+                .as_mut()
+                .and_then(|cp| cp.keys.get_mut(i))
+                .and_then(Option::as_mut)
+            {
+                key.bound = false;
+            }
         }
         let mut result = Errno::result_from_neg(rsp.errno());
         if result.is_ok() && r.has_desc() && !r.direct {
@@ -628,11 +638,6 @@ impl SessionCore {
             {
                 if r.policy == MpPolicy::MinInflight {
                     p.core_stats[self.core].inflight.sub(1);
-                }
-            }
-            if r.has_desc() {
-                if let Sizing::Ready(rd) = &mut self.sizing {
-                    rd.res.fmr_state[i] = FmrState::Unknown;
                 }
             }
             let q = &mut self.reqs[i];

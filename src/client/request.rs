@@ -167,28 +167,30 @@ pub(super) struct Res {
     pub hdr: IuPool,
     /// `max_io_size` bytes per permit: READ replies, multi-segment WRITE data.
     pub bounce: Mr,
-    /// The READ reply's key slot per permit.
-    pub fmr: Vec<FastMr>,
-    /// Whether each slot's binding is retired, live, or unknown.
-    pub fmr_state: Vec<FmrState>,
 }
 
-/// The binding of a permit's fast-registration slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FmrState {
-    /// Never bound, or retired (the server's SEND_WITH_INV, IO_RSP_W_INV).
-    Free,
+/// A permit's READ key on one connection: a [`KeyScope::Connection`] slot, bound by
+/// the connection that carries the request and written and retired (SEND_WITH_INV)
+/// by the server on it.
+///
+/// [`KeyScope::Connection`]: crate::fabric::KeyScope::Connection
+pub(super) struct ReadKey {
+    pub slot: FastMr,
     /// Bound and not retired: a LOCAL_INV goes before the next binding (the kernel's
     /// local invalidation when the response came without W_INV).
-    Bound,
-    /// Unknown (the path died with the request in flight): the slot is replaced by a
-    /// fresh one, so a late write through the old key can never reach reused memory.
-    Unknown,
+    pub bound: bool,
 }
 
 /// This core's connection of one path. Its requests in flight under min-inflight are
 /// counted once, in `shared.core_stats[core].inflight`.
 pub(super) struct CorePath {
+    /// The READ key of each of this core's permits on this connection, made at its
+    /// first READ here; `None` also when its state is unknown (a post failed with it
+    /// bound), so that a late write through the old key never reaches reused memory.
+    /// A key belongs to the connection that binds it, so the keys go with the
+    /// connection, and before it (declared first: dropped first), as a device wants
+    /// its windows gone before their queue pair.
+    pub keys: Vec<Option<ReadKey>>,
     pub io: Box<IoConn>,
     pub shared: Arc<PathShared>,
     /// The connection's route in the core's shared CQ ([`super::CoreCq`]), or

@@ -24,12 +24,12 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    region_index, region_of, ClientCompletion, ClientIo, CorePath, FmrState, Out, PollScratch,
-    Posted, RState, Req, Res, MAX_SGL, NO_ROUTE,
+    region_index, region_of, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted,
+    RState, Req, Res, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
-use crate::fabric::{Access, Fabric, FastMr, MemBuf, Mr, Sge};
+use crate::fabric::{Access, Fabric, MemBuf, Mr, Sge};
 use crate::Errno;
 
 /// What one core knows of the session's limits and what it built from them: one value,
@@ -495,7 +495,9 @@ impl SessionCore {
                     // A connection this core still had of the path goes with its route.
                     self.drop_route(old.route);
                 }
+                let permits = self.permits();
                 self.paths[slot] = Some(CorePath {
+                    keys: (0..permits).map(|_| None).collect(),
                     io: conn,
                     shared: path,
                     route,
@@ -536,25 +538,24 @@ impl SessionCore {
             MemBuf::zeroed(cnt * params.max_io_size as usize),
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         );
-        let fmr: Result<Vec<FastMr>, _> = (0..n).map(|_| self.fabric.alloc_fast_mr()).collect();
-        match (hdr, bounce, fmr) {
-            (Ok(hdr), Ok(bounce), Ok(fmr)) => {
+        match (hdr, bounce) {
+            (Ok(hdr), Ok(bounce)) => {
                 self.sizing = Sizing::Ready(Ready {
                     params,
                     permits: Permits::new(range),
-                    res: Res {
-                        hdr,
-                        bounce,
-                        fmr,
-                        fmr_state: vec![FmrState::Free; n],
-                    },
+                    res: Res { hdr, bounce },
                 });
             }
-            (h, b, f) => {
-                let err = h.err().or(b.err()).or(f.err());
+            (h, b) => {
+                let err = h.err().or(b.err());
                 tracing::error!(sess = %self.sess.sessname, core = self.core, "cannot allocate per-permit buffers: {err:?}; this core gets no permits");
                 self.sizing = Sizing::Starved(params);
             }
+        }
+        // The READ keys were made for the old permits.
+        for cp in self.paths.iter_mut().flatten() {
+            cp.keys.clear();
+            cp.keys.resize_with(n, || None);
         }
         self.reqs = vec![Req::FREE; n];
         self.sgl = vec![Sge::default(); n * MAX_SGL];

@@ -22,18 +22,33 @@
 //! completes the sender's work request with [`WcStatus::RemoteAccess`] and breaks the
 //! connection on both sides. Zero-length remote writes check no key.
 //!
-//! **Fast registration.** A [`FastMr`] is a key slot with no memory of its own. Posting
-//! [`SendOp::RegMr`] binds it to a range of a registered [`Mr`] with the given access
-//! and the given new rkey (callers pass [`inc_rkey`] of the slot's current rkey, as the
-//! kernel's `ib_inc_rkey`). A bound slot must be invalidated before it is bound again
-//! (binding a bound slot completes with [`WcStatus::LocalQpOperation`]). The binding takes effect in send-queue order: operations
-//! posted after it on the same connection, and every peer operation that learned the key
-//! from one of them, see it. [`SendOp::LocalInv`] and an incoming [`SendOp::SendWithInv`]
-//! retire an rkey; later accesses with it are remote-access errors. Over verbs a slot is a
-//! type-2 memory window (userspace verbs has no REG_MR work request); the peer only ever
-//! sees rkeys, so the wire is the same as the kernel's. Where
-//! [`FabricCaps::local_ops_at_post`] says so (the software fabrics), a posted LOCAL_INV or
-//! REG_MR has taken effect when `post_send` returns, before its completion is polled.
+//! **Fast registration.** A [`FastMr`] is a key slot with no memory of its own, of one of
+//! two [`KeyScope`]s chosen at [`Fabric::alloc_fast_mr`]. Posting [`SendOp::RegMr`] binds
+//! it to a range of a registered [`Mr`] with the given access and the given new rkey
+//! (callers pass [`inc_rkey`] of the slot's current rkey, as the kernel's `ib_inc_rkey`).
+//! A bound slot must be invalidated before it is bound again (binding a bound slot
+//! completes with [`WcStatus::LocalQpOperation`]). The binding takes effect in send-queue
+//! order: operations posted after it on the same connection, and every peer operation
+//! that learned the key from one of them, see it. [`SendOp::LocalInv`] retires a slot's
+//! current rkey; later accesses with it are remote-access errors. The scopes:
+//! - [`KeyScope::Domain`]: the key is valid on every connection of the fabric (the
+//!   protection domain), whichever connection posted the binding, as a kernel
+//!   fast-registration MR's is. A peer cannot retire it: only [`SendOp::LocalInv`] can.
+//!   RTRS's server chunk keys, which the client uses on whichever connection its core
+//!   owns.
+//! - [`KeyScope::Connection`]: the key is valid on the connection that posted the binding
+//!   (a backend may accept it on others of the domain too), and an incoming
+//!   [`SendOp::SendWithInv`] on that connection retires it. RTRS's client READ keys,
+//!   which the server writes and invalidates on the connection the request came on.
+//!
+//! Over verbs a `Domain` slot is a type-1 memory window and a `Connection` slot a type-2
+//! window (userspace verbs has no REG_MR work request, and neither window type has both
+//! properties); the peer only ever sees rkeys, so the wire is the same as the kernel's.
+//! A slot keeps the memory it was last bound over registered while it lives, so a region
+//! is never deregistered under a binding. Where [`FabricCaps::local_ops_at_post`] says so
+//! (the software fabrics), a posted LOCAL_INV or REG_MR has taken effect when `post_send`
+//! returns, before its completion is polled. See `docs/ARCHITECTURE.md`, "Chunk keys on
+//! verbs".
 //!
 //! **Work requests.** [`Conn::post_send`] takes a chain: all of it is accepted or, on the
 //! first bad request, nothing from that one on ([`PostError::index`] says which). A send
@@ -157,6 +172,16 @@ pub fn inc_rkey(rkey: u32) -> u32 {
     (rkey & 0xffff_ff00) | (rkey.wrapping_add(1) & 0xff)
 }
 
+/// Where a fast-registration slot's key is valid and who may retire it (see the module
+/// doc, "Fast registration").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyScope {
+    /// Every connection of the fabric; retired only by the owner's LOCAL_INV.
+    Domain,
+    /// The connection that posted the binding; the peer's SEND_WITH_INV retires it too.
+    Connection,
+}
+
 /// Access rights of a registration, as verbs' `IBV_ACCESS_*`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Access(u32);
@@ -250,8 +275,10 @@ pub enum SendOp<'a> {
         access: Access,
         rkey: u32,
     },
-    /// Retire `rkey` (a fast-registration slot's current key) locally.
-    LocalInv { rkey: u32 },
+    /// Retire `slot`'s current rkey locally. The slot must be bound (a binding posted
+    /// and not yet retired); invalidating an unbound slot is a local error where the
+    /// backend can tell, and undefined on some devices.
+    LocalInv { slot: &'a FastMr },
 }
 
 /// A send work request: one element of a chain given to [`Conn::post_send`].
@@ -493,11 +520,13 @@ pub trait Fabric: Send + Sync {
         None
     }
 
-    /// Allocates a fast-registration slot; it is bound by posting [`SendOp::RegMr`].
+    /// Allocates a fast-registration slot of `scope`; it is bound by posting
+    /// [`SendOp::RegMr`].
     ///
     /// # Errors
-    /// [`FabricError::Register`] when the backend has no slot left.
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError>;
+    /// [`FabricError::Register`] when the backend has no slot left, or the device has no
+    /// memory windows of the kind `scope` needs.
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError>;
 
     /// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
     ///

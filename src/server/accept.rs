@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::{Con, IuPool, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
 use crate::fabric::admission::victim;
-use crate::fabric::{Access, ConnRequest, Listener, QpCaps};
+use crate::fabric::{Access, ConnRequest, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
@@ -398,7 +398,7 @@ impl Acceptor {
         let ai = self.sh.cfg.always_invalidate;
         let mrs = if ai {
             (0..qd)
-                .map(|_| fabric.alloc_fast_mr())
+                .map(|_| fabric.alloc_fast_mr(KeyScope::Domain))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("chunk keys: {e}"))?
         } else {

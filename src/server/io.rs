@@ -183,14 +183,10 @@ impl Requests {
     /// the send budget is exhausted (retry later); a failed post closes the path.
     fn post_inv(&mut self, cx: &mut dyn Ctx, env: &mut Env<'_>, idx: u32) -> bool {
         let op = self.ops.get(idx);
-        let (i, gen) = (op.con, op.gen);
-        let Some(rkey) = op
-            .path
-            .as_ref()
-            .map(|p| p.mrs[usize::from(op.buf_id)].rkey())
-        else {
+        let (i, gen, buf_id) = (op.con, op.gen, usize::from(op.buf_id));
+        if op.path.is_none() {
             return true;
-        };
+        }
         let Some(slot) = env.cons[i].as_mut() else {
             self.ops.end(idx, false);
             return true;
@@ -200,13 +196,21 @@ impl Requests {
         // asked for: a failure completes all the same, and one the connection's signaling
         // interval asks for finds the request past this stage.
         let at_post = env.sh.inv_at_post;
-        let wr = SendWr {
-            wr_id: WrId::inv(idx, gen).encode(),
-            op: SendOp::LocalInv { rkey },
-            sges: &[],
-            signaled: !at_post,
+        let posted = {
+            let Some(path) = self.ops.get(idx).path.as_ref() else {
+                return true;
+            };
+            let wr = SendWr {
+                wr_id: WrId::inv(idx, gen).encode(),
+                op: SendOp::LocalInv {
+                    slot: &path.mrs[buf_id],
+                },
+                sges: &[],
+                signaled: !at_post,
+            };
+            slot.con.post_chain(&mut [wr])
         };
-        match slot.con.post_chain(&mut [wr]) {
+        match posted {
             Ok(()) => {
                 if at_post {
                     self.after_inv(cx, env, idx);

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
-    Mr, Psk, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
+    Listener, MemBuf, Mr, Psk, QpCaps,
 };
 use rtrs_spdk::server::{
     Dir, IoId, LinkEvent, Responses, Server, ServerConfig, ServerHandler, SessionId, SrvIo,
@@ -44,8 +44,8 @@ impl Fabric for RecordingFabric {
         // SAFETY: the caller's contract is passed on unchanged.
         unsafe { self.lo.register_raw(addr, len, access) }
     }
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        self.lo.alloc_fast_mr()
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.lo.alloc_fast_mr(scope)
     }
     fn local_memory(
         &self,

@@ -2,7 +2,7 @@
 //! errors, disconnect with outstanding work.
 
 use rtrs_spdk::fabric::{
-    Access, Mr, PostErrorKind, QpCaps, RecvWr, SendOp, Sge, WcOpcode, WcStatus,
+    Access, KeyScope, Mr, PostErrorKind, QpCaps, RecvWr, SendOp, Sge, WcOpcode, WcStatus,
 };
 
 use super::{
@@ -126,9 +126,9 @@ pub fn write_without_remote_write_right_is_remote_access(b: &dyn Backend) {
     remote_violation(b, Access::LOCAL_WRITE, |dst| (dst.addr(), dst.rkey()));
 }
 
-/// A write whose local SGE is `bad(src)` completes with LocalProtection and writes
-/// nothing.
-fn local_violation(b: &dyn Backend, bad: impl Fn(&Mr) -> Sge) {
+/// A write whose local SGE is `bad(src)` completes with `status` (LocalProtection, but
+/// see [`super::Quirks`]) and writes nothing.
+fn local_violation(b: &dyn Backend, status: WcStatus, bad: impl Fn(&Mr) -> Sge) {
     let mut p = connect(b);
     let dst = p.server.reg(4096, RW);
     let src = p.client.reg(4096, Access::NONE);
@@ -140,12 +140,7 @@ fn local_violation(b: &dyn Backend, bad: impl Fn(&Mr) -> Sge) {
     };
     p.client.post_send(&[wr(1, op, &sges)]);
     let wc = wait_wr(&mut p.client, &mut p.server, 1);
-    expect(
-        &wc,
-        WcStatus::LocalProtection,
-        WcOpcode::RdmaWrite,
-        "write from a bad SGE",
-    );
+    expect(&wc, status, WcOpcode::RdmaWrite, "write from a bad SGE");
     settle(&mut p.client, &mut p.server);
     assert!(
         read(&dst, 0, 4096).iter().all(|&x| x == 0),
@@ -154,14 +149,14 @@ fn local_violation(b: &dyn Backend, bad: impl Fn(&Mr) -> Sge) {
 }
 
 pub fn bad_lkey_is_local_protection(b: &dyn Backend) {
-    local_violation(b, |src| Sge {
+    local_violation(b, b.quirks().unknown_lkey(), |src| Sge {
         lkey: bogus_rkey(src.lkey()),
         ..src.sge(0, 64)
     });
 }
 
 pub fn sge_outside_region_is_local_protection(b: &dyn Backend) {
-    local_violation(b, |src| Sge {
+    local_violation(b, WcStatus::LocalProtection, |src| Sge {
         addr: src.addr() + src.len() as u64 - 16,
         len: 64,
         lkey: src.lkey(),
@@ -181,7 +176,7 @@ pub fn short_receive_buffer_is_local_length(b: &dyn Backend) {
     let wc = wait_wr(&mut p.server, &mut p.client, 5);
     expect(
         &wc,
-        WcStatus::LocalLength,
+        b.quirks().local_length(),
         WcOpcode::Recv,
         "32 bytes into a 16-byte receive",
     );
@@ -215,7 +210,7 @@ pub fn receive_with_bad_lkey_is_local_protection(b: &dyn Backend) {
     let wc = wait_wr(&mut p.server, &mut p.client, 5);
     expect(
         &wc,
-        WcStatus::LocalProtection,
+        b.quirks().unknown_lkey(),
         WcOpcode::Recv,
         "a SEND into a bad receive",
     );
@@ -268,7 +263,12 @@ pub fn post_errors_name_the_index(b: &dyn Backend) {
         );
     }
 
-    let inv = [wr(7, SendOp::LocalInv { rkey: dst.rkey() }, &one)];
+    let slot = p
+        .client
+        .fabric
+        .alloc_fast_mr(KeyScope::Connection)
+        .expect("alloc_fast_mr");
+    let inv = [wr(7, SendOp::LocalInv { slot: &slot }, &one)];
     let err = p
         .client
         .try_post_send(&inv)

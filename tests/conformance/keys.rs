@@ -1,7 +1,9 @@
 //! Fast-registration scenarios: binding a slot with REG_MR, retiring its rkey with
-//! LOCAL_INV or a peer's SEND_WITH_INV.
+//! LOCAL_INV or a peer's SEND_WITH_INV, in both key scopes where both must behave alike.
 
-use rtrs_spdk::fabric::{inc_rkey, Access, FastMr, Mr, RecvWr, SendOp, WcOpcode, WcStatus};
+use rtrs_spdk::fabric::{
+    inc_rkey, Access, FastMr, KeyScope, Mr, RecvWr, SendOp, WcOpcode, WcStatus,
+};
 
 use super::{
     connect, expect, next_wc, pattern, read, wait_both_disconnected, wait_wr, wr, Backend, Pair,
@@ -28,10 +30,21 @@ fn bind(p: &mut Pair, slot: &FastMr, region: &Mr, offset: usize, len: u32, wr_id
     rkey
 }
 
-/// Retires `rkey` on the server with a signaled LOCAL_INV.
-fn local_inv(p: &mut Pair, rkey: u32, wr_id: u64) {
+/// Both scopes, Domain first.
+const SCOPES: [KeyScope; 2] = [KeyScope::Domain, KeyScope::Connection];
+
+/// A fresh slot of `scope` on the server's fabric.
+fn slot(p: &Pair, scope: KeyScope) -> FastMr {
     p.server
-        .post_send(&[wr(wr_id, SendOp::LocalInv { rkey }, &[])]);
+        .fabric
+        .alloc_fast_mr(scope)
+        .unwrap_or_else(|e| panic!("alloc_fast_mr({scope:?}): {e}"))
+}
+
+/// Retires `slot`'s key on the server with a signaled LOCAL_INV.
+fn local_inv(p: &mut Pair, slot: &FastMr, wr_id: u64) {
+    p.server
+        .post_send(&[wr(wr_id, SendOp::LocalInv { slot }, &[])]);
     let wc = wait_wr(&mut p.server, &mut p.client, wr_id);
     expect(&wc, WcStatus::Success, WcOpcode::LocalInv, "LOCAL_INV");
 }
@@ -109,48 +122,62 @@ fn write_refused(p: &mut Pair, region: &Mr, offset: usize, rkey: u32) {
 }
 
 pub fn reg_mr_binds_new_rkey(b: &dyn Backend) {
-    let mut p = connect(b);
-    let region = p.server.reg(8192, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
-    let r1 = bind(&mut p, &slot, &region, 4096, 4096, 1);
-    write_ok(&mut p, &region, 4096 + 100, r1, 1);
-    // Rebinding: retire the old key, bind the slot elsewhere under the next key, in one chain.
-    let r2 = inc_rkey(r1);
-    let op = SendOp::RegMr {
-        slot: &slot,
-        region: &region,
-        addr: region.addr(),
-        len: 4096,
-        access: RW,
-        rkey: r2,
-    };
-    p.server
-        .post_send(&[wr(2, SendOp::LocalInv { rkey: r1 }, &[]), wr(3, op, &[])]);
-    expect(
-        &wait_wr(&mut p.server, &mut p.client, 2),
-        WcStatus::Success,
-        WcOpcode::LocalInv,
-        "LOCAL_INV",
-    );
-    expect(
-        &wait_wr(&mut p.server, &mut p.client, 3),
-        WcStatus::Success,
-        WcOpcode::RegMr,
-        "REG_MR",
-    );
-    assert_ne!(r1, r2, "rebinding changes the key");
-    write_ok(&mut p, &region, 0, r2, 2);
-    write_refused(&mut p, &region, 4096 + 100, r1);
+    for scope in SCOPES {
+        let mut p = connect(b);
+        let region = p.server.reg(8192, RW);
+        let slot = slot(&p, scope);
+        let r1 = bind(&mut p, &slot, &region, 4096, 4096, 1);
+        write_ok(&mut p, &region, 4096 + 100, r1, 1);
+        // Rebinding: retire the old key, bind the slot elsewhere under the next key, in
+        // one chain.
+        let r2 = inc_rkey(r1);
+        let op = SendOp::RegMr {
+            slot: &slot,
+            region: &region,
+            addr: region.addr(),
+            len: 4096,
+            access: RW,
+            rkey: r2,
+        };
+        p.server
+            .post_send(&[wr(2, SendOp::LocalInv { slot: &slot }, &[]), wr(3, op, &[])]);
+        expect(
+            &wait_wr(&mut p.server, &mut p.client, 2),
+            WcStatus::Success,
+            WcOpcode::LocalInv,
+            "LOCAL_INV",
+        );
+        expect(
+            &wait_wr(&mut p.server, &mut p.client, 3),
+            WcStatus::Success,
+            WcOpcode::RegMr,
+            "REG_MR",
+        );
+        assert_ne!(r1, r2, "rebinding changes the key ({scope:?})");
+        assert_eq!(
+            slot.rkey(),
+            r2,
+            "the slot's key after the rebinding ({scope:?})"
+        );
+        write_ok(&mut p, &region, 0, r2, 2);
+        // And a third time: a key that served before is not reused for the next.
+        local_inv(&mut p, &slot, 4);
+        let r3 = bind(&mut p, &slot, &region, 0, 8192, 5);
+        write_ok(&mut p, &region, 5000, r3, 6);
+        write_refused(&mut p, &region, 4096 + 100, r1);
+    }
 }
 
 pub fn local_inv_retires_rkey(b: &dyn Backend) {
-    let mut p = connect(b);
-    let region = p.server.reg(4096, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
-    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
-    write_ok(&mut p, &region, 0, r1, 3);
-    local_inv(&mut p, r1, 2);
-    write_refused(&mut p, &region, 0, r1);
+    for scope in SCOPES {
+        let mut p = connect(b);
+        let region = p.server.reg(4096, RW);
+        let slot = slot(&p, scope);
+        let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+        write_ok(&mut p, &region, 0, r1, 3);
+        local_inv(&mut p, &slot, 2);
+        write_refused(&mut p, &region, 0, r1);
+    }
 }
 
 /// `FabricCaps::local_ops_at_post`: a LOCAL_INV retires its key before its completion
@@ -163,19 +190,19 @@ pub fn local_ops_take_effect_at_post(b: &dyn Backend) {
         return;
     }
     let region = p.server.reg(4096, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let slot = slot(&p, KeyScope::Domain);
     let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
     write_ok(&mut p, &region, 0, r1, 5);
     // Posted, its completion not polled: the key refuses the client's write already.
     p.server
-        .post_send(&[wr(2, SendOp::LocalInv { rkey: r1 }, &[])]);
+        .post_send(&[wr(2, SendOp::LocalInv { slot: &slot }, &[])]);
     write_refused(&mut p, &region, 0, r1);
 }
 
 pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
     let mut p = connect(b);
     let region = p.server.reg(4096, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let slot = slot(&p, KeyScope::Connection);
     let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
     write_ok(&mut p, &region, 512, r1, 4);
     p.server.post_recv(&[RecvWr {
@@ -191,7 +218,12 @@ pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
         WcOpcode::Recv,
         "receive of a SEND_WITH_INV",
     );
-    assert_eq!((wc.byte_len, wc.invalidated_rkey), (0, Some(r1)), "{wc:?}");
+    let reported = if b.quirks().no_invalidated_rkey {
+        None
+    } else {
+        Some(r1)
+    };
+    assert_eq!((wc.byte_len, wc.invalidated_rkey), (0, reported), "{wc:?}");
     let wc = wait_wr(&mut p.client, &mut p.server, 21);
     expect(
         &wc,
@@ -202,58 +234,101 @@ pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
     write_refused(&mut p, &region, 512, r1);
 }
 
+/// Sends a SEND_WITH_INV of `rkey` from the client, which the server must refuse: the
+/// sender's request fails (or, on a device that does not tell the sender, the
+/// receiver's receive does) and the connection breaks.
+fn inv_refused(b: &dyn Backend, p: &mut Pair, rkey: u32, what: &str) {
+    p.server.post_recv(&[RecvWr {
+        wr_id: 30,
+        sge: None,
+    }]);
+    p.client
+        .post_send(&[wr(31, SendOp::SendWithInv { rkey }, &[])]);
+    let (wc, side) = if b.quirks().refused_inv_succeeds_at_sender {
+        (wait_wr(&mut p.server, &mut p.client, 30), "receiver")
+    } else {
+        (wait_wr(&mut p.client, &mut p.server, 31), "sender")
+    };
+    assert_ne!(
+        wc.status,
+        WcStatus::Success,
+        "{what}, at the {side}: {wc:?}"
+    );
+    wait_both_disconnected(p);
+}
+
 /// A SEND_WITH_INV naming a key the peer cannot invalidate is refused: the sender's
 /// request fails and the connection breaks.
 pub fn send_with_inv_of_unknown_rkey_is_refused(b: &dyn Backend) {
     let mut p = connect(b);
     let region = p.server.reg(4096, RW);
-    p.server.post_recv(&[RecvWr {
-        wr_id: 30,
-        sge: None,
-    }]);
     let rkey = super::bogus_rkey(region.rkey());
-    p.client
-        .post_send(&[wr(31, SendOp::SendWithInv { rkey }, &[])]);
-    let wc = wait_wr(&mut p.client, &mut p.server, 31);
-    assert_ne!(
-        wc.status,
-        WcStatus::Success,
-        "invalidating an unknown key: {wc:?}"
-    );
-    wait_both_disconnected(&mut p);
+    inv_refused(b, &mut p, rkey, "invalidating an unknown key");
+}
+
+/// A `Domain` key is retired only by its owner: the peer's SEND_WITH_INV of it is
+/// refused, and the key still works on a new connection.
+pub fn send_with_inv_of_a_domain_key_is_refused(b: &dyn Backend) {
+    let mut p = connect(b);
+    let region = p.server.reg(4096, RW);
+    let slot = slot(&p, KeyScope::Domain);
+    let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+    write_ok(&mut p, &region, 0, r1, 7);
+    inv_refused(b, &mut p, r1, "invalidating a domain key");
+    let mut q = connect(b);
+    write_ok(&mut q, &region, 64, r1, 8);
+}
+
+/// A `Domain` key bound by a post on one connection is valid on another connection of
+/// the same fabric (the RTRS server binds a chunk's key on the connection that carried
+/// the last response; the client uses it on whichever connection its core owns).
+pub fn domain_key_is_valid_on_every_connection(b: &dyn Backend) {
+    let mut first = connect(b);
+    let mut second = connect(b);
+    let region = first.server.reg(8192, RW);
+    let slot = slot(&first, KeyScope::Domain);
+    let r1 = bind(&mut first, &slot, &region, 0, 8192, 1);
+    write_ok(&mut second, &region, 100, r1, 9);
+    write_ok(&mut first, &region, 4000, r1, 10);
+    // Retired on the first connection, dead on the second.
+    local_inv(&mut first, &slot, 2);
+    write_refused(&mut second, &region, 0, r1);
 }
 
 /// REG_MR of a range outside the region fails locally.
 pub fn bind_outside_region_fails(b: &dyn Backend) {
-    let mut p = connect(b);
-    let region = p.server.reg(4096, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
-    let rkey = inc_rkey(slot.rkey());
-    let op = SendOp::RegMr {
-        slot: &slot,
-        region: &region,
-        addr: region.addr() + 2048,
-        len: 4096,
-        access: RW,
-        rkey,
-    };
-    p.server.post_send(&[wr(40, op, &[])]);
-    let wc = wait_wr(&mut p.server, &mut p.client, 40);
-    expect(
-        &wc,
-        WcStatus::LocalQpOperation,
-        WcOpcode::RegMr,
-        "REG_MR past the region's end",
-    );
+    for scope in SCOPES {
+        let mut p = connect(b);
+        let region = p.server.reg(4096, RW);
+        let slot = slot(&p, scope);
+        let rkey = inc_rkey(slot.rkey());
+        let op = SendOp::RegMr {
+            slot: &slot,
+            region: &region,
+            addr: region.addr() + 2048,
+            len: 4096,
+            access: RW,
+            rkey,
+        };
+        p.server.post_send(&[wr(40, op, &[])]);
+        let wc = wait_wr(&mut p.server, &mut p.client, 40);
+        expect(
+            &wc,
+            WcStatus::LocalQpOperation,
+            WcOpcode::RegMr,
+            "REG_MR past the region's end",
+        );
+    }
 }
 
-/// REG_MR of a slot that is still bound fails locally: a binding is invalidated first
-/// (LOCAL_INV or a peer's SEND_WITH_INV), as fast-registration MRs and type-2 memory
-/// windows require.
+/// REG_MR of a `Connection` slot that is still bound fails locally: a binding is
+/// invalidated first (LOCAL_INV or a peer's SEND_WITH_INV), as fast-registration MRs
+/// and type-2 memory windows require. (A type-1 window may be rebound; RTRS never
+/// rebinds a bound slot of either scope.)
 pub fn rebinding_a_bound_slot_fails(b: &dyn Backend) {
     let mut p = connect(b);
     let region = p.server.reg(4096, RW);
-    let slot = p.server.fabric.alloc_fast_mr().expect("alloc_fast_mr");
+    let slot = slot(&p, KeyScope::Connection);
     let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
     let op = SendOp::RegMr {
         slot: &slot,

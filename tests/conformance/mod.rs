@@ -63,11 +63,54 @@ pub trait Backend {
     fn caps(&self) -> QpCaps {
         QpCaps::default()
     }
+    /// Where this backend's device is known to report differently from what hardware
+    /// must (a software device's deviations); none by default.
+    fn quirks(&self) -> Quirks {
+        Quirks::default()
+    }
     /// Scenarios (by function name) this backend is known to fail, each with the
     /// reason. They still run: the test passes only while the scenario does fail, so a
     /// fix shows up as a test asking to remove the entry.
     fn expected_failures(&self) -> &'static [(&'static str, &'static str)] {
         &[]
+    }
+}
+
+/// A device's known deviations from the verbs specification, which scenarios allow for
+/// by name so that what every other device must do stays checked. Soft-RoCE (`rxe` in
+/// Linux 6.1) has all of them; hardware and the software fabrics none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quirks {
+    /// A local SGE naming an unknown lkey completes as `LocalQpOperation` (one outside
+    /// its region still as `LocalProtection`).
+    pub unknown_lkey_as_qp_operation: bool,
+    /// A receive too short for an incoming SEND completes as `LocalQpOperation`.
+    pub short_receive_as_qp_operation: bool,
+    /// A receive consumed by a SEND_WITH_INV does not report the invalidated rkey (the
+    /// device sets the kernel's flag value, which user space reads as another flag).
+    pub no_invalidated_rkey: bool,
+    /// A SEND_WITH_INV the receiver refuses completes successfully at the sender; the
+    /// receiver's completion carries the error and both sides disconnect.
+    pub refused_inv_succeeds_at_sender: bool,
+}
+
+impl Quirks {
+    /// What an SGE naming an unknown lkey completes with on this device.
+    pub fn unknown_lkey(&self) -> WcStatus {
+        if self.unknown_lkey_as_qp_operation {
+            WcStatus::LocalQpOperation
+        } else {
+            WcStatus::LocalProtection
+        }
+    }
+
+    /// What a receive too short for an incoming SEND completes with on this device.
+    pub fn local_length(&self) -> WcStatus {
+        if self.short_receive_as_qp_operation {
+            WcStatus::LocalQpOperation
+        } else {
+            WcStatus::LocalLength
+        }
     }
 }
 
@@ -142,6 +185,8 @@ macro_rules! conformance_tests {
             keys::local_ops_take_effect_at_post,
             keys::send_with_inv_retires_peer_rkey,
             keys::send_with_inv_of_unknown_rkey_is_refused,
+            keys::send_with_inv_of_a_domain_key_is_refused,
+            keys::domain_key_is_valid_on_every_connection,
             keys::bind_outside_region_fails,
             keys::rebinding_a_bound_slot_fails,
             shared_cq::private_cq_completions_carry_qp_num,

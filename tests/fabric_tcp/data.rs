@@ -148,7 +148,7 @@ fn zero_length_write_with_imm() {
 fn send_with_inv_invalidates_the_rkey() {
     let mut p = Pair::new(QpCaps::default());
     let region = reg(&p.sf, 8192, RW);
-    let slot = p.sf.alloc_fast_mr().unwrap();
+    let slot = p.sf.alloc_fast_mr(KeyScope::Connection).unwrap();
     let rkey = inc_rkey(slot.rkey());
     p.s.post_send(&[wr(
         1,

@@ -5,8 +5,8 @@ use std::collections::VecDeque;
 
 use rtrs_spdk::common::{random_uuid, IuPool, Uuid};
 use rtrs_spdk::fabric::{
-    inc_rkey, Access, CmEvent, Conn, FastMr, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc,
-    WcOpcode, WcStatus,
+    inc_rkey, Access, CmEvent, Conn, FastMr, KeyScope, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr,
+    Wc, WcOpcode, WcStatus,
 };
 use rtrs_spdk::proto::{
     ConnAccept, ConnReq, ConnRsp, Imm, ImmLayout, InfoReq, InfoRsp, RdmaRead, RdmaWrite, RkeyRsp,
@@ -239,7 +239,9 @@ impl TestPath {
             .register(MemBuf::zeroed(size), Access::LOCAL_WRITE)
             .unwrap();
         let reply = f.register(MemBuf::zeroed(size), all).unwrap();
-        let fast = (0..qd).map(|_| f.alloc_fast_mr().unwrap()).collect();
+        let fast = (0..qd)
+            .map(|_| f.alloc_fast_mr(KeyScope::Connection).unwrap())
+            .collect();
         let mut rkey_bufs = Vec::new();
         for (cid, c) in cons.iter_mut().enumerate() {
             let depth = if cid == 0 { 1024 } else { 2 * usize::from(qd) };

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::fabric::{
     mem, Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    Listener, MemBuf, Mr, Psk, QpCaps, Sge,
+    KeyScope, Listener, MemBuf, Mr, Psk, QpCaps, Sge,
 };
 
 /// The listeners of one transport, shared by the target (adds, removes) and the server's
@@ -85,8 +85,8 @@ impl Fabric for MuxFabric {
         self.inner.local_memory(sge, need)
     }
 
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        self.inner.alloc_fast_mr()
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.inner.alloc_fast_mr(scope)
     }
 
     // The server's cores put their connections on shared completion queues of the real

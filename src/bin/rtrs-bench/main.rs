@@ -443,6 +443,13 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
             info.max_write_zeroes, args.write_zeroes
         )));
     }
+    if args.rw == Rw::Trim && u64::from(bs) > info.max_discard {
+        return Err(failed(format!(
+            "device '{device}' takes discards of at most {} bytes (the target's limit; 0: \
+             none), --bs is {bs}",
+            info.max_discard
+        )));
+    }
     let (region, plans) = plan::plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
     let active = plans.iter().flatten().count();
     *setup.plans.lock().unwrap_or_else(|e| e.into_inner()) = plans;

@@ -66,6 +66,23 @@ pub fn check(buf: &Mr, at: usize, dev_off: u64, len: usize, run: u64, gen: u32) 
     None
 }
 
+/// [`check`] of a range discarded since generation `gen` was written: each sector holds
+/// that stamp or zeros (a discard may or may not clear what it covers); the device offset
+/// of the first sector that is neither.
+pub fn check_discarded(
+    buf: &Mr,
+    at: usize,
+    dev_off: u64,
+    len: usize,
+    run: u64,
+    gen: u32,
+) -> Option<u64> {
+    (0..len).step_by(SECTOR).find_map(|s| {
+        let (at, off) = (at + s, dev_off + s as u64);
+        check(buf, at, off, SECTOR, run, gen).and(check(buf, at, off, SECTOR, run, ZEROED))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +114,34 @@ mod tests {
         assert_eq!(
             (next_gen(ZEROED), next_gen(ZEROED - 1), next_gen(4)),
             (1, 1, 5)
+        );
+    }
+
+    #[test]
+    fn a_discarded_range_reads_as_its_data_or_zeros_sector_by_sector() {
+        let f = LoopbackFabric::new();
+        let buf = f
+            .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+            .unwrap();
+        stamp(&buf, 0, 0, 4096, 7, 3);
+        assert_eq!(check_discarded(&buf, 0, 0, 4096, 7, 3), None);
+        buf.write_at(SECTOR, &[0u8; SECTOR]);
+        assert_eq!(
+            check_discarded(&buf, 0, 0, 4096, 7, 3),
+            None,
+            "one sector cleared"
+        );
+        buf.write_at(2 * SECTOR + 8, &[1u8]);
+        assert_eq!(
+            check_discarded(&buf, 0, 0, 4096, 7, 3),
+            Some(2 * SECTOR as u64),
+            "a sector that is neither"
+        );
+        stamp(&buf, 0, 0, 4096, 7, 4);
+        assert_eq!(
+            check_discarded(&buf, 0, 0, 4096, 7, 3),
+            Some(0),
+            "another generation's data"
         );
     }
 }

@@ -30,6 +30,11 @@ pub enum Rw {
     Randrw,
     /// Sequential write-zeroes of `--bs` each (sent as `--write-zeroes` says).
     Zero,
+    /// Sequential discards of `--bs` each; with `--verify` every unit is written first
+    /// and must read back as its data or as zeros.
+    Trim,
+    /// Flushes (no data).
+    Flush,
 }
 
 impl Rw {
@@ -41,6 +46,8 @@ impl Rw {
             Rw::Randwrite => "randwrite",
             Rw::Randrw => "randrw",
             Rw::Zero => "zero",
+            Rw::Trim => "trim",
+            Rw::Flush => "flush",
         }
     }
     pub fn random(self) -> bool {
@@ -50,7 +57,10 @@ impl Rw {
         matches!(self, Rw::Read | Rw::Randread | Rw::Randrw)
     }
     pub fn writes(self) -> bool {
-        matches!(self, Rw::Write | Rw::Randwrite | Rw::Randrw | Rw::Zero)
+        matches!(
+            self,
+            Rw::Write | Rw::Randwrite | Rw::Randrw | Rw::Zero | Rw::Trim
+        )
     }
 }
 
@@ -137,6 +147,9 @@ pub struct Worker {
     free: Vec<usize>,
     /// Generation last written per unit (0: unknown); only with `--verify`.
     gens: Vec<u32>,
+    /// Units discarded since their last write (`--rw trim --verify`): they read back as
+    /// that write's data or as zeros.
+    discarded: Vec<bool>,
     rng: u64,
     next_seq: u64,
     phase: JobPhase,
@@ -164,13 +177,19 @@ impl Worker {
         stop: Arc<AtomicBool>,
         tx: mpsc::Sender<CoreReport>,
     ) -> Worker {
-        let phase = if spec.warmup || (spec.verify && spec.rw.reads()) {
+        let prefill = spec.rw.reads() || spec.rw == Rw::Trim;
+        let phase = if spec.warmup || (spec.verify && prefill) {
             JobPhase::Prefill
         } else {
             JobPhase::Run
         };
         let gens = if spec.verify {
             vec![0; plan.units as usize]
+        } else {
+            Vec::new()
+        };
+        let discarded = if spec.verify && spec.rw == Rw::Trim {
+            vec![false; plan.units as usize]
         } else {
             Vec::new()
         };
@@ -181,6 +200,7 @@ impl Worker {
             slots: vec![Issued::default(); plan.qd],
             free: (0..plan.qd).rev().collect(),
             gens,
+            discarded,
             rng: seed | 1,
             next_seq: 0,
             phase,
@@ -230,7 +250,7 @@ impl Worker {
     fn pick(&mut self) -> Option<(u64, bool)> {
         let write = match self.spec.rw {
             Rw::Read | Rw::Randread => false,
-            Rw::Write | Rw::Randwrite | Rw::Zero => true,
+            Rw::Write | Rw::Randwrite | Rw::Zero | Rw::Trim | Rw::Flush => true,
             Rw::Randrw => self.rand() % 100 >= u64::from(self.spec.mix_read),
         };
         for _ in 0..16 {
@@ -363,21 +383,26 @@ impl Worker {
         };
         let bs = self.spec.bs as usize;
         let off = self.plan.start + unit * u64::from(self.spec.bs);
-        // The timed run of --rw zero zeroes; prefill and read-back write and read.
-        let zero = write && timed && self.spec.rw == Rw::Zero;
+        // The timed run of --rw zero zeroes (trim discards, flush flushes); prefill and
+        // read-back write and read.
+        let special = if write && timed {
+            self.spec.rw
+        } else {
+            Rw::Write
+        };
         let mut gen = 0;
-        if zero {
+        if special == Rw::Zero {
             gen = stamp::ZEROED;
-        } else if self.spec.verify && write {
+        } else if self.spec.verify && write && !matches!(special, Rw::Trim | Rw::Flush) {
             gen = stamp::next_gen(self.gens[unit as usize]);
             stamp::stamp(&self.buf, i * bs, off, bs, self.spec.run_id, gen);
         }
-        let req = if zero {
-            BlockRequest::write_zeroes(off, self.spec.bs)
-        } else if write {
-            BlockRequest::write(off, self.spec.bs)
-        } else {
-            BlockRequest::read(off, self.spec.bs)
+        let req = match special {
+            Rw::Zero => BlockRequest::write_zeroes(off, self.spec.bs),
+            Rw::Trim => BlockRequest::discard(off, self.spec.bs),
+            Rw::Flush => BlockRequest::flush(),
+            _ if write => BlockRequest::write(off, self.spec.bs),
+            _ => BlockRequest::read(off, self.spec.bs),
         };
         let sge = [self.buf.sge(i * bs, bs)];
         let sgl: &[Sge] = if req.data_len() > 0 { &sge } else { &[] };
@@ -443,24 +468,36 @@ impl Worker {
         self.free.push(i);
         self.inflight -= 1;
         let bs = self.spec.bs as usize;
+        // A timed write of --rw trim or flush carried no data (gen 0).
+        let dataless = s.write && s.timed && matches!(self.spec.rw, Rw::Trim | Rw::Flush);
         if let Err(errno) = result {
             self.error(errno);
-            if self.spec.verify && s.write {
+            if self.spec.verify && s.write && self.spec.rw != Rw::Flush {
                 self.gens[s.unit as usize] = 0;
             }
         } else if self.spec.verify {
-            if s.write {
-                self.gens[s.unit as usize] = s.gen;
+            let u = s.unit as usize;
+            if dataless {
+                if let Some(d) = self.discarded.get_mut(u) {
+                    *d = true;
+                }
+            } else if s.write {
+                self.gens[u] = s.gen;
+                if let Some(d) = self.discarded.get_mut(u) {
+                    *d = false;
+                }
             } else {
-                let gen = self.gens[s.unit as usize];
+                let gen = self.gens[u];
                 let off = self.plan.start + s.unit * u64::from(self.spec.bs);
-                if gen != 0 {
-                    if let Some(bad) =
-                        stamp::check(&self.buf, i * bs, off, bs, self.spec.run_id, gen)
-                    {
-                        self.r.mismatches += 1;
-                        self.r.first_bad.get_or_insert(bad);
-                    }
+                let run = self.spec.run_id;
+                let bad = match (gen, self.discarded.get(u).copied().unwrap_or(false)) {
+                    (0, _) => None,
+                    (_, true) => stamp::check_discarded(&self.buf, i * bs, off, bs, run, gen),
+                    (_, false) => stamp::check(&self.buf, i * bs, off, bs, run, gen),
+                };
+                if let Some(bad) = bad {
+                    self.r.mismatches += 1;
+                    self.r.first_bad.get_or_insert(bad);
                 }
             }
         }

@@ -35,7 +35,7 @@ use super::mem::Backing;
 use super::soft::{self, MrTable, MAX_MR_SIZE};
 use super::{
     Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
+    KeyScope, Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
 };
 
 /// Largest send and receive queues a loopback connection accepts.
@@ -227,8 +227,8 @@ impl Fabric for LoopbackFabric {
             .register(Arc::new(Backing::External { addr, len }), access))
     }
 
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        Ok(self.inner.table.alloc_fast_mr())
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        Ok(self.inner.table.alloc_fast_mr(scope))
     }
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {

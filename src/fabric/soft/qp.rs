@@ -185,7 +185,7 @@ pub fn respond(
                     });
                 }
                 if op.kind == WireKind::SendWithInv {
-                    if table.invalidate(op.inv_rkey).is_err() {
+                    if table.invalidate_remote(op.inv_rkey).is_err() {
                         return Err(Respond::Refuse {
                             status: WcStatus::RemoteInvalidRequest,
                             recv: None,
@@ -502,11 +502,11 @@ impl SoftQp {
                 self.break_on_local_error(i);
                 return;
             }
-            SendOp::LocalInv { rkey } => {
+            SendOp::LocalInv { slot: fmr } => {
                 slot.opcode = WcOpcode::LocalInv;
                 slot.status = Some(if broken {
                     WcStatus::WrFlush
-                } else if table.invalidate(rkey).is_ok() {
+                } else if table.invalidate_slot(fmr).is_ok() {
                     WcStatus::Success
                 } else {
                     WcStatus::LocalQpOperation

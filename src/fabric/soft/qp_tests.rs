@@ -2,7 +2,7 @@
 //! operations moved by hand.
 
 use super::*;
-use crate::fabric::{inc_rkey, FastMr, MemBuf, Mr};
+use crate::fabric::{inc_rkey, FastMr, KeyScope, MemBuf, Mr};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -418,7 +418,7 @@ fn too_small_receive_is_a_local_length_error() {
 fn fast_registration_and_remote_invalidation() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 8192, RW);
-    let slot = p.table.alloc_fast_mr();
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
     let key = inc_rkey(slot.rkey());
     // B binds a window over its region (a REG_MR posted on its own send queue) ...
     p.b.post_send(&[wr(1, bind_4k(&slot, &region, key), &[], true)])
@@ -470,9 +470,10 @@ fn fast_registration_and_remote_invalidation() {
 }
 
 #[test]
-fn local_invalidate_of_an_unknown_key_fails_and_breaks() {
+fn local_invalidate_of_an_unbound_slot_fails_and_breaks() {
     let mut p = pair(QpCaps::default());
-    p.a.post_send(&[wr(1, SendOp::LocalInv { rkey: 0x4200 }, &[], false)])
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    p.a.post_send(&[wr(1, SendOp::LocalInv { slot: &slot }, &[], false)])
         .unwrap();
     let wcs = drain(&mut p.a);
     assert_eq!(
@@ -558,12 +559,12 @@ fn unsignaled_slots_wait_for_a_later_completion() {
 fn a_bound_slot_must_be_invalidated_before_rebinding() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 4096, RW);
-    let slot = p.table.alloc_fast_mr();
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
     let k1 = inc_rkey(slot.rkey());
     let bind = |rkey| bind_4k(&slot, &region, rkey);
     p.a.post_send(&[wr(1, bind(k1), &[], false)]).unwrap();
     p.a.post_send(&[
-        wr(2, SendOp::LocalInv { rkey: k1 }, &[], false),
+        wr(2, SendOp::LocalInv { slot: &slot }, &[], false),
         wr(3, bind(inc_rkey(k1)), &[], true),
     ])
     .unwrap();
@@ -586,7 +587,7 @@ fn execute_scenario(how: Exec) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
     src.write_at(0, &[7; 64]);
     let dst = buf(&p, 64, RW);
     let rbuf = buf(&p, 64, Access::LOCAL_WRITE);
-    let slot = p.table.alloc_fast_mr();
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
     let key = inc_rkey(slot.rkey());
     p.b.post_send(&[wr(
         1,
@@ -725,14 +726,14 @@ fn a_staged_payload_of_the_wrong_length_is_refused_and_writes_nothing() {
 fn local_operations_take_effect_at_post() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 4096, RW);
-    let slot = p.table.alloc_fast_mr();
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
     let k1 = inc_rkey(slot.rkey());
     let bind = bind_4k(&slot, &region, k1);
     let remote = |t: &MrTable| t.remote(k1, region.addr() + 64, 64, Access::REMOTE_WRITE);
     assert!(remote(&p.table).is_err(), "an unbound key");
     p.a.post_send(&[wr(1, bind, &[], true)]).unwrap();
     assert!(remote(&p.table).is_ok(), "bound once the REG_MR is posted");
-    p.a.post_send(&[wr(2, SendOp::LocalInv { rkey: k1 }, &[], true)])
+    p.a.post_send(&[wr(2, SendOp::LocalInv { slot: &slot }, &[], true)])
         .unwrap();
     assert_eq!(
         remote(&p.table).err(),

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::fabric::mem::Backing;
-use crate::fabric::{Access, FastMr, MemBuf, Mr, Sge, WcStatus};
+use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
 
 /// A checked range of registered memory, valid while the `MemRef` lives.
 #[derive(Clone)]
@@ -152,6 +152,8 @@ struct Entry {
     base: u64,
     len: u64,
     access: Access,
+    /// A slot's scope: a `Domain` key cannot be retired by a peer's SEND_WITH_INV.
+    scope: KeyScope,
     /// The memory a region covers, or that a slot was last bound over (kept while the
     /// slot is invalid, see [`MrTable::invalidate`]; reached only through a valid entry).
     backing: Option<Arc<Backing>>,
@@ -165,6 +167,7 @@ impl Entry {
         base: 0,
         len: 0,
         access: Access::NONE,
+        scope: KeyScope::Domain,
         backing: None,
     };
 
@@ -336,6 +339,7 @@ impl MrTable {
             base: backing.addr() as u64,
             len: backing.len() as u64,
             access,
+            scope: KeyScope::Domain,
             backing: Some(backing.clone()),
         };
         let (index, key) = self.alloc(entry);
@@ -351,10 +355,11 @@ impl MrTable {
         self.register(Arc::new(Backing::Owned(buf)), access)
     }
 
-    /// A fast-registration slot, unbound.
-    pub fn alloc_fast_mr(self: &Arc<Self>) -> FastMr {
+    /// A fast-registration slot of `scope`, unbound.
+    pub fn alloc_fast_mr(self: &Arc<Self>, scope: KeyScope) -> FastMr {
         let entry = Entry {
             kind: Kind::Slot,
+            scope,
             ..Entry::FREE
         };
         let (index, key) = self.alloc(entry);
@@ -547,16 +552,46 @@ impl MrTable {
         Ok(())
     }
 
-    /// Retires a slot's current rkey (LOCAL_INV, or SEND_WITH_INV arriving).
+    /// Retires `slot`'s current rkey (a LOCAL_INV).
     ///
     /// # Errors
-    /// `Err(())` when `rkey` is not the current key of a bound slot; the caller turns it
-    /// into the status its operation reports.
+    /// `Err(())` when the slot is another table's or not bound; the caller turns it into
+    /// the status its operation reports.
     #[allow(clippy::result_unit_err)]
-    pub fn invalidate(&self, rkey: u32) -> Result<(), ()> {
+    pub fn invalidate_slot(self: &Arc<Self>, slot: &FastMr) -> Result<(), ()> {
+        let index = self.own_index(slot.handle()).ok_or(())?;
+        let rkey = slot.rkey();
+        if rkey >> 8 != index {
+            return Err(());
+        }
+        self.invalidate(rkey, KeyScope::Domain)
+    }
+
+    /// Retires the rkey a peer's SEND_WITH_INV names: only a `Connection` slot's.
+    ///
+    /// # Errors
+    /// As [`MrTable::invalidate`].
+    #[allow(clippy::result_unit_err)]
+    pub fn invalidate_remote(&self, rkey: u32) -> Result<(), ()> {
+        self.invalidate(rkey, KeyScope::Connection)
+    }
+
+    /// Retires a slot's current rkey on behalf of `by`: the owner's LOCAL_INV
+    /// (`Domain`, any slot) or a peer's SEND_WITH_INV (`Connection`, only slots of
+    /// that scope).
+    ///
+    /// # Errors
+    /// `Err(())` when `rkey` is not the current key of a bound slot that `by` may retire.
+    #[allow(clippy::result_unit_err)]
+    pub fn invalidate(&self, rkey: u32, by: KeyScope) -> Result<(), ()> {
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         match inner.entries.get_mut((rkey >> 8) as usize) {
-            Some(e) if e.kind == Kind::Slot && e.valid && e.key == rkey as u8 => {
+            Some(e)
+                if e.kind == Kind::Slot
+                    && e.valid
+                    && e.key == rkey as u8
+                    && (by == KeyScope::Domain || e.scope == KeyScope::Connection) =>
+            {
                 // The key is dead from here on (every check wants `valid`). The region's
                 // memory stays referenced until the slot is bound over another region or
                 // freed, so that rebinding over the same region, the common case, touches
@@ -648,13 +683,13 @@ mod tests {
         mr.read_at(0, &mut first);
         assert_eq!(first, [0]);
         // Through a bound slot, and not once it is invalidated.
-        let slot = t.alloc_fast_mr();
+        let slot = t.alloc_fast_mr(KeyScope::Connection);
         let k = inc_rkey(slot.rkey());
         t.bind(&slot, &mr, mr.addr(), 64, RW, k).unwrap();
         t.remote_write(k, mr.addr() + 8, &[5u8; 8]).unwrap();
         mr.read_at(8, &mut first);
         assert_eq!(first, [5]);
-        t.invalidate(k).unwrap();
+        t.invalidate(k, KeyScope::Domain).unwrap();
         assert_eq!(t.remote_write(k, mr.addr(), &[1u8; 1]), err);
     }
 
@@ -691,7 +726,7 @@ mod tests {
     fn slot_binding_and_invalidation() {
         let t = MrTable::new();
         let mr = t.register_buf(MemBuf::zeroed(8192), RW);
-        let slot = t.alloc_fast_mr();
+        let slot = t.alloc_fast_mr(KeyScope::Connection);
         let first = slot.rkey();
         assert!(
             t.remote(first, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
@@ -712,20 +747,20 @@ mod tests {
             t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).is_err(),
             "still bound"
         );
-        t.invalidate(k1).unwrap();
+        t.invalidate(k1, KeyScope::Domain).unwrap();
         t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).unwrap();
         assert!(
             t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
             "superseded key"
         );
-        t.invalidate(k2).unwrap();
+        t.invalidate(k2, KeyScope::Domain).unwrap();
         assert!(
             t.remote(k2, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
             "retired key"
         );
-        assert!(t.invalidate(k2).is_err(), "twice");
+        assert!(t.invalidate(k2, KeyScope::Domain).is_err(), "twice");
         assert!(
-            t.invalidate(mr.rkey()).is_err(),
+            t.invalidate(mr.rkey(), KeyScope::Domain).is_err(),
             "regions are not invalidated remotely"
         );
         // Bindings must stay inside the region and use the slot's own index.
@@ -740,7 +775,7 @@ mod tests {
         let t = MrTable::new();
         let mr = t.register_buf(MemBuf::zeroed(8192), RW);
         let other = t.register_buf(MemBuf::zeroed(4096), RW);
-        let slot = t.alloc_fast_mr();
+        let slot = t.alloc_fast_mr(KeyScope::Connection);
         let refs = |m: &Mr| Arc::strong_count(m.backing());
         let (base, other_base) = (refs(&mr), refs(&other));
         let mut k = slot.rkey();
@@ -749,7 +784,7 @@ mod tests {
             t.bind(&slot, &mr, mr.addr(), 4096, RW, k).unwrap();
             assert_eq!(refs(&mr), base + 1, "one reference, held by the slot");
             assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_ok());
-            t.invalidate(k).unwrap();
+            t.invalidate(k, KeyScope::Domain).unwrap();
             assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_err());
             assert_eq!(
                 t.remote_write(k, mr.addr(), &[1]),
@@ -808,7 +843,7 @@ mod tests {
             .local_cached(&mut cache, &again.sge(0, 64), Access::NONE)
             .is_ok());
         // A fast-registration slot is never a local key.
-        let slot = t.alloc_fast_mr();
+        let slot = t.alloc_fast_mr(KeyScope::Connection);
         let k = inc_rkey(slot.rkey());
         t.bind(&slot, &again, again.addr(), 64, RW, k).unwrap();
         let via_slot = Sge {
@@ -823,7 +858,7 @@ mod tests {
     fn foreign_registrations_are_refused() {
         let (a, b) = (MrTable::new(), MrTable::new());
         let mr = b.register_buf(MemBuf::zeroed(64), RW);
-        let slot = a.alloc_fast_mr();
+        let slot = a.alloc_fast_mr(KeyScope::Connection);
         assert!(!a.owns(&mr));
         let k = inc_rkey(slot.rkey());
         assert_eq!(

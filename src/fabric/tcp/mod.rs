@@ -45,7 +45,7 @@ use crate::fabric::mem::Backing;
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
     Access, Admission, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
+    KeyScope, Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -154,8 +154,8 @@ impl Fabric for TcpFabric {
             .register(Arc::new(Backing::External { addr, len }), access))
     }
 
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        Ok(self.table.alloc_fast_mr())
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        Ok(self.table.alloc_fast_mr(scope))
     }
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use super::cm::{self, CmPhase, Step};
 use super::cq::{shadow, CqShare, ShadowCell};
 use super::slots::{self, QueueSlots};
-use super::sys::{self, CmId, Endpoint, EventChannel, SendReq, SendReqOp, MAX_CHAIN};
+use super::sys::{
+    self, CmId, Endpoint, EventChannel, MemRegion, MemWindow, SendReq, SendReqOp, WindowKind,
+    MAX_CHAIN,
+};
 use super::{wc, Shared};
 use crate::fabric::{
     CmEvent, Conn, ConnState, FabricError, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr,
@@ -286,8 +289,8 @@ impl VerbsConn {
                 if !wr.sges.is_empty() {
                     return Err(PostErrorKind::TooManySge);
                 }
-                let mw = slot.handle().downcast_ref::<super::sys::MemWindow>();
-                let mr = region.handle().downcast_ref::<super::sys::MemRegion>();
+                let mw = slot.handle().downcast_ref::<MemWindow>();
+                let mr = region.handle().downcast_ref::<Arc<MemRegion>>();
                 let (Some(mw), Some(mr)) = (mw, mr) else {
                     return Err(PostErrorKind::Invalid);
                 };
@@ -307,11 +310,19 @@ impl VerbsConn {
                     rkey,
                 }
             }
-            SendOp::LocalInv { rkey } => {
+            SendOp::LocalInv { slot } => {
                 if !wr.sges.is_empty() {
                     return Err(PostErrorKind::TooManySge);
                 }
-                SendReqOp::LocalInv(rkey)
+                match slot.handle().downcast_ref::<MemWindow>() {
+                    // A type-1 window never bound has nothing to unbind (and its
+                    // unbinding would name no region).
+                    Some(mw) if mw.kind() == WindowKind::Type1 && mw.bound_mr().is_none() => {
+                        return Err(PostErrorKind::Invalid)
+                    }
+                    Some(mw) if mw.is_in(&self.shared.pd) => SendReqOp::Invalidate(mw),
+                    _ => return Err(PostErrorKind::Invalid),
+                }
             }
         };
         Ok(SendReq {

@@ -7,10 +7,13 @@
 //!   `rdma_get_devices`), so that the cm_ids of our connections are bound to the very
 //!   context our PD, CQs and registrations belong to.
 //! - [`Fabric::register`] is `ibv_reg_mr` with the requested rights plus
-//!   `IBV_ACCESS_MW_BIND`; a fast-registration slot is a type-2 memory window
-//!   (`ibv_alloc_mw`), bound by `IBV_WR_BIND_MW` (userspace verbs has no REG_MR work
-//!   request) and retired by `IBV_WR_LOCAL_INV` or a peer's `IBV_WR_SEND_WITH_INV`. The
-//!   peer only ever sees rkeys, so the wire is the kernel's.
+//!   `IBV_ACCESS_MW_BIND`. A fast-registration slot is a memory window (userspace verbs has
+//!   no REG_MR work request): a type-1 window for a [`KeyScope::Domain`] slot, valid on every
+//!   queue pair of the PD and unbound by a zero-length binding, a type-2 window for a
+//!   [`KeyScope::Connection`] slot, valid on the queue pair that bound it and retired by
+//!   `IBV_WR_LOCAL_INV` or a peer's `IBV_WR_SEND_WITH_INV`. Both are bound by
+//!   `IBV_WR_BIND_MW` in the posted chain (`docs/ARCHITECTURE.md`, "Chunk keys on verbs").
+//!   The peer only ever sees rkeys, so the wire is the kernel's.
 //! - Each connection has its own rdma_cm event channel (non-blocking), one CQ shared by
 //!   both queues (its own, or one from [`Fabric::create_cq`] shared with other
 //!   connections, `cq.rs`), and an RC queue pair from `rdma_create_qp`. Connecting follows the
@@ -26,19 +29,16 @@
 //!   allocated with the queue pair; posting and polling do not allocate. Queue slots
 //!   are counted against the requested sizes (`slots.rs`), as the contract counts them.
 //!
-//! # What could not be verified where this was written
-//! The machine had no RDMA device and no kernel RDMA support (no rxe/siw). What was
-//! checked there: the crate builds against rdma-core's headers, opening the fabric fails
-//! with [`FabricError::NoDevice`], the hand-written rdma-sys structs match the C layout
-//! of the installed headers (checked at compile time in `sys.rs`), and the pure parts
-//! (CM state machine, completion and access mapping, queue shadow) have unit tests. Everything that talks to a NIC — registration,
-//! windows, posting, polling, the CM exchange — is written to the verbs specification
-//! and rdma-core's documented behaviour but has not run; `tests/fabric_verbs.rs` holds
-//! the ignored hardware tests to run on a machine with a device. Known limits:
+//! # How it is tested
+//! `ci/kernel-vm.sh` boots Debian's kernel in QEMU with Soft-RoCE (`rdma_rxe`) and runs the
+//! conformance suite and the hardware tests of `tests/fabric_verbs.rs` on it, then the
+//! project's client and server against each other and against the kernel's RTRS/RNBD
+//! (`docs/INTEROP.md`). The pure parts (CM state machine, completion and access mapping,
+//! queue shadow) have unit tests that need no device. Known limits:
 //! - the opcode of a failed completion is taken from the shadow of the queues
 //!   (`slots.rs`) by wr_id, since verbs leaves it undefined; if a send and the oldest
 //!   receive share a wr_id, a failed completion with that wr_id counts as the receive;
-//! - type-2 windows need a device that supports them (mlx5 does; some do not, and then
+//! - memory windows need a device that has them (mlx5 and rxe do; some do not, and then
 //!   [`Fabric::alloc_fast_mr`] fails with the provider's error).
 //!
 //! All unsafe code of this backend is in `sys` (`sys.rs`, `sys/cm.rs`, `sys/qp.rs`).
@@ -59,8 +59,8 @@ use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, Listener, MemBuf,
-    Mr, PrivateData, Psk, QpCaps,
+    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
+    Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
 };
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
@@ -164,6 +164,16 @@ impl VerbsFabric {
         self.shared.pd.device().name()
     }
 
+    /// The device's IEEE vendor id (`ibv_device_attr::vendor_id`); Soft-RoCE (`rxe`)
+    /// reports [`VerbsFabric::RXE_VENDOR_ID`]. Tests use it to tell a software device's
+    /// known deviations from what hardware must do.
+    pub fn vendor_id(&self) -> u32 {
+        self.shared.attr.vendor_id
+    }
+
+    /// The vendor id the kernel's Soft-RoCE driver (`rdma_rxe`) reports.
+    pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
     fn register_backing(&self, backing: Arc<Backing>, access: Access) -> Result<Mr, FabricError> {
         let len = backing.len();
         let fail = |reason: String| FabricError::Register { len, reason };
@@ -185,7 +195,7 @@ impl VerbsFabric {
             region.lkey(),
             region.rkey(),
             access,
-            Box::new(region),
+            Box::new(Arc::new(region)),
             backing,
         ))
     }
@@ -240,11 +250,16 @@ impl Fabric for VerbsFabric {
         self.register_backing(Arc::new(Backing::External { addr, len }), access)
     }
 
-    fn alloc_fast_mr(&self) -> Result<FastMr, FabricError> {
-        let mw = sys::MemWindow::alloc(&self.shared.pd).map_err(|e| FabricError::Register {
-            len: 0,
-            reason: e.to_string(),
-        })?;
+    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        let kind = match scope {
+            KeyScope::Domain => sys::WindowKind::Type1,
+            KeyScope::Connection => sys::WindowKind::Type2,
+        };
+        let mw =
+            sys::MemWindow::alloc(&self.shared.pd, kind).map_err(|e| FabricError::Register {
+                len: 0,
+                reason: format!("{e} (a {scope:?}-scope fast-registration slot)"),
+            })?;
         Ok(FastMr::from_parts(mw.rkey(), Box::new(mw)))
     }
 

@@ -80,9 +80,12 @@ impl QueueSlots {
         self.recv.push_back(wr_id);
     }
 
-    /// Frees the slots `wc` covers. When `opcode_known` is false (a failed completion
-    /// whose opcode the provider left unset), fills in `wc.opcode` from what was posted.
+    /// Frees the slots `wc` covers. A send completion's opcode, and a failed completion's
+    /// whatever the provider said (`opcode_known`), is taken from what was posted.
     pub fn completed(&mut self, wc: &mut Wc, opcode_known: bool) {
+        // Verbs defines the opcode of successful completions only (rxe, for one, reports
+        // a failed one as a SEND): a failed one's comes from what was posted.
+        let opcode_known = opcode_known && wc.status.is_ok();
         let send_pos = || self.send.iter().position(|p| p.wr_id == wc.wr_id);
         let recv_queue = if opcode_known {
             is_recv(wc.opcode)
@@ -103,6 +106,11 @@ impl QueueSlots {
             // covers every unsignaled request before it.
             while let Some(p) = self.send.pop_front() {
                 if p.signaled {
+                    // A type-1 window's unbinding completes as a binding (it is one,
+                    // of length zero): the posted operation says which it was.
+                    if p.wr_id == wc.wr_id {
+                        wc.opcode = p.opcode;
+                    }
                     break;
                 }
             }

@@ -20,6 +20,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
 use rdma_sys as ffi;
@@ -131,6 +132,7 @@ pub(super) struct DeviceAttr {
     pub max_cqe: u32,
     pub max_mr_size: u64,
     pub max_mw: u32,
+    pub vendor_id: u32,
 }
 
 /// A device context shared with librdmacm (from `rdma_get_devices`).
@@ -197,6 +199,7 @@ impl Device {
             max_cqe: pos(attr.max_cqe),
             max_mr_size: attr.max_mr_size,
             max_mw: pos(attr.max_mw),
+            vendor_id: attr.vendor_id,
         })
     }
 }
@@ -384,46 +387,125 @@ impl Drop for MemRegion {
     }
 }
 
-/// A type-2 memory window: the verbs form of a fast-registration slot.
+/// Which kind of memory window a fast-registration slot is (see `super`'s module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WindowKind {
+    /// Type 1: bound with `ibv_bind_mw`, valid on every queue pair of the PD, unbound
+    /// by a zero-length bind; no peer can invalidate it.
+    Type1,
+    /// Type 2: bound by an `IBV_WR_BIND_MW` work request to the posting queue pair,
+    /// retired by LOCAL_INV or the peer's SEND_WITH_INV.
+    Type2,
+}
+
+/// A memory window: the verbs form of a fast-registration slot.
+///
+/// It keeps the region it was last bound over registered ([`MemWindow::hold`]): the
+/// device refuses to deregister memory a window is bound to, so the region goes only
+/// after the window is deallocated or bound elsewhere.
 pub(super) struct MemWindow {
     raw: *mut ffi::ibv_mw,
+    kind: WindowKind,
+    /// `Arc::into_raw` of the region last bound over, or null. Replaced only when a
+    /// binding names another region, so binding over the same one again (every IO)
+    /// touches no reference count.
+    bound: AtomicPtr<MemRegion>,
     pd: Arc<Pd>,
 }
 
-// SAFETY: the MW is only read (initial rkey) or passed to thread-safe verbs calls.
+// SAFETY: the MW is passed to thread-safe verbs calls; its rkey field is written only by
+// the thread posting a binding of it (one connection at a time, the fabric contract);
+// `bound` is an atomic pointer owning one strong count.
 unsafe impl Send for MemWindow {}
 // SAFETY: as above.
 unsafe impl Sync for MemWindow {}
 
 impl MemWindow {
-    pub fn alloc(pd: &Arc<Pd>) -> Result<MemWindow, SysError> {
+    pub fn alloc(pd: &Arc<Pd>, kind: WindowKind) -> Result<MemWindow, SysError> {
+        let (ty, call) = match kind {
+            WindowKind::Type1 => (
+                ffi::ibv_mw_type::IBV_MW_TYPE_1,
+                "ibv_alloc_mw(IBV_MW_TYPE_1)",
+            ),
+            WindowKind::Type2 => (
+                ffi::ibv_mw_type::IBV_MW_TYPE_2,
+                "ibv_alloc_mw(IBV_MW_TYPE_2)",
+            ),
+        };
         // SAFETY: the PD and its context are valid; the window holds the PD.
-        let raw = unsafe { ffi::ibv_alloc_mw(pd.raw, ffi::ibv_mw_type::IBV_MW_TYPE_2) };
+        let raw = unsafe { ffi::ibv_alloc_mw(pd.raw, ty) };
         match raw {
             Some(raw) if !raw.is_null() => Ok(MemWindow {
                 raw,
+                kind,
+                bound: AtomicPtr::new(std::ptr::null_mut()),
                 pd: pd.clone(),
             }),
-            _ => Err(SysError::last("ibv_alloc_mw(IBV_MW_TYPE_2)")),
+            _ => Err(SysError::last(call)),
         }
     }
 
+    pub fn kind(&self) -> WindowKind {
+        self.kind
+    }
+
+    /// The rkey the provider names the window by: the latest binding's.
     pub fn rkey(&self) -> u32 {
-        // SAFETY: `raw` is a live window.
+        // SAFETY: `raw` is a live window; the field is written only by the posting
+        // thread (see the Send/Sync note), which is the caller here.
         unsafe { (*self.raw).rkey }
+    }
+
+    /// Records the key of a type-2 binding just posted: the provider names the window
+    /// by `ibv_mw.rkey` in the next work request that refers to it, and libibverbs
+    /// leaves updating it to the application for `IBV_WR_BIND_MW`.
+    pub fn set_rkey(&self, rkey: u32) {
+        // SAFETY: `raw` is a live window; written only by the posting thread.
+        unsafe { (*self.raw).rkey = rkey };
+    }
+
+    /// Keeps `region` registered while the window may be bound over it.
+    pub fn hold(&self, region: &Arc<MemRegion>) {
+        let want = Arc::as_ptr(region).cast_mut();
+        if self.bound.load(Ordering::Acquire) == want {
+            return;
+        }
+        let new = Arc::into_raw(region.clone()).cast_mut();
+        let old = self.bound.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: every non-null value stored in `bound` came from Arc::into_raw
+            // and is released exactly once, by whoever swapped it out.
+            drop(unsafe { Arc::from_raw(old) });
+        }
     }
 
     pub fn is_in(&self, pd: &Arc<Pd>) -> bool {
         Arc::ptr_eq(&self.pd, pd)
     }
+
+    /// The `ibv_mr` of the region the window was last bound over, if it ever was: a
+    /// zero-length binding (a type-1 window's unbinding) names it too, since providers
+    /// read the lkey of the binding's region even when its length is zero.
+    pub(super) fn bound_mr(&self) -> Option<*mut ffi::ibv_mr> {
+        let held = self.bound.load(Ordering::Acquire);
+        // SAFETY: a non-null `bound` owns a strong count of a live MemRegion, released
+        // only by the posting thread (the caller) or by Drop.
+        (!held.is_null()).then(|| unsafe { (*held).raw })
+    }
 }
 
 impl Drop for MemWindow {
     fn drop(&mut self) {
-        // SAFETY: allocated in `alloc`, deallocated once; before the PD (field drop).
+        // SAFETY: allocated in `alloc`, deallocated once; before the region it was
+        // bound over and before the PD (field drop).
         let ret = unsafe { ffi::ibv_dealloc_mw(self.raw) };
         if ret != 0 {
             tracing::warn!(ret, "ibv_dealloc_mw failed");
+        }
+        let held = *self.bound.get_mut();
+        if !held.is_null() {
+            // SAFETY: as in `hold`: the one strong count `bound` owned.
+            drop(unsafe { Arc::from_raw(held) });
         }
     }
 }

@@ -74,8 +74,11 @@ struct Dev {
 /// The devices of one client session and their SESS_INFO/OPEN/CLOSE (see the module
 /// doc).
 pub struct RnbdAdmin {
-    /// Reply space of admin requests, `REPLY_SLOT` bytes per slot.
-    replies: Mr,
+    /// Reply space of admin requests, `REPLY_SLOT` bytes per slot. Named to the
+    /// queue's session as one of its regions before a reply is asked into it, so that
+    /// the session resolves the reply's segment without asking the fabric (the verbs
+    /// fabric keeps no table of registrations to ask).
+    replies: Arc<Mr>,
     /// What each reply slot's request in flight is.
     in_flight: Vec<Option<Admin>>,
     queued: VecDeque<Admin>,
@@ -104,7 +107,7 @@ impl RnbdAdmin {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
         }
         Ok(RnbdAdmin {
-            replies,
+            replies: Arc::new(replies),
             in_flight: vec![None; n],
             queued: VecDeque::new(),
             devices: Vec::new(),
@@ -334,6 +337,8 @@ impl RnbdAdmin {
             let sgl: &[Sge] = if reply_len == 0 {
                 &[]
             } else {
+                // Once per session in effect (a known region is not added twice).
+                q.session_mut().use_region(Arc::clone(&self.replies));
                 std::slice::from_ref(&sge)
             };
             let io = ClientIo {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rdma_sys as ffi;
 
-use super::{CmId, Device, MemRegion, MemWindow, Pd, SysError};
+use super::{CmId, Device, MemRegion, MemWindow, Pd, SysError, WindowKind};
 use crate::fabric::{QpCaps, RecvWr, Sge};
 
 /// Longest chain handed to one `ibv_post_send`/`ibv_post_recv`; longer chains are posted
@@ -57,16 +57,25 @@ pub(in crate::fabric::verbs) enum SendReqOp<'a> {
         rkey: u32,
         imm: u32,
     },
-    /// IBV_WR_BIND_MW of a type-2 window; `access` is raw `IBV_ACCESS_*` bits.
+    /// `IBV_WR_BIND_MW`: binds `mw` over `[addr, addr+len)` of `mr` under `rkey`.
+    /// `access` is raw `IBV_ACCESS_*` bits.
+    ///
+    /// Type-1 windows are bound by the same work request: libibverbs' `ibv_bind_mw` is
+    /// this request posted with the next key, which the provider then records in the
+    /// window, as [`Qp::post_chain`] does here. Posting it in the chain keeps the key
+    /// the caller's and the binding in send-queue order with the rest.
     BindMw {
         mw: &'a MemWindow,
-        mr: &'a MemRegion,
+        mr: &'a Arc<MemRegion>,
         addr: u64,
         len: u64,
         access: u32,
         rkey: u32,
     },
-    LocalInv(u32),
+    /// Retires `mw`'s current key: `IBV_WR_LOCAL_INV` for a type-2 window; for a type-1
+    /// window (which no invalidation can retire) a zero-length `IBV_WR_BIND_MW` under
+    /// the same key, after which nothing is reachable through it.
+    Invalidate(&'a MemWindow),
 }
 
 /// A refused post: index of the first request not accepted, and the errno.
@@ -222,6 +231,64 @@ struct Qp {
     _pd: Arc<Pd>,
 }
 
+impl Qp {
+    /// Posts `reqs` (at most [`MAX_CHAIN`], each within the QP's SGE limit) as one chain.
+    fn post_chain(&mut self, reqs: &[SendReq<'_>]) -> Result<(), PostFailure> {
+        let n = reqs.len().min(MAX_CHAIN);
+        let per = self.caps.max_send_sge.max(1) as usize;
+        let wr_base = self.send_wrs.as_mut_ptr();
+        let sge_base = self.send_sges.as_mut_ptr();
+        for (i, req) in reqs[..n].iter().enumerate() {
+            for (j, s) in req.sges.iter().take(per).enumerate() {
+                let sge = ffi::ibv_sge {
+                    addr: s.addr,
+                    length: s.len,
+                    lkey: s.lkey,
+                };
+                // SAFETY: i < MAX_CHAIN and j < per, so the slot is inside `send_sges`.
+                unsafe { sge_base.add(i * per + j).write(sge) };
+            }
+            let next = if i + 1 < n {
+                // SAFETY: i + 1 < n <= MAX_CHAIN: inside `send_wrs`.
+                unsafe { wr_base.add(i + 1) }
+            } else {
+                ptr::null_mut()
+            };
+            // SAFETY: the SGE slots of request i start inside `send_sges`.
+            let sg_list = unsafe { sge_base.add(i * per) };
+            let wr = build_send_wr(req, next, sg_list);
+            // SAFETY: i < MAX_CHAIN: inside `send_wrs`.
+            unsafe { wr_base.add(i).write(wr) };
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is live; the chain of `n` requests and their SGE lists are fully
+        // initialised in our arrays; the provider copies them before returning. The
+        // memory they name is the caller's registered memory.
+        let ret = unsafe { ffi::ibv_post_send(self.raw, wr_base, &mut bad) };
+        let accepted = if ret == 0 {
+            n
+        } else {
+            bad_index(bad, wr_base, n)
+        };
+        for req in &reqs[..accepted] {
+            if let SendReqOp::BindMw { mw, mr, rkey, .. } = req.op {
+                mw.set_rkey(rkey);
+                mw.hold(mr);
+            }
+        }
+        if ret != 0 {
+            return Err(PostFailure {
+                index: accepted,
+                errno: errno_of(ret),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A cm_id with, once created, its queue pair and completion queue.
 pub(in crate::fabric::verbs) struct Endpoint {
     qp: Option<Qp>,
@@ -351,7 +418,8 @@ impl Endpoint {
     }
 
     /// Posts up to [`MAX_CHAIN`] send requests as one chain. A request with more SGEs
-    /// than the QP allows is refused (with the ones before it posted).
+    /// than the QP allows is refused (with the ones before it posted). Windows bound by
+    /// accepted requests record their new key and hold the region they were bound over.
     pub fn post_send(&mut self, reqs: &[SendReq<'_>]) -> Result<(), PostFailure> {
         let Some(qp) = self.qp.as_mut() else {
             return Err(PostFailure {
@@ -365,43 +433,7 @@ impl Endpoint {
             .take(MAX_CHAIN)
             .position(|r| r.sges.len() > per)
             .unwrap_or(reqs.len().min(MAX_CHAIN));
-        let wr_base = qp.send_wrs.as_mut_ptr();
-        let sge_base = qp.send_sges.as_mut_ptr();
-        for (i, req) in reqs[..n].iter().enumerate() {
-            for (j, s) in req.sges.iter().enumerate() {
-                let sge = ffi::ibv_sge {
-                    addr: s.addr,
-                    length: s.len,
-                    lkey: s.lkey,
-                };
-                // SAFETY: i < MAX_CHAIN and j < per, so the slot is inside `send_sges`.
-                unsafe { sge_base.add(i * per + j).write(sge) };
-            }
-            let next = if i + 1 < n {
-                // SAFETY: i + 1 < n <= MAX_CHAIN: inside `send_wrs`.
-                unsafe { wr_base.add(i + 1) }
-            } else {
-                ptr::null_mut()
-            };
-            // SAFETY: the SGE slots of request i start inside `send_sges`.
-            let sg_list = unsafe { sge_base.add(i * per) };
-            let wr = build_send_wr(req, next, sg_list);
-            // SAFETY: i < MAX_CHAIN: inside `send_wrs`.
-            unsafe { wr_base.add(i).write(wr) };
-        }
-        if n > 0 {
-            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-            // SAFETY: the QP is live; the chain of `n` requests and their SGE lists are
-            // fully initialised in our arrays; the provider copies them before returning.
-            // The memory they name is the caller's registered memory.
-            let ret = unsafe { ffi::ibv_post_send(qp.raw, wr_base, &mut bad) };
-            if ret != 0 {
-                return Err(PostFailure {
-                    index: bad_index(bad, wr_base, n),
-                    errno: errno_of(ret),
-                });
-            }
-        }
+        qp.post_chain(&reqs[..n])?;
         if n < reqs.len() {
             let errno = if n < MAX_CHAIN {
                 libc::EINVAL
@@ -563,8 +595,16 @@ fn build_send_wr(
                 },
             };
         }
-        SendReqOp::LocalInv(rkey) => {
-            (opcode, ex) = (IBV_WR_LOCAL_INV, rkey);
+        SendReqOp::Invalidate(mw) if mw.kind() == WindowKind::Type1 => {
+            opcode = IBV_WR_BIND_MW;
+            num_sge = 0;
+            bind.mw = mw.raw;
+            bind.rkey = mw.rkey();
+            // Checked by the caller: a type-1 window is unbound only after a binding.
+            bind.bind_info.mr = mw.bound_mr().unwrap_or(ptr::null_mut());
+        }
+        SendReqOp::Invalidate(mw) => {
+            (opcode, ex) = (IBV_WR_LOCAL_INV, mw.rkey());
             num_sge = 0;
         }
     }

@@ -1,0 +1,390 @@
+#!/bin/bash
+# The interop matrix, run inside the guest of ci/kernel-vm.sh (Debian's kernel, Soft-RoCE on
+# a dummy interface, the kernel's RTRS/RNBD modules) with the project's binaries from the
+# host. One line per check in $OUT/results.txt: "PASS name: detail" or "FAIL name: detail",
+# then "DONE". Logs as $OUT/<name>.*.log, the kernel log of a group as $OUT/<group>.dmesg.
+# Every wait is bounded; nothing here asserts on speed.
+set -u
+. "$RTRS_KVM_WORK/guest.env"
+R=$OUT/results.txt
+: >"$R"
+exec > >(tee "$OUT/guest.log") 2>&1
+
+IP1=10.99.0.1
+IP2=10.99.0.2
+TGT=$BIN/rtrs-target
+BENCH=$BIN/rtrs-bench
+RNBD_CTL=/sys/devices/virtual/rnbd-client/ctl/map_device
+MP=(modprobe -d "$MODROOT")
+TMPD=$(mktemp -d)
+
+log() { echo "[guest $(date +%T)] $*"; }
+pass() { echo "PASS $1: ${2:-}" >>"$R"; log "PASS $1 ${2:-}"; }
+fail() { echo "FAIL $1: ${2:-}" >>"$R"; log "FAIL $1 ${2:-}"; }
+check() { # NAME RC DETAIL
+	if [[ $2 == 0 ]]; then pass "$1" "$3"; else fail "$1" "$3"; fi
+}
+want() { [[ $ONLY == all || ",$ONLY," == *",$1,"* ]]; }
+finish() {
+	echo DONE >>"$R"
+	sync
+	exit 0
+}
+
+# The kernel asks for modules (crc32 for rxe, ...) through this, so it must know the tree.
+printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$MODROOT" >/run/modprobe
+chmod +x /run/modprobe
+echo /run/modprobe >/proc/sys/kernel/modprobe
+
+# ---- set-up: rxe0 on dummy0, which holds both of the guest's addresses -------------------
+log "kernel $(uname -r); binaries $BIN; groups $ONLY"
+for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm "dummy numdummies=0" loop; do
+	"${MP[@]}" $m || log "modprobe $m failed"
+done
+ip link set lo up
+ip link add dummy0 type dummy &&
+	ip addr add $IP1/24 dev dummy0 &&
+	ip addr add $IP2/24 dev dummy0 &&
+	ip link set dummy0 up &&
+	rdma link add rxe0 type rxe netdev dummy0 >"$OUT/setup.log" 2>&1
+for _ in $(seq 50); do
+	ibv_devinfo -d rxe0 2>/dev/null | grep -q PORT_ACTIVE && break
+	sleep 0.2
+done
+if ! ibv_devinfo -d rxe0 2>>"$OUT/setup.log" | grep -q PORT_ACTIVE; then
+	fail setup "rxe0 did not come up on dummy0 (see setup.log)"
+	finish
+fi
+pass setup "rxe0 on dummy0 ($IP1, $IP2)"
+dmesg -C
+
+# A 256 MiB loop device over tmpfs for the kernel's server: it takes discards and
+# write-zeroes, as a ram disk does not.
+truncate -s 256M "$TMPD/disk.img"
+LOOPDEV=$(losetup -f --show "$TMPD/disk.img")
+LOOPNAME=${LOOPDEV#/dev/}
+
+# Kernel messages of a group, and whether our exits left the kernel complaining.
+group_dmesg() { dmesg -c >"$OUT/$1.dmesg"; }
+clean() { # GROUP LOGS...: no kernel warning, no verbs teardown failure in our logs
+	local g=$1 why=""
+	shift
+	group_dmesg "$g"
+	if grep -qE 'WARNING:|BUG:|Oops|general protection|segfault' "$OUT/$g.dmesg"; then
+		why="kernel: $(grep -m1 -E 'WARNING:|BUG:|Oops|general protection|segfault' "$OUT/$g.dmesg")"
+	fi
+	local f
+	for f in "$@"; do
+		[[ -f $f ]] || continue
+		if grep -qE 'ibv_[a-z_]+ failed|leaking' "$f"; then
+			why="$why $(basename "$f"): $(grep -m1 -E 'ibv_[a-z_]+ failed|leaking' "$f")"
+		fi
+	done
+	if [[ -z $why ]]; then pass "$g.clean" "no kernel warning, no verbs teardown failure"; else fail "$g.clean" "$why"; fi
+}
+
+# ---- our target and bench ----------------------------------------------------------------
+TPID=""
+start_target() { # NAME ARGS...: rtrs-target on core 0, waits for "target ready"
+	local name=$1
+	shift
+	"$TGT" "$@" -m 0x1 --idle adaptive -v >"$OUT/$name.target.log" 2>&1 &
+	TPID=$!
+	for _ in $(seq 600); do
+		grep -q "target ready" "$OUT/$name.target.log" && return 0
+		kill -0 $TPID 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+stop_target() { # NAME: SIGINT; a target that does not exit within 20 s fails NAME
+	[[ -n $TPID ]] || return 0
+	kill -INT $TPID 2>/dev/null
+	local i rc
+	for i in $(seq 200); do kill -0 $TPID 2>/dev/null || break; sleep 0.1; done
+	if kill -0 $TPID 2>/dev/null; then
+		kill -KILL $TPID
+		wait $TPID 2>/dev/null
+		fail "$1" "rtrs-target still running 20 s after SIGINT"
+	else
+		wait $TPID
+		rc=$?
+		check "$1" $rc "rtrs-target exited with $rc on SIGINT"
+	fi
+	TPID=""
+}
+bench() { # NAME ARGS...: rtrs-bench on core 1; its status
+	local name=$1
+	shift
+	timeout 240 "$BENCH" "$@" -m 0x2 --idle adaptive >"$OUT/$name.log" 2>&1
+}
+summary() { grep -E 'IOPS|errors' "$1" 2>/dev/null | tr -s ' ' | tr '\n' ' ' | cut -c1-200; }
+bench_row() { # NAME ARGS...
+	local name=$1
+	shift
+	bench "$name" "$@"
+	check "$name" $? "$(summary "$OUT/$name.log")"
+}
+
+# ---- the kernel's client -------------------------------------------------------------------
+map() { # SESSNAME DEVICE PATH...: maps /dev/rnbd*; echoes the device
+	local sess=$1 dev=$2 paths="" p before after
+	shift 2
+	for p in "$@"; do paths="$paths path=ip:$p"; done
+	before=$(ls /sys/block | grep '^rnbd' | sort)
+	echo "sessname=$sess$paths device_path=$dev" >$RNBD_CTL || return 1
+	for _ in $(seq 100); do
+		after=$(ls /sys/block | grep '^rnbd' | sort)
+		p=$(comm -13 <(echo "$before") <(echo "$after") | head -n 1)
+		[[ -n $p && -b /dev/$p ]] && echo "/dev/$p" && return 0
+		sleep 0.2
+	done
+	return 1
+}
+unmap() { # /dev/rnbdN
+	local n=${1#/dev/}
+	echo normal >"/sys/block/$n/rnbd/unmap_device" || return 1
+	for _ in $(seq 50); do [[ -b $1 ]] || return 0; sleep 0.2; done
+	return 1
+}
+dd_check() { # DEV NAME: 16 MiB in 1 MiB direct writes read back, then 4 KiB at odd offsets
+	local dev=$1 name=$2
+	dd if=/dev/urandom of="$TMPD/pat" bs=1M count=16 status=none
+	dd if="$TMPD/pat" of="$dev" bs=1M oflag=direct status=none 2>>"$OUT/$name.log" &&
+		dd if="$dev" of="$TMPD/back" bs=1M count=16 iflag=direct status=none 2>>"$OUT/$name.log" &&
+		cmp "$TMPD/pat" "$TMPD/back" >>"$OUT/$name.log" 2>&1 &&
+		dd if="$TMPD/pat" of="$dev" bs=4k seek=12345 count=100 oflag=direct status=none 2>>"$OUT/$name.log" &&
+		dd if="$dev" of="$TMPD/back2" bs=12k skip=4115 count=33 iflag=direct status=none 2>>"$OUT/$name.log" &&
+		cmp <(head -c $((99 * 4096)) "$TMPD/pat") <(head -c $((99 * 4096)) "$TMPD/back2") >>"$OUT/$name.log" 2>&1
+}
+fio_verify() { # NAME DEV BS RW DEPTH SIZE
+	timeout 300 fio --name="$1" --filename="$2" --direct=1 --ioengine=libaio --bs="$3" --rw="$4" \
+		--iodepth="$5" --size="$6" --verify=crc32c --do_verify=1 --verify_fatal=1 \
+		--randrepeat=0 --group_reporting >"$OUT/$1.log" 2>&1 &&
+		! grep -qE 'verify: bad|err= *[1-9]' "$OUT/$1.log"
+}
+fio_row() { # NAME DEV BS RW DEPTH SIZE
+	fio_verify "$@"
+	check "$1" $? "$(grep -E '^ +(read|write):' "$OUT/$1.log" | tr -s ' ' | tr '\n' ';' | cut -c1-160)"
+}
+path_state() { cat "$1/state" 2>/dev/null; }
+wait_connected() { # SESSNAME SECONDS: every path of the kernel client's session connected
+	local p ok
+	for _ in $(seq $(($2 * 5))); do
+		ok=1
+		for p in /sys/class/rtrs-client/$1/paths/*; do
+			[[ $(path_state "$p") == connected ]] || ok=0
+		done
+		((ok)) && return 0
+		sleep 0.2
+	done
+	return 1
+}
+
+# ---- groups ---------------------------------------------------------------------------------
+if want verbs; then
+	log "== verbs: the conformance suite and the hardware tests on rxe0"
+	RTRS_TEST_DEVICE=rxe0 RTRS_TEST_ADDR=$IP1 timeout 900 "$VERBS_TESTS" --ignored --test-threads=1 \
+		>"$OUT/verbs.log" 2>&1
+	rc=$?
+	n=0
+	while read -r _ t _ verdict; do
+		n=$((n + 1))
+		if [[ $verdict == ok ]]; then
+			pass "verbs.$t"
+		else
+			sed -n "/^---- $t stdout ----/,/^$/p" "$OUT/verbs.log" >"$OUT/verbs.$t.log"
+			fail "verbs.$t" "see verbs.$t.log"
+		fi
+	done < <(grep -E '^test .* \.\.\. (ok|FAILED)$' "$OUT/verbs.log")
+	((n > 0)) || fail verbs "the test binary ran no test (rc $rc)"
+	((rc == 0)) || grep -q FAILED "$OUT/verbs.log" || fail verbs "the test binary ended with rc $rc"
+	clean verbs "$OUT/verbs.log"
+fi
+
+if want loop; then
+	log "== loop: rtrs-bench <-> rtrs-target over rdma, defaults (always_invalidate)"
+	if start_target loop --listen rdma://$IP1:1235 --export vol=ram:256M; then
+		pass loop.listen "rtrs-target listens on rdma://$IP1:1235"
+		P=rdma://$IP1:1235
+		bench_row loop.randrw-4k --path $P --device vol --rw randrw --bs 4K --qd 16 --time 4s --verify --size 64M
+		bench_row loop.randrw-64k --path $P --device vol --rw randrw --bs 64K --qd 8 --time 4s --verify --size 64M
+		bench_row loop.zero-native --path $P --device vol --rw zero --write-zeroes native --bs 64K --qd 4 --time 2s --verify --size 16M
+		bench_row loop.trim --path $P --device vol --rw trim --bs 64K --qd 4 --time 2s --verify --size 16M
+		bench_row loop.flush --path $P --device vol --rw flush --qd 2 --time 2s
+		stop_target loop.target-exit
+	else
+		fail loop.listen "rtrs-target did not start: $(tail -n 2 "$OUT/loop.target.log" | tr '\n' ' ')"
+		stop_target loop.target-exit
+	fi
+	clean loop "$OUT"/loop.*.log
+fi
+
+if want to-kernel; then
+	log "== to-kernel: rtrs-bench -> the kernel's rnbd-server ($LOOPDEV)"
+	if "${MP[@]}" rnbd_server dev_search_path=/dev; then
+		P=rdma://$IP1
+		D=(--path $P --device "$LOOPNAME" --size 64M)
+		bench_row to-kernel.read "${D[@]}" --rw read --bs 4K --qd 16 --time 3s --verify
+		bench_row to-kernel.write "${D[@]}" --rw write --bs 4K --qd 16 --time 3s --verify
+		bench_row to-kernel.randrw-4k "${D[@]}" --rw randrw --bs 4K --qd 16 --time 4s --verify
+		bench_row to-kernel.randrw-64k "${D[@]}" --rw randrw --bs 64K --qd 8 --time 4s --verify
+		bench_row to-kernel.flush "${D[@]}" --rw flush --qd 2 --time 2s
+		bench_row to-kernel.trim "${D[@]}" --rw trim --bs 64K --qd 4 --time 2s --verify
+		bench_row to-kernel.zero-emulate "${D[@]}" --rw zero --write-zeroes emulate --bs 64K --qd 4 --time 2s --verify
+		sleep 1
+		rmmod rnbd_server rtrs_server >"$OUT/to-kernel.rmmod.log" 2>&1
+		check to-kernel.sessions-closed $? "the kernel's server unloads (every session of ours gone)"
+	else
+		fail to-kernel "rnbd_server did not load"
+	fi
+	clean to-kernel "$OUT"/to-kernel.*.log
+fi
+
+if want from-kernel; then
+	log "== from-kernel: the kernel's rnbd-client -> rtrs-target, defaults"
+	"${MP[@]}" rnbd_client || fail from-kernel "rnbd_client did not load"
+	if start_target from-kernel --listen rdma://$IP1 --export vol=ram:256M; then
+		if DEV=$(map k1 vol $IP1); then
+			pass from-kernel.map "$DEV: $(blockdev --getsize64 "$DEV") bytes, max_sectors_kb $(cat /sys/block/${DEV#/dev/}/queue/max_sectors_kb)"
+			dd_check "$DEV" from-kernel.dd
+			check from-kernel.dd $? "16 MiB in 1 MiB O_DIRECT writes and 4 KiB at odd offsets read back identical"
+			fio_row from-kernel.fio-4k "$DEV" 4k randwrite 16 16M
+			fio_row from-kernel.fio-64k "$DEV" 64k randrw 8 32M
+			fio_row from-kernel.fio-124k "$DEV" 124k write 4 16M
+			# The target restarts under the mapped device: the client reconnects.
+			echo 1 >/sys/class/rtrs-client/k1/reconnect_delay_sec 2>/dev/null
+			stop_target from-kernel.target-exit
+			start_target from-kernel2 --listen rdma://$IP1 --export vol=ram:256M
+			if wait_connected k1 90 && dd_check "$DEV" from-kernel.reconnect; then
+				pass from-kernel.reconnect "the mapped device works again after rtrs-target restarted"
+			else
+				fail from-kernel.reconnect "paths: $(cat /sys/class/rtrs-client/k1/paths/*/state 2>/dev/null | tr '\n' ' ')"
+			fi
+			unmap "$DEV"
+			check from-kernel.unmap $? "unmap_device"
+		else
+			fail from-kernel.map "no /dev/rnbd* after map_device"
+		fi
+		# Re-map after another restart, from a fresh session.
+		stop_target from-kernel2.target-exit
+		start_target from-kernel3 --listen rdma://$IP1 --export vol=ram:256M
+		if DEV=$(map k2 vol $IP1) && dd_check "$DEV" from-kernel.remap && unmap "$DEV"; then
+			pass from-kernel.remap-after-restart "mapped, written, read back and unmapped against a restarted rtrs-target"
+		else
+			fail from-kernel.remap-after-restart "see from-kernel.remap.log"
+		fi
+		stop_target from-kernel3.target-exit
+	else
+		fail from-kernel.map "rtrs-target did not start: $(tail -n 2 "$OUT/from-kernel.target.log" | tr '\n' ' ')"
+	fi
+	rmmod rnbd_client rtrs_client >"$OUT/from-kernel.rmmod.log" 2>&1
+	clean from-kernel "$OUT"/from-kernel*.log
+fi
+
+if want multipath; then
+	log "== multipath: two paths each way, one broken and restored under verify"
+	if "${MP[@]}" rnbd_server dev_search_path=/dev; then
+		bench mp.to-kernel --path rdma://$IP1 --path rdma://$IP2 --sessname mp1 --device "$LOOPNAME" \
+			--size 64M --rw randrw --bs 4K --qd 16 --time 12s --verify --json --reconnect-delay 1s &
+		BP=$!
+		sleep 4
+		P1=$(ls -d /sys/class/rtrs-server/mp1/paths/* 2>/dev/null | head -n 1)
+		if [[ -n $P1 ]]; then
+			echo 1 >"$P1/disconnect" 2>>"$OUT/mp.to-kernel.sysfs.log"
+			log "server disconnected $(basename "$P1")"
+		fi
+		wait $BP
+		rc=$?
+		recon=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["reconnects"]["successful"] for p in d["client_stats"]["paths"]), d["errors"], d["verify_mismatches"])' \
+			"$OUT/mp.to-kernel.log" 2>/dev/null)
+		if [[ $rc == 0 && -n $P1 && ${recon%% *} -ge 1 ]]; then
+			pass mp.to-kernel "2 paths, one disconnected by the kernel's server and reconnected; reconnects, errors, mismatches: $recon"
+		else
+			fail mp.to-kernel "rc $rc, path ${P1:-none found}, reconnects/errors/mismatches: ${recon:-?}"
+		fi
+		sleep 1
+		rmmod rnbd_server rtrs_server 2>>"$OUT/mp.to-kernel.sysfs.log"
+	else
+		fail mp.to-kernel "rnbd_server did not load"
+	fi
+	"${MP[@]}" rnbd_client
+	if start_target mp.from-kernel --listen rdma://$IP1 --listen rdma://$IP2 --export vol=ram:256M &&
+		DEV=$(map mp2 vol $IP1 $IP2); then
+		fio_verify mp.from-kernel "$DEV" 4k randwrite 16 48M &
+		FP=$!
+		sleep 3
+		P1=$(ls -d /sys/class/rtrs-client/mp2/paths/* | head -n 1)
+		echo 1 >"$P1/disconnect"
+		log "client disconnected $(basename "$P1"): $(path_state "$P1")"
+		sleep 3
+		echo 1 >"$P1/reconnect"
+		log "client reconnected $(basename "$P1"): $(path_state "$P1")"
+		wait $FP
+		rc=$?
+		wait_connected mp2 30
+		check mp.from-kernel $((rc + $?)) "fio verify over 2 paths with one disconnected and reconnected: $(grep -E '^ +(read|write):' "$OUT/mp.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
+		unmap "$DEV"
+	else
+		fail mp.from-kernel "rtrs-target or map_device failed"
+	fi
+	stop_target mp.target-exit
+	rmmod rnbd_client rtrs_client 2>/dev/null
+	clean multipath "$OUT"/mp.*.log
+fi
+
+if want spdk; then
+	SPDK_WHY=""
+	if [[ -z ${SPDK_DIR:-} ]]; then
+		SPDK_WHY="SPDK not found on the host (SPDK_DIR, /opt/spdk)"
+	else
+		LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib "$SPDK_DIR/build/bin/spdk_tgt" -h >/dev/null 2>&1
+		# SIGILL: built for instructions QEMU's TCG does not emulate (AVX-512 and up).
+		[[ $? == 132 ]] && SPDK_WHY="SPDK at $SPDK_DIR uses instructions the guest's CPU lacks (built with -march=native on an AVX-512 host?): build it with ./configure --target-arch=x86-64-v2 for this test"
+	fi
+	if [[ -n $SPDK_WHY ]]; then
+		echo "SKIP spdk: $SPDK_WHY" >>"$R"
+	else
+		log "== spdk: the plugin's bdev over rdma -> the kernel's server; its target <- the kernel's client"
+		. "$REPO/ci/spdk/lib.sh"
+		APP_DIR=$TMPD/spdk
+		apps_init
+		spdk_setup_paths
+		APP_START_WAIT=1200
+		MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+		"${MP[@]}" rnbd_server dev_search_path=/dev
+		cat >"$TMPD/bdev.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_rtrs_create", "params": {"name": "rtrs0", "sessname": "spdk1",
+   "paths": [{"transport": "rdma", "dst_addr": "$IP1", "port": 1234}],
+   "device": "$LOOPNAME", "access_mode": "rw"}},
+  {"method": "bdev_wait_for_examine"}]}]}
+EOF
+		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/bdev.json" \
+			-q 16 -o 4096 -w verify -t 5 >"$OUT/spdk.bdev-to-kernel.log" 2>&1
+		check spdk.bdev-to-kernel $? "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server: $(grep -E 'Total|rtrs0' "$OUT/spdk.bdev-to-kernel.log" | tail -n 1 | tr -s ' ')"
+		sleep 1
+		rmmod rnbd_server rtrs_server 2>/dev/null
+		"${MP[@]}" rnbd_client
+		if app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" &&
+			rpc tgt bdev_malloc_create -b malloc0 64 512 >/dev/null &&
+			rpc tgt rtrs_target_listen -t rdma -a $IP1 -s 1234 &&
+			rpc tgt rtrs_target_export malloc0 -e vol -a rw &&
+			DEV=$(map spdk2 vol $IP1); then
+			dd_check "$DEV" spdk.target-from-kernel &&
+				fio_verify spdk.target-from-kernel.fio "$DEV" 4k randwrite 16 16M
+			rc=$?
+			unmap "$DEV"
+			check spdk.target-from-kernel $((rc + $?)) "map, dd, fio 4k verify, unmap against the plugin's target in spdk_tgt"
+		else
+			fail spdk.target-from-kernel "spdk_tgt, its RPCs or map_device failed"
+		fi
+		cp "$APP_DIR"/*.log "$OUT/" 2>/dev/null
+		apps_stop_all
+		rmmod rnbd_client rtrs_client 2>/dev/null
+		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log
+	fi
+fi
+
+losetup -d "$LOOPDEV"
+finish
