@@ -116,6 +116,17 @@ fn tcp_verify_every_pattern_then_sigterm() {
         assert_eq!(v["reads"].as_u64(), Some(0), "{v}");
         assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{mode}: {v}");
     }
+    // Discards over stamped data (each sector reads back as its data or zeros), then
+    // flushes.
+    for rw in ["trim", "flush"] {
+        let v = bench_json(&[
+            "--path", &url, "--device", "vol", "--rw", rw, "--bs", "64K", "--qd", "4", "--size",
+            "4M", "--verify", "-m", "0x2",
+        ]);
+        assert_eq!(v["rw"], rw);
+        assert_eq!(v["reads"].as_u64(), Some(0), "{v}");
+        assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{rw}: {v}");
+    }
     stop_with(t, "TERM");
 }
 

@@ -4,8 +4,9 @@
 //! core's RNBD handle, so nothing is allocated and nothing is shared per IO except
 //! relaxed counter updates for the progress line.
 //!
-//! Phases: an optional prefill (`--verify` with reads: every unit of the region is
-//! written once, stamped, so every read has something to check; or `--warmup-write`),
+//! Phases: an optional prefill (`--verify` with reads or discards: every unit of the
+//! region is written once, stamped, so every read has something to check; or
+//! `--warmup-write`),
 //! the timed run, the
 //! drain of what is in flight, an optional read-back (`--verify` with writes: every
 //! unit written is read and checked), then a report to the main thread.
