@@ -199,8 +199,9 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
     }
     assert_eq!(next, (at + len) as u64);
     // The zero buffer was announced to this core's session handle before its pieces
-    // named it, so a fabric without a registration table can resolve them.
-    assert_eq!(c.session().regions.len(), 1);
+    // named it, so a fabric without a registration table can resolve them (the admin's
+    // reply buffer, for OPEN, the other one).
+    assert_eq!(c.session().regions.len(), 2);
     assert_eq!(c.session().unannounced, 0);
     assert!(c
         .session()

@@ -24,7 +24,7 @@ use super::session_core::{hold, SessionCore, Sizing};
 
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{
-    inc_rkey, Access, KeyScope, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+    next_rkey, Access, KeyScope, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
@@ -230,7 +230,7 @@ impl SessionCore {
                         Some(m) => (&**m, self.sgl[i * MAX_SGL].addr),
                         None => (&res.bounce, bounce_addr),
                     };
-                    let new_key = inc_rkey(key.slot.rkey());
+                    let new_key = next_rkey(key.slot.rkey());
                     reg = Some(SendWr {
                         wr_id: 0,
                         op: SendOp::RegMr {

@@ -25,11 +25,11 @@ use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
     region_index, region_of, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted,
-    RState, Req, Res, MAX_SGL, NO_ROUTE,
+    RState, ReadKey, Req, Res, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
-use crate::fabric::{Access, Fabric, MemBuf, Mr, Sge};
+use crate::fabric::{Access, Fabric, KeyScope, MemBuf, Mr, Sge};
 use crate::Errno;
 
 /// What one core knows of the session's limits and what it built from them: one value,
@@ -495,9 +495,9 @@ impl SessionCore {
                     // A connection this core still had of the path goes with its route.
                     self.drop_route(old.route);
                 }
-                let permits = self.permits();
+                let keys = self.read_keys();
                 self.paths[slot] = Some(CorePath {
-                    keys: (0..permits).map(|_| None).collect(),
+                    keys,
                     io: conn,
                     shared: path,
                     route,
@@ -553,15 +553,47 @@ impl SessionCore {
             }
         }
         // The READ keys were made for the old permits.
-        for cp in self.paths.iter_mut().flatten() {
-            cp.keys.clear();
-            cp.keys.resize_with(n, || None);
+        for slot in 0..self.paths.len() {
+            if self.paths[slot].is_some() {
+                let keys = self.read_keys();
+                if let Some(cp) = self.paths[slot].as_mut() {
+                    cp.keys = keys;
+                }
+            }
         }
         self.reqs = vec![Req::FREE; n];
         self.sgl = vec![Sge::default(); n * MAX_SGL];
         self.keep = vec![None; n * MAX_SGL];
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
+    }
+
+    /// A READ key slot per permit of this core, for a new connection. A core that cannot
+    /// have them cannot READ, and gets no permits (as when its buffers cannot be had).
+    fn read_keys(&mut self) -> Vec<Option<ReadKey>> {
+        let n = self.permits() as usize;
+        let made: Result<Vec<_>, _> = (0..n)
+            .map(|_| {
+                self.fabric
+                    .alloc_fast_mr(KeyScope::Connection)
+                    .map(|slot| Some(ReadKey { slot, bound: false }))
+            })
+            .collect();
+        match made {
+            Ok(keys) => keys,
+            Err(e) if self.outstanding() == 0 => {
+                tracing::error!(sess = %self.sess.sessname, core = self.core, "cannot make READ key slots: {e}; this core gets no permits");
+                if let Some(p) = self.sizing.params() {
+                    self.sizing = Sizing::Starved(p);
+                }
+                Vec::new()
+            }
+            // Requests hold permits: each READ tries for its key again when it is posted.
+            Err(e) => {
+                tracing::warn!(sess = %self.sess.sessname, core = self.core, "cannot make READ key slots: {e}");
+                (0..n).map(|_| None).collect()
+            }
+        }
     }
 
     /// The buf id of this core's first permit (its requests are numbered from it).

@@ -166,10 +166,19 @@ pub use psk::{Psk, PskError};
 pub const PRIVATE_DATA_LEN: usize = 56;
 
 /// The next rkey of a fast-registration slot: the low 8 bits (the "key" part) advance,
-/// the index bits stay. Same as the kernel's `ib_inc_rkey`.
+/// the index bits stay. The kernel's `ib_inc_rkey`.
 #[inline]
 pub fn inc_rkey(rkey: u32) -> u32 {
     (rkey & 0xffff_ff00) | (rkey.wrapping_add(1) & 0xff)
+}
+
+/// A new rkey for a fast-registration slot whose key is `rkey`: the index bits stay, the
+/// key byte changes to another one at random, so that a peer that saw one key cannot
+/// tell the next. What the project's RTRS binds with (`inc_rkey` is the kernel's
+/// predictable choice; both are valid on the wire).
+#[inline]
+pub fn next_rkey(rkey: u32) -> u32 {
+    (rkey & 0xffff_ff00) | u32::from(soft::random_key_byte(rkey as u8))
 }
 
 /// Where a fast-registration slot's key is valid and who may retire it (see the module
@@ -199,6 +208,10 @@ impl Access {
     /// The raw bits, as `IBV_ACCESS_*` values.
     pub const fn bits(self) -> u32 {
         self.0
+    }
+    /// The rights among `bits` (`IBV_ACCESS_*` values; others are ignored).
+    pub const fn from_bits(bits: u32) -> Access {
+        Access(bits & (Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0))
     }
     /// Whether every right in `other` is granted here.
     pub const fn contains(self, other: Access) -> bool {

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::{Con, IuPool, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
 use crate::fabric::admission::victim;
-use crate::fabric::{Access, ConnRequest, KeyScope, Listener, QpCaps};
+use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
@@ -424,6 +424,7 @@ impl Acceptor {
             state: AtomicU8::new(CONNECTING),
             present: Mutex::new(present),
             conn_ts: AtomicU64::new(now.max(1)),
+            first_keys: mrs.iter().map(|m| next_rkey(m.rkey())).collect(),
             mrs,
             rkey_ius,
             info_req: io(1, InfoReq::LEN)?,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::common::{HbAction, Heartbeat, LinkEvent};
 use crate::engine::Ctx;
-use crate::fabric::{inc_rkey, Access, SendOp, SendWr};
+use crate::fabric::{Access, SendOp, SendWr};
 use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{InfoReq, InfoRsp, HB_MSG_IMM};
 
@@ -155,7 +155,7 @@ pub(crate) fn post_info_rsp(cx: &mut dyn Ctx, sh: &ServerState, slot: &mut ConSl
                     addr: sess.chunks.addr() + (c as u64) * u64::from(cs),
                     len: cs,
                     access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                    rkey: inc_rkey(m.rkey()),
+                    rkey: path.first_keys[c],
                 },
                 sges: &[],
                 signaled: false,

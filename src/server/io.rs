@@ -37,7 +37,7 @@ use super::stats::CoreCounters;
 use super::wr::WrId;
 use crate::common::Dir;
 use crate::engine::Ctx;
-use crate::fabric::{inc_rkey, Access, SendOp, SendWr, WcStatus};
+use crate::fabric::{next_rkey, Access, SendOp, SendWr, WcStatus};
 use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
 use crate::Errno;
 
@@ -475,7 +475,7 @@ impl Requests {
         let imm = rsp.to_imm();
         let base = sess.chunk_off(buf_id);
         let chunk_addr = sess.chunks.addr() + base as u64;
-        let new_rkey = ai.then(|| inc_rkey(path.mrs[usize::from(buf_id)].rkey()));
+        let new_rkey = ai.then(|| next_rkey(path.mrs[usize::from(buf_id)].rkey()));
         let data_sge;
         let rkey_sge;
         let mut chain = Chain::new();

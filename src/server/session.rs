@@ -175,6 +175,9 @@ pub(crate) struct Path {
     pub conn_ts: AtomicU64,
     /// always_invalidate: one fast-registration slot per chunk.
     pub mrs: Vec<FastMr>,
+    /// always_invalidate: the key of each chunk's first binding, chosen with the slots
+    /// (INFO_RSP announces them and its REG_MRs install them).
+    pub first_keys: Vec<u32>,
     /// always_invalidate: one RKEY_RSP buffer per chunk.
     pub rkey_ius: Option<IuPool>,
     /// INFO_REQ receive buffer (slot 0) — INFO_RSP is built in `info_rsp`.
@@ -238,9 +241,9 @@ impl Path {
                 .mrs
                 .iter()
                 .enumerate()
-                .map(|(i, m)| SgDesc {
+                .map(|(i, _)| SgDesc {
                     addr: base + i as u64 * cs,
-                    key: crate::fabric::inc_rkey(m.rkey()),
+                    key: self.first_keys[i],
                     len: cs as u32,
                 })
                 .collect();

@@ -291,7 +291,7 @@ impl End {
         let qp_num = qp.qp_num();
         // SAFETY: the caller holds the role; the closure does not reenter.
         unsafe {
-            self.own_rq.with_consumer(|c| {
+            self.own_rq.with_consumer(|c, _| {
                 while let Some(r) = c.front() {
                     let wc = recv_error(r.wr_id, WcStatus::WrFlush, qp_num);
                     r.buf = Ok(None);
@@ -375,7 +375,7 @@ impl End {
                 // SAFETY: we hold a frame at the front of the peer's ring to us, so the
                 // consumer role of our receive queue is ours (see `super::rq`).
                 let next = unsafe {
-                    own_rq.with_consumer(|c| {
+                    own_rq.with_consumer(|c, _| {
                         let r = c.front().map(std::mem::take);
                         c.pop();
                         r

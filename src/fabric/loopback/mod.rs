@@ -99,6 +99,16 @@ impl Default for LoopbackFabric {
     }
 }
 
+impl LoopbackFabric {
+    fn registrations(&self) -> soft::Registrations<'_> {
+        soft::Registrations {
+            table: &self.inner.table,
+            kind: FabricKind::Loopback,
+            max_len: MAX_MR_SIZE,
+        }
+    }
+}
+
 impl std::fmt::Debug for LoopbackFabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LoopbackFabric")
@@ -206,7 +216,7 @@ impl Fabric for LoopbackFabric {
     }
 
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
-        Ok(self.inner.table.register_buf(buf, access))
+        self.registrations().register(buf, access)
     }
 
     unsafe fn register_raw(
@@ -215,28 +225,16 @@ impl Fabric for LoopbackFabric {
         len: usize,
         access: Access,
     ) -> Result<Mr, FabricError> {
-        if addr.is_null() || len as u64 > MAX_MR_SIZE {
-            return Err(FabricError::Register {
-                len,
-                reason: format!("address {addr:p} is null or the length exceeds {MAX_MR_SIZE}"),
-            });
-        }
-        Ok(self
-            .inner
-            .table
-            .register(Arc::new(Backing::External { addr, len }), access))
+        // SAFETY: the caller's promise (this method's contract), passed on.
+        unsafe { self.registrations().register_raw(addr, len, access) }
     }
 
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
-        Ok(self.inner.table.alloc_fast_mr(scope))
+        self.registrations().alloc_fast_mr(scope)
     }
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
-        self.inner
-            .table
-            .local(sge, need)
-            .ok()
-            .map(|m| m.into_backing())
+        self.registrations().local_memory(sge, need)
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {

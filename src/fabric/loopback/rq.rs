@@ -30,13 +30,18 @@ use std::sync::Arc;
 use super::ring::{Consumer, Producer};
 use crate::fabric::soft::qp::Srcs;
 use crate::fabric::soft::WireOp;
-use crate::fabric::soft::{recv_completion, recv_error, respond, MrTable, PostedRecv, Respond};
+use crate::fabric::soft::{
+    recv_completion, recv_error, respond, Leases, MrTable, PostedRecv, Respond,
+};
 use crate::fabric::{Wc, WcStatus};
 
 /// One end's receive queue, consumer side, with what a poster needs to act as that
 /// end's responder: its protection domain and its queue pair's number.
 pub struct RecvQueue {
     consumer: UnsafeCell<Consumer<PostedRecv>>,
+    /// The responder's handles on its registered memory, used by whoever executes into
+    /// this queue; they move with the consumer role.
+    leases: UnsafeCell<Leases>,
     table: Arc<MrTable>,
     qp_num: u32,
 }
@@ -44,14 +49,16 @@ pub struct RecvQueue {
 // SAFETY: the consumer is reached only through `with_consumer`, whose callers hold the
 // consumer role (module doc), so one thread at a time uses it and each holder's uses
 // happen after the previous holder's; `Consumer<PostedRecv>` is `Send` (a `PostedRecv`
-// holds `MemRef`s, which are), which is what moving it between threads needs. The table
-// is `Sync` and the number plain data.
+// holds `MemRef`s, which are), which is what moving it between threads needs; the
+// leases go with the consumer, under the same role. The table is `Sync` and the number
+// plain data.
 unsafe impl Sync for RecvQueue {}
 
 impl RecvQueue {
     pub fn new(consumer: Consumer<PostedRecv>, table: Arc<MrTable>, qp_num: u32) -> RecvQueue {
         RecvQueue {
             consumer: UnsafeCell::new(consumer),
+            leases: UnsafeCell::new(Leases::default()),
             table,
             qp_num,
         }
@@ -62,10 +69,15 @@ impl RecvQueue {
     /// # Safety
     /// The caller holds the consumer role (see the module doc) for the whole call, and
     /// `f` does not call `with_consumer` on the same queue.
-    pub unsafe fn with_consumer<R>(&self, f: impl FnOnce(&mut Consumer<PostedRecv>) -> R) -> R {
-        // SAFETY: the caller holds the role, so no other reference to the consumer
-        // exists during this call, and `f` makes no second one.
-        f(unsafe { &mut *self.consumer.get() })
+    pub unsafe fn with_consumer<R>(
+        &self,
+        f: impl FnOnce(&mut Consumer<PostedRecv>, &mut Leases) -> R,
+    ) -> R {
+        // SAFETY: the caller holds the role, so no other reference to the consumer or
+        // the leases exists during this call, and `f` makes no second one.
+        f(unsafe { &mut *self.consumer.get() }, unsafe {
+            &mut *self.leases.get()
+        })
     }
 }
 
@@ -104,7 +116,7 @@ pub unsafe fn execute_at_post(
     // SAFETY: the caller holds the consumer role for this call; the closure does not
     // reenter.
     unsafe {
-        rq.with_consumer(|c| {
+        rq.with_consumer(|c, leases| {
             let recv = if consumes {
                 match c.front() {
                     Some(r) => Some(r),
@@ -114,7 +126,7 @@ pub unsafe fn execute_at_post(
                 None
             };
             let wr_id = recv.as_ref().map_or(0, |r| r.wr_id);
-            let (wc, outcome) = match respond(&rq.table, recv, op, None) {
+            let (wc, outcome) = match respond(&rq.table, leases, rq.qp_num, recv, op, None) {
                 Ok(placed) => {
                     if let Some(dst) = placed.place {
                         dst.gather_from(srcs);

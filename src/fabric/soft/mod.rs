@@ -21,4 +21,80 @@ pub use qp::{
     recv_completion, recv_error, respond, Handed, InboundError, Placed, PostedRecv, Respond,
     SoftQp, WireKind, WireOp,
 };
-pub use table::{LkeyCache, MemRef, MrTable, MAX_MR_SIZE};
+pub(crate) use table::random_key_byte;
+pub use table::{Keep, Leases, MemRef, MrTable, PendingBind, TableFull, MAX_ENTRIES, MAX_MR_SIZE};
+
+use std::sync::Arc;
+
+use crate::fabric::mem::Backing;
+use crate::fabric::{Access, FabricError, FabricKind, FastMr, KeyScope, MemBuf, Mr, Sge};
+
+/// The registration entry points of a software fabric over its table: the
+/// `Fabric::register`, `register_raw`, `alloc_fast_mr` and `local_memory` of both the
+/// tcp and the loopback fabric.
+pub(crate) struct Registrations<'a> {
+    pub table: &'a Arc<MrTable>,
+    pub kind: FabricKind,
+    /// The fabric's `max_mr_size`.
+    pub max_len: u64,
+}
+
+impl Registrations<'_> {
+    fn check_len(&self, len: usize) -> Result<(), FabricError> {
+        if len == 0 || len as u64 > self.max_len {
+            return Err(FabricError::Register {
+                len,
+                reason: format!(
+                    "{} fabric registrations must be 1..={} bytes (max_mr_size)",
+                    self.kind, self.max_len
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn full(len: usize, e: TableFull) -> FabricError {
+        FabricError::Register {
+            len,
+            reason: e.to_string(),
+        }
+    }
+
+    pub fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
+        self.check_len(buf.len())?;
+        let len = buf.len();
+        self.table
+            .register_buf(buf, access)
+            .map_err(|e| Self::full(len, e))
+    }
+
+    /// # Safety
+    /// `Fabric::register_raw`'s.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, FabricError> {
+        self.check_len(len)?;
+        if addr.is_null() {
+            return Err(FabricError::Register {
+                len,
+                reason: "null address".into(),
+            });
+        }
+        self.table
+            .register(Arc::new(Backing::External { addr, len }), access)
+            .map_err(|e| Self::full(len, e))
+    }
+
+    pub fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.table
+            .alloc_fast_mr(scope)
+            .map_err(|e| Self::full(0, e))
+    }
+
+    pub fn local_memory(&self, sge: &Sge, need: Access) -> Option<Arc<Backing>> {
+        self.table.local_backing(sge, need)
+    }
+}

@@ -36,7 +36,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::table::{LkeyCache, MemRef, MrTable};
+use super::table::{Leases, MemRef, MrTable, PendingBind};
 use crate::fabric::{
     Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
     WcStatus,
@@ -94,6 +94,9 @@ struct SqSlot {
     wire: Option<WireOp>,
     /// Set when the slot completed locally (local operations, post-time errors, flushes).
     status: Option<WcStatus>,
+    /// A REG_MR waiting for the bytes of the operations before it to leave their
+    /// sources (see [`SoftQp::post_send`]); made, and completed, then.
+    bind: Option<PendingBind>,
     srcs: Srcs,
 }
 
@@ -157,9 +160,14 @@ pub struct Placed {
 /// With `payload` (the whole payload, at hand, of the operation's length), a remote
 /// placement is written at once under the table's lock ([`MrTable::remote_write`]) and
 /// `place` comes back `None`; a receive's buffer still comes back for the caller to fill.
+///
+/// `leases` and `qp` are the responder's: its queue pair's handles on registered memory
+/// and its number (a `Connection` key is valid only on the queue pair that bound it).
 #[inline(always)]
 pub fn respond(
     table: &MrTable,
+    leases: &mut Leases,
+    qp: u32,
     recv: Option<&mut PostedRecv>,
     op: &WireOp,
     payload: Option<&[u8]>,
@@ -185,7 +193,7 @@ pub fn respond(
                     });
                 }
                 if op.kind == WireKind::SendWithInv {
-                    if table.invalidate_remote(op.inv_rkey).is_err() {
+                    if table.invalidate_remote(op.inv_rkey, qp).is_err() {
                         return Err(Respond::Refuse {
                             status: WcStatus::RemoteInvalidRequest,
                             recv: None,
@@ -201,16 +209,18 @@ pub fn respond(
                     None
                 }
             }
-            Ok(_) => remote_place(table, op, payload)?,
+            Ok(_) => remote_place(table, leases, qp, op, payload)?,
         }
     } else {
-        remote_place(table, op, payload)?
+        remote_place(table, leases, qp, op, payload)?
     };
     Ok(Placed { place, invalidated })
 }
 
 fn remote_place(
     table: &MrTable,
+    leases: &mut Leases,
+    qp: u32,
     op: &WireOp,
     payload: Option<&[u8]>,
 ) -> Result<Option<MemRef>, Respond> {
@@ -221,11 +231,18 @@ fn remote_place(
     match payload {
         // `execute_staged` checked that the payload is the operation's length.
         Some(data) => table
-            .remote_write(op.rkey, op.remote_addr, data)
+            .remote_write(leases, qp, op.rkey, op.remote_addr, data)
             .map(|()| None)
             .map_err(refused),
         None => table
-            .remote(op.rkey, op.remote_addr, op.len, Access::REMOTE_WRITE)
+            .remote(
+                leases,
+                qp,
+                op.rkey,
+                op.remote_addr,
+                op.len,
+                Access::REMOTE_WRITE,
+            )
             .map(Some)
             .map_err(refused),
     }
@@ -288,8 +305,8 @@ pub struct SoftQp {
     table: Arc<MrTable>,
     /// The connection's number, on every completion (`Wc::qp_num`).
     qp_num: u32,
-    /// The regions local SGEs named last (see [`LkeyCache`]).
-    lkeys: LkeyCache,
+    /// Handles on the registered memory this queue pair used recently (see [`Leases`]).
+    leases: Leases,
     caps: QpCaps,
     state: ConnState,
     disconnect_pending: bool,
@@ -306,6 +323,9 @@ pub struct SoftQp {
     /// Slots from `sq_head` already handed to the transport (only wire kinds count, but
     /// local ones in between are skipped over too).
     sq_sent: usize,
+    /// Slots from `sq_head` whose bytes have left their source memory, as the transport
+    /// last said ([`SoftQp::sent_left`]); a REG_MR waits behind any that have not.
+    sq_left: usize,
     next_seq: u64,
     peer_acked: u64,
     rq: VecDeque<PostedRecv>,
@@ -325,6 +345,7 @@ impl SoftQp {
                 opcode: WcOpcode::Send,
                 wire: None,
                 status: None,
+                bind: None,
                 srcs: Srcs::with_capacity(caps.max_send_sge as usize),
             })
             .collect();
@@ -332,7 +353,7 @@ impl SoftQp {
         SoftQp {
             qp_num: table.next_qp_num(),
             table,
-            lkeys: LkeyCache::default(),
+            leases: Leases::default(),
             caps,
             state: ConnState::Connecting,
             disconnect_pending: false,
@@ -343,6 +364,7 @@ impl SoftQp {
             sq_len: 0,
             sq_done: 0,
             sq_sent: 0,
+            sq_left: 0,
             next_seq: 1,
             peer_acked: 0,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
@@ -457,13 +479,21 @@ impl SoftQp {
         self.sq_len += 1;
         let broken = self.state == ConnState::Disconnected;
         let seq = self.next_seq;
+        // A REG_MR exposing memory that an earlier operation still reads waits for it.
+        let bytes_pending = match wr.op {
+            SendOp::RegMr { addr, len, .. } => {
+                self.earlier_bytes_pending(i, (addr, addr.saturating_add(u64::from(len))))
+            }
+            _ => false,
+        };
         // Disjoint borrows: the table beside the slot, no reference count touched.
-        let (table, lkeys) = (&self.table, &mut self.lkeys);
+        let (table, leases, qp_num) = (&self.table, &mut self.leases, self.qp_num);
         let slot = &mut self.sq[(self.sq_head + i) & self.sq_mask];
         slot.wr_id = wr.wr_id;
         slot.signaled = wr.signaled;
         slot.wire = None;
         slot.status = None;
+        slot.bind = None;
         // A slot leaves the ring with its sources released (`advance`, `break_now`).
         debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
         debug_assert!(
@@ -491,14 +521,31 @@ impl SoftQp {
                 rkey,
             } => {
                 slot.opcode = WcOpcode::RegMr;
-                slot.status = Some(if broken {
-                    WcStatus::WrFlush
-                } else {
-                    match table.bind(fmr, region, addr, len, access, rkey) {
-                        Ok(()) => WcStatus::Success,
+                if broken {
+                    slot.status = Some(WcStatus::WrFlush);
+                    return;
+                }
+                // The binding exposes its range to the peer: as a NIC's ordered send
+                // queue does, it takes effect only once the operations posted before
+                // it have taken their bytes out of their sources (a READ response's
+                // RDMA WRITE from the very chunk being rebound, say), at post when
+                // none is waiting.
+                slot.status = Some(
+                    match table.check_bind(fmr, region, addr, len, access, rkey) {
                         Err(s) => s,
-                    }
-                });
+                        Ok(b) => {
+                            fmr.set_rkey(rkey);
+                            if bytes_pending {
+                                slot.bind = Some(b);
+                                return;
+                            }
+                            match table.apply_bind(&b, qp_num) {
+                                Ok(()) => WcStatus::Success,
+                                Err(s) => s,
+                            }
+                        }
+                    },
+                );
                 self.break_on_local_error(i);
                 return;
             }
@@ -524,7 +571,7 @@ impl SoftQp {
             return;
         }
         for sge in wr.sges {
-            match table.local_cached(lkeys, sge, Access::NONE) {
+            match table.local(leases, sge, Access::NONE) {
                 Ok(m) => slot.srcs.push(m),
                 Err(s) => {
                     slot.srcs.clear();
@@ -591,7 +638,7 @@ impl SoftQp {
             None => Ok(None),
             Some(sge) => self
                 .table
-                .local_cached(&mut self.lkeys, &sge, Access::LOCAL_WRITE)
+                .local(&mut self.leases, &sge, Access::LOCAL_WRITE)
                 .map(Some),
         };
         PostedRecv {
@@ -629,14 +676,78 @@ impl SoftQp {
         !self.rq.is_empty()
     }
 
-    /// The wire operations posted and not yet handed to the transport, in order.
-    pub fn outbound(&self) -> impl Iterator<Item = (WireOp, &[MemRef])> + '_ {
-        (self.sq_sent..self.sq_len).filter_map(move |i| {
-            let s = self.slot(i);
-            s.wire
-                .filter(|_| s.status.is_none())
-                .map(|w| (w, s.srcs.as_slice()))
+    /// Whether a wire operation among the first `i` slots may still read source memory in
+    /// `[range.0, range.1)`: handed to the transport or not, its bytes have not left (the
+    /// transport has not said so, the peer has not acked it, it did not complete).
+    fn earlier_bytes_pending(&self, i: usize, range: (u64, u64)) -> bool {
+        let (lo, hi) = range;
+        (self.sq_left.max(self.sq_done).min(i)..i).any(|j| {
+            let s = self.slot(j);
+            s.status.is_none()
+                && s.wire.is_some_and(|w| w.seq > self.peer_acked)
+                && s.srcs.iter().any(|m| {
+                    let a = m.as_ptr() as u64;
+                    a < hi && lo < a + m.len() as u64
+                })
         })
+    }
+
+    /// Makes the REG_MRs at the transport's frontier whose turn has come (every
+    /// operation before them has taken its bytes out), and steps the frontier over
+    /// them and over local operations. Returns whether one was made.
+    fn take_binds(&mut self) -> bool {
+        let mut made = false;
+        while self.sq_sent < self.sq_len {
+            let i = self.sq_sent;
+            let s = self.slot(i);
+            if s.wire.is_some() && s.status.is_none() {
+                break;
+            }
+            if let Some(b) = s.bind {
+                if self.earlier_bytes_pending(i, b.range()) {
+                    break;
+                }
+                let status = match self.table.apply_bind(&b, self.qp_num) {
+                    Ok(()) => WcStatus::Success,
+                    Err(st) => st,
+                };
+                let slot = self.slot_mut(i);
+                slot.bind = None;
+                slot.status = Some(status);
+                made = true;
+                if !status.is_ok() {
+                    self.sq_sent += 1;
+                    self.break_now();
+                    return true;
+                }
+            }
+            self.sq_sent += 1;
+        }
+        if made {
+            self.advance();
+        }
+        made
+    }
+
+    /// The transport says every operation handed to it so far has taken its bytes out
+    /// of their sources (the tcp fabric: its batch is written into the socket): the
+    /// REG_MRs waiting behind them are made now.
+    pub fn sent_left(&mut self) {
+        self.sq_left = self.sq_sent;
+        self.take_binds();
+    }
+
+    /// The wire operations posted and not yet handed to the transport, in order, up to
+    /// the first REG_MR still waiting for the bytes before it to leave.
+    pub fn outbound(&self) -> impl Iterator<Item = (WireOp, &[MemRef])> + '_ {
+        (self.sq_sent..self.sq_len)
+            .take_while(move |&i| self.slot(i).bind.is_none())
+            .filter_map(move |i| {
+                let s = self.slot(i);
+                s.wire
+                    .filter(|_| s.status.is_none())
+                    .map(|w| (w, s.srcs.as_slice()))
+            })
     }
 
     /// Whether posted requests wait to be handed to the transport (a cheap test before
@@ -654,6 +765,10 @@ impl SoftQp {
         let mut i = self.sq_sent;
         while i < self.sq_len {
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
+            if s.bind.is_some() {
+                // A REG_MR waiting for the bytes before it: nothing behind it goes yet.
+                break;
+            }
             // By reference: the header is copied once, into the transport's frame.
             if let (Some(w), None) = (&s.wire, s.status) {
                 if !take(w, &mut s.srcs) {
@@ -677,6 +792,15 @@ impl SoftQp {
         let mut i = self.sq_sent;
         let mut refused = false;
         while i < self.sq_len {
+            if self.slot(i).bind.is_some() {
+                // A REG_MR: made once the operations before it executed at the peer.
+                self.sq_sent = i;
+                if !self.take_binds() || self.sq_sent == i {
+                    return;
+                }
+                i = self.sq_sent;
+                continue;
+            }
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
             if let (Some(w), None) = (&s.wire, s.status) {
                 match go(w, &mut s.srcs) {
@@ -712,8 +836,13 @@ impl SoftQp {
             }
             self.sq_sent += 1;
         }
-        // Local operations right behind the last transmitted one are "sent" too.
-        while self.sq_sent < self.sq_len && self.slot(self.sq_sent).wire.is_none() {
+        // Local operations right behind the last transmitted one are "sent" too, up to
+        // a REG_MR still waiting for the bytes before it to leave.
+        while self.sq_sent < self.sq_len {
+            let s = self.slot(self.sq_sent);
+            if s.wire.is_some() || s.bind.is_some() {
+                break;
+            }
             self.sq_sent += 1;
         }
     }
@@ -725,6 +854,8 @@ impl SoftQp {
         if seq > self.peer_acked && seq < self.next_seq {
             self.peer_acked = seq;
             self.advance();
+            // Acked operations' bytes have left for sure.
+            self.take_binds();
         }
     }
 
@@ -783,6 +914,7 @@ impl SoftQp {
         self.sq_head = (head + free) & mask;
         self.sq_len -= free;
         self.sq_sent = self.sq_sent.saturating_sub(free);
+        self.sq_left = self.sq_left.saturating_sub(free);
     }
 
     /// Checks the next incoming operation and says where its payload goes (`None` when
@@ -851,7 +983,14 @@ impl SoftQp {
         if op.seq != self.executed + 1 {
             return Err(self.refuse(WcStatus::RemoteInvalidRequest));
         }
-        match respond(&self.table, self.rq.front_mut(), op, payload) {
+        match respond(
+            &self.table,
+            &mut self.leases,
+            self.qp_num,
+            self.rq.front_mut(),
+            op,
+            payload,
+        ) {
             Ok(p) => Ok((p.place, p.invalidated)),
             Err(Respond::NotReady) => Err(InboundError::NotReady),
             Err(Respond::Refuse { status, recv }) => {
@@ -964,11 +1103,12 @@ impl SoftQp {
         }
         self.state = ConnState::Disconnected;
         self.disconnect_pending = true;
-        self.lkeys.clear();
+        self.leases.clear();
         self.in_progress = None;
         self.advance();
         for i in 0..self.sq_len {
             let s = self.slot_mut(i);
+            s.bind = None;
             s.status.get_or_insert(WcStatus::WrFlush);
         }
         self.advance();
@@ -979,6 +1119,7 @@ impl SoftQp {
         self.sq_len = 0;
         self.sq_done = 0;
         self.sq_sent = 0;
+        self.sq_left = 0;
         while !self.rq.is_empty() {
             self.complete_recv(WcStatus::WrFlush, WcOpcode::Recv, 0, None, None);
         }

@@ -2,6 +2,7 @@
 //! operations moved by hand.
 
 use super::*;
+use crate::fabric::soft::Leases;
 use crate::fabric::{inc_rkey, FastMr, KeyScope, MemBuf, Mr};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
@@ -91,7 +92,7 @@ fn drain(qp: &mut SoftQp) -> Vec<Wc> {
 }
 
 fn buf(p: &Pair, len: usize, access: Access) -> Mr {
-    p.table.register_buf(MemBuf::zeroed(len), access)
+    p.table.register_buf(MemBuf::zeroed(len), access).unwrap()
 }
 
 /// A REG_MR binding `slot` to the first 4 KiB of `region`, read-write, under `rkey`.
@@ -418,7 +419,7 @@ fn too_small_receive_is_a_local_length_error() {
 fn fast_registration_and_remote_invalidation() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 8192, RW);
-    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection).unwrap();
     let key = inc_rkey(slot.rkey());
     // B binds a window over its region (a REG_MR posted on its own send queue) ...
     p.b.post_send(&[wr(1, bind_4k(&slot, &region, key), &[], true)])
@@ -472,7 +473,7 @@ fn fast_registration_and_remote_invalidation() {
 #[test]
 fn local_invalidate_of_an_unbound_slot_fails_and_breaks() {
     let mut p = pair(QpCaps::default());
-    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection).unwrap();
     p.a.post_send(&[wr(1, SendOp::LocalInv { slot: &slot }, &[], false)])
         .unwrap();
     let wcs = drain(&mut p.a);
@@ -559,7 +560,7 @@ fn unsignaled_slots_wait_for_a_later_completion() {
 fn a_bound_slot_must_be_invalidated_before_rebinding() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 4096, RW);
-    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection).unwrap();
     let k1 = inc_rkey(slot.rkey());
     let bind = |rkey| bind_4k(&slot, &region, rkey);
     p.a.post_send(&[wr(1, bind(k1), &[], false)]).unwrap();
@@ -587,7 +588,7 @@ fn execute_scenario(how: Exec) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
     src.write_at(0, &[7; 64]);
     let dst = buf(&p, 64, RW);
     let rbuf = buf(&p, 64, Access::LOCAL_WRITE);
-    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection).unwrap();
     let key = inc_rkey(slot.rkey());
     p.b.post_send(&[wr(
         1,
@@ -659,7 +660,15 @@ fn execute_scenario(how: Exec) -> (Vec<Wc>, Vec<Wc>, Vec<u8>) {
     let mut got = vec![0u8; 64];
     rbuf.read_at(0, &mut got);
     landed.extend(got);
-    (drain(&mut p.a), drain(&mut p.b), landed)
+    // Keys are random: the invalidated one must be the slot's, then compares as 0.
+    let mut b = drain(&mut p.b);
+    for w in &mut b {
+        w.invalidated_rkey = w.invalidated_rkey.map(|k| {
+            assert_eq!(k, key, "the key the SEND_WITH_INV named");
+            0
+        });
+    }
+    (drain(&mut p.a), b, landed)
 }
 
 #[test]
@@ -726,10 +735,21 @@ fn a_staged_payload_of_the_wrong_length_is_refused_and_writes_nothing() {
 fn local_operations_take_effect_at_post() {
     let mut p = pair(QpCaps::default());
     let region = buf(&p, 4096, RW);
-    let slot = p.table.alloc_fast_mr(KeyScope::Connection);
+    let slot = p.table.alloc_fast_mr(KeyScope::Connection).unwrap();
     let k1 = inc_rkey(slot.rkey());
     let bind = bind_4k(&slot, &region, k1);
-    let remote = |t: &MrTable| t.remote(k1, region.addr() + 64, 64, Access::REMOTE_WRITE);
+    let qp = p.a.qp_num();
+    let remote = |t: &MrTable| {
+        let mut leases = Leases::default();
+        t.remote(
+            &mut leases,
+            qp,
+            k1,
+            region.addr() + 64,
+            64,
+            Access::REMOTE_WRITE,
+        )
+    };
     assert!(remote(&p.table).is_err(), "an unbound key");
     p.a.post_send(&[wr(1, bind, &[], true)]).unwrap();
     assert!(remote(&p.table).is_ok(), "bound once the REG_MR is posted");
@@ -746,4 +766,107 @@ fn local_operations_take_effect_at_post() {
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
+}
+
+/// A REG_MR posted behind an operation whose bytes have not left their source (the RTRS
+/// server's READ response: RDMA WRITE from a chunk, then the chunk's next key) takes
+/// effect only once they have: until then nobody can write the chunk through the key.
+#[test]
+fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
+    let mut p = pair(QpCaps::default());
+    let chunk = buf(&p, 4096, RW);
+    let dst = buf(&p, 4096, RW);
+    chunk.write_at(0, &[9; 64]);
+    let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
+    let key = crate::fabric::next_rkey(slot.rkey());
+    let src = [chunk.sge(0, 64)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    p.b.post_send(&[
+        wr(1, write, &src, false),
+        wr(2, bind_4k(&slot, &chunk, key), &[], true),
+        wr(3, SendOp::Send, &[], true),
+    ])
+    .unwrap();
+    assert_eq!(
+        slot.rkey(),
+        key,
+        "the slot carries the key it was posted with"
+    );
+    let table = p.table.clone();
+    let reach = || {
+        table
+            .remote(
+                &mut Leases::default(),
+                0,
+                key,
+                chunk.addr(),
+                64,
+                Access::REMOTE_WRITE,
+            )
+            .is_ok()
+    };
+    assert!(!reach(), "not while the WRITE's bytes are in the chunk");
+    assert_eq!(
+        p.b.outbound().count(),
+        1,
+        "the SEND behind the REG_MR waits too (its receiver learns the key from it)"
+    );
+    p.b.mark_transmitted(1);
+    assert!(
+        !reach(),
+        "handed to the transport is not gone from the chunk"
+    );
+    p.b.sent_left();
+    assert!(reach(), "made once the transport says the bytes left");
+    assert_eq!(p.b.outbound().count(), 1, "and the SEND goes");
+    // Its completion comes in send-queue order, after the WRITE's ack.
+    assert!(drain(&mut p.b).is_empty());
+    p.b.on_ack(1);
+    let wcs = drain(&mut p.b);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::Success)]
+    );
+}
+
+/// The same ordering with a transport that only learns it from acks: the peer executing
+/// the WRITE makes the binding.
+#[test]
+fn an_ack_of_the_bytes_before_a_reg_mr_makes_it() {
+    let mut p = pair(QpCaps::default());
+    let chunk = buf(&p, 4096, RW);
+    let dst = buf(&p, 4096, RW);
+    let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
+    let key = crate::fabric::next_rkey(slot.rkey());
+    let src = [chunk.sge(0, 64)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    p.b.post_send(&[
+        wr(1, write, &src, false),
+        wr(2, bind_4k(&slot, &chunk, key), &[], true),
+    ])
+    .unwrap();
+    assert!(drain(&mut p.b).is_empty(), "the REG_MR waits");
+    assert_eq!(pump(&mut p.b, &mut p.a), (1, None));
+    let wcs = drain(&mut p.b);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::Success)]
+    );
+    assert!(p
+        .table
+        .remote(
+            &mut Leases::default(),
+            0,
+            key,
+            chunk.addr(),
+            64,
+            Access::REMOTE_WRITE
+        )
+        .is_ok());
 }

@@ -1,18 +1,32 @@
-//! The registration table of a software fabric: what a NIC's memory translation and
-//! protection tables do, in software. One table is one protection domain.
+//! The registration table of a software fabric: what a NIC's memory protection table
+//! (MPT) does, in software. One table is one protection domain.
 //!
-//! A key is `index << 8 | key byte`, as on real hardware: the index names a table entry,
-//! the low byte is that entry's current generation. Regions ([`Mr`]) use the same value
-//! as lkey and rkey. Fast-registration slots ([`FastMr`]) get a new key byte on every
-//! binding (`inc_rkey`), so a key that was retired or superseded never matches again
-//! until the byte wraps (256 bindings later, as on hardware). Index 0 is never used, so
-//! rkey 0 is never valid.
+//! A key is `index << 8 | key byte`, as on real hardware: the index names an entry, the
+//! low byte is that entry's current key. Indices are handed out in no predictable order
+//! and every key byte is random (a region's at registration, a slot's at each binding,
+//! chosen by the caller with [`crate::fabric::next_rkey`]), so a key cannot be guessed
+//! from another one. Index 0 is never used, so rkey 0 is never valid.
 //!
-//! Every check returns a [`MemRef`] that keeps the memory alive while the caller copies,
-//! so a registration dropped concurrently can never free memory under a copy in progress.
+//! # No lock and no shared count on the IO path
+//! Entries live in segments that are allocated once and never move or go before the
+//! table, so a key's entry is found without a lock. Each entry is a seqlock: its writer
+//! (the thread registering or retiring it under the table's control lock, or, for a
+//! fast-registration slot, the connection binding or invalidating it) makes the sequence
+//! odd, writes, and makes it even again; a reader copies the fields and keeps the copy
+//! only if the sequence was even and unchanged around it. A remote access is such a
+//! read by the thread that received the operation, and a binding or invalidation is one
+//! uncontended update of the slot's own entry.
+//!
+//! Memory is kept alive by leases ([`Leases`]): each queue pair holds, per registration
+//! it has used recently, one handle ([`Keep`]) on that registration's memory, taken under
+//! the control lock the first time (a miss) and reused after (a hit compares the
+//! registration's index and generation). A [`MemRef`] clones its queue pair's own handle,
+//! never a count another core writes. A registration dropped while a lease holds it
+//! stops matching at once (its generation moves on); its memory goes when the last lease
+//! lets go. See `docs/ARCHITECTURE.md`, "The registration table".
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
@@ -22,7 +36,7 @@ use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
 pub struct MemRef {
     ptr: *mut u8,
     len: usize,
-    keep: Arc<Backing>,
+    keep: Arc<Keep>,
 }
 
 // SAFETY: the pointer targets memory kept alive by `keep`, which is Send + Sync; a
@@ -37,6 +51,11 @@ impl std::fmt::Debug for MemRef {
     }
 }
 
+/// One queue pair's handle on a registration's memory (see the module doc): cloned per
+/// operation by that queue pair alone.
+#[derive(Debug)]
+pub struct Keep(Arc<Backing>);
+
 impl MemRef {
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
@@ -50,15 +69,15 @@ impl MemRef {
         self.len == 0
     }
 
-    /// Whether `other` keeps the same registered memory alive as this one (so that holding
-    /// either keeps both ranges valid).
+    /// Whether `other` keeps the same memory alive through the same handle as this one
+    /// (so that holding either keeps both ranges valid).
     pub fn shares_backing(&self, other: &MemRef) -> bool {
         Arc::ptr_eq(&self.keep, &other.keep)
     }
 
-    /// The handle that keeps the memory allocated.
+    /// The memory itself, for a caller that keeps it beyond the queue pair.
     pub fn into_backing(self) -> Arc<Backing> {
-        self.keep
+        self.keep.0.clone()
     }
 
     /// The first `len` bytes (`len` ≤ this range).
@@ -127,15 +146,23 @@ impl MemRef {
         assert_eq!(total, self.len, "gather of {total} bytes into {}", self.len);
         let mut at = 0;
         for s in sources {
-            // SAFETY: both ranges are checked registered memory kept alive by their Arcs;
-            // `at + s.len <= self.len` by the sum above. Source and destination may be
-            // the same memory only if the user aims an operation at its own source,
-            // which `copy` (memmove) tolerates.
+            // SAFETY: both ranges are checked registered memory kept alive by their
+            // handles; `at + s.len <= self.len` by the sum above. Source and destination
+            // may be the same memory only if the user aims an operation at its own
+            // source, which `copy` (memmove) tolerates.
             unsafe { std::ptr::copy(s.ptr, self.ptr.add(at), s.len) }
             at += s.len;
         }
     }
 }
+
+/// Entries per segment, and segments per table: at most 2^20 - 1 entries (a NIC's
+/// `max_mr`), allocated a segment at a time as they are needed.
+const SEG_BITS: u32 = 10;
+const SEG_LEN: usize = 1 << SEG_BITS;
+const MAX_SEGS: usize = 1 << 10;
+/// The most entries a table holds.
+pub const MAX_ENTRIES: usize = SEG_LEN * MAX_SEGS - 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -144,122 +171,196 @@ enum Kind {
     Slot,
 }
 
-#[derive(Debug)]
+/// `Entry::meta`: key byte, kind, valid flag, scope and access bits.
+const META_VALID: u32 = 1 << 10;
+const META_CONNECTION: u32 = 1 << 11;
+const META_ACCESS_SHIFT: u32 = 12;
+
+fn meta(key: u8, kind: Kind, valid: bool, scope: KeyScope, access: Access) -> u32 {
+    let kind = match kind {
+        Kind::Free => 0,
+        Kind::Region => 1,
+        Kind::Slot => 2,
+    };
+    u32::from(key)
+        | kind << 8
+        | if valid { META_VALID } else { 0 }
+        | if scope == KeyScope::Connection {
+            META_CONNECTION
+        } else {
+            0
+        }
+        | (access.bits() & 0xf) << META_ACCESS_SHIFT
+}
+
+/// One entry: read as a whole ([`Entry::read`]) or not at all.
+#[derive(Default)]
 struct Entry {
-    kind: Kind,
+    /// Even when stable, odd while its writer changes it.
+    seq: AtomicU32,
+    meta: AtomicU32,
+    /// A region's registration generation (moves on at every registration and
+    /// retirement of the index); for a bound slot, the generation of the region it is
+    /// bound over.
+    gen: AtomicU32,
+    /// A bound slot: the index of the region it is bound over.
+    region: AtomicU32,
+    /// A bound `Connection` slot: the queue pair that bound it.
+    qp: AtomicU32,
+    base: AtomicU64,
+    len: AtomicU64,
+}
+
+/// An entry's fields, as one consistent copy.
+#[derive(Clone, Copy, Debug)]
+struct View {
     key: u8,
+    kind: Kind,
     valid: bool,
+    scope: KeyScope,
+    access: Access,
+    gen: u32,
+    region: u32,
+    qp: u32,
     base: u64,
     len: u64,
-    access: Access,
-    /// A slot's scope: a `Domain` key cannot be retired by a peer's SEND_WITH_INV.
-    scope: KeyScope,
-    /// The memory a region covers, or that a slot was last bound over (kept while the
-    /// slot is invalid, see [`MrTable::invalidate`]; reached only through a valid entry).
-    backing: Option<Arc<Backing>>,
 }
+
+impl View {
+    fn from_meta(m: u32) -> (u8, Kind, bool, KeyScope, Access) {
+        let kind = match (m >> 8) & 3 {
+            1 => Kind::Region,
+            2 => Kind::Slot,
+            _ => Kind::Free,
+        };
+        let scope = if m & META_CONNECTION != 0 {
+            KeyScope::Connection
+        } else {
+            KeyScope::Domain
+        };
+        (
+            m as u8,
+            kind,
+            m & META_VALID != 0,
+            scope,
+            Access::from_bits((m >> META_ACCESS_SHIFT) & 0xf),
+        )
+    }
+
+    /// Whether `[addr, addr+len)` lies inside the entry's range.
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        addr.checked_add(len)
+            .is_some_and(|end| addr >= self.base && end <= self.base + self.len)
+    }
+}
+
+/// How many times a reader retries an entry its writer is changing before giving up
+/// (a writer never waits for anything while the sequence is odd).
+const READ_TRIES: usize = 64;
 
 impl Entry {
-    const FREE: Entry = Entry {
-        kind: Kind::Free,
-        key: 0,
-        valid: false,
-        base: 0,
-        len: 0,
-        access: Access::NONE,
-        scope: KeyScope::Domain,
-        backing: None,
-    };
+    fn read(&self) -> Option<View> {
+        for _ in 0..READ_TRIES {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let m = self.meta.load(Ordering::Relaxed);
+                let gen = self.gen.load(Ordering::Relaxed);
+                let region = self.region.load(Ordering::Relaxed);
+                let qp = self.qp.load(Ordering::Relaxed);
+                let base = self.base.load(Ordering::Relaxed);
+                let len = self.len.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    let (key, kind, valid, scope, access) = View::from_meta(m);
+                    return Some(View {
+                        key,
+                        kind,
+                        valid,
+                        scope,
+                        access,
+                        gen,
+                        region,
+                        qp,
+                        base,
+                        len,
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
 
-    fn range(&self, addr: u64, len: u64) -> Option<usize> {
-        let end = addr.checked_add(len)?;
-        (addr >= self.base && end <= self.base + self.len).then_some(addr as usize)
+    /// Writes `v` as the entry's new state, unless another writer is at it (then
+    /// false: two threads binding one slot at once, which the contract forbids).
+    fn write(&self, v: &View) -> bool {
+        let s = self.seq.load(Ordering::Relaxed);
+        if s & 1 == 1
+            || self
+                .seq
+                .compare_exchange(s, s.wrapping_add(1), Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        fence(Ordering::Release);
+        self.meta.store(
+            meta(v.key, v.kind, v.valid, v.scope, v.access),
+            Ordering::Relaxed,
+        );
+        self.gen.store(v.gen, Ordering::Relaxed);
+        self.region.store(v.region, Ordering::Relaxed);
+        self.qp.store(v.qp, Ordering::Relaxed);
+        self.base.store(v.base, Ordering::Relaxed);
+        self.len.store(v.len, Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+        true
     }
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    entries: Vec<Entry>,
+struct Segment {
+    entries: Box<[Entry]>,
+}
+
+/// What the control lock guards: allocation and the memory of live registrations.
+struct Ctl {
+    /// Free indices; a new one is taken at random among them.
     free: Vec<u32>,
-}
-
-/// The checks of a remote access as a NIC makes them: `rkey` names a live region or a
-/// bound slot with the same key byte, the access is granted and `[addr, addr+len)` is
-/// inside. The start address and the entry.
-fn remote_entry(
-    inner: &Inner,
-    rkey: u32,
-    addr: u64,
-    len: u64,
-    need: Access,
-) -> Result<(usize, &Entry), WcStatus> {
-    let e = inner
-        .entries
-        .get((rkey >> 8) as usize)
-        .ok_or(WcStatus::RemoteAccess)?;
-    if e.kind == Kind::Free || !e.valid || e.key != rkey as u8 || !e.access.contains(need) {
-        return Err(WcStatus::RemoteAccess);
-    }
-    let start = e.range(addr, len).ok_or(WcStatus::RemoteAccess)?;
-    Ok((start, e))
+    /// Segments allocated so far.
+    segs: usize,
+    /// Each live region's memory, by index, for the lease a queue pair takes on a miss.
+    memory: Vec<Option<Arc<Backing>>>,
+    rng: u64,
 }
 
 /// A protection domain's registrations.
-#[derive(Debug)]
 pub struct MrTable {
-    inner: RwLock<Inner>,
-    /// Bumped (under the write lock) whenever an entry is allocated or retired, so a
-    /// [`LkeyCache`] knows its regions are still what it saw. Bindings and
-    /// invalidations of slots do not bump it: local checks never accept a slot.
-    epoch: AtomicU64,
+    /// `MAX_SEGS` segment pointers, null until allocated (under `ctl`); a segment is
+    /// freed only with the table.
+    segs: Box<[AtomicPtr<Segment>]>,
+    ctl: Mutex<Ctl>,
+    /// Identifies the table in queue pairs' leases (never reused in a process).
+    id: u64,
     /// The last queue-pair number given out ([`MrTable::next_qp_num`]).
     qp_nums: AtomicU32,
 }
 
-/// The regions a queue pair's local SGEs named last, remembered so that checking the
-/// next SGE of the same region takes no lock: what a NIC's translation cache does.
-/// A hit is valid while the table's epoch is unchanged (no registration came or went),
-/// and every check on the SGE itself (key, rights, bounds) is still made each time.
-/// It keeps the regions' memory alive until it is refreshed or dropped.
-#[derive(Debug, Default)]
-pub struct LkeyCache {
-    ways: [Option<Cached>; 2],
-    /// The way replaced on the next miss.
-    next: usize,
-}
-
-#[derive(Debug)]
-struct Cached {
-    epoch: u64,
-    lkey: u32,
-    base: u64,
-    len: u64,
-    access: Access,
-    keep: Arc<Backing>,
-}
-
-impl Cached {
-    /// The checks of [`MrTable::local`] after the key: rights and bounds.
-    fn check(&self, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
-        let end = sge.addr.checked_add(sge.len as u64);
-        if !self.access.contains(need)
-            || sge.addr < self.base
-            || !end.is_some_and(|end| end <= self.base + self.len)
-        {
-            return Err(WcStatus::LocalProtection);
-        }
-        Ok(MemRef {
-            ptr: sge.addr as *mut u8,
-            len: sge.len as usize,
-            keep: self.keep.clone(),
-        })
+impl std::fmt::Debug for MrTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MrTable#{}", self.id)
     }
 }
 
-impl LkeyCache {
-    /// Forgets every remembered region (their memory may go).
-    pub fn clear(&mut self) {
-        self.ways = [None, None];
+impl Drop for MrTable {
+    fn drop(&mut self) {
+        for p in self.segs.iter() {
+            let seg = p.load(Ordering::Acquire);
+            if !seg.is_null() {
+                // SAFETY: a non-null pointer came from Box::into_raw in `grow` and is
+                // released once, here, when no reader can exist any more (`&mut self`).
+                drop(unsafe { Box::from_raw(seg) });
+            }
+        }
     }
 }
 
@@ -273,31 +374,77 @@ struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut inner = self.table.inner.write().unwrap_or_else(|e| e.into_inner());
-        self.table.epoch.fetch_add(1, Ordering::Release);
-        let e = &mut inner.entries[self.index as usize];
-        // Bump the key so a stale key cannot match whatever reuses the index.
-        *e = Entry {
-            key: e.key.wrapping_add(1),
-            ..Entry::FREE
-        };
-        inner.free.push(self.index);
+        self.table.retire(self.index);
+    }
+}
+
+/// A domain's table holds [`MAX_ENTRIES`] registrations and slots already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableFull;
+
+impl std::fmt::Display for TableFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the protection domain's registration table is full ({MAX_ENTRIES} registrations \
+             and fast-registration slots)"
+        )
     }
 }
 
 /// The largest registration a software fabric accepts (a NIC's `max_mr_size`).
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 
+/// A random 64-bit value from the operating system (a seed).
+pub(crate) fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    // Without entropy the keys are only less surprising, never wrong.
+    if getrandom::fill(&mut b).is_err() {
+        return 0x9e37_79b9_7f4a_7c15 ^ std::process::id() as u64;
+    }
+    u64::from_le_bytes(b) | 1
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// A key byte other than `not`, at random (thread-local generator, seeded from the
+/// operating system).
+pub(crate) fn random_key_byte(not: u8) -> u8 {
+    thread_local! {
+        static RNG: std::cell::Cell<u64> = std::cell::Cell::new(seed());
+    }
+    RNG.with(|r| {
+        let mut x = r.get();
+        let b = loop {
+            let b = (xorshift(&mut x) >> 24) as u8;
+            if b != not {
+                break b;
+            }
+        };
+        r.set(x);
+        b
+    })
+}
+
 impl MrTable {
     pub fn new() -> Arc<MrTable> {
-        // Entry 0 is a permanent hole: key 0 never names anything.
-        let inner = Inner {
-            entries: vec![Entry::FREE],
-            free: Vec::new(),
-        };
+        static IDS: AtomicU64 = AtomicU64::new(1);
         Arc::new(MrTable {
-            inner: RwLock::new(inner),
-            epoch: AtomicU64::new(0),
+            segs: (0..MAX_SEGS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            ctl: Mutex::new(Ctl {
+                free: Vec::new(),
+                segs: 0,
+                memory: Vec::new(),
+                rng: seed(),
+            }),
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             qp_nums: AtomicU32::new(0),
         })
     }
@@ -314,62 +461,148 @@ impl MrTable {
         }
     }
 
-    fn alloc(self: &Arc<Self>, entry: Entry) -> (u32, u32) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        self.epoch.fetch_add(1, Ordering::Release);
-        let index = match inner.free.pop() {
-            Some(i) => i,
-            None => {
-                inner.entries.push(Entry::FREE);
-                (inner.entries.len() - 1) as u32
+    fn entry(&self, index: u32) -> Option<&Entry> {
+        let (seg, at) = (index as usize >> SEG_BITS, index as usize & (SEG_LEN - 1));
+        let p = self.segs.get(seg)?.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null segment pointer stays valid for the table's life (freed only
+        // in Drop), and `at < SEG_LEN` entries.
+        Some(unsafe { &(*p).entries[at] })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ctl> {
+        self.ctl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a free index at random, allocating a segment when none is left.
+    fn take_index(&self, ctl: &mut Ctl) -> Option<u32> {
+        if ctl.free.is_empty() {
+            if ctl.segs == MAX_SEGS {
+                return None;
             }
+            let seg = Box::new(Segment {
+                entries: (0..SEG_LEN).map(|_| Entry::default()).collect(),
+            });
+            self.segs[ctl.segs].store(Box::into_raw(seg), Ordering::Release);
+            let first = (ctl.segs * SEG_LEN) as u32;
+            // Index 0 is a permanent hole: key 0 never names anything.
+            ctl.free
+                .extend((first..first + SEG_LEN as u32).filter(|&i| i != 0));
+            ctl.memory.resize_with((ctl.segs + 1) * SEG_LEN, || None);
+            ctl.segs += 1;
+        }
+        let at = (xorshift(&mut ctl.rng) % ctl.free.len() as u64) as usize;
+        Some(ctl.free.swap_remove(at))
+    }
+
+    /// Fills a fresh entry with `v` (its generation moved on); `memory` for a region.
+    /// `None` when the table is full.
+    fn alloc(&self, mut v: View, memory: Option<Arc<Backing>>) -> Option<(u32, u32)> {
+        let mut ctl = self.lock();
+        let index = self.take_index(&mut ctl)?;
+        let e = self.entry(index)?;
+        let old = e.read().map_or(0, |o| o.gen);
+        v.gen = old.wrapping_add(1);
+        v.key = random_key_byte(0);
+        let written = e.write(&v);
+        debug_assert!(written, "a free entry has no other writer");
+        ctl.memory[index as usize] = memory;
+        Some((index, index << 8 | u32::from(v.key)))
+    }
+
+    /// Retires entry `index` (its registration is dropped): no key of it matches from
+    /// now on; leases still holding its memory keep it until they go.
+    fn retire(&self, index: u32) {
+        let mut ctl = self.lock();
+        let Some(e) = self.entry(index) else {
+            return;
         };
-        let slot = &mut inner.entries[index as usize];
-        let key = slot.key;
-        *slot = Entry { key, ..entry };
-        (index, index << 8 | key as u32)
+        let gen = e.read().map_or(0, |o| o.gen).wrapping_add(1);
+        let free = View {
+            key: 0,
+            kind: Kind::Free,
+            valid: false,
+            scope: KeyScope::Domain,
+            access: Access::NONE,
+            gen,
+            region: 0,
+            qp: 0,
+            base: 0,
+            len: 0,
+        };
+        // A slot being bound right now by a connection (against the contract, as the
+        // slot is being dropped) only delays this: retry until it is done.
+        while !e.write(&free) {
+            std::hint::spin_loop();
+        }
+        ctl.memory[index as usize] = None;
+        ctl.free.push(index);
     }
 
     /// Registers `backing` with `access`.
-    pub fn register(self: &Arc<Self>, backing: Arc<Backing>, access: Access) -> Mr {
-        let entry = Entry {
-            kind: Kind::Region,
+    ///
+    /// # Errors
+    /// [`TableFull`] when the domain holds [`MAX_ENTRIES`] registrations already.
+    pub fn register(
+        self: &Arc<Self>,
+        backing: Arc<Backing>,
+        access: Access,
+    ) -> Result<Mr, TableFull> {
+        let v = View {
             key: 0,
+            kind: Kind::Region,
             valid: true,
+            scope: KeyScope::Domain,
+            access,
+            gen: 0,
+            region: 0,
+            qp: 0,
             base: backing.addr() as u64,
             len: backing.len() as u64,
-            access,
-            scope: KeyScope::Domain,
-            backing: Some(backing.clone()),
         };
-        let (index, key) = self.alloc(entry);
+        let (index, key) = self.alloc(v, Some(backing.clone())).ok_or(TableFull)?;
         let reg = Registration {
             table: self.clone(),
             index,
         };
-        Mr::from_parts(key, key, access, Box::new(reg), backing)
+        Ok(Mr::from_parts(key, key, access, Box::new(reg), backing))
     }
 
     /// Registers an owned buffer.
-    pub fn register_buf(self: &Arc<Self>, buf: MemBuf, access: Access) -> Mr {
+    ///
+    /// # Errors
+    /// As [`MrTable::register`].
+    pub fn register_buf(self: &Arc<Self>, buf: MemBuf, access: Access) -> Result<Mr, TableFull> {
         self.register(Arc::new(Backing::Owned(buf)), access)
     }
 
     /// A fast-registration slot of `scope`, unbound.
-    pub fn alloc_fast_mr(self: &Arc<Self>, scope: KeyScope) -> FastMr {
-        let entry = Entry {
+    ///
+    /// # Errors
+    /// As [`MrTable::register`].
+    pub fn alloc_fast_mr(self: &Arc<Self>, scope: KeyScope) -> Result<FastMr, TableFull> {
+        let v = View {
+            key: 0,
             kind: Kind::Slot,
+            valid: false,
             scope,
-            ..Entry::FREE
+            access: Access::NONE,
+            gen: 0,
+            region: 0,
+            qp: 0,
+            base: 0,
+            len: 0,
         };
-        let (index, key) = self.alloc(entry);
-        FastMr::from_parts(
+        let (index, key) = self.alloc(v, None).ok_or(TableFull)?;
+        Ok(FastMr::from_parts(
             key,
             Box::new(Registration {
                 table: self.clone(),
                 index,
             }),
-        )
+        ))
     }
 
     fn own_index(self: &Arc<Self>, handle: &(dyn std::any::Any + Send + Sync)) -> Option<u32> {
@@ -377,136 +610,167 @@ impl MrTable {
         Arc::ptr_eq(&reg.table, self).then_some(reg.index)
     }
 
-    /// Checks a local SGE: its lkey names a live region of this table, the range is
-    /// inside, and the region grants `need`.
+    /// Whether `mr` was registered through this table (a post naming another domain's
+    /// registration is invalid).
+    pub fn owns(self: &Arc<Self>, mr: &Mr) -> bool {
+        self.own_index(mr.handle()).is_some()
+    }
+
+    /// The live region `index` of generation `gen`, if it still is one.
+    fn region(&self, index: u32, gen: u32) -> Option<View> {
+        let v = self.entry(index)?.read()?;
+        (v.kind == Kind::Region && v.valid && v.gen == gen).then_some(v)
+    }
+
+    /// The memory of region `index` at generation `gen`, for a new lease (the miss
+    /// path, under the control lock).
+    fn lease_memory(&self, index: u32, gen: u32) -> Option<Arc<Backing>> {
+        let ctl = self.lock();
+        self.region(index, gen)?;
+        ctl.memory.get(index as usize)?.clone()
+    }
+
+    /// The handle `leases` holds on region (`index`, `gen`), taking one on a miss.
+    fn keep(&self, leases: &mut Leases, index: u32, gen: u32) -> Option<Arc<Keep>> {
+        if let Some(k) = leases.find(self.id, index, gen) {
+            return Some(k);
+        }
+        let memory = self.lease_memory(index, gen)?;
+        Some(leases.insert(self.id, index, gen, memory))
+    }
+
+    /// Checks a local SGE as a NIC's post does: its lkey names a live region of this
+    /// table granting `need`, and the range lies inside; the memory through `leases`.
     ///
     /// # Errors
     /// [`WcStatus::LocalProtection`].
-    pub fn local(&self, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let e = inner
-            .entries
-            .get((sge.lkey >> 8) as usize)
-            .ok_or(WcStatus::LocalProtection)?;
-        if e.kind != Kind::Region || !e.valid || e.key != sge.lkey as u8 || !e.access.contains(need)
+    #[inline]
+    pub fn local(&self, leases: &mut Leases, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
+        let bad = WcStatus::LocalProtection;
+        let index = sge.lkey >> 8;
+        let v = self.entry(index).and_then(Entry::read).ok_or(bad)?;
+        if v.kind != Kind::Region
+            || !v.valid
+            || v.key != sge.lkey as u8
+            || !v.access.contains(need)
+            || !v.holds(sge.addr, u64::from(sge.len))
         {
-            return Err(WcStatus::LocalProtection);
+            return Err(bad);
         }
-        let start = e
-            .range(sge.addr, sge.len as u64)
-            .ok_or(WcStatus::LocalProtection)?;
-        let keep = e.backing.clone().ok_or(WcStatus::LocalProtection)?;
+        let keep = self.keep(leases, index, v.gen).ok_or(bad)?;
         Ok(MemRef {
-            ptr: start as *mut u8,
+            ptr: sge.addr as *mut u8,
             len: sge.len as usize,
             keep,
         })
     }
 
-    /// [`MrTable::local`] through a queue pair's cache: the same checks and result,
-    /// without the table's lock when the SGE's region was looked up recently.
-    ///
-    /// # Errors
-    /// [`WcStatus::LocalProtection`].
-    #[inline]
-    pub fn local_cached(
-        &self,
-        cache: &mut LkeyCache,
-        sge: &Sge,
-        need: Access,
-    ) -> Result<MemRef, WcStatus> {
-        // Read before the entry (under the lock on a miss): a registration change in
-        // between leaves the remembered epoch stale, never a stale entry current.
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let hit = cache
-            .ways
-            .iter()
-            .flatten()
-            .find(|c| c.lkey == sge.lkey && c.epoch == epoch);
-        if let Some(c) = hit {
-            return c.check(sge, need);
+    /// [`MrTable::local`] for code outside a queue pair (`Fabric::local_memory`): the
+    /// memory itself, looked up under the control lock.
+    pub fn local_backing(&self, sge: &Sge, need: Access) -> Option<Arc<Backing>> {
+        let index = sge.lkey >> 8;
+        let v = self.entry(index)?.read()?;
+        let ok = v.kind == Kind::Region
+            && v.valid
+            && v.key == sge.lkey as u8
+            && v.access.contains(need)
+            && v.holds(sge.addr, u64::from(sge.len));
+        if !ok {
+            return None;
         }
-        self.local_miss(cache, sge, need, epoch)
+        self.lease_memory(index, v.gen)
     }
 
-    /// [`MrTable::local_cached`] on a miss: the lookup under the lock, remembered. Out
-    /// of line, so a hit pays for none of its registers.
-    #[cold]
-    #[inline(never)]
-    fn local_miss(
+    /// Checks an incoming remote access as a NIC would, for an operation that arrived on
+    /// queue pair `qp`: the rkey names a live region, or a slot bound over one with the
+    /// same key byte (a `Connection` slot by `qp` itself), the access is granted and the
+    /// range is inside. The region's identity and the start of the range.
+    fn remote_check(
         &self,
-        cache: &mut LkeyCache,
-        sge: &Sge,
+        qp: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
         need: Access,
-        epoch: u64,
-    ) -> Result<MemRef, WcStatus> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let e = inner
-            .entries
-            .get((sge.lkey >> 8) as usize)
-            .filter(|e| e.kind == Kind::Region && e.valid && e.key == sge.lkey as u8)
-            .ok_or(WcStatus::LocalProtection)?;
-        let keep = e.backing.clone().ok_or(WcStatus::LocalProtection)?;
-        let way = Cached {
-            epoch,
-            lkey: sge.lkey,
-            base: e.base,
-            len: e.len,
-            access: e.access,
-            keep,
-        };
-        drop(inner);
-        let result = way.check(sge, need);
-        let at = cache.next;
-        cache.next ^= 1;
-        cache.ways[at] = Some(way);
-        result
+    ) -> Result<(u32, u32), WcStatus> {
+        let bad = WcStatus::RemoteAccess;
+        let index = rkey >> 8;
+        let v = self.entry(index).and_then(Entry::read).ok_or(bad)?;
+        if !v.valid || v.key != rkey as u8 || !v.access.contains(need) || !v.holds(addr, len) {
+            return Err(bad);
+        }
+        match v.kind {
+            Kind::Region => Ok((index, v.gen)),
+            Kind::Slot => {
+                if v.scope == KeyScope::Connection && v.qp != qp {
+                    return Err(bad);
+                }
+                // The region under the binding must still be the one bound over.
+                self.region(v.region, v.gen).ok_or(bad)?;
+                Ok((v.region, v.gen))
+            }
+            Kind::Free => Err(bad),
+        }
     }
 
-    /// Checks an incoming remote access as a NIC would: the rkey names a live region or a
-    /// bound slot with the same key byte, the access is granted and the range is inside.
+    /// [`MrTable::remote_check`], and the range as a [`MemRef`] held through `leases`.
     ///
     /// # Errors
     /// [`WcStatus::RemoteAccess`].
-    pub fn remote(&self, rkey: u32, addr: u64, len: u32, need: Access) -> Result<MemRef, WcStatus> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let (start, e) = remote_entry(&inner, rkey, addr, len.into(), need)?;
-        let keep = e.backing.clone().ok_or(WcStatus::RemoteAccess)?;
+    #[allow(clippy::too_many_arguments)]
+    pub fn remote(
+        &self,
+        leases: &mut Leases,
+        qp: u32,
+        rkey: u32,
+        addr: u64,
+        len: u32,
+        need: Access,
+    ) -> Result<MemRef, WcStatus> {
+        let (index, gen) = self.remote_check(qp, rkey, addr, len.into(), need)?;
+        let keep = self
+            .keep(leases, index, gen)
+            .ok_or(WcStatus::RemoteAccess)?;
         Ok(MemRef {
-            ptr: start as *mut u8,
+            ptr: addr as *mut u8,
             len: len as usize,
             keep,
         })
     }
 
-    /// [`MrTable::remote`] with `need` = remote write, and `data` copied to `addr` at once,
-    /// under the table's lock: for a payload the caller already holds whole, no
-    /// [`MemRef`] (and no reference count) is made. The lock keeps the memory: an entry's
-    /// registration goes only under the write lock.
+    /// [`MrTable::remote`] with `need` = remote write, and `data` copied to `addr` at
+    /// once: for a payload the caller already holds whole, no [`MemRef`] is made.
     ///
     /// # Errors
     /// [`WcStatus::RemoteAccess`], nothing written.
-    pub fn remote_write(&self, rkey: u32, addr: u64, data: &[u8]) -> Result<(), WcStatus> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let (start, e) = remote_entry(&inner, rkey, addr, data.len() as u64, Access::REMOTE_WRITE)?;
-        if e.backing.is_none() {
-            return Err(WcStatus::RemoteAccess);
-        }
-        // SAFETY: `[start, start + data.len())` is inside the entry's registered range
-        // (checked by `remote_entry`), whose memory the entry's backing keeps allocated
-        // while we hold the read lock. `copy` (memmove) tolerates a source inside the
-        // same memory, as `MemRef::gather_from` does.
-        unsafe { std::ptr::copy(data.as_ptr(), start as *mut u8, data.len()) };
+    pub fn remote_write(
+        &self,
+        leases: &mut Leases,
+        qp: u32,
+        rkey: u32,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), WcStatus> {
+        let (index, gen) =
+            self.remote_check(qp, rkey, addr, data.len() as u64, Access::REMOTE_WRITE)?;
+        let _keep = self
+            .keep(leases, index, gen)
+            .ok_or(WcStatus::RemoteAccess)?;
+        // SAFETY: `[addr, addr + data.len())` is inside the region's registered range
+        // (checked by `remote_check`), whose memory the lease keeps allocated. `copy`
+        // (memmove) tolerates a source inside the same memory, as `MemRef::gather_from`
+        // does.
+        unsafe { std::ptr::copy(data.as_ptr(), addr as *mut u8, data.len()) };
         Ok(())
     }
 
-    /// Binds `slot` to `[addr, addr+len)` of `region` under `rkey` (a REG_MR).
+    /// Binds `slot` to `[addr, addr+len)` of `region` under `rkey` (a REG_MR posted on
+    /// queue pair `qp`): [`MrTable::check_bind`] then [`MrTable::apply_bind`], and the
+    /// slot's key recorded.
     ///
     /// # Errors
-    /// [`WcStatus::LocalQpOperation`] when the slot or region belongs to another table,
-    /// `rkey` is not of the slot's index, the range is outside the region, or the slot is
-    /// still bound: as with fast-registration MRs and type-2 memory windows on a NIC, a
-    /// binding must be invalidated (LOCAL_INV or SEND_WITH_INV) before the next one.
+    /// As those two.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind(
         self: &Arc<Self>,
         slot: &FastMr,
@@ -515,41 +779,88 @@ impl MrTable {
         len: u32,
         access: Access,
         rkey: u32,
+        qp: u32,
     ) -> Result<(), WcStatus> {
+        let b = self.check_bind(slot, region, addr, len, access, rkey)?;
+        self.apply_bind(&b, qp)?;
+        slot.set_rkey(rkey);
+        Ok(())
+    }
+
+    /// The checks of a REG_MR that the post makes: slot and region are this table's,
+    /// `rkey` is of the slot's index. What [`MrTable::apply_bind`] then does, in
+    /// send-queue order.
+    ///
+    /// # Errors
+    /// [`WcStatus::LocalQpOperation`].
+    pub fn check_bind(
+        self: &Arc<Self>,
+        slot: &FastMr,
+        region: &Mr,
+        addr: u64,
+        len: u32,
+        access: Access,
+        rkey: u32,
+    ) -> Result<PendingBind, WcStatus> {
         let bad = WcStatus::LocalQpOperation;
         let slot_index = self.own_index(slot.handle()).ok_or(bad)?;
         let region_index = self.own_index(region.handle()).ok_or(bad)?;
         if rkey >> 8 != slot_index {
             return Err(bad);
         }
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let r = &inner.entries[region_index as usize];
-        if r.kind != Kind::Region || !r.valid || r.range(addr, len as u64).is_none() {
+        Ok(PendingBind {
+            slot: slot_index,
+            region: region_index,
+            region_key: region.lkey() as u8,
+            addr,
+            len,
+            access,
+            rkey,
+        })
+    }
+
+    /// Makes a checked binding: the slot's key becomes `b.rkey` over the range.
+    ///
+    /// # Errors
+    /// [`WcStatus::LocalQpOperation`] when the region is gone or the range is outside it,
+    /// the slot is gone or still bound (as with fast-registration MRs and type-2 memory
+    /// windows on a NIC, a binding must be invalidated first), the key byte would not
+    /// change, or another thread is binding the slot at the same moment.
+    pub fn apply_bind(&self, b: &PendingBind, qp: u32) -> Result<(), WcStatus> {
+        let bad = WcStatus::LocalQpOperation;
+        let r = self.entry(b.region).and_then(Entry::read).ok_or(bad)?;
+        if r.kind != Kind::Region
+            || !r.valid
+            || r.key != b.region_key
+            || !r.holds(b.addr, u64::from(b.len))
+        {
             return Err(bad);
         }
-        let e = &inner.entries[slot_index as usize];
-        if e.valid {
+        let e = self.entry(b.slot).ok_or(bad)?;
+        let cur = e.read().ok_or(bad)?;
+        if cur.kind != Kind::Slot || cur.valid || cur.key == b.rkey as u8 {
             return Err(bad);
         }
-        // A slot keeps the memory of the region it was last bound over (see
-        // `invalidate`): bound over the same one again, it takes no new reference.
-        let backing = match (&e.backing, &r.backing) {
-            (Some(kept), Some(new)) if Arc::ptr_eq(kept, new) => None,
-            _ => Some(r.backing.clone()),
+        let bound = View {
+            key: b.rkey as u8,
+            valid: true,
+            access: b.access,
+            gen: r.gen,
+            region: b.region,
+            qp: if cur.scope == KeyScope::Connection {
+                qp
+            } else {
+                0
+            },
+            base: b.addr,
+            len: u64::from(b.len),
+            ..cur
         };
-        let e = &mut inner.entries[slot_index as usize];
-        e.kind = Kind::Slot;
-        e.key = rkey as u8;
-        e.valid = true;
-        e.base = addr;
-        e.len = len as u64;
-        e.access = access;
-        if let Some(b) = backing {
-            e.backing = b;
+        if e.write(&bound) {
+            Ok(())
+        } else {
+            Err(bad)
         }
-        drop(inner);
-        slot.set_rkey(rkey);
-        Ok(())
     }
 
     /// Retires `slot`'s current rkey (a LOCAL_INV).
@@ -564,323 +875,428 @@ impl MrTable {
         if rkey >> 8 != index {
             return Err(());
         }
-        self.invalidate(rkey, KeyScope::Domain)
+        self.invalidate(rkey, None)
     }
 
-    /// Retires the rkey a peer's SEND_WITH_INV names: only a `Connection` slot's.
+    /// Retires the rkey a peer's SEND_WITH_INV names, arriving on queue pair `qp`: only
+    /// a `Connection` slot's, bound by `qp`.
     ///
     /// # Errors
-    /// As [`MrTable::invalidate`].
+    /// As [`MrTable::invalidate_slot`].
     #[allow(clippy::result_unit_err)]
-    pub fn invalidate_remote(&self, rkey: u32) -> Result<(), ()> {
-        self.invalidate(rkey, KeyScope::Connection)
+    pub fn invalidate_remote(&self, rkey: u32, qp: u32) -> Result<(), ()> {
+        self.invalidate(rkey, Some(qp))
     }
 
-    /// Retires a slot's current rkey on behalf of `by`: the owner's LOCAL_INV
-    /// (`Domain`, any slot) or a peer's SEND_WITH_INV (`Connection`, only slots of
-    /// that scope).
-    ///
-    /// # Errors
-    /// `Err(())` when `rkey` is not the current key of a bound slot that `by` may retire.
-    #[allow(clippy::result_unit_err)]
-    pub fn invalidate(&self, rkey: u32, by: KeyScope) -> Result<(), ()> {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        match inner.entries.get_mut((rkey >> 8) as usize) {
-            Some(e)
-                if e.kind == Kind::Slot
-                    && e.valid
-                    && e.key == rkey as u8
-                    && (by == KeyScope::Domain || e.scope == KeyScope::Connection) =>
-            {
-                // The key is dead from here on (every check wants `valid`). The region's
-                // memory stays referenced until the slot is bound over another region or
-                // freed, so that rebinding over the same region, the common case, touches
-                // no reference count.
-                e.valid = false;
-                Ok(())
-            }
-            _ => Err(()),
+    /// Retires a slot's current rkey on behalf of its owner (`by` `None`: any slot) or
+    /// of a peer on queue pair `by` (only a `Connection` slot that `by` bound).
+    fn invalidate(&self, rkey: u32, by: Option<u32>) -> Result<(), ()> {
+        let e = self.entry(rkey >> 8).ok_or(())?;
+        let cur = e.read().ok_or(())?;
+        let allowed = match by {
+            None => true,
+            Some(qp) => cur.scope == KeyScope::Connection && cur.qp == qp,
+        };
+        if cur.kind != Kind::Slot || !cur.valid || cur.key != rkey as u8 || !allowed {
+            return Err(());
+        }
+        // The key is dead from here on (every check wants `valid`).
+        let dead = View {
+            valid: false,
+            ..cur
+        };
+        if e.write(&dead) {
+            Ok(())
+        } else {
+            Err(())
         }
     }
+}
 
-    /// Whether `mr` was registered through this table (a post naming another domain's
-    /// registration is invalid).
-    pub fn owns(self: &Arc<Self>, mr: &Mr) -> bool {
-        self.own_index(mr.handle()).is_some()
+/// A REG_MR checked at post and made later ([`MrTable::check_bind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingBind {
+    slot: u32,
+    region: u32,
+    region_key: u8,
+    addr: u64,
+    len: u32,
+    access: Access,
+    /// The slot's new key.
+    pub rkey: u32,
+}
+
+impl PendingBind {
+    /// The address range the binding exposes, `[start, end)`.
+    pub fn range(&self) -> (u64, u64) {
+        (self.addr, self.addr.saturating_add(u64::from(self.len)))
+    }
+}
+
+/// A queue pair's leases on the memory of the registrations it used recently (see the
+/// module doc): a few ways, the oldest replaced on a miss. Only its queue pair (one
+/// thread at a time) touches them.
+#[derive(Debug, Default)]
+pub struct Leases {
+    ways: Vec<Lease>,
+    next: usize,
+}
+
+#[derive(Debug)]
+struct Lease {
+    table: u64,
+    index: u32,
+    gen: u32,
+    keep: Arc<Keep>,
+}
+
+/// Leases a queue pair keeps: the regions one IO touches (its header, its data, the
+/// peer's chunk) with room to spare.
+const LEASE_WAYS: usize = 8;
+
+impl Leases {
+    #[inline]
+    fn find(&self, table: u64, index: u32, gen: u32) -> Option<Arc<Keep>> {
+        self.ways
+            .iter()
+            .find(|l| l.index == index && l.gen == gen && l.table == table)
+            .map(|l| l.keep.clone())
+    }
+
+    #[cold]
+    fn insert(&mut self, table: u64, index: u32, gen: u32, memory: Arc<Backing>) -> Arc<Keep> {
+        let keep = Arc::new(Keep(memory));
+        let lease = Lease {
+            table,
+            index,
+            gen,
+            keep: keep.clone(),
+        };
+        if self.ways.len() < LEASE_WAYS {
+            self.ways.push(lease);
+        } else {
+            self.ways[self.next] = lease;
+            self.next = (self.next + 1) % LEASE_WAYS;
+        }
+        keep
+    }
+
+    /// Lets go of every lease (their memory may go once no MemRef holds it).
+    pub fn clear(&mut self) {
+        self.ways.clear();
+        self.next = 0;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::inc_rkey;
+    use crate::fabric::next_rkey;
 
     const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    const QP: u32 = 7;
+
+    fn reg(t: &Arc<MrTable>, len: usize, access: Access) -> Mr {
+        t.register_buf(MemBuf::zeroed(len), access).unwrap()
+    }
+
+    fn remote(t: &MrTable, rkey: u32, addr: u64, len: u32) -> Result<MemRef, WcStatus> {
+        t.remote(
+            &mut Leases::default(),
+            QP,
+            rkey,
+            addr,
+            len,
+            Access::REMOTE_WRITE,
+        )
+    }
 
     #[test]
     fn remote_checks_key_access_and_bounds() {
         let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(4096), RW);
-        let ro = t.register_buf(MemBuf::zeroed(4096), Access::LOCAL_WRITE);
-        assert!(t
-            .remote(mr.rkey(), mr.addr(), 4096, Access::REMOTE_WRITE)
-            .is_ok());
-        assert!(t
-            .remote(mr.rkey(), mr.addr() + 4000, 96, Access::REMOTE_WRITE)
-            .is_ok());
+        let mr = reg(&t, 4096, RW);
+        let ro = reg(&t, 4096, Access::LOCAL_WRITE);
+        assert!(remote(&t, mr.rkey(), mr.addr(), 4096).is_ok());
+        assert!(remote(&t, mr.rkey(), mr.addr() + 4000, 96).is_ok());
         let err = Err(WcStatus::RemoteAccess);
-        assert_eq!(
-            t.remote(mr.rkey(), mr.addr() + 4000, 97, Access::REMOTE_WRITE)
-                .map(|_| ()),
-            err
-        );
-        assert_eq!(
-            t.remote(mr.rkey(), mr.addr() - 1, 1, Access::REMOTE_WRITE)
-                .map(|_| ()),
-            err
-        );
-        assert_eq!(
-            t.remote(mr.rkey() ^ 1, mr.addr(), 1, Access::REMOTE_WRITE)
-                .map(|_| ()),
-            err
-        );
-        assert_eq!(
-            t.remote(ro.rkey(), ro.addr(), 1, Access::REMOTE_WRITE)
-                .map(|_| ()),
-            err
-        );
-        assert_eq!(t.remote(0, 0, 0, Access::NONE).map(|_| ()), err);
-        assert_eq!(
-            t.remote(u32::MAX, u64::MAX, u32::MAX, Access::NONE)
-                .map(|_| ()),
-            err
-        );
+        assert_eq!(remote(&t, mr.rkey(), mr.addr() + 4000, 97).map(|_| ()), err);
+        assert_eq!(remote(&t, mr.rkey(), mr.addr() - 1, 1).map(|_| ()), err);
+        assert_eq!(remote(&t, mr.rkey() ^ 1, mr.addr(), 1).map(|_| ()), err);
+        assert_eq!(remote(&t, ro.rkey(), ro.addr(), 1).map(|_| ()), err);
+        assert_eq!(remote(&t, 0, 0, 0).map(|_| ()), err);
+        assert_eq!(remote(&t, u32::MAX, u64::MAX, u32::MAX).map(|_| ()), err);
     }
 
     #[test]
     fn remote_write_makes_the_checks_of_remote_and_writes_only_when_they_pass() {
         let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(4096), RW);
-        let ro = t.register_buf(MemBuf::zeroed(4096), Access::LOCAL_WRITE);
-        t.remote_write(mr.rkey(), mr.addr() + 4000, &[7u8; 96])
-            .unwrap();
+        let mut leases = Leases::default();
+        let mr = reg(&t, 4096, RW);
+        let ro = reg(&t, 4096, Access::LOCAL_WRITE);
+        let mut w = |rkey, addr, data: &[u8]| t.remote_write(&mut leases, QP, rkey, addr, data);
+        w(mr.rkey(), mr.addr() + 4000, &[7u8; 96]).unwrap();
+        let err = Err(WcStatus::RemoteAccess);
+        assert_eq!(w(mr.rkey(), mr.addr() + 4000, &[9u8; 97]), err);
+        assert_eq!(w(mr.rkey(), mr.addr() - 1, &[9u8; 1]), err);
+        assert_eq!(w(mr.rkey() ^ 1, mr.addr(), &[9u8; 1]), err);
+        assert_eq!(w(ro.rkey(), ro.addr(), &[9u8; 1]), err);
+        assert_eq!(w(0, 0, &[]), err);
         let mut back = [0u8; 97];
         mr.read_at(3999, &mut back);
         assert_eq!(back[0], 0);
-        assert!(back[1..].iter().all(|&b| b == 7));
-        let err = Err(WcStatus::RemoteAccess);
-        assert_eq!(t.remote_write(mr.rkey(), mr.addr() + 4000, &[9u8; 97]), err);
-        assert_eq!(t.remote_write(mr.rkey(), mr.addr() - 1, &[9u8; 1]), err);
-        assert_eq!(t.remote_write(mr.rkey() ^ 1, mr.addr(), &[9u8; 1]), err);
-        assert_eq!(t.remote_write(ro.rkey(), ro.addr(), &[9u8; 1]), err);
-        assert_eq!(t.remote_write(0, 0, &[]), err);
-        mr.read_at(3999, &mut back);
         assert!(
             back[1..].iter().all(|&b| b == 7),
             "a refused write wrote nothing"
         );
-        let mut first = [0u8; 1];
-        mr.read_at(0, &mut first);
-        assert_eq!(first, [0]);
-        // Through a bound slot, and not once it is invalidated.
-        let slot = t.alloc_fast_mr(KeyScope::Connection);
-        let k = inc_rkey(slot.rkey());
-        t.bind(&slot, &mr, mr.addr(), 64, RW, k).unwrap();
-        t.remote_write(k, mr.addr() + 8, &[5u8; 8]).unwrap();
-        mr.read_at(8, &mut first);
-        assert_eq!(first, [5]);
-        t.invalidate(k, KeyScope::Domain).unwrap();
-        assert_eq!(t.remote_write(k, mr.addr(), &[1u8; 1]), err);
+    }
+
+    #[test]
+    fn keys_are_random_and_indices_unordered() {
+        let t = MrTable::new();
+        let mrs: Vec<Mr> = (0..64).map(|_| reg(&t, 64, RW)).collect();
+        let idx: Vec<u32> = mrs.iter().map(|m| m.rkey() >> 8).collect();
+        let bytes: std::collections::HashSet<u8> = mrs.iter().map(|m| m.rkey() as u8).collect();
+        assert!(
+            idx.windows(2).any(|w| w[1] != w[0] + 1),
+            "indices in order: {idx:?}"
+        );
+        assert!(bytes.len() > 16, "key bytes barely vary: {bytes:?}");
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let mut k = slot.rkey();
+        for _ in 0..64 {
+            let n = next_rkey(k);
+            assert_eq!(n >> 8, k >> 8, "the index stays");
+            assert_ne!(n, k, "the key byte changes");
+            seen.insert(n as u8);
+            k = n;
+        }
+        assert!(seen.len() > 16, "next_rkey barely varies: {seen:?}");
     }
 
     #[test]
     fn dropped_registration_never_matches_again() {
         let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(64), RW);
+        let mr = reg(&t, 64, RW);
         let (key, addr) = (mr.rkey(), mr.addr());
         drop(mr);
-        let again = t.register_buf(MemBuf::zeroed(64), RW);
-        assert_eq!(again.rkey() >> 8, key >> 8, "index is reused");
-        assert_ne!(again.rkey(), key, "but under a new key");
-        assert!(t.remote(key, addr, 1, Access::REMOTE_WRITE).is_err());
+        let again: Vec<Mr> = (0..4).map(|_| reg(&t, 64, RW)).collect();
+        assert!(again.iter().all(|m| m.rkey() != key));
+        assert!(remote(&t, key, addr, 1).is_err());
+    }
+
+    #[test]
+    fn a_lease_keeps_memory_alive_after_its_registration_goes() {
+        let t = MrTable::new();
+        let mut leases = Leases::default();
+        let mr = reg(&t, 4096, RW);
+        let sge = mr.sge(0, 64);
+        let held = t.local(&mut leases, &sge, Access::NONE).unwrap();
+        let backing = Arc::downgrade(mr.backing());
+        drop(mr);
+        // The key is dead at once ...
+        assert_eq!(
+            t.local(&mut leases, &sge, Access::NONE).map(|_| ()),
+            Err(WcStatus::LocalProtection)
+        );
+        // ... the memory lives while a MemRef (through the lease) holds it.
+        assert!(backing.upgrade().is_some());
+        held.write_at(0, &[1, 2, 3]);
+        drop(held);
+        leases.clear();
+        assert!(backing.upgrade().is_none(), "released with the last lease");
+    }
+
+    #[test]
+    fn memrefs_of_one_region_share_one_handle_per_queue_pair() {
+        let t = MrTable::new();
+        let (mut a, mut b) = (Leases::default(), Leases::default());
+        let mr = reg(&t, 4096, RW);
+        let x = t.local(&mut a, &mr.sge(0, 8), Access::NONE).unwrap();
+        let y = t.local(&mut a, &mr.sge(8, 8), Access::NONE).unwrap();
+        let z = t.local(&mut b, &mr.sge(0, 8), Access::NONE).unwrap();
+        assert!(x.shares_backing(&y), "one handle per queue pair");
+        assert!(!x.shares_backing(&z), "each queue pair its own");
+        // The shared registration's count moved once per queue pair, not per MemRef.
+        assert_eq!(Arc::strong_count(mr.backing()), 4, "Mr, table, two leases");
     }
 
     #[test]
     fn local_checks_lkey_and_rights() {
         let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(64), Access::NONE);
-        assert!(t.local(&mr.sge(0, 64), Access::NONE).is_ok());
+        let mut l = Leases::default();
+        let mr = reg(&t, 64, Access::NONE);
+        assert!(t.local(&mut l, &mr.sge(0, 64), Access::NONE).is_ok());
+        let bad = Err(WcStatus::LocalProtection);
         assert_eq!(
-            t.local(&mr.sge(0, 64), Access::LOCAL_WRITE).map(|_| ()),
-            Err(WcStatus::LocalProtection)
+            t.local(&mut l, &mr.sge(0, 64), Access::LOCAL_WRITE)
+                .map(|_| ()),
+            bad
         );
         let mut sge = mr.sge(0, 64);
         sge.len = 65;
-        assert_eq!(
-            t.local(&sge, Access::NONE).map(|_| ()),
-            Err(WcStatus::LocalProtection)
-        );
+        assert_eq!(t.local(&mut l, &sge, Access::NONE).map(|_| ()), bad);
+        assert!(t.local_backing(&mr.sge(0, 64), Access::NONE).is_some());
+        assert!(t.local_backing(&sge, Access::NONE).is_none());
+        // A fast-registration slot is never a local key.
+        let rw = reg(&t, 64, RW);
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let k = next_rkey(slot.rkey());
+        t.bind(&slot, &rw, rw.addr(), 64, RW, k, QP).unwrap();
+        let via_slot = Sge {
+            addr: rw.addr(),
+            len: 1,
+            lkey: k,
+        };
+        assert_eq!(t.local(&mut l, &via_slot, Access::NONE).map(|_| ()), bad);
     }
 
     #[test]
     fn slot_binding_and_invalidation() {
         let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(8192), RW);
-        let slot = t.alloc_fast_mr(KeyScope::Connection);
+        let mr = reg(&t, 8192, RW);
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
         let first = slot.rkey();
-        assert!(
-            t.remote(first, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
-            "unbound"
-        );
-        let k1 = inc_rkey(first);
-        t.bind(&slot, &mr, mr.addr() + 4096, 4096, RW, k1).unwrap();
+        assert!(remote(&t, first, mr.addr(), 1).is_err(), "unbound");
+        let k1 = next_rkey(first);
+        t.bind(&slot, &mr, mr.addr() + 4096, 4096, RW, k1, QP)
+            .unwrap();
         assert_eq!(slot.rkey(), k1);
-        assert!(t
-            .remote(k1, mr.addr() + 4096, 4096, Access::REMOTE_WRITE)
-            .is_ok());
+        assert!(remote(&t, k1, mr.addr() + 4096, 4096).is_ok());
+        assert!(remote(&t, k1, mr.addr(), 1).is_err(), "outside binding");
+        let k2 = next_rkey(k1);
         assert!(
-            t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
-            "outside binding"
-        );
-        let k2 = inc_rkey(k1);
-        assert!(
-            t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).is_err(),
+            t.bind(&slot, &mr, mr.addr(), 4096, RW, k2, QP).is_err(),
             "still bound"
         );
-        t.invalidate(k1, KeyScope::Domain).unwrap();
-        t.bind(&slot, &mr, mr.addr(), 4096, RW, k2).unwrap();
+        t.invalidate_slot(&slot).unwrap();
+        assert!(remote(&t, k1, mr.addr() + 4096, 1).is_err(), "retired");
+        t.bind(&slot, &mr, mr.addr(), 4096, RW, k2, QP).unwrap();
+        assert!(remote(&t, k1, mr.addr(), 1).is_err(), "superseded key");
+        t.invalidate_slot(&slot).unwrap();
+        assert!(t.invalidate_slot(&slot).is_err(), "twice");
         assert!(
-            t.remote(k1, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
-            "superseded key"
-        );
-        t.invalidate(k2, KeyScope::Domain).unwrap();
-        assert!(
-            t.remote(k2, mr.addr(), 1, Access::REMOTE_WRITE).is_err(),
-            "retired key"
-        );
-        assert!(t.invalidate(k2, KeyScope::Domain).is_err(), "twice");
-        assert!(
-            t.invalidate(mr.rkey(), KeyScope::Domain).is_err(),
+            t.invalidate_remote(mr.rkey(), QP).is_err(),
             "regions are not invalidated remotely"
         );
-        // Bindings must stay inside the region and use the slot's own index.
-        assert!(t
-            .bind(&slot, &mr, mr.addr() + 1, 8192, RW, inc_rkey(k2))
-            .is_err());
-        assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey()).is_err());
-    }
-
-    #[test]
-    fn rebinding_over_the_same_region_takes_no_new_reference() {
-        let t = MrTable::new();
-        let mr = t.register_buf(MemBuf::zeroed(8192), RW);
-        let other = t.register_buf(MemBuf::zeroed(4096), RW);
-        let slot = t.alloc_fast_mr(KeyScope::Connection);
-        let refs = |m: &Mr| Arc::strong_count(m.backing());
-        let (base, other_base) = (refs(&mr), refs(&other));
-        let mut k = slot.rkey();
-        for _ in 0..3 {
-            k = inc_rkey(k);
-            t.bind(&slot, &mr, mr.addr(), 4096, RW, k).unwrap();
-            assert_eq!(refs(&mr), base + 1, "one reference, held by the slot");
-            assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_ok());
-            t.invalidate(k, KeyScope::Domain).unwrap();
-            assert!(t.remote(k, mr.addr(), 1, Access::REMOTE_WRITE).is_err());
-            assert_eq!(
-                t.remote_write(k, mr.addr(), &[1]),
-                Err(WcStatus::RemoteAccess)
-            );
-            // The key is dead; the slot keeps its reference for the next binding.
-            assert_eq!(refs(&mr), base + 1, "kept across the invalidation");
-        }
-        // Over another region: the first one's reference goes, the other's comes.
-        k = inc_rkey(k);
-        t.bind(&slot, &other, other.addr(), 4096, RW, k).unwrap();
-        assert_eq!((refs(&mr), refs(&other)), (base, other_base + 1));
-        // A freed slot holds nothing.
-        drop(slot);
-        assert_eq!(refs(&other), other_base);
-    }
-
-    #[test]
-    fn cached_local_checks_match_the_table() {
-        let t = MrTable::new();
-        let mut cache = LkeyCache::default();
-        let mr = t.register_buf(MemBuf::zeroed(64), Access::NONE);
-        let sge = mr.sge(0, 64);
-        for _ in 0..2 {
-            // A miss, then a hit: same answers.
-            assert!(t.local_cached(&mut cache, &sge, Access::NONE).is_ok());
-            assert_eq!(
-                t.local_cached(&mut cache, &sge, Access::LOCAL_WRITE)
-                    .map(|_| ()),
-                Err(WcStatus::LocalProtection),
-                "rights are checked on a hit"
-            );
-            let mut long = sge;
-            long.len = 65;
-            assert_eq!(
-                t.local_cached(&mut cache, &long, Access::NONE).map(|_| ()),
-                Err(WcStatus::LocalProtection),
-                "bounds are checked on a hit"
-            );
-        }
-        // A dropped region's key stops matching at once, even when its index is reused.
-        let (key, addr) = (sge.lkey, sge.addr);
+        // Bindings stay inside the region, use the slot's own index, change the key.
+        let k3 = next_rkey(k2);
+        assert!(t.bind(&slot, &mr, mr.addr() + 1, 8192, RW, k3, QP).is_err());
+        assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, mr.rkey(), QP).is_err());
+        assert!(t.bind(&slot, &mr, mr.addr(), 1, RW, k2, QP).is_err());
+        // A binding over a region that goes stops matching with it.
+        t.bind(&slot, &mr, mr.addr(), 64, RW, k3, QP).unwrap();
+        let addr = mr.addr();
         drop(mr);
-        let again = t.register_buf(MemBuf::zeroed(64), Access::NONE);
-        assert_eq!(again.lkey() >> 8, key >> 8, "index is reused");
-        let stale = Sge {
-            addr,
-            len: 1,
-            lkey: key,
-        };
-        assert_eq!(
-            t.local_cached(&mut cache, &stale, Access::NONE).map(|_| ()),
-            Err(WcStatus::LocalProtection)
+        assert!(remote(&t, k3, addr, 1).is_err(), "its region is gone");
+    }
+
+    #[test]
+    fn scopes_decide_who_may_use_and_retire_a_key() {
+        let t = MrTable::new();
+        let mr = reg(&t, 4096, RW);
+        let conn = t.alloc_fast_mr(KeyScope::Connection).unwrap();
+        let dom = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let (kc, kd) = (next_rkey(conn.rkey()), next_rkey(dom.rkey()));
+        t.bind(&conn, &mr, mr.addr(), 4096, RW, kc, 5).unwrap();
+        t.bind(&dom, &mr, mr.addr(), 4096, RW, kd, 5).unwrap();
+        let mut l = Leases::default();
+        let on = |qp, k| t.remote(&mut Leases::default(), qp, k, mr.addr(), 8, RW);
+        assert!(on(5, kc).is_ok(), "a connection key on its connection");
+        assert!(on(6, kc).is_err(), "and not on another");
+        assert!(
+            on(5, kd).is_ok() && on(6, kd).is_ok(),
+            "a domain key anywhere"
         );
-        assert!(t
-            .local_cached(&mut cache, &again.sge(0, 64), Access::NONE)
-            .is_ok());
-        // A fast-registration slot is never a local key.
-        let slot = t.alloc_fast_mr(KeyScope::Connection);
-        let k = inc_rkey(slot.rkey());
-        t.bind(&slot, &again, again.addr(), 64, RW, k).unwrap();
-        let via_slot = Sge {
-            addr: again.addr(),
-            len: 1,
-            lkey: k,
-        };
-        assert!(t.local_cached(&mut cache, &via_slot, Access::NONE).is_err());
+        assert!(
+            t.invalidate_remote(kd, 5).is_err(),
+            "no peer retires a domain key"
+        );
+        assert!(
+            t.invalidate_remote(kc, 6).is_err(),
+            "nor another connection's"
+        );
+        t.invalidate_remote(kc, 5).unwrap();
+        assert!(t.remote(&mut l, 5, kc, mr.addr(), 8, RW).is_err());
+        assert!(on(6, kd).is_ok(), "the domain key lives on");
     }
 
     #[test]
     fn foreign_registrations_are_refused() {
         let (a, b) = (MrTable::new(), MrTable::new());
-        let mr = b.register_buf(MemBuf::zeroed(64), RW);
-        let slot = a.alloc_fast_mr(KeyScope::Connection);
+        let mr = reg(&b, 64, RW);
+        let slot = a.alloc_fast_mr(KeyScope::Domain).unwrap();
         assert!(!a.owns(&mr));
-        let k = inc_rkey(slot.rkey());
+        let k = next_rkey(slot.rkey());
         assert_eq!(
-            a.bind(&slot, &mr, mr.addr(), 64, RW, k),
+            a.bind(&slot, &mr, mr.addr(), 64, RW, k, QP),
             Err(WcStatus::LocalQpOperation)
         );
+        assert!(b.invalidate_slot(&slot).is_err());
     }
 
     #[test]
     fn memref_gather_concatenates() {
         let t = MrTable::new();
-        let src = t.register_buf(MemBuf::zeroed(64), RW);
-        let dst = t.register_buf(MemBuf::zeroed(64), RW);
+        let mut l = Leases::default();
+        let src = reg(&t, 64, RW);
+        let dst = reg(&t, 64, RW);
         src.write_at(0, b"hello world");
-        let a = t.local(&src.sge(0, 5), Access::NONE).unwrap();
-        let b = t.local(&src.sge(5, 6), Access::NONE).unwrap();
+        let a = t.local(&mut l, &src.sge(0, 5), Access::NONE).unwrap();
+        let b = t.local(&mut l, &src.sge(5, 6), Access::NONE).unwrap();
         let d = t
-            .remote(dst.rkey(), dst.addr() + 10, 11, Access::REMOTE_WRITE)
+            .remote(&mut l, QP, dst.rkey(), dst.addr() + 10, 11, RW)
             .unwrap();
         d.gather_from(&[a, b]);
         let mut out = [0u8; 11];
         dst.read_at(10, &mut out);
         assert_eq!(&out, b"hello world");
+    }
+
+    /// A reader on another thread, while the owner rebinds a slot between two ranges
+    /// and invalidates it, sees either range whole or no access: never a torn entry.
+    #[test]
+    fn concurrent_rebinding_is_seen_whole_or_not_at_all() {
+        let t = MrTable::new();
+        let mr = reg(&t, 1 << 16, RW);
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let (lo, hi) = (mr.addr(), mr.addr() + (1 << 15));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let key = Arc::new(AtomicU32::new(0));
+        let reader = {
+            let (t, stop, key) = (t.clone(), stop.clone(), key.clone());
+            std::thread::spawn(move || {
+                let mut l = Leases::default();
+                let (mut ok, mut refused) = (0u64, 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key.load(Ordering::Relaxed);
+                    for (base, other) in [(lo, hi), (hi, lo)] {
+                        // A whole half is reachable only through the key bound to it.
+                        match t.remote(&mut l, QP, k, base, 1 << 15, RW) {
+                            Ok(_) => {
+                                ok += 1;
+                                assert!(
+                                    t.remote(&mut l, QP, k, other + 100, 1, RW).is_err()
+                                        || t.remote(&mut l, QP, k, base, 1 << 15, RW).is_err(),
+                                    "one key reached both halves"
+                                );
+                            }
+                            Err(_) => refused += 1,
+                        }
+                    }
+                }
+                (ok, refused)
+            })
+        };
+        for i in 0..20_000u32 {
+            let base = if i % 2 == 0 { lo } else { hi };
+            let k = next_rkey(slot.rkey());
+            t.bind(&slot, &mr, base, 1 << 15, RW, k, QP).unwrap();
+            key.store(k, Ordering::Relaxed);
+            t.invalidate_slot(&slot).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (ok, refused) = reader.join().unwrap();
+        assert!(ok + refused > 0, "the reader ran");
     }
 }

@@ -82,6 +82,16 @@ impl TcpFabric {
     }
 }
 
+impl TcpFabric {
+    fn registrations(&self) -> soft::Registrations<'_> {
+        soft::Registrations {
+            table: &self.table,
+            kind: FabricKind::Tcp,
+            max_len: TCP_CAPS.max_mr_size,
+        }
+    }
+}
+
 impl Default for TcpFabric {
     fn default() -> Self {
         TcpFabric::new()
@@ -109,19 +119,6 @@ fn check_caps(caps: QpCaps) -> Result<(), String> {
     Ok(())
 }
 
-fn check_len(len: usize) -> Result<(), FabricError> {
-    if len == 0 || len as u64 > TCP_CAPS.max_mr_size {
-        return Err(FabricError::Register {
-            len,
-            reason: format!(
-                "tcp fabric registrations must be 1..={} bytes (max_mr_size)",
-                TCP_CAPS.max_mr_size
-            ),
-        });
-    }
-    Ok(())
-}
-
 impl Fabric for TcpFabric {
     fn kind(&self) -> FabricKind {
         FabricKind::Tcp
@@ -132,8 +129,7 @@ impl Fabric for TcpFabric {
     }
 
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
-        check_len(buf.len())?;
-        Ok(self.table.register_buf(buf, access))
+        self.registrations().register(buf, access)
     }
 
     unsafe fn register_raw(
@@ -142,24 +138,16 @@ impl Fabric for TcpFabric {
         len: usize,
         access: Access,
     ) -> Result<Mr, FabricError> {
-        check_len(len)?;
-        if addr.is_null() {
-            return Err(FabricError::Register {
-                len,
-                reason: "null address".into(),
-            });
-        }
-        Ok(self
-            .table
-            .register(Arc::new(Backing::External { addr, len }), access))
+        // SAFETY: the caller's promise (this method's contract), passed on.
+        unsafe { self.registrations().register_raw(addr, len, access) }
     }
 
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
-        Ok(self.table.alloc_fast_mr(scope))
+        self.registrations().alloc_fast_mr(scope)
     }
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
-        self.table.local(sge, need).ok().map(|m| m.into_backing())
+        self.registrations().local_memory(sge, need)
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {

@@ -64,7 +64,7 @@ fn wcs(qp: &mut SoftQp) -> Vec<Wc> {
 #[test]
 fn small_and_large_payloads_land_in_place() {
     let mut s = setup();
-    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW);
+    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW).unwrap();
     s.qp.post_recv(&[RecvWr {
         wr_id: 7,
         sge: None,
@@ -108,7 +108,7 @@ fn small_and_large_payloads_land_in_place() {
 #[test]
 fn after_a_large_payload_reads_stay_short() {
     let mut s = setup();
-    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW);
+    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW).unwrap();
     let large: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
     let small: Vec<u8> = (0..100u8).collect();
     let len = large.len() as u32;
@@ -147,7 +147,7 @@ fn after_a_large_payload_reads_stay_short() {
 #[test]
 fn rnr_stalls_the_stream_until_a_receive_is_posted() {
     let mut s = setup();
-    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
+    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW).unwrap();
     write_frame(
         &mut s.peer,
         Header {
@@ -207,7 +207,10 @@ fn a_departed_peer_breaks_a_stalled_stream() {
 #[test]
 fn acks_naks_refusals_and_garbage() {
     let mut s = setup();
-    let src = s.table.register_buf(MemBuf::zeroed(64), Access::NONE);
+    let src = s
+        .table
+        .register_buf(MemBuf::zeroed(64), Access::NONE)
+        .unwrap();
     let sg = [src.sge(0, 8)];
     s.qp.post_send(&[
         SendWr {
@@ -309,7 +312,7 @@ fn acks_naks_refusals_and_garbage() {
 #[test]
 fn a_watched_receive_side_reads_only_while_its_gate_is_open() {
     let mut s = setup();
-    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW);
+    let dst = s.table.register_buf(MemBuf::zeroed(4096), RW).unwrap();
     let mut gate = ReadGate::default();
     gate.set_watched(true);
     let reads = || READS.with(|r| r.get());

@@ -254,6 +254,9 @@ impl Tx {
             self.frame_ends.push(self.iov.len());
         }
         if let Some(qp) = qp {
+            // The last batch is in the socket: its sources are read, so a REG_MR waiting
+            // behind them may expose them again (see `SoftQp::sent_left`).
+            qp.sent_left();
             if let Some(seq) = qp.take_ack() {
                 self.ack = Some(seq);
             }
@@ -353,7 +356,9 @@ mod tests {
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
-        let mr = table.register_buf(MemBuf::zeroed(4096), Access::NONE);
+        let mr = table
+            .register_buf(MemBuf::zeroed(4096), Access::NONE)
+            .unwrap();
         mr.write_at(0, b"hello world!");
         let mut qp = qp_owing_an_ack(&table);
         let two = [mr.sge(0, 5), mr.sge(5, 7)];
@@ -419,7 +424,9 @@ mod tests {
         let table = MrTable::new();
         let mrs: Vec<_> = (0..2u8)
             .map(|i| {
-                let mr = table.register_buf(MemBuf::zeroed(2 * LEN), Access::NONE);
+                let mr = table
+                    .register_buf(MemBuf::zeroed(2 * LEN), Access::NONE)
+                    .unwrap();
                 mr.write_at(0, &vec![i + 1; 2 * LEN]);
                 mr
             })
@@ -524,7 +531,9 @@ mod tests {
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let table = MrTable::new();
-        let mr = table.register_buf(MemBuf::zeroed(4096), Access::NONE);
+        let mr = table
+            .register_buf(MemBuf::zeroed(4096), Access::NONE)
+            .unwrap();
         mr.write_at(0, b"0123456789ab");
         let mut qp = SoftQp::new(table.clone(), QpCaps::default());
         qp.set_connected();

@@ -79,6 +79,8 @@ pub struct RnbdAdmin {
     /// the session resolves the reply's segment without asking the fabric (the verbs
     /// fabric keeps no table of registrations to ask).
     replies: Arc<Mr>,
+    /// `replies` was named to the queue's session ([`SessionHandle::use_region`]).
+    replies_named: bool,
     /// What each reply slot's request in flight is.
     in_flight: Vec<Option<Admin>>,
     queued: VecDeque<Admin>,
@@ -108,6 +110,7 @@ impl RnbdAdmin {
         }
         Ok(RnbdAdmin {
             replies: Arc::new(replies),
+            replies_named: false,
             in_flight: vec![None; n],
             queued: VecDeque::new(),
             devices: Vec::new(),
@@ -337,8 +340,10 @@ impl RnbdAdmin {
             let sgl: &[Sge] = if reply_len == 0 {
                 &[]
             } else {
-                // Once per session in effect (a known region is not added twice).
-                q.session_mut().use_region(Arc::clone(&self.replies));
+                if !self.replies_named {
+                    self.replies_named = true;
+                    q.session_mut().use_region(Arc::clone(&self.replies));
+                }
                 std::slice::from_ref(&sge)
             };
             let io = ClientIo {
