@@ -768,7 +768,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
 
 /// A loopback fabric that has no fast-registration slot to give: a core cannot allocate
 /// its per-permit buffers.
-struct NoFastMr(std::sync::Arc<rtrs_spdk::fabric::loopback::LoopbackFabric>);
+struct NoFastMr(std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>);
 
 impl rtrs_spdk::fabric::Fabric for NoFastMr {
     fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
@@ -776,6 +776,15 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
     }
     fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
         self.0.caps()
+    }
+    fn domain(
+        &self,
+    ) -> Result<std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>, rtrs_spdk::fabric::FabricError> {
+        let inner = self.0.domain()?;
+        Ok(std::sync::Arc::new(NoFastMr(inner)))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
     }
     fn register(
         &self,

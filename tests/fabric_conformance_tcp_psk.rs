@@ -30,6 +30,15 @@ impl Fabric for Keyed {
     fn caps(&self) -> FabricCaps {
         self.inner.caps()
     }
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        Ok(Arc::new(Keyed {
+            inner: self.inner.new_domain(),
+            psk: self.psk.clone(),
+        }))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
+    }
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.inner.register(buf, access)
     }

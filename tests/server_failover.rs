@@ -207,6 +207,12 @@ impl Fabric for WithCaps {
     fn caps(&self) -> FabricCaps {
         (self.1)(self.0.caps())
     }
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        Ok(Arc::new(WithCaps(self.0.new_domain(), self.1)))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
+    }
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.0.register(buf, access)
     }

@@ -499,6 +499,22 @@ pub trait Fabric: Send + Sync {
 
     fn caps(&self) -> FabricCaps;
 
+    /// A new protection domain on this fabric's device (verbs: `ibv_alloc_pd` on the
+    /// same device context). Registrations and fast-registration slots made through it,
+    /// and connections it makes or that are accepted into it
+    /// ([`ConnRequest::accept_into`]), belong to it; a key of one domain is refused on
+    /// every connection of another, as a NIC refuses it. Listeners are the device's, and
+    /// the device's completion queues ([`Fabric::create_cq`] of any of its domains) take
+    /// connections of every domain. RTRS gives each session its own.
+    ///
+    /// # Errors
+    /// [`FabricError::Os`] when the device refuses a new protection domain.
+    fn domain(&self) -> Result<std::sync::Arc<dyn Fabric>, FabricError>;
+
+    /// The backend itself, so that a backend recognises its own domains
+    /// ([`ConnRequest::accept_into`]); a wrapper returns the fabric it wraps.
+    fn as_any(&self) -> &dyn std::any::Any;
+
     /// Registers an owned buffer; the [`Mr`] keeps it alive.
     ///
     /// # Errors
@@ -794,6 +810,24 @@ impl ConnRequest {
         self.pending.accept_on(cq, caps, pd)
     }
 
+    /// [`ConnRequest::accept`] or [`ConnRequest::accept_on`] (with `cq`) into protection
+    /// domain `domain` ([`Fabric::domain`] of the listener's fabric, or that fabric
+    /// itself): the connection's remote accesses are checked against `domain`'s keys.
+    ///
+    /// # Errors
+    /// As [`ConnRequest::accept_on`]; [`FabricError::Accept`] when `domain` is not a
+    /// domain of the listener's device.
+    pub fn accept_into(
+        self,
+        domain: &dyn Fabric,
+        cq: Option<&CqRef>,
+        caps: QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        let pd = PrivateData::new(private_data)?;
+        self.pending.accept_into(domain, cq, caps, pd)
+    }
+
     /// Rejects with `private_data` (≤ 56 bytes), which the initiator sees in
     /// [`CmEvent::Rejected`].
     ///
@@ -814,6 +848,14 @@ pub trait PendingConn: Send {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError>;
     fn reject(self: Box<Self>, private_data: PrivateData);
+    /// Accepts into protection domain `domain` ([`ConnRequest::accept_into`]).
+    fn accept_into(
+        self: Box<Self>,
+        domain: &dyn Fabric,
+        cq: Option<&CqRef>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError>;
     /// Accepts on a shared CQ; the default refuses (a backend without shared CQs).
     fn accept_on(
         self: Box<Self>,

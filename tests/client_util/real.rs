@@ -32,6 +32,12 @@ impl Fabric for RecordingFabric {
     fn caps(&self) -> FabricCaps {
         self.lo.caps()
     }
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        self.lo.domain()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.lo.as_any()
+    }
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.lo.register(buf, access)
     }

@@ -13,7 +13,7 @@ const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
 /// Posts a signaled REG_MR of `slot` to `[offset, offset+len)` of `region` on the
 /// server and waits for its completion; returns the new rkey.
-fn bind(p: &mut Pair, slot: &FastMr, region: &Mr, offset: usize, len: u32, wr_id: u64) -> u32 {
+pub fn bind(p: &mut Pair, slot: &FastMr, region: &Mr, offset: usize, len: u32, wr_id: u64) -> u32 {
     let rkey = inc_rkey(slot.rkey());
     let op = SendOp::RegMr {
         slot,
@@ -51,7 +51,7 @@ fn local_inv(p: &mut Pair, slot: &FastMr, wr_id: u64) {
 
 /// The client writes `seed`'s pattern through `(addr, rkey)` followed by an imm; checks
 /// the server sees the imm with the data at `region[offset..]`.
-fn write_ok(p: &mut Pair, region: &Mr, offset: usize, rkey: u32, seed: u8) {
+pub fn write_ok(p: &mut Pair, region: &Mr, offset: usize, rkey: u32, seed: u8) {
     let src = p.client.reg(256, Access::NONE);
     let data = pattern(seed, 256);
     src.write_at(0, &data);
@@ -103,7 +103,7 @@ fn write_ok(p: &mut Pair, region: &Mr, offset: usize, rkey: u32, seed: u8) {
 }
 
 /// The client writes through `rkey`; the write is refused and the connection breaks.
-fn write_refused(p: &mut Pair, region: &Mr, offset: usize, rkey: u32) {
+pub fn write_refused(p: &mut Pair, region: &Mr, offset: usize, rkey: u32) {
     let src = p.client.reg(64, Access::NONE);
     let sges = [src.sge(0, 64)];
     let op = SendOp::RdmaWrite {

@@ -30,6 +30,7 @@
 
 pub mod cm;
 pub mod data;
+pub mod domains;
 pub mod errors;
 pub mod keys;
 pub mod shared_cq;
@@ -40,8 +41,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::fabric::{
-    Access, CmEvent, Conn, ConnState, Fabric, Listener, MemBuf, Mr, PostError, QpCaps, RecvWr,
-    SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+    Access, CmEvent, Conn, ConnState, CqRef, Fabric, Listener, MemBuf, Mr, PostError, QpCaps,
+    RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 
 /// Upper bound of every wait in the suite: generous, never a performance figure.
@@ -187,6 +188,8 @@ macro_rules! conformance_tests {
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::send_with_inv_of_a_domain_key_is_refused,
             keys::domain_key_is_valid_on_every_connection,
+            domains::keys_of_another_domain_are_refused,
+            domains::a_domain_shares_its_device_completion_queues,
             keys::bind_outside_region_fails,
             keys::rebinding_a_bound_slot_fails,
             shared_cq::private_cq_completions_carry_qp_num,
@@ -456,6 +459,27 @@ pub fn connect_with(b: &dyn Backend, caps: QpCaps, client_pd: &[u8], server_pd: 
         .accept(caps, server_pd)
         .unwrap_or_else(|e| panic!("accept: {e}"));
     let mut server = Side::new("server", conn, sf);
+    let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
+    wait_cm(&mut client, &mut server, "CmEvent::Established", est);
+    wait_cm(&mut server, &mut client, "CmEvent::Established", est);
+    Pair {
+        client,
+        server,
+        listener,
+    }
+}
+
+/// Connects a pair whose server end is accepted into protection domain `domain` (a
+/// [`Fabric::domain`] of the server's fabric), on `cq` when given (a completion queue of
+/// the server's device); the server side registers through `domain`.
+pub fn connect_into(b: &dyn Backend, domain: Arc<dyn Fabric>, cq: Option<&CqRef>) -> Pair {
+    let caps = b.caps();
+    let (mut listener, mut client, _) = start_connect(b, caps, &[]);
+    let req = wait_request(&mut *listener, &mut client);
+    let conn = req
+        .accept_into(&*domain, cq, caps, &[])
+        .unwrap_or_else(|e| panic!("accept_into: {e}"));
+    let mut server = Side::new("server", conn, domain);
     let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
     wait_cm(&mut client, &mut server, "CmEvent::Established", est);
     wait_cm(&mut server, &mut client, "CmEvent::Established", est);

@@ -67,6 +67,15 @@ impl Fabric for MuxFabric {
         self.inner.caps()
     }
 
+    // A session's own domain needs no listeners: the real fabric's.
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        self.inner.domain()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
+    }
+
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.inner.register(buf, access)
     }

@@ -46,14 +46,15 @@ const FIRST_LISTEN_PORT: u16 = 1024;
 /// ... and for the address of a connecting end.
 const FIRST_EPHEMERAL_PORT: u16 = 49152;
 
-/// The in-process fabric. Clones share the same registrations and name table.
+/// The in-process fabric. Clones share the same registrations and name table; its
+/// domains ([`Fabric::domain`]) share the name table only.
 #[derive(Clone)]
 pub struct LoopbackFabric {
     inner: Arc<Inner>,
+    table: Arc<MrTable>,
 }
 
 struct Inner {
-    table: Arc<MrTable>,
     names: Mutex<Names>,
 }
 
@@ -82,9 +83,11 @@ impl Drop for EphemeralName {
     }
 }
 
-/// Requests waiting for a listener's `poll`.
+/// Requests waiting for a listener's `poll`, and the protection domain of the fabric
+/// that listens (where an accepted connection goes unless accepted into another).
 struct Backlog {
     requests: Mutex<VecDeque<Pending>>,
+    table: Arc<MrTable>,
 }
 
 impl Backlog {
@@ -100,9 +103,17 @@ impl Default for LoopbackFabric {
 }
 
 impl LoopbackFabric {
+    /// [`Fabric::domain`], as the concrete type (for wrappers).
+    pub fn new_domain(&self) -> LoopbackFabric {
+        LoopbackFabric {
+            inner: self.inner.clone(),
+            table: self.table.domain(),
+        }
+    }
+
     fn registrations(&self) -> soft::Registrations<'_> {
         soft::Registrations {
-            table: &self.inner.table,
+            table: &self.table,
             kind: FabricKind::Loopback,
             max_len: MAX_MR_SIZE,
         }
@@ -124,9 +135,9 @@ impl LoopbackFabric {
         };
         LoopbackFabric {
             inner: Arc::new(Inner {
-                table: MrTable::new(),
                 names: Mutex::new(names),
             }),
+            table: MrTable::new(),
         }
     }
 
@@ -215,6 +226,14 @@ impl Fabric for LoopbackFabric {
         }
     }
 
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        Ok(Arc::new(self.new_domain()))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
         self.registrations().register(buf, access)
     }
@@ -258,6 +277,7 @@ impl Fabric for LoopbackFabric {
         };
         let backlog = Arc::new(Backlog {
             requests: Mutex::new(VecDeque::new()),
+            table: self.table.clone(),
         });
         names.listeners.insert(addr, backlog.clone());
         Ok(Box::new(LoopbackListener {
@@ -283,7 +303,7 @@ impl Fabric for LoopbackFabric {
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
-        soft::cq::create::<LoopbackConn>(FabricKind::Loopback, &self.inner.table, entries)
+        soft::cq::create::<LoopbackConn>(FabricKind::Loopback, &self.table, entries)
     }
 
     fn connect_on(
@@ -300,7 +320,7 @@ impl Fabric for LoopbackFabric {
         }
         // The connection is made only once the CQ is known to take it, so a refusal
         // leaves no request behind at the listener.
-        soft::cq::check::<LoopbackConn>(cq, &self.inner.table)?;
+        soft::cq::check::<LoopbackConn>(cq, &self.table)?;
         let conn = self.start_connect(src, dst, caps, private_data)?;
         soft::cq::attach(cq, conn)
     }
@@ -343,11 +363,11 @@ impl LoopbackFabric {
             }
         };
         names.ephemeral.insert(local);
-        let end = conn::End::new(self.inner.table.clone(), caps, CLIENT);
+        let end = conn::End::new(self.table.clone(), caps, CLIENT);
         let link = Arc::new(Link::new(local, dst, caps, end.recv_queue()));
         match names.listeners.get(&dst) {
             Some(backlog) => backlog.requests().push_back(Pending {
-                table: self.inner.table.clone(),
+                table: backlog.table.clone(),
                 link: link.clone(),
                 private_data,
             }),
@@ -430,6 +450,28 @@ impl PendingConn for Pending {
         soft::cq::check::<LoopbackConn>(cq, &self.table)?;
         let conn = self.answer(caps, private_data)?;
         soft::cq::attach(cq, conn)
+    }
+
+    fn accept_into(
+        mut self: Box<Self>,
+        domain: &dyn Fabric,
+        cq: Option<&CqRef>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        match domain.as_any().downcast_ref::<LoopbackFabric>() {
+            Some(d) if d.table.same_device(&self.table) => self.table = d.table.clone(),
+            _ => {
+                return Err(FabricError::Accept {
+                    reason: "the protection domain is not one of the listener's loopback fabric"
+                        .into(),
+                })
+            }
+        }
+        match cq {
+            Some(cq) => self.accept_on(cq, caps, private_data),
+            None => self.accept(caps, private_data),
+        }
     }
 
     fn reject(self: Box<Self>, private_data: PrivateData) {

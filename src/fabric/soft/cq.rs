@@ -576,7 +576,7 @@ pub fn create_with<T: Member>(
 /// [`FabricError::Cq`] naming why not.
 pub fn check<T: Member>(cq: &CqRef, table: &Arc<MrTable>) -> Result<(), FabricError> {
     match cq.backend().downcast_ref::<Shared<T>>() {
-        Some(shared) if !Arc::ptr_eq(&shared.table, table) => Err(FabricError::Cq {
+        Some(shared) if !shared.table.same_device(table) => Err(FabricError::Cq {
             reason: format!(
                 "the {} completion queue belongs to another fabric instance",
                 cq.kind()

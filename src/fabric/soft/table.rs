@@ -333,6 +333,15 @@ struct Ctl {
     rng: u64,
 }
 
+/// What the protection domains of one software device share: its identity (shared
+/// completion queues take the connections of any of its domains) and its queue-pair
+/// numbers (unique per device, as a CQ routes completions by them).
+#[derive(Debug)]
+struct Device {
+    id: u64,
+    qp_nums: AtomicU32,
+}
+
 /// A protection domain's registrations.
 pub struct MrTable {
     /// `MAX_SEGS` segment pointers, null until allocated (under `ctl`); a segment is
@@ -341,13 +350,12 @@ pub struct MrTable {
     ctl: Mutex<Ctl>,
     /// Identifies the table in queue pairs' leases (never reused in a process).
     id: u64,
-    /// The last queue-pair number given out ([`MrTable::next_qp_num`]).
-    qp_nums: AtomicU32,
+    device: Arc<Device>,
 }
 
 impl std::fmt::Debug for MrTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MrTable#{}", self.id)
+        write!(f, "MrTable#{} (device {})", self.id, self.device.id)
     }
 }
 
@@ -432,7 +440,17 @@ pub(crate) fn random_key_byte(not: u8) -> u8 {
 }
 
 impl MrTable {
+    /// The first protection domain of a new device.
     pub fn new() -> Arc<MrTable> {
+        static DEVICES: AtomicU64 = AtomicU64::new(1);
+        let device = Device {
+            id: DEVICES.fetch_add(1, Ordering::Relaxed),
+            qp_nums: AtomicU32::new(0),
+        };
+        MrTable::on(Arc::new(device))
+    }
+
+    fn on(device: Arc<Device>) -> Arc<MrTable> {
         static IDS: AtomicU64 = AtomicU64::new(1);
         Arc::new(MrTable {
             segs: (0..MAX_SEGS)
@@ -445,16 +463,32 @@ impl MrTable {
                 rng: seed(),
             }),
             id: IDS.fetch_add(1, Ordering::Relaxed),
-            qp_nums: AtomicU32::new(0),
+            device,
         })
     }
 
-    /// A fresh queue-pair number of this protection domain (so of this fabric): 24 bits
-    /// as on verbs, never 0, reused only after 2^24 - 1 newer ones. Numbered per fabric,
-    /// a run on a fresh fabric numbers its connections the same way every time.
+    /// Another protection domain of the same device: no key of one is valid in the
+    /// other, and their connections may share the device's completion queues.
+    pub fn domain(&self) -> Arc<MrTable> {
+        MrTable::on(self.device.clone())
+    }
+
+    /// Whether `other` is a domain of the same device.
+    pub fn same_device(&self, other: &MrTable) -> bool {
+        Arc::ptr_eq(&self.device, &other.device)
+    }
+
+    /// A fresh queue-pair number of this device: 24 bits as on verbs, never 0, reused
+    /// only after 2^24 - 1 newer ones. Numbered per device, a run on a fresh fabric
+    /// numbers its connections the same way every time.
     pub fn next_qp_num(&self) -> u32 {
         loop {
-            let n = self.qp_nums.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x00ff_ffff;
+            let n = self
+                .device
+                .qp_nums
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1)
+                & 0x00ff_ffff;
             if n != 0 {
                 return n;
             }

@@ -27,10 +27,11 @@ use super::conn::TcpConn;
 use super::frame::{cm_frame, CmPayload, Opcode, RejectReason};
 use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
 use super::ready::TcpReadiness;
+use super::TcpFabric;
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
+    Conn, ConnRequest, CqRef, Fabric, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
 };
 use crate::ratelimit::RateLimit;
 
@@ -278,6 +279,27 @@ impl PendingConn for TcpPending {
         soft::cq::check::<TcpConn>(cq, &self.table)?;
         let conn = self.answer(caps, private_data)?;
         soft::cq::attach(cq, conn)
+    }
+
+    fn accept_into(
+        mut self: Box<Self>,
+        domain: &dyn Fabric,
+        cq: Option<&CqRef>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        match domain.as_any().downcast_ref::<TcpFabric>() {
+            Some(d) if d.table().same_device(&self.table) => self.table = d.table().clone(),
+            _ => {
+                return Err(FabricError::Accept {
+                    reason: "the protection domain is not one of the listener's tcp fabric".into(),
+                })
+            }
+        }
+        match cq {
+            Some(cq) => self.accept_on(cq, caps, private_data),
+            None => self.accept(caps, private_data),
+        }
     }
 
     fn reject(mut self: Box<Self>, private_data: PrivateData) {

@@ -83,6 +83,19 @@ impl TcpFabric {
 }
 
 impl TcpFabric {
+    /// [`Fabric::domain`], as the concrete type (for wrappers).
+    pub fn new_domain(&self) -> TcpFabric {
+        TcpFabric {
+            table: self.table.domain(),
+            readiness: self.readiness,
+        }
+    }
+
+    /// The protection domain's registrations.
+    pub(crate) fn table(&self) -> &Arc<MrTable> {
+        &self.table
+    }
+
     fn registrations(&self) -> soft::Registrations<'_> {
         soft::Registrations {
             table: &self.table,
@@ -126,6 +139,14 @@ impl Fabric for TcpFabric {
 
     fn caps(&self) -> FabricCaps {
         TCP_CAPS
+    }
+
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        Ok(Arc::new(self.new_domain()))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {

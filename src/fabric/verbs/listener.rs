@@ -13,7 +13,7 @@ use super::cq::CqShare;
 use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
 use super::Shared;
 use crate::fabric::{
-    Conn, ConnRequest, CqRef, FabricError, Listener, PendingConn, PrivateData, QpCaps,
+    Conn, ConnRequest, CqRef, Fabric, FabricError, Listener, PendingConn, PrivateData, QpCaps,
 };
 
 /// Listen backlog, as the kernel's RTRS server uses.
@@ -133,6 +133,27 @@ impl PendingConn for VerbsPending {
     ) -> Result<Box<dyn Conn>, FabricError> {
         let share = super::own_cq(&self.shared, cq)?;
         (*self).answer(caps, private_data, Some(&share))
+    }
+
+    fn accept_into(
+        mut self: Box<Self>,
+        domain: &dyn Fabric,
+        cq: Option<&CqRef>,
+        caps: QpCaps,
+        private_data: PrivateData,
+    ) -> Result<Box<dyn Conn>, FabricError> {
+        match domain.as_any().downcast_ref::<super::VerbsFabric>() {
+            Some(d) if d.same_device(&self.shared) => self.shared = d.shared().clone(),
+            _ => {
+                return Err(FabricError::Accept {
+                    reason: "the protection domain is not one of the listener's RDMA device".into(),
+                })
+            }
+        }
+        match cq {
+            Some(cq) => self.accept_on(cq, caps, private_data),
+            None => self.accept(caps, private_data),
+        }
     }
 
     fn reject(mut self: Box<Self>, private_data: PrivateData) {

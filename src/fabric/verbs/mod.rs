@@ -71,8 +71,8 @@ struct Shared {
     attr: sys::DeviceAttr,
     caps: FabricCaps,
     /// `IBV_EVENT_CQ_ERR`s read by one shared CQ for another (by CQ address), until that
-    /// one polls its events (`cq.rs`).
-    cq_errors: std::sync::Mutex<Vec<usize>>,
+    /// one polls its events (`cq.rs`); the device's, shared by all its domains.
+    cq_errors: Arc<std::sync::Mutex<Vec<usize>>>,
 }
 
 /// A fabric over one RDMA device.
@@ -154,9 +154,18 @@ impl VerbsFabric {
                 pd,
                 attr,
                 caps,
-                cq_errors: std::sync::Mutex::new(Vec::new()),
+                cq_errors: Arc::new(std::sync::Mutex::new(Vec::new())),
             }),
         })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Whether `other` is of the same device context as this fabric.
+    fn same_device(&self, other: &Shared) -> bool {
+        Arc::ptr_eq(self.shared.pd.device(), other.pd.device())
     }
 
     /// The rdma-core name of the device.
@@ -233,6 +242,25 @@ impl Fabric for VerbsFabric {
 
     fn caps(&self) -> FabricCaps {
         self.shared.caps
+    }
+
+    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+        let pd = sys::Pd::alloc(self.shared.pd.device()).map_err(|e| FabricError::Os {
+            call: e.call,
+            source: e.source,
+        })?;
+        Ok(Arc::new(VerbsFabric {
+            shared: Arc::new(Shared {
+                pd,
+                attr: self.shared.attr,
+                caps: self.shared.caps,
+                cq_errors: self.shared.cq_errors.clone(),
+            }),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
@@ -337,7 +365,8 @@ impl Fabric for VerbsFabric {
 /// `cq` as a verbs CQ of the context `shared` belongs to.
 fn own_cq(shared: &Arc<Shared>, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
     match cq.backend_arc().downcast::<cq::CqShare>() {
-        Ok(v) if Arc::ptr_eq(&v.shared, shared) => Ok(v),
+        // The device's CQs take connections of every protection domain of it.
+        Ok(v) if Arc::ptr_eq(v.shared.pd.device(), shared.pd.device()) => Ok(v),
         Ok(_) => Err(FabricError::Cq {
             reason: "the completion queue belongs to another verbs fabric (device context)".into(),
         }),
