@@ -362,15 +362,17 @@ impl Acceptor {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE
         };
         let len = usize::from(qd) * cs as usize;
-        let chunks = cfg
-            .chunk_alloc
-            .alloc(&*self.sh.fabric, len, access)
-            .map_err(|e| {
-                format!(
-                    "chunk pool of {qd} x {cs} bytes ({} memory): {e}",
-                    cfg.chunk_alloc.kind()
-                )
-            })?;
+        let fabric = self
+            .sh
+            .fabric
+            .domain()
+            .map_err(|e| format!("protection domain: {e}"))?;
+        let chunks = cfg.chunk_alloc.alloc(&*fabric, len, access).map_err(|e| {
+            format!(
+                "chunk pool of {qd} x {cs} bytes ({} memory): {e}",
+                cfg.chunk_alloc.kind()
+            )
+        })?;
         let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
         let home = self.sh.next_home.fetch_add(1, Ordering::Relaxed) % self.sh.ncores;
         Ok(Arc::new(Session {
@@ -378,6 +380,7 @@ impl Acceptor {
             paths_uuid,
             home,
             layout,
+            fabric,
             chunks,
             owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
             done: (0..qd).map(|_| AtomicU64::new(0)).collect(),
@@ -393,7 +396,7 @@ impl Acceptor {
         local: SocketAddr,
         now: u64,
     ) -> Result<Arc<Path>, String> {
-        let fabric = &*self.sh.fabric;
+        let fabric = &*sess.fabric;
         let qd = sess.queue_depth();
         let ai = self.sh.cfg.always_invalidate;
         let mrs = if ai {
@@ -472,10 +475,7 @@ impl Acceptor {
         let core = sh.core_of(msg.cid, path.sess.home);
         let caps = self.caps_for(msg.cid);
         let cq = sh.cqs[core].get();
-        let accepted = match cq {
-            Some(cq) => req.accept_on(cq, caps, &rsp),
-            None => req.accept(caps, &rsp),
-        };
+        let accepted = req.accept_into(&*path.sess.fabric, cq, caps, &rsp);
         let conn = match accepted {
             Ok(c) => c,
             Err(e) => {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::common::{IuPool, Uuid};
-use crate::fabric::FastMr;
+use crate::fabric::{Fabric, FastMr};
 use crate::proto::{ImmLayout, SgDesc};
 use crate::Errno;
 
@@ -63,6 +63,10 @@ pub(crate) struct Session {
     /// Core polling cid 0 of every path (heartbeats, INFO, link events, teardown).
     pub home: usize,
     pub layout: ImmLayout,
+    /// The session's own protection domain (`Fabric::domain`): its chunk pool, its paths'
+    /// buffers and key slots are registered there and its connections accepted into it,
+    /// so no key of it is valid on another session's connections.
+    pub fabric: Arc<dyn Fabric>,
     /// The chunk pool: queue_depth × chunk_size, registered once.
     pub chunks: ChunkPool,
     /// Path id executing on each chunk, 0 when free.
