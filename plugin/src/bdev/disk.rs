@@ -24,14 +24,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use rtrs_spdk::client::{MpPolicy, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Ctx;
-use rtrs_spdk::fabric::{Access, MemBuf, Psk};
+use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Psk};
 use rtrs_spdk::rnbd::client::{
     ClientEvent, DevHandle, DeviceInfo, LinkListener, RnbdAdmin, RnbdClientConfig, RnbdQueue,
 };
 use rtrs_spdk::spdk::{Driver, SpdkThread};
 
 use super::core_queue::{CoreDisk, CoreQueue, CoreSlot, SlotPoller};
-use super::fabric::{client_fabric, ClientFabric};
+use super::fabric::client_fabric;
 use super::memmap::MemMap;
 use super::params::{path_keys, CreateParams, PathParam};
 use super::task::ChanShared;
@@ -165,7 +165,10 @@ pub struct Disk {
     pub paths: Mutex<Vec<PathParam>>,
     /// The keys of the paths created with one (read from the keyring at create).
     psks: Vec<(PathAddr, Psk)>,
-    fabric: Arc<ClientFabric>,
+    /// The session's own protection domain of the transport's fabric, and SPDK's
+    /// memory registered there (a key of another session's never reaches it).
+    domain: Arc<dyn Fabric>,
+    mem: MemMap,
     driver: Arc<Driver>,
     cpus: Vec<u32>,
     slots: Box<[CoreSlot]>,
@@ -203,7 +206,7 @@ impl Disk {
     }
 
     pub fn mem(&self) -> &MemMap {
-        &self.fabric.mem
+        &self.mem
     }
 
     pub fn session(&self) -> Option<&Session> {
@@ -569,6 +572,18 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
             ))));
         }
     };
+    let domain = match fabric.fabric.domain() {
+        Ok(d) => d,
+        Err(e) => {
+            return on_open(Err(CreateError::NoMemory(format!(
+                "{M}: a protection domain for the session: {e}"
+            ))))
+        }
+    };
+    let mem = match MemMap::new(Arc::clone(&domain)) {
+        Ok(m) => m,
+        Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
+    };
     let (driver, cpus) = match make_driver(&name, params.hb_interval_ms) {
         Ok(d) => d,
         Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
@@ -585,7 +600,8 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         paths: Mutex::new(params.paths.clone()),
         psks,
         params,
-        fabric,
+        domain,
+        mem,
         driver: Arc::clone(&driver),
         cpus,
         slots,
@@ -613,7 +629,7 @@ fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
         disk.stop();
     };
     let links = LinkListener::new();
-    let fabric = Arc::clone(&disk.fabric.fabric);
+    let fabric = Arc::clone(&disk.domain);
     let (session, cores) = match Session::open(
         cx,
         Arc::clone(&fabric),

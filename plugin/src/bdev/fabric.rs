@@ -1,6 +1,7 @@
 //! The client side's fabrics, one per transport for the whole application: `tcp` uses
-//! the tcp fabric, `rdma` the verbs fabric over the first RDMA device. SPDK's memory is
-//! registered with each ([`MemMap`]), so bdev IO buffers go out as they are.
+//! the tcp fabric, `rdma` the verbs fabric over the first RDMA device. Each disk's session
+//! takes a protection domain of it (`Fabric::domain`), with SPDK's memory registered there
+//! (`super::memmap::MemMap`), so bdev IO buffers go out as they are.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,14 +9,12 @@ use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::Fabric;
 
-use super::memmap::MemMap;
 use super::params::Transport;
 
-/// The client side's fabric of one transport and the SPDK memory registered with it,
-/// shared by every rtrs bdev of the application using that transport.
+/// The client side's fabric of one transport (its device), shared by every rtrs bdev of
+/// the application using that transport.
 pub struct ClientFabric {
     pub fabric: Arc<dyn Fabric>,
-    pub mem: MemMap,
 }
 
 /// The application's client fabrics: tcp, rdma (each created on first use).
@@ -29,14 +28,13 @@ fn slot(t: Transport) -> usize {
 }
 
 /// The client fabric of `transport`, created on first use: the tcp fabric, or the verbs
-/// fabric over the first RDMA device. SPDK's memory is registered with it (memmap), so
-/// bdev IO buffers go out as they are. A failed creation is not remembered (a device
-/// may appear later).
+/// fabric over the first RDMA device. A failed creation is not remembered (a device may
+/// appear later).
 ///
 /// # Errors
 /// The fabric cannot be opened (for rdma on a machine without a device: the fabric's
-/// "no RDMA device found ..." text), or SPDK's memory cannot be registered with it. The
-/// message does not name the RPC field; the caller prefixes it.
+/// "no RDMA device found ..." text). The message does not name the RPC field; the caller
+/// prefixes it.
 pub fn client_fabric(transport: Transport) -> Result<Arc<ClientFabric>, String> {
     let mut g = CLIENT_FABRICS
         .lock()
@@ -49,13 +47,12 @@ pub fn client_fabric(transport: Transport) -> Result<Arc<ClientFabric>, String> 
         Transport::Tcp => Arc::new(TcpFabric::new()),
         Transport::Rdma => Arc::new(VerbsFabric::open(None).map_err(|e| e.to_string())?),
     };
-    let mem = MemMap::new(Arc::clone(&fabric))?;
-    let f = Arc::new(ClientFabric { fabric, mem });
+    let f = Arc::new(ClientFabric { fabric });
     *entry = Some(Arc::clone(&f));
     Ok(f)
 }
 
-/// `module_fini`: every bdev is gone; SPDK's memory is released from the fabrics.
+/// `module_fini`: every bdev is gone; the fabrics go.
 pub fn release_all() {
     if let Ok(mut g) = CLIENT_FABRICS.lock() {
         for f in g.iter_mut() {

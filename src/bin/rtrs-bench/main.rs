@@ -397,6 +397,11 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
+    // The session's own protection domain: its buffers are registered there and its
+    // connections made from it, so no other session's keys reach them.
+    let fabric = fabric
+        .domain()
+        .map_err(|e| failed(format!("the session's protection domain: {e}")))?;
     let setup = Setup::new(
         fabric,
         device.clone(),
