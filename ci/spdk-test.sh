@@ -355,8 +355,10 @@ scenario_unexport() {
 	rpc tgt rtrs_target_unexport malloc0 || return 1
 	wait "$perf"
 	local st
-	st=$(app_wait bp 60) || { echo "bdevperf did not stop after its IO failed"; return 1; }
-	if [[ "$st" -ge 128 ]]; then
+	app_wait bp 60 || { echo "bdevperf did not stop after its IO failed"; return 1; }
+	st=$APP_STATUS
+	# bdevperf exits with 255 (-1) after failed IO; 129..192 is death by a signal.
+	if [[ "$st" -gt 128 && "$st" -le 192 ]]; then
 		echo "bdevperf died by signal $((st - 128))"
 		return 1
 	fi
@@ -403,7 +405,8 @@ scenario_outage_timeout() {
 	# The target stays stopped until bdevperf has given up (the outage outlasts the timeout).
 	wait "$perf"
 	kill -CONT "$tgt" || return 1
-	st=$(app_wait bpto 60) || { echo "bdevperf did not stop after its IO failed"; return 1; }
+	app_wait bpto 60 || { echo "bdevperf did not stop after its IO failed"; return 1; }
+	st=$APP_STATUS
 	# bdevperf exits with 255 (-1) after failed IO; 129..192 is death by a signal.
 	if [[ "$st" -gt 128 && "$st" -le 192 ]]; then
 		echo "bdevperf died by signal $((st - 128))"
