@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The SPDK tests: the plugin loaded into real SPDK applications on this
-# machine. Target apps run on core 0 (-m 0x1), client apps on core 1 (-m 0x2).
+# machine. Target and client apps run on two cores each (-m 0x3; the cores are shared),
+# so every disk and the target have threads on more than one core.
 #
 # Finds SPDK through $SPDK_DIR, else /opt/spdk (the README's default); without SPDK it
 # prints one SKIPPED line and succeeds. Each scenario has a time limit; a trap stops
@@ -47,8 +48,8 @@ MEM=(--no-huge -s 1024 --disable-cpumask-locks)
 TGT_MEM=(--no-huge -s 2048 --disable-cpumask-locks)
 # Base of the TCP ports the scenarios listen on (set it to run two copies side by side).
 PB=${RTRS_TEST_PORT_BASE:-14420}
-TGT_MASK=0x1
-CLT_MASK=0x2
+TGT_MASK=0x3
+CLT_MASK=0x3
 PASSED=0
 FAILED=0
 FAILED_NAMES=()
@@ -68,7 +69,7 @@ start_target() {
 	rpc "$name" rtrs_target_export malloc0 -a rw || return 1
 }
 
-# A bdevperf client on core 1 whose --json creates rtrs bdev "rtrs0", waiting for
+# A bdevperf client on two cores whose --json creates rtrs bdev "rtrs0", waiting for
 # perform_tests (-z). Extra bdevperf arguments follow the ports; after them, `-- KEYS`
 # (NAME=FILE,...) adds keyring keys and authenticates the paths with the first.
 start_bdevperf() {
