@@ -17,11 +17,11 @@
 # clean shutdown.
 #
 # Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
-# one SKIPPED line and exits 0; no part of it is ever skipped otherwise). Target on core 0
-# (SPDK_TGT_MASK, default 0x1), client pinned to core 1. The target listens on
-# RTRS_TEST_PORT_BASE + 90 (the port after ci/spdk-test.sh's), or a random port in
-# 20000..39999 when that is unset. Every wait is bounded. Ends with "spdk target tests:
-# N passed, M failed".
+# one SKIPPED line and exits 0; no part of it is ever skipped otherwise). Target on two
+# cores (SPDK_TGT_MASK, default 0x3; the cores are shared), client pinned to core 1. The
+# target listens on RTRS_TEST_PORT_BASE + 90 (the port after ci/spdk-test.sh's), or a
+# random port in 20000..39999 when that is unset. Every wait is bounded. Ends with "spdk
+# target tests: N passed, M failed".
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ if [ -z "$TGT" ]; then
 fi
 export LD_LIBRARY_PATH="$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib:$SPDK_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-MASK=${SPDK_TGT_MASK:-0x1}
+MASK=${SPDK_TGT_MASK:-0x3}
 WORK=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
 SOCK=$WORK/tgt.sock
 if [ -n "${RTRS_TEST_PORT_BASE:-}" ]; then

@@ -22,6 +22,8 @@ static struct spdk_bdev_module g_rtrs_bdev_module = {
 	.module_fini = rtrs_bdev_module_fini,
 	.config_json = rtrs_bdev_module_config_json,
 	.get_ctx_size = rtrs_bdev_module_ctx_size,
+	/* module_fini waits for disks still closing; it calls spdk_bdev_module_fini_done. */
+	.async_fini = true,
 };
 
 SPDK_BDEV_MODULE_REGISTER(rtrs, &g_rtrs_bdev_module)

@@ -116,20 +116,21 @@ app_alive() {
 	kill -0 "$pid" 2>/dev/null
 }
 
-# Waits for an application to exit by itself; prints its exit status.
+# app_wait NAME [SECONDS] : waits (30 s by default) for an application to exit by itself
+# and sets APP_STATUS to its exit status; returns 1 if it is still running. Call it in the
+# shell that started the application, not in $(...): a subshell cannot reap it and
+# reads -1 for a status that arrives while it waits.
 app_wait() {
 	local name=$1 limit=${2:-30} pid i
+	APP_STATUS=
 	pid=$(app_pid "$name") || return 1
 	for ((i = 0; i < limit * 10; i++)); do
 		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
-	if kill -0 "$pid" 2>/dev/null; then
-		echo timeout
-		return 1
-	fi
+	kill -0 "$pid" 2>/dev/null && return 1
 	wait "$pid" 2>/dev/null
-	echo $?
+	APP_STATUS=$?
 	rm -f "$APP_DIR/pids/$name"
 }
 

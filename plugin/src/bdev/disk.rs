@@ -16,7 +16,8 @@
 //! unregistered → [`Disk::close`] (*closing*): the admin on core 0's queue sends CLOSE,
 //! the session closes, its paths go → the threads stop → the bdev is released
 //! (*closed*). Core 0's queue drives these steps through [`CoreDisk`], which the disk
-//! implements.
+//! implements. The module's fini ([`stop_all`]) fails the disks still opening and ends
+//! once the last disk is closed.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -183,21 +184,74 @@ pub struct Disk {
     last_err_log: AtomicU64,
 }
 
-static DISKS: Mutex<Vec<Arc<Disk>>> = Mutex::new(Vec::new());
+/// Every rtrs bdev, including those still opening or closing, and the module's fini
+/// once it started.
+struct Registry {
+    disks: Vec<Arc<Disk>>,
+    /// The module's fini ran: no new disk.
+    stopping: bool,
+    /// The module's fini, waiting for the last disk to go.
+    on_empty: Option<OnClosed>,
+}
 
-/// Every rtrs bdev, including those still opening or closing.
-fn registry() -> MutexGuard<'static, Vec<Arc<Disk>>> {
+static DISKS: Mutex<Registry> = Mutex::new(Registry {
+    disks: Vec::new(),
+    stopping: false,
+    on_empty: None,
+});
+
+fn registry() -> MutexGuard<'static, Registry> {
     lock(&DISKS)
+}
+
+/// Removes `disk` from the registry; returns the module's fini when that was the last.
+fn forget(disk: &Arc<Disk>) -> Option<OnClosed> {
+    let mut r = registry();
+    r.disks.retain(|d| !Arc::ptr_eq(d, disk));
+    if r.disks.is_empty() {
+        r.on_empty.take()
+    } else {
+        None
+    }
 }
 
 /// The disk named `name` (opening, open or closing).
 pub fn find(name: &str) -> Option<Arc<Disk>> {
-    registry().iter().find(|d| d.name() == name).cloned()
+    registry().disks.iter().find(|d| d.name() == name).cloned()
 }
 
 /// Every disk (opening, open or closing).
 pub fn all() -> Vec<Arc<Disk>> {
-    registry().clone()
+    registry().disks.clone()
+}
+
+/// The module's fini (application thread), after the bdev layer unregistered every bdev,
+/// so every disk that had one is gone: no disk is created from now on, one still opening
+/// fails ("the application is stopping") and closes, and `done` runs once the last disk
+/// is down — at once when there is none.
+pub fn stop_all(done: OnClosed) {
+    let disks = {
+        let mut r = registry();
+        r.stopping = true;
+        r.disks.clone()
+    };
+    for d in &disks {
+        if matches!(*d.life.lock(), Life::Opening { .. } | Life::Registering) {
+            d.open_failed("the application is stopping");
+            d.wake(0);
+        }
+    }
+    let mut r = registry();
+    if r.disks.is_empty() {
+        drop(r);
+        done();
+    } else {
+        tracing::info!(
+            "rtrs bdev: waiting for {} disk(s) to close before the module finishes",
+            r.disks.len()
+        );
+        r.on_empty = Some(done);
+    }
 }
 
 impl Disk {
@@ -380,14 +434,18 @@ impl Disk {
     }
 
     /// Everything is down (application thread): release the bdev and forget the disk.
+    /// Runs the module's fini last when this was the last disk.
     fn finished(self: Arc<Self>) {
-        registry().retain(|d| !Arc::ptr_eq(d, &self));
+        let on_empty = forget(&self);
         let on_closed = match std::mem::replace(&mut *self.life.lock(), Life::Closed) {
             Life::Open { on_closed } => Some(on_closed),
             Life::Closing { on_closed, .. } => on_closed,
             _ => None,
         };
         if let Some(f) = on_closed {
+            f();
+        }
+        if let Some(f) = on_empty {
             f();
         }
     }
@@ -547,7 +605,12 @@ pub fn errno_str(rc: i32) -> String {
 pub fn create(params: CreateParams, on_open: OnOpen) {
     const M: &str = "bdev_rtrs_create";
     let name = params.name.clone();
-    let taken = registry().iter().any(|d| d.name() == name) || {
+    if registry().stopping {
+        return on_open(Err(CreateError::Invalid(format!(
+            "{M}: 'name' = {name:?}: the application is stopping"
+        ))));
+    }
+    let taken = registry().disks.iter().any(|d| d.name() == name) || {
         let c = CString::new(name.clone()).unwrap_or_default();
         // SAFETY: lookup by a NUL-terminated name.
         !unsafe { rtrs_spdk::spdk::sys::spdk_bdev_get_by_name(c.as_ptr()) }.is_null()
@@ -612,12 +675,16 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         on_open: Mutex::new(Some(on_open)),
         last_err_log: AtomicU64::new(0),
     });
-    registry().push(Arc::clone(&disk));
+    registry().disks.push(Arc::clone(&disk));
     let d = Arc::clone(&disk);
     if driver.run_on(0, move |cx| start(cx, d)).is_err() {
         disk.open_failed("could not reach the disk's home core");
-        registry().retain(|x| !Arc::ptr_eq(x, &disk));
-        stop_driver(&driver, || {});
+        let on_empty = forget(&disk);
+        stop_driver(&driver, move || {
+            if let Some(f) = on_empty {
+                f();
+            }
+        });
     }
 }
 

@@ -13,7 +13,7 @@ use rtrs_spdk::spdk::{sys, BdevIoType};
 use serde_json::json;
 
 use super::channel;
-use super::disk::{errno_str, Disk};
+use super::disk::{self, errno_str, Disk};
 use super::fabric;
 use super::info;
 use super::task;
@@ -34,11 +34,19 @@ pub extern "C" fn rtrs_bdev_module_init() -> c_int {
     0
 }
 
-/// `module_fini`: every bdev is gone (the bdev layer unregistered them); release SPDK's
-/// memory from the fabrics.
+/// `module_fini` (the module finishes asynchronously: `async_fini` in the shim): every
+/// bdev is gone (the bdev layer unregistered them, and each one's destruct completed once
+/// its disk was down), but a disk still opening or closing after a failed
+/// `bdev_rtrs_create` has threads and pollers of its own. Once the last disk is down,
+/// SPDK's memory is released from the fabrics and the bdev layer is told the module is
+/// done (`spdk_bdev_module_fini_done`).
 #[no_mangle]
 pub extern "C" fn rtrs_bdev_module_fini() {
-    fabric::release_all();
+    disk::stop_all(Box::new(|| {
+        fabric::release_all();
+        // SAFETY: the completion of this module's asynchronous fini, called once.
+        unsafe { sys::spdk_bdev_module_fini_done() };
+    }));
 }
 
 /// `config_json`: no module-wide options; each bdev writes its own create call.

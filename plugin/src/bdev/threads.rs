@@ -4,7 +4,8 @@
 //! pollers on them. [`make_driver`] starts them, [`stop_driver`] drops their pollers and
 //! lets ours exit.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rtrs_spdk::engine::PollPace;
 use rtrs_spdk::spdk::{app_cores, Driver, SpdkThread};
@@ -62,45 +63,70 @@ pub fn make_driver(name: &str, hb_interval_ms: u64) -> Result<(Arc<Driver>, Vec<
 }
 
 /// Drops every core's pollers, lets the threads of ours exit, then runs `done` on the
-/// calling thread (core 0's, the application thread).
+/// calling thread (core 0's, the application thread), once every core's pollers are gone.
+///
+/// Each thread of ours gets one message from here, and it is the last anything sends it:
+/// it drops that core's pollers, counts the core out and only then asks SPDK to end the
+/// thread. SPDK marks an exiting thread exited as soon as its message ring is empty,
+/// refuses messages to it from then on and frees it once its reactor sees it exited, so
+/// the completion travels back from the cores rather than through them
+/// (docs/ARCHITECTURE.md, "The SPDK bdev: who polls a core's connection").
 pub fn stop_driver<F: FnOnce() + Send + 'static>(driver: &Arc<Driver>, done: F) {
+    let out = Arc::new(CountOut {
+        left: AtomicUsize::new(driver.cores()),
+        done: Mutex::new(Some(done)),
+        back: SpdkThread::current(),
+    });
     for k in 1..driver.cores() {
-        let d = Arc::clone(driver);
+        let (d, o) = (Arc::clone(driver), Arc::clone(&out));
         let sent = driver.run_on(k, move |_cx| {
             d.shutdown_core();
             d.drop_core();
+            o.one_out();
             if let Some(t) = d.thread(k) {
                 if t.exit().is_err() {
                     tracing::warn!("rtrs bdev: core {k}'s thread could not be told to exit");
                 }
             }
         });
-        if sent.is_err() {
-            tracing::warn!("rtrs bdev: could not stop core {k}");
+        if let Err(e) = sent {
+            // Never taken by the core: its pollers stay, but the stop completes.
+            tracing::error!("rtrs bdev: could not stop core {k}: {e}");
+            out.one_out();
         }
     }
     driver.shutdown_core();
     driver.drop_core();
-    // Core k's message runs before any later message to the same thread: post `done` behind
-    // a round trip through the last core so the other cores' pollers are gone first.
-    match driver.cores() {
-        1 => done(),
-        n => {
-            let back = SpdkThread::current();
-            let sent = driver.run_on(n - 1, move |_cx| match back {
-                Some(t) => {
-                    if t.send(done).is_err() {
-                        tracing::error!("rtrs bdev: could not post the stop completion");
-                    }
+    out.one_out();
+}
+
+/// The cores of a stopping driver not yet done, and what runs once none is left.
+struct CountOut<F> {
+    left: AtomicUsize,
+    done: Mutex<Option<F>>,
+    /// Where `done` runs (the thread that stopped the driver).
+    back: Option<SpdkThread>,
+}
+
+impl<F: FnOnce() + Send + 'static> CountOut<F> {
+    /// One core is done; the last one runs `done` on `back` (in place when it is `back`).
+    fn one_out(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // A poisoned lock still holds the completion: run it all the same.
+        let mut slot = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(done) = slot.take() else {
+            return;
+        };
+        drop(slot);
+        match self.back {
+            Some(t) if !t.is_current() => {
+                if t.send(done).is_err() {
+                    tracing::error!("rtrs bdev: could not post the stop completion");
                 }
-                None => done(),
-            });
-            if sent.is_err() {
-                tracing::error!(
-                    "rtrs bdev: could not reach core {} to finish stopping",
-                    n - 1
-                );
             }
+            _ => done(),
         }
     }
 }
