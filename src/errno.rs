@@ -67,6 +67,7 @@ errnos!(
     EHOSTUNREACH,
     ECANCELED,
     ENOTBLK,
+    EUSERS,
 );
 
 impl Errno {

@@ -146,7 +146,8 @@ def bdev_rtrs_set_mp_policy(client, name, mp_policy):
 
 def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None,
                             handshake_timeout_ms=None, max_pending=None,
-                            max_pending_per_source=None):
+                            max_pending_per_source=None, max_sessions=None,
+                            max_sessions_per_source=None):
     """Set RTRS target options (before the first listener).
 
     Args:
@@ -157,11 +158,16 @@ def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, ch
             time (default 5000)
         max_pending: most connections still in their handshake per listener (default 256)
         max_pending_per_source: most of them from one source address (default 32)
+        max_sessions: most established sessions, each holding queue_depth x chunk_size
+            bytes of chunks (default 0: as many as fit in a quarter of the memory, 4..1024)
+        max_sessions_per_source: most established sessions from one source address
+            (IPv6: one /64; default 16)
     """
     return client.call('rtrs_target_set_options', _drop_none({
         'always_invalidate': always_invalidate, 'queue_depth': queue_depth,
         'chunk_size': chunk_size, 'handshake_timeout_ms': handshake_timeout_ms,
-        'max_pending': max_pending, 'max_pending_per_source': max_pending_per_source}))
+        'max_pending': max_pending, 'max_pending_per_source': max_pending_per_source,
+        'max_sessions': max_sessions, 'max_sessions_per_source': max_sessions_per_source}))
 
 
 def rtrs_target_listen(client, transport, addr, port=None, psk=None):
@@ -324,7 +330,9 @@ def spdk_rpc_plugin_initialize(subparsers):
                                 queue_depth=args.queue_depth, chunk_size=args.chunk_size,
                                 handshake_timeout_ms=args.handshake_timeout_ms,
                                 max_pending=args.max_pending,
-                                max_pending_per_source=args.max_pending_per_source)
+                                max_pending_per_source=args.max_pending_per_source,
+                                max_sessions=args.max_sessions,
+                                max_sessions_per_source=args.max_sessions_per_source)
 
     p = subparsers.add_parser('rtrs_target_set_options',
                               help='Set RTRS target options (before the first listener)')
@@ -343,6 +351,12 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-S', '--max-pending-per-source', type=int,
                    help='Most connections still in their handshake from one source '
                         'address. Default: 32')
+    p.add_argument('-M', '--max-sessions', type=int,
+                   help='Most established sessions (each holds queue_depth x chunk_size '
+                        'bytes). Default: 0, as many as fit in a quarter of the memory')
+    p.add_argument('-X', '--max-sessions-per-source', type=int,
+                   help='Most established sessions from one source address (IPv6: /64). '
+                        'Default: 16')
     p.set_defaults(func=_rtrs_target_set_options)
 
     def _listen_args(p):

@@ -7,6 +7,7 @@
 //! | errno | the server means | kind |
 //! |---|---|---|
 //! | ENOMEM | no memory for the session's chunk pool or the path's buffers and keys | permanent |
+//! | EUSERS | the target holds as many sessions as its caps allow (in all, or from this address) | permanent |
 //! | EINVAL, EPROTO, EPROTONOSUPPORT, EOPNOTSUPP | it does not accept what the client asks | permanent |
 //! | EPERM, EACCES | the client is not allowed | permanent |
 //! | ECONNRESET | a malformed or out-of-order request, a path in the wrong state (races of reconnects) | transient |
@@ -45,6 +46,7 @@ pub enum RejectKind {
 pub fn reject_kind(errno: Errno) -> RejectKind {
     match errno.get() {
         libc::ENOMEM
+        | libc::EUSERS
         | libc::EINVAL
         | libc::EPROTO
         | libc::EPROTONOSUPPORT
@@ -59,6 +61,10 @@ pub fn reject_kind(errno: Errno) -> RejectKind {
 pub fn reject_reason(errno: Errno) -> String {
     let (what, name) = match errno.get() {
         libc::ENOMEM => ("out of memory for its chunk pool or path buffers", "ENOMEM"),
+        libc::EUSERS => (
+            "it holds as many sessions as its caps allow (max_sessions, max_sessions_per_source)",
+            "EUSERS",
+        ),
         libc::EINVAL => ("invalid connection parameters", "EINVAL"),
         libc::EPROTO => ("protocol error", "EPROTO"),
         libc::EPROTONOSUPPORT => ("protocol version not supported", "EPROTONOSUPPORT"),

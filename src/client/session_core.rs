@@ -534,10 +534,14 @@ impl SessionCore {
             params.max_hdr_size as usize,
             Access::LOCAL_WRITE,
         );
-        let bounce = self.fabric.register(
-            MemBuf::zeroed(cnt * params.max_io_size as usize),
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        );
+        // Sized by the server's limits: a refusal, not an abort, when they are beyond
+        // what this process can have.
+        let bounce = MemBuf::try_zeroed(cnt * params.max_io_size as usize)
+            .map_err(crate::fabric::FabricError::from)
+            .and_then(|b| {
+                self.fabric
+                    .register(b, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            });
         match (hdr, bounce) {
             (Ok(hdr), Ok(bounce)) => {
                 self.sizing = Sizing::Ready(Ready {

@@ -43,7 +43,7 @@ impl IuPool {
                 len: usize::MAX,
                 reason: format!("{count} message buffers of {size} bytes overflow"),
             })?;
-        let mr = fabric.register(MemBuf::zeroed(len), access)?;
+        let mr = fabric.register(MemBuf::try_zeroed(len)?, access)?;
         Ok(IuPool { mr, size, count })
     }
 

@@ -59,3 +59,12 @@ pub enum FabricError {
         source: std::io::Error,
     },
 }
+
+impl From<super::mem::AllocError> for FabricError {
+    fn from(e: super::mem::AllocError) -> FabricError {
+        FabricError::Register {
+            len: e.len,
+            reason: "out of memory".into(),
+        }
+    }
+}

@@ -32,23 +32,58 @@ unsafe impl Send for MemBuf {}
 // SAFETY: shared access only hands out raw pointers or copies; see the module doc.
 unsafe impl Sync for MemBuf {}
 
+/// A [`MemBuf`] could not be allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocError {
+    pub len: usize,
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot allocate {} bytes of memory", self.len)
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// Where a large mapping is asked to go: at random in the lower half of the user address
+/// space (2 MiB aligned), so that one buffer's address says nothing of another's (a
+/// session's chunk pool is not found from a neighbour's). The kernel treats it as a hint.
+fn random_hint() -> *mut libc::c_void {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return std::ptr::null_mut();
+    }
+    const LO: u64 = 1 << 40;
+    const SPAN: u64 = (1 << 46) - LO;
+    let at = LO + (u64::from_le_bytes(b) % SPAN);
+    (at & !((2 << 20) - 1)) as *mut libc::c_void
+}
+
 impl MemBuf {
     /// Allocates `len` zeroed bytes aligned to [`MEM_ALIGN`].
     ///
-    /// Buffers of [`MMAP_MIN`] bytes or more are anonymous mappings: the kernel hands out
-    /// zero pages on first touch, so a pool sized for the worst case (a session's bounce
-    /// buffers, a target's chunks) costs resident memory only for what is used.
+    /// Buffers of [`MMAP_MIN`] bytes or more are anonymous mappings at a random address:
+    /// the kernel hands out zero pages on first touch, so a pool sized for the worst case
+    /// (a session's bounce buffers, a target's chunks) costs resident memory only for
+    /// what is used.
+    ///
+    /// # Errors
+    /// [`AllocError`] when the memory cannot be had (address-space limit, overcommit
+    /// policy): whatever a peer can make us allocate goes through here, so that a
+    /// refusal, not an abort, answers it.
     ///
     /// # Panics
-    /// When `len` is 0 or the allocation fails (as `Vec` does on out-of-memory).
-    pub fn zeroed(len: usize) -> MemBuf {
+    /// When `len` is 0.
+    pub fn try_zeroed(len: usize) -> Result<MemBuf, AllocError> {
         assert!(len > 0, "MemBuf of zero bytes");
-        let layout = Layout::from_size_align(len, MEM_ALIGN).expect("MemBuf layout");
+        let fail = AllocError { len };
         if len >= MMAP_MIN {
-            // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+            // SAFETY: a fresh private anonymous mapping (the address is only a hint, never
+            // MAP_FIXED); no existing memory is affected.
             let raw = unsafe {
                 libc::mmap(
-                    std::ptr::null_mut(),
+                    random_hint(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
@@ -57,16 +92,27 @@ impl MemBuf {
                 )
             };
             if raw == libc::MAP_FAILED {
-                alloc::handle_alloc_error(layout);
+                return Err(fail);
             }
-            let ptr =
-                NonNull::new(raw.cast::<u8>()).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-            return MemBuf { ptr, len };
+            let ptr = NonNull::new(raw.cast::<u8>()).ok_or(fail)?;
+            return Ok(MemBuf { ptr, len });
         }
+        let layout = Layout::from_size_align(len, MEM_ALIGN).map_err(|_| fail)?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        MemBuf { ptr, len }
+        let ptr = NonNull::new(raw).ok_or(fail)?;
+        Ok(MemBuf { ptr, len })
+    }
+
+    /// [`MemBuf::try_zeroed`] for memory the caller sizes itself.
+    ///
+    /// # Panics
+    /// When `len` is 0 or the allocation fails (as `Vec` does on out-of-memory).
+    pub fn zeroed(len: usize) -> MemBuf {
+        MemBuf::try_zeroed(len).unwrap_or_else(|e| {
+            let layout = Layout::from_size_align(e.len, MEM_ALIGN).unwrap_or(Layout::new::<u8>());
+            alloc::handle_alloc_error(layout)
+        })
     }
 
     pub fn len(&self) -> usize {

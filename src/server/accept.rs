@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{Con, IuPool, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
-use crate::fabric::admission::victim;
+use crate::fabric::admission::{self, victim};
 use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
@@ -208,6 +208,16 @@ impl Acceptor {
                 return (Err((Errno::ENXIO, why)), zombies, evicted);
             }
             None => match self.make_room(&t, peer, &mut evicted).and_then(|()| {
+                let source = admission::source_of(peer.ip());
+                let cfg = &self.sh.cfg;
+                if let Some(why) = t.over_cap(
+                    self.sh.session_cap,
+                    cfg.max_sessions_per_source,
+                    source,
+                    None,
+                ) {
+                    return Err((Errno::EUSERS, why));
+                }
                 self.new_session(msg.paths_uuid)
                     .map_err(|w| (Errno::ENOMEM, w))
             }) {
@@ -217,6 +227,8 @@ impl Acceptor {
                         paths: Vec::new(),
                         all: Vec::new(),
                         up: 0,
+                        established: false,
+                        source: admission::source_of(peer.ip()),
                     });
                     t.sessions.len() - 1
                 }

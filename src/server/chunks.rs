@@ -91,9 +91,8 @@ impl ChunkAlloc for HeapChunks {
         if len == 0 {
             return Err("chunk pool of 0 bytes".into());
         }
-        let mr = fabric
-            .register(MemBuf::zeroed(len), access)
-            .map_err(|e| e.to_string())?;
+        let buf = MemBuf::try_zeroed(len).map_err(|e| e.to_string())?;
+        let mr = fabric.register(buf, access).map_err(|e| e.to_string())?;
         Ok(ChunkPool::owned(mr, self.kind()))
     }
 }

@@ -33,6 +33,14 @@ pub struct ServerConfig {
     /// path, including those still closing, never exceed twice the cap (beyond, new
     /// sessions are refused with −EBUSY). Default 256.
     pub max_pending_sessions: usize,
+    /// Most established sessions (those that had a connected path and still hold their
+    /// chunk pool, each `queue_depth × chunk_size` bytes): a new session beyond it is
+    /// refused with −EUSERS. 0 (the default) derives it from the machine: as many pools as
+    /// fit in a quarter of its memory, at least 4 and at most 1024 ([`ServerConfig::session_cap`]).
+    pub max_sessions: usize,
+    /// Most established sessions from one client address (IPv6: one /64), refused with
+    /// −EUSERS beyond; default 16 (at most `max_sessions`).
+    pub max_sessions_per_source: usize,
     /// Connections still in their handshake: the deadline (default 5 s; for the fabric's
     /// handshake, and for a path's RTRS handshake from its first connection request to
     /// INFO_REQ) and the caps on such connections per listener (default 256 in total,
@@ -55,6 +63,8 @@ impl Default for ServerConfig {
             max_hdr: DEFAULT_MAX_HDR_SIZE,
             hb: HbConfig::default(),
             max_pending_sessions: 256,
+            max_sessions: 0,
+            max_sessions_per_source: 16,
             admission: Admission::default(),
             chunk_alloc: ChunkAllocator::default(),
             psk: None,
@@ -66,6 +76,30 @@ impl ServerConfig {
     /// `chunk_size − max_hdr`, sent as conn_rsp.max_io_size.
     pub fn max_io_size(&self) -> u32 {
         self.chunk_size.saturating_sub(self.max_hdr)
+    }
+
+    /// The bytes of one session's chunk pool.
+    pub fn pool_bytes(&self) -> u64 {
+        u64::from(self.queue_depth) * u64::from(self.chunk_size)
+    }
+
+    /// The cap on established sessions in effect: `max_sessions`, or where it is 0 as
+    /// many chunk pools as fit in a quarter of the machine's memory (`MemTotal` of
+    /// /proc/meminfo; 16 GiB where it cannot be read), between 4 and 1024.
+    pub fn session_cap(&self) -> usize {
+        if self.max_sessions > 0 {
+            return self.max_sessions;
+        }
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            })
+            .map_or(16 << 30, |kib| kib << 10);
+        let fit = total / 4 / self.pool_bytes().max(1);
+        fit.clamp(4, 1024) as usize
     }
 
     /// Checks the parameters as the kernel checks its module parameters.
@@ -106,6 +140,9 @@ impl ServerConfig {
         }
         if self.max_pending_sessions == 0 {
             return bad("max_pending_sessions", 0, "must be at least 1");
+        }
+        if self.max_sessions_per_source == 0 {
+            return bad("max_sessions_per_source", 0, "must be at least 1");
         }
         if let Err(e) = self.admission.validate() {
             return Err(ServerError::Config {

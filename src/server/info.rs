@@ -67,6 +67,21 @@ pub(crate) fn on_info_req(
                 format_args!("session name {name:?} is used by another session (EPERM)"),
             );
         }
+        // Sessions set up side by side may have passed the caps together when they were
+        // made: the first path to connect makes the session count, if there is room.
+        let over = match t.sessions.iter().find(|e| e.sess.id == path.sess.id) {
+            Some(e) if !e.established => t.over_cap(
+                sh.session_cap,
+                sh.cfg.max_sessions_per_source,
+                e.source,
+                Some(path.sess.id),
+            ),
+            _ => None,
+        };
+        if let Some(why) = over {
+            drop(t);
+            return slot.close_path(sh, cx, format_args!("{why} (EUSERS)"));
+        }
         if path
             .state
             .compare_exchange(CONNECTING, CONNECTED, Ordering::AcqRel, Ordering::Acquire)
@@ -85,6 +100,7 @@ pub(crate) fn on_info_req(
         match t.by_id(path.sess.id) {
             Some(e) => {
                 e.up += 1;
+                e.established = true;
                 e.up == 1
             }
             None => false,

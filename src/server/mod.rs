@@ -114,7 +114,9 @@ impl Server {
         let addrs = listeners.iter().map(|l| l.local_addr()).collect();
         let ncores = cx.cores().max(1);
         let inv_at_post = fabric.caps().local_ops_at_post;
+        let session_cap = config.session_cap();
         let sh = Arc::new(ServerState {
+            session_cap,
             cfg: config,
             fabric,
             inv_at_post,

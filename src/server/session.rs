@@ -302,6 +302,12 @@ pub(crate) struct SessEntry {
     pub all: Vec<Arc<Path>>,
     /// Paths that reached CONNECTED and are not finalised.
     pub up: usize,
+    /// A path of it reached CONNECTED once: it counts against the session caps
+    /// (`ServerConfig::max_sessions`) until it is gone.
+    pub established: bool,
+    /// The client address it came from (its first connection request), as the session
+    /// caps count sources (`fabric::admission::source_of`: IPv6 per /64).
+    pub source: std::net::IpAddr,
 }
 
 /// All sessions, under one lock (control path only).
@@ -313,6 +319,37 @@ pub(crate) struct Sessions {
 impl Sessions {
     pub fn by_id(&mut self, id: SessionId) -> Option<&mut SessEntry> {
         self.sessions.iter_mut().find(|e| e.sess.id == id)
+    }
+
+    /// Why one more established session from `source` would exceed the caps (`cap` in
+    /// all, `per_source` from one source), not counting session `except` (the one being
+    /// established), or `None` when it would not.
+    pub fn over_cap(
+        &self,
+        cap: usize,
+        per_source: usize,
+        source: std::net::IpAddr,
+        except: Option<SessionId>,
+    ) -> Option<String> {
+        let counted = || {
+            self.sessions
+                .iter()
+                .filter(move |e| e.established && Some(e.sess.id) != except)
+        };
+        let all = counted().count();
+        if all >= cap {
+            return Some(format!(
+                "the target holds {all} sessions, its cap (max_sessions {cap})"
+            ));
+        }
+        let mine = counted().filter(|e| e.source == source).count();
+        if mine >= per_source.min(cap) {
+            return Some(format!(
+                "{mine} sessions from {source} already, the cap per source \
+                 (max_sessions_per_source {per_source})"
+            ));
+        }
+        None
     }
 }
 

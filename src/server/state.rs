@@ -29,6 +29,8 @@ pub(crate) enum PathWork {
 
 pub(crate) struct ServerState {
     pub cfg: ServerConfig,
+    /// The cap on established sessions in effect ([`ServerConfig::session_cap`]).
+    pub session_cap: usize,
     pub fabric: Arc<dyn Fabric>,
     /// The fabric's [`FabricCaps::local_ops_at_post`](crate::fabric::FabricCaps): a
     /// request's LOCAL_INV of its chunk key is done once posted, so the request goes on

@@ -59,6 +59,10 @@ pub struct TargetOptions {
     pub chunk_size: u32,
     /// Connections still in their handshake: deadline and caps (every listener).
     pub admission: Admission,
+    /// Established sessions in all (0: derived from the machine's memory) and from one
+    /// source address (`ServerConfig::max_sessions`, `max_sessions_per_source`).
+    pub max_sessions: usize,
+    pub max_sessions_per_source: usize,
 }
 
 impl Default for TargetOptions {
@@ -69,6 +73,8 @@ impl Default for TargetOptions {
             queue_depth: d.queue_depth,
             chunk_size: d.chunk_size,
             admission: d.admission,
+            max_sessions: d.max_sessions,
+            max_sessions_per_source: d.max_sessions_per_source,
         }
     }
 }
@@ -82,6 +88,8 @@ impl TargetOptions {
             chunk_size: self.chunk_size,
             always_invalidate: self.always_invalidate,
             admission: self.admission,
+            max_sessions: self.max_sessions,
+            max_sessions_per_source: self.max_sessions_per_source,
             chunk_alloc: ChunkAllocator::new(Arc::new(SpdkDmaChunks)),
             ..ServerConfig::default()
         }
@@ -464,6 +472,8 @@ impl Target {
                         .unwrap_or(u64::MAX),
                     "max_pending": o.admission.max_pending,
                     "max_pending_per_source": o.admission.max_pending_per_source,
+                    "max_sessions": o.max_sessions,
+                    "max_sessions_per_source": o.max_sessions_per_source,
                 }
             }));
         }

@@ -68,6 +68,8 @@ fn set_options(req: RpcRequest, v: Value) {
             "handshake_timeout_ms",
             "max_pending",
             "max_pending_per_source",
+            "max_sessions",
+            "max_sessions_per_source",
         ])?;
         with_target(|t| {
             let mut o: TargetOptions = t.options;
@@ -89,6 +91,12 @@ fn set_options(req: RpcRequest, v: Value) {
             }
             if let Some(n) = p.opt_uint("max_pending_per_source", u64::from(u32::MAX))? {
                 a.max_pending_per_source = n as usize;
+            }
+            if let Some(n) = p.opt_uint("max_sessions", u64::from(u32::MAX))? {
+                o.max_sessions = n as usize;
+            }
+            if let Some(n) = p.opt_uint("max_sessions_per_source", u64::from(u32::MAX))? {
+                o.max_sessions_per_source = n as usize;
             }
             t.set_options(o)
         })

@@ -102,6 +102,14 @@ struct Args {
     /// /64); beyond, the source's oldest is closed.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PENDING_PER_SOURCE)]
     max_pending_per_source: usize,
+    /// Most established sessions, each holding queue-depth × chunk-size bytes of chunks;
+    /// beyond, a new one is refused (EUSERS). 0: as many as fit in a quarter of the
+    /// machine's memory (at least 4, at most 1024).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_sessions: usize,
+    /// Most established sessions from one client address (IPv6: one /64).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_sessions_per_source: usize,
     /// Only hosts matching PATTERN may open export NAME: an address (127.0.0.2,
     /// [fd00::1]) or network (10.0.0.0/24, [fd00::]/64) matched against the client's
     /// source address, or sess:SESSNAME matched against its session name. Repeatable;
@@ -168,6 +176,8 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         },
         psk: args.psk_file.clone(),
         hb: cli::hb_config(args.heartbeat, args.heartbeat_missed),
+        max_sessions: args.max_sessions,
+        max_sessions_per_source: args.max_sessions_per_source,
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -231,6 +241,7 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
     }
 
     let config_admission = config.admission;
+    let session_cap = config.session_cap();
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
     let target = match cli::target::start_target(&engine, listen, &args.export, &args.allow, config)
@@ -254,6 +265,8 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         chunk_size = args.chunk_size,
         always_invalidate = !args.no_always_invalidate,
         admission = %config_admission,
+        max_sessions = session_cap,
+        max_sessions_per_source = args.max_sessions_per_source,
         authentication = args.psk_file.is_some(),
         "target ready"
     );

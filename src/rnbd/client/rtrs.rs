@@ -73,8 +73,9 @@ impl SessionHandle for SessionCore {
     }
 
     fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
-        self.fabric()
-            .register(MemBuf::zeroed(len), Access::NONE)
+        MemBuf::try_zeroed(len)
+            .map_err(crate::fabric::FabricError::from)
+            .and_then(|b| self.fabric().register(b, Access::NONE))
             .map_err(|e| SendError::Refused {
                 errno: Errno::ENOMEM,
                 reason: format!("registering {len} bytes of zeros for write-zeroes: {e}"),
