@@ -15,6 +15,7 @@
 
 pub mod cq;
 pub mod qp;
+mod stage;
 pub mod table;
 
 pub use qp::{

@@ -36,6 +36,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::stage::Stage;
 use super::table::{Leases, MemRef, MrTable, PendingBind};
 use crate::fabric::{
     Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -97,6 +98,8 @@ struct SqSlot {
     /// A REG_MR waiting for the bytes of the operations before it to leave their
     /// sources (see [`SoftQp::post_send`]); made, and completed, then.
     bind: Option<PendingBind>,
+    /// Some of `srcs` are copies in the staging area, which this mark releases.
+    staged: Option<u64>,
     srcs: Srcs,
 }
 
@@ -307,6 +310,8 @@ pub struct SoftQp {
     qp_num: u32,
     /// Handles on the registered memory this queue pair used recently (see [`Leases`]).
     leases: Leases,
+    /// Copies of source bytes a REG_MR would otherwise wait for (see `stage.rs`).
+    stage: Stage,
     caps: QpCaps,
     state: ConnState,
     disconnect_pending: bool,
@@ -346,6 +351,7 @@ impl SoftQp {
                 wire: None,
                 status: None,
                 bind: None,
+                staged: None,
                 srcs: Srcs::with_capacity(caps.max_send_sge as usize),
             })
             .collect();
@@ -354,6 +360,7 @@ impl SoftQp {
             qp_num: table.next_qp_num(),
             table,
             leases: Leases::default(),
+            stage: Stage::default(),
             caps,
             state: ConnState::Connecting,
             disconnect_pending: false,
@@ -479,10 +486,12 @@ impl SoftQp {
         self.sq_len += 1;
         let broken = self.state == ConnState::Disconnected;
         let seq = self.next_seq;
-        // A REG_MR exposing memory that an earlier operation still reads waits for it.
+        // A REG_MR exposing memory that an earlier operation still reads waits for it,
+        // unless those bytes can be copied aside now.
         let bytes_pending = match wr.op {
             SendOp::RegMr { addr, len, .. } => {
-                self.earlier_bytes_pending(i, (addr, addr.saturating_add(u64::from(len))))
+                let range = (addr, addr.saturating_add(u64::from(len)));
+                self.earlier_bytes_pending(i, range) && !self.capture_before(i, range)
             }
             _ => false,
         };
@@ -494,6 +503,7 @@ impl SoftQp {
         slot.wire = None;
         slot.status = None;
         slot.bind = None;
+        debug_assert!(slot.staged.is_none(), "a free send slot holds staged bytes");
         // A slot leaves the ring with its sources released (`advance`, `break_now`).
         debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
         debug_assert!(
@@ -692,10 +702,41 @@ impl SoftQp {
         })
     }
 
+    /// Copies into the staging area every source among the first `i` slots that may
+    /// still be read and lies in `range`, so that a REG_MR exposing `range` can take
+    /// effect now. False when one does not fit (the REG_MR then waits; what was copied
+    /// stays copied, which is harmless).
+    fn capture_before(&mut self, i: usize, range: (u64, u64)) -> bool {
+        let (lo, hi) = range;
+        let from = self.sq_left.max(self.sq_done).min(i);
+        for j in from..i {
+            let at = (self.sq_head + j) & self.sq_mask;
+            let s = &mut self.sq[at];
+            if s.status.is_some() || !s.wire.is_some_and(|w| w.seq > self.peer_acked) {
+                continue;
+            }
+            for src in s.srcs.iter_mut() {
+                let a = src.as_ptr() as u64;
+                if !(a < hi && lo < a + src.len() as u64) {
+                    continue;
+                }
+                match self.stage.capture(src) {
+                    Some(copy) => {
+                        *src = copy;
+                        s.staged = Some(self.stage.tail());
+                    }
+                    None => return false,
+                }
+            }
+        }
+        true
+    }
+
     /// Makes the REG_MRs at the transport's frontier whose turn has come (every
     /// operation before them has taken its bytes out), and steps the frontier over
     /// them and over local operations. Returns whether one was made.
     fn take_binds(&mut self) -> bool {
+        self.advance_left();
         let mut made = false;
         while self.sq_sent < self.sq_len {
             let i = self.sq_sent;
@@ -807,10 +848,16 @@ impl SoftQp {
                     Handed::Queued => {}
                     Handed::Executed => {
                         s.srcs.clear();
+                        if let Some(end) = s.staged.take() {
+                            self.stage.release(end);
+                        }
                         s.status = Some(WcStatus::Success);
                     }
                     Handed::Refused(status) => {
                         s.srcs.clear();
+                        if let Some(end) = s.staged.take() {
+                            self.stage.release(end);
+                        }
                         s.status = Some(status);
                         refused = true;
                         i += 1;
@@ -824,6 +871,23 @@ impl SoftQp {
         self.sq_sent = i;
         if refused {
             self.break_now();
+        } else {
+            self.advance_left();
+        }
+    }
+
+    /// Moves the frontier of operations whose bytes have left over those that completed
+    /// (executed at the peer, or failed) and over local ones, so that a REG_MR's check
+    /// ([`SoftQp::earlier_bytes_pending`]) starts after them: amortized, each slot is
+    /// stepped over once.
+    fn advance_left(&mut self) {
+        while self.sq_left < self.sq_sent {
+            let s = self.slot(self.sq_left);
+            let done = s.status.is_some() || (s.wire.is_none() && s.bind.is_none());
+            if !done {
+                break;
+            }
+            self.sq_left += 1;
         }
     }
 
@@ -897,6 +961,9 @@ impl SoftQp {
             // Complete: its sources are needed no more (a transmitted operation's are
             // with the transport or the peer; a failed one's were never sent).
             s.srcs.clear();
+            if let Some(end) = s.staged.take() {
+                self.stage.release(end);
+            }
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
                     wr_id: s.wr_id,
@@ -1114,7 +1181,11 @@ impl SoftQp {
         self.advance();
         // What is left succeeded unsignaled with no completion after it: it just goes.
         for i in 0..self.sq_len {
-            self.slot_mut(i).srcs.clear();
+            let s = self.slot_mut(i);
+            s.srcs.clear();
+            if let Some(end) = s.staged.take() {
+                self.stage.release(end);
+            }
         }
         self.sq_len = 0;
         self.sq_done = 0;

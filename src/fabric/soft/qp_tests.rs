@@ -769,24 +769,34 @@ fn local_operations_take_effect_at_post() {
 }
 
 /// A REG_MR posted behind an operation whose bytes have not left their source (the RTRS
-/// server's READ response: RDMA WRITE from a chunk, then the chunk's next key) takes
-/// effect only once they have: until then nobody can write the chunk through the key.
+/// server's READ response: RDMA WRITE from a chunk, then the chunk's next key), when the
+/// source is too large to copy aside, takes effect only once they have: until then
+/// nobody can write the chunk through the key.
 #[test]
 fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
+    const BIG: usize = 128 << 10;
     let mut p = pair(QpCaps::default());
-    let chunk = buf(&p, 4096, RW);
-    let dst = buf(&p, 4096, RW);
+    let chunk = buf(&p, BIG, RW);
+    let dst = buf(&p, BIG, RW);
     chunk.write_at(0, &[9; 64]);
     let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
     let key = crate::fabric::next_rkey(slot.rkey());
-    let src = [chunk.sge(0, 64)];
+    let src = [chunk.sge(0, BIG)];
     let write = SendOp::RdmaWrite {
         remote_addr: dst.addr(),
         rkey: dst.rkey(),
     };
+    let bind = SendOp::RegMr {
+        slot: &slot,
+        region: &chunk,
+        addr: chunk.addr(),
+        len: BIG as u32,
+        access: RW,
+        rkey: key,
+    };
     p.b.post_send(&[
         wr(1, write, &src, false),
-        wr(2, bind_4k(&slot, &chunk, key), &[], true),
+        wr(2, bind, &[], true),
         wr(3, SendOp::Send, &[], true),
     ])
     .unwrap();
@@ -830,6 +840,45 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
         [(2, WcStatus::Success)]
     );
+}
+
+/// A small source is copied aside at post instead: the REG_MR takes effect at once, and
+/// a write into the chunk through the new key changes nothing of what the WRITE before
+/// it carries.
+#[test]
+fn a_reg_mr_behind_a_small_unsent_source_copies_it_and_goes() {
+    let mut p = pair(QpCaps::default());
+    let chunk = buf(&p, 4096, RW);
+    let dst = buf(&p, 4096, RW);
+    chunk.write_at(0, &[9; 64]);
+    let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
+    let key = crate::fabric::next_rkey(slot.rkey());
+    let src = [chunk.sge(0, 64)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    p.b.post_send(&[
+        wr(1, write, &src, false),
+        wr(2, bind_4k(&slot, &chunk, key), &[], false),
+        wr(3, SendOp::Send, &[], true),
+    ])
+    .unwrap();
+    assert_eq!(p.b.outbound().count(), 2, "nothing waits");
+    // Someone writes the chunk through the new key before the WRITE went out ...
+    p.table
+        .remote_write(&mut Leases::default(), 0, key, chunk.addr(), &[1; 64])
+        .expect("the key is live");
+    // ... and the WRITE carries what the chunk held when it was posted.
+    p.a.post_recv(&[RecvWr {
+        wr_id: 50,
+        sge: None,
+    }])
+    .unwrap();
+    assert_eq!(pump(&mut p.b, &mut p.a), (2, None));
+    let mut got = [0u8; 64];
+    dst.read_at(0, &mut got);
+    assert_eq!(got, [9; 64], "the bytes as posted");
 }
 
 /// The same ordering with a transport that only learns it from acks: the peer executing
