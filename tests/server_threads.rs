@@ -6,83 +6,12 @@
 
 mod server_util;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use rtrs_spdk::engine::{CpuMask, Engine, EngineConfig, IdleStrategy};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
-use rtrs_spdk::server::{Server, ServerConfig};
 use server_util::client::Ids;
-use server_util::{Driver, Harness, RamHandler, Shared, TestPath};
-
-struct Threaded {
-    engine: Option<Engine>,
-    server: Server,
-    client: Arc<dyn Fabric>,
-    addr: SocketAddr,
-}
-
-impl Driver for Threaded {
-    fn step(&mut self) {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    fn client_fabric(&self) -> Arc<dyn Fabric> {
-        Arc::clone(&self.client)
-    }
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-    fn max_steps(&self) -> usize {
-        // ~100 µs each: at least 10 s of wall time.
-        100_000
-    }
-}
-
-impl Threaded {
-    fn start(
-        server_fabric: Arc<dyn Fabric>,
-        client: Arc<dyn Fabric>,
-        cfg: ServerConfig,
-    ) -> Threaded {
-        let mut ec = EngineConfig::new(CpuMask::from_cpus(&[0, 1]).unwrap());
-        ec.idle = IdleStrategy::adaptive();
-        ec.pin = false;
-        let engine = Engine::start(ec).expect("engine");
-        let shared = Arc::new(Shared::default());
-        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let server =
-            Server::start_on_engine(&engine, 0, server_fabric, &[listen], cfg, move |core| {
-                Box::new(RamHandler::new(core, Arc::clone(&shared)))
-            })
-            .expect("server");
-        let addr = server.local_addrs()[0];
-        Threaded {
-            engine: Some(engine),
-            server,
-            client,
-            addr,
-        }
-    }
-
-    fn stop(mut self) {
-        self.server.stop();
-        for _ in 0..100_000 {
-            if self.server.is_stopped() {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        assert!(self.server.is_stopped(), "server pollers still running");
-        self.engine
-            .take()
-            .unwrap()
-            .shutdown()
-            .expect("engine shutdown");
-    }
-}
+use server_util::{Harness, TestPath, Threaded};
 
 fn exercise(t: &mut Threaded) {
     let mut p = TestPath::connect(t, "threads", 3, Ids::random(), true).expect("connect");

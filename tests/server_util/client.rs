@@ -167,6 +167,19 @@ impl TestPath {
         ids: Ids,
         first_conn: bool,
     ) -> Result<TestPath, i32> {
+        TestPath::connect_info_from(h, None, addr, info, cid_num, ids, first_conn)
+    }
+
+    /// [`TestPath::connect_info`] with every connection bound to source `src`.
+    pub fn connect_info_from(
+        h: &mut dyn Driver,
+        src: Option<std::net::SocketAddr>,
+        addr: std::net::SocketAddr,
+        info: &[u8; InfoReq::LEN],
+        cid_num: u16,
+        ids: Ids,
+        first_conn: bool,
+    ) -> Result<TestPath, i32> {
         let mut cons = Vec::new();
         let mut acc = None;
         for cid in 0..cid_num {
@@ -180,7 +193,7 @@ impl TestPath {
             )
             .to_bytes()
             .unwrap();
-            let (c, a) = raw_connect_to(h, addr, &req)?;
+            let (c, a) = raw_connect_from(h, src, addr, &req)?;
             cons.push(c);
             acc.get_or_insert(a);
         }
