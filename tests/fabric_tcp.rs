@@ -16,6 +16,8 @@ mod counting;
 mod data;
 #[path = "fabric_tcp/errors.rs"]
 mod errors;
+#[path = "fabric_tcp/window.rs"]
+mod window;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

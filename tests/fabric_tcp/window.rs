@@ -1,0 +1,172 @@
+//! No writable window under always_invalidate: the RTRS server sends a READ's data from
+//! a chunk with an RDMA WRITE and rebinds the chunk's key right behind it. With the
+//! victim's socket held back (its client reads nothing), the WRITE's bytes stay in the
+//! chunk; a write through the new key from another connection of the same protection
+//! domain must then change nothing of what the victim receives.
+
+use super::*;
+
+/// A connection to `l` from `cf`: (client end, server end), established.
+fn connect(
+    l: &mut Box<dyn Listener>,
+    cf: &TcpFabric,
+    caps: QpCaps,
+) -> (Box<dyn Conn>, Box<dyn Conn>) {
+    let mut c = cf.connect(l.local_addr(), caps, b"").unwrap();
+    let req = until("the connect request", || {
+        c.poll_cm();
+        l.poll()
+    });
+    let mut s = req.accept(caps, b"").unwrap();
+    until("the server end established", || s.poll_cm());
+    until("the client end established", || c.poll_cm());
+    (c, s)
+}
+
+/// The server's chain: an RDMA WRITE of `len` bytes of `chunk` into the victim's
+/// `reply` (a region of the victim's fabric, under `reply_key`), then the chunk's slot
+/// rebound under `key`.
+fn post_response(
+    s: &mut Box<dyn Conn>,
+    chunk: &Mr,
+    slot: &rtrs_spdk::fabric::FastMr,
+    key: u32,
+    reply: (u64, u32),
+    len: usize,
+) {
+    let src = [chunk.sge(0, len)];
+    s.post_send(&[
+        wr(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: reply.0,
+                rkey: reply.1,
+            },
+            &src,
+            true,
+        ),
+        wr(
+            2,
+            SendOp::RegMr {
+                slot,
+                region: chunk,
+                addr: chunk.addr(),
+                len: len as u32,
+                access: RW,
+                rkey: key,
+            },
+            &[],
+            false,
+        ),
+    ])
+    .unwrap();
+}
+
+/// Another connection of the domain (from `af`; `peer` is its server end, polled so
+/// that it executes the write) writes `fill` into the chunk through `key`; its
+/// completion status.
+fn write_through(
+    a: &mut Box<dyn Conn>,
+    peer: &mut Box<dyn Conn>,
+    af: &TcpFabric,
+    chunk: &Mr,
+    key: u32,
+    fill: u8,
+) -> WcStatus {
+    let src = reg(af, 4096, Access::NONE);
+    src.write_at(0, &[fill; 4096]);
+    let sges = [src.sge(0, 4096)];
+    a.post_send(&[wr(
+        9,
+        SendOp::RdmaWrite {
+            remote_addr: chunk.addr(),
+            rkey: key,
+        },
+        &sges,
+        true,
+    )])
+    .unwrap();
+    let mut wcs = [Wc::default(); 4];
+    until("the write's completion", || {
+        peer.poll_cq(&mut wcs[..0]);
+        let n = a.poll_cq(&mut wcs);
+        wcs[..n].iter().find(|w| w.wr_id == 9).map(|w| w.status)
+    })
+}
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+    }
+}
+
+/// Polls `s` (the server end) `n` times: it writes what its socket takes.
+fn push(s: &mut Box<dyn Conn>, n: usize) {
+    let mut wcs = [Wc::default(); 8];
+    for _ in 0..n {
+        s.poll_cq(&mut wcs);
+    }
+}
+
+/// Polls the victim until its reply holds `len` bytes that are not zero at the end.
+fn drain(v: &mut Box<dyn Conn>, s: &mut Box<dyn Conn>, reply: &Mr, len: usize) {
+    let mut wcs = [Wc::default(); 8];
+    until("the victim's reply", || {
+        v.poll_cq(&mut wcs);
+        s.poll_cq(&mut wcs);
+        let mut last = [0u8; 1];
+        reply.read_at(len - 1, &mut last);
+        (last[0] != 0).then_some(())
+    });
+}
+
+/// A large READ response: the key waits for the bytes. Until they have left the chunk,
+/// a write through the new key is refused.
+#[test]
+fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
+    const LEN: usize = 32 << 20;
+    let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
+    let mut l = sf.listen(localhost()).unwrap();
+    let (mut v, mut vs) = connect(&mut l, &vf, caps());
+    let (mut a, mut as_) = connect(&mut l, &af, caps());
+    let reply_v = reg(&vf, LEN, RW);
+    let chunk = reg(&sf, LEN, RW);
+    chunk.write_at(0, &pattern(LEN, 3));
+    let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
+    let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
+    post_response(&mut vs, &chunk, &slot, key, (reply_v.addr(), reply_v.rkey()), LEN);
+    push(&mut vs, 200);
+    assert_eq!(
+        write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE),
+        WcStatus::RemoteAccess,
+        "the new key reached the chunk while its bytes were still to send"
+    );
+    drain(&mut v, &mut vs, &reply_v, LEN);
+    let mut got = vec![0u8; LEN];
+    reply_v.read_at(0, &mut got);
+    assert!(got == pattern(LEN, 3), "the victim got other bytes than the chunk's");
+}
+
+/// A small READ response: the bytes are copied aside at once and the key is live, but
+/// a write through it changes nothing of what the victim receives.
+#[test]
+fn a_key_rebound_behind_a_small_response_changes_nothing_sent() {
+    const LEN: usize = 4096;
+    let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
+    let mut l = sf.listen(localhost()).unwrap();
+    let (mut v, mut vs) = connect(&mut l, &vf, caps());
+    let (mut a, mut as_) = connect(&mut l, &af, caps());
+    let reply = reg(&vf, LEN, RW);
+    let chunk = reg(&sf, LEN, RW);
+    chunk.write_at(0, &pattern(LEN, 5));
+    let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
+    let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
+    post_response(&mut vs, &chunk, &slot, key, (reply.addr(), reply.rkey()), LEN);
+    assert_eq!(write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE), WcStatus::Success);
+    drain(&mut v, &mut vs, &reply, LEN);
+    let mut got = vec![0u8; LEN];
+    reply.read_at(0, &mut got);
+    assert_eq!(got, pattern(LEN, 5), "the write through the new key reached the victim");
+}
