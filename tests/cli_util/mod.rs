@@ -111,8 +111,37 @@ pub fn start_target_logged(exports: &[&str], extra: &[&str]) -> (TargetProc, Arc
     (t, log)
 }
 
-fn spawn_target(listen: &str, exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
+/// [`start_target`] under an address-space limit of `bytes` (`ulimit -v`).
+pub fn start_target_limited(exports: &[&str], extra: &[&str], bytes: u64) -> TargetProc {
     let mut cmd = Command::new(TARGET);
+    // SAFETY: between fork and exec the closure only calls setrlimit, which is
+    // async-signal-safe, and touches no memory of the parent's but its own stack.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    spawn_with(cmd, "tcp://127.0.0.1:0", exports, extra, false)
+}
+
+fn spawn_target(listen: &str, exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {
+    spawn_with(Command::new(TARGET), listen, exports, extra, default_log)
+}
+
+fn spawn_with(
+    mut cmd: Command,
+    listen: &str,
+    exports: &[&str],
+    extra: &[&str],
+    default_log: bool,
+) -> TargetProc {
     if default_log {
         cmd.env_remove("RUST_LOG");
     }
