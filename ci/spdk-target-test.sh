@@ -187,8 +187,18 @@ stop_target() {
 # client [ENV=VALUE...]: verified IO against the target (tests/spdk_target.rs), core 1.
 client() {
     env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" \
-        timeout 300 taskset -c 1 cargo test -q --test spdk_target -- --ignored --nocapture 2>&1 |
+        timeout 300 taskset -c 1 cargo test -q --test spdk_target verified_io -- --ignored --nocapture 2>&1 |
         grep -E "verified|WRITE_SAME|refused as expected|panicked|FAILED|error" || true
+}
+
+# isolation: another session's writes into a victim session's chunks (with its keys)
+# are refused while verified IO of a third session goes on (tests/spdk_target.rs).
+isolation() {
+    local out
+    out=$(env RTRS_TARGET_ADDR="127.0.0.1:$PORT" timeout 300 taskset -c 1 \
+        cargo test -q --test spdk_target isolation -- --ignored --nocapture 2>&1 |
+        grep -E "isolated|verified|panicked|FAILED|error" || true)
+    if [[ "$out" == *"isolated"* && "$out" != *panicked* ]]; then ok "isolation: $(echo "$out" | grep isolated | head -1)"; else fail "isolation: $out"; fi
 }
 
 expect_client() {
@@ -238,6 +248,7 @@ expect_err rtrs_target_set_options '{"queue_depth":64}' "first listener"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol","access":"rw"}'
 expect_err rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}' export_name
 expect_client "verified 256 blocks"
+isolation
 # The same run's old-kernel-client part: RNBD op 5 with one block of data (WRITE_SAME
 # before Linux 5.18) is that block repeated over the range, emulated with writev.
 expect_client "WRITE_SAME of one 4096-byte block over 300 blocks: first and last 16 read back; two blocks of data refused"

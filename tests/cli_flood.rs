@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used)]
 
 mod cli_util;
-#[allow(dead_code)]
 mod server_util;
 
 use std::net::SocketAddr;
@@ -78,25 +77,8 @@ fn bench(t: &TargetProc, secs: u32) -> std::thread::JoinHandle<std::process::Out
     std::thread::spawn(move || {
         Command::new(BENCH)
             .args([
-                "--path",
-                &url,
-                "--device",
-                "vol",
-                "--rw",
-                "randrw",
-                "--bs",
-                "4K",
-                "--qd",
-                "8",
-                "--size",
-                "8M",
-                "--verify",
-                "--time",
-                &time,
-                "--json",
-                "--idle",
-                "adaptive",
-                "-m",
+                "--path", &url, "--device", "vol", "--rw", "randrw", "--bs", "4K", "--qd", "8",
+                "--size", "8M", "--verify", "--time", &time, "--json", "--idle", "adaptive", "-m",
                 "0x2",
             ])
             .output()
@@ -156,7 +138,9 @@ fn a_flood_of_sessions_under_an_address_space_limit_is_refused_and_served_around
         "40 sessions fit in the limit: the test does not test it"
     );
     assert!(
-        refused.iter().all(|&e| e == -libc::ENOMEM || e == -libc::EUSERS),
+        refused
+            .iter()
+            .all(|&e| e == -libc::ENOMEM || e == -libc::EUSERS),
         "refusals other than ENOMEM/EUSERS: {refused:?}"
     );
 }

@@ -101,7 +101,11 @@ fn attack(h: &mut dyn Driver, rounds: usize) {
             let off = u64::from(b) * BS as u64;
             let mut got = vec![0u8; BS];
             v.reply.read_at(usize::from(b) * v.cs(), &mut got);
-            let bad = got.iter().zip(pattern(off)).filter(|(g, w)| **g != *w).count();
+            let bad = got
+                .iter()
+                .zip(pattern(off))
+                .filter(|(g, w)| **g != *w)
+                .count();
             assert_eq!(bad, 0, "round {round}: {bad} corrupted bytes in chunk {b}");
             reads += 1;
         }

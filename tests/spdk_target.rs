@@ -31,6 +31,8 @@ mod rnbd_workload;
 #[path = "util/legacy_client.rs"]
 mod legacy_client;
 
+mod server_util;
+
 use rnbd_workload::{BLOCKS, BS};
 
 #[test]
@@ -89,4 +91,122 @@ fn verified_io_against_external_target() {
             println!("{}", r.unwrap_or_else(|e| panic!("legacy WRITE_SAME: {e}")));
         }
     }
+}
+
+/// The RTRS level of the target in another process, driven from the test thread.
+struct Remote {
+    fabric: Arc<dyn Fabric>,
+    addr: std::net::SocketAddr,
+}
+
+impl server_util::Driver for Remote {
+    fn step(&mut self) {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    fn client_fabric(&self) -> Arc<dyn Fabric> {
+        Arc::clone(&self.fabric)
+    }
+    fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+    fn max_steps(&self) -> usize {
+        50_000
+    }
+}
+
+/// One session cannot touch another's memory in the SPDK target backend either: while
+/// verified RNBD IO runs on a session of its own, a victim session holds its chunks
+/// (their addresses and current keys known to the test), and attacker sessions write
+/// into them with those keys, the kernel's next ones and a guess: every write is
+/// refused and the attacker's path closed, and the verified IO sees no error.
+#[test]
+#[ignore = "needs an RTRS target: run by ci/spdk-target-test.sh (RTRS_TARGET_ADDR=ip:port)"]
+fn isolation_against_external_target() {
+    use rtrs_spdk::fabric::{inc_rkey, next_rkey, SendOp, SendWr, WcStatus};
+    use server_util::client::{Ids, TestPath};
+    use server_util::Event;
+
+    let addr: std::net::SocketAddr = std::env::var("RTRS_TARGET_ADDR")
+        .expect("RTRS_TARGET_ADDR=ip:port of the target")
+        .split(',')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("RTRS_TARGET_ADDR is ip:port");
+    let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
+    let workload = std::thread::spawn(move || {
+        let mut cfg = EngineConfig::new(CpuMask::parse("[0-1]").unwrap());
+        cfg.idle = IdleStrategy::Adaptive(Adaptive::default());
+        cfg.pin = false;
+        let engine = Engine::start(cfg).expect("engine");
+        let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new());
+        let r = rnbd_workload::run(
+            &engine,
+            &fabric,
+            "spdk-target-bystander",
+            &[addr],
+            None,
+            &dev_name,
+            3,
+        );
+        engine.shutdown().expect("engine shutdown");
+        r
+    });
+    let mut d = Remote {
+        fabric: Arc::new(TcpFabric::new()),
+        addr,
+    };
+    let victim = TestPath::connect(&mut d, "spdk-target-victim", 2, Ids::random(), true)
+        .expect("the victim's session");
+    let mut refused = 0;
+    for (n, b) in [0usize, 1, 7, 100].into_iter().enumerate() {
+        let (chunk, key) = victim.rbuf[b % victim.rbuf.len()];
+        for (k, rkey) in [key, inc_rkey(key), next_rkey(key)].into_iter().enumerate() {
+            let mut a = TestPath::connect(
+                &mut d,
+                &format!("spdk-target-attacker-{n}-{k}"),
+                2,
+                Ids::random(),
+                true,
+            )
+            .expect("the attacker's own session");
+            a.stage.write_at(0, &[0xEE; 4096]);
+            let sge = [a.stage.sge(0, 4096)];
+            a.cons[1]
+                .post_send(&[SendWr {
+                    wr_id: 77,
+                    op: SendOp::RdmaWrite {
+                        remote_addr: chunk,
+                        rkey,
+                    },
+                    sges: &sge,
+                    signaled: true,
+                }])
+                .expect("post");
+            assert!(
+                a.wait_down(&mut d),
+                "a write into another session's chunk went through"
+            );
+            assert!(
+                a.events.iter().any(|e| matches!(
+                    e,
+                    Event::Error {
+                        status: WcStatus::RemoteAccess,
+                        ..
+                    }
+                )),
+                "{:?}",
+                a.events
+            );
+            refused += 1;
+        }
+    }
+    drop(victim);
+    let (got, failure) = workload.join().expect("the verified workload");
+    assert!(
+        failure.is_none(),
+        "verified IO beside the attacks: {failure:?}"
+    );
+    println!("isolated: {refused} writes into another session's chunks refused; bystander {got:?}");
 }

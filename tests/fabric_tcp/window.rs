@@ -136,7 +136,14 @@ fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
     chunk.write_at(0, &pattern(LEN, 3));
     let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
     let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
-    post_response(&mut vs, &chunk, &slot, key, (reply_v.addr(), reply_v.rkey()), LEN);
+    post_response(
+        &mut vs,
+        &chunk,
+        &slot,
+        key,
+        (reply_v.addr(), reply_v.rkey()),
+        LEN,
+    );
     push(&mut vs, 200);
     assert_eq!(
         write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE),
@@ -146,7 +153,10 @@ fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
     drain(&mut v, &mut vs, &reply_v, LEN);
     let mut got = vec![0u8; LEN];
     reply_v.read_at(0, &mut got);
-    assert!(got == pattern(LEN, 3), "the victim got other bytes than the chunk's");
+    assert!(
+        got == pattern(LEN, 3),
+        "the victim got other bytes than the chunk's"
+    );
 }
 
 /// A small READ response: the bytes are copied aside at once and the key is live, but
@@ -163,10 +173,24 @@ fn a_key_rebound_behind_a_small_response_changes_nothing_sent() {
     chunk.write_at(0, &pattern(LEN, 5));
     let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
     let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
-    post_response(&mut vs, &chunk, &slot, key, (reply.addr(), reply.rkey()), LEN);
-    assert_eq!(write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE), WcStatus::Success);
+    post_response(
+        &mut vs,
+        &chunk,
+        &slot,
+        key,
+        (reply.addr(), reply.rkey()),
+        LEN,
+    );
+    assert_eq!(
+        write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE),
+        WcStatus::Success
+    );
     drain(&mut v, &mut vs, &reply, LEN);
     let mut got = vec![0u8; LEN];
     reply.read_at(0, &mut got);
-    assert_eq!(got, pattern(LEN, 5), "the write through the new key reached the victim");
+    assert_eq!(
+        got,
+        pattern(LEN, 5),
+        "the write through the new key reached the victim"
+    );
 }
