@@ -363,9 +363,11 @@ EOF
 		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/bdev.json" \
 			-q 16 -o 4096 -w verify -t 5 >"$OUT/spdk.bdev-to-kernel.log" 2>&1
 		rc=$?
-		# The Total line: IOPS > 0 and no failed IO (Fail/s).
-		awk '$1 == "Total" { ok = ($3 > 0 && $5 == "0.00") } END { exit !ok }' "$OUT/spdk.bdev-to-kernel.log"
-		check spdk.bdev-to-kernel $((rc + $?)) "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server: $(grep -E '^ *Total' "$OUT/spdk.bdev-to-kernel.log" | tail -n 1 | tr -s ' ')"
+		# The Total line: IOPS > 0 and no failed IO (Fail/s). bdevperf's progress line ends
+		# in carriage returns, which may lead the summary lines: read them as line ends.
+		tr '\r' '\n' <"$OUT/spdk.bdev-to-kernel.log" >"$TMPD/bdevperf.txt"
+		awk '$1 == "Total" { ok = ($3 > 0 && $5 == "0.00") } END { exit !ok }' "$TMPD/bdevperf.txt"
+		check spdk.bdev-to-kernel $((rc + $?)) "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server (exit status $rc): $(grep -E '^ *Total' "$TMPD/bdevperf.txt" | tail -n 1 | tr -s ' ')"
 		sleep 1
 		rmmod rnbd_server rtrs_server 2>/dev/null
 		"${MP[@]}" rnbd_client
