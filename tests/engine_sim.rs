@@ -530,3 +530,59 @@ fn a_message_sent_during_a_loop_runs_on_the_next_loop() {
     }
     assert!(!sim.step().is_busy());
 }
+
+/// A clock that moves on by 1 µs at every read and counts its reads.
+#[derive(Debug, Default)]
+struct CountingClock(AtomicU64);
+
+impl rtrs_spdk::engine::Clock for CountingClock {
+    fn now_ns(&self) -> u64 {
+        1000 * (self.0.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+}
+
+#[test]
+fn a_loop_reads_the_clock_once_and_all_its_code_sees_that_time() {
+    let clock = Arc::new(CountingClock::default());
+    let mailboxes = rtrs_spdk::engine::Mailboxes::new(1, 16);
+    let mut r = rtrs_spdk::engine::Reactor::new(0, mailboxes, clock.clone());
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    // Three pollers and a message, each asking for the time several times.
+    for _ in 0..3 {
+        let seen = Rc::clone(&seen);
+        r.register(Box::new(move |ctx: &mut dyn Ctx| {
+            seen.borrow_mut().push(ctx.now());
+            seen.borrow_mut().push(ctx.now());
+            PollResult::Busy
+        }));
+    }
+    let s2 = Arc::new(Mutex::new(Vec::new()));
+    let s3 = Arc::clone(&s2);
+    r.mailboxes()
+        .send(
+            0,
+            Msg::new(move |ctx: &mut dyn Ctx| s3.lock().unwrap().push(ctx.now())),
+        )
+        .unwrap();
+    let before = clock.0.load(Ordering::Relaxed);
+    r.run_once();
+    assert_eq!(
+        clock.0.load(Ordering::Relaxed) - before,
+        1,
+        "one loop read the clock more than once"
+    );
+    let first = seen.borrow()[0];
+    assert!(
+        seen.borrow().iter().all(|&t| t == first),
+        "{:?}",
+        seen.borrow()
+    );
+    assert_eq!(*s2.lock().unwrap(), [first]);
+    r.run_once();
+    assert_eq!(seen.borrow().len(), 12);
+    assert!(
+        seen.borrow()[6] > first,
+        "the next loop sees a later time: {:?}",
+        seen.borrow()
+    );
+}

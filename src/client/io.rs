@@ -543,7 +543,9 @@ impl SessionCore {
                 }
                 // SAFETY: `[s.addr, s.addr + s.len)` was proven inside a registration
                 // granting local write when the request was submitted (`hold`), and that
-                // memory is kept allocated by `held` until the completion; the caller
+                // memory is kept allocated until the completion by `held` (`Memory`) or
+                // by the core's regions (`Region`; `remove_region` turns such a hold into
+                // `Memory` before it lets the region go); the caller
                 // reserved it for this request (ClientIo's contract). The server finished
                 // writing the bounce area of permit `i` before its response (RC
                 // ordering) and its key is retired or replaced before reuse.

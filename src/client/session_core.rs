@@ -82,7 +82,7 @@ pub struct SessionCore {
     pub(super) wait: VecDeque<u16>,
     /// `MAX_SGL` entries per permit: the registrations a READ's reply is copied into,
     /// held from submit to completion (see [`Req::kept`]).
-    pub(super) keep: Vec<Option<Arc<Backing>>>,
+    pub(super) keep: Vec<Held>,
     /// Completions made outside a poll, or beyond the caller's slice: handed out first
     /// by the next poll.
     pub(super) done: VecDeque<ClientCompletion>,
@@ -272,6 +272,11 @@ impl SessionCore {
     /// Stops using the region with local key `lkey` for zero-copy READs. Requests
     /// already posted into it still complete into it.
     pub fn remove_region(&mut self, lkey: u32) {
+        // READs whose reply is to be copied into the region held it through
+        // `self.regions`: from now on they hold its memory themselves.
+        if let Some(m) = self.regions.iter().find(|m| m.lkey() == lkey) {
+            hand_over(&mut self.keep, &self.sgl, m);
+        }
         self.regions.retain(|m| m.lkey() != lkey);
         // Indices moved: requests not posted yet look again when they are.
         for r in &mut self.reqs {
@@ -567,7 +572,7 @@ impl SessionCore {
         }
         self.reqs = vec![Req::FREE; n];
         self.sgl = vec![Sge::default(); n * MAX_SGL];
-        self.keep = vec![None; n * MAX_SGL];
+        self.keep = vec![Held::None; n * MAX_SGL];
         self.wait = VecDeque::with_capacity(n);
         self.done.reserve(2 * n);
     }
@@ -638,7 +643,7 @@ impl SessionCore {
             }
         }
         if r.kept {
-            self.keep[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)].fill(None);
+            self.keep[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)].fill(Held::None);
         }
         self.reqs[i].state = RState::Free;
         if let Sizing::Ready(rd) = &mut self.sizing {
@@ -649,11 +654,42 @@ impl SessionCore {
     }
 }
 
+/// How a READ's segment, whose reply is copied into it, is kept allocated until the
+/// completion.
+#[derive(Clone, Debug, Default)]
+pub(super) enum Held {
+    /// No segment here.
+    #[default]
+    None,
+    /// Inside one of the core's regions, which keeps it (`remove_region` turns it into
+    /// `Memory` first): no count moves, so memory every core reads into costs no shared
+    /// write per IO (docs/ARCHITECTURE.md, "Who writes what per IO").
+    Region,
+    /// Found in the fabric's table: held by a count on its memory (kept for its drop).
+    Memory(#[allow(dead_code)] Arc<Backing>),
+}
+
+impl Held {
+    pub(super) fn is_none(&self) -> bool {
+        matches!(self, Held::None)
+    }
+}
+
+/// Region `m` is about to be let go: every segment held through it (`Held::Region`; `keep`
+/// and `sgl` are indexed alike) holds its memory itself from now on.
+fn hand_over(keep: &mut [Held], sgl: &[Sge], m: &Arc<Mr>) {
+    for (h, s) in keep.iter_mut().zip(sgl) {
+        if matches!(h, Held::Region) && region_of(std::slice::from_ref(m), s).is_some() {
+            *h = Held::Memory(Arc::clone(m.backing()));
+        }
+    }
+}
+
 /// Resolves the segments of permit `i`'s READ against the registrations (the core's
 /// regions first, then the fabric's table) and holds each one in `keep` until the
 /// completion, so the reply's copy needs no second lookup and cannot outlive the memory.
 pub(super) fn hold(
-    keep: &mut [Option<Arc<Backing>>],
+    keep: &mut [Held],
     regions: &[Arc<Mr>],
     fabric: &dyn Fabric,
     i: usize,
@@ -661,13 +697,15 @@ pub(super) fn hold(
 ) -> Result<(), SubmitError> {
     for (index, s) in sgl.iter().enumerate() {
         let held = match region_of(regions, s) {
-            Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(m.backing().clone()),
-            _ => fabric.local_memory(s, Access::LOCAL_WRITE),
+            Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(Held::Region),
+            _ => fabric
+                .local_memory(s, Access::LOCAL_WRITE)
+                .map(Held::Memory),
         };
         match held {
-            Some(b) => keep[i * MAX_SGL + index] = Some(b),
+            Some(h) => keep[i * MAX_SGL + index] = h,
             None => {
-                keep[i * MAX_SGL..i * MAX_SGL + index].fill(None);
+                keep[i * MAX_SGL..i * MAX_SGL + index].fill(Held::None);
                 return Err(bad_sge(index, s));
             }
         }
@@ -681,5 +719,53 @@ fn bad_sge(index: usize, s: &Sge) -> SubmitError {
         addr: s.addr,
         len: s.len,
         lkey: s.lkey,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::loopback::LoopbackFabric;
+    use crate::fabric::MemBuf;
+
+    /// A READ into a region holds it without a count; when the region is let go while
+    /// the READ is in flight, the READ's hold takes a count of its own, and only the
+    /// segments inside that region do.
+    #[test]
+    fn segments_held_through_a_region_take_its_memory_when_it_goes() {
+        let lo = LoopbackFabric::new();
+        let a = Arc::new(
+            lo.register(MemBuf::zeroed(8192), Access::LOCAL_WRITE)
+                .unwrap(),
+        );
+        let b = Arc::new(
+            lo.register(MemBuf::zeroed(8192), Access::LOCAL_WRITE)
+                .unwrap(),
+        );
+        let regions = vec![Arc::clone(&a), Arc::clone(&b)];
+        let sgl = [a.sge(0, 512), b.sge(512, 512), a.sge(4096, 512)];
+        let mut keep = vec![Held::None; MAX_SGL * 2];
+        let before = Arc::strong_count(a.backing());
+        hold(&mut keep, &regions, &lo, 1, &sgl).unwrap();
+        let held = &keep[MAX_SGL..MAX_SGL + 3];
+        assert!(held.iter().all(|h| matches!(h, Held::Region)), "{held:?}");
+        assert_eq!(
+            Arc::strong_count(a.backing()),
+            before,
+            "a count moved per IO"
+        );
+
+        let mut sgls = vec![Sge::default(); MAX_SGL * 2];
+        sgls[MAX_SGL..MAX_SGL + 3].copy_from_slice(&sgl);
+        hand_over(&mut keep, &sgls, &a);
+        let held = &keep[MAX_SGL..MAX_SGL + 3];
+        assert!(matches!(held[0], Held::Memory(_)));
+        assert!(
+            matches!(held[1], Held::Region),
+            "b's segment is b's business"
+        );
+        assert!(matches!(held[2], Held::Memory(_)));
+        assert_eq!(Arc::strong_count(a.backing()), before + 2);
+        assert!(keep[..MAX_SGL].iter().all(Held::is_none));
     }
 }

@@ -56,8 +56,10 @@ pub fn lat_bucket(ns: u64) -> usize {
     (63 - (ns | 1).leading_zeros() as usize).min(LAT_BUCKETS - 1)
 }
 
-/// Data-path counters of one path on one core.
+/// Data-path counters of one path on one core. Each core's counters start a cache line
+/// pair of their own, so neighbouring cores never write one line.
 #[derive(Debug)]
+#[repr(align(128))]
 pub struct CoreStats {
     pub read_cnt: Ctr,
     pub read_bytes: Ctr,

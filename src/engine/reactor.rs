@@ -12,7 +12,8 @@
 //! other reactors reach it only through messages. That is why pollers may hold `Rc` and
 //! `RefCell` and why nothing here takes a lock.
 //!
-//! **One loop** ([`Reactor::run_once`]): read the clock once; run the messages that were
+//! **One loop** ([`Reactor::run_once`]): read the clock once (every poller, message and
+//! timer of the loop sees that time as [`Ctx::now`]); run the messages that were
 //! waiting in the mailbox when the loop began (so a flood cannot starve pollers); call every
 //! started poller once; run every timer due at the loop's time; then start what was
 //! registered during the loop. No allocation happens when there is nothing to do.
@@ -51,6 +52,10 @@ struct ReactorCtx<'a> {
     core: usize,
     table: &'a mut Table,
     mailboxes: &'a Mailboxes,
+    /// The loop's time, read once at its start (`None` outside a loop: then the clock is
+    /// read at each call). Pollers and timers of one loop all see it, as SPDK's pollers
+    /// see their thread's last TSC.
+    loop_now: Option<u64>,
     clock: &'a dyn Clock,
     current: Option<PollerId>,
     /// Inside a loop, registrations wait for the loop's end.
@@ -59,7 +64,7 @@ struct ReactorCtx<'a> {
 
 impl Ctx for ReactorCtx<'_> {
     fn now(&self) -> u64 {
-        self.clock.now_ns()
+        self.loop_now.unwrap_or_else(|| self.clock.now_ns())
     }
 
     fn core(&self) -> usize {
@@ -83,7 +88,7 @@ impl Ctx for ReactorCtx<'_> {
     }
 
     fn register_timer(&mut self, timer: Timer, poller: Box<dyn Poller>) -> PollerId {
-        let now = self.clock.now_ns();
+        let now = self.now();
         self.table.insert(poller, Some((timer, now)), self.in_loop)
     }
 
@@ -141,7 +146,7 @@ impl Reactor {
     /// Runs `f` with this reactor's context, outside any loop (as the owning thread's
     /// set-up code would).
     pub fn with_ctx<R>(&mut self, f: impl FnOnce(&mut dyn Ctx) -> R) -> R {
-        let mut ctx = self.ctx(None, false);
+        let mut ctx = self.ctx(None, None);
         f(&mut ctx)
     }
 
@@ -165,14 +170,17 @@ impl Reactor {
         self.clock.now_ns()
     }
 
-    fn ctx(&mut self, current: Option<PollerId>, in_loop: bool) -> ReactorCtx<'_> {
+    /// A context for code run by this reactor; `loop_now` is the loop's time when it runs
+    /// inside one.
+    fn ctx(&mut self, current: Option<PollerId>, loop_now: Option<u64>) -> ReactorCtx<'_> {
         ReactorCtx {
             core: self.core,
             table: &mut self.table,
             mailboxes: &self.mailboxes,
+            loop_now,
             clock: &*self.clock,
             current,
-            in_loop,
+            in_loop: loop_now.is_some(),
         }
     }
 
@@ -195,7 +203,7 @@ impl Reactor {
             let Some(msg) = self.mailboxes.pop(self.core) else {
                 break;
             };
-            msg.run(&mut self.ctx(None, true));
+            msg.run(&mut self.ctx(None, Some(now)));
             messages += 1;
         }
         if messages > 0 {
@@ -206,12 +214,12 @@ impl Reactor {
             let Some(taken) = self.table.take_active(index) else {
                 continue;
             };
-            busy = busy.or(self.run_taken(taken, |p, ctx| p.poll(ctx)));
+            busy = busy.or(self.run_taken(taken, Some(now), |p, ctx| p.poll(ctx)));
         }
 
         let mut fired = 0u64;
         while let Some(mut taken) = self.table.pop_due(now) {
-            let r = taken.poller.poll(&mut self.ctx(Some(taken.id), true));
+            let r = taken.poller.poll(&mut self.ctx(Some(taken.id), Some(now)));
             busy = busy.or(r);
             self.table.finish_timer(taken, now);
             fired += 1;
@@ -230,9 +238,10 @@ impl Reactor {
     fn run_taken(
         &mut self,
         mut taken: Taken,
+        loop_now: Option<u64>,
         f: impl FnOnce(&mut dyn Poller, &mut dyn Ctx) -> PollResult,
     ) -> PollResult {
-        let r = f(&mut *taken.poller, &mut self.ctx(Some(taken.id), true));
+        let r = f(&mut *taken.poller, &mut self.ctx(Some(taken.id), loop_now));
         self.table.put_back(taken);
         r
     }
@@ -241,9 +250,10 @@ impl Reactor {
     /// and timer, in slot order. The driver then keeps calling
     /// [`run_once`](Self::run_once) to drain, and finally [`close`](Self::close)s.
     pub fn begin_shutdown(&mut self) {
+        let now = self.clock.now_ns();
         for index in 0..self.table.slot_count() {
             if let Some(taken) = self.table.take_any(index) {
-                self.run_taken(taken, |p, ctx| {
+                self.run_taken(taken, Some(now), |p, ctx| {
                     p.shutdown(ctx);
                     PollResult::Idle
                 });

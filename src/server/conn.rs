@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::session::Path;
@@ -24,9 +25,15 @@ pub(crate) enum InfoState {
     Done,
 }
 
+/// A core's own handle on a path: the connection slot holds one, and each request the
+/// connection brings clones it, a count only this core writes (the path's `Arc` is
+/// cloned once per connection, not per IO: docs/ARCHITECTURE.md, "Who writes what per
+/// IO"). Made on the core that serves the connection, and never leaves it.
+pub(crate) type PathRef = Rc<Arc<Path>>;
+
 /// One connection served here.
 pub(crate) struct ConSlot {
-    pub path: Arc<Path>,
+    pub path: PathRef,
     pub con: Con,
     /// Disconnect issued; dropped once drained.
     pub closing: bool,
@@ -52,7 +59,7 @@ pub(crate) struct ConSlot {
 impl ConSlot {
     pub fn new(path: Arc<Path>, con: Con) -> ConSlot {
         ConSlot {
-            path,
+            path: Rc::new(path),
             con,
             closing: false,
             rsp_wait: VecDeque::new(),

@@ -225,14 +225,15 @@ pub(crate) fn heartbeat(cx: &mut dyn Ctx, sh: &ServerState, slot: &mut ConSlot, 
     let Some((hb, next)) = slot.hb.as_mut() else {
         return false;
     };
-    // Read first: the flag's line is written by the IO cores, swapping it every loop
-    // would take it from them each time.
+    if now < *next {
+        return false;
+    }
+    // The flag is read and cleared once per interval, at the tick (what happened since
+    // the last tick is all `on_tick` needs): the IO cores that set it write its line
+    // once per interval each, not once per loop of this core.
     if slot.path.traffic.load(Ordering::Relaxed) && slot.path.traffic.swap(false, Ordering::AcqRel)
     {
         hb.on_traffic();
-    }
-    if now < *next {
-        return false;
     }
     *next = now.saturating_add(hb.interval_ns());
     match hb.on_tick(now) {

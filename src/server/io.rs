@@ -27,6 +27,7 @@
 //!    response is posted (the client may reuse the buf id as soon as it sees it).
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::conn::{close_path_of, ConSlot};
@@ -167,7 +168,7 @@ impl Requests {
                 return env.close(cx, i, format_args!("buf_id {buf_id}: {e}"));
             }
         };
-        let path = Arc::clone(&slot.path);
+        let path = Rc::clone(&slot.path);
         let idx = self.ops.alloc(path, i, buf_id, req);
         if !env.sh.cfg.always_invalidate {
             return self.after_inv(cx, env, idx);

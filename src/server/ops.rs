@@ -3,7 +3,7 @@
 //! core serves the connections of many paths). A slot's generation moves when it is
 //! freed, so an id or a LOCAL_INV completion of a finished request is recognised.
 
-use std::sync::Arc;
+use super::conn::PathRef;
 
 use super::handler::IoId;
 use super::session::Path;
@@ -30,7 +30,7 @@ pub(crate) enum Stage {
 pub(crate) struct Op {
     pub gen: u32,
     pub stage: Stage,
-    pub path: Option<Arc<Path>>,
+    pub path: Option<PathRef>,
     /// The connection (index in the core's connections) it came on.
     pub con: usize,
     pub buf_id: u16,
@@ -85,7 +85,7 @@ impl OpTable {
 
     /// Takes a slot for a request for chunk `buf_id` of `path` that came on connection
     /// `con`; it waits for its LOCAL_INV ([`Stage::Inv`]).
-    pub fn alloc(&mut self, path: Arc<Path>, con: usize, buf_id: u16, req: ChunkReq) -> u32 {
+    pub fn alloc(&mut self, path: PathRef, con: usize, buf_id: u16, req: ChunkReq) -> u32 {
         path.counters.hold(self.core);
         let ticket = path.sess.done_ticket(buf_id);
         let idx = match self.free.pop() {
@@ -116,7 +116,7 @@ impl OpTable {
             return;
         }
         let path = op.path.take();
-        self.finish(idx, path.as_deref(), dropped);
+        self.finish(idx, path.as_deref().map(|p| &**p), dropped);
     }
 
     /// As [`end`](Self::end), for a request whose path the caller has taken out of the

@@ -425,7 +425,7 @@ impl ServerCore {
         let Some(slot) = self.cons[i].as_mut() else {
             return;
         };
-        // Only when not set yet: the home core's heartbeat reads the flag every loop.
+        // Only when not set yet: the home core clears it once per heartbeat interval.
         if !slot.path.traffic.load(Ordering::Relaxed) {
             slot.path.traffic.store(true, Ordering::Release);
         }

@@ -217,8 +217,10 @@ fn meta(key: u8, kind: Kind, valid: bool, scope: KeyScope, access: Access) -> u3
         | (access.bits() & 0xf) << META_ACCESS_SHIFT
 }
 
-/// One entry: read as a whole ([`Entry::read`]) or not at all.
+/// One entry: read as a whole ([`Entry::read`]) or not at all. Alone on its cache line:
+/// entries of slots bound by different cores sit side by side.
 #[derive(Default)]
+#[repr(align(64))]
 struct Entry {
     /// Even when stable, odd while its writer changes it.
     seq: AtomicU32,

@@ -62,7 +62,10 @@ impl Snapshot {
 
 /// Block requests of one queue in flight: written by the queue's own core only
 /// (`store(load + 1)`, no read-modify-write), read by the admin.
+/// Alone on its cache line pair: the counters of several queues are made one after
+/// another.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub(super) struct InFlight(AtomicUsize);
 
 impl InFlight {
