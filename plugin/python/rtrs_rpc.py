@@ -188,7 +188,8 @@ def rtrs_target_export(client, bdev_name, export_name=None, access=None, allowed
 
     allowed_hosts: list of host patterns (an address such as 127.0.0.2, a network such as
     10.0.0.0/24 or [fd00::]/64, or sess:SESSNAME); only matching hosts may open the
-    export. Left out: every host may (an empty list: none, until hosts are added).
+    export. sess:SESSNAME identifies, it does not authenticate (clients choose their
+    session names): use it on a listener with a psk. Left out: every host may (an empty list: none, until hosts are added).
     """
     return client.call('rtrs_target_export', _drop_none({
         'bdev_name': bdev_name, 'export_name': export_name, 'access': access,
@@ -395,7 +396,8 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-a', '--access', choices=('ro', 'rw'), help='Access. Default: rw')
     p.add_argument('-H', '--allowed-host', action='append',
                    help='Only hosts matching this pattern may open the export: an address '
-                        '(127.0.0.2), a network (10.0.0.0/24, [fd00::]/64) or sess:SESSNAME. '
+                        '(127.0.0.2), a network (10.0.0.0/24, [fd00::]/64) or sess:SESSNAME '
+                        '(identifies, does not authenticate: use with a psk on the listener). '
                         'Repeatable. Default: every host may')
     p.set_defaults(func=_rtrs_target_export)
 
@@ -405,7 +407,8 @@ def spdk_rpc_plugin_initialize(subparsers):
     p = subparsers.add_parser('rtrs_target_export_add_host',
                               help='Allow a host to open an export')
     p.add_argument('export_name', help='Export name')
-    p.add_argument('host', help='Host pattern: address, network or sess:SESSNAME')
+    p.add_argument('host', help='Host pattern: address, network or sess:SESSNAME '
+                                '(identifies, does not authenticate: use with a psk on the listener)')
     p.set_defaults(func=_rtrs_target_export_add_host)
 
     def _rtrs_target_export_remove_host(args):

@@ -8,6 +8,7 @@
 //!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //!             [--psk-file KEYFILE]
 //!             [--allow vol=10.0.0.0/24 --allow vol=sess:host1 ...]
+//!             [--max-sessions N] [--max-sessions-per-source 16]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
 //! both at once run one RTRS server per fabric over the same exports. Connections that
@@ -19,7 +20,8 @@
 //! SIGINT or SIGTERM: the servers close every session, their pollers finish, the
 //! reactors drain, exit code 0. `--allow NAME=PATTERN` restricts export NAME to the
 //! hosts its patterns match (an address, a network, or `sess:SESSNAME`; checked at OPEN,
-//! others get −EACCES); an export without any stays open to every host, as the kernel's
+//! others get −EACCES; a `sess:` pattern identifies a client, it does not authenticate
+//! it, since clients name their own sessions: use it with `--psk-file`); an export without any stays open to every host, as the kernel's
 //! are, and a target listening on a non-loopback address says so in one warning. With
 //! `-v` each path that connects is logged with its session name and `client@server`
 //! addresses. With `--psk-file` every client must prove the key on connect
@@ -112,8 +114,9 @@ struct Args {
     max_sessions_per_source: usize,
     /// Only hosts matching PATTERN may open export NAME: an address (127.0.0.2,
     /// [fd00::1]) or network (10.0.0.0/24, [fd00::]/64) matched against the client's
-    /// source address, or sess:SESSNAME matched against its session name. Repeatable;
-    /// an export without any is open to every host.
+    /// source address, or sess:SESSNAME matched against its session name (which the
+    /// client chooses: it identifies, it does not authenticate; pair it with
+    /// --psk-file). Repeatable; an export without any is open to every host.
     #[arg(long, value_name = "NAME=PATTERN", value_parser = allow_arg)]
     allow: Vec<(String, HostPattern)>,
     /// More log output (repeatable); RUST_LOG overrides.

@@ -3,7 +3,8 @@
 //! open every device). A [`HostPattern`] is an address (`127.0.0.2`, `[fd00::1]`), a
 //! network (`10.0.0.0/24`, `[fd00::]/64`), both matched against the source address of
 //! the path that carries the OPEN, or `sess:NAME`, matched against the RTRS session
-//! name. An export with no list ([`HostList::any`]) is open to every host; one with a
+//! name, which the client chooses: it identifies, it does not authenticate (a
+//! pre-shared key does; docs/ARCHITECTURE.md, "Who may open an export"). An export with no list ([`HostList::any`]) is open to every host; one with a
 //! list (even an empty one) only to the hosts it matches.
 //!
 //! The list is checked at OPEN only: removing a host leaves the devices it has open
