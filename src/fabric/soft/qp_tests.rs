@@ -774,7 +774,7 @@ fn local_operations_take_effect_at_post() {
 /// nobody can write the chunk through the key.
 #[test]
 fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
-    const BIG: usize = 128 << 10;
+    const BIG: usize = 256 << 10;
     let mut p = pair(QpCaps::default());
     let chunk = buf(&p, BIG, RW);
     let dst = buf(&p, BIG, RW);
