@@ -26,9 +26,12 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   svg-qd SWEEP.tsv OUT.svg      -> IOPS vs queue depth, one line per side
   svg-lat RTRS.json NVMF.json OUT.svg
                                 -> QD1 completion-latency distribution (fio percentiles)
+  svg-cores SCALING.tsv OUT.svg -> IOPS vs cores per side, one line per side (bench/scaling.sh)
+  median V...                   -> the median of the numbers (the lower middle one of an
+                                   even count)
   append DOC SECTION INTRO RUN  -> puts RUN (a file) at the end of section SECTION of DOC
 
-SWEEP.tsv has lines "side<TAB>qd<TAB>iops".
+SWEEP.tsv has lines "side<TAB>qd<TAB>iops", SCALING.tsv "side<TAB>cores<TAB>iops".
 """
 
 import json
@@ -38,8 +41,9 @@ import socket
 import sys
 import time
 
-COLORS = {"rtrs": "#1f77b4", "nvmf": "#d62728"}
-LABELS = {"rtrs": "rtrs bdev (tcp fabric)", "nvmf": "SPDK NVMe-oF/TCP"}
+COLORS = {"rtrs": "#1f77b4", "nvmf": "#d62728", "inline": "#2ca02c"}
+LABELS = {"rtrs": "rtrs bdev (tcp fabric)", "nvmf": "SPDK NVMe-oF/TCP",
+          "inline": "rtrs-bench --inline-target (reactors)"}
 
 
 def bdevperf_p99(log, offset):
@@ -320,6 +324,34 @@ def svg_lat(rtrs, nvmf, out):
     s.save(out, "bench/spdk_vs_nvmf.sh")
 
 
+def svg_cores(tsv, out):
+    data = {}
+    for line in open(tsv):
+        side, cores, iops = line.split()
+        data.setdefault(side, []).append((int(cores), float(iops)))
+    if not data:
+        raise SystemExit("svg-cores: %s holds no results" % tsv)
+    cores = sorted({c for pts in data.values() for c, _ in pts})
+    ymax = nice_ceil(max(v for pts in data.values() for _, v in pts) * 1.05)
+    lo, hi = math.log2(cores[0]), math.log2(cores[-1])
+    s = Svg("4 KiB randread QD32 per core: IOPS vs cores per side",
+            "cores per side (reactors for --inline-target)", "IOPS (thousands)")
+    s.frame([(c, str(c)) for c in cores],
+            [(ymax * i / 5, "%.0f" % (ymax * i / 5 / 1000)) for i in range(6)],
+            lambda x: (math.log2(x) - lo) / (hi - lo or 1), lambda y: y / ymax)
+    for side in sorted(data):
+        s.line(side, sorted(data[side]))
+    s.legend(sorted(data))
+    s.save(out, "bench/scaling.sh")
+
+
+def median(*vals):
+    v = sorted(float(x) for x in vals)
+    if not v:
+        raise SystemExit("median: no values")
+    print(v[(len(v) - 1) // 2])
+
+
 def append(doc, section, intro, run):
     run = open(run).read().rstrip("\n") + "\n"
     intro = open(intro).read().rstrip("\n") + "\n"
@@ -341,7 +373,8 @@ def append(doc, section, intro, run):
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
             "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu,
-            "svg-qd": svg_qd, "svg-lat": svg_lat, "append": append}
+            "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median,
+            "append": append}
     if len(argv) < 2 or argv[1] not in cmds:
         sys.stderr.write(__doc__)
         return 2

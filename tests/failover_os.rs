@@ -1,6 +1,8 @@
 //! Failover under faults made by the operating system, as a user meets them: the built
 //! `rtrs-target` (always_invalidate on, then off) listening on 127.0.0.1 and 127.0.0.2,
-//! and `rtrs-bench --verify` over both paths (read, write, randrw). While it runs, the
+//! and `rtrs-bench --verify` over both paths (read, write, randrw); one reactor on each
+//! side with always_invalidate on, two on each side with it off (the two sides then
+//! share this machine's cores, each IO core with a connection of its own per path). While it runs, the
 //! paths are broken alternately at random moments: every TCP socket of the path killed
 //! with `ss -K` (the client's or the server's side), or (once in every other run) the
 //! path made silent by an `nft` drop rule until both heartbeats (shortened to 2 s × 4,
@@ -102,9 +104,19 @@ struct Target {
     log: mpsc::Receiver<String>,
 }
 
+/// The reactors of both sides: one each (target core 0, bench core 1), or two each.
+fn masks(two_reactors: bool) -> (&'static str, &'static str) {
+    if two_reactors {
+        ("0x3", "0x3")
+    } else {
+        ("0x1", "0x2")
+    }
+}
+
 fn start_target(always_invalidate: bool) -> Target {
     let mut c = Command::new(TARGET);
-    c.args(["-m", "0x1", "--idle", "adaptive", "--export", "vol=ram:16M"]);
+    let (mask, _) = masks(!always_invalidate);
+    c.args(["-m", mask, "--idle", "adaptive", "--export", "vol=ram:16M"]);
     for a in ADDRS {
         c.args(["--listen", &format!("tcp://{a}:0")]);
     }
@@ -183,9 +195,10 @@ fn run(
         .collect();
     let run_for = if silence { RUN_SILENCE } else { RUN };
     let time = format!("{}s", run_for.as_secs());
+    let two = !always_invalidate;
     let mut args = vec![
         "-m",
-        "0x2",
+        masks(two).1,
         "--idle",
         "adaptive",
         "--device",
@@ -231,8 +244,8 @@ fn run(
     let started = Instant::now();
     let watch = CpuWatch::start(vec![bench.pid(), t.kid.pid()]);
 
-    // One IO connection (one bench core) plus cid 0 per path.
-    let cons = 2;
+    // One IO connection per bench core plus cid 0, per path.
+    let cons = if two { 3 } else { 2 };
     let mut breaks = [0usize; 2];
     let mut log = Vec::new();
     let mut p = rng.below(2) as usize;
@@ -311,8 +324,10 @@ fn run(
             failovers += ps["rdma"]["failover_cnt"].as_u64().unwrap_or(0);
         }
         eprintln!(
-            "failover_os: always_invalidate {always_invalidate}, {rw}: breaks {breaks:?}, \
-             failed-over requests {failovers}, ios {}, longest wait for a CPU {:?}",
+            "failover_os: always_invalidate {always_invalidate}, {rw}, reactors per side {}: \
+             breaks {breaks:?}, failed-over requests {failovers}, ios {}, longest wait for a \
+             CPU {:?}",
+            if two { 2 } else { 1 },
             v["ios"],
             starved.iter().max().copied().unwrap_or_default()
         );
