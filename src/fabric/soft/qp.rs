@@ -329,8 +329,14 @@ pub struct SoftQp {
     /// local ones in between are skipped over too).
     sq_sent: usize,
     /// Slots from `sq_head` whose bytes have left their source memory, as the transport
-    /// last said ([`SoftQp::sent_left`]); a REG_MR waits behind any that have not.
+    /// last said ([`SoftQp::sent_left`], [`SoftQp::left_through`]); a REG_MR waits behind
+    /// any that have not.
     sq_left: usize,
+    /// The transport said every wire operation up to this sequence number has taken its
+    /// bytes out of its sources.
+    left_seq: u64,
+    /// REG_MRs posted and waiting for the bytes before them (`SqSlot::bind`).
+    binds_waiting: usize,
     next_seq: u64,
     peer_acked: u64,
     rq: VecDeque<PostedRecv>,
@@ -372,6 +378,8 @@ impl SoftQp {
             sq_done: 0,
             sq_sent: 0,
             sq_left: 0,
+            left_seq: 0,
+            binds_waiting: 0,
             next_seq: 1,
             peer_acked: 0,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
@@ -547,6 +555,7 @@ impl SoftQp {
                             fmr.set_rkey(rkey);
                             if bytes_pending {
                                 slot.bind = Some(b);
+                                self.binds_waiting += 1;
                                 return;
                             }
                             match table.apply_bind(&b, qp_num) {
@@ -691,10 +700,11 @@ impl SoftQp {
     /// transport has not said so, the peer has not acked it, it did not complete).
     fn earlier_bytes_pending(&self, i: usize, range: (u64, u64)) -> bool {
         let (lo, hi) = range;
+        let gone = self.peer_acked.max(self.left_seq);
         (self.sq_left.max(self.sq_done).min(i)..i).any(|j| {
             let s = self.slot(j);
             s.status.is_none()
-                && s.wire.is_some_and(|w| w.seq > self.peer_acked)
+                && s.wire.is_some_and(|w| w.seq > gone)
                 && s.srcs.iter().any(|m| {
                     let a = m.as_ptr() as u64;
                     a < hi && lo < a + m.len() as u64
@@ -712,7 +722,8 @@ impl SoftQp {
         for j in from..i {
             let at = (self.sq_head + j) & self.sq_mask;
             let s = &mut self.sq[at];
-            if s.status.is_some() || !s.wire.is_some_and(|w| w.seq > self.peer_acked) {
+            let gone = self.peer_acked.max(self.left_seq);
+            if s.status.is_some() || !s.wire.is_some_and(|w| w.seq > gone) {
                 continue;
             }
             for src in s.srcs.iter_mut() {
@@ -732,19 +743,15 @@ impl SoftQp {
         true
     }
 
-    /// Makes the REG_MRs at the transport's frontier whose turn has come (every
-    /// operation before them has taken its bytes out), and steps the frontier over
-    /// them and over local operations. Returns whether one was made.
+    /// Makes the waiting REG_MRs whose turn has come (no operation before them may still
+    /// read the memory they expose), in send-queue order, stopping at the first that must
+    /// go on waiting. Returns whether one was made.
     fn take_binds(&mut self) -> bool {
         self.advance_left();
         let mut made = false;
-        while self.sq_sent < self.sq_len {
-            let i = self.sq_sent;
-            let s = self.slot(i);
-            if s.wire.is_some() && s.status.is_none() {
-                break;
-            }
-            if let Some(b) = s.bind {
+        let mut i = self.sq_left.max(self.sq_done);
+        while self.binds_waiting > 0 && i < self.sq_len {
+            if let Some(b) = self.slot(i).bind {
                 if self.earlier_bytes_pending(i, b.range()) {
                     break;
                 }
@@ -755,17 +762,18 @@ impl SoftQp {
                 let slot = self.slot_mut(i);
                 slot.bind = None;
                 slot.status = Some(status);
+                self.binds_waiting -= 1;
                 made = true;
                 if !status.is_ok() {
-                    self.sq_sent += 1;
                     self.break_now();
                     return true;
                 }
             }
-            self.sq_sent += 1;
+            i += 1;
         }
         if made {
             self.advance();
+            self.advance_left();
         }
         made
     }
@@ -778,17 +786,33 @@ impl SoftQp {
         self.take_binds();
     }
 
-    /// The wire operations posted and not yet handed to the transport, in order, up to
-    /// the first REG_MR still waiting for the bytes before it to leave.
+    /// The transport says the wire operations up to sequence number `seq` (of those
+    /// handed to it) have taken their bytes out of their sources (the tcp fabric: their
+    /// frames are written into the socket, which the rest of its batch may not be yet):
+    /// the REG_MRs waiting on them only are made now. Called before anything else runs
+    /// on the queue pair, so a peer that learns a new key from a frame written after the
+    /// REG_MR finds it in effect.
+    pub fn left_through(&mut self, seq: u64) {
+        if seq > self.left_seq {
+            self.left_seq = seq;
+            if self.binds_waiting > 0 {
+                self.take_binds();
+            }
+        }
+    }
+
+    /// The wire operations posted and not yet handed to the transport, in order. Those
+    /// behind a REG_MR still waiting for the bytes before it come too: the transport
+    /// writes them in order, says which have left ([`SoftQp::left_through`]) and so makes
+    /// the REG_MR before any frame behind it can reach the peer whole (a peer learns a
+    /// new key only from a frame written after its REG_MR).
     pub fn outbound(&self) -> impl Iterator<Item = (WireOp, &[MemRef])> + '_ {
-        (self.sq_sent..self.sq_len)
-            .take_while(move |&i| self.slot(i).bind.is_none())
-            .filter_map(move |i| {
-                let s = self.slot(i);
-                s.wire
-                    .filter(|_| s.status.is_none())
-                    .map(|w| (w, s.srcs.as_slice()))
-            })
+        (self.sq_sent..self.sq_len).filter_map(move |i| {
+            let s = self.slot(i);
+            s.wire
+                .filter(|_| s.status.is_none())
+                .map(|w| (w, s.srcs.as_slice()))
+        })
     }
 
     /// Whether posted requests wait to be handed to the transport (a cheap test before
@@ -834,12 +858,18 @@ impl SoftQp {
         let mut refused = false;
         while i < self.sq_len {
             if self.slot(i).bind.is_some() {
-                // A REG_MR: made once the operations before it executed at the peer.
+                // A REG_MR: made once the operations before it executed at the peer, and
+                // nothing behind it goes before (the peer would learn its key at once).
                 self.sq_sent = i;
-                if !self.take_binds() || self.sq_sent == i {
+                self.take_binds();
+                if self.state == ConnState::Disconnected {
                     return;
                 }
+                // `take_binds` may have freed slots before it: its index moved.
                 i = self.sq_sent;
+                if self.slot(i).bind.is_some() {
+                    return;
+                }
                 continue;
             }
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
@@ -883,7 +913,9 @@ impl SoftQp {
     fn advance_left(&mut self) {
         while self.sq_left < self.sq_sent {
             let s = self.slot(self.sq_left);
-            let done = s.status.is_some() || (s.wire.is_none() && s.bind.is_none());
+            let done = s.status.is_some()
+                || (s.wire.is_none() && s.bind.is_none())
+                || s.wire.is_some_and(|w| w.seq <= self.left_seq);
             if !done {
                 break;
             }
@@ -900,11 +932,10 @@ impl SoftQp {
             }
             self.sq_sent += 1;
         }
-        // Local operations right behind the last transmitted one are "sent" too, up to
-        // a REG_MR still waiting for the bytes before it to leave.
+        // Local operations right behind the last transmitted one are "sent" too (a
+        // REG_MR still waiting for the bytes before it included: `left_through` makes it).
         while self.sq_sent < self.sq_len {
-            let s = self.slot(self.sq_sent);
-            if s.wire.is_some() || s.bind.is_some() {
+            if self.slot(self.sq_sent).wire.is_some() {
                 break;
             }
             self.sq_sent += 1;
@@ -1191,6 +1222,7 @@ impl SoftQp {
         self.sq_done = 0;
         self.sq_sent = 0;
         self.sq_left = 0;
+        self.binds_waiting = 0;
         while !self.rq.is_empty() {
             self.complete_recv(WcStatus::WrFlush, WcOpcode::Recv, 0, None, None);
         }

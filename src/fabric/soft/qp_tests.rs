@@ -819,19 +819,23 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
             .is_ok()
     };
     assert!(!reach(), "not while the WRITE's bytes are in the chunk");
-    assert_eq!(
-        p.b.outbound().count(),
-        1,
-        "the SEND behind the REG_MR waits too (its receiver learns the key from it)"
-    );
-    p.b.mark_transmitted(1);
+    // The SEND behind the REG_MR goes to the transport in the same batch: the transport
+    // says when the WRITE has left, before the SEND can be whole at the peer.
+    let seqs: Vec<u64> = p.b.outbound().map(|(w, _)| w.seq).collect();
+    assert_eq!(seqs.len(), 2, "the WRITE and the SEND");
+    p.b.mark_transmitted(2);
     assert!(
         !reach(),
         "handed to the transport is not gone from the chunk"
     );
-    p.b.sent_left();
-    assert!(reach(), "made once the transport says the bytes left");
-    assert_eq!(p.b.outbound().count(), 1, "and the SEND goes");
+    p.b.left_through(seqs[0] - 1);
+    assert!(!reach(), "nothing of the WRITE said to have left");
+    p.b.left_through(seqs[0]);
+    assert!(
+        reach(),
+        "made once the transport says the WRITE's bytes left"
+    );
+    assert_eq!(p.b.outbound().count(), 0, "everything was handed over");
     // Its completion comes in send-queue order, after the WRITE's ack.
     assert!(drain(&mut p.b).is_empty());
     p.b.on_ack(1);

@@ -58,6 +58,10 @@ pub(crate) struct Tx {
     partial: bool,
     /// For each frame of the batch, the index of the iovec after its last one.
     frame_ends: Vec<usize>,
+    /// Per operation frame of the batch: where it ends (as `frame_ends`) and its
+    /// sequence number; the first `op_left` were reported wholly written.
+    op_ends: Vec<(usize, u64)>,
+    op_left: usize,
     keep: Vec<MemRef>,
     /// The rest of the frame in flight when the connection broke (see [`Tx::detach`]).
     tail: Vec<u8>,
@@ -118,6 +122,8 @@ impl Tx {
             pos: 0,
             partial: false,
             frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
+            op_ends: Vec::with_capacity(MAX_FRAMES + 1),
+            op_left: 0,
             keep: Vec::with_capacity(IOV_CAP),
             tail: Vec::new(),
             ack: None,
@@ -166,7 +172,12 @@ impl Tx {
                 // moved or rewritten while the batch is in flight) or at source memory
                 // kept alive by `self.keep`.
                 match unsafe { sys::send_gather(fd, &self.iov.as_slice()[self.pos..]) } {
-                    Ok(n) => self.partial = self.iov.consume(&mut self.pos, n),
+                    Ok(n) => {
+                        self.partial = self.iov.consume(&mut self.pos, n);
+                        if let Some(q) = qp.as_deref_mut() {
+                            self.report_left(q);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),
@@ -175,6 +186,8 @@ impl Tx {
             self.iov.clear();
             self.keep.clear();
             self.frame_ends.clear();
+            self.op_ends.clear();
+            self.op_left = 0;
             self.nhdrs = 0;
             self.pos = 0;
             self.partial = false;
@@ -212,6 +225,8 @@ impl Tx {
         self.iov.clear();
         self.keep.clear();
         self.frame_ends.clear();
+        self.op_ends.clear();
+        self.op_left = 0;
         self.pos = 0;
         self.partial = false;
         if !self.tail.is_empty() {
@@ -235,6 +250,23 @@ impl Tx {
                 false
             }
             Some(t) => t.elapsed() >= self.ack_delay,
+        }
+    }
+
+    /// Tells `qp` which operations of the batch in flight are now wholly in the socket
+    /// (their sources are read), so the REG_MRs behind them take effect before any frame
+    /// written after them can be complete at the peer.
+    fn report_left(&mut self, qp: &mut SoftQp) {
+        let mut last = None;
+        while let Some(&(end, seq)) = self.op_ends.get(self.op_left) {
+            if end > self.pos {
+                break;
+            }
+            last = Some(seq);
+            self.op_left += 1;
+        }
+        if let Some(seq) = last {
+            qp.left_through(seq);
         }
     }
 
@@ -269,6 +301,7 @@ impl Tx {
                     break;
                 }
                 self.push_header(&wire_header(&op));
+                let seq = op.seq;
                 for s in srcs.iter().filter(|s| !s.is_empty()) {
                     self.iov.push(s.as_ptr(), s.len());
                     // One handle per registration keeps all its pieces alive: `keep`
@@ -278,6 +311,7 @@ impl Tx {
                     }
                 }
                 self.frame_ends.push(self.iov.len());
+                self.op_ends.push((self.iov.len(), seq));
                 n += 1;
             }
             qp.mark_transmitted(n);
