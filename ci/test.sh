@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test. `.ci/run` and the README call this.
+# Each phase prints how long it took, and the last line the whole run's time, so that the
+# suite's budget (well under 20 minutes on 2 cores) stays visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+T0=$(date +%s)
+TP=$T0
+phase() {
+	local now
+	now=$(date +%s)
+	[[ $# -eq 0 ]] || echo "== $*"
+	if ((now > TP)); then echo "   (previous phase: $((now - TP)) s)"; fi
+	TP=$now
+}
 ci/setup.sh
 
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --check
-echo "== cargo clippy --all-targets -- -D warnings"
+phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
-echo "== cargo test (lib, tests, doc tests)"
+phase "cargo test (lib, tests, doc tests)"
 cargo test
 # Benches are plain programs; build them so they cannot rot.
-echo "== cargo build --benches"
+phase "cargo build --benches"
 cargo build --benches -q
 # The verbs fabric against the kernel's RTRS/RNBD in a QEMU guest with Soft-RoCE, on the
 # debug binaries just built (one SKIPPED line where no guest can run).
-echo "== ci/kernel-vm.sh (interop with the kernel's RTRS/RNBD over rxe)"
+phase "ci/kernel-vm.sh (interop with the kernel's RTRS/RNBD over rxe)"
 ci/kernel-vm.sh
 # The SPDK plugin tests (one SKIPPED line when SPDK is not found).
+phase "ci/spdk-test.sh"
 ci/spdk-test.sh
 # The RTRS target inside spdk_tgt, driven by the project's own client (same skip rule).
+phase "ci/spdk-target-test.sh"
 ci/spdk-target-test.sh
+phase
+echo "ci/test.sh: all passed in $(($(date +%s) - T0)) s"

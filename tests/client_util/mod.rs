@@ -89,14 +89,14 @@ pub struct Load {
 /// The data of write `seq` of `slot`: 8-byte words that differ per word, slot and seq
 /// (cheap enough for debug builds).
 fn pattern(slot: usize, seq: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len + 8);
+    let mut v = vec![0u8; len];
     let base = (seq << 32) ^ ((slot as u64) << 48) ^ 0x9e37_79b9_7f4a_7c15;
-    let mut w = 0u64;
-    while v.len() < len {
-        v.extend_from_slice(&(base.wrapping_add(w.wrapping_mul(0x1000_0001))).to_le_bytes());
-        w += 1;
+    for (w, c) in v.chunks_mut(8).enumerate() {
+        let word = base
+            .wrapping_add((w as u64).wrapping_mul(0x1000_0001))
+            .to_le_bytes();
+        c.copy_from_slice(&word[..c.len()]);
     }
-    v.truncate(len);
     v
 }
 
