@@ -303,6 +303,16 @@ struct InProgress {
     invalidated: Option<u32>,
 }
 
+/// An empty [`SoftQp::src_span`].
+const NO_SPAN: (u64, u64) = (u64::MAX, 0);
+
+/// Widens `span` to cover the bytes of `src`.
+fn widen(span: &mut (u64, u64), src: &MemRef) {
+    let a = src.as_ptr() as u64;
+    span.0 = span.0.min(a);
+    span.1 = span.1.max(a + src.len() as u64);
+}
+
 /// A software RC queue pair.
 pub struct SoftQp {
     table: Arc<MrTable>,
@@ -337,6 +347,11 @@ pub struct SoftQp {
     left_seq: u64,
     /// REG_MRs posted and waiting for the bytes before them (`SqSlot::bind`).
     binds_waiting: usize,
+    /// Bounds `[lo, hi)` of every source of the slots a REG_MR's check may have to look
+    /// at (from `sq_left.max(sq_done)` on): a REG_MR whose range lies outside them waits
+    /// for nothing and looks at no slot. Emptied when a post finds no such slot before
+    /// it, widened by every source posted or staged after.
+    src_span: (u64, u64),
     next_seq: u64,
     peer_acked: u64,
     rq: VecDeque<PostedRecv>,
@@ -380,6 +395,7 @@ impl SoftQp {
             sq_left: 0,
             left_seq: 0,
             binds_waiting: 0,
+            src_span: NO_SPAN,
             next_seq: 1,
             peer_acked: 0,
             rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
@@ -492,6 +508,10 @@ impl SoftQp {
     fn push_send(&mut self, wr: &SendWr<'_>, len: u32) {
         let i = self.sq_len;
         self.sq_len += 1;
+        if self.sq_left.max(self.sq_done) >= i {
+            // No earlier slot is left for a REG_MR to wait on.
+            self.src_span = NO_SPAN;
+        }
         let broken = self.state == ConnState::Disconnected;
         let seq = self.next_seq;
         // A REG_MR exposing memory that an earlier operation still reads waits for it,
@@ -591,7 +611,10 @@ impl SoftQp {
         }
         for sge in wr.sges {
             match table.local(leases, sge, Access::NONE) {
-                Ok(m) => slot.srcs.push(m),
+                Ok(m) => {
+                    widen(&mut self.src_span, &m);
+                    slot.srcs.push(m);
+                }
                 Err(s) => {
                     slot.srcs.clear();
                     slot.status = Some(s);
@@ -700,6 +723,9 @@ impl SoftQp {
     /// transport has not said so, the peer has not acked it, it did not complete).
     fn earlier_bytes_pending(&self, i: usize, range: (u64, u64)) -> bool {
         let (lo, hi) = range;
+        if !(lo < self.src_span.1 && self.src_span.0 < hi) {
+            return false;
+        }
         let gone = self.peer_acked.max(self.left_seq);
         (self.sq_left.max(self.sq_done).min(i)..i).any(|j| {
             let s = self.slot(j);
@@ -733,6 +759,7 @@ impl SoftQp {
                 }
                 match self.stage.capture(src) {
                     Some(copy) => {
+                        widen(&mut self.src_span, &copy);
                         *src = copy;
                         s.staged = Some(self.stage.tail());
                     }

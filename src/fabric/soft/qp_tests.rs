@@ -923,3 +923,70 @@ fn an_ack_of_the_bytes_before_a_reg_mr_makes_it() {
         )
         .is_ok());
 }
+
+/// Unsent bytes of other memory hold no REG_MR back, however many; unsent bytes of the
+/// range it exposes do, also behind those (the bounds of the pending sources cover both),
+/// and once everything has left a REG_MR of that range goes at once again.
+#[test]
+fn only_unsent_bytes_of_the_exposed_range_hold_a_reg_mr() {
+    const BIG: usize = 256 << 10;
+    let mut p = pair(QpCaps::default());
+    let chunk = buf(&p, BIG, RW);
+    let other = buf(&p, BIG, RW);
+    let dst = buf(&p, BIG, RW);
+    let slots: Vec<_> = (0..3)
+        .map(|_| p.table.alloc_fast_mr(KeyScope::Domain).unwrap())
+        .collect();
+    let keys: Vec<u32> = slots
+        .iter()
+        .map(|s| crate::fabric::next_rkey(s.rkey()))
+        .collect();
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    let bind = |k: usize| SendOp::RegMr {
+        slot: &slots[k],
+        region: &chunk,
+        addr: chunk.addr(),
+        len: BIG as u32,
+        access: RW,
+        rkey: keys[k],
+    };
+    let table = p.table.clone();
+    let reach = |key: u32| {
+        table
+            .remote(
+                &mut Leases::default(),
+                0,
+                key,
+                chunk.addr(),
+                64,
+                Access::REMOTE_WRITE,
+            )
+            .is_ok()
+    };
+    let from_other = [other.sge(0, BIG)];
+    let from_chunk = [chunk.sge(0, BIG)];
+    p.b.post_send(&[
+        wr(1, write, &from_other, false),
+        wr(2, write, &from_other, false),
+        wr(3, bind(0), &[], false),
+    ])
+    .unwrap();
+    assert!(reach(keys[0]), "other memory's bytes hold nothing back");
+    p.b.post_send(&[
+        wr(4, write, &from_chunk, false),
+        wr(5, write, &from_other, false),
+        wr(6, bind(1), &[], false),
+    ])
+    .unwrap();
+    assert!(!reach(keys[1]), "the chunk's own bytes are still in it");
+    let seqs: Vec<u64> = p.b.outbound().map(|(w, _)| w.seq).collect();
+    assert_eq!(seqs.len(), 4, "four WRITEs handed over");
+    p.b.mark_transmitted(4);
+    p.b.left_through(seqs[3]);
+    assert!(reach(keys[1]), "made once every byte before it has left");
+    p.b.post_send(&[wr(7, bind(2), &[], true)]).unwrap();
+    assert!(reach(keys[2]), "nothing is pending: at once");
+}
