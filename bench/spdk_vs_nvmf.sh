@@ -34,7 +34,12 @@
 #   memory  resident memory of the target per connected session and of the client per bdev
 #   soak    a --soak-minute bdevperf run over the rtrs bdev, sampling both sides' memory
 #
-#   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--rounds N] [--soak MINUTES] [--only a,b] [--no-append]
+#   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--rounds N] [--soak MINUTES] [--only a,b]
+#                          [--workloads NAME,...] [--no-append]
+#
+# --workloads keeps only the named workloads (4k-randread-qd1, 4k-randread-qd32,
+# 4k-randwrite-qd1, 4k-randwrite-qd32, 128k-read-qd8) in every part; the goals of the
+# others read n/a.
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
@@ -66,6 +71,7 @@ while [[ $# -gt 0 ]]; do
 	--rounds) ROUNDS=${2:?}; shift 2 ;;
 	--soak) SOAK_MIN=${2:?}; shift 2 ;;
 	--only) ONLY=${2:?}; shift 2 ;;
+	--workloads) ONLY_WORKLOADS=${2:?}; shift 2 ;;
 	--no-append) APPEND=0; shift ;;
 	*) usage ;;
 	esac
@@ -117,6 +123,16 @@ WORKLOADS=(
 	"4k-randwrite-qd32|32|4096|randwrite"
 	"128k-read-qd8|8|131072|read"
 )
+if [[ -n "${ONLY_WORKLOADS:-}" ]]; then
+	keep=()
+	for n in ${ONLY_WORKLOADS//,/ }; do
+		found=""
+		for w in "${WORKLOADS[@]}"; do [[ ${w%%|*} == "$n" ]] && found=$w; done
+		[[ -n $found ]] || { echo "--workloads: unknown workload '$n' (known: $(printf '%s ' "${WORKLOADS[@]%%|*}"))" >&2; exit 2; }
+		keep+=("$found")
+	done
+	WORKLOADS=("${keep[@]}")
+fi
 SWEEP_QDS=(1 2 4 8 16 32 64 128)
 # The shape of a pair on the wire, for the floor: a read is a 64-byte request answered by
 # the data and a 64-byte header, a write the data and a header answered by 64 bytes.

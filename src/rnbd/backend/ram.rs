@@ -3,15 +3,15 @@
 //! see the same asynchronous shape as with a real device.
 //!
 //! One RAM disk can be driven from several reactors: [`RamBackend::share`] makes another
-//! instance (own queue, for another core) over the same memory. Copies take the locks of
-//! the stripes they touch (shared for reads, exclusive for writes; stripes of at least
-//! 1 MiB, each lock on a cache line of its own), so instances on different threads never
-//! race on the bytes, cores working on different parts of the disk share no lock word
-//! (docs/ARCHITECTURE.md, "Who writes what per IO"), and overlapping concurrent IO
-//! behaves as on a disk (one of the writes wins as a whole).
+//! instance (own queue, for another core) over the same memory. Instances take no lock:
+//! every copy into or out of the memory is made of relaxed atomic 8-byte loads and stores
+//! (`sys::ram_*`), so cores share no lock word per IO (docs/ARCHITECTURE.md, "Who writes
+//! what per IO") and never race on the bytes. Overlapping IO in flight together behaves
+//! as on the kernel's `brd` or SPDK's malloc bdev: a read may see parts of either write,
+//! two writes may interleave, word by word (no word is ever torn).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 
 use super::error::{BlockSubmitError, OpenError};
 use super::{
@@ -43,79 +43,11 @@ pub(super) fn check_queue_depth(depth: usize) -> Result<(), OpenError> {
     }
 }
 
-/// The memory of a RAM disk, shared by its per-core instances.
+/// The memory of a RAM disk, shared by its per-core instances: touched only through
+/// `sys::ram_*`, which read and write it a word at a time with relaxed atomics, so the
+/// instances take no lock (docs/ARCHITECTURE.md, "Who writes what per IO").
 struct Store {
     mem: MemBuf,
-    /// Orders copies between instances, per stripe of `1 << shift` bytes: readers share
-    /// a stripe's lock, writers hold it alone. They guard no Rust data (the bytes live in
-    /// `mem`), hence the unit type.
-    stripes: Box<[Stripe]>,
-    shift: u32,
-}
-
-/// One stripe's lock, alone on its cache line (and the next, which adjacent-line
-/// prefetch pairs with it).
-#[repr(align(128))]
-struct Stripe(RwLock<()>);
-
-/// Most stripes of a RAM disk; the smallest stripe is 1 MiB.
-const MAX_STRIPES: u64 = 4096;
-const MIN_STRIPE_SHIFT: u32 = 20;
-
-/// A stripe lock one copy holds; the guard is kept for its drop (the unlock).
-#[allow(dead_code)]
-enum Held<'a> {
-    Read(RwLockReadGuard<'a, ()>),
-    Write(RwLockWriteGuard<'a, ()>),
-}
-
-/// The stripe size (a power of two) of a disk of `size` bytes: 1 MiB, or more where
-/// that would make more than [`MAX_STRIPES`].
-fn stripe_shift(size: u64) -> u32 {
-    let mut shift = MIN_STRIPE_SHIFT;
-    while size.div_ceil(1 << shift) > MAX_STRIPES {
-        shift += 1;
-    }
-    shift
-}
-
-impl Store {
-    fn new(mem: MemBuf) -> Store {
-        let size = mem.len() as u64;
-        let shift = stripe_shift(size);
-        let n = size.div_ceil(1 << shift).max(1) as usize;
-        Store {
-            mem,
-            stripes: (0..n).map(|_| Stripe(RwLock::new(()))).collect(),
-            shift,
-        }
-    }
-
-    /// Locks the stripes of `[offset, offset + len)` in ascending order (so two copies
-    /// never wait on each other crosswise). A poisoned lock only means another instance
-    /// panicked mid-copy; the bytes are still memory, so carry on.
-    /// The guards of the stripes: the first two in place (no allocation for any IO up to
-    /// a stripe long), the others, of larger IO, in a vector.
-    fn hold(
-        &self,
-        offset: usize,
-        len: usize,
-        write: bool,
-    ) -> ([Option<Held<'_>>; 2], Vec<Held<'_>>) {
-        let first = offset >> self.shift;
-        let last = (offset + len.max(1) - 1) >> self.shift;
-        let take = |i: usize| {
-            let l = &self.stripes[i].0;
-            if write {
-                Held::Write(l.write().unwrap_or_else(|e| e.into_inner()))
-            } else {
-                Held::Read(l.read().unwrap_or_else(|e| e.into_inner()))
-            }
-        };
-        let two = [Some(take(first)), (last > first).then(|| take(first + 1))];
-        let more = (first + 2..=last).map(take).collect();
-        (two, more)
-    }
 }
 
 /// A zero-filled RAM disk.
@@ -140,7 +72,7 @@ impl RamBackend {
             return Err(bad);
         }
         let mem = MemBuf::zeroed(usize::try_from(size).map_err(|_| bad)?);
-        let store = Arc::new(Store::new(mem));
+        let store = Arc::new(Store { mem });
         let granularity = block_size.max(4096);
         Ok(RamBackend {
             store,
@@ -221,19 +153,15 @@ impl BlockBackend for RamBackend {
         let store = &*self.store;
         match (io.op, io.buf) {
             (BlockOp::Read, Some(buf)) => {
-                let _shared = store.hold(offset, len, false);
                 sys::ram_read(&store.mem, offset, buf, len);
             }
             (BlockOp::Write, Some(buf)) => {
-                let _excl = store.hold(offset, len, true);
                 sys::ram_write(&store.mem, offset, buf, len);
             }
             (BlockOp::WriteSame, Some(block)) => {
-                let _excl = store.hold(offset, len, true);
                 sys::ram_fill(&store.mem, offset, block, len);
             }
             (BlockOp::Discard | BlockOp::WriteZeroes | BlockOp::SecureErase, _) => {
-                let _excl = store.hold(offset, len, true);
                 sys::ram_zero(&store.mem, offset, len);
             }
             // Flush: nothing volatile. Read/Write/WriteSame without a buffer fail
@@ -292,51 +220,60 @@ mod tests {
         assert_eq!(b.instances(), 1);
     }
 
+    /// Instances on several threads write the same blocks at once, each a pattern of its
+    /// own, while another reads them: no lock is taken, and every word read is a whole
+    /// word of one of the patterns (or of the zeroes before them), never a mix.
     #[test]
-    fn stripes_cover_the_disk_and_an_io_across_two_holds_both() {
-        let small = Store::new(MemBuf::zeroed(3 << 20));
-        assert_eq!((small.stripes.len(), small.shift), (3, 20));
-        // A disk too large for 1 MiB stripes gets larger ones, never more than the cap
-        // (sizes checked on the arithmetic alone: no such memory is mapped here).
-        assert_eq!(stripe_shift(4 << 30), 20);
-        assert_eq!(stripe_shift((4 << 30) + 1), 21);
-        assert_eq!(stripe_shift(64 << 30), 24);
-        let (two, more) = small.hold((1 << 20) - 512, 1024, true);
-        assert!(
-            matches!(two, [Some(Held::Write(_)), Some(Held::Write(_))]),
-            "an IO across a stripe boundary holds both stripes"
-        );
-        assert!(more.is_empty());
-        // Both stripes are held: neither can be taken meanwhile.
-        assert!(small.stripes[0].0.try_read().is_err());
-        assert!(small.stripes[1].0.try_read().is_err());
-        assert!(small.stripes[2].0.try_write().is_ok());
-        drop((two, more));
-        assert!(small.stripes[0].0.try_write().is_ok());
-        let (two, more) = small.hold(512, (2 << 20) + 1024, false);
-        assert!(matches!(two, [Some(Held::Read(_)), Some(Held::Read(_))]));
-        assert_eq!(more.len(), 1, "three stripes");
-        assert!(small.stripes[2].0.try_write().is_err());
-        drop((two, more));
-
-        // The copy across the boundary lands whole.
-        let mut d = RamBackend::new(3 << 20, 512).unwrap();
-        let src = MemBuf::zeroed(8192);
-        // SAFETY: `src` outlives the IO and nothing else touches it.
-        let sbuf = unsafe { IoBuf::from_mem(&src) };
-        let pattern: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
-        // SAFETY: as above.
-        unsafe { sbuf.copy_in(0, &pattern) };
-        d.submit(BlockIo::write(1, (1 << 20) - 4096, sbuf)).unwrap();
-        let dst = MemBuf::zeroed(8192);
-        // SAFETY: `dst` outlives the IO and nothing else touches it.
+    fn instances_on_several_threads_never_tear_a_word() {
+        const LEN: usize = 64 << 10;
+        let disk = RamBackend::new(LEN as u64, 512).unwrap();
+        let word = |k: u64, i: usize| (k << 56) | (i as u64) | 0x0101_0000_0000;
+        let writers: Vec<_> = (1..=2u64)
+            .map(|k| {
+                let mut d = disk.share();
+                std::thread::spawn(move || {
+                    let src = MemBuf::zeroed(LEN);
+                    // SAFETY: `src` outlives every IO and nothing else touches it.
+                    let buf = unsafe { IoBuf::from_mem(&src) };
+                    let bytes: Vec<u8> = (0..LEN / 8)
+                        .flat_map(|i| word(k, i).to_le_bytes())
+                        .collect();
+                    // SAFETY: as above.
+                    unsafe { buf.copy_in(0, &bytes) };
+                    let mut out = [BlockCompletion::default(); 1];
+                    for n in 0..200 {
+                        d.submit(BlockIo::write(n, 0, buf)).unwrap();
+                        assert_eq!(d.poll(&mut out), 1);
+                    }
+                })
+            })
+            .collect();
+        let mut r = disk.share();
+        let dst = MemBuf::zeroed(LEN);
+        // SAFETY: `dst` outlives every IO and nothing else touches it.
         let dbuf = unsafe { IoBuf::from_mem(&dst) };
-        d.submit(BlockIo::read(2, (1 << 20) - 4096, dbuf)).unwrap();
-        let mut out = [BlockCompletion::default(); 4];
-        assert_eq!(d.poll(&mut out), 2);
-        let mut got = vec![0u8; 8192];
-        // SAFETY: the read completed; nobody else uses `dst`.
-        unsafe { dbuf.copy_out(0, &mut got) };
-        assert_eq!(got, pattern);
+        let mut got = vec![0u8; LEN];
+        let mut out = [BlockCompletion::default(); 1];
+        let mut seen = [0usize; 3];
+        for n in 0..200 {
+            r.submit(BlockIo::read(n, 0, dbuf)).unwrap();
+            assert_eq!(r.poll(&mut out), 1);
+            // SAFETY: the read completed; nobody else uses `dst`.
+            unsafe { dbuf.copy_out(0, &mut got) };
+            for (i, c) in got.chunks_exact(8).enumerate() {
+                let v = u64::from_le_bytes(c.try_into().unwrap());
+                let k = (0..3u64)
+                    .find(|&k| v == if k == 0 { 0 } else { word(k, i) })
+                    .unwrap_or_else(|| panic!("read {n}, word {i}: {v:#x} is no writer's"));
+                seen[k as usize] += 1;
+            }
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(
+            seen[1] + seen[2] > 0,
+            "the writers' words were read: {seen:?}"
+        );
     }
 }

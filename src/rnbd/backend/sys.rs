@@ -9,6 +9,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use io_uring::{opcode, squeue, types};
 
@@ -109,22 +110,51 @@ impl IoBuf {
     }
 }
 
-/// Copies `len` bytes of `store` at `offset` into the start of `buf`.
+/// The words of `[offset, offset + len)` of a RAM disk's store. Every access to a store
+/// goes through this view, relaxed atomic loads and stores of 8 bytes, so the disk's
+/// instances on several cores copy into and out of the same bytes with no lock and no data
+/// race: IOs to overlapping ranges in flight together may each see some words of the
+/// other, as on any block device, but never a torn word (docs/ARCHITECTURE.md, "Who
+/// writes what per IO").
 ///
 /// # Panics
-/// When the range leaves `store` or `buf` (callers validate first; this is the last guard).
-pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
+/// When the range leaves `store`, or `offset` or `len` is not a multiple of 8 (a RAM disk
+/// validates block alignment first, and its blocks are 512 bytes or more).
+fn store_words(store: &MemBuf, offset: usize, len: usize) -> &[AtomicU64] {
     assert!(
-        offset
-            .checked_add(len)
-            .is_some_and(|end| end <= store.len())
-            && len <= buf.len
+        offset % 8 == 0
+            && len % 8 == 0
+            && store.len() % 8 == 0
+            && store.as_ptr() as usize % std::mem::align_of::<AtomicU64>() == 0
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= store.len())
     );
-    // SAFETY: both ranges are in bounds (asserted); `buf` is valid and exclusively ours
-    // until the IO completes (IoBuf::new's contract); the store is a separate allocation
-    // of the backend, so the ranges cannot overlap, and its instances on other threads
-    // are kept out by the store lock the caller holds.
-    unsafe { std::ptr::copy_nonoverlapping(store.as_ptr().add(offset), buf.ptr, len) }
+    // SAFETY: in bounds and aligned (asserted); `AtomicU64` has the size and alignment of
+    // `u64`, and a store's bytes are touched only through this view once it is shared
+    // (zeroed at allocation, before any instance exists), so no access to them is
+    // non-atomic while another is in progress.
+    unsafe { std::slice::from_raw_parts(store.as_ptr().add(offset).cast::<AtomicU64>(), len / 8) }
+}
+
+/// Copies `len` bytes of `store` at `offset` into `buf`.
+///
+/// # Panics
+/// When the range leaves `store` or is not in whole words ([`store_words`]), or `buf`
+/// is shorter than `len`.
+pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
+    assert!(len <= buf.len);
+    for (i, w) in store_words(store, offset, len).iter().enumerate() {
+        // SAFETY: `i * 8 + 8 <= len <= buf.len` (asserted); `buf` is valid and exclusively
+        // ours until the IO completes (IoBuf::new's contract) and is not part of the
+        // store; it may be unaligned.
+        unsafe {
+            buf.ptr
+                .add(i * 8)
+                .cast::<u64>()
+                .write_unaligned(w.load(Ordering::Relaxed));
+        }
+    }
 }
 
 /// Copies the first `len` bytes of `buf` into `store` at `offset`.
@@ -132,61 +162,41 @@ pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
 /// # Panics
 /// As [`ram_read`].
 pub(super) fn ram_write(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
-    assert!(
-        offset
-            .checked_add(len)
-            .is_some_and(|end| end <= store.len())
-            && len <= buf.len
-    );
-    // SAFETY: as in ram_read, in the other direction.
-    unsafe { std::ptr::copy_nonoverlapping(buf.ptr, store.as_ptr().add(offset), len) }
+    assert!(len <= buf.len);
+    for (i, w) in store_words(store, offset, len).iter().enumerate() {
+        // SAFETY: as in ram_read, reading instead of writing.
+        let v = unsafe { buf.ptr.add(i * 8).cast::<u64>().read_unaligned() };
+        w.store(v, Ordering::Relaxed);
+    }
 }
 
 /// Zeroes `len` bytes of `store` at `offset`.
 ///
 /// # Panics
-/// When the range leaves `store`.
+/// As [`store_words`].
 pub(super) fn ram_zero(store: &MemBuf, offset: usize, len: usize) {
-    assert!(offset
-        .checked_add(len)
-        .is_some_and(|end| end <= store.len()));
-    // SAFETY: in bounds (asserted); other instances of the store are kept out by the
-    // store lock the caller holds.
-    unsafe { std::ptr::write_bytes(store.as_ptr().add(offset), 0, len) }
+    for w in store_words(store, offset, len) {
+        w.store(0, Ordering::Relaxed);
+    }
 }
 
-/// Writes `block` (the pattern: all of it) over `len` bytes of `store` at `offset`, then
-/// doubles the written part until the range is full (a write-same).
+/// Writes `block` (the pattern: all of it) over `len` bytes of `store` at `offset`, over
+/// and over (a write-same).
 ///
 /// # Panics
-/// When the range leaves `store`, or `len` is not a multiple of the pattern's length
-/// (callers validate first; this is the last guard).
+/// As [`store_words`], or when `len` is not a multiple of the pattern's length, or the
+/// pattern's length not one of 8 (callers validate first; this is the last guard).
 pub(super) fn ram_fill(store: &MemBuf, offset: usize, block: IoBuf, len: usize) {
     let bs = block.len;
-    assert!(
-        bs > 0
-            && len % bs == 0
-            && offset
-                .checked_add(len)
-                .is_some_and(|end| end <= store.len())
-    );
-    if len == 0 {
-        return;
-    }
-    // SAFETY: in bounds (asserted); `block` is valid and exclusively ours until the IO
-    // completes (IoBuf::new's contract) and is not part of the store; other instances
-    // of the store are kept out by the store lock the caller holds.
-    unsafe { std::ptr::copy_nonoverlapping(block.ptr, store.as_ptr().add(offset), bs) };
-    let mut done = bs;
-    while done < len {
-        let n = done.min(len - done);
-        // SAFETY: `[offset, offset + done)` and `[offset + done, offset + done + n)` are
-        // disjoint ranges of the store, both in bounds; the lock is held as above.
-        unsafe {
-            let base = store.as_ptr().add(offset);
-            std::ptr::copy_nonoverlapping(base, base.add(done), n);
-        }
-        done += n;
+    assert!(bs > 0 && bs % 8 == 0 && len % bs == 0);
+    let words = store_words(store, offset, len);
+    for (i, w) in words.iter().enumerate() {
+        let at = (i * 8) % bs;
+        // SAFETY: `at + 8 <= bs` (bs is a multiple of 8); `block` is valid and exclusively
+        // ours until the IO completes (IoBuf::new's contract) and is not part of the
+        // store.
+        let v = unsafe { block.ptr.add(at).cast::<u64>().read_unaligned() };
+        w.store(v, Ordering::Relaxed);
     }
 }
 
