@@ -853,14 +853,16 @@ sys.exit(0 if b["num_read_ops"] + b["num_write_ops"] > 0 else 1)' && return 0
 # Exit on two cores, each case EXIT_TRIES times (3; the fault this guards against was
 # a race): an application with the plugin exits within 10 s with status 0 and no line
 # of EXIT_BAD in its log. spdk_tgt with an idle rtrs bdev, by SIGINT and by the
-# spdk_kill_instance RPC; bdevperf under IO, by SIGINT; spdk_tgt right after a failed
+# spdk_kill_instance RPC; bdevperf under IO, and spdk_tgt right after a failed
 # bdev_rtrs_create (a port nothing listens on, or a device the target does not export),
-# by SIGINT; at the end the target that served them all, by SIGINT.
+# by SIGINT in odd tries and by spdk_kill_instance in even ones; at the end the target
+# that served them all, by SIGINT.
 scenario_exit() {
-	local port=$((PB + 16)) none=$((PB + 17)) i how perf
+	local port=$((PB + 16)) none=$((PB + 17)) i how perf alt
 	start_target tgt $port || return 1
 	for ((i = 1; i <= ${EXIT_TRIES:-3}; i++)); do
 		echo "   try $i"
+		if ((i % 2)); then alt=SIGINT; else alt=kill_instance; fi
 		for how in SIGINT kill_instance; do
 			app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 			rpc clt bdev_rtrs_create -b rtrs0 -n exit-sess -d malloc0 -p tcp:127.0.0.1:$port \
@@ -872,7 +874,7 @@ scenario_exit() {
 		bdevperf_perform bpexit 60 >/dev/null 2>&1 &
 		perf=$!
 		io_flowing bpexit rtrs0 || { echo "   no IO completed on rtrs0 within 30 s"; return 1; }
-		exit_within bpexit SIGINT || return 1
+		exit_within bpexit $alt || return 1
 		wait "$perf"
 		app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 		if ((i % 2)); then
@@ -882,7 +884,7 @@ scenario_exit() {
 			rpc clt bdev_rtrs_create -b rtrs0 -n exit-sess -d no-such-export -p tcp:127.0.0.1:$port \
 				-D 1 -t 1 >/dev/null 2>&1 && { echo "   bdev_rtrs_create of no-such-export succeeded"; return 1; }
 		fi
-		exit_within clt SIGINT || return 1
+		exit_within clt $alt || return 1
 	done
 	exit_within tgt SIGINT
 }
