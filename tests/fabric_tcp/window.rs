@@ -122,39 +122,94 @@ fn drain(v: &mut Box<dyn Conn>, s: &mut Box<dyn Conn>, reply: &Mr, len: usize) {
     });
 }
 
+/// The scene of both attacks: a victim and an attacker connected to one server fabric
+/// (one protection domain), and the server's response of `len` bytes of `chunk` (filled
+/// with pattern `seed`) to the victim posted, the chunk's key rebound to `key` behind it.
+struct Scene {
+    v: Box<dyn Conn>,
+    vs: Box<dyn Conn>,
+    a: Box<dyn Conn>,
+    as_: Box<dyn Conn>,
+    af: TcpFabric,
+    reply: Mr,
+    chunk: Mr,
+    key: u32,
+    /// The chunk's slot (the key dies with it), the fabrics and the listener.
+    _keep: (
+        rtrs_spdk::fabric::FastMr,
+        TcpFabric,
+        TcpFabric,
+        Box<dyn Listener>,
+    ),
+}
+
+impl Scene {
+    fn respond(len: usize, seed: u8) -> Scene {
+        let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
+        let mut l = sf.listen(localhost()).unwrap();
+        let (v, mut vs) = connect(&mut l, &vf, caps());
+        let (a, as_) = connect(&mut l, &af, caps());
+        let reply = reg(&vf, len, RW);
+        let chunk = reg(&sf, len, RW);
+        chunk.write_at(0, &pattern(len, seed));
+        let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
+        post_response(
+            &mut vs,
+            &chunk,
+            &slot,
+            key,
+            (reply.addr(), reply.rkey()),
+            len,
+        );
+        Scene {
+            v,
+            vs,
+            a,
+            as_,
+            af,
+            reply,
+            chunk,
+            key,
+            _keep: (slot, sf, vf, l),
+        }
+    }
+
+    /// The attacker's write of 0xEE bytes into the chunk through the new key.
+    fn attack(&mut self) -> WcStatus {
+        write_through(
+            &mut self.a,
+            &mut self.as_,
+            &self.af,
+            &self.chunk,
+            self.key,
+            0xEE,
+        )
+    }
+
+    /// What the victim received, once all of it has.
+    fn received(&mut self, len: usize) -> Vec<u8> {
+        drain(&mut self.v, &mut self.vs, &self.reply, len);
+        let mut got = vec![0u8; len];
+        self.reply.read_at(0, &mut got);
+        got
+    }
+}
+
 /// A large READ response: the key waits for the bytes. Until they have left the chunk,
 /// a write through the new key is refused.
 #[test]
 fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
     const LEN: usize = 32 << 20;
-    let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen(localhost()).unwrap();
-    let (mut v, mut vs) = connect(&mut l, &vf, caps());
-    let (mut a, mut as_) = connect(&mut l, &af, caps());
-    let reply_v = reg(&vf, LEN, RW);
-    let chunk = reg(&sf, LEN, RW);
-    chunk.write_at(0, &pattern(LEN, 3));
-    let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
-    let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
-    post_response(
-        &mut vs,
-        &chunk,
-        &slot,
-        key,
-        (reply_v.addr(), reply_v.rkey()),
-        LEN,
-    );
-    push(&mut vs, 200);
+    let mut t = Scene::respond(LEN, 3);
+    push(&mut t.vs, 200);
     assert_eq!(
-        write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE),
+        t.attack(),
         WcStatus::RemoteAccess,
         "the new key reached the chunk while its bytes were still to send"
     );
-    drain(&mut v, &mut vs, &reply_v, LEN);
-    let mut got = vec![0u8; LEN];
-    reply_v.read_at(0, &mut got);
     assert!(
-        got == pattern(LEN, 3),
+        t.received(LEN) == pattern(LEN, 3),
         "the victim got other bytes than the chunk's"
     );
 }
@@ -164,32 +219,10 @@ fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
 #[test]
 fn a_key_rebound_behind_a_small_response_changes_nothing_sent() {
     const LEN: usize = 4096;
-    let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen(localhost()).unwrap();
-    let (mut v, mut vs) = connect(&mut l, &vf, caps());
-    let (mut a, mut as_) = connect(&mut l, &af, caps());
-    let reply = reg(&vf, LEN, RW);
-    let chunk = reg(&sf, LEN, RW);
-    chunk.write_at(0, &pattern(LEN, 5));
-    let slot = sf.alloc_fast_mr(KeyScope::Domain).unwrap();
-    let key = rtrs_spdk::fabric::next_rkey(slot.rkey());
-    post_response(
-        &mut vs,
-        &chunk,
-        &slot,
-        key,
-        (reply.addr(), reply.rkey()),
-        LEN,
-    );
+    let mut t = Scene::respond(LEN, 5);
+    assert_eq!(t.attack(), WcStatus::Success);
     assert_eq!(
-        write_through(&mut a, &mut as_, &af, &chunk, key, 0xEE),
-        WcStatus::Success
-    );
-    drain(&mut v, &mut vs, &reply, LEN);
-    let mut got = vec![0u8; LEN];
-    reply.read_at(0, &mut got);
-    assert_eq!(
-        got,
+        t.received(LEN),
         pattern(LEN, 5),
         "the write through the new key reached the victim"
     );

@@ -107,6 +107,20 @@ fn bind_4k<'a>(slot: &'a FastMr, region: &'a Mr, rkey: u32) -> SendOp<'a> {
     }
 }
 
+/// Whether a peer could write the first 64 bytes of `region` through `key` now.
+fn writable(table: &MrTable, key: u32, region: &Mr) -> bool {
+    table
+        .remote(
+            &mut Leases::default(),
+            0,
+            key,
+            region.addr(),
+            64,
+            Access::REMOTE_WRITE,
+        )
+        .is_ok()
+}
+
 fn wr<'a>(
     wr_id: u64,
     op: SendOp<'a>,
@@ -806,18 +820,7 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
         "the slot carries the key it was posted with"
     );
     let table = p.table.clone();
-    let reach = || {
-        table
-            .remote(
-                &mut Leases::default(),
-                0,
-                key,
-                chunk.addr(),
-                64,
-                Access::REMOTE_WRITE,
-            )
-            .is_ok()
-    };
+    let reach = || writable(&table, key, &chunk);
     assert!(!reach(), "not while the WRITE's bytes are in the chunk");
     // The SEND behind the REG_MR goes to the transport in the same batch: the transport
     // says when the WRITE has left, before the SEND can be whole at the peer.
@@ -954,18 +957,7 @@ fn only_unsent_bytes_of_the_exposed_range_hold_a_reg_mr() {
         rkey: keys[k],
     };
     let table = p.table.clone();
-    let reach = |key: u32| {
-        table
-            .remote(
-                &mut Leases::default(),
-                0,
-                key,
-                chunk.addr(),
-                64,
-                Access::REMOTE_WRITE,
-            )
-            .is_ok()
-    };
+    let reach = |key: u32| writable(&table, key, &chunk);
     let from_other = [other.sge(0, BIG)];
     let from_chunk = [chunk.sge(0, BIG)];
     p.b.post_send(&[
