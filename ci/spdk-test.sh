@@ -56,20 +56,38 @@ FAILED_NAMES=()
 SKIPPED=0
 SKIPPED_NAMES=()
 
+# Every scenario runs with this many devices over each client session (rtrs0 over
+# malloc0, rtrs1 over malloc1, ... sharing rtrs0's sessname): bdevperf and fio drive them
+# all, and every path fault and outage hits all of them at once.
+export DEVS=${DEVS:-2}
+
 # ---- building blocks ------------------------------------------------------------------
 
-# A target spdk_tgt exporting a 64 MiB malloc bdev "malloc0" over tcp on the given ports.
+# The target's malloc bdevs malloc0..malloc{DEVS-1} (64 MiB each), exported read-write
+# (extra export arguments follow the app's name).
+make_exports() {
+	local name=$1 i
+	shift
+	for ((i = 0; i < DEVS; i++)); do
+		rpc "$name" bdev_malloc_create -b "malloc$i" 64 4096 >/dev/null || return 1
+	done
+	for ((i = 0; i < DEVS; i++)); do
+		rpc "$name" rtrs_target_export "malloc$i" -a rw "$@" || return 1
+	done
+}
+
+# A target spdk_tgt exporting malloc0..malloc{DEVS-1} over tcp on the given ports.
 start_target() {
 	local name=$1 ports=$2 p
 	app_start "$name" "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
-	rpc "$name" bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
 	for p in ${ports//,/ }; do
 		rpc "$name" rtrs_target_listen -t tcp -a 127.0.0.1 -s "$p" || return 1
 	done
-	rpc "$name" rtrs_target_export malloc0 -a rw || return 1
+	make_exports "$name"
 }
 
-# A bdevperf client on two cores whose --json creates rtrs bdev "rtrs0", waiting for
+# A bdevperf client on two cores whose --json creates rtrs bdevs "rtrs0".. (DEVS of them,
+# over one session), waiting for
 # perform_tests (-z). Extra bdevperf arguments follow the ports; after them, `-- KEYS`
 # (NAME=FILE,...) adds keyring keys and authenticates the paths with the first.
 start_bdevperf() {
@@ -123,6 +141,39 @@ for t in ("read", "write", "flush", "unmap", "write_zeroes", "reset"):
     assert b["supported_io_types"][t], t
 print("bdev ok: %d x %d" % (b["num_blocks"], b["block_size"]))
 PY
+	# A second device over the same session; the same sessname with another path or
+	# setting is refused, naming what differs.
+	out=$(rpc clt bdev_rtrs_create -b rtrs1 -n basic-sess -d malloc1 -p tcp:127.0.0.1:$((PB + 0)) \
+		-i 1000 -M 5 -D 1 -t 10) || return 1
+	[[ "$out" == rtrs1 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs1"; return 1; }
+	if out=$(rpc clt bdev_rtrs_create -b rtrs2 -n basic-sess -d malloc1 -p tcp:127.0.0.1:$((PB + 29)) 2>&1); then
+		echo "a device over basic-sess with another path was created: $out"
+		return 1
+	fi
+	[[ "$out" == *"'paths': session "*"basic-sess"*" is connected to [127.0.0.1:$((PB + 0))]"* ]] ||
+		{ echo "other path: $out"; return 1; }
+	if out=$(rpc clt bdev_rtrs_create -b rtrs2 -n basic-sess -d malloc1 -p tcp:127.0.0.1:$((PB + 0)) \
+		-i 500 -M 5 -D 1 -t 10 2>&1); then
+		echo "a device over basic-sess with another heartbeat was created: $out"
+		return 1
+	fi
+	[[ "$out" == *"'hb_interval_ms' = 500"* ]] || { echo "other setting: $out"; return 1; }
+	rpc clt bdev_rtrs_get_sessions >"$APP_DIR/sess-all.json" || return 1
+	python3 - "$APP_DIR/sess-all.json" <<'PY' || return 1
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert len(s) == 1, "expected one session, got %d" % len(s)
+assert sorted(d["name"] for d in s[0]["devices"]) == ["rtrs0", "rtrs1"], s[0]["devices"]
+print("one session, devices %s" % ", ".join(d["name"] for d in s[0]["devices"]))
+PY
+	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
+	python3 - "$APP_DIR/tsess.json" <<'PY' || return 1
+import json, sys
+s = [x for x in json.load(open(sys.argv[1])) if x["sessname"] == "basic-sess"]
+assert len(s) == 1, "the target holds %d sessions named basic-sess" % len(s)
+print("the target holds one session for both devices")
+PY
+	rpc clt bdev_rtrs_delete rtrs1 || return 1
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess.json" || return 1
 	grep -q "$((PB + 0))" "$APP_DIR/sess.json" || { cat "$APP_DIR/sess.json"; return 1; }
 	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
@@ -188,6 +239,9 @@ scenario_save_config() {
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt bdev_rtrs_create -b rtrs0 -n cfg-sess -d malloc0 -p tcp:127.0.0.1:$((PB + 3)) \
 		-m round-robin -D 1 -i 1000 -z native >/dev/null || return 1
+	# A second device of the session, with its own write_zeroes mode.
+	rpc clt bdev_rtrs_create -b rtrs1 -n cfg-sess -d malloc1 -p tcp:127.0.0.1:$((PB + 3)) \
+		-m round-robin -D 1 -i 1000 -z emulate >/dev/null || return 1
 	rpc tgt save_config >"$APP_DIR/tgt-saved.json" || return 1
 	rpc clt save_config >"$APP_DIR/clt-saved.json" || return 1
 	grep -q '"rtrs_target_listen"' "$APP_DIR/tgt-saved.json" || { echo "target config lacks rtrs_target_listen"; return 1; }
@@ -203,8 +257,14 @@ scenario_save_config() {
 	# To a file first: `grep -q` stops reading at the first match, and under pipefail the
 	# writer's broken pipe would fail the check.
 	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess-restored.json" || return 1
-	grep -q 'round-robin' "$APP_DIR/sess-restored.json" || { echo "policy not restored"; return 1; }
-	grep -Eq '"write_zeroes": ?"native"' "$APP_DIR/sess-restored.json" || { echo "write_zeroes not restored"; return 1; }
+	python3 - "$APP_DIR/sess-restored.json" <<'PY' || return 1
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert len(s) == 1 and s[0]["mp_policy"] == "round-robin", "policy not restored: %s" % s
+modes = {d["name"]: d["write_zeroes"] for d in s[0]["devices"]}
+assert modes == {"rtrs0": "native", "rtrs1": "emulate"}, "devices or write_zeroes not restored: %s" % modes
+print("restored: one session, %s" % modes)
+PY
 	rpc tgt save_config >"$APP_DIR/tgt-saved2.json" || return 1
 	grep -q '"rtrs_target_export"' "$APP_DIR/tgt-saved2.json"
 }
@@ -481,9 +541,8 @@ scenario_admission() {
 	local port=$((PB + 9))
 	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
 	rpc tgt rtrs_target_set_options -T 1500 -P 64 -S 8 || return 1
-	rpc tgt bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
 	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
-	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	make_exports tgt || return 1
 	local started=$SECONDS
 	python3 - $port >"$APP_DIR/flood.out" 2>&1 <<'PY' &
 import socket, sys, time
@@ -564,9 +623,8 @@ scenario_psk() {
 	)
 	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
 	rpc tgt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
-	rpc tgt bdev_malloc_create -b malloc0 64 4096 >/dev/null || return 1
 	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $p -k key0 || return 1
-	rpc tgt rtrs_target_export malloc0 -a rw || return 1
+	make_exports tgt || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
 	rpc clt keyring_file_add_key key0 "$APP_DIR/key0" || return 1
 	rpc clt keyring_file_add_key key1 "$APP_DIR/key1" || return 1
@@ -586,6 +644,8 @@ scenario_psk() {
 	[[ "$out" == *"'paths[0].psk'"*"nokey"* ]] || { echo "unknown key: $out"; return 1; }
 	out=$(rpc clt bdev_rtrs_create -b rtrs0 -n psk-sess -d malloc0 -p tcp:127.0.0.1:$p -k key0) || return 1
 	[[ "$out" == rtrs0 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs0"; return 1; }
+	out=$(rpc clt bdev_rtrs_create -b rtrs1 -n psk-sess -d malloc1 -p tcp:127.0.0.1:$p -k key0) || return 1
+	[[ "$out" == rtrs1 ]] || { echo "bdev_rtrs_create answered '$out', expected rtrs1"; return 1; }
 	rpc tgt save_config >"$APP_DIR/tgt-psk.json" || return 1
 	rpc clt save_config >"$APP_DIR/clt-psk.json" || return 1
 	python3 - "$APP_DIR/tgt-psk.json" "$APP_DIR/clt-psk.json" "$APP_DIR/key0" "$APP_DIR/key1" <<'PY' || return 1
@@ -595,7 +655,7 @@ secrets = [open(f).read().strip() for f in sys.argv[3:5]]
 def calls(cfg, method):
     return [c["params"] for s in cfg["subsystems"] for c in (s["config"] or []) if c["method"] == method]
 assert [l.get("psk") for l in calls(tgt, "rtrs_target_listen")] == ["key0"], calls(tgt, "rtrs_target_listen")
-assert [p.get("psk") for b in calls(clt, "bdev_rtrs_create") for p in b["paths"]] == ["key0"], calls(clt, "bdev_rtrs_create")
+assert [p.get("psk") for b in calls(clt, "bdev_rtrs_create") for p in b["paths"]] == ["key0", "key0"], calls(clt, "bdev_rtrs_create")
 assert calls(tgt, "keyring_file_add_key") and calls(clt, "keyring_file_add_key")
 for s in secrets:
     for c in (tgt, clt):
@@ -607,6 +667,7 @@ PY
 	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" --json "$APP_DIR/tgt-psk.json" || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/clt-psk.json" || return 1
 	rpc clt bdev_get_bdevs -b rtrs0 >/dev/null || { echo "rtrs0 not rebuilt from the saved config"; return 1; }
+	rpc clt bdev_get_bdevs -b rtrs1 >/dev/null || { echo "rtrs1 not rebuilt from the saved config"; return 1; }
 	app_stop clt
 	start_bdevperf bppsk $p '' -q 16 -o 4096 -w verify -t 5 -- "key0=$APP_DIR/key0" || return 1
 	bdevperf_perform bppsk 5 >"$APP_DIR/psk.json" || { tail -n 20 "$APP_DIR/bppsk.log"; return 1; }
@@ -759,12 +820,12 @@ sys.exit(0 if all(w in m for w in ("malloc0", "target refused the session", "out
 	[[ "$resp" == "[]" ]] || { echo "the target kept a session: $resp"; return 1; }
 }
 
-# The disk's own pollers (session control, core queues) on the application thread move
-# from their 1 ms period to an idle one (a sixteenth of the heartbeat interval: 62.5 ms
-# for 1000 ms) once they have found no work for 100 runs, and go with the disk. A
-# heartbeat is work, so a poller may be back on 1 ms for a moment when sampled: the
-# pollers are sampled until they are all on the idle period (at most 20 times, 0.5 s
-# apart).
+# The module's home pollers (home's group, the session's control) on the application
+# thread move from their 1 ms period to an idle one (a sixteenth of the heartbeat
+# interval: 62.5 ms for 1000 ms) once they have found no work for 100 runs; the session's
+# go with its last disk, home's stays. A heartbeat is work, so a poller may be back on
+# 1 ms for a moment when sampled: the pollers are sampled until they are all on the idle
+# period (at most 20 times, 0.5 s apart).
 scenario_pace() {
 	start_target tgt $((PB + 15)) || return 1
 	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
@@ -792,18 +853,63 @@ PY
 			break
 		fi
 	done
-	[[ $ok -eq 1 ]] || { echo "the disk's pollers never all reached their idle period"; return 1; }
+	[[ $ok -eq 1 ]] || { echo "the module's pollers never all reached their idle period"; return 1; }
 	rpc clt bdev_rtrs_delete rtrs0 || return 1
-	rpc clt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
-	python3 - "$APP_DIR/pollers.json" <<'PY' || return 1
+	# The session's control poller and the disk's watch go with it (within its CLOSE wait);
+	# home's own poller stays, idle, for the next bdev.
+	for i in $(seq 40); do
+		rpc clt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
+		python3 - "$APP_DIR/pollers.json" <<'PY' && break
 import json, sys
 d = json.load(open(sys.argv[1]))
 left = [p for t in d["threads"] for kind in ("active_pollers", "timed_pollers", "paused_pollers")
         for p in t.get(kind, []) if p["name"] == "rtrs"]
-assert not left, "rtrs pollers left after bdev_rtrs_delete: %s" % left
-print("no rtrs poller left")
+if len(left) != 1:
+    sys.exit(1)
+print("one rtrs poller left (home's), period %d ticks" % left[0]["period_ticks"])
 PY
+		[[ $i -lt 40 ]] || { echo "rtrs pollers left after bdev_rtrs_delete: $(cat "$APP_DIR/pollers.json")"; return 1; }
+		sleep 0.25
+	done
 	app_alive tgt && app_alive clt
+}
+
+# Memory as SPDK maps it, on a fabric that resolves local memory as verbs does
+# (RTRS_TCP_LKEYS_ONLY=1: no fallback to the fabric's own table, so a READ lands only in
+# memory registered with the session's cores). bdevperf runs on hugepages in SPDK's
+# dynamic memory mode (no -s): its buffers (64 x 1 MiB per job) are allocated after the
+# bdevs were created, in memory DPDK maps then; verify reads into them. The client's log
+# must show SPDK memory registered with the session after the bdevs were, and no IO may
+# fail.
+scenario_late_memory() {
+	if ! hugepages_ensure; then
+		echo "SKIP late_memory: needs hugepages and none could be reserved"
+		return 2
+	fi
+	local port=$((PB + 30)) rc=0
+	start_target tgt $port || { hugepages_restore; return 1; }
+	rtrs_bdev_json rtrs0 malloc0 $port '' '' >"$APP_DIR/bplate.json"
+	export RTRS_TCP_LKEYS_ONLY=1
+	app_start bplate "$BDEVPERF" -m $CLT_MASK --disable-cpumask-locks --json "$APP_DIR/bplate.json" -z || rc=1
+	unset RTRS_TCP_LKEYS_ONLY
+	if [[ $rc -eq 0 ]]; then
+		python3 "$BDEVPERF_PY" -s "$APP_DIR/bplate.sock" -t 120 perform_tests -q 64 -o 1048576 -w verify -t 4 \
+			>"$APP_DIR/late.json" || { tail -n 20 "$APP_DIR/bplate.log"; rc=1; }
+	fi
+	[[ $rc -eq 0 ]] && { results_clean "$APP_DIR/late.json" || rc=1; }
+	app_stop bplate
+	hugepages_restore
+	[[ $rc -eq 0 ]] || return 1
+	python3 - "$APP_DIR/bplate.log" <<'PY'
+import re, sys
+log = open(sys.argv[1], errors="replace").read().splitlines()
+made = [i for i, l in enumerate(log) if re.search(r"rtrs bdev rtrs\d: .* blocks of", l)]
+regs = [i for i, l in enumerate(log) if "SPDK memory" in l and l.rstrip().endswith(" registered")]
+assert made, "no bdev was registered"
+late = [i for i in regs if i > made[-1]]
+print("%d SPDK memory region(s) registered with the session, %d after the bdevs were created" % (len(regs), len(late)))
+assert late, "no memory was registered after the bdevs: the test did not exercise late memory"
+PY
 }
 
 # Lines saying that a stop went wrong: a message to a thread SPDK had already ended, a
@@ -940,7 +1046,7 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace exit)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace late_memory exit)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -879,3 +879,142 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
     );
     assert_eq!(one.sess.paths_up(), 1, "the session stays connected");
 }
+
+/// A fabric that resolves local memory as verbs does: `local_memory` answers nothing
+/// (the trait's default), everything else is the loopback fabric's.
+struct LkeysOnly(std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>);
+
+impl rtrs_spdk::fabric::Fabric for LkeysOnly {
+    fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
+        self.0.kind()
+    }
+    fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
+        self.0.caps()
+    }
+    fn domain(
+        &self,
+    ) -> Result<std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>, rtrs_spdk::fabric::FabricError> {
+        let inner = self.0.domain()?;
+        Ok(std::sync::Arc::new(LkeysOnly(inner)))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
+    }
+    fn register(
+        &self,
+        buf: rtrs_spdk::fabric::MemBuf,
+        access: rtrs_spdk::fabric::Access,
+    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
+        self.0.register(buf, access)
+    }
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: rtrs_spdk::fabric::Access,
+    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.0.register_raw(addr, len, access) }
+    }
+    fn alloc_fast_mr(
+        &self,
+        scope: rtrs_spdk::fabric::KeyScope,
+    ) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
+        self.0.alloc_fast_mr(scope)
+    }
+    fn listen(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<Box<dyn rtrs_spdk::fabric::Listener>, rtrs_spdk::fabric::FabricError> {
+        self.0.listen(addr)
+    }
+    fn connect_from(
+        &self,
+        src: Option<std::net::SocketAddr>,
+        dst: std::net::SocketAddr,
+        caps: rtrs_spdk::fabric::QpCaps,
+        private_data: &[u8],
+    ) -> Result<Box<dyn rtrs_spdk::fabric::Conn>, rtrs_spdk::fabric::FabricError> {
+        self.0.connect_from(src, dst, caps, private_data)
+    }
+}
+
+/// On a fabric that keeps no table of local registrations (verbs), a READ into memory
+/// the core was not given as a region cannot be resolved: it is refused with `BadSge`
+/// (the SPDK bdev's memory registered after a core took its regions). Once the region is
+/// added to the core, the same READ lands in it; once removed, it is refused again.
+#[test]
+fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
+    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, SubmitError};
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+
+    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
+    let client: std::sync::Arc<dyn Fabric> = std::sync::Arc::new(LkeysOnly(lo.clone()));
+    let OneCore {
+        mut sim,
+        sess: _sess,
+        core,
+        done,
+    } = OneCore::connect(lo, client.clone(), "lkeys");
+    assert!(core.borrow().max_io_size() > 0, "the session connected");
+    let mr = std::sync::Arc::new(
+        client
+            .register(
+                MemBuf::zeroed(8192),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap(),
+    );
+    let one = [mr.sge(0, 4096)];
+    let two = [mr.sge(0, 2048), mr.sge(4096, 2048)];
+    let read = |tag, sgl| ClientIo {
+        tag,
+        dir: Dir::Read,
+        usr: &[0; 8],
+        sgl,
+        admin: false,
+    };
+    for sgl in [&one[..], &two[..]] {
+        assert!(
+            matches!(
+                core.borrow_mut().submit(0, read(1, sgl)),
+                Err(SubmitError::BadSge { index: 0, .. })
+            ),
+            "{} segment(s), no region",
+            sgl.len()
+        );
+    }
+    core.borrow_mut().add_region(mr.clone());
+    core.borrow_mut().submit(0, read(2, &one)).unwrap();
+    core.borrow_mut().submit(0, read(3, &two)).unwrap();
+    for _ in 0..20_000 {
+        if done.borrow().len() == 2 {
+            break;
+        }
+        sim.advance(MS);
+        sim.step();
+    }
+    let mut got = done.borrow().clone();
+    got.sort_by_key(|c| c.tag);
+    assert_eq!(
+        got,
+        [
+            ClientCompletion {
+                tag: 2,
+                result: Ok(())
+            },
+            ClientCompletion {
+                tag: 3,
+                result: Ok(())
+            }
+        ]
+    );
+    core.borrow_mut().remove_region(mr.lkey());
+    assert!(
+        matches!(
+            core.borrow_mut().submit(0, read(4, &one)),
+            Err(SubmitError::BadSge { index: 0, .. })
+        ),
+        "refused again once the region was removed"
+    );
+}

@@ -16,7 +16,9 @@ use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
-use rtrs_spdk::rnbd::client::{BlockRequest, ClientEvent, DevHandle, LinkListener, RnbdClient};
+use rtrs_spdk::rnbd::client::{
+    open_rnbd_session, BlockRequest, ClientEvent, DevHandle, RnbdClient, RnbdSession,
+};
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
 
@@ -60,17 +62,16 @@ impl Rig {
             .expect("server start");
         sim.run_until_idle(100);
         let ccfg = ClientConfig::new("alloc", vec![PathAddr::new(server.local_addrs()[0])]);
-        let links = LinkListener::new();
-        let (f, l) = (Arc::clone(&fabric), links.clone());
-        let (session, mut cores) = sim
+        let f = Arc::clone(&fabric);
+        let RnbdSession {
+            session,
+            admin,
+            mut queues,
+        } = sim
             .reactor(0)
-            .with_ctx(|cx| Session::open(cx, f, ccfg, Box::new(l)))
+            .with_ctx(|cx| open_rnbd_session(cx, 1, f, ccfg))
             .expect("session open");
-        let replies = fabric
-            .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
-            .unwrap();
-        let mut rnbd = RnbdClient::new(cores.remove(0), replies).unwrap();
-        rnbd.listen(links);
+        let mut rnbd = RnbdClient::from_parts(admin, queues.remove(0));
         let dev = sim
             .reactor(0)
             .with_ctx(|cx| rnbd.open(cx.now(), "vol", AccessMode::ReadWrite))

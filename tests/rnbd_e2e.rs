@@ -2,8 +2,9 @@
 //! handlers are `RnbdServer`s over RAM exports, and RTRS client sessions carrying
 //! `RnbdClient`s, all on two simulated reactors stepped by hand. Access modes across
 //! sessions, data verification at every size up to max_io_size, flush / discard /
-//! write-zeroes, close, unknown device ids, and a path disconnect and reconnect after
-//! which the device is re-opened under the id the new server session gives.
+//! write-zeroes, close, unknown device ids, a path disconnect and reconnect after
+//! which the device is re-opened under the id the new server session gives, and a
+//! session with more IO cores than reactors.
 
 // Test code: a failed unwrap is a failed test that names its line.
 #![allow(clippy::unwrap_used)]
@@ -12,15 +13,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientConfig, ClientError, PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
-    completion_result, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, DevState,
-    LinkListener, RnbdClient, RnbdQueue, SessionHandle,
+    completion_result, open_rnbd_session, BlockRequest, BringUpError, ClientCompletion,
+    ClientEvent, ClientIo, DevHandle, DevState, RnbdAdmin, RnbdClient, RnbdQueue, RnbdSession,
+    SessionHandle, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::rnbd::Dir;
@@ -106,18 +108,18 @@ impl Rig {
         let mut cfg = ClientConfig::new(name, vec![path]);
         cfg.reconnect_delay = Duration::from_millis(10);
         cfg.reconnect_jitter = Duration::from_millis(1);
-        let links = LinkListener::new();
-        let (f, l) = (Arc::clone(&self.fabric), links.clone());
-        let (session, mut cores) = self
+        let f = Arc::clone(&self.fabric);
+        let RnbdSession {
+            session,
+            admin,
+            mut queues,
+        } = self
             .sim
             .reactor(0)
-            .with_ctx(|cx| Session::open(cx, f, cfg, Box::new(l)))
+            .with_ctx(|cx| open_rnbd_session(cx, 2, f, cfg))
             .expect("session open");
-        assert_eq!(cores.len(), 2);
-        let core1 = cores.pop().unwrap();
-        let mut rnbd = RnbdClient::new(cores.pop().unwrap(), self.mr(4096)).unwrap();
-        rnbd.listen(links);
-        let other = RnbdQueue::new(core1, rnbd.table());
+        let other = queues.pop().unwrap();
+        let rnbd = RnbdClient::from_parts(admin, queues.pop().unwrap());
         Clt {
             session,
             rnbd,
@@ -551,4 +553,118 @@ fn file_export_without_always_invalidate() {
     );
     rig.stop();
     let _ = std::fs::remove_file(&path);
+}
+
+/// Block completions (queue, tag, result) and admin events of one step of both reactors,
+/// with every queue and the admin polled on reactor 0.
+type Turn = (Vec<(usize, u64, Result<(), Errno>)>, Vec<ClientEvent>);
+
+fn turn_all(rig: &mut Rig, admin: &mut RnbdAdmin, queues: &mut [RnbdQueue<SessionCore>]) -> Turn {
+    rig.sim.step();
+    rig.sim.reactor(0).with_ctx(|cx| {
+        let mut done = Vec::new();
+        for (k, q) in queues.iter_mut().enumerate() {
+            let mut out = [ClientCompletion::default(); 8];
+            let n = q.poll(cx.now(), &mut out);
+            done.extend(out[..n].iter().map(|c| (k, c.tag, completion_result(c))));
+        }
+        let mut ev = vec![ClientEvent::SessInfo(Ok(0)); 8];
+        let n = admin.poll(&mut queues[0], cx.now(), &mut ev);
+        ev.truncate(n);
+        (done, ev)
+    })
+}
+
+/// A session's IO cores need not be the reactors: three queues of one session, all
+/// polled on reactor 0 of two, each carry IO of the device the admin opened through
+/// the first; no core at all is refused before anything is opened.
+#[test]
+fn more_queues_than_reactors_polled_on_one() {
+    let mut rig = Rig::new();
+    let cfg = ClientConfig::new("clt-3", vec![PathAddr::new(rig.addr)]);
+    let f = Arc::clone(&rig.fabric);
+    let RnbdSession {
+        session,
+        mut admin,
+        mut queues,
+    } = rig
+        .sim
+        .reactor(0)
+        .with_ctx(|cx| open_rnbd_session(cx, 3, f, cfg))
+        .expect("session open");
+    assert_eq!(queues.len(), 3);
+    for (k, q) in queues.iter().enumerate() {
+        assert_eq!(q.session().core(), k);
+    }
+    let dev = rig
+        .sim
+        .reactor(0)
+        .with_ctx(|cx| {
+            let (name, rw, wz) = ("vol", AccessMode::ReadWrite, WriteZeroesMode::default());
+            admin.open(&mut queues[0], cx.now(), name, rw, wz)
+        })
+        .unwrap();
+    let mut opened = false;
+    for _ in 0..MAX_STEPS {
+        let (_, ev) = turn_all(&mut rig, &mut admin, &mut queues);
+        if ev.iter().any(|e| matches!(e, ClientEvent::Opened { .. })) {
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "vol did not open: {:?}", session.paths());
+    // Queue k writes block k; queue (k + 1) % 3 reads it back.
+    let (wbuf, rbuf) = (rig.mr(4096), rig.mr(4096));
+    for k in 0..3 {
+        wbuf.write_at(0, &[k as u8 + 1; 4096]);
+        for (q, req, buf) in [
+            (k, BlockRequest::write(k as u64 * 4096, 4096), &wbuf),
+            (
+                (k + 1) % 3,
+                BlockRequest::read(k as u64 * 4096, 4096),
+                &rbuf,
+            ),
+        ] {
+            let sgl = [buf.sge(0, 4096)];
+            rig.sim
+                .reactor(0)
+                .with_ctx(|cx| queues[q].submit(cx.now(), dev, 7, &req, &sgl))
+                .unwrap();
+            let mut done = Vec::new();
+            for _ in 0..MAX_STEPS {
+                done = turn_all(&mut rig, &mut admin, &mut queues).0;
+                if !done.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(done, vec![(q, 7, Ok(()))]);
+        }
+        let mut got = vec![0; 4096];
+        rbuf.read_at(0, &mut got);
+        assert_eq!(got, vec![k as u8 + 1; 4096]);
+    }
+    session.close();
+    drop(queues);
+
+    let cfg = ClientConfig::new("clt-0", vec![PathAddr::new(rig.addr)]);
+    let f = Arc::clone(&rig.fabric);
+    let e = rig
+        .sim
+        .reactor(0)
+        .with_ctx(|cx| open_rnbd_session(cx, 0, f, cfg))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BringUpError::Session(ClientError::Cores { cores: 0, .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "opening the RTRS session: session clt-0: 0 IO cores asked for, must be 1..=4095 \
+         (one connection per core plus the control connection, at most 4096 in a conn_req's \
+         cid_num)"
+    );
+    rig.stop();
 }

@@ -19,7 +19,8 @@ use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener, RnbdClient,
+    open_rnbd_session, BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, RnbdClient,
+    RnbdSession,
 };
 use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
@@ -84,23 +85,23 @@ impl Rig {
             dst: self.server.local_addrs()[0],
         };
         let cfg = ClientConfig::new(sessname, vec![path]);
-        let links = LinkListener::new();
-        let (f, l) = (Arc::clone(&self.fabric), links.clone());
-        let (session, mut cores) = self
+        let f = Arc::clone(&self.fabric);
+        let RnbdSession {
+            session,
+            admin,
+            mut queues,
+        } = self
             .sim
             .reactor(0)
-            .with_ctx(|cx| Session::open(cx, f, cfg, Box::new(l)))
+            .with_ctx(|cx| open_rnbd_session(cx, 1, f, cfg))
             .expect("session open");
-        let reg = |len| {
-            self.fabric
-                .register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
-                .unwrap()
-        };
-        let mut rnbd = RnbdClient::new(cores.remove(0), reg(4096)).unwrap();
-        rnbd.listen(links);
+        let buf = self
+            .fabric
+            .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+            .unwrap();
         Client {
-            rnbd,
-            buf: reg(4096),
+            rnbd: RnbdClient::from_parts(admin, queues.remove(0)),
+            buf,
             session,
         }
     }

@@ -19,9 +19,11 @@ use rtrs_spdk::engine::{
     Adaptive, CpuMask, Ctx, Engine, EngineConfig, IdleStrategy, Msg, PollResult,
 };
 use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+use rtrs_spdk::fabric::{Access, Fabric};
 use rtrs_spdk::proto::rnbd::AccessMode;
-use rtrs_spdk::rnbd::client::{ClientEvent, LinkListener, RnbdClient};
+use rtrs_spdk::rnbd::client::{
+    open_rnbd_session, ClientEvent, LinkListener, RnbdClient, RnbdSession,
+};
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks, Server, ServerConfig};
 
@@ -99,15 +101,12 @@ fn open_vol(
         .send(
             0,
             Msg::new(move |cx: &mut dyn Ctx| {
-                let links = LinkListener::new();
-                let (session, mut cores) =
-                    Session::open(cx, Arc::clone(&fabric), cfg, Box::new(links.clone()))
-                        .expect("session");
-                let replies = fabric
-                    .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
-                    .expect("reply buffer");
-                let mut rnbd = RnbdClient::new(cores.remove(0), replies).expect("rnbd client");
-                rnbd.listen(links);
+                let RnbdSession {
+                    session,
+                    admin,
+                    mut queues,
+                } = open_rnbd_session(cx, 1, fabric, cfg).expect("session");
+                let mut rnbd = RnbdClient::from_parts(admin, queues.remove(0));
                 rnbd.open(cx.now(), "vol", AccessMode::ReadWrite)
                     .expect("open");
                 let _ = stx.send(session);

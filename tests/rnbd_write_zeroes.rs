@@ -1,10 +1,11 @@
-//! How the RNBD client sends write-zeroes (`RnbdClientConfig::write_zeroes`), seen on
-//! the wire of a direct in-process port to the server's dispatcher:
+//! How the RNBD client sends write-zeroes (the device's `WriteZeroesMode`, given at
+//! open), seen on the wire of a direct in-process port to the server's dispatcher:
 //! - `emulate` (the default, safe with servers of every kernel version): WRITEs of
 //!   zeros, at most `max_io_size` each, and never an op-5 header; one completion for
 //!   the request, from the home core and from another core's `RnbdQueue`; the first
 //!   error of a piece fails the request, once; a piece RTRS drops is sent again;
-//! - `native`: one data-less op-5 header (golden bytes).
+//! - `native`: one data-less op-5 header (golden bytes);
+//! - two devices of one session, each with its own mode.
 //!
 //! The data is read back each time.
 
@@ -19,7 +20,7 @@ use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr, Sge};
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdOp};
 use rtrs_spdk::rnbd::client::{
     completion, BlockRequest, ClientCompletion, ClientEvent, DevHandle, DeviceError, RnbdClient,
-    RnbdClientConfig, RnbdQueue, WriteZeroesMode,
+    RnbdQueue, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdSessions};
 use rtrs_spdk::rnbd::Dir;
@@ -43,7 +44,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let ex = Arc::new(Exports::ram(&[("vol", SIZE as u64)]).unwrap());
+        let ex = Arc::new(Exports::ram(&[("vol", SIZE as u64), ("aux", SIZE as u64)]).unwrap());
         Rig {
             sim: Simulation::new(1, 16),
             fabric: LoopbackFabric::new(),
@@ -66,20 +67,17 @@ impl Rig {
         self.sim.reactor(0).with_ctx(f)
     }
 
-    /// A client (config `mode`, `None`: the default) with "vol" open read-write.
+    /// A client with "vol" open read-write in write-zeroes mode `mode` (`None`: the
+    /// default).
     fn client(
         &mut self,
         mode: Option<WriteZeroesMode>,
         depth: usize,
     ) -> (RnbdClient<DirectPort>, DevHandle) {
-        let port = self.port(depth);
-        let mut c = match mode {
-            None => RnbdClient::new(port, self.mr(4096)),
-            Some(m) => {
-                RnbdClient::with_config(port, self.mr(4096), RnbdClientConfig { write_zeroes: m })
-            }
+        let mut c = RnbdClient::new(self.port(depth), self.mr(4096)).unwrap();
+        if let Some(m) = mode {
+            c.set_write_zeroes(m);
         }
-        .unwrap();
         let h = self
             .cx(|cx| c.open(cx.now(), "vol", AccessMode::ReadWrite))
             .unwrap();
@@ -89,6 +87,25 @@ impl Rig {
             "{ev:?}"
         );
         (c, h)
+    }
+
+    /// Opens `name` read-write on `c`, whose session info is done, in mode `mode`.
+    fn open(
+        &mut self,
+        c: &mut RnbdClient<DirectPort>,
+        name: &str,
+        mode: WriteZeroesMode,
+    ) -> DevHandle {
+        c.set_write_zeroes(mode);
+        let h = self
+            .cx(|cx| c.open(cx.now(), name, AccessMode::ReadWrite))
+            .unwrap();
+        let ev = self.events(c, 1);
+        assert!(
+            matches!(ev[0], ClientEvent::Opened { dev, .. } if dev == h),
+            "{ev:?}"
+        );
+        h
     }
 
     /// Polls until `want` events came (bounded); no more may come.
@@ -171,9 +188,11 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
     let mut rig = Rig::new();
     // Depth 2: the pieces of one request wait for permits, sent from polls.
     let (mut c, dev) = rig.client(None, 2);
-    assert_eq!(c.config().write_zeroes, WriteZeroesMode::Emulate);
+    assert_eq!(
+        c.device(dev).unwrap().write_zeroes(),
+        WriteZeroesMode::Emulate
+    );
     let info = *c.device(dev).unwrap().info().unwrap();
-    assert_eq!(info.write_zeroes, WriteZeroesMode::Emulate);
     assert!(info.server_max_write_zeroes > 0);
     let mut model = rig.fill(&mut c, dev);
     let before = c.session().sent.len();
@@ -227,11 +246,12 @@ fn emulate_is_the_default_and_sends_writes_of_zeros() {
 fn native_sends_one_data_less_op5() {
     let mut rig = Rig::new();
     let (mut c, dev) = rig.client(Some(WriteZeroesMode::Native), 8);
-    let info = *c.device(dev).unwrap().info().unwrap();
     assert_eq!(
-        (info.write_zeroes, info.max_write_zeroes),
-        (WriteZeroesMode::Native, info.server_max_write_zeroes)
+        c.device(dev).unwrap().write_zeroes(),
+        WriteZeroesMode::Native
     );
+    let info = *c.device(dev).unwrap().info().unwrap();
+    assert_eq!(info.max_write_zeroes, info.server_max_write_zeroes);
     let mut model = rig.fill(&mut c, dev);
     let before = c.session().sent.len();
     let req = BlockRequest::write_zeroes(8192, 300 << 10).nounmap();
@@ -257,6 +277,40 @@ fn native_sends_one_data_less_op5() {
         rig.read_all(&mut c, dev) == model,
         "device differs from the model"
     );
+}
+
+#[test]
+fn devices_of_one_session_keep_their_own_mode() {
+    let mut rig = Rig::new();
+    let (mut c, vol) = rig.client(Some(WriteZeroesMode::Native), 8);
+    let aux = rig.open(&mut c, "aux", WriteZeroesMode::Emulate);
+    assert_eq!(
+        c.device(vol).unwrap().write_zeroes(),
+        WriteZeroesMode::Native
+    );
+    assert_eq!(
+        c.device(aux).unwrap().write_zeroes(),
+        WriteZeroesMode::Emulate
+    );
+    // One session, one queue: each device's write-zeroes go as its own mode says.
+    for (dev, op, data_len) in [(vol, RnbdOp::WriteZeroes, 0), (aux, RnbdOp::Write, 8192)] {
+        let mut model = rig.fill(&mut c, dev);
+        let before = c.session().sent.len();
+        let req = BlockRequest::write_zeroes(4096, 8192);
+        assert_eq!(rig.io(&mut c, dev, req, &rig.mr(512)), 0);
+        model[4096..4096 + 8192].fill(0);
+        let ios = block_ios(&c.session().sent[before..]);
+        assert_eq!(ios.len(), 1, "{ios:?}");
+        let (io, dir, len) = &ios[0];
+        assert_eq!(
+            (io.op, io.bi_size, *dir, *len),
+            (op, 8192, Dir::Write, data_len)
+        );
+        assert!(
+            rig.read_all(&mut c, dev) == model,
+            "device differs from the model"
+        );
+    }
 }
 
 #[test]

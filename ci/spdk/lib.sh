@@ -204,12 +204,14 @@ hugepages_restore() {
 
 # JSON config of a client creating rtrs bdev NAME over PORTS (comma-separated) to DEVICE;
 # EXTRA (JSON) overrides parameters; KEYS (NAME=FILE,...) adds keyring_file keys, and
-# every path then uses the first one.
+# every path then uses the first one. With DEVS=N (default 1), N bdevs share the session:
+# NAME over DEVICE, then NAME with 1..N-1 in place of its last digit over DEVICE likewise
+# (rtrs0 over malloc0, rtrs1 over malloc1, ...), all with NAME's sessname.
 rtrs_bdev_json() {
 	local name=$1 device=$2 ports=$3 extra=${4:-} keys=${5:-}
-	python3 - "$name" "$device" "$ports" "$extra" "$keys" <<'PY'
+	python3 - "$name" "$device" "$ports" "$extra" "$keys" "${DEVS:-1}" <<'PY'
 import json, sys
-name, device, ports, extra, keys = sys.argv[1:6]
+name, device, ports, extra, keys, devs = sys.argv[1:7]
 keys = [k.split("=", 1) for k in keys.split(",") if k]
 params = {"name": name, "sessname": "sess-" + name,
           "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(p)}
@@ -221,12 +223,18 @@ if keys:
         p["psk"] = keys[0][0]
 if extra:
     params.update(json.loads(extra))
+creates = []
+for i in range(int(devs)):
+    p = dict(params)
+    if i:
+        p["name"] = params["name"][:-1] + str(i)
+        p["device"] = params["device"][:-1] + str(i)
+    creates.append({"method": "bdev_rtrs_create", "params": p})
 subsystems = []
 if keys:
     subsystems.append({"subsystem": "keyring", "config": [
         {"method": "keyring_file_add_key", "params": {"name": n, "path": f}} for n, f in keys]})
-subsystems.append({"subsystem": "bdev", "config": [
-    {"method": "bdev_rtrs_create", "params": params},
+subsystems.append({"subsystem": "bdev", "config": creates + [
     {"method": "bdev_wait_for_examine"}]})
 print(json.dumps({"subsystems": subsystems}, indent=2))
 PY

@@ -116,31 +116,34 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
 
 
 def bdev_rtrs_delete(client, name):
-    """Delete an rtrs bdev (closes the device and the session)."""
+    """Delete an rtrs bdev (closes the device; the session closes with its last device)."""
     return client.call('bdev_rtrs_delete', {'name': name})
 
 
 def bdev_rtrs_get_sessions(client, name=None):
-    """Sessions of rtrs bdevs: paths, states, cur_latency and statistics."""
+    """Sessions of rtrs bdevs, each once with its devices: paths, states, cur_latency and
+    statistics (name: only the session of that bdev)."""
     return client.call('bdev_rtrs_get_sessions', _drop_none({'name': name}))
 
 
 def bdev_rtrs_add_path(client, name, transport, dst_addr, port=None, src_addr=None, psk=None):
-    """Add a path to the session of an rtrs bdev (psk: a keyring key's name, tcp only)."""
+    """Add a path to the session of an rtrs bdev, for every device of that session
+    (psk: a keyring key's name, tcp only)."""
     return client.call('bdev_rtrs_add_path', _drop_none({
         'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
         'src_addr': src_addr, 'psk': psk}))
 
 
 def bdev_rtrs_remove_path(client, name, transport, dst_addr, port=None, src_addr=None):
-    """Remove a path from the session of an rtrs bdev (its IO fails over first)."""
+    """Remove a path from the session of an rtrs bdev, for every device of that session
+    (its IO fails over first)."""
     return client.call('bdev_rtrs_remove_path', _drop_none({
         'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
         'src_addr': src_addr}))
 
 
 def bdev_rtrs_set_mp_policy(client, name, mp_policy):
-    """Switch the multipath policy of an rtrs bdev's session."""
+    """Switch the multipath policy of an rtrs bdev's session (every device of it)."""
     return client.call('bdev_rtrs_set_mp_policy', {'name': name, 'mp_policy': mp_policy})
 
 
@@ -240,9 +243,11 @@ def spdk_rpc_plugin_initialize(subparsers):
             write_zeroes=args.write_zeroes))
 
     p = subparsers.add_parser('bdev_rtrs_create',
-                              help='Create an rtrs bdev: map a remote RNBD device over an RTRS session')
+                              help='Create an rtrs bdev: map a remote RNBD device over an RTRS session '
+                                   '(a connected sessname: over that session, same paths and settings)')
     p.add_argument('-b', '--name', help='Name of the bdev', required=True)
-    p.add_argument('-n', '--sessname', help='RTRS session name', required=True)
+    p.add_argument('-n', '--sessname', help='RTRS session name; bdevs of one sessname share its '
+                   'session (its paths and settings must match)', required=True)
     p.add_argument('-d', '--device', help='Name of the device exported by the target', required=True)
     p.add_argument('-p', '--path', action='append', required=True,
                    help='Path as transport:[src_addr@]dst_addr[:port][,psk=NAME], e.g. '
@@ -302,7 +307,7 @@ def spdk_rpc_plugin_initialize(subparsers):
                            dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr,
                            psk=args.psk)
 
-    p = subparsers.add_parser('bdev_rtrs_add_path', help='Add a path to an rtrs bdev session')
+    p = subparsers.add_parser('bdev_rtrs_add_path', help='Add a path to the session of an rtrs bdev (all its devices)')
     _path_args(p)
     p.add_argument('-k', '--psk',
                    help='Name of a key in SPDK\'s keyring that authenticates the path (tcp)')
@@ -313,7 +318,7 @@ def spdk_rpc_plugin_initialize(subparsers):
                               dst_addr=args.dst_addr, port=args.port, src_addr=args.src_addr)
 
     p = subparsers.add_parser('bdev_rtrs_remove_path',
-                              help='Remove a path from an rtrs bdev session')
+                              help='Remove a path from the session of an rtrs bdev (all its devices)')
     _path_args(p)
     p.set_defaults(func=_bdev_rtrs_remove_path)
 
@@ -321,7 +326,7 @@ def spdk_rpc_plugin_initialize(subparsers):
         bdev_rtrs_set_mp_policy(args.client, name=args.name, mp_policy=args.mp_policy)
 
     p = subparsers.add_parser('bdev_rtrs_set_mp_policy',
-                              help='Switch the multipath policy of an rtrs bdev session')
+                              help='Switch the multipath policy of the session of an rtrs bdev (all its devices)')
     p.add_argument('name', help='Name of the rtrs bdev')
     p.add_argument('mp_policy', choices=MP_POLICIES, help='New policy')
     p.set_defaults(func=_bdev_rtrs_set_mp_policy)

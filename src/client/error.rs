@@ -15,9 +15,8 @@ pub enum ClientError {
     DuplicatePath { sess: String, path: String },
     #[error("session {sess}: no path {path}")]
     NoSuchPath { sess: String, path: String },
-    #[error(
-        "session {sess}: the reactor count {cores} does not fit a conn_req cid_num (1..=4095)"
-    )]
+    /// No IO core, or more than a conn_req's `cid_num` can name besides cid 0.
+    #[error("session {sess}: {cores} IO cores asked for, must be 1..=4095 (one connection per core plus the control connection, at most 4096 in a conn_req's cid_num)")]
     Cores { sess: String, cores: usize },
     #[error("session {sess}: {source}")]
     Fabric {

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use super::core_cq::Hub;
 use super::policy::{Candidate, MpPolicy, PathSet};
 use super::request::{
-    region_index, CorePath, Out, PollScratch, Posted, RState, ReadKey, MAX_SGL, NO_ROUTE, WC_BATCH,
+    CorePath, Out, PollScratch, Posted, RState, ReadKey, MAX_SGL, NO_ROUTE, WC_BATCH,
 };
 use super::session_core::{hold, SessionCore, Sizing};
 
@@ -155,7 +155,7 @@ impl SessionCore {
             let seg = self.sgl[i * MAX_SGL];
             // Only a single-segment READ meant for a region that was removed since
             // (`remove_region` cleared its hint) gets here.
-            match region_index(&self.regions, &seg).and_then(|k| u16::try_from(k).ok()) {
+            match self.regions.index(&seg).and_then(|k| u16::try_from(k).ok()) {
                 Some(k) => self.reqs[i].region = Some(k),
                 None => {
                     hold(&mut self.keep, &self.regions, &*self.fabric, i, &[seg])

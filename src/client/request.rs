@@ -201,24 +201,90 @@ pub(super) struct CorePath {
 /// [`CorePath::route`] of a connection on a private CQ.
 pub(super) const NO_ROUTE: u32 = u32::MAX;
 
-/// The region among `regions` that holds all of `seg` under its lkey: a single-segment
-/// READ there is bound in place. The check shared by submit and post.
-#[inline]
-pub(super) fn region_index(regions: &[Arc<Mr>], seg: &Sge) -> Option<usize> {
-    regions.iter().position(|m| {
-        m.lkey() == seg.lkey
+/// The regions a core was given ([`add_region`](super::SessionCore::add_region)), in the
+/// order given (an index names one until a removal) and found by lkey: an SPDK
+/// application in dynamic memory mode registers its memory 2 MiB at a time, hundreds of
+/// regions, and every READ looks its segment up here.
+#[derive(Default)]
+pub(super) struct Regions {
+    list: Vec<Arc<Mr>>,
+    /// `(lkey, index in list)`, sorted by lkey.
+    by_key: Vec<(u32, u16)>,
+}
+
+impl Regions {
+    /// Adds `mr` at the end (false when it is there already, or the list is full).
+    pub fn add(&mut self, mr: Arc<Mr>) -> bool {
+        if self.list.iter().any(|m| Arc::ptr_eq(m, &mr)) {
+            return false;
+        }
+        let Ok(k) = u16::try_from(self.list.len()) else {
+            return false;
+        };
+        let key = mr.lkey();
+        let at = self.by_key.partition_point(|&(l, _)| l < key);
+        self.by_key.insert(at, (key, k));
+        self.list.push(mr);
+        true
+    }
+
+    /// Removes the region of `lkey`, returning it; the indices after it move.
+    pub fn remove(&mut self, lkey: u32) -> Option<Arc<Mr>> {
+        let k = self.list.iter().position(|m| m.lkey() == lkey)?;
+        let mr = self.list.remove(k);
+        self.by_key = self
+            .list
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.lkey(), i as u16))
+            .collect();
+        self.by_key.sort_unstable();
+        Some(mr)
+    }
+
+    /// The region that holds all of `seg` under its lkey: a single-segment READ there is
+    /// bound in place. The check shared by submit and post.
+    #[inline]
+    pub fn index(&self, seg: &Sge) -> Option<usize> {
+        let at = self.by_key.partition_point(|&(l, _)| l < seg.lkey);
+        let &(l, k) = self.by_key.get(at)?;
+        let m = &self.list[usize::from(k)];
+        let inside = l == seg.lkey
             && seg.addr >= m.addr()
             && seg
                 .addr
                 .checked_add(u64::from(seg.len))
-                .is_some_and(|end| end <= m.addr() + m.len() as u64)
-    })
+                .is_some_and(|end| end <= m.addr() + m.len() as u64);
+        inside.then_some(usize::from(k))
+    }
+
+    /// [`index`](Self::index), as the region.
+    #[inline]
+    pub fn of(&self, seg: &Sge) -> Option<&Arc<Mr>> {
+        self.index(seg).map(|k| &self.list[k])
+    }
+
+    /// The region of `lkey`.
+    pub fn find(&self, lkey: u32) -> Option<&Arc<Mr>> {
+        self.list.iter().find(|m| m.lkey() == lkey)
+    }
 }
 
-/// [`region_index`], as the region.
-#[inline]
-pub(super) fn region_of<'r>(regions: &'r [Arc<Mr>], seg: &Sge) -> Option<&'r Arc<Mr>> {
-    region_index(regions, seg).map(|k| &regions[k])
+impl std::ops::Index<usize> for Regions {
+    type Output = Arc<Mr>;
+    fn index(&self, k: usize) -> &Arc<Mr> {
+        &self.list[k]
+    }
+}
+
+impl std::iter::FromIterator<Arc<Mr>> for Regions {
+    fn from_iter<I: IntoIterator<Item = Arc<Mr>>>(it: I) -> Regions {
+        let mut r = Regions::default();
+        for m in it {
+            r.add(m);
+        }
+        r
+    }
 }
 
 /// Result of trying to post a request.

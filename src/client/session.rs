@@ -5,8 +5,9 @@
 //!
 //! [`Session::open`] runs on the session's home core: it registers the home-core
 //! poller that connects every path (non-blocking) and returns one [`SessionCore`] per
-//! reactor core. The [`Session`] handle is cheap to clone and usable from any thread;
-//! management requests reach the home core through a queue.
+//! reactor core ([`Session::open_on_cores`]: as many as the caller asks for). The
+//! [`Session`] handle is cheap to clone and usable from any thread; management
+//! requests reach the home core through a queue.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -69,9 +70,30 @@ impl Session {
     /// poll it there (every core must be polled, for failover and teardown to finish).
     ///
     /// # Errors
-    /// A bad session name, no or too many or duplicate paths, too many cores.
+    /// As [`open_on_cores`](Self::open_on_cores).
     pub fn open(
         cx: &mut dyn Ctx,
+        fabric: Arc<dyn Fabric>,
+        config: ClientConfig,
+        events: Box<dyn ClientEvents>,
+    ) -> Result<(Session, Vec<SessionCore>), ClientError> {
+        let cores = cx.cores();
+        Session::open_on_cores(cx, cores, fabric, config, events)
+    }
+
+    /// [`open`](Self::open) with `cores` IO connections per path, whatever the number
+    /// of reactors: the control poller still runs on `cx`'s core, and the returned
+    /// handles (one per IO connection, `SessionCore::core` 0..`cores`) are polled
+    /// wherever their owner wants, by one owner at a time. A handle attached to a
+    /// [`CoreCq`](super::CoreCq) (of its own index) stays on the thread that polls that
+    /// CQ: its connections there belong to that thread. Every handle must be polled, or
+    /// dropped, for failover and teardown to finish.
+    ///
+    /// # Errors
+    /// A bad session name, no or too many or duplicate paths, no or too many cores.
+    pub fn open_on_cores(
+        cx: &mut dyn Ctx,
+        cores: usize,
         fabric: Arc<dyn Fabric>,
         config: ClientConfig,
         events: Box<dyn ClientEvents>,
@@ -93,8 +115,7 @@ impl Session {
                 });
             }
         }
-        let cores = cx.cores();
-        if cores + 1 > usize::from(MAX_CID_NUM) {
+        if cores == 0 || cores + 1 > usize::from(MAX_CID_NUM) {
             return Err(ClientError::Cores { sess, cores });
         }
         let shared = Arc::new(SessShared::new(

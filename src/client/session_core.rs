@@ -24,8 +24,8 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    region_index, region_of, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted,
-    RState, ReadKey, Req, Res, MAX_SGL, NO_ROUTE,
+    ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState, ReadKey, Regions, Req,
+    Res, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -65,7 +65,9 @@ impl Sizing {
 }
 
 /// One core's handle of a session (see the module doc). Made by
-/// [`super::Session::open`], one per core; move each to its core and poll it there.
+/// [`super::Session::open`], one per core: move each to its core and poll it there; or
+/// by [`super::Session::open_on_cores`], polled wherever its owner wants (one owner at
+/// a time; once [`attach`](Self::attach)ed, on the thread that polls the CQ).
 pub struct SessionCore {
     pub(super) core: usize,
     pub(super) sess: Arc<SessShared>,
@@ -96,7 +98,7 @@ pub struct SessionCore {
     /// Calls of `poll` so far.
     pub(super) polls: u64,
     /// Regions the caller registered for zero-copy READs ([`SessionCore::add_region`]).
-    pub(super) regions: Vec<Arc<Mr>>,
+    pub(super) regions: Regions,
     /// Completion arrays of [`SessionCore::poll`] (`None` only while it runs).
     pub(super) scratch: Option<Box<PollScratch>>,
     /// The core's shared CQ, once attached ([`SessionCore::attach`]).
@@ -173,7 +175,7 @@ impl SessionCore {
             warn_next_ns: 0,
             warn_suppressed: 0,
             polls: 0,
-            regions: Vec::new(),
+            regions: Regions::default(),
             scratch: Some(Box::default()),
             hub: None,
             dead_routes: Vec::new(),
@@ -264,9 +266,7 @@ impl SessionCore {
     /// server writes there directly (the kernel's way; zero copy). `mr` must come from
     /// the session's fabric; it is kept alive here until [`remove_region`](Self::remove_region).
     pub fn add_region(&mut self, mr: Arc<Mr>) {
-        if !self.regions.iter().any(|m| Arc::ptr_eq(m, &mr)) {
-            self.regions.push(mr);
-        }
+        self.regions.add(mr);
     }
 
     /// Stops using the region with local key `lkey` for zero-copy READs. Requests
@@ -274,10 +274,10 @@ impl SessionCore {
     pub fn remove_region(&mut self, lkey: u32) {
         // READs whose reply is to be copied into the region held it through
         // `self.regions`: from now on they hold its memory themselves.
-        if let Some(m) = self.regions.iter().find(|m| m.lkey() == lkey) {
+        if let Some(m) = self.regions.find(lkey) {
             hand_over(&mut self.keep, &self.sgl, m);
         }
-        self.regions.retain(|m| m.lkey() != lkey);
+        self.regions.remove(lkey);
         // Indices moved: requests not posted yet look again when they are.
         for r in &mut self.reqs {
             r.region = None;
@@ -355,7 +355,7 @@ impl SessionCore {
         // never copied; every other READ's segments receive a copy of the reply.
         let region = match io.sgl {
             [one] if io.dir == Dir::Read => {
-                region_index(&self.regions, one).and_then(|k| u16::try_from(k).ok())
+                self.regions.index(one).and_then(|k| u16::try_from(k).ok())
             }
             _ => None,
         };
@@ -373,7 +373,7 @@ impl SessionCore {
                 // A region of this core's, else whatever registration of the fabric the
                 // key names; held only while the copy runs.
                 let held;
-                let ok = match region_of(&self.regions, s) {
+                let ok = match self.regions.of(s) {
                     Some(_) => true,
                     None => {
                         held = self.fabric.local_memory(s, Access::NONE);
@@ -679,10 +679,20 @@ impl Held {
 /// and `sgl` are indexed alike) holds its memory itself from now on.
 fn hand_over(keep: &mut [Held], sgl: &[Sge], m: &Arc<Mr>) {
     for (h, s) in keep.iter_mut().zip(sgl) {
-        if matches!(h, Held::Region) && region_of(std::slice::from_ref(m), s).is_some() {
+        if matches!(h, Held::Region) && in_region(m, s) {
             *h = Held::Memory(Arc::clone(m.backing()));
         }
     }
+}
+
+/// Whether `seg` lies in `m` under its lkey.
+fn in_region(m: &Mr, seg: &Sge) -> bool {
+    m.lkey() == seg.lkey
+        && seg.addr >= m.addr()
+        && seg
+            .addr
+            .checked_add(u64::from(seg.len))
+            .is_some_and(|end| end <= m.addr() + m.len() as u64)
 }
 
 /// Resolves the segments of permit `i`'s READ against the registrations (the core's
@@ -690,13 +700,13 @@ fn hand_over(keep: &mut [Held], sgl: &[Sge], m: &Arc<Mr>) {
 /// completion, so the reply's copy needs no second lookup and cannot outlive the memory.
 pub(super) fn hold(
     keep: &mut [Held],
-    regions: &[Arc<Mr>],
+    regions: &Regions,
     fabric: &dyn Fabric,
     i: usize,
     sgl: &[Sge],
 ) -> Result<(), SubmitError> {
     for (index, s) in sgl.iter().enumerate() {
-        let held = match region_of(regions, s) {
+        let held = match regions.of(s) {
             Some(m) if m.access().contains(Access::LOCAL_WRITE) => Some(Held::Region),
             _ => fabric
                 .local_memory(s, Access::LOCAL_WRITE)
@@ -728,6 +738,44 @@ mod tests {
     use crate::fabric::loopback::LoopbackFabric;
     use crate::fabric::MemBuf;
 
+    /// Among hundreds of regions (an SPDK application's memory, 2 MiB at a time) a
+    /// segment is found by its lkey and checked against that region's bounds; a segment
+    /// under another region's key, or past the end, is not; a removal moves the indices
+    /// after it and the lookups follow.
+    #[test]
+    fn regions_are_found_by_lkey_and_bounds() {
+        let lo = LoopbackFabric::new();
+        let mrs: Vec<Arc<Mr>> = (0..300)
+            .map(|_| {
+                Arc::new(
+                    lo.register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let mut regions: Regions = mrs.iter().cloned().collect();
+        assert!(!regions.add(Arc::clone(&mrs[7])), "added twice");
+        for (k, m) in mrs.iter().enumerate() {
+            assert_eq!(regions.index(&m.sge(100, 200)), Some(k));
+            let past = Sge {
+                len: 200,
+                ..m.sge(4000, 96)
+            };
+            assert_eq!(regions.index(&past), None, "past the end of {k}");
+            let other = Sge {
+                lkey: mrs[(k + 1) % mrs.len()].lkey(),
+                ..m.sge(0, 512)
+            };
+            assert_eq!(regions.index(&other), None, "another region's key on {k}");
+        }
+        let gone = regions.remove(mrs[10].lkey()).expect("it was there");
+        assert!(Arc::ptr_eq(&gone, &mrs[10]));
+        assert_eq!(regions.index(&mrs[10].sge(0, 512)), None);
+        assert_eq!(regions.index(&mrs[11].sge(0, 512)), Some(10));
+        assert!(Arc::ptr_eq(&regions[10], &mrs[11]));
+        assert_eq!(regions.index(&mrs[299].sge(0, 512)), Some(298));
+    }
+
     /// A READ into a region holds it without a count; when the region is let go while
     /// the READ is in flight, the READ's hold takes a count of its own, and only the
     /// segments inside that region do.
@@ -742,7 +790,7 @@ mod tests {
             lo.register(MemBuf::zeroed(8192), Access::LOCAL_WRITE)
                 .unwrap(),
         );
-        let regions = vec![Arc::clone(&a), Arc::clone(&b)];
+        let regions: Regions = [Arc::clone(&a), Arc::clone(&b)].into_iter().collect();
         let sgl = [a.sge(0, 512), b.sge(512, 512), a.sge(4096, 512)];
         let mut keep = vec![Held::None; MAX_SGL * 2];
         let before = Arc::strong_count(a.backing());

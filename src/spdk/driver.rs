@@ -8,11 +8,10 @@
 //! Cores come either from [`Driver::spawn`], which creates one SPDK thread per core of the
 //! application's cpumask (as the nvmf target creates its poll groups; the RTRS target
 //! serves accepted connection `c` on core `(c-1) mod n`), or from [`Driver::adopt`], which
-//! takes existing threads (the bdev side's IO-channel threads). A driver may pace the
+//! takes existing threads (the bdev module's home thread). A driver may pace the
 //! pollers registered without a period ([`Driver::adopt_paced`]): an active period while
 //! they find work, a longer one after an idle spell, and [`Driver::wake`] for work handed
-//! to them from elsewhere (docs/ARCHITECTURE.md, "The SPDK bdev: who polls a core's
-//! connection").
+//! to them from elsewhere (docs/ARCHITECTURE.md, "The SPDK bdev: poll groups").
 //!
 //! Each core's poller table is touched only by that core's thread: pollers need not be
 //! `Send`, as under our reactors. That is a property of the types, not of a debug check:
@@ -26,7 +25,7 @@ use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::sys;
@@ -46,6 +45,8 @@ pub struct Driver {
     /// iteration; an `idle_us` above it stretches an idle poller's period (see
     /// [`PollPace`]).
     pace: PollPace,
+    /// Cap on `pace.idle_us` ([`Driver::cap_idle`]); `u64::MAX`: none.
+    idle_cap_us: AtomicU64,
 }
 
 struct Core {
@@ -176,7 +177,26 @@ impl Driver {
                 table: RefCell::new(Table::default()),
             })
             .collect();
-        Ok(Arc::new(Driver { cores, pace }))
+        Ok(Arc::new(Driver {
+            cores,
+            pace,
+            idle_cap_us: AtomicU64::new(u64::MAX),
+        }))
+    }
+
+    /// Shortens the idle period of this driver's paced pollers to at most `us` µs (never
+    /// below their active period), from their next run on: for a driver whose pollers
+    /// take on work with a tighter deadline (a session with a shorter heartbeat interval).
+    pub fn cap_idle(&self, us: u64) {
+        self.idle_cap_us.fetch_min(us, Ordering::AcqRel);
+    }
+
+    /// The pace as it is now (the idle cap applied).
+    fn pace(&self) -> PollPace {
+        let mut p = self.pace;
+        let cap = self.idle_cap_us.load(Ordering::Acquire);
+        p.idle_us = p.idle_us.min(cap).max(p.active_us);
+        p
     }
 
     /// Number of cores.
@@ -463,7 +483,7 @@ impl Driver {
             let Some(mut st) = s.pace.get() else {
                 continue;
             };
-            if let Some(us) = st.wake(&self.pace) {
+            if let Some(us) = st.wake(&self.pace()) {
                 // SAFETY: as above.
                 if !unsafe { repace(slot, us) } {
                     continue;
@@ -592,7 +612,7 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
     };
     driver.table(on).current = None;
     if let Some(mut st) = s.pace.get().filter(|_| !s.dead.get()) {
-        match st.after(&driver.pace, r == PollResult::Busy) {
+        match st.after(&driver.pace(), r == PollResult::Busy) {
             // SAFETY: live slot of this core, on its thread, no longer borrowed.
             Some(us) if !unsafe { repace(slot, us) } => {}
             _ => s.pace.set(Some(st)),

@@ -15,13 +15,13 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientConfig, PathAddr, SessionCore};
 use rtrs_spdk::engine::{Ctx, Engine, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    completion_result, BlockRequest, ClientCompletion, ClientEvent, DevHandle, LinkListener,
-    RnbdClient, RnbdQueue,
+    completion_result, open_rnbd_session, BlockRequest, ClientCompletion, ClientEvent, DevHandle,
+    RnbdClient, RnbdQueue, RnbdSession,
 };
 
 pub const BS: usize = 4096;
@@ -334,17 +334,17 @@ pub fn run_with(
     let (stx, srx) = mpsc::channel();
     let open_name = dev.to_string();
     let start = Msg::new(move |cx: &mut dyn Ctx| {
-        let links = LinkListener::new();
-        let (session, mut cores) =
-            Session::open(cx, Arc::clone(&f), cfg, Box::new(links.clone())).expect("session open");
+        let RnbdSession {
+            session,
+            admin,
+            mut queues,
+        } = open_rnbd_session(cx, 2, Arc::clone(&f), cfg).expect("session open");
         let reg = |len: usize| {
             f.register(MemBuf::zeroed(len), Access::LOCAL_WRITE)
                 .unwrap()
         };
-        let core1 = cores.pop().unwrap();
-        let mut rnbd = RnbdClient::new(cores.pop().unwrap(), reg(4096)).unwrap();
-        rnbd.listen(links);
-        let other = RnbdQueue::new(core1, rnbd.table());
+        let other = queues.pop().unwrap();
+        let mut rnbd = RnbdClient::from_parts(admin, queues.pop().unwrap());
         rnbd.open(cx.now(), &open_name, AccessMode::ReadWrite)
             .unwrap();
         // The final check reads 16 blocks into the home window.

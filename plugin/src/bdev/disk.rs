@@ -1,45 +1,37 @@
-//! One rtrs bdev: an RNBD device mapped over an RTRS client session whose pollers run
-//! on SPDK threads of ours, one per core of the application's cpumask
-//! (docs/ARCHITECTURE.md, "Sessions on cores"). The kernel's `rnbd_clt_dev` with its
-//! gendisk; here the "disk" is an `spdk_bdev`.
+//! One rtrs bdev: an RNBD device mapped over a client session ([`Sess`]) that it may
+//! share with other devices of the same `sessname` (docs/ARCHITECTURE.md, "The SPDK
+//! bdev: poll groups"). The kernel's `rnbd_clt_dev` with its gendisk; here the "disk"
+//! is an `spdk_bdev`.
 //!
-//! IO: each core of the disk has a queue ([`CoreQueue`]: that core's RNBD queue over its
-//! session handle) that the IO channel on its CPU core owns and polls, or the disk's own
-//! thread on the core while no channel does (see [`super::channel`] and
-//! [`super::core_queue`]); every core's is the same, core 0's also carries the admin.
-//!
-//! Life, all of it in [`Life`]: [`create`] opens the session on core 0 and sends OPEN
-//! (*opening*); OPEN's answer hands the disk to the creator's callback on the
-//! application thread, which registers the bdev ([`super::module::register`]) and makes
-//! it *open*; a failure reaches the same callback as an error, and the disk tears down.
-//! Deleting goes through `spdk_bdev_unregister` → `destruct` → the io_device is
-//! unregistered → [`Disk::close`] (*closing*): the admin on core 0's queue sends CLOSE,
-//! the session closes, its paths go → the threads stop → the bdev is released
-//! (*closed*). Core 0's queue drives these steps through [`CoreDisk`], which the disk
-//! implements. The module's fini ([`stop_all`]) fails the disks still opening and ends
-//! once the last disk is closed.
+//! Life, all of it in [`Life`] (touched on control events only, never per IO):
+//! [`create`] joins the session of its `sessname` or opens one, and leaves its OPEN with
+//! the session's admin (*opening*); OPEN's answer hands the disk to the creator's
+//! callback on home's thread, which registers the bdev ([`super::module::register`])
+//! and makes it *open*; a failure reaches the same callback as an error. Deleting goes
+//! through `spdk_bdev_unregister` → `destruct` → the io_device is unregistered →
+//! [`Disk::close`] (*closing*): the admin sends CLOSE; its answer (or a deadline) makes
+//! the disk *closed*, which leaves the session and releases the bdev. The module's fini
+//! ([`stop_all`]) fails the disks still opening and ends once every disk and session
+//! is gone.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::Duration;
 
-use rtrs_spdk::client::{MpPolicy, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::MpPolicy;
 use rtrs_spdk::engine::Ctx;
-use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Psk};
-use rtrs_spdk::rnbd::client::{
-    ClientEvent, DevHandle, DeviceInfo, LinkListener, RnbdAdmin, RnbdClientConfig, RnbdQueue,
-};
-use rtrs_spdk::spdk::{Driver, SpdkThread};
+use rtrs_spdk::rnbd::client::{DevHandle, DeviceInfo};
 
-use super::core_queue::{CoreDisk, CoreQueue, CoreSlot, SlotPoller};
 use super::fabric::client_fabric;
-use super::memmap::MemMap;
-use super::params::{path_keys, CreateParams, PathParam};
+use super::group::Home;
+use super::params::{path_keys, CreateParams};
+use super::sess::{self, Sess};
 use super::task::ChanShared;
-use super::threads::{make_driver, stop_driver};
 
-/// How long a closing disk waits for CLOSE's answer, then for its paths to go.
-const CLOSE_WAIT_NS: u64 = 3_000_000_000;
+/// How long a closing disk waits for CLOSE's answer.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+/// How often home looks at a disk that is opening or closing.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// `bdev_rtrs_create` waits at least this long (seconds) for the session and OPEN.
 const OPEN_WAIT_MIN_S: u64 = 5;
 
@@ -51,137 +43,42 @@ pub type OnClosed = Box<dyn FnOnce() + Send>;
 pub enum CreateError {
     /// A parameter cannot be used (a name taken, a key or fabric that cannot be had).
     Invalid(String),
-    /// The disk's threads could not be made.
+    /// The session's resources could not be had.
     NoMemory(String),
     /// The session or OPEN failed (or the bdev could not be registered).
     OpenFailed(String),
 }
 
-/// Told once how [`create`] ended: with the opened disk on the application thread (the
-/// callback registers its bdev), or with the error.
+/// Told once how [`create`] ended, on home's thread: with the opened disk (the callback
+/// registers its bdev), or with the error.
 pub type OnOpen = Box<dyn FnOnce(Result<&Arc<Disk>, CreateError>) + Send>;
 
 /// The disk's life.
 enum Life {
-    /// The session is starting and OPEN is sent; it must be answered by `deadline` (ns
-    /// of the home core's clock; `u64::MAX` until the home core set it): before the
-    /// first path connects the session has no permits, so OPEN would wait for ever.
-    Opening { deadline: u64 },
-    /// OPEN answered: the creator registers the bdev on the application thread.
+    /// OPEN is sent (or waits for the session).
+    Opening,
+    /// OPEN answered: the creator registers the bdev on home's thread.
     Registering,
     /// The bdev is registered and IO flows.
     Open { on_closed: OnClosed },
     /// Going down: the create failed, or the bdev was unregistered.
-    Closing {
-        step: CloseStep,
-        on_closed: Option<OnClosed>,
-    },
-    /// Down: threads stopped, the bdev released.
+    Closing { on_closed: Option<OnClosed> },
+    /// Down: out of the session, the bdev released.
     Closed,
 }
 
-/// The disk's life behind its lock, with a lock-free answer to "has the home core
-/// anything to do?" (opening's deadline, closing's steps): [`CoreDisk::home_step`] runs
-/// after every poll of core 0's queue and takes no lock while the disk is open.
-struct LifeCell {
-    life: Mutex<Life>,
-    /// Whether the life is `Opening` or `Closing`; written by every guard as it drops,
-    /// still under the lock, so it always follows the last change.
-    active: AtomicBool,
-}
-
-impl LifeCell {
-    fn new(life: Life) -> LifeCell {
-        let active = AtomicBool::new(LifeGuard::is_active(&life));
-        LifeCell {
-            life: Mutex::new(life),
-            active,
-        }
-    }
-
-    fn lock(&self) -> LifeGuard<'_> {
-        LifeGuard {
-            guard: lock(&self.life),
-            active: &self.active,
-        }
-    }
-
-    /// Opening or closing (as of the last change any thread made).
-    fn active(&self) -> bool {
-        self.active.load(Ordering::Acquire)
-    }
-}
-
-/// The locked life; its drop refreshes [`LifeCell::active`].
-struct LifeGuard<'a> {
-    guard: MutexGuard<'a, Life>,
-    active: &'a AtomicBool,
-}
-
-impl LifeGuard<'_> {
-    fn is_active(life: &Life) -> bool {
-        matches!(life, Life::Opening { .. } | Life::Closing { .. })
-    }
-}
-
-impl std::ops::Deref for LifeGuard<'_> {
-    type Target = Life;
-    fn deref(&self) -> &Life {
-        &self.guard
-    }
-}
-
-impl std::ops::DerefMut for LifeGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Life {
-        &mut self.guard
-    }
-}
-
-impl Drop for LifeGuard<'_> {
-    fn drop(&mut self) {
-        self.active
-            .store(Self::is_active(&self.guard), Ordering::Release);
-    }
-}
-
-/// The home core's part of closing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CloseStep {
-    /// CLOSE is to be sent.
-    Start,
-    /// CLOSE sent; its answer is awaited until the deadline (ns).
-    CloseSent(u64),
-    /// Session closed, waiting for its paths to go until the deadline (ns).
-    Draining(u64),
-    /// The threads are being stopped.
-    Stopping,
-}
-
-/// An rtrs bdev and everything behind it.
+/// An rtrs bdev.
 pub struct Disk {
-    /// The disk itself, for the work it posts to other threads.
     me: Weak<Disk>,
     pub params: CreateParams,
-    /// Paths as they are now (add/remove_path), for config_json and get_sessions.
-    pub paths: Mutex<Vec<PathParam>>,
-    /// The keys of the paths created with one (read from the keyring at create).
-    psks: Vec<(PathAddr, Psk)>,
-    /// The session's own protection domain of the transport's fabric, and SPDK's
-    /// memory registered there (a key of another session's never reaches it).
-    domain: Arc<dyn Fabric>,
-    mem: MemMap,
-    driver: Arc<Driver>,
-    cpus: Vec<u32>,
-    slots: Box<[CoreSlot]>,
+    pub sess: Arc<Sess>,
+    dev: OnceLock<DevHandle>,
+    info: OnceLock<DeviceInfo>,
+    life: Mutex<Life>,
     /// Every IO channel of the bdev (resets count their outstanding requests).
     chans: Mutex<Vec<Arc<ChanShared>>>,
-    session: OnceLock<Session>,
-    info: OnceLock<DeviceInfo>,
-    life: LifeCell,
     /// The creator's callback, until called.
     on_open: Mutex<Option<OnOpen>>,
-    /// Rate limit of IO error logs (ns of the last one).
-    last_err_log: AtomicU64,
 }
 
 /// Every rtrs bdev, including those still opening or closing, and the module's fini
@@ -190,7 +87,7 @@ struct Registry {
     disks: Vec<Arc<Disk>>,
     /// The module's fini ran: no new disk.
     stopping: bool,
-    /// The module's fini, waiting for the last disk to go.
+    /// The module's fini, waiting for the last disk and session to go.
     on_empty: Option<OnClosed>,
 }
 
@@ -200,19 +97,12 @@ static DISKS: Mutex<Registry> = Mutex::new(Registry {
     on_empty: None,
 });
 
-fn registry() -> MutexGuard<'static, Registry> {
-    lock(&DISKS)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Removes `disk` from the registry; returns the module's fini when that was the last.
-fn forget(disk: &Arc<Disk>) -> Option<OnClosed> {
-    let mut r = registry();
-    r.disks.retain(|d| !Arc::ptr_eq(d, disk));
-    if r.disks.is_empty() {
-        r.on_empty.take()
-    } else {
-        None
-    }
+fn registry() -> MutexGuard<'static, Registry> {
+    lock(&DISKS)
 }
 
 /// The disk named `name` (opening, open or closing).
@@ -220,38 +110,47 @@ pub fn find(name: &str) -> Option<Arc<Disk>> {
     registry().disks.iter().find(|d| d.name() == name).cloned()
 }
 
-/// Every disk (opening, open or closing).
-pub fn all() -> Vec<Arc<Disk>> {
-    registry().disks.clone()
+/// Runs the module's fini once it waits and no disk or session is left (home's thread).
+pub fn maybe_finish() {
+    let done = {
+        let mut r = registry();
+        if r.disks.is_empty() && sess::all().is_empty() {
+            r.on_empty.take()
+        } else {
+            None
+        }
+    };
+    if let Some(f) = done {
+        f();
+    }
 }
 
 /// The module's fini (application thread), after the bdev layer unregistered every bdev,
-/// so every disk that had one is gone: no disk is created from now on, one still opening
-/// fails ("the application is stopping") and closes, and `done` runs once the last disk
-/// is down — at once when there is none.
+/// so every disk that had one is closing: no disk is created from now on, one still
+/// opening fails ("the application is stopping"), and `done` runs once the last disk and
+/// session are gone — at once when there is none.
 pub fn stop_all(done: OnClosed) {
     let disks = {
         let mut r = registry();
         r.stopping = true;
+        r.on_empty = Some(done);
         r.disks.clone()
     };
     for d in &disks {
-        if matches!(*d.life.lock(), Life::Opening { .. } | Life::Registering) {
+        if d.is_opening() || matches!(*lock(&d.life), Life::Registering) {
             d.open_failed("the application is stopping");
-            d.wake(0);
+            d.sess.close_device(d);
         }
     }
-    let mut r = registry();
-    if r.disks.is_empty() {
-        drop(r);
-        done();
-    } else {
+    let left = (registry().disks.len(), sess::all().len());
+    if left != (0, 0) {
         tracing::info!(
-            "rtrs bdev: waiting for {} disk(s) to close before the module finishes",
-            r.disks.len()
+            "rtrs bdev: waiting for {} disk(s) and {} session(s) to close before the module finishes",
+            left.0,
+            left.1
         );
-        r.on_empty = Some(done);
     }
+    maybe_finish();
 }
 
 impl Disk {
@@ -259,40 +158,35 @@ impl Disk {
         &self.params.name
     }
 
-    pub fn mem(&self) -> &MemMap {
-        &self.mem
-    }
-
-    pub fn session(&self) -> Option<&Session> {
-        self.session.get()
-    }
-
     pub fn info(&self) -> Option<&DeviceInfo> {
         self.info.get()
     }
 
+    pub fn dev(&self) -> Option<DevHandle> {
+        self.dev.get().copied()
+    }
+
+    /// The admin sent OPEN: `dev` names the device on the session.
+    pub fn set_dev(&self, dev: DevHandle) {
+        let _ = self.dev.set(dev);
+    }
+
+    pub fn is_opening(&self) -> bool {
+        matches!(*lock(&self.life), Life::Opening)
+    }
+
     /// Whether the bdev is registered and not being deleted.
     pub fn is_open(&self) -> bool {
-        matches!(*self.life.lock(), Life::Open { .. })
+        matches!(*lock(&self.life), Life::Open { .. })
     }
 
     /// The life stage as `bdev_rtrs_get_sessions` names it.
     pub fn state_name(&self) -> &'static str {
-        match *self.life.lock() {
-            Life::Opening { .. } | Life::Registering => "opening",
+        match *lock(&self.life) {
+            Life::Opening | Life::Registering => "opening",
             Life::Open { .. } => "open",
             Life::Closing { .. } | Life::Closed => "closing",
         }
-    }
-
-    /// The disk's core on CPU core `cpu` (core 0 for a thread off the cpumask, as fio's).
-    pub fn core_of_cpu(&self, cpu: u32) -> usize {
-        self.cpus.iter().position(|&c| c == cpu).unwrap_or(0)
-    }
-
-    /// Whether CPU core `cpu` is one of the application's (a core of the disk).
-    pub fn on_mask(&self, cpu: u32) -> bool {
-        self.cpus.contains(&cpu)
     }
 
     pub fn add_channel(&self, chan: &Arc<ChanShared>) {
@@ -309,40 +203,38 @@ impl Disk {
     }
 
     pub fn policy(&self) -> MpPolicy {
-        self.session
-            .get()
-            .map_or(self.params.mp_policy, Session::policy)
+        self.sess
+            .session()
+            .map_or(self.sess.settings.mp_policy, |s| s.policy())
     }
 
-    /// Why no path can ever connect as configured, when every path of the session was
-    /// refused for good (authentication failed).
-    fn refused(&self) -> Option<String> {
-        let s = self.session.get()?;
-        let why: Option<Vec<String>> = s.paths().iter().map(|(a, _)| s.path_failure(*a)).collect();
-        why.filter(|w| !w.is_empty()).map(|w| w.join("; "))
-    }
-
-    fn session_gone(&self) -> bool {
-        self.session.get().map_or(true, |s| s.paths().is_empty())
-    }
-
-    /// OPEN succeeded (home core): the creator registers the bdev on the application
-    /// thread.
-    fn opened(&self, info: DeviceInfo) {
+    /// OPEN succeeded (on core 0's owner): the creator registers the bdev on home's
+    /// thread. False when the disk is not opening any more (its create gave up).
+    pub fn opened(&self, info: DeviceInfo) -> bool {
+        {
+            let mut life = lock(&self.life);
+            if !matches!(*life, Life::Opening) {
+                return false;
+            }
+            *life = Life::Registering;
+        }
         let _ = self.info.set(info);
         let Some(disk) = self.me.upgrade() else {
-            return;
+            return false;
         };
-        let post = SpdkThread::app().map(|t| t.send(move || disk.announce()));
-        if !matches!(post, Some(Ok(()))) {
-            self.open_failed("could not reach the application thread to register the bdev");
+        if self.sess.home.thread.send(move || disk.announce()).is_err() {
+            self.open_failed("could not reach home's thread to register the bdev");
+            if let Some(d) = self.me.upgrade() {
+                self.sess.close_device(&d);
+            }
         }
+        true
     }
 
-    /// On the application thread: hands the opened disk to the creator, unless it
-    /// failed meanwhile.
+    /// On home's thread: hands the opened disk to the creator, unless it failed
+    /// meanwhile.
     fn announce(self: Arc<Self>) {
-        if !matches!(*self.life.lock(), Life::Registering) {
+        if !matches!(*lock(&self.life), Life::Registering) {
             return;
         }
         // Taken first: the callback may report a failure, which looks at `on_open`.
@@ -355,17 +247,18 @@ impl Disk {
     /// The creator registered the bdev: the disk is open; `on_closed` releases the bdev
     /// once the disk is down.
     pub fn set_open(&self, on_closed: OnClosed) {
-        let mut life = self.life.lock();
+        let mut life = lock(&self.life);
         match &mut *life {
             Life::Registering => *life = Life::Open { on_closed },
-            Life::Closing { on_closed: c, .. } if c.is_none() => *c = Some(on_closed),
+            Life::Closing { on_closed: c } if c.is_none() => *c = Some(on_closed),
             _ => tracing::error!("rtrs bdev {}: registered twice", self.params.name),
         }
     }
 
     /// Opening failed (the session, OPEN, or the bdev's registration): the creator is
-    /// told (unless it is the one reporting it) and the disk tears down. Returns the
-    /// message, which names the device and session.
+    /// told on home's thread (unless it is the one reporting it) and the disk goes to
+    /// closing; the caller sends its CLOSE or ends it. Returns the message, which names
+    /// the device and session.
     pub fn open_failed(&self, why: &str) -> String {
         let msg = format!(
             "bdev_rtrs_create: 'device' = {:?} over session {:?}: {why}",
@@ -373,17 +266,23 @@ impl Disk {
         );
         tracing::error!("{msg}");
         {
-            let mut life = self.life.lock();
-            if matches!(*life, Life::Opening { .. } | Life::Registering) {
-                *life = Life::Closing {
-                    step: CloseStep::Start,
-                    on_closed: None,
-                };
+            let mut life = lock(&self.life);
+            if matches!(*life, Life::Opening | Life::Registering) {
+                *life = Life::Closing { on_closed: None };
             }
         }
         let cb = lock(&self.on_open).take();
         if let Some(cb) = cb {
-            cb(Err(CreateError::OpenFailed(msg.clone())));
+            let m = msg.clone();
+            let call = move || cb(Err(CreateError::OpenFailed(m)));
+            if self.sess.home.is_current() {
+                call();
+            } else if self.sess.home.thread.send(call).is_err() {
+                tracing::error!(
+                    "rtrs bdev {}: the create's answer could not be posted",
+                    self.params.name
+                );
+            }
         }
         msg
     }
@@ -391,217 +290,133 @@ impl Disk {
     /// The io_device is gone (every channel is): the disk closes.
     pub fn close(&self) {
         {
-            let mut life = self.life.lock();
+            let mut life = lock(&self.life);
             if !matches!(*life, Life::Open { .. }) {
                 return;
             }
             if let Life::Open { on_closed } = std::mem::replace(&mut *life, Life::Closed) {
                 *life = Life::Closing {
-                    step: CloseStep::Start,
                     on_closed: Some(on_closed),
                 };
             }
         }
-        self.wake(0);
-    }
-
-    /// Puts `core`'s pollers back on their active period for work handed to them from
-    /// another thread (see `Driver::wake`); if that fails they find it on their idle
-    /// period.
-    pub fn wake(&self, core: usize) {
-        if let Err(e) = self.driver.wake(core) {
-            tracing::warn!("rtrs bdev {}: core {core} not woken: {e}", self.params.name);
-        }
-    }
-
-    /// Stops the disk's threads (from the home core, at the end of closing) and finishes.
-    fn stop(&self) {
-        let Some(disk) = self.me.upgrade() else {
+        let Some(me) = self.me.upgrade() else {
             return;
         };
-        let post = SpdkThread::app().map(|t| {
-            t.send(move || {
-                let d = Arc::clone(&disk);
-                stop_driver(&disk.driver, move || d.finished());
-            })
+        self.sess.close_device(&me);
+        // CLOSE unanswered by then: the disk is closed all the same.
+        me.watch(CLOSE_WAIT);
+    }
+
+    /// Watches the disk from home every [`WATCH_EVERY`] while it is opening or closing,
+    /// for at most `limit`: an opening one fails when its paths were refused for good or
+    /// the limit passed; a closing one is closed at the limit. The timer goes as soon as
+    /// the disk is neither (no timer is left behind an open or closed disk).
+    fn watch(self: &Arc<Self>, limit: Duration) {
+        let d = Arc::clone(self);
+        let armed = self.sess.home.driver.run_on(0, move |cx: &mut dyn Ctx| {
+            let until = cx.now().saturating_add(limit.as_nanos() as u64);
+            cx.every(WATCH_EVERY, move |cx: &mut dyn Ctx| {
+                let over = cx.now() >= until;
+                let active = matches!(*lock(&d.life), Life::Opening | Life::Closing { .. });
+                let go_on = active && d.watch_step(over);
+                if !go_on {
+                    if let Some(id) = cx.current() {
+                        cx.unregister(id);
+                    }
+                }
+                rtrs_spdk::engine::PollResult::Idle
+            });
         });
-        if !matches!(post, Some(Ok(()))) {
-            tracing::error!(
-                "rtrs bdev {}: could not post the final stop",
+        if armed.is_err() {
+            tracing::warn!(
+                "rtrs bdev {}: could not arm its watch on home",
                 self.params.name
             );
         }
     }
 
-    /// Everything is down (application thread): release the bdev and forget the disk.
-    /// Runs the module's fini last when this was the last disk.
-    fn finished(self: Arc<Self>) {
-        let on_empty = forget(&self);
-        let on_closed = match std::mem::replace(&mut *self.life.lock(), Life::Closed) {
-            Life::Open { on_closed } => Some(on_closed),
-            Life::Closing { on_closed, .. } => on_closed,
-            _ => None,
-        };
-        if let Some(f) = on_closed {
-            f();
+    /// One look of [`watch`](Self::watch); false once there is nothing left to watch.
+    fn watch_step(self: &Arc<Self>, over: bool) -> bool {
+        if self.is_opening() {
+            if let Some(why) = self.sess.refused() {
+                // Every path refused for good: waiting cannot help.
+                self.open_failed(&why);
+                self.sess.close_device(self);
+                return false;
+            }
+            if over {
+                self.check_opening();
+                return false;
+            }
+            return true;
         }
-        if let Some(f) = on_empty {
-            f();
+        if over {
+            self.closed();
+            return false;
         }
+        true
     }
 
-    /// Opening: fails the create once every path was refused for good or the deadline
-    /// passed (saying what the paths ran into, not just "timed out").
-    fn check_opening(&self, now: u64) {
-        let Life::Opening { deadline } = *self.life.lock() else {
+    /// Closed (CLOSE answered, or it could not be sent, or its deadline passed): the disk
+    /// leaves the session and, on home's thread, releases the bdev and leaves the
+    /// registry. Once only.
+    pub fn closed(&self) {
+        let on_closed = {
+            let mut life = lock(&self.life);
+            match std::mem::replace(&mut *life, Life::Closed) {
+                Life::Closed => return,
+                Life::Open { on_closed } => Some(on_closed),
+                Life::Closing { on_closed } => on_closed,
+                Life::Opening | Life::Registering => None,
+            }
+        };
+        let Some(me) = self.me.upgrade() else {
             return;
         };
-        if let Some(why) = self.refused() {
-            // Every path refused for good: waiting cannot help.
-            self.open_failed(&why);
-        } else if deadline <= now {
-            let last: Vec<String> = self
-                .session()
-                .map(|s| s.path_errors())
-                .unwrap_or_default()
-                .iter()
-                .map(|(p, e)| format!("{p}: {e}"))
-                .collect();
-            self.open_failed(&format!(
-                "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
-                self.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
-                if last.is_empty() {
-                    String::new()
-                } else {
-                    format!("; latest attempts: {}", last.join("; "))
-                }
-            ));
-        }
-    }
-
-    fn set_close_step(&self, step: CloseStep) {
-        if let Life::Closing { step: s, .. } = &mut *self.life.lock() {
-            *s = step;
-        }
-    }
-}
-
-impl CoreDisk for Disk {
-    fn slot(&self, core: usize) -> &CoreSlot {
-        &self.slots[core]
-    }
-
-    fn io_refused(&self, e: &dyn std::fmt::Display) {
-        let now = rtrs_spdk::spdk::now_ns();
-        let last = self.last_err_log.load(Ordering::Relaxed);
-        if now.saturating_sub(last) > 1_000_000_000
-            && self
-                .last_err_log
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!("rtrs bdev {}: IO refused: {e}", self.params.name);
-        }
-    }
-
-    /// OPEN's answer, CLOSE's, a re-open after a reconnect.
-    fn admin_event(&self, ev: ClientEvent) {
-        let opening = || matches!(*self.life.lock(), Life::Opening { .. });
-        match ev {
-            ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
-            ClientEvent::Opened { info, remap, .. } => {
-                if remap {
-                    tracing::info!(
-                        "rtrs bdev {}: device {} re-opened after a reconnect",
-                        self.params.name,
-                        self.params.device
-                    );
-                } else if opening() {
-                    *self.life.lock() = Life::Registering;
-                    self.opened(info);
-                }
+        self.sess.remove(&me);
+        let finish = move || {
+            registry().disks.retain(|d| !Arc::ptr_eq(d, &me));
+            if let Some(f) = on_closed {
+                f();
             }
-            ClientEvent::OpenFailed { error, .. } => {
-                if opening() {
-                    self.open_failed(&error.to_string());
-                    // No device to close.
-                    self.set_close_step(CloseStep::CloseSent(0));
-                } else {
-                    tracing::warn!(
-                        "rtrs bdev {}: re-opening device {} failed: {error}",
-                        self.params.name,
-                        self.params.device
-                    );
-                }
-            }
-            ClientEvent::Closed { .. } => {
-                let mut life = self.life.lock();
-                if let Life::Closing { step, .. } = &mut *life {
-                    if let CloseStep::CloseSent(_) = step {
-                        *step = CloseStep::CloseSent(0);
-                    }
-                }
-            }
-            ClientEvent::SessInfo(Err(e)) => {
-                tracing::warn!("rtrs bdev {}: SESS_INFO failed: {e}", self.params.name);
-            }
-        }
-    }
-
-    /// After each poll of core 0's queue: the opening deadline, then closing's steps
-    /// (CLOSE, close the session, wait for its paths, stop the threads).
-    fn home_step(
-        &self,
-        now: u64,
-        admin: &mut RnbdAdmin,
-        queue: &mut RnbdQueue<SessionCore>,
-        dev: DevHandle,
-    ) {
-        if !self.life.active() {
-            // Open (IO flows), registering or closed: nothing to do here.
-            return;
-        }
-        self.check_opening(now);
-        let step = match *self.life.lock() {
-            Life::Closing { step, .. } => step,
-            _ => return,
+            maybe_finish();
         };
-        match step {
-            CloseStep::Start => {
-                let next = if admin.close(queue, now, dev).is_ok() {
-                    CloseStep::CloseSent(now + CLOSE_WAIT_NS)
-                } else {
-                    CloseStep::CloseSent(0)
-                };
-                self.set_close_step(next);
-            }
-            CloseStep::CloseSent(deadline) if deadline <= now => {
-                if let Some(s) = self.session.get() {
-                    s.close();
-                }
-                self.set_close_step(CloseStep::Draining(now + CLOSE_WAIT_NS));
-            }
-            CloseStep::Draining(deadline) if deadline <= now || self.session_gone() => {
-                self.set_close_step(CloseStep::Stopping);
-                self.stop();
-            }
-            _ => {}
+        if self.sess.home.is_current() {
+            finish();
+        } else if self.sess.home.thread.send(finish).is_err() {
+            tracing::error!(
+                "rtrs bdev {}: could not post its end to home",
+                self.params.name
+            );
         }
     }
-}
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// At the opening deadline (home): fails the create, saying what the paths ran into.
+    fn check_opening(self: &Arc<Self>) {
+        let last = self.sess.path_errors();
+        let why = format!(
+            "no path connected and OPEN answered within {} s (io_timeout_sec, at least 5){}",
+            self.params.io_timeout_sec.max(OPEN_WAIT_MIN_S),
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!("; latest attempts: {}", last.join("; "))
+            }
+        );
+        self.open_failed(&why);
+        self.sess.close_device(self);
+    }
 }
 
 pub fn errno_str(rc: i32) -> String {
     std::io::Error::from_raw_os_error(rc.abs()).to_string()
 }
 
-/// Creates the disk named in `params` (`bdev_rtrs_create`): checks the name, the paths'
-/// keys and fabric, starts the disk's threads and, on the home core, the session and
-/// OPEN. `on_open` is called once: at once when the disk cannot be created, else with
-/// OPEN's outcome.
+/// Creates the disk named in `params` (`bdev_rtrs_create`): checks the name and the
+/// paths' keys, joins the open session of its `sessname` (same paths and settings) or
+/// opens a new one, and sends OPEN. `on_open` is called once, on home's thread: at once
+/// when the disk cannot be created, else with OPEN's outcome.
 pub fn create(params: CreateParams, on_open: OnOpen) {
     const M: &str = "bdev_rtrs_create";
     let name = params.name.clone();
@@ -610,159 +425,68 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
             "{M}: 'name' = {name:?}: the application is stopping"
         ))));
     }
-    let taken = registry().disks.iter().any(|d| d.name() == name) || {
-        let c = CString::new(name.clone()).unwrap_or_default();
-        // SAFETY: lookup by a NUL-terminated name.
-        !unsafe { rtrs_spdk::spdk::sys::spdk_bdev_get_by_name(c.as_ptr()) }.is_null()
+    let Ok(cname) = CString::new(name.clone()) else {
+        return on_open(Err(CreateError::Invalid(format!(
+            "{M}: 'name' = {name:?} contains a NUL byte"
+        ))));
     };
+    let taken = registry().disks.iter().any(|d| d.name() == name)
+        // SAFETY: lookup by a NUL-terminated name.
+        || !unsafe { rtrs_spdk::spdk::sys::spdk_bdev_get_by_name(cname.as_ptr()) }.is_null();
     if taken {
         return on_open(Err(CreateError::Invalid(format!(
             "{M}: 'name' = {name:?}: a bdev with this name exists"
         ))));
     }
-    let psks = match path_keys(&params.paths, |i| format!("paths[{i}].")) {
-        Ok(k) => k,
-        Err(e) => return on_open(Err(CreateError::Invalid(format!("{M}: {e}")))),
-    };
-    // All paths use paths[0]'s transport (params checked it); open its fabric.
-    let transport = params.paths[0].transport;
-    let fabric = match client_fabric(transport) {
-        Ok(f) => f,
-        Err(e) => {
-            return on_open(Err(CreateError::Invalid(format!(
-                "{M}: 'paths[0].transport' = {:?}: {e}",
-                transport.name()
-            ))));
-        }
-    };
-    let domain = match fabric.fabric.domain() {
-        Ok(d) => d,
-        Err(e) => {
-            return on_open(Err(CreateError::NoMemory(format!(
-                "{M}: a protection domain for the session: {e}"
-            ))))
-        }
-    };
-    let mem = match MemMap::new(Arc::clone(&domain)) {
-        Ok(m) => m,
+    let home = match Home::get() {
+        Ok(h) => h,
         Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
     };
-    let (driver, cpus) = match make_driver(&name, params.hb_interval_ms) {
-        Ok(d) => d,
-        Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
+    let sess = match Sess::find(&params.sessname) {
+        Some(s) => match s.check_join(&params) {
+            Ok(()) => s,
+            Err(e) => return on_open(Err(CreateError::Invalid(format!("{M}: {e}")))),
+        },
+        None => {
+            let psks = match path_keys(&params.paths, |i| format!("paths[{i}].")) {
+                Ok(k) => k,
+                Err(e) => return on_open(Err(CreateError::Invalid(format!("{M}: {e}")))),
+            };
+            // All paths use paths[0]'s transport (params checked it); open its fabric.
+            let transport = params.paths[0].transport;
+            let fabric = match client_fabric(transport) {
+                Ok(f) => f,
+                Err(e) => {
+                    return on_open(Err(CreateError::Invalid(format!(
+                        "{M}: 'paths[0].transport' = {:?}: {e}",
+                        transport.name()
+                    ))));
+                }
+            };
+            match Sess::open(&params, psks, &fabric.fabric, home) {
+                Ok(s) => s,
+                Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
+            }
+        }
     };
-    // A core queue may be owned by channels on its core's CPU: core k's thread runs on cpus[k];
-    // core 0 is the calling thread, on whatever core it runs (none: no channel owns it).
-    // SAFETY: plain query of the calling thread's core.
-    let home_cpu = unsafe { rtrs_spdk::spdk::sys::spdk_env_get_current_core() };
-    let slots = (0..driver.cores())
-        .map(|k| CoreSlot::new(if k == 0 { home_cpu } else { cpus[k] }))
-        .collect();
+    let wait = Duration::from_secs(params.io_timeout_sec.max(OPEN_WAIT_MIN_S));
     let disk = Arc::new_cyclic(|me| Disk {
         me: me.clone(),
-        paths: Mutex::new(params.paths.clone()),
-        psks,
         params,
-        domain,
-        mem,
-        driver: Arc::clone(&driver),
-        cpus,
-        slots,
-        chans: Mutex::new(Vec::new()),
-        session: OnceLock::new(),
+        sess: Arc::clone(&sess),
+        dev: OnceLock::new(),
         info: OnceLock::new(),
-        life: LifeCell::new(Life::Opening { deadline: u64::MAX }),
+        life: Mutex::new(Life::Opening),
+        chans: Mutex::new(Vec::new()),
         on_open: Mutex::new(Some(on_open)),
-        last_err_log: AtomicU64::new(0),
     });
     registry().disks.push(Arc::clone(&disk));
-    let d = Arc::clone(&disk);
-    if driver.run_on(0, move |cx| start(cx, d)).is_err() {
-        disk.open_failed("could not reach the disk's home core");
-        let on_empty = forget(&disk);
-        stop_driver(&driver, move || {
-            if let Some(f) = on_empty {
-                f();
-            }
-        });
+    if !sess.add(&disk) {
+        // The session began closing between the lookup and now.
+        disk.open_failed("the session is closing; try again");
+        disk.closed();
+        return;
     }
-}
-
-/// On core 0: the session, the RNBD admin and every core's queue, OPEN, and the cores'
-/// pollers.
-fn start(cx: &mut dyn Ctx, disk: Arc<Disk>) {
-    let fail = |disk: &Arc<Disk>, why: String| {
-        disk.open_failed(&why);
-        disk.stop();
-    };
-    let links = LinkListener::new();
-    let fabric = Arc::clone(&disk.domain);
-    let (session, cores) = match Session::open(
-        cx,
-        Arc::clone(&fabric),
-        disk.params.client_config(disk.psks.clone()),
-        Box::new(links.clone()),
-    ) {
-        Ok(x) => x,
-        Err(e) => return fail(&disk, e.to_string()),
-    };
-    let _ = disk.session.set(session);
-    // READs into SPDK memory land in place (the server writes into the bdev IO's buffer).
-    let regions = disk.mem().regions();
-    let mut cores = cores.into_iter().map(|mut sc| {
-        for r in &regions {
-            sc.add_region(Arc::clone(r));
-        }
-        sc
-    });
-    let Some(home) = cores.next() else {
-        return fail(&disk, "the session has no core".into());
-    };
-    let replies = match fabric.register(MemBuf::zeroed(4096), Access::LOCAL_WRITE) {
-        Ok(mr) => mr,
-        Err(e) => return fail(&disk, e.to_string()),
-    };
-    let rnbd_config = RnbdClientConfig {
-        write_zeroes: disk.params.write_zeroes,
-    };
-    let mut admin = match RnbdAdmin::new(replies, rnbd_config) {
-        Ok(a) => a,
-        Err(e) => return fail(&disk, e.to_string()),
-    };
-    admin.listen(links);
-    let table = Arc::clone(admin.table());
-    let mut home = RnbdQueue::new(home, Arc::clone(&table));
-    let dev = match admin.open(
-        &mut home,
-        cx.now(),
-        &disk.params.device,
-        disk.params.access_mode,
-    ) {
-        Ok(d) => d,
-        Err(e) => return fail(&disk, e.to_string()),
-    };
-    let core_disk = |d: &Arc<Disk>| -> Arc<dyn CoreDisk> { Arc::clone(d) as Arc<dyn CoreDisk> };
-    for (i, sc) in cores.enumerate() {
-        let k = i + 1;
-        let (d, queue) = (core_disk(&disk), RnbdQueue::new(sc, Arc::clone(&table)));
-        let sent = cx.defer(k, move |cx: &mut dyn Ctx| {
-            cx.register(Box::new(SlotPoller::new(CoreQueue::new(
-                d, k, queue, None, dev,
-            ))));
-        });
-        if sent.is_err() {
-            tracing::error!("rtrs bdev {}: could not start core {k}", disk.params.name);
-        }
-    }
-    let wait = disk.params.io_timeout_sec.max(OPEN_WAIT_MIN_S);
-    if let Life::Opening { deadline } = &mut *disk.life.lock() {
-        *deadline = cx.now() + wait * 1_000_000_000;
-    }
-    cx.register(Box::new(SlotPoller::new(CoreQueue::new(
-        core_disk(&disk),
-        0,
-        home,
-        Some(admin),
-        dev,
-    ))));
+    // The deadline, and paths refused for good, watched from home.
+    disk.watch(wait);
 }

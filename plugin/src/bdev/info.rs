@@ -1,49 +1,53 @@
-//! What an rtrs bdev says of itself: its `bdev_rtrs_get_sessions` entry (also the
-//! `rtrs` object of `bdev_get_bdevs`' driver_specific) and the `bdev_rtrs_create`
-//! parameters that rebuild it (`save_config`).
+//! What the rtrs bdevs say of themselves: a session's `bdev_rtrs_get_sessions` entry
+//! (the session once, with its devices), a bdev's `rtrs` object in `bdev_get_bdevs`'
+//! driver_specific (the device and its session), and the `bdev_rtrs_create` parameters
+//! that rebuild a bdev (`save_config`).
 
 use rtrs_spdk::client::Session;
 use serde_json::{json, Value};
 
 use super::disk::Disk;
 use super::params::access_name;
+use super::sess::Sess;
 
-/// `bdev_rtrs_create`'s params as they would rebuild this disk now.
+/// `bdev_rtrs_create`'s params as they would rebuild this disk now (over its session's
+/// paths as they are now).
 pub fn config(disk: &Disk) -> Value {
-    let paths = disk.paths.lock().map(|p| p.clone()).unwrap_or_default();
+    let paths = disk
+        .sess
+        .paths
+        .lock()
+        .map(|p| p.clone())
+        .unwrap_or_default();
     disk.params.to_json(disk.policy(), &paths)
 }
 
-/// `bdev_rtrs_get_sessions`' entry.
+/// `bdev_rtrs_get_sessions`' entry of a session: its paths and statistics once, and its
+/// devices.
+pub fn describe_session(sess: &Sess) -> Value {
+    let devices: Vec<Value> = sess.devices().iter().map(|d| device(d)).collect();
+    let mut v = session(sess);
+    v["devices"] = Value::Array(devices);
+    v
+}
+
+/// The `rtrs` object of a bdev's driver_specific: the device, and its session's paths.
 pub fn describe(disk: &Disk) -> Value {
-    let stats: Value = disk
-        .session()
-        .and_then(|s| serde_json::from_str(&s.stats().to_json()).ok())
-        .unwrap_or(Value::Null);
-    let paths: Vec<Value> = disk.session().map_or_else(Vec::new, |s| {
-        s.paths()
-            .into_iter()
-            .map(|(a, st)| {
-                let mut p = json!({"path": a.to_string(), "state": st.name()});
-                if let Some(f) = s.path_failure(a) {
-                    p["failure"] = json!(f);
-                }
-                p
-            })
-            .collect()
-    });
-    let state = disk.state_name();
+    let mut v = session(&disk.sess);
+    if let (Value::Object(o), Value::Object(d)) = (&mut v, device(disk)) {
+        o.extend(d);
+    }
+    v
+}
+
+/// One device.
+fn device(disk: &Disk) -> Value {
     let mut v = json!({
         "name": disk.params.name,
-        "sessname": disk.params.sessname,
         "device": disk.params.device,
         "access_mode": access_name(disk.params.access_mode),
-        "mp_policy": disk.policy().name(),
         "write_zeroes": disk.params.write_zeroes.as_str(),
-        "state": state,
-        "paths_up": disk.session().map_or(0, Session::paths_up),
-        "paths": paths,
-        "stats": stats,
+        "state": disk.state_name(),
     });
     if let Some(i) = disk.info() {
         v["device_info"] = json!({
@@ -59,4 +63,32 @@ pub fn describe(disk: &Disk) -> Value {
         });
     }
     v
+}
+
+/// A session: its paths, policy and statistics.
+fn session(sess: &Sess) -> Value {
+    let s = sess.session();
+    let stats: Value = s
+        .and_then(|s| serde_json::from_str(&s.stats().to_json()).ok())
+        .unwrap_or(Value::Null);
+    let paths: Vec<Value> = s.map_or_else(Vec::new, |s| {
+        s.paths()
+            .into_iter()
+            .map(|(a, st)| {
+                let mut p = json!({"path": a.to_string(), "state": st.name()});
+                if let Some(f) = s.path_failure(a) {
+                    p["failure"] = json!(f);
+                }
+                p
+            })
+            .collect()
+    });
+    let policy = s.map_or(sess.settings.mp_policy, Session::policy);
+    json!({
+        "sessname": sess.sessname,
+        "mp_policy": policy.name(),
+        "paths_up": s.map_or(0, Session::paths_up),
+        "paths": paths,
+        "stats": stats,
+    })
 }

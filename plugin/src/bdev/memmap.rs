@@ -6,10 +6,17 @@
 //! up. This is what SPDK's own RDMA transports do with `ibv_reg_mr`; for the tcp fabric
 //! any memory would do, but the fabric contract wants every SGE to name a registration,
 //! and the same code then serves verbs.
+//!
+//! The session's cores use the registrations themselves (a READ's reply lands in the
+//! caller's buffer through a key bound inside one): every change of the set bumps
+//! [`MemMap::version`], and each core's owner, seeing a new version at its next poll,
+//! adds the new regions to its session core and removes those SPDK unregistered
+//! (docs/ARCHITECTURE.md, "The SPDK bdev: poll groups").
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rtrs_spdk::fabric::{Access, Fabric, Mr, Sge};
@@ -28,9 +35,13 @@ pub struct MemMap {
 }
 
 struct MapCtx {
+    /// Whose memory map (the session's name), for the log.
+    name: String,
     fabric: Arc<dyn Fabric>,
     /// Registrations by start address; dropped when SPDK unregisters the region.
     regs: Mutex<BTreeMap<usize, Vec<Arc<Mr>>>>,
+    /// Bumped after every change of `regs`.
+    version: AtomicU64,
 }
 
 // SAFETY: the map is only translated (read-only, which SPDK allows from any thread) and
@@ -111,13 +122,22 @@ unsafe extern "C" fn notify(
         if let Ok(mut regs) = ctx.regs.lock() {
             regs.insert(start, mrs);
         }
+        tracing::info!(
+            "rtrs session {}: SPDK memory {start:#x}+{size:#x} registered",
+            ctx.name
+        );
     } else {
+        tracing::info!(
+            "rtrs session {}: SPDK memory {start:#x}+{size:#x} unregistered",
+            ctx.name
+        );
         // SAFETY: as above.
         unsafe { sys::spdk_mem_map_clear_translation(map, start as u64, size as u64) };
         if let Ok(mut regs) = ctx.regs.lock() {
             regs.remove(&start);
         }
     }
+    ctx.version.fetch_add(1, Ordering::Release);
     0
 }
 
@@ -126,15 +146,17 @@ unsafe extern "C" fn contiguous(a: u64, b: u64) -> c_int {
 }
 
 impl MemMap {
-    /// Creates the map: every region SPDK has registered is registered with `fabric`
-    /// now, later ones as they come.
+    /// Creates the map of session `name`: every region SPDK has registered is registered
+    /// with `fabric` now, later ones as they come.
     ///
     /// # Errors
     /// When SPDK cannot allocate the map (or a registration failed).
-    pub fn new(fabric: Arc<dyn Fabric>) -> Result<MemMap, String> {
+    pub fn new(name: &str, fabric: Arc<dyn Fabric>) -> Result<MemMap, String> {
         let ctx = Box::into_raw(Box::new(MapCtx {
+            name: name.to_string(),
             fabric,
             regs: Mutex::new(BTreeMap::new()),
+            version: AtomicU64::new(1),
         }));
         let ops = sys::spdk_mem_map_ops {
             notify_cb: Some(notify),
@@ -152,11 +174,21 @@ impl MemMap {
         }
     }
 
-    /// Every registration made so far (sessions use them for zero-copy READs).
-    pub fn regions(&self) -> Vec<Arc<Mr>> {
+    /// Every live registration (sessions use them for zero-copy READs) and the version
+    /// of the set they make.
+    pub fn regions(&self) -> (u64, Vec<Arc<Mr>>) {
         let regs = self.ctx().regs.lock();
-        regs.map(|r| r.values().flatten().cloned().collect())
-            .unwrap_or_default()
+        // Read under the lock: the version matches the set returned.
+        let v = self.version();
+        let r = regs
+            .map(|r| r.values().flatten().cloned().collect())
+            .unwrap_or_default();
+        (v, r)
+    }
+
+    /// Changes with every registration and unregistration (one load).
+    pub fn version(&self) -> u64 {
+        self.ctx().version.load(Ordering::Acquire)
     }
 
     fn ctx(&self) -> &MapCtx {

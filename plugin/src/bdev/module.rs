@@ -15,6 +15,7 @@ use serde_json::json;
 use super::channel;
 use super::disk::{self, errno_str, Disk};
 use super::fabric;
+use super::group::{self, Home};
 use super::info;
 use super::task;
 
@@ -28,21 +29,26 @@ pub fn module_ptr() -> *mut sys::spdk_bdev_module {
     unsafe { rtrs_bdev_module() }
 }
 
-/// `module_init`: nothing to set up before the first `bdev_rtrs_create`.
+/// `module_init`: the poll groups' io_device (home comes with the first
+/// `bdev_rtrs_create`).
 #[no_mangle]
 pub extern "C" fn rtrs_bdev_module_init() -> c_int {
+    group::register_groups();
     0
 }
 
 /// `module_fini` (the module finishes asynchronously: `async_fini` in the shim): every
 /// bdev is gone (the bdev layer unregistered them, and each one's destruct completed once
 /// its disk was down), but a disk still opening or closing after a failed
-/// `bdev_rtrs_create` has threads and pollers of its own. Once the last disk is down,
-/// SPDK's memory is released from the fabrics and the bdev layer is told the module is
-/// done (`spdk_bdev_module_fini_done`).
+/// `bdev_rtrs_create`, and the sessions closing behind the last devices, have work left
+/// on home and the poll groups. Once the last disk and session are down, home's pollers
+/// go, the groups' io_device is unregistered, SPDK's memory is released from the fabrics
+/// and the bdev layer is told the module is done (`spdk_bdev_module_fini_done`).
 #[no_mangle]
 pub extern "C" fn rtrs_bdev_module_fini() {
     disk::stop_all(Box::new(|| {
+        Home::stop();
+        group::unregister_groups();
         fabric::release_all();
         // SAFETY: the completion of this module's asynchronous fini, called once.
         unsafe { sys::spdk_bdev_module_fini_done() };
@@ -106,7 +112,8 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
     let info = *disk.info().ok_or("registered before OPEN answered")?;
     let bs = info.logical_block_size;
     let blocks = |bytes: u64| u32::try_from(bytes / u64::from(bs)).unwrap_or(u32::MAX);
-    let name = CString::new(disk.params.name.clone()).unwrap_or_default();
+    let name = CString::new(disk.params.name.clone())
+        .map_err(|_| "the bdev's name contains a NUL byte".to_string())?;
     let mut b = Box::<sys::spdk_bdev>::default();
     b.name = name.into_raw();
     b.product_name = c"RTRS disk".as_ptr().cast_mut();

@@ -259,6 +259,9 @@ impl CreateParams {
         if name.is_empty() {
             return Err(format!("{M}: 'name' must not be empty"));
         }
+        if name.contains('\0') {
+            return Err(format!("{M}: 'name' = {name:?} contains a NUL byte"));
+        }
         let sessname = req_str(M, v, "sessname")?.to_string();
         check_sessname(&sessname).map_err(|e| format!("{M}: 'sessname': {e}"))?;
         let device = req_str(M, v, "device")?.to_string();

@@ -15,11 +15,12 @@ use serde_json::{json, Value};
 
 use super::disk::{self, errno_str, find, CreateError, Disk};
 use super::fabric::client_fabric;
-use super::info::describe;
+use super::info::describe_session;
 use super::module::{self, module_ptr};
 use super::params::{
     decode_path_rpc, opt_str, parse_policy, path_keys, req_str, CreateParams, PathParam,
 };
+use super::sess;
 use crate::rpc::{register, rpc_handler, Params, RUNTIME};
 
 rpc_handler!(c_create => create);
@@ -51,7 +52,11 @@ fn create(req: RpcRequest, v: Value) {
         params,
         Box::new(move |opened| {
             let registered = opened.and_then(|d| {
-                module::register(d).map_err(|why| CreateError::OpenFailed(d.open_failed(&why)))
+                module::register(d).map_err(|why| {
+                    let msg = d.open_failed(&why);
+                    d.sess.close_device(d);
+                    CreateError::OpenFailed(msg)
+                })
             });
             match registered {
                 Ok(()) => req.ok(json!(name)),
@@ -127,13 +132,17 @@ fn get_sessions(req: RpcRequest, v: Value) {
     match opt_str(M, &v, "name") {
         Err(e) => req.invalid(&e),
         Ok(Some(name)) => match find(name) {
-            Some(d) => req.ok(json!([describe(&d)])),
+            Some(d) => req.ok(json!([describe_session(&d.sess)])),
             None => req.invalid(&format!(
                 "{M}: 'name' = {name:?}: no rtrs bdev of that name"
             )),
         },
         Ok(None) => {
-            let all: Vec<Value> = disk::all().iter().map(|d| describe(d)).collect();
+            let all: Vec<Value> = sess::all()
+                .iter()
+                .filter(|s| !s.is_down())
+                .map(|s| describe_session(s))
+                .collect();
             req.ok(Value::Array(all));
         }
     }
@@ -144,12 +153,27 @@ fn path_rpc(m: &'static str, v: &Value) -> Result<(Arc<Disk>, PathParam), String
     let (name, path) = decode_path_rpc(m, v, m == "bdev_rtrs_add_path")?;
     let d =
         find(&name).ok_or_else(|| format!("{m}: 'name' = {name:?}: no rtrs bdev of that name"))?;
-    if d.session().is_none() {
+    if d.sess.session().is_none() {
         return Err(format!(
             "{m}: 'name' = {name:?}: the session is not open yet"
         ));
     }
     Ok((d, path))
+}
+
+/// Logs that a session method acted on the whole session, naming its devices.
+fn acted(m: &str, d: &Disk, what: &str) {
+    let devs: Vec<String> = d
+        .sess
+        .devices()
+        .iter()
+        .map(|x| x.name().to_string())
+        .collect();
+    tracing::info!(
+        "{m}: {what} on session {:?}, shared by bdev(s) {}",
+        d.sess.sessname,
+        devs.join(", ")
+    );
 }
 
 fn add_path(req: RpcRequest, v: Value) {
@@ -169,8 +193,9 @@ fn add_path(req: RpcRequest, v: Value) {
         Ok(mut k) => k.pop().map(|(_, k)| k),
         Err(e) => return req.invalid(&format!("{M}: {e}")),
     };
-    let s = d.session().expect("path_rpc checked the session");
+    let s = d.sess.session().expect("path_rpc checked the session");
     let mut paths = d
+        .sess
         .paths
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -188,8 +213,9 @@ fn add_path(req: RpcRequest, v: Value) {
         ));
     }
     s.add_path_psk(path.addr, psk);
+    acted(M, &d, &format!("path {} added", path.addr));
     paths.push(path);
-    d.wake(0);
+    d.sess.home.shared.kick();
     req.ok(json!(true));
 }
 
@@ -199,8 +225,9 @@ fn remove_path(req: RpcRequest, v: Value) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
-    let s = d.session().expect("path_rpc checked the session");
+    let s = d.sess.session().expect("path_rpc checked the session");
     let mut paths = d
+        .sess
         .paths
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -210,7 +237,7 @@ fn remove_path(req: RpcRequest, v: Value) {
     }) else {
         return req.invalid(&format!(
             "{M}: 'dst_addr'/'port' = {}: no such path in session {:?}",
-            path.addr.dst, d.params.sessname
+            path.addr.dst, d.sess.sessname
         ));
     };
     if paths.len() == 1 {
@@ -220,8 +247,9 @@ fn remove_path(req: RpcRequest, v: Value) {
         ));
     }
     s.remove_path(paths[i].addr);
+    acted(M, &d, &format!("path {} removed", paths[i].addr));
     paths.remove(i);
-    d.wake(0);
+    d.sess.home.shared.kick();
     req.ok(json!(true));
 }
 
@@ -239,9 +267,10 @@ fn set_mp_policy(req: RpcRequest, v: Value) {
         Ok(x) => x,
         Err(e) => return req.invalid(&e),
     };
-    match d.session() {
+    match d.sess.session() {
         Some(s) => {
             s.set_policy(policy);
+            acted(M, &d, &format!("policy set to {}", policy.name()));
             req.ok(json!(true));
         }
         None => req.invalid(&format!(

@@ -1,8 +1,9 @@
 //! One bdev IO's request as the rtrs bdev carries it (the kernel's `rnbd_iu`): the
 //! [`Task`] lives in the IO's `driver_ctx` (SPDK's per-IO context, `get_ctx_size` bytes),
-//! and a [`TaskRef`] is the one handle to it that travels — through a core's queue, as
-//! the tag of the RTRS request, back to its channel — until the IO is completed. What a
-//! channel shares with the core queues that finish its tasks is [`ChanShared`].
+//! and a [`TaskRef`] is the one handle to it that travels — through a session core's
+//! queue, as the tag of the RTRS request, back to its channel's poll group — until the IO
+//! is completed. What a channel shares with the rest is [`ChanShared`]: its poll group
+//! (where a task finished by another group goes back to) and its counters.
 //!
 //! This is the one place that converts between the IO's `driver_ctx` and our task, and
 //! between a task and a request tag.
@@ -10,13 +11,14 @@
 use std::mem::{align_of, size_of};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use rtrs_spdk::fabric::Sge;
-use rtrs_spdk::rnbd::client::BlockRequest;
+use rtrs_spdk::rnbd::client::{BlockRequest, DevHandle};
 use rtrs_spdk::spdk::{sys, BdevIo};
 use rtrs_spdk::Errno;
 
-use super::handoff::Handoff;
+use super::group::GroupShared;
 
 /// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
 pub const MAX_IOVS: u32 = 16;
@@ -29,6 +31,8 @@ pub struct Task {
     /// The channel the completion goes back to; it lives while the IO is outstanding
     /// (SPDK destroys a channel only once its IO completed).
     chan: NonNull<ChanShared>,
+    /// The device of the session the request is for.
+    pub dev: DevHandle,
     pub req: BlockRequest,
     nsge: usize,
     sgl: [Sge; TASK_SGES],
@@ -64,14 +68,15 @@ impl Task {
 pub struct TaskRef(NonNull<Task>);
 
 // SAFETY: the task is owned by whoever holds its one TaskRef; the handle moves between
-// threads through locks (a core's queue, a channel's done list), and the task's
-// contents (a BdevIo, which is Send, plain data, a pointer to the Sync ChanShared) may
-// be used from any thread.
+// threads through lock-free queues (a session core's inbox, a group's `done`), and the
+// task's contents (a BdevIo, which is Send, plain data, a pointer to the Sync
+// ChanShared) may be used from any thread.
 unsafe impl Send for TaskRef {}
 
 impl TaskRef {
-    /// Writes the task of `io` into its `driver_ctx`; `chan` is the submitting channel.
-    pub fn new(io: BdevIo, chan: &ChanShared, req: BlockRequest) -> TaskRef {
+    /// Writes the task of `io` into its `driver_ctx`; `chan` is the submitting channel,
+    /// `dev` the device of the session.
+    pub fn new(io: BdevIo, chan: &ChanShared, dev: DevHandle, req: BlockRequest) -> TaskRef {
         let at = io.driver_ctx().cast::<Task>();
         // SAFETY: driver_ctx is `task_size()` bytes (our get_ctx_size), aligned for Task
         // (checked above), ours until the IO completes; nothing else refers to it.
@@ -79,6 +84,7 @@ impl TaskRef {
             at.as_ptr().write(Task {
                 io,
                 chan: NonNull::from(chan),
+                dev,
                 req,
                 nsge: 0,
                 sgl: [Sge::default(); TASK_SGES],
@@ -103,17 +109,24 @@ impl TaskRef {
         TaskRef(unsafe { NonNull::new_unchecked(tag as *mut Task) })
     }
 
-    /// Whether the task belongs to `chan`.
-    pub fn is_of(&self, chan: &ChanShared) -> bool {
-        std::ptr::eq(self.chan(), chan)
+    /// Whether the task's channel is served by `group` (runs on its thread).
+    pub fn is_on(&self, group: &GroupShared) -> bool {
+        std::ptr::eq(&*self.chan().group, group)
     }
 
-    /// Hands the finished task back to its channel, which completes it on its thread.
+    /// Hands the finished task back to its channel's group, which completes it on its
+    /// thread.
     pub fn hand_back(self, result: Result<(), Errno>) {
         let chan = self.chan;
         // SAFETY: the channel outlives the task (see Task::chan).
         let chan = unsafe { chan.as_ref() };
-        chan.done.push((self, result));
+        chan.group.finished(self, result);
+    }
+
+    /// Completes the bdev IO on its channel's thread (the caller's): the task is over.
+    pub fn complete(self, result: Result<(), Errno>) {
+        self.chan().count_completed();
+        self.into_io().complete(Errno::neg_of(result));
     }
 
     /// The bdev IO, for completion: the task is over.
@@ -139,21 +152,22 @@ impl std::ops::DerefMut for TaskRef {
     }
 }
 
-/// What a channel shares with the core queues that carry its IO and with resets.
-#[derive(Default)]
+/// What a channel shares with the session cores that carry its IO and with resets.
 pub struct ChanShared {
-    /// Finished tasks handed back by a core queue this channel does not own: task, how
-    /// it ended.
-    done: Handoff<(TaskRef, Result<(), Errno>)>,
+    /// The poll group of the channel's thread: a task another group finished goes there.
+    group: Arc<GroupShared>,
     /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
     submitted: AtomicU64,
     completed: AtomicU64,
 }
 
 impl ChanShared {
-    /// Moves the handed-back tasks into `into` (on the channel's thread).
-    pub fn take_done(&self, into: &mut Vec<(TaskRef, Result<(), Errno>)>) {
-        self.done.take_into(into);
+    pub fn new(group: Arc<GroupShared>) -> ChanShared {
+        ChanShared {
+            group,
+            submitted: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        }
     }
 
     /// Requests of this channel not completed yet.

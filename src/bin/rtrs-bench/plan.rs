@@ -63,7 +63,6 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rtrs_spdk::rnbd::client::WriteZeroesMode;
 
     fn dev(size: u64, lbs: u32, max_io: u32) -> DeviceInfo {
         DeviceInfo {
@@ -76,7 +75,6 @@ mod tests {
             discard_granularity: 0,
             discard_alignment: 0,
             max_write_zeroes: 0,
-            write_zeroes: WriteZeroesMode::Native,
             server_max_write_zeroes: 0,
             max_secure_erase: 0,
             write_cache: false,

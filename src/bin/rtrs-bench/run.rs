@@ -1,5 +1,5 @@
-//! The benchmark on the reactors: the client session opened on core 0, one
-//! [`RnbdQueue`] per core (the same on every core) and one poller per core that drives
+//! The benchmark on the reactors: the client session opened on core 0 with one
+//! [`RnbdQueue`] per core ([`open_rnbd_session`]) and one poller per core that drives
 //! that core's queue and [`Worker`] once the main thread has handed out the plans.
 //! Core 0's poller also runs the session's [`RnbdAdmin`] through its queue (it maps the
 //! device, as `rnbd-clt` does on map). The main thread and the reactors meet only in
@@ -13,8 +13,8 @@ use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    completion_result, BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, LinkListener,
-    RnbdAdmin, RnbdClientConfig, RnbdQueue,
+    completion_result, open_rnbd_session, BlockRequest, ClientEvent, DevHandle, DeviceError,
+    DeviceInfo, RnbdAdmin, RnbdQueue, RnbdSession,
 };
 use rtrs_spdk::Errno;
 
@@ -289,53 +289,27 @@ pub fn start_msg(
     tx: mpsc::Sender<Result<Session, String>>,
 ) -> Msg {
     Msg::new(move |cx: &mut dyn Ctx| {
-        let links = LinkListener::new();
-        let opened = Session::open(
-            cx,
-            Arc::clone(&setup.fabric),
-            config,
-            Box::new(links.clone()),
-        );
-        let (session, cores) = match opened {
-            Ok(x) => x,
+        let cores = cx.cores();
+        let rnbd = match open_rnbd_session(cx, cores, Arc::clone(&setup.fabric), config) {
+            Ok(r) => r,
             Err(e) => {
                 let _ = tx.send(Err(e.to_string()));
                 return;
             }
         };
-        let replies = match setup
-            .fabric
-            .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
-        {
-            Ok(m) => m,
-            Err(e) => {
-                session.close();
-                let _ = tx.send(Err(format!("registering the reply buffer: {e}")));
-                return;
-            }
-        };
-        let rnbd_config = RnbdClientConfig {
-            write_zeroes: setup.job.write_zeroes,
-        };
-        let mut admin = match RnbdAdmin::new(replies, rnbd_config) {
-            Ok(a) => a,
-            Err(e) => {
-                session.close();
-                let _ = tx.send(Err(e.to_string()));
-                return;
-            }
-        };
-        admin.listen(links);
-        let table = Arc::clone(admin.table());
-        let mut queues = cores
-            .into_iter()
-            .map(|sc| RnbdQueue::new(sc, Arc::clone(&table)));
+        let RnbdSession {
+            session,
+            mut admin,
+            queues,
+        } = rnbd;
+        let mut queues = queues.into_iter();
         let Some(mut home) = queues.next() else {
             session.close();
             let _ = tx.send(Err("the session has no core".to_string()));
             return;
         };
-        if let Err(e) = admin.open(&mut home, cx.now(), &setup.device, setup.mode) {
+        let wz = setup.job.write_zeroes;
+        if let Err(e) = admin.open(&mut home, cx.now(), &setup.device, setup.mode, wz) {
             session.close();
             let _ = tx.send(Err(e.to_string()));
             return;

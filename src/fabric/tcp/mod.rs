@@ -57,19 +57,31 @@ pub const TCP_CAPS: FabricCaps = FabricCaps {
     local_ops_at_post: true,
 };
 
+/// The environment variable that makes [`TcpFabric::new`] answer local memory as verbs
+/// does (`1`): see [`TcpFabric::lkeys_only`].
+pub const LKEYS_ONLY_ENV: &str = "RTRS_TCP_LKEYS_ONLY";
+
 /// Software RDMA over TCP (see the module docs).
 #[derive(Debug)]
 pub struct TcpFabric {
     table: Arc<MrTable>,
     /// How its shared CQs watch their sockets.
     readiness: TcpReadiness,
+    /// [`Fabric::local_memory`] answers nothing, as on verbs.
+    lkeys_only: bool,
 }
 
 impl TcpFabric {
     /// A new protection domain with no registrations; shared CQs watch their sockets as
-    /// [`TcpReadiness::from_env`] says.
+    /// [`TcpReadiness::from_env`] says; [`LKEYS_ONLY_ENV`] set to `1` makes it
+    /// [`lkeys_only`](Self::lkeys_only).
     pub fn new() -> TcpFabric {
-        TcpFabric::with_readiness(TcpReadiness::from_env())
+        let f = TcpFabric::with_readiness(TcpReadiness::from_env());
+        if std::env::var(LKEYS_ONLY_ENV).is_ok_and(|v| v == "1") {
+            f.lkeys_only()
+        } else {
+            f
+        }
     }
 
     /// [`TcpFabric::new`] with shared CQs watching their sockets by `readiness` (or its
@@ -78,7 +90,18 @@ impl TcpFabric {
         TcpFabric {
             table: MrTable::new(),
             readiness,
+            lkeys_only: false,
         }
+    }
+
+    /// This fabric (and every domain made from it) resolves local memory as verbs does:
+    /// [`Fabric::local_memory`] answers nothing, so software that copies a caller's SGE
+    /// itself must hold the registration the SGE names (a region it was given); posts
+    /// still check every lkey and bound against the table. For tests of code that must
+    /// also run on verbs.
+    pub fn lkeys_only(mut self) -> TcpFabric {
+        self.lkeys_only = true;
+        self
     }
 }
 
@@ -88,6 +111,7 @@ impl TcpFabric {
         TcpFabric {
             table: self.table.domain(),
             readiness: self.readiness,
+            lkeys_only: self.lkeys_only,
         }
     }
 
@@ -168,6 +192,9 @@ impl Fabric for TcpFabric {
     }
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
+        if self.lkeys_only {
+            return None;
+        }
         self.registrations().local_memory(sge, need)
     }
 

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::config::RnbdClientConfig;
+use super::config::WriteZeroesMode;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
 use super::handle::{SendError, SessionHandle};
 use super::msg::{self, DeviceInfo};
@@ -92,18 +92,16 @@ pub struct RnbdAdmin {
     table: Arc<DeviceTable>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
-    config: RnbdClientConfig,
 }
 
 impl RnbdAdmin {
     /// An admin whose replies land in `replies` (registered with the session's fabric,
-    /// local write access; one admin request in flight per [`REPLY_SLOT`] bytes), for
-    /// devices configured with `config`. Build each core's queue over its
-    /// [`table`](Self::table).
+    /// local write access; one admin request in flight per [`REPLY_SLOT`] bytes). Build
+    /// each core's queue over its [`table`](Self::table).
     ///
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than [`REPLY_SLOT`] bytes.
-    pub fn new(replies: Mr, config: RnbdClientConfig) -> Result<RnbdAdmin, DeviceError> {
+    pub fn new(replies: Mr) -> Result<RnbdAdmin, DeviceError> {
         let n = replies.len() / REPLY_SLOT;
         if n == 0 {
             return Err(DeviceError::ReplyBuffer { len: replies.len() });
@@ -118,14 +116,9 @@ impl RnbdAdmin {
             sess_info_inflight: false,
             events: VecDeque::with_capacity(64),
             links: None,
-            table: Arc::new(DeviceTable::new(config)),
+            table: Arc::new(DeviceTable::default()),
             reopen_pending: false,
-            config,
         })
-    }
-
-    pub fn config(&self) -> RnbdClientConfig {
-        self.config
     }
 
     /// The published devices, for every core's [`RnbdQueue::new`].
@@ -159,8 +152,10 @@ impl RnbdAdmin {
         self.pump(q, now);
     }
 
-    /// Maps `name` in `mode`: SESS_INFO first if the version is not known yet, then
-    /// OPEN; [`ClientEvent::Opened`] or [`ClientEvent::OpenFailed`] tells the outcome.
+    /// Maps `name` in `mode`, its write-zeroes sent as `write_zeroes` says (the
+    /// device's own: devices of one session may differ): SESS_INFO first if the version
+    /// is not known yet, then OPEN; [`ClientEvent::Opened`] or
+    /// [`ClientEvent::OpenFailed`] tells the outcome.
     ///
     /// # Errors
     /// A name OPEN cannot carry, or one already open in this session (the server would
@@ -171,9 +166,9 @@ impl RnbdAdmin {
         now: u64,
         name: &str,
         mode: AccessMode,
+        write_zeroes: WriteZeroesMode,
     ) -> Result<DevHandle, DeviceError> {
-        let dev = RnbdDevice::new(name, mode, q.max_io_size())?
-            .with_write_zeroes(self.config.write_zeroes);
+        let dev = RnbdDevice::new(name, mode, q.max_io_size())?.with_write_zeroes(write_zeroes);
         if self.devices.iter().any(|d| !d.gone && d.dev.name() == name) {
             return Err(DeviceError::AlreadyOpen {
                 name: name.to_string(),

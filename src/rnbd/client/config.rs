@@ -1,6 +1,7 @@
-//! Options of the RNBD client that the kernel's `rnbd-clt` does not have, because they
-//! deal with servers of other kernel versions: how write-zeroes requests go on the
-//! wire ([`WriteZeroesMode`]).
+//! How the RNBD client carries write-zeroes ([`WriteZeroesMode`]), a per-device option
+//! the kernel's `rnbd-clt` does not have, because it deals with servers of other kernel
+//! versions. Each device is opened with its own mode
+//! ([`RnbdAdmin::open`](super::RnbdAdmin::open)); the device keeps it.
 //!
 //! RNBD op 5 and byte 20 of OPEN_RSP meant WRITE_SAME (`max_write_same_sectors`) before
 //! Linux 5.18, nothing from 5.18 to 6.7, and WRITE_ZEROES (`max_write_zeroes_sectors`)
@@ -56,14 +57,6 @@ impl FromStr for WriteZeroesMode {
             _ => Err(WriteZeroesParseError(s.to_string())),
         }
     }
-}
-
-/// Options of an [`RnbdAdmin`](super::RnbdAdmin) (and the [`RnbdQueue`](super::RnbdQueue)s
-/// sharing its devices). `Default` is safe with every server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RnbdClientConfig {
-    /// How write-zeroes go on the wire (default [`WriteZeroesMode::Emulate`]).
-    pub write_zeroes: WriteZeroesMode,
 }
 
 #[cfg(test)]

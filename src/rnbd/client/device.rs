@@ -225,12 +225,15 @@ impl RnbdDevice {
     }
 
     /// Sets how write-zeroes go on the wire (default [`WriteZeroesMode::Emulate`]);
-    /// takes effect at the next [`open_done`](Self::open_done).
+    /// the limits in [`info`](Self::info) follow it from the next
+    /// [`open_done`](Self::open_done) on.
     pub fn with_write_zeroes(mut self, mode: WriteZeroesMode) -> RnbdDevice {
         self.write_zeroes = mode;
         self
     }
 
+    /// How the device's write-zeroes go on the wire (its own: devices of one session
+    /// may differ).
     pub fn write_zeroes(&self) -> WriteZeroesMode {
         self.write_zeroes
     }
@@ -347,7 +350,7 @@ impl RnbdDevice {
     /// [`DeviceError::Emulated`]: it has no message of its own.
     pub fn io_msg(&self, req: &BlockRequest) -> Result<([u8; Io::LEN], Dir), DeviceError> {
         let info = self.check(req)?;
-        if req.op == RnbdOp::WriteZeroes && info.write_zeroes == WriteZeroesMode::Emulate {
+        if req.op == RnbdOp::WriteZeroes && self.write_zeroes == WriteZeroesMode::Emulate {
             return Err(DeviceError::Emulated {
                 name: self.name.clone(),
             });

@@ -6,11 +6,13 @@
 //! [`RnbdAdmin`] per session that runs SESS_INFO/OPEN/CLOSE and the re-open after a
 //! reconnect through the queue of the core it runs on, and publishes the device table
 //! as versioned snapshots ([`DeviceTable`]) the queues pick up without a lock per
-//! request. [`RnbdClient`] is an admin with its core's queue, for single-core users.
+//! request. [`open_rnbd_session`] brings all of them up over a new RTRS session;
+//! [`RnbdClient`] is an admin with its core's queue, for single-core users.
 
 pub mod msg;
 
 mod admin;
+mod bringup;
 mod config;
 mod device;
 mod handle;
@@ -25,7 +27,8 @@ mod zeroes;
 pub use crate::client::{ClientCompletion, ClientIo};
 
 pub use admin::{ClientEvent, RnbdAdmin, REPLY_SLOT};
-pub use config::{RnbdClientConfig, WriteZeroesMode, WriteZeroesParseError};
+pub use bringup::{open_rnbd_session, BringUpError, RnbdSession};
+pub use config::{WriteZeroesMode, WriteZeroesParseError};
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
 pub use handle::{SendError, SessionHandle};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};

@@ -163,12 +163,11 @@ pub struct DeviceInfo {
     pub max_discard: u64,
     pub discard_granularity: u32,
     pub discard_alignment: u32,
-    /// Largest write-zeroes the client takes: with [`WriteZeroesMode::Native`] the
-    /// server's op-5 limit (0: unsupported), with [`WriteZeroesMode::Emulate`] any
+    /// Largest write-zeroes the client takes, by the device's mode
+    /// ([`RnbdDevice::write_zeroes`](super::RnbdDevice::write_zeroes)): with
+    /// [`WriteZeroesMode::Native`] the server's op-5 limit (0: unsupported), with [`WriteZeroesMode::Emulate`] any
     /// request (the largest multiple of the block below 4 GiB), sent as WRITEs.
     pub max_write_zeroes: u64,
-    /// How write-zeroes go on the wire.
-    pub write_zeroes: WriteZeroesMode,
     /// The op-5 limit the server announced (byte 20 of OPEN_RSP), whatever the mode.
     pub server_max_write_zeroes: u64,
     /// Largest secure erase: the discard limit when the server reports secure discard.
@@ -210,7 +209,6 @@ impl DeviceInfo {
                 WriteZeroesMode::Native => server_wz,
                 WriteZeroesMode::Emulate => u64::from(u32::MAX / lbs * lbs),
             },
-            write_zeroes,
             server_max_write_zeroes: server_wz,
             max_secure_erase: if rsp.secure_discard != 0 {
                 max_discard

@@ -85,7 +85,8 @@ impl SessionHandle for SessionCore {
 
 /// Link events of an RTRS client session, queued by the session's control poller for the
 /// [`RnbdAdmin`](super::RnbdAdmin) (give a clone to `Session::open` and one to
-/// [`RnbdAdmin::listen`](super::RnbdAdmin::listen)). Lock-free, so the admin may run on
+/// [`RnbdAdmin::listen`](super::RnbdAdmin::listen), as
+/// [`open_rnbd_session`](super::open_rnbd_session) does). Lock-free, so the admin may run on
 /// another thread than the control poller (an SPDK disk's).
 #[derive(Clone, Default)]
 pub struct LinkListener {

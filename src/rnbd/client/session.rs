@@ -3,14 +3,14 @@
 //! tests). Other cores add their own queues over [`RnbdClient::table`]; the home core's
 //! block IO goes through its queue exactly as theirs does.
 //!
-//! Write-zeroes follow [`RnbdClientConfig::write_zeroes`]: by default they go out as
-//! zero-filled WRITEs ([`zeroes`](super::zeroes)), safe with servers of every kernel
-//! version.
+//! The devices it opens send write-zeroes as its [`RnbdClient::set_write_zeroes`]
+//! says: by default as zero-filled WRITEs ([`zeroes`](super::zeroes)), safe with
+//! servers of every kernel version.
 
 use std::sync::Arc;
 
 use super::admin::{ClientEvent, RnbdAdmin};
-use super::config::RnbdClientConfig;
+use super::config::WriteZeroesMode;
 use super::device::{DeviceError, RnbdDevice};
 use super::handle::SessionHandle;
 use super::msg::BlockRequest;
@@ -28,6 +28,8 @@ pub struct RnbdClient<S> {
     admin: RnbdAdmin,
     queue: RnbdQueue<S>,
     scratch: Vec<ClientCompletion>,
+    /// The mode [`open`](Self::open) gives each device it opens.
+    write_zeroes: WriteZeroesMode,
 }
 
 impl<S: SessionHandle> RnbdClient<S> {
@@ -39,30 +41,31 @@ impl<S: SessionHandle> RnbdClient<S> {
     /// # Errors
     /// [`DeviceError::ReplyBuffer`] when `replies` is smaller than 64 bytes.
     pub fn new(session: S, replies: Mr) -> Result<RnbdClient<S>, DeviceError> {
-        RnbdClient::with_config(session, replies, RnbdClientConfig::default())
+        let admin = RnbdAdmin::new(replies)?;
+        let queue = RnbdQueue::new(session, Arc::clone(admin.table()));
+        Ok(RnbdClient::from_parts(admin, queue))
     }
 
-    /// As [`new`](Self::new), with `config` for this client and the queues of other
-    /// cores sharing its devices.
-    ///
-    /// # Errors
-    /// As [`new`](Self::new).
-    pub fn with_config(
-        session: S,
-        replies: Mr,
-        config: RnbdClientConfig,
-    ) -> Result<RnbdClient<S>, DeviceError> {
-        let admin = RnbdAdmin::new(replies, config)?;
-        let queue = RnbdQueue::new(session, Arc::clone(admin.table()));
-        Ok(RnbdClient {
+    /// A client of `admin` sending through `queue`, a queue over the admin's
+    /// [`table`](RnbdAdmin::table) (as [`open_rnbd_session`](super::open_rnbd_session)
+    /// makes them: its `queues[0]`).
+    pub fn from_parts(admin: RnbdAdmin, queue: RnbdQueue<S>) -> RnbdClient<S> {
+        debug_assert!(
+            Arc::ptr_eq(admin.table(), queue.table()),
+            "the queue is not over the admin's device table"
+        );
+        RnbdClient {
             admin,
             queue,
             scratch: vec![ClientCompletion::default(); BATCH],
-        })
+            write_zeroes: WriteZeroesMode::default(),
+        }
     }
 
-    pub fn config(&self) -> RnbdClientConfig {
-        self.admin.config()
+    /// The devices [`open`](Self::open) opens from now on send write-zeroes as `mode`
+    /// says (default [`WriteZeroesMode::Emulate`]); those already open keep theirs.
+    pub fn set_write_zeroes(&mut self, mode: WriteZeroesMode) {
+        self.write_zeroes = mode;
     }
 
     pub fn admin(&self) -> &RnbdAdmin {
@@ -108,7 +111,8 @@ impl<S: SessionHandle> RnbdClient<S> {
         self.admin.sess_info(&mut self.queue, now);
     }
 
-    /// [`RnbdAdmin::open`].
+    /// [`RnbdAdmin::open`], with the client's write-zeroes mode
+    /// ([`set_write_zeroes`](Self::set_write_zeroes)).
     ///
     /// # Errors
     /// As [`RnbdAdmin::open`].
@@ -118,7 +122,8 @@ impl<S: SessionHandle> RnbdClient<S> {
         name: &str,
         mode: AccessMode,
     ) -> Result<DevHandle, DeviceError> {
-        self.admin.open(&mut self.queue, now, name, mode)
+        self.admin
+            .open(&mut self.queue, now, name, mode, self.write_zeroes)
     }
 
     /// [`RnbdAdmin::close`].

@@ -17,13 +17,13 @@
 //! has no devices yet; those requests wait in their queue and go out again with the new
 //! id). The version also tells the queues' waiting requests to look again.
 //!
-//! The client's [`RnbdClientConfig`] applies to every core, and the zero buffer of
-//! emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once for all of them.
+//! Each device carries its own write-zeroes mode ([`RnbdDevice::write_zeroes`]); the
+//! zero buffer of emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once
+//! for every device and core of the session.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::config::RnbdClientConfig;
 use super::device::{DevState, RnbdDevice};
 use super::handle::SessionHandle;
 use super::request::{DevHandle, IoError};
@@ -92,25 +92,11 @@ pub struct DeviceTable {
     version: AtomicU64,
     /// One per queue.
     in_flight: Mutex<Vec<Arc<InFlight>>>,
-    config: RnbdClientConfig,
     /// Zeros for emulated write-zeroes, registered at the first one.
     zeroes: Mutex<Option<Arc<Mr>>>,
 }
 
 impl DeviceTable {
-    /// An empty table for a client configured with `config`.
-    pub(super) fn new(config: RnbdClientConfig) -> DeviceTable {
-        DeviceTable {
-            config,
-            ..DeviceTable::default()
-        }
-    }
-
-    /// The configuration every core follows.
-    pub fn config(&self) -> RnbdClientConfig {
-        self.config
-    }
-
     /// The published version (one Acquire load: the per-request check).
     #[inline]
     pub fn version(&self) -> u64 {

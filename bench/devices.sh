@@ -1,0 +1,664 @@
+#!/usr/bin/env bash
+# Many remote devices in one SPDK application (docs/BENCHMARKS.md, "SPDK: many devices over
+# one session"): what N rtrs bdevs over one session cost a client and a target, against N
+# namespaces of one NVMe-oF/TCP controller, and what splitting one core's IO over 16 bdevs
+# of one session costs in IOPS.
+#
+# Parts (both by default; --only picks one):
+#   create  for each N of --devices: a target spdk_tgt on core 0 (-m 0x1, the plugin
+#           preloaded) with N null bdevs, exported over RTRS (tcp, 127.0.0.1) and as the N
+#           namespaces of one NVMe-oF/TCP subsystem; a client spdk_tgt on cores 0-1 (-m 0x3:
+#           two cores, so that a module adding a thread per bdev and core would show it)
+#           creates N remote bdevs: rtrs = N bdev_rtrs_create, all with the same sessname
+#           and the same single path; NVMe-oF/TCP = one bdev_nvme_attach_controller. A
+#           fresh target and a fresh client for every N and transport. Measured: the wall
+#           time of the RPCs (one connection, one call after the other) until
+#           bdev_get_bdevs lists every bdev; the client's VmRSS and SPDK threads
+#           (thread_get_stats) added, 1 s after the last bdev is listed; the target's VmRSS
+#           added then, and again 2 s after the client deleted its bdevs and exited. rtrs
+#           also: the 2nd bdev_rtrs_create alone (the second device over an existing
+#           session) and the client VmRSS it added, read 0.5 s before and 0.5 s after it
+#           (those two pauses are not counted in the time to create all N). A create that
+#           fails or takes too long (--create-timeout, all the calls together) is reported
+#           as such, with the bdevs made so far measured, and the run goes on.
+#   iops    bdevperf on one core (-m 0x2) over rtrs, 4 KiB randread, against a fresh target
+#           on core 0 with 16 null bdevs: (i) one rtrs bdev, one job at queue depth Q (--qd,
+#           64 by default); (ii) 16 rtrs bdevs with one sessname, one job per bdev, all on
+#           that core, queue depth Q/16 each (a bdevperf -j job file). --rounds rounds, the
+#           order of (i) and (ii) alternating; the ratio (ii)/(i) in IOPS is the median of
+#           the rounds'.
+#
+#   bench/devices.sh [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S]
+#                    [--sessnames one|each] [--only create|iops] [--no-append]
+#
+# --sessnames each gives every rtrs bdev a sessname of its own, hence a session of its own
+# (the only way to many devices where a target refuses a second session of one name), for
+# comparison; the goals stay the same.
+#
+# Goals, each with PASS or MISS: for every N, the N rtrs bdevs in ≤ 1 s in all, client RSS
+# ≤ +16 MiB, target RSS ≤ +80 MiB after the client left, SPDK threads added ≤ 1 (none per
+# bdev: at 25ab6c4 one per bdev and core beyond the first); the 2nd create ≤ 50 ms and ≤ +1 MiB client RSS; the IOPS ratio ≥ 0.90.
+#
+# Needs SPDK ($SPDK_DIR or /opt/spdk); builds the plugin. SPDK runs without hugepages
+# (--no-huge -s 2048). Prints the tables and goals and appends the run to docs/BENCHMARKS.md
+# under "## SPDK: many devices over one session" (not with --no-append).
+# Ports: 14520 (RTRS) and 4422 (NVMe-oF/TCP), or RTRS_TEST_PORT_BASE + 92 and 93.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO" || exit 1
+# shellcheck source=ci/spdk/lib.sh
+. ci/spdk/lib.sh
+REPORT=(python3 "$REPO/bench/perf_report.py")
+
+DEVICES=16,64
+TIME=10
+ROUNDS=3
+QD=64
+CREATE_TIMEOUT=120
+SESSNAMES=one
+PARTS=create,iops
+ONLY=$PARTS
+APPEND=1
+usage() {
+	echo "usage: $0 [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S] [--sessnames one|each] [--only $PARTS] [--no-append]" >&2
+	exit 2
+}
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--devices) DEVICES=${2:?}; shift 2 ;;
+	--time) TIME=${2:?}; shift 2 ;;
+	--rounds) ROUNDS=${2:?}; shift 2 ;;
+	--qd) QD=${2:?}; shift 2 ;;
+	--create-timeout) CREATE_TIMEOUT=${2:?}; shift 2 ;;
+	--sessnames) SESSNAMES=${2:?}; shift 2 ;;
+	--only) ONLY=${2:?}; shift 2 ;;
+	--no-append) APPEND=0; shift ;;
+	*) usage ;;
+	esac
+done
+[[ $SESSNAMES == one || $SESSNAMES == each ]] || { echo "--sessnames: one or each, not '$SESSNAMES'" >&2; usage; }
+for p in ${ONLY//,/ }; do
+	[[ ",$PARTS," == *",$p,"* ]] || { echo "--only: unknown part '$p'" >&2; usage; }
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+num() { [[ "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || { echo "$1: '$2' is not a positive number" >&2; exit 2; }; }
+num --time "$TIME"
+num --rounds "$ROUNDS"
+num --create-timeout "$CREATE_TIMEOUT"
+num --qd "$QD"
+NMANY=16 # the bdevs of the iops part's (ii)
+((QD % NMANY == 0)) || { echo "--qd: $QD is not a multiple of $NMANY" >&2; exit 2; }
+read -r -a NS <<<"${DEVICES//,/ }"
+[[ ${#NS[@]} -gt 0 ]] || usage
+for n in "${NS[@]}"; do
+	[[ "$n" =~ ^[0-9]+$ && "$n" -ge 2 && "$n" -le 1024 ]] || { echo "--devices: '$n' is not a count of 2 to 1024" >&2; exit 2; }
+done
+LOAD0=$(cut -d" " -f1-3 /proc/loadavg)
+
+SPDK_DIR=$(spdk_find)
+[[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
+export SPDK_DIR
+apps_init
+trap apps_cleanup EXIT
+trap 'exit 130' INT TERM
+spdk_setup_paths || exit 1
+[[ -n "$BDEVPERF_PY" ]] || { echo "bdevperf.py not found under $SPDK_DIR" >&2; exit 1; }
+echo "== building the plugin (release)"
+plugin_build || exit 1
+
+MEM=(--no-huge -s 2048 --disable-cpumask-locks)
+if [[ -n "${RTRS_TEST_PORT_BASE:-}" ]]; then
+	RTRS_PORT=$((RTRS_TEST_PORT_BASE + 92)) NVMF_PORT=$((RTRS_TEST_PORT_BASE + 93))
+else
+	RTRS_PORT=14520 NVMF_PORT=4422
+fi
+NQN=nqn.2016-06.io.spdk:rtrsdevices
+# The sessname of every rtrs bdev ("{i}": the bdev's number): one for all, or
+# (--sessnames each) one per bdev, a session each, to compare with.
+if [[ $SESSNAMES == one ]]; then SESS=devices; else SESS='devices-{i}'; fi
+SPDK_VERSION=
+OUT="$APP_DIR/out.md"
+DEV_PY="$APP_DIR/devices.py"
+
+# The measuring side: JSON-RPC over one connection per call sequence (no rpc.py start-up
+# per call), VmRSS and thread counts from /proc, the tables and the goals of the create part.
+cat >"$DEV_PY" <<'PY'
+import codecs, json, os, re, socket, sys, time
+
+
+class RpcError(Exception):
+    pass
+
+
+class Rpc:
+    """One JSON-RPC connection to an SPDK application; every call has a deadline."""
+
+    def __init__(self, path, timeout):
+        self.timeout = float(timeout)
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(self.timeout)
+        try:
+            self.s.connect(path)
+        except OSError as e:
+            raise RpcError("connect to %s: %s" % (path, e))
+        self.text, self.id = "", 0
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+
+    def call(self, method, params=None, timeout=None):
+        self.id += 1
+        req = {"jsonrpc": "2.0", "id": self.id, "method": method}
+        if params is not None:
+            req["params"] = params
+        limit = self.timeout if timeout is None else max(float(timeout), 0.1)
+        deadline = time.monotonic() + limit
+        self.s.sendall(json.dumps(req).encode())
+        dec = json.JSONDecoder()
+        while True:
+            self.text = self.text.lstrip()
+            obj = None
+            if self.text:
+                try:
+                    obj, end = dec.raw_decode(self.text)
+                except ValueError:
+                    pass
+            if obj is not None:
+                self.text = self.text[end:]
+                if obj.get("id") != self.id:
+                    continue
+                if "error" in obj:
+                    e = obj["error"]
+                    e = str(e.get("message", e) if isinstance(e, dict) else e)
+                    raise RpcError(e if e.startswith(method) else "%s: %s" % (method, e))
+                return obj.get("result")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RpcError("%s: no answer within %.0f s" % (method, limit))
+            self.s.settimeout(left)
+            try:
+                chunk = self.s.recv(1 << 16)
+            except socket.timeout:
+                raise RpcError("%s: no answer within %.0f s" % (method, limit))
+            if not chunk:
+                raise RpcError("%s: the application closed the connection (exited?)" % method)
+            self.text += self.utf8.decode(chunk)
+
+
+def status(pid, key):
+    try:
+        with open("/proc/%s/status" % pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss(pid):
+    return status(pid, "VmRSS")
+
+
+def names(kind, n):
+    return ["r%d" % i if kind == "rtrs" else "nvme0n%d" % i for i in range(1, n + 1)]
+
+
+def rtrs_params(i, device, sess, port):
+    """SESS: the sessname, "{i}" in it replaced by the bdev's number."""
+    return {"name": "r%d" % i, "sessname": sess.replace("{i}", str(i)), "device": device,
+            "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(port)}],
+            "access_mode": "rw", "reconnect_delay_sec": 1, "hb_interval_ms": 5000,
+            "hb_missed_max": 5, "io_timeout_sec": 10}
+
+
+def batch(sock, timeout):
+    """Calls every "[method, params]" line of stdin in order; stops at the first error."""
+    r = Rpc(sock, timeout)
+    for line in sys.stdin:
+        if line.strip():
+            method, params = json.loads(line)
+            r.call(method, params)
+
+
+def wait_bdevs(sock, want, timeout):
+    """Waits until bdev_get_bdevs lists every name of WANT (comma-separated)."""
+    deadline = time.monotonic() + float(timeout)
+    want = set(want.split(","))
+    r = Rpc(sock, timeout)
+    r.call("framework_wait_init", timeout=timeout)
+    while True:
+        listed = {b["name"] for b in r.call("bdev_get_bdevs", timeout=max(deadline - time.monotonic(), 1))}
+        if want <= listed:
+            return
+        if time.monotonic() > deadline:
+            raise RpcError("%d of %d bdevs listed after %s s" % (len(want & listed), len(want), timeout))
+        time.sleep(0.05)
+
+
+def measure(sock, kind, n, port, nqn, sess, cpid, tpid, timeout, out):
+    """The create part for one transport: see the header of bench/devices.sh."""
+    n, timeout = int(n), float(timeout)
+    res = {"kind": kind, "n": n, "created": 0, "error": None}
+    r = Rpc(sock, 30)
+    nthreads = lambda: len(r.call("thread_get_stats", timeout=30)["threads"])
+    res["spdk_threads0"], res["os_threads0"] = nthreads(), status(cpid, "Threads")
+    res["client_rss0"], res["target_rss0"] = rss(cpid), rss(tpid)
+    want = names(kind, n)
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    paused = 0.0
+    left = lambda: deadline + paused - time.monotonic()
+
+    def pause(secs):
+        nonlocal paused
+        p = time.monotonic()
+        time.sleep(secs)
+        v = rss(cpid)
+        paused += time.monotonic() - p
+        return v
+
+    try:
+        if kind == "rtrs":
+            for i in range(1, n + 1):
+                if i == 2:
+                    res["rss_2nd_before"] = pause(0.5)
+                c = time.monotonic()
+                try:
+                    r.call("bdev_rtrs_create", rtrs_params(i, "dev%d" % i, sess, port), timeout=left())
+                except RpcError as e:
+                    raise RpcError("bdev %d of %d, after %.2f s: %s" % (i, n, time.monotonic() - c, e))
+                if i == 2:
+                    res["t_2nd_s"] = time.monotonic() - c
+                    res["rss_2nd_after"] = pause(0.5)
+                res["created"] = i
+        else:
+            r.call("bdev_nvme_attach_controller", {
+                "name": "nvme0", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                "trsvcid": str(port), "subnqn": nqn}, timeout=left())
+        while True:
+            listed = {b["name"] for b in r.call("bdev_get_bdevs", timeout=max(left(), 1))}
+            have = sum(1 for w in want if w in listed)
+            if have == n:
+                break
+            if left() <= 0:
+                raise RpcError("%d of %d bdevs listed by bdev_get_bdevs after %.0f s" % (have, n, timeout))
+            time.sleep(0.005)
+        res["t_total_s"] = time.monotonic() - t0 - paused
+    except (RpcError, OSError) as e:
+        res["error"] = str(e)
+        res["t_fail_s"] = time.monotonic() - t0 - paused
+    time.sleep(1)
+    try:
+        if res["error"]:
+            r = Rpc(sock, 30)  # the old connection may still wait for the failed call
+        listed = {b["name"] for b in r.call("bdev_get_bdevs", timeout=30)}
+        res["listed"] = sum(1 for w in want if w in listed)
+        res["spdk_threads1"] = nthreads()
+    except (RpcError, OSError) as e:
+        res["error"] = (res["error"] + "; " if res["error"] else "") + "after: " + str(e)
+    res["os_threads1"], res["client_rss1"], res["target_rss1"] = status(cpid, "Threads"), rss(cpid), rss(tpid)
+    json.dump(res, open(out, "w"))
+
+
+def delete(sock, kind, timeout):
+    """Deletes the bdevs the create part made (those still listed)."""
+    r = Rpc(sock, timeout)
+    if kind == "nvmf":
+        r.call("bdev_nvme_detach_controller", {"name": "nvme0"})
+        return
+    for b in r.call("bdev_get_bdevs"):
+        if re.fullmatch(r"r[0-9]+", b["name"]):
+            r.call("bdev_rtrs_delete", {"name": b["name"]})
+
+
+def note(path, key, value):
+    try:
+        res = json.load(open(path))
+    except (OSError, ValueError):
+        res = {}
+    res[key] = None if value == "" else (int(value) if re.fullmatch(r"-?[0-9]+", value) else value)
+    json.dump(res, open(path, "w"))
+
+
+def fail(path, kind, n, why):
+    json.dump({"kind": kind, "n": int(n), "created": 0, "error": why, "setup_failed": True}, open(path, "w"))
+
+
+def mib(a, b):
+    return None if a is None or b is None else (b - a) / 1024.0
+
+
+def verdict(v, op, goal, failed):
+    if failed:
+        return "MISS"
+    if v is None:
+        return "n/a"
+    return "PASS" if (v <= goal if op == "<=" else v >= goal) else "MISS"
+
+
+def short(text, most=200):
+    text = text.replace("|", "/").replace("\n", " ")
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def report(d, mode, *ns):
+    """Per N: DIR/create-N.md (the table) and DIR/goals-N.md (the goal rows). MODE: one
+    (one sessname) or each (a sessname per bdev)."""
+    how = "one sessname" if mode == "one" else "a sessname each"
+    over = "over one session" if mode == "one" else "a session each"
+    second = "over an existing session" if mode == "one" else "(a session of its own)"
+    for n in ns:
+        res = {}
+        for kind in ("rtrs", "nvmf"):
+            try:
+                res[kind] = json.load(open(os.path.join(d, "create-%s-%s.json" % (kind, n))))
+            except (OSError, ValueError):
+                res[kind] = {"kind": kind, "n": int(n), "error": "not measured", "setup_failed": True}
+
+        def fig(x):
+            failed = bool(x.get("error"))
+            v = {
+                "time": x.get("t_total_s"),
+                "crss": mib(x.get("client_rss0"), x.get("client_rss1")),
+                "trss1": mib(x.get("target_rss0"), x.get("target_rss1")),
+                "trss2": mib(x.get("target_rss0"), x.get("target_rss_left")),
+                "thr": None if x.get("spdk_threads1") is None else x["spdk_threads1"] - x["spdk_threads0"],
+                "os": None if x.get("os_threads1") is None or x.get("os_threads0") is None else x["os_threads1"] - x["os_threads0"],
+                "t2": x.get("t_2nd_s"),
+                "r2": mib(x.get("rss_2nd_before"), x.get("rss_2nd_after")),
+            }
+            return failed, v
+
+        def cell(x, key):
+            failed, v = fig(x)
+            if x.get("setup_failed"):
+                return "not measured" if key != "time" else "FAILED: %s" % short(x.get("error", ""))
+            part = " (%d of %s bdevs)" % (x.get("listed", x.get("created", 0)), n) if failed else ""
+            val = v[key]
+            if key == "time":
+                if failed:
+                    return "FAILED after %.2f s, %d of %s bdevs made: %s" % (
+                        x.get("t_fail_s", 0), x.get("listed", x.get("created", 0)), n, short(x["error"]))
+                return "%.3f s" % val
+            if val is None:
+                return "—"
+            if key == "trss2":
+                return "%+.1f MiB (%+.1f MiB right after create)%s" % (val, v["trss1"] if v["trss1"] is not None else float("nan"), part)
+            if key in ("crss", "trss1", "r2"):
+                return "%+.1f MiB%s" % (val, part if key != "r2" else "")
+            if key in ("thr", "os"):
+                return "%+d%s" % (val, part)
+            if key == "t2":
+                return "%.1f ms" % (val * 1000)
+            return str(val)
+
+        rows = [("time to create", "time"), ("client RSS added", "crss"),
+                ("target RSS added (after the client left)", "trss2"),
+                ("SPDK threads added", "thr"), ("OS threads added (/proc Threads)", "os"),
+                ("second device %s: time of the 2nd create" % second, "t2"),
+                ("second device %s: client RSS added by it" % second, "r2")]
+        with open(os.path.join(d, "create-%s.md" % n), "w") as f:
+            f.write("| %s remote bdevs in one SPDK app | rtrs (%s × bdev_rtrs_create, %s) | NVMe-oF/TCP (one attach) |\n" % (n, n, how))
+            f.write("|---|---:|---:|\n")
+            for label, key in rows:
+                nv = "n/a (one attach makes all)" if key in ("t2", "r2") else cell(res["nvmf"], key)
+                f.write("| %s | %s | %s |\n" % (label, cell(res["rtrs"], key), nv))
+        x = res["rtrs"]
+        failed, v = fig(x)
+        why = " (failed: %d of %s made)" % (x.get("listed", x.get("created", 0)), n) if failed else ""
+        fmt = lambda val, f: (f % val) if val is not None else "n/a"
+        goals = [
+            ("%s rtrs bdevs %s: time to create all (s)%s" % (n, over, why), fmt(v["time"], "%.3f"), "<=", 1, failed),
+            ("%s rtrs bdevs: client RSS added (MiB)%s" % (n, why), fmt(v["crss"], "%.1f"), "<=", 16, failed),
+            ("%s rtrs bdevs: target RSS added, after the client left (MiB; %s right after create)%s" % (n, fmt(v["trss1"], "%.1f"), why), fmt(v["trss2"], "%.1f"), "<=", 80, failed),
+            ("%s rtrs bdevs: SPDK threads added in the client (none per bdev)%s" % (n, why), fmt(v["thr"], "%d"), "<=", 1, failed),
+            ("%s rtrs bdevs: 2nd create%s (ms)" % (n, " over an existing session" if mode == "one" else ", its own session"), fmt(None if v["t2"] is None else v["t2"] * 1000, "%.1f"), "<=", 50, v["t2"] is None),
+            ("%s rtrs bdevs: client RSS added by the 2nd create (MiB)" % n, fmt(v["r2"], "%.1f"), "<=", 1, v["r2"] is None),
+        ]
+        with open(os.path.join(d, "goals-%s.md" % n), "w") as f:
+            for text, val, op, goal, bad in goals:
+                num = None if val == "n/a" else float(val)
+                f.write("| %s | %s | %s %s | %s |\n" % (text, val, op, goal, verdict(num, op, goal, bad)))
+
+
+cmds = {"batch": batch, "wait-bdevs": wait_bdevs, "measure": measure, "delete": delete,
+        "note": note, "fail": fail, "report": report}
+try:
+    cmds[sys.argv[1]](*sys.argv[2:])
+except RpcError as e:
+    sys.exit("%s: %s" % (sys.argv[1], e))
+PY
+dev() { python3 "$DEV_PY" "$@"; }
+
+# target_start NAME N [nvmf]: spdk_tgt on core 0 with null bdevs dev1..devN exported over
+# RTRS, and with nvmf as the N namespaces of subsystem $NQN over NVMe-oF/TCP.
+target_start() {
+	local name=$1 n=$2 i
+	app_start "$name" "$SPDK_TGT" -m 0x1 "${MEM[@]}" || return 1
+	{
+		for ((i = 1; i <= n; i++)); do
+			echo "[\"bdev_null_create\", {\"name\": \"dev$i\", \"num_blocks\": 262144, \"block_size\": 4096}]"
+		done
+		echo "[\"rtrs_target_listen\", {\"transport\": \"tcp\", \"addr\": \"127.0.0.1\", \"port\": $RTRS_PORT}]"
+		for ((i = 1; i <= n; i++)); do
+			echo "[\"rtrs_target_export\", {\"bdev_name\": \"dev$i\", \"access\": \"rw\"}]"
+		done
+		if [[ ${3:-} == nvmf ]]; then
+			echo '["nvmf_create_transport", {"trtype": "TCP"}]'
+			echo "[\"nvmf_create_subsystem\", {\"nqn\": \"$NQN\", \"serial_number\": \"RTRSDEVICES0001\", \"allow_any_host\": true, \"max_namespaces\": $n}]"
+			for ((i = 1; i <= n; i++)); do
+				echo "[\"nvmf_subsystem_add_ns\", {\"nqn\": \"$NQN\", \"namespace\": {\"bdev_name\": \"dev$i\"}}]"
+			done
+			echo "[\"nvmf_subsystem_add_listener\", {\"nqn\": \"$NQN\", \"listen_address\": {\"trtype\": \"tcp\", \"adrfam\": \"ipv4\", \"traddr\": \"127.0.0.1\", \"trsvcid\": \"$NVMF_PORT\"}}]"
+		fi
+	} | dev batch "$APP_DIR/$name.sock" 30 || { echo "$name: configuring $n exports failed" >&2; return 1; }
+	[[ -n ${SPDK_VERSION:-} ]] ||
+		SPDK_VERSION=$(rpc "$name" spdk_get_version | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
+}
+
+# create_run N KIND: the create part for one N and one transport (rtrs or nvmf); leaves
+# $APP_DIR/create-KIND-N.json, whatever happens.
+create_run() {
+	local n=$1 kind=$2 js="$APP_DIR/create-$2-$1.json" port=$NVMF_PORT
+	[[ $kind == nvmf ]] || port=$RTRS_PORT
+	if ! target_start tgt "$n" nvmf; then
+		dev fail "$js" "$kind" "$n" "the target did not start or configure (log: $(tail -n 3 "$APP_DIR/tgt.log" | tr '\n|' ' /'))"
+		app_stop tgt
+		return 1
+	fi
+	if ! app_start clt "$SPDK_TGT" -m 0x3 "${MEM[@]}"; then
+		dev fail "$js" "$kind" "$n" "the client did not start"
+		app_stop clt
+		app_stop tgt
+		return 1
+	fi
+	sleep 1
+	dev measure "$APP_DIR/clt.sock" "$kind" "$n" "$port" "$NQN" "$SESS" "$(app_pid clt)" "$(app_pid tgt)" \
+		"$CREATE_TIMEOUT" "$js" || dev fail "$js" "$kind" "$n" "measuring failed (client log: $(tail -n 3 "$APP_DIR/clt.log" | tr '\n|' ' /'))"
+	app_alive clt && { dev delete "$APP_DIR/clt.sock" "$kind" 60 || echo "   $kind: deleting the bdevs failed" >&2; }
+	app_stop clt
+	sleep 2
+	dev note "$js" target_rss_left "$(awk '/^VmRSS:/ {print $2}' "/proc/$(app_pid tgt)/status" 2>/dev/null)"
+	app_alive tgt || dev note "$js" error "the target exited (log: $(tail -n 3 "$APP_DIR/tgt.log" | tr '\n|' ' /'))"
+	app_stop tgt
+}
+
+# ---- create: N remote bdevs, rtrs against NVMe-oF/TCP ---------------------------------------
+if want create; then
+	for n in "${NS[@]}"; do
+		for kind in rtrs nvmf; do
+			echo "== create: $n $kind bdevs from a client spdk_tgt on core 1 (target on core 0)"
+			create_run "$n" "$kind"
+			python3 - "$APP_DIR/create-$kind-$n.json" <<'PY'
+import json, sys
+x = json.load(open(sys.argv[1]))
+mib = lambda a, b: "%+.1f MiB" % ((x[b] - x[a]) / 1024.0) if x.get(a) is not None and x.get(b) is not None else "n/a"
+if x.get("error"):
+    print("   FAILED: %s" % x["error"])
+if not x.get("setup_failed"):
+    t = x.get("t_total_s")
+    print("   %s: %s; client RSS %s, SPDK threads %s -> %s; target RSS %s right after, %s after the client left%s" % (
+        x["kind"], "%.3f s" % t if t is not None else "%d made in %.2f s" % (x.get("created", 0), x.get("t_fail_s", 0)),
+        mib("client_rss0", "client_rss1"), x.get("spdk_threads0"), x.get("spdk_threads1"),
+        mib("target_rss0", "target_rss1"), mib("target_rss0", "target_rss_left"),
+        "; 2nd create %.1f ms, %s" % (x["t_2nd_s"] * 1000, mib("rss_2nd_before", "rss_2nd_after")) if x.get("t_2nd_s") is not None else ""))
+PY
+		done
+	done
+	dev report "$APP_DIR" "$SESSNAMES" "${NS[@]}"
+fi
+
+# ---- iops: one core's IO over 1 bdev vs over 16 bdevs of one session ------------------------
+# bp_config NAME COUNT QD_EACH: bdevperf's JSON config (COUNT rtrs bdevs r1.., one
+# sessname) and job file (one job per bdev on core 1, 4 KiB randread, QD_EACH deep).
+bp_config() {
+	local name=$1 count=$2 qd=$3 i
+	python3 - "$count" "$RTRS_PORT" "$SESS-iops" >"$APP_DIR/$name.json" <<'PY'
+import json, sys
+n, port, sess = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+cfg = [{"method": "bdev_rtrs_create", "params": {
+    "name": "r%d" % i, "sessname": sess.replace("{i}", str(i)), "device": "dev%d" % i, "access_mode": "rw",
+    "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": port}],
+    "reconnect_delay_sec": 1, "hb_interval_ms": 5000, "hb_missed_max": 5, "io_timeout_sec": 10}}
+       for i in range(1, n + 1)]
+cfg.append({"method": "bdev_wait_for_examine"})
+print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": cfg}]}, indent=1))
+PY
+	{
+		printf '[global]\nrw=randread\nbs=4096\ncpumask=0x2\n'
+		for ((i = 1; i <= count; i++)); do
+			printf '\n[job%d]\nfilename=r%d\niodepth=%d\n' "$i" "$i" "$qd"
+		done
+	} >"$APP_DIR/$name.job"
+}
+
+# iops_once NAME COUNT K: one bdevperf on core 1 with config NAME, one run; prints
+# "IOPS MiB/s avg-µs failed p99-µs", or on failure writes why to $APP_DIR/iops.err.
+iops_once() {
+	local name=$1 count=$2 k=$3 bp="bp-$1-$3" i want r
+	app_start "$bp" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$name.json" -j "$APP_DIR/$name.job" \
+		-z -q "$QD" -o 4096 -w randread -t "$TIME" || { iops_err "$bp" "bdevperf with $count rtrs bdev(s) did not start"; return 1; }
+	want=$(for ((i = 1; i <= count; i++)); do printf 'r%d,' "$i"; done)
+	dev wait-bdevs "$APP_DIR/$bp.sock" "${want%,}" 60 || {
+		echo "$name: the rtrs bdevs did not come up; log:" >&2
+		tail -n 20 "$APP_DIR/$bp.log" >&2
+		iops_err "$bp" "the $count rtrs bdevs did not come up"
+		app_stop "$bp"
+		return 1
+	}
+	r=$(python3 "$BDEVPERF_PY" -s "$APP_DIR/$bp.sock" -t $((TIME + 60)) perform_tests >"$APP_DIR/$bp.out" &&
+		"${REPORT[@]}" bdevperf "$APP_DIR/$bp.out") || {
+		echo "$name: perform_tests failed; log:" >&2
+		tail -n 20 "$APP_DIR/$bp.log" >&2
+		iops_err "$bp" "perform_tests over $count rtrs bdev(s) failed"
+		app_stop "$bp"
+		return 1
+	}
+	app_stop "$bp"
+	echo "$r"
+}
+
+# iops_err APP WHAT: WHAT and the first error line of APP's log, for the report.
+iops_err() {
+	local why
+	why=$(grep -m1 -E '\*ERROR\*|"message"' "$APP_DIR/$1.log" 2>/dev/null | sed 's/^.*\*ERROR\*: //; s/^ *"message": //')
+	echo "$2${why:+: $why}" | tr '|' '/' | cut -c1-300 >"$APP_DIR/iops.err"
+}
+
+IOPS_OK=0
+if [[ $SESSNAMES == one ]]; then MANY="one sessname"; else MANY="a sessname each"; fi
+if want iops; then
+	echo "== iops: bdevperf on core 1, 4 KiB randread: 1 rtrs bdev at QD$QD vs $NMANY bdevs ($MANY) at QD$((QD / NMANY)) each; $ROUNDS rounds"
+	if ! target_start tgt $NMANY; then
+		echo "the target did not start or configure" >"$APP_DIR/iops.err"
+	else
+		bp_config one 1 "$QD"
+		bp_config many $NMANY $((QD / NMANY))
+		ra=() rb=() rr=()
+		IOPS_OK=1
+		for ((k = 1; k <= ROUNDS; k++)); do
+			if ((k % 2)); then
+				a=$(iops_once one 1 "$k") || { IOPS_OK=0; break; }
+				b=$(iops_once many $NMANY "$k") || { IOPS_OK=0; break; }
+			else
+				b=$(iops_once many $NMANY "$k") || { IOPS_OK=0; break; }
+				a=$(iops_once one 1 "$k") || { IOPS_OK=0; break; }
+			fi
+			ra+=("$a") rb+=("$b") rr+=("$("${REPORT[@]}" ratio "${b%% *}" "${a%% *}")")
+			echo "   round $k: (i) 1 bdev $a; (ii) $NMANY bdevs $b; ratio (ii)/(i) ${rr[-1]} (IOPS MiB/s avg-µs failed p99-µs)"
+		done
+		app_stop tgt
+	fi
+	[[ $IOPS_OK == 1 ]] || echo "   iops: FAILED (see above)" >&2
+fi
+
+# ---- tables, goals ---------------------------------------------------------------------------
+verdict() { python3 -c '
+import sys
+try:
+    v, g = float(sys.argv[1]), float(sys.argv[2])
+except ValueError:
+    print("n/a")
+else:
+    print("PASS" if (v >= g if sys.argv[3] == ">=" else v <= g) else "MISS")' "$@"; }
+GOALS=()
+goal() { # goal TEXT VALUE OP TARGET: PASS/MISS from the measure
+	GOALS+=("| $1 | $2 | $3 $4 | $(verdict "$2" "$4" "$3") |")
+}
+if want iops; then
+	if [[ $IOPS_OK == 1 ]]; then
+		med=$("${REPORT[@]}" median "${rr[@]}")
+		picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
+		goal "IOPS over $NMANY rtrs bdevs, $MANY (QD$((QD / NMANY)) each) / over 1 rtrs bdev (QD$QD), bdevperf on one core, 4 KiB randread (median of $ROUNDS rounds: $(printf '%.0f' "${rb[$picked]%% *}") / $(printf '%.0f' "${ra[$picked]%% *}"))" \
+			"$(printf '%.2f' "$med")" ">=" 0.90
+		{
+			echo "| round | (i) 1 rtrs bdev, QD$QD: IOPS | (ii) $NMANY rtrs bdevs, $MANY, QD$((QD / NMANY)) each: IOPS | (ii) / (i) | avg µs (i); (ii) | failed IO (i); (ii) |"
+			echo "|---:|---:|---:|---:|---:|---|"
+			for ((k = 0; k < ${#rr[@]}; k++)); do
+				read -r ai _ al af _ <<<"${ra[$k]}"
+				read -r bi _ bl bf _ <<<"${rb[$k]}"
+				echo "| $((k + 1)) | $ai | $bi | ${rr[$k]} | $al; $bl | $af; $bf |"
+			done
+		} >"$APP_DIR/iops.md"
+	else
+		GOALS+=("| IOPS over $NMANY rtrs bdevs, $MANY / over 1 rtrs bdev, bdevperf on one core | failed: $(cat "$APP_DIR/iops.err" 2>/dev/null) | >= 0.90 | MISS |")
+	fi
+fi
+
+{
+	echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $SPDK_VERSION"
+	echo
+	cmd="bench/devices.sh"
+	want create && cmd+=" --devices $DEVICES --create-timeout $CREATE_TIMEOUT"
+	cmd+=" --sessnames $SESSNAMES"
+	want iops && cmd+=" --time $TIME --rounds $ROUNDS --qd $QD"
+	cmd+=" --only $ONLY"
+	echo "Command: \`$cmd\`; load average before the run: $LOAD0, after: $(cut -d" " -f1-3 /proc/loadavg)."
+	echo
+	echo "| goal | measured | target | result |"
+	echo "|---|---:|---:|---|"
+	if want create; then
+		for n in "${NS[@]}"; do cat "$APP_DIR/goals-$n.md"; done
+	fi
+	[[ ${#GOALS[@]} -gt 0 ]] && printf '%s\n' "${GOALS[@]}"
+	if want create; then
+		for n in "${NS[@]}"; do
+			echo
+			cat "$APP_DIR/create-$n.md"
+		done
+	fi
+	[[ -s "$APP_DIR/iops.md" ]] && { echo; cat "$APP_DIR/iops.md"; }
+} >"$OUT"
+echo
+cat "$OUT"
+
+if [[ $APPEND -eq 1 ]]; then
+	cat >"$APP_DIR/intro.md" <<'EOF'
+`bench/devices.sh [--devices 16,64] [--time S] [--rounds R] [--qd Q]` (method in its header):
+a client spdk_tgt (core 1) makes N remote bdevs of a target spdk_tgt (core 0), as N
+`bdev_rtrs_create` with one sessname and path, and as one `bdev_nvme_attach_controller` to N
+namespaces (fresh processes each time): time until all are listed, VmRSS and SPDK threads added.
+Then bdevperf on one core: 16 rtrs bdevs of one session at QD Q/16 each vs one at QD Q.
+EOF
+	"${REPORT[@]}" append docs/BENCHMARKS.md "## SPDK: many devices over one session" "$APP_DIR/intro.md" "$OUT"
+	echo "appended to docs/BENCHMARKS.md"
+fi

@@ -1,0 +1,548 @@
+//! Poll groups: one per SPDK thread that has rtrs bdev channels, as `bdev_nvme`'s
+//! `nvme_poll_group` (docs/ARCHITECTURE.md, "The SPDK bdev: poll groups"). A group
+//! is the context of an IO channel of the module's own io_device ([`GROUP`]); the bdev
+//! channels of its thread hold that channel, and its one poller polls every session core
+//! queue ([`CoreQueue`]) the thread owns, of every session and every bdev, and completes
+//! the bdev IO of its thread's channels.
+//!
+//! The *home* group runs on the thread that created the first rtrs bdev (the
+//! application thread, or fio's initialisation thread), on the module's engine driver
+//! ([`Home`]), whose pollers are paced so that such a thread can sleep: it runs the
+//! sessions' control pollers and owns every session core that no group claimed.
+//!
+//! Who owns a session core: a group whose thread runs on that core's CPU (or, for a
+//! thread off the application's cores such as fio's job threads, core 0) claims it when
+//! its first channel of the session is created, in the session core's claim list; home
+//! hands the queue to the first claimer, and takes it back when that claimer's last
+//! channel of the session goes, to hand it to the next one. Queues move as values
+//! through the groups' mailboxes ([`GroupShared`]), and every decision is home's, so a
+//! queue is never polled by two threads and never lost between them. IO submitted on a
+//! thread whose group does not own its core goes through the session core's inbox, which
+//! the owner drains at every poll; a task finished by a group that is not its channel's
+//! goes back to the channel's group through that group's `done` queue.
+//!
+//! A thread that SPDK's scheduler moves to another CPU keeps the queues it owns: they
+//! are still polled by their one owner (the connection is then farther away, as a
+//! `bdev_nvme` qpair that follows its poll group).
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::mem::size_of;
+use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crossbeam_queue::SegQueue;
+use rtrs_spdk::engine::{Ctx, PollPace, PollResult, Poller};
+use rtrs_spdk::spdk::{loop_now_ns, sys, Driver, SpdkThread};
+use rtrs_spdk::Errno;
+
+use super::core_queue::{CoreQueue, Finished};
+use super::sess::Sess;
+use super::task::TaskRef;
+
+/// The module's io_device whose channels are the poll groups (its address is the key).
+static GROUP: u8 = 0;
+
+fn group_key() -> *mut c_void {
+    ptr::addr_of!(GROUP).cast_mut().cast()
+}
+
+/// Period (µs) of home's pollers while they find work. Under fio's `spdk_bdev` plugin
+/// every period is a wake-up of its initialisation thread, which takes a CPU from the job
+/// or from the target: at 100 µs that cost fio's QD1 reads 3–5 µs of p99 and 8–24 % of
+/// IOPS against 1 ms (docs/BENCHMARKS.md). Each control step of a session (a connect
+/// handshake step, OPEN, CLOSE, a re-open) may wait up to a period; work handed to home
+/// from another thread wakes it ([`GroupShared::kick`]).
+const HOME_POLL_US: u64 = 1000;
+/// Runs in a row without work after which home moves to its idle period.
+const HOME_SLOW_AFTER: u32 = 100;
+/// Home's idle period (µs): a sixteenth of the default heartbeat interval (1 s), as the
+/// sessions' control pollers send and answer the heartbeats; a session with a shorter
+/// interval shortens it to a sixteenth of its own ([`Home::keep_heartbeat`]).
+const HOME_IDLE_US: u64 = 62_500;
+
+/// What other threads hand a group.
+pub struct GroupShared {
+    /// Session core queues given to this group.
+    gifts: SegQueue<Box<CoreQueue>>,
+    /// Tasks of this group's channels finished by another group.
+    done: SegQueue<Finished>,
+    /// Home only: session cores whose claims changed.
+    asks: SegQueue<(Arc<Sess>, usize)>,
+    /// Home only: its driver, to wake its paced poller for work handed to it.
+    driver: Option<Arc<Driver>>,
+}
+
+impl GroupShared {
+    fn new(driver: Option<Arc<Driver>>) -> GroupShared {
+        GroupShared {
+            gifts: SegQueue::new(),
+            done: SegQueue::new(),
+            asks: SegQueue::new(),
+            driver,
+        }
+    }
+
+    /// A task of one of this group's channels finished on another thread.
+    pub fn finished(&self, task: TaskRef, result: Result<(), Errno>) {
+        self.done.push((task, result));
+        self.kick();
+    }
+
+    /// Wakes home's paced poller (other groups poll on every reactor iteration).
+    pub fn kick(&self) {
+        if let Some(d) = &self.driver {
+            if let Err(e) = d.wake(0) {
+                tracing::debug!(
+                    "rtrs bdev: home not woken ({e}); it finds the work on its idle period"
+                );
+            }
+        }
+    }
+
+    /// Asks home to look at `sess`'s core `core` again (its claims changed).
+    fn ask(&self, sess: &Arc<Sess>, core: usize) {
+        self.asks.push((Arc::clone(sess), core));
+        self.kick();
+    }
+
+    /// Hands `q` to this group.
+    pub fn give(&self, q: Box<CoreQueue>) {
+        self.gifts.push(q);
+        self.kick();
+    }
+}
+
+/// A session core's channels on one group: the queue is wanted while `count` > 0.
+struct Interest {
+    sess: Arc<Sess>,
+    core: usize,
+    count: u32,
+    /// The group may own the queue (its thread is on the core's CPU, or off the
+    /// application's cores for core 0).
+    eligible: bool,
+}
+
+/// A group's thread-confined state.
+pub struct GroupState {
+    shared: Arc<GroupShared>,
+    home: Arc<Home>,
+    is_home: bool,
+    owned: Vec<CoreQueue>,
+    interest: Vec<Interest>,
+    /// Requests refused at submission, completed at the next poll.
+    failed: Vec<Finished>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl GroupState {
+    fn new(shared: Arc<GroupShared>, home: Arc<Home>, is_home: bool) -> GroupState {
+        GroupState {
+            shared,
+            home,
+            is_home,
+            owned: Vec::new(),
+            interest: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    pub fn shared(&self) -> &Arc<GroupShared> {
+        &self.shared
+    }
+
+    /// Sends `task` on `sess`'s core `core`: directly when this group owns it, else
+    /// through the session core's inbox.
+    pub fn submit(&mut self, now: u64, sess: &Sess, core: usize, task: TaskRef) {
+        match self.owned.iter_mut().find(|q| q.is(sess, core)) {
+            Some(q) => q.submit(now, task, &self.shared, &mut self.failed),
+            None => sess.cores[core].push(task, &self.home),
+        }
+    }
+
+    /// A channel of `sess` on this group's thread, for session core `core`.
+    pub fn join(&mut self, sess: &Arc<Sess>, core: usize, eligible: bool) {
+        if let Some(i) = self
+            .interest
+            .iter_mut()
+            .find(|i| Arc::ptr_eq(&i.sess, sess) && i.core == core)
+        {
+            i.count += 1;
+            return;
+        }
+        self.interest.push(Interest {
+            sess: Arc::clone(sess),
+            core,
+            count: 1,
+            eligible,
+        });
+        if eligible && !self.is_home {
+            lock(&sess.cores[core].claims).push(Arc::clone(&self.shared));
+            self.home.shared.ask(sess, core);
+        }
+    }
+
+    /// A channel of `sess` for core `core` on this thread is gone; the last one gives the
+    /// queue back to home.
+    pub fn leave(&mut self, sess: &Arc<Sess>, core: usize) {
+        let Some(i) = self
+            .interest
+            .iter()
+            .position(|i| Arc::ptr_eq(&i.sess, sess) && i.core == core)
+        else {
+            return;
+        };
+        self.interest[i].count -= 1;
+        if self.interest[i].count > 0 {
+            return;
+        }
+        let it = self.interest.swap_remove(i);
+        if !it.eligible || self.is_home {
+            return;
+        }
+        {
+            // Under the claims lock: home hands queues out holding it, so a gift made
+            // before this group left its claim is in `gifts` now, and none comes after.
+            let mut claims = lock(&sess.cores[core].claims);
+            claims.retain(|g| !Arc::ptr_eq(g, &self.shared));
+            self.take_gifts();
+        }
+        if let Some(k) = self.owned.iter().position(|q| q.is(sess, core)) {
+            let q = self.owned.swap_remove(k);
+            self.give_home(q);
+        }
+    }
+
+    fn give_home(&self, q: CoreQueue) {
+        q.sess.cores[q.core].set_at_home(true);
+        self.home.shared.give(Box::new(q));
+    }
+
+    fn wants(&self, q: &CoreQueue) -> bool {
+        self.interest
+            .iter()
+            .any(|i| i.eligible && q.is(&i.sess, i.core))
+    }
+
+    fn take_gifts(&mut self) {
+        while let Some(q) = self.shared.gifts.pop() {
+            let q = *q;
+            if self.is_home {
+                let (sess, core) = (Arc::clone(&q.sess), q.core);
+                self.owned.push(q);
+                self.rebalance(&sess, core);
+            } else if self.wants(&q) {
+                self.owned.push(q);
+            } else {
+                self.give_home(q);
+            }
+        }
+    }
+
+    /// Home: hands `sess`'s core `core` to its first claimer, if home has it.
+    fn rebalance(&mut self, sess: &Arc<Sess>, core: usize) {
+        let Some(i) = self.owned.iter().position(|q| q.is(sess, core)) else {
+            return;
+        };
+        let claims = lock(&sess.cores[core].claims);
+        let Some(g) = claims.first() else {
+            return;
+        };
+        let q = self.owned.swap_remove(i);
+        sess.cores[core].set_at_home(false);
+        g.give(Box::new(q));
+    }
+
+    /// One poll: queues handed over, every owned queue, tasks handed back. Finished
+    /// tasks of this thread's channels go to `out`, completed by the caller once this
+    /// state is no longer borrowed (a completion may submit again).
+    fn poll(&mut self, now: u64, out: &mut Vec<Finished>) -> bool {
+        self.take_gifts();
+        if self.is_home {
+            while let Some((sess, core)) = self.shared.asks.pop() {
+                self.rebalance(&sess, core);
+            }
+        }
+        let mut busy = false;
+        for q in &mut self.owned {
+            busy |= q.poll(now, &self.shared, out);
+        }
+        let mut i = 0;
+        while i < self.owned.len() {
+            if self.owned[i].finished() {
+                let mut q = self.owned.swap_remove(i);
+                q.fail_waiting(&self.shared, out);
+                let (sess, core) = (Arc::clone(&q.sess), q.core);
+                drop(q);
+                sess.core_done(core);
+                busy = true;
+            } else {
+                i += 1;
+            }
+        }
+        while let Some(f) = self.shared.done.pop() {
+            out.push(f);
+        }
+        out.append(&mut self.failed);
+        busy | !out.is_empty()
+    }
+
+    /// Transmits what the poll and the completions after it posted (docs/ARCHITECTURE.md,
+    /// "Posting and pushing").
+    fn push(&mut self) {
+        for q in &mut self.owned {
+            q.push();
+        }
+    }
+}
+
+/// Completes finished tasks on their channels' thread (the caller's).
+fn complete_all(out: &mut Vec<Finished>) {
+    for (task, result) in out.drain(..) {
+        task.complete(result);
+    }
+}
+
+/// The home group and the module's engine driver on its thread.
+pub struct Home {
+    pub driver: Arc<Driver>,
+    pub shared: Arc<GroupShared>,
+    pub thread: SpdkThread,
+}
+
+static HOME: Mutex<Option<Arc<Home>>> = Mutex::new(None);
+
+impl Home {
+    /// Home, made on the calling SPDK thread at the first call.
+    ///
+    /// # Errors
+    /// Not on an SPDK thread, or the driver could not be made.
+    pub fn get() -> Result<Arc<Home>, String> {
+        let mut h = lock(&HOME);
+        if let Some(h) = h.as_ref() {
+            return Ok(Arc::clone(h));
+        }
+        let thread = SpdkThread::current().ok_or("not called on an SPDK thread")?;
+        let pace = PollPace::keeping(
+            HOME_IDLE_US * 16,
+            HOME_POLL_US,
+            HOME_IDLE_US,
+            HOME_SLOW_AFTER,
+        );
+        let driver = Driver::adopt_paced(&[thread], pace).map_err(|e| e.to_string())?;
+        let home = Arc::new(Home {
+            shared: Arc::new(GroupShared::new(Some(Arc::clone(&driver)))),
+            driver,
+            thread,
+        });
+        let state = GroupState::new(Arc::clone(&home.shared), Arc::clone(&home), true);
+        home.driver
+            .run_on(0, move |cx: &mut dyn Ctx| {
+                cx.register(Box::new(HomePoller {
+                    state,
+                    out: Vec::with_capacity(256),
+                }));
+            })
+            .map_err(|e| format!("starting the module's home poller: {e}"))?;
+        *h = Some(Arc::clone(&home));
+        Ok(home)
+    }
+
+    /// Home, if it was made.
+    pub fn existing() -> Option<Arc<Home>> {
+        lock(&HOME).clone()
+    }
+
+    /// A session's heartbeat interval (ms): home's idle period stays within a sixteenth
+    /// of the shortest.
+    pub fn keep_heartbeat(&self, hb_interval_ms: u64) {
+        self.driver
+            .cap_idle((hb_interval_ms.saturating_mul(1000) / 16).max(HOME_POLL_US));
+    }
+
+    /// Whether the caller runs on home's thread.
+    pub fn is_current(&self) -> bool {
+        self.thread.is_current()
+    }
+
+    /// Module fini, on home's thread, once every session is gone: home's pollers go.
+    pub fn stop() {
+        let Some(home) = lock(&HOME).take() else {
+            return;
+        };
+        home.driver.shutdown_core();
+        home.driver.drop_core();
+    }
+}
+
+/// Home's group as a poller of the module's driver.
+struct HomePoller {
+    state: GroupState,
+    out: Vec<Finished>,
+}
+
+impl Poller for HomePoller {
+    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
+        let busy = self.state.poll(cx.now(), &mut self.out);
+        complete_all(&mut self.out);
+        self.state.push();
+        if busy {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }
+}
+
+/// A poll group: the context of a channel of [`GROUP`] on a thread other than home's.
+struct Group {
+    state: RefCell<GroupState>,
+    out: RefCell<Vec<Finished>>,
+    poller: *mut sys::spdk_poller,
+}
+
+unsafe extern "C" fn group_create(_io_device: *mut c_void, ctx_buf: *mut c_void) -> c_int {
+    // Home exists: a group is made only for a bdev channel, after a bdev was created.
+    let Some(home) = Home::existing() else {
+        tracing::error!("rtrs bdev: a poll group before any rtrs bdev");
+        return Errno::ENODEV.neg();
+    };
+    let shared = Arc::new(GroupShared::new(None));
+    let ctx = ctx_buf.cast::<Group>();
+    // SAFETY: SPDK gives `size_of::<Group>()` bytes, suitably aligned, ours until
+    // destroy.
+    unsafe {
+        ptr::write(
+            ctx,
+            Group {
+                state: RefCell::new(GroupState::new(shared, home, false)),
+                out: RefCell::new(Vec::with_capacity(256)),
+                poller: ptr::null_mut(),
+            },
+        );
+        (*ctx).poller = sys::spdk_poller_register(Some(group_poll), ctx_buf, 0);
+        if (*ctx).poller.is_null() {
+            ptr::drop_in_place(ctx);
+            return Errno::ENOMEM.neg();
+        }
+    }
+    0
+}
+
+unsafe extern "C" fn group_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void) {
+    let ctx = ctx_buf.cast::<Group>();
+    // SAFETY: the context written by group_create, destroyed once, on its thread; every
+    // bdev channel holding it is gone, so it has left every session core.
+    unsafe {
+        sys::spdk_poller_unregister(&mut (*ctx).poller);
+        {
+            let mut st = (*ctx).state.borrow_mut();
+            st.take_gifts();
+            let owned = std::mem::take(&mut st.owned);
+            for q in owned {
+                st.give_home(q);
+            }
+        }
+        ptr::drop_in_place(ctx);
+    }
+}
+
+unsafe extern "C" fn group_poll(arg: *mut c_void) -> c_int {
+    // SAFETY: the group this poller was registered with, alive until destroy
+    // unregisters the poller.
+    let g = unsafe { &*arg.cast::<Group>() };
+    let mut out = g.out.take();
+    let busy = g.state.borrow_mut().poll(loop_now_ns(), &mut out);
+    complete_all(&mut out);
+    g.out.replace(out);
+    g.state.borrow_mut().push();
+    if busy {
+        sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
+    } else {
+        sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int
+    }
+}
+
+/// Registers the groups' io_device (module init).
+pub fn register_groups() {
+    // SAFETY: our static's address as the io_device key, with our callbacks; registered
+    // once, unregistered at module fini.
+    unsafe {
+        sys::spdk_io_device_register(
+            group_key(),
+            Some(group_create),
+            Some(group_destroy),
+            size_of::<Group>() as u32,
+            c"rtrs_poll_group".as_ptr(),
+        );
+    }
+}
+
+/// Unregisters the groups' io_device (module fini, once every bdev channel is gone).
+pub fn unregister_groups() {
+    // SAFETY: registered by `register_groups`; no channel of it is left.
+    unsafe { sys::spdk_io_device_unregister(group_key(), None) };
+}
+
+/// A bdev channel's hold on its thread's group: the channel of [`GROUP`], or home.
+pub enum GroupRef {
+    /// The channel runs on home's thread: its IO goes through the session cores' inboxes
+    /// and home's poller completes it.
+    Home(Arc<Home>),
+    Group(*mut sys::spdk_io_channel),
+}
+
+impl GroupRef {
+    /// The calling thread's group.
+    ///
+    /// # Errors
+    /// No home, or SPDK could not make the channel.
+    pub fn get() -> Result<GroupRef, Errno> {
+        let home = Home::get().map_err(|_| Errno::ENODEV)?;
+        if home.is_current() {
+            return Ok(GroupRef::Home(home));
+        }
+        // SAFETY: our registered io_device; the channel is put in `put`.
+        let ch = unsafe { sys::spdk_get_io_channel(group_key()) };
+        if ch.is_null() {
+            return Err(Errno::ENOMEM);
+        }
+        Ok(GroupRef::Group(ch))
+    }
+
+    /// Runs `f` on the group's state (home's thread: `None`).
+    pub fn with<R>(&self, f: impl FnOnce(Option<&mut GroupState>) -> R) -> R {
+        match self {
+            GroupRef::Home(_) => f(None),
+            GroupRef::Group(ch) => {
+                // SAFETY: a live channel of GROUP (held until `put`), used on its thread;
+                // its context follows the channel header.
+                let g = unsafe {
+                    &*ch.cast::<u8>()
+                        .add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
+                        .cast::<Group>()
+                };
+                f(Some(&mut g.state.borrow_mut()))
+            }
+        }
+    }
+
+    /// The group's mailboxes.
+    pub fn shared(&self) -> Arc<GroupShared> {
+        match self {
+            GroupRef::Home(h) => Arc::clone(&h.shared),
+            GroupRef::Group(_) => self.with(|g| Arc::clone(g.expect("a group").shared())),
+        }
+    }
+
+    /// Gives the channel back (the bdev channel is destroyed).
+    pub fn put(self) {
+        if let GroupRef::Group(ch) = self {
+            // SAFETY: the channel got in `get`, put once, on its thread.
+            unsafe { sys::spdk_put_io_channel(ch) };
+        }
+    }
+}
