@@ -568,6 +568,7 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
 /// 20 s of virtual time pass (the caller asserts which).
 struct OneCore {
     sim: rtrs_spdk::engine::Simulation,
+    srv: std::rc::Rc<std::cell::RefCell<client_util::FakeServer>>,
     sess: rtrs_spdk::client::Session,
     core: std::rc::Rc<std::cell::RefCell<rtrs_spdk::client::SessionCore>>,
     done: std::rc::Rc<std::cell::RefCell<Vec<rtrs_spdk::client::ClientCompletion>>>,
@@ -627,6 +628,7 @@ impl OneCore {
         }
         OneCore {
             sim,
+            srv,
             sess,
             core,
             done,
@@ -648,6 +650,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
         sess: _sess,
         core,
         done,
+        ..
     } = OneCore::connect(lo.clone(), lo.clone(), "sges");
     assert!(core.borrow().max_io_size() > 0, "the session connected");
 
@@ -699,6 +702,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             usr: &[0; 8],
             sgl: &sgl,
             admin: false,
+            deadline: None,
         };
         assert_eq!(
             core.borrow_mut().submit(now, io),
@@ -739,6 +743,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             usr: &[0; 8],
             sgl: &sgl,
             admin: false,
+            deadline: None,
         };
         core.borrow_mut().submit(now, io).unwrap();
     }
@@ -861,6 +866,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
             usr: &[0; 8],
             sgl: &sgl,
             admin: false,
+            deadline: None,
         };
         assert_eq!(
             core.borrow_mut().submit(0, io),
@@ -955,6 +961,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
         sess: _sess,
         core,
         done,
+        ..
     } = OneCore::connect(lo, client.clone(), "lkeys");
     assert!(core.borrow().max_io_size() > 0, "the session connected");
     let mr = std::sync::Arc::new(
@@ -973,6 +980,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
         usr: &[0; 8],
         sgl,
         admin: false,
+        deadline: None,
     };
     for sgl in [&one[..], &two[..]] {
         assert!(
@@ -1016,5 +1024,61 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
             Err(SubmitError::BadSge { index: 0, .. })
         ),
         "refused again once the region was removed"
+    );
+}
+
+/// A request has one deadline, set when it is submitted (`ClientIo::deadline`, the RNBD
+/// queue's submission plus its wait): when its path dies and no other comes back, it
+/// fails with −ENOTCONN at that deadline, not `io_wait_timeout` (30 s here) after the
+/// failover. In virtual time.
+#[test]
+fn a_failed_over_request_keeps_its_deadline() {
+    use rtrs_spdk::client::{ClientIo, Dir};
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+
+    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
+    let OneCore {
+        mut sim,
+        srv,
+        sess: _sess,
+        core,
+        done,
+    } = OneCore::connect(lo.clone(), lo.clone(), "deadline");
+    assert!(core.borrow().max_io_size() > 0, "the session connected");
+    let mr = lo
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let t0 = sim.now();
+    let sgl = [mr.sge(0, 4096)];
+    let io = ClientIo {
+        tag: 9,
+        dir: Dir::Read,
+        usr: &[0; 8],
+        sgl: &sgl,
+        admin: false,
+        deadline: Some(t0 + 3_000 * MS),
+    };
+    core.borrow_mut().submit(t0, io).unwrap();
+    // The server goes before it answers: the request fails over and waits for a path.
+    srv.borrow_mut().stop();
+    let mut ended = None;
+    for _ in 0..40_000 {
+        sim.advance(MS);
+        sim.step();
+        if let Some(c) = done.borrow().first() {
+            ended = Some((sim.now() - t0, *c));
+            break;
+        }
+    }
+    let (after, c) = ended.expect("the request ended");
+    assert_eq!(c.tag, 9);
+    assert_eq!(c.result, Err(rtrs_spdk::Errno::ENOTCONN));
+    assert!(
+        (3_000 * MS..3_100 * MS).contains(&after),
+        "ended {} ms after its submission",
+        after / MS
     );
 }

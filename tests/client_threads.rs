@@ -70,6 +70,7 @@ impl Worker {
             usr: &off,
             sgl: &sgl,
             admin: false,
+            deadline: None,
         };
         match self.core.submit(cx.now(), io) {
             Ok(()) => true,

@@ -209,6 +209,7 @@ impl Rig {
                 usr,
                 sgl,
                 admin,
+                deadline: None,
             };
             SessionHandle::submit(c.rnbd.session_mut(), cx.now(), io).unwrap()
         });
@@ -403,6 +404,7 @@ fn modes_data_and_close_over_rtrs() {
             usr: &b_usr,
             sgl: &sge,
             admin: false,
+            deadline: None,
         };
         SessionHandle::submit(b.rnbd.session_mut(), cx.now(), io).unwrap()
     });

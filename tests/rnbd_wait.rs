@@ -290,3 +290,51 @@ fn closing_the_device_fails_its_waiting_io_at_once() {
     assert_eq!(ev, [ClientEvent::Closed { dev: vol }]);
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
 }
+
+/// More requests than the session has permits: every one is accepted (none is handed
+/// back as busy), those beyond the permits wait in the queue and go out in order as
+/// permits free up, and each completes once. One that finds no permit before its wait
+/// runs out fails with −ENOTCONN, saying why.
+#[test]
+fn requests_beyond_the_permits_wait_in_the_queue() {
+    let mut rig = Rig::new();
+    let mut c = rig.client(31, 8);
+    let (vol, id) = rig.open(&mut c, "vol", AccessMode::ReadWrite);
+    assert_eq!(id, Ok(0));
+    let mut o = RnbdQueue::new(rig.port(31, 2), c.table());
+    let bufs: Vec<Mr> = (0..6u8)
+        .map(|k| {
+            let b = rig.mr(4096);
+            b.write_at(0, &[k + 1; 4096]);
+            b
+        })
+        .collect();
+    for (k, b) in bufs.iter().enumerate() {
+        let w = BlockRequest::write(k as u64 * 4096, 4096);
+        rig.cx(|cx| o.submit(cx.now(), vol, 100 + k as u64, &w, &sge(b, 4096)))
+            .expect("accepted, not busy");
+    }
+    let (done, _) = settle(&mut rig, &mut c, &mut o);
+    assert_eq!(done, (0..6).map(|k| (100 + k, 0)).collect::<Vec<_>>());
+    for k in 0..6u8 {
+        assert_eq!(
+            read_back(&mut rig, &mut c, vol, u64::from(k) * 4096),
+            [k + 1; 4096]
+        );
+    }
+
+    // Every chunk of the transport taken and never given back: the next request waits
+    // for a permit until its wait runs out.
+    o.session_mut().free.clear();
+    let rd = BlockRequest::read(0, 4096);
+    let r = rig.mr(4096);
+    rig.cx(|cx| o.submit(cx.now(), vol, 3, &rd, &sge(&r, 4096)))
+        .expect("accepted, not busy");
+    rig.sim.advance(WAIT_NS - MS);
+    assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
+    rig.sim.advance(2 * MS);
+    let (done, _) = settle(&mut rig, &mut c, &mut o);
+    assert_eq!(done, [(3, -libc::ENOTCONN)]);
+    let e = o.last_wait_error().expect("the reason is kept").to_string();
+    assert!(e.contains("no free request slot on the session"), "{e}");
+}

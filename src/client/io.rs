@@ -133,7 +133,7 @@ impl SessionCore {
                 Err(PostFail::Invalid) => return Posted::Invalid,
                 Err(PostFail::Broken) => {
                     tried.insert(p);
-                    self.path_failed(p, now);
+                    self.path_failed(p);
                 }
             }
         }
@@ -377,7 +377,7 @@ impl SessionCore {
         let seen = match take_recvs(cp, &wcs[..n], payloads, posts) {
             Ok(seen) => seen,
             Err(e) => {
-                self.protocol_error(slot, now, format_args!("receive repost failed: {e}"));
+                self.protocol_error(slot, format_args!("receive repost failed: {e}"));
                 return;
             }
         };
@@ -409,7 +409,7 @@ impl SessionCore {
             self.on_wc(slot, wc, payload, out, now);
         }
         if broken && self.paths[slot].is_some() {
-            self.path_failed(slot, now);
+            self.path_failed(slot);
         }
     }
 
@@ -429,7 +429,6 @@ impl SessionCore {
         if !wc.status.is_ok() {
             self.protocol_error(
                 slot,
-                now,
                 format_args!("work completion {:?} failed: {:?}", wc.opcode, wc.status),
             );
             return;
@@ -453,15 +452,11 @@ impl SessionCore {
             Ok(Imm::IoRsp(r)) => r,
             Ok(Imm::HbMsg | Imm::HbAck) => return,
             Ok(Imm::IoReq { .. }) => {
-                self.protocol_error(
-                    slot,
-                    now,
-                    format_args!("IO_REQ imm {imm:#x} sent to the client"),
-                );
+                self.protocol_error(slot, format_args!("IO_REQ imm {imm:#x} sent to the client"));
                 return;
             }
             Err(e) => {
-                self.protocol_error(slot, now, format_args!("{e}"));
+                self.protocol_error(slot, format_args!("{e}"));
                 return;
             }
         };
@@ -469,7 +464,6 @@ impl SessionCore {
             if !params.new_rkey || got < RkeyRsp::LEN {
                 self.protocol_error(
                     slot,
-                    now,
                     format_args!(
                         "response by SEND_WITH_IMM of {} bytes without NEW_RKEY_F",
                         wc.byte_len
@@ -480,7 +474,7 @@ impl SessionCore {
             match RkeyRsp::decode(&rkey_buf, params.queue_depth, rsp.msg_id()) {
                 Ok(k) => cp.io.rbuf[usize::from(k.buf_id)].1 = k.rkey,
                 Err(e) => {
-                    self.protocol_error(slot, now, format_args!("{e}"));
+                    self.protocol_error(slot, format_args!("{e}"));
                     return;
                 }
             }
@@ -512,7 +506,6 @@ impl SessionCore {
         if rsp.w_inv() && !r.has_desc() {
             self.protocol_error(
                 slot,
-                now,
                 format_args!("IO_RSP_W_INV for msg_id {buf_id}, which asked for no invalidation"),
             );
             return;
@@ -564,22 +557,22 @@ impl SessionCore {
         out.put(c, &mut self.done);
     }
 
-    fn protocol_error(&mut self, slot: usize, now: u64, why: std::fmt::Arguments<'_>) {
+    fn protocol_error(&mut self, slot: usize, why: std::fmt::Arguments<'_>) {
         if let Some(cp) = self.paths[slot].as_ref() {
             tracing::warn!(sess = %self.sess.sessname, path = %cp.shared.addr, core = self.core, "path error: {why}");
         }
-        self.path_failed(slot, now);
+        self.path_failed(slot);
     }
 
     /// This core's connection of `slot` failed: drop it, tell the home core, and fail
     /// its requests over.
-    pub(super) fn path_failed(&mut self, slot: usize, now: u64) {
+    pub(super) fn path_failed(&mut self, slot: usize) {
         if let Some(mut cp) = self.paths[slot].take() {
             cp.io.con.disconnect();
             cp.shared.error.store(true, Ordering::Release);
             self.drop_route(cp.route);
         }
-        self.fail_over(slot, now);
+        self.fail_over(slot);
     }
 
     /// The home core tears path `slot` down: disconnect, take in what already arrived,
@@ -624,12 +617,12 @@ impl SessionCore {
         if let Some(cp) = self.paths[slot].take() {
             self.drop_route(cp.route);
         }
-        self.fail_over(slot, now);
+        self.fail_over(slot);
     }
 
     /// Requests in flight on `slot` go back to waiting; [`Self::drive_wait`] re-sends
     /// them on another path with the same permit.
-    fn fail_over(&mut self, slot: usize, now: u64) {
+    fn fail_over(&mut self, slot: usize) {
         for i in 0..self.reqs.len() {
             let r = self.reqs[i];
             if r.state != RState::InFlight || r.path != slot {
@@ -644,8 +637,8 @@ impl SessionCore {
             }
             let q = &mut self.reqs[i];
             q.state = RState::Waiting;
+            // Its deadline stays: one per request, from its submission (ClientIo).
             q.failed_over = true;
-            q.deadline = now.saturating_add(self.io_wait_ns);
             self.wait.push_front(self.first_buf_id() + i as u16);
         }
     }

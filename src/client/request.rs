@@ -44,6 +44,11 @@ pub struct ClientIo<'a> {
     /// An administrative request (RNBD's SESS_INFO/OPEN/CLOSE). Carried like any other
     /// request on this core's connection (see the module doc of `client`).
     pub admin: bool,
+    /// When the request fails (−ENOTCONN) at the latest while no path can carry it, in
+    /// ns of the caller's clock; `None`: the session's `io_wait_timeout` after this
+    /// submission. Failing over does not move it: a request has one deadline, set by
+    /// whoever owns it from the start (the RNBD queue: its submission plus the wait).
+    pub deadline: Option<u64>,
 }
 
 /// A finished request: the server's status, or why the client failed it (`ENOTCONN`

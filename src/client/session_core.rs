@@ -411,7 +411,7 @@ impl SessionCore {
             path: 0,
             policy: MpPolicy::MinInflight,
             start_ns: now,
-            deadline: now.saturating_add(self.io_wait_ns),
+            deadline: io.deadline.unwrap_or(now.saturating_add(self.io_wait_ns)),
             failed_over: false,
             direct: false,
             kept,

@@ -175,6 +175,7 @@ impl Load {
             usr: &usr,
             sgl: &sgl[..n],
             admin: false,
+            deadline: None,
         };
         if let Some(m) = self.measure {
             m(true);

@@ -58,6 +58,7 @@ impl Legacy {
             usr,
             sgl: if len == 0 { &[] } else { &sge },
             admin: false,
+            deadline: None,
         };
         match self.core.submit(cx.now(), io) {
             Ok(()) => Ok(true),

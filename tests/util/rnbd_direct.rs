@@ -53,7 +53,8 @@ pub struct DirectPort {
     /// Cleared: every request is refused with −ENOTCONN (a closed session).
     pub connected: bool,
     chunks: MemBuf,
-    free: Vec<usize>,
+    /// Free chunks (a test may take them all to leave the client without a permit).
+    pub free: Vec<usize>,
     /// tag → (chunk, dir, the client's SGEs)
     inflight: HashMap<u64, (usize, Dir, Vec<Sge>)>,
     done: VecDeque<ClientCompletion>,
@@ -120,6 +121,7 @@ impl DirectPort {
                 usr: &usr,
                 sgl: &sgl,
                 admin: false,
+                deadline: None,
             };
             self.submit(now, io).unwrap();
         }

@@ -1,7 +1,6 @@
 //! One core of a client session as the rtrs bdev drives it ([`CoreQueue`]): the
 //! library's RNBD queue over that core's RTRS session handle (connection `k+1` of every
-//! path), carrying the IO of every device of the session, and the tasks waiting for a
-//! permit. Core 0's queue also carries the session's [`RnbdAdmin`] — SESS_INFO, OPEN,
+//! path), carrying the IO of every device of the session. Core 0's queue also carries the session's [`RnbdAdmin`] — SESS_INFO, OPEN,
 //! CLOSE and the re-open after a reconnect (the kernel's `rnbd_clt_session` and its
 //! `link_ev`) — which sends its requests through it.
 //!
@@ -10,13 +9,12 @@
 //! submitted on another thread reaches it through its session core's inbox
 //! ([`super::sess::SessCore`]), which the owner drains at every poll.
 //!
-//! IO that finds the device unreachable (no path, reconnecting, re-open pending) is not
-//! failed at once: the library's RNBD queue keeps it and sends it again once the device
-//! is re-opened, up to `io_timeout_sec` after submission (the session's
-//! `io_wait_timeout`), like NVMe-oF's controller-loss timeout. A core queue only retries
-//! requests the session had no free permit for.
+//! A request is kept in one place from submission to completion: the library's RNBD
+//! queue, which sends it when the session has a permit and its device is reachable (no
+//! path, reconnecting, re-open pending: it waits, and is sent again once the device is
+//! re-opened), up to `io_timeout_sec` after submission (the session's
+//! `io_wait_timeout`), like NVMe-oF's controller-loss timeout.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use rtrs_spdk::client::SessionCore;
@@ -48,8 +46,6 @@ pub struct CoreQueue {
     queue: RnbdQueue<SessionCore>,
     /// On core 0 only.
     admin: Option<Box<Admin>>,
-    /// Tasks not accepted yet (no free permit): tried again on every poll.
-    retry: VecDeque<TaskRef>,
     comps: Vec<ClientCompletion>,
     /// SPDK's memory as this core last took it from the session's map.
     regions: Vec<Arc<Mr>>,
@@ -74,7 +70,6 @@ impl CoreQueue {
                     events: vec![ClientEvent::SessInfo(Ok(0)); BATCH],
                 })
             }),
-            retry: VecDeque::with_capacity(256),
             comps: vec![ClientCompletion::default(); BATCH],
             regions: Vec::new(),
             mem_seen: 0,
@@ -86,54 +81,25 @@ impl CoreQueue {
         std::ptr::eq(&*self.sess, sess) && self.core == core
     }
 
-    /// Sends `task` (on the owner's thread).
+    /// Sends `task` (on the owner's thread). From here the library's RNBD queue keeps
+    /// it — waiting for a permit, for its device, or in flight — until its one
+    /// completion, within the session's one `io_wait_timeout` (`io_timeout_sec`).
     pub fn submit(&mut self, now: u64, task: TaskRef, me: &GroupShared, out: &mut Vec<Finished>) {
         // Its buffer may lie in memory SPDK registered since the last poll.
         self.sync_memory();
-        if self.retry.is_empty() {
-            self.send(now, task, me, out);
-        } else {
-            // Keep the order of tasks waiting for a permit.
-            self.retry.push_back(task);
-        }
-    }
-
-    /// Tries to send `task`; returns false when it has to wait for a permit.
-    /// An accepted task's handle is given up: its completion's tag brings it back.
-    fn send(&mut self, now: u64, task: TaskRef, me: &GroupShared, out: &mut Vec<Finished>) -> bool {
         let t = &*task;
-        match self.queue.submit(now, t.dev, task.tag(), &t.req, t.sges()) {
-            Ok(()) => true,
-            Err(e) if e.is_busy() => {
-                self.retry.push_back(task);
-                false
-            }
-            Err(e) => {
-                self.sess.io_refused(&e);
-                finish(out, task, Err(e.errno()), me);
-                true
-            }
+        if let Err(e) = self.queue.submit(now, t.dev, task.tag(), &t.req, t.sges()) {
+            // Never busy: the session waits (io_timeout_sec is at least 1 s).
+            self.sess.io_refused(&e);
+            finish(out, task, Err(e.errno()), me);
         }
     }
 
-    /// Sends waiting tasks until the session has no free permit.
+    /// Sends the tasks other threads left in the session core's inbox.
     fn pump(&mut self, now: u64, me: &GroupShared, out: &mut Vec<Finished>) -> bool {
-        let inbox = &self.sess.cores[self.core].inbox;
-        while let Some(t) = inbox.pop() {
-            self.retry.push_back(t);
-        }
         let mut busy = false;
-        while let Some(task) = self.retry.pop_front() {
-            // Retried tasks must not cycle back into `retry` within one pump.
-            let n = self.retry.len();
-            if !self.send(now, task, me, out) {
-                // Put back in front of the others: it stays first in line.
-                if let Some(t) = self.retry.pop_back() {
-                    debug_assert_eq!(self.retry.len(), n);
-                    self.retry.push_front(t);
-                }
-                break;
-            }
+        while let Some(t) = self.sess.cores[self.core].inbox.pop() {
+            self.submit(now, t, me, out);
             busy = true;
         }
         busy
@@ -206,13 +172,9 @@ impl CoreQueue {
         self.sess.is_down()
     }
 
-    /// Fails the tasks still waiting here (the session is going).
-    pub fn fail_waiting(&mut self, me: &GroupShared, out: &mut Vec<Finished>) {
-        let inbox = &self.sess.cores[self.core].inbox;
-        while let Some(t) = inbox.pop() {
-            self.retry.push_back(t);
-        }
-        while let Some(t) = self.retry.pop_front() {
+    /// Fails the tasks still in the inbox (the session is going).
+    pub fn fail_waiting(&self, me: &GroupShared, out: &mut Vec<Finished>) {
+        while let Some(t) = self.sess.cores[self.core].inbox.pop() {
             finish(out, t, Err(Errno::ENODEV), me);
         }
     }

@@ -273,7 +273,7 @@ impl GroupState {
         let mut i = 0;
         while i < self.owned.len() {
             if self.owned[i].finished() {
-                let mut q = self.owned.swap_remove(i);
+                let q = self.owned.swap_remove(i);
                 q.fail_waiting(&self.shared, out);
                 let (sess, core) = (Arc::clone(&q.sess), q.core);
                 drop(q);

@@ -347,6 +347,7 @@ impl RnbdAdmin {
                 usr,
                 sgl,
                 admin: true,
+                deadline: None,
             };
             match q.submit_admin(now, io) {
                 Ok(()) => {

@@ -94,9 +94,9 @@ impl ZeroWrites {
     /// the caller's `tag`, its data from `zeroes`: sends its first pieces.
     ///
     /// # Errors
-    /// [`IoError::is_busy`] when not even the first piece could be sent (nothing was);
-    /// otherwise why the first piece was refused. Once a piece is out, the request's end
-    /// comes from [`take_ready`](Self::take_ready).
+    /// Why the first piece was refused (nothing was sent). Without a free permit for it
+    /// the request waits in line for [`pump`](Self::pump); its end comes from
+    /// [`take_ready`](Self::take_ready).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         &mut self,
@@ -125,10 +125,15 @@ impl ZeroWrites {
             result: Ok(()),
             queued: false,
         });
-        if let Err(e) = self.send_piece(i, sink, zeroes, now) {
-            self.ops[i] = None;
-            self.free.push(i);
-            return Err(e);
+        match self.send_piece(i, sink, zeroes, now) {
+            // No permit for the first piece: the request waits in line like the others.
+            Err(e) if e.is_busy() => {}
+            Err(e) => {
+                self.ops[i] = None;
+                self.free.push(i);
+                return Err(e);
+            }
+            Ok(()) => {}
         }
         if self.op(i).next < self.op(i).end {
             self.queue.push_back(i);

@@ -21,6 +21,10 @@
 //! most once a second). A device closed meanwhile fails its waiting requests at once.
 //! Every request completes exactly once.
 //!
+//! A request the session has no free permit for waits in the same queue, in order,
+//! and goes out as permits free up: the caller hands a request over once and gets it
+//! back once, whatever it waited for.
+//!
 //! Every request handed to the session has an entry here ([`Request`]), whose index is
 //! its tag on the session and which keeps what sending it again needs: the block
 //! request and the scatter-gather list. Entries, their lists and the waiting queue keep
@@ -101,6 +105,8 @@ struct Request {
     version: u64,
     /// Why it waits: `None` (the device was disconnected) or the errno it came back with.
     cause: Option<Errno>,
+    /// It waits for a free permit of the session (not for its device).
+    for_permit: bool,
     /// A piece of an emulated write-zeroes (`tag` is the piece's).
     piece: bool,
 }
@@ -116,6 +122,8 @@ pub struct RnbdQueue<S> {
     reqs: Vec<Request>,
     free: Vec<u32>,
     waiting: VecDeque<u32>,
+    /// Entries of `waiting` that wait for a permit.
+    permit_waits: usize,
     wait_ns: u64,
     /// The table's version when the waiting queue was last looked at.
     seen: u64,
@@ -151,6 +159,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
             reqs: Vec::new(),
             free: Vec::new(),
             waiting: VecDeque::new(),
+            permit_waits: 0,
             wait_ns,
             again: false,
             next_end: u64::MAX,
@@ -204,8 +213,13 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// comes out of [`poll`](Self::poll), exactly once. An emulated write-zeroes goes
     /// out as WRITEs of zeros; its one completion comes when all of them are done.
     ///
+    /// A request the session has no free permit for waits here too, in submission order,
+    /// and is sent as permits free up (within the same `io_wait_timeout`): with a wait
+    /// configured the caller never holds a request back itself.
+    ///
     /// # Errors
-    /// [`IoError::is_busy`] to retry after polling; otherwise why it cannot be sent.
+    /// [`IoError::is_busy`] (only without a wait configured) to retry after polling;
+    /// otherwise why it cannot be sent.
     pub fn submit(
         &mut self,
         now: u64,
@@ -268,6 +282,12 @@ impl<S: SessionHandle> RnbdQueue<S> {
         let wait = self.wait_ns > 0;
         let d = self.snap.device(dev).ok_or(IoError::NoDevice)?;
         match look(d, req, wait) {
+            // Requests already waiting for a permit go first.
+            Look::Send(..) if !piece && wait && self.permit_waits > 0 => {
+                let i = self.take_request(tag, dev, req, sgl, now, piece);
+                self.wait_permit(i);
+                Ok(())
+            }
             Look::Send(usr, dir) => {
                 let i = self.take_request(tag, dev, req, sgl, now, piece);
                 let io = ClientIo {
@@ -276,10 +296,17 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     usr: &usr,
                     sgl,
                     admin: false,
+                    deadline: wait.then(|| self.end(i)),
                 };
                 match self.session.submit(now, io) {
                     Ok(()) => {
                         self.mark_sent(i);
+                        Ok(())
+                    }
+                    // The caller's request waits here for a permit; a write-zeroes
+                    // piece is held back by its write-zeroes instead.
+                    Err(SendError::Busy) if !piece && wait => {
+                        self.wait_permit(i);
                         Ok(())
                     }
                     Err(e) => {
@@ -438,6 +465,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     since: 0,
                     version: 0,
                     cause: None,
+                    for_permit: false,
                     piece: false,
                 });
                 self.reqs.len() - 1
@@ -452,6 +480,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
         s.sgl.extend_from_slice(sgl);
         s.since = now;
         s.cause = None;
+        s.for_permit = false;
         s.piece = piece;
         i
     }

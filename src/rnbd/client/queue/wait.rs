@@ -1,6 +1,6 @@
-//! Requests that wait for their device (see "Waiting for the device" in the
-//! [`queue`](super) module doc): the waiting queue is looked at when the published
-//! device table changed, a wait ends, or a re-send found no free permit; what the
+//! Requests that wait for their device or for a free permit (see "Waiting for the
+//! device" in the [`queue`](super) module doc): the waiting queue is looked at when the
+//! published device table changed, a wait ends, or a send found no free permit; what the
 //! device allows again is sent, what it refuses or what waited `io_wait_timeout` fails.
 
 use std::time::Duration;
@@ -39,9 +39,15 @@ impl<S: SessionHandle> RnbdQueue<S> {
                 break;
             };
             let i = i as usize;
+            let for_permit = std::mem::take(&mut self.reqs[i].for_permit);
+            if for_permit {
+                self.permit_waits -= 1;
+            }
             let s = &self.reqs[i];
             // An id the server did not know is tried again only with a newer table.
             let may_send = !busy && (s.cause != Some(Errno::ENOTCONN) || s.version != version);
+            // Whether it goes on waiting for a permit (not for its device).
+            let mut permit = false;
             let result: Result<(), Option<Errno>> = match self.snap.device(s.dev) {
                 None => Err(Some(Errno::ENODEV)),
                 Some(d) => match look(d, &s.req, true) {
@@ -52,6 +58,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                             usr: &usr,
                             sgl: &s.sgl,
                             admin: false,
+                            deadline: Some(s.since.saturating_add(self.wait_ns)),
                         };
                         match self.session.submit(now, io) {
                             Ok(()) => {
@@ -60,20 +67,33 @@ impl<S: SessionHandle> RnbdQueue<S> {
                             }
                             Err(SendError::Busy) => {
                                 busy = true;
+                                permit = true;
                                 Err(None)
                             }
                             Err(SendError::Refused { errno, .. }) => Err(Some(errno)),
                         }
                     }
-                    Look::Send(..) | Look::Wait => Err(None),
+                    Look::Send(..) => {
+                        permit = for_permit;
+                        Err(None)
+                    }
+                    Look::Wait => Err(None),
                     Look::Fail(e) => Err(Some(e.errno())),
                 },
             };
             let errno = match result {
                 Err(None) if now < self.end(i) => {
                     self.next_end = self.next_end.min(self.end(i));
+                    if permit {
+                        self.reqs[i].for_permit = true;
+                        self.permit_waits += 1;
+                    }
                     self.waiting.push_back(i as u32);
                     continue;
+                }
+                Err(None) if permit => {
+                    self.reqs[i].for_permit = true;
+                    self.ran_out(i, now)
                 }
                 Ok(()) | Err(None) => self.ran_out(i, now),
                 Err(Some(e)) => e,
@@ -90,6 +110,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                 self.again = true;
                 continue;
             }
+            self.reqs[i].for_permit = false;
             out[k] = completion(self.reqs[i].tag, Err(errno));
             k += 1;
             self.free_request(i);
@@ -115,6 +136,9 @@ impl<S: SessionHandle> RnbdQueue<S> {
         // The OS's text of the last errno, as the log has always shown it.
         let last = || std::io::Error::from_raw_os_error(cause.map_or(0, Errno::get)).to_string();
         let reason = match state {
+            _ if s.for_permit => {
+                "no free request slot on the session (all of its queue depth in use)".to_string()
+            }
             DevState::MappedDisconnected if cause.is_none() => {
                 "no connection to the server (waiting for a reconnect and the device's re-open)"
                     .to_string()
@@ -151,6 +175,14 @@ impl<S: SessionHandle> RnbdQueue<S> {
         }
         self.log_next = now.saturating_add(LOG_EVERY_NS);
         self.log_suppressed = 0;
+    }
+
+    /// Entry `i` waits for a free permit, behind the others that do.
+    pub(super) fn wait_permit(&mut self, i: usize) {
+        self.wait(i, None);
+        self.reqs[i].for_permit = true;
+        self.permit_waits += 1;
+        self.again = true;
     }
 
     pub(super) fn wait(&mut self, i: usize, cause: Option<Errno>) {
