@@ -37,6 +37,8 @@ pub type Finished = (TaskRef, Result<(), Errno>);
 struct Admin {
     admin: RnbdAdmin,
     events: Vec<ClientEvent>,
+    /// The session is closed and its paths are going, until then (ns).
+    drain: Option<u64>,
 }
 
 /// One core's RNBD queue of a session and the bdev IO waiting for it.
@@ -68,6 +70,7 @@ impl CoreQueue {
                 Box::new(Admin {
                     admin,
                     events: vec![ClientEvent::SessInfo(Ok(0)); BATCH],
+                    drain: None,
                 })
             }),
             comps: vec![ClientCompletion::default(); BATCH],
@@ -155,7 +158,9 @@ impl CoreQueue {
         let mut busy = self.pump(now, me, out);
         busy |= self.reap(now, me, out);
         if let Some(a) = self.admin.as_mut() {
-            busy |= self.sess.admin_step(now, &mut a.admin, &mut self.queue);
+            busy |= self
+                .sess
+                .admin_step(now, &mut a.admin, &mut self.queue, &mut a.drain);
             let n = a.admin.poll(&mut self.queue, now, &mut a.events);
             for ev in &a.events[..n] {
                 self.sess

@@ -64,17 +64,17 @@ impl SessCore {
 enum AdminCmd {
     Open(Arc<Disk>),
     Close(Arc<Disk>),
+    /// The last device went: close the session.
+    CloseSession,
 }
 
-/// Where the session is in its life.
+/// Where the session is in its life (for devices that would join it).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Life {
     /// Devices come and go.
     Up,
-    /// The last device went: the session closes once the admin runs next.
+    /// The last device went: the session is closing.
     Closing,
-    /// Closed; its paths are going until the deadline (ns, home's clock).
-    Draining(u64),
 }
 
 /// A session and its devices.
@@ -249,24 +249,25 @@ impl Sess {
         devs.retain(|d| !Arc::ptr_eq(d, disk));
         if devs.is_empty() {
             let mut life = lock(&self.life);
-            if *life == Life::Up {
-                *life = Life::Closing;
-            }
+            let first = *life == Life::Up;
+            *life = Life::Closing;
             drop(life);
             drop(devs);
-            if self.cores[0].at_home.load(Ordering::Acquire) {
-                self.home.shared.kick();
+            if first {
+                self.command(AdminCmd::CloseSession);
             }
         }
     }
 
     /// After each poll of core 0's queue, on its owner's thread: the admin's commands
-    /// (OPEN, CLOSE) and the session's close.
+    /// (OPEN, CLOSE, closing the session) and, once closed, the wait for its paths to go
+    /// (`drain`: until when, kept by core 0's queue).
     pub fn admin_step(
         &self,
         now: u64,
         admin: &mut RnbdAdmin,
         queue: &mut RnbdQueue<SessionCore>,
+        drain: &mut Option<u64>,
     ) -> bool {
         let mut busy = false;
         while let Some(c) = self.cmds.pop() {
@@ -291,24 +292,20 @@ impl Sess {
                     Some(dev) if admin.close(queue, now, dev).is_ok() => {}
                     _ => d.closed(),
                 },
+                AdminCmd::CloseSession => {
+                    if let Some(s) = self.session.get() {
+                        s.close();
+                    }
+                    *drain = Some(now + CLOSE_WAIT_NS);
+                }
             }
         }
-        let life = *lock(&self.life);
-        match life {
-            Life::Up => {}
-            Life::Closing => {
-                if let Some(s) = self.session.get() {
-                    s.close();
-                }
-                *lock(&self.life) = Life::Draining(now + CLOSE_WAIT_NS);
+        if let Some(deadline) = *drain {
+            let gone = self.session.get().map_or(true, |s| s.paths().is_empty());
+            if gone || deadline <= now {
+                self.set_down();
+                *drain = None;
                 busy = true;
-            }
-            Life::Draining(deadline) => {
-                let gone = self.session.get().map_or(true, |s| s.paths().is_empty());
-                if gone || deadline <= now {
-                    self.set_down();
-                    busy = true;
-                }
             }
         }
         busy
