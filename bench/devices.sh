@@ -8,7 +8,8 @@
 #   create  for each N of --devices: a target spdk_tgt on core 0 (-m 0x1, the plugin
 #           preloaded) with N null bdevs, exported over RTRS (tcp, 127.0.0.1) and as the N
 #           namespaces of one NVMe-oF/TCP subsystem; a client spdk_tgt on cores 0-1 (-m 0x3:
-#           two cores, so that a module adding a thread per bdev and core would show it)
+#           two cores, so that a module adding a thread per bdev and core would show it;
+#           --client-mask 0x2 keeps the client off the target's core, for the times)
 #           creates N remote bdevs: rtrs = N bdev_rtrs_create, all with the same sessname
 #           and the same single path; NVMe-oF/TCP = one bdev_nvme_attach_controller. A
 #           fresh target and a fresh client for every N and transport. Measured: the wall
@@ -29,7 +30,7 @@
 #           the rounds'.
 #
 #   bench/devices.sh [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S]
-#                    [--sessnames one|each] [--only create|iops] [--no-append]
+#                    [--sessnames one|each] [--client-mask MASK] [--only create|iops] [--no-append]
 #
 # --sessnames each gives every rtrs bdev a sessname of its own, hence a session of its own
 # (the only way to many devices where a target refuses a second session of one name), for
@@ -55,12 +56,13 @@ TIME=10
 ROUNDS=3
 QD=64
 CREATE_TIMEOUT=120
+CLIENT_MASK=0x3
 SESSNAMES=one
 PARTS=create,iops
 ONLY=$PARTS
 APPEND=1
 usage() {
-	echo "usage: $0 [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S] [--sessnames one|each] [--only $PARTS] [--no-append]" >&2
+	echo "usage: $0 [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S] [--client-mask MASK] [--sessnames one|each] [--only $PARTS] [--no-append]" >&2
 	exit 2
 }
 while [[ $# -gt 0 ]]; do
@@ -70,6 +72,7 @@ while [[ $# -gt 0 ]]; do
 	--rounds) ROUNDS=${2:?}; shift 2 ;;
 	--qd) QD=${2:?}; shift 2 ;;
 	--create-timeout) CREATE_TIMEOUT=${2:?}; shift 2 ;;
+	--client-mask) CLIENT_MASK=${2:?}; shift 2 ;;
 	--sessnames) SESSNAMES=${2:?}; shift 2 ;;
 	--only) ONLY=${2:?}; shift 2 ;;
 	--no-append) APPEND=0; shift ;;
@@ -465,7 +468,7 @@ create_run() {
 		app_stop tgt
 		return 1
 	fi
-	if ! app_start clt "$SPDK_TGT" -m 0x3 "${MEM[@]}"; then
+	if ! app_start clt "$SPDK_TGT" -m "$CLIENT_MASK" "${MEM[@]}"; then
 		dev fail "$js" "$kind" "$n" "the client did not start"
 		app_stop clt
 		app_stop tgt
