@@ -27,7 +27,8 @@
 #           64 by default); (ii) 16 rtrs bdevs with one sessname, one job per bdev, all on
 #           that core, queue depth Q/16 each (a bdevperf -j job file). --rounds rounds, the
 #           order of (i) and (ii) alternating; the ratio (ii)/(i) in IOPS is the median of
-#           the rounds'.
+#           the rounds'. The peer in every round, reported beside it: NVMe-oF/TCP, one
+#           namespace at QD Q vs 16 namespaces of one controller at Q/16 each.
 #
 #   bench/devices.sh [--devices N,...] [--time S] [--rounds R] [--qd Q] [--create-timeout S]
 #                    [--sessnames one|each] [--client-mask MASK] [--only create|iops] [--no-append]
@@ -526,10 +527,31 @@ cfg = [{"method": "bdev_rtrs_create", "params": {
 cfg.append({"method": "bdev_wait_for_examine"})
 print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": cfg}]}, indent=1))
 PY
+	bp_jobs "$name" "$count" "$qd" r
+}
+
+# bp_config_nvmf NAME COUNT QD: the same over one NVMe-oF/TCP controller of the target's
+# subsystem (its namespaces nvn1.. as bdevs), the peer measured in the same run.
+bp_config_nvmf() {
+	local name=$1 count=$2 qd=$3
+	python3 - "$NVMF_PORT" "$NQN" >"$APP_DIR/$name.json" <<'PY'
+import json, sys
+port, nqn = sys.argv[1], sys.argv[2]
+cfg = [{"method": "bdev_nvme_attach_controller", "params": {
+    "name": "nv", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port,
+    "subnqn": nqn}}, {"method": "bdev_wait_for_examine"}]
+print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": cfg}]}, indent=1))
+PY
+	bp_jobs "$name" "$count" "$qd" nvn
+}
+
+# bp_jobs NAME COUNT QD PREFIX: bdevperf's job file, one job per bdev PREFIX1.., on core 1.
+bp_jobs() {
+	local name=$1 count=$2 qd=$3 prefix=$4 i
 	{
 		printf '[global]\nrw=randread\nbs=4096\ncpumask=0x2\n'
 		for ((i = 1; i <= count; i++)); do
-			printf '\n[job%d]\nfilename=r%d\niodepth=%d\n' "$i" "$i" "$qd"
+			printf '\n[job%d]\nfilename=%s%d\niodepth=%d\n' "$i" "$prefix" "$i" "$qd"
 		done
 	} >"$APP_DIR/$name.job"
 }
@@ -537,10 +559,10 @@ PY
 # iops_once NAME COUNT K: one bdevperf on core 1 with config NAME, one run; prints
 # "IOPS MiB/s avg-µs failed p99-µs", or on failure writes why to $APP_DIR/iops.err.
 iops_once() {
-	local name=$1 count=$2 k=$3 bp="bp-$1-$3" i want r
+	local name=$1 count=$2 k=$3 prefix=${4:-r} bp="bp-$1-$3" i want r
 	app_start "$bp" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$name.json" -j "$APP_DIR/$name.job" \
 		-z -q "$QD" -o 4096 -w randread -t "$TIME" || { iops_err "$bp" "bdevperf with $count rtrs bdev(s) did not start"; return 1; }
-	want=$(for ((i = 1; i <= count; i++)); do printf 'r%d,' "$i"; done)
+	want=$(for ((i = 1; i <= count; i++)); do printf '%s%d,' "$prefix" "$i"; done)
 	dev wait-bdevs "$APP_DIR/$bp.sock" "${want%,}" 60 || {
 		echo "$name: the rtrs bdevs did not come up; log:" >&2
 		tail -n 20 "$APP_DIR/$bp.log" >&2
@@ -571,12 +593,14 @@ IOPS_OK=0
 if [[ $SESSNAMES == one ]]; then MANY="one sessname"; else MANY="a sessname each"; fi
 if want iops; then
 	echo "== iops: bdevperf on core 1, 4 KiB randread: 1 rtrs bdev at QD$QD vs $NMANY bdevs ($MANY) at QD$((QD / NMANY)) each; $ROUNDS rounds"
-	if ! target_start tgt $NMANY; then
+	if ! target_start tgt $NMANY nvmf; then
 		echo "the target did not start or configure" >"$APP_DIR/iops.err"
 	else
 		bp_config one 1 "$QD"
 		bp_config many $NMANY $((QD / NMANY))
-		ra=() rb=() rr=()
+		bp_config_nvmf none 1 "$QD"
+		bp_config_nvmf nmany $NMANY $((QD / NMANY))
+		ra=() rb=() rr=() nr=()
 		IOPS_OK=1
 		for ((k = 1; k <= ROUNDS; k++)); do
 			if ((k % 2)); then
@@ -588,6 +612,11 @@ if want iops; then
 			fi
 			ra+=("$a") rb+=("$b") rr+=("$("${REPORT[@]}" ratio "${b%% *}" "${a%% *}")")
 			echo "   round $k: (i) 1 bdev $a; (ii) $NMANY bdevs $b; ratio (ii)/(i) ${rr[-1]} (IOPS MiB/s avg-µs failed p99-µs)"
+			# The peer, under the same split: NVMe-oF/TCP, one namespace vs NMANY of one
+			# controller (each of bdevperf's job threads has a qpair of its own).
+			na=$(iops_once none 1 "$k" nvn) && nb=$(iops_once nmany $NMANY "$k" nvn) &&
+				nr+=("$("${REPORT[@]}" ratio "${nb%% *}" "${na%% *}")") &&
+				echo "   round $k, NVMe-oF/TCP: 1 namespace $na; $NMANY namespaces $nb; ratio ${nr[-1]}"
 		done
 		app_stop tgt
 	fi
@@ -613,6 +642,9 @@ if want iops; then
 		picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
 		goal "IOPS over $NMANY rtrs bdevs, $MANY (QD$((QD / NMANY)) each) / over 1 rtrs bdev (QD$QD), bdevperf on one core, 4 KiB randread (median of $ROUNDS rounds: $(printf '%.0f' "${rb[$picked]%% *}") / $(printf '%.0f' "${ra[$picked]%% *}"))" \
 			"$(printf '%.2f' "$med")" ">=" 0.90
+		if [[ ${#nr[@]} -gt 0 ]]; then
+			GOALS+=("| the peer under the same split: IOPS over $NMANY NVMe-oF/TCP namespaces of one controller / over 1 (median of ${#nr[@]} rounds: ${nr[*]}) | $(printf '%.2f' "$("${REPORT[@]}" median "${nr[@]}")") | — | (reported) |")
+		fi
 		{
 			echo "| round | (i) 1 rtrs bdev, QD$QD: IOPS | (ii) $NMANY rtrs bdevs, $MANY, QD$((QD / NMANY)) each: IOPS | (ii) / (i) | avg µs (i); (ii) | failed IO (i); (ii) |"
 			echo "|---:|---:|---:|---:|---:|---|"
