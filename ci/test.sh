@@ -19,6 +19,9 @@ phase "cargo fmt --check"
 cargo fmt --check
 phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
+# The API docs build without a broken or private link.
+phase "cargo doc --no-deps (-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q
 phase "cargo test (lib, tests, doc tests)"
 cargo test
 # Benches are plain programs; build them so they cannot rot.

@@ -39,6 +39,10 @@
 //! Exit codes: 0 success, 1 IO errors / verify mismatches / target unreachable / device
 //! refused, 2 bad arguments, 130 interrupted.
 
+// clap turns the argument docs into --help, where `[:PORT]` and the like are optional
+// parts of a value, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 #[path = "../cli/mod.rs"]
 #[allow(dead_code)]
 mod cli;

@@ -30,6 +30,10 @@
 //! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
 //! line and exit code 1.
 
+// clap turns the argument docs into --help, where `[:PORT]` and the like are optional
+// parts of a value, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 #[path = "../cli/mod.rs"]
 #[allow(dead_code)]
 mod cli;

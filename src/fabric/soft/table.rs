@@ -773,7 +773,7 @@ impl MrTable {
         }
     }
 
-    /// [`MrTable::remote_check`], and the range as a [`MemRef`] held through `leases`.
+    /// `MrTable::remote_check`, and the range as a [`MemRef`] held through `leases`.
     ///
     /// # Errors
     /// [`WcStatus::RemoteAccess`].

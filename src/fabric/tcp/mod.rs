@@ -8,7 +8,7 @@
 //! ([`crate::fabric::soft`]); this module only moves bytes and drives progress, inside
 //! `poll_cq`/`poll_cm` (or the poll of the shared CQ a connection was made on,
 //! [`crate::fabric::soft::cq`], which drives all its sockets and watches their readiness
-//! at once, [`ready`]: an idle socket costs no system call), with no thread of its own.
+//! at once, `ready`: an idle socket costs no system call), with no thread of its own.
 //!
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
 //! instances in one process behave as two hosts.
