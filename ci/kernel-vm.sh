@@ -178,6 +178,20 @@ if [[ ",$ONLY," == *",all,"* || ",$ONLY," == *",spdk,"* ]]; then
 	fi
 fi
 
+# The guest runs copies, so that a build in the tree during the run cannot pull a binary
+# from under a process in the guest.
+RUN=$W/bin
+rm -rf "$RUN"
+mkdir -p "$RUN"
+cp "$BIN/rtrs-target" "$BIN/rtrs-bench" "$RUN/" || die "copying the binaries failed"
+cp "$VT" "$RUN/fabric_verbs" || die "copying the verbs tests failed"
+BIN=$RUN
+VT=$RUN/fabric_verbs
+if [[ -n $PLUGIN ]]; then
+	cp "$PLUGIN" "$RUN/" || die "copying the plugin failed"
+	PLUGIN=$RUN/$(basename "$PLUGIN")
+fi
+
 OUT=$W/out
 rm -rf "$OUT"
 mkdir -p "$OUT"
