@@ -771,32 +771,39 @@ fn segments_outside_registrations_are_refused_at_submit() {
     );
 }
 
-/// A loopback fabric that has no fast-registration slot to give: a core cannot allocate
-/// its per-permit buffers.
-struct NoFastMr(std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>);
+/// A loopback fabric as verbs resolves local memory (`local_memory`, left to the trait's
+/// default, answers nothing), and, with `fast_mr` false, without a fast-registration slot
+/// to give (a core cannot allocate its per-permit buffers).
+struct Restricted {
+    inner: std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>,
+    fast_mr: bool,
+}
 
-impl rtrs_spdk::fabric::Fabric for NoFastMr {
+impl rtrs_spdk::fabric::Fabric for Restricted {
     fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
-        self.0.kind()
+        self.inner.kind()
     }
     fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
-        self.0.caps()
+        self.inner.caps()
     }
     fn domain(
         &self,
     ) -> Result<std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>, rtrs_spdk::fabric::FabricError> {
-        let inner = self.0.domain()?;
-        Ok(std::sync::Arc::new(NoFastMr(inner)))
+        let inner = self.inner.domain()?;
+        Ok(std::sync::Arc::new(Restricted {
+            inner,
+            fast_mr: self.fast_mr,
+        }))
     }
     fn as_any(&self) -> &dyn std::any::Any {
-        self.0.as_any()
+        self.inner.as_any()
     }
     fn register(
         &self,
         buf: rtrs_spdk::fabric::MemBuf,
         access: rtrs_spdk::fabric::Access,
     ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
-        self.0.register(buf, access)
+        self.inner.register(buf, access)
     }
     unsafe fn register_raw(
         &self,
@@ -805,12 +812,15 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
         access: rtrs_spdk::fabric::Access,
     ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
         // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.0.register_raw(addr, len, access) }
+        unsafe { self.inner.register_raw(addr, len, access) }
     }
     fn alloc_fast_mr(
         &self,
-        _scope: rtrs_spdk::fabric::KeyScope,
+        scope: rtrs_spdk::fabric::KeyScope,
     ) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
+        if self.fast_mr {
+            return self.inner.alloc_fast_mr(scope);
+        }
         Err(rtrs_spdk::fabric::FabricError::Register {
             len: 0,
             reason: "no fast-registration slot left (test)".into(),
@@ -820,7 +830,7 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
         &self,
         addr: std::net::SocketAddr,
     ) -> Result<Box<dyn rtrs_spdk::fabric::Listener>, rtrs_spdk::fabric::FabricError> {
-        self.0.listen(addr)
+        self.inner.listen(addr)
     }
     fn connect_from(
         &self,
@@ -829,7 +839,7 @@ impl rtrs_spdk::fabric::Fabric for NoFastMr {
         caps: rtrs_spdk::fabric::QpCaps,
         private_data: &[u8],
     ) -> Result<Box<dyn rtrs_spdk::fabric::Conn>, rtrs_spdk::fabric::FabricError> {
-        self.0.connect_from(src, dst, caps, private_data)
+        self.inner.connect_from(src, dst, caps, private_data)
     }
 }
 
@@ -842,7 +852,10 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
-    let starved = std::sync::Arc::new(NoFastMr(lo.clone()));
+    let starved = std::sync::Arc::new(Restricted {
+        inner: lo.clone(),
+        fast_mr: false,
+    });
     let mut one = OneCore::connect(lo.clone(), starved, "starved");
     let (core, done) = (one.core.clone(), one.done.clone());
     assert!(
@@ -886,65 +899,6 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
     assert_eq!(one.sess.paths_up(), 1, "the session stays connected");
 }
 
-/// A fabric that resolves local memory as verbs does: `local_memory` answers nothing
-/// (the trait's default), everything else is the loopback fabric's.
-struct LkeysOnly(std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>);
-
-impl rtrs_spdk::fabric::Fabric for LkeysOnly {
-    fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
-        self.0.kind()
-    }
-    fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
-        self.0.caps()
-    }
-    fn domain(
-        &self,
-    ) -> Result<std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>, rtrs_spdk::fabric::FabricError> {
-        let inner = self.0.domain()?;
-        Ok(std::sync::Arc::new(LkeysOnly(inner)))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.0.as_any()
-    }
-    fn register(
-        &self,
-        buf: rtrs_spdk::fabric::MemBuf,
-        access: rtrs_spdk::fabric::Access,
-    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
-        self.0.register(buf, access)
-    }
-    unsafe fn register_raw(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: rtrs_spdk::fabric::Access,
-    ) -> Result<rtrs_spdk::fabric::Mr, rtrs_spdk::fabric::FabricError> {
-        // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.0.register_raw(addr, len, access) }
-    }
-    fn alloc_fast_mr(
-        &self,
-        scope: rtrs_spdk::fabric::KeyScope,
-    ) -> Result<rtrs_spdk::fabric::FastMr, rtrs_spdk::fabric::FabricError> {
-        self.0.alloc_fast_mr(scope)
-    }
-    fn listen(
-        &self,
-        addr: std::net::SocketAddr,
-    ) -> Result<Box<dyn rtrs_spdk::fabric::Listener>, rtrs_spdk::fabric::FabricError> {
-        self.0.listen(addr)
-    }
-    fn connect_from(
-        &self,
-        src: Option<std::net::SocketAddr>,
-        dst: std::net::SocketAddr,
-        caps: rtrs_spdk::fabric::QpCaps,
-        private_data: &[u8],
-    ) -> Result<Box<dyn rtrs_spdk::fabric::Conn>, rtrs_spdk::fabric::FabricError> {
-        self.0.connect_from(src, dst, caps, private_data)
-    }
-}
-
 /// On a fabric that keeps no table of local registrations (verbs), a READ into memory
 /// the core was not given as a region cannot be resolved: it is refused with `BadSge`
 /// (the SPDK bdev's memory registered after a core took its regions). Once the region is
@@ -955,7 +909,10 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
-    let client: std::sync::Arc<dyn Fabric> = std::sync::Arc::new(LkeysOnly(lo.clone()));
+    let client: std::sync::Arc<dyn Fabric> = std::sync::Arc::new(Restricted {
+        inner: lo.clone(),
+        fast_mr: true,
+    });
     let OneCore {
         mut sim,
         sess: _sess,

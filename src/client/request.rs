@@ -206,6 +206,16 @@ pub(super) struct CorePath {
 /// [`CorePath::route`] of a connection on a private CQ.
 pub(super) const NO_ROUTE: u32 = u32::MAX;
 
+/// Whether `seg` lies in `m`, under its lkey.
+pub(super) fn covers(m: &Mr, seg: &Sge) -> bool {
+    m.lkey() == seg.lkey
+        && seg.addr >= m.addr()
+        && seg
+            .addr
+            .checked_add(u64::from(seg.len))
+            .is_some_and(|end| end <= m.addr() + m.len() as u64)
+}
+
 /// The regions a core was given ([`add_region`](super::SessionCore::add_region)), in the
 /// order given (an index names one until a removal) and found by lkey: an SPDK
 /// application in dynamic memory mode registers its memory 2 MiB at a time, hundreds of
@@ -252,15 +262,8 @@ impl Regions {
     #[inline]
     pub fn index(&self, seg: &Sge) -> Option<usize> {
         let at = self.by_key.partition_point(|&(l, _)| l < seg.lkey);
-        let &(l, k) = self.by_key.get(at)?;
-        let m = &self.list[usize::from(k)];
-        let inside = l == seg.lkey
-            && seg.addr >= m.addr()
-            && seg
-                .addr
-                .checked_add(u64::from(seg.len))
-                .is_some_and(|end| end <= m.addr() + m.len() as u64);
-        inside.then_some(usize::from(k))
+        let &(_, k) = self.by_key.get(at)?;
+        covers(&self.list[usize::from(k)], seg).then_some(usize::from(k))
     }
 
     /// [`index`](Self::index), as the region.

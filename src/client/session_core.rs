@@ -24,8 +24,8 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState, ReadKey, Regions, Req,
-    Res, MAX_SGL, NO_ROUTE,
+    covers, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState, ReadKey,
+    Regions, Req, Res, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -679,20 +679,10 @@ impl Held {
 /// and `sgl` are indexed alike) holds its memory itself from now on.
 fn hand_over(keep: &mut [Held], sgl: &[Sge], m: &Arc<Mr>) {
     for (h, s) in keep.iter_mut().zip(sgl) {
-        if matches!(h, Held::Region) && in_region(m, s) {
+        if matches!(h, Held::Region) && covers(m, s) {
             *h = Held::Memory(Arc::clone(m.backing()));
         }
     }
-}
-
-/// Whether `seg` lies in `m` under its lkey.
-fn in_region(m: &Mr, seg: &Sge) -> bool {
-    m.lkey() == seg.lkey
-        && seg.addr >= m.addr()
-        && seg
-            .addr
-            .checked_add(u64::from(seg.len))
-            .is_some_and(|end| end <= m.addr() + m.len() as u64)
 }
 
 /// Resolves the segments of permit `i`'s READ against the registrations (the core's

@@ -64,10 +64,10 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
     };
     // SAFETY: plain query of the calling thread's core.
     let cpu = unsafe { sys::spdk_env_get_current_core() };
-    let (core, eligible) = disk.sess.core_of_cpu(cpu);
+    let core = disk.sess.core_of_cpu(cpu);
     group.with(|g| {
         if let Some(g) = g {
-            g.join(&disk.sess, core, eligible);
+            g.join(&disk.sess, core);
         }
     });
     let shared = Arc::new(ChanShared::new(group.shared()));

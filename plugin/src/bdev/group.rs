@@ -118,9 +118,6 @@ struct Interest {
     sess: Arc<Sess>,
     core: usize,
     count: u32,
-    /// The group may own the queue (its thread is on the core's CPU, or off the
-    /// application's cores for core 0).
-    eligible: bool,
 }
 
 /// A group's thread-confined state.
@@ -164,7 +161,7 @@ impl GroupState {
     }
 
     /// A channel of `sess` on this group's thread, for session core `core`.
-    pub fn join(&mut self, sess: &Arc<Sess>, core: usize, eligible: bool) {
+    pub fn join(&mut self, sess: &Arc<Sess>, core: usize) {
         if let Some(i) = self
             .interest
             .iter_mut()
@@ -177,9 +174,8 @@ impl GroupState {
             sess: Arc::clone(sess),
             core,
             count: 1,
-            eligible,
         });
-        if eligible && !self.is_home {
+        if !self.is_home {
             lock(&sess.cores[core].claims).push(Arc::clone(&self.shared));
             self.home.shared.ask(sess, core);
         }
@@ -199,8 +195,8 @@ impl GroupState {
         if self.interest[i].count > 0 {
             return;
         }
-        let it = self.interest.swap_remove(i);
-        if !it.eligible || self.is_home {
+        self.interest.swap_remove(i);
+        if self.is_home {
             return;
         }
         {
@@ -222,9 +218,7 @@ impl GroupState {
     }
 
     fn wants(&self, q: &CoreQueue) -> bool {
-        self.interest
-            .iter()
-            .any(|i| i.eligible && q.is(&i.sess, i.core))
+        self.interest.iter().any(|i| q.is(&i.sess, i.core))
     }
 
     fn take_gifts(&mut self) {

@@ -125,12 +125,9 @@ impl Sess {
     }
 
     /// The session's core on CPU core `cpu` (core 0 for a thread off the cpumask, as
-    /// fio's), and whether a thread there may own that core's queue.
-    pub fn core_of_cpu(&self, cpu: u32) -> (usize, bool) {
-        match self.cpus.iter().position(|&c| c == cpu) {
-            Some(k) => (k, true),
-            None => (0, true),
-        }
+    /// fio's); a group on that thread may claim its queue.
+    pub fn core_of_cpu(&self, cpu: u32) -> usize {
+        self.cpus.iter().position(|&c| c == cpu).unwrap_or(0)
     }
 
     /// Opens a new session for `params`' first device (on home's thread): its domain,
