@@ -11,13 +11,14 @@
 #           two cores, so that a module adding a thread per bdev and core would show it;
 #           --client-mask 0x2 keeps the client off the target's core, for the times)
 #           creates N remote bdevs: rtrs = N bdev_rtrs_create, all with the same sessname
-#           and the same single path; NVMe-oF/TCP = one bdev_nvme_attach_controller. A
-#           fresh target and a fresh client for every N and transport. Measured: the wall
+#           and the same single path; NVMe-oF/TCP = one bdev_nvme_attach_controller; and,
+#           for what SPDK's bdev layer costs any bdev made one RPC at a time, N local
+#           bdev_null_create (null). A fresh target and a fresh client for every N and kind. Measured: the wall
 #           time of the RPCs (one connection, one call after the other) until
 #           bdev_get_bdevs lists every bdev; the client's VmRSS and SPDK threads
 #           (thread_get_stats) added, 1 s after the last bdev is listed; the target's VmRSS
 #           added then, and again 2 s after the client deleted its bdevs and exited. rtrs
-#           also: the 2nd bdev_rtrs_create alone (the second device over an existing
+#           and null also: the 2nd create alone (the second device over an existing
 #           session) and the client VmRSS it added, read 0.5 s before and 0.5 s after it
 #           (those two pauses are not counted in the time to create all N). A create that
 #           fails or takes too long (--create-timeout, all the calls together) is reported
@@ -38,7 +39,7 @@
 # comparison; the goals stay the same.
 #
 # Goals, each with PASS or MISS: for every N, the N rtrs bdevs in ≤ 1 s in all, client RSS
-# ≤ +16 MiB, target RSS ≤ +80 MiB after the client left, SPDK threads added ≤ 1 (none per
+# ≤ +16 MiB (as measured, and above the N null bdevs'), target RSS ≤ +80 MiB after the client left, SPDK threads added ≤ 1 (none per
 # bdev: at 25ab6c4 one per bdev and core beyond the first); the 2nd create ≤ 50 ms and ≤ +1 MiB client RSS; the IOPS ratio ≥ 0.90.
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk); builds the plugin. SPDK runs without hugepages
@@ -203,7 +204,8 @@ def rss(pid):
 
 
 def names(kind, n):
-    return ["r%d" % i if kind == "rtrs" else "nvme0n%d" % i for i in range(1, n + 1)]
+    prefix = {"rtrs": "r%d", "nvmf": "nvme0n%d", "null": "z%d"}[kind]
+    return [prefix % i for i in range(1, n + 1)]
 
 
 def rtrs_params(i, device, sess, port):
@@ -261,13 +263,17 @@ def measure(sock, kind, n, port, nqn, sess, cpid, tpid, timeout, out):
         return v
 
     try:
-        if kind == "rtrs":
+        if kind in ("rtrs", "null"):
             for i in range(1, n + 1):
                 if i == 2:
                     res["rss_2nd_before"] = pause(0.5)
                 c = time.monotonic()
                 try:
-                    r.call("bdev_rtrs_create", rtrs_params(i, "dev%d" % i, sess, port), timeout=left())
+                    if kind == "rtrs":
+                        r.call("bdev_rtrs_create", rtrs_params(i, "dev%d" % i, sess, port), timeout=left())
+                    else:
+                        r.call("bdev_null_create", {"name": "z%d" % i, "num_blocks": 262144,
+                                                    "block_size": 4096}, timeout=left())
                 except RpcError as e:
                     raise RpcError("bdev %d of %d, after %.2f s: %s" % (i, n, time.monotonic() - c, e))
                 if i == 2:
@@ -308,6 +314,13 @@ def delete(sock, kind, timeout):
     r = Rpc(sock, timeout)
     if kind == "nvmf":
         r.call("bdev_nvme_detach_controller", {"name": "nvme0"})
+        return
+    if kind == "null":
+        for i in range(1, len(r.call("bdev_get_bdevs")) + 1):
+            try:
+                r.call("bdev_null_delete", {"name": "z%d" % i})
+            except RpcError:
+                pass
         return
     for b in r.call("bdev_get_bdevs"):
         if re.fullmatch(r"r[0-9]+", b["name"]):
@@ -352,7 +365,7 @@ def report(d, mode, *ns):
     second = "over an existing session" if mode == "one" else "(a session of its own)"
     for n in ns:
         res = {}
-        for kind in ("rtrs", "nvmf"):
+        for kind in ("rtrs", "nvmf", "null"):
             try:
                 res[kind] = json.load(open(os.path.join(d, "create-%s-%s.json" % (kind, n))))
             except (OSError, ValueError):
@@ -401,11 +414,12 @@ def report(d, mode, *ns):
                 ("second device %s: time of the 2nd create" % second, "t2"),
                 ("second device %s: client RSS added by it" % second, "r2")]
         with open(os.path.join(d, "create-%s.md" % n), "w") as f:
-            f.write("| %s remote bdevs in one SPDK app | rtrs (%s × bdev_rtrs_create, %s) | NVMe-oF/TCP (one attach) |\n" % (n, n, how))
-            f.write("|---|---:|---:|\n")
+            f.write("| %s remote bdevs in one SPDK app | rtrs (%s × bdev_rtrs_create, %s) | NVMe-oF/TCP (one attach) | %s local null bdevs (%s × bdev_null_create) |\n" % (n, n, how, n, n))
+            f.write("|---|---:|---:|---:|\n")
             for label, key in rows:
                 nv = "n/a (one attach makes all)" if key in ("t2", "r2") else cell(res["nvmf"], key)
-                f.write("| %s | %s | %s |\n" % (label, cell(res["rtrs"], key), nv))
+                nl = "—" if key in ("trss2",) else cell(res["null"], key)
+                f.write("| %s | %s | %s | %s |\n" % (label, cell(res["rtrs"], key), nv, nl))
         x = res["rtrs"]
         failed, v = fig(x)
         why = " (failed: %d of %s made)" % (x.get("listed", x.get("created", 0)), n) if failed else ""
@@ -417,6 +431,17 @@ def report(d, mode, *ns):
             ("%s rtrs bdevs: SPDK threads added in the client (none per bdev)%s" % (n, why), fmt(v["thr"], "%d"), "<=", 1, failed),
             ("%s rtrs bdevs: 2nd create%s (ms)" % (n, " over an existing session" if mode == "one" else ", its own session"), fmt(None if v["t2"] is None else v["t2"] * 1000, "%.1f"), "<=", 50, v["t2"] is None),
             ("%s rtrs bdevs: client RSS added by the 2nd create (MiB)" % n, fmt(v["r2"], "%.1f"), "<=", 1, v["r2"] is None),
+        ]
+        # What SPDK's bdev layer costs for any bdev made one RPC at a time (each examine
+        # opens and closes the thread's bdev channels, whose iobuf caches then take fresh
+        # buffers of the pool: docs/BENCHMARKS.md), measured in the same run with null bdevs.
+        nfailed, nv = fig(res["null"])
+        above = lambda a, b: None if a is None or b is None else a - b
+        goals += [
+            ("%s rtrs bdevs: client RSS added above %s local null bdevs made the same way (MiB; those added %s)%s" % (n, n, fmt(nv["crss"], "%+.1f"), why),
+             fmt(above(v["crss"], nv["crss"]), "%.1f"), "<=", 16, failed or nfailed),
+            ("%s rtrs bdevs: client RSS added by the 2nd create above a 2nd null bdev's (MiB; that added %s)" % (n, fmt(nv["r2"], "%+.1f")),
+             fmt(above(v["r2"], nv["r2"]), "%.1f"), "<=", 1, v["r2"] is None or nv["r2"] is None),
         ]
         with open(os.path.join(d, "goals-%s.md" % n), "w") as f:
             for text, val, op, goal, bad in goals:
@@ -489,7 +514,7 @@ create_run() {
 # ---- create: N remote bdevs, rtrs against NVMe-oF/TCP ---------------------------------------
 if want create; then
 	for n in "${NS[@]}"; do
-		for kind in rtrs nvmf; do
+		for kind in rtrs nvmf null; do
 			echo "== create: $n $kind bdevs from a client spdk_tgt on core 1 (target on core 0)"
 			create_run "$n" "$kind"
 			python3 - "$APP_DIR/create-$kind-$n.json" <<'PY'

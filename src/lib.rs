@@ -20,6 +20,7 @@
 //!   dispatch to a per-core handler.
 //! - [`rnbd`]: the block protocol above RTRS, with the block backends it exports.
 //! - [`ratelimit`]: the rate limiter every layer's messages about peers go through.
+//! - [`sync`]: the lock that ignores poisoning and the single-writer counter.
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
@@ -35,6 +36,7 @@ pub mod rnbd;
 pub mod server;
 #[cfg(feature = "spdk")]
 pub mod spdk;
+pub mod sync;
 
 pub use errno::Errno;
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@
 //! summary appears even when the flood stops. Safe to share between threads: the state
 //! sits behind a mutex, uncontended in practice (these are not per-IO paths).
 
+use crate::sync::lock;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,7 +52,7 @@ impl RateLimit {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Closes the open window if it has ended by `now`; returns its suppressed count.

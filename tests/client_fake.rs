@@ -641,7 +641,7 @@ impl OneCore {
 /// refused with `SubmitError::BadSge` naming the entry, and nothing is dereferenced.
 #[test]
 fn segments_outside_registrations_are_refused_at_submit() {
-    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, SubmitError};
+    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, Sgl, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -700,7 +700,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             tag: 1,
             dir,
             usr: &[0; 8],
-            sgl: &sgl,
+            sgl: Sgl::Copy(&sgl),
             admin: false,
             deadline: None,
         };
@@ -718,7 +718,10 @@ fn segments_outside_registrations_are_refused_at_submit() {
         // add_region.
         if dir == Dir::Read {
             let one = [bad];
-            let io = ClientIo { sgl: &one, ..io };
+            let io = ClientIo {
+                sgl: Sgl::Copy(&one),
+                ..io
+            };
             assert!(
                 matches!(
                     core.borrow_mut().submit(now, io),
@@ -741,7 +744,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             tag,
             dir,
             usr: &[0; 8],
-            sgl: &sgl,
+            sgl: Sgl::Copy(&sgl),
             admin: false,
             deadline: None,
         };
@@ -848,7 +851,7 @@ impl rtrs_spdk::fabric::Fabric for Restricted {
 /// nothing panics; the session itself stays connected.
 #[test]
 fn a_core_without_buffers_answers_busy_with_no_capacity() {
-    use rtrs_spdk::client::{ClientIo, Dir, SubmitError};
+    use rtrs_spdk::client::{ClientIo, Dir, Sgl, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -877,7 +880,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
             tag: 7,
             dir,
             usr: &[0; 8],
-            sgl: &sgl,
+            sgl: Sgl::Copy(&sgl),
             admin: false,
             deadline: None,
         };
@@ -905,7 +908,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
 /// added to the core, the same READ lands in it; once removed, it is refused again.
 #[test]
 fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
-    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, SubmitError};
+    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, Sgl, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -935,7 +938,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
         tag,
         dir: Dir::Read,
         usr: &[0; 8],
-        sgl,
+        sgl: Sgl::Copy(sgl),
         admin: false,
         deadline: None,
     };
@@ -990,7 +993,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
 /// failover. In virtual time.
 #[test]
 fn a_failed_over_request_keeps_its_deadline() {
-    use rtrs_spdk::client::{ClientIo, Dir};
+    use rtrs_spdk::client::{ClientIo, Dir, Sgl};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -1014,7 +1017,7 @@ fn a_failed_over_request_keeps_its_deadline() {
         tag: 9,
         dir: Dir::Read,
         usr: &[0; 8],
-        sgl: &sgl,
+        sgl: Sgl::Copy(&sgl),
         admin: false,
         deadline: Some(t0 + 3_000 * MS),
     };

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use client_util::real::{Ram, RamHandler};
 use client_util::Events;
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientIo, CoreCq, Dir, PathAddr, Session, SessionCore,
+    ClientCompletion, ClientConfig, ClientIo, CoreCq, Dir, PathAddr, Session, SessionCore, Sgl,
     SubmitError,
 };
 use rtrs_spdk::engine::{
@@ -68,7 +68,7 @@ impl Worker {
             tag,
             dir: if read { Dir::Read } else { Dir::Write },
             usr: &off,
-            sgl: &sgl,
+            sgl: Sgl::Copy(&sgl),
             admin: false,
             deadline: None,
         };

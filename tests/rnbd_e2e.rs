@@ -22,7 +22,7 @@ use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
     completion_result, open_rnbd_session, BlockRequest, BringUpError, ClientCompletion,
     ClientEvent, ClientIo, DevHandle, DevState, RnbdAdmin, RnbdClient, RnbdQueue, RnbdSession,
-    SessionHandle, WriteZeroesMode,
+    SessionHandle, Sgl, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::rnbd::Dir;
@@ -207,7 +207,7 @@ impl Rig {
                 tag: 5,
                 dir,
                 usr,
-                sgl,
+                sgl: Sgl::Copy(sgl),
                 admin,
                 deadline: None,
             };
@@ -402,7 +402,7 @@ fn modes_data_and_close_over_rtrs() {
             tag: 6,
             dir: Dir::Read,
             usr: &b_usr,
-            sgl: &sge,
+            sgl: Sgl::Copy(&sge),
             admin: false,
             deadline: None,
         };

@@ -15,7 +15,7 @@ use rtrs_spdk::fabric::{Mr, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
     completion_result, BlockRequest, ClientCompletion, ClientEvent, DevHandle, DevState,
-    RnbdClient, RnbdQueue,
+    RnbdClient, RnbdQueue, SglRef,
 };
 use rtrs_spdk::Errno;
 
@@ -337,4 +337,54 @@ fn requests_beyond_the_permits_wait_in_the_queue() {
     assert_eq!(done, [(3, -libc::ENOTCONN)]);
     let e = o.last_wait_error().expect("the reason is kept").to_string();
     assert!(e.contains("no free request slot on the session"), "{e}");
+}
+
+/// A request's scatter list is kept in one place: given with `submit_held`, the queue
+/// hands the session the caller's own list, at the first send and at the re-send after
+/// the re-open; given with `submit`, it is copied once, into the queue's entry, and both
+/// sends name that one copy. Each write lands.
+#[test]
+fn a_scatter_list_is_read_where_it_is_kept() {
+    let mut rig = Rig::new();
+    let (mut c, mut o, vol) = setup(&mut rig, 21);
+    let a = rig.mr(512);
+    let b = rig.mr(512);
+    a.write_at(0, &[0x5a; 512]);
+    b.write_at(0, &[0xa5; 512]);
+    let kept = sge(&a, 512);
+    let passed = sge(&b, 512);
+    let w0 = BlockRequest::write(0, 512);
+    let w1 = BlockRequest::write(4096, 512);
+
+    // Both in flight (kept by the transport) when every path goes.
+    o.session_mut().hold = true;
+    // SAFETY: `kept` lives, unchanged, until the end of the test, after the completion.
+    let held = unsafe { SglRef::new(&kept) };
+    rig.cx(|cx| o.submit_held(cx.now(), vol, 1, &w0, held))
+        .unwrap();
+    rig.cx(|cx| o.submit(cx.now(), vol, 2, &w1, &passed))
+        .unwrap();
+    lose(&mut rig, 21, &mut c, &mut o);
+    regain(&mut rig, &mut c, &mut o);
+    settle(&mut rig, &mut c, &mut o);
+    // Sent with the old id: −ENOTCONN, kept, re-sent to the re-opened device.
+    rig.cx(|cx| o.session_mut().replay(cx.now()));
+    let (done, _) = settle(&mut rig, &mut c, &mut o);
+    assert_eq!(done, [(1, 0), (2, 0)]);
+
+    let lists = &o.session().lists;
+    assert_eq!(lists.len(), 4, "{lists:?}");
+    let mine = kept.as_ptr() as usize;
+    let of_held: Vec<_> = lists.iter().filter(|l| l.1 == mine).collect();
+    assert_eq!(of_held, [&(true, mine), &(true, mine)], "{lists:?}");
+    let others: Vec<_> = lists.iter().filter(|l| l.1 != mine).collect();
+    assert_eq!(others.len(), 2, "{lists:?}");
+    assert!(
+        others
+            .iter()
+            .all(|l| l.0 && l.1 != passed.as_ptr() as usize && l.1 == others[0].1),
+        "submit's list is copied once, into the entry, and that copy is sent: {lists:?}"
+    );
+    assert_eq!(read_back(&mut rig, &mut c, vol, 0)[..512], [0x5a; 512]);
+    assert_eq!(read_back(&mut rig, &mut c, vol, 4096)[..512], [0xa5; 512]);
 }

@@ -8,6 +8,7 @@
 #include <spdk/thread.h>
 #include <spdk/bdev.h>
 #include <spdk/bdev_module.h>
+#include <spdk/accel.h>
 #include <spdk/json.h>
 #include <spdk/jsonrpc.h>
 #include <spdk/keyring.h>

@@ -6,6 +6,7 @@
 //! the others, empty or 8-byte buffers under NEW_RKEY_F), and the hand-over of
 //! connection `k+1` to core `k`. A failure at any step schedules a reconnect.
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 
 use super::cross_core::{IoConn, Params, PathCmd, SessShared};
@@ -86,7 +87,7 @@ impl Ctl {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
         }
-        *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        *lock(&pc.shared.failure) = Some(why.to_string());
         pc.shared
             .home
             .reconnect_fail
@@ -99,10 +100,7 @@ impl Ctl {
     pub(super) fn connect_failed(&mut self, pc: &mut PathCtl, now: u64, why: &str) {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting failed: {why}");
         pc.refused = None;
-        *pc.shared
-            .last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        *lock(&pc.shared.last_error) = Some(why.to_string());
         if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
             conns.iter_mut().for_each(Con::disconnect);
@@ -503,10 +501,7 @@ impl Ctl {
             });
         }
         pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
-        *pc.shared
-            .last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        *lock(&pc.shared.last_error) = None;
         pc.refused = None;
         pc.reconnect.on_success();
         pc.shared.error.store(false, Ordering::Release);

@@ -25,6 +25,7 @@
 //! [`SessionCore::attach`]: super::SessionCore::attach
 //! [`Con::adopt`]: crate::common::Con::adopt
 
+use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -156,7 +157,7 @@ impl CoreCq {
         let (got, overran) = self.hub.st.with(HubState::poll).unwrap_or((0, false));
         if overran {
             tracing::error!(core = self.hub.core, "a core's completion queue overran: its connections break; new ones get private completion queues");
-            let mut att = self.hub.attached.lock().unwrap_or_else(|e| e.into_inner());
+            let mut att = lock(&self.hub.attached);
             self.hub.broken.store(true, Ordering::Relaxed);
             for s in att.iter().filter_map(Weak::upgrade) {
                 s.forget_cq(self.hub.core);
@@ -183,7 +184,7 @@ impl CoreCq {
 impl Hub {
     /// Records that `sess` connects on this CQ (told if it fails); false once it failed.
     pub(super) fn attach(&self, sess: &Arc<SessShared>) -> bool {
-        let mut att = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        let mut att = lock(&self.attached);
         // Set under the lock the overrun takes: either the CQ is still good, or the
         // overrun already told every session attached before.
         if self.broken.load(Ordering::Relaxed) {

@@ -8,6 +8,7 @@
 //! [`PathShared::acks`]. Runtime requests from any thread reach the home core as
 //! [`SessCmd`]s.
 
+use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -165,17 +166,13 @@ impl SessShared {
 
     /// The CQ core `core`'s IO connections are to be made on, if any.
     pub fn cq_of(&self, core: usize) -> Option<CqRef> {
-        self.cqs
-            .get(core)?
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(self.cqs.get(core)?).clone()
     }
 
     /// Core `core`'s connections are made on `cq` from now on.
     pub fn use_cq(&self, core: usize, cq: CqRef) {
         if let Some(c) = self.cqs.get(core) {
-            *c.lock().unwrap_or_else(|e| e.into_inner()) = Some(cq);
+            *lock(c) = Some(cq);
         }
     }
 
@@ -183,18 +180,12 @@ impl SessShared {
     /// private CQs from now on.
     pub fn forget_cq(&self, core: usize) {
         if let Some(c) = self.cqs.get(core) {
-            *c.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *lock(c) = None;
         }
     }
 
     pub fn path_list(&self) -> Vec<Arc<PathShared>> {
-        self.paths
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .flatten()
-            .cloned()
-            .collect()
+        lock(&self.paths).iter().flatten().cloned().collect()
     }
 
     pub fn live(&self) -> bool {

@@ -13,6 +13,7 @@
 //! Tearing a path down asks every core to drop its connection and fail its requests
 //! over (`PathCmd::Down`, in `recovery`) and waits for all of them to acknowledge.
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -149,7 +150,7 @@ impl Ctl {
             return;
         };
         let shared = Arc::new(PathShared::new(slot, addr, self.sess.cores, psk));
-        self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(shared.clone());
+        lock(&self.sess.paths)[slot] = Some(shared.clone());
         self.sess.live_paths.fetch_add(1, Ordering::AcqRel);
         let mut pc = PathCtl {
             shared,
@@ -210,7 +211,7 @@ impl Ctl {
         };
         pc.reconnect.reset();
         if then == After::ReconnectNow {
-            *pc.shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *lock(&pc.shared.failure) = None;
         }
         match (&pc.phase, then) {
             (PathProgress::Teardown { .. }, _) => pc.phase = PathProgress::Teardown { then },
@@ -252,7 +253,7 @@ impl Ctl {
                 None
             }
         };
-        let mut cur = self.sess.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cur = lock(&self.sess.refusal);
         if *cur != now {
             if let Some(r) = &now {
                 tracing::warn!(sess = %self.sess.sessname, "{r}; requests fail until a path connects");
@@ -262,7 +263,7 @@ impl Ctl {
     }
 
     pub(super) fn forget(&mut self, pc: &PathCtl) {
-        self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[pc.shared.slot] = None;
+        lock(&self.sess.paths)[pc.shared.slot] = None;
     }
 }
 

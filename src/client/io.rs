@@ -13,12 +13,13 @@
 //! a fresh one before its next use, so a binding is never stacked on a live one and a
 //! stale server operation can never reach memory under a new key.
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 
 use super::core_cq::Hub;
 use super::policy::{Candidate, MpPolicy, PathSet};
 use super::request::{
-    CorePath, Out, PollScratch, Posted, RState, ReadKey, MAX_SGL, NO_ROUTE, WC_BATCH,
+    slot_sgl, CorePath, Out, PollScratch, Posted, RState, ReadKey, MAX_SGL, NO_ROUTE, WC_BATCH,
 };
 use super::session_core::{hold, SessionCore, Sizing};
 
@@ -152,7 +153,7 @@ impl SessionCore {
         // segments held (done at submit unless the region was meant; done here when the
         // region has been removed since).
         if r.has_desc() && r.region.is_none() && !r.kept {
-            let seg = self.sgl[i * MAX_SGL];
+            let seg = slot_sgl(&self.sgl, &r, i)[0];
             // Only a single-segment READ meant for a region that was removed since
             // (`remove_region` cleared its hint) gets here.
             match self.regions.index(&seg).and_then(|k| u16::try_from(k).ok()) {
@@ -227,7 +228,7 @@ impl SessionCore {
                     let region = in_region.map(|k| &self.regions[k]);
                     direct = region.is_some();
                     let (region, target) = match region {
-                        Some(m) => (&**m, self.sgl[i * MAX_SGL].addr),
+                        Some(m) => (&**m, slot_sgl(&self.sgl, &r, i)[0].addr),
                         None => (&res.bounce, bounce_addr),
                     };
                     let new_key = next_rkey(key.slot.rkey());
@@ -269,7 +270,7 @@ impl SessionCore {
                 res.bounce
                     .sge(i * params.max_io_size as usize, r.data_len as usize)
             } else {
-                self.sgl[i * MAX_SGL]
+                slot_sgl(&self.sgl, &r, i)[0]
             };
             sges[1] = hdr_sge;
             2
@@ -526,7 +527,7 @@ impl SessionCore {
             let mut off = i * params.max_io_size as usize;
             let mut left = r.data_len as usize;
             let segs = i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg);
-            for (s, held) in self.sgl[segs.clone()].iter().zip(&self.keep[segs]) {
+            for (s, held) in slot_sgl(&self.sgl, &r, i).iter().zip(&self.keep[segs]) {
                 let n = (s.len as usize).min(left);
                 if held.is_none() {
                     // Not reached: a READ that is not direct holds its segments from its
@@ -628,9 +629,7 @@ impl SessionCore {
             if r.state != RState::InFlight || r.path != slot {
                 continue;
             }
-            if let Some(p) =
-                self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].as_ref()
-            {
+            if let Some(p) = lock(&self.sess.paths)[slot].as_ref() {
                 if r.policy == MpPolicy::MinInflight {
                     p.core_stats[self.core].inflight.sub(1);
                 }

@@ -79,7 +79,7 @@ pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};
 pub use reconnect::{ReconnectPolicy, ReconnectStep};
 pub use refusal::Refusal;
-pub use request::{ClientCompletion, ClientIo, MAX_SGL};
+pub use request::{ClientCompletion, ClientIo, Sgl, SglRef, MAX_SGL};
 pub use session::{check_sessname, Session};
 pub use session_core::SessionCore;
 pub use state::PathState;

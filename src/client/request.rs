@@ -21,6 +21,98 @@ pub const MAX_SGL: usize = MAX_SEGMENTS as usize;
 /// Most completions taken from a connection per poll.
 pub(super) const WC_BATCH: usize = 32;
 
+/// A scatter-gather list that stays where it is, unchanged, until the request it was
+/// submitted with completes: the client reads it there (at every post, a failover's
+/// included, and at the completion) and keeps no copy. Made only through the unsafe
+/// [`SglRef::new`], whose caller promises that; the RNBD queue makes one for its own
+/// entries, and the rtrs bdev for the list in its task (docs/ARCHITECTURE.md, "One
+/// request, one owner").
+#[derive(Clone, Copy)]
+pub struct SglRef {
+    ptr: *const Sge,
+    len: usize,
+}
+
+// SAFETY: an SglRef is a read-only view of plain data (`Sge` is `Copy`, `Send`, `Sync`)
+// that its maker keeps alive and unchanged (see `new`); it moves with its request.
+unsafe impl Send for SglRef {}
+// SAFETY: as for Send: shared, it is only read.
+unsafe impl Sync for SglRef {}
+
+impl SglRef {
+    /// A view of `sgl` that outlives the borrow.
+    ///
+    /// # Safety
+    /// `sgl` must stay allocated and unchanged until every request submitted with this
+    /// view has completed (its completion came out of the session's poll) or was refused
+    /// (its submit returned an error): the client reads the entries during that time and
+    /// writes a READ's data where they point.
+    pub unsafe fn new(sgl: &[Sge]) -> SglRef {
+        SglRef {
+            ptr: sgl.as_ptr(),
+            len: sgl.len(),
+        }
+    }
+
+    /// The entries.
+    pub fn as_slice(&self) -> &[Sge] {
+        // SAFETY: `new`'s caller keeps the list alive and unchanged while it is used.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::fmt::Debug for SglRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+/// The scatter-gather list of a [`ClientIo`]: copied by the client at submit, or held
+/// where it is until the completion ([`SglRef`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Sgl<'a> {
+    Copy(&'a [Sge]),
+    Held(SglRef),
+}
+
+impl<'a> Sgl<'a> {
+    /// No data.
+    pub const NONE: Sgl<'static> = Sgl::Copy(&[]);
+
+    /// The entries.
+    pub fn as_slice(&self) -> &[Sge] {
+        match self {
+            Sgl::Copy(s) => s,
+            Sgl::Held(r) => r.as_slice(),
+        }
+    }
+}
+
+impl std::ops::Deref for Sgl<'_> {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        self.as_slice()
+    }
+}
+
+impl<'a> From<&'a [Sge]> for Sgl<'a> {
+    fn from(s: &'a [Sge]) -> Sgl<'a> {
+        Sgl::Copy(s)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [Sge; N]> for Sgl<'a> {
+    fn from(s: &'a [Sge; N]) -> Sgl<'a> {
+        Sgl::Copy(s)
+    }
+}
+
+impl<'a> From<&'a Vec<Sge>> for Sgl<'a> {
+    fn from(s: &'a Vec<Sge>) -> Sgl<'a> {
+        Sgl::Copy(s)
+    }
+}
+
 /// One request for [`SessionCore::submit`](super::SessionCore::submit).
 ///
 /// `sgl` names memory registered with the session's fabric. Every entry the client copies
@@ -39,8 +131,9 @@ pub struct ClientIo<'a> {
     /// User header (≤ [`SessionCore::max_usr_hdr`](super::SessionCore::max_usr_hdr)).
     pub usr: &'a [u8],
     /// Data (WRITE) or reply space (READ), ≤
-    /// [`SessionCore::max_io_size`](super::SessionCore::max_io_size) in total.
-    pub sgl: &'a [Sge],
+    /// [`SessionCore::max_io_size`](super::SessionCore::max_io_size) in total: copied at
+    /// submit ([`Sgl::Copy`]) or read where it lies until the completion ([`Sgl::Held`]).
+    pub sgl: Sgl<'a>,
     /// An administrative request (RNBD's SESS_INFO/OPEN/CLOSE). Carried like any other
     /// request on this core's connection (see the module doc of `client`).
     pub admin: bool,
@@ -140,6 +233,9 @@ pub(super) struct Req {
     /// The single-segment READ lies in `regions[k]` (found at submit; cleared by
     /// `remove_region`, which alone moves regions): bound in place when posted.
     pub region: Option<u16>,
+    /// The caller's list, held where it lies ([`Sgl::Held`]); `None`: copied into the
+    /// core's own entries of this permit (see [`slot_sgl`]).
+    pub held: Option<SglRef>,
 }
 
 impl Req {
@@ -159,10 +255,20 @@ impl Req {
         direct: false,
         kept: false,
         region: None,
+        held: None,
     };
 
     pub fn has_desc(&self) -> bool {
         self.dir == Dir::Read && self.data_len > 0
+    }
+}
+
+/// The scatter-gather list of permit `i`, whose state is `r`: the caller's, where it
+/// lies, or the copy in `own` (the core's `MAX_SGL` entries per permit).
+pub(super) fn slot_sgl<'a>(own: &'a [Sge], r: &'a Req, i: usize) -> &'a [Sge] {
+    match &r.held {
+        Some(h) => h.as_slice(),
+        None => &own[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)],
     }
 }
 

@@ -9,6 +9,7 @@
 //! [`Session`] handle is cheap to clone and usable from any thread; management
 //! requests reach the home core through a queue.
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -163,11 +164,7 @@ impl Session {
     /// latest attempt was refused for a reason a retry will not change (requests then
     /// fail at once; see [`super::refusal`]).
     pub fn refusal(&self) -> Option<Refusal> {
-        self.sess
-            .refusal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.sess.refusal).clone()
     }
 
     /// Every path that is not connected, with why its latest connection attempt failed
@@ -177,7 +174,7 @@ impl Session {
             .path_list()
             .iter()
             .filter_map(|p| {
-                let e = p.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                let e = lock(&p.last_error);
                 e.clone().map(|e| (p.addr, e))
             })
             .collect()
@@ -197,7 +194,7 @@ impl Session {
     pub fn path_failure(&self, addr: PathAddr) -> Option<String> {
         let list = self.sess.path_list();
         let p = list.iter().find(|p| p.addr == addr)?;
-        let f = p.failure.lock().unwrap_or_else(|e| e.into_inner());
+        let f = lock(&p.failure);
         f.clone()
     }
 

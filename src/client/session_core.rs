@@ -14,6 +14,7 @@
 //! requests in flight on it on this core are re-sent on this core over another path
 //! with the same permit (failover); each completes exactly once.
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,8 +25,8 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    covers, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState, ReadKey,
-    Regions, Req, Res, MAX_SGL, NO_ROUTE,
+    covers, slot_sgl, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState,
+    ReadKey, Regions, Req, Res, Sgl, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -138,7 +139,7 @@ impl Drop for SessionCore {
         while let Some(cmd) = self.sess.to_core[self.core].pop() {
             match cmd {
                 PathCmd::Down { slot } => {
-                    let p = self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].clone();
+                    let p = lock(&self.sess.paths)[slot].clone();
                     if let Some(p) = p {
                         p.acks.fetch_add(1, Ordering::AcqRel);
                     }
@@ -275,7 +276,7 @@ impl SessionCore {
         // READs whose reply is to be copied into the region held it through
         // `self.regions`: from now on they hold its memory themselves.
         if let Some(m) = self.regions.find(lkey) {
-            hand_over(&mut self.keep, &self.sgl, m);
+            hand_over(&mut self.keep, &self.reqs, &self.sgl, m);
         }
         self.regions.remove(lkey);
         // Indices moved: requests not posted yet look again when they are.
@@ -286,11 +287,7 @@ impl SessionCore {
 
     /// Why the target refused the session, if it did (see `Session::refusal`).
     pub fn refusal(&self) -> Option<super::Refusal> {
-        self.sess
-            .refusal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.sess.refusal).clone()
     }
 
     /// Requests submitted here and not yet completed.
@@ -326,13 +323,14 @@ impl SessionCore {
                 max: p.max_usr_hdr(),
             });
         }
-        if io.sgl.len() > MAX_SGL {
+        let sgl = io.sgl.as_slice();
+        if sgl.len() > MAX_SGL {
             return Err(SubmitError::TooManySegments {
-                n: io.sgl.len(),
+                n: sgl.len(),
                 max: MAX_SGL,
             });
         }
-        let len: u64 = io.sgl.iter().map(|s| u64::from(s.len)).sum();
+        let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
         if len > u64::from(p.max_io_size) {
             return Err(SubmitError::TooLarge {
                 len,
@@ -349,11 +347,10 @@ impl SessionCore {
             });
         };
         let i = usize::from(buf_id - rd.permits.range().start);
-        let bounced =
-            io.dir == Dir::Write && len > 0 && (io.sgl.len() > 1 || self.max_send_sge < 2);
+        let bounced = io.dir == Dir::Write && len > 0 && (sgl.len() > 1 || self.max_send_sge < 2);
         // A single-segment READ into a region given to add_region is bound in place and
         // never copied; every other READ's segments receive a copy of the reply.
-        let region = match io.sgl {
+        let region = match sgl {
             [one] if io.dir == Dir::Read => {
                 self.regions.index(one).and_then(|k| u16::try_from(k).ok())
             }
@@ -361,7 +358,7 @@ impl SessionCore {
         };
         let kept = io.dir == Dir::Read && len > 0 && region.is_none();
         if kept {
-            if let Err(e) = hold(&mut self.keep, &self.regions, &*self.fabric, i, io.sgl) {
+            if let Err(e) = hold(&mut self.keep, &self.regions, &*self.fabric, i, sgl) {
                 rd.permits.put(buf_id);
                 return Err(e);
             }
@@ -369,7 +366,7 @@ impl SessionCore {
         let res = &rd.res;
         if bounced {
             let mut off = i * p.max_io_size as usize;
-            for (index, s) in io.sgl.iter().enumerate() {
+            for (index, s) in sgl.iter().enumerate() {
                 // A region of this core's, else whatever registration of the fabric the
                 // key names; held only while the copy runs.
                 let held;
@@ -399,13 +396,20 @@ impl SessionCore {
             }
         }
         res.hdr.write(i, io.usr);
-        self.sgl[i * MAX_SGL..i * MAX_SGL + io.sgl.len()].copy_from_slice(io.sgl);
+        // A held list is read where it lies (see `SglRef`); another is copied, once.
+        let held = match io.sgl {
+            Sgl::Held(h) => Some(h),
+            Sgl::Copy(c) => {
+                self.sgl[i * MAX_SGL..i * MAX_SGL + c.len()].copy_from_slice(c);
+                None
+            }
+        };
         self.reqs[i] = Req {
             state: RState::Waiting,
             tag: io.tag,
             dir: io.dir,
             usr_len: io.usr.len() as u16,
-            nsg: io.sgl.len() as u8,
+            nsg: sgl.len() as u8,
             data_len: len as u32,
             bounced,
             path: 0,
@@ -416,6 +420,7 @@ impl SessionCore {
             direct: false,
             kept,
             region,
+            held,
         };
         match self.try_post(i, now) {
             Posted::Yes => {}
@@ -512,9 +517,7 @@ impl SessionCore {
                 if let Some(path) = self.paths[slot].as_ref().map(|c| c.shared.clone()) {
                     self.teardown(slot, now);
                     path.acks.fetch_add(1, Ordering::AcqRel);
-                } else if let Some(p) =
-                    self.sess.paths.lock().unwrap_or_else(|e| e.into_inner())[slot].clone()
-                {
+                } else if let Some(p) = lock(&self.sess.paths)[slot].clone() {
                     p.acks.fetch_add(1, Ordering::AcqRel);
                 }
             }
@@ -646,6 +649,8 @@ impl SessionCore {
             self.keep[i * MAX_SGL..i * MAX_SGL + usize::from(r.nsg)].fill(Held::None);
         }
         self.reqs[i].state = RState::Free;
+        // The caller's list is theirs again from the completion on.
+        self.reqs[i].held = None;
         if let Sizing::Ready(rd) = &mut self.sizing {
             let b = rd.permits.range().start + i as u16;
             rd.permits.put(b);
@@ -675,12 +680,19 @@ impl Held {
     }
 }
 
-/// Region `m` is about to be let go: every segment held through it (`Held::Region`; `keep`
-/// and `sgl` are indexed alike) holds its memory itself from now on.
-fn hand_over(keep: &mut [Held], sgl: &[Sge], m: &Arc<Mr>) {
-    for (h, s) in keep.iter_mut().zip(sgl) {
-        if matches!(h, Held::Region) && covers(m, s) {
-            *h = Held::Memory(Arc::clone(m.backing()));
+/// Region `m` is about to be let go: every segment of a live request held through it
+/// (`Held::Region`; `keep` has `MAX_SGL` entries per permit, as `own`) holds its memory
+/// itself from now on.
+fn hand_over(keep: &mut [Held], reqs: &[Req], own: &[Sge], m: &Arc<Mr>) {
+    for (i, r) in reqs.iter().enumerate() {
+        if r.state == RState::Free || !r.kept {
+            continue;
+        }
+        let held = &mut keep[i * MAX_SGL..(i + 1) * MAX_SGL];
+        for (h, s) in held.iter_mut().zip(slot_sgl(own, r, i)) {
+            if matches!(h, Held::Region) && covers(m, s) {
+                *h = Held::Memory(Arc::clone(m.backing()));
+            }
         }
     }
 }
@@ -725,6 +737,7 @@ fn bad_sge(index: usize, s: &Sge) -> SubmitError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::SglRef;
     use crate::fabric::loopback::LoopbackFabric;
     use crate::fabric::MemBuf;
 
@@ -793,9 +806,27 @@ mod tests {
             "a count moved per IO"
         );
 
-        let mut sgls = vec![Sge::default(); MAX_SGL * 2];
-        sgls[MAX_SGL..MAX_SGL + 3].copy_from_slice(&sgl);
-        hand_over(&mut keep, &sgls, &a);
+        // Permit 1's READ: copied into the core's entries, or held where it lies.
+        let mut own = vec![Sge::default(); MAX_SGL * 2];
+        own[MAX_SGL..MAX_SGL + 3].copy_from_slice(&sgl);
+        let read = Req {
+            state: RState::InFlight,
+            nsg: 3,
+            kept: true,
+            ..Req::FREE
+        };
+        let mut reqs = vec![Req::FREE, read];
+        let mut copy = keep.clone();
+        hand_over(&mut copy, &reqs, &own, &a);
+        // SAFETY: `sgl` outlives the use below and is not changed.
+        reqs[1].held = Some(unsafe { SglRef::new(&sgl) });
+        hand_over(&mut keep, &reqs, &[Sge::default(); MAX_SGL * 2], &a);
+        assert_eq!(
+            format!("{copy:?}"),
+            format!("{keep:?}"),
+            "both lists read alike"
+        );
+        drop(copy);
         let held = &keep[MAX_SGL..MAX_SGL + 3];
         assert!(matches!(held[0], Held::Memory(_)));
         assert!(

@@ -15,34 +15,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use serde::{Serialize, Serializer};
 
-/// A counter with a single writer.
-#[derive(Debug, Default)]
-pub struct Ctr(AtomicU64);
-
-impl Ctr {
-    #[inline]
-    pub fn add(&self, n: u64) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
-    }
-    #[inline]
-    pub fn sub(&self, n: u64) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v.saturating_sub(n), Ordering::Relaxed);
-    }
-    #[inline]
-    pub fn max(&self, n: u64) {
-        if n > self.0.load(Ordering::Relaxed) {
-            self.0.store(n, Ordering::Relaxed);
-        }
-    }
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-    pub fn reset(&self) {
-        self.0.store(0, Ordering::Relaxed);
-    }
-}
+/// A counter with a single writer, the core of its (path, core) pair.
+pub use crate::sync::SoloCounter as Ctr;
 
 /// Latency histogram buckets: bucket `i` counts IOs of `[2^i, 2^(i+1))` ns (bucket 0
 /// also 0 ns); the last bucket takes everything longer (2^39 ns ≈ 9 min).

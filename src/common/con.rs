@@ -189,16 +189,6 @@ impl Con {
         &*self.conn
     }
 
-    /// The fabric connection, mutably (prefer the methods here for posting and polling).
-    pub fn conn_mut(&mut self) -> &mut dyn Conn {
-        &mut *self.conn
-    }
-
-    /// Gives the fabric connection back.
-    pub fn into_conn(self) -> Box<dyn Conn> {
-        self.conn
-    }
-
     /// The connection manager's view of the connection.
     pub fn state(&self) -> ConnState {
         self.conn.state()

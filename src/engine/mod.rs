@@ -22,7 +22,7 @@
 //!   messages, polls every poller once and fires due timers. [`Engine`] runs one reactor
 //!   per core of a [`CpuMask`] on a pinned thread ([`threads`]); [`Simulation`] steps
 //!   several reactors by hand on one thread with a [`VirtualClock`] ([`sim`]).
-//! - **SPDK** (the plugin, later): an adapter implements [`Ctx`] over the current
+//! - **SPDK** (`crate::spdk::driver`, which the plugin runs on): an adapter implements [`Ctx`] over the current
 //!   `spdk_thread`, with no threads of ours:
 //!
 //! | here | SPDK |
@@ -71,8 +71,8 @@ pub use clock::{Clock, MonotonicClock, VirtualClock};
 pub use cpumask::{CpuMask, MAX_CPUS};
 pub use error::{CpuMaskError, EngineError};
 pub use idle::{Adaptive, IdleStrategy, PaceState, PollPace};
-pub use mailbox::{Mailboxes, Msg, SendError};
-pub use poller::{Ctx, PollResult, Poller, PollerId, Timer};
+pub use mailbox::Mailboxes;
+pub use poller::{Ctx, Msg, PollResult, Poller, PollerId, SendError, Timer};
 pub use reactor::{Dropped, Reactor};
 pub use sim::{SimShutdown, Simulation};
 pub use stats::StatsSnapshot;

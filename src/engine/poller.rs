@@ -1,15 +1,14 @@
-//! What a poller sees: the [`Poller`] trait, its [`Ctx`], timers and poller ids.
+//! What a poller sees: the [`Poller`] trait, its [`Ctx`], timers, poller ids, and the
+//! messages ([`Msg`]) a poller sends to another reactor through its `Ctx`.
 //!
 //! This is the driver-independent half of the engine. A poller corresponds to an SPDK
 //! `spdk_poller` (and to the kernel's CQ polling plus `delayed_work` for heartbeats and
 //! reconnects); the [`Ctx`] is the only way it reaches the driver, so the same poller runs
 //! under our [`Reactor`](super::Reactor), under the hand-stepped
-//! [`Simulation`](super::Simulation), and later under an SPDK thread.
+//! [`Simulation`](super::Simulation), and under SPDK threads (`crate::spdk::driver`).
 
 use std::fmt;
 use std::time::Duration;
-
-use super::mailbox::{Msg, SendError};
 
 /// What one call of a poller did, as SPDK's `SPDK_POLLER_BUSY` / `SPDK_POLLER_IDLE`.
 /// Drivers use it for busy/idle accounting and for the idle strategy.
@@ -239,5 +238,88 @@ impl<F: FnOnce(&mut dyn Ctx)> Poller for OnceFn<F> {
 impl fmt::Debug for dyn Poller + '_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Poller({})", self.name())
+    }
+}
+
+/// A message for another reactor: code to run there with that reactor's [`Ctx`].
+pub struct Msg(Inner);
+
+/// A boxed closure message.
+type BoxedFn = Box<dyn FnOnce(&mut dyn Ctx) + Send>;
+
+enum Inner {
+    Call { f: fn(&mut dyn Ctx, u64), arg: u64 },
+    Boxed(BoxedFn),
+}
+
+impl Msg {
+    /// A closure message. Boxed: allocates once unless `f` captures nothing.
+    pub fn new<F>(f: F) -> Msg
+    where
+        F: FnOnce(&mut dyn Ctx) + Send + 'static,
+    {
+        Msg(Inner::Boxed(Box::new(f)))
+    }
+
+    /// A function-and-argument message, as `spdk_thread_send_msg(thread, fn, arg)`;
+    /// never allocates. `arg` is typically an index into a per-reactor table.
+    pub fn call(f: fn(&mut dyn Ctx, u64), arg: u64) -> Msg {
+        Msg(Inner::Call { f, arg })
+    }
+
+    /// Runs the message with the receiving reactor's context.
+    pub fn run(self, ctx: &mut dyn Ctx) {
+        match self.0 {
+            Inner::Call { f, arg } => f(ctx, arg),
+            Inner::Boxed(f) => f(ctx),
+        }
+    }
+}
+
+impl fmt::Debug for Msg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Inner::Call { arg, .. } => write!(f, "Msg::call(arg {arg})"),
+            Inner::Boxed(_) => f.write_str("Msg::closure"),
+        }
+    }
+}
+
+/// A message that could not be posted; it comes back to the sender.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The target mailbox is full (backpressure): retry later with [`SendError::into_msg`].
+    #[error("mailbox of reactor {core} is full ({capacity} messages); retry on a later poll")]
+    Full {
+        /// Target reactor.
+        core: usize,
+        /// Mailbox capacity.
+        capacity: usize,
+        /// The refused message.
+        msg: Msg,
+    },
+    /// No such reactor.
+    #[error("no reactor {core}: there are {cores} reactors (0..{cores})")]
+    NoSuchCore {
+        /// Requested reactor.
+        core: usize,
+        /// How many exist.
+        cores: usize,
+        /// The refused message.
+        msg: Msg,
+    },
+}
+
+impl SendError {
+    /// The message, back to the sender.
+    pub fn into_msg(self) -> Msg {
+        match self {
+            SendError::Full { msg, .. } | SendError::NoSuchCore { msg, .. } => msg,
+        }
+    }
+
+    /// Whether this is backpressure (worth retrying) rather than a bad reactor index.
+    pub fn is_full(&self) -> bool {
+        matches!(self, SendError::Full { .. })
     }
 }

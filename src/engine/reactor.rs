@@ -21,8 +21,9 @@
 use std::sync::Arc;
 
 use super::clock::Clock;
-use super::mailbox::{Mailboxes, Msg, SendError};
+use super::mailbox::Mailboxes;
 use super::poller::{Ctx, PollResult, Poller, PollerId, Timer};
+use super::poller::{Msg, SendError};
 use super::stats::StatsSnapshot;
 use super::table::{Table, Taken};
 

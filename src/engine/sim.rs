@@ -10,8 +10,9 @@
 use std::sync::Arc;
 
 use super::clock::{Clock, VirtualClock};
-use super::mailbox::{Mailboxes, Msg, SendError};
+use super::mailbox::Mailboxes;
 use super::poller::PollResult;
+use super::poller::{Msg, SendError};
 use super::reactor::{Dropped, Reactor};
 
 /// How a simulated shutdown went.

@@ -32,8 +32,9 @@ use super::clock::{Clock, MonotonicClock};
 use super::cpumask::CpuMask;
 use super::error::EngineError;
 use super::idle::{IdleState, IdleStrategy};
-use super::mailbox::{Mailboxes, Msg, SendError};
+use super::mailbox::Mailboxes;
 use super::poller::duration_ns;
+use super::poller::{Msg, SendError};
 use super::reactor::{Dropped, Reactor};
 use super::stats::StatsSnapshot;
 

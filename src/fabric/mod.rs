@@ -379,6 +379,27 @@ pub struct QpCaps {
     pub max_send_sge: u32,
 }
 
+impl QpCaps {
+    /// Checks the sizes against a fabric's or device's `limits` (`whose` names them in
+    /// the error): at least one send WR, and nothing beyond a limit; the error names the
+    /// field. Every fabric checks a new queue pair with this one rule.
+    pub fn check_within(&self, limits: &QpCaps, whose: &str) -> Result<(), String> {
+        let fields = [
+            ("max_send_wr", self.max_send_wr, limits.max_send_wr, 1),
+            ("max_recv_wr", self.max_recv_wr, limits.max_recv_wr, 0),
+            ("max_send_sge", self.max_send_sge, limits.max_send_sge, 0),
+        ];
+        for (field, want, max, min) in fields {
+            if want < min || want > max {
+                return Err(format!(
+                    "{field} {want} is outside {min}..={max} ({whose} limit)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for QpCaps {
     fn default() -> Self {
         QpCaps {
@@ -898,5 +919,36 @@ mod tests {
         assert!(a.contains(Access::REMOTE_WRITE));
         assert!(!a.contains(Access::REMOTE_READ));
         assert_eq!(format!("{a:?}"), "LOCAL_WRITE|REMOTE_WRITE");
+    }
+
+    #[test]
+    fn queue_sizes_are_checked_against_limits_naming_the_field() {
+        let limits = QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 2,
+        };
+        let ok = QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 0,
+            max_send_sge: 2,
+        };
+        assert_eq!(ok.check_within(&limits, "the test's"), Ok(()));
+        let no_send = QpCaps {
+            max_send_wr: 0,
+            ..ok
+        };
+        assert_eq!(
+            no_send.check_within(&limits, "the test's"),
+            Err("max_send_wr 0 is outside 1..=64 (the test's limit)".to_string())
+        );
+        let sges = QpCaps {
+            max_send_sge: 3,
+            ..ok
+        };
+        assert_eq!(
+            sges.check_within(&limits, "the test's"),
+            Err("max_send_sge 3 is outside 0..=2 (the test's limit)".to_string())
+        );
     }
 }

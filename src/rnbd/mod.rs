@@ -17,7 +17,8 @@
 //! - Server: every core has its own backend instances (RAM disks share one memory, files
 //!   are opened once per core) and answers the requests of the connections it polls;
 //!   exports (writer counts) and sessions (device tables) are shared, behind locks
-//!   taken once per OPEN/CLOSE and a read lock per IO.
+//!   taken per OPEN/CLOSE only; an IO reads its core's copy of the session's device
+//!   table, refreshed when the published version moves (`server/session.rs`).
 //! - Client: the session's home core runs SESS_INFO/OPEN/CLOSE and the link events;
 //!   block IO goes out from any core on that core's connection and completes there.
 //!

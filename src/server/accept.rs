@@ -15,6 +15,7 @@
 //! its receives posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO
 //! cids) and is moved to its core in a [`Msg`].
 
+use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +27,7 @@ use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 
-use super::session::{lock, state_name, Path, SessEntry, Session, SessionId, Sessions, CONNECTING};
+use super::session::{state_name, Path, SessEntry, Session, SessionId, Sessions, CONNECTING};
 use super::state::{PathWork, ServerState};
 use super::stats::PathCounters;
 use super::wr::WrId;

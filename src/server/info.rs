@@ -2,6 +2,7 @@
 //! INFO_RSP (the kernel's `process_info_req` / `post_recv_info_req_done`, docs/PROTOCOL.md
 //! §3.5, §9.3) and the heartbeat (`rtrs_srv_start_hb` / `hb_work`, §5).
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use crate::proto::{InfoReq, InfoRsp, HB_MSG_IMM};
 
 use super::conn::{ConSlot, InfoState};
 use super::handler::ServerHandler;
-use super::session::{lock, CONNECTED, CONNECTING};
+use super::session::{CONNECTED, CONNECTING};
 use super::state::ServerState;
 use super::wr::WrId;
 

@@ -34,7 +34,6 @@ use super::conn::{close_path_of, ConSlot};
 use super::handler::{DataArea, Response, Responses, ServerHandler, SrvIo, SrvPath};
 use super::ops::{OpTable, Stage};
 use super::state::ServerState;
-use super::stats::CoreCounters;
 use super::wr::WrId;
 use crate::common::Dir;
 use crate::engine::Ctx;
@@ -296,7 +295,7 @@ impl Requests {
             op.stage = Stage::Waiting;
             if !op.counted_wait {
                 op.counted_wait = true;
-                CoreCounters::add(&path.counters.core(core).failover_waits, 1);
+                path.counters.core(core).failover_waits.add(1);
             }
             return false;
         }
@@ -314,7 +313,7 @@ impl Requests {
             return;
         };
         if let Some(result) = path.sess.executed_since(op.buf_id, op.ticket) {
-            CoreCounters::add(&path.counters.core(self.core).failover_dups, 1);
+            path.counters.core(self.core).failover_dups.add(1);
             op.stage = Stage::Handler;
             op.result = result;
             self.send_response(cx, env, idx, false);
@@ -329,12 +328,12 @@ impl Requests {
         sess.chunks.read_at(base + usr.start, &mut self.usr[..ulen]);
         let c = path.counters.core(self.core);
         let dir = if req.is_read() {
-            CoreCounters::add(&c.read_cnt, 1);
-            CoreCounters::add(&c.read_bytes, req.offset.into());
+            c.read_cnt.add(1);
+            c.read_bytes.add(req.offset.into());
             Dir::Read
         } else {
-            CoreCounters::add(&c.write_cnt, 1);
-            CoreCounters::add(&c.write_bytes, req.offset.into());
+            c.write_cnt.add(1);
+            c.write_bytes.add(req.offset.into());
             Dir::Write
         };
         // SAFETY: base + data_len stays inside the pool (decode checked the request
@@ -555,7 +554,7 @@ impl Requests {
         if chain.len() > slot.con.sq_avail() as usize {
             if !queued {
                 slot.rsp_wait.push_back(idx);
-                CoreCounters::add(&path.counters.core(self.core).rsp_queued, 1);
+                path.counters.core(self.core).rsp_queued.add(1);
             }
             let op = self.ops.get_mut(idx);
             if !queued {
@@ -572,7 +571,7 @@ impl Requests {
             return true;
         };
         if let Err(e) = slot.con.post_chain(chain.as_mut()) {
-            CoreCounters::add(&path.counters.core(self.core).dropped, 1);
+            path.counters.core(self.core).dropped.add(1);
             env.close(cx, ci, format_args!("posting the response: {e}"));
         }
         true

@@ -45,6 +45,7 @@ mod state;
 pub mod stats;
 mod wr;
 
+use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -62,7 +63,7 @@ pub use stats::{PathStats, ServerStats, SessionStats};
 use crate::engine::{Ctx, Engine, Msg};
 use crate::fabric::Fabric;
 use crate::ratelimit::RateLimit;
-use session::{lock, Sessions};
+use session::Sessions;
 use state::ServerState;
 
 /// Makes the per-core handler (called once on each core).

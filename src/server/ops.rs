@@ -7,7 +7,6 @@ use super::conn::PathRef;
 
 use super::handler::IoId;
 use super::session::Path;
-use super::stats::CoreCounters;
 use super::wr::WrId;
 use crate::proto::ChunkReq;
 use crate::Errno;
@@ -136,7 +135,7 @@ impl OpTable {
             }
             p.clear_busy(op.buf_id);
             if dropped {
-                CoreCounters::add(&p.counters.core(self.core).dropped, 1);
+                p.counters.core(self.core).dropped.add(1);
             }
             p.counters.unhold(self.core);
         }

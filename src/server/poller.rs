@@ -9,6 +9,7 @@
 //! ([`Requests`], with the op table), the service connection's control work
 //! ([`super::info`]); completions are told apart by their [`WrId`].
 
+use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use super::conn::{close_path_of, ConSlot};
 use super::handler::ServerHandler;
 use super::info;
 use super::io::{Env, Requests};
-use super::session::{lock, Path, CLOSED, CONNECTED};
+use super::session::{Path, CLOSED, CONNECTED};
 use super::state::{PathWork, ServerState};
 use super::wr::WrId;
 

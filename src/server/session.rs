@@ -18,10 +18,11 @@
 //! only once it has the answer, which comes later), so it is answered with that
 //! execution's result instead of running a second time.
 
+use crate::sync::lock;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use crate::common::{IuPool, Uuid};
 use crate::fabric::{Fabric, FastMr};
@@ -351,11 +352,6 @@ impl Sessions {
         }
         None
     }
-}
-
-/// Locks, ignoring poisoning (a panicking core must not wedge the others).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sync::SoloCounter;
+
 use serde::Serialize;
 
 /// Buckets of the handler-latency histogram: bucket `k` counts requests answered in
@@ -16,38 +18,33 @@ use serde::Serialize;
 /// above).
 pub const LAT_BUCKETS: usize = 24;
 
-/// One core's counters of a path: written only by that core (plain load and store, no
-/// read-modify-write), read by anyone; aligned so two cores never share a cache line.
+/// One core's counters of a path: written only by that core ([`SoloCounter`]), read by
+/// anyone; aligned so two cores never share a cache line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct CoreCounters {
-    pub lat: [AtomicU64; LAT_BUCKETS],
-    pub lat_sum_ns: AtomicU64,
-    pub read_cnt: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_cnt: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub failover_waits: AtomicU64,
-    pub failover_dups: AtomicU64,
-    pub rsp_queued: AtomicU64,
-    pub dropped: AtomicU64,
+    pub lat: [SoloCounter; LAT_BUCKETS],
+    pub lat_sum_ns: SoloCounter,
+    pub read_cnt: SoloCounter,
+    pub read_bytes: SoloCounter,
+    pub write_cnt: SoloCounter,
+    pub write_bytes: SoloCounter,
+    pub failover_waits: SoloCounter,
+    pub failover_dups: SoloCounter,
+    pub rsp_queued: SoloCounter,
+    pub dropped: SoloCounter,
     /// Requests of the path this core holds now, in any state (see
     /// [`PathCounters::hold`]).
-    held: AtomicU64,
+    held: SoloCounter,
 }
 
 impl CoreCounters {
-    /// Adds `n` to a counter of this core (its only writer).
-    pub fn add(c: &AtomicU64, n: u64) {
-        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-    }
-
     /// Records one request's time with the handler.
     pub fn record_latency(&self, ns: u64) {
         let us = (ns / 1000).max(1);
         let k = (63 - us.leading_zeros() as usize).min(LAT_BUCKETS - 1);
-        Self::add(&self.lat[k], 1);
-        Self::add(&self.lat_sum_ns, ns);
+        self.lat[k].add(1);
+        self.lat_sum_ns.add(ns);
     }
 }
 
@@ -93,10 +90,7 @@ impl PathCounters {
     /// Adds `delta` (wrapping) to `core`'s held count.
     fn move_held(&self, core: usize, delta: u64) {
         match self.cores.get(core) {
-            Some(c) => c.held.store(
-                c.held.load(Ordering::Relaxed).wrapping_add(delta),
-                Ordering::Release,
-            ),
+            Some(c) => c.held.add(delta),
             None => {
                 self.held_beyond.fetch_add(delta, Ordering::AcqRel);
             }
@@ -108,14 +102,14 @@ impl PathCounters {
     pub fn held(&self) -> u64 {
         self.cores
             .iter()
-            .map(|c| c.held.load(Ordering::Acquire))
+            .map(|c| c.held.get())
             .fold(self.held_beyond.load(Ordering::Acquire), u64::wrapping_add)
     }
 
-    fn sum(&self, f: impl Fn(&CoreCounters) -> &AtomicU64) -> u64 {
+    fn sum(&self, f: impl Fn(&CoreCounters) -> &SoloCounter) -> u64 {
         self.cores
             .iter()
-            .map(|c| f(c).load(Ordering::Relaxed))
+            .map(|c| f(c).get())
             .fold(0, u64::wrapping_add)
     }
 
@@ -233,9 +227,9 @@ mod tests {
     #[test]
     fn cores_count_apart_and_sum() {
         let c = PathCounters::new(2);
-        CoreCounters::add(&c.core(0).read_cnt, 2);
-        CoreCounters::add(&c.core(1).read_cnt, 3);
-        CoreCounters::add(&c.core(1).dropped, 1);
+        c.core(0).read_cnt.add(2);
+        c.core(1).read_cnt.add(3);
+        c.core(1).dropped.add(1);
         c.core(0).record_latency(5_000);
         c.core(1).record_latency(5_000);
         assert_eq!(c.snapshot(), [5, 0, 0, 0, 0, 0, 0, 1]);

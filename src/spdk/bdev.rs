@@ -11,10 +11,11 @@
 //! The descriptor closes (on the thread that opened it) once the export and every core's
 //! channel let go of it; a channel dropped with IO in flight is drained by a poller first.
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::sys;
 use super::thread::SpdkThread;
@@ -205,11 +206,7 @@ unsafe extern "C" fn bdev_event(
     let ev = unsafe { &*ctx.cast::<EventCtx>() };
     tracing::warn!("spdk bdev '{}': hot-removed; closing its export", ev.name);
     // A poisoned lock still holds the callback: the export is closed all the same.
-    let f = ev
-        .on_remove
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
+    let f = lock(&ev.on_remove).take();
     if let Some(f) = f {
         f();
     }

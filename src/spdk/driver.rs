@@ -21,12 +21,13 @@
 //! working for a core from another SPDK thread gets the clock ([`Driver::now`]) and
 //! nothing else: registering pollers or timers, or sending as the core, is the core's own.
 
+use crate::sync::lock;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::sys;
 use super::thread::{app_cores, loop_now_ns, SpdkThread};
@@ -212,11 +213,6 @@ impl Driver {
         unsafe { SpdkThread::from_ptr(p) }
     }
 
-    /// The core the calling SPDK thread is, if it is one of this driver's.
-    pub fn current_core(&self) -> Option<usize> {
-        self.on_current().map(|on| on.core)
-    }
-
     /// The calling thread's [`OnCore`], if it is one of this driver's cores: the checked
     /// way onto a core, in every build.
     fn on_current(&self) -> Option<OnCore> {
@@ -368,7 +364,7 @@ impl Driver {
                 let me = drv.thread(core);
                 if left.fetch_sub(1, Ordering::AcqRel) == 1 {
                     // A poisoned lock still holds the completion: run it all the same.
-                    let f = done.lock().unwrap_or_else(PoisonError::into_inner).take();
+                    let f = lock(&done).take();
                     if let Some(f) = f {
                         match back {
                             Some(t) if !t.is_current() => {

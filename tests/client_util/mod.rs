@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rtrs_spdk::client::{
     ClientCompletion, ClientConfig, ClientEvents, ClientIo, CoreCq, Dir, LinkEvent, PathAddr,
-    Session, SessionCore, SubmitError,
+    Session, SessionCore, Sgl, SubmitError,
 };
 use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
@@ -173,7 +173,7 @@ impl Load {
             tag,
             dir: if read { Dir::Read } else { Dir::Write },
             usr: &usr,
-            sgl: &sgl[..n],
+            sgl: Sgl::Copy(&sgl[..n]),
             admin: false,
             deadline: None,
         };

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientIo, PathAddr, Session, SessionCore, SubmitError,
+    ClientCompletion, ClientConfig, ClientIo, PathAddr, Session, SessionCore, Sgl, SubmitError,
 };
 use rtrs_spdk::engine::{Ctx, Engine, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
@@ -56,7 +56,7 @@ impl Legacy {
             tag: u64::from(self.step),
             dir,
             usr,
-            sgl: if len == 0 { &[] } else { &sge },
+            sgl: Sgl::Copy(if len == 0 { &[] } else { &sge }),
             admin: false,
             deadline: None,
         };

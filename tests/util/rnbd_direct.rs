@@ -21,7 +21,7 @@ use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     completion, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, RnbdClient,
-    SendError, SessionHandle,
+    SendError, SessionHandle, Sgl,
 };
 use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSessions, SessionCache};
 use rtrs_spdk::rnbd::Dir;
@@ -65,6 +65,9 @@ pub struct DirectPort {
     /// This many next block requests end with −ECONNRESET unexecuted (RTRS drops a
     /// waiting request at a queue-depth change).
     pub reset_next: usize,
+    /// Every block request's scatter list as it came: held where its owner keeps it
+    /// (`Sgl::Held`), and the address of its first entry.
+    pub lists: Vec<(bool, usize)>,
     /// Block requests accepted so far (held, reset or executed).
     pub block_submits: usize,
     /// What `io_wait_timeout` reports.
@@ -101,6 +104,7 @@ impl DirectPort {
             held: Vec::new(),
             reset_next: 0,
             block_submits: 0,
+            lists: Vec::new(),
             wait: WAIT,
             sent: Vec::new(),
             regions: Vec::new(),
@@ -119,11 +123,13 @@ impl DirectPort {
                 tag,
                 dir,
                 usr: &usr,
-                sgl: &sgl,
+                sgl: Sgl::Copy(&sgl),
                 admin: false,
                 deadline: None,
             };
             self.submit(now, io).unwrap();
+            // Nor listed twice.
+            self.lists.pop();
         }
     }
 
@@ -163,6 +169,8 @@ impl SessionHandle for DirectPort {
     fn submit(&mut self, _now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
         if !io.admin {
             self.block_submits += 1;
+            self.lists
+                .push((matches!(io.sgl, Sgl::Held(_)), io.sgl.as_ptr() as usize));
         }
         if self.hold && !io.admin {
             self.held
@@ -204,7 +212,7 @@ impl SessionHandle for DirectPort {
                 }
             }
             let mut off = 0;
-            for s in io.sgl {
+            for s in io.sgl.iter() {
                 // SAFETY: as in finish.
                 unsafe { self.chunk(i, CHUNK).copy_in(off, sge_slice(s)) };
                 off += s.len as usize;

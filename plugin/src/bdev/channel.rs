@@ -276,5 +276,5 @@ fn prepare(ctx: &ChanCtx, io: BdevIo) {
 /// `submitted`).
 fn done(ctx: &ChanCtx, io: BdevIo, result: Result<(), Errno>) {
     ctx.shared.count_completed();
-    io.complete(Errno::neg_of(result));
+    io.complete_with(result);
 }

@@ -13,7 +13,9 @@
 //! queue, which sends it when the session has a permit and its device is reachable (no
 //! path, reconnecting, re-open pending: it waits, and is sent again once the device is
 //! re-opened), up to `io_timeout_sec` after submission (the session's
-//! `io_wait_timeout`), like NVMe-oF's controller-loss timeout.
+//! `io_wait_timeout`), like NVMe-oF's controller-loss timeout. Its scatter list stays
+//! in its task and is read there ([`TaskRef::into_submission`]; docs/ARCHITECTURE.md,
+//! "One request, one owner").
 
 use std::sync::Arc;
 
@@ -90,10 +92,13 @@ impl CoreQueue {
     pub fn submit(&mut self, now: u64, task: TaskRef, me: &GroupShared, out: &mut Vec<Finished>) {
         // Its buffer may lie in memory SPDK registered since the last poll.
         self.sync_memory();
-        let t = &*task;
-        if let Err(e) = self.queue.submit(now, t.dev, task.tag(), &t.req, t.sges()) {
+        let s = task.into_submission();
+        if let Err(e) = self.queue.submit_held(now, s.dev, s.tag, &s.req, s.sgl) {
             // Never busy: the session waits (io_timeout_sec is at least 1 s).
             self.sess.io_refused(&e);
+            // SAFETY: the tag of a task just given up; the queue refused it and keeps
+            // nothing of it: the task comes back here, once.
+            let task = unsafe { TaskRef::from_tag(s.tag) };
             finish(out, task, Err(e.errno()), me);
         }
     }

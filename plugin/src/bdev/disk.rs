@@ -14,8 +14,9 @@
 //! ([`stop_all`]) fails the disks still opening and ends once every disk and session
 //! is gone.
 
+use rtrs_spdk::sync::lock;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use rtrs_spdk::client::MpPolicy;
@@ -96,10 +97,6 @@ static DISKS: Mutex<Registry> = Mutex::new(Registry {
     stopping: false,
     on_empty: None,
 });
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn registry() -> MutexGuard<'static, Registry> {
     lock(&DISKS)

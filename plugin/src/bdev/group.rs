@@ -25,11 +25,13 @@
 //! are still polled by their one owner (the connection is then farther away, as a
 //! `bdev_nvme` qpair that follows its poll group).
 
+use rtrs_spdk::sync::lock;
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
 use std::ptr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::engine::{Ctx, PollPace, PollResult, Poller};
@@ -129,10 +131,6 @@ pub struct GroupState {
     interest: Vec<Interest>,
     /// Requests refused at submission, completed at the next poll.
     failed: Vec<Finished>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl GroupState {
@@ -305,6 +303,36 @@ pub struct Home {
     pub driver: Arc<Driver>,
     pub shared: Arc<GroupShared>,
     pub thread: SpdkThread,
+    /// Home's thread's accel channel, held while home lives (see [`AccelHold`]).
+    accel: AccelHold,
+}
+
+/// A thread's accel channel, held by the module. Every bdev channel SPDK opens takes its
+/// thread's accel channel; when none is held, SPDK makes one (about 1.7 MiB of
+/// `calloc`) and frees it again when the bdev channel goes. On home's thread — where
+/// SPDK examines every new rtrs bdev, each examine opening channels and closing them —
+/// that was a make-and-free per create, and the freed blocks, split by the allocations
+/// that each create keeps, left the client's heap a few hundred KiB larger per device
+/// (docs/BENCHMARKS.md, "SPDK: many devices over one session"). Held here, the
+/// examines find the channel. `bdev_nvme`'s poll groups hold theirs the same way.
+struct AccelHold(AtomicPtr<sys::spdk_io_channel>);
+
+impl AccelHold {
+    /// The calling SPDK thread's accel channel (null where accel has none to give:
+    /// nothing is held then).
+    fn get() -> AccelHold {
+        // SAFETY: called on an SPDK thread; the channel is put in `put`.
+        AccelHold(AtomicPtr::new(unsafe { sys::spdk_accel_get_io_channel() }))
+    }
+
+    /// Gives the channel back; on the thread it was got on.
+    fn put(&self) {
+        let ch = self.0.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !ch.is_null() {
+            // SAFETY: got in `get` on this thread (the caller's), put once (swapped out).
+            unsafe { sys::spdk_put_io_channel(ch) };
+        }
+    }
 }
 
 static HOME: Mutex<Option<Arc<Home>>> = Mutex::new(None);
@@ -331,6 +359,7 @@ impl Home {
             shared: Arc::new(GroupShared::new(Some(Arc::clone(&driver)))),
             driver,
             thread,
+            accel: AccelHold::get(),
         });
         let state = GroupState::new(Arc::clone(&home.shared), Arc::clone(&home), true);
         home.driver
@@ -367,6 +396,7 @@ impl Home {
         let Some(home) = lock(&HOME).take() else {
             return;
         };
+        home.accel.put();
         home.driver.shutdown_core();
         home.driver.drop_core();
     }

@@ -7,6 +7,7 @@
 //! The kernel's counterparts are `rnbd-clt`'s sysfs files (`map_device`, `unmap_device`)
 //! and `rtrs-clt`'s (`add_path`, `remove_path`, `mpath_policy`, the stats).
 
+use rtrs_spdk::sync::lock;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
@@ -194,11 +195,7 @@ fn add_path(req: RpcRequest, v: Value) {
         Err(e) => return req.invalid(&format!("{M}: {e}")),
     };
     let s = d.sess.session().expect("path_rpc checked the session");
-    let mut paths = d
-        .sess
-        .paths
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut paths = lock(&d.sess.paths);
     if paths.iter().any(|p| p.addr == path.addr) {
         return req.invalid(&format!(
             "{M}: 'dst_addr': path {} is already part of the session",
@@ -226,11 +223,7 @@ fn remove_path(req: RpcRequest, v: Value) {
         Err(e) => return req.invalid(&e),
     };
     let s = d.sess.session().expect("path_rpc checked the session");
-    let mut paths = d
-        .sess
-        .paths
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut paths = lock(&d.sess.paths);
     // The source address is optional here: match on the destination when it is absent.
     let Some(i) = paths.iter().position(|p| {
         p.addr.dst == path.addr.dst && (path.addr.src.is_none() || p.addr.src == path.addr.src)

@@ -12,8 +12,9 @@
 //! for its paths to go, and every owner drops its core's queue; the last one forgets the
 //! session.
 
+use rtrs_spdk::sync::lock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::client::{PathAddr, Session, SessionCore};
@@ -31,10 +32,6 @@ use super::task::TaskRef;
 
 /// How long a closing session waits for its paths to go (ns).
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// One core of the session as the groups see it.
 pub struct SessCore {

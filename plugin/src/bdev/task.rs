@@ -10,12 +10,13 @@
 
 use std::mem::{align_of, size_of};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rtrs_spdk::client::SglRef;
 use rtrs_spdk::fabric::Sge;
 use rtrs_spdk::rnbd::client::{BlockRequest, DevHandle};
 use rtrs_spdk::spdk::{sys, BdevIo};
+use rtrs_spdk::sync::SoloCounter;
 use rtrs_spdk::Errno;
 
 use super::group::GroupShared;
@@ -63,6 +64,15 @@ impl Task {
     }
 }
 
+/// A task as a session core's queue takes it ([`TaskRef::into_submission`]).
+pub struct Submission {
+    pub tag: u64,
+    pub dev: DevHandle,
+    pub req: BlockRequest,
+    /// The scatter list, where it lies in the task.
+    pub sgl: SglRef,
+}
+
 /// The handle of a live task: created once per bdev IO, moved (never copied) until the
 /// IO completes, which consumes it.
 pub struct TaskRef(NonNull<Task>);
@@ -98,11 +108,29 @@ impl TaskRef {
         self.0.as_ptr() as u64
     }
 
+    /// What a session core's queue takes of the task, the handle given up: it comes back
+    /// through the tag ([`from_tag`](Self::from_tag)), once, at the request's completion
+    /// or when the queue refuses it. The scatter list is not copied: the queue and the
+    /// session read it in the task (docs/ARCHITECTURE.md, "One request, one owner").
+    pub fn into_submission(self) -> Submission {
+        let t = &*self;
+        Submission {
+            tag: self.tag(),
+            dev: t.dev,
+            req: t.req,
+            // SAFETY: the task lives in its IO's driver_ctx until the IO completes, which
+            // is after the request's completion or refusal; this handle, the only one, is
+            // consumed here, so nothing changes the task (its list included) until the
+            // tag brings it back.
+            sgl: unsafe { SglRef::new(t.sges()) },
+        }
+    }
+
     /// The task whose request carried `tag`.
     ///
     /// # Safety
-    /// `tag` must come from [`tag`](Self::tag) of a task that is still live and whose
-    /// `TaskRef` was given up when its request was accepted (the request's completion
+    /// `tag` must come from [`tag`](Self::tag) or a [`Submission`] of a task that is still
+    /// live and whose `TaskRef` was given up (the request's completion, or its refusal,
     /// hands it back, once).
     pub unsafe fn from_tag(tag: u64) -> TaskRef {
         // SAFETY: per the contract the tag is a live task's address.
@@ -126,7 +154,7 @@ impl TaskRef {
     /// Completes the bdev IO on its channel's thread (the caller's): the task is over.
     pub fn complete(self, result: Result<(), Errno>) {
         self.chan().count_completed();
-        self.into_io().complete(Errno::neg_of(result));
+        self.into_io().complete_with(result);
     }
 
     /// The bdev IO, for completion: the task is over.
@@ -157,37 +185,32 @@ pub struct ChanShared {
     /// The poll group of the channel's thread: a task another group finished goes there.
     group: Arc<GroupShared>,
     /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
-    submitted: AtomicU64,
-    completed: AtomicU64,
+    submitted: SoloCounter,
+    completed: SoloCounter,
 }
 
 impl ChanShared {
     pub fn new(group: Arc<GroupShared>) -> ChanShared {
         ChanShared {
             group,
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
+            submitted: SoloCounter::new(0),
+            completed: SoloCounter::new(0),
         }
     }
 
     /// Requests of this channel not completed yet.
     pub fn outstanding(&self) -> u64 {
-        let done = self.completed.load(Ordering::Acquire);
-        self.submitted.load(Ordering::Acquire).saturating_sub(done)
+        let done = self.completed.get();
+        self.submitted.get().saturating_sub(done)
     }
 
     /// One more IO taken (on the channel's thread only).
     pub fn count_submitted(&self) {
-        bump(&self.submitted);
+        self.submitted.add(1);
     }
 
     /// One more IO completed (on the channel's thread only).
     pub fn count_completed(&self) {
-        bump(&self.completed);
+        self.completed.add(1);
     }
-}
-
-/// Adds one to a counter only the calling thread writes: a plain load and store.
-fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
 }

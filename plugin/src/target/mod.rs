@@ -29,6 +29,7 @@ mod mux;
 mod rpc;
 mod stats;
 
+use rtrs_spdk::sync::lock;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -190,9 +191,7 @@ static TARGET: Mutex<Option<Target>> = Mutex::new(None);
 
 /// Runs `f` on the target state (created on first use).
 pub fn with_target<R>(f: impl FnOnce(&mut Target) -> R) -> R {
-    let mut g: MutexGuard<'_, Option<Target>> = TARGET
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut g: MutexGuard<'_, Option<Target>> = lock(&TARGET);
     f(g.get_or_insert_with(Target::default))
 }
 

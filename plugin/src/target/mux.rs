@@ -5,6 +5,7 @@
 //! changeable set of the real fabric's listeners; everything else goes to that fabric,
 //! so every path of a session uses one fabric whatever address it came in on.
 
+use rtrs_spdk::sync::lock;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,9 +23,7 @@ pub struct Listeners {
 
 impl Listeners {
     fn lock(&self) -> MutexGuard<'_, Vec<Box<dyn Listener>>> {
-        self.list
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.list)
     }
 
     /// Adds a bound listener.

@@ -55,6 +55,7 @@ mod run;
 mod stamp;
 mod worker;
 
+use rtrs_spdk::sync::lock;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -461,7 +462,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     }
     let (region, plans) = plan::plan(&info, &device, bs, args.size, args.qd as usize, cores)?;
     let active = plans.iter().flatten().count();
-    *setup.plans.lock().unwrap_or_else(|e| e.into_inner()) = plans;
+    *lock(&setup.plans) = plans;
     setup.go.store(true, Ordering::Release);
 
     // Progress until every active core reported.
@@ -548,12 +549,7 @@ fn wait_device(
         if stop.load(Ordering::Acquire) {
             return Err((String::from("interrupted"), EXIT_INTERRUPTED));
         }
-        if let Some(r) = setup
-            .opened
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(r) = lock(&setup.opened).take() {
             return r.map_err(|e| failed(format!("{e} (on {targets})")));
         }
         if let Some(r) = session.refusal() {

@@ -5,6 +5,7 @@
 //! device, as `rnbd-clt` does on map). The main thread and the reactors meet only in
 //! [`Setup`].
 
+use rtrs_spdk::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -73,7 +74,7 @@ impl Setup {
     }
 
     fn set_opened(&self, r: Result<DeviceInfo, String>) {
-        let mut o = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        let mut o = lock(&self.opened);
         if o.is_none() {
             *o = Some(r);
         }
@@ -81,7 +82,7 @@ impl Setup {
 
     /// This core's worker, once the plans are out (`None` if it has no share).
     fn make_worker(&self, core: usize) -> Result<Option<Worker>, String> {
-        let plan = self.plans.lock().unwrap_or_else(|e| e.into_inner())[core];
+        let plan = lock(&self.plans)[core];
         let Some(plan) = plan else {
             return Ok(None);
         };
@@ -93,11 +94,7 @@ impl Setup {
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE,
             )
             .map_err(|e| format!("registering the {len}-byte IO buffer of core {core}: {e}"))?;
-        let tx = self
-            .reports
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let tx = lock(&self.reports).clone();
         let seed = self.job.run_id ^ (core as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         Ok(Some(Worker::new(
             self.job,
@@ -132,16 +129,12 @@ impl AdminRun {
                             setup.device
                         );
                     } else {
-                        *setup.handle.lock().unwrap_or_else(|e| e.into_inner()) = Some(*dev);
+                        *lock(&setup.handle) = Some(*dev);
                         setup.set_opened(Ok(*info));
                     }
                 }
                 ClientEvent::OpenFailed { error, .. } => {
-                    let mapped = setup
-                        .handle
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_some();
+                    let mapped = lock(&setup.handle).is_some();
                     if mapped {
                         tracing::error!("re-opening the device after a reconnect failed: {error}");
                     } else {
@@ -162,7 +155,7 @@ impl AdminRun {
         }
         if !self.closing && setup.unmap.load(Ordering::Acquire) {
             self.closing = true;
-            let dev = *setup.handle.lock().unwrap_or_else(|e| e.into_inner());
+            let dev = *lock(&setup.handle);
             match dev {
                 Some(dev) if self.admin.close(queue, now, dev).is_ok() => {}
                 _ => setup.unmapped.store(true, Ordering::Release),
@@ -187,11 +180,7 @@ fn fail_core(setup: &Setup, why: String) {
         elapsed_ns: 1,
         hist: crate::hist::Hist::new(),
     };
-    let _ = setup
-        .reports
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(r);
+    let _ = lock(&setup.reports).send(r);
 }
 
 /// One core: block IO of the device through this core's connection, and on core 0
@@ -253,7 +242,7 @@ impl CoreRun {
         }
         if !self.started && self.setup.go.load(Ordering::Acquire) {
             self.started = true;
-            self.dev = *self.setup.handle.lock().unwrap_or_else(|e| e.into_inner());
+            self.dev = *lock(&self.setup.handle);
             match self.setup.make_worker(cx.core()) {
                 Ok(w) => {
                     // Reads land in the buffer directly (no bounce copy).

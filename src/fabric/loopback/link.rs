@@ -13,6 +13,7 @@
 //! The connection manager's handshake (the kernel's REQ/REP/REJ) is a small state under
 //! a mutex, touched only while connecting.
 
+use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -184,15 +185,12 @@ impl Link {
     }
 
     pub fn handshake(&self) -> std::sync::MutexGuard<'_, Handshake> {
-        self.handshake.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.handshake)
     }
 
     /// The client's rings, once the acceptor left them (the client takes them once).
     pub fn take_client_rings(&self) -> Option<Rings> {
-        self.client_rings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        lock(&self.client_rings).take()
     }
 
     pub fn is_blackholed(&self) -> bool {
@@ -231,7 +229,7 @@ impl EndState {
 
     /// Records the refusal of the peer's operation `seq`.
     pub fn set_nak(&self, seq: u64, status: WcStatus) {
-        *self.nak.lock().unwrap_or_else(|e| e.into_inner()) = Some((seq, status));
+        *lock(&self.nak) = Some((seq, status));
         self.has_nak.store(true, Ordering::Release);
     }
 
@@ -241,7 +239,7 @@ impl EndState {
             return None;
         }
         self.has_nak.store(false, Ordering::Release);
-        self.nak.lock().unwrap_or_else(|e| e.into_inner()).take()
+        lock(&self.nak).take()
     }
 
     /// Whether delivery to this end is held for this poll (counting the poll).

@@ -21,6 +21,7 @@ mod rq;
 #[cfg(test)]
 mod tests;
 
+use crate::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -92,7 +93,7 @@ struct Backlog {
 
 impl Backlog {
     fn requests(&self) -> MutexGuard<'_, VecDeque<Pending>> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.requests)
     }
 }
 
@@ -171,7 +172,7 @@ impl LoopbackFabric {
 
 impl Inner {
     fn names(&self) -> MutexGuard<'_, Names> {
-        self.names.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.names)
     }
 }
 
@@ -189,26 +190,14 @@ impl Names {
     }
 }
 
+/// Checks queue sizes against the loopback's limits ([`QpCaps::check_within`]).
 fn check_caps(caps: &QpCaps) -> Result<(), String> {
-    if caps.max_send_sge as usize > MAX_SGE {
-        return Err(format!(
-            "max_send_sge {} exceeds the loopback limit {MAX_SGE}",
-            caps.max_send_sge
-        ));
-    }
-    if caps.max_send_wr == 0 || caps.max_send_wr > MAX_QUEUE_WR {
-        return Err(format!(
-            "max_send_wr {} is outside 1..={MAX_QUEUE_WR}",
-            caps.max_send_wr
-        ));
-    }
-    if caps.max_recv_wr > MAX_QUEUE_WR {
-        return Err(format!(
-            "max_recv_wr {} exceeds {MAX_QUEUE_WR}",
-            caps.max_recv_wr
-        ));
-    }
-    Ok(())
+    let limits = QpCaps {
+        max_send_wr: MAX_QUEUE_WR,
+        max_recv_wr: MAX_QUEUE_WR,
+        max_send_sge: MAX_SGE as u32,
+    };
+    caps.check_within(&limits, "the loopback's")
 }
 
 impl Fabric for LoopbackFabric {
@@ -500,11 +489,7 @@ impl Pending {
             (self.link.client_caps, self.link.client_rq.clone()),
             (caps, end.recv_queue()),
         );
-        *self
-            .link
-            .client_rings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(client);
+        *lock(&self.link.client_rings) = Some(client);
         *hs = Handshake::Accepted { private_data };
         drop(hs);
         Ok(LoopbackConn::server(end, self.link.clone(), server))

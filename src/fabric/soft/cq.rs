@@ -46,6 +46,7 @@
 //! member is held elsewhere; a slot's generation, part of the key, makes events of a
 //! member that left harmless.
 
+use crate::sync::lock;
 use std::any::Any;
 use std::io;
 use std::net::SocketAddr;
@@ -299,7 +300,7 @@ impl<T: Member> Shared<T> {
         if !self.has_incoming.load(Ordering::Acquire) {
             return;
         }
-        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inc = lock(&self.incoming);
         self.has_incoming.store(false, Ordering::Release);
         if core.round_left > 0 {
             // Appended at the end of the list: they join the round under way (exactly
@@ -614,11 +615,7 @@ pub fn attach<T: Member>(cq: &CqRef, conn: T) -> Result<Box<dyn Conn>, FabricErr
     });
     // The maker holds it until it lets go (Conn::release_thread).
     cell.conn.with(|_| ());
-    shared
-        .incoming
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(cell.clone());
+    lock(&shared.incoming).push(cell.clone());
     shared.has_incoming.store(true, Ordering::Release);
     Ok(Box::new(CqConn { cell, qp_num, caps }))
 }

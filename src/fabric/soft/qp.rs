@@ -843,38 +843,13 @@ impl SoftQp {
     }
 
     /// Whether posted requests wait to be handed to the transport (a cheap test before
-    /// [`SoftQp::outbound`] or [`SoftQp::transmit_with`] on an idle poll).
+    /// [`SoftQp::outbound`] or [`SoftQp::transmit_or_execute`] on an idle poll).
     pub fn has_outbound(&self) -> bool {
         self.sq_sent < self.sq_len
     }
 
-    /// Hands the wire operations not yet handed over to `take`, in order, each with its
-    /// source list to move out of (no reference counts touched): [`SoftQp::outbound`]
-    /// and [`SoftQp::mark_transmitted`] in one pass, for a transport that carries the
-    /// sources along. `take` returns false to stop; that operation is not handed over
-    /// and must then keep its sources.
-    pub fn transmit_with(&mut self, mut take: impl FnMut(&WireOp, &mut Srcs) -> bool) {
-        let mut i = self.sq_sent;
-        while i < self.sq_len {
-            let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
-            if s.bind.is_some() {
-                // A REG_MR waiting for the bytes before it: nothing behind it goes yet.
-                break;
-            }
-            // By reference: the header is copied once, into the transport's frame.
-            if let (Some(w), None) = (&s.wire, s.status) {
-                if !take(w, &mut s.srcs) {
-                    break;
-                }
-            }
-            i += 1;
-        }
-        // Everything before the first operation not taken counts as handed over (local
-        // operations and completed ones in between were never due).
-        self.sq_sent = i;
-    }
-
-    /// [`SoftQp::transmit_with`] for a transport that may execute an operation at the
+    /// Hands the wire operations not yet handed over to `go`, in order, each with its
+    /// source list to move out of, for a transport that may execute an operation at the
     /// peer at once (the loopback, at post time): `go` says what became of each
     /// operation (see [`Handed`]). An executed operation is complete, with no ack
     /// round (its completion reaches the CQ at the next [`SoftQp::settle`]); a refused

@@ -25,6 +25,7 @@
 //! stops matching at once (its generation moves on); its memory goes when the last lease
 //! lets go. See `docs/ARCHITECTURE.md`, "The registration table".
 
+use crate::sync::lock;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -533,7 +534,7 @@ impl MrTable {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ctl> {
-        self.ctl.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.ctl)
     }
 
     /// Takes a free index at random, allocating a segment when none is left.

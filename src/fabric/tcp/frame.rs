@@ -97,18 +97,6 @@ impl Opcode {
         })
     }
 
-    /// Whether this is one of the five operations a send work request puts on the wire.
-    pub fn is_wire_op(self) -> bool {
-        (self as u8) < 0x10
-    }
-
-    pub fn is_cm(self) -> bool {
-        matches!(
-            self,
-            Opcode::CmReq | Opcode::CmRep | Opcode::CmRej | Opcode::CmChallenge | Opcode::CmProof
-        )
-    }
-
     /// The lowest frame version that has this opcode.
     pub fn since_version(self) -> u8 {
         match self {

@@ -135,25 +135,14 @@ impl Default for TcpFabric {
     }
 }
 
-/// Checks queue sizes against [`TCP_CAPS`]; the error names the field.
+/// Checks queue sizes against [`TCP_CAPS`] ([`QpCaps::check_within`]).
 fn check_caps(caps: QpCaps) -> Result<(), String> {
-    let over = |what: &str, v: u32, max: u32| {
-        format!("tcp fabric: {what} {v} exceeds the fabric's limit of {max}")
+    let limits = QpCaps {
+        max_send_wr: TCP_CAPS.max_send_wr,
+        max_recv_wr: TCP_CAPS.max_recv_wr,
+        max_send_sge: TCP_CAPS.max_send_sge,
     };
-    if caps.max_send_wr == 0 || caps.max_send_wr > TCP_CAPS.max_send_wr {
-        return Err(over("max_send_wr", caps.max_send_wr, TCP_CAPS.max_send_wr));
-    }
-    if caps.max_recv_wr > TCP_CAPS.max_recv_wr {
-        return Err(over("max_recv_wr", caps.max_recv_wr, TCP_CAPS.max_recv_wr));
-    }
-    if caps.max_send_sge > TCP_CAPS.max_send_sge {
-        return Err(over(
-            "max_send_sge",
-            caps.max_send_sge,
-            TCP_CAPS.max_send_sge,
-        ));
-    }
-    Ok(())
+    caps.check_within(&limits, "the tcp fabric's")
 }
 
 impl Fabric for TcpFabric {

@@ -13,6 +13,7 @@
 //! from the device's asynchronous events, is the overrun: [`CqEvent::Overrun`], and
 //! every connection of the CQ breaks.
 
+use crate::sync::lock;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,10 +61,7 @@ pub(super) struct CqShare {
 impl CqShare {
     /// Queue pair `qp_num` (with `shadow`) now reports to this CQ.
     pub fn bind(&self, qp_num: u32, shadow: &Arc<ShadowCell>) {
-        self.incoming
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((qp_num, shadow.clone()));
+        lock(&self.incoming).push((qp_num, shadow.clone()));
         self.has_incoming.store(true, Ordering::Release);
     }
 
@@ -71,7 +69,7 @@ impl CqShare {
         if !self.has_incoming.load(Ordering::Acquire) {
             return;
         }
-        let mut inc = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inc = lock(&self.incoming);
         self.has_incoming.store(false, Ordering::Release);
         // A number the device reuses names the newest queue pair.
         by_qp.extend(inc.drain(..));
@@ -153,12 +151,7 @@ impl VerbsCq {
     /// Reads the device's asynchronous events: this CQ's error is kept here, other CQs'
     /// are left with the fabric for their own poll.
     fn read_async_events(&mut self) {
-        let mut others = self
-            .share
-            .shared
-            .cq_errors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut others = lock(&self.share.shared.cq_errors);
         loop {
             match self.share.shared.pd.device().next_async_event() {
                 Ok(None) => break,

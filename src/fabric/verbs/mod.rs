@@ -212,18 +212,12 @@ impl VerbsFabric {
 
 /// Checks requested queue sizes against the device; the message names the field.
 fn check_caps(shared: &Shared, caps: QpCaps) -> Result<(), String> {
-    let limits = [
-        ("max_send_wr", caps.max_send_wr, shared.caps.max_send_wr),
-        ("max_recv_wr", caps.max_recv_wr, shared.caps.max_recv_wr),
-        ("max_send_sge", caps.max_send_sge, shared.caps.max_send_sge),
-    ];
-    for (field, want, max) in limits {
-        if want == 0 || want > max {
-            return Err(format!(
-                "{field} {want} is outside 1..={max} (the device's limit)"
-            ));
-        }
-    }
+    let limits = QpCaps {
+        max_send_wr: shared.caps.max_send_wr,
+        max_recv_wr: shared.caps.max_recv_wr,
+        max_send_sge: shared.caps.max_send_sge,
+    };
+    caps.check_within(&limits, "the device's")?;
     let cqe = u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr);
     if cqe > u64::from(shared.attr.max_cqe) {
         return Err(format!(

@@ -35,6 +35,7 @@ mod plan;
 mod pool;
 mod ram;
 mod spec;
+mod step;
 mod sys;
 mod uring;
 

@@ -4,47 +4,9 @@
 //! optional post-sync for FUA. This is the part of the kernel's block layer that turns
 //! `REQ_PREFLUSH`/`REQ_FUA` into cache flushes around a request (`blk-flush.c`).
 
+use super::step::Step;
 use super::sys::IoBuf;
 use super::{BlockFlags, BlockIo, BlockOp};
-
-/// One syscall's worth of work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    Read {
-        offset: u64,
-        ptr: *mut u8,
-        len: u32,
-    },
-    Write {
-        offset: u64,
-        ptr: *mut u8,
-        len: u32,
-        dsync: bool,
-    },
-    /// Part of a write-same: `len` bytes at `offset`, the pattern of `block` bytes at
-    /// `ptr` repeated, starting `skew` bytes into it (after a short write). One
-    /// `pwritev` whose iovecs all point into the pattern ([`same_iovecs`]).
-    WriteSame {
-        offset: u64,
-        ptr: *mut u8,
-        block: u32,
-        skew: u32,
-        len: u32,
-        dsync: bool,
-    },
-    /// `fdatasync`: the file never grows, so data sync is enough.
-    Sync,
-    Fallocate {
-        offset: u64,
-        len: u64,
-        mode: i32,
-    },
-    /// `ioctl(BLKDISCARD)`: block devices only, and only on a thread (no io_uring opcode).
-    BlkDiscard {
-        offset: u64,
-        len: u64,
-    },
-}
 
 /// What the backing file is; it decides how discard and write-zeroes are done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,38 +22,6 @@ enum Stage {
     /// Re-allocate a punched range (write-zeroes with NOUNMAP after the punch fallback).
     Allocate,
     PostSync,
-}
-
-/// Most iovecs of one write-same syscall (the pattern repeated; 4 KiB of iovecs).
-pub(crate) const SAME_IOVS: usize = 256;
-
-/// The iovecs of a [`Step::WriteSame`] in `iovs` (at most [`SAME_IOVS`] are used);
-/// returns how many. Only addresses are computed: nothing is dereferenced.
-pub(crate) fn same_iovecs(step: &Step, iovs: &mut [libc::iovec]) -> usize {
-    let Step::WriteSame {
-        ptr,
-        block,
-        skew,
-        len,
-        ..
-    } = *step
-    else {
-        return 0;
-    };
-    let (block, mut left) = (block as usize, len as usize);
-    let mut at = skew as usize % block.max(1);
-    let mut n = 0;
-    while left > 0 && n < iovs.len().min(SAME_IOVS) {
-        let piece = (block - at).min(left);
-        iovs[n] = libc::iovec {
-            iov_base: ptr.wrapping_add(at).cast(),
-            iov_len: piece,
-        };
-        left -= piece;
-        at = 0;
-        n += 1;
-    }
-    n
 }
 
 const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -284,6 +214,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rnbd::backend::step::{same_iovecs, SAME_IOVS};
 
     fn run(plan: &mut Plan, results: &[i32]) -> (Vec<Step>, Option<i32>) {
         let mut steps = Vec::new();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use io_uring::{opcode, squeue, types};
 
-use super::plan::{same_iovecs, Step, SAME_IOVS};
+use super::step::{same_iovecs, Step, SAME_IOVS};
 use crate::fabric::mem::MemBuf;
 
 /// Raw memory an IO reads into or writes from: usually (part of) an RTRS chunk, which a

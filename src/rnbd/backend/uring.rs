@@ -10,7 +10,8 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, IoUring, Probe};
 
 use super::error::OpenError;
-use super::plan::{Plan, Step, SAME_IOVS};
+use super::plan::Plan;
+use super::step::{Step, SAME_IOVS};
 use super::sys::{self, PushFailed};
 use super::BlockCompletion;
 use crate::Errno;

@@ -21,7 +21,7 @@ use super::msg::{self, DeviceInfo};
 use super::queue::{DevHandle, IoError, RnbdQueue, ADMIN_TAG};
 use super::rtrs::{completion_result, LinkListener};
 use super::table::DeviceTable;
-use crate::client::ClientIo;
+use crate::client::{ClientIo, Sgl};
 use crate::common::LinkEvent;
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{AccessMode, OpenRsp, SessInfo};
@@ -345,7 +345,7 @@ impl RnbdAdmin {
                 tag: ADMIN_TAG | slot as u64,
                 dir,
                 usr,
-                sgl,
+                sgl: Sgl::Copy(sgl),
                 admin: true,
                 deadline: None,
             };

@@ -46,7 +46,7 @@ pub trait SessionHandle {
 
     /// How long a block request may wait for the device to be reachable: for a path
     /// (the session's own wait) and, above it, for the device's re-open after a
-    /// reconnect (the RNBD client's per-core queue, `queue.rs`). Zero: requests fail at
+    /// reconnect (the RNBD client's per-core queue, [`RnbdQueue`](super::RnbdQueue)). Zero: requests fail at
     /// once.
     fn io_wait_timeout(&self) -> Duration;
 

@@ -24,7 +24,7 @@ mod table;
 mod zeroes;
 
 /// The RTRS client's request and completion, which [`SessionHandle`] passes through.
-pub use crate::client::{ClientCompletion, ClientIo};
+pub use crate::client::{ClientCompletion, ClientIo, Sgl, SglRef};
 
 pub use admin::{ClientEvent, RnbdAdmin, REPLY_SLOT};
 pub use bringup::{open_rnbd_session, BringUpError, RnbdSession};

@@ -21,8 +21,9 @@
 //! zero buffer of emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once
 //! for every device and core of the session.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{lock, SoloCounter};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::device::{DevState, RnbdDevice};
 use super::handle::SessionHandle;
@@ -34,12 +35,6 @@ use crate::fabric::Mr;
 const MIN_ZERO_BUFFER: usize = 4096;
 /// Largest zero buffer; longer pieces repeat it in their scatter-gather list.
 const MAX_ZERO_BUFFER: usize = 1 << 20;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is one assignment or a push: a panic elsewhere cannot
-    // leave the value half-written.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// The devices of a session at one version (immutable once published).
 #[derive(Debug, Default)]
@@ -60,27 +55,24 @@ impl Snapshot {
     }
 }
 
-/// Block requests of one queue in flight: written by the queue's own core only
-/// (`store(load + 1)`, no read-modify-write), read by the admin.
-/// Alone on its cache line pair: the counters of several queues are made one after
-/// another.
+/// Block requests of one queue in flight: written by the queue's own core only, read by
+/// the admin ([`SoloCounter`]). Alone on its cache line pair: the counters of several
+/// queues are made one after another.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-pub(super) struct InFlight(AtomicUsize);
+pub(super) struct InFlight(SoloCounter);
 
 impl InFlight {
     pub(super) fn add(&self, n: usize) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v + n, Ordering::Release);
+        self.0.add(n as u64);
     }
 
     pub(super) fn sub(&self, n: usize) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v.saturating_sub(n), Ordering::Release);
+        self.0.sub(n as u64);
     }
 
     pub(super) fn get(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.0.get() as usize
     }
 }
 

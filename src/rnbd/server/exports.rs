@@ -16,6 +16,7 @@
 //! Each export has a host list ([`HostList`], see [`hosts`](super::hosts)) that OPEN
 //! checks; a new export is open to every host.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -541,12 +542,6 @@ impl std::fmt::Debug for Exports {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.iter().map(|(_, n)| n)).finish()
     }
-}
-
-/// Locks a mutex, ignoring poisoning: the guarded values stay consistent across a
-/// panic (plain counters and a RAM disk handle).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

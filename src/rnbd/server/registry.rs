@@ -4,6 +4,7 @@
 //! data path takes no shared lock once a core has seen a session. The cache holds each
 //! session as a [`SessionView`]: the session with this core's copy of its devices.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -65,7 +66,7 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<RnbdSession>>> {
         // Inserts and removes leave the map consistent at every step.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.map)
     }
 }
 

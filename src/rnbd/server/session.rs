@@ -14,6 +14,7 @@
 //! did behind a lock; an IO that looked its device up before keeps its export, which
 //! is never freed (a removed export only turns closed, see [`Exports`]).
 
+use crate::sync::lock;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -262,7 +263,7 @@ impl RnbdSession {
         // The table is consistent after any panic: each change is published before the
         // guard drops, and a change cut short only leaves the snapshot one change behind
         // until the next.
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.table)
     }
 }
 

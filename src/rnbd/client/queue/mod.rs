@@ -27,8 +27,12 @@
 //!
 //! Every request handed to the session has an entry here ([`Request`]), whose index is
 //! its tag on the session and which keeps what sending it again needs: the block
-//! request and the scatter-gather list. Entries, their lists and the waiting queue keep
-//! their memory once grown, so nothing is allocated per request in steady state. Per
+//! request and its scatter-gather list — the caller's, where it lies
+//! ([`submit_held`](RnbdQueue::submit_held)), or one copy made at
+//! [`submit`](RnbdQueue::submit); the session is handed a view of that one list, never a
+//! copy (docs/ARCHITECTURE.md, "One request, one owner"). Entries, their lists and the
+//! waiting queue keep their memory once grown, so nothing is allocated per request in
+//! steady state. Per
 //! request the device table costs one Acquire load (its version); the waiting queue is
 //! looked at only when the table changed, a wait ends, or a re-send found no free
 //! permit.
@@ -51,7 +55,7 @@ pub use super::request::{DevHandle, IoError, ADMIN_TAG};
 use super::rtrs::{completion, completion_result};
 use super::table::{DeviceTable, InFlight, Snapshot};
 use super::zeroes::{PieceSink, ZeroWrites};
-use crate::client::{ClientCompletion, ClientIo};
+use crate::client::{ClientCompletion, ClientIo, Sgl, SglRef};
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{Io, RnbdOp};
 use crate::rnbd::Dir;
@@ -98,7 +102,10 @@ struct Request {
     tag: u64,
     dev: DevHandle,
     req: BlockRequest,
-    sgl: Vec<Sge>,
+    /// The caller's scatter-gather list, where it lies ([`RnbdQueue::submit_held`]);
+    /// `None`: the copy in `own`.
+    held: Option<SglRef>,
+    own: Vec<Sge>,
     /// Submission time (ns); the wait ends `io_wait_timeout` later.
     since: u64,
     /// The device table's version when last sent.
@@ -109,6 +116,21 @@ struct Request {
     for_permit: bool,
     /// A piece of an emulated write-zeroes (`tag` is the piece's).
     piece: bool,
+}
+
+impl Request {
+    /// The request's scatter-gather list as the session reads it, where it lies: the
+    /// caller's, or this entry's copy. Either stays unchanged until the entry is freed,
+    /// which is after the session's completion of every submit made with it.
+    fn sgl(&self) -> SglRef {
+        match self.held {
+            Some(h) => h,
+            // SAFETY: `own` is written only in `take_request`, on a free entry, and its
+            // heap buffer does not move when `reqs` grows; the entry is freed only once
+            // the session gave the request back (completed or refused).
+            None => unsafe { SglRef::new(&self.own) },
+        }
+    }
 }
 
 /// One core's block IO over its RTRS session handle (see the module doc).
@@ -217,6 +239,9 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// and is sent as permits free up (within the same `io_wait_timeout`): with a wait
     /// configured the caller never holds a request back itself.
     ///
+    /// The list is copied once, into the request's entry;
+    /// [`submit_held`](Self::submit_held) copies nothing.
+    ///
     /// # Errors
     /// [`IoError::is_busy`] (only without a wait configured) to retry after polling;
     /// otherwise why it cannot be sent.
@@ -228,10 +253,38 @@ impl<S: SessionHandle> RnbdQueue<S> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
+        self.submit_sgl(now, dev, tag, req, Sgl::Copy(sgl))
+    }
+
+    /// As [`submit`](Self::submit), with a list that stays where it is until the
+    /// completion ([`SglRef`]): the queue and the session read it there, at every send
+    /// (a re-send after a reconnect, a failover) and at the completion, and keep no copy.
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit).
+    pub fn submit_held(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: SglRef,
+    ) -> Result<(), IoError> {
+        self.submit_sgl(now, dev, tag, req, Sgl::Held(sgl))
+    }
+
+    fn submit_sgl(
+        &mut self,
+        now: u64,
+        dev: DevHandle,
+        tag: u64,
+        req: &BlockRequest,
+        sgl: Sgl<'_>,
+    ) -> Result<(), IoError> {
         if tag & ADMIN_TAG != 0 {
             return Err(IoError::BadTag { tag });
         }
-        let have: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        let have: u64 = sgl.as_slice().iter().map(|s| u64::from(s.len)).sum();
         if have != u64::from(req.data_len()) {
             return Err(IoError::SglLength {
                 have,
@@ -276,7 +329,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
         dev: DevHandle,
         tag: u64,
         req: &BlockRequest,
-        sgl: &[Sge],
+        sgl: Sgl<'_>,
         piece: bool,
     ) -> Result<(), IoError> {
         let wait = self.wait_ns > 0;
@@ -294,7 +347,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     tag: i as u64,
                     dir,
                     usr: &usr,
-                    sgl,
+                    sgl: Sgl::Held(self.reqs[i].sgl()),
                     admin: false,
                     deadline: wait.then(|| self.end(i)),
                 };
@@ -449,7 +502,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
         tag: u64,
         dev: DevHandle,
         req: &BlockRequest,
-        sgl: &[Sge],
+        sgl: Sgl<'_>,
         now: u64,
         piece: bool,
     ) -> usize {
@@ -461,7 +514,8 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     tag: 0,
                     dev,
                     req: *req,
-                    sgl: Vec::with_capacity(sgl.len().max(4)),
+                    held: None,
+                    own: Vec::new(),
                     since: 0,
                     version: 0,
                     cause: None,
@@ -476,8 +530,14 @@ impl<S: SessionHandle> RnbdQueue<S> {
         s.tag = tag;
         s.dev = dev;
         s.req = *req;
-        s.sgl.clear();
-        s.sgl.extend_from_slice(sgl);
+        match sgl {
+            Sgl::Held(h) => s.held = Some(h),
+            Sgl::Copy(c) => {
+                s.held = None;
+                s.own.clear();
+                s.own.extend_from_slice(c);
+            }
+        }
         s.since = now;
         s.cause = None;
         s.for_permit = false;
@@ -496,6 +556,8 @@ impl<S: SessionHandle> RnbdQueue<S> {
 
     fn free_request(&mut self, i: usize) {
         self.reqs[i].stage = Stage::Free;
+        // The caller's list is theirs again.
+        self.reqs[i].held = None;
         self.free.push(i as u32);
     }
 }
@@ -518,7 +580,7 @@ impl<S: SessionHandle> PieceSink for RnbdQueue<S> {
         req: &BlockRequest,
         sgl: &[Sge],
     ) -> Result<(), IoError> {
-        self.submit_request(now, dev, tag, req, sgl, true)
+        self.submit_request(now, dev, tag, req, Sgl::Copy(sgl), true)
     }
 }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{look, Look, RnbdQueue, Stage};
-use crate::client::{ClientCompletion, ClientIo};
+use crate::client::{ClientCompletion, ClientIo, Sgl};
 use crate::rnbd::client::device::DevState;
 use crate::rnbd::client::handle::{SendError, SessionHandle};
 use crate::rnbd::client::rtrs::completion;
@@ -56,7 +56,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                             tag: i as u64,
                             dir,
                             usr: &usr,
-                            sgl: &s.sgl,
+                            sgl: Sgl::Held(s.sgl()),
                             admin: false,
                             deadline: Some(s.since.saturating_add(self.wait_ns)),
                         };

@@ -1,0 +1,97 @@
+//! Two shared-memory habits every layer uses, written once: a lock that ignores
+//! poisoning ([`lock`]) and a counter with one writer ([`SoloCounter`]).
+//!
+//! How they fit the per-core rule (docs/ARCHITECTURE.md, "Who writes what per IO"): locks
+//! are for control work only; a word the data path writes per IO has one writer, its
+//! core, and is a `SoloCounter` or plain core-owned memory; what other cores read of it
+//! is a snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, ignoring poisoning: a thread that panicked while holding it must not wedge
+/// every other (the state it guards is kept consistent between statements, and a panic
+/// is reported where it happened).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A counter written by one thread only (its core) and read by any: a plain load and a
+/// store, no read-modify-write and so no locked instruction. The store is a Release and
+/// [`get`](Self::get) an Acquire, so a reader that sees a count also sees what the writer
+/// did before it. A [`reset`](Self::reset) from another thread may lose an increment
+/// racing with it, which statistics accept; counts that decide something (in-flight
+/// gauges) are never reset.
+#[derive(Debug, Default)]
+pub struct SoloCounter(AtomicU64);
+
+impl SoloCounter {
+    pub const fn new(v: u64) -> SoloCounter {
+        SoloCounter(AtomicU64::new(v))
+    }
+
+    /// Adds `n` (wrapping); only the counter's writer calls it.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.wrapping_add(n), Ordering::Release);
+    }
+
+    /// Subtracts `n`, stopping at 0; only the counter's writer calls it.
+    #[inline]
+    pub fn sub(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.saturating_sub(n), Ordering::Release);
+    }
+
+    /// Raises the value to `n` if it is below; only the counter's writer calls it.
+    #[inline]
+    pub fn max(&self, n: u64) {
+        if n > self.0.load(Ordering::Relaxed) {
+            self.0.store(n, Ordering::Release);
+        }
+    }
+
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub fn reset(&self) {
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_solo_counter_counts_and_stops_at_zero() {
+        let c = SoloCounter::default();
+        c.add(3);
+        c.sub(1);
+        assert_eq!(c.get(), 2);
+        c.sub(5);
+        assert_eq!(c.get(), 0);
+        c.max(7);
+        c.max(4);
+        assert_eq!(c.get(), 7);
+        c.reset();
+        assert_eq!(c.get(), 0);
+    }
+
+    #[test]
+    fn a_poisoned_lock_is_still_taken() {
+        let m = Arc::new(Mutex::new(5));
+        let m2 = Arc::clone(&m);
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        assert_eq!(*lock(&m), 5);
+    }
+}
