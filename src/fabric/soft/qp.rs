@@ -25,6 +25,15 @@
 //! [`SoftQp::stage_recv`], [`SoftQp::push_completion`]) and moves completions made at
 //! post time to the CQ with [`SoftQp::settle`], once per poll.
 //!
+//! Why two ways of driving and not one: the ack-driven way holds every operation's
+//! sources and send slot until the peer said what became of it, because a wire lies in
+//! between (tcp); a transport that reaches the peer's queue pair and memory in the same
+//! process can learn that at once, and doing so keeps the loopback deterministic (its
+//! fault injection decides each operation's fate at post) with no ack traffic to
+//! simulate. Both share the queues, the responder's checks ([`respond`]) and the
+//! completion rules, so an operation's outcome is the same either way (the fabric
+//! conformance suite runs both).
+//!
 //! Breaking ([`SoftQp::fail`], or a refusal either way) flushes every posted receive and
 //! every uncompleted send request with [`WcStatus::WrFlush`]. The transport learns that
 //! it must tell its peer and raise `CmEvent::Disconnected` from
