@@ -22,8 +22,12 @@
 //! - [`ratelimit`]: the rate limiter every layer's messages about peers go through.
 //! - [`sync`]: the lock that ignores poisoning and the single-writer counter.
 //!
+//! - [`cli`]: what the standalone binaries (`rtrs-target`, `rtrs-bench`) share: fabric
+//!   URLs, option parsers, logging, starting a target.
+//!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
+pub mod cli;
 pub mod client;
 pub mod common;
 pub mod engine;

@@ -14,7 +14,7 @@ use super::ctl::{ns, Ctl, PathCtl, PathProgress};
 use super::reconnect::ReconnectStep;
 use super::refusal::{reject_kind, reject_reason, RejectKind};
 use super::state::PathState;
-use crate::common::{random_u64, Con, IuPool, LinkEvent};
+use crate::common::{random_u64, IuPool, LinkEvent, RtrsCon};
 use crate::engine::Ctx;
 use crate::fabric::{
     Access, CmEvent, Conn, Fabric, FabricError, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -85,7 +85,7 @@ impl Ctl {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting cid {cid} failed: {why}; the path is closed (no reconnect)");
         if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
-            conns.iter_mut().for_each(Con::disconnect);
+            conns.iter_mut().for_each(RtrsCon::disconnect);
         }
         *lock(&pc.shared.failure) = Some(why.to_string());
         pc.shared
@@ -103,9 +103,9 @@ impl Ctl {
         *lock(&pc.shared.last_error) = Some(why.to_string());
         if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
             cur.disconnect();
-            conns.iter_mut().for_each(Con::disconnect);
+            conns.iter_mut().for_each(RtrsCon::disconnect);
         } else if let PathProgress::Info { conns, .. } = &mut pc.phase {
-            conns.iter_mut().for_each(Con::disconnect);
+            conns.iter_mut().for_each(RtrsCon::disconnect);
         }
         pc.phase = PathProgress::Idle;
         pc.shared
@@ -248,9 +248,9 @@ impl Ctl {
         }
         let conn = std::mem::replace(cur, Box::new(NoConn));
         conns.push(if std::mem::take(cur_on_cq) {
-            Con::on_shared_cq(cid, conn, a.signal_interval())
+            RtrsCon::on_shared_cq(cid, conn, a.signal_interval())
         } else {
-            Con::new(cid, conn, a.signal_interval())
+            RtrsCon::new(cid, conn, a.signal_interval())
         });
         let next = cid + 1;
         if next < self.cid_num() {
@@ -297,7 +297,7 @@ impl Ctl {
     pub(super) fn start_info(
         &mut self,
         pc: &mut PathCtl,
-        mut conns: Vec<Con>,
+        mut conns: Vec<RtrsCon>,
         acc: ConnAccept,
         now: u64,
     ) {
@@ -438,7 +438,7 @@ impl Ctl {
         &mut self,
         cx: &mut dyn Ctx,
         pc: &mut PathCtl,
-        conns: Vec<Con>,
+        conns: Vec<RtrsCon>,
         params: Params,
         rbuf: Vec<(u64, u32)>,
         now: u64,
@@ -550,7 +550,7 @@ fn connect_io(
 /// Posts `n` receives on `con`: 8-byte buffers for RKEY_RSP under NEW_RKEY_F, else empty.
 fn post_recvs(
     f: &dyn Fabric,
-    con: &mut Con,
+    con: &mut RtrsCon,
     n: usize,
     new_rkey: bool,
 ) -> Result<Option<IuPool>, String> {

@@ -19,7 +19,7 @@ use super::policy::{PolicyCell, MAX_PATHS};
 use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats};
-use crate::common::{Con, IuPool};
+use crate::common::{IuPool, RtrsCon};
 use crate::fabric::{CqRef, Psk};
 use crate::proto::ImmLayout;
 
@@ -92,7 +92,7 @@ impl PathShared {
 
 /// An IO connection handed from the home core to its core.
 pub struct IoConn {
-    pub con: Con,
+    pub con: RtrsCon,
     /// Receive buffers (8 bytes each) when the server sends RKEY_RSP, else `None`.
     pub recv: Option<IuPool>,
     /// `rbuf[buf_id] = (addr, rkey)` of every chunk on this path.

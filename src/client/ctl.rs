@@ -22,7 +22,7 @@ use super::cross_core::{Params, PathShared, SessCmd, SessShared};
 use super::reconnect::Reconnect;
 use super::refusal::Refusal;
 use super::state::PathState;
-use crate::common::{Con, Heartbeat, IuPool, LinkEvent, Uuid};
+use crate::common::{Heartbeat, IuPool, LinkEvent, RtrsCon, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{Conn, Fabric, Psk};
 use crate::proto::ConnAccept;
@@ -52,7 +52,7 @@ pub(super) enum After {
 pub(super) enum PathProgress {
     /// Connection `conns.len()` is being established.
     Connecting {
-        conns: Vec<Con>,
+        conns: Vec<RtrsCon>,
         cur: Box<dyn Conn>,
         /// `cur` was made on its core's shared CQ.
         cur_on_cq: bool,
@@ -61,24 +61,20 @@ pub(super) enum PathProgress {
     },
     /// Every connection is up; INFO_REQ sent on cid 0, waiting for INFO_RSP.
     Info {
-        conns: Vec<Con>,
+        conns: Vec<RtrsCon>,
         acc: ConnAccept,
         rsp: IuPool,
         _req: IuPool,
         deadline: u64,
     },
     Connected {
-        con0: Con,
+        con0: RtrsCon,
         recv0: Option<IuPool>,
     },
     /// Waiting for every core to drop its connection.
-    Teardown {
-        then: After,
-    },
+    Teardown { then: After },
     /// Reconnect due at `at`.
-    Waiting {
-        at: u64,
-    },
+    Waiting { at: u64 },
     /// Closed; only a manual reconnect or removal follows.
     Idle,
 }

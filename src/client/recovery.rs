@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::cross_core::PathCmd;
 use super::ctl::{After, Ctl, PathCtl, PathProgress};
 use super::state::PathState;
-use crate::common::{Con, LinkEvent};
+use crate::common::{LinkEvent, RtrsCon};
 use crate::engine::Ctx;
 use crate::fabric::{CmEvent, RecvWr, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, RkeyRsp, HB_ACK_IMM, HB_MSG_IMM};
@@ -127,9 +127,9 @@ impl Ctl {
                 mut conns, mut cur, ..
             } => {
                 cur.disconnect();
-                conns.iter_mut().for_each(Con::disconnect);
+                conns.iter_mut().for_each(RtrsCon::disconnect);
             }
-            PathProgress::Info { mut conns, .. } => conns.iter_mut().for_each(Con::disconnect),
+            PathProgress::Info { mut conns, .. } => conns.iter_mut().for_each(RtrsCon::disconnect),
             PathProgress::Teardown { .. } | PathProgress::Waiting { .. } | PathProgress::Idle => {}
         }
         let to = match then {

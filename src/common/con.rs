@@ -1,4 +1,4 @@
-//! [`Con`]: one reliable connection of an RTRS path, with the bookkeeping both sides
+//! [`RtrsCon`]: one reliable connection of an RTRS path, with the bookkeeping both sides
 //! need around it — the kernel's `struct rtrs_con` plus `rtrs_post_recv_empty`,
 //! `rtrs_post_rdma_write_imm_empty` and the `signal_interval` / `sq_wr_avail` rules of
 //! `rtrs-srv.c` and `rtrs-clt.c` (docs/PROTOCOL.md §4.7).
@@ -7,23 +7,23 @@
 //! A fabric send slot stays held from posting until a completion is generated for that
 //! work request or a later one of the same connection. Most requests are posted
 //! unsignaled, so slots come back only with the completion of a later *signaled* one.
-//! `Con` keeps that account exactly, in work requests:
+//! `RtrsCon` keeps that account exactly, in work requests:
 //! - every posted request takes one slot of the budget (`max_send_wr` of the queue pair);
 //! - the last request of a chain is signaled when `signal_interval` requests have gone
 //!   out since the previous signaled one, or when the budget is running low (so slots
 //!   held by unsignaled requests always have a signaled request behind them that will
 //!   return them); a request the caller marks signaled stays signaled;
 //! - each signaled request remembers how many slots it covers, and its successful
-//!   completion (seen by [`Con::poll`], in order, as RC delivers them) returns them.
+//!   completion (seen by [`RtrsCon::poll`], in order, as RC delivers them) returns them.
 //!
 //! A chain that does not fit the budget is refused with [`ConPostError::Budget`] before
 //! anything is posted: the caller queues it and retries after polling (the kernel's
 //! `rsp_wr_wait_list`). Nothing here allocates after construction.
 //!
 //! # On a core's shared completion queue
-//! A `Con` made with [`Con::on_shared_cq`] does not poll a CQ of its own: the core polls
+//! A `RtrsCon` made with [`RtrsCon::on_shared_cq`] does not poll a CQ of its own: the core polls
 //! its shared CQ once per loop, finds each completion's connection by `qp_num` and has
-//! it accounted here ([`Con::account`], what [`Con::poll`] does for its own CQ)
+//! it accounted here ([`RtrsCon::account`], what [`RtrsCon::poll`] does for its own CQ)
 //! (docs/ARCHITECTURE.md, "Completion queues").
 
 use std::collections::VecDeque;
@@ -32,13 +32,13 @@ use smallvec::SmallVec;
 
 use crate::fabric::{CmEvent, Conn, ConnState, PostError, RecvWr, SendOp, SendWr, Wc, WcOpcode};
 
-/// Receives posted per `post_recv` call by [`Con::post_recv_empty`].
+/// Receives posted per `post_recv` call by [`RtrsCon::post_recv_empty`].
 pub const RECV_BATCH: usize = 32;
 
-/// Why [`Con::post_send`] refused a chain.
+/// Why [`RtrsCon::post_send`] refused a chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ConPostError {
-    /// Not enough send-queue slots: retry after [`Con::poll`] returned some.
+    /// Not enough send-queue slots: retry after [`RtrsCon::poll`] returned some.
     #[error("connection cid {cid}: send queue budget exhausted (chain of {need} work requests, {avail} slots free); retry after polling")]
     Budget { cid: u16, need: usize, avail: u32 },
     /// The fabric refused the post; requests before `index` were accepted.
@@ -59,7 +59,7 @@ impl ConPostError {
 
 /// One connection of a path: its index (`cid`) and the fabric connection, with
 /// signaling and send-budget bookkeeping.
-pub struct Con {
+pub struct RtrsCon {
     cid: u16,
     conn: Box<dyn Conn>,
     /// Signal at least every this many work requests.
@@ -68,7 +68,7 @@ pub struct Con {
     low_water: u32,
     /// Work requests posted since the last signaled one.
     pending: u32,
-    /// Something was posted since the last [`Con::push`].
+    /// Something was posted since the last [`RtrsCon::push`].
     posted: bool,
     /// Free send slots.
     sq_avail: u32,
@@ -76,13 +76,13 @@ pub struct Con {
     credits: VecDeque<u32>,
     /// The fabric connection's number (its completions carry it).
     qp_num: u32,
-    /// On a core's shared CQ (see [`Con::on_shared_cq`]).
+    /// On a core's shared CQ (see [`RtrsCon::on_shared_cq`]).
     shared: bool,
 }
 
-impl std::fmt::Debug for Con {
+impl std::fmt::Debug for RtrsCon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Con")
+        f.debug_struct("RtrsCon")
             .field("cid", &self.cid)
             .field("state", &self.conn.state())
             .field("sq_avail", &self.sq_avail)
@@ -91,15 +91,15 @@ impl std::fmt::Debug for Con {
     }
 }
 
-impl Con {
+impl RtrsCon {
     /// Wraps connection `cid`. `signal_interval` is the path's (`min(queue_depth, 512)`);
     /// the budget is the connection's `max_send_wr`. The effective interval is capped at
     /// half the budget so that a signaled request is always outstanding before the
     /// budget runs out.
-    pub fn new(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> Con {
+    pub fn new(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> RtrsCon {
         let max = conn.caps().max_send_wr.max(1);
         let interval = signal_interval.clamp(1, (max / 2).max(1));
-        Con {
+        RtrsCon {
             cid,
             signal_interval: interval,
             low_water: interval.min(max / 4),
@@ -113,11 +113,11 @@ impl Con {
         }
     }
 
-    /// [`Con::new`] for a connection made on a core's shared CQ: the core polls that
-    /// CQ and hands each of its completions to [`Con::account`]; [`Con::poll`] has
+    /// [`RtrsCon::new`] for a connection made on a core's shared CQ: the core polls that
+    /// CQ and hands each of its completions to [`RtrsCon::account`]; [`RtrsCon::poll`] has
     /// nothing to take.
-    pub fn on_shared_cq(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> Con {
-        let mut con = Con::new(cid, conn, signal_interval);
+    pub fn on_shared_cq(cid: u16, conn: Box<dyn Conn>, signal_interval: u32) -> RtrsCon {
+        let mut con = RtrsCon::new(cid, conn, signal_interval);
         con.shared = true;
         con
     }
@@ -132,7 +132,7 @@ impl Con {
         }
     }
 
-    /// Whether the connection is on a shared CQ (see [`Con::on_shared_cq`]).
+    /// Whether the connection is on a shared CQ (see [`RtrsCon::on_shared_cq`]).
     pub fn on_shared(&self) -> bool {
         self.shared
     }
@@ -143,7 +143,7 @@ impl Con {
     }
 
     /// Accounts one completion of this connection (from the core's shared CQ, or from
-    /// [`Con::poll`]): a successful send-side one returns its slots to the budget.
+    /// [`RtrsCon::poll`]): a successful send-side one returns its slots to the budget.
     #[inline]
     pub fn account(&mut self, wc: &Wc) {
         let send_side = matches!(
@@ -163,7 +163,7 @@ impl Con {
         self.conn.release_thread();
     }
 
-    /// The core takes the connection over (after [`Con::release_thread`] elsewhere):
+    /// The core takes the connection over (after [`RtrsCon::release_thread`] elsewhere):
     /// a poll without room, whose only effect is that this thread now holds it.
     pub fn adopt(&mut self) {
         self.conn.poll_cq(&mut []);
@@ -277,7 +277,7 @@ impl Con {
     /// NEW_RKEY_F), as `rtrs_post_rdma_write_imm_empty`.
     ///
     /// # Errors
-    /// As [`Con::post_send`].
+    /// As [`RtrsCon::post_send`].
     pub fn post_imm_empty(&mut self, wr_id: u64, imm: u32) -> Result<(), ConPostError> {
         self.post_send(&[SendWr {
             wr_id,
@@ -327,7 +327,7 @@ impl Con {
 
     /// Polls the completion queue into `wcs` and returns how many completions were
     /// written; successful send-side completions return their slots to the budget. On a
-    /// shared CQ there is nothing to take here (see [`Con::on_shared_cq`]).
+    /// shared CQ there is nothing to take here (see [`RtrsCon::on_shared_cq`]).
     pub fn poll(&mut self, wcs: &mut [Wc]) -> usize {
         if self.shared {
             return 0;

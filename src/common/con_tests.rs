@@ -2,7 +2,7 @@ use super::*;
 use crate::fabric::loopback::LoopbackFabric;
 use crate::fabric::{Fabric, QpCaps, WcStatus};
 
-fn pair(send_wr: u32) -> (Con, Con) {
+fn pair(send_wr: u32) -> (RtrsCon, RtrsCon) {
     let f = LoopbackFabric::new();
     let mut l = f.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let caps = QpCaps {
@@ -16,7 +16,7 @@ fn pair(send_wr: u32) -> (Con, Con) {
         l.poll()
     });
     let s = req.expect("request").accept(caps, &[2]).unwrap();
-    let mut s = Con::new(0, s, 512);
+    let mut s = RtrsCon::new(0, s, 512);
     let mut est = false;
     for _ in 0..1000 {
         s.poll_cm();
@@ -26,7 +26,7 @@ fn pair(send_wr: u32) -> (Con, Con) {
         }
     }
     assert!(est, "client never established");
-    (Con::new(0, c, 512), s)
+    (RtrsCon::new(0, c, 512), s)
 }
 
 #[test]
@@ -42,7 +42,7 @@ fn budget_refuses_then_recovers_without_fabric_queue_full() {
     s.post_recv_empty(1000, 5).unwrap();
     let mut wcs = [Wc::default(); 64];
     let mut got = 0u32;
-    let drain = |s: &mut Con, got: &mut u32| {
+    let drain = |s: &mut RtrsCon, got: &mut u32| {
         let mut w = [Wc::default(); 64];
         let n = s.poll(&mut w);
         for wc in &w[..n] {

@@ -1,4 +1,4 @@
-//! What the RTRS client and server share: one fabric connection of a path ([`Con`]),
+//! What the RTRS client and server share: one fabric connection of a path ([`RtrsCon`]),
 //! registered message buffers ([`IuPool`]), the heartbeat state machine ([`Heartbeat`]),
 //! and small shared types (direction, link events, identifiers).
 //!
@@ -9,7 +9,7 @@
 //!
 //! Nothing here parses wire bytes (that is [`crate::proto`]) and nothing here decides
 //! when code runs (that is [`crate::engine`]): [`Heartbeat`] is pure logic driven by the
-//! caller's timer, [`Con`] is driven by the caller's poller.
+//! caller's timer, [`RtrsCon`] is driven by the caller's poller.
 
 mod con;
 mod heartbeat;
@@ -17,7 +17,7 @@ mod ids;
 mod inbox;
 mod iu;
 
-pub use con::{Con, ConPostError, RECV_BATCH};
+pub use con::{ConPostError, RtrsCon, RECV_BATCH};
 pub use heartbeat::{HbAction, HbConfig, Heartbeat};
 pub use ids::{random_u64, random_uuid, Uuid};
 pub use inbox::Inbox;

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::common::{Con, IuPool, Uuid};
+use crate::common::{IuPool, RtrsCon, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
 use crate::fabric::admission::{self, victim};
 use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
@@ -497,8 +497,8 @@ impl Acceptor {
             }
         };
         let mut con = match cq {
-            Some(_) => Con::on_shared_cq(msg.cid, conn, signal_interval(qd)),
-            None => Con::new(msg.cid, conn, signal_interval(qd)),
+            Some(_) => RtrsCon::on_shared_cq(msg.cid, conn, signal_interval(qd)),
+            None => RtrsCon::new(msg.cid, conn, signal_interval(qd)),
         };
         let posted = if msg.cid == 0 {
             con.post_recv(&[path.info_req.recv_wr(0, WrId::InfoReq.encode())])

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::session::Path;
 use super::state::ServerState;
-use crate::common::{Con, Heartbeat};
+use crate::common::{Heartbeat, RtrsCon};
 use crate::engine::Ctx;
 
 /// INFO_RSP progress on a cid 0 connection.
@@ -34,7 +34,7 @@ pub(crate) type PathRef = Rc<Arc<Path>>;
 /// One connection served here.
 pub(crate) struct ConSlot {
     pub path: PathRef,
-    pub con: Con,
+    pub con: RtrsCon,
     /// Disconnect issued; dropped once drained.
     pub closing: bool,
     /// Requests (op table slots) whose response waits for send slots.
@@ -57,7 +57,7 @@ pub(crate) struct ConSlot {
 }
 
 impl ConSlot {
-    pub fn new(path: Arc<Path>, con: Con) -> ConSlot {
+    pub fn new(path: Arc<Path>, con: RtrsCon) -> ConSlot {
         ConSlot {
             path: Rc::new(path),
             con,

@@ -23,7 +23,7 @@
 //!   events, teardown). Requests go to that core's [`ServerHandler`], which answers into
 //!   the core's [`Responses`] (at once or from its `poll`, called every loop); responses
 //!   follow docs/PROTOCOL.md §4.5 with the send-queue budget and queueing of
-//!   [`crate::common::Con`].
+//!   [`crate::common::RtrsCon`].
 //! - Every value from the peer is checked; a violation closes that path only, with a
 //!   rate-limited log line naming the field.
 //!

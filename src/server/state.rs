@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::common::Inbox;
 
-use crate::common::Con;
+use crate::common::RtrsCon;
 use crate::engine::{Ctx, Msg};
 use crate::fabric::{CqRef, Fabric};
 use crate::ratelimit::RateLimit;
@@ -20,7 +20,7 @@ use super::session::{Path, Sessions, CLOSING, CONNECTED, CONNECTING};
 /// Work for one core, delivered through its inbox.
 pub(crate) enum PathWork {
     /// Serve this connection (a cid of `path`) on this core.
-    AddCon { path: Arc<Path>, con: Con },
+    AddCon { path: Arc<Path>, con: RtrsCon },
     /// Home core: finalise `path` once it has drained.
     Finalize(Arc<Path>),
     /// Close `path` (an administrative disconnect).

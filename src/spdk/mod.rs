@@ -2,7 +2,7 @@
 //! ([`sys`]) and safe wrappers over the parts of SPDK the plugin uses.
 //!
 //! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
-//! - [`bdev`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
+//! - [`export`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
 //!   IO submission with `spdk_bdev_queue_io_wait` on −ENOMEM, hot remove).
 //! - [`bdev_io`]: the other side, a bdev IO handed to a bdev module (fields, buffer,
 //!   per-IO context, completion).
@@ -19,10 +19,10 @@
 //! The plugin crate (`plugin/`) builds the shared library on top of these; SPDK's
 //! symbols are resolved by the host application at load time.
 
-pub mod bdev;
 pub mod bdev_io;
 pub mod dma;
 pub mod driver;
+pub mod export;
 pub mod json;
 pub mod keyring;
 pub mod log;

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rtrs_spdk::common::{Con, IuPool};
+use rtrs_spdk::common::{IuPool, RtrsCon};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
     Access, CmEvent, Fabric, Listener, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -20,7 +20,7 @@ use rtrs_spdk::proto::{
 };
 
 pub struct SConn {
-    pub con: Con,
+    pub con: RtrsCon,
     pub cid: u16,
     pub listener: usize,
     pub alive: bool,
@@ -226,7 +226,7 @@ impl FakeServer {
                     max_send_sge: 2,
                 };
                 let conn = req.accept(caps, &rsp).expect("accept");
-                let mut con = Con::new(cr.cid, conn, u32::from(self.qd.min(512)));
+                let mut con = RtrsCon::new(cr.cid, conn, u32::from(self.qd.min(512)));
                 let info = if cr.cid == 0 {
                     let pool = IuPool::new(&*self.fabric, 1, 272, Access::LOCAL_WRITE).unwrap();
                     con.post_recv(&[pool.recv_wr(0, 1)]).unwrap();

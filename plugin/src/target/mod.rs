@@ -38,8 +38,8 @@ use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::{Admission, Fabric, FabricError, Psk};
 use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
-use rtrs_spdk::spdk::bdev::BdevExport;
 use rtrs_spdk::spdk::dma::SpdkDmaChunks;
+use rtrs_spdk::spdk::export::BdevExport;
 use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
 use serde_json::{json, Value};
 

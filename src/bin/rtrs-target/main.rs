@@ -34,9 +34,7 @@
 // parts of a value, not links.
 #![allow(rustdoc::broken_intra_doc_links)]
 
-#[path = "../cli/mod.rs"]
-#[allow(dead_code)]
-mod cli;
+use rtrs_spdk::cli;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -2,8 +2,6 @@
 //! durations, cpumasks), logging set-up, the one-line error exit and starting an RNBD
 //! target on an engine (the standalone counterpart of loading `rnbd_server` with its
 //! `rtrs_server` and configuring exports).
-//!
-//! Each binary includes this directory with `#[path]`; cargo does not build it on its own.
 
 pub mod target;
 pub mod url;
@@ -12,8 +10,8 @@ use std::fmt::Display;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rtrs_spdk::engine::{Adaptive, CpuMask, EngineConfig, IdleStrategy};
-use rtrs_spdk::rnbd::backend::parse_size;
+use crate::engine::{Adaptive, CpuMask, EngineConfig, IdleStrategy};
+use crate::rnbd::backend::parse_size;
 
 /// Exit code for bad arguments (as clap uses).
 pub const EXIT_USAGE: u8 = 2;
@@ -57,8 +55,8 @@ pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {
 
 /// `--psk-file`: a key file (at least 32 random bytes as hex or base64, readable by its
 /// owner only); the error names the file and what is wrong, never the key.
-pub fn psk_file_arg(s: &str) -> Result<rtrs_spdk::fabric::Psk, String> {
-    rtrs_spdk::fabric::Psk::from_file(std::path::Path::new(s)).map_err(|e| e.to_string())
+pub fn psk_file_arg(s: &str) -> Result<crate::fabric::Psk, String> {
+    crate::fabric::Psk::from_file(std::path::Path::new(s)).map_err(|e| e.to_string())
 }
 
 /// `-m/--cpumask`: a hex mask (`0x3`) or a list (`[0-1]`, `0,1`), SPDK's convention.
@@ -106,8 +104,8 @@ pub fn missed_arg(s: &str) -> Result<u32, String> {
 }
 
 /// The heartbeat configuration of `--heartbeat` and `--heartbeat-missed`.
-pub fn hb_config(interval: Duration, missed: u32) -> rtrs_spdk::common::HbConfig {
-    rtrs_spdk::common::HbConfig {
+pub fn hb_config(interval: Duration, missed: u32) -> crate::common::HbConfig {
+    crate::common::HbConfig {
         interval,
         missed_max: missed,
     }

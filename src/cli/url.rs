@@ -10,8 +10,8 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
-use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
+use crate::fabric::tcp::TcpFabric;
+use crate::fabric::Fabric;
 
 /// RNBD's default port.
 pub const DEFAULT_PORT: u16 = 1234;
@@ -52,7 +52,7 @@ impl Scheme {
 
 #[cfg(feature = "verbs")]
 fn open_verbs() -> Result<Arc<dyn Fabric>, String> {
-    use rtrs_spdk::fabric::verbs::VerbsFabric;
+    use crate::fabric::verbs::VerbsFabric;
     let f = VerbsFabric::open(None).map_err(|e| e.to_string())?;
     Ok(Arc::new(f))
 }

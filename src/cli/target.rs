@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rtrs_spdk::engine::Engine;
-use rtrs_spdk::fabric::Fabric;
-use rtrs_spdk::rnbd::backend::{BackendSpec, ExportSpec, FileOptions};
-use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
-use rtrs_spdk::server::{Server, ServerConfig};
+use crate::engine::Engine;
+use crate::fabric::Fabric;
+use crate::rnbd::backend::{BackendSpec, ExportSpec, FileOptions};
+use crate::rnbd::server::{Exports, HostPattern, RnbdServer};
+use crate::server::{Server, ServerConfig};
 
 use super::human_size;
 
