@@ -11,9 +11,10 @@
 //! summary appears even when the flood stops. Safe to share between threads: the state
 //! sits behind a mutex, uncontended in practice (these are not per-IO paths).
 
-use crate::sync::lock;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+
+use crate::sync::lock;
 
 /// A rate limiter for one kind of log message (see the module docs).
 #[derive(Debug)]

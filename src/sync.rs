@@ -1,5 +1,6 @@
-//! Two shared-memory habits every layer uses, written once: a lock that ignores
-//! poisoning ([`lock`]) and a counter with one writer ([`SoloCounter`]).
+//! The shared-memory habits every layer uses, written once: a lock that ignores
+//! poisoning ([`lock`]), a counter with one writer ([`SoloCounter`]), and a value
+//! published as immutable versions that IO cores read without a lock ([`Published`]).
 //!
 //! How they fit the per-core rule (docs/ARCHITECTURE.md, "Who writes what per IO"): locks
 //! are for control work only; a word the data path writes per IO has one writer, its
@@ -7,7 +8,7 @@
 //! is a snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Locks `m`, ignoring poisoning: a thread that panicked while holding it must not wedge
 /// every other (the state it guards is kept consistent between statements, and a panic
@@ -62,10 +63,57 @@ impl SoloCounter {
     }
 }
 
+/// A value published as immutable versions (a device table): control work, one change
+/// at a time, [`publish`](Self::publish)es the next version; a reader keeps the `Arc` it
+/// last [`load`](Self::load)ed and, per IO, compares that value's version with
+/// [`version`](Self::version) (one Acquire load), loading again (the lock) only when it
+/// is stale. The value carries its own version number, given to it by `publish`.
+#[derive(Debug)]
+pub struct Published<T> {
+    current: Mutex<Arc<T>>,
+    version: AtomicU64,
+}
+
+impl<T: Default> Default for Published<T> {
+    fn default() -> Published<T> {
+        Published::new(T::default())
+    }
+}
+
+impl<T> Published<T> {
+    /// `first` as version 0.
+    pub fn new(first: T) -> Published<T> {
+        Published {
+            current: Mutex::new(Arc::new(first)),
+            version: AtomicU64::new(0),
+        }
+    }
+
+    /// The version published last (one Acquire load: the per-IO check).
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The value published last.
+    pub fn load(&self) -> Arc<T> {
+        Arc::clone(&lock(&self.current))
+    }
+
+    /// Publishes `make(next version)` as the next version.
+    pub fn publish(&self, make: impl FnOnce(u64) -> T) {
+        let mut cur = lock(&self.current);
+        let version = self.version.load(Ordering::Relaxed) + 1;
+        *cur = Arc::new(make(version));
+        // Stored under the lock after the value: a reader that sees this version and
+        // takes the lock finds this value or a newer one.
+        self.version.store(version, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn a_solo_counter_counts_and_stops_at_zero() {
@@ -80,6 +128,18 @@ mod tests {
         assert_eq!(c.get(), 7);
         c.reset();
         assert_eq!(c.get(), 0);
+    }
+
+    #[test]
+    fn a_reader_sees_a_new_version_and_its_value() {
+        let p = Published::new((0u64, "first"));
+        assert_eq!(p.version(), 0);
+        let mine = p.load();
+        p.publish(|v| (v, "second"));
+        assert_ne!(mine.0, p.version(), "the reader's copy is stale");
+        let now = p.load();
+        assert_eq!(*now, (1, "second"));
+        assert_eq!(now.0, p.version());
     }
 
     #[test]

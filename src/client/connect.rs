@@ -6,7 +6,6 @@
 //! the others, empty or 8-byte buffers under NEW_RKEY_F), and the hand-over of
 //! connection `k+1` to core `k`. A failure at any step schedules a reconnect.
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 
 use super::cross_core::{IoConn, Params, PathCmd, SessShared};
@@ -21,6 +20,7 @@ use crate::fabric::{
 };
 use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{ConnAccept, ConnReq, ConnRsp, InfoReq, InfoRsp, RkeyRsp};
+use crate::sync::lock;
 
 impl Ctl {
     pub(super) fn caps(&self, cid0: bool, qd: u16) -> QpCaps {

@@ -25,13 +25,13 @@
 //! [`SessionCore::attach`]: super::SessionCore::attach
 //! [`RtrsCon::adopt`]: crate::common::RtrsCon::adopt
 
-use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::cross_core::SessShared;
 use crate::fabric::cq::OwnedByThread;
 use crate::fabric::{Cq, CqEvent, CqRef, Fabric, FabricError, FabricKind, Wc};
+use crate::sync::lock;
 
 /// Completions taken from the CQ per loop (at most; fewer while some wait untaken).
 const HUB_BATCH: usize = 64;

@@ -8,11 +8,11 @@
 //! [`PathShared::acks`]. Runtime requests from any thread reach the home core as
 //! [`SessCmd`]s.
 
-use crate::sync::lock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::common::Inbox;
+use crate::sync::lock;
 
 use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};

@@ -13,7 +13,6 @@
 //! Tearing a path down asks every core to drop its connection and fail its requests
 //! over (`PathCmd::Down`, in `recovery`) and waits for all of them to acknowledge.
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use crate::common::{Heartbeat, IuPool, LinkEvent, RtrsCon, Uuid};
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{Conn, Fabric, Psk};
 use crate::proto::ConnAccept;
+use crate::sync::lock;
 use crate::Errno;
 
 /// The layer above (RNBD's client), told on the home core when the session gains its

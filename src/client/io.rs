@@ -13,7 +13,6 @@
 //! a fresh one before its next use, so a binding is never stacked on a live one and a
 //! stale server operation can never reach memory under a new key.
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 
 use super::core_cq::Hub;
@@ -30,6 +29,7 @@ use crate::fabric::{
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
 };
+use crate::sync::lock;
 use crate::Errno;
 
 /// Polls of a core between connection-manager checks of its IO connections.

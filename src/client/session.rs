@@ -9,7 +9,6 @@
 //! [`Session`] handle is cheap to clone and usable from any thread; management
 //! requests reach the home core through a queue.
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use crate::common::random_uuid;
 use crate::engine::Ctx;
 use crate::fabric::{Fabric, Psk};
 use crate::proto::constants::MAX_CID_NUM;
+use crate::sync::lock;
 
 /// A client session handle (cheap to clone, usable from any thread).
 #[derive(Clone)]

@@ -14,7 +14,6 @@
 //! requests in flight on it on this core are re-sent on this core over another path
 //! with the same permit (failover); each completes exactly once.
 
-use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,6 +30,7 @@ use super::request::{
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
 use crate::fabric::{Access, Fabric, KeyScope, MemBuf, Mr, Sge};
+use crate::sync::lock;
 use crate::Errno;
 
 /// What one core knows of the session's limits and what it built from them: one value,

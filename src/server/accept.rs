@@ -15,7 +15,6 @@
 //! its receives posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO
 //! cids) and is moved to its core in a [`Msg`].
 
-use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +25,7 @@ use crate::fabric::admission::{self, victim};
 use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
+use crate::sync::lock;
 
 use super::session::{state_name, Path, SessEntry, Session, SessionId, Sessions, CONNECTING};
 use super::state::{PathWork, ServerState};

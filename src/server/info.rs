@@ -2,7 +2,6 @@
 //! INFO_RSP (the kernel's `process_info_req` / `post_recv_info_req_done`, docs/PROTOCOL.md
 //! §3.5, §9.3) and the heartbeat (`rtrs_srv_start_hb` / `hb_work`, §5).
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -11,6 +10,7 @@ use crate::engine::Ctx;
 use crate::fabric::{Access, SendOp, SendWr};
 use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{InfoReq, InfoRsp, HB_MSG_IMM};
+use crate::sync::lock;
 
 use super::conn::{ConSlot, InfoState};
 use super::handler::ServerHandler;

@@ -45,13 +45,13 @@ mod state;
 pub mod stats;
 mod wr;
 
-use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::Inbox;
+use crate::sync::lock;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};

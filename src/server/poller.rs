@@ -9,7 +9,6 @@
 //! ([`Requests`], with the op table), the service connection's control work
 //! ([`super::info`]); completions are told apart by their [`WrId`].
 
-use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -17,6 +16,7 @@ use crate::common::LinkEvent;
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{CmEvent, ConnState, Cq, FabricKind, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
+use crate::sync::lock;
 
 use super::conn::{close_path_of, ConSlot};
 use super::handler::ServerHandler;

@@ -18,7 +18,6 @@
 //! only once it has the answer, which comes later), so it is answered with that
 //! execution's result instead of running a second time.
 
-use crate::sync::lock;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -27,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::{IuPool, Uuid};
 use crate::fabric::{Fabric, FastMr};
 use crate::proto::{ImmLayout, SgDesc};
+use crate::sync::lock;
 use crate::Errno;
 
 use super::chunks::ChunkPool;

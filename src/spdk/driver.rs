@@ -21,7 +21,6 @@
 //! working for a core from another SPDK thread gets the clock ([`Driver::now`]) and
 //! nothing else: registering pollers or timers, or sending as the core, is the core's own.
 
-use crate::sync::lock;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
@@ -34,6 +33,7 @@ use super::thread::{app_cores, loop_now_ns, SpdkThread};
 use crate::engine::{
     Ctx, Msg, PaceState, PollPace, PollResult, Poller, PollerId, SendError, Timer,
 };
+use crate::sync::lock;
 use crate::Errno;
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].

@@ -11,7 +11,6 @@
 //! The descriptor closes (on the thread that opened it) once the export and every core's
 //! channel let go of it; a channel dropped with IO in flight is drained by a poller first.
 
-use crate::sync::lock;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
@@ -24,6 +23,7 @@ use crate::rnbd::backend::{
     DEFAULT_MAX_DISCARD, DEFAULT_MAX_TRANSFER,
 };
 use crate::rnbd::server::ExportBackend;
+use crate::sync::lock;
 use crate::Errno;
 
 /// IOs a channel accepts before it answers [`BlockSubmitError::Busy`].

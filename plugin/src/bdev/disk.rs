@@ -14,7 +14,6 @@
 //! ([`stop_all`]) fails the disks still opening and ends once every disk and session
 //! is gone.
 
-use rtrs_spdk::sync::lock;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
@@ -22,6 +21,7 @@ use std::time::Duration;
 use rtrs_spdk::client::MpPolicy;
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::rnbd::client::{DevHandle, DeviceInfo};
+use rtrs_spdk::sync::lock;
 
 use super::fabric::client_fabric;
 use super::group::Home;

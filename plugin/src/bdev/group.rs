@@ -25,7 +25,6 @@
 //! are still polled by their one owner (the connection is then farther away, as a
 //! `bdev_nvme` qpair that follows its poll group).
 
-use rtrs_spdk::sync::lock;
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
@@ -36,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::engine::{Ctx, PollPace, PollResult, Poller};
 use rtrs_spdk::spdk::{loop_now_ns, sys, Driver, SpdkThread};
+use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
 use super::core_queue::{CoreQueue, Finished};

@@ -7,11 +7,11 @@
 //! The kernel's counterparts are `rnbd-clt`'s sysfs files (`map_device`, `unmap_device`)
 //! and `rtrs-clt`'s (`add_path`, `remove_path`, `mpath_policy`, the stats).
 
-use rtrs_spdk::sync::lock;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
 use rtrs_spdk::spdk::{sys, RpcRequest};
+use rtrs_spdk::sync::lock;
 use serde_json::{json, Value};
 
 use super::disk::{self, errno_str, find, CreateError, Disk};

@@ -12,7 +12,6 @@
 //! for its paths to go, and every owner drops its core's queue; the last one forgets the
 //! session.
 
-use rtrs_spdk::sync::lock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -22,6 +21,7 @@ use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Fabric, Psk};
 use rtrs_spdk::rnbd::client::{open_rnbd_session, ClientEvent, DevHandle, RnbdAdmin, RnbdQueue};
 use rtrs_spdk::spdk::app_cores;
+use rtrs_spdk::sync::lock;
 
 use super::core_queue::CoreQueue;
 use super::disk::Disk;

@@ -29,7 +29,6 @@ mod mux;
 mod rpc;
 mod stats;
 
-use rtrs_spdk::sync::lock;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -41,6 +40,7 @@ use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
 use rtrs_spdk::spdk::dma::SpdkDmaChunks;
 use rtrs_spdk::spdk::export::BdevExport;
 use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
+use rtrs_spdk::sync::lock;
 use serde_json::{json, Value};
 
 pub use rpc::register_rpcs;

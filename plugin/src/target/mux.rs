@@ -5,7 +5,6 @@
 //! changeable set of the real fabric's listeners; everything else goes to that fabric,
 //! so every path of a session uses one fabric whatever address it came in on.
 
-use rtrs_spdk::sync::lock;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,6 +12,7 @@ use rtrs_spdk::fabric::{
     mem, Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
     KeyScope, Listener, MemBuf, Mr, Psk, QpCaps, Sge,
 };
+use rtrs_spdk::sync::lock;
 
 /// The listeners of one transport, shared by the target (adds, removes) and the server's
 /// acceptor (polls).

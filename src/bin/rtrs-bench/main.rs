@@ -44,6 +44,7 @@
 #![allow(rustdoc::broken_intra_doc_links)]
 
 use rtrs_spdk::cli;
+use rtrs_spdk::sync::lock;
 
 mod hist;
 mod plan;
@@ -53,7 +54,6 @@ mod run;
 mod stamp;
 mod worker;
 
-use rtrs_spdk::sync::lock;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};

@@ -5,7 +5,6 @@
 //! device, as `rnbd-clt` does on map). The main thread and the reactors meet only in
 //! [`Setup`].
 
-use rtrs_spdk::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -17,6 +16,7 @@ use rtrs_spdk::rnbd::client::{
     completion_result, open_rnbd_session, BlockRequest, ClientEvent, DevHandle, DeviceError,
     DeviceInfo, RnbdAdmin, RnbdQueue, RnbdSession,
 };
+use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
 use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};

@@ -13,7 +13,6 @@
 //! The connection manager's handshake (the kernel's REQ/REP/REJ) is a small state under
 //! a mutex, touched only while connecting.
 
-use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +22,7 @@ use super::rq::RecvQueue;
 use crate::fabric::soft::qp::Srcs;
 use crate::fabric::soft::{WireKind, WireOp};
 use crate::fabric::{PrivateData, QpCaps, Wc, WcStatus};
+use crate::sync::lock;
 
 /// Most SGEs a loopback work request may carry: every frame's source list is allocated
 /// for this many when the ring is made, so a transfer never allocates.

@@ -21,7 +21,6 @@ mod rq;
 #[cfg(test)]
 mod tests;
 
-use crate::sync::lock;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -38,6 +37,8 @@ use super::{
     Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
     KeyScope, Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
 };
+
+use crate::sync::lock;
 
 /// Largest send and receive queues a loopback connection accepts.
 pub const MAX_QUEUE_WR: u32 = 1 << 16;

@@ -46,7 +46,6 @@
 //! member is held elsewhere; a slot's generation, part of the key, makes events of a
 //! member that left harmless.
 
-use crate::sync::lock;
 use std::any::Any;
 use std::io;
 use std::net::SocketAddr;
@@ -60,6 +59,7 @@ use crate::fabric::{
     CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
     PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
 };
+use crate::sync::lock;
 
 /// Largest software CQ (entries).
 pub const MAX_CQ_ENTRIES: u32 = 1 << 22;

@@ -25,12 +25,12 @@
 //! stops matching at once (its generation moves on); its memory goes when the last lease
 //! lets go. See `docs/ARCHITECTURE.md`, "The registration table".
 
-use crate::sync::lock;
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
+use crate::sync::lock;
 
 /// A checked range of registered memory, valid while the `MemRef` lives.
 #[derive(Clone)]

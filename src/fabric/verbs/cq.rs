@@ -13,7 +13,6 @@
 //! from the device's asynchronous events, is the overrun: [`CqEvent::Overrun`], and
 //! every connection of the CQ breaks.
 
-use crate::sync::lock;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +23,7 @@ use super::sys::{self, AsyncEvent, PollBuf, RawWc};
 use super::{wc, Shared};
 use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
+use crate::sync::lock;
 
 /// One connection's shadow queues.
 pub(super) struct Shadow {

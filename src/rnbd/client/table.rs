@@ -21,14 +21,13 @@
 //! zero buffer of emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once
 //! for every device and core of the session.
 
-use crate::sync::{lock, SoloCounter};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{DevState, RnbdDevice};
 use super::handle::SessionHandle;
 use super::request::{DevHandle, IoError};
 use crate::fabric::Mr;
+use crate::sync::{lock, Published, SoloCounter};
 
 /// Smallest zero buffer (the first emulated write-zeroes registers
 /// `max(max_io_size, this)` bytes, at most [`MAX_ZERO_BUFFER`]).
@@ -79,9 +78,7 @@ impl InFlight {
 /// The published devices of one client session (see the module doc).
 #[derive(Debug, Default)]
 pub struct DeviceTable {
-    current: Mutex<Arc<Snapshot>>,
-    /// The version of `current`, written by the publisher alone.
-    version: AtomicU64,
+    published: Published<Snapshot>,
     /// One per queue.
     in_flight: Mutex<Vec<Arc<InFlight>>>,
     /// Zeros for emulated write-zeroes, registered at the first one.
@@ -92,12 +89,12 @@ impl DeviceTable {
     /// The published version (one Acquire load: the per-request check).
     #[inline]
     pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.published.version()
     }
 
     /// The published snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        Arc::clone(&lock(&self.current))
+        self.published.load()
     }
 
     /// The published state of `dev` (`None` once closed).
@@ -107,12 +104,8 @@ impl DeviceTable {
 
     /// Publishes `devices` as the next version (the admin alone calls this).
     pub(super) fn publish(&self, devices: Vec<Option<RnbdDevice>>) {
-        let mut cur = lock(&self.current);
-        let version = cur.version + 1;
-        *cur = Arc::new(Snapshot { version, devices });
-        // Stored under the lock after the snapshot: a queue that sees this version
-        // and takes the lock finds this snapshot or a newer one.
-        self.version.store(version, Ordering::Release);
+        self.published
+            .publish(|version| Snapshot { version, devices });
     }
 
     /// The session's zero buffer, registered through `session` on first use.

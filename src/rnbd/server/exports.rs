@@ -16,7 +16,6 @@
 //! Each export has a host list ([`HostList`], see [`hosts`](super::hosts)) that OPEN
 //! checks; a new export is open to every host.
 
-use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -27,6 +26,7 @@ use crate::rnbd::backend::{
     BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
     RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
 };
+use crate::sync::lock;
 use crate::Errno;
 
 /// A backend supplied from outside at run time (an SPDK bdev): its geometry, and one

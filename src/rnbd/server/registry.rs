@@ -4,13 +4,14 @@
 //! data path takes no shared lock once a core has seen a session. The cache holds each
 //! session as a [`SessionView`]: the session with this core's copy of its devices.
 
-use crate::sync::lock;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::exports::Exports;
 use super::session::{RnbdSession, SessionView};
+
+use crate::sync::lock;
 
 /// RNBD sessions by RTRS session key, shared by all cores.
 pub struct RnbdSessions<K> {

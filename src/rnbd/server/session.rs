@@ -14,9 +14,8 @@
 //! did behind a lock; an IO that looked its device up before keeps its export, which
 //! is never freed (a removed export only turns closed, see [`Exports`]).
 
-use crate::sync::lock;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::net::IpAddr;
@@ -24,6 +23,7 @@ use std::net::IpAddr;
 use super::exports::{AccessError, ExportId, Exports};
 use super::hosts::Host;
 use crate::proto::rnbd::{AccessMode, Open, OpenRsp, RNBD_PROTO_VER_MAJOR};
+use crate::sync::{lock, Published};
 
 /// One mapped device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,13 +57,8 @@ impl Devices {
     }
 }
 
-/// The mappings and their last published snapshot, changed together.
-#[derive(Default)]
-struct Table {
-    /// Slot `i` is device id `i`; `None` is a free id.
-    mappings: Vec<Option<Mapping>>,
-    published: Arc<Devices>,
-}
+/// The mappings: slot `i` is device id `i`; `None` is a free id.
+type Table = Vec<Option<Mapping>>;
 
 /// A session's device table and negotiated version.
 pub struct RnbdSession {
@@ -71,10 +66,10 @@ pub struct RnbdSession {
     exports: Arc<Exports>,
     /// `min(client ver, 2)`; 0 until SESS_INFO.
     ver: AtomicU8,
-    /// Written by OPEN, CLOSE and the end; IO reads the snapshot (see the module doc).
+    /// Written by OPEN, CLOSE and the end, each change published under this lock; IO
+    /// reads the snapshot (see the module doc).
     table: Mutex<Table>,
-    /// The version of `table.published`, stored under the lock after it.
-    version: AtomicU64,
+    published: Published<Devices>,
     ended: AtomicBool,
 }
 
@@ -86,7 +81,7 @@ impl RnbdSession {
             exports,
             ver: AtomicU8::new(0),
             table: Mutex::new(Table::default()),
-            version: AtomicU64::new(0),
+            published: Published::default(),
             ended: AtomicBool::new(false),
         }
     }
@@ -123,7 +118,7 @@ impl RnbdSession {
     /// [`AccessError::UnknownName`] once the session has ended.
     pub fn open(&self, open: &Open<'_>, addr: Option<IpAddr>) -> Result<OpenRsp, AccessError> {
         let mut table = self.lock();
-        let result = self.open_locked(&mut table.mappings, open, addr);
+        let result = self.open_locked(&mut table, open, addr);
         self.publish(&mut table);
         result
     }
@@ -188,7 +183,7 @@ impl RnbdSession {
     /// completes normally.
     pub fn close(&self, device_id: u32) -> bool {
         let mut table = self.lock();
-        let devices = &mut table.mappings;
+        let devices = &mut *table;
         let Some(m) = devices.get_mut(device_id as usize).and_then(Option::take) else {
             return false;
         };
@@ -204,7 +199,7 @@ impl RnbdSession {
     pub fn end(&self) {
         self.ended.store(true, Ordering::Relaxed);
         let mut table = self.lock();
-        for m in table.mappings.drain(..).flatten() {
+        for m in table.drain(..).flatten() {
             self.exports.release(m.export, m.mode);
         }
         self.publish(&mut table);
@@ -224,39 +219,34 @@ impl RnbdSession {
     /// The published version (one Acquire load: the per-IO check).
     #[inline]
     pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        self.published.version()
     }
 
     /// The published snapshot of the devices.
     pub fn devices(&self) -> Arc<Devices> {
-        Arc::clone(&self.lock().published)
+        self.published.load()
     }
 
     /// A copy of the device table: `(device_id, mapping)`.
     pub fn mappings(&self) -> Vec<(u32, Mapping)> {
         self.lock()
-            .mappings
             .iter()
             .enumerate()
             .filter_map(|(i, m)| m.clone().map(|m| (i as u32, m)))
             .collect()
     }
 
-    /// Publishes the mappings as the next version, if they changed.
+    /// Publishes the mappings as the next version, if they changed (under the table's
+    /// lock, so versions follow the changes in order).
     fn publish(&self, table: &mut Table) {
         let slots: Vec<Option<(ExportId, AccessMode)>> = table
-            .mappings
             .iter()
             .map(|m| m.as_ref().map(|m| (m.export, m.mode)))
             .collect();
-        if slots == table.published.slots {
+        if slots == self.published.load().slots {
             return;
         }
-        let version = table.published.version + 1;
-        table.published = Arc::new(Devices { version, slots });
-        // Stored under the lock after the snapshot: a core that sees this version and
-        // takes the lock finds this snapshot or a newer one.
-        self.version.store(version, Ordering::Release);
+        self.published.publish(|version| Devices { version, slots });
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
