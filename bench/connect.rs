@@ -7,6 +7,7 @@
 //!
 //! `cargo bench --bench connect [-- --count N]`
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ fn one(
     let caps = QpCaps::default();
     let start = Instant::now();
     let mut c = cf
-        .connect_auth(None, dst, caps, &[0; 56], psk)
+        .connect(dst, &ConnectOptions::new(caps, &[0; 56]).psk(psk))
         .expect("connect");
     let mut s: Option<Box<dyn Conn>> = None;
     let (mut c_up, mut s_up) = (false, false);
@@ -92,8 +93,10 @@ fn main() {
     let mut keyed = Vec::with_capacity(n);
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
     let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let mut lp = sf.listen(local).expect("listen");
-    let mut lk = sf.listen_auth(local, Some(psk.clone())).expect("listen");
+    let mut lp = sf.listen(local, &ListenOptions::default()).expect("listen");
+    let mut lk = sf
+        .listen(local, &ListenOptions::with_psk(Some(psk.clone())))
+        .expect("listen");
     let (dp, dk) = (lp.local_addr(), lk.local_addr());
     for _ in 0..n / 10 {
         one(&cf, &mut lp, dp, None);

@@ -11,6 +11,7 @@
 // Test code: a failed unwrap is a failed test (or bench setup) that names its line.
 #![allow(clippy::unwrap_used)]
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -95,10 +96,12 @@ fn connect(
     caps: QpCaps,
 ) -> (Box<dyn Conn>, Box<dyn Conn>) {
     let mut listener = server
-        .listen("127.0.0.1:0".parse().unwrap())
+        .listen("127.0.0.1:0".parse().unwrap(), &ListenOptions::default())
         .expect("listen");
     let addr = listener.local_addr();
-    let mut c = client.connect(addr, caps, b"bench").expect("connect");
+    let mut c = client
+        .connect(addr, &ConnectOptions::new(caps, b"bench"))
+        .expect("connect");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut s: Option<Box<dyn Conn>> = None;
     let (mut c_up, mut s_up) = (false, false);

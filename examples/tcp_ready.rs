@@ -7,7 +7,7 @@
 //! connections: a SEND_WITH_IMM (the client's slot) of `--len` bytes into a receive
 //! buffer the server posted; the server answers each with an RDMA_WRITE_WITH_IMM of
 //! `--len` bytes into that slot of the client's memory. Only the CQs are polled (no per-connection calls), as a reactor does.
-//! With `--private` each connection has its own CQ instead (`Fabric::connect_from`,
+//! With `--private` each connection has its own CQ instead (`Fabric::connect` with `ConnectOptions::from`,
 //! `ConnRequest::accept`), polled through `Conn::poll_cq` one after the other, as the
 //! SPDK bdev polls its connections (see `docs/ARCHITECTURE.md`, "The tcp fabric").
 //!
@@ -18,6 +18,7 @@
 //!
 //! `cargo run --release --example tcp_ready -- --mode uring --conns 8 --qd 32 --secs 5`
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,7 +149,10 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
     let fabric = TcpFabric::with_readiness(mode);
     let mut cq = (!o.private).then(|| fabric.create_cq(4 * (o.qd as u32) + 64).expect("server cq"));
     let mut l = fabric
-        .listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .listen(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            &ListenOptions::default(),
+        )
         .expect("listen");
     addr_tx.send(l.local_addr()).expect("client waits");
     let slots = o.conns * per;
@@ -279,8 +283,10 @@ fn client(o: &Opts, mode: TcpReadiness, addr: SocketAddr) -> Run {
     let mut conns: Vec<Box<dyn Conn>> = (0..o.conns)
         .map(|_| {
             match &cq {
-                Some(cq) => fabric.connect_on(&cq.share(), None, addr, caps(per), &pd, None),
-                None => fabric.connect_from(None, addr, caps(per), &pd),
+                Some(cq) => {
+                    fabric.connect(addr, &ConnectOptions::new(caps(per), &pd).on(&cq.share()))
+                }
+                None => fabric.connect(addr, &ConnectOptions::new(caps(per), &pd)),
             }
             .expect("connect")
         })

@@ -8,6 +8,7 @@
 
 mod cli_util;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::mpsc;
@@ -79,7 +80,13 @@ fn a_full_listener_evicts_from_the_busiest_source_and_admits_a_newcomer() {
         max_pending_per_source: 4,
     };
     let mut l = f
-        .listen_with("127.0.0.1:0".parse().unwrap(), &adm)
+        .listen(
+            "127.0.0.1:0".parse().unwrap(),
+            &ListenOptions {
+                admission: adm,
+                ..ListenOptions::default()
+            },
+        )
         .expect("listen");
     let dst = l.local_addr();
     let a: Vec<TcpStream> = (0..4).map(|_| idle_from("127.0.0.2", dst)).collect();
@@ -96,7 +103,9 @@ fn a_full_listener_evicts_from_the_busiest_source_and_admits_a_newcomer() {
 
     // The table is full (6): a real client from 127.0.0.1 evicts the oldest socket of
     // the busiest source (127.0.0.2, 4 sockets) and connects.
-    let mut c = f.connect(dst, CAPS, b"hello").expect("connect");
+    let mut c = f
+        .connect(dst, &ConnectOptions::new(CAPS, b"hello"))
+        .expect("connect");
     let mut server_conn = None;
     let mut established = false;
     until("the newcomer connected", LIMIT, || {
@@ -134,7 +143,13 @@ fn idle_sockets_are_closed_after_the_handshake_timeout_and_slow_requests_are_not
         ..Admission::default()
     };
     let mut l = f
-        .listen_with("127.0.0.1:0".parse().unwrap(), &adm)
+        .listen(
+            "127.0.0.1:0".parse().unwrap(),
+            &ListenOptions {
+                admission: adm,
+                ..ListenOptions::default()
+            },
+        )
         .expect("listen");
     let dst = l.local_addr();
     let idle: Vec<TcpStream> = (0..3).map(|_| idle_from("127.0.0.6", dst)).collect();
@@ -169,7 +184,13 @@ fn admission_limits_out_of_range_are_refused_at_listen() {
         ..Admission::default()
     };
     let e = f
-        .listen_with("127.0.0.1:0".parse().unwrap(), &bad)
+        .listen(
+            "127.0.0.1:0".parse().unwrap(),
+            &ListenOptions {
+                admission: bad,
+                ..ListenOptions::default()
+            },
+        )
         .err()
         .expect("refused");
     assert!(e.to_string().contains("max_pending_per_source"), "{e}");

@@ -5,6 +5,7 @@
 
 mod client_util;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::time::Duration;
 
 use client_util::{Harness, Setup, MS};
@@ -832,17 +833,16 @@ impl rtrs_spdk::fabric::Fabric for Restricted {
     fn listen(
         &self,
         addr: std::net::SocketAddr,
+        opts: &ListenOptions,
     ) -> Result<Box<dyn rtrs_spdk::fabric::Listener>, rtrs_spdk::fabric::FabricError> {
-        self.inner.listen(addr)
+        self.inner.listen(addr, opts)
     }
-    fn connect_from(
+    fn connect(
         &self,
-        src: Option<std::net::SocketAddr>,
         dst: std::net::SocketAddr,
-        caps: rtrs_spdk::fabric::QpCaps,
-        private_data: &[u8],
+        opts: &ConnectOptions<'_>,
     ) -> Result<Box<dyn rtrs_spdk::fabric::Conn>, rtrs_spdk::fabric::FabricError> {
-        self.inner.connect_from(src, dst, caps, private_data)
+        self.inner.connect(dst, opts)
     }
 }
 

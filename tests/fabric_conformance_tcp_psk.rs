@@ -8,13 +8,14 @@
 #[macro_use]
 mod conformance;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
-    Listener, MemBuf, Mr, Psk, QpCaps,
+    Access, Conn, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope, Listener,
+    MemBuf, Mr, Psk, QpCaps,
 };
 
 /// A tcp fabric whose `listen` and `connect` always use one key.
@@ -54,33 +55,26 @@ impl Fabric for Keyed {
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
         self.inner.alloc_fast_mr(scope)
     }
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        self.inner.listen_auth(addr, Some(self.psk.clone()))
-    }
-    fn connect_from(
+    fn listen(
         &self,
-        src: Option<SocketAddr>,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        let keyed = ListenOptions {
+            psk: Some(self.psk.clone()),
+            ..opts.clone()
+        };
+        self.inner.listen(addr, &keyed)
+    }
+    fn connect(
+        &self,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
+        opts: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner
-            .connect_auth(src, dst, caps, private_data, Some(&self.psk))
+        self.inner.connect(dst, &opts.psk(Some(&self.psk)))
     }
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
         self.inner.create_cq(entries)
-    }
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        _psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner
-            .connect_on(cq, src, dst, caps, private_data, Some(&self.psk))
     }
 }
 
@@ -126,12 +120,15 @@ fn the_suite_runs_over_authenticated_connections() {
     let b = TcpPsk::new();
     let mut l = b
         .server
-        .listen(conformance::Backend::listen_addr(&b))
+        .listen(
+            conformance::Backend::listen_addr(&b),
+            &ListenOptions::default(),
+        )
         .unwrap();
     let mut c = b
         .client
         .inner
-        .connect(l.local_addr(), QpCaps::default(), b"")
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), b""))
         .unwrap();
     let start = std::time::Instant::now();
     let ev = loop {

@@ -1,10 +1,11 @@
-//! `Fabric::connect_from`: a connection leaves from the source address it was given
+//! `Fabric::connect` with `ConnectOptions::from`: a connection leaves from the source address it was given
 //! (RTRS paths are `[src,]dst`), on the software fabrics; a source that cannot be used is
 //! a clear error naming it.
 
 // Test code: a failed unwrap is a failed test that names its line.
 #![allow(clippy::unwrap_used)]
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,10 +24,15 @@ fn connect_from(
     client: &dyn Fabric,
     src: SocketAddr,
 ) -> (Box<dyn Conn>, Box<dyn Conn>) {
-    let mut l = server.listen(addr("127.0.0.1:0")).expect("listen");
+    let mut l = server
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .expect("listen");
     let caps = QpCaps::default();
     let mut c = client
-        .connect_from(Some(src), l.local_addr(), caps, b"req")
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(caps, b"req").from(Some(src)),
+        )
         .expect("connect_from");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut s = None;
@@ -58,11 +64,9 @@ fn binds_the_source(server: Arc<dyn Fabric>, client: Arc<dyn Fabric>) {
     assert_eq!(s.peer_addr().map(|a| a.ip()), Some(src.ip()));
     // An IPv6 source for an IPv4 destination cannot work: refused up front, named.
     let err = client
-        .connect_from(
-            Some(addr("[::1]:0")),
+        .connect(
             addr("127.0.0.1:9"),
-            QpCaps::default(),
-            &[],
+            &ConnectOptions::new(QpCaps::default(), &[]).from(Some(addr("[::1]:0"))),
         )
         .err()
         .expect("mixed IP versions refused");
@@ -79,11 +83,9 @@ fn tcp_source_that_is_not_local_is_an_error() {
     // 192.0.2.1 (TEST-NET-1) is no address of this host: the bind fails, nothing is sent.
     let f = TcpFabric::new();
     let err = f
-        .connect_from(
-            Some(addr("192.0.2.1:0")),
+        .connect(
             addr("127.0.0.1:9"),
-            QpCaps::default(),
-            &[],
+            &ConnectOptions::new(QpCaps::default(), &[]).from(Some(addr("192.0.2.1:0"))),
         )
         .err()
         .expect("bind to a foreign address refused");
@@ -102,10 +104,15 @@ fn loopback_binds_the_source_address() {
 #[test]
 fn loopback_source_in_use_is_an_error() {
     let f = LoopbackFabric::new();
-    let l = f.listen(addr("127.0.0.1:0")).expect("listen");
+    let l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .expect("listen");
     let taken = l.local_addr();
     let err = f
-        .connect_from(Some(taken), l.local_addr(), QpCaps::default(), &[])
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), &[]).from(Some(taken)),
+        )
         .err()
         .expect("a source already in use is refused");
     assert!(err.to_string().contains("address in use"), "{err}");

@@ -19,6 +19,7 @@ mod errors;
 #[path = "fabric_tcp/window.rs"]
 mod window;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -66,8 +67,10 @@ struct Pair {
 impl Pair {
     fn new(caps: QpCaps) -> Pair {
         let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
-        let mut l = sf.listen(localhost()).unwrap();
-        let mut c = cf.connect(l.local_addr(), caps, b"client").unwrap();
+        let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
+        let mut c = cf
+            .connect(l.local_addr(), &ConnectOptions::new(caps, b"client"))
+            .unwrap();
         let req = until("the connect request", || {
             assert_eq!(c.poll_cm(), None);
             l.poll()

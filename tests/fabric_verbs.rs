@@ -19,6 +19,7 @@
 #[macro_use]
 mod conformance;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -154,9 +155,13 @@ fn wait_both_disconnected(a: &mut dyn Conn, b: &mut dyn Conn) {
 
 /// A connected pair over the device's own address: (client, server).
 fn pair(fabric: &VerbsFabric, ip: IpAddr) -> (Box<dyn Conn>, Box<dyn Conn>) {
-    let mut listener = fabric.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let mut listener = fabric
+        .listen(SocketAddr::new(ip, 0), &ListenOptions::default())
+        .expect("listen");
     let dst = listener.local_addr();
-    let mut client = fabric.connect(dst, caps(), b"hello").expect("connect");
+    let mut client = fabric
+        .connect(dst, &ConnectOptions::new(caps(), b"hello"))
+        .expect("connect");
     let end = Instant::now() + DEADLINE;
     let req = loop {
         assert!(
@@ -221,9 +226,14 @@ fn hw_connect_and_reject_carry_private_data() {
     client.disconnect();
     wait_both_disconnected(client.as_mut(), server.as_mut());
 
-    let mut listener = fabric.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let mut listener = fabric
+        .listen(SocketAddr::new(ip, 0), &ListenOptions::default())
+        .expect("listen");
     let mut client = fabric
-        .connect(listener.local_addr(), caps(), &[1; 56])
+        .connect(
+            listener.local_addr(),
+            &ConnectOptions::new(caps(), &[1; 56]),
+        )
         .expect("connect");
     let end = Instant::now() + DEADLINE;
     let req = loop {

@@ -10,6 +10,7 @@
 
 mod server_util;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::sync::atomic::Ordering;
 
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use rtrs_spdk::common::random_uuid;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
     Access, Conn, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope, Listener, MemBuf,
-    Mr, QpCaps,
+    Mr,
 };
 use server_util::client::Ids;
 use server_util::{Event, Harness, TestPath};
@@ -235,17 +236,19 @@ impl Fabric for WithCaps {
     ) -> Option<Arc<rtrs_spdk::fabric::mem::Backing>> {
         self.0.local_memory(sge, need)
     }
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        self.0.listen(addr)
-    }
-    fn connect_from(
+    fn listen(
         &self,
-        src: Option<SocketAddr>,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        self.0.listen(addr, opts)
+    }
+    fn connect(
+        &self,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
+        opts: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.0.connect_from(src, dst, caps, private_data)
+        self.0.connect(dst, opts)
     }
 }
 

@@ -6,6 +6,7 @@
 //! the others, empty or 8-byte buffers under NEW_RKEY_F), and the hand-over of
 //! connection `k+1` to core `k`. A failure at any step schedules a reconnect.
 
+use crate::fabric::ConnectOptions;
 use std::sync::atomic::Ordering;
 
 use super::cross_core::{IoConn, Params, PathCmd, SessShared};
@@ -55,12 +56,11 @@ impl Ctl {
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
         let pd = self.conn_req(pc, 0);
-        match self.fabric.connect_auth(
-            pc.shared.addr.src,
+        match self.fabric.connect(
             pc.shared.addr.dst,
-            self.caps(true, 0),
-            &pd,
-            pc.shared.psk.as_ref(),
+            &ConnectOptions::new(self.caps(true, 0), &pd)
+                .from(pc.shared.addr.src)
+                .psk(pc.shared.psk.as_ref()),
         ) {
             Ok(cur) => {
                 pc.phase = PathProgress::Connecting {
@@ -535,7 +535,10 @@ fn connect_io(
     );
     let core = usize::from(cid.saturating_sub(1));
     if let Some(cq) = sess.cq_of(core) {
-        match f.connect_on(&cq, src, dst, caps, req, psk) {
+        match f.connect(
+            dst,
+            &ConnectOptions::new(caps, req).from(src).psk(psk).on(&cq),
+        ) {
             Ok(c) => return Ok((c, true)),
             Err(FabricError::Cq { reason }) => {
                 tracing::warn!(sess = %sess.sessname, core, "core's completion queue refused a connection ({reason}): private completion queues from now on");
@@ -544,7 +547,8 @@ fn connect_io(
             Err(e) => return Err(e),
         }
     }
-    f.connect_auth(src, dst, caps, req, psk).map(|c| (c, false))
+    f.connect(dst, &ConnectOptions::new(caps, req).from(src).psk(psk))
+        .map(|c| (c, false))
 }
 
 /// Posts `n` receives on `con`: 8-byte buffers for RKEY_RSP under NEW_RKEY_F, else empty.

@@ -45,7 +45,7 @@
 //!   before its permit's next binding rather than waited for; a slot whose state is
 //!   unknown after a failover is replaced by a fresh one.
 //! - Every connection of a path leaves from the path's source address when it has one
-//!   (`PathAddr::src`, bound through `Fabric::connect_from`, as the kernel passes it to
+//!   (`PathAddr::src`, bound through `Fabric::connect` with `ConnectOptions::from`, as the kernel passes it to
 //!   `rdma_resolve_addr`).
 //!
 //! # Memory

@@ -1,16 +1,21 @@
 use super::*;
 use crate::fabric::loopback::LoopbackFabric;
+use crate::fabric::{ConnectOptions, ListenOptions};
 use crate::fabric::{Fabric, QpCaps, WcStatus};
 
 fn pair(send_wr: u32) -> (RtrsCon, RtrsCon) {
     let f = LoopbackFabric::new();
-    let mut l = f.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut l = f
+        .listen("127.0.0.1:0".parse().unwrap(), &ListenOptions::default())
+        .unwrap();
     let caps = QpCaps {
         max_send_wr: send_wr,
         max_recv_wr: 4096,
         max_send_sge: 2,
     };
-    let mut c = f.connect(l.local_addr(), caps, &[1]).unwrap();
+    let mut c = f
+        .connect(l.local_addr(), &ConnectOptions::new(caps, &[1]))
+        .unwrap();
     let req = (0..1000).find_map(|_| {
         c.poll_cm();
         l.poll()

@@ -2,7 +2,7 @@
 //! `rtrs.c` creates per connection and a polled-mode engine shares per core).
 //!
 //! [`Cq`] is the handle a caller polls; each backend puts its own queue behind it
-//! ([`CqBackend`]). A connection made on a CQ ([`Fabric::connect_on`],
+//! ([`CqBackend`]). A connection made on a CQ ([`ConnectOptions::on`](super::ConnectOptions::on),
 //! [`ConnRequest::accept_on`]) reports its completions there, each carrying the
 //! connection's [`Conn::qp_num`] in [`Wc::qp_num`].
 //!
@@ -18,7 +18,7 @@
 //! the thread polling it.
 //!
 //! [`Conn::release_thread`]: crate::fabric::Conn::release_thread
-//! [`Fabric::connect_on`]: crate::fabric::Fabric::connect_on
+//! [`Fabric::connect`]: crate::fabric::Fabric::connect
 //! [`ConnRequest::accept_on`]: crate::fabric::ConnRequest::accept_on
 //! [`Conn::qp_num`]: crate::fabric::Conn::qp_num
 //! [`PostErrorKind::WrongThread`]: crate::fabric::PostErrorKind::WrongThread
@@ -109,7 +109,7 @@ impl Cq {
     }
 
     /// A reference to make connections on this CQ with
-    /// ([`Fabric::connect_on`](crate::fabric::Fabric::connect_on),
+    /// ([`Fabric::connect`](crate::fabric::Fabric::connect) with a CQ,
     /// [`ConnRequest::accept_on`](crate::fabric::ConnRequest::accept_on)), from this
     /// thread or another (a control thread making the connections a core will serve).
     pub fn share(&self) -> CqRef {

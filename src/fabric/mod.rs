@@ -70,7 +70,7 @@
 //! [`Conn::qp_num`] in [`Wc::qp_num`].
 //!
 //! **Shared completion queues.** [`Fabric::create_cq`] makes a [`Cq`] with a number of
-//! entries; [`Fabric::connect_on`] and [`ConnRequest::accept_on`] make a connection on
+//! entries; [`ConnectOptions::on`] and [`ConnRequest::accept_on`] make a connection on
 //! it. Its completions then come out of [`Cq::poll`] (never out of [`Conn::poll_cq`],
 //! which on such a connection only makes progress), tagged with its `qp_num`; on the
 //! software fabrics that one poll drives every connection of the CQ. A connection made
@@ -125,12 +125,12 @@
 //! acceptor answers with [`ConnRequest::accept`] or [`ConnRequest::reject`], each with up
 //! to [`PRIVATE_DATA_LEN`] bytes. An accepted connection also yields `Established`.
 //! A listener bounds the connections it holds before their request is complete
-//! ([`Fabric::listen_with`], [`admission`]): a deadline, and caps per source and in total
+//! ([`ListenOptions::admission`], [`admission`]): a deadline, and caps per source and in total
 //! under which a newcomer is always admitted.
 //! Private data arrives zero-padded to the length the transport carries, never shorter
 //! than what was sent.
 //!
-//! **Authentication** (optional). [`Fabric::listen_auth`] and [`Fabric::connect_auth`]
+//! **Authentication** (optional). [`ListenOptions::psk`] and [`ConnectOptions::psk`]
 //! take a pre-shared key ([`Psk`]); a connection between a listener and an initiator
 //! that hold the same key is established as usual, any other combination (different
 //! keys, a key on one side only) ends in [`CmEvent::AuthFailed`] on the initiator and
@@ -513,6 +513,135 @@ pub struct FabricCaps {
     pub local_ops_at_post: bool,
 }
 
+/// How [`Fabric::listen`] listens.
+#[derive(Clone, Default)]
+pub struct ListenOptions {
+    /// Limits on connections still in their handshake.
+    pub admission: Admission,
+    /// The key every initiator must prove (none: no authentication).
+    pub psk: Option<Psk>,
+}
+
+impl ListenOptions {
+    /// The default limits, requiring `psk` when there is one.
+    pub fn with_psk(psk: Option<Psk>) -> ListenOptions {
+        ListenOptions {
+            psk,
+            ..ListenOptions::default()
+        }
+    }
+
+    /// What a backend with no handshake state and no authentication does with the
+    /// options: checks the limits and refuses a key.
+    ///
+    /// # Errors
+    /// [`FabricError::Listen`] for limits out of range; [`FabricError::AuthUnsupported`]
+    /// with a key.
+    pub fn check_plain(&self, addr: SocketAddr, kind: FabricKind) -> Result<(), FabricError> {
+        self.admission.validate().map_err(|e| FabricError::Listen {
+            addr,
+            reason: format!("admission limits: {e}"),
+        })?;
+        match self.psk {
+            None => Ok(()),
+            Some(_) => Err(FabricError::AuthUnsupported { kind }),
+        }
+    }
+}
+
+impl std::fmt::Debug for ListenOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenOptions")
+            .field("admission", &self.admission)
+            .field("psk", &self.psk.is_some())
+            .finish()
+    }
+}
+
+/// How [`Fabric::connect`] connects: built with [`ConnectOptions::new`] and the
+/// `from` / `psk` / `on` steps.
+#[derive(Clone, Copy)]
+pub struct ConnectOptions<'a> {
+    /// An address of this host to bind first (port 0 or `None`: the system chooses).
+    pub src: Option<SocketAddr>,
+    pub caps: QpCaps,
+    /// The private data of the connect request (RTRS's `rtrs_msg_conn_req`).
+    pub private_data: &'a [u8],
+    /// The key to prove, and to require of the listener (none: no authentication).
+    pub psk: Option<&'a Psk>,
+    /// A shared completion queue of this fabric for the connection's completions
+    /// (none: a private one).
+    pub cq: Option<&'a CqRef>,
+}
+
+impl<'a> ConnectOptions<'a> {
+    /// From any source, unauthenticated, on a private CQ.
+    pub fn new(caps: QpCaps, private_data: &'a [u8]) -> ConnectOptions<'a> {
+        ConnectOptions {
+            src: None,
+            caps,
+            private_data,
+            psk: None,
+            cq: None,
+        }
+    }
+
+    /// From `src`.
+    pub fn from(self, src: Option<SocketAddr>) -> ConnectOptions<'a> {
+        ConnectOptions { src, ..self }
+    }
+
+    /// Proving `psk`.
+    pub fn psk(self, psk: Option<&'a Psk>) -> ConnectOptions<'a> {
+        ConnectOptions { psk, ..self }
+    }
+
+    /// On the shared CQ `cq`.
+    pub fn on(self, cq: &'a CqRef) -> ConnectOptions<'a> {
+        ConnectOptions {
+            cq: Some(cq),
+            ..self
+        }
+    }
+
+    /// What a backend with no authentication does with a key: refuses it.
+    ///
+    /// # Errors
+    /// [`FabricError::AuthUnsupported`] with a key.
+    pub fn check_no_key(&self, kind: FabricKind) -> Result<(), FabricError> {
+        match self.psk {
+            None => Ok(()),
+            Some(_) => Err(FabricError::AuthUnsupported { kind }),
+        }
+    }
+
+    /// What a backend with no shared CQs does with one: refuses it.
+    ///
+    /// # Errors
+    /// [`FabricError::Connect`] with a CQ.
+    pub fn check_no_cq(&self, dst: SocketAddr, kind: FabricKind) -> Result<(), FabricError> {
+        match self.cq {
+            None => Ok(()),
+            Some(_) => Err(FabricError::Connect {
+                addr: dst,
+                reason: format!("the {kind} fabric has no shared completion queues"),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("src", &self.src)
+            .field("caps", &self.caps)
+            .field("private_data", &self.private_data.len())
+            .field("psk", &self.psk.is_some())
+            .field("cq", &self.cq.is_some())
+            .finish()
+    }
+}
+
 /// A device context with its protection domain: registrations and connections made
 /// through one fabric belong together (as `ibv_pd` in verbs).
 pub trait Fabric: Send + Sync {
@@ -578,112 +707,42 @@ pub trait Fabric: Send + Sync {
     /// memory windows of the kind `scope` needs.
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError>;
 
-    /// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
+    /// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]) with
+    /// `opts`: the limits on connections still in their handshake, and the key every
+    /// initiator must prove. A backend that keeps such connections itself applies the
+    /// limits (tcp: sockets whose connect request is not complete); one whose requests
+    /// arrive whole (verbs, where `rdma_cm` runs the handshake, and loopback) has nothing
+    /// pending and only checks them ([`ListenOptions::check_plain`]). A backend that
+    /// cannot authenticate refuses a key.
     ///
     /// # Errors
-    /// [`FabricError::Listen`] naming the address and the failing call.
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError>;
-
-    /// [`Fabric::listen`] with the limits on connections still in their handshake
-    /// ([`Admission`]) and, with `psk`, requiring every initiator to prove that key. A
-    /// backend that keeps such connections itself applies the limits (tcp: sockets whose
-    /// connect request is not complete); one whose requests arrive whole (verbs, where
-    /// `rdma_cm` runs the handshake, and loopback) has nothing pending and listens as
-    /// [`Fabric::listen`] does. A backend that cannot authenticate refuses a key.
-    ///
-    /// # Errors
-    /// As [`Fabric::listen`]; [`FabricError::Listen`] for limits out of range;
-    /// [`FabricError::AuthUnsupported`] with a key on a backend that cannot authenticate.
-    fn listen_config(
+    /// [`FabricError::Listen`] naming the address and the failing call, or limits out of
+    /// range; [`FabricError::AuthUnsupported`] with a key on a backend that cannot
+    /// authenticate.
+    fn listen(
         &self,
         addr: SocketAddr,
-        admission: &Admission,
-        psk: Option<Psk>,
-    ) -> Result<Box<dyn Listener>, FabricError> {
-        admission.validate().map_err(|e| FabricError::Listen {
-            addr,
-            reason: format!("admission limits: {e}"),
-        })?;
-        match psk {
-            None => self.listen(addr),
-            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
-        }
-    }
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError>;
 
-    /// [`Fabric::listen_config`] without a key.
-    ///
-    /// # Errors
-    /// As [`Fabric::listen_config`].
-    fn listen_with(
-        &self,
-        addr: SocketAddr,
-        admission: &Admission,
-    ) -> Result<Box<dyn Listener>, FabricError> {
-        self.listen_config(addr, admission, None)
-    }
-
-    /// [`Fabric::listen_config`] with the default [`Admission`], requiring every
-    /// initiator to prove `psk` (none: no authentication, the same as [`Fabric::listen`]).
-    ///
-    /// # Errors
-    /// As [`Fabric::listen_config`].
-    fn listen_auth(
-        &self,
-        addr: SocketAddr,
-        psk: Option<Psk>,
-    ) -> Result<Box<dyn Listener>, FabricError> {
-        self.listen_config(addr, &Admission::default(), psk)
-    }
-
-    /// Starts connecting to `dst` from `src` (an address of this host to bind first; port
-    /// 0 or `None` lets the system choose); the result arrives as a [`CmEvent`] on the
-    /// connection. RTRS paths are `[src,]dst`, as in the kernel's `rdma_resolve_addr`.
+    /// Starts connecting to `dst` with `opts` (the source address, the queue sizes, the
+    /// private data of the connect request, the key to prove, the shared CQ); the result
+    /// arrives as a [`CmEvent`] on the connection. RTRS paths are `[src,]dst`, as in the
+    /// kernel's `rdma_resolve_addr`. With a key the listener must prove it too. On a
+    /// shared CQ (a CQ made by this fabric, [`Fabric::create_cq`]) the connection is held
+    /// by the calling thread ([`Conn::release_thread`]).
     ///
     /// # Errors
     /// [`FabricError::Connect`] when the attempt cannot even start (bad or unusable source
-    /// address, no device); later failures come as [`CmEvent::Error`] or
-    /// [`CmEvent::Rejected`].
-    fn connect_from(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-    ) -> Result<Box<dyn Conn>, FabricError>;
-
-    /// [`Fabric::connect_from`], proving `psk` to the listener and requiring the same
-    /// proof from it (none: no authentication, the same as [`Fabric::connect_from`]).
-    ///
-    /// # Errors
-    /// As [`Fabric::connect_from`]; [`FabricError::AuthUnsupported`] with a key on a
-    /// backend that cannot authenticate. A failed authentication comes later, as
-    /// [`CmEvent::AuthFailed`].
-    fn connect_auth(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        match psk {
-            None => self.connect_from(src, dst, caps, private_data),
-            Some(_) => Err(FabricError::AuthUnsupported { kind: self.kind() }),
-        }
-    }
-
-    /// [`Fabric::connect_from`] with the source chosen by the system.
-    ///
-    /// # Errors
-    /// As [`Fabric::connect_from`].
+    /// address, no device, no shared CQs on this backend); [`FabricError::AuthUnsupported`]
+    /// with a key on a backend that cannot authenticate; [`FabricError::Cq`] when the CQ is
+    /// another fabric's or is in error (overrun). Later failures come as
+    /// [`CmEvent::Error`], [`CmEvent::Rejected`] or [`CmEvent::AuthFailed`].
     fn connect(
         &self,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        self.connect_from(None, dst, caps, private_data)
-    }
+        opts: &ConnectOptions<'_>,
+    ) -> Result<Box<dyn Conn>, FabricError>;
 
     /// A completion queue of `entries` entries for connections to share (verbs'
     /// `ibv_create_cq`). A backend that has none refuses (the default, for wrappers).
@@ -697,33 +756,10 @@ pub trait Fabric: Send + Sync {
             reason: format!("the {} fabric has no shared completion queues", self.kind()),
         })
     }
-
-    /// [`Fabric::connect_auth`] with the connection's completions on `cq` (a CQ made by
-    /// this fabric) instead of a private CQ. The connection is held by the calling
-    /// thread ([`Conn::release_thread`]).
-    ///
-    /// # Errors
-    /// As [`Fabric::connect_auth`]; [`FabricError::Cq`] when `cq` is another fabric's or
-    /// is in error (overrun).
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let _ = (cq, src, caps, private_data, psk);
-        Err(FabricError::Connect {
-            addr: dst,
-            reason: format!("the {} fabric has no shared completion queues", self.kind()),
-        })
-    }
 }
 
 /// One reliable connection: a queue pair with its own completion queue, or on a shared
-/// one ([`Fabric::connect_on`]).
+/// one ([`ConnectOptions::on`]).
 pub trait Conn: Send {
     /// Posts a chain of send work requests.
     ///

@@ -45,6 +45,7 @@ mod state;
 pub mod stats;
 mod wr;
 
+use crate::fabric::ListenOptions;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -108,7 +109,13 @@ impl Server {
         let mut listeners = Vec::with_capacity(listen.len());
         for &addr in listen {
             let l = fabric
-                .listen_config(addr, &config.admission, config.psk.clone())
+                .listen(
+                    addr,
+                    &ListenOptions {
+                        admission: config.admission,
+                        psk: config.psk.clone(),
+                    },
+                )
                 .map_err(|source| ServerError::Listen { addr, source })?;
             listeners.push(l);
         }

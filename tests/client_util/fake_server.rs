@@ -6,6 +6,7 @@
 //! an empty write-with-imm or an RKEY_RSP under NEW_RKEY_F). One session, answered at
 //! once; enough to drive every client path deterministically.
 
+use rtrs_spdk::fabric::ListenOptions;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -131,7 +132,7 @@ impl FakeServer {
         for _ in 0..n {
             let l = s
                 .fabric
-                .listen("127.0.0.1:0".parse().unwrap())
+                .listen("127.0.0.1:0".parse().unwrap(), &ListenOptions::default())
                 .expect("listen");
             s.addrs.push(l.local_addr());
             s.listeners.push(Some(l));
@@ -177,7 +178,11 @@ impl FakeServer {
     /// The target comes back on the same addresses (the disk is kept).
     pub fn restart(&mut self) {
         for (i, a) in self.addrs.iter().enumerate() {
-            self.listeners[i] = Some(self.fabric.listen(*a).expect("re-listen"));
+            self.listeners[i] = Some(
+                self.fabric
+                    .listen(*a, &ListenOptions::default())
+                    .expect("re-listen"),
+            );
         }
     }
 

@@ -3,14 +3,15 @@
 //! user header), and a fabric wrapper that records the client's connections so a test
 //! can break or blackhole one path from the loopback fabric's fault controls.
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
-    Listener, MemBuf, Mr, Psk, QpCaps,
+    Access, Conn, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope, Listener,
+    MemBuf, Mr,
 };
 use rtrs_spdk::server::{
     Dir, IoId, LinkEvent, Responses, Server, ServerConfig, ServerHandler, SessionId, SrvIo,
@@ -60,17 +61,19 @@ impl Fabric for RecordingFabric {
     ) -> Option<Arc<rtrs_spdk::fabric::mem::Backing>> {
         self.lo.local_memory(sge, need)
     }
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        self.lo.listen(addr)
-    }
-    fn connect_from(
+    fn listen(
         &self,
-        src: Option<SocketAddr>,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        self.lo.listen(addr, opts)
+    }
+    fn connect(
+        &self,
         dst: SocketAddr,
-        caps: QpCaps,
-        pd: &[u8],
+        opts: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let c = self.lo.connect_from(src, dst, caps, pd)?;
+        let c = self.lo.connect(dst, opts)?;
         if let (Some(l), Some(p)) = (c.local_addr(), c.peer_addr()) {
             self.conns.lock().unwrap().push((l, p));
         }
@@ -78,21 +81,6 @@ impl Fabric for RecordingFabric {
     }
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
         self.lo.create_cq(entries)
-    }
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        pd: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let c = self.lo.connect_on(cq, src, dst, caps, pd, psk)?;
-        if let (Some(l), Some(p)) = (c.local_addr(), c.peer_addr()) {
-            self.conns.lock().unwrap().push((l, p));
-        }
-        Ok(c)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Connection-manager scenarios: private data on REQ, REP and REJ, addresses, states.
 
 use rtrs_spdk::fabric::{CmEvent, ConnState, FabricError, PrivateData, PRIVATE_DATA_LEN};
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 use super::{connect_with, pattern, start_connect, wait_cm, wait_request, Backend, Side};
 
@@ -103,7 +104,10 @@ pub fn connections_are_independent(b: &dyn Backend) {
     let (mut listener, first, sf) = start_connect(b, b.caps(), b"one");
     let cf = first.fabric.clone();
     let c2 = cf
-        .connect(listener.local_addr(), b.caps(), b"two")
+        .connect(
+            listener.local_addr(),
+            &ConnectOptions::new(b.caps(), b"two"),
+        )
         .expect("second connect");
     let mut clients = [first, Side::new("client 2", c2, cf)];
     let mut servers = Vec::new();
@@ -171,10 +175,16 @@ pub fn dropped_request_rejects(b: &dyn Backend) {
 /// Connecting where nobody listens fails (refused or rejected, as the transport says).
 pub fn connect_to_nobody_fails(b: &dyn Backend) {
     let dst = {
-        let listener = b.server_fabric().listen(b.listen_addr()).expect("listen");
+        let listener = b
+            .server_fabric()
+            .listen(b.listen_addr(), &ListenOptions::default())
+            .expect("listen");
         listener.local_addr()
     };
-    let conn = match b.client_fabric().connect(dst, b.caps(), b"anyone?") {
+    let conn = match b
+        .client_fabric()
+        .connect(dst, &ConnectOptions::new(b.caps(), b"anyone?"))
+    {
         Ok(conn) => conn,
         // Refused at once: the contract allows failing before any event.
         Err(FabricError::Connect { .. }) => return,

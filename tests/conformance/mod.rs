@@ -35,6 +35,7 @@ pub mod errors;
 pub mod keys;
 pub mod shared_cq;
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -418,10 +419,13 @@ pub fn start_connect(
     let sf = b.server_fabric();
     let cf = b.client_fabric();
     let listener = sf
-        .listen(b.listen_addr())
+        .listen(b.listen_addr(), &ListenOptions::default())
         .unwrap_or_else(|e| panic!("listen on {}: {e}", b.listen_addr()));
     let conn = cf
-        .connect(listener.local_addr(), caps, private_data)
+        .connect(
+            listener.local_addr(),
+            &ConnectOptions::new(caps, private_data),
+        )
         .unwrap_or_else(|e| panic!("connect to {}: {e}", listener.local_addr()));
     (listener, Side::new("client", conn, cf), sf)
 }

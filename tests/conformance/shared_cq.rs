@@ -4,6 +4,7 @@
 //! `IBV_EVENT_CQ_ERR`; and a software CQ hands out a connection's completions before
 //! it places another connection's data.
 
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -129,18 +130,14 @@ pub fn shared_pairs(
     let mut server = CqSide::new("server", b.server_fabric(), server_entries);
     let mut listener = server
         .fabric
-        .listen(b.listen_addr())
+        .listen(b.listen_addr(), &ListenOptions::default())
         .unwrap_or_else(|e| panic!("listen on {}: {e}", b.listen_addr()));
     for i in 0..n {
         let conn = client
             .fabric
-            .connect_on(
-                &client.cq.share(),
-                None,
+            .connect(
                 listener.local_addr(),
-                caps,
-                &[i as u8],
-                None,
+                &ConnectOptions::new(caps, &[i as u8]).on(&client.cq.share()),
             )
             .unwrap_or_else(|e| panic!("connect_on: {e}"));
         client.add(conn);
@@ -499,9 +496,10 @@ pub fn shared_cq_overrun_is_reported(b: &dyn Backend) {
         c.cm[0].iter().any(is_disc) && s.cm[0].iter().any(is_disc)
     });
     assert_eq!(c.cq.poll_event(), None, "the overrun is reported once");
-    let again = c
-        .fabric
-        .connect_on(&c.cq.share(), None, l.local_addr(), b.caps(), &[], None);
+    let again = c.fabric.connect(
+        l.local_addr(),
+        &ConnectOptions::new(b.caps(), &[]).on(&c.cq.share()),
+    );
     assert!(again.is_err(), "a CQ in error takes no new connection");
 }
 

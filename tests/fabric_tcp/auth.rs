@@ -5,6 +5,7 @@
 
 use super::*;
 use rtrs_spdk::fabric::Psk;
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 fn key(byte: u8) -> Psk {
     Psk::from_bytes(format!("test key {byte}"), &[byte; 32]).unwrap()
@@ -14,9 +15,14 @@ fn key(byte: u8) -> Psk {
 /// event and whether the listener's application saw a request (accepted if so).
 fn attempt(lkey: Option<Psk>, ckey: Option<&Psk>) -> (CmEvent, bool) {
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen_auth(localhost(), lkey).unwrap();
+    let mut l = sf
+        .listen(localhost(), &ListenOptions::with_psk(lkey))
+        .unwrap();
     let mut c = cf
-        .connect_auth(None, l.local_addr(), QpCaps::default(), b"hello", ckey)
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), b"hello").psk(ckey),
+        )
         .unwrap();
     let mut seen = false;
     let mut server = None;
@@ -54,11 +60,16 @@ fn assert_auth_failed(ev: &CmEvent, what: &str) {
 #[test]
 fn the_same_key_on_both_sides_connects_and_moves_data() {
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen_auth(localhost(), Some(key(1))).unwrap();
+    let mut l = sf
+        .listen(localhost(), &ListenOptions::with_psk(Some(key(1))))
+        .unwrap();
     // Another instance of the same key (equal bytes, another name) proves it.
     let ckey = Psk::from_bytes("client's copy", &[1; 32]).unwrap();
     let mut c = cf
-        .connect_auth(None, l.local_addr(), QpCaps::default(), b"hi", Some(&ckey))
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), b"hi").psk(Some(&ckey)),
+        )
         .unwrap();
     let req = until("the authenticated request", || {
         assert_eq!(c.poll_cm(), None);
@@ -136,9 +147,14 @@ fn any_other_key_combination_fails_and_never_reaches_the_application() {
 #[test]
 fn a_failed_initiator_flushes_and_stays_down() {
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen_auth(localhost(), Some(key(1))).unwrap();
+    let mut l = sf
+        .listen(localhost(), &ListenOptions::with_psk(Some(key(1))))
+        .unwrap();
     let mut c = cf
-        .connect_auth(None, l.local_addr(), QpCaps::default(), b"", Some(&key(3)))
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), b"").psk(Some(&key(3))),
+        )
         .unwrap();
     c.post_recv(&[RecvWr {
         wr_id: 4,
@@ -203,7 +219,9 @@ fn v2_req(nonce: &[u8; 32]) -> Vec<u8> {
 #[test]
 fn a_version_1_peer_is_refused_by_a_listener_that_requires_a_key() {
     let sf = TcpFabric::new();
-    let mut l = sf.listen_auth(localhost(), Some(key(1))).unwrap();
+    let mut l = sf
+        .listen(localhost(), &ListenOptions::with_psk(Some(key(1))))
+        .unwrap();
     let mut raw = TcpStream::connect(l.local_addr()).unwrap();
     raw.write_all(&super::cm::cm_req_bytes(frame::V1)).unwrap();
     let got = read_answer(&mut raw, &mut l);
@@ -215,7 +233,9 @@ fn a_version_1_peer_is_refused_by_a_listener_that_requires_a_key() {
     );
     // A listener without a key still accepts version 1.
     let plain = TcpFabric::new();
-    let mut l2 = plain.listen(localhost()).unwrap();
+    let mut l2 = plain
+        .listen(localhost(), &ListenOptions::default())
+        .unwrap();
     let mut raw = TcpStream::connect(l2.local_addr()).unwrap();
     raw.write_all(&super::cm::cm_req_bytes(frame::V1)).unwrap();
     let req = until("the version 1 request", || l2.poll());
@@ -225,7 +245,9 @@ fn a_version_1_peer_is_refused_by_a_listener_that_requires_a_key() {
 #[test]
 fn raw_initiators_with_a_bad_proof_or_none_are_refused() {
     let sf = TcpFabric::new();
-    let mut l = sf.listen_auth(localhost(), Some(key(1))).unwrap();
+    let mut l = sf
+        .listen(localhost(), &ListenOptions::with_psk(Some(key(1))))
+        .unwrap();
 
     // A wrong proof: CM_REJ "authentication failed" in version 2, then EOF.
     let mut raw = TcpStream::connect(l.local_addr()).unwrap();
@@ -264,7 +286,9 @@ fn raw_initiators_with_a_bad_proof_or_none_are_refused() {
     );
 
     let plain = TcpFabric::new();
-    let mut l2 = plain.listen(localhost()).unwrap();
+    let mut l2 = plain
+        .listen(localhost(), &ListenOptions::default())
+        .unwrap();
     let mut raw = TcpStream::connect(l2.local_addr()).unwrap();
     raw.write_all(&v2_req(&[8; 32])).unwrap();
     let got = read_answer(&mut raw, &mut l2);
@@ -273,12 +297,9 @@ fn raw_initiators_with_a_bad_proof_or_none_are_refused() {
     // The listener still serves a real client with the key.
     let (cf, _) = (TcpFabric::new(), ());
     let mut c = cf
-        .connect_auth(
-            None,
+        .connect(
             l.local_addr(),
-            QpCaps::default(),
-            b"real",
-            Some(&key(1)),
+            &ConnectOptions::new(QpCaps::default(), b"real").psk(Some(&key(1))),
         )
         .unwrap();
     let req = until("the real request", || {
@@ -333,7 +354,10 @@ fn an_initiator_with_a_key_trusts_no_listener_that_has_not_proven_it() {
     for (what, answer) in answers {
         let (fake, addr) = fake_listener();
         let mut c = cf
-            .connect_auth(None, addr, QpCaps::default(), b"", Some(&key(1)))
+            .connect(
+                addr,
+                &ConnectOptions::new(QpCaps::default(), b"").psk(Some(&key(1))),
+            )
             .unwrap();
         c.poll_cm();
         let (mut peer, _) = fake.accept().unwrap();
@@ -354,7 +378,9 @@ fn versions_between_old_and_new_builds() {
     let cf = TcpFabric::new();
     // An initiator without a key speaks version 1: a version-1 listener accepts it.
     let (fake, addr) = fake_listener();
-    let mut c = cf.connect(addr, QpCaps::default(), b"plain").unwrap();
+    let mut c = cf
+        .connect(addr, &ConnectOptions::new(QpCaps::default(), b"plain"))
+        .unwrap();
     c.poll_cm();
     let (mut peer, _) = fake.accept().unwrap();
     let req = read_request(&mut peer, &mut c, frame::CM_FRAME_LEN);
@@ -378,7 +404,10 @@ fn versions_between_old_and_new_builds() {
     // up to 1" (in version 1), which is an authentication failure that says why.
     let (fake, addr) = fake_listener();
     let mut c = cf
-        .connect_auth(None, addr, QpCaps::default(), b"", Some(&key(1)))
+        .connect(
+            addr,
+            &ConnectOptions::new(QpCaps::default(), b"").psk(Some(&key(1))),
+        )
         .unwrap();
     c.poll_cm();
     let (mut peer, _) = fake.accept().unwrap();
@@ -403,10 +432,16 @@ fn versions_between_old_and_new_builds() {
 fn backends_without_authentication_refuse_a_key() {
     use rtrs_spdk::fabric::loopback::LoopbackFabric;
     let f = LoopbackFabric::new();
-    let e = f.listen_auth(localhost(), Some(key(1))).err().unwrap();
+    let e = f
+        .listen(localhost(), &ListenOptions::with_psk(Some(key(1))))
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("tcp fabric only"), "{e}");
     let e = f
-        .connect_auth(None, localhost(), QpCaps::default(), b"", Some(&key(1)))
+        .connect(
+            localhost(),
+            &ConnectOptions::new(QpCaps::default(), b"").psk(Some(&key(1))),
+        )
         .err()
         .unwrap();
     assert!(e.to_string().contains("cannot authenticate"), "{e}");

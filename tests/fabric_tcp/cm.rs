@@ -1,6 +1,7 @@
 //! Connection management: private data both ways, rejection, refusal, versions.
 
 use super::*;
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 #[test]
 fn caps_and_kind() {
@@ -12,7 +13,10 @@ fn caps_and_kind() {
         ..QpCaps::default()
     };
     let err = f
-        .connect("127.0.0.1:1".parse().unwrap(), caps, b"")
+        .connect(
+            "127.0.0.1:1".parse().unwrap(),
+            &ConnectOptions::new(caps, b""),
+        )
         .err()
         .unwrap();
     assert!(err.to_string().contains("max_send_sge"), "{err}");
@@ -31,9 +35,12 @@ fn connect_accept_with_private_data_both_ways() {
 #[test]
 fn reject_with_private_data_and_keep_serving() {
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
-    let mut l = sf.listen(localhost()).unwrap();
+    let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
     let mut c = cf
-        .connect(l.local_addr(), QpCaps::default(), &[9; 56])
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), &[9; 56]),
+        )
         .unwrap();
     c.post_recv(&[RecvWr {
         wr_id: 5,
@@ -60,7 +67,9 @@ fn reject_with_private_data_and_keep_serving() {
     assert_eq!(c.poll_cm(), None, "no Disconnected after Rejected");
 
     // Dropping a request unanswered rejects it with no data; the listener goes on.
-    let mut c2 = cf.connect(l.local_addr(), QpCaps::default(), b"").unwrap();
+    let mut c2 = cf
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), b""))
+        .unwrap();
     drop(until("second request", || {
         c2.poll_cm();
         l.poll()
@@ -81,7 +90,9 @@ fn connect_to_a_closed_port_is_an_error_event() {
         l.local_addr().unwrap()
     };
     let f = TcpFabric::new();
-    let mut c = f.connect(port, QpCaps::default(), b"").unwrap();
+    let mut c = f
+        .connect(port, &ConnectOptions::new(QpCaps::default(), b""))
+        .unwrap();
     match until("error", || c.poll_cm()) {
         CmEvent::Error { reason } => assert!(reason.contains(&port.to_string()), "{reason}"),
         e => panic!("expected an error, got {e:?}"),
@@ -103,7 +114,7 @@ pub(crate) fn cm_req_bytes(version: u8) -> Vec<u8> {
 #[test]
 fn unknown_version_is_rejected_at_connect() {
     let sf = TcpFabric::new();
-    let mut l = sf.listen(localhost()).unwrap();
+    let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
     // A future initiator: the listener answers CM_REJ "unsupported version" by itself.
     let mut raw = TcpStream::connect(l.local_addr()).unwrap();
     raw.set_nonblocking(true).unwrap();
@@ -139,7 +150,10 @@ fn unknown_version_is_rejected_at_connect() {
     let fake = std::net::TcpListener::bind(localhost()).unwrap();
     let cf = TcpFabric::new();
     let mut c = cf
-        .connect(fake.local_addr().unwrap(), QpCaps::default(), b"")
+        .connect(
+            fake.local_addr().unwrap(),
+            &ConnectOptions::new(QpCaps::default(), b""),
+        )
         .unwrap();
     c.poll_cm();
     let (mut peer, _) = fake.accept().unwrap();
@@ -173,13 +187,16 @@ fn unknown_version_is_rejected_at_connect() {
 fn ipv6_loopback_works_too() {
     let (cf, sf) = (TcpFabric::new(), TcpFabric::new());
     let addr: SocketAddr = "[::1]:0".parse().unwrap();
-    let mut l = match sf.listen(addr) {
+    let mut l = match sf.listen(addr, &ListenOptions::default()) {
         Ok(l) => l,
         // A host without IPv6 cannot run this scenario; the error must name the address.
         Err(e) => return assert!(e.to_string().contains("::1"), "{e}"),
     };
     let mut c = cf
-        .connect(l.local_addr(), QpCaps::default(), b"v6")
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), b"v6"),
+        )
         .unwrap();
     let req = until("request over ::1", || {
         c.poll_cm();

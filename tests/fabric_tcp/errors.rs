@@ -1,6 +1,7 @@
 //! Remote access violations, disconnect with work in flight, and hostile raw peers.
 
 use super::*;
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 #[test]
 fn rkey_violation_fails_the_sender_and_breaks_both() {
@@ -172,7 +173,7 @@ fn read_to_end_bounded(raw: &mut TcpStream, s: &mut Box<dyn Conn>) -> (Vec<u8>, 
 #[test]
 fn hostile_peers_are_closed_and_the_listener_keeps_serving() {
     let sf = TcpFabric::new();
-    let mut l = sf.listen(localhost()).unwrap();
+    let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
 
     // Garbage instead of a connect request.
     let mut junk = TcpStream::connect(l.local_addr()).unwrap();
@@ -243,7 +244,10 @@ fn hostile_peers_are_closed_and_the_listener_keeps_serving() {
     // And the listener still serves real clients.
     let cf = TcpFabric::new();
     let mut c = cf
-        .connect(l.local_addr(), QpCaps::default(), b"ok")
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), b"ok"),
+        )
         .unwrap();
     let req = until("a real request", || {
         c.poll_cm();

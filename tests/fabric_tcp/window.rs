@@ -5,6 +5,7 @@
 //! domain must then change nothing of what the victim receives.
 
 use super::*;
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 /// A connection to `l` from `cf`: (client end, server end), established.
 fn connect(
@@ -12,7 +13,9 @@ fn connect(
     cf: &TcpFabric,
     caps: QpCaps,
 ) -> (Box<dyn Conn>, Box<dyn Conn>) {
-    let mut c = cf.connect(l.local_addr(), caps, b"").unwrap();
+    let mut c = cf
+        .connect(l.local_addr(), &ConnectOptions::new(caps, b""))
+        .unwrap();
     let req = until("the connect request", || {
         c.poll_cm();
         l.poll()
@@ -146,7 +149,7 @@ struct Scene {
 impl Scene {
     fn respond(len: usize, seed: u8) -> Scene {
         let (sf, vf, af) = (TcpFabric::new(), TcpFabric::new(), TcpFabric::new());
-        let mut l = sf.listen(localhost()).unwrap();
+        let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
         let (v, mut vs) = connect(&mut l, &vf, caps());
         let (a, as_) = connect(&mut l, &af, caps());
         let reply = reg(&vf, len, RW);

@@ -1,6 +1,7 @@
 //! A minimal RTRS client for the server tests: one path, written on `proto` and the
 //! fabric directly, stepping the server's simulation while it waits.
 
+use rtrs_spdk::fabric::ConnectOptions;
 use std::collections::VecDeque;
 
 use rtrs_spdk::common::{random_uuid, IuPool, Uuid};
@@ -97,7 +98,7 @@ pub fn raw_connect_from(
     };
     let mut c = h
         .client_fabric()
-        .connect_from(src, addr, caps, req)
+        .connect(addr, &ConnectOptions::new(caps, req).from(src))
         .expect("connect");
     for _ in 0..h.max_steps() {
         h.step();

@@ -29,6 +29,7 @@ mod mux;
 mod rpc;
 mod stats;
 
+use rtrs_spdk::fabric::ListenOptions;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -338,7 +339,13 @@ impl Target {
             Some((n, k)) => (Some(n), Some(k)),
             None => (None, None),
         };
-        let listener = match fabric.listen_config(sockaddr, &self.options.admission, key) {
+        let listener = match fabric.listen(
+            sockaddr,
+            &ListenOptions {
+                admission: self.options.admission,
+                psk: key,
+            },
+        ) {
             Ok(l) => l,
             Err(e) => return done(Err(format!("{M}: addr {addr} port {port}: {e}"))),
         };

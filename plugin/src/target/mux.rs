@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::fabric::{
-    mem, Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    KeyScope, Listener, MemBuf, Mr, Psk, QpCaps, Sge,
+    mem, Access, Conn, ConnRequest, ConnectOptions, Cq, Fabric, FabricCaps, FabricError,
+    FabricKind, FastMr, KeyScope, ListenOptions, Listener, MemBuf, Mr, Sge,
 };
 use rtrs_spdk::sync::lock;
 
@@ -104,60 +104,31 @@ impl Fabric for MuxFabric {
         self.inner.create_cq(entries)
     }
 
-    fn connect_on(
+    fn connect(
         &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
+        opts: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner.connect_on(cq, src, dst, caps, private_data, psk)
+        self.inner.connect(dst, opts)
     }
 
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        if opts.psk.is_some() {
+            // Each real listener has its own key (rtrs_target_listen's 'psk').
+            return Err(FabricError::Listen {
+                addr,
+                reason: "keys are set per listener, not on the server's listener set".into(),
+            });
+        }
         Ok(Box::new(MuxListener {
             listeners: Arc::clone(&self.listeners),
             placeholder: addr,
             last: addr,
         }))
-    }
-
-    fn listen_auth(
-        &self,
-        addr: SocketAddr,
-        psk: Option<Psk>,
-    ) -> Result<Box<dyn Listener>, FabricError> {
-        match psk {
-            None => self.listen(addr),
-            // Each real listener has its own key (rtrs_target_listen's 'psk').
-            Some(_) => Err(FabricError::Listen {
-                addr,
-                reason: "keys are set per listener, not on the server's listener set".into(),
-            }),
-        }
-    }
-
-    fn connect_from(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner.connect_from(src, dst, caps, private_data)
-    }
-
-    fn connect_auth(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        self.inner.connect_auth(src, dst, caps, private_data, psk)
     }
 }
 

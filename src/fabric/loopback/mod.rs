@@ -34,8 +34,9 @@ use link::{Handshake, Link, CLIENT, SERVER};
 use super::mem::Backing;
 use super::soft::{self, MrTable, MAX_MR_SIZE};
 use super::{
-    Access, Conn, ConnRequest, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    KeyScope, Listener, MemBuf, Mr, PendingConn, PrivateData, Psk, QpCaps,
+    Access, Conn, ConnRequest, ConnectOptions, Cq, CqRef, Fabric, FabricCaps, FabricError,
+    FabricKind, FastMr, KeyScope, ListenOptions, Listener, MemBuf, Mr, PendingConn, PrivateData,
+    QpCaps,
 };
 
 use crate::sync::lock;
@@ -246,7 +247,12 @@ impl Fabric for LoopbackFabric {
         self.registrations().local_memory(sge, need)
     }
 
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        opts.check_plain(addr, self.kind())?;
         let mut names = self.inner.names();
         let addr = if addr.port() == 0 {
             let port = names
@@ -277,47 +283,36 @@ impl Fabric for LoopbackFabric {
         }))
     }
 
-    fn connect_from(
+    fn connect(
         &self,
-        src: Option<SocketAddr>,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
+        o: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        Ok(Box::new(self.start_connect(
-            src,
-            dst,
-            caps,
-            private_data,
-        )?))
+        o.check_no_key(self.kind())?;
+        match o.cq {
+            Some(cq) => {
+                // The connection is made only once the CQ is known to take it, so a
+                // refusal leaves no request behind at the listener.
+                soft::cq::check::<LoopbackConn>(cq, &self.table)?;
+                let conn = self.start_connect(o.src, dst, o.caps, o.private_data)?;
+                soft::cq::attach(cq, conn)
+            }
+            None => Ok(Box::new(self.start_connect(
+                o.src,
+                dst,
+                o.caps,
+                o.private_data,
+            )?)),
+        }
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
         soft::cq::create::<LoopbackConn>(FabricKind::Loopback, &self.table, entries)
     }
-
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        if psk.is_some() {
-            return Err(FabricError::AuthUnsupported { kind: self.kind() });
-        }
-        // The connection is made only once the CQ is known to take it, so a refusal
-        // leaves no request behind at the listener.
-        soft::cq::check::<LoopbackConn>(cq, &self.table)?;
-        let conn = self.start_connect(src, dst, caps, private_data)?;
-        soft::cq::attach(cq, conn)
-    }
 }
 
 impl LoopbackFabric {
-    /// The connecting end of a new connection to `dst` (see [`Fabric::connect_from`]).
+    /// The connecting end of a new connection to `dst` (see [`Fabric::connect`]).
     fn start_connect(
         &self,
         src: Option<SocketAddr>,

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::fabric::{CmEvent, ConnState};
+use crate::fabric::{ConnectOptions, ListenOptions};
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().expect("test address")
@@ -11,19 +12,23 @@ fn addr(s: &str) -> SocketAddr {
 #[test]
 fn listen_port_zero_picks_distinct_ports() {
     let f = LoopbackFabric::new();
-    let a = f.listen(addr("127.0.0.1:0")).unwrap();
-    let b = f.listen(addr("127.0.0.1:0")).unwrap();
+    let a = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
+    let b = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
     assert_ne!(a.local_addr(), b.local_addr());
     assert_ne!(a.local_addr().port(), 0);
     let err = f
-        .listen(a.local_addr())
+        .listen(a.local_addr(), &ListenOptions::default())
         .err()
         .expect("the same address twice");
     assert!(err.to_string().contains("already in use"), "{err}");
     let addr_a = a.local_addr();
     drop(a);
     assert!(
-        f.listen(addr_a).is_ok(),
+        f.listen(addr_a, &ListenOptions::default()).is_ok(),
         "a dropped listener frees its address"
     );
 }
@@ -32,7 +37,10 @@ fn listen_port_zero_picks_distinct_ports() {
 fn connect_to_nobody_is_a_cm_error() {
     let f = LoopbackFabric::new();
     let mut c = f
-        .connect(addr("127.0.0.1:9"), QpCaps::default(), b"x")
+        .connect(
+            addr("127.0.0.1:9"),
+            &ConnectOptions::new(QpCaps::default(), b"x"),
+        )
         .unwrap();
     match c.poll_cm() {
         Some(CmEvent::Error { reason }) => assert!(reason.contains("127.0.0.1:9"), "{reason}"),
@@ -45,13 +53,15 @@ fn connect_to_nobody_is_a_cm_error() {
 #[test]
 fn caps_beyond_the_limits_are_refused() {
     let f = LoopbackFabric::new();
-    let l = f.listen(addr("127.0.0.1:0")).unwrap();
+    let l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
     let caps = QpCaps {
         max_send_sge: MAX_SGE as u32 + 1,
         ..QpCaps::default()
     };
     let err = f
-        .connect(l.local_addr(), caps, &[])
+        .connect(l.local_addr(), &ConnectOptions::new(caps, &[]))
         .err()
         .expect("too many SGEs");
     assert!(err.to_string().contains("max_send_sge"), "{err}");
@@ -60,9 +70,15 @@ fn caps_beyond_the_limits_are_refused() {
 #[test]
 fn dropped_request_and_dropped_listener_reject() {
     let f = LoopbackFabric::new();
-    let mut l = f.listen(addr("[::1]:0")).unwrap();
-    let mut c1 = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
-    let mut c2 = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let mut l = f
+        .listen(addr("[::1]:0"), &ListenOptions::default())
+        .unwrap();
+    let mut c1 = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
+    let mut c2 = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
     assert!(c1.local_addr().unwrap().is_ipv6());
     drop(l.poll().expect("first request"));
     drop(l);
@@ -77,8 +93,12 @@ fn dropped_request_and_dropped_listener_reject() {
 #[test]
 fn accept_after_the_client_left_fails() {
     let f = LoopbackFabric::new();
-    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
-    let mut c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let mut l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
+    let mut c = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
     let req = l.poll().expect("request");
     c.disconnect();
     let err = req
@@ -91,8 +111,12 @@ fn accept_after_the_client_left_fails() {
 #[test]
 fn faults_are_found_from_either_end() {
     let f = LoopbackFabric::new();
-    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
-    let c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let mut l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
+    let c = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
     let s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
     let fc = f.faults(&*c).expect("client end");
     let fs = f.faults(&*s).expect("server end");
@@ -106,8 +130,12 @@ fn faults_are_found_from_either_end() {
 #[test]
 fn connecting_ends_release_their_address() {
     let f = LoopbackFabric::new();
-    let l = f.listen(addr("127.0.0.1:0")).unwrap();
-    let c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
+    let c = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
     let local = c.local_addr().unwrap();
     assert!(f.inner.names().ephemeral.contains(&local));
     drop(c);
@@ -145,8 +173,12 @@ fn a_closing_end_waits_for_the_peers_copy() {
 fn a_client_that_leaves_before_the_answer_keeps_what_was_executed() {
     use crate::fabric::{RecvWr, SendOp, SendWr, Wc, WcStatus};
     let f = LoopbackFabric::new();
-    let mut l = f.listen(addr("127.0.0.1:0")).unwrap();
-    let mut c = f.connect(l.local_addr(), QpCaps::default(), &[]).unwrap();
+    let mut l = f
+        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
+        .unwrap();
+    let mut c = f
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap();
     c.post_recv(&[
         RecvWr {
             wr_id: 1,

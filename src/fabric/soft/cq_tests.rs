@@ -1,5 +1,6 @@
 //! Thread hand-over and fabric checks of the software shared CQ (over loopback).
 
+use crate::fabric::{ConnectOptions, ListenOptions};
 use std::net::SocketAddr;
 
 use crate::fabric::loopback::LoopbackFabric;
@@ -11,9 +12,12 @@ fn addr() -> SocketAddr {
 
 /// A client connection on `cq`, accepted on a private CQ, both established.
 fn pair(f: &LoopbackFabric, cq: &CqRef) -> (Box<dyn Conn>, Box<dyn Conn>) {
-    let mut l = f.listen(addr()).unwrap();
+    let mut l = f.listen(addr(), &ListenOptions::default()).unwrap();
     let mut c = f
-        .connect_on(cq, None, l.local_addr(), QpCaps::default(), &[], None)
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), &[]).on(cq),
+        )
         .unwrap();
     let req = l.poll().expect("the request is queued at once on loopback");
     let mut s = req.accept(QpCaps::default(), &[]).unwrap();
@@ -99,9 +103,12 @@ fn a_connection_made_elsewhere_reports_once_handed_to_the_cq_thread() {
         c
     });
     // The control thread makes the connection on the core's CQ and sets it up.
-    let mut l = f.listen(addr()).unwrap();
+    let mut l = f.listen(addr(), &ListenOptions::default()).unwrap();
     let mut c = f
-        .connect_on(&share, None, l.local_addr(), QpCaps::default(), &[], None)
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(QpCaps::default(), &[]).on(&share),
+        )
         .unwrap();
     let mut s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
     assert!(matches!(c.poll_cm(), Some(CmEvent::Established { .. })));
@@ -148,15 +155,11 @@ fn a_cq_takes_connections_of_its_own_fabric_only() {
     let a = LoopbackFabric::new();
     let b = LoopbackFabric::new();
     let cq = a.create_cq(16).unwrap();
-    let l = b.listen(addr()).unwrap();
+    let l = b.listen(addr(), &ListenOptions::default()).unwrap();
     let err = b
-        .connect_on(
-            &cq.share(),
-            None,
+        .connect(
             l.local_addr(),
-            QpCaps::default(),
-            &[],
-            None,
+            &ConnectOptions::new(QpCaps::default(), &[]).on(&cq.share()),
         )
         .err()
         .expect("another fabric's CQ");

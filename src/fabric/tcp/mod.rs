@@ -13,8 +13,8 @@
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
 //! instances in one process behave as two hosts.
 //!
-//! Connections may be authenticated with a pre-shared key ([`Fabric::listen_auth`],
-//! [`Fabric::connect_auth`]): a mutual challenge-response inside the connection
+//! Connections may be authenticated with a pre-shared key ([`ListenOptions::psk`],
+//! [`ConnectOptions::psk`]): a mutual challenge-response inside the connection
 //! handshake (frame version 2). The data itself travels in clear.
 //!
 //! Files: `frame` (wire format), `tx`/`rx` (the send and receive engines of a
@@ -44,8 +44,8 @@ pub use ready::{TcpReadiness, READINESS_ENV};
 use crate::fabric::mem::Backing;
 use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
-    Access, Admission, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
-    KeyScope, Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
+    Access, Conn, ConnectOptions, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    KeyScope, ListenOptions, Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
 };
 
 /// The limits of the tcp fabric: generous, as nothing but memory bounds them.
@@ -187,47 +187,33 @@ impl Fabric for TcpFabric {
         self.registrations().local_memory(sge, need)
     }
 
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
-        self.listen_config(addr, &Admission::default(), None)
-    }
-
-    fn listen_config(
+    fn listen(
         &self,
         addr: SocketAddr,
-        admission: &Admission,
-        psk: Option<Psk>,
+        opts: &ListenOptions,
     ) -> Result<Box<dyn Listener>, FabricError> {
         Ok(Box::new(TcpListener::bind(
             addr,
             self.table.clone(),
-            admission,
-            psk,
+            &opts.admission,
+            opts.psk.clone(),
             self.readiness,
         )?))
     }
 
-    fn connect_from(
+    fn connect(
         &self,
-        src: Option<SocketAddr>,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
+        o: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        self.connect_auth(src, dst, caps, private_data, None)
-    }
-
-    fn connect_auth(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        Ok(Box::new(
-            self.start_connect(src, dst, caps, private_data, psk)?
-                .with_own_readiness(self.readiness),
-        ))
+        let conn = |s: &Self| s.start_connect(o.src, dst, o.caps, o.private_data, o.psk);
+        match o.cq {
+            Some(cq) => {
+                soft::cq::check::<TcpConn>(cq, &self.table)?;
+                soft::cq::attach(cq, conn(self)?)
+            }
+            None => Ok(Box::new(conn(self)?.with_own_readiness(self.readiness))),
+        }
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
@@ -238,24 +224,10 @@ impl Fabric for TcpFabric {
             ready::open(self.readiness),
         )
     }
-
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        soft::cq::check::<TcpConn>(cq, &self.table)?;
-        let conn = self.start_connect(src, dst, caps, private_data, psk)?;
-        soft::cq::attach(cq, conn)
-    }
 }
 
 impl TcpFabric {
-    /// The initiator of a new connection (see [`Fabric::connect_auth`]).
+    /// The initiator of a new connection (see [`Fabric::connect`]).
     fn start_connect(
         &self,
         src: Option<SocketAddr>,

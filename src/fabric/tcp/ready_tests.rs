@@ -1,5 +1,6 @@
 //! The readiness set's backends, and a shared tcp CQ that reads no idle socket.
 
+use crate::fabric::{ConnectOptions, ListenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -185,11 +186,17 @@ fn connected(mode: TcpReadiness) -> Ends {
     let ccq = client.create_cq(256).expect("client cq");
     let scq = server.create_cq(256).expect("server cq");
     let mut l = server
-        .listen("127.0.0.1:0".parse().expect("address"))
+        .listen(
+            "127.0.0.1:0".parse().expect("address"),
+            &ListenOptions::default(),
+        )
         .expect("listen");
     let caps = QpCaps::default();
     let mut c = client
-        .connect_on(&ccq.share(), None, l.local_addr(), caps, &[], None)
+        .connect(
+            l.local_addr(),
+            &ConnectOptions::new(caps, &[]).on(&ccq.share()),
+        )
         .expect("connect_on");
     let start = Instant::now();
     let req = loop {
@@ -430,7 +437,10 @@ fn private_pair(mode: TcpReadiness) -> Private {
     let client = std::sync::Arc::new(TcpFabric::with_readiness(mode));
     let server = std::sync::Arc::new(TcpFabric::with_readiness(mode));
     let mut l = server
-        .listen("127.0.0.1:0".parse().expect("address"))
+        .listen(
+            "127.0.0.1:0".parse().expect("address"),
+            &ListenOptions::default(),
+        )
         .expect("listen");
     let caps = QpCaps::default();
     let mut c = client

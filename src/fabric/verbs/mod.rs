@@ -59,8 +59,8 @@ use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{
-    Access, Conn, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr, KeyScope,
-    Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
+    Access, Conn, ConnectOptions, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
+    KeyScope, ListenOptions, Listener, MemBuf, Mr, PrivateData, QpCaps,
 };
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
@@ -285,30 +285,38 @@ impl Fabric for VerbsFabric {
         Ok(FastMr::from_parts(mw.rkey(), Box::new(mw)))
     }
 
-    fn listen(&self, addr: SocketAddr) -> Result<Box<dyn Listener>, FabricError> {
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        opts: &ListenOptions,
+    ) -> Result<Box<dyn Listener>, FabricError> {
+        opts.check_plain(addr, self.kind())?;
         Ok(Box::new(listener::VerbsListener::bind(
             self.shared.clone(),
             addr,
         )?))
     }
 
-    fn connect_from(
+    fn connect(
         &self,
-        src: Option<SocketAddr>,
         dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
+        o: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let data = PrivateData::new(private_data)?;
-        check_caps(&self.shared, caps)
+        o.check_no_key(self.kind())?;
+        let data = PrivateData::new(o.private_data)?;
+        check_caps(&self.shared, o.caps)
             .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
+        let share = match o.cq {
+            Some(cq) => Some(own_cq(&self.shared, cq)?),
+            None => None,
+        };
         Ok(Box::new(conn::VerbsConn::connect(
             self.shared.clone(),
-            src,
+            o.src,
             dst,
-            caps,
+            o.caps,
             data,
-            None,
+            share.as_ref(),
         )?))
     }
 
@@ -327,32 +335,6 @@ impl Fabric for VerbsFabric {
             FabricKind::Verbs,
             Box::new(cq::VerbsCq::new(self.shared.clone(), cq)),
         ))
-    }
-
-    fn connect_on(
-        &self,
-        cq: &CqRef,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        caps: QpCaps,
-        private_data: &[u8],
-        psk: Option<&Psk>,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        if psk.is_some() {
-            return Err(FabricError::AuthUnsupported { kind: self.kind() });
-        }
-        let data = PrivateData::new(private_data)?;
-        check_caps(&self.shared, caps)
-            .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
-        let share = own_cq(&self.shared, cq)?;
-        Ok(Box::new(conn::VerbsConn::connect(
-            self.shared.clone(),
-            src,
-            dst,
-            caps,
-            data,
-            Some(&share),
-        )?))
     }
 }
 
