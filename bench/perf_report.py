@@ -37,6 +37,7 @@ SWEEP.tsv has lines "side<TAB>qd<TAB>iops", SCALING.tsv "side<TAB>cores<TAB>iops
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -364,7 +365,15 @@ def append(doc, section, intro, run):
     else:
         end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("## ")),
                    len(lines))
-        head = "\n".join(lines[:end]).rstrip("\n")
+        # The section keeps its method and findings and the latest run only: a run that
+        # starts with a dated heading ("### 2026-...") replaces the dated runs there (the
+        # earlier ones stay in git history).
+        if run.startswith("### "):
+            dated = next((i for i in range(at + 1, end) if re.match(r"### \d{4}-", lines[i])), end)
+            end_keep = dated
+        else:
+            end_keep = end
+        head = "\n".join(lines[:end_keep]).rstrip("\n")
         tail = "\n".join(lines[end:])
         text = head + "\n\n" + run + ("\n" + tail if tail.strip() else "")
     open(doc, "w").write(text)
