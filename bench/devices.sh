@@ -43,8 +43,9 @@
 # bdev: at 25ab6c4 one per bdev and core beyond the first); the 2nd create ≤ 50 ms and ≤ +1 MiB client RSS; the IOPS ratio ≥ 0.90.
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk); builds the plugin. SPDK runs without hugepages
-# (--no-huge -s 2048). Prints the tables and goals and appends the run to docs/BENCHMARKS.md
-# under "## SPDK: many devices over one session" (not with --no-append).
+# (--no-huge -s 2048). Prints the tables and goals and writes the run into docs/BENCHMARKS.md
+# under "## SPDK: many devices over one session", in place of the previous run (not with
+# --no-append).
 # Ports: 14520 (RTRS) and 4422 (NVMe-oF/TCP), or RTRS_TEST_PORT_BASE + 92 and 93.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)

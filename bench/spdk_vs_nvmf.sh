@@ -44,7 +44,8 @@
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
-# the plots, and appends the run to docs/BENCHMARKS.md under "## SPDK: rtrs vs NVMe-oF/TCP".
+# the plots, and writes the run into docs/BENCHMARKS.md under "## SPDK: rtrs vs NVMe-oF/TCP",
+# in place of the previous run.
 # Ports: 14500 (RTRS), 4420 (NVMe-oF/TCP), 14501 (split) and an ephemeral one (floor), or
 # RTRS_TEST_PORT_BASE + 95, 96, 98 and 97 when that is set.
 set -uo pipefail
