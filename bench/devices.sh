@@ -316,16 +316,10 @@ def delete(sock, kind, timeout):
     if kind == "nvmf":
         r.call("bdev_nvme_detach_controller", {"name": "nvme0"})
         return
-    if kind == "null":
-        for i in range(1, len(r.call("bdev_get_bdevs")) + 1):
-            try:
-                r.call("bdev_null_delete", {"name": "z%d" % i})
-            except RpcError:
-                pass
-        return
+    method, pattern = ("bdev_null_delete", r"z[0-9]+") if kind == "null" else ("bdev_rtrs_delete", r"r[0-9]+")
     for b in r.call("bdev_get_bdevs"):
-        if re.fullmatch(r"r[0-9]+", b["name"]):
-            r.call("bdev_rtrs_delete", {"name": b["name"]})
+        if re.fullmatch(pattern, b["name"]):
+            r.call(method, {"name": b["name"]})
 
 
 def note(path, key, value):

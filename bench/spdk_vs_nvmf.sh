@@ -177,6 +177,18 @@ split_bench() {
 	"${REPORT[@]}" rtrs-bench "$line"
 }
 
+# split_bdevperf NAME PORT: bdevperf (core 1) over an rtrs bdev of null0 at PORT, 4 KiB
+# randread QD32; prints IOPS.
+split_bdevperf() {
+	local name=$1 r
+	rtrs_bdev_json "${name}0" null0 "$2" '{"hb_interval_ms": 5000}' >"$APP_DIR/$name.json"
+	app_start "$name" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$name.json" -z -l \
+		-q 1 -o 4096 -w randread -t "$TIME" || return 1
+	r=$(perform "$name" 32 4096 randread "$TIME" "$APP_DIR/$name.out.json") || { app_stop "$name"; return 1; }
+	app_stop "$name"
+	echo "${r%% *}"
+}
+
 # ---- split, first half: the standalone rtrs-target on core 0, before spdk_tgt spins there ----
 if want split; then
 	echo "== split: standalone rtrs-target on core 0 (:$SPLIT_PORT), 4 KiB randread QD32 from core 1"
@@ -190,13 +202,8 @@ if want split; then
 	[[ -s "$APP_DIR/split-ready" ]] || { echo "rtrs-target did not get ready:" >&2; cat "$APP_DIR/split-target.log" >&2; exit 1; }
 	RES[split-bench-rt]=$(split_bench "$SPLIT_PORT") || { echo "split: rtrs-bench failed" >&2; exit 1; }
 	echo "   rtrs-bench -> rtrs-target: ${RES[split-bench-rt]} IOPS"
-	rtrs_bdev_json split0 null0 $SPLIT_PORT '{"hb_interval_ms": 5000}' >"$APP_DIR/split.json"
-	app_start bp-split "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/split.json" -z -l \
-		-q 1 -o 4096 -w randread -t "$TIME" || exit 1
-	r=$(perform bp-split 32 4096 randread "$TIME" "$APP_DIR/split-bdev-rt.json") || exit 1
-	RES[split-bdev-rt]=${r%% *}
+	RES[split-bdev-rt]=$(split_bdevperf bp-split "$SPLIT_PORT") || { echo "split: bdevperf failed" >&2; exit 1; }
 	echo "   bdevperf (rtrs bdev) -> rtrs-target: ${RES[split-bdev-rt]} IOPS"
-	app_stop bp-split
 	app_stop split-target
 fi
 
@@ -329,18 +336,6 @@ run_side() {
 		done
 	fi
 	app_stop "bp-$kind"
-}
-
-# split_bdevperf NAME PORT: bdevperf (core 1) over an rtrs bdev of null0 at PORT, 4 KiB
-# randread QD32; prints IOPS.
-split_bdevperf() {
-	local name=$1 r
-	rtrs_bdev_json "${name}0" null0 "$2" '{"hb_interval_ms": 5000}' >"$APP_DIR/$name.json"
-	app_start "$name" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$name.json" -z -l \
-		-q 1 -o 4096 -w randread -t "$TIME" || return 1
-	r=$(perform "$name" 32 4096 randread "$TIME" "$APP_DIR/$name.out.json") || { app_stop "$name"; return 1; }
-	app_stop "$name"
-	echo "${r%% *}"
 }
 
 # ---- split, second half: rtrs-bench and bdevperf against spdk_tgt, back to back ----------

@@ -76,9 +76,6 @@ pub enum Sgl<'a> {
 }
 
 impl<'a> Sgl<'a> {
-    /// No data.
-    pub const NONE: Sgl<'static> = Sgl::Copy(&[]);
-
     /// The entries.
     pub fn as_slice(&self) -> &[Sge] {
         match self {
@@ -92,24 +89,6 @@ impl std::ops::Deref for Sgl<'_> {
     type Target = [Sge];
     fn deref(&self) -> &[Sge] {
         self.as_slice()
-    }
-}
-
-impl<'a> From<&'a [Sge]> for Sgl<'a> {
-    fn from(s: &'a [Sge]) -> Sgl<'a> {
-        Sgl::Copy(s)
-    }
-}
-
-impl<'a, const N: usize> From<&'a [Sge; N]> for Sgl<'a> {
-    fn from(s: &'a [Sge; N]) -> Sgl<'a> {
-        Sgl::Copy(s)
-    }
-}
-
-impl<'a> From<&'a Vec<Sge>> for Sgl<'a> {
-    fn from(s: &'a Vec<Sge>) -> Sgl<'a> {
-        Sgl::Copy(s)
     }
 }
 

@@ -614,20 +614,6 @@ impl<'a> ConnectOptions<'a> {
             Some(_) => Err(FabricError::AuthUnsupported { kind }),
         }
     }
-
-    /// What a backend with no shared CQs does with one: refuses it.
-    ///
-    /// # Errors
-    /// [`FabricError::Connect`] with a CQ.
-    pub fn check_no_cq(&self, dst: SocketAddr, kind: FabricKind) -> Result<(), FabricError> {
-        match self.cq {
-            None => Ok(()),
-            Some(_) => Err(FabricError::Connect {
-                addr: dst,
-                reason: format!("the {kind} fabric has no shared completion queues"),
-            }),
-        }
-    }
 }
 
 impl std::fmt::Debug for ConnectOptions<'_> {
