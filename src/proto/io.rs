@@ -488,5 +488,4 @@ impl RkeyRsp {
 }
 
 #[cfg(test)]
-#[path = "io_tests.rs"]
 mod tests;

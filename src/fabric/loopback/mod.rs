@@ -18,9 +18,6 @@ mod link;
 mod ring;
 mod rq;
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -502,3 +499,6 @@ impl Drop for Pending {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -722,5 +722,4 @@ impl<T: Member> Drop for CqConn<T> {
 }
 
 #[cfg(test)]
-#[path = "cq_tests.rs"]
 mod tests;

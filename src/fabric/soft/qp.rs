@@ -1241,5 +1241,4 @@ impl SoftQp {
 }
 
 #[cfg(test)]
-#[path = "qp_tests.rs"]
 mod tests;

@@ -505,5 +505,4 @@ fn get_u32(buf: &[u8; HEADER_LEN], at: usize) -> u32 {
 }
 
 #[cfg(test)]
-#[path = "frame_tests.rs"]
 mod tests;

@@ -563,5 +563,4 @@ impl Readiness for Epoll {
 }
 
 #[cfg(test)]
-#[path = "ready_tests.rs"]
 mod tests;

@@ -490,5 +490,4 @@ impl Rx {
 }
 
 #[cfg(test)]
-#[path = "rx_tests.rs"]
 mod tests;
