@@ -656,7 +656,9 @@ if want soak; then
 	goal "RSS growth over the ${SOAK_MIN}-minute run, larger of target and client (MiB)" "$g" "<=" 2
 fi
 
-{
+# The report: printed whole; docs/BENCHMARKS.md keeps it without the per-side tables of
+# the syscalls part (their ratios are among the goals), so the doc stays a summary.
+report() { # report PART...: the run's report with those parts' tables
 	echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), ${TIME} s per workload, $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $SPDK_VERSION"
 	echo
 	# The command as it ran: options of parts that did not run are left out.
@@ -672,9 +674,13 @@ fi
 		echo "|---|---:|---:|---|"
 		printf '%s\n' "${GOALS[@]}"
 	fi
-	for part in pairs floor syscalls split fio sweep; do
+	for part in "$@"; do
 		[[ -s "$APP_DIR/$part.md" ]] && { echo; cat "$APP_DIR/$part.md"; }
 	done
+	if [[ -s "$APP_DIR/syscalls.md" && " $* " != *" syscalls "* ]]; then
+		echo
+		echo "System calls and CPU time per IO of each side: in the bench's printed report."
+	fi
 	if want memory; then
 		echo
 		echo "Memory ($NMEM sessions, one bdev each): target +$mts MiB RSS and +$mtd MiB SPDK DMA heap per connected session; client +$mcb MiB RSS and +$mcd MiB SPDK DMA heap per bdev."
@@ -687,7 +693,9 @@ fi
 		echo
 		echo "Plots of this run: [IOPS vs queue depth](perf-iops-qd.svg), [QD1 latency distribution](perf-qd1-latency.svg)."
 	fi
-} >"$OUT"
+}
+report pairs floor syscalls split fio sweep >"$OUT"
+report pairs floor split fio sweep >"$OUT.doc"
 echo
 cat "$OUT"
 
@@ -699,6 +707,6 @@ on core 1 runs each workload against the rtrs bdev, then against bdev_nvme. SPDK
 without hugepages (`--no-huge`), except fio's plugin, which needs them. Ratios are rtrs
 over NVMe-oF/TCP, measured in the same invocation.
 EOF
-	"${REPORT[@]}" append docs/BENCHMARKS.md "## SPDK: rtrs vs NVMe-oF/TCP" "$APP_DIR/intro.md" "$OUT"
+	"${REPORT[@]}" append docs/BENCHMARKS.md "## SPDK: rtrs vs NVMe-oF/TCP" "$APP_DIR/intro.md" "$OUT.doc"
 	echo "appended to docs/BENCHMARKS.md"
 fi

@@ -1,5 +1,5 @@
-//! The shared-memory habits every layer uses, written once: a lock that ignores
-//! poisoning ([`lock`]), a counter with one writer ([`SoloCounter`]), and a value
+//! The shared-memory habits every layer uses, written once: locks that ignore
+//! poisoning ([`lock`], [`read`], [`write`]), a counter with one writer ([`SoloCounter`]), and a value
 //! published as immutable versions that IO cores read without a lock ([`Published`]).
 //!
 //! How they fit the per-core rule (docs/ARCHITECTURE.md, "Who writes what per IO"): locks
@@ -8,13 +8,23 @@
 //! is a snapshot.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks `m`, ignoring poisoning: a thread that panicked while holding it must not wedge
 /// every other (the state it guards is kept consistent between statements, and a panic
 /// is reported where it happened).
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads `l`, ignoring poisoning, as [`lock`] does.
+pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Writes `l`, ignoring poisoning, as [`lock`] does.
+pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A counter written by one thread only (its core) and read by any: a plain load and a

@@ -26,7 +26,7 @@ use crate::rnbd::backend::{
     BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
     RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
 };
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 use crate::Errno;
 
 /// A backend supplied from outside at run time (an SPDK bdev): its geometry, and one
@@ -265,7 +265,7 @@ impl Exports {
         if name.contains("..") || name.contains('\0') {
             return bad("contains '..' or a NUL byte");
         }
-        let mut by_name = self.by_name.write().unwrap_or_else(|e| e.into_inner());
+        let mut by_name = write(&self.by_name);
         if by_name.contains_key(name) {
             return Err(ExportsError::Duplicate {
                 name: name.to_string(),
@@ -305,11 +305,7 @@ impl Exports {
     /// with −EIO, and each core drops its instance once idle. Returns its id, or `None`
     /// if there is no open export of that name.
     pub fn remove(&self, name: &str) -> Option<ExportId> {
-        let id = self
-            .by_name
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name)?;
+        let id = write(&self.by_name).remove(name)?;
         let export = self.export(id);
         export.closed.store(true, Ordering::Release);
         if let Source::Dynamic(b) = &export.source {
@@ -370,9 +366,7 @@ impl Exports {
     /// The open export called `name` (exact bytes, as `dev_name` arrives).
     pub fn lookup(&self, name: &[u8]) -> Option<ExportId> {
         let name = std::str::from_utf8(name).ok()?;
-        self.by_name
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        read(&self.by_name)
             .get(name)
             .copied()
     }

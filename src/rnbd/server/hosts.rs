@@ -17,6 +17,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::RwLock;
 
+use crate::sync::{read, write};
+
 /// Longest session name (`rtrs_msg_info_req.pathname`, as the kernel checks it).
 const MAX_SESSNAME: usize = 254;
 
@@ -177,7 +179,7 @@ impl HostList {
 
     /// Whether `host` may open the export.
     pub fn allows(&self, host: &Host<'_>) -> bool {
-        match &*self.0.read().unwrap_or_else(|e| e.into_inner()) {
+        match &*read(&self.0) {
             None => true,
             Some(list) => list.iter().any(|p| p.matches(host)),
         }
@@ -185,13 +187,13 @@ impl HostList {
 
     /// The patterns, `None` when open to every host.
     pub fn get(&self) -> Option<Vec<HostPattern>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        read(&self.0).clone()
     }
 
     /// Adds `p` (an export open to every host becomes open to `p` only); false if it
     /// was there already.
     pub fn add(&self, p: HostPattern) -> bool {
-        let mut g = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut g = write(&self.0);
         let list = g.get_or_insert_with(Vec::new);
         if list.contains(&p) {
             return false;
@@ -203,7 +205,7 @@ impl HostList {
     /// Removes `p`; false if the list does not have it. Removing the last pattern
     /// leaves an empty list, which no host matches.
     pub fn remove(&self, p: &HostPattern) -> bool {
-        let mut g = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut g = write(&self.0);
         let Some(list) = g.as_mut() else {
             return false;
         };
