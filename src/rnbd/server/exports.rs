@@ -366,9 +366,7 @@ impl Exports {
     /// The open export called `name` (exact bytes, as `dev_name` arrives).
     pub fn lookup(&self, name: &[u8]) -> Option<ExportId> {
         let name = std::str::from_utf8(name).ok()?;
-        read(&self.by_name)
-            .get(name)
-            .copied()
+        read(&self.by_name).get(name).copied()
     }
 
     /// Ids and names of the open exports, in declaration order.
