@@ -144,3 +144,33 @@ impl ClientConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::check_sessname;
+
+    #[test]
+    fn config_defaults_and_paths() {
+        let p: PathAddr = "127.0.0.1:1234".parse().unwrap();
+        let c = ClientConfig::new("sess", vec![p]);
+        assert_eq!(c.mp_policy, MpPolicy::MinInflight);
+        assert_eq!(c.max_reconnect_attempts, -1);
+        assert_eq!(c.reconnect_delay, Duration::from_secs(30));
+        assert_eq!(c.hb.interval, Duration::from_secs(5));
+        assert_eq!(c.hb.missed_max, 5);
+        assert_eq!(c.connect_timeout, Duration::from_secs(30));
+        let q: PathAddr = "127.0.0.2,127.0.0.1:1234".parse().unwrap();
+        assert_eq!(q.src.unwrap().ip().to_string(), "127.0.0.2");
+        assert_eq!(q.to_string(), "127.0.0.2:0@127.0.0.1:1234");
+        let r: PathAddr = "[::1]:5@[::1]:1234".parse().unwrap();
+        assert_eq!(r.dst.port(), 1234);
+        let e = "nohost".parse::<PathAddr>().unwrap_err();
+        assert!(e.to_string().contains("nohost"), "{e}");
+        assert!(check_sessname("ok-name").is_ok());
+        assert!(check_sessname("a/b").is_err());
+        assert!(check_sessname("a.b").is_err());
+        assert!(check_sessname("").is_err());
+        assert!(check_sessname(&"x".repeat(255)).is_err());
+    }
+}

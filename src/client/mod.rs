@@ -14,8 +14,9 @@
 //!   loop, carries the completions of every session's IO connections on that core; each
 //!   [`SessionCore`] attached to it ([`SessionCore::attach`]) takes its own from it.
 //!   Without one, each IO connection has its own CQ, polled by its session.
-//! - [`state`], [`policy`], [`permit`], [`reconnect`], [`stats`] are the pure pieces
-//!   (path state machine, multipath policies, permits, reconnect policy, statistics).
+//! - `state`, `policy`, `permit`, `reconnect` and [`stats`] are the pure pieces (path
+//!   state machine, multipath policies, permits, reconnect policy, statistics), unit
+//!   tested where they are.
 //!
 //! # Differences from the kernel, on purpose
 //! - While no path is connected, requests wait up to `io_wait_timeout` for one to come
@@ -37,7 +38,7 @@
 //!   reconnect policy (the kernel fails the whole open), and the layer above learns of
 //!   the session's first connected path through [`ClientEvents`]. When instead every
 //!   path of a session that never connected was refused for a reason a retry will not
-//!   change (ENOMEM, EPERM, ... in the REJ, see [`refusal`]), requests fail at once
+//!   change (ENOMEM, EPERM, ... in the REJ, see [`Refusal`]), requests fail at once
 //!   with [`SubmitError::Refused`] and [`Session::refusal`] says why.
 //! - A path may create the server session (`first_conn`) whenever the session has no
 //!   connected path, so one unreachable first path does not keep the others out.
@@ -60,15 +61,15 @@ mod cross_core;
 mod ctl;
 mod error;
 mod io;
-pub mod permit;
-pub mod policy;
-pub mod reconnect;
+mod permit;
+mod policy;
+mod reconnect;
 mod recovery;
-pub mod refusal;
+mod refusal;
 mod request;
 mod session;
 mod session_core;
-pub mod state;
+mod state;
 pub mod stats;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
@@ -77,10 +78,24 @@ pub use core_cq::CoreCq;
 pub use ctl::ClientEvents;
 pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};
-pub use reconnect::{ReconnectPolicy, ReconnectStep};
+pub use reconnect::ReconnectPolicy;
 pub use refusal::Refusal;
 pub use request::{ClientCompletion, ClientIo, Sgl, SglRef, MAX_SGL};
 pub use session::{check_sessname, Session};
 pub use session_core::SessionCore;
 pub use state::PathState;
 pub use stats::ClientStats;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Session>();
+        send::<SessionCore>();
+        send_sync::<ClientStats>();
+    }
+}

@@ -104,3 +104,54 @@ impl Permits {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_covers_every_buf_id_once() {
+        for qd in [1u16, 2, 7, 64, 512, 65535] {
+            for cores in [1usize, 2, 3, 8] {
+                let mut next = 0u16;
+                for c in 0..cores {
+                    let r = partition(qd, cores, c);
+                    assert_eq!(r.start, next, "qd {qd} cores {cores} core {c}");
+                    next = r.end;
+                }
+                assert_eq!(next, qd);
+            }
+        }
+        assert!(partition(1, 2, 0).is_empty() || partition(1, 2, 1).is_empty());
+    }
+
+    #[test]
+    fn permits_lowest_first_and_exhaustion() {
+        let mut p = Permits::new(100..170);
+        assert_eq!(p.capacity(), 70);
+        let got: Vec<u16> = (0..70).map(|_| p.get().unwrap()).collect();
+        assert_eq!(got, (100..170).collect::<Vec<_>>());
+        assert_eq!(p.get(), None);
+        assert!(p.put(135));
+        assert!(!p.put(135), "double put refused");
+        assert!(!p.put(99), "foreign id refused");
+        assert_eq!(p.get(), Some(135));
+        assert_eq!(p.in_use(), 70);
+        let mut empty = Permits::new(5..5);
+        assert_eq!(empty.get(), None);
+    }
+
+    /// What each core does when a reconnect brings another queue depth
+    /// (`SessionCore::setup`): its permits are partitioned anew from the new depth, all
+    /// free, and the ids beyond it are no longer anyone's.
+    #[test]
+    fn a_renegotiated_queue_depth_repartitions_the_permits() {
+        let mut old: Vec<Permits> = (0..2).map(|c| Permits::new(partition(512, 2, c))).collect();
+        assert_eq!(old[1].range(), 256..512);
+        assert_eq!(old[1].get(), Some(256));
+        let new: Vec<Permits> = (0..2).map(|c| Permits::new(partition(128, 2, c))).collect();
+        assert_eq!((new[0].range(), new[1].range()), (0..64, 64..128));
+        assert!(new.iter().all(|p| p.capacity() == 64 && p.in_use() == 0));
+        assert!(new.iter().all(|p| !p.owns(256)), "an old id is refused");
+    }
+}

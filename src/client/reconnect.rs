@@ -6,7 +6,8 @@
 //!   default) is added to every delay, so many clients that lost the same target do
 //!   not come back in step (the kernel adds 0–7 ms);
 //! - a queue depth changed by the server across a reconnect is re-negotiated (the
-//!   caller re-sizes its buffers) instead of disabling reconnects for good.
+//!   connect sequence takes it once no other path uses the old one, and each core
+//!   re-sizes its permits and buffers) instead of disabling reconnects for good.
 //!
 //! `max_attempts` keeps the kernel's meaning: −1 retries for ever, 0 never reconnects
 //! automatically, N allows N attempts in a row (a success starts the count again).
@@ -43,15 +44,6 @@ pub enum ReconnectStep {
     GiveUp,
 }
 
-/// What to do with a queue depth the server offers on reconnect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QdCheck {
-    /// Same as before (or the first connect).
-    Same,
-    /// Different: re-size the session's buffers to the new depth before using the path.
-    Renegotiate { old: u16, new: u16 },
-}
-
 /// Attempt bookkeeping of one path.
 #[derive(Debug, Clone)]
 pub struct Reconnect {
@@ -67,18 +59,9 @@ impl Reconnect {
         }
     }
 
-    pub fn policy(&self) -> ReconnectPolicy {
-        self.policy
-    }
-
     /// Changes the limit at runtime (the kernel's sysfs `max_reconnect_attempts`).
     pub fn set_max_attempts(&mut self, max: i32) {
         self.policy.max_attempts = max;
-    }
-
-    /// Attempts made since the last success.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
     }
 
     /// The path went down (or an attempt failed): schedule the next attempt, counting
@@ -103,15 +86,6 @@ impl Reconnect {
     }
 }
 
-/// Compares the queue depth a reconnect offers with the session's (`None` before the
-/// first connect).
-pub fn check_queue_depth(session: Option<u16>, offered: u16) -> QdCheck {
-    match session {
-        Some(old) if old != offered => QdCheck::Renegotiate { old, new: offered },
-        _ => QdCheck::Same,
-    }
-}
-
 /// Uniform `0..max` from a random value (nanosecond resolution).
 pub fn jitter(max: Duration, random: u64) -> Duration {
     let ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
@@ -119,5 +93,73 @@ pub fn jitter(max: Duration, random: u64) -> Duration {
         Duration::ZERO
     } else {
         Duration::from_nanos(random % ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_attempts_and_jitter() {
+        let pol = ReconnectPolicy {
+            delay: Duration::from_millis(100),
+            jitter: Duration::from_millis(300),
+            max_attempts: 2,
+        };
+        let mut r = Reconnect::new(pol);
+        for rnd in [0u64, 299_999_999] {
+            match r.next(rnd) {
+                ReconnectStep::After(d) => {
+                    assert!(
+                        d >= Duration::from_millis(100) && d < Duration::from_millis(400),
+                        "{d:?}"
+                    );
+                }
+                ReconnectStep::GiveUp => panic!("attempts left"),
+            }
+        }
+        assert_eq!(r.next(5), ReconnectStep::GiveUp);
+        r.on_success();
+        assert!(matches!(r.next(5), ReconnectStep::After(_)));
+
+        let mut never = Reconnect::new(ReconnectPolicy {
+            max_attempts: 0,
+            ..pol
+        });
+        assert_eq!(never.next(1), ReconnectStep::GiveUp);
+        let mut forever = Reconnect::new(ReconnectPolicy {
+            max_attempts: -1,
+            ..pol
+        });
+        for i in 0..10_000u64 {
+            assert!(matches!(forever.next(i), ReconnectStep::After(_)));
+        }
+        assert_eq!(jitter(Duration::ZERO, 12345), Duration::ZERO);
+        assert_eq!(
+            jitter(Duration::from_nanos(10), 12345),
+            Duration::from_nanos(5)
+        );
+        assert_eq!(
+            ReconnectPolicy::default().jitter,
+            Duration::from_millis(500)
+        );
+    }
+
+    #[test]
+    fn jitter_is_really_random() {
+        // Real randomness: 64 draws over 500 ms land on many distinct values and spread far
+        // beyond the kernel's 0..7 ms.
+        let draws: Vec<Duration> = (0..64)
+            .map(|_| jitter(Duration::from_millis(500), crate::common::random_u64()))
+            .collect();
+        let mut uniq = draws.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert!(uniq.len() > 32, "{draws:?}");
+        assert!(
+            draws.iter().any(|d| *d > Duration::from_millis(50)),
+            "{draws:?}"
+        );
     }
 }

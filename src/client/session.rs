@@ -162,7 +162,7 @@ impl Session {
 
     /// Why the target refused the session, while it never connected and every path's
     /// latest attempt was refused for a reason a retry will not change (requests then
-    /// fail at once; see [`super::refusal`]).
+    /// fail at once; see [`Refusal`]).
     pub fn refusal(&self) -> Option<Refusal> {
         lock(&self.sess.refusal).clone()
     }

@@ -131,13 +131,56 @@ impl PathStateCell {
             }
         }
     }
+}
 
-    /// Moves to `to` only from `from` (the kernel's `rtrs_clt_change_state_from_to`).
-    pub fn change_from(&self, from: PathState, to: PathState) -> bool {
-        from.can_become(to)
-            && self
-                .0
-                .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_machine_follows_the_kernel_table() {
+        use PathState::*;
+        let all = [
+            Connecting,
+            ConnectingErr,
+            Reconnecting,
+            Connected,
+            Closing,
+            Closed,
+            Dead,
+        ];
+        let allowed = [
+            (Reconnecting, Connecting),
+            (Connected, Reconnecting),
+            (ConnectingErr, Reconnecting),
+            (Closed, Reconnecting),
+            (Connecting, Connected),
+            (Connecting, ConnectingErr),
+            (Connecting, Closing),
+            (ConnectingErr, Closing),
+            (Reconnecting, Closing),
+            (Connected, Closing),
+            (Closing, Closed),
+            (Closed, Dead),
+        ];
+        for from in all {
+            for to in all {
+                assert_eq!(
+                    from.can_become(to),
+                    allowed.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+        let cell = PathStateCell::new(Connecting);
+        assert_eq!(cell.change(Connected), Ok(Connecting));
+        let err = cell.change(Connecting).unwrap_err();
+        assert_eq!((err.from, err.to), (Connected, Connecting));
+        assert!(err.to_string().contains("connected -> connecting"));
+        assert_eq!(cell.get(), Connected, "a refused change leaves the state");
+        assert_eq!(cell.change(Reconnecting), Ok(Connected));
+        assert_eq!(cell.get(), Reconnecting);
+        assert_eq!(Connected.sysfs(), "connected");
+        assert_eq!(Reconnecting.sysfs(), "disconnected");
     }
 }

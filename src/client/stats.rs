@@ -5,7 +5,7 @@
 //! completions per poll (`wc_completion`), a per-IO latency histogram, and the
 //! heartbeat latency.
 //!
-//! Counters of the data path live per (path, core) in [`CoreStats`]: only that core
+//! Counters of the data path live per (path, core) in `CoreStats`: only that core
 //! writes them (a relaxed load and store, no locked instruction); anyone may read them.
 //! A reset from another thread may lose an increment racing with it, which is
 //! acceptable for statistics. Snapshots serialise with serde ([`ClientStats::to_json`]);
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use serde::{Serialize, Serializer};
 
 /// A counter with a single writer, the core of its (path, core) pair.
-pub use crate::sync::SoloCounter as Ctr;
+pub(crate) use crate::sync::SoloCounter as Ctr;
 
 /// Latency histogram buckets: bucket `i` counts IOs of `[2^i, 2^(i+1))` ns (bucket 0
 /// also 0 ns); the last bucket takes everything longer (2^39 ns ≈ 9 min).
@@ -26,7 +26,7 @@ pub const LAT_BUCKETS: usize = 40;
 pub const SG_BUCKETS: usize = 18;
 
 /// The bucket of a latency in ns.
-pub fn lat_bucket(ns: u64) -> usize {
+pub(crate) fn lat_bucket(ns: u64) -> usize {
     (63 - (ns | 1).leading_zeros() as usize).min(LAT_BUCKETS - 1)
 }
 
@@ -34,7 +34,7 @@ pub fn lat_bucket(ns: u64) -> usize {
 /// pair of their own, so neighbouring cores never write one line.
 #[derive(Debug)]
 #[repr(align(128))]
-pub struct CoreStats {
+pub(crate) struct CoreStats {
     pub read_cnt: Ctr,
     pub read_bytes: Ctr,
     pub write_cnt: Ctr,
@@ -134,7 +134,7 @@ impl CoreStats {
 
 /// Counters of a path kept by its home core.
 #[derive(Debug)]
-pub struct HomeStats {
+pub(crate) struct HomeStats {
     /// Starts at −1 and counts every establishment, so it reads 0 after the first
     /// connect (as the kernel prints it).
     pub reconnect_ok: AtomicI64,
@@ -196,7 +196,7 @@ pub struct PathStats {
 
 impl PathStats {
     /// Sums the per-core counters of a path.
-    pub fn collect(
+    pub(crate) fn collect(
         path: String,
         state: String,
         home: &HomeStats,
@@ -323,5 +323,65 @@ impl ClientStats {
     pub fn to_json(&self) -> String {
         // Plain structs with string keys and integers: serialising cannot fail.
         serde_json::to_string(self).expect("client statistics serialise to JSON")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_sum_per_core_and_render_json() {
+        let home = HomeStats::default();
+        let a = CoreStats::default();
+        let b = CoreStats::default();
+        a.on_post(true, 4096 + 32, 1);
+        b.on_post(false, 512 + 32, 3);
+        b.on_post(false, 512 + 32, 200);
+        a.failover_cnt.add(1);
+        a.on_poll(3);
+        b.on_poll(0);
+        b.on_poll(5);
+        a.on_latency(1500);
+        home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        let s = PathStats::collect(
+            "127.0.0.1:1234".into(),
+            "connected".into(),
+            &home,
+            &[&a, &b],
+        );
+        assert_eq!(s.rdma_line(), "2 1088 1 4128 0 1");
+        assert_eq!(
+            s.reconnects_line(),
+            "0 0",
+            "successful starts at -1 and reads 0 after the first connect"
+        );
+        assert_eq!(s.cpu_migration_from, vec![0, 0]);
+        assert_eq!(s.wc_completion.polls, 2);
+        assert_eq!(s.wc_completion.completions, 8);
+        assert_eq!(s.wc_completion.max_per_poll, 5);
+        assert_eq!(s.sg_entries[1] + s.sg_entries[3] + s.sg_entries[17], 3);
+        assert_eq!(s.latency_hist[lat_bucket(1500)], 1);
+        assert_eq!(lat_bucket(0), 0);
+        assert_eq!(lat_bucket(1024), 10);
+        assert_eq!(lat_bucket(u64::MAX), LAT_BUCKETS - 1);
+        let all = ClientStats {
+            sessname: "s\"1".into(),
+            mp_policy: "min-inflight".into(),
+            paths: vec![s],
+        };
+        let j = all.to_json();
+        assert!(
+            j.starts_with("{\"sessname\":\"s\\\"1\",\"mp_policy\":\"min-inflight\",\"paths\":[{"),
+            "{j}"
+        );
+        assert!(j.contains("\"rdma\":{\"read_cnt\":2,\"read_bytes\":1088,\"write_cnt\":1,\"write_bytes\":4128,\"inflight\":0,\"failover_cnt\":1}"), "{j}");
+        assert!(
+            j.contains("\"reconnects\":{\"successful\":0,\"failed\":0}"),
+            "{j}"
+        );
+        assert!(j.ends_with("]}"));
+        a.reset();
+        assert_eq!(a.write_cnt.get(), 0);
     }
 }
