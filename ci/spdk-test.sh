@@ -181,6 +181,19 @@ PY
 	# Every statistics key and its JSON type, on both sides.
 	python3 "$REPO/ci/spdk/stats_shape.py" bdev "$APP_DIR/sess.json" || return 1
 	python3 "$REPO/ci/spdk/stats_shape.py" target "$APP_DIR/tsess.json" || return 1
+	# The examine of the new bdevs read them; bdev_rtrs_reset_stats zeroes the counters.
+	rpc clt bdev_rtrs_reset_stats rtrs0 || return 1
+	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/sess-reset.json" || return 1
+	python3 - "$APP_DIR/sess.json" "$APP_DIR/sess-reset.json" <<'PY' || return 1
+import json, sys
+def counts(f):
+    p = json.load(open(f))[0]["stats"]["paths"][0]
+    return p["rdma"]["read_cnt"], sum(p["latency_hist_log2_ns"]), sum(p["sg_entries"])
+before, after = counts(sys.argv[1]), counts(sys.argv[2])
+assert before[0] > 0, "no read counted before the reset: %s" % (before,)
+assert after == (0, 0, 0), "after bdev_rtrs_reset_stats: read_cnt, latencies, sg entries = %s" % (after,)
+print("statistics reset: read_cnt %d -> 0" % before[0])
+PY
 	rpc clt bdev_rtrs_set_mp_policy rtrs0 round-robin || return 1
 	rpc clt bdev_rtrs_delete rtrs0 || return 1
 	if rpc clt bdev_get_bdevs -b rtrs0 >/dev/null 2>&1; then
@@ -750,6 +763,9 @@ clt|bdev_rtrs_remove_path|{"transport":"tcp","dst_addr":"127.0.0.1"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0","mp_policy":"fastest"}|mp_policy
 clt|bdev_rtrs_set_mp_policy|{"name":"nope","mp_policy":"round-robin"}|name
 clt|bdev_rtrs_set_mp_policy|{"name":"rtrs0"}|mp_policy
+clt|bdev_rtrs_reset_stats|{}|name
+clt|bdev_rtrs_reset_stats|{"name":"nope"}|name
+clt|bdev_rtrs_reset_stats|{"name":"rtrs0","all":true}|all
 tgt2|rtrs_target_set_options|{"queue_depth":0}|queue_depth
 tgt2|rtrs_target_set_options|{"chunk_size":1000}|chunk_size
 tgt2|rtrs_target_set_options|{"always_invalidate":"yes"}|always_invalidate

@@ -147,6 +147,11 @@ def bdev_rtrs_set_mp_policy(client, name, mp_policy):
     return client.call('bdev_rtrs_set_mp_policy', {'name': name, 'mp_policy': mp_policy})
 
 
+def bdev_rtrs_reset_stats(client, name):
+    """Zero the statistics of an rtrs bdev's session (the kernel's reset_all)."""
+    return client.call('bdev_rtrs_reset_stats', {'name': name})
+
+
 def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None,
                             handshake_timeout_ms=None, max_pending=None,
                             max_pending_per_source=None, max_sessions=None,
@@ -330,6 +335,14 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('name', help='Name of the rtrs bdev')
     p.add_argument('mp_policy', choices=MP_POLICIES, help='New policy')
     p.set_defaults(func=_bdev_rtrs_set_mp_policy)
+
+    def _bdev_rtrs_reset_stats(args):
+        bdev_rtrs_reset_stats(args.client, name=args.name)
+
+    p = subparsers.add_parser('bdev_rtrs_reset_stats',
+                              help='Zero the statistics of the session of an rtrs bdev (all its devices)')
+    p.add_argument('name', help='Name of the rtrs bdev')
+    p.set_defaults(func=_bdev_rtrs_reset_stats)
 
     def _rtrs_target_set_options(args):
         rtrs_target_set_options(args.client, always_invalidate=args.always_invalidate,

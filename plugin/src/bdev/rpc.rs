@@ -30,6 +30,7 @@ rpc_handler!(c_get_sessions => get_sessions);
 rpc_handler!(c_add_path => add_path);
 rpc_handler!(c_remove_path => remove_path);
 rpc_handler!(c_set_mp_policy => set_mp_policy);
+rpc_handler!(c_reset_stats => reset_stats);
 
 /// Registers the `bdev_rtrs_*` methods.
 pub fn register_rpcs() {
@@ -39,6 +40,7 @@ pub fn register_rpcs() {
     register(c"bdev_rtrs_add_path", Some(c_add_path), RUNTIME);
     register(c"bdev_rtrs_remove_path", Some(c_remove_path), RUNTIME);
     register(c"bdev_rtrs_set_mp_policy", Some(c_set_mp_policy), RUNTIME);
+    register(c"bdev_rtrs_reset_stats", Some(c_reset_stats), RUNTIME);
 }
 
 /// Answered once the disk is open and its bdev registered (with the bdev's name), or
@@ -264,6 +266,27 @@ fn set_mp_policy(req: RpcRequest, v: Value) {
         Some(s) => {
             s.set_policy(policy);
             acted(M, &d, &format!("policy set to {}", policy.name()));
+            req.ok(json!(true));
+        }
+        None => req.invalid(&format!(
+            "{M}: 'name' = {:?}: the session is not open yet",
+            d.name()
+        )),
+    }
+}
+
+/// The kernel's `reset_all` (rtrs-clt's stats): zeroes every path's counters of the
+/// bdev's session (in-flight is a gauge and stays).
+fn reset_stats(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_reset_stats";
+    let d = match named(M, &v, &["name"]) {
+        Ok(d) => d,
+        Err(e) => return req.invalid(&e),
+    };
+    match d.sess.session() {
+        Some(s) => {
+            s.reset_stats();
+            acted(M, &d, "statistics reset");
             req.ok(json!(true));
         }
         None => req.invalid(&format!(
