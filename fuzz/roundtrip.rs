@@ -1,5 +1,5 @@
 //! Round-trip oracle for the wire decoders, shared by the in-suite fuzz loop
-//! (`tests/proto_fuzz.rs`) and the cargo-fuzz target (`fuzz_targets/decode_all.rs`).
+//! (`tests/proto/fuzz.rs`) and the cargo-fuzz target (`fuzz_targets/decode_all.rs`).
 //!
 //! For each decoder: feed it bytes; it must not panic; if it accepts them, the value
 //! must re-encode, and the re-encoded bytes must equal the input on every meaningful

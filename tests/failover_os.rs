@@ -22,7 +22,11 @@
 //! a test process that died are removed at the next start). Without root, `ss -K` or
 //! nft support the test prints one SKIPPED line and passes.
 
+// Only the CLI tests' child handle and binary paths are used here.
+#[allow(dead_code)]
+#[path = "util/cli.rs"]
 mod cli_util;
+#[path = "util/fault.rs"]
 mod fault_util;
 
 use std::io::{BufRead, BufReader, Read};

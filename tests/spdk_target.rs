@@ -31,6 +31,10 @@ mod rnbd_workload;
 #[path = "util/legacy_client.rs"]
 mod legacy_client;
 
+// Only the server tests' client (to attack the target's isolation) is used here; its
+// harness and RAM handler are the server crate's.
+#[allow(dead_code)]
+#[path = "util/server/mod.rs"]
 mod server_util;
 
 use rnbd_workload::{BLOCKS, BS};

@@ -3,7 +3,7 @@
 //! The first 12 bytes choose the session context (queue depth, chunk size, msg_id,
 //! chunk offset, largest user header), the rest is the message; the whole input is
 //! also tried as a message with the same context. The oracle in `../roundtrip.rs`
-//! (shared with `tests/proto_fuzz.rs`) asserts no panic and byte-exact re-encoding of
+//! (shared with `tests/proto/fuzz.rs`) asserts no panic and byte-exact re-encoding of
 //! everything that decodes.
 
 #![no_main]

@@ -9,7 +9,7 @@
 //! # The contract every backend meets
 //!
 //! The conformance suite (`tests/conformance/`, instantiated by one
-//! `tests/fabric_conformance_<backend>.rs` per backend) checks each point below against
+//! `tests/fabric/conformance_<backend>.rs` per backend, `tests/fabric_verbs.rs` for verbs) checks each point below against
 //! every backend, unchanged.
 //!
 //! **Memory.** [`Fabric::register`] registers memory and returns an [`Mr`] with an lkey

@@ -26,8 +26,6 @@
 //! ends. Every wait is bounded by [`DEADLINE`] and panics with what it was waiting for
 //! (and every completion and CM event seen so far); nothing asserts on timing.
 
-#![allow(dead_code)]
-
 pub mod cm;
 pub mod data;
 pub mod domains;

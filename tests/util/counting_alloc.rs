@@ -1,9 +1,11 @@
 //! A global allocator that counts the current thread's allocations, for the tests that
 //! show a hot path never touches the heap. Per thread, so other tests' threads do not
 //! interfere. A test binary installs it with
-//! `#[global_allocator] static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;`.
+//! `#[global_allocator] static GLOBAL: counting::Counting = counting::Counting;`.
 
-#![allow(dead_code)] // each test binary uses the part it needs
+// Every binary that installs it reads `allocations`; only some also reset the count or
+// count just a part of a test (`set_counting`).
+#![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -6,8 +6,6 @@
 //! two-reactor engine (core 1 keeps its handle of the session polled). Every wait is
 //! bounded.
 
-#![allow(dead_code)] // each test binary uses the part it needs
-
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The RNBD workload two tests share (`rnbd_tcp` against our own server, `spdk_target`
+//! The RNBD workload two tests share (`rnbd`'s `tcp` against our own server, `spdk_target`
 //! against the SPDK plugin's target): two client reactors; the home core (0) maps a
 //! device, writes 256 blocks of 4 KiB and reads them back at queue depth 16 (`rounds`
 //! times) while core 1 reads and verifies the same data through its own connection; then
@@ -7,7 +7,6 @@
 
 // Test code: a failed unwrap is a failed test that names its line.
 #![allow(clippy::unwrap_used)]
-#![allow(dead_code)] // each test binary uses the part it needs
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,5 @@
 //! Unit tests of the loopback fabric's name table, handshake and fault lookup (the data
-//! path is covered by the conformance suite and `tests/fabric_loopback.rs`).
+//! path is covered by the conformance suite and `tests/fabric/loopback.rs`).
 
 use super::*;
 use crate::fabric::{CmEvent, ConnState};

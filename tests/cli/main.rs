@@ -1,0 +1,27 @@
+//! The built binaries (`rtrs-target`, `rtrs-bench`) run as a user runs them, on
+//! 127.0.0.x: real runs in every IO pattern, error messages, PSK files, host lists, a
+//! target restarting under load, floods of sessions and of idle sockets (with the tcp
+//! listener's admission caps they rely on). Failover under faults made by the operating
+//! system has a binary of its own (`tests/failover_os.rs`).
+//!
+//! One test binary; each module is one capability. Run one module with e.g.
+//! `cargo test --test cli run::`.
+
+// Test code: a failed unwrap is a failed test that names its line.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../util/cli.rs"]
+mod cli_util;
+// Only the flood tests use the server tests' client (its handshake and INFO exchange,
+// against the built target); its harness, RAM handler and events are the server crate's.
+#[allow(dead_code, unused_imports)]
+#[path = "../util/server/mod.rs"]
+mod server_util;
+
+mod admission;
+mod errors;
+mod flood;
+mod hosts;
+mod psk;
+mod restart;
+mod run;
