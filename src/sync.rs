@@ -30,9 +30,8 @@ pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// A counter written by one thread only (its core) and read by any: a plain load and a
 /// store, no read-modify-write and so no locked instruction. The store is a Release and
 /// [`get`](Self::get) an Acquire, so a reader that sees a count also sees what the writer
-/// did before it. A [`reset`](Self::reset) from another thread may lose an increment
-/// racing with it, which statistics accept; counts that decide something (in-flight
-/// gauges) are never reset.
+/// did before it. Nothing else writes it: a statistics reset keeps a baseline to count
+/// from instead (`client::stats`).
 #[derive(Debug, Default)]
 pub struct SoloCounter(AtomicU64);
 
@@ -66,10 +65,6 @@ impl SoloCounter {
     #[inline]
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Acquire)
-    }
-
-    pub fn reset(&self) {
-        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -136,8 +131,6 @@ mod tests {
         c.max(7);
         c.max(4);
         assert_eq!(c.get(), 7);
-        c.reset();
-        assert_eq!(c.get(), 0);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};
 use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
-use super::stats::{CoreStats, HomeStats};
+use super::stats::{CoreStats, HomeStats, PathStats};
 use crate::common::{IuPool, RtrsCon};
 use crate::fabric::{CqRef, Psk};
 use crate::proto::ImmLayout;
@@ -59,6 +59,9 @@ pub struct PathShared {
     pub home: HomeStats,
     /// Per core.
     pub core_stats: Vec<CoreStats>,
+    /// The snapshot taken at the last statistics reset, which later snapshots count
+    /// from ([`PathStats::since`]); control path only.
+    pub stats_base: Mutex<Option<PathStats>>,
     /// The key that authenticates the path's connections (tcp fabric), if any.
     pub psk: Option<Psk>,
     /// Why the path was closed for good without a reconnect (a failed authentication),
@@ -81,6 +84,7 @@ impl PathShared {
             acks: AtomicUsize::new(0),
             home: HomeStats::default(),
             core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
+            stats_base: Mutex::new(None),
             last_error: Mutex::new(None),
         }
     }

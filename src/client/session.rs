@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
-use super::cross_core::{SessCmd, SessShared};
+use super::cross_core::{PathShared, SessCmd, SessShared};
 use super::ctl::{ClientEvents, Ctl};
 use super::error::ClientError;
 use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
@@ -255,13 +255,11 @@ impl Session {
             .path_list()
             .iter()
             .map(|p| {
-                let cores: Vec<_> = p.core_stats.iter().collect();
-                PathStats::collect(
-                    p.addr.to_string(),
-                    p.state.get().name().to_string(),
-                    &p.home,
-                    &cores,
-                )
+                let now = raw_stats(p);
+                match &*lock(&p.stats_base) {
+                    Some(base) => now.since(base),
+                    None => now,
+                }
             })
             .collect();
         ClientStats {
@@ -271,11 +269,22 @@ impl Session {
         }
     }
 
-    /// Resets every path's statistics (sysfs `reset_all`).
+    /// Resets every path's statistics (sysfs `reset_all`): later snapshots count from
+    /// now. The counters themselves are left alone, each written by its core only.
     pub fn reset_stats(&self) {
         for p in self.sess.path_list() {
-            p.core_stats.iter().for_each(|c| c.reset());
-            p.home.reconnect_fail.store(0, Ordering::Relaxed);
+            *lock(&p.stats_base) = Some(raw_stats(&p));
         }
     }
+}
+
+/// A path's counters as its cores and home have them, not counting from a reset.
+fn raw_stats(p: &PathShared) -> PathStats {
+    let cores: Vec<_> = p.core_stats.iter().collect();
+    PathStats::collect(
+        p.addr.to_string(),
+        p.state.get().name().to_string(),
+        &p.home,
+        &cores,
+    )
 }

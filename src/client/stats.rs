@@ -7,8 +7,9 @@
 //!
 //! Counters of the data path live per (path, core) in `CoreStats`: only that core
 //! writes them (a relaxed load and store, no locked instruction); anyone may read them.
-//! A reset from another thread may lose an increment racing with it, which is
-//! acceptable for statistics. Snapshots serialise with serde ([`ClientStats::to_json`]);
+//! A reset (the kernel's `reset_all`) writes none of them: it keeps the snapshot taken
+//! at the reset as the path's baseline, and later snapshots count from there
+//! ([`PathStats::since`]), so every counter keeps its one writer. Snapshots serialise with serde ([`ClientStats::to_json`]);
 //! the JSON names follow the kernel's sysfs files (`rdma`, `reconnects`, `wc_completion`).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -107,28 +108,6 @@ impl CoreStats {
     #[inline]
     pub fn on_latency(&self, ns: u64) {
         self.latency[lat_bucket(ns)].add(1);
-    }
-
-    /// The kernel's `reset_all` for the data-path counters (in-flight is a gauge and is
-    /// left alone, or accounting would go negative).
-    pub fn reset(&self) {
-        for c in [
-            &self.read_cnt,
-            &self.read_bytes,
-            &self.write_cnt,
-            &self.write_bytes,
-            &self.failover_cnt,
-            &self.cpu_migration_from,
-            &self.cpu_migration_to,
-            &self.wc_polls,
-            &self.wc_total,
-            &self.wc_max,
-            &self.direct_reads,
-        ] {
-            c.reset();
-        }
-        self.sg_entries.iter().for_each(Ctr::reset);
-        self.latency.iter().for_each(Ctr::reset);
     }
 }
 
@@ -233,6 +212,37 @@ impl PathStats {
             s.wc_completion.max_per_poll = s.wc_completion.max_per_poll.max(c.wc_max.get());
         }
         s
+    }
+
+    /// What was counted since `base`, a snapshot of the same path taken at a reset (the
+    /// kernel's `reset_all`). Gauges are not counts and stay as they are: in-flight, the
+    /// heartbeat latency, successful reconnects (the kernel's −1 start), and the most
+    /// completions one poll returned.
+    pub fn since(mut self, base: &PathStats) -> PathStats {
+        fn sub(a: &mut u64, b: u64) {
+            *a = a.saturating_sub(b);
+        }
+        fn sub_all(a: &mut [u64], b: &[u64]) {
+            a.iter_mut().zip(b).for_each(|(a, &b)| sub(a, b));
+        }
+        let (r, b) = (&mut self.rdma, &base.rdma);
+        sub(&mut r.read_cnt, b.read_cnt);
+        sub(&mut r.read_bytes, b.read_bytes);
+        sub(&mut r.write_cnt, b.write_cnt);
+        sub(&mut r.write_bytes, b.write_bytes);
+        sub(&mut r.failover_cnt, b.failover_cnt);
+        sub(&mut self.reconnects_fail, base.reconnects_fail);
+        sub_all(&mut self.cpu_migration_from, &base.cpu_migration_from);
+        sub_all(&mut self.cpu_migration_to, &base.cpu_migration_to);
+        sub_all(&mut self.sg_entries, &base.sg_entries);
+        sub_all(&mut self.latency_hist, &base.latency_hist);
+        sub(&mut self.wc_completion.polls, base.wc_completion.polls);
+        sub(
+            &mut self.wc_completion.completions,
+            base.wc_completion.completions,
+        );
+        sub(&mut self.direct_reads, base.direct_reads);
+        self
     }
 
     /// The kernel's `stats/rdma` line: `read_cnt read_bytes write_cnt write_bytes inflight failover_cnt`.
@@ -381,7 +391,35 @@ mod tests {
             "{j}"
         );
         assert!(j.ends_with("]}"));
-        a.reset();
-        assert_eq!(a.write_cnt.get(), 0);
+    }
+
+    #[test]
+    fn a_reset_counts_from_its_baseline_and_writes_no_counter() {
+        let home = HomeStats::default();
+        let c = CoreStats::default();
+        let snap = |c: &CoreStats| PathStats::collect("p".into(), "connected".into(), &home, &[c]);
+        c.on_post(true, 4096, 1);
+        c.inflight.add(2);
+        c.on_poll(7);
+        c.on_latency(1500);
+        home.reconnect_fail.fetch_add(3, Ordering::Relaxed);
+        let base = snap(&c);
+        // The reset: nothing counted since, gauges as they are.
+        let s = snap(&c).since(&base);
+        assert_eq!(s.rdma_line(), "0 0 0 0 2 0");
+        assert_eq!(s.reconnects_line(), "-1 0");
+        assert_eq!(s.latency_hist.iter().sum::<u64>(), 0);
+        assert_eq!(s.sg_entries.iter().sum::<u64>(), 0);
+        assert_eq!(
+            (s.wc_completion.polls, s.wc_completion.max_per_poll),
+            (0, 7)
+        );
+        // What comes after is counted from there; the core's own counters kept counting.
+        c.on_post(false, 512, 2);
+        c.on_latency(1500);
+        let s = snap(&c).since(&base);
+        assert_eq!(s.rdma_line(), "1 512 0 0 2 0");
+        assert_eq!(s.latency_hist[lat_bucket(1500)], 1);
+        assert_eq!(c.write_cnt.get(), 1, "the reset wrote no counter");
     }
 }
