@@ -275,8 +275,8 @@ fn set_mp_policy(req: RpcRequest, v: Value) {
     }
 }
 
-/// The kernel's `reset_all` (rtrs-clt's stats): zeroes every path's counters of the
-/// bdev's session (in-flight is a gauge and stays).
+/// The kernel's `reset_all` (rtrs-clt's stats): the bdev's session counts every path's
+/// statistics from now on (gauges such as in-flight stay as they are).
 fn reset_stats(req: RpcRequest, v: Value) {
     const M: &str = "bdev_rtrs_reset_stats";
     let d = match named(M, &v, &["name"]) {
