@@ -1,6 +1,7 @@
-//! The shared-memory habits every layer uses, written once: locks that ignore
-//! poisoning ([`lock`], [`read`], [`write`](fn@write)), a counter with one writer ([`SoloCounter`]), and a value
-//! published as immutable versions that IO cores read without a lock ([`Published`]).
+//! The shared-memory habits every layer uses, written once: locks that ignore poisoning
+//! ([`lock`], [`read`], [`write`](fn@write)), a counter with one writer ([`SoloCounter`]),
+//! and a value published as immutable versions that IO cores read without a lock
+//! ([`Published`]).
 //!
 //! How they fit the per-core rule (docs/ARCHITECTURE.md, "Who writes what per IO"): locks
 //! are for control work only; a word the data path writes per IO has one writer, its

@@ -14,12 +14,12 @@
 //!
 //! The hub and its sessions are on one thread: the state sits in an
 //! [`OwnedByThread`] (the fabric's own one-thread cell), reached with a load and two
-//! plain stores, no lock and no read-modify-write. A connection is made on the CQ by
-//! the session's control (`Fabric::connect` with `ConnectOptions::on`), released, and taken by the session
-//! when it arrives ([`RtrsCon::adopt`]) together with its route: the CQ reports nothing of
-//! a connection before the core took it, and nothing after its route went (a
-//! completion of no route is dropped, so a flush of a dead connection can never reach
-//! a later connection given the same `qp_num`).
+//! plain stores, no lock and no read-modify-write. A connection is made on the CQ by the
+//! session's control (`Fabric::connect` with `ConnectOptions::on`), released, and taken by
+//! the session when it arrives ([`RtrsCon::adopt`]) together with its route: the CQ reports
+//! nothing of a connection before the core took it, and nothing after its route went (a
+//! completion of no route is dropped, so a flush of a dead connection can never reach a
+//! later connection given the same `qp_num`).
 //!
 //! [`SessionCore`]: super::SessionCore
 //! [`SessionCore::attach`]: super::SessionCore::attach

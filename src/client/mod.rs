@@ -46,8 +46,8 @@
 //!   before its permit's next binding rather than waited for; a slot whose state is
 //!   unknown after a failover is replaced by a fresh one.
 //! - Every connection of a path leaves from the path's source address when it has one
-//!   (`PathAddr::src`, bound through `Fabric::connect` with `ConnectOptions::from`, as the kernel passes it to
-//!   `rdma_resolve_addr`).
+//!   (`PathAddr::src`, bound through `Fabric::connect` with `ConnectOptions::from`, as the
+//!   kernel passes it to `rdma_resolve_addr`).
 //!
 //! # Memory
 //! Per core and permit: `max_hdr_size` bytes of header buffer and `max_io_size` bytes of

@@ -5,12 +5,13 @@
 //! completions per poll (`wc_completion`), a per-IO latency histogram, and the
 //! heartbeat latency.
 //!
-//! Counters of the data path live per (path, core) in `CoreStats`: only that core
-//! writes them (a relaxed load and store, no locked instruction); anyone may read them.
-//! A reset (the kernel's `reset_all`) writes none of them: it keeps the snapshot taken
-//! at the reset as the path's baseline, and later snapshots count from there
-//! ([`PathStats::since`]), so every counter keeps its one writer. Snapshots serialise with serde ([`ClientStats::to_json`]);
-//! the JSON names follow the kernel's sysfs files (`rdma`, `reconnects`, `wc_completion`).
+//! Counters of the data path live per (path, core) in `CoreStats`: only that core writes
+//! them (a relaxed load and store, no locked instruction); anyone may read them. A reset
+//! (the kernel's `reset_all`) writes none of them: it keeps the snapshot taken at the reset
+//! as the path's baseline, and later snapshots count from there ([`PathStats::since`]), so
+//! every counter keeps its one writer. Snapshots serialise with serde
+//! ([`ClientStats::to_json`]); the JSON names follow the kernel's sysfs files (`rdma`,
+//! `reconnects`, `wc_completion`).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -245,7 +246,8 @@ impl PathStats {
         self
     }
 
-    /// The kernel's `stats/rdma` line: `read_cnt read_bytes write_cnt write_bytes inflight failover_cnt`.
+    /// The kernel's `stats/rdma` line: read_cnt, read_bytes, write_cnt, write_bytes,
+    /// inflight and failover_cnt, space-separated.
     pub fn rdma_line(&self) -> String {
         let r = &self.rdma;
         format!(

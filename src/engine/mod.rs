@@ -22,8 +22,8 @@
 //!   messages, polls every poller once and fires due timers. [`Engine`] runs one reactor
 //!   per core of a [`CpuMask`] on a pinned thread ([`threads`]); [`Simulation`] steps
 //!   several reactors by hand on one thread with a [`VirtualClock`] ([`sim`]).
-//! - **SPDK** (`crate::spdk::driver`, which the plugin runs on): an adapter implements [`Ctx`] over the current
-//!   `spdk_thread`, with no threads of ours:
+//! - **SPDK** (`crate::spdk::driver`, which the plugin runs on): an adapter implements
+//!   [`Ctx`] over the current `spdk_thread`, with no threads of ours:
 //!
 //! | here | SPDK |
 //! |---|---|

@@ -9,8 +9,8 @@
 //! # The contract every backend meets
 //!
 //! The conformance suite (`tests/conformance/`, instantiated by one
-//! `tests/fabric/conformance_<backend>.rs` per backend, `tests/fabric_verbs.rs` for verbs) checks each point below against
-//! every backend, unchanged.
+//! `tests/fabric/conformance_<backend>.rs` per backend, `tests/fabric_verbs.rs` for verbs)
+//! checks each point below against every backend, unchanged.
 //!
 //! **Memory.** [`Fabric::register`] registers memory and returns an [`Mr`] with an lkey
 //! and an rkey. Addresses are virtual addresses of the registering process: an

@@ -72,8 +72,9 @@ pub(crate) struct Session {
     pub chunks: ChunkPool,
     /// Path id executing on each chunk, 0 when free.
     pub owner: Box<[AtomicU32]>,
-    /// Per chunk: requests that finished executing on it (high 32 bits) and the result
-    /// of the latest (low 32 bits: its positive errno, 0 for success). Written only by the chunk's owner.
+    /// Per chunk: requests that finished executing on it (high 32 bits) and the result of
+    /// the latest (low 32 bits: its positive errno, 0 for success). Written only by the
+    /// chunk's owner.
     pub done: Box<[AtomicU64]>,
     pub name: Mutex<String>,
 }

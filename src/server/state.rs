@@ -1,7 +1,7 @@
-//! State shared by every core of one server: configuration, the session table, the
-//! per-core inboxes that carry connections and teardown work between cores, and the
-//! rate limit of messages about peers (refusals, violations, closed paths). Also the one place a path is closed from
-//! (the kernel's `close_path` → `rtrs_srv_close_work` trigger).
+//! State shared by every core of one server: configuration, the session table, the per-core
+//! inboxes that carry connections and teardown work between cores, and the rate limit of
+//! messages about peers (refusals, violations, closed paths). Also the one place a path is
+//! closed from (the kernel's `close_path` → `rtrs_srv_close_work` trigger).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

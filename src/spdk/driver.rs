@@ -222,11 +222,12 @@ impl Driver {
         Some(unsafe { OnCore::assume(core) })
     }
 
-    /// The time in nanoseconds as every core's [`Ctx::now`] reads it (the calling
-    /// thread's poll start, [`loop_now_ns`]): for code that works on a core's behalf from
-    /// another SPDK thread (the bdev's IO channels drive their core's session handle,
-    /// whose data path only reads the clock). Nothing else of a core can be had from another thread: pollers, timers
-    /// and messages are registered and sent on the core's own thread (send it a message).
+    /// The time in nanoseconds as every core's [`Ctx::now`] reads it (the calling thread's
+    /// poll start, [`loop_now_ns`]): for code that works on a core's behalf from another
+    /// SPDK thread (the bdev's IO channels drive their core's session handle, whose data
+    /// path only reads the clock). Nothing else of a core can be had from another thread:
+    /// pollers, timers and messages are registered and sent on the core's own thread (send
+    /// it a message).
     pub fn now(&self) -> u64 {
         loop_now_ns()
     }

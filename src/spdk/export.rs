@@ -1,10 +1,10 @@
 //! An SPDK bdev as an RNBD export's backend: the target side's `struct block_device`.
 //! [`BdevExport`] is one descriptor (`spdk_bdev_open_ext`, with a hot-remove callback);
-//! each core's instance ([`BdevChannel`], a [`BlockBackend`]) owns that SPDK thread's
-//! IO channel and submits `spdk_bdev_readv_blocks` / `writev` / `flush` / `unmap` /
+//! each core's instance ([`BdevChannel`], a [`BlockBackend`]) owns that SPDK thread's IO
+//! channel and submits `spdk_bdev_readv_blocks` / `writev` / `flush` / `unmap` /
 //! `write_zeroes` from the polling thread. SPDK has no write-same: one is a chain of
-//! `writev`s whose iovecs all point at the request's one block (at most
-//! [`SAME_BLOCKS`] blocks each, started one after the other). A submission refused with −ENOMEM waits with
+//! `writev`s whose iovecs all point at the request's one block (at most [`SAME_BLOCKS`]
+//! blocks each, started one after the other). A submission refused with −ENOMEM waits with
 //! `spdk_bdev_queue_io_wait` and is retried when the bdev layer has room; completions are
 //! collected in the channel and returned by [`BlockBackend::poll`] on the same thread.
 //!

@@ -1,8 +1,8 @@
-//! One core of a client session as the rtrs bdev drives it ([`CoreQueue`]): the
-//! library's RNBD queue over that core's RTRS session handle (connection `k+1` of every
-//! path), carrying the IO of every device of the session. Core 0's queue also carries the session's [`RnbdAdmin`] — SESS_INFO, OPEN,
-//! CLOSE and the re-open after a reconnect (the kernel's `rnbd_clt_session` and its
-//! `link_ev`) — which sends its requests through it.
+//! One core of a client session as the rtrs bdev drives it ([`CoreQueue`]): the library's
+//! RNBD queue over that core's RTRS session handle (connection `k+1` of every path),
+//! carrying the IO of every device of the session. Core 0's queue also carries the
+//! session's [`RnbdAdmin`] — SESS_INFO, OPEN, CLOSE and the re-open after a reconnect (the
+//! kernel's `rnbd_clt_session` and its `link_ev`) — which sends its requests through it.
 //!
 //! A queue is polled by exactly one poll group at a time, its owner
 //! ([`super::group`]); it moves between groups as a value, through their mailboxes. IO

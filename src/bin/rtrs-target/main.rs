@@ -11,24 +11,23 @@
 //!             [--max-sessions N] [--max-sessions-per-source 16]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
-//! both at once run one RTRS server per fabric over the same exports. Connections that
-//! have not completed their handshake within `--handshake-timeout` are closed; at most
-//! `--max-pending` of them are held per listener, at most `--max-pending-per-source`
-//! from one address (a newcomer evicts the oldest of the busiest source, so a flood of
-//! idle connections cannot lock clients out). It prints one line when ready
-//! (`listening on tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on
-//! SIGINT or SIGTERM: the servers close every session, their pollers finish, the
-//! reactors drain, exit code 0. `--allow NAME=PATTERN` restricts export NAME to the
-//! hosts its patterns match (an address, a network, or `sess:SESSNAME`; checked at OPEN,
-//! others get −EACCES; a `sess:` pattern identifies a client, it does not authenticate
-//! it, since clients name their own sessions: use it with `--psk-file`); an export without any stays open to every host, as the kernel's
-//! are, and a target listening on a non-loopback address says so in one warning. With
-//! `-v` each path that connects is logged with its session name and `client@server`
-//! addresses. With `--psk-file` every client must prove the key on connect
+//! both at once run one RTRS server per fabric over the same exports. Connections that have
+//! not completed their handshake within `--handshake-timeout` are closed; at most
+//! `--max-pending` of them are held per listener, at most `--max-pending-per-source` from
+//! one address (a newcomer evicts the oldest of the busiest source, so a flood of idle
+//! connections cannot lock clients out). It prints one line when ready (`listening on
+//! tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on SIGINT or SIGTERM:
+//! the servers close every session, their pollers finish, the reactors drain, exit code 0.
+//! `--allow NAME=PATTERN` restricts export NAME to the hosts its patterns match (an
+//! address, a network, or `sess:SESSNAME`; checked at OPEN, others get −EACCES; a `sess:`
+//! pattern identifies a client, it does not authenticate it, since clients name their own
+//! sessions: use it with `--psk-file`); an export without any stays open to every host, as
+//! the kernel's are, and a target listening on a non-loopback address says so in one
+//! warning. With `-v` each path that connects is logged with its session name and
+//! `client@server` addresses. With `--psk-file` every client must prove the key on connect
 //! (`docs/tcp-fabric.md`, "Authentication"); the data itself travels in clear. Bad
-//! arguments give one line on stderr and
-//! exit code 2; a failure to start (no RDMA device for `rdma://`, an address in use), one
-//! line and exit code 1.
+//! arguments give one line on stderr and exit code 2; a failure to start (no RDMA device
+//! for `rdma://`, an address in use), one line and exit code 1.
 
 // clap turns the argument docs into --help, where `[:PORT]` and the like are optional
 // parts of a value, not links.

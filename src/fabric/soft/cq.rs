@@ -39,12 +39,12 @@
 //! does.
 //!
 //! A backend may give the queue a [`Readiness`] set (tcp: io_uring or epoll over its
-//! sockets), read once per poll. A member that offers a descriptor ([`Member::ready_fd`]) joins the set once
-//! it has one and is told so ([`Member::set_watched`]); from then on it reads only after
-//! the set reported it ready ([`Member::set_readable`]), so an idle poll reads no socket.
-//! Events are kept per slot until the member's thread holds it, so none is lost while a
-//! member is held elsewhere; a slot's generation, part of the key, makes events of a
-//! member that left harmless.
+//! sockets), read once per poll. A member that offers a descriptor ([`Member::ready_fd`])
+//! joins the set once it has one and is told so ([`Member::set_watched`]); from then on it
+//! reads only after the set reported it ready ([`Member::set_readable`]), so an idle poll
+//! reads no socket. Events are kept per slot until the member's thread holds it, so none is
+//! lost while a member is held elsewhere; a slot's generation, part of the key, makes
+//! events of a member that left harmless.
 
 use std::any::Any;
 use std::io;
@@ -88,9 +88,9 @@ pub trait Member: Conn + 'static {
 }
 
 /// Which of a CQ's descriptors are ready, for all of them at once (see the module doc).
-/// `key`s are the CQ's own, never zero and below 2^63; an implementation reports a
-/// watched key as often as it likes, never one it no longer watches after [`Readiness::unwatch`] returned, except
-/// that events already collected may name it.
+/// `key`s are the CQ's own, never zero and below 2^63; an implementation reports a watched
+/// key as often as it likes, never one it no longer watches after [`Readiness::unwatch`]
+/// returned, except that events already collected may name it.
 pub trait Readiness: Send {
     /// The backend's name, for logs.
     fn name(&self) -> &'static str;

@@ -320,7 +320,8 @@ impl Geometry {
     ///
     /// # Errors
     /// The first problem found, in this order: unsupported op, read-only, missing or short
-    /// buffer (a write-same's not exactly one logical block), zero length, misalignment, range, size limit.
+    /// buffer (a write-same's not exactly one logical block), zero length, misalignment,
+    /// range, size limit.
     pub fn validate(&self, io: &BlockIo) -> Result<(), BlockSubmitError> {
         let op = io.op;
         let limit = match op {

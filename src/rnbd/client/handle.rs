@@ -44,10 +44,10 @@ pub trait SessionHandle {
     /// Largest data size of one request (0 while unknown).
     fn max_io_size(&self) -> u32;
 
-    /// How long a block request may wait for the device to be reachable: for a path
-    /// (the session's own wait) and, above it, for the device's re-open after a
-    /// reconnect (the RNBD client's per-core queue, [`RnbdQueue`](super::RnbdQueue)). Zero: requests fail at
-    /// once.
+    /// How long a block request may wait for the device to be reachable: for a path (the
+    /// session's own wait) and, above it, for the device's re-open after a reconnect (the
+    /// RNBD client's per-core queue, [`RnbdQueue`](super::RnbdQueue)). Zero: requests fail
+    /// at once.
     fn io_wait_timeout(&self) -> Duration;
 
     /// Registers `len` bytes of zeros with the session's fabric: the source of the

@@ -1,11 +1,12 @@
 //! Which hosts may OPEN an export: its host list, modelled on an NVMe-oF subsystem's
-//! (`nvmf_subsystem_add_host`; the kernel's `rnbd-srv` has none and lets every session
-//! open every device). A [`HostPattern`] is an address (`127.0.0.2`, `[fd00::1]`), a
-//! network (`10.0.0.0/24`, `[fd00::]/64`), both matched against the source address of
-//! the path that carries the OPEN, or `sess:NAME`, matched against the RTRS session
-//! name, which the client chooses: it identifies, it does not authenticate (a
-//! pre-shared key does; docs/ARCHITECTURE.md, "Who may open an export"). An export with no list ([`HostList::any`]) is open to every host; one with a
-//! list (even an empty one) only to the hosts it matches.
+//! (`nvmf_subsystem_add_host`; the kernel's `rnbd-srv` has none and lets every session open
+//! every device). A [`HostPattern`] is an address (`127.0.0.2`, `[fd00::1]`), a network
+//! (`10.0.0.0/24`, `[fd00::]/64`), both matched against the source address of the path that
+//! carries the OPEN, or `sess:NAME`, matched against the RTRS session name, which the
+//! client chooses: it identifies, it does not authenticate (a pre-shared key does;
+//! docs/ARCHITECTURE.md, "Who may open an export"). An export with no list
+//! ([`HostList::any`]) is open to every host; one with a list (even an empty one) only to
+//! the hosts it matches.
 //!
 //! The list is checked at OPEN only: removing a host leaves the devices it has open
 //! working (as NVMe-oF leaves connected controllers) until it closes them, the export
