@@ -180,17 +180,19 @@ bdevperf_perform() {
 	python3 "$BDEVPERF_PY" -s "$APP_DIR/$1.sock" -t "$(($2 + 60))" perform_tests
 }
 
-# Hugepages for the fio plugin: reserve some if too few are free (hugepages_restore gives
-# them back). Returns 1 when impossible.
+# hugepages_ensure [PAGES]: at least PAGES (256 by default) free 2 MiB hugepages, for the fio
+# plugin and the benches that run SPDK on hugepages; reserves more if too few are free
+# (hugepages_restore gives back what the first call found). Returns 1 when impossible.
 hugepages_ensure() {
-	local free
-	HP_PREV=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+	local want=${1:-256} free now
+	[[ -n "${HP_PREV:-}" ]] || HP_PREV=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
 	free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
-	if [[ "${free:-0}" -lt 256 ]]; then
-		echo $((HP_PREV + 512)) >/proc/sys/vm/nr_hugepages 2>/dev/null || return 1
+	if [[ "${free:-0}" -lt $want ]]; then
+		now=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+		echo $((now + want - ${free:-0} + 256)) >/proc/sys/vm/nr_hugepages 2>/dev/null || return 1
 		free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
 	fi
-	[[ "${free:-0}" -ge 256 ]] || return 1
+	[[ "${free:-0}" -ge $want ]] || return 1
 	if ! grep -q hugetlbfs /proc/mounts; then
 		mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages 2>/dev/null || return 1
 	fi
@@ -199,6 +201,7 @@ hugepages_ensure() {
 
 hugepages_restore() {
 	[[ -n "${HP_PREV:-}" ]] && echo "$HP_PREV" >/proc/sys/vm/nr_hugepages 2>/dev/null
+	HP_PREV=
 	return 0
 }
 
