@@ -262,6 +262,13 @@ def rss(pid):
     return None if v is None else v + (status(pid, "HugetlbPages") or 0)
 
 
+def mem(pid):
+    """Prints rss(PID) (nothing for a process that is gone), for the shell."""
+    v = rss(pid)
+    if v is not None:
+        print(v)
+
+
 def names(kind, n):
     prefix = {"rtrs": "r%d", "nvmf": "nvme0n%d", "null": "z%d"}[kind]
     return [prefix % i for i in range(1, n + 1)]
@@ -515,7 +522,7 @@ def report(d, mode, mem, judged, *ns):
 
 
 cmds = {"batch": batch, "wait-bdevs": wait_bdevs, "measure": measure, "delete": delete,
-        "note": note, "fail": fail, "report": report}
+        "note": note, "fail": fail, "report": report, "mem": mem}
 try:
     cmds[sys.argv[1]](*sys.argv[2:])
 except RpcError as e:
@@ -571,7 +578,7 @@ create_run() {
 	app_alive clt && { dev delete "$APP_DIR/clt.sock" "$kind" 60 || echo "   $kind: deleting the bdevs failed" >&2; }
 	app_stop clt
 	sleep 2
-	dev note "$js" target_rss_left "$(awk '/^(VmRSS|HugetlbPages):/ {k += $2} END {if (NR) print k}' "/proc/$(app_pid tgt)/status" 2>/dev/null)"
+	dev note "$js" target_rss_left "$(dev mem "$(app_pid tgt)")"
 	app_alive tgt || dev note "$js" error "the target exited (log: $(tail -n 3 "$APP_DIR/tgt.log" | tr '\n|' ' /'))"
 	app_stop tgt
 }

@@ -168,6 +168,14 @@ fio_row() { # NAME DEV BS RW DEPTH SIZE
 	check "$1" $? "$(grep -E '^ +(read|write):' "$OUT/$1.log" | tr -s ' ' | tr '\n' ';' | cut -c1-160)"
 }
 path_state() { cat "$1/state" 2>/dev/null; }
+server_cut() { # SESSNAME LOG: the kernel server drops the session's first path (sysfs
+	# "disconnect"); echoes the path's name, or nothing when there was none to cut
+	local p
+	p=$(ls -d "/sys/class/rtrs-server/$1/paths/"* 2>/dev/null | head -n 1)
+	[[ -n $p ]] && echo 1 >"$p/disconnect" 2>>"$2" || return 1
+	log "server disconnected $(basename "$p")" >&2 # stdout is the answer
+	basename "$p"
+}
 wait_connected() { # SESSNAME SECONDS: every path of the kernel client's session connected
 	local p ok
 	for _ in $(seq $(($2 * 5))); do
@@ -295,11 +303,7 @@ if want multipath; then
 			--size 8M --rw randrw --bs 4K --qd 16 --time 12s --verify --json --reconnect-delay 1s &
 		BP=$!
 		sleep 4
-		P1=$(ls -d /sys/class/rtrs-server/mp1/paths/* 2>/dev/null | head -n 1)
-		if [[ -n $P1 ]]; then
-			echo 1 >"$P1/disconnect" 2>>"$OUT/mp.to-kernel.sysfs.log"
-			log "server disconnected $(basename "$P1")"
-		fi
+		P1=$(server_cut mp1 "$OUT/mp.to-kernel.sysfs.log")
 		wait $BP
 		rc=$?
 		recon=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["reconnects"]["successful"] for p in d["client_stats"]["paths"]), d["errors"], d["verify_mismatches"])' \
@@ -380,11 +384,7 @@ EOF
 			kill -0 $BP 2>/dev/null || break
 			if grep -q "Running I/O" "$OUT/spdk.bdev-to-kernel.log"; then
 				sleep 3
-				P1=$(ls -d /sys/class/rtrs-server/spdk1/paths/* 2>/dev/null | head -n 1)
-				if [[ -n $P1 ]] && echo 1 >"$P1/disconnect" 2>>"$OUT/spdk.bdev-to-kernel.sysfs.log"; then
-					CUT=$(basename "$P1")
-					log "server disconnected $CUT"
-				fi
+				CUT=$(server_cut spdk1 "$OUT/spdk.bdev-to-kernel.sysfs.log")
 				break
 			fi
 			sleep 0.1
