@@ -10,6 +10,8 @@
 //!
 //! `RTRS_TEST_DEVICE` names the rdma-core device (`rdma link show`), `RTRS_TEST_ADDR` an
 //! IP address configured on one of its ports (IPoIB, RoCE netdev, or rxe/siw).
+//! `RTRS_TEST_ADDR2`, an address of a second device, is needed by the tests of one fabric
+//! over two devices (`hw_two_devices_*`).
 //!
 //! The shared conformance suite (`tests/conformance/`) runs against the same device in
 //! the `conformance_verbs` module; like the round trips, its scenarios are ignored unless
@@ -504,4 +506,210 @@ mod conformance_verbs {
                   cargo test --test fabric_verbs -- --ignored",
         Verbs::from_env()
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// One fabric over two devices (docs/ARCHITECTURE.md, "Several RDMA devices").
+
+/// Every device of the host, and an address on each of two of them.
+fn two_devices() -> (VerbsFabric, IpAddr, IpAddr) {
+    let addr = |var: &str| -> IpAddr {
+        std::env::var(var)
+            .unwrap_or_else(|_| {
+                panic!("set {var}: RTRS_TEST_ADDR and RTRS_TEST_ADDR2 are addresses of two RDMA devices")
+            })
+            .parse()
+            .unwrap_or_else(|e| panic!("{var} is not an IP address: {e}"))
+    };
+    let (a, b) = (addr("RTRS_TEST_ADDR"), addr("RTRS_TEST_ADDR2"));
+    let fabric = VerbsFabric::open(None).expect("open every device");
+    assert!(
+        fabric.device_names().len() >= 2,
+        "two devices needed, the fabric has {:?}",
+        fabric.device_names()
+    );
+    (fabric, a, b)
+}
+
+/// A pair over `ip` in `dom`: the client with its own CQ, the server on `cq` (as a
+/// server's core accepts its connections).
+fn pair_in(
+    dom: &dyn Fabric,
+    ip: IpAddr,
+    cq: &rtrs_spdk::fabric::CqRef,
+) -> (Box<dyn Conn>, Box<dyn Conn>) {
+    let mut listener = dom
+        .listen(SocketAddr::new(ip, 0), &ListenOptions::default())
+        .expect("listen");
+    let mut client = dom
+        .connect(listener.local_addr(), &ConnectOptions::new(caps(), b"hi"))
+        .expect("connect");
+    let end = Instant::now() + DEADLINE;
+    let req = loop {
+        if let Some(req) = listener.poll() {
+            break req;
+        }
+        assert!(client.poll_cm().is_none(), "client event before the answer");
+        assert!(Instant::now() < end, "no connect request");
+        std::thread::yield_now();
+    };
+    let hca = req.hca().expect("a verbs request names its device");
+    let mut server = req
+        .accept_into(dom, Some(cq), caps(), b"ok")
+        .expect("accept");
+    assert!(matches!(
+        wait_cm(client.as_mut(), "client Established"),
+        CmEvent::Established { .. }
+    ));
+    assert!(matches!(
+        wait_cm(server.as_mut(), "server Established"),
+        CmEvent::Established { .. }
+    ));
+    assert_eq!(server.hca().as_ref(), Some(&hca));
+    (client, server)
+}
+
+/// The next completion of the shared CQ.
+fn wait_shared(cq: &mut rtrs_spdk::fabric::Cq, what: &str) -> Wc {
+    let end = Instant::now() + DEADLINE;
+    let mut wc = [Wc::default(); 1];
+    loop {
+        if cq.poll(&mut wc) == 1 {
+            return wc[0];
+        }
+        assert!(Instant::now() < end, "no completion for {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+#[ignore = "needs two RDMA devices: RTRS_TEST_ADDR=<ip of one> RTRS_TEST_ADDR2=<ip of another> cargo test --test fabric_verbs -- --ignored"]
+fn hw_two_devices_one_domain_one_cq() {
+    let (fabric, a, b) = two_devices();
+    let dom = fabric.domain().expect("a session's domain");
+    let mut cq = dom.create_cq(256).expect("one CQ for both devices");
+    let share = cq.share();
+    let src = dom
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = dom
+        .register(
+            MemBuf::zeroed(1 << 16),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (mut ca, sa) = pair_in(&*dom, a, &share);
+    let (mut cb, sb) = pair_in(&*dom, b, &share);
+    let (ha, hb) = (ca.hca().expect("hca a"), cb.hca().expect("hca b"));
+    assert_ne!(
+        ha.name, hb.name,
+        "the two addresses' connections live on their own devices"
+    );
+    assert_ne!(ha.index, hb.index);
+    assert_ne!(
+        sa.qp_num(),
+        sb.qp_num(),
+        "connection numbers stay unique across devices"
+    );
+    let mut servers = [sa, sb];
+    for (k, (client, hca)) in [(&mut ca, &ha), (&mut cb, &hb)].into_iter().enumerate() {
+        let server = &mut servers[k];
+        let off = 4096 * (2 * k + 1);
+        // A write with the registration's key on this connection's device, from memory
+        // whose SGE carries device 0's lkey (the connection puts its own in).
+        let text = format!("over {}", hca.name);
+        src.write_at(0, text.as_bytes());
+        server
+            .post_recv(&[RecvWr {
+                wr_id: 70 + k as u64,
+                sge: None,
+            }])
+            .unwrap();
+        let sge = [src.sge(0, text.len())];
+        client
+            .post_send(&[SendWr {
+                wr_id: 1,
+                op: SendOp::RdmaWriteWithImm {
+                    remote_addr: dst.addr() + off as u64,
+                    rkey: dst.rkey_on(hca.index),
+                    imm: k as u32,
+                },
+                sges: &sge,
+                signaled: true,
+            }])
+            .unwrap();
+        assert_eq!(wait_wc(client.as_mut(), "write").status, WcStatus::Success);
+        let wc = wait_shared(&mut cq, "the write's immediate");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.qp_num, wc.imm),
+            (
+                70 + k as u64,
+                WcStatus::Success,
+                server.qp_num(),
+                Some(k as u32)
+            )
+        );
+        let mut got = vec![0u8; text.len()];
+        dst.read_at(off, &mut got);
+        assert_eq!(got, text.as_bytes());
+
+        // A window on this device, bound by the server over the same registration.
+        let slot = dom
+            .alloc_fast_mr_on(KeyScope::Connection, hca.index)
+            .expect("a window on the connection's device");
+        let rkey = inc_rkey(slot.rkey());
+        server
+            .post_send(&[SendWr {
+                wr_id: 80,
+                op: SendOp::RegMr {
+                    slot: &slot,
+                    region: &dst,
+                    addr: dst.addr() + off as u64 + 4096,
+                    len: 4096,
+                    access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                    rkey,
+                },
+                sges: &[],
+                signaled: true,
+            }])
+            .unwrap();
+        let wc = wait_shared(&mut cq, "bind");
+        assert_eq!((wc.wr_id, wc.status), (80, WcStatus::Success));
+        client
+            .post_send(&[SendWr {
+                wr_id: 2,
+                op: SendOp::RdmaWrite {
+                    remote_addr: dst.addr() + off as u64 + 4096,
+                    rkey,
+                },
+                sges: &sge,
+                signaled: true,
+            }])
+            .unwrap();
+        assert_eq!(
+            wait_wc(client.as_mut(), "write via window").status,
+            WcStatus::Success
+        );
+        dst.read_at(off + 4096, &mut got);
+        assert_eq!(got, text.as_bytes());
+
+        // A window of the other device is refused on this connection.
+        let other = dom
+            .alloc_fast_mr_on(KeyScope::Connection, 1 - hca.index.min(1))
+            .expect("a window on the other device");
+        let refused = server.post_send(&[SendWr {
+            wr_id: 81,
+            op: SendOp::RegMr {
+                slot: &other,
+                region: &dst,
+                addr: dst.addr(),
+                len: 4096,
+                access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                rkey: inc_rkey(other.rkey()),
+            },
+            sges: &[],
+            signaled: true,
+        }]);
+        assert!(refused.is_err(), "a window of another device bound here");
+    }
 }

@@ -37,7 +37,8 @@ impl Scheme {
         }
     }
 
-    /// Opens the fabric: tcp always works; rdma opens the first RDMA device.
+    /// Opens the fabric: tcp always works; rdma opens every RDMA device (each path and
+    /// listener then lives on the device its address belongs to).
     ///
     /// # Errors
     /// For rdma, the fabric's own one-line error ("no RDMA device found: ..."), also when

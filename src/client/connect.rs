@@ -502,6 +502,12 @@ impl Ctl {
         }
         pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
         *lock(&pc.shared.last_error) = None;
+        let hca = con0.conn().hca();
+        let on = hca
+            .as_ref()
+            .map(|h| format!(" on {} port {}", h.name, h.port))
+            .unwrap_or_default();
+        *lock(&pc.shared.hca) = hca;
         pc.refused = None;
         pc.reconnect.on_success();
         pc.shared.error.store(false, Ordering::Release);
@@ -510,7 +516,7 @@ impl Ctl {
         pc.phase = PathProgress::Connected { con0, recv0 };
         self.up += 1;
         self.sess.paths_up.store(self.up, Ordering::Release);
-        tracing::info!(sess = %self.sess.sessname, path = %pc.shared.addr, "path connected (queue depth {}, max_io_size {})", params.queue_depth, params.max_io_size);
+        tracing::info!(sess = %self.sess.sessname, path = %pc.shared.addr, "path connected{on} (queue depth {}, max_io_size {})", params.queue_depth, params.max_io_size);
         if self.up == 1 {
             self.events.link_event(cx, LinkEvent::Connected);
         }

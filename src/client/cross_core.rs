@@ -20,7 +20,7 @@ use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
 use super::stats::{CoreStats, HomeStats, PathStats};
 use crate::common::{IuPool, RtrsCon};
-use crate::fabric::{CqRef, Psk};
+use crate::fabric::{CqRef, Hca, Psk};
 use crate::proto::ImmLayout;
 
 /// Session limits learnt from the first connection's conn_rsp.
@@ -69,6 +69,9 @@ pub struct PathShared {
     pub failure: Mutex<Option<String>>,
     /// Why the latest connection attempt failed (`None` once connected).
     pub last_error: Mutex<Option<String>>,
+    /// The RDMA device and port of the path's latest connection (the kernel's
+    /// `hca_name`, `hca_port`); `None` before it or on the software fabrics.
+    pub hca: Mutex<Option<Hca>>,
 }
 
 impl PathShared {
@@ -86,6 +89,7 @@ impl PathShared {
             core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
             stats_base: Mutex::new(None),
             last_error: Mutex::new(None),
+            hca: Mutex::new(None),
         }
     }
 

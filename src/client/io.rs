@@ -24,7 +24,7 @@ use super::session_core::{hold, SessionCore, Sizing};
 
 use crate::common::{ConPostError, Dir};
 use crate::fabric::{
-    next_rkey, Access, KeyScope, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+    device_index, next_rkey, Access, KeyScope, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 use crate::proto::{
     read_placement, write_placement, Imm, IoRsp, RdmaRead, RdmaWrite, RkeyRsp, SgDesc,
@@ -206,7 +206,8 @@ impl SessionCore {
                         cp.keys.resize_with(i + 1, || None);
                     }
                     if cp.keys[i].is_none() {
-                        match self.fabric.alloc_fast_mr(KeyScope::Connection) {
+                        let device = device_index(cp.io.con.conn());
+                        match self.fabric.alloc_fast_mr_on(KeyScope::Connection, device) {
                             Ok(slot) => cp.keys[i] = Some(ReadKey { slot, bound: false }),
                             Err(e) => {
                                 tracing::warn!("cannot make a READ key slot: {e}");

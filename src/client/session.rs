@@ -281,10 +281,15 @@ impl Session {
 /// A path's counters as its cores and home have them, not counting from a reset.
 fn raw_stats(p: &PathShared) -> PathStats {
     let cores: Vec<_> = p.core_stats.iter().collect();
-    PathStats::collect(
+    let mut s = PathStats::collect(
         p.addr.to_string(),
         p.state.get().name().to_string(),
         &p.home,
         &cores,
-    )
+    );
+    if let Some(h) = &*lock(&p.hca) {
+        s.hca_name = Some(h.name.to_string());
+        s.hca_port = Some(h.port);
+    }
+    s
 }

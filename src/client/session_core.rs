@@ -29,7 +29,7 @@ use super::request::{
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
-use crate::fabric::{Access, Fabric, KeyScope, MemBuf, Mr, Sge};
+use crate::fabric::{device_index, Access, Fabric, KeyScope, MemBuf, Mr, Sge};
 use crate::sync::lock;
 use crate::Errno;
 
@@ -505,7 +505,7 @@ impl SessionCore {
                     // A connection this core still had of the path goes with its route.
                     self.drop_route(old.route);
                 }
-                let keys = self.read_keys();
+                let keys = self.read_keys(device_index(conn.con.conn()));
                 self.paths[slot] = Some(CorePath {
                     keys,
                     io: conn,
@@ -566,8 +566,11 @@ impl SessionCore {
         }
         // The READ keys were made for the old permits.
         for slot in 0..self.paths.len() {
-            if self.paths[slot].is_some() {
-                let keys = self.read_keys();
+            if let Some(device) = self.paths[slot]
+                .as_ref()
+                .map(|cp| device_index(cp.io.con.conn()))
+            {
+                let keys = self.read_keys(device);
                 if let Some(cp) = self.paths[slot].as_mut() {
                     cp.keys = keys;
                 }
@@ -580,14 +583,15 @@ impl SessionCore {
         self.done.reserve(2 * n);
     }
 
-    /// A READ key slot per permit of this core, for a new connection. A core that cannot
+    /// A READ key slot per permit of this core, for a new connection on RDMA device
+    /// `device` (a key slot lives on the device of its connection). A core that cannot
     /// have them cannot READ, and gets no permits (as when its buffers cannot be had).
-    fn read_keys(&mut self) -> Vec<Option<ReadKey>> {
+    fn read_keys(&mut self, device: u8) -> Vec<Option<ReadKey>> {
         let n = self.permits() as usize;
         let made: Result<Vec<_>, _> = (0..n)
             .map(|_| {
                 self.fabric
-                    .alloc_fast_mr(KeyScope::Connection)
+                    .alloc_fast_mr_on(KeyScope::Connection, device)
                     .map(|slot| Some(ReadKey { slot, bound: false }))
             })
             .collect();

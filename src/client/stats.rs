@@ -158,6 +158,10 @@ pub struct PathStats {
     /// `src@dst` or `dst`.
     pub path: String,
     pub state: String,
+    /// The RDMA device and port of the path's connection (the kernel's `hca_name` and
+    /// `hca_port`); `None` on the software fabrics and before a connection.
+    pub hca_name: Option<String>,
+    pub hca_port: Option<u8>,
     pub cur_latency_ns: u64,
     pub rdma: RdmaStats,
     pub reconnects_ok: i64,
@@ -268,6 +272,8 @@ impl PathStats {
 struct PathJson<'a> {
     path: &'a str,
     state: &'a str,
+    hca_name: Option<&'a str>,
+    hca_port: Option<u8>,
     cur_latency_ns: u64,
     rdma: &'a RdmaStats,
     reconnects: ReconnectsJson,
@@ -291,6 +297,8 @@ impl Serialize for PathStats {
         let PathStats {
             path,
             state,
+            hca_name,
+            hca_port,
             cur_latency_ns,
             rdma,
             reconnects_ok,
@@ -305,6 +313,8 @@ impl Serialize for PathStats {
         PathJson {
             path,
             state,
+            hca_name: hca_name.as_deref(),
+            hca_port: *hca_port,
             cur_latency_ns: *cur_latency_ns,
             rdma,
             reconnects: ReconnectsJson {

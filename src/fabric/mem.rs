@@ -187,6 +187,9 @@ impl Backing {
 pub struct Mr {
     lkey: u32,
     rkey: u32,
+    /// The rkey on each device of a backend with several ([`Mr::rkey_on`]); empty where
+    /// there is one.
+    device_rkeys: Box<[u32]>,
     access: super::Access,
     // Field order is drop order: the backend's registration goes before the memory.
     handle: Box<dyn Any + Send + Sync>,
@@ -206,10 +209,27 @@ impl Mr {
         Mr {
             lkey,
             rkey,
+            device_rkeys: Box::default(),
             access,
             handle,
             backing,
         }
+    }
+
+    /// For backends with several devices: the rkey on each, by device index
+    /// ([`super::Hca::index`]); [`Mr::rkey`] is device 0's.
+    pub fn with_device_rkeys(mut self, rkeys: Box<[u32]>) -> Mr {
+        self.device_rkeys = rkeys;
+        self
+    }
+
+    /// The rkey a peer uses through a connection on device `device`
+    /// ([`super::device_index`]): what goes on the wire for that connection.
+    pub fn rkey_on(&self, device: u8) -> u32 {
+        self.device_rkeys
+            .get(usize::from(device))
+            .copied()
+            .unwrap_or(self.rkey)
     }
 
     /// For backends: their state, to check a registration is theirs.

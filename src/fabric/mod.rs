@@ -693,6 +693,18 @@ pub trait Fabric: Send + Sync {
     /// memory windows of the kind `scope` needs.
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError>;
 
+    /// [`Fabric::alloc_fast_mr`] on device `device` ([`Hca::index`] of the connections
+    /// that will bind it): a memory window lives on one device. The default, for
+    /// backends of one device, ignores it.
+    ///
+    /// # Errors
+    /// As [`Fabric::alloc_fast_mr`], and [`FabricError::Register`] for a device the
+    /// fabric does not have.
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        let _ = device;
+        self.alloc_fast_mr(scope)
+    }
+
     /// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]) with
     /// `opts`: the limits on connections still in their handshake, and the key every
     /// initiator must prove. A backend that keeps such connections itself applies the
@@ -799,6 +811,30 @@ pub trait Conn: Send {
 
     /// This end's address, once known.
     fn local_addr(&self) -> Option<SocketAddr>;
+
+    /// The RDMA device and port the connection lives on, once known (the kernel's
+    /// `hca_name` and `hca_port` of a path); `None` on the software fabrics.
+    fn hca(&self) -> Option<Hca> {
+        None
+    }
+}
+
+/// An RDMA device and port, as a connection reports it ([`Conn::hca`]).
+///
+/// `index` numbers the devices of one fabric from 0: a backend whose connections may
+/// live on several devices (verbs) keeps a registration and its keys on each, and a key
+/// that goes on the wire for a connection is the one of that connection's device
+/// ([`Mr::rkey_on`], [`Fabric::alloc_fast_mr_on`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hca {
+    pub index: u8,
+    pub name: std::sync::Arc<str>,
+    pub port: u8,
+}
+
+/// The device index of `conn` ([`Hca::index`]; 0 where it has none).
+pub fn device_index(conn: &dyn Conn) -> u8 {
+    conn.hca().map_or(0, |h| h.index)
 }
 
 /// A listening endpoint.
@@ -827,6 +863,12 @@ impl fmt::Debug for ConnRequest {
 }
 
 impl ConnRequest {
+    /// The RDMA device and port the request arrived through ([`Conn::hca`] of the
+    /// connection it becomes).
+    pub fn hca(&self) -> Option<Hca> {
+        self.pending.hca()
+    }
+
     /// Accepts with `private_data` (≤ 56 bytes) and queues sized by `caps`.
     ///
     /// # Errors
@@ -891,6 +933,10 @@ pub trait PendingConn: Send {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError>;
     fn reject(self: Box<Self>, private_data: PrivateData);
+    /// The device and port the request arrived through ([`ConnRequest::hca`]).
+    fn hca(&self) -> Option<Hca> {
+        None
+    }
     /// Accepts into protection domain `domain` ([`ConnRequest::accept_into`]).
     fn accept_into(
         self: Box<Self>,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::common::{IuPool, RtrsCon, Uuid};
 use crate::engine::{Ctx, Msg, PollResult, Poller};
 use crate::fabric::admission::{self, victim};
-use crate::fabric::{next_rkey, Access, ConnRequest, KeyScope, Listener, QpCaps};
+use crate::fabric::{next_rkey, Access, ConnRequest, Hca, KeyScope, Listener, QpCaps};
 use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
 use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 use crate::sync::lock;
@@ -161,7 +161,8 @@ impl Acceptor {
             Ok(m) => m,
             Err(e) => return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string()),
         };
-        let (res, zombies, evicted) = self.admit(cx.now(), &msg, req.peer, local);
+        let hca = req.hca();
+        let (res, zombies, evicted) = self.admit(cx.now(), &msg, req.peer, local, hca.as_ref());
         for z in &zombies {
             self.sh
                 .close_path(cx, z, format_args!("stale or half-open path replaced"));
@@ -194,6 +195,7 @@ impl Acceptor {
         msg: &ConnReq,
         peer: SocketAddr,
         local: SocketAddr,
+        hca: Option<&Hca>,
     ) -> (Admit, Vec<Arc<Path>>, Vec<Arc<Path>>) {
         let mut zombies = Vec::new();
         let mut evicted = Vec::new();
@@ -236,7 +238,13 @@ impl Acceptor {
                 Err(refusal) => return (Err(refusal), zombies, evicted),
             },
         };
-        let res = self.admit_path(&mut t.sessions[idx], now, msg, peer, local, &mut zombies);
+        let res = self.admit_path(
+            &mut t.sessions[idx],
+            now,
+            msg,
+            (peer, local, hca),
+            &mut zombies,
+        );
         if res.is_err() && t.sessions[idx].all.is_empty() {
             t.sessions.remove(idx);
         }
@@ -287,8 +295,7 @@ impl Acceptor {
         e: &mut SessEntry,
         now: u64,
         msg: &ConnReq,
-        peer: SocketAddr,
-        local: SocketAddr,
+        (peer, local, hca): (SocketAddr, SocketAddr, Option<&Hca>),
         zombies: &mut Vec<Arc<Path>>,
     ) -> Admit {
         let cid = usize::from(msg.cid);
@@ -311,6 +318,18 @@ impl Acceptor {
                     return Err((
                         Errno::ECONNRESET,
                         format!("path is {}, not connecting", state_name(p.state())),
+                    ));
+                }
+                if p.hca.as_ref().map(|h| h.index) != hca.map(|h| h.index) {
+                    // The path's keys live on the device of its first connection.
+                    return Err((
+                        Errno::ECONNRESET,
+                        format!(
+                            "connection cid {cid} arrived through another RDMA device ({}) than \
+                             its path's ({})",
+                            hca.map_or("none", |h| &*h.name),
+                            p.hca.as_ref().map_or("none", |h| &*h.name)
+                        ),
                     ));
                 }
                 if p.cid_num != msg.cid_num {
@@ -358,7 +377,7 @@ impl Acceptor {
             ));
         }
         let path = self
-            .new_path(&e.sess, msg, peer, local, now)
+            .new_path(&e.sess, msg, (peer, local, hca), now)
             .map_err(|why| (Errno::ENOMEM, why))?;
         e.paths.push(Arc::clone(&path));
         e.all.push(Arc::clone(&path));
@@ -405,16 +424,18 @@ impl Acceptor {
         &self,
         sess: &Arc<Session>,
         msg: &ConnReq,
-        peer: SocketAddr,
-        local: SocketAddr,
+        (peer, local, hca): (SocketAddr, SocketAddr, Option<&Hca>),
         now: u64,
     ) -> Result<Arc<Path>, String> {
         let fabric = &*sess.fabric;
         let qd = sess.queue_depth();
         let ai = self.sh.cfg.always_invalidate;
+        // The chunk keys of a path live on its device (docs/ARCHITECTURE.md, "Several
+        // RDMA devices").
+        let device = hca.map_or(0, |h| h.index);
         let mrs = if ai {
             (0..qd)
-                .map(|_| fabric.alloc_fast_mr(KeyScope::Domain))
+                .map(|_| fabric.alloc_fast_mr_on(KeyScope::Domain, device))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("chunk keys: {e}"))?
         } else {
@@ -437,6 +458,7 @@ impl Acceptor {
             recon_cnt: msg.recon_cnt,
             peer,
             local,
+            hca: hca.cloned(),
             state: AtomicU8::new(CONNECTING),
             present: Mutex::new(present),
             conn_ts: AtomicU64::new(now.max(1)),

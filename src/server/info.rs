@@ -126,8 +126,13 @@ pub(crate) fn on_info_req(
     slot.hb = Some((hb, next));
     slot.info = InfoState::Posting { next: 0, len };
     if sh.log.allow(cx.now()) {
+        let on = path
+            .hca
+            .as_ref()
+            .map(|h| format!(" on {} port {}", h.name, h.port))
+            .unwrap_or_default();
         tracing::info!(
-            "rtrs-srv: {} {name:?}: path {}@{} connected ({} connections)",
+            "rtrs-srv: {} {name:?}: path {}@{} connected{on} ({} connections)",
             path.sess.id,
             path.peer,
             path.local,

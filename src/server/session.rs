@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::common::{IuPool, Uuid};
-use crate::fabric::{Fabric, FastMr};
+use crate::fabric::{Fabric, FastMr, Hca};
 use crate::proto::{ImmLayout, SgDesc};
 use crate::sync::lock;
 use crate::Errno;
@@ -173,6 +173,9 @@ pub(crate) struct Path {
     pub recon_cnt: u16,
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// The RDMA device and port the path lives on (its first connection's); `None` on
+    /// the software fabrics.
+    pub hca: Option<Hca>,
     pub state: AtomicU8,
     /// Connections accepted so far, by cid (control path only, under the table lock).
     pub present: Mutex<Vec<bool>>,
@@ -263,7 +266,7 @@ impl Path {
         (0..qd / per)
             .map(|k| SgDesc {
                 addr: base + k * per * cs,
-                key: s.chunks.rkey(),
+                key: s.chunks.rkey_on(self.hca.as_ref().map_or(0, |h| h.index)),
                 len: (per * cs) as u32,
             })
             .collect()
@@ -277,6 +280,8 @@ impl Path {
             name: self.name(),
             addr: format!("{}@{}", self.peer, self.local),
             state: state_name(self.state()),
+            hca_name: self.hca.as_ref().map(|h| h.name.to_string()),
+            hca_port: self.hca.as_ref().map(|h| h.port),
             cid_num: self.cid_num,
             recon_cnt: self.recon_cnt,
             read_cnt,

@@ -145,6 +145,10 @@ pub struct PathStats {
     pub addr: String,
     /// `connecting`, `connected`, `closing` or `closed`.
     pub state: &'static str,
+    /// The RDMA device and port the path lives on (the kernel's `hca_name`,
+    /// `hca_port`); `None` on the software fabrics.
+    pub hca_name: Option<String>,
+    pub hca_port: Option<u8>,
     /// Connections in the path (cid_num).
     pub cid_num: u16,
     /// The client's reconnect counter from the latest connection request.

@@ -14,6 +14,8 @@ fn client_path(path: &str) -> ClientPath {
     ClientPath {
         path: path.into(),
         state: "connected".into(),
+        hca_name: Some("mlx5_1".into()),
+        hca_port: Some(1),
         cur_latency_ns: 1500,
         rdma: RdmaStats {
             read_cnt: 1,
@@ -49,7 +51,8 @@ fn client_golden() {
         st.to_json(),
         concat!(
             r#"{"sessname":"sess","mp_policy":"min-inflight","paths":[{"#,
-            r#""path":"127.0.0.1:1@127.0.0.2:2","state":"connected","cur_latency_ns":1500,"#,
+            r#""path":"127.0.0.1:1@127.0.0.2:2","state":"connected","hca_name":"mlx5_1","#,
+            r#""hca_port":1,"cur_latency_ns":1500,"#,
             r#""rdma":{"read_cnt":1,"read_bytes":2,"write_cnt":3,"write_bytes":4,"#,
             r#""inflight":5,"failover_cnt":6},"#,
             r#""reconnects":{"successful":-1,"failed":7},"#,

@@ -51,6 +51,9 @@ impl Fabric for Keyed {
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
         self.inner.alloc_fast_mr(scope)
     }
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        self.inner.alloc_fast_mr_on(scope, device)
+    }
     fn listen(
         &self,
         addr: SocketAddr,

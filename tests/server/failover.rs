@@ -226,6 +226,9 @@ impl Fabric for WithCaps {
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
         self.0.alloc_fast_mr(scope)
     }
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        self.0.alloc_fast_mr_on(scope, device)
+    }
     fn local_memory(
         &self,
         sge: &rtrs_spdk::fabric::Sge,

@@ -14,6 +14,8 @@ fn server_path(name: &str) -> ServerPath {
         name: name.into(),
         addr: "127.0.0.1:1@127.0.0.2:2".into(),
         state: "connected",
+        hca_name: None,
+        hca_port: None,
         cid_num: 3,
         recon_cnt: 4,
         read_cnt: 5,
@@ -47,7 +49,7 @@ fn server_golden() {
         concat!(
             r#"{"sessions":[{"id":2,"name":"sess","queue_depth":512,"chunk_size":131072,"#,
             r#""chunk_memory":"heap","paths":[{"name":"p0","addr":"127.0.0.1:1@127.0.0.2:2","#,
-            r#""state":"connected","cid_num":3,"recon_cnt":4,"read_cnt":5,"read_bytes":6,"#,
+            r#""state":"connected","hca_name":null,"hca_port":null,"cid_num":3,"recon_cnt":4,"read_cnt":5,"read_bytes":6,"#,
             r#""write_cnt":7,"write_bytes":8,"inflight":9,"failover_waits":10,"failover_dups":16,"#,
             r#""rsp_queued":11,"dropped":12,"handler_lat_sum_ns":13,"#,
             r#""handler_lat_us_log2":[14,15]}]}]}"#,

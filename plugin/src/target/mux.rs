@@ -97,6 +97,10 @@ impl Fabric for MuxFabric {
         self.inner.alloc_fast_mr(scope)
     }
 
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        self.inner.alloc_fast_mr_on(scope, device)
+    }
+
     // The server's cores put their connections on shared completion queues of the real
     // fabric (docs/ARCHITECTURE.md, "Completion queues"); the requests its listeners hand
     // out are that fabric's, so they accept onto those queues.

@@ -8,15 +8,15 @@ use std::sync::Arc;
 
 use super::cm::{self, CmPhase, Step};
 use super::cq::{shadow, CqShare, ShadowCell};
+use super::keys::{LkeyCache, Regions};
 use super::slots::{self, QueueSlots};
 use super::sys::{
-    self, CmId, Endpoint, EventChannel, MemRegion, MemWindow, SendReq, SendReqOp, WindowKind,
-    MAX_CHAIN,
+    self, CmId, Endpoint, EventChannel, MemWindow, SendReq, SendReqOp, WindowKind, MAX_CHAIN,
 };
-use super::{wc, Shared};
+use super::{wc, Domain, Shared};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, FabricError, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr,
-    SendOp, SendWr, Wc,
+    CmEvent, Conn, ConnState, FabricError, Hca, PostError, PostErrorKind, PrivateData, QpCaps,
+    RecvWr, SendOp, SendWr, Wc,
 };
 
 /// Address and route resolution timeout (the kernel's `RTRS_CONNECT_TIMEOUT_MS`).
@@ -26,7 +26,14 @@ const RETRY_COUNT: u8 = 7;
 const RNR_RETRY_COUNT: u8 = 7;
 
 pub(super) struct VerbsConn {
+    /// The fabric's devices in this connection's domain (the active side picks its
+    /// device among them once the address is resolved).
+    dom: Arc<Domain>,
+    /// The device the connection lives on (device 0 until an active connection's
+    /// address is resolved).
     shared: Arc<Shared>,
+    /// The SGE keys on that device.
+    lkeys: LkeyCache,
     ep: Endpoint,
     /// Active side: where we connect to (for messages and before the CM knows it).
     dst: Option<SocketAddr>,
@@ -67,10 +74,12 @@ impl Slots {
         }
     }
 
-    fn shared_cq(&self) -> Option<&Arc<sys::Cq>> {
+    /// The shared CQ's queue on the device of `shared`, or `None` for a connection with
+    /// its own CQ.
+    fn device_cq(&self, shared: &Shared) -> Option<Arc<sys::Cq>> {
         match self {
             Slots::Own(_) => None,
-            Slots::Shared { share, .. } => Some(&share.cq),
+            Slots::Shared { share, .. } => Some(share.device_cq(shared)),
         }
     }
 
@@ -83,9 +92,9 @@ impl Slots {
     }
 
     /// The queue pair now has a number: completions find the shadow by it.
-    fn bind(&self, qp_num: Option<u32>) {
+    fn bind(&self, device: u8, qp_num: Option<u32>) {
         if let (Slots::Shared { share, cell }, Some(n)) = (self, qp_num) {
-            share.bind(n, cell);
+            share.bind(device, n, cell);
         }
     }
 
@@ -113,7 +122,7 @@ impl Slots {
 impl VerbsConn {
     /// Starts an active connection: own event channel, cm_id, `rdma_resolve_addr`.
     pub fn connect(
-        shared: Arc<Shared>,
+        dom: Arc<Domain>,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         caps: QpCaps,
@@ -128,7 +137,10 @@ impl VerbsConn {
         let channel = EventChannel::create().map_err(err)?;
         let id = CmId::create(&channel).map_err(err)?;
         id.resolve_addr(src, dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
+        let shared = dom.per[0].clone();
         Ok(VerbsConn {
+            lkeys: LkeyCache::new(shared.index, shared.keys.clone()),
+            dom,
             shared,
             ep: Endpoint::new(id),
             dst: Some(dst),
@@ -144,9 +156,17 @@ impl VerbsConn {
 
     /// A passive connection whose QP exists (on the CQ of `slots`) and whose
     /// `rdma_accept` was issued.
-    pub fn accepted(shared: Arc<Shared>, ep: Endpoint, caps: QpCaps, slots: Slots) -> VerbsConn {
-        slots.bind(ep.qp_num());
+    pub fn accepted(
+        dom: Arc<Domain>,
+        shared: Arc<Shared>,
+        ep: Endpoint,
+        caps: QpCaps,
+        slots: Slots,
+    ) -> VerbsConn {
+        slots.bind(shared.index, ep.qp_num());
         VerbsConn {
+            lkeys: LkeyCache::new(shared.index, shared.keys.clone()),
+            dom,
             shared,
             ep,
             dst: None,
@@ -210,7 +230,20 @@ impl VerbsConn {
         match step {
             Step::Nothing => None,
             Step::CreateQpThenResolveRoute => {
-                let cq = self.slots.shared_cq().cloned();
+                // The address is resolved: the connection lives on its device.
+                let Some(shared) = self.dom.on(self.ep.id()).cloned() else {
+                    return Some(self.fail(
+                        "the address resolved to an RDMA device this fabric did not open".into(),
+                    ));
+                };
+                if let Err(reason) = super::check_caps(&shared, self.caps) {
+                    return Some(self.fail(format!("{} ({})", reason, shared.pd.device().name())));
+                }
+                if shared.index != self.shared.index {
+                    self.lkeys = LkeyCache::new(shared.index, shared.keys.clone());
+                    self.shared = shared;
+                }
+                let cq = self.slots.device_cq(&self.shared);
                 let res = self
                     .ep
                     .create_qp(
@@ -221,7 +254,7 @@ impl VerbsConn {
                     )
                     .and_then(|granted| {
                         self.caps = granted;
-                        self.slots.bind(self.ep.qp_num());
+                        self.slots.bind(self.shared.index, self.ep.qp_num());
                         self.ep.id().resolve_route(RESOLVE_TIMEOUT_MS)
                     });
                 res.err().map(|e| self.fail(e.to_string()))
@@ -290,7 +323,10 @@ impl VerbsConn {
                     return Err(PostErrorKind::TooManySge);
                 }
                 let mw = slot.handle().downcast_ref::<MemWindow>();
-                let mr = region.handle().downcast_ref::<Arc<MemRegion>>();
+                let mr = region
+                    .handle()
+                    .downcast_ref::<Regions>()
+                    .map(|r| r.on(self.shared.index));
                 let (Some(mw), Some(mr)) = (mw, mr) else {
                     return Err(PostErrorKind::Invalid);
                 };
@@ -369,7 +405,8 @@ impl Conn for VerbsConn {
             };
             let full = n > room;
             let n = n.min(room);
-            let posted = self.ep.post_send(&reqs[..n]);
+            let lkeys = &mut self.lkeys;
+            let posted = self.ep.post_send(&reqs[..n], &mut |k| lkeys.lkey(k));
             let accepted = match posted {
                 Ok(()) => n,
                 Err(f) => f.index,
@@ -423,7 +460,8 @@ impl Conn for VerbsConn {
                 });
             };
             let n = chunk.len().min(room);
-            let posted = self.ep.post_recv(&chunk[..n]);
+            let lkeys = &mut self.lkeys;
+            let posted = self.ep.post_recv(&chunk[..n], &mut |k| lkeys.lkey(k));
             let accepted = match posted {
                 Ok(()) => n,
                 Err(f) => f.index,
@@ -457,11 +495,13 @@ impl Conn for VerbsConn {
         };
         let mut filled = 0;
         let mut failed = false;
+        let shared = &self.shared;
         while filled < wcs.len() {
             let out = &mut wcs[filled..];
             let mut k = 0;
             let res = self.ep.poll_cq(out.len(), |raw| {
                 let mut w = wc::completion(&raw);
+                w.qp_num = shared.tag(w.qp_num);
                 slots.completed(&mut w, raw.opcode.is_some());
                 failed |= !w.status.is_ok();
                 out[k] = w;
@@ -535,7 +575,7 @@ impl Conn for VerbsConn {
     }
 
     fn qp_num(&self) -> u32 {
-        self.ep.qp_num().unwrap_or(0)
+        self.ep.qp_num().map_or(0, |n| self.shared.tag(n))
     }
 
     fn release_thread(&self) {
@@ -555,5 +595,14 @@ impl Conn for VerbsConn {
             .id()
             .local_addr()
             .filter(|a| !a.ip().is_unspecified())
+    }
+
+    fn hca(&self) -> Option<Hca> {
+        // Known once the address is resolved (the queue pair exists from then on).
+        self.ep.has_qp().then(|| Hca {
+            index: self.shared.index,
+            name: Arc::from(self.shared.pd.device().name()),
+            port: self.ep.id().port(),
+        })
     }
 }

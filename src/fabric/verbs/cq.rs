@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use super::slots::QueueSlots;
 use super::sys::{self, AsyncEvent, PollBuf, RawWc};
-use super::{wc, Shared};
+use super::{wc, DevInfo, Domain, Shared};
 use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
 use crate::sync::lock;
@@ -47,24 +47,17 @@ pub(super) fn shadow(caps: QpCaps) -> Arc<ShadowCell> {
     cell
 }
 
-/// What the CQ and whoever makes connections on it share (the `CqRef`).
-pub(super) struct CqShare {
+/// One device's queue of a shared CQ, with the queue pairs bound to it since the last
+/// poll.
+pub(super) struct DeviceCq {
     pub shared: Arc<Shared>,
     pub cq: Arc<sys::Cq>,
     /// Queue pairs created since the last poll, with their shadows.
     incoming: Mutex<Vec<(u32, Arc<ShadowCell>)>>,
     has_incoming: AtomicBool,
-    /// `IBV_EVENT_CQ_ERR` was seen: the CQ is in error.
-    pub overrun: AtomicBool,
 }
 
-impl CqShare {
-    /// Queue pair `qp_num` (with `shadow`) now reports to this CQ.
-    pub fn bind(&self, qp_num: u32, shadow: &Arc<ShadowCell>) {
-        lock(&self.incoming).push((qp_num, shadow.clone()));
-        self.has_incoming.store(true, Ordering::Release);
-    }
-
+impl DeviceCq {
     fn take_incoming(&self, by_qp: &mut HashMap<u32, Arc<ShadowCell>>) {
         if !self.has_incoming.load(Ordering::Acquire) {
             return;
@@ -76,12 +69,51 @@ impl CqShare {
     }
 }
 
-/// A verbs CQ shared by connections.
-pub(super) struct VerbsCq {
-    share: Arc<CqShare>,
+/// What the CQ and whoever makes connections on it share (the `CqRef`): one `ibv_cq`
+/// per device of the fabric (a queue pair reports to a CQ of its own device), all
+/// polled as one.
+pub(super) struct CqShare {
+    /// The fabric's devices (identity: which fabric the CQ belongs to).
+    devices: Arc<[DevInfo]>,
+    /// By device index.
+    per: Box<[DeviceCq]>,
+    /// `IBV_EVENT_CQ_ERR` was seen: the CQ is in error.
+    pub overrun: AtomicBool,
+}
+
+impl CqShare {
+    pub fn is_of(&self, devices: &Arc<[DevInfo]>) -> bool {
+        Arc::ptr_eq(&self.devices, devices)
+    }
+
+    /// The queue of the device of `shared`.
+    pub fn device_cq(&self, shared: &Shared) -> Arc<sys::Cq> {
+        self.per[usize::from(shared.index)].cq.clone()
+    }
+
+    /// Queue pair `qp_num` of device `device` (with `shadow`) now reports to this CQ.
+    pub fn bind(&self, device: u8, qp_num: u32, shadow: &Arc<ShadowCell>) {
+        let d = &self.per[usize::from(device)];
+        lock(&d.incoming).push((qp_num, shadow.clone()));
+        d.has_incoming.store(true, Ordering::Release);
+    }
+}
+
+/// The polling state of one device's queue.
+#[derive(Default)]
+struct DevicePoll {
     by_qp: HashMap<u32, Arc<ShadowCell>>,
     /// Completions of connections another thread holds, oldest first.
     deferred: VecDeque<RawWc>,
+}
+
+/// A verbs CQ shared by connections.
+pub(super) struct VerbsCq {
+    share: Arc<CqShare>,
+    /// By device index, as the share's queues.
+    polls: Box<[DevicePoll]>,
+    /// The device polled first next time (devices take turns at going first).
+    first: usize,
     buf: PollBuf,
     entries: u32,
     event: Option<CqEvent>,
@@ -98,38 +130,52 @@ enum Route {
 }
 
 impl VerbsCq {
-    /// The CQ's entries are what the device gave it (providers round up).
-    pub fn new(shared: Arc<Shared>, cq: Arc<sys::Cq>) -> VerbsCq {
-        let entries = cq.entries();
-        VerbsCq {
+    /// A CQ of at least `entries` on each device of `dom`'s fabric. Its entries are the
+    /// fewest a device gave (providers round up).
+    pub fn new(dom: &Domain, entries: u32) -> Result<VerbsCq, sys::SysError> {
+        let per = dom
+            .per
+            .iter()
+            .map(|sh| {
+                let cq = sys::Cq::create(&sh.pd, entries, sh.attr.max_cqe)?;
+                Ok(DeviceCq {
+                    shared: sh.clone(),
+                    cq,
+                    incoming: Mutex::new(Vec::new()),
+                    has_incoming: AtomicBool::new(false),
+                })
+            })
+            .collect::<Result<Box<[_]>, sys::SysError>>()?;
+        let granted = per.iter().map(|d| d.cq.entries()).min().unwrap_or(entries);
+        let n = per.len();
+        Ok(VerbsCq {
             share: Arc::new(CqShare {
-                shared,
-                cq,
-                incoming: Mutex::new(Vec::new()),
-                has_incoming: AtomicBool::new(false),
+                devices: dom.devices.clone(),
+                per,
                 overrun: AtomicBool::new(false),
             }),
-            by_qp: HashMap::new(),
-            deferred: VecDeque::new(),
+            polls: (0..n).map(|_| DevicePoll::default()).collect(),
+            first: 0,
             buf: PollBuf::new(),
-            entries,
+            entries: granted,
             event: None,
             poll_error_logged: false,
-        }
+        })
     }
 
     /// Routes `raw` through its connection's shadow (held by `me`) or holds it back.
     fn route(
-        share: &CqShare,
+        dev: &DeviceCq,
         by_qp: &mut HashMap<u32, Arc<ShadowCell>>,
         me: crate::fabric::cq::ThreadToken,
         raw: &RawWc,
     ) -> Route {
         if !by_qp.contains_key(&raw.qp_num) {
             // Created, and bound, after the last look at the list.
-            share.take_incoming(by_qp);
+            dev.take_incoming(by_qp);
         }
         let mut w = wc::completion(raw);
+        w.qp_num = dev.shared.tag(raw.qp_num);
         let Some(cell) = by_qp.get(&raw.qp_num) else {
             return Route::Out(w);
         };
@@ -148,49 +194,22 @@ impl VerbsCq {
         }
     }
 
-    /// Reads the device's asynchronous events: this CQ's error is kept here, other CQs'
-    /// are left with the fabric for their own poll.
-    fn read_async_events(&mut self) {
-        let mut others = lock(&self.share.shared.cq_errors);
-        loop {
-            match self.share.shared.pd.device().next_async_event() {
-                Ok(None) => break,
-                Ok(Some(AsyncEvent::CqError { cq })) => others.push(cq),
-                Ok(Some(AsyncEvent::Other(kind))) => {
-                    tracing::debug!(kind, "verbs asynchronous event");
-                }
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    break;
-                }
-            }
-        }
-        let before = others.len();
-        others.retain(|&cq| !self.share.cq.is(cq));
-        if others.len() < before && !self.share.overrun.swap(true, Ordering::Relaxed) {
-            tracing::warn!("verbs completion queue overrun; its connections break");
-            self.event = Some(CqEvent::Overrun);
-        }
-    }
-}
-
-impl CqBackend for VerbsCq {
-    fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+    /// Polls device `dev`'s queue into `wcs`; how many it filled.
+    fn poll_device(
+        dev: &DeviceCq,
+        p: &mut DevicePoll,
+        buf: &mut PollBuf,
+        poll_error_logged: &mut bool,
+        wcs: &mut [Wc],
+    ) -> usize {
         let me = thread_token();
-        let VerbsCq {
-            share,
-            by_qp,
-            deferred,
-            buf,
-            poll_error_logged,
-            ..
-        } = self;
-        share.take_incoming(by_qp);
+        let DevicePoll { by_qp, deferred } = p;
+        dev.take_incoming(by_qp);
         let mut filled = 0;
         // First what waited, in order; what still cannot go keeps its place.
         let mut i = 0;
         while i < deferred.len() && filled < wcs.len() {
-            match Self::route(share, by_qp, me, &deferred[i]) {
+            match Self::route(dev, by_qp, me, &deferred[i]) {
                 Route::Out(w) => {
                     wcs[filled] = w;
                     filled += 1;
@@ -202,13 +221,13 @@ impl CqBackend for VerbsCq {
         while filled < wcs.len() {
             let room = wcs.len() - filled;
             let mut got_out = 0;
-            let res = share.cq.poll(buf, room, |raw| {
+            let res = dev.cq.poll(buf, room, |raw| {
                 // A connection with completions waiting keeps its order behind them.
                 if deferred.iter().any(|d| d.qp_num == raw.qp_num) {
                     deferred.push_back(raw);
                     return;
                 }
-                match Self::route(share, by_qp, me, &raw) {
+                match Self::route(dev, by_qp, me, &raw) {
                     Route::Out(w) => {
                         wcs[filled + got_out] = w;
                         got_out += 1;
@@ -222,11 +241,70 @@ impl CqBackend for VerbsCq {
                 Err(e) => {
                     if !*poll_error_logged {
                         *poll_error_logged = true;
-                        tracing::error!("shared completion queue: {e}");
+                        tracing::error!(
+                            device = dev.shared.pd.device().name(),
+                            "shared completion queue: {e}"
+                        );
                     }
                     break;
                 }
             }
+        }
+        filled
+    }
+
+    /// Reads the devices' asynchronous events: this CQ's errors are kept here, other
+    /// CQs' are left with the fabric for their own poll.
+    fn read_async_events(&mut self) {
+        let mut overran = false;
+        for d in self.share.per.iter() {
+            let mut others = lock(&d.shared.cq_errors);
+            loop {
+                match d.shared.pd.device().next_async_event() {
+                    Ok(None) => break,
+                    Ok(Some(AsyncEvent::CqError { cq })) => others.push(cq),
+                    Ok(Some(AsyncEvent::Other(kind))) => {
+                        tracing::debug!(
+                            kind,
+                            device = d.shared.pd.device().name(),
+                            "verbs asynchronous event"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        break;
+                    }
+                }
+            }
+            let before = others.len();
+            others.retain(|&cq| !d.cq.is(cq));
+            overran |= others.len() < before;
+        }
+        if overran && !self.share.overrun.swap(true, Ordering::Relaxed) {
+            tracing::warn!("verbs completion queue overrun; its connections break");
+            self.event = Some(CqEvent::Overrun);
+        }
+    }
+}
+
+impl CqBackend for VerbsCq {
+    fn poll(&mut self, wcs: &mut [Wc]) -> usize {
+        let n = self.polls.len();
+        let first = self.first;
+        self.first = (first + 1) % n;
+        let mut filled = 0;
+        for k in 0..n {
+            let i = (first + k) % n;
+            if filled == wcs.len() {
+                break;
+            }
+            filled += Self::poll_device(
+                &self.share.per[i],
+                &mut self.polls[i],
+                &mut self.buf,
+                &mut self.poll_error_logged,
+                &mut wcs[filled..],
+            );
         }
         filled
     }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::conn::{Slots, VerbsConn};
 use super::cq::CqShare;
 use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
-use super::Shared;
+use super::{Domain, Shared};
 use crate::fabric::{
-    Conn, ConnRequest, CqRef, Fabric, FabricError, Listener, PendingConn, PrivateData, QpCaps,
+    Conn, ConnRequest, CqRef, Fabric, FabricError, Hca, Listener, PendingConn, PrivateData, QpCaps,
 };
 
 /// Listen backlog, as the kernel's RTRS server uses.
@@ -22,46 +22,50 @@ const BACKLOG: i32 = 64;
 const RNR_RETRY_COUNT: u8 = 7;
 
 pub(super) struct VerbsListener {
-    shared: Arc<Shared>,
+    /// The fabric's devices: a request is accepted on the device it arrived through.
+    dom: Arc<Domain>,
     id: CmId,
     local: SocketAddr,
     error_logged: bool,
 }
 
 impl VerbsListener {
-    pub fn bind(shared: Arc<Shared>, addr: SocketAddr) -> Result<VerbsListener, FabricError> {
+    /// Listens on `addr`: an address of one device listens on that device; a wildcard
+    /// address on every device.
+    pub fn bind(dom: Arc<Domain>, addr: SocketAddr) -> Result<VerbsListener, FabricError> {
         let err = |reason: String| FabricError::Listen { addr, reason };
         let channel = EventChannel::create().map_err(|e| err(e.to_string()))?;
         let id = CmId::create(&channel).map_err(|e| err(e.to_string()))?;
         id.bind_addr(addr).map_err(|e| err(e.to_string()))?;
-        if id.is_on(shared.pd.device()) == Some(false) {
+        if id.is_bound() && dom.on(&id).is_none() {
+            let names: Vec<&str> = dom.per.iter().map(|s| s.pd.device().name()).collect();
             return Err(err(format!(
-                "the address belongs to another RDMA device than {}",
-                shared.pd.device().name()
+                "the address belongs to an RDMA device this fabric did not open (it has {})",
+                names.join(", ")
             )));
         }
         id.listen(BACKLOG).map_err(|e| err(e.to_string()))?;
         let local = id.local_addr().unwrap_or(addr);
         Ok(VerbsListener {
-            shared,
+            dom,
             id,
             local,
             error_logged: false,
         })
     }
 
-    /// Turns a CONNECT_REQUEST into a [`ConnRequest`], or refuses it when it came in
-    /// through another device than the fabric's.
+    /// Turns a CONNECT_REQUEST into a [`ConnRequest`] on the device it arrived through,
+    /// or refuses it when that is none of the fabric's.
     fn request(&self, ev: RawEvent) -> Option<ConnRequest> {
         let mut id = ev.new_id?;
-        if id.is_on(self.shared.pd.device()) != Some(true) {
+        let Some(shared) = self.dom.on(&id).cloned() else {
             tracing::warn!(
-                device = self.shared.pd.device().name(),
-                "refusing a connect request that arrived through another RDMA device"
+                addr = %self.local,
+                "refusing a connect request that arrived through an RDMA device this fabric did not open"
             );
             let _ = id.reject(&PrivateData::empty());
             return None;
-        }
+        };
         let moved = EventChannel::create().and_then(|channel| id.migrate(channel));
         if let Err(e) = moved {
             tracing::warn!("refusing a connect request: {e}");
@@ -73,7 +77,8 @@ impl VerbsListener {
             private_data: ev.private_data,
             peer,
             pending: Box::new(VerbsPending {
-                shared: self.shared.clone(),
+                dom: self.dom.clone(),
+                shared,
                 ep: Some(Endpoint::new(id)),
             }),
         })
@@ -112,6 +117,8 @@ impl Listener for VerbsListener {
 
 /// A connect request not yet answered; dropping it rejects it.
 struct VerbsPending {
+    dom: Arc<Domain>,
+    /// The device the request arrived through, in the domain it is accepted into.
     shared: Arc<Shared>,
     ep: Option<Endpoint>,
 }
@@ -131,8 +138,17 @@ impl PendingConn for VerbsPending {
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let share = super::own_cq(&self.shared, cq)?;
+        let share = super::own_cq(&self.dom, cq)?;
         (*self).answer(caps, private_data, Some(&share))
+    }
+
+    fn hca(&self) -> Option<Hca> {
+        let ep = self.ep.as_ref()?;
+        Some(Hca {
+            index: self.shared.index,
+            name: Arc::from(self.shared.pd.device().name()),
+            port: ep.id().port(),
+        })
     }
 
     fn accept_into(
@@ -143,10 +159,13 @@ impl PendingConn for VerbsPending {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
         match domain.as_any().downcast_ref::<super::VerbsFabric>() {
-            Some(d) if d.same_device(&self.shared) => self.shared = d.shared().clone(),
+            Some(d) if d.dom.same_fabric(&self.dom) => {
+                self.shared = d.dom.per[usize::from(self.shared.index)].clone();
+                self.dom = d.dom.clone();
+            }
             _ => {
                 return Err(FabricError::Accept {
-                    reason: "the protection domain is not one of the listener's RDMA device".into(),
+                    reason: "the protection domain is not one of the listener's fabric".into(),
                 })
             }
         }
@@ -187,8 +206,13 @@ impl VerbsPending {
                 return Err(FabricError::Cq { reason });
             }
         };
-        let raw_cq = cq.map(|c| &c.cq);
-        let granted = match ep.create_qp(&self.shared.pd, caps, self.shared.attr.max_cqe, raw_cq) {
+        let raw_cq = cq.map(|c| c.device_cq(&self.shared));
+        let granted = match ep.create_qp(
+            &self.shared.pd,
+            caps,
+            self.shared.attr.max_cqe,
+            raw_cq.as_ref(),
+        ) {
             Ok(granted) => granted,
             Err(e) => {
                 let _ = ep.id().reject(&PrivateData::empty());
@@ -199,6 +223,7 @@ impl VerbsPending {
             .accept(&private_data, RNR_RETRY_COUNT)
             .map_err(|e| err(e.to_string()))?;
         Ok(Box::new(VerbsConn::accepted(
+            self.dom.clone(),
             self.shared.clone(),
             ep,
             granted,

@@ -2,10 +2,13 @@
 //! runs on (`rtrs.c` with `ib_*` verbs and `rdma_cm`), from userspace.
 //!
 //! # How the contract maps to verbs
-//! - A [`VerbsFabric`] is one device context with one protection domain. Devices are
-//!   enumerated with `ibv_get_device_list`; the context itself is librdmacm's (from
-//!   `rdma_get_devices`), so that the cm_ids of our connections are bound to the very
-//!   context our PD, CQs and registrations belong to.
+//! - A [`VerbsFabric`] is the host's devices (or one named device), with a protection
+//!   domain on each. Devices are enumerated with `ibv_get_device_list`; the contexts are
+//!   librdmacm's (from `rdma_get_devices`), so that the cm_ids of our connections are
+//!   bound to the very contexts our PDs, CQs and registrations belong to. A connection
+//!   lives on the device its address resolves to; registrations are made on every
+//!   device (`keys.rs`); a shared CQ has a queue on each (`cq.rs`). See
+//!   `docs/ARCHITECTURE.md`, "Several RDMA devices".
 //! - [`Fabric::register`] is `ibv_reg_mr` with the requested rights plus
 //!   `IBV_ACCESS_MW_BIND`. A fast-registration slot is a memory window (userspace verbs has
 //!   no REG_MR work request): a type-1 window for a [`KeyScope::Domain`] slot, valid on every
@@ -49,6 +52,7 @@
 mod cm;
 mod conn;
 mod cq;
+mod keys;
 mod listener;
 mod slots;
 mod sys;
@@ -65,9 +69,13 @@ use crate::fabric::{
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
 
-/// What every connection, listener and registration of one fabric shares.
-struct Shared {
-    pd: Arc<sys::Pd>,
+/// Devices a fabric uses at most: a connection's number carries its device's index in
+/// its top byte (`qp_tag`), and 0xff there is kept free for "no queue pair" markers.
+const MAX_DEVICES: usize = 255;
+
+/// One RDMA device of a fabric, as its domains share it.
+struct DevInfo {
+    ctx: Arc<sys::Device>,
     attr: sys::DeviceAttr,
     caps: FabricCaps,
     /// `IBV_EVENT_CQ_ERR`s read by one shared CQ for another (by CQ address), until that
@@ -75,34 +83,111 @@ struct Shared {
     cq_errors: Arc<std::sync::Mutex<Vec<usize>>>,
 }
 
-/// A fabric over one RDMA device.
+/// What every connection, listener and registration of one domain on one device shares.
+struct Shared {
+    /// The device's index in its fabric ([`crate::fabric::Hca::index`]).
+    index: u8,
+    pd: Arc<sys::Pd>,
+    attr: sys::DeviceAttr,
+    caps: FabricCaps,
+    cq_errors: Arc<std::sync::Mutex<Vec<usize>>>,
+    /// The domain's registrations on every device, by their key on device 0.
+    keys: Arc<keys::KeyMap>,
+}
+
+impl Shared {
+    /// The connection number `qp_num` of this device reports as (see `qp_tag`).
+    fn tag(&self, qp_num: u32) -> u32 {
+        qp_tag(self.index, qp_num)
+    }
+}
+
+/// A queue pair's number made unique across the fabric's devices: verbs numbers are
+/// 24 bits per device, and the device's index goes above them (device 0's numbers are
+/// the device's own).
+fn qp_tag(index: u8, qp_num: u32) -> u32 {
+    (qp_num & 0x00ff_ffff) | (u32::from(index) << 24)
+}
+
+/// A protection domain on each device of the fabric.
+struct Domain {
+    /// The fabric's devices, shared by all its domains (identity tells a fabric apart).
+    devices: Arc<[DevInfo]>,
+    /// This domain's per-device state, by device index.
+    per: Box<[Arc<Shared>]>,
+    keys: Arc<keys::KeyMap>,
+}
+
+impl Domain {
+    fn new(devices: Arc<[DevInfo]>) -> Result<Domain, FabricError> {
+        let keys = Arc::new(keys::KeyMap::default());
+        let per = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let pd = sys::Pd::alloc(&d.ctx).map_err(|e| FabricError::Os {
+                    call: e.call,
+                    source: e.source,
+                })?;
+                Ok(Arc::new(Shared {
+                    index: i as u8,
+                    pd,
+                    attr: d.attr,
+                    caps: d.caps,
+                    cq_errors: d.cq_errors.clone(),
+                    keys: keys.clone(),
+                }))
+            })
+            .collect::<Result<Box<[_]>, FabricError>>()?;
+        Ok(Domain { devices, per, keys })
+    }
+
+    /// The per-device state of the device whose context librdmacm bound `id` to.
+    fn on(&self, id: &sys::CmId) -> Option<&Arc<Shared>> {
+        self.per
+            .iter()
+            .find(|s| id.is_on(s.pd.device()) == Some(true))
+    }
+
+    fn same_fabric(&self, other: &Domain) -> bool {
+        Arc::ptr_eq(&self.devices, &other.devices)
+    }
+}
+
+/// A fabric over the RDMA devices of the host: each connection lives on the device its
+/// address belongs to (`rdma_cm` resolves it, as the kernel's RTRS does), and each
+/// registration is made on every device, so that a session's paths may span devices
+/// (`docs/ARCHITECTURE.md`, "Several RDMA devices").
 pub struct VerbsFabric {
-    shared: Arc<Shared>,
+    dom: Arc<Domain>,
 }
 
 impl std::fmt::Debug for VerbsFabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsFabric")
-            .field("device", &self.device_name())
-            .field("caps", &self.shared.caps)
+            .field("devices", &self.device_names())
+            .field("caps", &self.caps())
             .finish()
     }
 }
 
 impl VerbsFabric {
-    /// Opens `device` (an rdma-core device name such as `mlx5_0`), or the first device
-    /// when `None`, and allocates its protection domain.
+    /// Opens `device` (an rdma-core device name such as `mlx5_0`) alone, or every device
+    /// of the host when `None` (each connection then uses the device of its address),
+    /// and allocates a protection domain on each.
+    ///
+    /// The devices are those present now; one added later is not used by this fabric.
     ///
     /// # Errors
     /// [`FabricError::NoDevice`] when there is no device, the named one does not exist,
-    /// or librdmacm cannot use it; [`FabricError::Os`] when querying the device or
-    /// allocating the protection domain fails.
+    /// or librdmacm cannot use it; [`FabricError::Os`] when querying a device or
+    /// allocating a protection domain fails.
     pub fn open(device: Option<&str>) -> Result<VerbsFabric, FabricError> {
         let named = device.map(|d| format!(" named {d:?}")).unwrap_or_default();
         let names = sys::device_names()
             .map_err(|e| FabricError::NoDevice(format!("{named}: {e}; {NO_DEVICE_HINT}")))?;
-        let name = match device {
-            Some(want) if names.iter().any(|n| n == want) => want.to_owned(),
+        let chosen: Vec<String> = match device {
+            Some(want) if names.iter().any(|n| n == want) => vec![want.to_owned()],
             Some(want) if names.is_empty() => {
                 return Err(FabricError::NoDevice(format!(
                     " named {want:?}: ibv_get_device_list returned no devices; {NO_DEVICE_HINT}"
@@ -114,70 +199,59 @@ impl VerbsFabric {
                     names.join(", ")
                 )))
             }
-            None => names.first().cloned().ok_or_else(|| {
-                FabricError::NoDevice(format!(
+            None if names.is_empty() => {
+                return Err(FabricError::NoDevice(format!(
                     ": ibv_get_device_list returned no devices; {NO_DEVICE_HINT}"
-                ))
-            })?,
+                )))
+            }
+            None => names.into_iter().take(MAX_DEVICES).collect(),
         };
-        let dev = sys::Device::open(&name)
-            .map_err(|e| {
-                FabricError::NoDevice(format!(
-                    " usable for connections ({name}): {e}; is the rdma_ucm kernel module loaded?"
-                ))
-            })?
-            .ok_or_else(|| {
-                FabricError::NoDevice(format!(
-                    " usable for connections: rdma_get_devices does not list {name:?}"
-                ))
-            })?;
-        let attr = dev.query().map_err(|e| FabricError::Os {
-            call: e.call,
-            source: e.source,
-        })?;
-        let pd = sys::Pd::alloc(&Arc::new(dev)).map_err(|e| FabricError::Os {
-            call: e.call,
-            source: e.source,
-        })?;
-        let caps = FabricCaps {
-            max_send_wr: attr.max_qp_wr,
-            max_recv_wr: attr.max_qp_wr,
-            max_send_sge: attr.max_sge,
-            max_mr_size: attr.max_mr_size,
-            local_ops_at_post: false,
-        };
-        if attr.max_mw == 0 {
-            tracing::warn!(device = %name, "device reports no memory windows; fast registration will fail");
+        let mut devices = Vec::with_capacity(chosen.len());
+        for name in &chosen {
+            match open_device(name) {
+                Ok(d) => devices.push(d),
+                // Of every device, those librdmacm can use; naming one, that one.
+                Err(e) if device.is_none() && chosen.len() > 1 => {
+                    tracing::warn!(device = %name, "RDMA device not used: {e}");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(VerbsFabric {
-            shared: Arc::new(Shared {
-                pd,
-                attr,
-                caps,
-                cq_errors: Arc::new(std::sync::Mutex::new(Vec::new())),
-            }),
-        })
+        if devices.is_empty() {
+            return Err(FabricError::NoDevice(format!(
+                " usable for connections among {}; is the rdma_ucm kernel module loaded?",
+                chosen.join(", ")
+            )));
+        }
+        let dom = Domain::new(devices.into())?;
+        Ok(VerbsFabric { dom: Arc::new(dom) })
     }
 
-    fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// Device 0's state: the device of a fabric opened on one device.
+    fn first(&self) -> &Arc<Shared> {
+        &self.dom.per[0]
     }
 
-    /// Whether `other` is of the same device context as this fabric.
-    fn same_device(&self, other: &Shared) -> bool {
-        Arc::ptr_eq(self.shared.pd.device(), other.pd.device())
-    }
-
-    /// The rdma-core name of the device.
+    /// The rdma-core name of the first device (the only one of a fabric opened on a
+    /// named device).
     pub fn device_name(&self) -> &str {
-        self.shared.pd.device().name()
+        self.first().pd.device().name()
     }
 
-    /// The device's IEEE vendor id (`ibv_device_attr::vendor_id`); Soft-RoCE (`rxe`)
-    /// reports [`VerbsFabric::RXE_VENDOR_ID`]. Tests use it to tell a software device's
-    /// known deviations from what hardware must do.
+    /// The rdma-core names of the fabric's devices, by index.
+    pub fn device_names(&self) -> Vec<String> {
+        self.dom
+            .devices
+            .iter()
+            .map(|d| d.ctx.name().to_owned())
+            .collect()
+    }
+
+    /// The first device's IEEE vendor id (`ibv_device_attr::vendor_id`); Soft-RoCE
+    /// (`rxe`) reports [`VerbsFabric::RXE_VENDOR_ID`]. Tests use it to tell a software
+    /// device's known deviations from what hardware must do.
     pub fn vendor_id(&self) -> u32 {
-        self.shared.attr.vendor_id
+        self.first().attr.vendor_id
     }
 
     /// The vendor id the kernel's Soft-RoCE driver (`rdma_rxe`) reports.
@@ -191,23 +265,64 @@ impl VerbsFabric {
                 "REMOTE_WRITE needs LOCAL_WRITE on verbs (ibv_reg_mr refuses it alone)".into(),
             ));
         }
-        if len as u64 > self.shared.caps.max_mr_size {
-            return Err(fail(format!(
-                "longer than the device's max_mr_size of {} bytes",
-                self.shared.caps.max_mr_size
-            )));
+        let mut regions = Vec::with_capacity(self.dom.per.len());
+        for sh in self.dom.per.iter() {
+            if len as u64 > sh.caps.max_mr_size {
+                return Err(fail(format!(
+                    "longer than the max_mr_size of {} bytes of {}",
+                    sh.caps.max_mr_size,
+                    sh.pd.device().name()
+                )));
+            }
+            let region = sys::MemRegion::register(&sh.pd, backing.clone(), wc::mr_access(access))
+                .map_err(|e| fail(format!("{e} (on {})", sh.pd.device().name())))?;
+            regions.push(Arc::new(region));
         }
-        let region =
-            sys::MemRegion::register(&self.shared.pd, backing.clone(), wc::mr_access(access))
-                .map_err(|e| fail(e.to_string()))?;
-        Ok(Mr::from_parts(
-            region.lkey(),
-            region.rkey(),
-            access,
-            Box::new(Arc::new(region)),
-            backing,
-        ))
+        let regions = keys::Regions::new(regions, &self.dom.keys);
+        let (lkey, rkey) = (regions.on(0).lkey(), regions.on(0).rkey());
+        let rkeys = regions.rkeys();
+        let mr = Mr::from_parts(lkey, rkey, access, Box::new(regions), backing);
+        Ok(if rkeys.len() > 1 {
+            mr.with_device_rkeys(rkeys)
+        } else {
+            mr
+        })
     }
+}
+
+/// Opens the librdmacm context of the device called `name` and queries it.
+fn open_device(name: &str) -> Result<DevInfo, FabricError> {
+    let dev = sys::Device::open(name)
+        .map_err(|e| {
+            FabricError::NoDevice(format!(
+                " usable for connections ({name}): {e}; is the rdma_ucm kernel module loaded?"
+            ))
+        })?
+        .ok_or_else(|| {
+            FabricError::NoDevice(format!(
+                " usable for connections: rdma_get_devices does not list {name:?}"
+            ))
+        })?;
+    let attr = dev.query().map_err(|e| FabricError::Os {
+        call: e.call,
+        source: e.source,
+    })?;
+    let caps = FabricCaps {
+        max_send_wr: attr.max_qp_wr,
+        max_recv_wr: attr.max_qp_wr,
+        max_send_sge: attr.max_sge,
+        max_mr_size: attr.max_mr_size,
+        local_ops_at_post: false,
+    };
+    if attr.max_mw == 0 {
+        tracing::warn!(device = %name, "device reports no memory windows; fast registration will fail");
+    }
+    Ok(DevInfo {
+        ctx: Arc::new(dev),
+        attr,
+        caps,
+        cq_errors: Arc::new(std::sync::Mutex::new(Vec::new())),
+    })
 }
 
 /// Checks requested queue sizes against the device; the message names the field.
@@ -234,23 +349,21 @@ impl Fabric for VerbsFabric {
         FabricKind::Verbs
     }
 
+    /// The smallest limits of the fabric's devices.
     fn caps(&self) -> FabricCaps {
-        self.shared.caps
+        let mut caps = self.first().caps;
+        for sh in self.dom.per.iter().skip(1) {
+            caps.max_send_wr = caps.max_send_wr.min(sh.caps.max_send_wr);
+            caps.max_recv_wr = caps.max_recv_wr.min(sh.caps.max_recv_wr);
+            caps.max_send_sge = caps.max_send_sge.min(sh.caps.max_send_sge);
+            caps.max_mr_size = caps.max_mr_size.min(sh.caps.max_mr_size);
+        }
+        caps
     }
 
     fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
-        let pd = sys::Pd::alloc(self.shared.pd.device()).map_err(|e| FabricError::Os {
-            call: e.call,
-            source: e.source,
-        })?;
-        Ok(Arc::new(VerbsFabric {
-            shared: Arc::new(Shared {
-                pd,
-                attr: self.shared.attr,
-                caps: self.shared.caps,
-                cq_errors: self.shared.cq_errors.clone(),
-            }),
-        }))
+        let dom = Domain::new(self.dom.devices.clone())?;
+        Ok(Arc::new(VerbsFabric { dom: Arc::new(dom) }))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -273,15 +386,30 @@ impl Fabric for VerbsFabric {
     }
 
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+        self.alloc_fast_mr_on(scope, 0)
+    }
+
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        let Some(sh) = self.dom.per.get(usize::from(device)) else {
+            return Err(FabricError::Register {
+                len: 0,
+                reason: format!(
+                    "no RDMA device {device} in this fabric (it has {})",
+                    self.dom.per.len()
+                ),
+            });
+        };
         let kind = match scope {
             KeyScope::Domain => sys::WindowKind::Type1,
             KeyScope::Connection => sys::WindowKind::Type2,
         };
-        let mw =
-            sys::MemWindow::alloc(&self.shared.pd, kind).map_err(|e| FabricError::Register {
-                len: 0,
-                reason: format!("{e} (a {scope:?}-scope fast-registration slot)"),
-            })?;
+        let mw = sys::MemWindow::alloc(&sh.pd, kind).map_err(|e| FabricError::Register {
+            len: 0,
+            reason: format!(
+                "{e} (a {scope:?}-scope fast-registration slot on {})",
+                sh.pd.device().name()
+            ),
+        })?;
         Ok(FastMr::from_parts(mw.rkey(), Box::new(mw)))
     }
 
@@ -292,7 +420,7 @@ impl Fabric for VerbsFabric {
     ) -> Result<Box<dyn Listener>, FabricError> {
         opts.check_plain(addr, self.kind())?;
         Ok(Box::new(listener::VerbsListener::bind(
-            self.shared.clone(),
+            self.dom.clone(),
             addr,
         )?))
     }
@@ -304,14 +432,16 @@ impl Fabric for VerbsFabric {
     ) -> Result<Box<dyn Conn>, FabricError> {
         o.check_no_key(self.kind())?;
         let data = PrivateData::new(o.private_data)?;
-        check_caps(&self.shared, o.caps)
+        // Checked against the device the address resolves to once it is known; here
+        // against what no device of the fabric can give.
+        check_caps_any(&self.dom, o.caps)
             .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
         let share = match o.cq {
-            Some(cq) => Some(own_cq(&self.shared, cq)?),
+            Some(cq) => Some(own_cq(&self.dom, cq)?),
             None => None,
         };
         Ok(Box::new(conn::VerbsConn::connect(
-            self.shared.clone(),
+            self.dom.clone(),
             o.src,
             dst,
             o.caps,
@@ -321,30 +451,46 @@ impl Fabric for VerbsFabric {
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
-        let max = self.shared.attr.max_cqe;
+        let max = self
+            .dom
+            .per
+            .iter()
+            .map(|s| s.attr.max_cqe)
+            .min()
+            .unwrap_or(0);
         if entries == 0 || entries > max {
             return Err(FabricError::Cq {
                 reason: format!("{entries} entries is outside 1..={max} (the device's max_cqe)"),
             });
         }
-        let cq = sys::Cq::create(&self.shared.pd, entries, max).map_err(|e| FabricError::Os {
+        let cq = cq::VerbsCq::new(&self.dom, entries).map_err(|e| FabricError::Os {
             call: e.call,
             source: e.source,
         })?;
-        Ok(Cq::new(
-            FabricKind::Verbs,
-            Box::new(cq::VerbsCq::new(self.shared.clone(), cq)),
-        ))
+        Ok(Cq::new(FabricKind::Verbs, Box::new(cq)))
     }
 }
 
-/// `cq` as a verbs CQ of the context `shared` belongs to.
-fn own_cq(shared: &Arc<Shared>, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
+/// [`check_caps`] against the device of the fabric with the largest limits: a request
+/// none of them can take fails at once, before any address is resolved.
+fn check_caps_any(dom: &Domain, caps: QpCaps) -> Result<(), String> {
+    let mut last = Ok(());
+    for sh in dom.per.iter() {
+        last = check_caps(sh, caps);
+        if last.is_ok() {
+            return last;
+        }
+    }
+    last
+}
+
+/// `cq` as a verbs CQ of the fabric `dom` belongs to.
+fn own_cq(dom: &Domain, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
     match cq.backend_arc().downcast::<cq::CqShare>() {
-        // The device's CQs take connections of every protection domain of it.
-        Ok(v) if Arc::ptr_eq(v.shared.pd.device(), shared.pd.device()) => Ok(v),
+        // The fabric's CQs take connections of every protection domain of it.
+        Ok(v) if v.is_of(&dom.devices) => Ok(v),
         Ok(_) => Err(FabricError::Cq {
-            reason: "the completion queue belongs to another verbs fabric (device context)".into(),
+            reason: "the completion queue belongs to another verbs fabric".into(),
         }),
         Err(_) => Err(FabricError::Cq {
             reason: format!(
@@ -352,5 +498,20 @@ fn own_cq(shared: &Arc<Shared>, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricEr
                 cq.kind()
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qp_tag;
+
+    #[test]
+    fn queue_pair_numbers_are_unique_across_devices() {
+        // Device 0's numbers are the device's own.
+        assert_eq!(qp_tag(0, 0x12), 0x12);
+        assert_ne!(qp_tag(1, 0x12), qp_tag(0, 0x12));
+        assert_eq!(qp_tag(1, 0x00ab_cdef), 0x01ab_cdef);
+        // No device's number reaches the "no queue pair" marker u32::MAX.
+        assert_ne!(qp_tag(254, 0x00ff_ffff), u32::MAX);
     }
 }

@@ -54,6 +54,9 @@ impl Fabric for RecordingFabric {
     fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
         self.lo.alloc_fast_mr(scope)
     }
+    fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
+        self.lo.alloc_fast_mr_on(scope, device)
+    }
     fn local_memory(
         &self,
         sge: &rtrs_spdk::fabric::Sge,

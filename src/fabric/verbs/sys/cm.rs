@@ -275,6 +275,18 @@ impl CmId {
         (!verbs.is_null()).then_some(verbs == dev.ctx)
     }
 
+    /// Whether librdmacm bound the id to a device (a wildcard listener is bound to none).
+    pub fn is_bound(&self) -> bool {
+        // SAFETY: the id is live; `verbs` is set by librdmacm once an address is bound.
+        !unsafe { (*self.raw).verbs }.is_null()
+    }
+
+    /// The device port the id is bound to (0 before it is bound).
+    pub fn port(&self) -> u8 {
+        // SAFETY: the id is live; `port_num` is plain data librdmacm sets when it binds.
+        unsafe { (*self.raw).port_num }
+    }
+
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the id is live; the source address storage is part of it and is at
         // least as large as any sockaddr its family names.

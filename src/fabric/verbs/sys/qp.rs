@@ -148,6 +148,7 @@ impl Cq {
         }))
     }
 
+    /// Whether `raw` (from an asynchronous event) names this CQ.
     /// The entries the device gave the CQ (at least the number asked for).
     pub fn entries(&self) -> u32 {
         // SAFETY: the CQ is live; `cqe` is set by ibv_create_cq.
@@ -155,7 +156,6 @@ impl Cq {
         cqe.max(0) as u32
     }
 
-    /// Whether `raw` (from an asynchronous event) names this CQ.
     pub fn is(&self, raw: usize) -> bool {
         self.raw as usize == raw
     }
@@ -232,18 +232,30 @@ struct Qp {
 }
 
 impl Qp {
-    /// Posts `reqs` (at most [`MAX_CHAIN`], each within the QP's SGE limit) as one chain.
-    fn post_chain(&mut self, reqs: &[SendReq<'_>]) -> Result<(), PostFailure> {
-        let n = reqs.len().min(MAX_CHAIN);
+    /// Posts `reqs` (at most [`MAX_CHAIN`], each within the QP's SGE limit) as one chain,
+    /// each SGE's key as `lkey` gives it. A request with a key `lkey` does not know is
+    /// refused (`EINVAL`), with the ones before it posted.
+    fn post_chain(
+        &mut self,
+        reqs: &[SendReq<'_>],
+        lkey: &mut dyn FnMut(u32) -> Option<u32>,
+    ) -> Result<(), PostFailure> {
+        let mut n = reqs.len().min(MAX_CHAIN);
+        let mut unknown_key = false;
         let per = self.caps.max_send_sge.max(1) as usize;
         let wr_base = self.send_wrs.as_mut_ptr();
         let sge_base = self.send_sges.as_mut_ptr();
-        for (i, req) in reqs[..n].iter().enumerate() {
+        'reqs: for (i, req) in reqs[..n].iter().enumerate() {
             for (j, s) in req.sges.iter().take(per).enumerate() {
+                let Some(key) = lkey(s.lkey) else {
+                    n = i;
+                    unknown_key = true;
+                    break 'reqs;
+                };
                 let sge = ffi::ibv_sge {
                     addr: s.addr,
                     length: s.len,
-                    lkey: s.lkey,
+                    lkey: key,
                 };
                 // SAFETY: i < MAX_CHAIN and j < per, so the slot is inside `send_sges`.
                 unsafe { sge_base.add(i * per + j).write(sge) };
@@ -260,8 +272,20 @@ impl Qp {
             // SAFETY: i < MAX_CHAIN: inside `send_wrs`.
             unsafe { wr_base.add(i).write(wr) };
         }
+        // The last request built links to the one that was refused: end the chain there.
+        if n > 0 && unknown_key {
+            // SAFETY: n - 1 < MAX_CHAIN: inside `send_wrs`, written above.
+            unsafe { (*wr_base.add(n - 1)).next = ptr::null_mut() };
+        }
         if n == 0 {
-            return Ok(());
+            return if unknown_key {
+                Err(PostFailure {
+                    index: 0,
+                    errno: libc::EINVAL,
+                })
+            } else {
+                Ok(())
+            };
         }
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live; the chain of `n` requests and their SGE lists are fully
@@ -283,6 +307,12 @@ impl Qp {
             return Err(PostFailure {
                 index: accepted,
                 errno: errno_of(ret),
+            });
+        }
+        if unknown_key {
+            return Err(PostFailure {
+                index: n,
+                errno: libc::EINVAL,
             });
         }
         Ok(())
@@ -420,7 +450,11 @@ impl Endpoint {
     /// Posts up to [`MAX_CHAIN`] send requests as one chain. A request with more SGEs
     /// than the QP allows is refused (with the ones before it posted). Windows bound by
     /// accepted requests record their new key and hold the region they were bound over.
-    pub fn post_send(&mut self, reqs: &[SendReq<'_>]) -> Result<(), PostFailure> {
+    pub fn post_send(
+        &mut self,
+        reqs: &[SendReq<'_>],
+        lkey: &mut dyn FnMut(u32) -> Option<u32>,
+    ) -> Result<(), PostFailure> {
         let Some(qp) = self.qp.as_mut() else {
             return Err(PostFailure {
                 index: 0,
@@ -433,7 +467,7 @@ impl Endpoint {
             .take(MAX_CHAIN)
             .position(|r| r.sges.len() > per)
             .unwrap_or(reqs.len().min(MAX_CHAIN));
-        qp.post_chain(&reqs[..n])?;
+        qp.post_chain(&reqs[..n], lkey)?;
         if n < reqs.len() {
             let errno = if n < MAX_CHAIN {
                 libc::EINVAL
@@ -445,15 +479,28 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Posts up to [`MAX_CHAIN`] receives as one chain.
-    pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostFailure> {
+    /// Posts up to [`MAX_CHAIN`] receives as one chain, each SGE's key as `lkey` gives
+    /// it; a receive with a key `lkey` does not know is refused (`EINVAL`), with the ones
+    /// before it posted.
+    pub fn post_recv(
+        &mut self,
+        wrs: &[RecvWr],
+        lkey: &mut dyn FnMut(u32) -> Option<u32>,
+    ) -> Result<(), PostFailure> {
         let Some(qp) = self.qp.as_mut() else {
             return Err(PostFailure {
                 index: 0,
                 errno: libc::ENOTCONN,
             });
         };
-        let n = wrs.len().min(MAX_CHAIN);
+        let mut n = wrs.len().min(MAX_CHAIN);
+        if let Some(bad) = wrs[..n]
+            .iter()
+            .position(|w| w.sge.is_some_and(|s| lkey(s.lkey).is_none()))
+        {
+            n = bad;
+        }
+        let unknown_key = n < wrs.len().min(MAX_CHAIN);
         let wr_base = qp.recv_wrs.as_mut_ptr();
         let sge_base = qp.recv_sges.as_mut_ptr();
         for (i, w) in wrs[..n].iter().enumerate() {
@@ -462,7 +509,7 @@ impl Endpoint {
                     let sge = ffi::ibv_sge {
                         addr: s.addr,
                         length: s.len,
-                        lkey: s.lkey,
+                        lkey: lkey(s.lkey).unwrap_or(s.lkey),
                     };
                     // SAFETY: i < MAX_CHAIN: inside `recv_sges`.
                     unsafe { sge_base.add(i).write(sge) };
@@ -497,6 +544,12 @@ impl Endpoint {
                     errno: errno_of(ret),
                 });
             }
+        }
+        if unknown_key {
+            return Err(PostFailure {
+                index: n,
+                errno: libc::EINVAL,
+            });
         }
         if n < wrs.len() {
             return Err(PostFailure {
