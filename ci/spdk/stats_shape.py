@@ -13,12 +13,14 @@ import sys
 
 INT = "int"
 STR = "str"
+OPT_STR = "str or null"
 INTS = [INT]
 
 RDMA = {k: INT for k in ("read_cnt", "read_bytes", "write_cnt", "write_bytes", "inflight",
                          "failover_cnt")}
 CLIENT_PATH = {
-    "path": STR, "state": STR, "cur_latency_ns": INT, "rdma": RDMA,
+    "path": STR, "state": STR, "failure": OPT_STR, "last_error": OPT_STR,
+    "cur_latency_ns": INT, "rdma": RDMA,
     "reconnects": {"successful": INT, "failed": INT},
     "cpu_migration_from": INTS, "cpu_migration_to": INTS, "sg_entries": INTS,
     "wc_completion": {"polls": INT, "completions": INT, "max_per_poll": INT},
@@ -46,6 +48,9 @@ def check(value, shape, where, errors):
     elif shape == STR:
         if not isinstance(value, str):
             errors.append("%s: expected a string, got %r" % (where, value))
+    elif shape == OPT_STR:
+        if value is not None and not isinstance(value, str):
+            errors.append("%s: expected a string or null, got %r" % (where, value))
     elif isinstance(shape, list):
         if not isinstance(value, list):
             errors.append("%s: expected an array, got %r" % (where, value))
