@@ -26,6 +26,8 @@
 #[allow(dead_code)]
 #[path = "util/cli.rs"]
 mod cli_util;
+// Not every OS fault is used here.
+#[allow(dead_code)]
 #[path = "util/fault.rs"]
 mod fault_util;
 

@@ -13,12 +13,16 @@ import sys
 
 INT = "int"
 STR = "str"
+OPT_STR = "str or null"
+OPT_INT = "int or null"
 INTS = [INT]
 
 RDMA = {k: INT for k in ("read_cnt", "read_bytes", "write_cnt", "write_bytes", "inflight",
                          "failover_cnt")}
 CLIENT_PATH = {
-    "path": STR, "state": STR, "cur_latency_ns": INT, "rdma": RDMA,
+    "path": STR, "state": STR, "hca_name": OPT_STR, "hca_port": OPT_INT,
+    "failure": OPT_STR, "last_error": OPT_STR,
+    "cur_latency_ns": INT, "rdma": RDMA,
     "reconnects": {"successful": INT, "failed": INT},
     "cpu_migration_from": INTS, "cpu_migration_to": INTS, "sg_entries": INTS,
     "wc_completion": {"polls": INT, "completions": INT, "max_per_poll": INT},
@@ -29,7 +33,7 @@ CLIENT_STATS = {"sessname": STR, "mp_policy": STR, "paths": [CLIENT_PATH]}
 TARGET_PATH = {
     "pathname": STR, "addr": STR, "state": STR, "cid_num": INT, "recon_cnt": INT,
     "read_cnt": INT, "read_bytes": INT, "write_cnt": INT, "write_bytes": INT,
-    "inflight": INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
+    "inflight": INT, "hca_name": OPT_STR, "hca_port": OPT_INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
     "handler_lat_sum_ns": INT, "handler_lat_us_log2": INTS,
 }
 TARGET_SESSION = {
@@ -46,6 +50,12 @@ def check(value, shape, where, errors):
     elif shape == STR:
         if not isinstance(value, str):
             errors.append("%s: expected a string, got %r" % (where, value))
+    elif shape == OPT_STR:
+        if value is not None and not isinstance(value, str):
+            errors.append("%s: expected a string or null, got %r" % (where, value))
+    elif shape == OPT_INT:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            errors.append("%s: expected an integer or null, got %r" % (where, value))
     elif isinstance(shape, list):
         if not isinstance(value, list):
             errors.append("%s: expected an array, got %r" % (where, value))

@@ -11,10 +11,9 @@ use std::sync::atomic::Ordering;
 
 use super::cross_core::{IoConn, Params, PathCmd, SessShared};
 use super::ctl::{ns, Ctl, PathCtl, PathProgress};
-use super::reconnect::ReconnectStep;
 use super::refusal::{reject_kind, reject_reason, RejectKind};
 use super::state::PathState;
-use crate::common::{random_u64, IuPool, LinkEvent, RtrsCon};
+use crate::common::{IuPool, LinkEvent, RtrsCon};
 use crate::engine::Ctx;
 use crate::fabric::{
     Access, CmEvent, Conn, Fabric, FabricError, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -55,6 +54,7 @@ impl Ctl {
 
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
+        pc.attempts = pc.attempts.saturating_add(1);
         let pd = self.conn_req(pc, 0);
         match self.fabric.connect(
             pc.shared.addr.dst,
@@ -88,6 +88,8 @@ impl Ctl {
             conns.iter_mut().for_each(RtrsCon::disconnect);
         }
         *lock(&pc.shared.failure) = Some(why.to_string());
+        *lock(&pc.shared.last_error) = Some(why.to_string());
+        pc.failed_in_row = pc.failed_in_row.saturating_add(1);
         pc.shared
             .home
             .reconnect_fail
@@ -108,6 +110,7 @@ impl Ctl {
             conns.iter_mut().for_each(RtrsCon::disconnect);
         }
         pc.phase = PathProgress::Idle;
+        pc.failed_in_row = pc.failed_in_row.saturating_add(1);
         pc.shared
             .home
             .reconnect_fail
@@ -115,33 +118,6 @@ impl Ctl {
         let _ = pc.shared.state.change(PathState::ConnectingErr);
         let _ = pc.shared.state.change(PathState::Reconnecting);
         self.schedule_reconnect(pc, now, false);
-    }
-
-    pub(super) fn schedule_reconnect(&mut self, pc: &mut PathCtl, now: u64, at_once: bool) {
-        if at_once {
-            pc.phase = PathProgress::Waiting { at: now };
-            return;
-        }
-        match pc.reconnect.next(random_u64()) {
-            ReconnectStep::After(d) => {
-                pc.phase = PathProgress::Waiting {
-                    at: now.saturating_add(ns(d)),
-                }
-            }
-            ReconnectStep::GiveUp => {
-                tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "no reconnect attempts left: path closed");
-                self.close_now(pc);
-            }
-        }
-    }
-
-    /// A path not connected and not in a teardown goes to Closed at once.
-    pub(super) fn close_now(&mut self, pc: &mut PathCtl) {
-        let _ = pc.shared.state.change(PathState::Closing);
-        if pc.shared.state.change(PathState::Closed).is_ok() {
-            self.sess.live_paths.fetch_sub(1, Ordering::AcqRel);
-        }
-        pc.phase = PathProgress::Idle;
     }
 
     pub(super) fn drive_connecting(&mut self, pc: &mut PathCtl, now: u64) -> bool {
@@ -373,18 +349,24 @@ impl Ctl {
         let mut wcs = [Wc::default(); 4];
         let mut info: Option<Vec<u8>> = None;
         let mut fail: Option<String> = None;
-        while let Some(ev) = conns[0].poll_cm() {
-            if matches!(ev, CmEvent::Disconnected | CmEvent::Error { .. }) {
-                fail = Some("cid 0 disconnected during the INFO exchange".into());
+        // Any connection of the path lost now fails the attempt here, rather than after
+        // its hand-over to its core.
+        for con in conns.iter_mut() {
+            while let Some(ev) = con.poll_cm() {
+                if matches!(ev, CmEvent::Disconnected | CmEvent::Error { .. }) {
+                    fail.get_or_insert_with(|| {
+                        format!("cid {} disconnected during the INFO exchange", con.cid())
+                    });
+                }
             }
         }
         let n = conns[0].poll(&mut wcs);
         for wc in &wcs[..n] {
             if !wc.status.is_ok() {
-                fail = Some(format!(
-                    "INFO exchange: {:?} completion {:?}",
-                    wc.opcode, wc.status
-                ));
+                // The first cause wins: a flush follows a disconnect seen above.
+                fail.get_or_insert_with(|| {
+                    format!("INFO exchange: {:?} completion {:?}", wc.opcode, wc.status)
+                });
             } else if wc.opcode == WcOpcode::Recv {
                 let mut b = vec![0u8; (wc.byte_len as usize).min(rsp.size())];
                 rsp.read(0, &mut b);
@@ -488,9 +470,10 @@ impl Ctl {
             }
         }
         self.params = Some(params);
-        if pc.shared.state.change(PathState::Connected).is_err() {
+        if let Err(e) = pc.shared.state.change(PathState::Connected) {
             con0.disconnect();
             pc.phase = PathProgress::Idle;
+            self.connect_failed(pc, now, &e.to_string());
             return;
         }
         for (core, io) in ios.into_iter().enumerate() {
@@ -500,7 +483,10 @@ impl Ctl {
                 conn: Box::new(io),
             });
         }
-        pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        if pc.attempts > 1 {
+            pc.shared.home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        pc.failed_in_row = 0;
         *lock(&pc.shared.last_error) = None;
         let hca = con0.conn().hca();
         let on = hca

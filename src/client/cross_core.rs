@@ -64,10 +64,11 @@ pub struct PathShared {
     pub stats_base: Mutex<Option<PathStats>>,
     /// The key that authenticates the path's connections (tcp fabric), if any.
     pub psk: Option<Psk>,
-    /// Why the path was closed for good without a reconnect (a failed authentication),
-    /// until a manual reconnect.
+    /// Why the path stopped trying until a manual reconnect (a failed authentication, or
+    /// no reconnect attempts left).
     pub failure: Mutex<Option<String>>,
-    /// Why the latest connection attempt failed (`None` once connected).
+    /// Why the latest connection attempt failed or the connection was lost (`None` once
+    /// connected).
     pub last_error: Mutex<Option<String>>,
     /// The RDMA device and port of the path's latest connection (the kernel's
     /// `hca_name`, `hca_port`); `None` before it or on the software fabrics.

@@ -90,6 +90,12 @@ pub(super) struct PathCtl {
     pub(super) phase: PathProgress,
     /// The latest attempt was refused with this errno, which a retry will not change.
     pub(super) refused: Option<Errno>,
+    /// Connection attempts started: an establishment by any but the first is a
+    /// successful reconnect.
+    pub(super) attempts: u64,
+    /// Attempts that failed since the path was last connected (or manually reconnected),
+    /// for the message of a path that gives up.
+    pub(super) failed_in_row: u32,
 }
 
 /// The home-core poller of a session.
@@ -160,6 +166,8 @@ impl Ctl {
             hb_next: 0,
             phase: PathProgress::Idle,
             refused: None,
+            attempts: 0,
+            failed_in_row: 0,
         };
         self.start_connect(&mut pc, now);
         self.paths[slot] = Some(pc);
@@ -206,6 +214,7 @@ impl Ctl {
             return;
         };
         pc.reconnect.reset();
+        pc.failed_in_row = 0;
         if then == After::ReconnectNow {
             *lock(&pc.shared.failure) = None;
         }

@@ -2,17 +2,20 @@
 //! kernel's `hb_work` and HB_ACK handling, docs/PROTOCOL.md §5), error recovery when cid 0,
 //! an IO connection or the heartbeat fails (`rtrs_rdma_error_recovery`, §6.1), and the
 //! teardown that asks every core to drop its connection and fail its requests over,
-//! then decides between reconnecting, closing and removing the path (§6.2–§6.4).
+//! then decides between reconnecting, closing and removing the path (§6.2–§6.4), as a
+//! failed connect sequence does too (scheduling the next attempt, or giving up).
 
 use std::sync::atomic::Ordering;
 
 use super::cross_core::PathCmd;
-use super::ctl::{After, Ctl, PathCtl, PathProgress};
+use super::ctl::{ns, After, Ctl, PathCtl, PathProgress};
+use super::reconnect::ReconnectStep;
 use super::state::PathState;
-use crate::common::{LinkEvent, RtrsCon};
+use crate::common::{random_u64, LinkEvent, RtrsCon};
 use crate::engine::Ctx;
 use crate::fabric::{CmEvent, RecvWr, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, RkeyRsp, HB_ACK_IMM, HB_MSG_IMM};
+use crate::sync::lock;
 
 impl Ctl {
     pub(super) fn drive_connected(&mut self, cx: &mut dyn Ctx, pc: &mut PathCtl, now: u64) -> bool {
@@ -111,6 +114,7 @@ impl Ctl {
         }
         if let Some(why) = err {
             tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "path error: {why}; failing over");
+            *lock(&pc.shared.last_error) = Some(format!("connection lost: {why}"));
             self.begin_teardown(cx, pc, After::Reconnect);
             return true;
         }
@@ -181,5 +185,49 @@ impl Ctl {
             }
         }
         false
+    }
+
+    pub(super) fn schedule_reconnect(&mut self, pc: &mut PathCtl, now: u64, at_once: bool) {
+        if at_once {
+            pc.phase = PathProgress::Waiting { at: now };
+            return;
+        }
+        match pc.reconnect.next(random_u64()) {
+            ReconnectStep::After(d) => {
+                pc.phase = PathProgress::Waiting {
+                    at: now.saturating_add(ns(d)),
+                }
+            }
+            ReconnectStep::GiveUp => self.give_up(pc),
+        }
+    }
+
+    /// No reconnect attempts left (`max_reconnect_attempts`): the path is closed until a
+    /// manual reconnect, and says so, with how many attempts failed and the last error
+    /// ([`super::Session::path_failure`], the statistics' `failure`).
+    fn give_up(&mut self, pc: &mut PathCtl) {
+        let last = lock(&pc.shared.last_error)
+            .clone()
+            .unwrap_or_else(|| "no error recorded".into());
+        let max = self.cfg.max_reconnect_attempts;
+        let why = match pc.failed_in_row {
+            0 => format!("not reconnected (max_reconnect_attempts {max}): {last}"),
+            1 => format!("gave up after 1 failed attempt (max_reconnect_attempts {max}): {last}"),
+            n => {
+                format!("gave up after {n} failed attempts (max_reconnect_attempts {max}): {last}")
+            }
+        };
+        tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "{why}; the path stays closed until a manual reconnect");
+        *lock(&pc.shared.failure) = Some(why);
+        self.close_now(pc);
+    }
+
+    /// A path not connected and not in a teardown goes to Closed at once.
+    pub(super) fn close_now(&mut self, pc: &mut PathCtl) {
+        let _ = pc.shared.state.change(PathState::Closing);
+        if pc.shared.state.change(PathState::Closed).is_ok() {
+            self.sess.live_paths.fetch_sub(1, Ordering::AcqRel);
+        }
+        pc.phase = PathProgress::Idle;
     }
 }

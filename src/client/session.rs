@@ -168,7 +168,7 @@ impl Session {
     }
 
     /// Every path that is not connected, with why its latest connection attempt failed
-    /// (paths still on their first attempt are left out).
+    /// or its connection was lost (paths still on their first attempt are left out).
     pub fn path_errors(&self) -> Vec<(PathAddr, String)> {
         self.sess
             .path_list()
@@ -189,8 +189,9 @@ impl Session {
             .map(|p| p.state.get())
     }
 
-    /// Why a path was closed for good without a reconnect (a failed authentication:
-    /// the same keys would fail the same way), until a manual reconnect.
+    /// Why a path stopped trying to connect, until a manual reconnect: a failed
+    /// authentication (the same keys would fail the same way), or no reconnect attempts
+    /// left (`max_reconnect_attempts`; the text says how many failed and the last error).
     pub fn path_failure(&self, addr: PathAddr) -> Option<String> {
         let list = self.sess.path_list();
         let p = list.iter().find(|p| p.addr == addr)?;
@@ -281,9 +282,11 @@ impl Session {
 /// A path's counters as its cores and home have them, not counting from a reset.
 fn raw_stats(p: &PathShared) -> PathStats {
     let cores: Vec<_> = p.core_stats.iter().collect();
+    let why = (lock(&p.failure).clone(), lock(&p.last_error).clone());
     let mut s = PathStats::collect(
         p.addr.to_string(),
         p.state.get().name().to_string(),
+        why,
         &p.home,
         &cores,
     );

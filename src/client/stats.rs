@@ -1,9 +1,14 @@
 //! Client statistics: the kernel's `rtrs-clt-stats.c` and sysfs `stats/` files
 //! (docs/PROTOCOL.md §8.1) — rdma read/write counts and bytes, in-flight, failover count,
-//! reconnects (successful starting at −1, failed), cpu migration from/to — plus what the
-//! kernel dropped and a polled engine gets nearly for free: sg entries per request,
-//! completions per poll (`wc_completion`), a per-IO latency histogram, and the
-//! heartbeat latency.
+//! reconnects (successful, failed), cpu migration from/to — plus what the kernel dropped
+//! and a polled engine gets nearly for free: sg entries per request, completions per poll
+//! (`wc_completion`), a per-IO latency histogram, the heartbeat latency, and why a path
+//! is down (its latest failure, and whether it stopped trying).
+//!
+//! Successful reconnects are counted when one happens: a connection established by any
+//! attempt but the path's first. The kernel instead starts `successful_cnt` at −1 and
+//! counts every establishment, which reads the same once a path connected at its first
+//! try, but −1 for a path that never connected; here no counter can go below zero.
 //!
 //! Counters of the data path live per (path, core) in `CoreStats`: only that core writes
 //! them (a relaxed load and store, no locked instruction); anyone may read them. A reset
@@ -13,7 +18,7 @@
 //! ([`ClientStats::to_json`]); the JSON names follow the kernel's sysfs files (`rdma`,
 //! `reconnects`, `wc_completion`).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Serialize, Serializer};
 
@@ -113,24 +118,15 @@ impl CoreStats {
 }
 
 /// Counters of a path kept by its home core.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct HomeStats {
-    /// Starts at −1 and counts every establishment, so it reads 0 after the first
-    /// connect (as the kernel prints it).
-    pub reconnect_ok: AtomicI64,
+    /// Connections established by an attempt other than the path's first (after a
+    /// failed attempt or a lost connection), counted as each happens.
+    pub reconnect_ok: AtomicU64,
+    /// Attempts that failed.
     pub reconnect_fail: AtomicU64,
     /// Last heartbeat round trip in ns (0 until the first ack).
     pub hb_latency_ns: AtomicU64,
-}
-
-impl Default for HomeStats {
-    fn default() -> Self {
-        HomeStats {
-            reconnect_ok: AtomicI64::new(-1),
-            reconnect_fail: AtomicU64::new(0),
-            hb_latency_ns: AtomicU64::new(0),
-        }
-    }
 }
 
 /// The kernel's `stats/rdma` values.
@@ -162,9 +158,16 @@ pub struct PathStats {
     /// `hca_port`); `None` on the software fabrics and before a connection.
     pub hca_name: Option<String>,
     pub hca_port: Option<u8>,
+    /// Why the path stopped trying until a manual reconnect: no reconnect attempts left
+    /// (`max_reconnect_attempts`), or a failed authentication. `None` otherwise.
+    pub failure: Option<String>,
+    /// Why its latest connection attempt failed, or why its connection was lost (`None`
+    /// while connected, and before anything failed).
+    pub last_error: Option<String>,
     pub cur_latency_ns: u64,
     pub rdma: RdmaStats,
-    pub reconnects_ok: i64,
+    /// Reconnects that succeeded (see the module doc: never below zero).
+    pub reconnects_ok: u64,
     pub reconnects_fail: u64,
     /// Per core.
     pub cpu_migration_from: Vec<u64>,
@@ -179,16 +182,20 @@ pub struct PathStats {
 }
 
 impl PathStats {
-    /// Sums the per-core counters of a path.
+    /// Sums the per-core counters of a path; `why` is its `failure` and `last_error`.
     pub(crate) fn collect(
         path: String,
         state: String,
+        why: (Option<String>, Option<String>),
         home: &HomeStats,
         cores: &[&CoreStats],
     ) -> PathStats {
+        let (failure, last_error) = why;
         let mut s = PathStats {
             path,
             state,
+            failure,
+            last_error,
             cur_latency_ns: home.hb_latency_ns.load(Ordering::Relaxed),
             reconnects_ok: home.reconnect_ok.load(Ordering::Relaxed),
             reconnects_fail: home.reconnect_fail.load(Ordering::Relaxed),
@@ -221,8 +228,8 @@ impl PathStats {
 
     /// What was counted since `base`, a snapshot of the same path taken at a reset (the
     /// kernel's `reset_all`). Gauges are not counts and stay as they are: in-flight, the
-    /// heartbeat latency, successful reconnects (the kernel's −1 start), and the most
-    /// completions one poll returned.
+    /// heartbeat latency and the most completions one poll returned; so do the path's
+    /// state and failures.
     pub fn since(mut self, base: &PathStats) -> PathStats {
         fn sub(a: &mut u64, b: u64) {
             *a = a.saturating_sub(b);
@@ -236,6 +243,7 @@ impl PathStats {
         sub(&mut r.write_cnt, b.write_cnt);
         sub(&mut r.write_bytes, b.write_bytes);
         sub(&mut r.failover_cnt, b.failover_cnt);
+        sub(&mut self.reconnects_ok, base.reconnects_ok);
         sub(&mut self.reconnects_fail, base.reconnects_fail);
         sub_all(&mut self.cpu_migration_from, &base.cpu_migration_from);
         sub_all(&mut self.cpu_migration_to, &base.cpu_migration_to);
@@ -274,6 +282,8 @@ struct PathJson<'a> {
     state: &'a str,
     hca_name: Option<&'a str>,
     hca_port: Option<u8>,
+    failure: Option<&'a str>,
+    last_error: Option<&'a str>,
     cur_latency_ns: u64,
     rdma: &'a RdmaStats,
     reconnects: ReconnectsJson,
@@ -287,7 +297,7 @@ struct PathJson<'a> {
 
 #[derive(Serialize)]
 struct ReconnectsJson {
-    successful: i64,
+    successful: u64,
     failed: u64,
 }
 
@@ -299,6 +309,8 @@ impl Serialize for PathStats {
             state,
             hca_name,
             hca_port,
+            failure,
+            last_error,
             cur_latency_ns,
             rdma,
             reconnects_ok,
@@ -315,6 +327,8 @@ impl Serialize for PathStats {
             state,
             hca_name: hca_name.as_deref(),
             hca_port: *hca_port,
+            failure: failure.as_deref(),
+            last_error: last_error.as_deref(),
             cur_latency_ns: *cur_latency_ns,
             rdma,
             reconnects: ReconnectsJson {
@@ -369,15 +383,12 @@ mod tests {
         let s = PathStats::collect(
             "127.0.0.1:1234".into(),
             "connected".into(),
+            (None, None),
             &home,
             &[&a, &b],
         );
         assert_eq!(s.rdma_line(), "2 1088 1 4128 0 1");
-        assert_eq!(
-            s.reconnects_line(),
-            "0 0",
-            "successful starts at -1 and reads 0 after the first connect"
-        );
+        assert_eq!(s.reconnects_line(), "1 0");
         assert_eq!(s.cpu_migration_from, vec![0, 0]);
         assert_eq!(s.wc_completion.polls, 2);
         assert_eq!(s.wc_completion.completions, 8);
@@ -399,7 +410,11 @@ mod tests {
         );
         assert!(j.contains("\"rdma\":{\"read_cnt\":2,\"read_bytes\":1088,\"write_cnt\":1,\"write_bytes\":4128,\"inflight\":0,\"failover_cnt\":1}"), "{j}");
         assert!(
-            j.contains("\"reconnects\":{\"successful\":0,\"failed\":0}"),
+            j.contains("\"reconnects\":{\"successful\":1,\"failed\":0}"),
+            "{j}"
+        );
+        assert!(
+            j.contains("\"state\":\"connected\",\"failure\":null,\"last_error\":null,"),
             "{j}"
         );
         assert!(j.ends_with("]}"));
@@ -409,17 +424,20 @@ mod tests {
     fn a_reset_counts_from_its_baseline_and_writes_no_counter() {
         let home = HomeStats::default();
         let c = CoreStats::default();
-        let snap = |c: &CoreStats| PathStats::collect("p".into(), "connected".into(), &home, &[c]);
+        let snap = |c: &CoreStats| {
+            PathStats::collect("p".into(), "connected".into(), (None, None), &home, &[c])
+        };
         c.on_post(true, 4096, 1);
         c.inflight.add(2);
         c.on_poll(7);
         c.on_latency(1500);
         home.reconnect_fail.fetch_add(3, Ordering::Relaxed);
+        home.reconnect_ok.fetch_add(2, Ordering::Relaxed);
         let base = snap(&c);
         // The reset: nothing counted since, gauges as they are.
         let s = snap(&c).since(&base);
         assert_eq!(s.rdma_line(), "0 0 0 0 2 0");
-        assert_eq!(s.reconnects_line(), "-1 0");
+        assert_eq!(s.reconnects_line(), "0 0");
         assert_eq!(s.latency_hist.iter().sum::<u64>(), 0);
         assert_eq!(s.sg_entries.iter().sum::<u64>(), 0);
         assert_eq!(
@@ -429,8 +447,10 @@ mod tests {
         // What comes after is counted from there; the core's own counters kept counting.
         c.on_post(false, 512, 2);
         c.on_latency(1500);
+        home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
         let s = snap(&c).since(&base);
         assert_eq!(s.rdma_line(), "1 512 0 0 2 0");
+        assert_eq!(s.reconnects_line(), "1 0");
         assert_eq!(s.latency_hist[lat_bucket(1500)], 1);
         assert_eq!(c.write_cnt.get(), 1, "the reset wrote no counter");
     }

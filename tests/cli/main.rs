@@ -1,8 +1,9 @@
 //! The built binaries (`rtrs-target`, `rtrs-bench`) run as a user runs them, on
 //! 127.0.0.x: real runs in every IO pattern, error messages, PSK files, host lists, a
-//! target restarting under load, floods of sessions and of idle sockets (with the tcp
-//! listener's admission caps they rely on). Failover under faults made by the operating
-//! system has a binary of its own (`tests/failover_os.rs`).
+//! path that never connects, a target restarting under load, floods of sessions and of
+//! idle sockets (with the tcp listener's admission caps they rely on). Paths broken by
+//! the operating system have binaries of their own: under load (`tests/failover_os.rs`)
+//! and at bring-up (`tests/bringup_os.rs`).
 //!
 //! One test binary; each module is one capability. Run one module with e.g.
 //! `cargo test --test cli run::`.
@@ -22,6 +23,7 @@ mod admission;
 mod errors;
 mod flood;
 mod hosts;
+mod paths;
 mod psk;
 mod restart;
 mod run;

@@ -1,7 +1,7 @@
 //! The RTRS client (`rtrs_spdk::client`) end to end: against a scripted server
 //! (`util::fake_server`) and the real server, on simulated reactors and on real
-//! threads; the per-core shared completion queue; a data path that never allocates; the
-//! statistics JSON. The client's pure pieces (permits, policies, path states, reconnect,
+//! threads; paths failing at each step of bring-up; the per-core shared completion
+//! queue; a data path that never allocates; the statistics JSON. The client's pure pieces (permits, policies, path states, reconnect,
 //! statistics) have unit tests in `src/client/`.
 //!
 //! One test binary; each module is one capability, `util` is their harness. Run one
@@ -18,6 +18,7 @@ mod counting;
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
 
+mod bringup;
 mod core_cq;
 mod fake;
 mod noalloc;

@@ -16,6 +16,8 @@ fn client_path(path: &str) -> ClientPath {
         state: "connected".into(),
         hca_name: Some("mlx5_1".into()),
         hca_port: Some(1),
+        failure: None,
+        last_error: Some("cid 0: \"reset\"".into()),
         cur_latency_ns: 1500,
         rdma: RdmaStats {
             read_cnt: 1,
@@ -25,7 +27,7 @@ fn client_path(path: &str) -> ClientPath {
             inflight: 5,
             failover_cnt: 6,
         },
-        reconnects_ok: -1,
+        reconnects_ok: 20,
         reconnects_fail: 7,
         cpu_migration_from: vec![8, 9],
         cpu_migration_to: vec![10, 11],
@@ -52,10 +54,11 @@ fn client_golden() {
         concat!(
             r#"{"sessname":"sess","mp_policy":"min-inflight","paths":[{"#,
             r#""path":"127.0.0.1:1@127.0.0.2:2","state":"connected","hca_name":"mlx5_1","#,
-            r#""hca_port":1,"cur_latency_ns":1500,"#,
+            r#""hca_port":1,"failure":null,"last_error":"cid 0: \"reset\"","#,
+            r#""cur_latency_ns":1500,"#,
             r#""rdma":{"read_cnt":1,"read_bytes":2,"write_cnt":3,"write_bytes":4,"#,
             r#""inflight":5,"failover_cnt":6},"#,
-            r#""reconnects":{"successful":-1,"failed":7},"#,
+            r#""reconnects":{"successful":20,"failed":7},"#,
             r#""cpu_migration_from":[8,9],"cpu_migration_to":[10,11],"sg_entries":[12,13],"#,
             r#""wc_completion":{"polls":14,"completions":15,"max_per_poll":16},"#,
             r#""latency_hist_log2_ns":[17,18],"direct_reads":19}]}"#,
@@ -72,6 +75,7 @@ fn client_escapes() {
         mp_policy: "round-robin".into(),
         paths: vec![ClientPath {
             state: format!("{NASTY}!"),
+            failure: Some(format!("{NASTY}?")),
             ..client_path(&format!("{NASTY}@x"))
         }],
     };
@@ -80,6 +84,7 @@ fn client_escapes() {
     assert_eq!(v["sessname"], NASTY, "{j}");
     assert_eq!(v["paths"][0]["path"], format!("{NASTY}@x"), "{j}");
     assert_eq!(v["paths"][0]["state"], format!("{NASTY}!"), "{j}");
+    assert_eq!(v["paths"][0]["failure"], format!("{NASTY}?"), "{j}");
     // Control characters never appear raw (JSON forbids them in strings).
     assert!(!j.chars().any(|c| (c as u32) < 0x20), "{j}");
 }

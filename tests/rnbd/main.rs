@@ -1,8 +1,8 @@
 //! RNBD (`rtrs_spdk::rnbd`) on top of RTRS: the server without a transport, the client
 //! device over a direct in-process port (`direct`), both end to end over loopback and
-//! tcp, host lists, refusals, IO waiting while a device is unreachable, write-zeroes and
-//! op 5 for every kernel version, exports changing while serving, and an IO path that
-//! never allocates.
+//! tcp, a path lost during the OPEN, host lists, refusals, IO waiting while a device is
+//! unreachable, write-zeroes and op 5 for every kernel version, exports changing while
+//! serving, and an IO path that never allocates.
 //!
 //! One test binary; each module is one capability, `direct` is the port the client
 //! tests share. Run one module with e.g. `cargo test --test rnbd wait::`.
@@ -23,6 +23,7 @@ mod legacy_client;
 #[path = "../util/rnbd_workload.rs"]
 mod rnbd_workload;
 
+mod bringup;
 mod client;
 mod direct;
 mod e2e;

@@ -1,6 +1,7 @@
 //! Faults made by the operating system, for the tests that break paths the way a user's
 //! network does: `ss -K` on a path's sockets (either side), an `nft` drop rule that makes
-//! a path silent (a table of its own, deleted when dropped), and a watch on how long
+//! a path silent (a table of its own, deleted when dropped) or holds a connection at a
+//! step of its set-up (rules on the segments' data), and a watch on how long
 //! processes waited for a CPU (a crowded machine can starve a heartbeat). Everything is
 //! narrowed to one address and port, so tests of others on the same machine are not
 //! touched.
@@ -67,6 +68,51 @@ impl Drop for Silence {
     fn drop(&mut self) {
         if let Err(e) = cmd("nft", &["delete", "table", "inet", &self.table], None) {
             eprintln!("failover_os: cannot delete nft table {}: {e}", self.table);
+        }
+    }
+}
+
+/// An nft table that drops, and counts, what a client sends to a listener when the
+/// segment's data matches (nft payload expressions on the data, `@ih,BIT,BITS VALUE`):
+/// a connection being set up is held at a known step (the tcp fabric's frames,
+/// `docs/tcp-fabric.md`). Deleted when dropped.
+pub struct Hold {
+    table: String,
+}
+
+impl Hold {
+    /// One rule per `(addr, port, match)`; `n` makes the table's name unique.
+    pub fn start(rules: &[(&str, u16, &str)], n: usize) -> Result<Hold, String> {
+        let table = format!("{NFT_PREFIX}{}_{n}", std::process::id());
+        let rules: String = rules
+            .iter()
+            .map(|(addr, port, m)| format!("  ip daddr {addr} tcp dport {port} {m} counter drop\n"))
+            .collect();
+        let script = format!(
+            "table inet {table} {{\n chain input {{\n  type filter hook input priority -10; policy accept;\n\
+             {rules} }}\n}}\n"
+        );
+        cmd("nft", &["-f", "-"], Some(&script))?;
+        Ok(Hold { table })
+    }
+
+    /// Packets each rule dropped so far, in the order given (empty if nft fails).
+    pub fn dropped(&self) -> Vec<u64> {
+        let out = cmd("nft", &["list", "table", "inet", &self.table], None).unwrap_or_default();
+        out.lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                w.by_ref().find(|w| *w == "packets")?;
+                w.next()?.parse().ok()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Err(e) = cmd("nft", &["delete", "table", "inet", &self.table], None) {
+            eprintln!("cannot delete nft table {}: {e}", self.table);
         }
     }
 }

@@ -414,8 +414,8 @@ impl Sess {
         }
     }
 
-    /// Why no path can ever connect as configured, when every path of the session was
-    /// refused for good (authentication failed).
+    /// Why no path can connect any more without a manual reconnect, when every path of
+    /// the session stopped trying (authentication failed, or no reconnect attempts left).
     pub fn refused(&self) -> Option<String> {
         let s = self.session.get()?;
         let why: Option<Vec<String>> = s.paths().iter().map(|(a, _)| s.path_failure(*a)).collect();

@@ -36,8 +36,14 @@
 //! verify mismatches, as text or (`--json`) one JSON object on stdout.
 //! SIGINT or SIGTERM ends the run early: what was measured is reported (a second one
 //! exits at once).
+//! A path that fails, while the session is being set up or later, is reconnected after
+//! `--reconnect-delay`, up to `--max-reconnect-attempts` times in a row (for ever by
+//! default); the summary warns about every `--path` not connected at the end, with why
+//! (`client_stats.paths[]` of the JSON has the same: `state`, `failure`, `last_error`),
+//! and `--require-all-paths` makes that a failure.
 //! Exit codes: 0 success, 1 IO errors / verify mismatches / target unreachable / device
-//! refused, 2 bad arguments, 130 interrupted.
+//! refused / a path not connected at the end with `--require-all-paths`, 2 bad arguments,
+//! 130 interrupted.
 
 // clap turns the argument docs into --help, where `[:PORT]` and the like are optional
 // parts of a value, not links.
@@ -52,6 +58,7 @@ mod progress;
 mod report;
 mod run;
 mod stamp;
+mod wait;
 mod worker;
 
 use std::process::ExitCode;
@@ -66,7 +73,7 @@ use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::ExportSpec;
-use rtrs_spdk::rnbd::client::{DeviceInfo, WriteZeroesMode, WriteZeroesParseError};
+use rtrs_spdk::rnbd::client::{WriteZeroesMode, WriteZeroesParseError};
 use rtrs_spdk::server::ServerConfig;
 
 use cli::target::{Listen, Target};
@@ -165,6 +172,17 @@ struct Args {
     /// most the delay itself).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = cli::duration_arg)]
     reconnect_delay: Duration,
+    /// Reconnect attempts in a row before a failed path is closed for good: -1 for ever,
+    /// 0 never (the kernel's max_reconnect_attempts). A path failing while the session is
+    /// set up counts alike.
+    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1..=9999))]
+    max_reconnect_attempts: i32,
+    /// Fail (exit code 1) when any --path is not connected at the end of the run (closed
+    /// after its reconnect attempts, or still reconnecting); the result is printed all
+    /// the same.
+    #[arg(long)]
+    require_all_paths: bool,
     /// How long each connection of the session and its handshake may take (a target
     /// closes connections slower than its --handshake-timeout, 5 s by default); mapping
     /// the device may take 5 s more.
@@ -387,6 +405,12 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         Some(_) => paths.iter().map(|a| format!("loopback:{a}")).collect(),
         None => args.path.iter().map(ToString::to_string).collect(),
     };
+    // Each path as the session's statistics name it, with how the user gave it.
+    let given: Vec<(String, String)> = paths
+        .iter()
+        .map(ToString::to_string)
+        .zip(path_text.iter().cloned())
+        .collect();
 
     let mode = if args.rw.writes() || args.verify || args.warmup_write {
         AccessMode::ReadWrite
@@ -424,8 +448,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     if let Some(psk) = &args.psk_file {
         ccfg.set_psk(psk);
     }
-    // No retry until the first connect: an unreachable target is reported at once.
-    ccfg.max_reconnect_attempts = 0;
+    // Every path is retried alike, while the session is set up and later; an unreachable
+    // target is still reported at once (`wait_device`).
+    ccfg.max_reconnect_attempts = args.max_reconnect_attempts;
     ccfg.reconnect_delay = args.reconnect_delay;
     ccfg.hb = cli::hb_config(args.heartbeat, args.heartbeat_missed);
     ccfg.reconnect_jitter = args.reconnect_delay.min(Duration::from_millis(200));
@@ -442,8 +467,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     td.session = Some(session.clone());
 
     let targets = path_text.join(", ");
-    let info = wait_device(&setup, &session, &stop, &targets, args.connect_timeout)?;
-    session.set_max_reconnect_attempts(-1);
+    let info = wait::device(&setup, &session, &stop, &targets, args.connect_timeout)?;
     if args.rw == Rw::Zero && u64::from(bs) > info.max_write_zeroes {
         return Err(failed(format!(
             "device '{device}' takes write-zeroes of at most {} bytes with --write-zeroes \
@@ -478,7 +502,9 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         }
     }
     progress.clear();
-    let client_stats = serde_json::to_value(session.stats()).unwrap_or(serde_json::Value::Null);
+    let stats = session.stats();
+    let paths_down = report::paths_down(&stats, &given);
+    let client_stats = serde_json::to_value(&stats).unwrap_or(serde_json::Value::Null);
     tracing::info!("client statistics: {client_stats}");
     td.finish();
 
@@ -501,13 +527,19 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         verify: args.verify,
         interrupted: stop.load(Ordering::Acquire),
         client_stats,
+        paths_down,
     };
     if args.json {
         println!("{}", report::json(&info, &totals));
+        // stdout is the JSON object alone; the warning of the text summary goes here.
+        if let Some(w) = report::paths_warning(&info) {
+            eprintln!("{PROG}: {w}");
+        }
     } else {
         print!("{}", report::text(&info, &totals));
     }
-    if totals.failed() {
+    let missing = args.require_all_paths && !info.paths_down.is_empty();
+    if totals.failed() || missing {
         let mut why = Vec::new();
         if totals.errors > 0 {
             why.push(format!(
@@ -522,6 +554,13 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
                 totals.first_bad.unwrap_or(0)
             ));
         }
+        if missing {
+            why.push(format!(
+                "{} of {} paths not connected at the end (--require-all-paths)",
+                info.paths_down.len(),
+                info.paths.len()
+            ));
+        }
         return Err(failed(why.join(", ")));
     }
     if stop.load(Ordering::Acquire) {
@@ -531,69 +570,4 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
         ));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Waits for core 0 to map the device: its limits, or why not (refused, unreachable,
-/// no answer in time, interrupted).
-fn wait_device(
-    setup: &Setup,
-    session: &Session,
-    stop: &AtomicBool,
-    targets: &str,
-    connect_timeout: Duration,
-) -> Result<DeviceInfo, Failure> {
-    let limit = Instant::now() + connect_timeout + Duration::from_secs(5);
-    loop {
-        if stop.load(Ordering::Acquire) {
-            return Err((String::from("interrupted"), EXIT_INTERRUPTED));
-        }
-        if let Some(r) = lock(&setup.opened).take() {
-            return r.map_err(|e| failed(format!("{e} (on {targets})")));
-        }
-        if let Some(r) = session.refusal() {
-            // Every path was refused for good: the OPEN fails with this too, but the
-            // paths may give up before core 0 has seen it.
-            return Err(failed(format!(
-                "open of device '{}': {r} (on {targets})",
-                setup.device
-            )));
-        }
-        let paths = session.paths();
-        if paths
-            .iter()
-            .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead))
-        {
-            // A path refused for good (authentication failed) says why.
-            let failures: Vec<String> = paths
-                .iter()
-                .filter_map(|(a, _)| session.path_failure(*a))
-                .collect();
-            if !failures.is_empty() {
-                return Err(failed(format!(
-                    "cannot connect to {targets}: {}",
-                    failures.join("; ")
-                )));
-            }
-            let why: Vec<String> = session
-                .path_errors()
-                .iter()
-                .map(|(p, e)| format!("{p}: {e}"))
-                .collect();
-            return Err(failed(format!(
-                "cannot connect to {targets}: {} (is rtrs-target running there?)",
-                if why.is_empty() {
-                    "connection failed".to_string()
-                } else {
-                    why.join("; ")
-                }
-            )));
-        }
-        if Instant::now() > limit {
-            return Err(failed(format!(
-                "no answer from {targets} within {connect_timeout:?}: the device '{}' was not mapped",
-                setup.device
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }

@@ -4,6 +4,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use rtrs_spdk::client::{ClientStats, PathState};
+
 use crate::hist::Hist;
 use crate::worker::CoreReport;
 
@@ -30,6 +32,47 @@ pub struct RunInfo {
     /// The session's statistics at the end of the run, as JSON (per path: state,
     /// counters, failovers onto it, reconnects).
     pub client_stats: serde_json::Value,
+    /// The paths not connected at the end of the run, one description each
+    /// ([`paths_down`]).
+    pub paths_down: Vec<String>,
+}
+
+/// The paths of `given` (each as the statistics name it, and as the user gave it) not
+/// connected in `stats`, in the order given: `path K (URL) STATE (WHY)`, where WHY is
+/// why the path stopped trying (`failure`) or else its latest error.
+pub fn paths_down(stats: &ClientStats, given: &[(String, String)]) -> Vec<String> {
+    let connected = PathState::Connected.name();
+    given
+        .iter()
+        .enumerate()
+        .filter_map(|(k, (name, url))| {
+            let Some(p) = stats.paths.iter().find(|p| p.path == *name) else {
+                return Some(format!("path {} ({url}) gone", k + 1));
+            };
+            if p.state == connected {
+                return None;
+            }
+            let why = match (&p.failure, &p.last_error) {
+                (Some(f), _) => format!(" ({f})"),
+                (None, Some(e)) => format!(" (last error: {e})"),
+                (None, None) => String::new(),
+            };
+            Some(format!("path {} ({url}) {}{why}", k + 1, p.state))
+        })
+        .collect()
+}
+
+/// The warning about paths not connected at the end, if any.
+pub fn paths_warning(info: &RunInfo) -> Option<String> {
+    if info.paths_down.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "warning: {} of {} paths not connected at the end: {}",
+        info.paths_down.len(),
+        info.paths.len(),
+        info.paths_down.join("; ")
+    ))
 }
 
 /// The sum of the cores' reports.
@@ -173,6 +216,9 @@ pub fn text(info: &RunInfo, t: &Totals) -> String {
         }
     }
     o.push('\n');
+    if let Some(w) = paths_warning(info) {
+        let _ = writeln!(o, "  {w}");
+    }
     o
 }
 
@@ -290,6 +336,7 @@ mod tests {
             verify: false,
             interrupted: false,
             client_stats: serde_json::Value::Null,
+            paths_down: Vec::new(),
         }
     }
 
@@ -352,5 +399,57 @@ mod tests {
         assert_eq!(v["first_bad_offset"], 8192);
         assert!(v["lat_max_us"].as_f64().is_some_and(|x| x > 0.0), "{s}");
         assert_eq!(v.as_object().map(|o| o.len()), Some(34), "{s}");
+    }
+
+    /// A path not connected at the end is named in the text summary with why; a
+    /// connected one is not; the JSON keeps its keys.
+    #[test]
+    fn paths_not_connected_are_named_with_why() {
+        use rtrs_spdk::client::stats::PathStats;
+        let path = |name: &str, state: &str, failure: Option<&str>, last: Option<&str>| PathStats {
+            path: name.into(),
+            state: state.into(),
+            failure: failure.map(Into::into),
+            last_error: last.map(Into::into),
+            ..PathStats::default()
+        };
+        let stats = ClientStats {
+            sessname: "s".into(),
+            mp_policy: "min-inflight".into(),
+            paths: vec![
+                path("127.0.0.1:1", "connected", None, None),
+                path(
+                    "127.0.0.2:2",
+                    "closed",
+                    Some("gave up after 3 failed attempts (max_reconnect_attempts 2): refused"),
+                    Some("refused"),
+                ),
+                path("127.0.0.3:3", "reconnecting", None, Some("cid 0: reset")),
+            ],
+        };
+        let given: Vec<(String, String)> = ["127.0.0.1:1", "127.0.0.2:2", "127.0.0.3:3"]
+            .iter()
+            .map(|a| (a.to_string(), format!("tcp://{a}")))
+            .collect();
+        let down = paths_down(&stats, &given);
+        assert_eq!(
+            down,
+            [
+                "path 2 (tcp://127.0.0.2:2) closed (gave up after 3 failed attempts \
+                 (max_reconnect_attempts 2): refused)",
+                "path 3 (tcp://127.0.0.3:3) reconnecting (last error: cid 0: reset)",
+            ]
+        );
+        let mut i = info();
+        i.paths = given.iter().map(|g| g.1.clone()).collect();
+        i.paths_down = down;
+        let t = text(&i, &totals());
+        assert!(
+            t.contains("warning: 2 of 3 paths not connected at the end: path 2 (tcp://127.0.0.2:2) closed (gave up after 3"),
+            "{t}"
+        );
+        assert!(!text(&info(), &totals()).contains("warning"));
+        let v: serde_json::Value = serde_json::from_str(&json(&i, &totals())).unwrap();
+        assert_eq!(v.as_object().map(|o| o.len()), Some(34));
     }
 }

@@ -147,6 +147,20 @@ impl LoopbackFabric {
         self.faults_between(conn.local_addr()?, conn.peer_addr()?)
     }
 
+    /// The fault controls of the connecting end of every live connection to `listen` (a
+    /// listener's address), oldest first: a whole path of a session, for tests that
+    /// break one (the acceptor's ends are their [`Faults::peer`]).
+    pub fn faults_to(&self, listen: SocketAddr) -> Vec<Faults> {
+        let names = self.inner.names();
+        names
+            .links
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|link| link.addrs[SERVER] == listen)
+            .map(|link| Faults::new(link, CLIENT))
+            .collect()
+    }
+
     /// The fault controls of the end at `local` of the connection between `local` and
     /// `peer` (the newest such connection still alive).
     pub fn faults_between(&self, local: SocketAddr, peer: SocketAddr) -> Option<Faults> {

@@ -65,6 +65,28 @@ pub struct FakeServer {
     pub reject_errno: i32,
     /// Connection requests seen, accepted or not.
     pub requests: u64,
+    /// Break a path at a step of its bring-up (loopback only).
+    pub bringup_fault: Option<BringUpFault>,
+    /// Bring-up faults injected so far.
+    pub faults_hit: u32,
+}
+
+/// Where in a path's bring-up [`FakeServer::bringup_fault`] breaks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BringUpStep {
+    /// Right after accepting connection `cid` (answered, then broken at once).
+    Accepted(u16),
+    /// On INFO_REQ: every connection of the path breaks instead of an answer.
+    InfoReq,
+}
+
+/// Breaks every connection of path `path` at `step`, the next `times` times the path
+/// gets there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BringUpFault {
+    pub path: usize,
+    pub step: BringUpStep,
+    pub times: u32,
 }
 
 /// Protocol violations the server can commit once.
@@ -128,6 +150,8 @@ impl FakeServer {
             reject_next: 0,
             reject_errno: -6,
             requests: 0,
+            bringup_fault: None,
+            faults_hit: 0,
         };
         for _ in 0..n {
             let l = s
@@ -154,6 +178,18 @@ impl FakeServer {
             if let Some(f) = self.lo.as_ref().and_then(|lo| lo.faults(c.con.conn())) {
                 f.break_now();
             }
+        }
+    }
+
+    /// Whether path `path` is to break at `step` now (and counts it).
+    fn fault_due(&mut self, path: usize, step: BringUpStep) -> bool {
+        match &mut self.bringup_fault {
+            Some(f) if f.path == path && f.step == step && f.times > 0 => {
+                f.times -= 1;
+                self.faults_hit += 1;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -249,6 +285,9 @@ impl FakeServer {
                     alive: true,
                     info,
                 });
+                if self.fault_due(li, BringUpStep::Accepted(cr.cid)) {
+                    self.break_path(li);
+                }
             }
         }
         let mut wcs = [Wc::default(); 32];
@@ -280,6 +319,11 @@ impl FakeServer {
             WcOpcode::Recv if wc.wr_id == 1 => {
                 // INFO_REQ: answer with one descriptor covering all chunks.
                 self.stats.info += 1;
+                let li = self.conns[ci].listener;
+                if self.fault_due(li, BringUpStep::InfoReq) {
+                    self.break_path(li);
+                    return;
+                }
                 let mr = self.chunks.as_ref().unwrap();
                 let desc = SgDesc {
                     addr: mr.addr(),
