@@ -3,7 +3,8 @@
 # a dummy interface, the kernel's RTRS/RNBD modules) with the project's binaries from the
 # host. One line per check in $OUT/results.txt: "PASS name: detail" or "FAIL name: detail",
 # then "DONE". Logs as $OUT/<name>.*.log, the kernel log of a group as $OUT/<group>.dmesg.
-# Every wait is bounded; nothing here asserts on speed.
+# Every wait is bounded and waits for a state (wait_for), never for a fixed time; nothing
+# here asserts on speed.
 set -u
 . "$RTRS_KVM_WORK/guest.env"
 R=$OUT/results.txt
@@ -25,6 +26,21 @@ check() { # NAME RC DETAIL
 	if [[ $2 == 0 ]]; then pass "$1" "$3"; else fail "$1" "$3"; fi
 }
 want() { [[ $ONLY == all || ",$ONLY," == *",$1,"* ]]; }
+wait_for() { # [-p PID] SECONDS CMD...: runs CMD every 0.2 s until it succeeds (0); 1 once
+	# SECONDS have passed, 2 once PID (the process the state belongs to) has exited
+	local pid="" end
+	if [[ $1 == -p ]]; then
+		pid=$2
+		shift 2
+	fi
+	end=$((SECONDS + $1))
+	shift
+	until "$@"; do
+		[[ -z $pid ]] || kill -0 "$pid" 2>/dev/null || return 2
+		((SECONDS < end)) || return 1
+		sleep 0.2
+	done
+}
 finish() {
 	echo DONE >>"$R"
 	sync
@@ -41,17 +57,15 @@ log "kernel $(uname -r); binaries $BIN; groups $ONLY"
 for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm "dummy numdummies=0" loop; do
 	"${MP[@]}" $m || log "modprobe $m failed"
 done
+port_active() { ibv_devinfo -d "$1" 2>/dev/null | grep -q PORT_ACTIVE; }
 ip link set lo up
 ip link add dummy0 type dummy &&
 	ip addr add $IP1/24 dev dummy0 &&
 	ip addr add $IP2/24 dev dummy0 &&
 	ip link set dummy0 up &&
 	rdma link add rxe0 type rxe netdev dummy0 >"$OUT/setup.log" 2>&1
-for _ in $(seq 50); do
-	ibv_devinfo -d rxe0 2>/dev/null | grep -q PORT_ACTIVE && break
-	sleep 0.2
-done
-if ! ibv_devinfo -d rxe0 2>>"$OUT/setup.log" | grep -q PORT_ACTIVE; then
+if ! wait_for 10 port_active rxe0; then
+	ibv_devinfo -d rxe0 >>"$OUT/setup.log" 2>&1
 	fail setup "rxe0 did not come up on dummy0 (see setup.log)"
 	finish
 fi
@@ -90,19 +104,13 @@ start_target() { # NAME ARGS...: rtrs-target on core 0, waits for "target ready"
 	shift
 	"$TGT" "$@" -m 0x1 --idle adaptive -v >"$OUT/$name.target.log" 2>&1 &
 	TPID=$!
-	for _ in $(seq 600); do
-		grep -q "target ready" "$OUT/$name.target.log" && return 0
-		kill -0 $TPID 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
+	wait_for -p $TPID 60 grep -q "target ready" "$OUT/$name.target.log"
 }
 stop_target() { # NAME: SIGINT; a target that does not exit within 20 s fails NAME
 	[[ -n $TPID ]] || return 0
 	kill -INT $TPID 2>/dev/null
-	local i rc
-	for i in $(seq 200); do kill -0 $TPID 2>/dev/null || break; sleep 0.1; done
-	if kill -0 $TPID 2>/dev/null; then
+	local rc
+	if ! wait_for 20 gone $TPID; then
 		kill -KILL $TPID
 		wait $TPID 2>/dev/null
 		fail "$1" "rtrs-target still running 20 s after SIGINT"
@@ -113,6 +121,7 @@ stop_target() { # NAME: SIGINT; a target that does not exit within 20 s fails NA
 	fi
 	TPID=""
 }
+gone() { ! kill -0 "$1" 2>/dev/null; } # PID
 bench() { # NAME ARGS...: rtrs-bench on core 1; its status
 	local name=$1
 	shift
@@ -125,28 +134,48 @@ bench_row() { # NAME ARGS...
 	bench "$name" "$@"
 	check "$name" $? "$(summary "$OUT/$name.log")"
 }
+# The --json report in a bench log (its last line that is a JSON object; log lines may be
+# beside it): "reconnects errors mismatches", the reconnects summed over the paths.
+cat >"$TMPD/bench_json.py" <<'EOF'
+import json, sys
+mode, log = sys.argv[1], sys.argv[2]
+d = None
+for line in open(log, errors="replace"):
+    if line.startswith("{"):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            pass
+if d is None:
+    print("no JSON report in " + log.rsplit("/", 1)[-1])
+    sys.exit(1)
+paths = (d.get("client_stats") or {}).get("paths") or []
+if mode == "mp":
+    print(sum(p["reconnects"]["successful"] for p in paths), d["errors"], d["verify_mismatches"])
+    sys.exit(0)
+EOF
+bench_json() { python3 "$TMPD/bench_json.py" "$@" 2>&1 | tail -n 1 | cut -c1-400; return "${PIPESTATUS[0]}"; }
 
 # ---- the kernel's client -------------------------------------------------------------------
+rnbd_new() { # BEFORE: the first /dev/rnbd* not in BEFORE, when its node exists
+	local p
+	p=$(comm -13 <(echo "$1") <(ls /sys/block | grep '^rnbd' | sort) | head -n 1)
+	[[ -n $p && -b /dev/$p ]] && echo "/dev/$p"
+}
 map() { # SESSNAME DEVICE PATH...: maps /dev/rnbd*; echoes the device
-	local sess=$1 dev=$2 paths="" p before after
+	local sess=$1 dev=$2 paths="" p before
 	shift 2
 	for p in "$@"; do paths="$paths path=ip:$p"; done
 	before=$(ls /sys/block | grep '^rnbd' | sort)
 	echo "sessname=$sess$paths device_path=$dev" >$RNBD_CTL || return 1
-	for _ in $(seq 100); do
-		after=$(ls /sys/block | grep '^rnbd' | sort)
-		p=$(comm -13 <(echo "$before") <(echo "$after") | head -n 1)
-		[[ -n $p && -b /dev/$p ]] && echo "/dev/$p" && return 0
-		sleep 0.2
-	done
-	return 1
+	wait_for 20 rnbd_new "$before" >/dev/null && rnbd_new "$before"
 }
 unmap() { # /dev/rnbdN
 	local n=${1#/dev/}
 	echo normal >"/sys/block/$n/rnbd/unmap_device" || return 1
-	for _ in $(seq 50); do [[ -b $1 ]] || return 0; sleep 0.2; done
-	return 1
+	wait_for 10 not_blk "$1"
 }
+not_blk() { [[ ! -b $1 ]]; }
 dd_check() { # DEV NAME: 16 MiB in 1 MiB direct writes read back, then 4 KiB at odd offsets
 	local dev=$1 name=$2
 	dd if=/dev/urandom of="$TMPD/pat" bs=1M count=16 status=none
@@ -168,6 +197,35 @@ fio_row() { # NAME DEV BS RW DEPTH SIZE
 	check "$1" $? "$(grep -E '^ +(read|write):' "$OUT/$1.log" | tr -s ' ' | tr '\n' ';' | cut -c1-160)"
 }
 path_state() { cat "$1/state" 2>/dev/null; }
+path_is() { [[ $(path_state "$1") == "$2" ]]; } # PATHDIR STATE
+# Writes a block device (NAME, rnbd0) has completed (/sys/block/NAME/stat's fifth field),
+# and whether that grew past a count: IO is running on it.
+blk_writes() { awk '{print $5}' "/sys/block/$1/stat" 2>/dev/null; }
+blk_written() { (($(blk_writes "$1") > $2)); } # NAME COUNT
+# The kernel server's side (rtrs-srv-sysfs.c): a session's path directory exists while the
+# path is connected; its stats/rdma reads "read_cnt read_bytes write_cnt write_bytes".
+srv_paths() { ls -d "/sys/class/rtrs-server/$1/paths/"* 2>/dev/null; } # SESSNAME
+srv_hcas() { # SESSNAME: the hca_name of every connected path, sorted, on one line
+	local p
+	for p in $(srv_paths "$1"); do cat "$p/hca_name" 2>/dev/null; done | sort | tr '\n' ' ' | sed 's/ $//'
+}
+srv_io_running() { # SESSNAME PATHS BYTES: PATHS paths connected, each has carried IO, and
+	# all of them together were written more than BYTES (past a prefill of BYTES)
+	local p n=0 written=0 rc rb wc wb
+	for p in $(srv_paths "$1"); do
+		read -r rc rb wc wb 2>/dev/null <"$p/stats/rdma" || return 1
+		((rc + wc > 0)) || return 1
+		written=$((written + wb))
+		n=$((n + 1))
+	done
+	((n == $2 && written > $3))
+}
+no_server_session() { [[ -z $(ls /sys/class/rtrs-server 2>/dev/null) ]]; }
+rmmod_server() { # LOG: once the kernel server has no session left (bounded), unloads it
+	wait_for 30 no_server_session ||
+		echo "sessions left after 30 s: $(ls /sys/class/rtrs-server | tr '\n' ' ')" >>"$1"
+	rmmod rnbd_server rtrs_server >>"$1" 2>&1
+}
 server_cut() { # SESSNAME LOG: the kernel server drops the session's first path (sysfs
 	# "disconnect"); echoes the path's name, or nothing when there was none to cut
 	local p
@@ -176,18 +234,13 @@ server_cut() { # SESSNAME LOG: the kernel server drops the session's first path 
 	log "server disconnected $(basename "$p")" >&2 # stdout is the answer
 	basename "$p"
 }
-wait_connected() { # SESSNAME SECONDS: every path of the kernel client's session connected
-	local p ok
-	for _ in $(seq $(($2 * 5))); do
-		ok=1
-		for p in /sys/class/rtrs-client/$1/paths/*; do
-			[[ $(path_state "$p") == connected ]] || ok=0
-		done
-		((ok)) && return 0
-		sleep 0.2
+all_connected() { # SESSNAME: every path of the kernel client's session connected
+	local p
+	for p in /sys/class/rtrs-client/$1/paths/*; do
+		path_is "$p" connected || return 1
 	done
-	return 1
 }
+wait_connected() { wait_for "$2" all_connected "$1"; } # SESSNAME SECONDS
 
 # ---- groups ---------------------------------------------------------------------------------
 if want verbs; then
@@ -242,8 +295,7 @@ if want to-kernel; then
 		bench_row to-kernel.flush "${D[@]}" --size 8M --rw flush --qd 2 --time 2s
 		bench_row to-kernel.trim "${D[@]}" --size 8M --rw trim --bs 64K --qd 4 --time 2s --verify
 		bench_row to-kernel.zero-emulate "${D[@]}" --size 8M --rw zero --write-zeroes emulate --bs 64K --qd 4 --time 2s --verify
-		sleep 1
-		rmmod rnbd_server rtrs_server >"$OUT/to-kernel.rmmod.log" 2>&1
+		rmmod_server "$OUT/to-kernel.rmmod.log"
 		check to-kernel.sessions-closed $? "the kernel's server unloads (every session of ours gone)"
 	else
 		fail to-kernel "rnbd_server did not load"
@@ -302,38 +354,55 @@ if want multipath; then
 		bench mp.to-kernel --path rdma://$IP1 --path rdma://$IP2 --sessname mp1 --device "$LOOPNAME" \
 			--size 8M --rw randrw --bs 4K --qd 16 --time 12s --verify --json --reconnect-delay 1s &
 		BP=$!
-		sleep 4
-		P1=$(server_cut mp1 "$OUT/mp.to-kernel.sysfs.log")
+		# The cut waits for both paths connected on the server, IO on each, and the 8 MiB
+		# prefill written (the measured run has begun).
+		P1=""
+		wait_for -p $BP 120 srv_io_running mp1 2 $((8 << 20))
+		up=$?
+		((up == 0)) && P1=$(server_cut mp1 "$OUT/mp.to-kernel.sysfs.log")
 		wait $BP
 		rc=$?
-		recon=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["reconnects"]["successful"] for p in d["client_stats"]["paths"]), d["errors"], d["verify_mismatches"])' \
-			"$OUT/mp.to-kernel.log" 2>/dev/null)
+		recon=$(bench_json mp "$OUT/mp.to-kernel.log")
 		if [[ $rc == 0 && -n $P1 && ${recon%% *} -ge 1 ]]; then
 			pass mp.to-kernel "2 paths, one disconnected by the kernel's server and reconnected; reconnects, errors, mismatches: $recon"
 		else
-			fail mp.to-kernel "rc $rc, path ${P1:-none found}, reconnects/errors/mismatches: ${recon:-?}"
+			case $up in
+			0) why="path ${P1:-cut failed}" ;;
+			1) why="no path cut: the server's session did not have 2 paths with IO running within 120 s (paths: $(srv_hcas mp1))" ;;
+			*) why="no path cut: the bench ended before 2 paths ran IO" ;;
+			esac
+			fail mp.to-kernel "rc $rc, $why, reconnects/errors/mismatches: ${recon:-?}"
 		fi
-		sleep 1
-		rmmod rnbd_server rtrs_server 2>>"$OUT/mp.to-kernel.sysfs.log"
+		rmmod_server "$OUT/mp.to-kernel.sysfs.log"
 	else
 		fail mp.to-kernel "rnbd_server did not load"
 	fi
 	"${MP[@]}" rnbd_client
 	if start_target mp.from-kernel --listen rdma://$IP1 --listen rdma://$IP2 --export vol=ram:256M &&
 		DEV=$(map mp2 vol $IP1 $IP2); then
+		# Once fio's writes complete, one path is disconnected; once more writes complete
+		# over the other, it is reconnected. Each step waits for its state (bounded).
+		N=${DEV#/dev/}
+		W=$(blk_writes "$N")
 		fio_verify mp.from-kernel "$DEV" 4k randwrite 16 48M &
 		FP=$!
-		sleep 3
 		P1=$(ls -d /sys/class/rtrs-client/mp2/paths/* | head -n 1)
-		echo 1 >"$P1/disconnect"
-		log "client disconnected $(basename "$P1"): $(path_state "$P1")"
-		sleep 3
-		echo 1 >"$P1/reconnect"
-		log "client reconnected $(basename "$P1"): $(path_state "$P1")"
+		steps=""
+		if wait_for -p $FP 120 blk_written "$N" "$W"; then
+			echo 1 >"$P1/disconnect"
+			wait_for 30 path_is "$P1" disconnected && steps="disconnected"
+			log "client disconnected $(basename "$P1"): $(path_state "$P1")"
+			W=$(blk_writes "$N")
+			wait_for -p $FP 60 blk_written "$N" "$W" && steps="$steps, IO on the other path"
+			echo 1 >"$P1/reconnect"
+			wait_for 60 path_is "$P1" connected && steps="$steps, reconnected"
+			log "client reconnected $(basename "$P1"): $(path_state "$P1")"
+		fi
 		wait $FP
 		rc=$?
-		wait_connected mp2 30
-		check mp.from-kernel $((rc + $?)) "fio verify over 2 paths with one disconnected and reconnected: $(grep -E '^ +(read|write):' "$OUT/mp.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
+		wait_connected mp2 30 || rc=$((rc + 1))
+		[[ $steps == "disconnected, IO on the other path, reconnected" ]] || rc=$((rc + 1))
+		check mp.from-kernel $rc "fio verify over 2 paths with one disconnected and reconnected (${steps:-fio wrote nothing within 120 s}): $(grep -E '^ +(read|write):' "$OUT/mp.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
 		unmap "$DEV"
 	else
 		fail mp.from-kernel "rtrs-target or map_device failed"
@@ -379,16 +448,13 @@ EOF
 		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/bdev.json" \
 			-q 16 -o 4096 -w verify -t 10 >"$OUT/spdk.bdev-to-kernel.log" 2>&1 &
 		BP=$!
+		# The cut once the IO runs: bdevperf says so, and the server's path has carried
+		# reads and writes.
 		CUT=
-		for ((i = 0; i < 1200; i++)); do
-			kill -0 $BP 2>/dev/null || break
-			if grep -q "Running I/O" "$OUT/spdk.bdev-to-kernel.log"; then
-				sleep 3
-				CUT=$(server_cut spdk1 "$OUT/spdk.bdev-to-kernel.sysfs.log")
-				break
-			fi
-			sleep 0.1
-		done
+		if wait_for -p $BP 120 grep -q "Running I/O" "$OUT/spdk.bdev-to-kernel.log" &&
+			wait_for -p $BP 60 srv_io_running spdk1 1 0; then
+			CUT=$(server_cut spdk1 "$OUT/spdk.bdev-to-kernel.sysfs.log")
+		fi
 		wait $BP
 		rc=$?
 		# The Total line: IOPS > 0 and no failed IO (Fail/s). bdevperf's progress line ends
@@ -401,8 +467,7 @@ EOF
 		# Disconnected, then connected again (the first connect and at least one more).
 		[[ -n $CUT && $errs -ge 1 && $conns -ge 2 ]] || ok=1
 		check spdk.bdev-to-kernel $((rc + ok)) "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server, its path disconnected by the server once (exit status $rc; path ${CUT:-not disconnected}; path errors $errs, connects $conns): $(grep -E '^ *Total' "$TMPD/bdevperf.txt" | tail -n 1 | tr -s ' ')"
-		sleep 1
-		rmmod rnbd_server rtrs_server 2>/dev/null
+		rmmod_server "$OUT/spdk.bdev-to-kernel.sysfs.log"
 		"${MP[@]}" rnbd_client
 		if app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" &&
 			rpc tgt bdev_malloc_create -b malloc0 64 512 >/dev/null &&
