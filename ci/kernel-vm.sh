@@ -253,9 +253,13 @@ if ((failed > 0)); then
 			echo "  -- $(basename "$f") (last 25 lines)"
 			tail -n 25 "$f" | sed 's/^/    /'
 		done
-		if [[ -f "$OUT/$name.dmesg" ]]; then
-			echo "  -- dmesg (RTRS, RNBD, rxe and warnings)"
-			grep -iE 'rtrs|rnbd|rxe|warning|bug|error|fail' "$OUT/$name.dmesg" | tail -n 25 | sed 's/^/    /'
+		# The kernel log is the group's: a row's name starts with its group (mp. and dev.
+		# are multipath's and devices').
+		g=${name%%.*}
+		case $g in mp) g=multipath ;; dev) g=devices ;; esac
+		if [[ -f "$OUT/$g.dmesg" ]]; then
+			echo "  -- dmesg of $g (RTRS, RNBD, rxe and warnings)"
+			grep -iE 'rtrs|rnbd|rxe|warning|bug|error|fail' "$OUT/$g.dmesg" | tail -n 25 | sed 's/^/    /'
 		fi
 	done
 	grep -A40 '^FAIL guest' "$R" | tail -n +2 || true
