@@ -6,14 +6,17 @@
 # tree from Debian's linux-source, and runs the matrix of docs/INTEROP.md in one boot:
 # the verbs conformance suite, ours <-> ours, ours -> the kernel's rnbd-server, the
 # kernel's rnbd-client -> ours, both multipath directions with a path broken and
-# restored under verify, and (where SPDK is found) the SPDK plugin both ways. Ends with
+# restored under verify, (where SPDK is found) the SPDK plugin both ways, and two paths
+# on two Soft-RoCE devices (rxe0 on dummy0, rxe1 on dummy1) with dummy1 taken down and
+# up under verify, each way and with SPDK. Ends with
 # "interop: N passed, M failed" and the logs and dmesg of every failure.
 #
 #   ci/kernel-vm.sh [--release] [--only GROUPS] [--keep]
 #
 #   --release   test release binaries (built here); default: the debug binaries that
 #               `cargo test` builds (built here when missing)
-#   --only      comma-separated groups: verbs,loop,to-kernel,from-kernel,multipath,spdk
+#   --only      comma-separated groups: verbs,loop,to-kernel,from-kernel,multipath,spdk,
+#               devices
 #   --keep      keep the guest's output directory (always kept on failure)
 #
 # Environment: RTRS_KVM_WORK (work directory; default target/kernel-vm), RTRS_KVM_MEM
@@ -162,7 +165,7 @@ BIN=$REPO/target/$PROFILE
 
 SPDK=""
 PLUGIN=""
-if [[ ",$ONLY," == *",all,"* || ",$ONLY," == *",spdk,"* ]]; then
+if [[ ",$ONLY," =~ ,(all|spdk|devices), ]]; then
 	. ci/spdk/lib.sh
 	SPDK_DIR=$(spdk_find)
 	if [[ -n "$SPDK_DIR" ]] && spdk_setup_paths >/dev/null 2>&1; then
@@ -250,9 +253,13 @@ if ((failed > 0)); then
 			echo "  -- $(basename "$f") (last 25 lines)"
 			tail -n 25 "$f" | sed 's/^/    /'
 		done
-		if [[ -f "$OUT/$name.dmesg" ]]; then
-			echo "  -- dmesg (RTRS, RNBD, rxe and warnings)"
-			grep -iE 'rtrs|rnbd|rxe|warning|bug|error|fail' "$OUT/$name.dmesg" | tail -n 25 | sed 's/^/    /'
+		# The kernel log is the group's: a row's name starts with its group (mp. and dev.
+		# are multipath's and devices').
+		g=${name%%.*}
+		case $g in mp) g=multipath ;; dev) g=devices ;; esac
+		if [[ -f "$OUT/$g.dmesg" ]]; then
+			echo "  -- dmesg of $g (RTRS, RNBD, rxe and warnings)"
+			grep -iE 'rtrs|rnbd|rxe|warning|bug|error|fail' "$OUT/$g.dmesg" | tail -n 25 | sed 's/^/    /'
 		fi
 	done
 	grep -A40 '^FAIL guest' "$R" | tail -n +2 || true

@@ -1,17 +1,20 @@
 #!/bin/bash
 # The interop matrix, run inside the guest of ci/kernel-vm.sh (Debian's kernel, Soft-RoCE on
-# a dummy interface, the kernel's RTRS/RNBD modules) with the project's binaries from the
+# two dummy interfaces, the kernel's RTRS/RNBD modules) with the project's binaries from the
 # host. One line per check in $OUT/results.txt: "PASS name: detail" or "FAIL name: detail",
 # then "DONE". Logs as $OUT/<name>.*.log, the kernel log of a group as $OUT/<group>.dmesg.
-# Every wait is bounded; nothing here asserts on speed.
+# Every wait is bounded and waits for a state (wait_for), never for a fixed time; nothing
+# here asserts on speed.
 set -u
 . "$RTRS_KVM_WORK/guest.env"
 R=$OUT/results.txt
 : >"$R"
 exec > >(tee "$OUT/guest.log") 2>&1
 
-IP1=10.99.0.1
+IP1=10.99.0.1 # dummy0, rxe0
 IP2=10.99.0.2
+IP3=10.99.1.1 # dummy1, rxe1 (the devices group)
+IP4=10.99.1.2
 TGT=$BIN/rtrs-target
 BENCH=$BIN/rtrs-bench
 RNBD_CTL=/sys/devices/virtual/rnbd-client/ctl/map_device
@@ -25,6 +28,21 @@ check() { # NAME RC DETAIL
 	if [[ $2 == 0 ]]; then pass "$1" "$3"; else fail "$1" "$3"; fi
 }
 want() { [[ $ONLY == all || ",$ONLY," == *",$1,"* ]]; }
+wait_for() { # [-p PID] SECONDS CMD...: runs CMD every 0.2 s until it succeeds (0); 1 once
+	# SECONDS have passed, 2 once PID (the process the state belongs to) has exited
+	local pid="" end
+	if [[ $1 == -p ]]; then
+		pid=$2
+		shift 2
+	fi
+	end=$((SECONDS + $1))
+	shift
+	until "$@"; do
+		[[ -z $pid ]] || kill -0 "$pid" 2>/dev/null || return 2
+		((SECONDS < end)) || return 1
+		sleep 0.2
+	done
+}
 finish() {
 	echo DONE >>"$R"
 	sync
@@ -36,26 +54,29 @@ printf '#!/bin/sh\nexec /sbin/modprobe -d %s "$@"\n' "$MODROOT" >/run/modprobe
 chmod +x /run/modprobe
 echo /run/modprobe >/proc/sys/kernel/modprobe
 
-# ---- set-up: rxe0 on dummy0, which holds both of the guest's addresses -------------------
+# ---- set-up: rxe0 on dummy0 ($IP1, $IP2) and rxe1 on dummy1 ($IP3, $IP4) -----------------
 log "kernel $(uname -r); binaries $BIN; groups $ONLY"
 for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm "dummy numdummies=0" loop; do
 	"${MP[@]}" $m || log "modprobe $m failed"
 done
+port_active() { ibv_devinfo -d "$1" 2>/dev/null | grep -q PORT_ACTIVE; }
 ip link set lo up
-ip link add dummy0 type dummy &&
-	ip addr add $IP1/24 dev dummy0 &&
-	ip addr add $IP2/24 dev dummy0 &&
-	ip link set dummy0 up &&
-	rdma link add rxe0 type rxe netdev dummy0 >"$OUT/setup.log" 2>&1
-for _ in $(seq 50); do
-	ibv_devinfo -d rxe0 2>/dev/null | grep -q PORT_ACTIVE && break
-	sleep 0.2
+: >"$OUT/setup.log"
+for d in "0 $IP1 $IP2" "1 $IP3 $IP4"; do
+	set -- $d
+	ip link add dummy$1 type dummy &&
+		ip addr add $2/24 dev dummy$1 &&
+		ip addr add $3/24 dev dummy$1 &&
+		ip link set dummy$1 up &&
+		rdma link add rxe$1 type rxe netdev dummy$1 >>"$OUT/setup.log" 2>&1
 done
-if ! ibv_devinfo -d rxe0 2>>"$OUT/setup.log" | grep -q PORT_ACTIVE; then
-	fail setup "rxe0 did not come up on dummy0 (see setup.log)"
+set --
+if ! wait_for 10 port_active rxe0 || ! wait_for 10 port_active rxe1; then
+	ibv_devinfo >>"$OUT/setup.log" 2>&1
+	fail setup "rxe0 on dummy0 and rxe1 on dummy1 did not both come up (see setup.log)"
 	finish
 fi
-pass setup "rxe0 on dummy0 ($IP1, $IP2)"
+pass setup "rxe0 on dummy0 ($IP1, $IP2), rxe1 on dummy1 ($IP3, $IP4)"
 dmesg -C
 
 # A 256 MiB loop device over tmpfs for the kernel's server: it takes discards and
@@ -90,19 +111,13 @@ start_target() { # NAME ARGS...: rtrs-target on core 0, waits for "target ready"
 	shift
 	"$TGT" "$@" -m 0x1 --idle adaptive -v >"$OUT/$name.target.log" 2>&1 &
 	TPID=$!
-	for _ in $(seq 600); do
-		grep -q "target ready" "$OUT/$name.target.log" && return 0
-		kill -0 $TPID 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
+	wait_for -p $TPID 60 grep -q "target ready" "$OUT/$name.target.log"
 }
 stop_target() { # NAME: SIGINT; a target that does not exit within 20 s fails NAME
 	[[ -n $TPID ]] || return 0
 	kill -INT $TPID 2>/dev/null
-	local i rc
-	for i in $(seq 200); do kill -0 $TPID 2>/dev/null || break; sleep 0.1; done
-	if kill -0 $TPID 2>/dev/null; then
+	local rc
+	if ! wait_for 20 gone $TPID; then
 		kill -KILL $TPID
 		wait $TPID 2>/dev/null
 		fail "$1" "rtrs-target still running 20 s after SIGINT"
@@ -111,6 +126,13 @@ stop_target() { # NAME: SIGINT; a target that does not exit within 20 s fails NA
 		rc=$?
 		check "$1" $rc "rtrs-target exited with $rc on SIGINT"
 	fi
+	TPID=""
+}
+gone() { ! kill -0 "$1" 2>/dev/null; } # PID
+drop_target() { # a target that did not start: reaped (killed if it still runs), no row
+	[[ -n $TPID ]] || return 0
+	kill -KILL $TPID 2>/dev/null
+	wait $TPID 2>/dev/null
 	TPID=""
 }
 bench() { # NAME ARGS...: rtrs-bench on core 1; its status
@@ -125,28 +147,72 @@ bench_row() { # NAME ARGS...
 	bench "$name" "$@"
 	check "$name" $? "$(summary "$OUT/$name.log")"
 }
+# The --json report in a bench log (its last line that is a JSON object; -v puts log lines
+# beside it), checked as MODE says; prints the figures, fails when the check does not hold.
+#   mp:   "reconnects errors mismatches" summed over the paths (the caller judges)
+#   devs: two paths, one on rxe0 and one on rxe1; errors and mismatches 0; the rxe1 path
+#         reconnected at least once and is connected at the end
+cat >"$TMPD/bench_json.py" <<'EOF'
+import json, sys
+mode, log = sys.argv[1], sys.argv[2]
+d = None
+for line in open(log, errors="replace"):
+    if line.startswith("{"):
+        try:
+            d = json.loads(line)
+        except ValueError:
+            pass
+if d is None:
+    print("no JSON report in " + log.rsplit("/", 1)[-1])
+    sys.exit(1)
+paths = (d.get("client_stats") or {}).get("paths") or []
+if mode == "mp":
+    print(sum(p["reconnects"]["successful"] for p in paths), d["errors"], d["verify_mismatches"])
+    sys.exit(0)
+why = []
+if d["errors"] != 0 or d["verify_mismatches"] != 0:
+    why.append("IO failed")
+hcas = sorted(str(p.get("hca_name")) for p in paths)
+if hcas != ["rxe0", "rxe1"]:
+    why.append("paths' hca_name %s, not rxe0 and rxe1" % hcas)
+r1 = [p for p in paths if p.get("hca_name") == "rxe1"]
+if len(r1) == 1 and (r1[0]["reconnects"]["successful"] < 1 or r1[0]["state"] != "connected"):
+    why.append("the rxe1 path did not reconnect and end connected")
+desc = "; ".join("%s %s:%s %s, reconnects %s/%s" % (p.get("path"), p.get("hca_name"), p.get("hca_port"),
+                 p.get("state"), p["reconnects"]["successful"], p["reconnects"]["failed"]) for p in paths)
+print("%s%s IOPS, %s MiB/s, errors %s, mismatches %s; paths: %s" % (
+    "FAILED (" + ", ".join(why) + "): " if why else "", d["iops"], d["mib_s"], d["errors"],
+    d["verify_mismatches"], desc or "none"))
+sys.exit(1 if why else 0)
+EOF
+bench_json() { python3 "$TMPD/bench_json.py" "$@" 2>&1 | tail -n 1 | cut -c1-400; return "${PIPESTATUS[0]}"; }
 
 # ---- the kernel's client -------------------------------------------------------------------
-map() { # SESSNAME DEVICE PATH...: maps /dev/rnbd*; echoes the device
-	local sess=$1 dev=$2 paths="" p before after
+rnbd_new() { # BEFORE: the first /dev/rnbd* not in BEFORE, when its node exists
+	local p
+	p=$(comm -13 <(echo "$1") <(ls /sys/block | grep '^rnbd' | sort) | head -n 1)
+	[[ -n $p && -b /dev/$p ]] && echo "/dev/$p"
+}
+map() { # SESSNAME DEVICE PATH...: maps /dev/rnbd*; echoes the device. A PATH is DST or
+	# SRC@DST (IPv4 addresses; the kernel wants "ip:SRC@ip:DST")
+	local sess=$1 dev=$2 paths="" p before
 	shift 2
-	for p in "$@"; do paths="$paths path=ip:$p"; done
+	for p in "$@"; do
+		case $p in
+		*@*) paths="$paths path=ip:${p%@*}@ip:${p#*@}" ;;
+		*) paths="$paths path=ip:$p" ;;
+		esac
+	done
 	before=$(ls /sys/block | grep '^rnbd' | sort)
 	echo "sessname=$sess$paths device_path=$dev" >$RNBD_CTL || return 1
-	for _ in $(seq 100); do
-		after=$(ls /sys/block | grep '^rnbd' | sort)
-		p=$(comm -13 <(echo "$before") <(echo "$after") | head -n 1)
-		[[ -n $p && -b /dev/$p ]] && echo "/dev/$p" && return 0
-		sleep 0.2
-	done
-	return 1
+	wait_for 20 rnbd_new "$before" >/dev/null && rnbd_new "$before"
 }
 unmap() { # /dev/rnbdN
 	local n=${1#/dev/}
 	echo normal >"/sys/block/$n/rnbd/unmap_device" || return 1
-	for _ in $(seq 50); do [[ -b $1 ]] || return 0; sleep 0.2; done
-	return 1
+	wait_for 10 not_blk "$1"
 }
+not_blk() { [[ ! -b $1 ]]; }
 dd_check() { # DEV NAME: 16 MiB in 1 MiB direct writes read back, then 4 KiB at odd offsets
 	local dev=$1 name=$2
 	dd if=/dev/urandom of="$TMPD/pat" bs=1M count=16 status=none
@@ -168,6 +234,54 @@ fio_row() { # NAME DEV BS RW DEPTH SIZE
 	check "$1" $? "$(grep -E '^ +(read|write):' "$OUT/$1.log" | tr -s ' ' | tr '\n' ';' | cut -c1-160)"
 }
 path_state() { cat "$1/state" 2>/dev/null; }
+path_is() { [[ $(path_state "$1") == "$2" ]]; } # PATHDIR STATE
+# Writes a block device (NAME, rnbd0) has completed (/sys/block/NAME/stat's fifth field),
+# and whether that grew past a count: IO is running on it.
+blk_writes() { awk '{print $5}' "/sys/block/$1/stat" 2>/dev/null; }
+blk_written() { (($(blk_writes "$1") > $2)); } # NAME COUNT
+# The kernel server's side (rtrs-srv-sysfs.c): a session's path directory exists while the
+# path is connected; its stats/rdma reads "read_cnt read_bytes write_cnt write_bytes".
+srv_paths() { ls -d "/sys/class/rtrs-server/$1/paths/"* 2>/dev/null; } # SESSNAME
+srv_hcas() { # SESSNAME: the hca_name of every connected path, sorted, on one line
+	local p
+	for p in $(srv_paths "$1"); do cat "$p/hca_name" 2>/dev/null; done | sort | tr '\n' ' ' | sed 's/ $//'
+}
+srv_io_running() { # SESSNAME PATHS BYTES: PATHS paths connected, each has carried IO, and
+	# all of them together were written more than BYTES (past a prefill of BYTES)
+	local p n=0 written=0 rc rb wc wb
+	for p in $(srv_paths "$1"); do
+		read -r rc rb wc wb 2>/dev/null <"$p/stats/rdma" || return 1
+		((rc + wc > 0)) || return 1
+		written=$((written + wb))
+		n=$((n + 1))
+	done
+	((n == $2 && written > $3))
+}
+srv_written() { # SESSNAME BYTES: the session's paths together were written more than BYTES
+	local p total=0 rc rb wc wb
+	for p in $(srv_paths "$1"); do
+		read -r rc rb wc wb 2>/dev/null <"$p/stats/rdma" && total=$((total + wb))
+	done
+	((total > $2))
+}
+no_server_session() { [[ -z $(ls /sys/class/rtrs-server 2>/dev/null) ]]; }
+rmmod_server() { # LOG: once the kernel server has no session left (bounded), unloads it
+	wait_for 30 no_server_session ||
+		echo "sessions left after 30 s: $(ls /sys/class/rtrs-server | tr '\n' ' ')" >>"$1"
+	rmmod rnbd_server rtrs_server >>"$1" 2>&1
+}
+srv_on_both() { # SESSNAME: a path on each device; SRV_SEEN: the devices last seen while
+	# the session had a path
+	local h
+	h=$(srv_hcas "$1")
+	[[ -n $h ]] && SRV_SEEN=$h
+	[[ $h == "rxe0 rxe1" ]]
+}
+srv_both_io() { srv_on_both "$1" && srv_written "$1" 0; } # SESSNAME: ... and IO runs
+clt_hcas() { # SESSNAME: the hca_name of every path of the kernel client's session, sorted
+	local p
+	for p in /sys/class/rtrs-client/$1/paths/*; do cat "$p/hca_name" 2>/dev/null; done | sort | tr '\n' ' ' | sed 's/ $//'
+}
 server_cut() { # SESSNAME LOG: the kernel server drops the session's first path (sysfs
 	# "disconnect"); echoes the path's name, or nothing when there was none to cut
 	local p
@@ -176,18 +290,13 @@ server_cut() { # SESSNAME LOG: the kernel server drops the session's first path 
 	log "server disconnected $(basename "$p")" >&2 # stdout is the answer
 	basename "$p"
 }
-wait_connected() { # SESSNAME SECONDS: every path of the kernel client's session connected
-	local p ok
-	for _ in $(seq $(($2 * 5))); do
-		ok=1
-		for p in /sys/class/rtrs-client/$1/paths/*; do
-			[[ $(path_state "$p") == connected ]] || ok=0
-		done
-		((ok)) && return 0
-		sleep 0.2
+all_connected() { # SESSNAME: every path of the kernel client's session connected
+	local p
+	for p in /sys/class/rtrs-client/$1/paths/*; do
+		path_is "$p" connected || return 1
 	done
-	return 1
 }
+wait_connected() { wait_for "$2" all_connected "$1"; } # SESSNAME SECONDS
 
 # ---- groups ---------------------------------------------------------------------------------
 if want verbs; then
@@ -242,8 +351,7 @@ if want to-kernel; then
 		bench_row to-kernel.flush "${D[@]}" --size 8M --rw flush --qd 2 --time 2s
 		bench_row to-kernel.trim "${D[@]}" --size 8M --rw trim --bs 64K --qd 4 --time 2s --verify
 		bench_row to-kernel.zero-emulate "${D[@]}" --size 8M --rw zero --write-zeroes emulate --bs 64K --qd 4 --time 2s --verify
-		sleep 1
-		rmmod rnbd_server rtrs_server >"$OUT/to-kernel.rmmod.log" 2>&1
+		rmmod_server "$OUT/to-kernel.rmmod.log"
 		check to-kernel.sessions-closed $? "the kernel's server unloads (every session of ours gone)"
 	else
 		fail to-kernel "rnbd_server did not load"
@@ -302,38 +410,55 @@ if want multipath; then
 		bench mp.to-kernel --path rdma://$IP1 --path rdma://$IP2 --sessname mp1 --device "$LOOPNAME" \
 			--size 8M --rw randrw --bs 4K --qd 16 --time 12s --verify --json --reconnect-delay 1s &
 		BP=$!
-		sleep 4
-		P1=$(server_cut mp1 "$OUT/mp.to-kernel.sysfs.log")
+		# The cut waits for both paths connected on the server, IO on each, and the 8 MiB
+		# prefill written (the measured run has begun).
+		P1=""
+		wait_for -p $BP 120 srv_io_running mp1 2 $((8 << 20))
+		up=$?
+		((up == 0)) && P1=$(server_cut mp1 "$OUT/mp.to-kernel.sysfs.log")
 		wait $BP
 		rc=$?
-		recon=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(p["reconnects"]["successful"] for p in d["client_stats"]["paths"]), d["errors"], d["verify_mismatches"])' \
-			"$OUT/mp.to-kernel.log" 2>/dev/null)
+		recon=$(bench_json mp "$OUT/mp.to-kernel.log")
 		if [[ $rc == 0 && -n $P1 && ${recon%% *} -ge 1 ]]; then
 			pass mp.to-kernel "2 paths, one disconnected by the kernel's server and reconnected; reconnects, errors, mismatches: $recon"
 		else
-			fail mp.to-kernel "rc $rc, path ${P1:-none found}, reconnects/errors/mismatches: ${recon:-?}"
+			case $up in
+			0) why="path ${P1:-cut failed}" ;;
+			1) why="no path cut: the server's session did not have 2 paths with IO running within 120 s (paths: $(srv_hcas mp1))" ;;
+			*) why="no path cut: the bench ended before 2 paths ran IO" ;;
+			esac
+			fail mp.to-kernel "rc $rc, $why, reconnects/errors/mismatches: ${recon:-?}"
 		fi
-		sleep 1
-		rmmod rnbd_server rtrs_server 2>>"$OUT/mp.to-kernel.sysfs.log"
+		rmmod_server "$OUT/mp.to-kernel.sysfs.log"
 	else
 		fail mp.to-kernel "rnbd_server did not load"
 	fi
 	"${MP[@]}" rnbd_client
 	if start_target mp.from-kernel --listen rdma://$IP1 --listen rdma://$IP2 --export vol=ram:256M &&
 		DEV=$(map mp2 vol $IP1 $IP2); then
+		# Once fio's writes complete, one path is disconnected; once more writes complete
+		# over the other, it is reconnected. Each step waits for its state (bounded).
+		N=${DEV#/dev/}
+		W=$(blk_writes "$N")
 		fio_verify mp.from-kernel "$DEV" 4k randwrite 16 48M &
 		FP=$!
-		sleep 3
 		P1=$(ls -d /sys/class/rtrs-client/mp2/paths/* | head -n 1)
-		echo 1 >"$P1/disconnect"
-		log "client disconnected $(basename "$P1"): $(path_state "$P1")"
-		sleep 3
-		echo 1 >"$P1/reconnect"
-		log "client reconnected $(basename "$P1"): $(path_state "$P1")"
+		steps=""
+		if wait_for -p $FP 120 blk_written "$N" "$W"; then
+			echo 1 >"$P1/disconnect"
+			wait_for 30 path_is "$P1" disconnected && steps="disconnected"
+			log "client disconnected $(basename "$P1"): $(path_state "$P1")"
+			W=$(blk_writes "$N")
+			wait_for -p $FP 60 blk_written "$N" "$W" && steps="$steps, IO on the other path"
+			echo 1 >"$P1/reconnect"
+			wait_for 60 path_is "$P1" connected && steps="$steps, reconnected"
+			log "client reconnected $(basename "$P1"): $(path_state "$P1")"
+		fi
 		wait $FP
 		rc=$?
-		wait_connected mp2 30
-		check mp.from-kernel $((rc + $?)) "fio verify over 2 paths with one disconnected and reconnected: $(grep -E '^ +(read|write):' "$OUT/mp.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
+		wait_connected mp2 30 || rc=$((rc + 1))
+		[[ $steps == "disconnected, IO on the other path, reconnected" ]] || rc=$((rc + 1))
+		check mp.from-kernel $rc "fio verify over 2 paths with one disconnected and reconnected (${steps:-fio wrote nothing within 120 s}): $(grep -E '^ +(read|write):' "$OUT/mp.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
 		unmap "$DEV"
 	else
 		fail mp.from-kernel "rtrs-target or map_device failed"
@@ -343,25 +468,42 @@ if want multipath; then
 	clean multipath "$OUT"/mp.*.log
 fi
 
-if want spdk; then
-	SPDK_WHY=""
-	if [[ -z ${SPDK_DIR:-} ]]; then
-		SPDK_WHY="SPDK not found on the host (SPDK_DIR, /opt/spdk)"
-	else
-		LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib "$SPDK_DIR/build/bin/spdk_tgt" -h >/dev/null 2>&1
-		# SIGILL: built for instructions QEMU's TCG does not emulate (AVX-512 and up).
-		[[ $? == 132 ]] && SPDK_WHY="SPDK at $SPDK_DIR uses instructions the guest's CPU lacks (built with -march=native on an AVX-512 host?): build it with ./configure --target-arch=x86-64-v2 for this test"
+# Sets SPDK_WHY: why SPDK cannot run in the guest (empty when it can); the first call sets
+# SPDK up. Not in $(...): what it sets must stay.
+SPDK_WHY=unset
+spdk_check() {
+	if [[ $SPDK_WHY == unset ]]; then
+		SPDK_WHY=""
+		if [[ -z ${SPDK_DIR:-} ]]; then
+			SPDK_WHY="SPDK not found on the host (SPDK_DIR, /opt/spdk)"
+		else
+			LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib "$SPDK_DIR/build/bin/spdk_tgt" -h >/dev/null 2>&1
+			# SIGILL: built for instructions QEMU's TCG does not emulate (AVX-512 and up).
+			[[ $? == 132 ]] && SPDK_WHY="SPDK at $SPDK_DIR uses instructions the guest's CPU lacks (built with -march=native on an AVX-512 host?): build it with ./configure --target-arch=x86-64-v2 for this test"
+		fi
+		if [[ -z $SPDK_WHY ]]; then
+			. "$REPO/ci/spdk/lib.sh"
+			APP_DIR=$TMPD/spdk
+			apps_init
+			spdk_setup_paths
+			APP_START_WAIT=1200
+			MEM=(--no-huge -s 1024 --disable-cpumask-locks)
+		fi
 	fi
+}
+# bdevperf's Total line: IOPS > 0 and no failed IO (Fail/s). Its progress line ends in
+# carriage returns, which may lead the summary lines: read them as line ends.
+bdevperf_ok() { # LOG TXT: TXT gets the log with line ends
+	tr '\r' '\n' <"$1" >"$2"
+	awk '$1 == "Total" { ok = ($3 > 0 && $5 == "0.00") } END { exit !ok }' "$2"
+}
+
+if want spdk; then
+	spdk_check
 	if [[ -n $SPDK_WHY ]]; then
 		echo "SKIP spdk: $SPDK_WHY" >>"$R"
 	else
 		log "== spdk: the plugin's bdev over rdma -> the kernel's server; its target <- the kernel's client"
-		. "$REPO/ci/spdk/lib.sh"
-		APP_DIR=$TMPD/spdk
-		apps_init
-		spdk_setup_paths
-		APP_START_WAIT=1200
-		MEM=(--no-huge -s 1024 --disable-cpumask-locks)
 		"${MP[@]}" rnbd_server dev_search_path=/dev
 		# Once the IO runs, the kernel's server disconnects the session's one path (its
 		# sysfs "disconnect"): the bdev must reconnect (reconnect_delay_sec 1; 30 by
@@ -379,30 +521,23 @@ EOF
 		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/bdev.json" \
 			-q 16 -o 4096 -w verify -t 10 >"$OUT/spdk.bdev-to-kernel.log" 2>&1 &
 		BP=$!
+		# The cut once the IO runs: bdevperf says so, and the server's path has carried
+		# reads and writes.
 		CUT=
-		for ((i = 0; i < 1200; i++)); do
-			kill -0 $BP 2>/dev/null || break
-			if grep -q "Running I/O" "$OUT/spdk.bdev-to-kernel.log"; then
-				sleep 3
-				CUT=$(server_cut spdk1 "$OUT/spdk.bdev-to-kernel.sysfs.log")
-				break
-			fi
-			sleep 0.1
-		done
+		if wait_for -p $BP 120 grep -q "Running I/O" "$OUT/spdk.bdev-to-kernel.log" &&
+			wait_for -p $BP 60 srv_io_running spdk1 1 0; then
+			CUT=$(server_cut spdk1 "$OUT/spdk.bdev-to-kernel.sysfs.log")
+		fi
 		wait $BP
 		rc=$?
-		# The Total line: IOPS > 0 and no failed IO (Fail/s). bdevperf's progress line ends
-		# in carriage returns, which may lead the summary lines: read them as line ends.
-		tr '\r' '\n' <"$OUT/spdk.bdev-to-kernel.log" >"$TMPD/bdevperf.txt"
-		awk '$1 == "Total" { ok = ($3 > 0 && $5 == "0.00") } END { exit !ok }' "$TMPD/bdevperf.txt"
+		bdevperf_ok "$OUT/spdk.bdev-to-kernel.log" "$TMPD/bdevperf.txt"
 		ok=$?
 		errs=$(grep -c 'path error' "$TMPD/bdevperf.txt")
 		conns=$(grep -c 'path connected' "$TMPD/bdevperf.txt")
 		# Disconnected, then connected again (the first connect and at least one more).
 		[[ -n $CUT && $errs -ge 1 && $conns -ge 2 ]] || ok=1
 		check spdk.bdev-to-kernel $((rc + ok)) "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server, its path disconnected by the server once (exit status $rc; path ${CUT:-not disconnected}; path errors $errs, connects $conns): $(grep -E '^ *Total' "$TMPD/bdevperf.txt" | tail -n 1 | tr -s ' ')"
-		sleep 1
-		rmmod rnbd_server rtrs_server 2>/dev/null
+		rmmod_server "$OUT/spdk.bdev-to-kernel.sysfs.log"
 		"${MP[@]}" rnbd_client
 		if app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" &&
 			rpc tgt bdev_malloc_create -b malloc0 64 512 >/dev/null &&
@@ -422,6 +557,194 @@ EOF
 		rmmod rnbd_client rtrs_client 2>/dev/null
 		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log
 	fi
+fi
+
+# ---- devices: every path on its own Soft-RoCE device, one device's link down and up ----------
+# Takes dummy1 (rxe1) down under IO, waits (bounded) for STATE, the sign that the fault was
+# seen, and brings it up again; then waits for rxe1's port to be active. Returns 0 when the
+# state was seen.
+link_fault() { # NAME PID SECONDS STATE...: PID is the process doing the IO
+	local name=$1 pid=$2 secs=$3 seen=0
+	shift 3
+	ip link set dummy1 down
+	log "$name: dummy1 down"
+	wait_for -p "$pid" "$secs" "$@" || seen=1
+	ip link set dummy1 up
+	if ((seen == 0)); then
+		log "$name: dummy1 up (the fault was seen)"
+	else
+		log "$name: dummy1 up (the fault was not seen within $secs s, or the IO ended)"
+	fi
+	wait_for 20 port_active rxe1 || fail "$name.rxe1" "rxe1 did not come back to PORT_ACTIVE after dummy1 went up"
+	return $seen
+}
+# The first warning about a path in a log (-v; SPDK's log), for a row's detail.
+path_warning() { grep -m1 -E 'connecting failed|path error' "$1" | sed 's/^.*\(connecting failed\|path error\)/\1/' | cut -c1-240; }
+# A bench's path through rxe1 failed: -v logs its errors, naming the path src@dst; only
+# the lines after the first SKIP count (those from before the fault do not).
+bench_rxe1_failed() { tail -n +$(($2 + 1)) "$1" | grep -F "@$IP3:" | grep -qiE 'error|fail|closed|disconnect'; } # LOG SKIP
+tgt_paths_up() { # LOG PORT: the target logged a connected path on each device
+	grep -qF "@$IP1:$2 connected" "$1" && grep -qF "@$IP3:$2 connected" "$1"
+}
+clt_rxe1_down() { # SESSNAME: the kernel client's path on rxe1 is not connected
+	local p
+	for p in /sys/class/rtrs-client/$1/paths/*; do
+		[[ $(cat "$p/hca_name" 2>/dev/null) == rxe1 ]] && ! path_is "$p" connected && return 0
+	done
+	return 1
+}
+# The two-device bench of dev.loop and dev.to-kernel, with the fault once both paths are up
+# (UP: a command that says so); the row passes on exit status 0 and bench_json devs.
+dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
+	local name=$1 port=$2 up=() rc detail fault ok warn
+	shift 2
+	while [[ $1 != -- ]]; do up+=("$1"); shift; done
+	shift
+	bench "$name" --path "rdma://$IP1:$port?src=$IP2" --path "rdma://$IP3:$port?src=$IP4" \
+		--rw randrw --bs 4K --qd 16 --time 8s --verify --size 8M --json --require-all-paths \
+		--reconnect-delay 1s -v "$@" &
+	local bp=$!
+	wait_for -p $bp 120 "${up[@]}"
+	case $? in
+	0)
+		if link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
+			fault="the rxe1 path failed while dummy1 was down"
+		else
+			fault="the rxe1 path did not fail while dummy1 was down"
+		fi
+		;;
+	1) fault="no fault: a path on each device was not up within 120 s" ;;
+	*) fault="no fault: the bench ended before a path on each device was up" ;;
+	esac
+	wait $bp
+	rc=$?
+	detail=$(bench_json devs "$OUT/$name.log")
+	ok=$?
+	warn=$(path_warning "$OUT/$name.log")
+	check "$name" $((rc + ok)) "rc $rc; $fault${SRV_SEEN:+ (the kernel server saw paths on: $SRV_SEEN)}; $detail${warn:+; first path warning: $warn}; last line: $(grep -v '^{' "$OUT/$name.log" | tail -n 1 | cut -c1-240)"
+}
+
+SRV_SEEN=""
+if want devices; then
+	log "== devices: two paths, one on rxe0 (dummy0) and one on rxe1 (dummy1), dummy1 down and up under IO"
+	if start_target dev.loop --listen rdma://$IP1:1236 --listen rdma://$IP3:1236 --export vol=ram:256M; then
+		dev_bench dev.loop 1236 tgt_paths_up "$OUT/dev.loop.target.log" 1236 -- --device vol
+	else
+		fail dev.loop "rtrs-target did not start: $(tail -n 2 "$OUT/dev.loop.target.log" | tr '\n' ' ')"
+		drop_target
+	fi
+	stop_target dev.loop.target-exit
+
+	if "${MP[@]}" rnbd_server dev_search_path=/dev; then
+		SRV_SEEN=""
+		dev_bench dev.to-kernel 1234 srv_on_both dev1 -- \
+			--device "$LOOPNAME" --sessname dev1
+		rmmod_server "$OUT/dev.to-kernel.rmmod.log"
+	else
+		fail dev.to-kernel "rnbd_server did not load"
+	fi
+
+	"${MP[@]}" rnbd_client || fail dev.from-kernel "rnbd_client did not load"
+	if ! start_target dev.from-kernel --listen rdma://$IP1 --listen rdma://$IP3 --export vol=ram:256M; then
+		fail dev.from-kernel "rtrs-target did not start: $(tail -n 2 "$OUT/dev.from-kernel.target.log" | tr '\n' ' ')"
+		drop_target
+	elif ! DEV=$(map dev2 vol $IP2@$IP1 $IP4@$IP3); then
+		fail dev.from-kernel "map_device with a path on each device failed: $(dmesg | grep -E 'rnbd|rtrs' | tail -n 1)"
+	else
+		hcas=$(clt_hcas dev2)
+		N=${DEV#/dev/}
+		W=$(blk_writes "$N")
+		fio_verify dev.from-kernel "$DEV" 4k randwrite 16 48M &
+		FP=$!
+		fault="no fault: fio wrote nothing within 120 s"
+		if wait_for -p $FP 120 blk_written "$N" "$W"; then
+			if link_fault dev.from-kernel $FP 30 clt_rxe1_down dev2; then
+				fault="the rxe1 path went down with dummy1"
+			else
+				fault="the rxe1 path stayed connected while dummy1 was down for 30 s"
+			fi
+		fi
+		wait $FP
+		rc=$?
+		# The kernel's client retries a failed path every 30 to 38 s (rnbd-client's
+		# RECONNECT_DELAY, rtrs-clt's jitter); a first try the target refuses leaves two
+		# more within the bound.
+		wait_connected dev2 120 || rc=$((rc + 1))
+		hcas2=$(clt_hcas dev2)
+		[[ $hcas == "rxe0 rxe1" && $hcas2 == "rxe0 rxe1" ]] || rc=$((rc + 1))
+		check dev.from-kernel $rc "paths' hca_name at map: ${hcas:-none}, at the end: ${hcas2:-none} ($(cat /sys/class/rtrs-client/dev2/paths/*/state 2>/dev/null | tr '\n' ' ')); $fault; fio: $(grep -E '^ +(read|write):' "$OUT/dev.from-kernel.log" | tr -s ' ' | tr '\n' ';' | cut -c1-120)"
+		unmap "$DEV"
+	fi
+	stop_target dev.from-kernel.target-exit
+	rmmod rnbd_client rtrs_client 2>/dev/null
+
+	spdk_check
+	if [[ -n $SPDK_WHY ]]; then
+		echo "SKIP dev.spdk: $SPDK_WHY" >>"$R"
+	else
+		# (a) the plugin's bdev, one path per device (src_addr binds each to its device), to
+		# the kernel's server, dummy1 down and up once the IO runs over both.
+		"${MP[@]}" rnbd_server dev_search_path=/dev
+		cat >"$TMPD/dev-bdev.json" <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_rtrs_create", "params": {"name": "rtrs1", "sessname": "dev3",
+   "paths": [{"transport": "rdma", "dst_addr": "$IP1", "src_addr": "$IP2", "port": 1234},
+             {"transport": "rdma", "dst_addr": "$IP3", "src_addr": "$IP4", "port": 1234}],
+   "device": "$LOOPNAME", "access_mode": "rw", "reconnect_delay_sec": 1}},
+  {"method": "bdev_wait_for_examine"}]}]}
+EOF
+		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/dev-bdev.json" \
+			-q 16 -o 4096 -w verify -t 10 >"$OUT/dev.spdk-bdev.log" 2>&1 &
+		BP=$!
+		SRV_SEEN=""
+		wait_for -p $BP 120 grep -q "Running I/O" "$OUT/dev.spdk-bdev.log" &&
+			wait_for -p $BP 60 srv_both_io dev3
+		up=$?
+		hcas=$SRV_SEEN
+		case $up in
+		0)
+			if link_fault dev.spdk-bdev $BP 30 bench_rxe1_failed "$OUT/dev.spdk-bdev.log" "$(wc -l <"$OUT/dev.spdk-bdev.log")"; then
+				fault="the rxe1 path failed while dummy1 was down"
+			else
+				fault="the rxe1 path did not fail while dummy1 was down"
+			fi
+			;;
+		1) fault="no fault: IO over a path on each device did not run within the wait" ;;
+		*) fault="no fault: bdevperf ended before IO ran over a path on each device" ;;
+		esac
+		wait $BP
+		rc=$?
+		bdevperf_ok "$OUT/dev.spdk-bdev.log" "$TMPD/dev-bdevperf.txt"
+		ok=$?
+		[[ $hcas == "rxe0 rxe1" ]] || ok=1
+		warn=$(path_warning "$TMPD/dev-bdevperf.txt")
+		check dev.spdk-bdev $((rc + ok)) "bdevperf verify on an rtrs bdev with a path on rxe0 and one on rxe1 to the kernel's rnbd-server (exit status $rc; server's paths on: ${hcas:-none}; $fault): $(grep -E '^ *Total' "$TMPD/dev-bdevperf.txt" | tail -n 1 | tr -s ' ')${warn:+; first path warning: $warn}"
+		rmmod_server "$OUT/dev.spdk-bdev.sysfs.log"
+		# (b) the plugin's target listening on both devices, the kernel's client with a path
+		# to each.
+		"${MP[@]}" rnbd_client
+		RL=$OUT/dev.spdk-target.rpc.log
+		if app_start dtgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" 2>"$RL" &&
+			rpc dtgt bdev_malloc_create -b malloc0 64 512 >>"$RL" 2>&1 &&
+			rpc dtgt rtrs_target_listen -t rdma -a $IP1 -s 1234 >>"$RL" 2>&1 &&
+			rpc dtgt rtrs_target_listen -t rdma -a $IP3 -s 1234 >>"$RL" 2>&1 &&
+			rpc dtgt rtrs_target_export malloc0 -e vol -a rw >>"$RL" 2>&1 &&
+			DEV=$(map dev4 vol $IP2@$IP1 $IP4@$IP3); then
+			hcas=$(clt_hcas dev4)
+			dd_check "$DEV" dev.spdk-target &&
+				fio_verify dev.spdk-target.fio "$DEV" 4k randwrite 16 16M
+			rc=$?
+			[[ $hcas == "rxe0 rxe1" ]] || rc=$((rc + 1))
+			unmap "$DEV"
+			check dev.spdk-target $((rc + $?)) "map with a path on each device (hca_name: ${hcas:-none}), dd, fio 4k verify, unmap against the plugin's target in spdk_tgt"
+		else
+			fail dev.spdk-target "spdk_tgt, its RPCs or map_device failed: $(grep -m1 '"message"' "$RL" | tr -s ' ' | cut -c1-240)"
+		fi
+		cp "$APP_DIR"/dtgt.log "$OUT/dev.spdk-target.dtgt.log" 2>/dev/null
+		apps_stop_all
+		rmmod rnbd_client rtrs_client 2>/dev/null
+	fi
+	clean devices "$OUT"/dev.*.log
 fi
 
 losetup -d "$LOOPDEV"
