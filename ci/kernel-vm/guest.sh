@@ -301,7 +301,7 @@ wait_connected() { wait_for "$2" all_connected "$1"; } # SESSNAME SECONDS
 # ---- groups ---------------------------------------------------------------------------------
 if want verbs; then
 	log "== verbs: the conformance suite and the hardware tests on rxe0"
-	RTRS_TEST_DEVICE=rxe0 RTRS_TEST_ADDR=$IP1 timeout 900 "$VERBS_TESTS" --ignored --test-threads=1 \
+	RTRS_TEST_DEVICE=rxe0 RTRS_TEST_ADDR=$IP1 RTRS_TEST_ADDR2=$IP3 timeout 900 "$VERBS_TESTS" --ignored --test-threads=1 \
 		>"$OUT/verbs.log" 2>&1
 	rc=$?
 	n=0
