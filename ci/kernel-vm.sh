@@ -11,8 +11,11 @@
 # up under verify, each way and with SPDK. Ends with
 # "interop: N passed, M failed" and the logs and dmesg of every failure.
 #
-#   ci/kernel-vm.sh [--release] [--only GROUPS] [--keep]
+#   ci/kernel-vm.sh [--kernel SERIES] [--release] [--only GROUPS] [--keep]
 #
+#   --kernel    the kernel series to boot, one Debian ships with image, headers and
+#               source (linux-source-SERIES): 6.1 (the default) or 6.12 on bookworm;
+#               `--kernel list` prints the series the package lists offer
 #   --release   test release binaries (built here); default: the debug binaries that
 #               `cargo test` builds (built here when missing)
 #   --only      comma-separated groups: verbs,loop,to-kernel,from-kernel,multipath,spdk,
@@ -27,12 +30,14 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 
 PROFILE=debug
+SERIES=6.1
 ONLY=all
 KEEP=0
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--release) PROFILE=release ;;
 	--only) ONLY=$2; shift ;;
+	--kernel) SERIES=$2; shift ;;
 	--keep) KEEP=1 ;;
 	*) echo "ci/kernel-vm.sh: unknown argument '$1' (see the comment at its top)" >&2; exit 2 ;;
 	esac
@@ -58,22 +63,37 @@ command -v apt-get >/dev/null || skip "no apt-get to install QEMU and Debian's k
 sudo_cmd=()
 [[ "$(id -u)" -eq 0 ]] || sudo_cmd=(sudo -n)
 
-# The kernel Debian ships now (linux-image-amd64's dependency), whose headers, image and
-# source the guest is built from.
+# The kernel of series $SERIES that Debian ships now, whose headers, image and source the
+# guest is built from: the dependency of linux-image-SERIES-amd64, or of linux-image-amd64
+# when that is the series (bookworm names its default kernel 6.1.0-N-amd64).
 apt_quiet() { DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get "$@" >"$W/apt.log" 2>&1; }
-kernel_name() { apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: linux-image-\(.*-amd64\)$/\1/p' | head -n 1; }
+series_list() { apt-cache search --names-only '^linux-source-[0-9.]+$' 2>/dev/null | sed -n 's/^linux-source-\([0-9.]*\) .*/\1/p' | sort -V; }
+kernel_name() {
+	local meta
+	for meta in "linux-image-$SERIES-amd64" linux-image-amd64; do
+		apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: linux-image-\(.*-amd64\)$/\1/p' |
+			grep -E "^${SERIES//./\\.}[.-]" | head -n 1 | grep . && return 0
+	done
+	return 0
+}
+if [[ $SERIES == list ]]; then
+	series_list
+	exit 0
+fi
+[[ $SERIES =~ ^[0-9]+\.[0-9]+$ ]] || die "--kernel '$SERIES': a series such as 6.1 or 6.12 (--kernel list)"
 K=$(kernel_name)
 if [[ -z "$K" ]] || ! apt-cache show "linux-headers-$K" >/dev/null 2>&1; then
 	apt_quiet update || skip "apt-get update failed (see $W/apt.log)"
 	K=$(kernel_name)
 fi
-[[ -n "$K" ]] || skip "apt-cache names no linux-image-*-amd64 for linux-image-amd64"
+[[ -n "$K" ]] || die "--kernel $SERIES: no linux-image-$SERIES.*-amd64 in the package lists (series offered: $(series_list | tr '\n' ' '))"
 KVER=$(apt-cache policy "linux-image-$K" | sed -n 's/^ *Candidate: //p')
-SRCVER=$(apt-cache policy linux-source-6.1 | sed -n 's/^ *Candidate: //p')
-[[ "$KVER" == "$SRCVER" ]] || say "note: linux-source-6.1 is $SRCVER, linux-image-$K is $KVER"
+SRCVER=$(apt-cache policy "linux-source-$SERIES" | sed -n 's/^ *Candidate: //p')
+[[ -n "$SRCVER" ]] || die "--kernel $SERIES: no linux-source-$SERIES in the package lists"
+[[ "$KVER" == "$SRCVER" ]] || say "note: linux-source-$SERIES is $SRCVER, linux-image-$K is $KVER"
 
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils ibverbs-providers rdmacm-utils
-	kmod iproute2 fio gcc make python3 "linux-headers-$K" linux-source-6.1)
+	kmod iproute2 fio gcc make python3 "linux-headers-$K" "linux-source-$SERIES")
 need=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 if [[ ${#need[@]} -gt 0 ]]; then
@@ -100,8 +120,8 @@ if [[ ! -f $MODS/rnbd/rnbd-client.ko || ! -f $MODS/rtrs/rtrs-server.ko ]]; then
 	say "building the kernel's rtrs and rnbd modules for $K"
 	rm -rf "$MODS"
 	mkdir -p "$MODS"
-	tar -C "$MODS" -xJf /usr/src/linux-source-6.1.tar.xz --strip-components=1 \
-		linux-source-6.1/drivers/infiniband/ulp/rtrs linux-source-6.1/drivers/block/rnbd
+	tar -C "$MODS" -xJf "/usr/src/linux-source-$SERIES.tar.xz" --strip-components=1 \
+		"linux-source-$SERIES/drivers/infiniband/ulp/rtrs" "linux-source-$SERIES/drivers/block/rnbd"
 	mv "$MODS/drivers/infiniband/ulp/rtrs" "$MODS/rtrs"
 	mv "$MODS/drivers/block/rnbd" "$MODS/rnbd"
 	rm -rf "$MODS/drivers"
@@ -126,12 +146,12 @@ if [[ ! -f $MR/modules.dep ]]; then
 	cp "$KIMG"/lib/modules/"$K"/modules.{builtin,builtin.modinfo,order} "$MR/" 2>/dev/null || true
 	cp "$MODS"/rtrs/*.ko "$MODS"/rnbd/*.ko "$MR/extra/"
 	depmod -b "$W/modroot" "$K" || die "depmod failed"
-	rm -f "$W/initrd.gz"
+	rm -f "$W/initrd-$K.gz"
 fi
 
 # The initramfs: busybox, the modules that reach the host's filesystem (virtio, 9p), and
 # ci/kernel-vm/init.
-INITRD=$W/initrd.gz
+INITRD=$W/initrd-$K.gz
 if [[ ! -f $INITRD || ci/kernel-vm/init -nt $INITRD ]]; then
 	say "initramfs"
 	D=$W/initrd.d
