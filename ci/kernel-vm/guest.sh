@@ -150,8 +150,9 @@ bench_row() { # NAME ARGS...
 # The --json report in a bench log (its last line that is a JSON object; -v puts log lines
 # beside it), checked as MODE says; prints the figures, fails when the check does not hold.
 #   mp:   "reconnects errors mismatches" summed over the paths (the caller judges)
-#   devs: two paths, one on rxe0 and one on rxe1; errors and mismatches 0; the rxe1 path
-#         reconnected at least once and is connected at the end
+#   devs: two paths, one on rxe0 and one on rxe1, each connected at the end and each
+#         having carried IO; errors and mismatches 0; with the link fault (LINK_FAULT=1)
+#         the rxe1 path also reconnected at least once
 cat >"$TMPD/bench_json.py" <<'EOF'
 import json, sys
 mode, log = sys.argv[1], sys.argv[2]
@@ -175,9 +176,14 @@ if d["errors"] != 0 or d["verify_mismatches"] != 0:
 hcas = sorted(str(p.get("hca_name")) for p in paths)
 if hcas != ["rxe0", "rxe1"]:
     why.append("paths' hca_name %s, not rxe0 and rxe1" % hcas)
+for p in paths:
+    if p["state"] != "connected":
+        why.append("the %s path is %s at the end" % (p.get("hca_name"), p["state"]))
+    if p["rdma"]["read_cnt"] + p["rdma"]["write_cnt"] == 0:
+        why.append("the %s path carried no IO" % p.get("hca_name"))
 r1 = [p for p in paths if p.get("hca_name") == "rxe1"]
-if len(r1) == 1 and (r1[0]["reconnects"]["successful"] < 1 or r1[0]["state"] != "connected"):
-    why.append("the rxe1 path did not reconnect and end connected")
+if sys.argv[3:] == ["fault"] and len(r1) == 1 and r1[0]["reconnects"]["successful"] < 1:
+    why.append("the rxe1 path did not reconnect")
 desc = "; ".join("%s %s:%s %s, reconnects %s/%s" % (p.get("path"), p.get("hca_name"), p.get("hca_port"),
                  p.get("state"), p["reconnects"]["successful"], p["reconnects"]["failed"]) for p in paths)
 print("%s%s IOPS, %s MiB/s, errors %s, mismatches %s; paths: %s" % (
@@ -607,18 +613,20 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 	wait_for -p $bp 120 "${up[@]}"
 	case $? in
 	0)
-		if link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
+		if ((LINK_FAULT == 0)); then
+			fault="a path on each device up (no link fault: see dev.link-fault)"
+		elif link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
 			fault="the rxe1 path failed while dummy1 was down"
 		else
 			fault="the rxe1 path did not fail while dummy1 was down"
 		fi
 		;;
-	1) fault="no fault: a path on each device was not up within 120 s" ;;
-	*) fault="no fault: the bench ended before a path on each device was up" ;;
+	1) fault="a path on each device was not up within 120 s" ;;
+	*) fault="the bench ended before a path on each device was up" ;;
 	esac
 	wait $bp
 	rc=$?
-	detail=$(bench_json devs "$OUT/$name.log")
+	detail=$(bench_json devs "$OUT/$name.log" $( ((LINK_FAULT)) && echo fault))
 	ok=$?
 	warn=$(path_warning "$OUT/$name.log")
 	check "$name" $((rc + ok)) "rc $rc; $fault${SRV_SEEN:+ (the kernel server saw paths on: $SRV_SEEN)}; $detail${warn:+; first path warning: $warn}; last line: $(grep -v '^{' "$OUT/$name.log" | tail -n 1 | cut -c1-240)"
@@ -626,7 +634,16 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 
 SRV_SEEN=""
 if want devices; then
-	log "== devices: two paths, one on rxe0 (dummy0) and one on rxe1 (dummy1), dummy1 down and up under IO"
+	# The link fault (dummy1 down and up under IO) is opt-in: on Soft-RoCE, a link that goes
+	# down while a connection on it moves data leaves the rxe device unable to make any new
+	# connection until it is deleted and added again (6.1 and 6.12 alike; rdmacm-utils'
+	# ucmatose shows it with no project code involved, docs/INTEROP.md), so no path can come
+	# back on it. LINK_FAULT=1 (RTRS_KVM_LINK_FAULT=1 on the host) runs it anyway.
+	LINK_FAULT=${LINK_FAULT:-0}
+	if ((LINK_FAULT == 0)); then
+		echo "SKIP dev.link-fault: Soft-RoCE cannot connect again on a device whose link went down under IO (docs/INTEROP.md); RTRS_KVM_LINK_FAULT=1 runs it" >>"$R"
+	fi
+	log "== devices: two paths, one on rxe0 (dummy0) and one on rxe1 (dummy1)$( ((LINK_FAULT)) && echo ', dummy1 down and up under IO')"
 	if start_target dev.loop --listen rdma://$IP1:1236 --listen rdma://$IP3:1236 --export vol=ram:256M; then
 		dev_bench dev.loop 1236 tgt_paths_up "$OUT/dev.loop.target.log" 1236 -- --device vol
 	else
@@ -656,8 +673,10 @@ if want devices; then
 		W=$(blk_writes "$N")
 		fio_verify dev.from-kernel "$DEV" 4k randwrite 16 48M &
 		FP=$!
-		fault="no fault: fio wrote nothing within 120 s"
-		if wait_for -p $FP 120 blk_written "$N" "$W"; then
+		fault="fio wrote nothing within 120 s"
+		if wait_for -p $FP 120 blk_written "$N" "$W" && ((LINK_FAULT == 0)); then
+			fault="fio running over both paths (no link fault: see dev.link-fault)"
+		elif ((LINK_FAULT)); then
 			if link_fault dev.from-kernel $FP 30 clt_rxe1_down dev2; then
 				fault="the rxe1 path went down with dummy1"
 			else
@@ -703,19 +722,22 @@ EOF
 		hcas=$SRV_SEEN
 		case $up in
 		0)
-			if link_fault dev.spdk-bdev $BP 30 bench_rxe1_failed "$OUT/dev.spdk-bdev.log" "$(wc -l <"$OUT/dev.spdk-bdev.log")"; then
+			if ((LINK_FAULT == 0)); then
+				fault="IO over a path on each device (no link fault: see dev.link-fault)"
+			elif link_fault dev.spdk-bdev $BP 30 bench_rxe1_failed "$OUT/dev.spdk-bdev.log" "$(wc -l <"$OUT/dev.spdk-bdev.log")"; then
 				fault="the rxe1 path failed while dummy1 was down"
 			else
 				fault="the rxe1 path did not fail while dummy1 was down"
 			fi
 			;;
-		1) fault="no fault: IO over a path on each device did not run within the wait" ;;
-		*) fault="no fault: bdevperf ended before IO ran over a path on each device" ;;
+		1) fault="IO over a path on each device did not run within the wait" ;;
+		*) fault="bdevperf ended before IO ran over a path on each device" ;;
 		esac
 		wait $BP
 		rc=$?
 		bdevperf_ok "$OUT/dev.spdk-bdev.log" "$TMPD/dev-bdevperf.txt"
 		ok=$?
+		((up == 0)) || ok=1
 		[[ $hcas == "rxe0 rxe1" ]] || ok=1
 		warn=$(path_warning "$TMPD/dev-bdevperf.txt")
 		check dev.spdk-bdev $((rc + ok)) "bdevperf verify on an rtrs bdev with a path on rxe0 and one on rxe1 to the kernel's rnbd-server (exit status $rc; server's paths on: ${hcas:-none}; $fault): $(grep -E '^ *Total' "$TMPD/dev-bdevperf.txt" | tail -n 1 | tr -s ' ')${warn:+; first path warning: $warn}"
