@@ -14,11 +14,15 @@ import sys
 INT = "int"
 STR = "str"
 INTS = [INT]
+# The RDMA device and port of a path: null on the software fabrics.
+OPT_STR = "str or null"
+OPT_INT = "int or null"
 
 RDMA = {k: INT for k in ("read_cnt", "read_bytes", "write_cnt", "write_bytes", "inflight",
                          "failover_cnt")}
 CLIENT_PATH = {
-    "path": STR, "state": STR, "cur_latency_ns": INT, "rdma": RDMA,
+    "path": STR, "state": STR, "hca_name": OPT_STR, "hca_port": OPT_INT,
+    "cur_latency_ns": INT, "rdma": RDMA,
     "reconnects": {"successful": INT, "failed": INT},
     "cpu_migration_from": INTS, "cpu_migration_to": INTS, "sg_entries": INTS,
     "wc_completion": {"polls": INT, "completions": INT, "max_per_poll": INT},
@@ -27,7 +31,8 @@ CLIENT_PATH = {
 CLIENT_STATS = {"sessname": STR, "mp_policy": STR, "paths": [CLIENT_PATH]}
 
 TARGET_PATH = {
-    "pathname": STR, "addr": STR, "state": STR, "cid_num": INT, "recon_cnt": INT,
+    "pathname": STR, "addr": STR, "state": STR, "hca_name": OPT_STR, "hca_port": OPT_INT,
+    "cid_num": INT, "recon_cnt": INT,
     "read_cnt": INT, "read_bytes": INT, "write_cnt": INT, "write_bytes": INT,
     "inflight": INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
     "handler_lat_sum_ns": INT, "handler_lat_us_log2": INTS,
@@ -40,7 +45,10 @@ TARGET_SESSION = {
 
 def check(value, shape, where, errors):
     """Appends to `errors` every place where `value` differs from `shape`."""
-    if shape == INT:
+    if shape in (OPT_STR, OPT_INT):
+        if value is not None:
+            check(value, STR if shape == OPT_STR else INT, where, errors)
+    elif shape == INT:
         if not isinstance(value, int) or isinstance(value, bool):
             errors.append("%s: expected an integer, got %r" % (where, value))
     elif shape == STR:
