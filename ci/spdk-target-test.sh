@@ -14,7 +14,12 @@
 # is refused with "authentication failed", save_config keeps the key's name only), bdev
 # hot removal under IO, stop_listener, a second (IPv6) listener, -ENOMEM
 # from a tiny bdev_io pool (spdk_bdev_queue_io_wait), unexport while the client does IO,
-# clean shutdown.
+# clean shutdown; and a client without a key (tests/spdk_target.rs): a host the host list
+# refuses holding every session slot while an allowed client is served, a path asking for
+# too many connections and an address asking for more than its share refused, a join of
+# another client's session from a refused address refused with its data untouched, and
+# every one of those refusals (and the isolation attacks' remote access errors, with key
+# and range) in the target's log.
 #
 # Usage: ci/spdk-target-test.sh   (SPDK_DIR defaults to /opt/spdk; without SPDK it prints
 # one SKIPPED line and exits 0; no part of it is ever skipped otherwise). Target on two
@@ -201,6 +206,31 @@ isolation() {
     if [[ "$out" == *"isolated"* && "$out" != *panicked* ]]; then ok "isolation: $(echo "$out" | grep isolated | head -1)"; else fail "isolation: $out"; fi
 }
 
+# attack TEST WANT [ENV=VALUE...]: one of tests/spdk_target.rs's attacks as a client
+# without a key; its printed line must contain WANT.
+attack() {
+    local test=$1 want=$2 out; shift 2
+    out=$(env RTRS_TARGET_ADDR="127.0.0.1:$PORT" "$@" timeout 300 taskset -c 1 \
+        cargo test -q --test spdk_target "$test" -- --ignored --nocapture 2>&1 |
+        grep -E "$want|panicked|FAILED|error" || true)
+    if [[ "$out" == *"$want"* && "$out" != *panicked* ]]; then ok "$test: $(echo "$out" | grep "$want" | head -1)"; else fail "$test: $out"; fi
+}
+
+# in_log WHAT WORD...: some line of the target's log has every WORD.
+in_log() {
+    local what=$1 line; shift
+    line=$(python3 - "$WORK/tgt.log" "$@" <<'EOF'
+import sys
+words = sys.argv[2:]
+for l in open(sys.argv[1], errors="replace"):
+    if all(w in l for w in words):
+        print(l.strip()[:300])
+        break
+EOF
+)
+    if [ -n "$line" ]; then ok "log: $what: $line"; else fail "log: no line for $what (${*})"; fi
+}
+
 expect_client() {
     local want=$1; shift
     local out; out=$(client "$@")
@@ -223,6 +253,10 @@ expect_err rtrs_target_set_options '{"bogus":1}' bogus
 expect_err rtrs_target_set_options '[1]' params
 expect_err rtrs_target_set_options '{"handshake_timeout_ms":0}' handshake_timeout_ms
 expect_err rtrs_target_set_options '{"max_pending":4,"max_pending_per_source":5}' max_pending_per_source
+expect_err rtrs_target_set_options '{"open_grace_ms":0}' open_grace_ms
+expect_err rtrs_target_set_options '{"max_path_connections":1}' max_path_connections
+expect_err rtrs_target_set_options '{"max_connections":1}' max_connections
+expect_err rtrs_target_set_options '{"max_connections":16,"max_connections_per_source":17}' max_connections_per_source
 expect_err rtrs_target_listen '{}' transport
 expect_err rtrs_target_listen '{"transport":"udp","addr":"127.0.0.1"}' transport
 expect_err rtrs_target_listen '{"transport":"tcp"}' addr
@@ -446,6 +480,39 @@ echo "== unexport while the client has the device open"
 io_fails_cleanly unexp "unexport under IO" rtrs_target_unexport '{"export_name":"vol"}'
 alive
 expect_ok bdev_malloc_delete '{"name":"Malloc0"}'
+stop_target
+
+echo "== a client without a key: session slots, connections, joins, refusals in the log"
+start_target
+# Small pools: ten (the cap and the evicted still closing) fit in this -s 1024 instance.
+expect_ok rtrs_target_set_options '{"queue_depth":16,"max_sessions":6,"open_grace_ms":3000,"max_connections":64}'
+expect_ok bdev_malloc_create '{"name":"Malloc1","num_blocks":16384,"block_size":4096}'
+expect_ok bdev_malloc_create '{"name":"Malloc2","num_blocks":4096,"block_size":4096}'
+expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
+expect_ok rtrs_target_export '{"bdev_name":"Malloc1","export_name":"vol","allowed_hosts":["127.0.0.1"]}'
+expect_ok rtrs_target_export '{"bdev_name":"Malloc2","export_name":"pub","access":"ro"}'
+saved=$(save_config)
+grep -q '"open_grace_ms": 3000' <<<"$saved" && grep -q '"max_connections": 64' <<<"$saved" &&
+    ok "save_config keeps open_grace_ms and max_connections" || fail "save_config lacks the new options"
+# The log prints 5 refusals a second and counts the rest: each attack below starts in a
+# second of its own, so that its few refusals are printed, not only counted.
+# 6 sessions at most: the refused host (127.0.0.2 .. 127.0.0.7) fills them, and gives way.
+attack slots_against_external_target "slots: allowed client verified" RTRS_TARGET_MAX_SESSIONS=6
+sleep 1.5
+attack join_against_external_target "join: 2 joins from a refused address refused"
+sleep 1.5
+# 64 connections, 32 per source: two sessions of 16 from 127.0.0.2, then EUSERS.
+attack connections_against_external_target "connections: a 1000-connection path refused" \
+    RTRS_TARGET_DEV=pub RTRS_TARGET_CONNS_PER_SOURCE=32
+alive
+in_log "OPENs the host list refuses" "open refused" "access denied"
+in_log "sessions giving way" "closing" "gave way" "not in use"
+in_log "a join from a refused address" "refusing connection from 127.0.0.3" "path joining" "EACCES"
+in_log "a path asking for too many connections" "refusing connection" "max_path_connections" "EINVAL"
+in_log "an address over its share of connections" "refusing connection" "max_connections_per_source" "EUSERS"
+in_log "the isolation attacks' remote access errors" "closing" "remote access error" "under rkey"
+expect_ok bdev_malloc_delete '{"name":"Malloc1"}'
+expect_ok bdev_malloc_delete '{"name":"Malloc2"}'
 stop_target
 
 if [ "$FAILS" -ne 0 ]; then

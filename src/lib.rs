@@ -34,6 +34,7 @@ pub mod engine;
 pub mod errno;
 pub mod error;
 pub mod fabric;
+pub mod process;
 pub mod proto;
 pub mod ratelimit;
 pub mod rnbd;

@@ -10,11 +10,35 @@
 //! or [`RateLimit::flush`], so an owner that polls anyway calls `flush` there and the
 //! summary appears even when the flood stops. Safe to share between threads: the state
 //! sits behind a mutex, uncontended in practice (these are not per-IO paths).
+//!
+//! The budget counts lines printed: `log_limited!` asks the limiter only for a line the
+//! subscriber will print, so lines of a level that is off (a peer's connected paths at
+//! `info`, say) never use up the budget of the warnings about refusals.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::sync::lock;
+
+/// Logs `$($arg)+` through `tracing` at `$level` (`ERROR` .. `TRACE`) if the subscriber
+/// prints that level here and the [`RateLimit`] `$limit` lets a line through at `$now`;
+/// a line that would not be printed is not counted (see the module docs).
+macro_rules! log_limited {
+    ($limit:expr, $now:expr, $level:ident, $($arg:tt)+) => {
+        if tracing::enabled!(tracing::Level::$level) && $limit.allow($now) {
+            tracing::event!(tracing::Level::$level, $($arg)+);
+        }
+    };
+}
+pub(crate) use log_limited;
+
+/// Nanoseconds since this process first asked: a clock for a limiter whose callers have
+/// no engine context at hand.
+pub fn process_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// A rate limiter for one kind of log message (see the module docs).
 #[derive(Debug)]

@@ -16,8 +16,10 @@
 //! through its own connection; then flush, discard, write-zeroes, a read checking the
 //! zeroes, and close. Then (unless a failure is expected, or a source address or session
 //! name was given) an old kernel client's WRITE_SAME over its own session: one block of
-//! data repeated over 300 blocks, read back. Every wait is bounded (seconds); nothing is
-//! timed.
+//! data repeated over 300 blocks, read back. The other tests attack the target as a
+//! client without a key would: another session's chunks (isolation), its session slots,
+//! its connections, a session it joins uninvited. Every wait is bounded (seconds);
+//! nothing is timed.
 
 use std::sync::Arc;
 
@@ -31,11 +33,16 @@ mod rnbd_workload;
 #[path = "util/legacy_client.rs"]
 mod legacy_client;
 
-// Only the server tests' client (to attack the target's isolation) is used here; its
-// harness and RAM handler are the server crate's.
+// Only the server tests' client (to attack the target's isolation, slots, connections
+// and sessions) is used here; its harness and RAM handler are the server crate's.
 #[allow(dead_code)]
 #[path = "util/server/mod.rs"]
 mod server_util;
+
+// RNBD spoken raw over that client.
+#[allow(dead_code)]
+#[path = "util/rnbd_raw.rs"]
+mod rnbd_raw;
 
 use rnbd_workload::{BLOCKS, BS};
 
@@ -97,27 +104,6 @@ fn verified_io_against_external_target() {
     }
 }
 
-/// The RTRS level of the target in another process, driven from the test thread.
-struct Remote {
-    fabric: Arc<dyn Fabric>,
-    addr: std::net::SocketAddr,
-}
-
-impl server_util::Driver for Remote {
-    fn step(&mut self) {
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    fn client_fabric(&self) -> Arc<dyn Fabric> {
-        Arc::clone(&self.fabric)
-    }
-    fn addr(&self) -> std::net::SocketAddr {
-        self.addr
-    }
-    fn max_steps(&self) -> usize {
-        50_000
-    }
-}
-
 /// One session cannot touch another's memory in the SPDK target backend either: while
 /// verified RNBD IO runs on a session of its own, a victim session holds its chunks
 /// (their addresses and current keys known to the test), and attacker sessions write
@@ -157,10 +143,7 @@ fn isolation_against_external_target() {
         engine.shutdown().expect("engine shutdown");
         r
     });
-    let mut d = Remote {
-        fabric: Arc::new(TcpFabric::new()),
-        addr,
-    };
+    let mut d = rnbd_raw::Remote::new(addr);
     let victim = TestPath::connect(&mut d, "spdk-target-victim", 2, Ids::random(), true)
         .expect("the victim's session");
     let mut refused = 0;
@@ -213,4 +196,195 @@ fn isolation_against_external_target() {
         "verified IO beside the attacks: {failure:?}"
     );
     println!("isolated: {refused} writes into another session's chunks refused; bystander {got:?}");
+}
+
+/// The target's first address (`RTRS_TARGET_ADDR`).
+fn target_addr() -> std::net::SocketAddr {
+    std::env::var("RTRS_TARGET_ADDR")
+        .expect("RTRS_TARGET_ADDR=ip:port of the target")
+        .split(',')
+        .next()
+        .expect("one address at least")
+        .trim()
+        .parse()
+        .expect("RTRS_TARGET_ADDR is ip:port")
+}
+
+/// A number from the environment.
+fn env_num(name: &str) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name}=N (ci/spdk-target-test.sh sets it)"))
+}
+
+/// Session slots go to clients that use them in the SPDK target too: a host the
+/// export's `allowed_hosts` refuses (127.0.0.2 .. 127.0.0.7) holds every session it can,
+/// its OPENs refused, while verified IO from the allowed 127.0.0.1 runs. The target
+/// caps sessions at `RTRS_TARGET_MAX_SESSIONS`.
+#[test]
+#[ignore = "needs an RTRS target: run by ci/spdk-target-test.sh (RTRS_TARGET_ADDR=ip:port)"]
+fn slots_against_external_target() {
+    use std::sync::atomic::Ordering;
+
+    let addr = target_addr();
+    let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
+    let cap = env_num("RTRS_TARGET_MAX_SESSIONS");
+    let a = Arc::new(rnbd_raw::Attack::default());
+    let attack = rnbd_raw::refused_host(addr, &dev_name, Arc::clone(&a));
+    let start = std::time::Instant::now();
+    while a.made.load(Ordering::Relaxed) < 2 * cap {
+        assert!(
+            start.elapsed() < rnbd_workload::WAIT,
+            "the refused host made no sessions"
+        );
+        assert!(!attack.is_finished(), "the refused host's thread failed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut cfg = EngineConfig::new(CpuMask::parse("[0-1]").unwrap());
+    cfg.idle = IdleStrategy::Adaptive(Adaptive::default());
+    cfg.pin = false;
+    let engine = Engine::start(cfg).expect("engine");
+    let fabric: Arc<dyn Fabric> = Arc::new(TcpFabric::new());
+    let src = Some("127.0.0.1".parse().unwrap());
+    let asked = std::time::Instant::now();
+    let (got, failure) = rnbd_workload::run(
+        &engine,
+        &fabric,
+        "spdk-target-allowed",
+        &[addr],
+        src,
+        &dev_name,
+        1,
+    );
+    let took = asked.elapsed();
+    engine.shutdown().expect("engine shutdown");
+    a.stop.store(true, Ordering::Release);
+    attack.join().expect("the refused host's thread");
+    if let Some(e) = failure {
+        panic!("the allowed client was not served: {e}");
+    }
+    assert_eq!(got, ["core 1 verified", "core 0 done"]);
+    let opens = a.opens.lock().unwrap().clone();
+    assert!(
+        opens
+            .iter()
+            .all(|&e| e == -libc::EACCES || e == -libc::ENOTCONN),
+        "{opens:?}"
+    );
+    assert!(
+        a.closed.load(Ordering::Relaxed) > 0,
+        "no session of it gave way"
+    );
+    println!(
+        "slots: allowed client verified in {:.2} s while a refused host made {} sessions ({} gave way, {} refused)",
+        took.as_secs_f64(),
+        a.made.load(Ordering::Relaxed),
+        a.closed.load(Ordering::Relaxed),
+        a.refused.lock().unwrap().len()
+    );
+}
+
+/// Joining is authorised in the SPDK target too: a victim from 127.0.0.1 (which the
+/// export's `allowed_hosts` admit) has the device open with data written; 127.0.0.3,
+/// knowing its uuids, asks for a new path in its session and for a reconnect of its
+/// path: both refused (−EACCES), the victim's data untouched.
+#[test]
+#[ignore = "needs an RTRS target: run by ci/spdk-target-test.sh (RTRS_TARGET_ADDR=ip:port)"]
+fn join_against_external_target() {
+    use rtrs_spdk::common::random_uuid;
+    use rtrs_spdk::proto::rnbd::AccessMode;
+    use server_util::client::{info_req, Ids, TestPath};
+
+    let addr = target_addr();
+    let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
+    let mut d = rnbd_raw::Remote::new(addr);
+    let from = |last: u8| Some(std::net::SocketAddr::from(([127, 0, 0, last], 0)));
+    let ids = Ids::random();
+    let mut victim = TestPath::connect_info_from(
+        &mut d,
+        from(1),
+        addr,
+        &info_req("spdk-target-join-victim"),
+        2,
+        ids,
+        true,
+    )
+    .expect("the victim's session");
+    let dev = rnbd_raw::open(&mut victim, &mut d, &dev_name, AccessMode::ReadWrite)
+        .expect("the victim opens its device");
+    let block: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+    assert_eq!(rnbd_raw::write(&mut victim, &mut d, dev, 4096, &block), 0);
+    let mut refused = 0;
+    for ids in [
+        Ids {
+            sess_uuid: random_uuid(),
+            ..ids
+        },
+        Ids {
+            recon_cnt: ids.recon_cnt + 1,
+            ..ids
+        },
+    ] {
+        let got = TestPath::connect_info_from(
+            &mut d,
+            from(3),
+            addr,
+            &info_req("spdk-target-join-victim"),
+            2,
+            ids,
+            false,
+        )
+        .err();
+        assert_eq!(got, Some(-libc::EACCES), "a join from 127.0.0.3");
+        refused += 1;
+    }
+    let (e, got) = rnbd_raw::read(&mut victim, &mut d, dev, 4096, 4096);
+    assert_eq!(e, 0);
+    assert!(got == block, "the victim's data changed");
+    println!("join: {refused} joins from a refused address refused (EACCES), the victim's data untouched");
+}
+
+/// Connections are capped in the SPDK target too: a path asking for 1,000 connections is
+/// refused at once (−EINVAL); one address asking for sessions of 16 connections gets
+/// them up to `RTRS_TARGET_CONNS_PER_SOURCE`, then −EUSERS.
+#[test]
+#[ignore = "needs an RTRS target: run by ci/spdk-target-test.sh (RTRS_TARGET_ADDR=ip:port)"]
+fn connections_against_external_target() {
+    use rtrs_spdk::proto::rnbd::AccessMode;
+    use server_util::client::{info_req, Ids, TestPath};
+
+    let addr = target_addr();
+    let dev_name = std::env::var("RTRS_TARGET_DEV").unwrap_or_else(|_| "vol".into());
+    let per_source = env_num("RTRS_TARGET_CONNS_PER_SOURCE");
+    let mut d = rnbd_raw::Remote::new(addr);
+    let src = Some(std::net::SocketAddr::from(([127, 0, 0, 2], 0)));
+    let mut session = |n: usize, cid_num: u16| {
+        let mut p = TestPath::connect_info_from(
+            &mut d,
+            src,
+            addr,
+            &info_req(&format!("spdk-target-conns-{n}")),
+            cid_num,
+            Ids::random(),
+            true,
+        )?;
+        rnbd_raw::open(&mut p, &mut d, &dev_name, AccessMode::ReadOnly).expect("open");
+        Ok::<_, i32>(p)
+    };
+    assert_eq!(session(0, 1000).err(), Some(-libc::EINVAL));
+    let (mut kept, mut refused) = (Vec::new(), Vec::new());
+    for n in 1..=(per_source / 16 + 3) {
+        match session(n, 16) {
+            Ok(p) => kept.push(p),
+            Err(e) => refused.push(e),
+        }
+    }
+    assert_eq!(kept.len(), per_source / 16, "refused: {refused:?}");
+    assert!(refused.iter().all(|&e| e == -libc::EUSERS), "{refused:?}");
+    println!(
+        "connections: a 1000-connection path refused (EINVAL); {} connections held, {} sessions refused (EUSERS)",
+        kept.len() * 16,
+        refused.len()
+    );
 }

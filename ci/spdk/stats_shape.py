@@ -13,9 +13,10 @@ import sys
 
 INT = "int"
 STR = "str"
+INTS = [INT]
+# The RDMA device and port of a path: null on the software fabrics.
 OPT_STR = "str or null"
 OPT_INT = "int or null"
-INTS = [INT]
 
 RDMA = {k: INT for k in ("read_cnt", "read_bytes", "write_cnt", "write_bytes", "inflight",
                          "failover_cnt")}
@@ -31,9 +32,10 @@ CLIENT_PATH = {
 CLIENT_STATS = {"sessname": STR, "mp_policy": STR, "paths": [CLIENT_PATH]}
 
 TARGET_PATH = {
-    "pathname": STR, "addr": STR, "state": STR, "cid_num": INT, "recon_cnt": INT,
+    "pathname": STR, "addr": STR, "state": STR, "hca_name": OPT_STR, "hca_port": OPT_INT,
+    "cid_num": INT, "recon_cnt": INT,
     "read_cnt": INT, "read_bytes": INT, "write_cnt": INT, "write_bytes": INT,
-    "inflight": INT, "hca_name": OPT_STR, "hca_port": OPT_INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
+    "inflight": INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
     "handler_lat_sum_ns": INT, "handler_lat_us_log2": INTS,
 }
 TARGET_SESSION = {
@@ -44,18 +46,15 @@ TARGET_SESSION = {
 
 def check(value, shape, where, errors):
     """Appends to `errors` every place where `value` differs from `shape`."""
-    if shape == INT:
+    if shape in (OPT_STR, OPT_INT):
+        if value is not None:
+            check(value, STR if shape == OPT_STR else INT, where, errors)
+    elif shape == INT:
         if not isinstance(value, int) or isinstance(value, bool):
             errors.append("%s: expected an integer, got %r" % (where, value))
     elif shape == STR:
         if not isinstance(value, str):
             errors.append("%s: expected a string, got %r" % (where, value))
-    elif shape == OPT_STR:
-        if value is not None and not isinstance(value, str):
-            errors.append("%s: expected a string or null, got %r" % (where, value))
-    elif shape == OPT_INT:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            errors.append("%s: expected an integer or null, got %r" % (where, value))
     elif isinstance(shape, list):
         if not isinstance(value, list):
             errors.append("%s: expected an array, got %r" % (where, value))

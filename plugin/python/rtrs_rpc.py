@@ -155,7 +155,9 @@ def bdev_rtrs_reset_stats(client, name):
 def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, chunk_size=None,
                             handshake_timeout_ms=None, max_pending=None,
                             max_pending_per_source=None, max_sessions=None,
-                            max_sessions_per_source=None):
+                            max_sessions_per_source=None, open_grace_ms=None,
+                            max_path_connections=None, max_connections=None,
+                            max_connections_per_source=None):
     """Set RTRS target options (before the first listener).
 
     Args:
@@ -170,12 +172,22 @@ def rtrs_target_set_options(client, always_invalidate=None, queue_depth=None, ch
             bytes of chunks (default 0: as many as fit in a quarter of the memory, 4..1024)
         max_sessions_per_source: most established sessions from one source address
             (IPv6: one /64; default 16)
+        open_grace_ms: how long a session with no device open keeps its slot (default
+            10000); at a cap such sessions give way to new ones at once
+        max_path_connections: most connections one path may ask for (default 513)
+        max_connections: most connections in all (default 0: derived from the memory and
+            the file descriptors left)
+        max_connections_per_source: most connections from one source address (default 0:
+            half of max_connections)
     """
     return client.call('rtrs_target_set_options', _drop_none({
         'always_invalidate': always_invalidate, 'queue_depth': queue_depth,
         'chunk_size': chunk_size, 'handshake_timeout_ms': handshake_timeout_ms,
         'max_pending': max_pending, 'max_pending_per_source': max_pending_per_source,
-        'max_sessions': max_sessions, 'max_sessions_per_source': max_sessions_per_source}))
+        'max_sessions': max_sessions, 'max_sessions_per_source': max_sessions_per_source,
+        'open_grace_ms': open_grace_ms, 'max_path_connections': max_path_connections,
+        'max_connections': max_connections,
+        'max_connections_per_source': max_connections_per_source}))
 
 
 def rtrs_target_listen(client, transport, addr, port=None, psk=None):
@@ -351,7 +363,11 @@ def spdk_rpc_plugin_initialize(subparsers):
                                 max_pending=args.max_pending,
                                 max_pending_per_source=args.max_pending_per_source,
                                 max_sessions=args.max_sessions,
-                                max_sessions_per_source=args.max_sessions_per_source)
+                                max_sessions_per_source=args.max_sessions_per_source,
+                                open_grace_ms=args.open_grace_ms,
+                                max_path_connections=args.max_path_connections,
+                                max_connections=args.max_connections,
+                                max_connections_per_source=args.max_connections_per_source)
 
     p = subparsers.add_parser('rtrs_target_set_options',
                               help='Set RTRS target options (before the first listener)')
@@ -376,6 +392,17 @@ def spdk_rpc_plugin_initialize(subparsers):
     p.add_argument('-X', '--max-sessions-per-source', type=int,
                    help='Most established sessions from one source address (IPv6: /64). '
                         'Default: 16')
+    p.add_argument('-G', '--open-grace-ms', type=int,
+                   help='Close a session with no device open after this many milliseconds; '
+                        'at a cap such sessions give way at once. Default: 10000')
+    p.add_argument('-C', '--max-path-connections', type=int,
+                   help='Most connections one path may ask for. Default: 513')
+    p.add_argument('-N', '--max-connections', type=int,
+                   help='Most connections in all. Default: 0, derived from the memory and '
+                        'the file descriptors left')
+    p.add_argument('-O', '--max-connections-per-source', type=int,
+                   help='Most connections from one source address. Default: 0, half of '
+                        'the cap in all')
     p.set_defaults(func=_rtrs_target_set_options)
 
     def _listen_args(p):

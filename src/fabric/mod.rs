@@ -817,6 +817,14 @@ pub trait Conn: Send {
     fn hca(&self) -> Option<Hca> {
         None
     }
+
+    /// Why this end broke the connection, when it refused something of the peer's: a
+    /// remote access error naming the operation, key and range, an invalid frame, an
+    /// ack for operations never sent. `None` otherwise (a peer's disconnect, a network
+    /// error, a backend that does not say: verbs reports the peer's errors to the peer).
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// An RDMA device and port, as a connection reports it ([`Conn::hca`]).
@@ -867,6 +875,12 @@ impl ConnRequest {
     /// connection it becomes).
     pub fn hca(&self) -> Option<Hca> {
         self.pending.hca()
+    }
+
+    /// Whether the initiator proved the listener's pre-shared key
+    /// ([`ListenOptions::psk`]): a connection to a listener with a key always did.
+    pub fn authenticated(&self) -> bool {
+        self.pending.authenticated()
     }
 
     /// Accepts with `private_data` (≤ 56 bytes) and queues sized by `caps`.
@@ -936,6 +950,10 @@ pub trait PendingConn: Send {
     /// The device and port the request arrived through ([`ConnRequest::hca`]).
     fn hca(&self) -> Option<Hca> {
         None
+    }
+    /// Whether the initiator proved a pre-shared key ([`ConnRequest::authenticated`]).
+    fn authenticated(&self) -> bool {
+        false
     }
     /// Accepts into protection domain `domain` ([`ConnRequest::accept_into`]).
     fn accept_into(

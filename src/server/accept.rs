@@ -2,43 +2,40 @@
 //! `rtrs_rdma_connect` (docs/PROTOCOL.md §3.3, §6.4, §6.5, §9.1), as one poller on the core
 //! that started the server.
 //!
-//! A request is decoded and checked by [`ConnReq::decode`]; the session is found by
-//! `paths_uuid` (created only with `first_conn`: the chunk pool is registered here), the
-//! path by `sess_uuid`. Refusals carry a conn_rsp with the kernel's errno. Beyond the
-//! kernel: a connection request for cid 0 whose `recon_cnt` differs from the stored
-//! path's is a reconnect, so the stale path is closed and replaced at once (the kernel
-//! refuses until its heartbeat kills the old path). Admission (beyond the kernel): a path
-//! whose handshake is not done within `admission.handshake_timeout` of its first
-//! connection request is closed, by a periodic check as well as on collision (the kernel
-//! waits 30 s, and only on collision); a new session at the cap of sessions being set up
-//! evicts the oldest one of the busiest source ([`victim`]). An accepted connection gets
-//! its receives posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO
-//! cids) and is moved to its core in a [`Msg`].
+//! A request is decoded and checked by [`ConnReq::decode`], then given its session and
+//! path, or refused, by [`super::admit`] (caps, evictions, join checks). Refusals carry
+//! a conn_rsp with the kernel's errno and are logged (rate-limited) with the reason.
+//! Beyond the kernel: a connection request for cid 0 whose `recon_cnt` differs from the
+//! stored path's is a reconnect, so the stale path is closed and replaced at once (the
+//! kernel refuses until its heartbeat kills the old path). A path whose handshake is not
+//! done within `admission.handshake_timeout` of its first connection request is closed,
+//! by a periodic check as well as on collision (the kernel waits 30 s, and only on
+//! collision); the same check closes sessions not in use for `open_grace`
+//! (docs/ARCHITECTURE.md, "Session slots"). An accepted connection gets its receives
+//! posted (the INFO_REQ buffer on cid 0, `queue_depth` empty receives on IO cids) and is
+//! moved to its core in a [`Msg`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crate::common::{IuPool, RtrsCon, Uuid};
+use crate::common::RtrsCon;
 use crate::engine::{Ctx, Msg, PollResult, Poller};
-use crate::fabric::admission::{self, victim};
-use crate::fabric::{next_rkey, Access, ConnRequest, Hca, KeyScope, Listener, QpCaps};
-use crate::proto::constants::{MAX_PATHS_NUM, SERVICE_CON_QUEUE_DEPTH};
-use crate::proto::{signal_interval, ConnReq, ConnRsp, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
+use crate::fabric::{ConnRequest, Listener, QpCaps};
+use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
+use crate::proto::{signal_interval, ConnReq, ConnRsp};
+use crate::ratelimit::log_limited;
 use crate::sync::lock;
 
-use super::session::{state_name, Path, SessEntry, Session, SessionId, Sessions, CONNECTING};
+use super::admit::{self, is_zombie};
+use super::session::Path;
 use super::state::{PathWork, ServerState};
-use super::stats::PathCounters;
 use super::wr::WrId;
 use crate::Errno;
 
-/// How often half-open paths are looked for, at most (a quarter of the handshake timeout
-/// when that is shorter).
+/// How often half-open paths and idle sessions are looked for, at most (a quarter of the
+/// handshake timeout or of the grace when that is shorter).
 const REAP_EVERY_NS: u64 = 1_000_000_000;
-
-/// A path to accept the connection into, or a refusal (errno, reason).
-type Admit = Result<Arc<Path>, (Errno, String)>;
 
 /// The listeners' poller.
 pub(crate) struct Acceptor {
@@ -47,8 +44,9 @@ pub(crate) struct Acceptor {
     /// Connections whose move to their core met a full mailbox.
     pending: Vec<(usize, Msg)>,
     last_reap: u64,
-    /// The handshake deadline and the reaping period, in ns.
+    /// The handshake deadline, the grace of sessions not in use, the reaping period, in ns.
     timeout_ns: u64,
+    grace_ns: u64,
     reap_every_ns: u64,
     /// When the listeners are polled next.
     pacing: ListenPacing,
@@ -115,40 +113,32 @@ impl ListenPacing {
     }
 }
 
-/// Whether `p` is still connecting `timeout_ns` after its first connection request.
-fn is_zombie(p: &Path, now: u64, timeout_ns: u64) -> bool {
-    let ts = p.conn_ts.load(Ordering::Acquire);
-    p.state() == CONNECTING && ts != 0 && now.saturating_sub(ts) >= timeout_ns
-}
-
-/// Whether a session is being set up: no connected path, and one still connecting.
-fn setting_up(e: &SessEntry) -> bool {
-    e.up == 0 && e.all.iter().any(|p| p.state() == CONNECTING)
-}
-
 impl Acceptor {
     pub fn new(sh: Arc<ServerState>, listeners: Vec<Box<dyn Listener>>) -> Acceptor {
         let timeout_ns = sh.cfg.admission.handshake_timeout_ns();
+        let grace_ns = u64::try_from(sh.cfg.open_grace.as_nanos()).unwrap_or(u64::MAX);
         Acceptor {
             sh,
             listeners,
             pending: Vec::new(),
             last_reap: 0,
             timeout_ns,
-            reap_every_ns: (timeout_ns / 4).clamp(1_000_000, REAP_EVERY_NS),
+            grace_ns,
+            reap_every_ns: (timeout_ns.min(grace_ns) / 4).clamp(1_000_000, REAP_EVERY_NS),
             pacing: ListenPacing::new(),
             done: false,
         }
     }
 
     fn refuse(&self, cx: &mut dyn Ctx, req: ConnRequest, errno: Errno, why: &str) {
-        if self.sh.log.allow(cx.now()) {
-            tracing::warn!(
-                "rtrs-srv: refusing connection from {}: {why} (errno {})",
-                req.peer,
-                errno.neg()
-            );
-        }
+        log_limited!(
+            self.sh.log,
+            cx.now(),
+            WARN,
+            "rtrs-srv: refusing connection from {}: {why} ({errno:?}, errno {})",
+            req.peer,
+            errno.neg()
+        );
         // The wire's negative errno, made here.
         let rsp = ConnRsp::reject(errno.neg())
             .to_bytes()
@@ -162,317 +152,28 @@ impl Acceptor {
             Err(e) => return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string()),
         };
         let hca = req.hca();
-        let (res, zombies, evicted) = self.admit(cx.now(), &msg, req.peer, local, hca.as_ref());
-        for z in &zombies {
+        let r = admit::Request {
+            msg: &msg,
+            peer: req.peer,
+            local,
+            hca: hca.as_ref(),
+            authenticated: req.authenticated(),
+            now: cx.now(),
+        };
+        let out = admit::admit(&self.sh, self.timeout_ns, &r);
+        for z in &out.zombies {
             self.sh
                 .close_path(cx, z, format_args!("stale or half-open path replaced"));
         }
-        for z in &evicted {
-            self.sh.close_path(
-                cx,
-                z,
-                format_args!(
-                    "session still being set up, evicted for a new one from {}: at most {} \
-                     sessions being set up ({} per source)",
-                    req.peer.ip(),
-                    self.sh.cfg.max_pending_sessions,
-                    self.sh.cfg.admission.max_pending_per_source
-                ),
-            );
+        for (paths, why) in &out.evicted {
+            for z in paths {
+                self.sh.close_path(cx, z, format_args!("{why}"));
+            }
         }
-        match res {
+        match out.path {
             Ok(path) => self.accept(cx, req, &msg, path),
             Err((errno, why)) => self.refuse(cx, req, errno, &why),
         }
-    }
-
-    /// Finds or creates the session and path for `msg` (under the table lock). Returns
-    /// the path or a refusal, paths to close (zombies, stale paths), and the paths of a
-    /// session evicted to make room for a new one.
-    fn admit(
-        &self,
-        now: u64,
-        msg: &ConnReq,
-        peer: SocketAddr,
-        local: SocketAddr,
-        hca: Option<&Hca>,
-    ) -> (Admit, Vec<Arc<Path>>, Vec<Arc<Path>>) {
-        let mut zombies = Vec::new();
-        let mut evicted = Vec::new();
-        let mut t = lock(&self.sh.table);
-        let idx = match t
-            .sessions
-            .iter()
-            .position(|e| e.sess.paths_uuid == msg.paths_uuid)
-        {
-            Some(i) => i,
-            None if !msg.first_conn => {
-                let why = "unknown session (paths_uuid) and first_conn not set".to_string();
-                return (Err((Errno::ENXIO, why)), zombies, evicted);
-            }
-            None => match self.make_room(&t, peer, &mut evicted).and_then(|()| {
-                let source = admission::source_of(peer.ip());
-                let cfg = &self.sh.cfg;
-                if let Some(why) = t.over_cap(
-                    self.sh.session_cap,
-                    cfg.max_sessions_per_source,
-                    source,
-                    None,
-                ) {
-                    return Err((Errno::EUSERS, why));
-                }
-                self.new_session(msg.paths_uuid)
-                    .map_err(|w| (Errno::ENOMEM, w))
-            }) {
-                Ok(sess) => {
-                    t.sessions.push(SessEntry {
-                        sess,
-                        paths: Vec::new(),
-                        all: Vec::new(),
-                        up: 0,
-                        established: false,
-                        source: admission::source_of(peer.ip()),
-                    });
-                    t.sessions.len() - 1
-                }
-                Err(refusal) => return (Err(refusal), zombies, evicted),
-            },
-        };
-        let res = self.admit_path(
-            &mut t.sessions[idx],
-            now,
-            msg,
-            (peer, local, hca),
-            &mut zombies,
-        );
-        if res.is_err() && t.sessions[idx].all.is_empty() {
-            t.sessions.remove(idx);
-        }
-        (res, zombies, evicted)
-    }
-
-    /// Before a new session from `peer`: picks the session being set up that must give
-    /// way (the caps of `max_pending_sessions` and the admission's per-source limit) and
-    /// puts its connecting paths in `evicted`. Refuses (−EBUSY) only when sessions without
-    /// a connected path, those still closing included, reach twice the cap.
-    fn make_room(
-        &self,
-        t: &Sessions,
-        peer: SocketAddr,
-        evicted: &mut Vec<Arc<Path>>,
-    ) -> Result<(), (Errno, String)> {
-        let cap = self.sh.cfg.max_pending_sessions;
-        let unfinished = t.sessions.iter().filter(|e| e.up == 0).count();
-        if unfinished >= cap.saturating_mul(2) {
-            return Err((
-                Errno::EBUSY,
-                format!(
-                    "{unfinished} sessions are being set up or closed \
-                     (twice max_pending_sessions, {cap})"
-                ),
-            ));
-        }
-        let pending: Vec<&SessEntry> = t.sessions.iter().filter(|e| setting_up(e)).collect();
-        let key = |e: &&SessEntry| {
-            let src = e.all.first().map_or(peer.ip(), |p| p.peer.ip());
-            (src, e.sess.id.0)
-        };
-        let per_source = self.sh.cfg.admission.max_pending_per_source;
-        if let Some(i) = victim(&pending, peer.ip(), per_source, cap, key) {
-            evicted.extend(
-                pending[i]
-                    .all
-                    .iter()
-                    .filter(|p| p.state() == CONNECTING)
-                    .cloned(),
-            );
-        }
-        Ok(())
-    }
-
-    fn admit_path(
-        &self,
-        e: &mut SessEntry,
-        now: u64,
-        msg: &ConnReq,
-        (peer, local, hca): (SocketAddr, SocketAddr, Option<&Hca>),
-        zombies: &mut Vec<Arc<Path>>,
-    ) -> Admit {
-        let cid = usize::from(msg.cid);
-        if let Some(pi) = e.paths.iter().position(|p| p.sess_uuid == msg.sess_uuid) {
-            let p = Arc::clone(&e.paths[pi]);
-            if p.recon_cnt != msg.recon_cnt {
-                if msg.cid != 0 {
-                    return Err((
-                        Errno::ECONNRESET,
-                        format!(
-                            "cid {} of reconnect attempt {} before its cid 0 (path is at attempt {})",
-                            msg.cid, msg.recon_cnt, p.recon_cnt
-                        ),
-                    ));
-                }
-                e.paths.remove(pi);
-                zombies.push(p);
-            } else {
-                if p.state() != CONNECTING {
-                    return Err((
-                        Errno::ECONNRESET,
-                        format!("path is {}, not connecting", state_name(p.state())),
-                    ));
-                }
-                if p.hca.as_ref().map(|h| h.index) != hca.map(|h| h.index) {
-                    // The path's keys live on the device of its first connection.
-                    return Err((
-                        Errno::ECONNRESET,
-                        format!(
-                            "connection cid {cid} arrived through another RDMA device ({}) than \
-                             its path's ({})",
-                            hca.map_or("none", |h| &*h.name),
-                            p.hca.as_ref().map_or("none", |h| &*h.name)
-                        ),
-                    ));
-                }
-                if p.cid_num != msg.cid_num {
-                    return Err((
-                        Errno::ECONNRESET,
-                        format!(
-                            "cid_num {} differs from the path's {}",
-                            msg.cid_num, p.cid_num
-                        ),
-                    ));
-                }
-                let mut present = lock(&p.present);
-                if present[cid] {
-                    drop(present);
-                    if is_zombie(&p, now, self.timeout_ns) {
-                        zombies.push(p);
-                    }
-                    return Err((
-                        Errno::ECONNRESET,
-                        format!("connection cid {cid} already exists"),
-                    ));
-                }
-                present[cid] = true;
-                drop(present);
-                return Ok(p);
-            }
-        }
-        if e.all.len() >= MAX_PATHS_NUM {
-            return Err((
-                Errno::ECONNRESET,
-                format!("session already has {MAX_PATHS_NUM} paths"),
-            ));
-        }
-        if let Some(dup) = e
-            .paths
-            .iter()
-            .find(|p| p.peer.ip() == peer.ip() && p.local == local)
-        {
-            if is_zombie(dup, now, self.timeout_ns) {
-                zombies.push(Arc::clone(dup));
-            }
-            return Err((
-                Errno::EEXIST,
-                format!("session already has a path from {} to {local}", peer.ip()),
-            ));
-        }
-        let path = self
-            .new_path(&e.sess, msg, (peer, local, hca), now)
-            .map_err(|why| (Errno::ENOMEM, why))?;
-        e.paths.push(Arc::clone(&path));
-        e.all.push(Arc::clone(&path));
-        Ok(path)
-    }
-
-    fn new_session(&self, paths_uuid: Uuid) -> Result<Arc<Session>, String> {
-        let cfg = &self.sh.cfg;
-        let (qd, cs) = (cfg.queue_depth, cfg.chunk_size);
-        let layout = ImmLayout::new(qd, cs).map_err(|e| e.to_string())?;
-        let access = if cfg.always_invalidate {
-            Access::LOCAL_WRITE
-        } else {
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE
-        };
-        let len = usize::from(qd) * cs as usize;
-        let fabric = self
-            .sh
-            .fabric
-            .domain()
-            .map_err(|e| format!("protection domain: {e}"))?;
-        let chunks = cfg.chunk_alloc.alloc(&*fabric, len, access).map_err(|e| {
-            format!(
-                "chunk pool of {qd} x {cs} bytes ({} memory): {e}",
-                cfg.chunk_alloc.kind()
-            )
-        })?;
-        let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
-        let home = self.sh.next_home.fetch_add(1, Ordering::Relaxed) % self.sh.ncores;
-        Ok(Arc::new(Session {
-            id: SessionId(id),
-            paths_uuid,
-            home,
-            layout,
-            fabric,
-            chunks,
-            owner: (0..qd).map(|_| AtomicU32::new(0)).collect(),
-            done: (0..qd).map(|_| AtomicU64::new(0)).collect(),
-            name: Mutex::new(String::new()),
-        }))
-    }
-
-    fn new_path(
-        &self,
-        sess: &Arc<Session>,
-        msg: &ConnReq,
-        (peer, local, hca): (SocketAddr, SocketAddr, Option<&Hca>),
-        now: u64,
-    ) -> Result<Arc<Path>, String> {
-        let fabric = &*sess.fabric;
-        let qd = sess.queue_depth();
-        let ai = self.sh.cfg.always_invalidate;
-        // The chunk keys of a path live on its device (docs/ARCHITECTURE.md, "Several
-        // RDMA devices").
-        let device = hca.map_or(0, |h| h.index);
-        let mrs = if ai {
-            (0..qd)
-                .map(|_| fabric.alloc_fast_mr_on(KeyScope::Domain, device))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("chunk keys: {e}"))?
-        } else {
-            Vec::new()
-        };
-        let io =
-            |n, size| IuPool::new(fabric, n, size, Access::LOCAL_WRITE).map_err(|e| e.to_string());
-        let rkey_ius = if ai {
-            Some(io(usize::from(qd), RkeyRsp::LEN)?)
-        } else {
-            None
-        };
-        let mut present = vec![false; usize::from(msg.cid_num)];
-        present[usize::from(msg.cid)] = true;
-        Ok(Arc::new(Path {
-            id: (self.sh.next_id.fetch_add(1, Ordering::Relaxed) as u32).max(1),
-            sess: Arc::clone(sess),
-            sess_uuid: msg.sess_uuid,
-            cid_num: msg.cid_num,
-            recon_cnt: msg.recon_cnt,
-            peer,
-            local,
-            hca: hca.cloned(),
-            state: AtomicU8::new(CONNECTING),
-            present: Mutex::new(present),
-            conn_ts: AtomicU64::new(now.max(1)),
-            first_keys: mrs.iter().map(|m| next_rkey(m.rkey())).collect(),
-            mrs,
-            rkey_ius,
-            info_req: io(1, InfoReq::LEN)?,
-            info_rsp: io(1, InfoRsp::wire_len(qd))?,
-            busy: (0..qd).map(|_| AtomicBool::new(false)).collect(),
-            live_cons: AtomicU32::new(0),
-            traffic: AtomicBool::new(false),
-            name: Mutex::new(String::new()),
-            counters: PathCounters::new(self.sh.ncores),
-        }))
     }
 
     fn caps_for(&self, cid: u16) -> QpCaps {
@@ -543,15 +244,19 @@ impl Acceptor {
         }
     }
 
+    /// Closes half-open paths and the sessions whose grace ran out (not in use for
+    /// `open_grace`).
     fn reap(&self, cx: &mut dyn Ctx, now: u64) {
-        let zombies: Vec<Arc<Path>> = {
-            let t = lock(&self.sh.table);
-            t.sessions
+        let (zombies, idle): (Vec<Arc<Path>>, Vec<Arc<Path>>) = {
+            let mut t = lock(&self.sh.table);
+            let zombies = t
+                .sessions
                 .iter()
                 .flat_map(|e| e.all.iter())
                 .filter(|p| is_zombie(p, now, self.timeout_ns))
                 .cloned()
-                .collect()
+                .collect();
+            (zombies, t.idle_overdue(now, self.grace_ns))
         };
         for z in &zombies {
             self.sh.close_path(
@@ -560,6 +265,16 @@ impl Acceptor {
                 format_args!(
                     "handshake not done within {:?} of its first connection request",
                     self.sh.cfg.admission.handshake_timeout
+                ),
+            );
+        }
+        for p in &idle {
+            self.sh.close_path(
+                cx,
+                p,
+                format_args!(
+                    "the session was not in use (no device open) for {:?} (open_grace)",
+                    self.sh.cfg.open_grace
                 ),
             );
         }
@@ -612,6 +327,7 @@ impl Poller for Acceptor {
             self.last_reap = now;
             self.reap(cx, now);
             self.sh.log.flush(now);
+            self.sh.info_log.flush(now);
         }
         busy
     }

@@ -2,14 +2,24 @@
 //! starting a server.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::chunks::ChunkAllocator;
 use crate::common::HbConfig;
 use crate::fabric::{Admission, FabricError, Psk};
+use crate::process::{fds_left, mem_total};
 use crate::proto::constants::{
-    DEFAULT_MAX_CHUNK_SIZE, DEFAULT_MAX_HDR_SIZE, DEFAULT_SESS_QUEUE_DEPTH, MIN_CHUNK_SIZE,
+    DEFAULT_MAX_CHUNK_SIZE, DEFAULT_MAX_HDR_SIZE, DEFAULT_SESS_QUEUE_DEPTH, MAX_CID_NUM,
+    MIN_CHUNK_SIZE,
 };
 use crate::proto::fits_imm_budget;
+
+/// Default [`ServerConfig::open_grace`].
+pub const DEFAULT_OPEN_GRACE: Duration = Duration::from_secs(10);
+/// Default [`ServerConfig::max_path_connections`].
+pub const DEFAULT_MAX_PATH_CONNECTIONS: u16 = 513;
+/// Longest [`ServerConfig::open_grace`] accepted.
+pub const MAX_OPEN_GRACE: Duration = Duration::from_secs(3600);
 
 /// Server parameters; defaults are the kernel's module parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,14 +43,34 @@ pub struct ServerConfig {
     /// path, including those still closing, never exceed twice the cap (beyond, new
     /// sessions are refused with −EBUSY). Default 256.
     pub max_pending_sessions: usize,
-    /// Most established sessions (those that had a connected path and still hold their
-    /// chunk pool, each `queue_depth × chunk_size` bytes): a new session beyond it is
-    /// refused with −EUSERS. 0 (the default) derives it from the machine: as many pools as
-    /// fit in a quarter of its memory, at least 4 and at most 1024 ([`ServerConfig::session_cap`]).
+    /// Most sessions, each holding its chunk pool (`queue_depth × chunk_size` bytes) from
+    /// its first connection request: at the cap a session not in use (or still being
+    /// set up) gives way to a new one, which is refused with −EUSERS only when none can
+    /// (docs/ARCHITECTURE.md, "Session slots"). 0 (the default) derives it from the
+    /// machine: as many pools as fit in a quarter of its memory, at least 4 and at most
+    /// 1024 ([`ServerConfig::session_cap`]).
     pub max_sessions: usize,
-    /// Most established sessions from one client address (IPv6: one /64), refused with
-    /// −EUSERS beyond; default 16 (at most `max_sessions`).
+    /// Most sessions from one client address (IPv6: one /64), the same way; default 16
+    /// (at most `max_sessions`).
     pub max_sessions_per_source: usize,
+    /// How long an established session may hold its slot without being in use (the
+    /// handler's account, [`super::SessionUse`]: for RNBD, no device open), from its
+    /// first path's INFO_REQ or its last device's close; it is closed after. Default 10 s.
+    /// At a cap such sessions give way to newcomers before that (docs/ARCHITECTURE.md,
+    /// "Session slots").
+    pub open_grace: Duration,
+    /// Most connections one path may ask for (`cid_num`); a path asking for more is
+    /// refused with −EINVAL. Default 513: the kernel's client makes one per CPU plus the
+    /// service connection, so 512 CPUs.
+    pub max_path_connections: u16,
+    /// Most connections of every path of every session, those still being made included:
+    /// a path whose connections would pass it is refused (−EUSERS), after sessions
+    /// not in use gave way. 0 (the default) derives it from the machine
+    /// ([`ServerConfig::connection_cap`]).
+    pub max_connections: usize,
+    /// Most connections of the sessions from one client address (IPv6: one /64). 0 (the
+    /// default): half of the connection cap.
+    pub max_connections_per_source: usize,
     /// Connections still in their handshake: the deadline (default 5 s; for the fabric's
     /// handshake, and for a path's RTRS handshake from its first connection request to
     /// INFO_REQ) and the caps on such connections per listener (default 256 in total,
@@ -65,6 +95,10 @@ impl Default for ServerConfig {
             max_pending_sessions: 256,
             max_sessions: 0,
             max_sessions_per_source: 16,
+            open_grace: DEFAULT_OPEN_GRACE,
+            max_path_connections: DEFAULT_MAX_PATH_CONNECTIONS,
+            max_connections: 0,
+            max_connections_per_source: 0,
             admission: Admission::default(),
             chunk_alloc: ChunkAllocator::default(),
             psk: None,
@@ -83,23 +117,47 @@ impl ServerConfig {
         u64::from(self.queue_depth) * u64::from(self.chunk_size)
     }
 
-    /// The cap on established sessions in effect: `max_sessions`, or where it is 0 as
+    /// The cap on sessions in effect: `max_sessions`, or where it is 0 as
     /// many chunk pools as fit in a quarter of the machine's memory (`MemTotal` of
     /// /proc/meminfo; 16 GiB where it cannot be read), between 4 and 1024.
     pub fn session_cap(&self) -> usize {
         if self.max_sessions > 0 {
             return self.max_sessions;
         }
-        let total = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemTotal:"))
-                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            })
-            .map_or(16 << 30, |kib| kib << 10);
-        let fit = total / 4 / self.pool_bytes().max(1);
+        let fit = mem_total() / 4 / self.pool_bytes().max(1);
         fit.clamp(4, 1024) as usize
+    }
+
+    /// The most memory one connection of a session may come to hold (an estimate, for
+    /// the caps' arithmetic): its send queue grown to `5 × queue_depth + 1` slots (of up
+    /// to 256 bytes with their source lists, completions and credits), the tcp fabric's
+    /// READ staging area at its largest (2 MiB) and its frame buffers (256 KiB). About
+    /// 2.9 MiB at the default queue depth; an idle connection holds a few KiB of it.
+    pub fn connection_bytes(&self) -> u64 {
+        (u64::from(self.queue_depth) * 5 + 1) * 256 + (2 << 20) + (256 << 10)
+    }
+
+    /// The caps on connections in effect, in all and per source: `max_connections`, or
+    /// where it is 0 the smaller of what an eighth of the machine's memory holds
+    /// ([`ServerConfig::connection_bytes`] each) and two fifths of the file descriptors
+    /// this process has left under its soft `RLIMIT_NOFILE` (a tcp connection is one
+    /// descriptor; the rest is headroom for the listeners' sockets still in their
+    /// handshake, files and the runtime, so that the limit is never reached), between 16
+    /// and 65536; per source `max_connections_per_source`, or half of that.
+    pub fn connection_cap(&self) -> (usize, usize) {
+        let all = if self.max_connections > 0 {
+            self.max_connections
+        } else {
+            let by_mem = mem_total() / 8 / self.connection_bytes().max(1);
+            let by_fd = fds_left().map_or(u64::MAX, |n| n * 2 / 5);
+            by_mem.min(by_fd).clamp(16, 65536) as usize
+        };
+        let per_source = if self.max_connections_per_source > 0 {
+            self.max_connections_per_source
+        } else {
+            (all / 2).max(1)
+        };
+        (all, per_source.min(all))
     }
 
     /// Checks the parameters as the kernel checks its module parameters.
@@ -143,6 +201,35 @@ impl ServerConfig {
         }
         if self.max_sessions_per_source == 0 {
             return bad("max_sessions_per_source", 0, "must be at least 1");
+        }
+        let grace = self.open_grace;
+        if grace < Duration::from_millis(1) || grace > MAX_OPEN_GRACE {
+            return Err(ServerError::Config {
+                field: "open_grace",
+                value: format!("{grace:?}"),
+                reason: "must be between 1 ms and 1 hour",
+            });
+        }
+        if self.max_path_connections < 2 || self.max_path_connections > MAX_CID_NUM {
+            return bad(
+                "max_path_connections",
+                self.max_path_connections.into(),
+                "must be 2 to 4096 (the service connection and at least one for IO)",
+            );
+        }
+        if self.max_connections == 1 {
+            return bad(
+                "max_connections",
+                1,
+                "must be 0 (derived from the machine) or at least 2 (one path)",
+            );
+        }
+        if self.max_connections > 0 && self.max_connections_per_source > self.max_connections {
+            return bad(
+                "max_connections_per_source",
+                self.max_connections_per_source as u64,
+                "must be at most max_connections",
+            );
         }
         if let Err(e) = self.admission.validate() {
             return Err(ServerError::Config {

@@ -8,13 +8,21 @@
 //! [`ServerHandler::request`] until it answers into the server's [`Responses`]: at once,
 //! from `request`, or later from [`ServerHandler::poll`], which the core's server poller
 //! calls on every loop (no poller of its own, nothing shared).
+//!
+//! A handler may also give the server an account of each session's use
+//! ([`ServerHandler::session_use`], a [`SessionUse`]): whether the session uses its slot
+//! (RNBD: has a device open) and which addresses may join it. Sessions not in use give
+//! way at the caps and after `open_grace`; a path joining a session is checked against
+//! it (docs/ARCHITECTURE.md, "Session slots").
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use super::session::{Path, SessionId};
 use crate::common::{Dir, LinkEvent};
 use crate::engine::Ctx;
+use crate::sync::lock;
 use crate::Errno;
 
 /// Identifies one request on the core that received it (slot and generation, so a late
@@ -117,6 +125,17 @@ impl SrvPath<'_> {
     pub fn sessname(&self) -> String {
         self.0.sess.name()
     }
+
+    /// Runs `f` with the source address of every path of the session (this one
+    /// included, those still connecting too), while no path can join: a path joining
+    /// meanwhile is checked by [`SessionUse::may_join`] after `f` has returned. For an
+    /// OPEN's host check, which must cover every path that can carry the device's IO.
+    /// Takes a lock: not for every IO.
+    pub fn with_session_peers<R>(&self, f: impl FnOnce(&[IpAddr]) -> R) -> R {
+        let peers = lock(&self.0.sess.peers);
+        let addrs: Vec<IpAddr> = peers.iter().map(|&(_, ip)| ip).collect();
+        f(&addrs)
+    }
 }
 
 impl fmt::Debug for SrvPath<'_> {
@@ -188,11 +207,38 @@ impl Responses {
     }
 }
 
+/// The layer above's account of one session, which the server consults on its control
+/// path (connection requests, and about once a second): whether the session uses the
+/// slot it holds, and who may join it. Called with the server's session table locked:
+/// keep both cheap and free of calls back into the server.
+pub trait SessionUse: Send + Sync {
+    /// Whether the session is in use (RNBD: it has a device open). One that is not gives
+    /// way at the caps and is closed `open_grace` after it stopped being in use.
+    fn in_use(&self) -> bool;
+
+    /// Whether a new path from `peer` may join the session (RNBD: the host list of every
+    /// device it has open allows `peer`; `authenticated`: the connection proved the
+    /// listener's key). `Err` says why not, for the refusal (−EACCES) and its log line.
+    ///
+    /// # Errors
+    /// The reason the path is refused.
+    fn may_join(&self, peer: IpAddr, authenticated: bool) -> Result<(), String>;
+}
+
 /// The layer above: one instance per core, called on that core only.
 pub trait ServerHandler {
     /// First path of a session up ([`LinkEvent::Connected`]) or last path gone
     /// ([`LinkEvent::Disconnected`]). Called on the session's home core.
     fn link_event(&mut self, cx: &mut dyn Ctx, sess: SessionId, sessname: &str, ev: LinkEvent);
+
+    /// The account of session `sess`'s use the server is to consult (see [`SessionUse`]),
+    /// asked on the home core right after its [`LinkEvent::Connected`]. `None` (the
+    /// default): the session is always in use and any address may join it, as in the
+    /// kernel.
+    fn session_use(&mut self, sess: SessionId) -> Option<Arc<dyn SessionUse>> {
+        let _ = sess;
+        None
+    }
 
     /// A request; answer it with [`Responses::respond`]`(io.id, result)`, into `out`
     /// now or into the `out` of a later [`poll`](Self::poll).

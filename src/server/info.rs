@@ -10,11 +10,12 @@ use crate::engine::Ctx;
 use crate::fabric::{Access, SendOp, SendWr};
 use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{InfoReq, InfoRsp, HB_MSG_IMM};
+use crate::ratelimit::log_limited;
 use crate::sync::lock;
 
 use super::conn::{ConSlot, InfoState};
 use super::handler::ServerHandler;
-use super::session::{CONNECTED, CONNECTING};
+use super::session::{Usage, CONNECTED, CONNECTING};
 use super::state::ServerState;
 use super::wr::WrId;
 
@@ -68,21 +69,6 @@ pub(crate) fn on_info_req(
                 format_args!("session name {name:?} is used by another session (EPERM)"),
             );
         }
-        // Sessions set up side by side may have passed the caps together when they were
-        // made: the first path to connect makes the session count, if there is room.
-        let over = match t.sessions.iter().find(|e| e.sess.id == path.sess.id) {
-            Some(e) if !e.established => t.over_cap(
-                sh.session_cap,
-                sh.cfg.max_sessions_per_source,
-                e.source,
-                Some(path.sess.id),
-            ),
-            _ => None,
-        };
-        if let Some(why) = over {
-            drop(t);
-            return slot.close_path(sh, cx, format_args!("{why} (EUSERS)"));
-        }
         if path
             .state
             .compare_exchange(CONNECTING, CONNECTED, Ordering::AcqRel, Ordering::Acquire)
@@ -125,23 +111,32 @@ pub(crate) fn on_info_req(
     let next = cx.now().saturating_add(hb.interval_ns());
     slot.hb = Some((hb, next));
     slot.info = InfoState::Posting { next: 0, len };
-    if sh.log.allow(cx.now()) {
-        let on = path
-            .hca
-            .as_ref()
-            .map(|h| format!(" on {} port {}", h.name, h.port))
-            .unwrap_or_default();
-        tracing::info!(
-            "rtrs-srv: {} {name:?}: path {}@{} connected{on} ({} connections)",
-            path.sess.id,
-            path.peer,
-            path.local,
-            path.cid_num
-        );
-    }
+    let on = path
+        .hca
+        .as_ref()
+        .map(|h| format!(" on {} port {}", h.name, h.port))
+        .unwrap_or_default();
+    log_limited!(
+        sh.info_log,
+        cx.now(),
+        INFO,
+        "rtrs-srv: {} {name:?}: path {}@{} connected{on} ({} connections)",
+        path.sess.id,
+        path.peer,
+        path.local,
+        path.cid_num
+    );
     if first_up {
         let sname = path.sess.name();
         handler.link_event(cx, path.sess.id, &sname, LinkEvent::Connected);
+        let usage = match handler.session_use(path.sess.id) {
+            Some(u) => Usage::By(u),
+            None => Usage::Always,
+        };
+        if let Some(e) = lock(&sh.table).by_id(path.sess.id) {
+            e.usage = usage;
+            e.idle_since = Some(cx.now());
+        }
     }
     post_info_rsp(cx, sh, slot);
 }

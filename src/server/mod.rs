@@ -32,6 +32,7 @@
 //! structs; [`Server::stop`] closes everything.
 
 mod accept;
+mod admit;
 pub mod chunks;
 mod config;
 mod conn;
@@ -41,6 +42,7 @@ mod io;
 mod ops;
 mod poller;
 mod session;
+mod slots;
 mod state;
 pub mod stats;
 mod wr;
@@ -56,8 +58,10 @@ use crate::sync::lock;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
 pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
-pub use config::{ServerConfig, ServerError};
-pub use handler::{DataArea, IoId, Response, Responses, ServerHandler, SrvIo, SrvPath};
+pub use config::{
+    ServerConfig, ServerError, DEFAULT_MAX_PATH_CONNECTIONS, DEFAULT_OPEN_GRACE, MAX_OPEN_GRACE,
+};
+pub use handler::{DataArea, IoId, Response, Responses, ServerHandler, SessionUse, SrvIo, SrvPath};
 pub use session::SessionId;
 pub use stats::{PathStats, ServerStats, SessionStats};
 
@@ -122,9 +126,15 @@ impl Server {
         let addrs = listeners.iter().map(|l| l.local_addr()).collect();
         let ncores = cx.cores().max(1);
         let inv_at_post = fabric.caps().local_ops_at_post;
-        let session_cap = config.session_cap();
+        let (conns, conns_per_source) = config.connection_cap();
+        let caps = slots::Caps {
+            sessions: config.session_cap(),
+            sessions_per_source: config.max_sessions_per_source,
+            conns,
+            conns_per_source,
+        };
         let sh = Arc::new(ServerState {
-            session_cap,
+            caps,
             cfg: config,
             fabric,
             inv_at_post,
@@ -136,6 +146,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             pollers: AtomicUsize::new(ncores + 1),
             log: RateLimit::per_second("rtrs-srv"),
+            info_log: RateLimit::per_second("rtrs-srv: paths connected"),
             cqs: (0..ncores).map(|_| std::sync::OnceLock::new()).collect(),
         });
         let factory: Arc<HandlerFactory> = Arc::new(factory);

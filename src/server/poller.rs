@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::common::LinkEvent;
+use crate::common::{LinkEvent, RtrsCon};
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{CmEvent, ConnState, Cq, FabricKind, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
@@ -22,7 +22,7 @@ use super::conn::{close_path_of, ConSlot};
 use super::handler::ServerHandler;
 use super::info;
 use super::io::{Env, Requests};
-use super::session::{Path, CLOSED, CONNECTED};
+use super::session::{Path, Usage, CLOSED, CONNECTED};
 use super::state::{PathWork, ServerState};
 use super::wr::WrId;
 
@@ -50,6 +50,16 @@ fn core_cq_entries(kind: FabricKind) -> u32 {
     }
 }
 
+/// `": why"` when the fabric broke connection `con` because it refused the peer (a
+/// remote access error with its key and range, an invalid frame, a forged ack), else
+/// nothing: the peer's own disconnect needs no reason.
+fn broke(con: &RtrsCon) -> String {
+    con.conn()
+        .failure()
+        .map(|f| format!(": {f}"))
+        .unwrap_or_default()
+}
+
 /// The server's poller on one core.
 pub(crate) struct ServerCore {
     sh: Arc<ServerState>,
@@ -73,7 +83,14 @@ pub(crate) struct ServerCore {
     now: u64,
     /// Calls of `poll` so far (paces connection-manager checks).
     polls: u64,
+    /// Home core: a path was finalised since the freed memory was last handed back
+    /// ([`crate::process::release_free_memory`], at most every [`TRIM_EVERY_NS`]), and when.
+    trim_due: bool,
+    last_trim: u64,
 }
+
+/// How often freed memory is handed back to the system, at most, while paths close.
+const TRIM_EVERY_NS: u64 = 1_000_000_000;
 
 impl ServerCore {
     pub fn new(sh: Arc<ServerState>, core: usize, handler: Box<dyn ServerHandler>) -> ServerCore {
@@ -104,6 +121,8 @@ impl ServerCore {
             done: false,
             now: 0,
             polls: 0,
+            trim_due: false,
+            last_trim: 0,
         }
     }
 
@@ -264,8 +283,12 @@ impl ServerCore {
                 failed = true;
                 // As in poll_con: say Disconnected when that is what happened.
                 if slot.con.state() == ConnState::Disconnected {
-                    let cid = slot.con.cid();
-                    self.close_con_path(cx, i, format_args!("connection cid {cid}: Disconnected"));
+                    let (cid, why) = (slot.con.cid(), broke(&slot.con));
+                    self.close_con_path(
+                        cx,
+                        i,
+                        format_args!("connection cid {cid}: Disconnected{why}"),
+                    );
                 } else {
                     self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
                 }
@@ -307,8 +330,12 @@ impl ServerCore {
         while let Some(ev) = cm_due.then(|| slot.con.poll_cm()).flatten() {
             busy = true;
             if let CmEvent::Disconnected | CmEvent::Error { .. } | CmEvent::Rejected { .. } = ev {
-                let cid = slot.con.cid();
-                slot.close_path(&self.sh, cx, format_args!("connection cid {cid}: {ev:?}"));
+                let (cid, why) = (slot.con.cid(), broke(&slot.con));
+                slot.close_path(
+                    &self.sh,
+                    cx,
+                    format_args!("connection cid {cid}: {ev:?}{why}"),
+                );
                 break;
             }
         }
@@ -349,8 +376,12 @@ impl ServerCore {
                 // The usual case: the peer went away right after these requests (a
                 // client closing or dying resets its sockets); say so, not "post refused".
                 if slot.con.state() == ConnState::Disconnected {
-                    let cid = slot.con.cid();
-                    self.close_con_path(cx, i, format_args!("connection cid {cid}: Disconnected"));
+                    let (cid, why) = (slot.con.cid(), broke(&slot.con));
+                    self.close_con_path(
+                        cx,
+                        i,
+                        format_args!("connection cid {cid}: Disconnected{why}"),
+                    );
                 } else {
                     self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
                 }
@@ -510,15 +541,22 @@ impl ServerCore {
                     let e = &mut t.sessions[pos];
                     e.paths.retain(|q| !Arc::ptr_eq(q, &p));
                     e.all.retain(|q| !Arc::ptr_eq(q, &p));
+                    lock(&e.sess.peers).retain(|&(id, _)| id != p.id);
                     if was_up && e.up > 0 {
                         e.up -= 1;
                         last_up = e.up == 0;
+                    }
+                    if last_up {
+                        // The layer above ends its session now; a later path up asks anew.
+                        e.usage = Usage::Unknown;
+                        e.idle_since = None;
                     }
                     if e.all.is_empty() {
                         t.sessions.remove(pos);
                     }
                 }
             }
+            self.trim_due = true;
             if last_up {
                 let name = p.sess.name();
                 self.handler
@@ -561,6 +599,13 @@ impl Poller for ServerCore {
             busy |= requests.run_waiting(cx, &mut env);
         }
         busy |= self.finalize(cx);
+        if self.trim_due && self.now.saturating_sub(self.last_trim) >= TRIM_EVERY_NS {
+            // What the closed paths' connections and the sessions gone freed (their
+            // queues, buffers, chunk pools) goes back to the system, not kept at the peak.
+            self.trim_due = false;
+            self.last_trim = self.now;
+            crate::process::release_free_memory();
+        }
         // What this loop posted (responses, RKEY_RSPs, acks) goes out now, not at the
         // next loop's poll of the CQ (docs/ARCHITECTURE.md, "Posting and pushing").
         for slot in self.cons.iter_mut().flatten() {

@@ -19,7 +19,7 @@
 //! execution's result instead of running a second time.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -77,6 +77,12 @@ pub(crate) struct Session {
     /// chunk's owner.
     pub done: Box<[AtomicU64]>,
     pub name: Mutex<String>,
+    /// Every path not yet finalised, by id, with its client's address: what an OPEN's
+    /// host check covers ([`super::SrvPath::with_session_peers`]). Written under the
+    /// session table's lock, and held from a joining path's check until it is recorded
+    /// here, so an OPEN and a join are checked one after the other (lock order: table,
+    /// peers, the layer above's).
+    pub peers: Mutex<Vec<(u32, IpAddr)>>,
 }
 
 /// Claims an owner word for `pid` (non-zero); `Err(owner)` when another holds it.
@@ -309,12 +315,41 @@ pub(crate) struct SessEntry {
     pub all: Vec<Arc<Path>>,
     /// Paths that reached CONNECTED and are not finalised.
     pub up: usize,
-    /// A path of it reached CONNECTED once: it counts against the session caps
-    /// (`ServerConfig::max_sessions`) until it is gone.
+    /// A path of it reached CONNECTED once (every session counts against the session
+    /// caps from its first connection request: it holds its chunk pool from then).
     pub established: bool,
     /// The client address it came from (its first connection request), as the session
     /// caps count sources (`fabric::admission::source_of`: IPv6 per /64).
     pub source: std::net::IpAddr,
+    /// The layer above's account of its use (docs/ARCHITECTURE.md, "Session slots").
+    pub usage: Usage,
+    /// Since when it has been established and not in use (`None`: in use, or not
+    /// established); it is closed `open_grace` after.
+    pub idle_since: Option<u64>,
+    /// It gave way (to a newcomer at a cap, or at the end of its grace): its paths are
+    /// closing and it counts against no cap (at most `slots::MAX_DRAINING` such at once).
+    pub evicted: bool,
+}
+
+/// What the layer above says of a session's use ([`super::SessionUse`]).
+#[derive(Clone)]
+pub(crate) enum Usage {
+    /// Not asked yet: being set up, or between its last path going down and the next
+    /// coming up. Counts as in use (never gives way) for the moment this lasts.
+    Unknown,
+    /// The handler keeps no account: always in use, joins unchecked (the kernel's way).
+    Always,
+    By(Arc<dyn super::SessionUse>),
+}
+
+impl Usage {
+    /// Whether the session is in use (see [`Usage::Unknown`]).
+    pub fn in_use(&self) -> bool {
+        match self {
+            Usage::By(u) => u.in_use(),
+            Usage::Unknown | Usage::Always => true,
+        }
+    }
 }
 
 /// All sessions, under one lock (control path only).
@@ -326,37 +361,6 @@ pub(crate) struct Sessions {
 impl Sessions {
     pub fn by_id(&mut self, id: SessionId) -> Option<&mut SessEntry> {
         self.sessions.iter_mut().find(|e| e.sess.id == id)
-    }
-
-    /// Why one more established session from `source` would exceed the caps (`cap` in
-    /// all, `per_source` from one source), not counting session `except` (the one being
-    /// established), or `None` when it would not.
-    pub fn over_cap(
-        &self,
-        cap: usize,
-        per_source: usize,
-        source: std::net::IpAddr,
-        except: Option<SessionId>,
-    ) -> Option<String> {
-        let counted = || {
-            self.sessions
-                .iter()
-                .filter(move |e| e.established && Some(e.sess.id) != except)
-        };
-        let all = counted().count();
-        if all >= cap {
-            return Some(format!(
-                "the target holds {all} sessions, its cap (max_sessions {cap})"
-            ));
-        }
-        let mine = counted().filter(|e| e.source == source).count();
-        if mine >= per_source.min(cap) {
-            return Some(format!(
-                "{mine} sessions from {source} already, the cap per source \
-                 (max_sessions_per_source {per_source})"
-            ));
-        }
-        None
     }
 }
 

@@ -12,10 +12,11 @@ use crate::common::Inbox;
 use crate::common::RtrsCon;
 use crate::engine::{Ctx, Msg};
 use crate::fabric::{CqRef, Fabric};
-use crate::ratelimit::RateLimit;
+use crate::ratelimit::{log_limited, RateLimit};
 
 use super::config::ServerConfig;
 use super::session::{Path, Sessions, CLOSING, CONNECTED, CONNECTING};
+use super::slots::Caps;
 
 /// Work for one core, delivered through its inbox.
 pub(crate) enum PathWork {
@@ -29,8 +30,8 @@ pub(crate) enum PathWork {
 
 pub(crate) struct ServerState {
     pub cfg: ServerConfig,
-    /// The cap on established sessions in effect ([`ServerConfig::session_cap`]).
-    pub session_cap: usize,
+    /// The caps in effect ([`ServerConfig::session_cap`], `connection_cap`).
+    pub caps: Caps,
     pub fabric: Arc<dyn Fabric>,
     /// The fabric's [`FabricCaps::local_ops_at_post`](crate::fabric::FabricCaps): a
     /// request's LOCAL_INV of its chunk key is done once posted, so the request goes on
@@ -46,6 +47,9 @@ pub(crate) struct ServerState {
     pub pollers: AtomicUsize,
     /// Messages about peers: refused connections, protocol violations, closed paths.
     pub log: RateLimit,
+    /// Paths connected (info): a budget of their own, so that a flood of sessions does
+    /// not crowd the refusals out of the log where info lines are printed (SPDK).
+    pub info_log: RateLimit,
     /// Each core's shared completion queue, to accept its connections on (set by the
     /// core's poller when it starts; unset where the fabric has none: then each
     /// connection has its own).
@@ -92,15 +96,16 @@ impl ServerState {
                 Err(now) => cur = now,
             }
         }
-        if self.log.allow(cx.now()) {
-            tracing::warn!(
-                "rtrs-srv: {} path {:?} ({}@{}): closing: {why}",
-                path.sess.id,
-                path.name(),
-                path.peer,
-                path.local
-            );
-        }
+        log_limited!(
+            self.log,
+            cx.now(),
+            WARN,
+            "rtrs-srv: {} path {:?} ({}@{}): closing: {why}",
+            path.sess.id,
+            path.name(),
+            path.peer,
+            path.local
+        );
         self.post(cx, path.sess.home, PathWork::Finalize(Arc::clone(path)));
         for core in 0..self.ncores {
             if core != path.sess.home && core != cx.core() {

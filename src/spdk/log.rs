@@ -2,7 +2,9 @@
 //! engine, RTRS and RNBD appear with the host application's own, at its log levels:
 //! error → `SPDK_LOG_ERROR`, warn → `SPDK_LOG_WARN`, info → `SPDK_LOG_NOTICE`; debug and
 //! trace are dropped (SPDK's debug flags are per component and need a debug build).
-//! Spans are not tracked: events carry everything a reader needs.
+//! Spans are not tracked: events carry everything a reader needs. An event is enabled
+//! only if SPDK will write it (to stderr or syslog, at their levels of the moment), so a
+//! rate limiter asking `tracing::enabled!` counts only lines printed.
 
 use std::ffi::CString;
 use std::fmt::Write as _;
@@ -10,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 
 use super::sys;
@@ -48,9 +51,34 @@ impl Visit for Line {
     }
 }
 
+/// SPDK's level for a `tracing` level (INFO and above; the rest is dropped).
+fn spdk_level(level: Level) -> Option<sys::spdk_log_level> {
+    match level {
+        Level::ERROR => Some(sys::spdk_log_level_SPDK_LOG_ERROR),
+        Level::WARN => Some(sys::spdk_log_level_SPDK_LOG_WARN),
+        Level::INFO => Some(sys::spdk_log_level_SPDK_LOG_NOTICE),
+        _ => None,
+    }
+}
+
 impl Subscriber for SpdkLog {
+    /// Asked per event, not cached per call site: SPDK's levels change at run time
+    /// (`log_set_print_level`).
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        match spdk_level(*metadata.level()) {
+            Some(_) => Interest::sometimes(),
+            None => Interest::never(),
+        }
+    }
+
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        *metadata.level() <= Level::INFO
+        let Some(level) = spdk_level(*metadata.level()) else {
+            return false;
+        };
+        // SAFETY: plain getters of SPDK's log levels, callable from any thread.
+        let (print, syslog) =
+            unsafe { (sys::spdk_log_get_print_level(), sys::spdk_log_get_level()) };
+        level <= print.max(syslog)
     }
 
     fn new_span(&self, _span: &Attributes<'_>) -> Id {
@@ -63,11 +91,7 @@ impl Subscriber for SpdkLog {
 
     fn event(&self, event: &Event<'_>) {
         let meta = event.metadata();
-        let level = match *meta.level() {
-            Level::ERROR => sys::spdk_log_level_SPDK_LOG_ERROR,
-            Level::WARN => sys::spdk_log_level_SPDK_LOG_WARN,
-            _ => sys::spdk_log_level_SPDK_LOG_NOTICE,
-        };
+        let level = spdk_level(*meta.level()).unwrap_or(sys::spdk_log_level_SPDK_LOG_NOTICE);
         let mut line = Line::default();
         event.record(&mut line);
         line.0.push('\n');

@@ -1,51 +1,31 @@
 //! No client can exhaust or crash the target: `rtrs-target` under an address-space limit
 //! of about 1.2 GB (`ulimit -v`) takes 40 sessions from 40 source addresses
-//! (127.0.0.2 .. 127.0.0.41) that together want far more chunk memory than it may have.
-//! It must stay up, refuse what it cannot hold with ENOMEM (or its session caps' EUSERS),
+//! (127.0.0.2 .. 127.0.0.41), each opening a device, that together want far more chunk
+//! memory than it may have. It must stay up, refuse what it cannot hold with ENOMEM (or its session caps' EUSERS),
 //! and serve a verified `rtrs-bench` from a legitimate source with no error throughout;
 //! with caps set, the caps refuse first. Every wait is bounded; nothing is timed.
 
 use crate::cli_util;
+use crate::rnbd_raw;
 use crate::server_util;
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use cli_util::{start_target_limited, TargetProc, BENCH, LIMIT};
-use rtrs_spdk::fabric::tcp::TcpFabric;
-use rtrs_spdk::fabric::Fabric;
+use rnbd_raw::{open, Remote};
+use rtrs_spdk::proto::rnbd::AccessMode;
 use server_util::client::{info_req, Ids, TestPath};
-use server_util::Driver;
 
 /// About 1.2 GB: the target's own needs (some 150 MB) and room for about 16 chunk pools
 /// of 64 MiB, where 40 sessions want 2.5 GiB.
 const AS_LIMIT: u64 = 1_200_000_000;
 
-/// The flood's client: a real tcp fabric on the test thread against the target process.
-struct Remote {
-    fabric: Arc<dyn Fabric>,
-    addr: SocketAddr,
-}
-
-impl Driver for Remote {
-    fn step(&mut self) {
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    fn client_fabric(&self) -> Arc<dyn Fabric> {
-        Arc::clone(&self.fabric)
-    }
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-    fn max_steps(&self) -> usize {
-        50_000
-    }
-}
-
-/// Opens 40 sessions, one from each of 127.0.0.2 .. 127.0.0.41; keeps the admitted ones
-/// open and returns them with the refusals' errnos.
+/// Opens 40 sessions, one from each of 127.0.0.2 .. 127.0.0.41, each opening `vol`
+/// read-only (so they are in use and never give way to each other: docs/ARCHITECTURE.md,
+/// "Session slots"); keeps the admitted ones open and returns them with the refusals'
+/// errnos.
 fn flood(r: &mut Remote) -> (Vec<TestPath>, Vec<i32>) {
     let (mut kept, mut refused) = (Vec::new(), Vec::new());
     for n in 2..42u8 {
@@ -60,7 +40,10 @@ fn flood(r: &mut Remote) -> (Vec<TestPath>, Vec<i32>) {
             Ids::random(),
             true,
         ) {
-            Ok(p) => kept.push(p),
+            Ok(mut p) => {
+                open(&mut p, r, "vol", AccessMode::ReadOnly).expect("the flood opens vol");
+                kept.push(p)
+            }
             Err(e) => refused.push(e),
         }
     }
@@ -102,10 +85,7 @@ fn flood_against(extra: &[&str]) -> (usize, Vec<i32>) {
     let running = bench(&t, 6);
     // Let the bench's session in first (it is the legitimate one).
     std::thread::sleep(Duration::from_millis(1500));
-    let mut r = Remote {
-        fabric: Arc::new(TcpFabric::new()),
-        addr: SocketAddr::from(([127, 0, 0, 1], t.port)),
-    };
+    let mut r = Remote::new(SocketAddr::from(([127, 0, 0, 1], t.port)));
     let (kept, refused) = flood(&mut r);
     bench_ok(running.join().unwrap());
     // The target is still there and answers a new session.

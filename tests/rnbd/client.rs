@@ -45,6 +45,7 @@ impl Link {
             usr,
             data: area,
             peer: None,
+            paths: &[],
         };
         let errno = match self.disp.process(&self.sess, req) {
             Outcome::Done(r) => Errno::neg_of(r),

@@ -228,6 +228,7 @@ impl SessionHandle for DirectPort {
             usr: io.usr,
             data,
             peer: None,
+            paths: &[],
         };
         let sess = self.sessions.session_or_create(self.key, "clt");
         if let Outcome::Done(e) = self.disp.process_view(sess, req) {

@@ -116,6 +116,7 @@ fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errn
             usr: &msg,
             data: buf,
             peer: None,
+            paths: &[],
         },
     );
     match r {
@@ -149,6 +150,7 @@ fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf
             usr: &usr,
             data,
             peer: None,
+            paths: &[],
         },
     )
 }

@@ -65,6 +65,7 @@ fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -
         usr,
         data,
         peer: None,
+        paths: &[],
     };
     match d.process(s, req) {
         Outcome::Done(r) => return Errno::neg_of(r),
@@ -101,6 +102,7 @@ fn open(d: &mut Dispatcher, s: &RnbdSession) -> u32 {
                 usr: &msg,
                 data: area.buf(OpenRsp::LEN),
                 peer: None,
+                paths: &[],
             }
         ),
         Outcome::Done(Ok(()))

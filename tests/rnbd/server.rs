@@ -82,6 +82,7 @@ fn req(usr: &[u8], dir: Dir, data: IoBuf) -> Request<'_> {
         usr,
         data,
         peer: None,
+        paths: &[],
     }
 }
 
@@ -515,6 +516,7 @@ fn a_busy_backend_queues_and_everything_completes() {
             usr: m,
             data,
             peer: None,
+            paths: &[],
         };
         assert_eq!(d.process(&s, r), Outcome::Submitted);
     }

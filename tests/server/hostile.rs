@@ -170,6 +170,37 @@ fn half_open_path_is_closed_at(cfg: rtrs_spdk::server::ServerConfig, timeout_s: 
 }
 
 #[test]
+fn connections_of_a_path_come_from_its_address_and_within_its_cap() {
+    let cfg = rtrs_spdk::server::ServerConfig {
+        max_path_connections: 8,
+        ..Harness::config(true)
+    };
+    let mut h = Harness::new(2, cfg);
+    let addr = h.addr;
+    let from = |last: u8| Some(SocketAddr::from(([127, 0, 0, last], 0)));
+    // A path asking for more connections than a path may have: refused at once.
+    assert_eq!(
+        raw_connect_from(&mut h, from(2), addr, &req(0, 9, true)).err(),
+        Some(-libc::EINVAL)
+    );
+    assert_eq!(h.server.session_count(), 0);
+    // The uuids travel in clear: a connection of another host's path, still being made,
+    // is refused; the path's own host makes it.
+    let ids = Ids::random();
+    let r = |cid| {
+        ConnReq::new(cid, 3, 1, ids.sess_uuid, ids.paths_uuid, true)
+            .to_bytes()
+            .unwrap()
+    };
+    let _c0 = raw_connect_from(&mut h, from(2), addr, &r(0)).expect("cid 0");
+    assert_eq!(
+        raw_connect_from(&mut h, from(3), addr, &r(1)).err(),
+        Some(ECONNRESET)
+    );
+    let _c1 = raw_connect_from(&mut h, from(2), addr, &r(1)).expect("cid 1 from its host");
+}
+
+#[test]
 fn half_open_path_is_closed_at_the_default_handshake_timeout() {
     half_open_path_is_closed_at(Harness::config(true), 5);
 }

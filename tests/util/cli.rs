@@ -111,22 +111,34 @@ pub fn start_target_logged(exports: &[&str], extra: &[&str]) -> (TargetProc, Arc
 
 /// [`start_target`] under an address-space limit of `bytes` (`ulimit -v`).
 pub fn start_target_limited(exports: &[&str], extra: &[&str], bytes: u64) -> TargetProc {
+    start_target_rlimit(exports, extra, libc::RLIMIT_AS, bytes, false)
+}
+
+/// [`start_target`] under `resource`'s limit `value` (soft and hard: the target cannot
+/// raise it), at its default log level when `default_log`.
+pub fn start_target_rlimit(
+    exports: &[&str],
+    extra: &[&str],
+    resource: libc::__rlimit_resource_t,
+    value: u64,
+    default_log: bool,
+) -> TargetProc {
     let mut cmd = Command::new(TARGET);
     // SAFETY: between fork and exec the closure only calls setrlimit, which is
     // async-signal-safe, and touches no memory of the parent's but its own stack.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             let lim = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: bytes,
+                rlim_cur: value,
+                rlim_max: value,
             };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+            if libc::setrlimit(resource, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    spawn_with(cmd, "tcp://127.0.0.1:0", exports, extra, false)
+    spawn_with(cmd, "tcp://127.0.0.1:0", exports, extra, default_log)
 }
 
 fn spawn_target(listen: &str, exports: &[&str], extra: &[&str], default_log: bool) -> TargetProc {

@@ -32,6 +32,7 @@ mod stats;
 use rtrs_spdk::fabric::ListenOptions;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
@@ -65,6 +66,13 @@ pub struct TargetOptions {
     /// source address (`ServerConfig::max_sessions`, `max_sessions_per_source`).
     pub max_sessions: usize,
     pub max_sessions_per_source: usize,
+    /// How long a session without a device keeps its slot (`ServerConfig::open_grace`).
+    pub open_grace: Duration,
+    /// Connections per path, in all and per source (`ServerConfig::max_path_connections`,
+    /// `max_connections`, `max_connections_per_source`; 0: derived).
+    pub max_path_connections: u16,
+    pub max_connections: usize,
+    pub max_connections_per_source: usize,
 }
 
 impl Default for TargetOptions {
@@ -77,6 +85,10 @@ impl Default for TargetOptions {
             admission: d.admission,
             max_sessions: d.max_sessions,
             max_sessions_per_source: d.max_sessions_per_source,
+            open_grace: d.open_grace,
+            max_path_connections: d.max_path_connections,
+            max_connections: d.max_connections,
+            max_connections_per_source: d.max_connections_per_source,
         }
     }
 }
@@ -92,6 +104,10 @@ impl TargetOptions {
             admission: self.admission,
             max_sessions: self.max_sessions,
             max_sessions_per_source: self.max_sessions_per_source,
+            open_grace: self.open_grace,
+            max_path_connections: self.max_path_connections,
+            max_connections: self.max_connections,
+            max_connections_per_source: self.max_connections_per_source,
             chunk_alloc: ChunkAllocator::new(Arc::new(SpdkDmaChunks)),
             ..ServerConfig::default()
         }
@@ -227,9 +243,17 @@ impl Target {
                 e.reason
             ));
         }
-        o.server_config()
-            .validate()
-            .map_err(|e| format!("rtrs_target_set_options: {e}"))?;
+        o.server_config().validate().map_err(|e| match e {
+            // The option's name in this RPC.
+            rtrs_spdk::server::ServerError::Config {
+                field: "open_grace",
+                ..
+            } => format!(
+                "rtrs_target_set_options: 'open_grace_ms' = {}: must be 1 to 3600000",
+                o.open_grace.as_millis()
+            ),
+            e => format!("rtrs_target_set_options: {e}"),
+        })?;
         self.options = o;
         self.options_set = true;
         Ok(())
@@ -480,6 +504,10 @@ impl Target {
                     "max_pending_per_source": o.admission.max_pending_per_source,
                     "max_sessions": o.max_sessions,
                     "max_sessions_per_source": o.max_sessions_per_source,
+                    "open_grace_ms": u64::try_from(o.open_grace.as_millis()).unwrap_or(u64::MAX),
+                    "max_path_connections": o.max_path_connections,
+                    "max_connections": o.max_connections,
+                    "max_connections_per_source": o.max_connections_per_source,
                 }
             }));
         }

@@ -70,6 +70,10 @@ fn set_options(req: RpcRequest, v: Value) {
             "max_pending_per_source",
             "max_sessions",
             "max_sessions_per_source",
+            "open_grace_ms",
+            "max_path_connections",
+            "max_connections",
+            "max_connections_per_source",
         ])?;
         with_target(|t| {
             let mut o: TargetOptions = t.options;
@@ -97,6 +101,18 @@ fn set_options(req: RpcRequest, v: Value) {
             }
             if let Some(n) = p.opt_uint("max_sessions_per_source", u64::from(u32::MAX))? {
                 o.max_sessions_per_source = n as usize;
+            }
+            if let Some(ms) = p.opt_uint("open_grace_ms", u64::from(u32::MAX))? {
+                o.open_grace = Duration::from_millis(ms);
+            }
+            if let Some(n) = p.opt_uint("max_path_connections", u64::from(u16::MAX))? {
+                o.max_path_connections = n as u16;
+            }
+            if let Some(n) = p.opt_uint("max_connections", u64::from(u32::MAX))? {
+                o.max_connections = n as usize;
+            }
+            if let Some(n) = p.opt_uint("max_connections_per_source", u64::from(u32::MAX))? {
+                o.max_connections_per_source = n as usize;
             }
             t.set_options(o)
         })

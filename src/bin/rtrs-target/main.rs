@@ -8,7 +8,9 @@
 //!             [--handshake-timeout 5s] [--max-pending 256] [--max-pending-per-source 32]
 //!             [--psk-file KEYFILE]
 //!             [--allow vol=10.0.0.0/24 --allow vol=sess:host1 ...]
-//!             [--max-sessions N] [--max-sessions-per-source 16]
+//!             [--max-sessions N] [--max-sessions-per-source 16] [--open-grace 10s]
+//!             [--max-path-connections 513] [--max-connections N]
+//!             [--max-connections-per-source N]
 //! ```
 //! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
 //! both at once run one RTRS server per fabric over the same exports. Connections that have
@@ -18,6 +20,11 @@
 //! connections cannot lock clients out). It prints one line when ready (`listening on
 //! tcp://127.0.0.1:1234, exports: vol (ram 1 GiB)`) and stops cleanly on SIGINT or SIGTERM:
 //! the servers close every session, their pollers finish, the reactors drain, exit code 0.
+//! Sessions and connections are capped (`--max-sessions`, `--max-connections`, per source
+//! and per path); a session with no device open holds its slot for `--open-grace` at most
+//! and gives way to a newcomer at a cap (docs/ARCHITECTURE.md, "Session slots"). The soft
+//! limit on file descriptors is raised to the hard one at start, and the connection caps
+//! keep a margin below it.
 //! `--allow NAME=PATTERN` restricts export NAME to the hosts its patterns match (an
 //! address, a network, or `sess:SESSNAME`; checked at OPEN, others get −EACCES; a `sess:`
 //! pattern identifies a client, it does not authenticate it, since clients name their own
@@ -47,7 +54,7 @@ use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_
 use rtrs_spdk::fabric::Admission;
 use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::rnbd::server::HostPattern;
-use rtrs_spdk::server::ServerConfig;
+use rtrs_spdk::server::{ServerConfig, DEFAULT_MAX_PATH_CONNECTIONS};
 
 use cli::target::Listen;
 use cli::url::{parse_url, FabricUrl};
@@ -113,6 +120,24 @@ struct Args {
     /// Most established sessions from one client address (IPv6: one /64).
     #[arg(long, value_name = "N", default_value_t = 16)]
     max_sessions_per_source: usize,
+    /// Close a session that has no device open this long after it connected or closed
+    /// its last device; at the session and connection caps such sessions give way to
+    /// new ones at once.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = cli::duration_arg)]
+    open_grace: Duration,
+    /// Most connections one path may ask for (the kernel's client makes one per CPU
+    /// plus one); a path asking for more is refused (EINVAL).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PATH_CONNECTIONS)]
+    max_path_connections: u16,
+    /// Most connections in all; beyond, sessions without a device give way, else a new
+    /// path is refused (EUSERS). 0: what an eighth of the memory holds (about 3 MiB a
+    /// connection at most) and two fifths of the file descriptors left, the smaller.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_connections: usize,
+    /// Most connections of the sessions from one client address. 0: half of
+    /// --max-connections.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_connections_per_source: usize,
     /// Only hosts matching PATTERN may open export NAME: an address (127.0.0.2,
     /// [fd00::1]) or network (10.0.0.0/24, [fd00::]/64) matched against the client's
     /// source address, or sess:SESSNAME matched against its session name (which the
@@ -182,6 +207,10 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         hb: cli::hb_config(args.heartbeat, args.heartbeat_missed),
         max_sessions: args.max_sessions,
         max_sessions_per_source: args.max_sessions_per_source,
+        open_grace: args.open_grace,
+        max_path_connections: args.max_path_connections,
+        max_connections: args.max_connections,
+        max_connections_per_source: args.max_connections_per_source,
         ..ServerConfig::default()
     };
     config.validate().map_err(|e| (e.to_string(), EXIT_USAGE))?;
@@ -244,8 +273,15 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         );
     }
 
+    // A service started under systemd gets a soft limit of 1024 descriptors and a far
+    // higher hard one: take the hard one, then size the connection caps by it.
+    let nofile = match rtrs_spdk::process::raise_nofile() {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("unknown ({e})"),
+    };
     let config_admission = config.admission;
     let session_cap = config.session_cap();
+    let (conn_cap, conn_cap_per_source) = config.connection_cap();
     let engine =
         Engine::start(engine_cfg).map_err(|e| (format!("starting reactors: {e}"), EXIT_FAILED))?;
     let target = match cli::target::start_target(&engine, listen, &args.export, &args.allow, config)
@@ -271,6 +307,11 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
         admission = %config_admission,
         max_sessions = session_cap,
         max_sessions_per_source = args.max_sessions_per_source,
+        open_grace = ?args.open_grace,
+        max_path_connections = args.max_path_connections,
+        max_connections = conn_cap,
+        max_connections_per_source = conn_cap_per_source,
+        nofile = %nofile,
         authentication = args.psk_file.is_some(),
         "target ready"
     );

@@ -709,6 +709,10 @@ impl<T: Member> Conn for CqConn<T> {
     fn local_addr(&self) -> Option<SocketAddr> {
         self.with(|c| c.local_addr()).flatten()
     }
+
+    fn failure(&self) -> Option<String> {
+        self.with(|c| c.failure()).flatten()
+    }
 }
 
 impl<T: Member> Drop for CqConn<T> {

@@ -19,8 +19,8 @@ mod stage;
 pub mod table;
 
 pub use qp::{
-    recv_completion, recv_error, respond, Handed, InboundError, Placed, PostedRecv, Respond,
-    SoftQp, WireKind, WireOp,
+    recv_completion, recv_error, respond, BadAck, Handed, InboundError, Placed, PostedRecv,
+    Respond, SoftQp, WireKind, WireOp, SQ_INITIAL,
 };
 pub(crate) use table::random_key_byte;
 pub use table::{Keep, Leases, MemRef, MrTable, PendingBind, TableFull, MAX_ENTRIES, MAX_MR_SIZE};

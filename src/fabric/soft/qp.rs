@@ -39,8 +39,17 @@
 //! it must tell its peer and raise `CmEvent::Disconnected` from
 //! [`SoftQp::take_disconnect`], which is true exactly once.
 //!
-//! Nothing here allocates after construction: the queues are rings sized by the
-//! connection's caps, and each send slot keeps its source list's capacity.
+//! The queues are sized by use, not by the caps: the send ring starts at
+//! [`SQ_INITIAL`] slots and doubles when a post needs more, up to the caps' `max_send_wr`
+//! (rounded up to a power of two); the completion and receive queues grow the same way.
+//! So an idle connection costs a few KiB whatever its caps allow, and the memory a busy
+//! one took is given back when it is dropped (docs/ARCHITECTURE.md, "Caps and what
+//! they cost"). Once a connection has carried its busiest load nothing allocates again:
+//! each send slot keeps its source list's capacity.
+//!
+//! An ack is believed only for operations handed to the transport ([`SoftQp::on_ack`]):
+//! a peer that acknowledges what was never sent would make us drop our own unsent
+//! requests as done.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -110,6 +119,21 @@ struct SqSlot {
     /// Some of `srcs` are copies in the staging area, which this mark releases.
     staged: Option<u64>,
     srcs: Srcs,
+}
+
+impl SqSlot {
+    fn new(max_send_sge: u32) -> SqSlot {
+        SqSlot {
+            wr_id: 0,
+            signaled: false,
+            opcode: WcOpcode::Send,
+            wire: None,
+            status: None,
+            bind: None,
+            staged: None,
+            srcs: Srcs::with_capacity(max_send_sge as usize),
+        }
+    }
 }
 
 /// A send request's checked source list. Every list is allocated once, at
@@ -322,6 +346,21 @@ fn widen(span: &mut (u64, u64), src: &MemRef) {
     span.1 = span.1.max(a + src.len() as u64);
 }
 
+/// Send slots of a new queue pair: enough for a service connection's steady state; a
+/// busier one grows its ring (see the module doc).
+pub const SQ_INITIAL: usize = 64;
+
+/// Receive and completion entries a new queue pair reserves before they grow.
+const QUEUE_INITIAL: usize = 64;
+
+/// An ack for an operation never handed to the transport ([`SoftQp::on_ack`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("ack for operation {acked}, but only {sent} were sent")]
+pub struct BadAck {
+    pub acked: u64,
+    pub sent: u64,
+}
+
 /// A software RC queue pair.
 pub struct SoftQp {
     table: Arc<MrTable>,
@@ -335,7 +374,7 @@ pub struct SoftQp {
     state: ConnState,
     disconnect_pending: bool,
     /// The send ring: a power of two long (indexing is a mask), of which `sq_cap`
-    /// (`max_send_wr`) slots may be in use.
+    /// (`max_send_wr`) slots may be in use; it grows on demand up to `sq_cap` rounded up.
     sq: Vec<SqSlot>,
     sq_mask: usize,
     sq_cap: usize,
@@ -362,6 +401,8 @@ pub struct SoftQp {
     /// it, widened by every source posted or staged after.
     src_span: (u64, u64),
     next_seq: u64,
+    /// The last sequence number handed to the transport: no ack may go beyond it.
+    sent_seq: u64,
     peer_acked: u64,
     rq: VecDeque<PostedRecv>,
     cq: VecDeque<Wc>,
@@ -373,17 +414,8 @@ pub struct SoftQp {
 impl SoftQp {
     pub fn new(table: Arc<MrTable>, caps: QpCaps) -> SoftQp {
         let sq_cap = caps.max_send_wr.max(1) as usize;
-        let sq: Vec<SqSlot> = (0..sq_cap.next_power_of_two())
-            .map(|_| SqSlot {
-                wr_id: 0,
-                signaled: false,
-                opcode: WcOpcode::Send,
-                wire: None,
-                status: None,
-                bind: None,
-                staged: None,
-                srcs: Srcs::with_capacity(caps.max_send_sge as usize),
-            })
+        let sq: Vec<SqSlot> = (0..sq_cap.next_power_of_two().min(SQ_INITIAL))
+            .map(|_| SqSlot::new(caps.max_send_sge))
             .collect();
         let cq_len = (caps.max_send_wr + caps.max_recv_wr) as usize;
         SoftQp {
@@ -406,9 +438,10 @@ impl SoftQp {
             binds_waiting: 0,
             src_span: NO_SPAN,
             next_seq: 1,
+            sent_seq: 0,
             peer_acked: 0,
-            rq: VecDeque::with_capacity(caps.max_recv_wr as usize),
-            cq: VecDeque::with_capacity(cq_len),
+            rq: VecDeque::with_capacity((caps.max_recv_wr as usize).min(QUEUE_INITIAL)),
+            cq: VecDeque::with_capacity(cq_len.min(QUEUE_INITIAL)),
             executed: 0,
             ack_sent: 0,
             in_progress: None,
@@ -516,6 +549,9 @@ impl SoftQp {
 
     fn push_send(&mut self, wr: &SendWr<'_>, len: u32) {
         let i = self.sq_len;
+        if i == self.sq.len() {
+            self.grow_sq();
+        }
         self.sq_len += 1;
         if self.sq_left.max(self.sq_done) >= i {
             // No earlier slot is left for a REG_MR to wait on.
@@ -642,6 +678,26 @@ impl SoftQp {
             inv_rkey,
         });
         self.next_seq += 1;
+    }
+
+    /// Doubles the send ring (a post found every slot in use, fewer than `sq_cap`): the
+    /// slots keep their order from `sq_head`, which becomes 0, and their source lists.
+    /// Allocates only while the connection's busiest load so far is being exceeded.
+    #[cold]
+    fn grow_sq(&mut self) {
+        let mut ring = std::mem::take(&mut self.sq);
+        let n = ring.len() * 2;
+        debug_assert!(
+            n <= self.sq_cap.next_power_of_two(),
+            "the ring outgrew its caps"
+        );
+        ring.rotate_left(self.sq_head);
+        ring.reserve_exact(n - ring.len());
+        let sge = self.caps.max_send_sge;
+        ring.resize_with(n, || SqSlot::new(sge));
+        self.sq = ring;
+        self.sq_head = 0;
+        self.sq_mask = n - 1;
     }
 
     fn break_on_local_error(&mut self, i: usize) {
@@ -885,7 +941,12 @@ impl SoftQp {
             }
             let s = &mut self.sq[(self.sq_head + i) & self.sq_mask];
             if let (Some(w), None) = (&s.wire, s.status) {
-                match go(w, &mut s.srcs) {
+                let seq = w.seq;
+                let handed = go(w, &mut s.srcs);
+                if !matches!(handed, Handed::Stop) {
+                    self.sent_seq = seq;
+                }
+                match handed {
                     Handed::Queued => {}
                     Handed::Executed => {
                         s.srcs.clear();
@@ -938,8 +999,9 @@ impl SoftQp {
     pub fn mark_transmitted(&mut self, mut n: usize) {
         while n > 0 && self.sq_sent < self.sq_len {
             let s = self.slot(self.sq_sent);
-            if s.wire.is_some() && s.status.is_none() {
+            if let (Some(w), None) = (s.wire, s.status) {
                 n -= 1;
+                self.sent_seq = w.seq;
             }
             self.sq_sent += 1;
         }
@@ -954,21 +1016,34 @@ impl SoftQp {
     }
 
     /// The peer executed every operation up to `seq`.
-    pub fn on_ack(&mut self, seq: u64) {
+    ///
+    /// # Errors
+    /// [`BadAck`] when `seq` is beyond the last operation handed to the transport: the
+    /// peer claims to have executed what it cannot have received. Nothing is completed;
+    /// the transport closes the connection.
+    pub fn on_ack(&mut self, seq: u64) -> Result<(), BadAck> {
+        if seq > self.sent_seq {
+            return Err(BadAck {
+                acked: seq,
+                sent: self.sent_seq,
+            });
+        }
         // A repeated ack completes nothing: local completions were already moved on
         // by the post (or break) that made them.
-        if seq > self.peer_acked && seq < self.next_seq {
+        if seq > self.peer_acked {
             self.peer_acked = seq;
             self.advance();
             // Acked operations' bytes have left for sure.
             self.take_binds();
         }
+        Ok(())
     }
 
     /// The peer refused operation `seq` with `status`: it completes with that status and
     /// the queue pair breaks.
     pub fn on_nak(&mut self, seq: u64, status: WcStatus) {
-        self.on_ack(seq.saturating_sub(1));
+        // A nak beyond what was sent acknowledges nothing; the queue pair breaks anyway.
+        let _ = self.on_ack(seq.saturating_sub(1));
         for i in 0..self.sq_len {
             let s = self.slot_mut(i);
             if s.status.is_none() && s.wire.is_some_and(|w| w.seq == seq) {

@@ -31,9 +31,9 @@ use super::rx::{CmIn, CmReadError, ReadGate, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
 use crate::fabric::soft::cq::Member;
-use crate::fabric::soft::{MrTable, SoftQp};
+use crate::fabric::soft::{MrTable, SoftQp, WireKind, WireOp};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc,
+    CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc, WcStatus,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,8 @@ pub struct TcpConn {
     local: Option<SocketAddr>,
     /// The address given to `connect` (for error messages before `peer` is known).
     dst: Option<SocketAddr>,
+    /// Why we broke the connection, when the peer was refused ([`Conn::failure`]).
+    failure: Option<String>,
 }
 
 impl TcpConn {
@@ -107,6 +109,7 @@ impl TcpConn {
             peer: None,
             local: None,
             dst: None,
+            failure: None,
         }
     }
 
@@ -286,6 +289,12 @@ impl TcpConn {
             let _ = s.shutdown(Shutdown::Both);
         }
         self.phase = TcpConnPhase::Closed;
+    }
+
+    /// The peer broke the protocol: the connection is lost, and says why ([`Conn::failure`]).
+    fn refused_peer(&mut self, why: String) {
+        self.lost(&why);
+        self.failure = Some(why);
     }
 
     /// Closes the socket with a reset, discarding what our socket buffers still hold
@@ -513,11 +522,13 @@ impl TcpConn {
             RxStop::Idle => {}
             RxStop::Eof => self.lost("the peer closed the connection"),
             RxStop::Io(e) => self.lost(&format!("socket read failed: {e}")),
-            RxStop::Garbage(e) => self.lost(&format!("invalid frame: {e}")),
-            RxStop::Unexpected(op) => self.lost(&format!("unexpected {op:?} frame")),
-            RxStop::Refused { seq, status } => {
-                tracing::debug!(peer = %self.who(), seq, ?status, "tcp fabric: refusing operation");
-                self.tx.queue_last(Header::nak(seq, status));
+            RxStop::Garbage(e) => self.refused_peer(format!("invalid frame: {e}")),
+            RxStop::Unexpected(op) => self.refused_peer(format!("unexpected {op:?} frame")),
+            RxStop::BadAck(e) => self.refused_peer(format!("forged ack: {e}")),
+            RxStop::Refused { op, status } => {
+                self.failure = Some(refusal(&op, status));
+                tracing::debug!(peer = %self.who(), seq = op.seq, ?status, "tcp fabric: refusing operation");
+                self.tx.queue_last(Header::nak(op.seq, status));
                 self.phase = TcpConnPhase::Closing;
             }
             RxStop::PeerNak => self.phase = TcpConnPhase::Closing,
@@ -604,6 +615,28 @@ impl Member for TcpConn {
     }
 }
 
+/// What a refused operation was, for [`Conn::failure`]: the kind, and for a remote
+/// access the key and the range it named.
+fn refusal(op: &WireOp, status: WcStatus) -> String {
+    let what = match op.kind {
+        WireKind::RdmaWrite | WireKind::RdmaWriteWithImm => format!(
+            "RDMA WRITE of {} bytes at {:#x} under rkey {:#x}",
+            op.len, op.remote_addr, op.rkey
+        ),
+        WireKind::SendWithInv => format!(
+            "SEND of {} bytes invalidating rkey {:#x}",
+            op.len, op.inv_rkey
+        ),
+        WireKind::Send | WireKind::SendWithImm => format!("SEND of {} bytes", op.len),
+    };
+    let why = match status {
+        WcStatus::RemoteAccess => "remote access error",
+        WcStatus::RemoteInvalidRequest => "invalid request",
+        _ => "refused",
+    };
+    format!("{why}: {what} (operation {}, {status:?})", op.seq)
+}
+
 fn who(addr: Option<SocketAddr>) -> String {
     match addr {
         Some(a) => a.to_string(),
@@ -668,6 +701,10 @@ impl Conn for TcpConn {
 
     fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.clone()
     }
 
     fn local_addr(&self) -> Option<SocketAddr> {

@@ -19,7 +19,7 @@ use super::frame::{cm_frame, peek_version, v2_frame, CmPayload, Header, Opcode, 
 use super::frame::{CM_FRAME_MAX, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, NONCE_LEN, PROOF_LEN};
 use super::frame::{V1, V2};
 use crate::fabric::{PrivateData, Psk};
-use crate::ratelimit::RateLimit;
+use crate::ratelimit::{log_limited, RateLimit};
 
 /// Largest payload of a refused request that is read away before the answer (so that
 /// closing does not reset the connection under the answer).
@@ -314,12 +314,13 @@ pub(crate) struct RefusalLog<'a> {
 
 impl RefusalLog<'_> {
     fn refused(&mut self, peer: SocketAddr, what: &str) {
-        if self.limit.allow(self.now) {
-            tracing::warn!(
-                %peer,
-                listener = %self.listener,
-                "tcp fabric listener: refused {what}"
-            );
-        }
+        log_limited!(
+            self.limit,
+            self.now,
+            WARN,
+            %peer,
+            listener = %self.listener,
+            "tcp fabric listener: refused {what}"
+        );
     }
 }

@@ -33,7 +33,7 @@ use crate::fabric::soft::{self, MrTable};
 use crate::fabric::{
     Conn, ConnRequest, CqRef, Fabric, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
 };
-use crate::ratelimit::RateLimit;
+use crate::ratelimit::{log_limited, RateLimit};
 
 /// The accept queue's length (the kernel caps it at `net.core.somaxconn`): room for a
 /// burst of connections between two polls, since an overflow drops SYNs.
@@ -140,21 +140,22 @@ impl TcpListener {
                     );
                     if let Some(i) = full {
                         let old = self.incoming.swap_remove(i);
-                        if self.log.allow(self.ns(now)) {
-                            let same = admission::source_of(old.peer.ip())
-                                == admission::source_of(peer.ip());
-                            let cap = if same {
-                                format!("{} per source", lim.max_pending_per_source)
-                            } else {
-                                format!("{} in total", lim.max_pending)
-                            };
-                            tracing::warn!(
-                                "tcp fabric listener {}: closing {} to admit {peer}: at most {cap} \
-                                 connections without a complete connect request",
-                                self.local,
-                                old.peer,
-                            );
-                        }
+                        let same =
+                            admission::source_of(old.peer.ip()) == admission::source_of(peer.ip());
+                        let cap = if same {
+                            format!("{} per source", lim.max_pending_per_source)
+                        } else {
+                            format!("{} in total", lim.max_pending)
+                        };
+                        log_limited!(
+                            self.log,
+                            self.ns(now),
+                            WARN,
+                            "tcp fabric listener {}: closing {} to admit {peer}: at most {cap} \
+                             connections without a complete connect request",
+                            self.local,
+                            old.peer,
+                        );
                     }
                     if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
                         continue;
@@ -173,9 +174,13 @@ impl TcpListener {
                 Err(e) => {
                     // ECONNABORTED, EMFILE and the like: this socket is lost (EMFILE: it
                     // waits in the backlog), keep serving.
-                    if self.log.allow(self.ns(now)) {
-                        tracing::warn!("tcp fabric listener {}: accept failed: {e}", self.local);
-                    }
+                    log_limited!(
+                        self.log,
+                        self.ns(now),
+                        WARN,
+                        "tcp fabric listener {}: accept failed: {e}",
+                        self.local
+                    );
                     return;
                 }
             }
@@ -208,13 +213,14 @@ impl Listener for TcpListener {
             match step {
                 Step::Wait if now.saturating_duration_since(incoming[i].since) >= timeout => {
                     let inc = incoming.swap_remove(i);
-                    if self.log.allow(now_ns) {
-                        tracing::warn!(
-                            "tcp fabric listener {}: closing {}: no complete connect request within {timeout:?}",
-                            self.local,
-                            inc.peer
-                        );
-                    }
+                    log_limited!(
+                        self.log,
+                        now_ns,
+                        WARN,
+                        "tcp fabric listener {}: closing {}: no complete connect request within {timeout:?}",
+                        self.local,
+                        inc.peer
+                    );
                 }
                 Step::Wait => i += 1,
                 Step::Drop => {
@@ -230,6 +236,7 @@ impl Listener for TcpListener {
                         table: self.table.clone(),
                         version,
                         readiness: self.readiness,
+                        authenticated: self.psk.is_some(),
                     };
                     self.ready.push_back(ConnRequest {
                         private_data,
@@ -256,9 +263,15 @@ pub struct TcpPending {
     version: u8,
     /// See [`TcpListener`]'s field.
     readiness: TcpReadiness,
+    /// The initiator proved the listener's key (every request of a listener with one).
+    authenticated: bool,
 }
 
 impl PendingConn for TcpPending {
+    fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
     fn accept(
         mut self: Box<Self>,
         caps: QpCaps,

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use super::frame::{peek_version, FrameError, Header, Opcode};
 use super::frame::{CHALLENGE_LEN, CM_FRAME_LEN, CM_PAYLOAD_LEN, HEADER_LEN, MAGIC, V1, VERSION};
 use super::sys;
-use crate::fabric::soft::{InboundError, MemRef, SoftQp, WireKind, WireOp};
+use crate::fabric::soft::{BadAck, InboundError, MemRef, SoftQp, WireKind, WireOp};
 use crate::fabric::WcStatus;
 
 /// Size of the staging buffer.
@@ -57,11 +57,13 @@ pub(crate) enum RxStop {
     Garbage(FrameError),
     /// A frame that is valid but not allowed here (for example a CM frame mid-stream).
     Unexpected(Opcode),
-    /// The queue pair refused operation `seq`: NAK it and close.
+    /// The queue pair refused operation `op`: NAK it and close.
     Refused {
-        seq: u64,
+        op: WireOp,
         status: WcStatus,
     },
+    /// The peer acknowledged operations never sent: not believed, the connection closes.
+    BadAck(BadAck),
     /// The peer refused one of ours (the queue pair has the status already).
     PeerNak,
     /// The peer disconnected gracefully.
@@ -347,8 +349,10 @@ impl Rx {
             Opcode::RdmaWrite => WireKind::RdmaWrite,
             Opcode::RdmaWriteWithImm => WireKind::RdmaWriteWithImm,
             Opcode::Ack => {
-                qp.on_ack(h.seq);
-                return None;
+                return qp.on_ack(h.seq).err().map(|e| {
+                    qp.fail();
+                    RxStop::BadAck(e)
+                });
             }
             Opcode::Nak => {
                 qp.on_nak(h.seq, h.nak_status());
@@ -408,7 +412,7 @@ impl Rx {
                 // cannot put where they belong.
                 qp.fail();
                 Some(RxStop::Refused {
-                    seq: op.seq,
+                    op,
                     status: WcStatus::RemoteInvalidRequest,
                 })
             }
@@ -418,10 +422,7 @@ impl Rx {
             }
             Err(InboundError::Refuse(status)) => {
                 self.state = State::Header;
-                Some(RxStop::Refused {
-                    seq: op.seq,
-                    status,
-                })
+                Some(RxStop::Refused { op, status })
             }
         }
     }

@@ -13,12 +13,13 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use super::exports::{AccessError, Exports, ExportsError};
+use super::exports::{Exports, ExportsError};
 use super::session::{lookup_fresh, RnbdSession, SessionView};
 use super::ExportId;
 use crate::proto::rnbd::{AccessMode, Io, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfoRsp};
+use crate::ratelimit::{log_limited, process_ns, RateLimit};
 use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, IoBuf,
     SECTOR_SIZE,
@@ -41,7 +42,15 @@ pub struct Request<'a> {
     /// Source address of the path the request came on (`None`: unknown); an OPEN is
     /// checked against the export's host list with it.
     pub peer: Option<IpAddr>,
+    /// The source addresses of every path of the session (empty: unknown): an OPEN is
+    /// checked against the host list with each, as each can carry the device's IO.
+    pub paths: &'a [IpAddr],
 }
+
+/// OPENs refused (host lists, names, writers, modes): a client provokes them at will,
+/// so their lines are rate-limited (counting lines printed).
+static OPEN_REFUSALS: LazyLock<RateLimit> =
+    LazyLock::new(|| RateLimit::per_second("rnbd server: open refusals"));
 
 /// What [`Dispatcher::process`] did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,8 +88,6 @@ pub struct Dispatcher {
     bad_headers: u64,
     /// IOs the backend refused as invalid (logged at powers of two).
     refused: u64,
-    /// OPENs refused by a host list (logged at powers of two).
-    denied: u64,
 }
 
 impl Dispatcher {
@@ -102,7 +109,6 @@ impl Dispatcher {
             ready: VecDeque::with_capacity(READY_CAPACITY),
             bad_headers: 0,
             refused: 0,
-            denied: 0,
         })
     }
 
@@ -175,7 +181,7 @@ impl Dispatcher {
                 if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
                     return Outcome::Done(Err(Errno::EINVAL));
                 }
-                match sess.open(&open, req.peer) {
+                match sess.open_from(&open, req.peer, req.paths) {
                     Ok(rsp) => {
                         let mut b = [0u8; OpenRsp::LEN];
                         match rsp.encode(&mut b) {
@@ -187,25 +193,17 @@ impl Dispatcher {
                             Err(_) => Outcome::Done(Err(Errno::EINVAL)),
                         }
                     }
-                    Err(e @ AccessError::HostDenied) => {
-                        self.denied += 1;
-                        if self.denied.is_power_of_two() {
-                            tracing::warn!(
-                                session = sess.name(),
-                                peer = ?req.peer,
-                                dev = %String::from_utf8_lossy(open.dev_name),
-                                count = self.denied,
-                                "rnbd: open refused: {e}"
-                            );
-                        }
-                        Outcome::Done(Err(e.errno()))
-                    }
                     Err(e) => {
-                        tracing::debug!(
+                        log_limited!(
+                            OPEN_REFUSALS,
+                            process_ns(),
+                            WARN,
                             session = sess.name(),
+                            peer = ?req.peer,
                             dev = %String::from_utf8_lossy(open.dev_name),
                             mode = open.access_mode.as_str(),
-                            "rnbd: open refused: {e}"
+                            "rnbd: open refused: {e} ({:?})",
+                            e.errno()
                         );
                         Outcome::Done(Err(e.errno()))
                     }
@@ -502,6 +500,7 @@ mod tests {
             usr: &[],
             data,
             peer: None,
+            paths: &[],
         }
     }
 

@@ -99,6 +99,13 @@ pub enum AccessError {
     ReadOnlyExport { mode: &'static str },
     #[error("access denied: this host is not in the export's allowed hosts")]
     HostDenied,
+    /// Another path of the session comes from an address the list does not allow: it
+    /// could carry the device's IO.
+    #[error(
+        "access denied: the session has a path from {addr}, which the export's allowed \
+         hosts do not include"
+    )]
+    PathDenied { addr: std::net::IpAddr },
 }
 
 impl AccessError {
@@ -106,13 +113,15 @@ impl AccessError {
     /// the server does not have (what opening a missing path gives), −EINVAL for `..`,
     /// −EPERM for a writer conflict, −EACCES for write access to a read-only export
     /// (what the kernel's block-device open returns for a read-only device) and for a
-    /// host the export's host list does not allow.
+    /// host (or another path of the session) the export's host list does not allow.
     pub fn errno(self) -> Errno {
         match self {
             AccessError::UnknownName => Errno::ENOENT,
             AccessError::DotDot => Errno::EINVAL,
             AccessError::InUse { .. } => Errno::EPERM,
-            AccessError::ReadOnlyExport { .. } | AccessError::HostDenied => Errno::EACCES,
+            AccessError::ReadOnlyExport { .. }
+            | AccessError::HostDenied
+            | AccessError::PathDenied { .. } => Errno::EACCES,
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::common::LinkEvent;
 use crate::engine::Ctx;
 use crate::proto::rnbd::RnbdMsgType;
 use crate::rnbd::backend::{BlockCompletion, IoBuf};
-use crate::server::{IoId, Responses, ServerHandler, SessionId, SrvIo};
+use crate::server::{IoId, Responses, ServerHandler, SessionId, SessionUse, SrvIo};
 use crate::Errno;
 
 /// Completions taken from the dispatcher per call of its `poll`.
@@ -132,11 +132,25 @@ impl ServerHandler for RnbdServer {
             usr: io.usr,
             data,
             peer: Some(io.path.peer().ip()),
+            paths: &[],
         };
-        match disp.process_view(sess, req) {
+        let outcome = if matches!(RnbdMsgType::peek(io.usr), Ok(RnbdMsgType::Open)) {
+            // An OPEN is checked against every path of the session, none joining
+            // meanwhile (docs/ARCHITECTURE.md, "Session slots").
+            io.path
+                .with_session_peers(|paths| disp.process_view(sess, Request { paths, ..req }))
+        } else {
+            disp.process_view(sess, req)
+        };
+        match outcome {
             Outcome::Done(result) => out.respond(io.id, result),
             Outcome::Submitted => {}
         }
+    }
+
+    fn session_use(&mut self, sess: SessionId) -> Option<Arc<dyn SessionUse>> {
+        let s: Arc<dyn SessionUse> = self.table.get(sess)?;
+        Some(s)
     }
 
     fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut Responses) -> bool {

@@ -8,10 +8,13 @@
 //! ([`HostList::any`]) is open to every host; one with a list (even an empty one) only to
 //! the hosts it matches.
 //!
-//! The list is checked at OPEN only: removing a host leaves the devices it has open
-//! working (as NVMe-oF leaves connected controllers) until it closes them, the export
-//! is removed, or its session ends; its next OPEN (a re-open after a reconnect
-//! included) is refused with −EACCES.
+//! The list is checked at OPEN — for the path carrying it and for every other path of
+//! the session, since each can carry the device's IO — and when a path joins a session
+//! that has the export open ([`HostList::admits_path`]: by address, or by `sess:` only on
+//! an authenticated connection, a session's name being no secret). Removing a host
+//! leaves the devices it has open working (as NVMe-oF leaves connected controllers)
+//! until it closes them, the export is removed, or its session ends; its next OPEN (a
+//! re-open after a reconnect included) is refused with −EACCES.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -186,6 +189,26 @@ impl HostList {
         }
     }
 
+    /// Whether a path from `addr` may join a session (named `sessname`) that has the
+    /// export open: the list allows any host, or an address or network of it matches
+    /// `addr`, or — only on a connection that proved the target's key (`authenticated`)
+    /// — a `sess:` pattern matches `sessname`. Without a key a session's name is no
+    /// proof, and neither is the session's `paths_uuid`, which every connection request
+    /// carries in clear.
+    pub fn admits_path(&self, addr: IpAddr, sessname: &str, authenticated: bool) -> bool {
+        let host = Host {
+            addr: Some(addr),
+            sessname,
+        };
+        match &*read(&self.0) {
+            None => true,
+            Some(list) => list.iter().any(|p| match p {
+                HostPattern::Sess(_) => authenticated && p.matches(&host),
+                _ => p.matches(&host),
+            }),
+        }
+    }
+
     /// The patterns, `None` when open to every host.
     pub fn get(&self) -> Option<Vec<HostPattern>> {
         read(&self.0).clone()
@@ -298,5 +321,22 @@ mod tests {
         assert_eq!(l.get(), Some(vec![]));
         assert!(!l.allows(&who));
         assert!(!HostList::only(vec![]).allows(&who));
+    }
+
+    #[test]
+    fn a_joining_path_is_admitted_by_address_or_by_name_with_a_key() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let l = HostList::only(vec![
+            "10.0.0.0/24".parse().unwrap(),
+            "sess:db1".parse().unwrap(),
+        ]);
+        assert!(l.admits_path(ip("10.0.0.9"), "other", false));
+        assert!(l.admits_path(ip("::ffff:10.0.0.9"), "other", false));
+        assert!(!l.admits_path(ip("10.0.1.9"), "other", true));
+        // The name alone proves nothing without a key.
+        assert!(!l.admits_path(ip("10.0.1.9"), "db1", false));
+        assert!(l.admits_path(ip("10.0.1.9"), "db1", true));
+        assert!(HostList::any().admits_path(ip("192.0.2.1"), "x", false));
+        assert!(!HostList::only(vec![]).admits_path(ip("10.0.0.9"), "db1", true));
     }
 }

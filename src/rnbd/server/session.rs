@@ -15,7 +15,7 @@
 //! is never freed (a removed export only turns closed, see [`Exports`]).
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::net::IpAddr;
@@ -23,6 +23,7 @@ use std::net::IpAddr;
 use super::exports::{AccessError, ExportId, Exports};
 use super::hosts::Host;
 use crate::proto::rnbd::{AccessMode, Open, OpenRsp, RNBD_PROTO_VER_MAJOR};
+use crate::server::SessionUse;
 use crate::sync::{lock, Published};
 
 /// One mapped device.
@@ -70,6 +71,9 @@ pub struct RnbdSession {
     /// reads the snapshot (see the module doc).
     table: Mutex<Table>,
     published: Published<Devices>,
+    /// Devices mapped, as last published: the RTRS server's account of the session's
+    /// use ([`SessionUse::in_use`]).
+    mapped: AtomicUsize,
     ended: AtomicBool,
 }
 
@@ -82,6 +86,7 @@ impl RnbdSession {
             ver: AtomicU8::new(0),
             table: Mutex::new(Table::default()),
             published: Published::default(),
+            mapped: AtomicUsize::new(0),
             ended: AtomicBool::new(false),
         }
     }
@@ -117,8 +122,24 @@ impl RnbdSession {
     /// The refusal, whose [`errno`](AccessError::errno) goes on the wire; also
     /// [`AccessError::UnknownName`] once the session has ended.
     pub fn open(&self, open: &Open<'_>, addr: Option<IpAddr>) -> Result<OpenRsp, AccessError> {
+        self.open_from(open, addr, &[])
+    }
+
+    /// [`RnbdSession::open`] for a session whose paths come from `paths` (the OPEN's
+    /// own among them, or not): a host list must allow each of them, since every path
+    /// can carry the device's IO ([`AccessError::PathDenied`] names the first it does
+    /// not).
+    ///
+    /// # Errors
+    /// As [`RnbdSession::open`].
+    pub fn open_from(
+        &self,
+        open: &Open<'_>,
+        addr: Option<IpAddr>,
+        paths: &[IpAddr],
+    ) -> Result<OpenRsp, AccessError> {
         let mut table = self.lock();
-        let result = self.open_locked(&mut table, open, addr);
+        let result = self.open_locked(&mut table, open, addr, paths);
         self.publish(&mut table);
         result
     }
@@ -128,6 +149,7 @@ impl RnbdSession {
         devices: &mut Vec<Option<Mapping>>,
         open: &Open<'_>,
         addr: Option<IpAddr>,
+        paths: &[IpAddr],
     ) -> Result<OpenRsp, AccessError> {
         if let Some(i) = devices
             .iter()
@@ -156,8 +178,18 @@ impl RnbdSession {
             addr,
             sessname: &self.name,
         };
-        if !self.exports.hosts(export).allows(&host) {
+        let hosts = self.exports.hosts(export);
+        if !hosts.allows(&host) {
             return Err(AccessError::HostDenied);
+        }
+        let other = paths.iter().find(|&&p| {
+            !hosts.allows(&Host {
+                addr: Some(p),
+                sessname: &self.name,
+            })
+        });
+        if let Some(&addr) = other {
+            return Err(AccessError::PathDenied { addr });
         }
         self.exports.acquire(export, open.access_mode)?;
         let slot = match devices.iter().position(Option::is_none) {
@@ -243,6 +275,8 @@ impl RnbdSession {
             .iter()
             .map(|m| m.as_ref().map(|m| (m.export, m.mode)))
             .collect();
+        self.mapped
+            .store(slots.iter().flatten().count(), Ordering::Release);
         if slots == self.published.load().slots {
             return;
         }
@@ -254,6 +288,42 @@ impl RnbdSession {
         // guard drops, and a change cut short only leaves the snapshot one change behind
         // until the next.
         lock(&self.table)
+    }
+}
+
+/// The RTRS server's account of the session (docs/ARCHITECTURE.md, "Session slots"): in
+/// use while a device is mapped; a new path may join while every mapped export's host
+/// list admits it ([`super::HostList::admits_path`]).
+impl SessionUse for RnbdSession {
+    fn in_use(&self) -> bool {
+        self.mapped.load(Ordering::Acquire) > 0
+    }
+
+    fn may_join(&self, peer: IpAddr, authenticated: bool) -> Result<(), String> {
+        let table = self.lock();
+        for m in table.iter().flatten() {
+            if self.exports.is_closed(m.export) {
+                continue;
+            }
+            let hosts = self.exports.hosts(m.export);
+            if !hosts.admits_path(peer, &self.name, authenticated) {
+                let by_name = hosts.allows(&Host {
+                    addr: None,
+                    sessname: &self.name,
+                });
+                return Err(format!(
+                    "device '{}' is open in the session and its allowed hosts do not \
+                     include {peer}{}",
+                    String::from_utf8_lossy(&m.name),
+                    if by_name {
+                        " (its sess: pattern admits a path only on a connection with a key)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

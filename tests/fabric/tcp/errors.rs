@@ -260,3 +260,56 @@ fn hostile_peers_are_closed_and_the_listener_keeps_serving() {
         CmEvent::Established { .. }
     ));
 }
+
+/// An ack is believed only for what was sent: a peer that acknowledges operations it
+/// never received (the sender would drop its own unsent work as done) is refused, the
+/// connection closes, the work flushes, and the connection says why.
+#[test]
+fn an_ack_for_operations_never_sent_closes_the_connection() {
+    let sf = TcpFabric::new();
+    let mut l = sf.listen(localhost(), &ListenOptions::default()).unwrap();
+    let (mut raw, mut s) = raw_client(&mut l);
+    let send = |wr_id| SendWr {
+        wr_id,
+        op: SendOp::Send,
+        sges: &[],
+        signaled: true,
+    };
+    let mut wcs = [Wc::default(); 8];
+    // One send goes out (seq 1); the peer acknowledges it: it completes.
+    s.post_send(&[send(1)]).unwrap();
+    let ack = |seq| {
+        Header {
+            seq,
+            ..Header::new(Opcode::Ack)
+        }
+        .to_bytes_as(frame::V1)
+    };
+    // Read the send's frame off the wire first: acknowledged bytes have been sent.
+    let mut frame_bytes = [0u8; frame::HEADER_LEN];
+    until("the send on the wire", || {
+        s.poll_cq(&mut wcs);
+        raw.set_read_timeout(Some(Duration::from_millis(10)))
+            .unwrap();
+        raw.read_exact(&mut frame_bytes).ok()
+    });
+    raw.write_all(&ack(1)).unwrap();
+    let wc = until("the acknowledged send", || {
+        (s.poll_cq(&mut wcs) == 1).then_some(wcs[0])
+    });
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    // Two more are posted (seq 2 and 3); the peer acknowledges 9 before any arrived.
+    s.post_send(&[send(2), send(3)]).unwrap();
+    raw.write_all(&ack(9)).unwrap();
+    let (_, got) = read_to_end_bounded(&mut raw, &mut s);
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::WrFlush), (3, WcStatus::WrFlush)],
+        "an ack for unsent work completed it"
+    );
+    let why = s.failure().expect("the connection says why it broke");
+    assert!(
+        why.contains("forged ack") && why.contains("ack for operation 9"),
+        "{why}"
+    );
+}

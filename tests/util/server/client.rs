@@ -307,18 +307,31 @@ impl TestPath {
             sges = [self.stage.sge(base, bytes.len())];
             &sges
         };
-        self.cons[usize::from(cid)]
-            .post_send(&[SendWr {
-                wr_id: 9,
-                op: SendOp::RdmaWriteWithImm {
-                    remote_addr: addr + u64::from(remote_off),
-                    rkey,
-                    imm,
-                },
-                sges: sg,
-                signaled: false,
-            }])
-            .expect("post");
+        let posted = self.cons[usize::from(cid)].post_send(&[SendWr {
+            wr_id: 9,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: addr + u64::from(remote_off),
+                rkey,
+                imm,
+            },
+            sges: sg,
+            signaled: false,
+        }]);
+        self.refused_post(cid, posted);
+    }
+
+    /// A post the connection refused: only because the server closed it (the path is
+    /// down then, which every wait reports).
+    fn refused_post(&mut self, cid: u16, posted: Result<(), rtrs_spdk::fabric::PostError>) {
+        if let Err(e) = posted {
+            assert_ne!(
+                self.cons[usize::from(cid)].state(),
+                rtrs_spdk::fabric::ConnState::Connected,
+                "post refused on a connected path: {e:?}"
+            );
+            self.down = true;
+            self.events.push_back(Event::Down { cid });
+        }
     }
 
     /// A WRITE request with `usr` and `data`.
@@ -346,21 +359,20 @@ impl TestPath {
         let key = if need_inval {
             let slot = &self.fast[usize::from(buf_id)];
             let rkey = inc_rkey(slot.rkey());
-            self.cons[usize::from(cid)]
-                .post_send(&[SendWr {
-                    wr_id: 8,
-                    op: SendOp::RegMr {
-                        slot,
-                        region: &self.reply,
-                        addr,
-                        len,
-                        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                        rkey,
-                    },
-                    sges: &[],
-                    signaled: false,
-                }])
-                .expect("reg_mr");
+            let posted = self.cons[usize::from(cid)].post_send(&[SendWr {
+                wr_id: 8,
+                op: SendOp::RegMr {
+                    slot,
+                    region: &self.reply,
+                    addr,
+                    len,
+                    access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                    rkey,
+                },
+                sges: &[],
+                signaled: false,
+            }]);
+            self.refused_post(cid, posted);
             rkey
         } else {
             self.reply.rkey()

@@ -77,7 +77,7 @@ fn pump_with(from: &mut SoftQp, to: &mut SoftQp, how: Exec) -> (usize, Option<(u
     }
     from.mark_transmitted(moved);
     if let Some(seq) = to.take_ack() {
-        from.on_ack(seq);
+        from.on_ack(seq).expect("an ack for what was handed over");
     }
     if let Some((seq, s)) = nak {
         from.on_nak(seq, s);
@@ -363,6 +363,84 @@ fn send_queue_slots_are_held_until_acked() {
         "one signaled completion frees four slots"
     );
     p.a.post_send(&ops).unwrap();
+}
+
+#[test]
+fn an_ack_beyond_what_was_handed_over_is_not_believed() {
+    let mut p = pair(QpCaps::default());
+    let ops: Vec<_> = (0..3).map(|i| wr(i, SendOp::Send, &[], true)).collect();
+    p.a.post_send(&ops).unwrap();
+    // Posted, none handed to the transport: no ack can be true.
+    assert_eq!(p.a.on_ack(1), Err(BadAck { acked: 1, sent: 0 }));
+    p.a.mark_transmitted(2);
+    assert_eq!(p.a.on_ack(3), Err(BadAck { acked: 3, sent: 2 }));
+    assert!(
+        drain(&mut p.a).is_empty(),
+        "a refused ack completes nothing"
+    );
+    // What was handed over may be acked, again and again.
+    assert_eq!(p.a.on_ack(2), Ok(()));
+    assert_eq!(p.a.on_ack(1), Ok(()));
+    let done: Vec<_> = drain(&mut p.a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(done, [(0, WcStatus::Success), (1, WcStatus::Success)]);
+}
+
+#[test]
+fn the_send_ring_grows_on_demand_and_keeps_its_order() {
+    let caps = QpCaps {
+        max_send_wr: 1000,
+        max_recv_wr: 1024,
+        max_send_sge: 1,
+    };
+    let mut p = pair(caps);
+    assert_eq!(p.a.sq.len(), SQ_INITIAL, "a new queue pair holds few slots");
+    p.b.post_recv(
+        &(0..1000)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sge: None,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    // Some in flight, the ring's head moved, then more than it holds: it doubles,
+    // in order, up to the caps rounded up.
+    let ops: Vec<_> = (0..40).map(|i| wr(i, SendOp::Send, &[], true)).collect();
+    p.a.post_send(&ops).unwrap();
+    pump(&mut p.a, &mut p.b);
+    assert_eq!(drain(&mut p.a).len(), 40);
+    let ops: Vec<_> = (40..1040).map(|i| wr(i, SendOp::Send, &[], true)).collect();
+    p.a.post_send(&ops).unwrap();
+    assert_eq!(p.a.sq.len(), 1024);
+    assert_eq!(
+        p.a.post_send(&[wr(9999, SendOp::Send, &[], true)])
+            .unwrap_err()
+            .kind,
+        PostErrorKind::QueueFull
+    );
+    pump(&mut p.a, &mut p.b);
+    let ids: Vec<u64> = drain_all(&mut p.a).iter().map(|w| w.wr_id).collect();
+    assert_eq!(
+        ids,
+        (40..1000).collect::<Vec<_>>(),
+        "the receiver had 1000 receives"
+    );
+    let got: Vec<u64> = drain_all(&mut p.b).iter().map(|w| w.wr_id).collect();
+    assert_eq!(got, (0..1000).collect::<Vec<_>>());
+}
+
+fn drain_all(qp: &mut SoftQp) -> Vec<Wc> {
+    let mut all = Vec::new();
+    loop {
+        let got = drain(qp);
+        if got.is_empty() {
+            return all;
+        }
+        all.extend(got);
+    }
 }
 
 #[test]
@@ -841,7 +919,7 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
     assert_eq!(p.b.outbound().count(), 0, "everything was handed over");
     // Its completion comes in send-queue order, after the WRITE's ack.
     assert!(drain(&mut p.b).is_empty());
-    p.b.on_ack(1);
+    p.b.on_ack(1).unwrap();
     let wcs = drain(&mut p.b);
     assert_eq!(
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),

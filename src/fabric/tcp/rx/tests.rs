@@ -253,9 +253,9 @@ fn acks_naks_refusals_and_garbage() {
         .progress(&mut s.ours, &mut s.qp, &mut ReadGate::default())
     {
         RxStop::Refused {
-            seq: 1,
+            op,
             status: WcStatus::RemoteAccess,
-        } => {}
+        } if op.seq == 1 && op.rkey == 0x4200 && op.remote_addr == 64 && op.len == 8 => {}
         other => panic!("{other:?}"),
     }
 
