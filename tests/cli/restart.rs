@@ -52,13 +52,20 @@ fn established(port: u16) -> bool {
     })
 }
 
-/// Runs the bench against the target on `port` (a verified random read/write of 4 MiB
-/// at queue depth 8 for `time`, plus `extra`) in the background; kills the target once
-/// the bench is connected and doing IO, starts it again `down` later, and returns the
-/// bench's output.
-fn bench_through_restart(port: u16, time: &str, extra: &[&str], down: Duration) -> Output {
+/// Runs the bench against the target on `ip`:`port` (a verified random read/write of
+/// 4 MiB at queue depth 8 for `time`, plus `extra`) in the background; kills the target
+/// once the bench is connected and doing IO, starts it again `down` later, and returns
+/// the bench's output. Each test has an address of its own: while the target is down,
+/// its port is free, and a listener another test opens on 127.0.0.1 may be given it.
+fn bench_through_restart(
+    ip: &str,
+    port: u16,
+    time: &str,
+    extra: &[&str],
+    down: Duration,
+) -> Output {
     let backing = Backing::new(port);
-    let listen = format!("tcp://127.0.0.1:{port}");
+    let listen = format!("tcp://{ip}:{port}");
     let export = backing.export();
     let mut target = start_target_at(&listen, &[&export], &[]);
     let mut args: Vec<String> = [
@@ -100,7 +107,13 @@ fn json(out: &Output) -> Value {
 
 #[test]
 fn target_back_within_the_wait_loses_no_io() {
-    let out = bench_through_restart(closed_port(), "8s", &[], Duration::from_secs(2));
+    let out = bench_through_restart(
+        "127.0.0.61",
+        closed_port(),
+        "8s",
+        &[],
+        Duration::from_secs(2),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     let v = json(&out);
     assert!(out.status.success(), "{err}\n{v}");
@@ -116,6 +129,7 @@ fn target_back_within_the_wait_loses_no_io() {
 #[test]
 fn target_back_after_the_wait_fails_the_waiting_io() {
     let out = bench_through_restart(
+        "127.0.0.62",
         closed_port(),
         "6s",
         &["--io-wait-timeout", "2s"],

@@ -195,10 +195,12 @@ fn spawn_with(
     let ready = rx
         .recv_timeout(LIMIT)
         .expect("rtrs-target printed no ready line");
+    // "listening on tcp://ADDR:PORT, ...": each listener's port, whatever its address.
     let ports: Vec<u16> = ready
-        .split("tcp://127.0.0.1:")
+        .split("tcp://")
         .skip(1)
-        .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .filter_map(|s| s.split([' ', ',']).next())
+        .filter_map(|a| a.rsplit(':').next())
         .filter_map(|p| p.parse().ok())
         .collect();
     let port = *ports
