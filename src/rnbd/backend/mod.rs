@@ -131,6 +131,11 @@ impl BlockFlags {
     pub fn contains(self, other: BlockFlags) -> bool {
         self.0 & other.0 == other.0
     }
+
+    /// These flags but `other`'s.
+    pub fn without(self, other: BlockFlags) -> BlockFlags {
+        BlockFlags(self.0 & !other.0)
+    }
 }
 
 impl BitOr for BlockFlags {
