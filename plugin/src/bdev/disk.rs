@@ -13,6 +13,11 @@
 //! the disk *closed*, which leaves the session and releases the bdev. The module's fini
 //! ([`stop_all`]) fails the disks still opening and ends once every disk and session
 //! is gone.
+//!
+//! While open, the device's info may change: a re-open after a reconnect or a
+//! `bdev_rtrs_remap` brings the target's size now, which [`Disk::apply_info`] hands to
+//! the bdev layer (`spdk_bdev_notify_blockcnt_change`, on home's thread). A device lost
+//! after the session's loss timeout unregisters its bdev ([`Disk::lost`]).
 
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -21,6 +26,7 @@ use std::time::Duration;
 use rtrs_spdk::client::MpPolicy;
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::rnbd::client::{DevHandle, DeviceInfo};
+use rtrs_spdk::spdk::sys;
 use rtrs_spdk::sync::lock;
 
 use super::fabric::client_fabric;
@@ -38,6 +44,18 @@ const OPEN_WAIT_MIN_S: u64 = 5;
 
 /// Run once the disk is down: releases what registration made (the bdev).
 pub type OnClosed = Box<dyn FnOnce() + Send>;
+
+/// Told how a `bdev_rtrs_remap` ended (on home's thread): the device's info now, or why
+/// not.
+pub type OnRemap = Box<dyn FnOnce(Result<DeviceInfo, String>) + Send>;
+
+/// The registered bdev, for its size changes and its removal (used on home's thread).
+#[derive(Clone, Copy)]
+pub struct BdevPtr(pub *mut sys::spdk_bdev);
+
+// SAFETY: only dereferenced by SPDK calls on home's thread, while the bdev is registered
+// (the disk forgets it before the bdev is freed).
+unsafe impl Send for BdevPtr {}
 
 /// Why a disk was not created; the text names what was wrong.
 #[derive(Debug)]
@@ -74,7 +92,12 @@ pub struct Disk {
     pub params: CreateParams,
     pub sess: Arc<Sess>,
     dev: OnceLock<DevHandle>,
-    info: OnceLock<DeviceInfo>,
+    /// The device's info from its last OPEN (or re-open).
+    info: Mutex<Option<DeviceInfo>>,
+    /// The bdev, while registered.
+    bdev: Mutex<Option<BdevPtr>>,
+    /// `bdev_rtrs_remap` calls waiting for the OPEN's answer.
+    remaps: Mutex<Vec<OnRemap>>,
     life: Mutex<Life>,
     /// Every IO channel of the bdev (resets count their outstanding requests).
     chans: Mutex<Vec<Arc<ChanShared>>>,
@@ -155,8 +178,128 @@ impl Disk {
         &self.params.name
     }
 
-    pub fn info(&self) -> Option<&DeviceInfo> {
-        self.info.get()
+    pub fn info(&self) -> Option<DeviceInfo> {
+        *lock(&self.info)
+    }
+
+    /// The bdev was registered (`Some`) or is being released (`None`).
+    pub fn set_bdev(&self, bdev: Option<BdevPtr>) {
+        *lock(&self.bdev) = bdev;
+    }
+
+    /// Waits for the answer of a remap the caller is about to ask the admin for.
+    pub fn add_remap(&self, done: OnRemap) {
+        lock(&self.remaps).push(done);
+    }
+
+    /// Whether a remap waits for its answer.
+    pub fn remapping(&self) -> bool {
+        !lock(&self.remaps).is_empty()
+    }
+
+    /// Answers the waiting remaps (on home's thread).
+    fn remap_done(&self, r: &Result<DeviceInfo, String>) {
+        let waiting = std::mem::take(&mut *lock(&self.remaps));
+        for f in waiting {
+            f(r.clone());
+        }
+    }
+
+    /// A re-open (after a reconnect: `remap` false; or a `bdev_rtrs_remap`) gave `info`:
+    /// on home's thread, the bdev follows a new size (a shrink of an open bdev is
+    /// refused by SPDK, -EBUSY: said, and the old size kept) and the waiting remaps are
+    /// answered.
+    pub fn reopened(self: &Arc<Self>, info: DeviceInfo, remap: bool) {
+        let d = Arc::clone(self);
+        let post = self.sess.home.thread.send(move || {
+            let r = d.apply_info(info);
+            if let Err(e) = &r {
+                tracing::error!("rtrs bdev {}: {e}", d.name());
+            }
+            if remap {
+                d.remap_done(&r.map(|()| info));
+            }
+        });
+        if post.is_err() {
+            tracing::error!(
+                "rtrs bdev {}: could not post its re-open to home",
+                self.name()
+            );
+        }
+    }
+
+    /// A remap failed (the target refused the OPEN, or it could not be sent).
+    pub fn remap_failed(self: &Arc<Self>, why: String) {
+        let d = Arc::clone(self);
+        let post = self.sess.home.thread.send(move || d.remap_done(&Err(why)));
+        if post.is_err() {
+            tracing::error!("rtrs bdev {}: could not post a remap's answer", self.name());
+        }
+    }
+
+    /// Takes `info` as the device's and gives the bdev its new block count (home's
+    /// thread).
+    ///
+    /// # Errors
+    /// SPDK refused the new size (a shrink while the bdev is open).
+    fn apply_info(&self, info: DeviceInfo) -> Result<(), String> {
+        let old = lock(&self.info).replace(info);
+        let bs = u64::from(info.logical_block_size);
+        let blocks = info.size / bs;
+        let Some(bdev) = *lock(&self.bdev) else {
+            return Ok(());
+        };
+        // SAFETY: the registered bdev (see BdevPtr), read on home's thread.
+        let now = unsafe { (*bdev.0).blockcnt };
+        if now == blocks {
+            return Ok(());
+        }
+        // SAFETY: as above; SPDK takes the bdev's lock and tells its descriptors.
+        let rc = unsafe { sys::spdk_bdev_notify_blockcnt_change(bdev.0, blocks) };
+        if rc != 0 {
+            // The device keeps the size the bdev has: IO beyond the target's end fails
+            // there, with the target's error.
+            if let Some(o) = old {
+                *lock(&self.info) = Some(DeviceInfo {
+                    size: o.size,
+                    ..info
+                });
+            }
+            return Err(format!(
+                "the target's device '{}' is now {blocks} blocks, the bdev {now}: SPDK refuses \
+                 to shrink a bdev that is open ({}); IO beyond the new end fails; close the \
+                 bdev's users (or delete and create it) to take the new size",
+                self.params.device,
+                errno_str(rc)
+            ));
+        }
+        tracing::info!(
+            "rtrs bdev {}: size {now} -> {blocks} blocks of {bs} B (the target's device '{}')",
+            self.name(),
+            self.params.device
+        );
+        Ok(())
+    }
+
+    /// The session had no path for its loss timeout: the device's IO fails, and the
+    /// bdev is unregistered (on home's thread) so the layers above can act.
+    pub fn lost(self: &Arc<Self>) {
+        let d = Arc::clone(self);
+        let post = self.sess.home.thread.send(move || {
+            if !d.is_open() {
+                return;
+            }
+            tracing::warn!(
+                "rtrs bdev {}: no path to the target for loss_timeout_sec ({} s): its IO \
+                 fails and the bdev is unregistered",
+                d.name(),
+                d.sess.live().loss_timeout_sec
+            );
+            super::module::unregister(&d);
+        });
+        if post.is_err() {
+            tracing::error!("rtrs bdev {}: could not post its loss to home", self.name());
+        }
     }
 
     pub fn dev(&self) -> Option<DevHandle> {
@@ -215,7 +358,7 @@ impl Disk {
             }
             *life = Life::Registering;
         }
-        let _ = self.info.set(info);
+        *lock(&self.info) = Some(info);
         let Some(disk) = self.me.upgrade() else {
             return false;
         };
@@ -374,6 +517,8 @@ impl Disk {
         self.sess.remove(&me);
         let finish = move || {
             registry().disks.retain(|d| !Arc::ptr_eq(d, &me));
+            me.set_bdev(None);
+            me.remap_done(&Err("the bdev is being deleted".to_string()));
             if let Some(f) = on_closed {
                 f();
             }
@@ -472,7 +617,9 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         params,
         sess: Arc::clone(&sess),
         dev: OnceLock::new(),
-        info: OnceLock::new(),
+        info: Mutex::new(None),
+        bdev: Mutex::new(None),
+        remaps: Mutex::new(Vec::new()),
         life: Mutex::new(Life::Opening),
         chans: Mutex::new(Vec::new()),
         on_open: Mutex::new(Some(on_open)),
