@@ -1,7 +1,8 @@
 //! The built binaries (`rtrs-target`, `rtrs-bench`) run as a user runs them, on
 //! 127.0.0.x: real runs in every IO pattern, error messages, PSK files, host lists, a
 //! path that never connects, a target restarting under load, floods of sessions and of
-//! idle sockets (with the tcp listener's admission caps they rely on). Paths broken by
+//! idle sockets (with the tcp listener's admission caps they rely on), the target's
+//! control socket steering a running bench. Paths broken by
 //! the operating system have binaries of their own: under load (`tests/failover_os.rs`)
 //! and at bring-up (`tests/bringup_os.rs`).
 //!
@@ -20,6 +21,7 @@ mod cli_util;
 mod server_util;
 
 mod admission;
+mod control;
 mod errors;
 mod flood;
 mod hosts;
