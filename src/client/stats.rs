@@ -414,7 +414,9 @@ mod tests {
             "{j}"
         );
         assert!(
-            j.contains("\"state\":\"connected\",\"failure\":null,\"last_error\":null,"),
+            j.contains(
+                "\"state\":\"connected\",\"hca_name\":null,\"hca_port\":null,\"failure\":null,\"last_error\":null,"
+            ),
             "{j}"
         );
         assert!(j.ends_with("]}"));
