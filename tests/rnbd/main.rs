@@ -1,7 +1,8 @@
 //! RNBD (`rtrs_spdk::rnbd`) on top of RTRS: the server without a transport, the client
 //! device over a direct in-process port (`direct`), both end to end over loopback and
 //! tcp, a path lost during the OPEN, host lists, refusals, IO waiting while a device is
-//! unreachable, mappings the target closes, devices lost after the loss timeout, write-zeroes and op 5 for every kernel version, exports changing while
+//! unreachable, mappings the target closes, devices lost after the loss timeout, exports that
+//! change size, write-zeroes and op 5 for every kernel version, exports changing while
 //! serving, and an IO path that never allocates.
 //!
 //! One test binary; each module is one capability, `direct` is the port the client
@@ -34,6 +35,7 @@ mod loss;
 mod noalloc;
 mod op5_server;
 mod refused;
+mod resize;
 mod server;
 mod session;
 mod tcp;

@@ -92,6 +92,9 @@ pub struct Disk {
     pub params: CreateParams,
     pub sess: Arc<Sess>,
     dev: OnceLock<DevHandle>,
+    /// The device's info from its first OPEN: what the bdev was registered with and the
+    /// IO types it supports (read without a lock: the bdev layer asks per IO).
+    first: OnceLock<DeviceInfo>,
     /// The device's info from its last OPEN (or re-open).
     info: Mutex<Option<DeviceInfo>>,
     /// The bdev, while registered.
@@ -178,8 +181,14 @@ impl Disk {
         &self.params.name
     }
 
+    /// The device's info as its last OPEN gave it (control path: takes a lock).
     pub fn info(&self) -> Option<DeviceInfo> {
         *lock(&self.info)
+    }
+
+    /// The device's info from its first OPEN, without a lock (`io_type_supported`).
+    pub fn first_info(&self) -> Option<&DeviceInfo> {
+        self.first.get()
     }
 
     /// The bdev was registered (`Some`) or is being released (`None`).
@@ -358,6 +367,7 @@ impl Disk {
             }
             *life = Life::Registering;
         }
+        let _ = self.first.set(info);
         *lock(&self.info) = Some(info);
         let Some(disk) = self.me.upgrade() else {
             return false;
@@ -617,6 +627,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         params,
         sess: Arc::clone(&sess),
         dev: OnceLock::new(),
+        first: OnceLock::new(),
         info: Mutex::new(None),
         bdev: Mutex::new(None),
         remaps: Mutex::new(Vec::new()),

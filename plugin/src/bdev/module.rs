@@ -237,7 +237,7 @@ unsafe extern "C" fn io_device_gone(io_device: *mut c_void) {
 unsafe extern "C" fn io_type_supported(ctx: *mut c_void, ty: sys::spdk_bdev_io_type) -> bool {
     // SAFETY: the bdev's ctxt.
     let disk = unsafe { disk_of(ctx) };
-    let info = disk.info();
+    let info = disk.first_info();
     match BdevIoType::from_raw(ty) {
         BdevIoType::Read | BdevIoType::Write | BdevIoType::Flush | BdevIoType::Reset => true,
         BdevIoType::Unmap => info.is_some_and(|i| i.max_discard > 0),
