@@ -157,7 +157,7 @@ fn a_path_that_keeps_failing_at_bringup_gives_up_and_says_why() {
     let j = st.to_json();
     assert!(
         j.contains(&format!(
-            "\"state\":\"closed\",\"failure\":\"{want}\",\"last_error\":"
+            "\"state\":\"closed\",\"hca_name\":null,\"hca_port\":null,\"failure\":\"{want}\",\"last_error\":"
         )),
         "{j}"
     );
