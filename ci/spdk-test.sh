@@ -687,6 +687,26 @@ PY
 	results_clean "$APP_DIR/psk.json"
 }
 
+# Rows on stdin: app|method|params|field the message must name[|text it must also
+# contain]; each request must be refused so. Returns 1 if any was not.
+expect_errors() {
+	local bad=0 app method params field text resp
+	while IFS='|' read -r app method params field text; do
+		[[ -n "$app" && "$app" != \#* ]] || continue
+		resp=$(rpc_raw "$app" "$method" "$params")
+		if ! python3 -c '
+import json, sys
+r = json.loads(sys.argv[1]); f = sys.argv[2]; t = sys.argv[3]
+e = r.get("error")
+m = e.get("message", "") if e else ""
+sys.exit(0 if e and f in m and t in m else 1)' "$resp" "$field" "$text"; then
+			echo "  $method $params: expected an error naming '$field'${text:+ and saying '$text'}, got $resp"
+			bad=1
+		fi
+	done
+	return $bad
+}
+
 # Bad parameters for every RPC: a JSON-RPC error whose message names the field; the apps
 # keep running.
 scenario_bad_params() {
@@ -702,22 +722,9 @@ scenario_bad_params() {
 	rpc tgt rtrs_target_export_remove_host locked sess:nobody || return 1
 	# Options are fixed once a listener runs: check their validation on a fresh target.
 	app_start tgt2 "$SPDK_TGT" -m $TGT_MASK "${MEM[@]}" || return 1
-	local bad=0 app method params field text resp
+	local bad=0
 	local good="\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$((PB + 7))}]"
-	# Rows: app|method|params|field the message must name[|text it must also contain].
-	while IFS='|' read -r app method params field text; do
-		[[ -n "$app" && "$app" != \#* ]] || continue
-		resp=$(rpc_raw "$app" "$method" "$params")
-		if ! python3 -c '
-import json, sys
-r = json.loads(sys.argv[1]); f = sys.argv[2]; t = sys.argv[3]
-e = r.get("error")
-m = e.get("message", "") if e else ""
-sys.exit(0 if e and f in m and t in m else 1)' "$resp" "$field" "$text"; then
-			echo "  $method $params: expected an error naming '$field'${text:+ and saying '$text'}, got $resp"
-			bad=1
-		fi
-	done <<EOF
+	expect_errors <<EOF || bad=1
 clt|bdev_rtrs_create|{"sessname":"s","device":"malloc0",$good}|name
 clt|bdev_rtrs_create|{"name":"x","device":"malloc0",$good}|sessname
 clt|bdev_rtrs_create|{"name":"x","sessname":"s",$good}|device
@@ -1011,6 +1018,358 @@ scenario_exit() {
 	exit_within tgt SIGINT
 }
 
+# ---- day-two operations: openers, forced close, path and session controls, loss, size ----
+
+# The target lists each export's openers (session, access mode, device id, paths with
+# their addresses and devices, since when) in rtrs_target_get_exports, and each session's
+# devices in rtrs_target_get_sessions.
+scenario_openers() {
+	start_target tgt $((PB + 40)) || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	local before
+	before=$(date +%s)
+	rpc clt bdev_rtrs_create -b rtrs0 -n op-rw -d malloc0 -p tcp:127.0.0.1:$((PB + 40)) -D 1 >/dev/null || return 1
+	rpc clt bdev_rtrs_create -b rtrs1 -n op-ro -d malloc0 -a ro -p tcp:127.0.0.1:$((PB + 40)) -D 1 >/dev/null || return 1
+	rpc tgt rtrs_target_get_exports >"$APP_DIR/exports.json" || return 1
+	rpc tgt rtrs_target_get_sessions >"$APP_DIR/tsess.json" || return 1
+	python3 - "$APP_DIR/exports.json" "$APP_DIR/tsess.json" "$before" "$(date +%s)" "$((PB + 40))" <<'PY' || return 1
+import json, sys
+exports = {e["export_name"]: e for e in json.load(open(sys.argv[1]))}
+sessions = json.load(open(sys.argv[2]))
+t0, t1, port = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+op = {o["sessname"]: o for o in exports["malloc0"]["openers"]}
+assert sorted(op) == ["op-ro", "op-rw"], exports["malloc0"]
+assert op["op-rw"]["access_mode"] == "rw" and op["op-ro"]["access_mode"] == "ro", op
+for o in op.values():
+    assert o["transport"] == "tcp" and o["export"] == "malloc0", o
+    assert t0 - 5 <= o["opened_at"] <= t1 + 5, "opened_at %d not within [%d, %d]" % (o["opened_at"], t0, t1)
+    assert len(o["paths"]) == 1, o
+    p = o["paths"][0]
+    assert p["addr"].startswith("127.0.0.1:") and p["addr"].endswith("@127.0.0.1:" + port), p
+    assert p["state"] == "connected" and "hca_name" in p and "hca_port" in p, p
+assert exports["malloc1"]["openers"] == [], exports["malloc1"]
+for s in sessions:
+    devs = s["devices"]
+    want = op[s["sessname"]]
+    assert [(d["export_name"], d["access_mode"], d["device_id"]) for d in devs] == \
+        [("malloc0", want["access_mode"], want["device_id"])], s
+print("openers: %s" % ", ".join("%s (%s, device %d, %s)" % (n, o["access_mode"], o["device_id"],
+                                 o["paths"][0]["addr"]) for n, o in sorted(op.items())))
+PY
+	python3 "$REPO/ci/spdk/stats_shape.py" target "$APP_DIR/tsess.json"
+}
+
+# The target closes one client's mapping (the kernel's force_close) while the client
+# writes: the IO to that device fails, its bdev shows the device closed by the target,
+# and the session's other device goes on; with the host list now leaving the client out
+# its re-open (bdev_rtrs_remap) is refused with -EACCES; allowed again, it maps again and
+# IO is clean.
+scenario_force_close() {
+	local port=$((PB + 41))
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	make_exports tgt -H 127.0.0.1 || return 1
+	start_bdevperf bpfc $port '{"io_timeout_sec": 5}' -q 8 -o 4096 -w write -t 3 -f || return 1
+	bdevperf_perform bpfc 3 >"$APP_DIR/fc1.json" || return 1
+	results_clean "$APP_DIR/fc1.json" || return 1
+	rpc tgt rtrs_target_force_close malloc0 sess-rtrs0 >"$APP_DIR/fc-closed.json" || return 1
+	rpc tgt rtrs_target_export_remove_host malloc0 127.0.0.1 || return 1
+	rpc tgt rtrs_target_get_exports -e malloc0 >"$APP_DIR/fc-exp.json" || return 1
+	bdevperf_perform bpfc 3 >"$APP_DIR/fc2.json" || return 1
+	rpc bpfc bdev_rtrs_get_sessions >"$APP_DIR/fc-sess.json" || return 1
+	python3 - "$APP_DIR/fc-closed.json" "$APP_DIR/fc-exp.json" "$APP_DIR/fc2.json" "$APP_DIR/fc-sess.json" <<'PY' || return 1
+import json, sys
+closed = json.load(open(sys.argv[1]))
+assert [(c["export"], c["sessname"], c["access_mode"]) for c in closed] == [("malloc0", "sess-rtrs0", "rw")], closed
+assert json.load(open(sys.argv[2]))[0]["openers"] == [], "the mapping is still listed"
+jobs = {j["job"]: j for j in json.load(open(sys.argv[3]))["results"]}
+assert jobs["rtrs0"]["io_failed"] > 0, "IO to the closed device did not fail: %s" % jobs["rtrs0"]
+assert jobs["rtrs1"]["io_failed"] == 0, "the session's other device failed IO: %s" % jobs["rtrs1"]
+devs = {d["name"]: d for d in json.load(open(sys.argv[4]))[0]["devices"]}
+assert devs["rtrs0"]["device_state"] == "closed by the server", devs["rtrs0"]
+assert devs["rtrs1"]["device_state"] == "open", devs["rtrs1"]
+print("rtrs0: %d writes failed, closed by the server; rtrs1: %d IOs, none failed"
+      % (jobs["rtrs0"]["io_failed"], jobs["rtrs1"]["iops"] * jobs["rtrs1"]["runtime"]))
+PY
+	local out
+	if out=$(rpc bpfc bdev_rtrs_remap rtrs0 2>&1); then
+		echo "the remap was allowed although the host list leaves the client out: $out"
+		return 1
+	fi
+	[[ "$out" == *EACCES* ]] || { echo "remap refused without -EACCES: $out"; return 1; }
+	echo "   remap refused: $(grep -o 'server refused open[^"]*' <<<"$out" | head -n 1)"
+	rpc bpfc bdev_rtrs_get_sessions >"$APP_DIR/fc-sess2.json" || return 1
+	grep -q '"closed by the server"' "$APP_DIR/fc-sess2.json" || { echo "no longer closed after a refused remap"; return 1; }
+	rpc tgt rtrs_target_export_add_host malloc0 127.0.0.1 || return 1
+	rpc bpfc bdev_rtrs_remap rtrs0 >"$APP_DIR/fc-remap.json" || return 1
+	rpc tgt rtrs_target_get_exports -e malloc0 >"$APP_DIR/fc-exp2.json" || return 1
+	grep -q '"sess-rtrs0"' "$APP_DIR/fc-exp2.json" || { echo "not mapped again"; cat "$APP_DIR/fc-exp2.json"; return 1; }
+	bdevperf_perform bpfc 3 >"$APP_DIR/fc3.json" || return 1
+	results_clean "$APP_DIR/fc3.json"
+}
+
+# The state of the client's path to port $3 in bdev $2's session of app $1 ("" if none).
+path_state() {
+	rpc "$1" bdev_rtrs_get_sessions -b "$2" 2>/dev/null | python3 -c '
+import json, sys
+port = sys.argv[1]
+for p in json.load(sys.stdin)[0]["paths"]:
+    if p["path"].endswith(":" + port):
+        print(p["state"])' "$3"
+}
+
+# Waits (at most $4 s) until the path of app $1, bdev $2, to port $3 is in state $5.
+path_wait() {
+	local i
+	for ((i = 0; i < $4 * 10; i++)); do
+		[[ "$(path_state "$1" "$2" "$3")" == "$5" ]] && return 0
+		sleep 0.1
+	done
+	echo "path to port $3 not $5 within $4 s (it is '$(path_state "$1" "$2" "$3")')"
+	return 1
+}
+
+# One path disconnected by RPC under bdevperf verify, and reconnected by RPC later: its IO
+# fails over to the other path, it stays closed until the reconnect (no automatic
+# reconnect), then connects again; zero IO errors.
+scenario_path_rpc() {
+	local a=$((PB + 42)) b=$((PB + 43))
+	start_target tgt "$a,$b" || return 1
+	start_bdevperf bppr "$a,$b" '{"reconnect_delay_sec": 1}' -q 32 -o 4096 -w verify -t 12 || return 1
+	bdevperf_perform bppr 12 >"$APP_DIR/pr.json" &
+	local perf=$!
+	path_wait bppr rtrs0 $b 20 connected || return 1
+	sleep 2
+	rpc bppr bdev_rtrs_disconnect_path rtrs0 -a 127.0.0.1 -s $b || return 1
+	path_wait bppr rtrs0 $b 20 closed || return 1
+	# Longer than the reconnect delay: a disconnected path does not come back by itself.
+	sleep 3
+	[[ "$(path_state bppr rtrs0 $b)" == closed ]] || { echo "the disconnected path reconnected by itself"; return 1; }
+	rpc bppr bdev_rtrs_reconnect_path rtrs0 -a 127.0.0.1 -s $b || return 1
+	path_wait bppr rtrs0 $b 20 connected || return 1
+	rpc bppr bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/pr-sess.json" || return 1
+	wait "$perf" || { tail -n 20 "$APP_DIR/bppr.log"; return 1; }
+	results_clean "$APP_DIR/pr.json" || return 1
+	python3 - "$APP_DIR/pr-sess.json" "$a" "$b" <<'PY'
+import json, sys
+paths = {p["path"].rsplit(":", 1)[1]: p for p in json.load(open(sys.argv[1]))[0]["stats"]["paths"]}
+a, b = paths[sys.argv[2]], paths[sys.argv[3]]
+print("path :%s reconnected %d time(s), path :%s %d" % (sys.argv[3], b["reconnects"]["successful"],
+      sys.argv[2], a["reconnects"]["successful"]))
+assert b["reconnects"]["successful"] == 1 and a["reconnects"]["successful"] == 0, paths
+assert a["state"] == b["state"] == "connected", paths
+PY
+}
+
+# max_reconnect_attempts changed at run time and obeyed: a session created to retry for
+# ever is set to 2 attempts (a refused call with a bad field changes nothing); its path to
+# a listener that is then stopped (and the path disconnected by the target) gives up
+# after 2 failed attempts, closed and saying so, while IO goes on over the other path
+# with zero errors; save_config keeps the new value.
+scenario_reconnect_attempts() {
+	local a=$((PB + 44)) b=$((PB + 45))
+	start_target tgt "$a,$b" || return 1
+	start_bdevperf bpra "$a,$b" '{"reconnect_delay_sec": 1, "max_reconnect_attempts": -1}' \
+		-q 16 -o 4096 -w verify -t 14 || return 1
+	bdevperf_perform bpra 14 >"$APP_DIR/ra.json" &
+	local perf=$!
+	path_wait bpra rtrs0 $b 20 connected || return 1
+	rpc bpra bdev_rtrs_set_session_options rtrs0 -r 2 || return 1
+	local resp
+	resp=$(rpc_raw bpra bdev_rtrs_set_session_options '{"name": "rtrs0", "max_reconnect_attempts": 7, "loss_timeout_sec": -5}')
+	[[ "$resp" == *loss_timeout_sec* && "$resp" == *error* ]] || { echo "bad loss_timeout_sec accepted: $resp"; return 1; }
+	rpc tgt rtrs_target_stop_listener -t tcp -a 127.0.0.1 -s $b || return 1
+	local path
+	path=$(rpc tgt rtrs_target_get_sessions | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    for p in s["paths"]:
+        if p["addr"].endswith("@127.0.0.1:" + sys.argv[1]):
+            print(p["addr"])' $b)
+	[[ -n "$path" ]] || { echo "the target has no path on port $b"; return 1; }
+	rpc tgt rtrs_target_disconnect sess-rtrs0 -p "$path" >/dev/null || return 1
+	local i failure=""
+	for ((i = 0; i < 300; i++)); do
+		failure=$(rpc bpra bdev_rtrs_get_sessions -b rtrs0 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)[0]["paths"]:
+    if p["path"].endswith(":" + sys.argv[1]) and p.get("failure"):
+        print(p["failure"])' $b)
+		[[ -n "$failure" ]] && break
+		sleep 0.1
+	done
+	echo "   path :$b: ${failure:-no failure within 30 s}"
+	[[ "$failure" == "gave up after 2 failed attempts (max_reconnect_attempts 2)"* ]] || return 1
+	[[ "$(path_state bpra rtrs0 $b)" == closed ]] || { echo "the path is not closed"; return 1; }
+	wait "$perf" || { tail -n 20 "$APP_DIR/bpra.log"; return 1; }
+	results_clean "$APP_DIR/ra.json" || return 1
+	rpc bpra save_config >"$APP_DIR/ra-saved.json" || return 1
+	python3 - "$APP_DIR/ra-saved.json" <<'PY'
+import json, sys
+for sub in json.load(open(sys.argv[1]))["subsystems"]:
+    for c in sub.get("config") or []:
+        if c["method"] == "bdev_rtrs_create":
+            p = c["params"]
+            assert (p["max_reconnect_attempts"], p["loss_timeout_sec"]) == (2, -1), p
+print("save_config: max_reconnect_attempts 2, loss_timeout_sec -1")
+PY
+}
+
+# bdev_raid1 over two rtrs bdevs on two targets, under bdevperf verify; one target is
+# killed (SIGKILL): the raid goes degraded and IO goes on with zero errors, and once the
+# session has had no path for loss_timeout_sec its rtrs bdev is unregistered.
+scenario_raid_loss() {
+	local a=$((PB + 46)) b=$((PB + 47))
+	DEVS=1 start_target tgta $a || return 1
+	DEVS=1 start_target tgtb $b || return 1
+	python3 - "$a" "$b" >"$APP_DIR/raid.json" <<'PY'
+import json, sys
+def rtrs(name, port):
+    return {"method": "bdev_rtrs_create", "params": {
+        "name": name, "sessname": "sess-" + name, "device": "malloc0", "access_mode": "rw",
+        "paths": [{"transport": "tcp", "dst_addr": "127.0.0.1", "port": int(port)}],
+        "reconnect_delay_sec": 1, "hb_interval_ms": 500, "hb_missed_max": 2,
+        "io_timeout_sec": 2, "loss_timeout_sec": 4}}
+config = [rtrs("ra", sys.argv[1]), rtrs("rb", sys.argv[2]),
+          {"method": "bdev_raid_create", "params": {"name": "raid1", "raid_level": "raid1",
+                                                    "base_bdevs": ["ra", "rb"]}},
+          {"method": "bdev_wait_for_examine"}]
+print(json.dumps({"subsystems": [{"subsystem": "bdev", "config": config}]}, indent=2))
+PY
+	app_start bpraid "$BDEVPERF" -m $CLT_MASK "${MEM[@]}" --json "$APP_DIR/raid.json" -z \
+		-q 16 -o 4096 -w verify -t 14 || return 1
+	bdevperf_perform bpraid 14 >"$APP_DIR/raid-r.json" &
+	local perf=$!
+	sleep 3
+	kill -KILL "$(app_pid tgtb)" || return 1
+	wait "$(app_pid tgtb)" 2>/dev/null
+	rm -f "$APP_DIR/pids/tgtb"
+	local i gone=0
+	for ((i = 0; i < 300; i++)); do
+		if ! rpc bpraid bdev_get_bdevs -b rb >/dev/null 2>&1; then
+			gone=1
+			break
+		fi
+		sleep 0.1
+	done
+	[[ $gone -eq 1 ]] || { echo "rb still registered 30 s after its target died"; tail -n 20 "$APP_DIR/bpraid.log"; return 1; }
+	rpc bpraid bdev_raid_get_bdevs all >"$APP_DIR/raid-state.json" || return 1
+	wait "$perf" || { tail -n 20 "$APP_DIR/bpraid.log"; return 1; }
+	results_clean "$APP_DIR/raid-r.json" || return 1
+	grep -q 'loss_timeout_sec' "$APP_DIR/bpraid.log" || { echo "no loss logged"; return 1; }
+	python3 - "$APP_DIR/raid-state.json" <<'PY'
+import json, sys
+r = [x for x in json.load(open(sys.argv[1])) if x["name"] == "raid1"][0]
+print("raid1: %s, %d of %d base bdevs" % (r["state"], r["num_base_bdevs_discovered"], r["num_base_bdevs"]))
+assert r["state"] == "online" and r["num_base_bdevs_discovered"] == 1 and r["num_base_bdevs"] == 2, r
+PY
+}
+
+# bdev_null_resize on the target reaches the client's rtrs bdev: at once through
+# bdev_rtrs_remap, and at the re-open after a reconnect (the target disconnects the
+# session); bdev_get_bdevs shows each new size.
+scenario_resize() {
+	local port=$((PB + 48))
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	rpc tgt bdev_null_create null0 64 4096 >/dev/null || return 1
+	rpc tgt rtrs_target_export null0 || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n rs-sess -d null0 -p tcp:127.0.0.1:$port -D 1 -i 1000 -M 5 >/dev/null || return 1
+	size_mib() { rpc clt bdev_get_bdevs -b rtrs0 | python3 -c 'import json,sys; b=json.load(sys.stdin)[0]; print(b["num_blocks"]*b["block_size"]>>20)'; }
+	[[ $(size_mib) -eq 64 ]] || { echo "rtrs0 is $(size_mib) MiB, expected 64"; return 1; }
+	rpc tgt bdev_null_resize null0 128 >/dev/null || return 1
+	[[ $(size_mib) -eq 64 ]] || { echo "the size changed before any OPEN"; return 1; }
+	local out
+	out=$(rpc clt bdev_rtrs_remap rtrs0) || return 1
+	[[ $(size_mib) -eq 128 ]] || { echo "after bdev_rtrs_remap rtrs0 is $(size_mib) MiB, expected 128 ($out)"; return 1; }
+	echo "   remap: 64 -> 128 MiB"
+	rpc tgt bdev_null_resize null0 192 >/dev/null || return 1
+	rpc tgt rtrs_target_disconnect rs-sess >/dev/null || return 1
+	local i
+	for ((i = 0; i < 300; i++)); do
+		[[ $(size_mib) -eq 192 ]] && break
+		sleep 0.1
+	done
+	[[ $(size_mib) -eq 192 ]] || { echo "after a reconnect rtrs0 is $(size_mib) MiB, expected 192"; return 1; }
+	grep -q 're-opened after a reconnect' "$APP_DIR/clt.log" || { echo "no reconnect happened"; return 1; }
+	echo "   reconnect: 128 -> 192 MiB"
+}
+
+# The geometry of the exported bdev reaches the client: a malloc bdev with 512-byte
+# blocks, 4 KiB physical blocks, an 8 KiB optimal IO boundary it splits at and a write
+# cache gives the rtrs bdev the same block sizes, IO no larger than the boundary, the
+# boundary itself and the write cache with FUA (driver_specific shows what OPEN_RSP
+# carried).
+scenario_geometry() {
+	local port=$((PB + 49))
+	app_start tgt "$SPDK_TGT" -m $TGT_MASK "${TGT_MEM[@]}" || return 1
+	rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $port || return 1
+	rpc tgt bdev_malloc_create -b geo0 -p 4096 -o 16 32 512 >/dev/null || return 1
+	rpc tgt rtrs_target_export geo0 || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n geo-sess -d geo0 -p tcp:127.0.0.1:$port >/dev/null || return 1
+	rpc clt bdev_get_bdevs -b rtrs0 >"$APP_DIR/geo.json" || return 1
+	python3 - "$APP_DIR/geo.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))[0]
+i = b["driver_specific"]["rtrs"]["device_info"]
+print("block %d, physical %d, max IO %d, io boundary %d, write cache %s" % (
+    b["block_size"], i["physical_block_size"], i["max_io_size"], i["io_boundary"], i["write_cache"]))
+assert b["block_size"] == 512 and b["num_blocks"] * 512 == 32 << 20, b
+assert i["physical_block_size"] == 4096, i
+assert i["max_io_size"] == 8192 and i["io_boundary"] == 8192, i
+# A malloc bdev has a volatile write cache: the target says so, and honours FUA (as a
+# write and a flush).
+assert i["write_cache"] is True and i["fua"] is True, i
+PY
+}
+
+# The day-two controls refuse bad input naming the field (unknown bdev, session, path or
+# export, values out of range, unknown fields), and a refused call changes nothing: the
+# session's settings and the target's mapping stand.
+scenario_bad_controls() {
+	local port=$((PB + 50)) bad=0
+	start_target tgt $port || return 1
+	app_start clt "$SPDK_TGT" -m $CLT_MASK "${MEM[@]}" || return 1
+	rpc clt bdev_rtrs_create -b rtrs0 -n bad-sess -d malloc0 -p tcp:127.0.0.1:$port >/dev/null || return 1
+	local good="\"paths\":[{\"transport\":\"tcp\",\"dst_addr\":\"127.0.0.1\",\"port\":$port}]"
+	expect_errors <<EOF || bad=1
+clt|bdev_rtrs_create|{"name":"x","sessname":"s","device":"malloc0",$good,"loss_timeout_sec":-2}|loss_timeout_sec
+clt|bdev_rtrs_disconnect_path|{"name":"rtrs0","transport":"tcp","dst_addr":"127.0.0.9","port":1}|dst_addr|no such path
+clt|bdev_rtrs_disconnect_path|{"name":"nope","transport":"tcp","dst_addr":"127.0.0.1"}|name
+clt|bdev_rtrs_reconnect_path|{"name":"rtrs0","transport":"tcp"}|dst_addr
+clt|bdev_rtrs_set_session_options|{"name":"rtrs0","max_reconnect_attempts":3,"loss_timeout_sec":"soon"}|loss_timeout_sec
+clt|bdev_rtrs_set_session_options|{"name":"rtrs0","loss_timeout_sec":9,"max_reconnect_attempts":-5}|max_reconnect_attempts
+clt|bdev_rtrs_set_session_options|{"name":"rtrs0","reconnect_delay_sec":-1}|reconnect_delay_sec
+clt|bdev_rtrs_set_session_options|{"name":"nope"}|name
+clt|bdev_rtrs_set_session_options|{"name":"rtrs0","colour":1}|colour
+clt|bdev_rtrs_remap|{"name":"nope"}|name
+clt|bdev_rtrs_remap|{}|name
+tgt|rtrs_target_force_close|{"export_name":"malloc0","sessname":"nope"}|sessname|no such session
+tgt|rtrs_target_force_close|{"export_name":"nope","sessname":"bad-sess"}|export_name|no such export
+tgt|rtrs_target_force_close|{"export_name":"malloc1","sessname":"bad-sess"}|export_name|no mapping
+tgt|rtrs_target_force_close|{"sessname":"bad-sess"}|export_name
+tgt|rtrs_target_disconnect|{"sessname":"nope"}|sessname|no such session
+tgt|rtrs_target_disconnect|{"sessname":"bad-sess","path":"1.2.3.4:5"}|path|no such path
+tgt|rtrs_target_disconnect|{}|sessname
+EOF
+	rpc clt bdev_rtrs_get_sessions -b rtrs0 >"$APP_DIR/bad-sess.json" || return 1
+	rpc tgt rtrs_target_get_exports -e malloc0 >"$APP_DIR/bad-exp.json" || return 1
+	python3 - "$APP_DIR/bad-sess.json" "$APP_DIR/bad-exp.json" <<'PY' || return 1
+import json, sys
+s = json.load(open(sys.argv[1]))[0]
+got = (s["max_reconnect_attempts"], s["reconnect_delay_sec"], s["loss_timeout_sec"])
+assert got == (-1, 30, -1), "settings changed by refused calls: %s" % (got,)
+assert s["paths"][0]["state"] == "connected", s["paths"]
+o = json.load(open(sys.argv[2]))[0]["openers"]
+assert [x["sessname"] for x in o] == ["bad-sess"], o
+print("refused controls changed nothing")
+PY
+	app_alive tgt && app_alive clt || { echo "an application died"; return 1; }
+	return $bad
+}
+
 # ---- runner -----------------------------------------------------------------------------
 
 run_scenario() {
@@ -1062,7 +1421,8 @@ run_scenario() {
 	esac
 }
 
-ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace late_memory exit)
+ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace late_memory exit
+	openers force_close path_rpc reconnect_attempts raid_loss resize geometry bad_controls)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

@@ -38,9 +38,10 @@ TARGET_PATH = {
     "inflight": INT, "failover_waits": INT, "failover_dups": INT, "rsp_queued": INT, "dropped": INT,
     "handler_lat_sum_ns": INT, "handler_lat_us_log2": INTS,
 }
+TARGET_DEVICE = {"device_id": INT, "export_name": STR, "access_mode": STR, "opened_at": INT}
 TARGET_SESSION = {
     "transport": STR, "id": INT, "sessname": STR, "queue_depth": INT, "chunk_size": INT,
-    "chunk_memory": STR, "paths": [TARGET_PATH],
+    "chunk_memory": STR, "paths": [TARGET_PATH], "devices": [TARGET_DEVICE],
 }
 
 

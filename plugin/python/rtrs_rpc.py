@@ -81,7 +81,7 @@ def parse_path(text, psk=None):
 def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp_policy=None,
                      max_reconnect_attempts=None, reconnect_delay_sec=None,
                      hb_interval_ms=None, hb_missed_max=None, io_timeout_sec=None,
-                     write_zeroes=None):
+                     write_zeroes=None, loss_timeout_sec=None):
     """Create an rtrs bdev mapping the remote RNBD device `device` over session `sessname`.
 
     Args:
@@ -101,6 +101,9 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         write_zeroes: emulate (default: zero-filled writes, safe with every target) or
             native (RNBD op 5: only for targets on Linux 6.8+ or rtrs targets; kernels
             before 5.18 read op 5 as WRITE_SAME)
+        loss_timeout_sec: seconds the session may have no path before its bdevs fail
+            their IO and are unregistered (bdev_nvme's ctrlr_loss_timeout_sec);
+            -1 never (default)
     Returns:
         Name of the created bdev (answered once the session is up and the device open).
     """
@@ -110,7 +113,7 @@ def bdev_rtrs_create(client, name, sessname, paths, device, access_mode=None, mp
         'max_reconnect_attempts': max_reconnect_attempts,
         'reconnect_delay_sec': reconnect_delay_sec, 'hb_interval_ms': hb_interval_ms,
         'hb_missed_max': hb_missed_max, 'io_timeout_sec': io_timeout_sec,
-        'write_zeroes': write_zeroes,
+        'write_zeroes': write_zeroes, 'loss_timeout_sec': loss_timeout_sec,
     })
     return client.call('bdev_rtrs_create', params)
 
@@ -140,6 +143,40 @@ def bdev_rtrs_remove_path(client, name, transport, dst_addr, port=None, src_addr
     return client.call('bdev_rtrs_remove_path', _drop_none({
         'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
         'src_addr': src_addr}))
+
+
+def bdev_rtrs_disconnect_path(client, name, transport, dst_addr, port=None, src_addr=None):
+    """Disconnect one path of an rtrs bdev's session now (its IO fails over); it stays
+    closed until bdev_rtrs_reconnect_path (rtrs-clt's per-path `disconnect`)."""
+    return client.call('bdev_rtrs_disconnect_path', _drop_none({
+        'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
+        'src_addr': src_addr}))
+
+
+def bdev_rtrs_reconnect_path(client, name, transport, dst_addr, port=None, src_addr=None):
+    """Reconnect one path of an rtrs bdev's session now, its attempt count reset
+    (rtrs-clt's per-path `reconnect`)."""
+    return client.call('bdev_rtrs_reconnect_path', _drop_none({
+        'name': name, 'transport': transport, 'dst_addr': dst_addr, 'port': port,
+        'src_addr': src_addr}))
+
+
+def bdev_rtrs_set_session_options(client, name, max_reconnect_attempts=None,
+                                  reconnect_delay_sec=None, loss_timeout_sec=None):
+    """Change the run-time settings of an rtrs bdev's session (every device of it):
+    max_reconnect_attempts (-1 forever, 0 never, N), reconnect_delay_sec, loss_timeout_sec
+    (-1 never, else seconds without a path before the bdevs fail their IO and are
+    unregistered). save_config keeps them."""
+    return client.call('bdev_rtrs_set_session_options', _drop_none({
+        'name': name, 'max_reconnect_attempts': max_reconnect_attempts,
+        'reconnect_delay_sec': reconnect_delay_sec, 'loss_timeout_sec': loss_timeout_sec}))
+
+
+def bdev_rtrs_remap(client, name):
+    """OPEN an rtrs bdev's device again (the kernel client's remap_device and resize):
+    the bdev takes the size the target has now, and a device the target closed is mapped
+    again if the target allows it. Returns the device's id and size."""
+    return client.call('bdev_rtrs_remap', {'name': name})
 
 
 def bdev_rtrs_set_mp_policy(client, name, mp_policy):
@@ -239,8 +276,23 @@ def rtrs_target_unexport(client, export_name):
 
 
 def rtrs_target_get_sessions(client):
-    """RTRS target sessions, paths, exports and statistics."""
+    """RTRS target sessions with their paths, devices (mappings) and statistics."""
     return client.call('rtrs_target_get_sessions')
+
+
+def rtrs_target_force_close(client, export_name, sessname):
+    """Close session `sessname`'s mapping of `export_name` (the kernel's force_close): its
+    IO fails, its writer slot is free, its next open is checked against the host list and
+    access rules again. Returns the mappings closed."""
+    return client.call('rtrs_target_force_close',
+                       {'export_name': export_name, 'sessname': sessname})
+
+
+def rtrs_target_disconnect(client, sessname, path=None):
+    """Disconnect session `sessname`, or only its path `path` (client@server as
+    rtrs_target_get_exports' openers show it, or the client's address); the client
+    reconnects under its own policy. Returns how many paths close."""
+    return client.call('rtrs_target_disconnect', _drop_none({'sessname': sessname, 'path': path}))
 
 
 # ---- rpc.py sub-commands ---------------------------------------------------------------
@@ -257,7 +309,7 @@ def spdk_rpc_plugin_initialize(subparsers):
             max_reconnect_attempts=args.max_reconnect_attempts,
             reconnect_delay_sec=args.reconnect_delay_sec, hb_interval_ms=args.hb_interval_ms,
             hb_missed_max=args.hb_missed_max, io_timeout_sec=args.io_timeout_sec,
-            write_zeroes=args.write_zeroes))
+            write_zeroes=args.write_zeroes, loss_timeout_sec=args.loss_timeout_sec))
 
     p = subparsers.add_parser('bdev_rtrs_create',
                               help='Create an rtrs bdev: map a remote RNBD device over an RTRS session '
@@ -293,6 +345,10 @@ def spdk_rpc_plugin_initialize(subparsers):
                    help='How write-zeroes are sent: emulate (zero-filled writes, safe with every '
                         'target; default) or native (RNBD op 5: only for targets on Linux 6.8+ '
                         'or rtrs targets)')
+    p.add_argument('-L', '--loss-timeout-sec', type=int,
+                   help='Seconds the session may have no path before its bdevs fail their IO '
+                        'and are unregistered (like bdev_nvme\'s ctrlr_loss_timeout_sec). '
+                        'Default: -1, never')
     p.set_defaults(func=_bdev_rtrs_create)
 
     def _bdev_rtrs_delete(args):
@@ -338,6 +394,56 @@ def spdk_rpc_plugin_initialize(subparsers):
                               help='Remove a path from the session of an rtrs bdev (all its devices)')
     _path_args(p)
     p.set_defaults(func=_bdev_rtrs_remove_path)
+
+    def _bdev_rtrs_disconnect_path(args):
+        bdev_rtrs_disconnect_path(args.client, name=args.name, transport=args.transport,
+                                  dst_addr=args.dst_addr, port=args.port,
+                                  src_addr=args.src_addr)
+
+    p = subparsers.add_parser('bdev_rtrs_disconnect_path',
+                              help='Disconnect one path of the session of an rtrs bdev now (it '
+                                   'stays closed until bdev_rtrs_reconnect_path)')
+    _path_args(p)
+    p.set_defaults(func=_bdev_rtrs_disconnect_path)
+
+    def _bdev_rtrs_reconnect_path(args):
+        bdev_rtrs_reconnect_path(args.client, name=args.name, transport=args.transport,
+                                 dst_addr=args.dst_addr, port=args.port,
+                                 src_addr=args.src_addr)
+
+    p = subparsers.add_parser('bdev_rtrs_reconnect_path',
+                              help='Reconnect one path of the session of an rtrs bdev now')
+    _path_args(p)
+    p.set_defaults(func=_bdev_rtrs_reconnect_path)
+
+    def _bdev_rtrs_set_session_options(args):
+        bdev_rtrs_set_session_options(args.client, name=args.name,
+                                      max_reconnect_attempts=args.max_reconnect_attempts,
+                                      reconnect_delay_sec=args.reconnect_delay_sec,
+                                      loss_timeout_sec=args.loss_timeout_sec)
+
+    p = subparsers.add_parser('bdev_rtrs_set_session_options',
+                              help='Change the reconnect attempts and delay and the loss '
+                                   'timeout of the session of an rtrs bdev (all its devices)')
+    p.add_argument('name', help='Name of the rtrs bdev')
+    p.add_argument('-r', '--max-reconnect-attempts', type=int,
+                   help='Reconnect attempts: -1 forever, 0 never, N attempts')
+    p.add_argument('-D', '--reconnect-delay-sec', type=int,
+                   help='Seconds before a reconnect attempt')
+    p.add_argument('-L', '--loss-timeout-sec', type=int,
+                   help='Seconds without a path before the bdevs fail their IO and are '
+                        'unregistered; -1 never')
+    p.set_defaults(func=_bdev_rtrs_set_session_options)
+
+    def _bdev_rtrs_remap(args):
+        _print_json(bdev_rtrs_remap(args.client, name=args.name))
+
+    p = subparsers.add_parser('bdev_rtrs_remap',
+                              help='OPEN the device of an rtrs bdev again: take the target\'s '
+                                   'size now (the kernel\'s resize), map again a device the '
+                                   'target closed (the kernel\'s remap_device)')
+    p.add_argument('name', help='Name of the rtrs bdev')
+    p.set_defaults(func=_bdev_rtrs_remap)
 
     def _bdev_rtrs_set_mp_policy(args):
         bdev_rtrs_set_mp_policy(args.client, name=args.name, mp_policy=args.mp_policy)
@@ -471,7 +577,8 @@ def spdk_rpc_plugin_initialize(subparsers):
         _print_json(rtrs_target_get_exports(args.client, export_name=args.export_name))
 
     p = subparsers.add_parser('rtrs_target_get_exports',
-                              help='Show exports with their bdev, access and allowed hosts')
+                              help='Show exports with their bdev, access, allowed hosts and '
+                                   'openers (session, access mode, paths, since when)')
     p.add_argument('-e', '--export-name', help='Only this export')
     p.set_defaults(func=_rtrs_target_get_exports)
 
@@ -486,5 +593,26 @@ def spdk_rpc_plugin_initialize(subparsers):
         _print_json(rtrs_target_get_sessions(args.client))
 
     p = subparsers.add_parser('rtrs_target_get_sessions',
-                              help='Show RTRS target sessions, paths and statistics')
+                              help='Show RTRS target sessions, paths, devices and statistics')
     p.set_defaults(func=_rtrs_target_get_sessions)
+
+    def _rtrs_target_force_close(args):
+        _print_json(rtrs_target_force_close(args.client, export_name=args.export_name,
+                                            sessname=args.sessname))
+
+    p = subparsers.add_parser('rtrs_target_force_close',
+                              help='Close one session\'s mapping of an export (the kernel\'s '
+                                   'force_close): its IO fails, its next open is checked again')
+    p.add_argument('export_name', help='Export name')
+    p.add_argument('sessname', help='Session name (rtrs_target_get_exports shows the openers)')
+    p.set_defaults(func=_rtrs_target_force_close)
+
+    def _rtrs_target_disconnect(args):
+        _print_json(rtrs_target_disconnect(args.client, sessname=args.sessname, path=args.path))
+
+    p = subparsers.add_parser('rtrs_target_disconnect',
+                              help='Disconnect an RTRS session, or one of its paths')
+    p.add_argument('sessname', help='Session name')
+    p.add_argument('-p', '--path', help='Only this path: client@server as the openers show '
+                                        'it, or the client\'s address')
+    p.set_defaults(func=_rtrs_target_disconnect)

@@ -3,6 +3,7 @@
 //! target on an engine (the standalone counterpart of loading `rnbd_server` with its
 //! `rtrs_server` and configuring exports).
 
+pub mod control;
 pub mod target;
 pub mod url;
 
@@ -27,7 +28,17 @@ pub fn fail(prog: &str, msg: impl Display, code: u8) -> ExitCode {
 /// Parses arguments with clap; a usage error becomes one line on stderr (the first of
 /// clap's message) and exit code 2; `--help` / `--version` print as usual.
 pub fn parse_args<T: clap::Parser>(prog: &str) -> Result<T, ExitCode> {
-    match T::try_parse() {
+    parse_args_from(prog, std::env::args_os())
+}
+
+/// As [`parse_args`], from `args` (the first being the program's name).
+pub fn parse_args_from<T, I>(prog: &str, args: I) -> Result<T, ExitCode>
+where
+    T: clap::Parser,
+    I: IntoIterator,
+    I::Item: Into<std::ffi::OsString> + Clone,
+{
+    match T::try_parse_from(args) {
         Ok(a) => Ok(a),
         Err(e) => {
             use clap::error::ErrorKind;

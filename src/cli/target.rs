@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::engine::Engine;
 use crate::fabric::Fabric;
 use crate::rnbd::backend::{BackendSpec, ExportSpec, FileOptions};
-use crate::rnbd::server::{Exports, HostPattern, RnbdServer};
+use crate::rnbd::server::{Exports, HostPattern, RnbdServer, RnbdSessions, Served, TargetControl};
 use crate::server::{Server, ServerConfig};
 
 use super::human_size;
@@ -31,6 +31,9 @@ pub struct Target {
     pub servers: Vec<(&'static str, Server)>,
     /// `name (ram 1 GiB)` / `name (file PATH, 1 GiB, ro)`, in declaration order.
     pub described: Vec<String>,
+    exports: Arc<Exports>,
+    /// Each server's RNBD sessions, for [`Target::control`].
+    served: Vec<Served>,
 }
 
 /// Declares `specs`, restricts the exports named in `allow` to their patterns (the
@@ -81,18 +84,28 @@ pub fn start_target(
     let mut target = Target {
         servers: Vec::with_capacity(listen.len()),
         described,
+        exports: Arc::clone(&exports),
+        served: Vec::with_capacity(listen.len()),
     };
     for l in listen {
+        let sessions = Arc::new(RnbdSessions::new(Arc::clone(&exports)));
         let started = Server::start_on_engine(
             engine,
             0,
             l.fabric,
             &l.addrs,
             config.clone(),
-            RnbdServer::factory(Arc::clone(&exports)),
+            RnbdServer::factory_with(Arc::clone(&sessions)),
         );
         match started {
-            Ok(s) => target.servers.push((l.scheme, s)),
+            Ok(s) => {
+                target.served.push(Served {
+                    transport: l.scheme,
+                    server: s.clone(),
+                    sessions,
+                });
+                target.servers.push((l.scheme, s));
+            }
             Err(e) => {
                 target.stop(Duration::from_secs(5));
                 return Err(format!("{}://: {e}", l.scheme));
@@ -103,6 +116,11 @@ pub fn start_target(
 }
 
 impl Target {
+    /// The operator's view of the target: openers, forced close, disconnects.
+    pub fn control(&self) -> TargetControl {
+        TargetControl::new(Arc::clone(&self.exports), self.served.clone())
+    }
+
     /// Every listening address as a URL (`tcp://127.0.0.1:1234`), server by server.
     pub fn urls(&self) -> Vec<String> {
         self.servers

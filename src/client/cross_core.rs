@@ -128,6 +128,7 @@ pub enum SessCmd {
     Disconnect(PathAddr),
     Reconnect(PathAddr),
     SetMaxReconnectAttempts(i32),
+    SetReconnectDelay(std::time::Duration),
     Close,
 }
 

@@ -190,6 +190,14 @@ impl Ctl {
                     .for_each(|p| p.reconnect.set_max_attempts(n));
                 return;
             }
+            SessCmd::SetReconnectDelay(d) => {
+                self.cfg.reconnect_delay = d;
+                self.paths
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|p| p.reconnect.set_delay(d));
+                return;
+            }
             SessCmd::Close => {
                 self.sess.closed.store(true, Ordering::Release);
                 for s in 0..self.paths.len() {

@@ -75,6 +75,11 @@ impl Reconnect {
         ReconnectStep::After(self.policy.delay + jitter(self.policy.jitter, random))
     }
 
+    /// Changes the base wait at runtime; an attempt already scheduled keeps its time.
+    pub fn set_delay(&mut self, delay: Duration) {
+        self.policy.delay = delay;
+    }
+
     /// A connect succeeded: the count starts again.
     pub fn on_success(&mut self) {
         self.attempts = 0;

@@ -233,9 +233,16 @@ impl Session {
         self.sess.to_home.push(SessCmd::Reconnect(addr));
     }
 
-    /// −1 for ever, 0 never, N attempts (sysfs `max_reconnect_attempts`).
+    /// −1 for ever, 0 never, N attempts (sysfs `max_reconnect_attempts`). A path that
+    /// failed more times in a row than the new limit gives up at its next failure.
     pub fn set_max_reconnect_attempts(&self, n: i32) {
         self.sess.to_home.push(SessCmd::SetMaxReconnectAttempts(n));
+    }
+
+    /// The base wait before a reconnect attempt (the jitter is added to it); an attempt
+    /// already scheduled keeps its time.
+    pub fn set_reconnect_delay(&self, delay: std::time::Duration) {
+        self.sess.to_home.push(SessCmd::SetReconnectDelay(delay));
     }
 
     /// Closes the session: every path is torn down and removed; waiting and later IO

@@ -250,6 +250,26 @@ impl Server {
         n
     }
 
+    /// Closes one path of the session named `name` (the kernel's sysfs `disconnect` of
+    /// `paths/<client@server>`): `path` is the path's `client@server` address as
+    /// [`stats`](Self::stats) shows it, or its client address alone. The client
+    /// reconnects it under its own policy. Returns how many paths were asked to close
+    /// (0: no such session or path).
+    pub fn close_path(&self, name: &str, path: &str) -> usize {
+        let t = lock(&self.sh.table);
+        let mut n = 0;
+        for e in t.sessions.iter().filter(|e| e.sess.name() == name) {
+            for p in &e.all {
+                let full = format!("{}@{}", p.peer, p.local);
+                if path == full || path == p.peer.to_string() {
+                    self.sh.inbox[e.sess.home].push(state::PathWork::Close(Arc::clone(p)));
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// Stops listening and closes every path; the pollers unregister themselves once
     /// every request has been answered by the handlers.
     pub fn stop(&self) {

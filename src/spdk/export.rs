@@ -4,7 +4,16 @@
 //! channel and submits `spdk_bdev_readv_blocks` / `writev` / `flush` / `unmap` /
 //! `write_zeroes` from the polling thread. SPDK has no write-same: one is a chain of
 //! `writev`s whose iovecs all point at the request's one block (at most [`SAME_BLOCKS`]
-//! blocks each, started one after the other). A submission refused with −ENOMEM waits with
+//! blocks each, started one after the other). Nor has it FUA: on a bdev with a volatile
+//! write cache a FUA write is the write and then a flush, as the kernel's block layer
+//! does for a device without FUA.
+//!
+//! The geometry goes to the client as the kernel's server derives it from its block
+//! device (docs/PROTOCOL.md §2.10): the bdev's write cache (and so FUA), physical block
+//! size, preferred unmap granularity and alignment, and as the largest transfer its
+//! `max_rw_size` or, on a bdev that splits at its optimal IO boundary, that boundary.
+//! A resize of the bdev (`SPDK_BDEV_EVENT_RESIZE`) is kept here and reported at the next
+//! OPEN ([`ExportBackend::geometry`]). A submission refused with −ENOMEM waits with
 //! `spdk_bdev_queue_io_wait` and is retried when the bdev layer has room; completions are
 //! collected in the channel and returned by [`BlockBackend::poll`] on the same thread.
 //!
@@ -14,17 +23,21 @@
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::sys;
 use super::thread::SpdkThread;
 use crate::rnbd::backend::{
     BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, Geometry,
-    DEFAULT_MAX_DISCARD, DEFAULT_MAX_TRANSFER,
 };
 use crate::rnbd::server::ExportBackend;
 use crate::sync::lock;
 use crate::Errno;
+
+mod geometry;
+
+use geometry::geometry_of;
 
 /// IOs a channel accepts before it answers [`BlockSubmitError::Busy`].
 pub const CHANNEL_DEPTH: usize = 1024;
@@ -36,6 +49,8 @@ type RemoveFn = Box<dyn FnOnce() + Send>;
 struct EventCtx {
     name: String,
     on_remove: Mutex<Option<RemoveFn>>,
+    /// The bdev's size in blocks as its last resize event said.
+    blocks: Arc<AtomicU64>,
 }
 
 /// An open descriptor; closed on its opening thread when the last user drops it.
@@ -74,7 +89,9 @@ impl Drop for Desc {
 /// A bdev opened for export.
 pub struct BdevExport {
     desc: Arc<Desc>,
+    /// As opened; the size is `blocks`.
     geometry: Geometry,
+    blocks: Arc<AtomicU64>,
     name: String,
 }
 
@@ -102,9 +119,11 @@ impl BdevExport {
         let thread =
             SpdkThread::current().ok_or_else(|| format!("bdev '{name}': not on an SPDK thread"))?;
         let cname = CString::new(name).map_err(|_| format!("bdev '{name}': NUL in the name"))?;
+        let blocks = Arc::new(AtomicU64::new(0));
         let event = Box::into_raw(Box::new(EventCtx {
             name: name.to_string(),
             on_remove: Mutex::new(Some(Box::new(on_remove))),
+            blocks: Arc::clone(&blocks),
         }));
         let mut desc: *mut sys::spdk_bdev_desc = std::ptr::null_mut();
         // SAFETY: valid name and out-pointer; `event` outlives the descriptor (freed
@@ -141,9 +160,14 @@ impl BdevExport {
         });
         let geometry =
             geometry_of(bdev, read_only).map_err(|why| format!("bdev '{name}': {why}"))?;
+        blocks.store(
+            geometry.size / u64::from(geometry.logical_block_size),
+            Ordering::Release,
+        );
         Ok(BdevExport {
             desc,
             geometry,
+            blocks,
             name: name.to_string(),
         })
     }
@@ -154,56 +178,28 @@ impl BdevExport {
     }
 }
 
-fn geometry_of(bdev: *mut sys::spdk_bdev, read_only: bool) -> Result<Geometry, String> {
-    // SAFETY: `bdev` belongs to an open descriptor, so it stays registered.
-    let (bs, blocks, wc, unmap, wz) = unsafe {
-        (
-            sys::spdk_bdev_get_block_size(bdev),
-            sys::spdk_bdev_get_num_blocks(bdev),
-            sys::spdk_bdev_has_write_cache(bdev),
-            sys::spdk_bdev_io_type_supported(bdev, sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_UNMAP),
-            sys::spdk_bdev_io_type_supported(
-                bdev,
-                sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE_ZEROES,
-            ) || sys::spdk_bdev_io_type_supported(
-                bdev,
-                sys::spdk_bdev_io_type_SPDK_BDEV_IO_TYPE_WRITE,
-            ),
-        )
-    };
-    if !bs.is_power_of_two() || !(512..=32768).contains(&bs) {
-        return Err(format!(
-            "block size {bs} is not a power of two between 512 and 32768 (RNBD sends it in 16 bits)"
-        ));
-    }
-    Ok(Geometry {
-        size: blocks.saturating_mul(u64::from(bs)),
-        logical_block_size: bs,
-        physical_block_size: bs,
-        max_transfer: DEFAULT_MAX_TRANSFER,
-        max_discard: if unmap { DEFAULT_MAX_DISCARD } else { 0 },
-        discard_granularity: bs,
-        discard_alignment: 0,
-        max_write_zeroes: if wz { DEFAULT_MAX_DISCARD } else { 0 },
-        max_secure_erase: 0,
-        max_segments: u16::MAX,
-        write_cache: wc,
-        fua: false,
-        read_only,
-    })
-}
-
 unsafe extern "C" fn bdev_event(
     kind: sys::spdk_bdev_event_type,
-    _bdev: *mut sys::spdk_bdev,
+    bdev: *mut sys::spdk_bdev,
     ctx: *mut c_void,
 ) {
-    if kind != sys::spdk_bdev_event_type_SPDK_BDEV_EVENT_REMOVE {
-        return;
-    }
     // SAFETY: the event context lives until the descriptor is closed, and SPDK sends
     // events only to open descriptors.
     let ev = unsafe { &*ctx.cast::<EventCtx>() };
+    if kind == sys::spdk_bdev_event_type_SPDK_BDEV_EVENT_RESIZE {
+        // SAFETY: the event's bdev is the descriptor's, registered while it is open.
+        let blocks = unsafe { sys::spdk_bdev_get_num_blocks(bdev) };
+        let old = ev.blocks.swap(blocks, Ordering::AcqRel);
+        tracing::info!(
+            "spdk bdev '{}': resized from {old} to {blocks} blocks; clients see it at their \
+             next OPEN",
+            ev.name
+        );
+        return;
+    }
+    if kind != sys::spdk_bdev_event_type_SPDK_BDEV_EVENT_REMOVE {
+        return;
+    }
     tracing::warn!("spdk bdev '{}': hot-removed; closing its export", ev.name);
     // A poisoned lock still holds the callback: the export is closed all the same.
     let f = lock(&ev.on_remove).take();
@@ -213,12 +209,17 @@ unsafe extern "C" fn bdev_event(
 }
 
 impl ExportBackend for BdevExport {
+    /// With the size of the bdev's last resize event.
     fn geometry(&self) -> Geometry {
-        self.geometry
+        let bs = u64::from(self.geometry.logical_block_size);
+        Geometry {
+            size: self.blocks.load(Ordering::Acquire).saturating_mul(bs),
+            ..self.geometry
+        }
     }
 
     fn open_core(&self, _core: usize) -> Result<Box<dyn BlockBackend>, String> {
-        BdevChannel::new(Arc::clone(&self.desc), self.geometry, &self.name)
+        BdevChannel::new(Arc::clone(&self.desc), self.geometry(), &self.name)
             .map(|c| Box::new(c) as Box<dyn BlockBackend>)
     }
 }
@@ -322,7 +323,8 @@ impl BdevChannel {
 /// Starts `io` in a free slot: 0, −ENOMEM (retry later), or another negative errno.
 /// A write with PREFLUSH on a bdev with a volatile cache starts as a flush whose
 /// success starts the write (the kernel's REQ_PREFLUSH order); a write-same starts its
-/// first [`SAME_BLOCKS`] blocks, whose success starts the rest.
+/// first [`SAME_BLOCKS`] blocks, whose success starts the rest; a FUA write on such a
+/// bdev is the write, whose success starts a flush.
 ///
 /// # Safety
 /// `st` is a live channel state, used on its own thread, not borrowed elsewhere.
@@ -332,9 +334,12 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
     let preflush = write_cache
         && matches!(io.op, BlockOp::Write | BlockOp::WriteSame)
         && io.flags.contains(BlockFlags::PREFLUSH);
+    let fua = write_cache
+        && matches!(io.op, BlockOp::Write | BlockOp::WriteSame)
+        && io.flags.contains(BlockFlags::FUA);
     let (io, then) = if preflush {
         let write = BlockIo {
-            flags: BlockFlags::NONE,
+            flags: io.flags.without(BlockFlags::PREFLUSH),
             ..*io
         };
         (BlockIo::flush(io.tag), Some(write))
@@ -345,7 +350,18 @@ unsafe fn start(st: *mut ChanState, io: &BlockIo) -> c_int {
             len: io.len - first,
             ..*io
         };
-        (BlockIo { len: first, ..*io }, Some(rest))
+        let piece = BlockIo {
+            len: first,
+            flags: io.flags.without(BlockFlags::FUA),
+            ..*io
+        };
+        (piece, Some(rest))
+    } else if fua {
+        let write = BlockIo {
+            flags: io.flags.without(BlockFlags::FUA),
+            ..*io
+        };
+        (write, Some(BlockIo::flush(io.tag)))
     } else {
         (*io, None)
     };
@@ -507,6 +523,15 @@ unsafe extern "C" fn retry_waiting(arg: *mut c_void) {
 impl BlockBackend for BdevChannel {
     fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.geometry.size = size;
+        // SAFETY: on the owning thread; a short write.
+        unsafe {
+            let s = self.state.as_ptr();
+            (*s).size_blocks = size / (*s).block_size;
+        }
     }
 
     fn queue_depth(&self) -> usize {

@@ -1,11 +1,11 @@
 //! The built binaries (`rtrs-target`, `rtrs-bench`) run as a user runs them, on
 //! 127.0.0.x: real runs in every IO pattern, error messages, PSK files, host lists, a
 //! path that never connects, a target restarting under load, floods of sessions and of
-//! idle sockets (with the tcp listener's admission caps they rely on), and clients without
-//! a key trying to take the target's session slots, connections and descriptors or to join
-//! another client's session, every refusal in the log. Paths broken by the operating system
-//! have binaries of their own: under load (`tests/failover_os.rs`) and at bring-up
-//! (`tests/bringup_os.rs`).
+//! idle sockets (with the tcp listener's admission caps they rely on), clients without a
+//! key trying to take the target's session slots, connections and descriptors or to join
+//! another client's session (every refusal in the log), and the target's control socket
+//! steering a running bench. Paths broken by the operating system have binaries of their
+//! own: under load (`tests/failover_os.rs`) and at bring-up (`tests/bringup_os.rs`).
 //!
 //! One test binary; each module is one capability. Run one module with e.g.
 //! `cargo test --test cli run::`.
@@ -27,6 +27,7 @@ mod rnbd_raw;
 
 mod admission;
 mod connections;
+mod control;
 mod errors;
 mod flood;
 mod hosts;

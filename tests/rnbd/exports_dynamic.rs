@@ -2,7 +2,9 @@
 //! `rtrs_target_export` / `rtrs_target_unexport` and bdev hot removal): a core opens its
 //! instance of a new export at the first IO, IO through a mapping of a removed export
 //! fails with −EIO, the core drops its instance once the IO in flight has completed, and
-//! the name can be exported again; names, duplicates, read-only exports and capacity.
+//! the name can be exported again; names, duplicates, read-only exports and capacity;
+//! a file that grows is reported at its next OPEN and served to its new end by a core
+//! that had it open already.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -100,6 +102,10 @@ fn area(len: usize) -> (MemBuf, IoBuf) {
 }
 
 fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errno> {
+    open_rsp(d, sess, name).map(|r| r.device_id)
+}
+
+fn open_rsp(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<OpenRsp, Errno> {
     let mut msg = [0u8; Open::LEN];
     Open {
         access_mode: AccessMode::ReadWrite,
@@ -125,7 +131,7 @@ fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errn
             // SAFETY: the request was answered; nobody uses the area.
             unsafe { buf.copy_out(0, &mut b) };
             drop(mem);
-            Ok(OpenRsp::decode(&b).unwrap().device_id)
+            Ok(OpenRsp::decode(&b).unwrap())
         }
         Outcome::Done(Err(e)) => Err(e),
         Outcome::Submitted => panic!("OPEN answers at once"),
@@ -133,9 +139,20 @@ fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errn
 }
 
 fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf) -> Outcome {
+    write_at(d, sess, dev, tag, 0, data)
+}
+
+fn write_at(
+    d: &mut Dispatcher,
+    sess: &RnbdSession,
+    dev: u32,
+    tag: u64,
+    sector: u64,
+    data: IoBuf,
+) -> Outcome {
     let usr = Io {
         device_id: dev,
-        sector: 0,
+        sector,
         op: RnbdOp::Write,
         flags: RnbdFlags::default(),
         bi_size: data.len() as u32,
@@ -262,4 +279,49 @@ fn add_remove_lookup_and_capacity() {
     );
     let cores = ex.open_core(1).unwrap();
     assert!(cores[0].is_none() && cores[1].is_some());
+}
+
+#[test]
+fn a_grown_file_is_seen_at_the_next_open_and_served_to_its_new_end() {
+    use rtrs_spdk::rnbd::backend::{BackendSpec, ExportSpec, FileOptions};
+    let path = std::env::temp_dir().join(format!("rtrs-grow-{}.img", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 20).unwrap();
+    let spec = ExportSpec {
+        name: "f".into(),
+        backend: BackendSpec::File {
+            path: path.clone(),
+            read_only: false,
+        },
+    };
+    let ex = Arc::new(Exports::new(&[spec], &FileOptions::default()).unwrap());
+    let mut d = Dispatcher::new(Arc::clone(&ex), 0).unwrap();
+    let sess = RnbdSession::new("s", Arc::clone(&ex));
+    let first = open_rsp(&mut d, &sess, b"f").unwrap();
+    assert_eq!(first.nsectors, 2048);
+    let (_mem, buf) = area(4096);
+    // Beyond the first megabyte: refused while the file is 1 MiB.
+    assert!(matches!(
+        write_at(&mut d, &sess, first.device_id, 1, 3000, buf),
+        Outcome::Done(Err(_))
+    ));
+    let g0 = ex.generation();
+    file.set_len(2 << 20).unwrap();
+    // The client opens again (its remap): same mapping, the new size.
+    let again = open_rsp(&mut d, &sess, b"f").unwrap();
+    assert_eq!((again.device_id, again.nsectors), (first.device_id, 4096));
+    assert_eq!(ex.geometry(ex.lookup(b"f").unwrap()).size, 2 << 20);
+    assert_ne!(ex.generation(), g0, "a new size moves the generation");
+    // The core's instance, opened at the 1 MiB size, takes the new one.
+    assert_eq!(
+        write_at(&mut d, &sess, first.device_id, 2, 3000, buf),
+        Outcome::Submitted
+    );
+    assert_eq!(reap(&mut d, 1), [BlockCompletion::new(2, Ok(()))]);
+    // Unchanged: the generation stays.
+    let g1 = ex.generation();
+    open_rsp(&mut d, &sess, b"f").unwrap();
+    assert_eq!(ex.generation(), g1);
+    drop(file);
+    let _ = std::fs::remove_file(&path);
 }

@@ -1,7 +1,8 @@
 //! RNBD (`rtrs_spdk::rnbd`) on top of RTRS: the server without a transport, the client
 //! device over a direct in-process port (`direct`), both end to end over loopback and
 //! tcp, a path lost during the OPEN, host lists, refusals, IO waiting while a device is
-//! unreachable, write-zeroes and op 5 for every kernel version, exports changing while
+//! unreachable, mappings the target closes, devices lost after the loss timeout, exports that
+//! change size, write-zeroes and op 5 for every kernel version, exports changing while
 //! serving, and an IO path that never allocates.
 //!
 //! One test binary; each module is one capability, `direct` is the port the client
@@ -28,10 +29,13 @@ mod client;
 mod direct;
 mod e2e;
 mod exports_dynamic;
+mod force_close;
 mod hosts;
+mod loss;
 mod noalloc;
 mod op5_server;
 mod refused;
+mod resize;
 mod server;
 mod session;
 mod tcp;

@@ -13,6 +13,11 @@
 //! the disk *closed*, which leaves the session and releases the bdev. The module's fini
 //! ([`stop_all`]) fails the disks still opening and ends once every disk and session
 //! is gone.
+//!
+//! While open, the device's info may change: a re-open after a reconnect or a
+//! `bdev_rtrs_remap` brings the target's size now, which [`Disk::apply_info`] hands to
+//! the bdev layer (`spdk_bdev_notify_blockcnt_change`, on home's thread). A device lost
+//! after the session's loss timeout unregisters its bdev ([`Disk::lost`]).
 
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -21,6 +26,7 @@ use std::time::Duration;
 use rtrs_spdk::client::MpPolicy;
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::rnbd::client::{DevHandle, DeviceInfo};
+use rtrs_spdk::spdk::sys;
 use rtrs_spdk::sync::lock;
 
 use super::fabric::client_fabric;
@@ -28,6 +34,8 @@ use super::group::Home;
 use super::params::{path_keys, CreateParams};
 use super::sess::{self, Sess};
 use super::task::ChanShared;
+
+mod follow;
 
 /// How long a closing disk waits for CLOSE's answer.
 const CLOSE_WAIT: Duration = Duration::from_secs(3);
@@ -38,6 +46,18 @@ const OPEN_WAIT_MIN_S: u64 = 5;
 
 /// Run once the disk is down: releases what registration made (the bdev).
 pub type OnClosed = Box<dyn FnOnce() + Send>;
+
+/// Told how a `bdev_rtrs_remap` ended (on home's thread): the device's info now, or why
+/// not.
+pub type OnRemap = Box<dyn FnOnce(Result<DeviceInfo, String>) + Send>;
+
+/// The registered bdev, for its size changes and its removal (used on home's thread).
+#[derive(Clone, Copy)]
+pub struct BdevPtr(pub *mut sys::spdk_bdev);
+
+// SAFETY: only dereferenced by SPDK calls on home's thread, while the bdev is registered
+// (the disk forgets it before the bdev is freed).
+unsafe impl Send for BdevPtr {}
 
 /// Why a disk was not created; the text names what was wrong.
 #[derive(Debug)]
@@ -74,7 +94,15 @@ pub struct Disk {
     pub params: CreateParams,
     pub sess: Arc<Sess>,
     dev: OnceLock<DevHandle>,
-    info: OnceLock<DeviceInfo>,
+    /// The device's info from its first OPEN: what the bdev was registered with and the
+    /// IO types it supports (read without a lock: the bdev layer asks per IO).
+    first: OnceLock<DeviceInfo>,
+    /// The device's info from its last OPEN (or re-open).
+    info: Mutex<Option<DeviceInfo>>,
+    /// The bdev, while registered.
+    bdev: Mutex<Option<BdevPtr>>,
+    /// `bdev_rtrs_remap` calls waiting for the OPEN's answer.
+    remaps: Mutex<Vec<OnRemap>>,
     life: Mutex<Life>,
     /// Every IO channel of the bdev (resets count their outstanding requests).
     chans: Mutex<Vec<Arc<ChanShared>>>,
@@ -155,8 +183,19 @@ impl Disk {
         &self.params.name
     }
 
-    pub fn info(&self) -> Option<&DeviceInfo> {
-        self.info.get()
+    /// The device's info as its last OPEN gave it (control path: takes a lock).
+    pub fn info(&self) -> Option<DeviceInfo> {
+        *lock(&self.info)
+    }
+
+    /// The device's info from its first OPEN, without a lock (`io_type_supported`).
+    pub fn first_info(&self) -> Option<&DeviceInfo> {
+        self.first.get()
+    }
+
+    /// The bdev was registered (`Some`) or is being released (`None`).
+    pub fn set_bdev(&self, bdev: Option<BdevPtr>) {
+        *lock(&self.bdev) = bdev;
     }
 
     pub fn dev(&self) -> Option<DevHandle> {
@@ -215,7 +254,8 @@ impl Disk {
             }
             *life = Life::Registering;
         }
-        let _ = self.info.set(info);
+        let _ = self.first.set(info);
+        *lock(&self.info) = Some(info);
         let Some(disk) = self.me.upgrade() else {
             return false;
         };
@@ -374,6 +414,8 @@ impl Disk {
         self.sess.remove(&me);
         let finish = move || {
             registry().disks.retain(|d| !Arc::ptr_eq(d, &me));
+            me.set_bdev(None);
+            me.remap_done(&Err("the bdev is being deleted".to_string()));
             if let Some(f) = on_closed {
                 f();
             }
@@ -472,7 +514,10 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         params,
         sess: Arc::clone(&sess),
         dev: OnceLock::new(),
-        info: OnceLock::new(),
+        first: OnceLock::new(),
+        info: Mutex::new(None),
+        bdev: Mutex::new(None),
+        remaps: Mutex::new(Vec::new()),
         life: Mutex::new(Life::Opening),
         chans: Mutex::new(Vec::new()),
         on_open: Mutex::new(Some(on_open)),

@@ -19,7 +19,8 @@ pub fn config(disk: &Disk) -> Value {
         .lock()
         .map(|p| p.clone())
         .unwrap_or_default();
-    disk.params.to_json(disk.policy(), &paths)
+    disk.params
+        .to_json(disk.policy(), &paths, &disk.sess.live())
 }
 
 /// `bdev_rtrs_get_sessions`' entry of a session: its paths and statistics once, and its
@@ -48,6 +49,7 @@ fn device(disk: &Disk) -> Value {
         "access_mode": access_name(disk.params.access_mode),
         "write_zeroes": disk.params.write_zeroes.as_str(),
         "state": disk.state_name(),
+        "device_state": disk.sess.device_state(disk).map(|s| s.to_string()),
     });
     if let Some(i) = disk.info() {
         v["device_info"] = json!({
@@ -60,6 +62,10 @@ fn device(disk: &Disk) -> Value {
             "max_write_zeroes": i.max_write_zeroes,
             "server_max_write_zeroes": i.server_max_write_zeroes,
             "write_cache": i.write_cache,
+            "fua": i.fua,
+            "discard_granularity": i.discard_granularity,
+            "discard_alignment": i.discard_alignment,
+            "io_boundary": i.io_boundary,
         });
     }
     v
@@ -84,9 +90,13 @@ fn session(sess: &Sess) -> Value {
             .collect()
     });
     let policy = s.map_or(sess.settings.mp_policy, Session::policy);
+    let live = sess.live();
     json!({
         "sessname": sess.sessname,
         "mp_policy": policy.name(),
+        "max_reconnect_attempts": live.max_reconnect_attempts,
+        "reconnect_delay_sec": live.reconnect_delay_sec,
+        "loss_timeout_sec": live.loss_timeout_sec,
         "paths_up": s.map_or(0, Session::paths_up),
         "paths": paths,
         "stats": stats,

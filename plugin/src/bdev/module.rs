@@ -13,7 +13,7 @@ use rtrs_spdk::spdk::{sys, BdevIoType};
 use serde_json::json;
 
 use super::channel;
-use super::disk::{self, errno_str, Disk};
+use super::disk::{self, errno_str, BdevPtr, Disk};
 use super::fabric;
 use super::group::{self, Home};
 use super::info;
@@ -104,12 +104,15 @@ impl Registered {
 }
 
 /// On the application thread, once OPEN answered: registers the disk's io_device and
-/// its bdev, whose geometry comes from the device's info. The disk is open afterwards.
+/// its bdev, whose geometry comes from the device's info (the target's: block sizes,
+/// write cache, unmap granularity and alignment, and, where the target's device limits
+/// transfers below the session, that limit as an optimal IO boundary the bdev layer
+/// splits at). The disk is open afterwards.
 ///
 /// # Errors
 /// No device info yet, or `spdk_bdev_register` failed (named, with its errno).
 pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
-    let info = *disk.info().ok_or("registered before OPEN answered")?;
+    let info = disk.info().ok_or("registered before OPEN answered")?;
     let bs = info.logical_block_size;
     let blocks = |bytes: u64| u32::try_from(bytes / u64::from(bs)).unwrap_or(u32::MAX);
     let name = CString::new(disk.params.name.clone())
@@ -123,6 +126,10 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
     b.write_cache = c_int::from(info.write_cache);
     b.max_rw_size = blocks(u64::from(info.max_io_size)).max(1);
     b.optimal_io_boundary = b.max_rw_size;
+    // The target's device splits there: so does the bdev layer, before sending.
+    b.split_on_optimal_io_boundary = info.io_boundary != 0;
+    b.preferred_unmap_granularity = blocks(u64::from(info.discard_granularity));
+    b.preferred_unmap_alignment = blocks(u64::from(info.discard_alignment));
     b.max_num_segments = task::MAX_IOVS;
     b.max_unmap = blocks(info.max_discard.min(u64::from(u32::MAX)));
     b.max_unmap_segments = 1;
@@ -156,6 +163,7 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
         return Err(format!("spdk_bdev_register failed: {}", errno_str(rc)));
     }
     let registered = Registered(bdev);
+    disk.set_bdev(Some(BdevPtr(bdev)));
     disk.set_open(Box::new(move || registered.release()));
     tracing::info!(
         "rtrs bdev {}: {} blocks of {} B, max IO {} B",
@@ -165,6 +173,38 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
         info.max_io_size
     );
     Ok(())
+}
+
+/// Unregisters the disk's bdev (its session lost the target for good): the bdev layer
+/// tells its users, then `destruct` closes the disk as a delete does. Application
+/// thread.
+pub fn unregister(disk: &Arc<Disk>) {
+    let name = CString::new(disk.name()).unwrap_or_default();
+    // SAFETY: unregister by name on the application thread; no completion is needed.
+    let rc = unsafe {
+        sys::spdk_bdev_unregister_by_name(
+            name.as_ptr(),
+            module_ptr(),
+            Some(unregistered),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != 0 {
+        tracing::error!(
+            "rtrs bdev {}: spdk_bdev_unregister_by_name failed: {}",
+            disk.name(),
+            errno_str(rc)
+        );
+    }
+}
+
+unsafe extern "C" fn unregistered(_arg: *mut c_void, rc: i32) {
+    if rc != 0 {
+        tracing::error!(
+            "rtrs bdev: unregistering after the loss timeout: {}",
+            errno_str(rc)
+        );
+    }
 }
 
 /// # Safety
@@ -197,7 +237,7 @@ unsafe extern "C" fn io_device_gone(io_device: *mut c_void) {
 unsafe extern "C" fn io_type_supported(ctx: *mut c_void, ty: sys::spdk_bdev_io_type) -> bool {
     // SAFETY: the bdev's ctxt.
     let disk = unsafe { disk_of(ctx) };
-    let info = disk.info();
+    let info = disk.first_info();
     match BdevIoType::from_raw(ty) {
         BdevIoType::Read | BdevIoType::Write | BdevIoType::Flush | BdevIoType::Reset => true,
         BdevIoType::Unmap => info.is_some_and(|i| i.max_discard > 0),

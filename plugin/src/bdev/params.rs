@@ -98,6 +98,56 @@ pub struct CreateParams {
     pub io_timeout_sec: u64,
     /// How write-zeroes go to the target (`native` only for Linux 6.8+ or rtrs targets).
     pub write_zeroes: WriteZeroesMode,
+    /// Seconds the session may have no path before its bdevs fail their IO and are
+    /// unregistered (bdev_nvme's `ctrlr_loss_timeout_sec`); −1: never.
+    pub loss_timeout_sec: i64,
+}
+
+/// `loss_timeout_sec` when not given: never (see plugin/README.md, "Losing a target").
+pub const LOSS_TIMEOUT_DEFAULT: i64 = -1;
+/// The largest `loss_timeout_sec` (a day, as `io_timeout_sec`).
+pub const LOSS_TIMEOUT_MAX: i64 = 86_400;
+
+/// The session settings that change at run time (`bdev_rtrs_set_session_options`), as
+/// they are now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveSettings {
+    pub max_reconnect_attempts: i32,
+    pub reconnect_delay_sec: u64,
+    pub loss_timeout_sec: i64,
+}
+
+impl LiveSettings {
+    /// The loss timeout as the admin takes it.
+    pub fn loss_timeout(&self) -> Option<Duration> {
+        u64::try_from(self.loss_timeout_sec)
+            .ok()
+            .map(Duration::from_secs)
+    }
+}
+
+/// `loss_timeout_sec`: −1 (never) or 0..=86400 seconds.
+///
+/// # Errors
+/// A message naming the field.
+pub fn parse_loss_timeout(method: &str, v: Option<&Value>) -> Result<Option<i64>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => match x.as_i64() {
+            Some(n) if n == -1 || (0..=LOSS_TIMEOUT_MAX).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "{method}: 'loss_timeout_sec' must be -1 (never) or 0..={LOSS_TIMEOUT_MAX} seconds, got {x}"
+            )),
+        },
+    }
+}
+
+/// `max_reconnect_attempts`: −1 (for ever), 0 (never) or N.
+///
+/// # Errors
+/// A message naming the field.
+pub fn parse_reconnect_attempts(method: &str, v: Option<&Value>) -> Result<Option<i32>, String> {
+    opt_i32(method, v, "max_reconnect_attempts")
 }
 
 const CREATE_FIELDS: &[&str] = &[
@@ -113,6 +163,7 @@ const CREATE_FIELDS: &[&str] = &[
     "hb_missed_max",
     "io_timeout_sec",
     "write_zeroes",
+    "loss_timeout_sec",
 ];
 
 /// The RNBD name of an access mode, as the kernel's sysfs spells it.
@@ -323,6 +374,8 @@ impl CreateParams {
             })?,
             None => WriteZeroesMode::Emulate,
         };
+        let loss_timeout_sec =
+            parse_loss_timeout(M, v.get("loss_timeout_sec"))?.unwrap_or(LOSS_TIMEOUT_DEFAULT);
         Ok(CreateParams {
             name,
             sessname,
@@ -336,7 +389,17 @@ impl CreateParams {
             hb_missed_max,
             io_timeout_sec,
             write_zeroes,
+            loss_timeout_sec,
         })
+    }
+
+    /// The settings that may change at run time, as created.
+    pub fn live(&self) -> LiveSettings {
+        LiveSettings {
+            max_reconnect_attempts: self.max_reconnect_attempts,
+            reconnect_delay_sec: self.reconnect_delay_sec,
+            loss_timeout_sec: self.loss_timeout_sec,
+        }
     }
 
     /// The RTRS client configuration these parameters describe, with the paths' keys
@@ -359,8 +422,8 @@ impl CreateParams {
     }
 
     /// The parameters as `bdev_rtrs_create` takes them (for `config_json`), with the
-    /// current policy and paths.
-    pub fn to_json(&self, mp_policy: MpPolicy, paths: &[PathParam]) -> Value {
+    /// current policy, paths and run-time settings.
+    pub fn to_json(&self, mp_policy: MpPolicy, paths: &[PathParam], live: &LiveSettings) -> Value {
         json!({
             "name": self.name,
             "sessname": self.sessname,
@@ -368,12 +431,13 @@ impl CreateParams {
             "device": self.device,
             "access_mode": access_name(self.access_mode),
             "mp_policy": mp_policy.name(),
-            "max_reconnect_attempts": self.max_reconnect_attempts,
-            "reconnect_delay_sec": self.reconnect_delay_sec,
+            "max_reconnect_attempts": live.max_reconnect_attempts,
+            "reconnect_delay_sec": live.reconnect_delay_sec,
             "hb_interval_ms": self.hb_interval_ms,
             "hb_missed_max": self.hb_missed_max,
             "io_timeout_sec": self.io_timeout_sec,
             "write_zeroes": self.write_zeroes.as_str(),
+            "loss_timeout_sec": live.loss_timeout_sec,
         })
     }
 }

@@ -4,8 +4,10 @@
 //! Like every bdev-creating method in SPDK it is a RUNTIME method: `--json` configurations
 //! replay it right after the subsystems are initialized (in the STARTUP phase the bdev
 //! and accel layers do not exist yet, so a bdev registered then has no channels).
-//! The kernel's counterparts are `rnbd-clt`'s sysfs files (`map_device`, `unmap_device`)
-//! and `rtrs-clt`'s (`add_path`, `remove_path`, `mpath_policy`, the stats).
+//! The kernel's counterparts are `rnbd-clt`'s sysfs files (`map_device`, `unmap_device`,
+//! `remap_device`, `resize`) and `rtrs-clt`'s (`add_path`, `remove_path`, a path's
+//! `reconnect` and `disconnect`, `max_reconnect_attempts`, `mpath_policy`, the stats).
+//! `bdev_rtrs_remap` answers once the target answered its OPEN.
 
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -19,7 +21,8 @@ use super::fabric::client_fabric;
 use super::info::describe_session;
 use super::module::{self, module_ptr};
 use super::params::{
-    decode_path_rpc, opt_str, parse_policy, path_keys, req_str, CreateParams, PathParam,
+    decode_path_rpc, opt_str, parse_loss_timeout, parse_policy, parse_reconnect_attempts,
+    path_keys, req_str, CreateParams, PathParam,
 };
 use super::sess;
 use crate::rpc::{register, rpc_handler, Params, RUNTIME};
@@ -31,6 +34,10 @@ rpc_handler!(c_add_path => add_path);
 rpc_handler!(c_remove_path => remove_path);
 rpc_handler!(c_set_mp_policy => set_mp_policy);
 rpc_handler!(c_reset_stats => reset_stats);
+rpc_handler!(c_disconnect_path => disconnect_path);
+rpc_handler!(c_reconnect_path => reconnect_path);
+rpc_handler!(c_set_session_options => set_session_options);
+rpc_handler!(c_remap => remap);
 
 /// Registers the `bdev_rtrs_*` methods.
 pub fn register_rpcs() {
@@ -41,6 +48,18 @@ pub fn register_rpcs() {
     register(c"bdev_rtrs_remove_path", Some(c_remove_path), RUNTIME);
     register(c"bdev_rtrs_set_mp_policy", Some(c_set_mp_policy), RUNTIME);
     register(c"bdev_rtrs_reset_stats", Some(c_reset_stats), RUNTIME);
+    register(
+        c"bdev_rtrs_disconnect_path",
+        Some(c_disconnect_path),
+        RUNTIME,
+    );
+    register(c"bdev_rtrs_reconnect_path", Some(c_reconnect_path), RUNTIME);
+    register(
+        c"bdev_rtrs_set_session_options",
+        Some(c_set_session_options),
+        RUNTIME,
+    );
+    register(c"bdev_rtrs_remap", Some(c_remap), RUNTIME);
 }
 
 /// Answered once the disk is open and its bdev registered (with the bdev's name), or
@@ -218,6 +237,22 @@ fn add_path(req: RpcRequest, v: Value) {
     req.ok(json!(true));
 }
 
+/// The session path `path` names (its source address is optional: matched on the
+/// destination when absent), in `paths`.
+fn find_path(m: &str, d: &Disk, paths: &[PathParam], path: &PathParam) -> Result<usize, String> {
+    paths
+        .iter()
+        .position(|p| {
+            p.addr.dst == path.addr.dst && (path.addr.src.is_none() || p.addr.src == path.addr.src)
+        })
+        .ok_or_else(|| {
+            format!(
+                "{m}: 'dst_addr'/'port' = {}: no such path in session {:?}",
+                path.addr.dst, d.sess.sessname
+            )
+        })
+}
+
 fn remove_path(req: RpcRequest, v: Value) {
     const M: &str = "bdev_rtrs_remove_path";
     let (d, path) = match path_rpc(M, &v) {
@@ -226,14 +261,9 @@ fn remove_path(req: RpcRequest, v: Value) {
     };
     let s = d.sess.session().expect("path_rpc checked the session");
     let mut paths = lock(&d.sess.paths);
-    // The source address is optional here: match on the destination when it is absent.
-    let Some(i) = paths.iter().position(|p| {
-        p.addr.dst == path.addr.dst && (path.addr.src.is_none() || p.addr.src == path.addr.src)
-    }) else {
-        return req.invalid(&format!(
-            "{M}: 'dst_addr'/'port' = {}: no such path in session {:?}",
-            path.addr.dst, d.sess.sessname
-        ));
+    let i = match find_path(M, &d, &paths, &path) {
+        Ok(i) => i,
+        Err(e) => return req.invalid(&e),
     };
     if paths.len() == 1 {
         return req.invalid(&format!(
@@ -293,5 +323,125 @@ fn reset_stats(req: RpcRequest, v: Value) {
             "{M}: 'name' = {:?}: the session is not open yet",
             d.name()
         )),
+    }
+}
+
+/// `rtrs-clt`'s per-path `disconnect` (`reconnect: false`: the path stays closed until a
+/// reconnect) and `reconnect` (`true`: torn down if up and connected again now, its
+/// attempt count reset), for the session of the bdev named.
+fn path_now(req: RpcRequest, v: Value, reconnect: bool) {
+    let m = if reconnect {
+        "bdev_rtrs_reconnect_path"
+    } else {
+        "bdev_rtrs_disconnect_path"
+    };
+    let (d, path) = match path_rpc(m, &v) {
+        Ok(x) => x,
+        Err(e) => return req.invalid(&e),
+    };
+    let s = d.sess.session().expect("path_rpc checked the session");
+    let paths = lock(&d.sess.paths);
+    let addr = match find_path(m, &d, &paths, &path) {
+        Ok(i) => paths[i].addr,
+        Err(e) => return req.invalid(&e),
+    };
+    drop(paths);
+    if reconnect {
+        s.reconnect_path(addr);
+        acted(m, &d, &format!("path {addr} reconnects"));
+    } else {
+        s.disconnect_path(addr);
+        acted(m, &d, &format!("path {addr} disconnected"));
+    }
+    d.sess.home.shared.kick();
+    req.ok(json!(true));
+}
+
+fn disconnect_path(req: RpcRequest, v: Value) {
+    path_now(req, v, false);
+}
+
+fn reconnect_path(req: RpcRequest, v: Value) {
+    path_now(req, v, true);
+}
+
+/// The session settings that change at run time: `max_reconnect_attempts` (the
+/// kernel's sysfs file), `reconnect_delay_sec` and `loss_timeout_sec`, for the session of
+/// the bdev named (every device of it; `save_config` writes them). Every field is
+/// checked before anything changes.
+fn set_session_options(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_set_session_options";
+    let r = (|| -> Result<(), String> {
+        let d = named(
+            M,
+            &v,
+            &[
+                "name",
+                "max_reconnect_attempts",
+                "reconnect_delay_sec",
+                "loss_timeout_sec",
+            ],
+        )?;
+        let p = Params::new(M, &v)?;
+        let mut live = d.sess.live();
+        if let Some(n) = parse_reconnect_attempts(M, v.get("max_reconnect_attempts"))? {
+            live.max_reconnect_attempts = n;
+        }
+        if let Some(n) = p.opt_uint("reconnect_delay_sec", 3600)? {
+            live.reconnect_delay_sec = n;
+        }
+        if let Some(n) = parse_loss_timeout(M, v.get("loss_timeout_sec"))? {
+            live.loss_timeout_sec = n;
+        }
+        d.sess
+            .set_live(live)
+            .map_err(|e| format!("{M}: 'name' = {:?}: {e}", d.name()))?;
+        acted(
+            M,
+            &d,
+            &format!(
+                "max_reconnect_attempts {}, reconnect_delay_sec {}, loss_timeout_sec {}",
+                live.max_reconnect_attempts, live.reconnect_delay_sec, live.loss_timeout_sec
+            ),
+        );
+        Ok(())
+    })();
+    match r {
+        Ok(()) => req.ok(json!(true)),
+        Err(e) => req.invalid(&e),
+    }
+}
+
+/// The kernel client's `remap_device` (and `resize`): OPEN the bdev's device again and
+/// follow the answer: the size the target has now (given to the bdev layer), and a
+/// device the target closed mapped again if its host list and access rules allow.
+/// Answered once the target answered, with the device's id and size.
+fn remap(req: RpcRequest, v: Value) {
+    const M: &str = "bdev_rtrs_remap";
+    let d = match named(M, &v, &["name"]) {
+        Ok(d) => d,
+        Err(e) => return req.invalid(&e),
+    };
+    if !d.is_open() || d.sess.session().is_none() {
+        return req.invalid(&format!(
+            "{M}: 'name' = {:?}: the bdev is still being created or already being deleted",
+            d.name()
+        ));
+    }
+    let name = d.name().to_string();
+    // One OPEN answers every remap asked for while it is out.
+    let asked = d.remapping();
+    d.add_remap(Box::new(move |r| match r {
+        Ok(info) => req.ok(json!({
+            "name": name,
+            "device_id": info.device_id,
+            "size": info.size,
+            "num_blocks": info.size / u64::from(info.logical_block_size),
+            "block_size": info.logical_block_size,
+        })),
+        Err(e) => req.error(-libc::EIO, &format!("{M}: 'name' = {name:?}: {e}")),
+    }));
+    if !asked {
+        d.sess.remap(&d);
     }
 }

@@ -11,6 +11,10 @@
 //! thread owns that queue); when the last device is closed, the session closes, waits
 //! for its paths to go, and every owner drops its core's queue; the last one forgets the
 //! session.
+//!
+//! Settings that change at run time (`bdev_rtrs_set_session_options`: reconnect
+//! attempts and delay go to the RTRS session, the loss timeout to the admin) are kept in
+//! [`LiveSettings`], which `save_config` writes and a joining device must match.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -19,7 +23,9 @@ use crossbeam_queue::SegQueue;
 use rtrs_spdk::client::{PathAddr, Session, SessionCore};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Fabric, Psk};
-use rtrs_spdk::rnbd::client::{open_rnbd_session, ClientEvent, DevHandle, RnbdAdmin, RnbdQueue};
+use rtrs_spdk::rnbd::client::{
+    open_rnbd_session, ClientEvent, DevHandle, DevState, DeviceTable, RnbdAdmin, RnbdQueue,
+};
 use rtrs_spdk::spdk::app_cores;
 use rtrs_spdk::sync::lock;
 
@@ -27,7 +33,7 @@ use super::core_queue::CoreQueue;
 use super::disk::Disk;
 use super::group::{GroupShared, Home};
 use super::memmap::MemMap;
-use super::params::{CreateParams, PathParam};
+use super::params::{CreateParams, LiveSettings, PathParam};
 use super::task::TaskRef;
 
 /// How long a closing session waits for its paths to go (ns).
@@ -61,6 +67,9 @@ impl SessCore {
 enum AdminCmd {
     Open(Arc<Disk>),
     Close(Arc<Disk>),
+    /// `bdev_rtrs_remap`: OPEN again (its waiter is with the disk).
+    Remap(Arc<Disk>),
+    SetLossTimeout(Option<std::time::Duration>),
     /// The last device went: close the session.
     CloseSession,
 }
@@ -82,6 +91,10 @@ pub struct Sess {
     pub settings: CreateParams,
     /// Paths as they are now (add/remove_path), for config_json and get_sessions.
     pub paths: Mutex<Vec<PathParam>>,
+    /// The settings that change at run time, as they are now.
+    live: Mutex<LiveSettings>,
+    /// The admin's published devices (their states), once the session started.
+    table: OnceLock<Arc<DeviceTable>>,
     psks: Vec<(PathAddr, Psk)>,
     /// The session's own protection domain of the transport's fabric.
     pub domain: Arc<dyn Fabric>,
@@ -121,6 +134,43 @@ impl Sess {
         lock(&self.devices).clone()
     }
 
+    /// The run-time settings as they are now.
+    pub fn live(&self) -> LiveSettings {
+        *lock(&self.live)
+    }
+
+    /// Applies new run-time settings (`bdev_rtrs_set_session_options`, checked by the
+    /// caller): the RTRS session's reconnect attempts and delay, the admin's loss timeout.
+    ///
+    /// # Errors
+    /// The session is not open yet.
+    pub fn set_live(&self, new: LiveSettings) -> Result<(), String> {
+        let s = self.session.get().ok_or("the session is not open yet")?;
+        let mut live = lock(&self.live);
+        if new.max_reconnect_attempts != live.max_reconnect_attempts {
+            s.set_max_reconnect_attempts(new.max_reconnect_attempts);
+        }
+        if new.reconnect_delay_sec != live.reconnect_delay_sec {
+            s.set_reconnect_delay(std::time::Duration::from_secs(new.reconnect_delay_sec));
+        }
+        if new.loss_timeout_sec != live.loss_timeout_sec {
+            self.command(AdminCmd::SetLossTimeout(new.loss_timeout()));
+        }
+        *live = new;
+        Ok(())
+    }
+
+    /// The RNBD state of `disk`'s device as the admin last published it.
+    pub fn device_state(&self, disk: &Disk) -> Option<DevState> {
+        self.table.get()?.state(disk.dev()?)
+    }
+
+    /// Asks the admin to OPEN `disk`'s device again (`bdev_rtrs_remap`); the answer goes
+    /// to the waiter the caller left with the disk.
+    pub fn remap(&self, disk: &Arc<Disk>) {
+        self.command(AdminCmd::Remap(Arc::clone(disk)));
+    }
+
     /// The session's core on CPU core `cpu` (core 0 for a thread off the cpumask, as
     /// fio's); a group on that thread may claim its queue.
     pub fn core_of_cpu(&self, cpu: u32) -> usize {
@@ -150,6 +200,8 @@ impl Sess {
             sessname: params.sessname.clone(),
             settings: params.clone(),
             paths: Mutex::new(params.paths.clone()),
+            live: Mutex::new(params.live()),
+            table: OnceLock::new(),
             psks,
             domain,
             mem,
@@ -199,7 +251,10 @@ impl Sess {
             }
         };
         let _ = self.session.set(rs.session);
-        let mut admin = Some(rs.admin);
+        let _ = self.table.set(Arc::clone(rs.admin.table()));
+        let mut admin = rs.admin;
+        admin.set_loss_timeout(self.live().loss_timeout());
+        let mut admin = Some(admin);
         for (k, q) in rs.queues.into_iter().enumerate() {
             let admin = if k == 0 { admin.take() } else { None };
             self.give_to_home(CoreQueue::new(Arc::clone(&self), k, q, admin));
@@ -286,6 +341,16 @@ impl Sess {
                     Some(dev) if admin.close(queue, now, dev).is_ok() => {}
                     _ => d.closed(),
                 },
+                AdminCmd::Remap(d) => {
+                    let r = match d.dev() {
+                        Some(dev) => admin.remap(queue, now, dev).map_err(|e| e.to_string()),
+                        None => Err("the device is not open".to_string()),
+                    };
+                    if let Err(e) = r {
+                        d.remap_failed(e);
+                    }
+                }
+                AdminCmd::SetLossTimeout(t) => admin.set_loss_timeout(t),
                 AdminCmd::CloseSession => {
                     if let Some(s) = self.session.get() {
                         s.close();
@@ -316,11 +381,14 @@ impl Sess {
         match ev {
             ClientEvent::Io { .. } | ClientEvent::SessInfo(Ok(_)) => {}
             ClientEvent::Opened { dev, info, remap } => match self.device_of(*dev) {
-                Some(d) if *remap => tracing::info!(
-                    "rtrs bdev {}: device {} re-opened after a reconnect",
-                    d.name(),
-                    d.params.device
-                ),
+                Some(d) if *remap => {
+                    tracing::info!(
+                        "rtrs bdev {}: device {} re-opened after a reconnect",
+                        d.name(),
+                        d.params.device
+                    );
+                    d.reopened(*info, false);
+                }
                 Some(d) if d.opened(*info) => {}
                 // Answered after its create gave up (or for no device of ours): closed
                 // again, so the server does not keep it open.
@@ -333,11 +401,44 @@ impl Sess {
                     }
                 }
             },
+            ClientEvent::Remapped { dev, info } => {
+                if let Some(d) = self.device_of(*dev) {
+                    tracing::info!(
+                        "rtrs bdev {}: device {} re-opened on request: {} bytes",
+                        d.name(),
+                        d.params.device,
+                        info.size
+                    );
+                    d.reopened(*info, true);
+                }
+            }
+            ClientEvent::ServerClosed { dev } => {
+                if let Some(d) = self.device_of(*dev) {
+                    tracing::warn!(
+                        "rtrs bdev {}: the target closed device {} (its operator's forced \
+                         close): IO fails until bdev_rtrs_remap (or a reconnect) maps it again",
+                        d.name(),
+                        d.params.device
+                    );
+                }
+            }
+            ClientEvent::Lost { dev } => {
+                if let Some(d) = self.device_of(*dev) {
+                    d.lost();
+                }
+            }
             ClientEvent::OpenFailed { dev, error } => {
                 if let Some(d) = self.device_of(*dev) {
                     if d.is_opening() {
                         d.open_failed(&error.to_string());
                         d.closed();
+                    } else if d.remapping() {
+                        tracing::warn!(
+                            "rtrs bdev {}: re-opening device {} on request failed: {error}",
+                            d.name(),
+                            d.params.device
+                        );
+                        d.remap_failed(error.to_string());
                     } else {
                         tracing::warn!(
                             "rtrs bdev {}: re-opening device {} failed: {error}",
@@ -457,6 +558,7 @@ impl Sess {
             ));
         }
         let s = &self.settings;
+        let live = self.live();
         let policy = self.session.get().map_or(s.mp_policy, Session::policy);
         let differs: &[(&str, String, String)] = &[
             (
@@ -467,12 +569,17 @@ impl Sess {
             (
                 "max_reconnect_attempts",
                 p.max_reconnect_attempts.to_string(),
-                s.max_reconnect_attempts.to_string(),
+                live.max_reconnect_attempts.to_string(),
             ),
             (
                 "reconnect_delay_sec",
                 p.reconnect_delay_sec.to_string(),
-                s.reconnect_delay_sec.to_string(),
+                live.reconnect_delay_sec.to_string(),
+            ),
+            (
+                "loss_timeout_sec",
+                p.loss_timeout_sec.to_string(),
+                live.loss_timeout_sec.to_string(),
             ),
             (
                 "hb_interval_ms",

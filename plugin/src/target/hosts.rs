@@ -7,7 +7,7 @@
 //! open to every host; with it (even empty) only to the hosts it matches. Removing a host
 //! leaves the devices it has open working; its next OPEN is refused with −EACCES.
 
-use rtrs_spdk::rnbd::server::{HostList, HostPattern};
+use rtrs_spdk::rnbd::server::{HostList, HostPattern, Opener};
 use serde_json::{json, Value};
 
 use super::Target;
@@ -115,8 +115,8 @@ impl Target {
         self.exports.hosts(id).get().map(|l| json!(texts(&l)))
     }
 
-    /// `rtrs_target_get_exports`: every export (or the one named) with its bdev, access
-    /// and host list.
+    /// `rtrs_target_get_exports`: every export (or the one named) with its bdev, access,
+    /// host list and openers (session, access mode, device id, paths, since when).
     ///
     /// # Errors
     /// `export_name` names no export.
@@ -124,6 +124,7 @@ impl Target {
         if let Some(name) = only {
             self.host_list("rtrs_target_get_exports", name)?;
         }
+        let openers = self.control().openers(None).unwrap_or_default();
         let out = self
             .export_list
             .iter()
@@ -133,12 +134,17 @@ impl Target {
                     .exports
                     .lookup(e.export_name.as_bytes())
                     .and_then(|id| self.exports.hosts(id).get());
+                let mine: Vec<&Opener> = openers
+                    .iter()
+                    .filter(|o| o.export == e.export_name)
+                    .collect();
                 json!({
                     "export_name": e.export_name,
                     "bdev_name": e.bdev_name,
                     "access": e.access.as_str(),
                     "allow_any_host": list.is_none(),
                     "allowed_hosts": texts(list.as_deref().unwrap_or(&[])),
+                    "openers": mine,
                 })
             })
             .collect();

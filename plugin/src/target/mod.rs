@@ -19,6 +19,13 @@
 //!   −EIO, each thread drops its channel, the descriptor closes.
 //! - Each export has a host list checked at OPEN ([`hosts`]): `allowed_hosts`,
 //!   `rtrs_target_export_add_host` / `_remove_host`, `rtrs_target_get_exports`.
+//! - The operator's controls ([`TargetControl`], shared with `rtrs-target ctl`): each
+//!   export's openers (`rtrs_target_get_exports`, and each session's devices in
+//!   `rtrs_target_get_sessions`), `rtrs_target_force_close` (the kernel's
+//!   `force_close`) and `rtrs_target_disconnect` (a session or one path).
+//! - A resized bdev (`SPDK_BDEV_EVENT_RESIZE`) is reported to clients at their next
+//!   OPEN; its geometry (write cache and FUA, physical block, unmap granularity, largest
+//!   transfer) goes into every OPEN_RSP ([`BdevExport`]).
 //!
 //! State lives in one [`Target`] behind a mutex: RPCs, `config_json`, hot-remove events
 //! and the subsystem's init/fini run on the application thread; the data path never
@@ -37,8 +44,10 @@ use std::time::Duration;
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::{Admission, Fabric, FabricError, Psk};
-use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
-use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig};
+use rtrs_spdk::rnbd::server::{
+    Exports, HostPattern, RnbdServer, RnbdSessions, Served, TargetControl,
+};
+use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig, SessionId};
 use rtrs_spdk::spdk::dma::SpdkDmaChunks;
 use rtrs_spdk::spdk::export::BdevExport;
 use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
@@ -173,6 +182,8 @@ pub struct Running {
     pub fabric: Arc<dyn Fabric>,
     pub listeners: Arc<Listeners>,
     pub server: Arc<OnceLock<Server>>,
+    /// The RNBD sessions of this server's handlers (openers, forced closes).
+    pub sessions: Arc<RnbdSessions<SessionId>>,
 }
 
 /// Everything the target has been told, and what runs.
@@ -401,15 +412,17 @@ impl Target {
         let listeners = Arc::new(Listeners::default());
         listeners.add(listener);
         let slot = Arc::new(OnceLock::new());
+        let sessions = Arc::new(RnbdSessions::new(Arc::clone(&self.exports)));
         self.running.push(Running {
             transport,
             fabric: Arc::clone(&fabric),
             listeners: Arc::clone(&listeners),
             server: Arc::clone(&slot),
+            sessions: Arc::clone(&sessions),
         });
         let mux: Arc<dyn Fabric> = Arc::new(MuxFabric::new(fabric, listeners));
         let config = self.options.server_config();
-        let factory = RnbdServer::factory(Arc::clone(&self.exports));
+        let factory = RnbdServer::factory_with(sessions);
         let placeholder = SocketAddr::from(([0, 0, 0, 0], 0));
         // Answered exactly once: by the start on the first target thread, or here if
         // that thread cannot be reached.
@@ -476,15 +489,33 @@ impl Target {
         Ok(())
     }
 
-    /// `rtrs_target_get_sessions`.
+    /// `rtrs_target_get_sessions`: each session with its statistics and its devices.
     pub fn sessions(&self) -> Value {
+        let openers = self.control().openers(None).unwrap_or_default();
         let mut out = Vec::new();
         for r in &self.running {
             if let Some(s) = r.server.get() {
-                out.extend(stats::sessions_json(r.transport.as_str(), &s.stats()));
+                let t = r.transport.as_str();
+                out.extend(stats::sessions_json(t, &s.stats(), &openers));
             }
         }
         Value::Array(out)
+    }
+
+    /// The operator's view over every running server.
+    pub fn control(&self) -> TargetControl {
+        let served = self
+            .running
+            .iter()
+            .filter_map(|r| {
+                r.server.get().map(|s| Served {
+                    transport: r.transport.as_str(),
+                    server: s.clone(),
+                    sessions: Arc::clone(&r.sessions),
+                })
+            })
+            .collect();
+        TargetControl::new(Arc::clone(&self.exports), served)
     }
 
     /// The config entries that rebuild this target (`save_config`).

@@ -38,6 +38,8 @@ pub fn register_rpcs() {
     );
     register(c"rtrs_target_get_exports", Some(c_get_exports), RUNTIME);
     register(c"rtrs_target_get_sessions", Some(c_get_sessions), RUNTIME);
+    register(c"rtrs_target_force_close", Some(c_force_close), RUNTIME);
+    register(c"rtrs_target_disconnect", Some(c_disconnect), RUNTIME);
 }
 
 rpc_handler!(c_set_options => set_options);
@@ -49,6 +51,8 @@ rpc_handler!(c_export_add_host => export_add_host);
 rpc_handler!(c_export_remove_host => export_remove_host);
 rpc_handler!(c_get_exports => get_exports);
 rpc_handler!(c_get_sessions => get_sessions);
+rpc_handler!(c_force_close => force_close);
+rpc_handler!(c_disconnect => disconnect);
 
 fn answer(req: RpcRequest, r: Result<(), String>) {
     match r {
@@ -280,4 +284,37 @@ fn get_sessions(req: RpcRequest, v: Value) {
         return req.invalid(&e);
     }
     req.ok(with_target(|t| t.sessions()));
+}
+
+/// The kernel server's `force_close`: session `sessname`'s mapping of `export_name` is
+/// closed (its IO fails, its writer slot is free, its next OPEN is checked again).
+/// Answers the mappings closed.
+fn force_close(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_force_close";
+    let r = Params::new(M, &v).and_then(|p| {
+        p.only(&["export_name", "sessname"])?;
+        let export = p.str("export_name")?;
+        let sessname = p.str("sessname")?;
+        with_target(|t| t.control().force_close(export, sessname)).map_err(|e| format!("{M}: {e}"))
+    });
+    match r {
+        Ok(closed) => req.ok(serde_json::to_value(closed).unwrap_or(Value::Null)),
+        Err(e) => req.invalid(&e),
+    }
+}
+
+/// `rtrs-server`'s `disconnect`: every path of session `sessname`, or only `path` (its
+/// `client@server` address or the client's address). Answers how many paths close.
+fn disconnect(req: RpcRequest, v: Value) {
+    const M: &str = "rtrs_target_disconnect";
+    let r = Params::new(M, &v).and_then(|p| {
+        p.only(&["sessname", "path"])?;
+        let sessname = p.str("sessname")?;
+        let path = p.opt_str("path")?;
+        with_target(|t| t.control().disconnect(sessname, path)).map_err(|e| format!("{M}: {e}"))
+    });
+    match r {
+        Ok(n) => req.ok(Value::from(n)),
+        Err(e) => req.invalid(&e),
+    }
 }

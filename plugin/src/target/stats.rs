@@ -3,9 +3,10 @@
 //! names the session `sessname` and the path `pathname` (as `bdev_rtrs_create` and the
 //! kernel's sysfs do) and adds the transport; the other names are the library's.
 
+use rtrs_spdk::rnbd::server::Opener;
 use rtrs_spdk::server::{PathStats, ServerStats, SessionStats};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// One session of `rtrs_target_get_sessions`.
 #[derive(Serialize)]
@@ -111,15 +112,30 @@ impl<'a> SessionJson<'a> {
     }
 }
 
-/// One object per session of a server on `transport`.
-pub fn sessions_json(transport: &str, stats: &ServerStats) -> Vec<Value> {
+/// One object per session of a server on `transport`, with its `devices` (its
+/// mappings among `openers`: the kernel's `rnbd-server/sessions/<sess>/`).
+pub fn sessions_json(transport: &str, stats: &ServerStats, openers: &[Opener]) -> Vec<Value> {
     stats
         .sessions
         .iter()
         .map(|s| {
             // Integers, strings and arrays with string keys: serialising cannot fail.
-            serde_json::to_value(SessionJson::new(transport, s))
-                .expect("session statistics serialise to JSON")
+            let mut v = serde_json::to_value(SessionJson::new(transport, s))
+                .expect("session statistics serialise to JSON");
+            let devices: Vec<Value> = openers
+                .iter()
+                .filter(|o| o.transport == transport && o.session_id == s.id)
+                .map(|o| {
+                    json!({
+                        "device_id": o.device_id,
+                        "export_name": o.export,
+                        "access_mode": o.access_mode,
+                        "opened_at": o.opened_at,
+                    })
+                })
+                .collect();
+            v["devices"] = Value::Array(devices);
+            v
         })
         .collect()
 }

@@ -79,6 +79,7 @@ mod tests {
             max_secure_erase: 0,
             write_cache: false,
             fua: false,
+            io_boundary: 0,
         }
     }
 

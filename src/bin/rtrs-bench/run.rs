@@ -143,6 +143,12 @@ impl AdminRun {
                     }
                 }
                 ClientEvent::Closed { .. } => setup.unmapped.store(true, Ordering::Release),
+                ClientEvent::ServerClosed { .. } => tracing::error!(
+                    "the target closed device '{}' (its operator's forced close): IO fails",
+                    setup.device
+                ),
+                // The bench sets no loss timeout and asks for no remap.
+                ClientEvent::Lost { .. } | ClientEvent::Remapped { .. } => {}
                 // Not sent (the session was refused or closed): the OPEN behind it
                 // fails with the same reason and names the device.
                 ClientEvent::SessInfo(Err(DeviceError::NotSent { .. })) => {}

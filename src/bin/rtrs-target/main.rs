@@ -11,8 +11,11 @@
 //!             [--max-sessions N] [--max-sessions-per-source 16] [--open-grace 10s]
 //!             [--max-path-connections 513] [--max-connections N]
 //!             [--max-connections-per-source N]
+//!             [--control-socket PATH]
+//! rtrs-target ctl --socket PATH openers [--export NAME] | force-close EXPORT SESSNAME
+//!             | disconnect SESSNAME [PATH] | sessions
 //! ```
-//! `tcp://` listens on the software fabric, `rdma://` on the first RDMA device (verbs);
+//! `tcp://` listens on the software fabric, `rdma://` on the RDMA device of its address (verbs);
 //! both at once run one RTRS server per fabric over the same exports. Connections that have
 //! not completed their handshake within `--handshake-timeout` are closed; at most
 //! `--max-pending` of them are held per listener, at most `--max-pending-per-source` from
@@ -35,6 +38,11 @@
 //! (`docs/tcp-fabric.md`, "Authentication"); the data itself travels in clear. Bad
 //! arguments give one line on stderr and exit code 2; a failure to start (no RDMA device
 //! for `rdma://`, an address in use), one line and exit code 1.
+//!
+//! `--control-socket PATH` makes a Unix socket (mode 0600) through which `rtrs-target ctl`
+//! lists each export's openers, closes one session's mapping of an export (the kernel
+//! server's `force_close`) and disconnects a session or one of its paths
+//! (`rtrs_spdk::cli::control`; docs/ARCHITECTURE.md, "Steering a running target").
 
 // clap turns the argument docs into --help, where `[:PORT]` and the like are optional
 // parts of a value, not links.
@@ -43,12 +51,13 @@
 use rtrs_spdk::cli;
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use rtrs_spdk::engine::{CpuMask, Engine};
 use rtrs_spdk::fabric::admission::{DEFAULT_MAX_PENDING, DEFAULT_MAX_PENDING_PER_SOURCE};
 use rtrs_spdk::fabric::Admission;
@@ -64,7 +73,13 @@ const PROG: &str = "rtrs-target";
 
 /// A standalone RNBD/RTRS target.
 #[derive(Parser, Debug)]
-#[command(name = "rtrs-target", version, about, max_term_width = 100)]
+#[command(
+    name = "rtrs-target",
+    version,
+    about,
+    max_term_width = 100,
+    after_help = "Steer a running target (with --control-socket): rtrs-target ctl --help"
+)]
 struct Args {
     /// Address to listen on, tcp://HOST[:PORT] or rdma://HOST[:PORT] (port 1234 when
     /// omitted; 0 picks a free one, printed in the ready line). Repeatable.
@@ -145,9 +160,70 @@ struct Args {
     /// --psk-file). Repeatable; an export without any is open to every host.
     #[arg(long, value_name = "NAME=PATTERN", value_parser = allow_arg)]
     allow: Vec<(String, HostPattern)>,
+    /// A Unix socket (made with mode 0600) through which `rtrs-target ctl --socket PATH`
+    /// lists openers, closes a session's mapping of an export and disconnects sessions
+    /// or paths.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
     /// More log output (repeatable); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+/// `rtrs-target ctl`: steers a running target through its --control-socket; prints the
+/// answer as JSON.
+#[derive(Parser, Debug)]
+#[command(name = "rtrs-target ctl", version, max_term_width = 100)]
+struct CtlArgs {
+    /// The running target's --control-socket.
+    #[arg(short, long, value_name = "PATH")]
+    socket: PathBuf,
+    #[command(subcommand)]
+    cmd: CtlCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum CtlCmd {
+    /// Each export's openers: session, access mode, device id, paths (addresses and
+    /// RDMA devices), since when (opened_at, Unix seconds).
+    Openers {
+        /// Only this export.
+        #[arg(long, value_name = "NAME")]
+        export: Option<String>,
+    },
+    /// Closes session SESSNAME's mapping of EXPORT (the kernel's force_close): its
+    /// writer slot is free at once, its IO fails, and its next OPEN is checked against
+    /// the host list and access rules again.
+    ForceClose { export: String, sessname: String },
+    /// Disconnects session SESSNAME, or only its PATH (client@server as `openers` shows
+    /// it, or the client's address); the client reconnects under its own policy.
+    Disconnect {
+        sessname: String,
+        path: Option<String>,
+    },
+    /// Every session and path with its statistics.
+    Sessions,
+}
+
+fn ctl(args: CtlArgs) -> Result<ExitCode, (String, u8)> {
+    use serde_json::json;
+    let (method, params) = match args.cmd {
+        CtlCmd::Openers { export } => ("get_openers", json!({ "export_name": export })),
+        CtlCmd::ForceClose { export, sessname } => (
+            "force_close",
+            json!({ "export_name": export, "sessname": sessname }),
+        ),
+        CtlCmd::Disconnect { sessname, path } => {
+            ("disconnect", json!({ "sessname": sessname, "path": path }))
+        }
+        CtlCmd::Sessions => ("get_sessions", json!({})),
+    };
+    let v = cli::control::request(&args.socket, method, params).map_err(|e| (e, EXIT_FAILED))?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn listen_arg(s: &str) -> Result<FabricUrl, String> {
@@ -182,6 +258,17 @@ fn chunk_arg(s: &str) -> Result<u32, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "ctl") {
+        let argv = std::iter::once("rtrs-target ctl".into()).chain(std::env::args_os().skip(2));
+        let args: CtlArgs = match cli::parse_args_from(PROG, argv) {
+            Ok(a) => a,
+            Err(code) => return code,
+        };
+        return match ctl(args) {
+            Ok(code) => code,
+            Err((msg, code)) => fail(PROG, msg, code),
+        };
+    }
     let args: Args = match cli::parse_args(PROG) {
         Ok(a) => a,
         Err(code) => return code,
@@ -291,6 +378,20 @@ fn run(args: Args) -> Result<ExitCode, (String, u8)> {
             let _ = engine.shutdown();
             return Err((e, EXIT_FAILED));
         }
+    };
+    let _control = match &args.control_socket {
+        Some(path) => {
+            let servers = target.servers.clone();
+            match cli::control::ControlSocket::serve(path, target.control(), servers) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    target.stop(Duration::from_secs(5));
+                    let _ = engine.shutdown();
+                    return Err((e, EXIT_FAILED));
+                }
+            }
+        }
+        None => None,
     };
     let urls = target.urls();
     println!(

@@ -202,6 +202,38 @@ impl FileBackend {
     }
 }
 
+/// The size of `path` now, in bytes, cut to whole blocks of `block_size` (a block
+/// device's own logical block size wins): what an export re-reads at every OPEN, so a
+/// file or block device that grew is seen grown.
+///
+/// # Errors
+/// The failing open, stat or ioctl, with the path.
+pub fn current_size(path: &Path, block_size: u32) -> Result<u64, OpenError> {
+    let file = File::open(path).map_err(|source| OpenError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let meta = file.metadata().map_err(|source| OpenError::Stat {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (size, lbs) = if meta.file_type().is_block_device() {
+        let (size, lbs, _) =
+            sys::blockdev_geometry(file.as_raw_fd()).map_err(|(call, source)| {
+                OpenError::Ioctl {
+                    path: path.to_path_buf(),
+                    call,
+                    source,
+                }
+            })?;
+        (size, lbs)
+    } else {
+        (meta.len(), block_size)
+    };
+    let lbs = u64::from(lbs.max(1));
+    Ok(size - size % lbs)
+}
+
 /// Discard limits of a block device from sysfs: (max bytes, granularity), or (0, 0)
 /// when it cannot discard (or sysfs does not say).
 fn blockdev_discard(rdev: u64) -> (u32, u32) {
@@ -223,6 +255,10 @@ fn blockdev_discard(rdev: u64) -> (u32, u32) {
 impl BlockBackend for FileBackend {
     fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.geometry.size = size;
     }
 
     fn queue_depth(&self) -> usize {

@@ -40,7 +40,7 @@ mod sys;
 mod uring;
 
 pub use error::{BlockSubmitError, OpenError, SpecError, SpecProblem};
-pub use file::{FileBackend, FileOptions, IoMode};
+pub use file::{current_size, FileBackend, FileOptions, IoMode};
 pub use ram::RamBackend;
 pub use spec::{parse_size, BackendSpec, ExportSpec, MAX_NAME_LEN, RAM_BLOCK_SIZE};
 pub use sys::IoBuf;
@@ -130,6 +130,11 @@ impl BlockFlags {
 
     pub fn contains(self, other: BlockFlags) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// These flags but `other`'s.
+    pub fn without(self, other: BlockFlags) -> BlockFlags {
+        BlockFlags(self.0 & !other.0)
     }
 }
 
@@ -403,8 +408,15 @@ impl Geometry {
 /// A block device as an RNBD export sees it. Driven by one reactor: `submit` and `poll`
 /// are called from the same thread, and neither blocks.
 pub trait BlockBackend {
-    /// Size and limits (constant for the backend's life).
+    /// Size and limits (the size changes only through [`set_size`](Self::set_size)).
     fn geometry(&self) -> &Geometry;
+
+    /// The device under this instance was resized to `size` bytes (its export saw it at
+    /// an OPEN): IO is checked against the new size from now on. Backends that cannot
+    /// change size (RAM) keep theirs.
+    fn set_size(&mut self, size: u64) {
+        let _ = size;
+    }
 
     fn read_only(&self) -> bool {
         self.geometry().read_only

@@ -10,6 +10,13 @@
 //! Everything is non-blocking: requests are queued, sent when a permit and a reply slot
 //! are free, and reported as [`ClientEvent`]s by [`RnbdAdmin::poll`]. OPENs wait for an
 //! outstanding SESS_INFO, as the kernel sends SESS_INFO first.
+//!
+//! Beyond the kernel's client: [`RnbdAdmin::remap`] sends OPEN again on request (the
+//! kernel's `remap_device`; the answer carries the device's size and geometry as they
+//! are now, so it is also its `resize`), a device whose mapping the server closed is
+//! marked so (see [`table`](super::table)), and a loss timeout
+//! ([`RnbdAdmin::set_loss_timeout`], SPDK bdev_nvme's `ctrlr_loss_timeout_sec`) gives the
+//! devices up once the session has had no path for that long: their IO fails at once.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,6 +34,8 @@ use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{AccessMode, OpenRsp, SessInfo};
 use crate::rnbd::Dir;
 use crate::Errno;
+
+mod steer;
 
 /// Bytes of the reply buffer per admin request in flight (≥ OPEN_RSP's 56).
 pub const REPLY_SLOT: usize = 64;
@@ -48,6 +57,14 @@ pub enum ClientEvent {
     OpenFailed { dev: DevHandle, error: DeviceError },
     /// A device is unmapped and its handle no longer valid.
     Closed { dev: DevHandle },
+    /// A re-open asked for with [`RnbdAdmin::remap`] succeeded: the device is mapped
+    /// with `info` (its id, size and geometry may have changed).
+    Remapped { dev: DevHandle, info: DeviceInfo },
+    /// The server closed the device's mapping while the session stayed up (its
+    /// operator's forced close): its IO fails until a re-open.
+    ServerClosed { dev: DevHandle },
+    /// The session had no path for the loss timeout: the device's IO fails from now on.
+    Lost { dev: DevHandle },
     /// A block request ended (only [`RnbdClient`](super::RnbdClient) reports these).
     Io { tag: u64, result: Result<(), Errno> },
 }
@@ -67,6 +84,8 @@ struct Dev {
     dev: RnbdDevice,
     /// An OPEN is queued or in flight.
     opening: bool,
+    /// That OPEN is a [`RnbdAdmin::remap`].
+    remapping: bool,
     /// Unmapped: the entry is kept (handles are never reused) but dead.
     gone: bool,
 }
@@ -92,6 +111,12 @@ pub struct RnbdAdmin {
     table: Arc<DeviceTable>,
     /// Reconnected; devices are re-opened once no block request is in flight.
     reopen_pending: bool,
+    /// How long the session may have no path before its devices are lost (ns).
+    loss_timeout: Option<u64>,
+    /// The session has no path ([`link_down`](Self::link_down) without a
+    /// [`link_up`](Self::link_up) since), and since when (taken at the next poll).
+    link_down: bool,
+    down_since: Option<u64>,
 }
 
 impl RnbdAdmin {
@@ -118,6 +143,9 @@ impl RnbdAdmin {
             links: None,
             table: Arc::new(DeviceTable::default()),
             reopen_pending: false,
+            loss_timeout: None,
+            link_down: false,
+            down_since: None,
         })
     }
 
@@ -178,6 +206,7 @@ impl RnbdAdmin {
         self.devices.push(Dev {
             dev,
             opening: true,
+            remapping: false,
             gone: false,
         });
         self.publish();
@@ -224,6 +253,7 @@ impl RnbdAdmin {
     /// The session lost its last path: devices wait for a re-open; the version is
     /// negotiated again on reconnect.
     pub fn link_down(&mut self) {
+        self.link_down = true;
         for d in self.devices.iter_mut().filter(|d| !d.gone) {
             d.dev.link_down();
         }
@@ -236,6 +266,8 @@ impl RnbdAdmin {
     /// mapped (adopting the ids the new server session gives) once no block request
     /// of any core is in flight any more (see [`DeviceTable`]).
     pub fn link_up<S: SessionHandle>(&mut self, q: &mut RnbdQueue<S>, now: u64) {
+        self.link_down = false;
+        self.down_since = None;
         self.queue_sess_info();
         self.reopen_pending = true;
         self.try_reopen();
@@ -276,6 +308,9 @@ impl RnbdAdmin {
                 LinkEvent::Connected => self.link_up(q, now),
             }
         }
+        // After the link events: a report from before a reconnect names an older table.
+        self.take_closed_reports();
+        self.check_loss(now);
         while let Some(c) = q.take_admin() {
             let max_io = q.max_io_size();
             self.admin_done((c.tag & !ADMIN_TAG) as usize, completion_result(&c), max_io);
@@ -427,6 +462,7 @@ impl RnbdAdmin {
             Admin::Open(i) => {
                 let d = &mut self.devices[i];
                 d.opening = false;
+                d.remapping = false;
                 let was = d.dev.state();
                 if was == DevState::Unmapped {
                     return;
@@ -457,7 +493,17 @@ impl RnbdAdmin {
     fn open_finished(&mut self, i: usize, result: Result<(), Errno>, reply: &[u8], max_io: u32) {
         let d = &mut self.devices[i];
         d.opening = false;
+        let remapping = std::mem::take(&mut d.remapping);
         let was = d.dev.state();
+        if was == DevState::Lost {
+            // Given up while the OPEN was out: the owner unmaps it; the id goes back.
+            if let (Ok(()), Ok(rsp)) = (result, OpenRsp::decode(reply)) {
+                self.queued.push_back(Admin::Close {
+                    dev: None,
+                    device_id: rsp.device_id,
+                });
+            }
+        }
         if was == DevState::Unmapped {
             // Closed while the OPEN was out: give the id back at once.
             if let Ok(rsp) = OpenRsp::decode(reply) {
@@ -475,10 +521,17 @@ impl RnbdAdmin {
             Ok(info) => {
                 let info = *info;
                 self.publish();
-                self.events.push_back(ClientEvent::Opened {
-                    dev: DevHandle(i),
-                    info,
-                    remap: was == DevState::MappedDisconnected,
+                self.events.push_back(if remapping {
+                    ClientEvent::Remapped {
+                        dev: DevHandle(i),
+                        info,
+                    }
+                } else {
+                    ClientEvent::Opened {
+                        dev: DevHandle(i),
+                        info,
+                        remap: was != DevState::Init,
+                    }
                 });
             }
             Err(error) => {

@@ -5,7 +5,10 @@
 //! (`rnbd_clt_remap_device`).
 //!
 //! States (docs/PROTOCOL.md §7.2): INIT → (OPEN_RSP) → MAPPED ⇄ MAPPED_DISCONNECTED (link
-//! down / re-open adopting the new device id) → UNMAPPED.
+//! down / re-open adopting the new device id) → UNMAPPED. Two more of our own: CLOSED BY
+//! THE SERVER (the target's operator closed the mapping, the kernel server's
+//! `force_close`: IO fails until a re-open), and LOST (no path came back within the
+//! session's loss timeout: IO fails until the device is unmapped).
 
 use std::fmt;
 
@@ -26,6 +29,11 @@ pub enum DevState {
     Mapped,
     /// The session lost every path; the device waits for a re-open.
     MappedDisconnected,
+    /// The server closed the mapping while the session stayed up (an operator's forced
+    /// close): IO fails; a re-open (on request, or after a reconnect) may map it again.
+    ServerClosed,
+    /// No path came back within the loss timeout: IO fails at once, nothing re-opens it.
+    Lost,
     /// Closed for good.
     Unmapped,
 }
@@ -36,6 +44,8 @@ impl fmt::Display for DevState {
             DevState::Init => "init",
             DevState::Mapped => "open",
             DevState::MappedDisconnected => "closed (disconnected)",
+            DevState::ServerClosed => "closed by the server",
+            DevState::Lost => "lost (no path within the loss timeout)",
             DevState::Unmapped => "unmapped",
         })
     }
@@ -93,6 +103,9 @@ pub enum DeviceError {
     ReplyBuffer { len: usize },
     #[error("device '{name}' is already open in this session")]
     AlreadyOpen { name: String },
+    /// A re-open asked for while an OPEN of the device is still out.
+    #[error("device '{name}': an OPEN of it is already in flight")]
+    Opening { name: String },
     /// [`RnbdDevice::io_msg`] of a write-zeroes the device sends as WRITEs
     /// ([`WriteZeroesMode::Emulate`]); the client's `submit` does that.
     #[error("write zeroes on device '{name}' is sent as zero-filled writes (write_zeroes emulate), never as op 5")]
@@ -118,6 +131,7 @@ impl DeviceError {
             DeviceError::OutOfRange { .. } => Errno::EIO,
             DeviceError::Unsupported { .. } => Errno::EOPNOTSUPP,
             DeviceError::AlreadyOpen { .. } => Errno::EEXIST,
+            DeviceError::Opening { .. } => Errno::EBUSY,
             DeviceError::BadName { .. }
             | DeviceError::BadReply { .. }
             | DeviceError::Misaligned { .. }
@@ -295,7 +309,7 @@ impl RnbdDevice {
         result: Result<(), Errno>,
         reply: &[u8],
     ) -> Result<&DeviceInfo, DeviceError> {
-        if self.state == DevState::Unmapped {
+        if matches!(self.state, DevState::Unmapped | DevState::Lost) {
             return Err(self.not_mapped());
         }
         if let Err(errno) = result {
@@ -327,9 +341,30 @@ impl RnbdDevice {
     }
 
     /// Whether the device waits for a re-open (send [`open_msg`](Self::open_msg) once
-    /// the session is connected again).
+    /// the session is connected again): a disconnected one, and one the server closed
+    /// (its re-open goes through the server's host list and access rules again).
     pub fn needs_reopen(&self) -> bool {
-        self.state == DevState::MappedDisconnected
+        matches!(
+            self.state,
+            DevState::MappedDisconnected | DevState::ServerClosed
+        )
+    }
+
+    /// The server answered this device's IO with −ENOTCONN while the session stayed up:
+    /// it closed the mapping (a forced close). IO fails from now on until a re-open.
+    /// Only a mapped device changes.
+    pub fn server_closed(&mut self) {
+        if self.state == DevState::Mapped {
+            self.state = DevState::ServerClosed;
+        }
+    }
+
+    /// No path came back within the session's loss timeout: IO fails at once and
+    /// nothing re-opens the device (it waits to be unmapped).
+    pub fn lose(&mut self) {
+        if !matches!(self.state, DevState::Unmapped | DevState::Init) {
+            self.state = DevState::Lost;
+        }
     }
 
     /// Unmaps the device: returns CLOSE's user header when the server still knows the

@@ -176,6 +176,10 @@ pub struct DeviceInfo {
     pub write_cache: bool,
     /// FUA is honoured (only with a write cache, as the kernel client decides).
     pub fua: bool,
+    /// The server's largest transfer when it, not the session, limits reads and writes
+    /// (`max_io_size`, the boundary at which the server's device splits requests: an
+    /// SPDK export's optimal IO boundary); 0 otherwise.
+    pub io_boundary: u32,
 }
 
 impl DeviceInfo {
@@ -192,6 +196,7 @@ impl DeviceInfo {
         if server_max != 0 {
             max_io = max_io.min(server_max);
         }
+        let limited = server_max != 0 && server_max < u64::from(session_max_io);
         let max_io = (max_io / u64::from(lbs) * u64::from(lbs)) as u32;
         let max_discard = u64::from(rsp.max_discard_sectors) * SECTOR_SIZE;
         let writeback = rsp.cache_policy.writeback;
@@ -217,6 +222,7 @@ impl DeviceInfo {
             },
             write_cache: writeback,
             fua: writeback && rsp.cache_policy.fua,
+            io_boundary: if limited { max_io } else { 0 },
         }
     }
 
@@ -282,6 +288,7 @@ mod tests {
         assert_eq!(i.size, 1 << 30);
         assert_eq!(i.nsectors(), 1 << 21);
         assert_eq!(i.max_io_size, 128 << 10);
+        assert_eq!(i.io_boundary, 128 << 10, "the server's limit binds");
         assert_eq!((i.max_discard, i.max_secure_erase), (2 << 20, 2 << 20));
         assert_eq!(
             (i.max_write_zeroes, i.server_max_write_zeroes),
@@ -307,6 +314,7 @@ mod tests {
             WriteZeroesMode::Native,
         );
         assert_eq!(i.max_io_size, 98_304);
+        assert_eq!(i.io_boundary, 0, "the session's limit binds");
         assert_eq!(i.max_secure_erase, 0);
         assert!(i.fua && i.write_cache);
     }

@@ -149,6 +149,19 @@ impl<S: SessionHandle> RnbdClient<S> {
         self.queue.submit(now, dev, tag, req, sgl)
     }
 
+    /// [`RnbdAdmin::remap`].
+    ///
+    /// # Errors
+    /// As [`RnbdAdmin::remap`].
+    pub fn remap(&mut self, now: u64, dev: DevHandle) -> Result<(), DeviceError> {
+        self.admin.remap(&mut self.queue, now, dev)
+    }
+
+    /// [`RnbdAdmin::set_loss_timeout`].
+    pub fn set_loss_timeout(&mut self, timeout: Option<std::time::Duration>) {
+        self.admin.set_loss_timeout(timeout);
+    }
+
     /// [`RnbdAdmin::link_down`].
     pub fn link_down(&mut self) {
         self.admin.link_down();

@@ -17,6 +17,13 @@
 //! has no devices yet; those requests wait in their queue and go out again with the new
 //! id). The version also tells the queues' waiting requests to look again.
 //!
+//! A request the server answers with −ENOTCONN although it was sent with the table's
+//! current version, to a mapped device, names an id the server no longer knows while the
+//! session stayed up: the target's operator closed the mapping (a forced close). The
+//! queue reports it ([`DeviceTable::report_closed`], on that error only) and the admin,
+//! which saw every link event first, decides (a reconnect in between also moves the
+//! version, so such a report is dropped).
+//!
 //! Each device carries its own write-zeroes mode ([`RnbdDevice::write_zeroes`]); the
 //! zero buffer of emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once
 //! for every device and core of the session.
@@ -83,6 +90,9 @@ pub struct DeviceTable {
     in_flight: Mutex<Vec<Arc<InFlight>>>,
     /// Zeros for emulated write-zeroes, registered at the first one.
     zeroes: Mutex<Option<Arc<Mr>>>,
+    /// Devices the server answered −ENOTCONN for, with the table version the request
+    /// was built at (see the module doc): written on that error only.
+    closed: Mutex<Vec<(DevHandle, u64)>>,
 }
 
 impl DeviceTable {
@@ -121,6 +131,20 @@ impl DeviceTable {
         let mr = Arc::new(session.zero_region(len)?);
         *z = Some(Arc::clone(&mr));
         Ok(mr)
+    }
+
+    /// A request to `dev` built at table version `version` came back −ENOTCONN from
+    /// the server (see the module doc).
+    pub(super) fn report_closed(&self, dev: DevHandle, version: u64) {
+        let mut c = lock(&self.closed);
+        if !c.contains(&(dev, version)) {
+            c.push((dev, version));
+        }
+    }
+
+    /// The reports since the last call.
+    pub(super) fn take_closed(&self) -> Vec<(DevHandle, u64)> {
+        std::mem::take(&mut *lock(&self.closed))
     }
 
     /// A new in-flight counter for one queue.

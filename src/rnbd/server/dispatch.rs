@@ -69,14 +69,15 @@ const WAIT_CAPACITY: usize = 1024;
 /// One core's request processor: this core's instance of every export's backend, and
 /// the IOs waiting for a busy one. Exports added at run time are opened on this core at
 /// their first IO here; the instance of a removed export is dropped once it has no IO
-/// in flight (checked when [`Exports::generation`] moves).
+/// in flight, and a resized export's instance takes its new size (both when
+/// [`Exports::generation`] moves).
 pub struct Dispatcher {
     exports: Arc<Exports>,
     core: usize,
     /// Indexed by [`ExportId::index`](super::ExportId::index); `None`: not opened here
     /// yet, or dropped after removal.
     backends: Vec<Option<Box<dyn BlockBackend>>>,
-    /// The exports generation the backends were last checked against.
+    /// The exports generation the backends were last synced with.
     seen_gen: u64,
     /// A removed export's instance still had IO in flight at the last check.
     closing: bool,
@@ -263,12 +264,14 @@ impl Dispatcher {
     /// This core's instance of `export`, opened here on first use; `None` (the IO fails
     /// with −EIO) for a removed export or one that cannot be opened on this core.
     fn backend(&mut self, export: ExportId) -> Option<&mut Box<dyn BlockBackend>> {
-        // While the generation is the one `drop_closed` last saw and no removed export
-        // kept an instance here, no instance here is of a removed export: one dropped
-        // there is opened again below only if its export is still open.
-        if (self.closing || self.exports.generation() != self.seen_gen)
-            && self.exports.is_closed(export)
-        {
+        // Once synced with the generation (one Acquire load per IO) every instance here
+        // has its export's size, and none is of a removed export unless it still has IO
+        // in flight (`closing`); one dropped there is opened again below only if its
+        // export is still open.
+        if self.exports.generation() != self.seen_gen {
+            self.sync_exports();
+        }
+        if self.closing && self.exports.is_closed(export) {
             return None;
         }
         let index = export.index();
@@ -293,13 +296,21 @@ impl Dispatcher {
         self.backends[index].as_mut()
     }
 
-    /// Drops this core's instances of removed exports that have nothing in flight, after
-    /// failing the IOs still waiting for them.
-    fn drop_closed(&mut self) {
+    /// Gives this core's instances their exports' current sizes, and drops those of
+    /// removed exports that have nothing in flight, after failing the IOs still waiting
+    /// for them.
+    fn sync_exports(&mut self) {
         self.seen_gen = self.exports.generation();
         self.closing = false;
         for index in 0..self.backends.len() {
-            if self.backends[index].is_none() || !self.exports.is_closed(ExportId(index)) {
+            let Some(b) = self.backends[index].as_mut() else {
+                continue;
+            };
+            if !self.exports.is_closed(ExportId(index)) {
+                let size = self.exports.geometry(ExportId(index)).size;
+                if b.geometry().size != size {
+                    b.set_size(size);
+                }
                 continue;
             }
             for _ in 0..self.waiting.len() {
@@ -328,7 +339,7 @@ impl Dispatcher {
     /// busy; returns how many were written. Never blocks.
     pub fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
         if self.closing || self.exports.generation() != self.seen_gen {
-            self.drop_closed();
+            self.sync_exports();
         }
         let mut n = 0;
         while n < out.len() {

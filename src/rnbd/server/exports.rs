@@ -15,6 +15,12 @@
 //!
 //! Each export has a host list ([`HostList`], see [`hosts`](super::hosts)) that OPEN
 //! checks; a new export is open to every host.
+//!
+//! Every OPEN reads the export's size again ([`Exports::open_rsp`]: a file's or block
+//! device's size, a run-time backend's geometry, e.g. an SPDK bdev after its resize
+//! event), as the kernel's server reports the block device's size at each OPEN. A
+//! changed size moves [`Exports::generation`], and each core gives its instance the new
+//! size at its next request ([`BlockBackend::set_size`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,8 +29,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use super::hosts::HostList;
 use crate::proto::rnbd::{AccessMode, CachePolicy, OpenRsp};
 use crate::rnbd::backend::{
-    BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry, OpenError,
-    RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
+    current_size, BackendSpec, BlockBackend, ExportSpec, FileBackend, FileOptions, Geometry,
+    OpenError, RamBackend, MAX_NAME_LEN, RAM_BLOCK_SIZE,
 };
 use crate::sync::{lock, read, write};
 use crate::Errno;
@@ -33,7 +39,8 @@ use crate::Errno;
 /// instance per core, opened on that core's thread the first time the core needs it.
 /// Dropping the last instance and the `Arc` releases it.
 pub trait ExportBackend: Send + Sync {
-    /// Size and limits, as the OPEN response reports them.
+    /// Size and limits as they are now, as the OPEN response reports them (asked at
+    /// every OPEN: a resized backend reports its new size).
     fn geometry(&self) -> Geometry;
 
     /// This core's instance; called on the core's own thread.
@@ -70,7 +77,7 @@ pub enum ExportsError {
     },
     #[error(
         "export '{name}' on core {core} reports a different geometry than when it was declared \
-         (the file changed size?)"
+         (another device at the path?)"
     )]
     GeometryChanged { name: String, core: usize },
     #[error("export '{name}' on core {core}: {reason}")]
@@ -141,7 +148,8 @@ enum Source {
 
 struct Export {
     name: String,
-    geometry: Geometry,
+    /// As the last OPEN read it (control path only: cores keep their own copy).
+    geometry: Mutex<Geometry>,
     source: Source,
     /// Mappings opened RW or MIGRATION, over all sessions.
     writers: Mutex<u32>,
@@ -204,7 +212,7 @@ impl Exports {
             by_name.insert(spec.name.clone(), ExportId(list.len()));
             list.push(Export {
                 name: spec.name.clone(),
-                geometry,
+                geometry: Mutex::new(geometry),
                 source,
                 writers: Mutex::new(0),
                 closed: AtomicBool::new(false),
@@ -291,7 +299,7 @@ impl Exports {
         geometry.read_only |= read_only;
         let export = Export {
             name: name.to_string(),
-            geometry,
+            geometry: Mutex::new(geometry),
             source: Source::Dynamic(Mutex::new(Some(backend))),
             writers: Mutex::new(0),
             closed: AtomicBool::new(false),
@@ -332,7 +340,8 @@ impl Exports {
         self.export(id).closed.load(Ordering::Acquire)
     }
 
-    /// Changes with every [`add`](Self::add) and [`remove`](Self::remove).
+    /// Changes with every [`add`](Self::add), [`remove`](Self::remove) and change of an
+    /// export's size.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -394,10 +403,60 @@ impl Exports {
         &self.export(id).name
     }
 
+    /// Size and limits of `id` as the last OPEN (or the declaration) read them.
+    ///
     /// # Panics
     /// On an id from another `Exports`.
-    pub fn geometry(&self, id: ExportId) -> &Geometry {
-        &self.export(id).geometry
+    pub fn geometry(&self, id: ExportId) -> Geometry {
+        *lock(&self.export(id).geometry)
+    }
+
+    /// Reads `id`'s size again (a file's or block device's size, a run-time backend's
+    /// geometry; RAM disks keep theirs) and returns the geometry. A changed size is
+    /// logged and moves the [`generation`](Self::generation), so every core resizes its
+    /// instance. A size that cannot be read leaves the last one (logged).
+    ///
+    /// # Panics
+    /// On an id from another `Exports`.
+    pub fn refresh(&self, id: ExportId) -> Geometry {
+        let export = self.export(id);
+        let mut g = lock(&export.geometry);
+        let now = match &export.source {
+            Source::Ram(_) => return *g,
+            Source::File { path, .. } => match current_size(path, g.logical_block_size) {
+                Ok(size) if size > 0 => Geometry { size, ..*g },
+                Ok(_) => *g,
+                Err(e) => {
+                    tracing::warn!("export '{}': size not read again: {e}", export.name);
+                    *g
+                }
+            },
+            Source::Dynamic(b) => {
+                let backend = lock(b).clone();
+                match backend {
+                    Some(b) => {
+                        let mut fresh = b.geometry();
+                        fresh.read_only |= g.read_only;
+                        fresh
+                    }
+                    None => *g,
+                }
+            }
+        };
+        if now != *g {
+            if now.size != g.size {
+                tracing::info!(
+                    "export '{}': size changed from {} to {} bytes",
+                    export.name,
+                    g.size,
+                    now.size
+                );
+            }
+            *g = now;
+            drop(g);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        now
     }
 
     /// The host list of `id`, which OPEN checks (changes apply to later OPENs).
@@ -427,7 +486,7 @@ impl Exports {
         if mode == AccessMode::ReadOnly {
             return Ok(());
         }
-        if export.geometry.read_only {
+        if lock(&export.geometry).read_only {
             return Err(AccessError::ReadOnlyExport {
                 mode: mode.as_str(),
             });
@@ -452,9 +511,10 @@ impl Exports {
         }
     }
 
-    /// The OPEN_RSP of a mapping of `id` (reserved bytes are zeroed by the encoder).
+    /// The OPEN_RSP of a mapping of `id` (reserved bytes are zeroed by the encoder), with
+    /// the size and geometry read again ([`refresh`](Self::refresh)).
     pub fn open_rsp(&self, id: ExportId, device_id: u32) -> OpenRsp {
-        let g = &self.export(id).geometry;
+        let g = &self.refresh(id);
         OpenRsp {
             device_id,
             nsectors: g.nsectors(),
@@ -506,7 +566,8 @@ impl Exports {
         if export.closed.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let backend: Box<dyn BlockBackend> = match &export.source {
+        let geometry = self.geometry(id);
+        let mut backend: Box<dyn BlockBackend> = match &export.source {
             Source::Ram(ram) => Box::new(lock(ram).share()),
             Source::File { path, opts } => {
                 let file =
@@ -515,7 +576,12 @@ impl Exports {
                         core,
                         source,
                     })?;
-                if *file.geometry() != export.geometry {
+                // The size may have moved since the last OPEN read it; the rest may not.
+                let same_size = Geometry {
+                    size: geometry.size,
+                    ..*file.geometry()
+                };
+                if same_size != geometry {
                     return Err(ExportsError::GeometryChanged {
                         name: export.name.clone(),
                         core,
@@ -535,6 +601,9 @@ impl Exports {
                     })?
             }
         };
+        if backend.geometry().size != geometry.size {
+            backend.set_size(geometry.size);
+        }
         Ok(Some(backend))
     }
 }

@@ -65,7 +65,15 @@ impl RnbdServer {
     pub fn factory(
         exports: Arc<Exports>,
     ) -> impl Fn(usize) -> Box<dyn ServerHandler> + Send + Sync + 'static {
-        let table = Arc::new(RnbdSessions::new(exports));
+        RnbdServer::factory_with(Arc::new(RnbdSessions::new(exports)))
+    }
+
+    /// As [`factory`](Self::factory), over a session table the caller keeps (to list
+    /// and steer the sessions: [`TargetControl`](super::TargetControl)). One table per
+    /// RTRS server: session ids are the server's own.
+    pub fn factory_with(
+        table: Arc<RnbdSessions<SessionId>>,
+    ) -> impl Fn(usize) -> Box<dyn ServerHandler> + Send + Sync + 'static {
         move |core| -> Box<dyn ServerHandler> {
             match RnbdServer::new(Arc::clone(&table), core) {
                 Ok(s) => Box::new(s),

@@ -12,7 +12,10 @@
 //!   per-core cache for the data path.
 //! - [`RnbdServer`]: all of it as the RTRS server's per-core handler
 //!   ([`RnbdServer::factory`] for `Server::start`).
+//! - [`TargetControl`]: the operator's view of a target: openers, forced close,
+//!   disconnects.
 
+mod control;
 mod dispatch;
 mod exports;
 mod handler;
@@ -21,6 +24,7 @@ mod registry;
 mod session;
 
 pub use super::Dir;
+pub use control::{ControlError, Opener, OpenerPath, Served, TargetControl};
 pub use dispatch::{Dispatcher, Outcome, Request};
 pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;

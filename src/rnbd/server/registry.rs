@@ -57,6 +57,14 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
         sess
     }
 
+    /// Every session with its key (a copy of the table: for listing, not per IO).
+    pub fn all(&self) -> Vec<(K, Arc<RnbdSession>)> {
+        self.lock()
+            .iter()
+            .map(|(k, s)| (*k, Arc::clone(s)))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.lock().len()
     }

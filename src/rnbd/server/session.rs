@@ -4,6 +4,11 @@
 //! RTRS session's first path comes up, destroyed (closing every mapping) when the last
 //! one goes. Shared by the cores serving the session's connections.
 //!
+//! A forced close by the target's operator ([`RnbdSession::force_close`], the kernel's
+//! sysfs `force_close`) empties a mapping's slot but keeps its id reserved, since the
+//! client still uses it: its IO gets −ENOTCONN, and the id is freed by the client's
+//! CLOSE of it, a new OPEN of the same name, or the session's end.
+//!
 //! OPEN and CLOSE (rare) change the table under a mutex and publish it as a new immutable
 //! [`Devices`] snapshot with a higher version. Each core serving the session keeps its own
 //! copy in a [`SessionView`] and, per IO, compares its version with the published one
@@ -17,6 +22,7 @@
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use std::net::IpAddr;
 
@@ -33,8 +39,11 @@ pub struct Mapping {
     pub mode: AccessMode,
     /// `dev_name` as opened: a re-open must match it exactly.
     pub name: Box<[u8]>,
-    /// What the OPEN answered, sent again on an idempotent re-open.
+    /// What the OPEN answered (refreshed by an idempotent re-open, which reports the
+    /// export's size and geometry as they are then).
     pub rsp: OpenRsp,
+    /// When the mapping was made (its first OPEN).
+    pub opened: SystemTime,
 }
 
 /// What an IO needs of the session's devices at one version (immutable once published):
@@ -58,8 +67,35 @@ impl Devices {
     }
 }
 
-/// The mappings: slot `i` is device id `i`; `None` is a free id.
-type Table = Vec<Option<Mapping>>;
+/// The mappings: slot `i` is device id `i`; `None` is a free id unless `reserved`
+/// holds it (a forced close: the client still uses the id), with the name it had.
+#[derive(Default)]
+struct Table {
+    slots: Vec<Option<Mapping>>,
+    reserved: Vec<(u32, Box<[u8]>)>,
+}
+
+impl Table {
+    fn is_reserved(&self, id: usize) -> bool {
+        self.reserved.iter().any(|(r, _)| *r as usize == id)
+    }
+
+    /// Frees reserved id `id`; whether it was reserved.
+    fn unreserve(&mut self, id: u32) -> bool {
+        let before = self.reserved.len();
+        self.reserved.retain(|(r, _)| *r != id);
+        before != self.reserved.len()
+    }
+
+    /// Drops free slots at the end (reserved ones stay).
+    fn trim(&mut self) {
+        while self.slots.last().is_some_and(Option::is_none)
+            && !self.is_reserved(self.slots.len() - 1)
+        {
+            self.slots.pop();
+        }
+    }
+}
 
 /// A session's device table and negotiated version.
 pub struct RnbdSession {
@@ -112,8 +148,9 @@ impl RnbdSession {
     }
 
     /// Maps a device (docs/PROTOCOL.md §7.2): an idempotent re-open of a name this session
-    /// already has returns its OPEN_RSP again without any access check (unless that
-    /// export was removed meanwhile: the dead mapping is dropped first); otherwise the
+    /// already has answers with that mapping without any access check, its size and
+    /// geometry read again (unless that export was removed meanwhile: the dead mapping
+    /// is dropped first); otherwise the
     /// name must be an export (and free of `..`) whose host list allows this session
     /// from `addr` (the source address of the path the OPEN came on, if known) and whose
     /// access rule grants `mode`; the device id is the lowest free one.
@@ -146,17 +183,21 @@ impl RnbdSession {
 
     fn open_locked(
         &self,
-        devices: &mut Vec<Option<Mapping>>,
+        table: &mut Table,
         open: &Open<'_>,
         addr: Option<IpAddr>,
         paths: &[IpAddr],
     ) -> Result<OpenRsp, AccessError> {
+        let devices = &mut table.slots;
         if let Some(i) = devices
             .iter()
             .position(|m| m.as_ref().is_some_and(|m| *m.name == *open.dev_name))
         {
-            let m = devices[i].as_ref().expect("position found a mapping");
+            let m = devices[i].as_mut().expect("position found a mapping");
             if !self.exports.is_closed(m.export) {
+                // The same mapping, with the export's size and geometry as they are now
+                // (a client re-opens to learn a new size).
+                m.rsp = self.exports.open_rsp(m.export, i as u32);
                 return Ok(m.rsp);
             }
             // The export was removed (and maybe added again): this mapping is dead, so
@@ -192,48 +233,82 @@ impl RnbdSession {
             return Err(AccessError::PathDenied { addr });
         }
         self.exports.acquire(export, open.access_mode)?;
-        let slot = match devices.iter().position(Option::is_none) {
+        // The client opens again what the target closed: the id it kept is free now.
+        if let Some(k) = table
+            .reserved
+            .iter()
+            .position(|(_, n)| **n == *open.dev_name)
+        {
+            table.reserved.swap_remove(k);
+        }
+        let free =
+            (0..table.slots.len()).find(|&i| table.slots[i].is_none() && !table.is_reserved(i));
+        let slot = match free {
             Some(free) => free,
             None => {
-                devices.push(None);
-                devices.len() - 1
+                table.slots.push(None);
+                table.slots.len() - 1
             }
         };
         // Ids are bounded by the number of exports, so they fit in 32 bits.
         let rsp = self.exports.open_rsp(export, slot as u32);
-        devices[slot] = Some(Mapping {
+        table.slots[slot] = Some(Mapping {
             export,
             mode: open.access_mode,
             name: open.dev_name.into(),
             rsp,
+            opened: SystemTime::now(),
         });
         Ok(rsp)
     }
 
-    /// Unmaps `device_id` and frees the id; an unknown id is ignored (CLOSE always
-    /// answers 0). Returns whether a mapping was closed. IO already submitted for it
-    /// completes normally.
+    /// Unmaps `device_id` and frees the id (also one a forced close reserved); an
+    /// unknown id is ignored (CLOSE always answers 0). Returns whether a mapping was
+    /// closed. IO already submitted for it completes normally.
     pub fn close(&self, device_id: u32) -> bool {
         let mut table = self.lock();
-        let devices = &mut *table;
-        let Some(m) = devices.get_mut(device_id as usize).and_then(Option::take) else {
+        let taken = table
+            .slots
+            .get_mut(device_id as usize)
+            .and_then(Option::take);
+        let unreserved = table.unreserve(device_id);
+        let Some(m) = taken else {
+            if unreserved {
+                table.trim();
+            }
             return false;
         };
         self.exports.release(m.export, m.mode);
-        while devices.last().is_some_and(Option::is_none) {
-            devices.pop();
-        }
+        table.trim();
         self.publish(&mut table);
         true
+    }
+
+    /// Closes `device_id` for the client (the kernel's sysfs `force_close`): the mapping
+    /// goes and its access mode's writer slot is released, but the id stays reserved,
+    /// because the client still sends IO with it (answered −ENOTCONN). A later OPEN of
+    /// the name goes through the host list and access rules again. Returns the closed
+    /// mapping, `None` for an unknown id.
+    pub fn force_close(&self, device_id: u32) -> Option<Mapping> {
+        let mut table = self.lock();
+        let m = table
+            .slots
+            .get_mut(device_id as usize)
+            .and_then(Option::take)?;
+        self.exports.release(m.export, m.mode);
+        table.reserved.push((device_id, m.name.clone()));
+        self.publish(&mut table);
+        Some(m)
     }
 
     /// Closes every mapping (the session's last path went away). Later OPENs fail.
     pub fn end(&self) {
         self.ended.store(true, Ordering::Relaxed);
         let mut table = self.lock();
-        for m in table.drain(..).flatten() {
+        for m in table.slots.drain(..).flatten() {
             self.exports.release(m.export, m.mode);
         }
+        table.reserved.clear();
         self.publish(&mut table);
     }
 
@@ -262,6 +337,7 @@ impl RnbdSession {
     /// A copy of the device table: `(device_id, mapping)`.
     pub fn mappings(&self) -> Vec<(u32, Mapping)> {
         self.lock()
+            .slots
             .iter()
             .enumerate()
             .filter_map(|(i, m)| m.clone().map(|m| (i as u32, m)))
@@ -272,6 +348,7 @@ impl RnbdSession {
     /// lock, so versions follow the changes in order).
     fn publish(&self, table: &mut Table) {
         let slots: Vec<Option<(ExportId, AccessMode)>> = table
+            .slots
             .iter()
             .map(|m| m.as_ref().map(|m| (m.export, m.mode)))
             .collect();
@@ -301,7 +378,7 @@ impl SessionUse for RnbdSession {
 
     fn may_join(&self, peer: IpAddr, authenticated: bool) -> Result<(), String> {
         let table = self.lock();
-        for m in table.iter().flatten() {
+        for m in table.slots.iter().flatten() {
             if self.exports.is_closed(m.export) {
                 continue;
             }
@@ -527,6 +604,54 @@ mod tests {
         assert_eq!(core1.lookup(id), None);
         assert_eq!(s.devices().version(), s.version());
         assert_eq!(ex.writers(a), 0);
+    }
+
+    #[test]
+    fn force_close_keeps_the_id_until_the_client_lets_go() {
+        let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096)]).unwrap());
+        let a = ex.lookup(b"a").unwrap();
+        let s1 = RnbdSession::new("s1", ex.clone());
+        let s2 = RnbdSession::new("s2", ex.clone());
+        let id = s1
+            .open(&open(b"a", AccessMode::ReadWrite), None)
+            .unwrap()
+            .device_id;
+        let before = s1.mappings()[0].1.opened;
+        assert_eq!(ex.writers(a), 1);
+        assert_eq!(s1.force_close(99), None);
+        let closed = s1.force_close(id).unwrap();
+        assert_eq!((closed.export, closed.opened), (a, before));
+        // IO finds no device; the writer slot is free for another session at once.
+        assert_eq!(s1.lookup(id), None);
+        assert_eq!(ex.writers(a), 0);
+        assert!(s2.open(&open(b"a", AccessMode::ReadWrite), None).is_ok());
+        // The id stays reserved: another name does not get it.
+        let b = s1
+            .open(&open(b"b", AccessMode::ReadOnly), None)
+            .unwrap()
+            .device_id;
+        assert_ne!(b, id);
+        // A new OPEN of the name goes through the access rules again (s2 writes now)...
+        let e = s1
+            .open(&open(b"a", AccessMode::ReadWrite), None)
+            .unwrap_err();
+        assert_eq!(e.errno(), crate::Errno::EPERM);
+        s2.end();
+        // ... and once allowed, frees the reserved id and maps the name afresh.
+        let again = s1
+            .open(&open(b"a", AccessMode::ReadWrite), None)
+            .unwrap()
+            .device_id;
+        assert_eq!(again, id, "the lowest free id, the one given back");
+        assert_eq!(s1.lookup(again), Some((a, AccessMode::ReadWrite)));
+        // The client's CLOSE of a reserved id frees it too.
+        s1.force_close(b).unwrap();
+        assert!(!s1.close(b));
+        let c = s1
+            .open(&open(b"b", AccessMode::ReadOnly), None)
+            .unwrap()
+            .device_id;
+        assert_eq!(c, b);
     }
 
     use crate::rnbd::backend::BlockBackend as _;

@@ -466,6 +466,9 @@ impl<S: SessionHandle> RnbdQueue<S> {
                 continue;
             }
             let mut result = completion_result(&c);
+            if result == Err(Errno::ENOTCONN) {
+                self.maybe_server_closed(i);
+            }
             if self.wait_ns > 0 && waits_for_device(result) {
                 if now < self.end(i) {
                     self.wait(i, result.err());
@@ -495,6 +498,20 @@ impl<S: SessionHandle> RnbdQueue<S> {
             n += 1;
         }
         (n, got == out.len() || self.zero.has_ready())
+    }
+
+    /// Entry `i` came back −ENOTCONN: if it was built from the table as it still is and
+    /// its device is mapped, the server closed the mapping; the admin is told (it
+    /// decides, see [`table`](super::table)).
+    fn maybe_server_closed(&self, i: usize) {
+        let s = &self.reqs[i];
+        let mapped = self
+            .snap
+            .device(s.dev)
+            .is_some_and(|d| d.state() == DevState::Mapped);
+        if mapped && s.version == self.snap.version() {
+            self.table.report_closed(s.dev, s.version);
+        }
     }
 
     fn take_request(
