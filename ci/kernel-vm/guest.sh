@@ -403,6 +403,31 @@ if want from-kernel; then
 			fail from-kernel.remap-after-restart "see from-kernel.remap.log"
 		fi
 		stop_target from-kernel3.target-exit
+		# The target closes the kernel client's mapping (`rtrs-target ctl force-close`, the
+		# kernel server's force_close): the mapped device's IO fails, the session stays,
+		# the device unmaps, and a new map of the export works again.
+		CTL=$TMPD/ctl.sock
+		start_target from-kernel4 --listen rdma://$IP1 --export vol=ram:256M --control-socket "$CTL"
+		if DEV=$(map k3 vol $IP1) && dd_check "$DEV" from-kernel.force-close; then
+			L=$OUT/from-kernel.force-close.log
+			"$TGT" ctl --socket "$CTL" openers >>"$L" 2>&1
+			grep -q '"k3"' "$L"
+			listed=$?
+			"$TGT" ctl --socket "$CTL" force-close vol k3 >>"$L" 2>&1
+			closed=$?
+			# O_DIRECT, so the read reaches the target rather than the page cache.
+			timeout 120 dd if="$DEV" of=/dev/null bs=4k count=1 iflag=direct >>"$L" 2>&1
+			io=$?
+			unmap "$DEV"
+			unmapped=$?
+			DEV2=$(map k4 vol $IP1) && dd_check "$DEV2" from-kernel.force-close && unmap "$DEV2"
+			again=$?
+			check from-kernel.force-close $((listed + closed + (io == 0) + unmapped + again)) \
+				"openers listed the kernel's session: $((listed == 0)); force-close exit $closed; IO after it failed: $((io != 0)) (dd exit $io); unmapped: $((unmapped == 0)); mapped again and verified: $((again == 0))"
+		else
+			fail from-kernel.force-close "map or the first IO failed: see from-kernel.force-close.log"
+		fi
+		stop_target from-kernel4.target-exit
 	else
 		fail from-kernel.map "rtrs-target did not start: $(tail -n 2 "$OUT/from-kernel.target.log" | tr '\n' ' ')"
 	fi
