@@ -713,3 +713,181 @@ fn hw_two_devices_one_domain_one_cq() {
         assert!(refused.is_err(), "a window of another device bound here");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// A device that goes and comes back (docs/ARCHITECTURE.md, "Devices that come and go").
+
+/// Writes `text` with an immediate from `client` into `dst` at `off`, through a
+/// connection on device `hca`, and checks that it landed and that the server's receive
+/// on the shared `cq` completed.
+#[allow(clippy::too_many_arguments)]
+fn write_through(
+    client: &mut dyn Conn,
+    server: &mut dyn Conn,
+    cq: &mut rtrs_spdk::fabric::Cq,
+    src: &rtrs_spdk::fabric::Mr,
+    dst: &rtrs_spdk::fabric::Mr,
+    device: u8,
+    off: usize,
+    text: &str,
+) {
+    src.write_at(0, text.as_bytes());
+    server
+        .post_recv(&[RecvWr {
+            wr_id: 90,
+            sge: None,
+        }])
+        .expect("post the receive");
+    let sge = [src.sge(0, text.len())];
+    client
+        .post_send(&[SendWr {
+            wr_id: 91,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr() + off as u64,
+                rkey: dst.rkey_on(device),
+                imm: 7,
+            },
+            sges: &sge,
+            signaled: true,
+        }])
+        .expect("post the write");
+    assert_eq!(wait_wc(client, text).status, WcStatus::Success, "{text}");
+    let wc = wait_shared(cq, text);
+    assert_eq!((wc.wr_id, wc.status), (90, WcStatus::Success), "{text}");
+    let mut got = vec![0u8; text.len()];
+    dst.read_at(off, &mut got);
+    assert_eq!(got, text.as_bytes(), "{text}");
+}
+
+/// Runs `cmd` to its end, polling `tick` meanwhile (the kernel waits for this process to
+/// let a device go before `rdma link delete` returns); panics past `secs`.
+fn run_while(cmd: &[&str], secs: u64, mut tick: impl FnMut()) {
+    let mut child = std::process::Command::new(cmd[0])
+        .args(&cmd[1..])
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", cmd.join(" ")));
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            assert!(st.success(), "{} failed: {st}", cmd.join(" "));
+            return;
+        }
+        if Instant::now() > end {
+            // Left running: the device stays held until this process exits.
+            panic!("{} did not finish within {secs} s", cmd.join(" "));
+        }
+        tick();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+#[ignore = "removes an RDMA device: RTRS_TEST_ADDR=<ip> RTRS_TEST_ADDR2=<ip of another device> \
+            RTRS_TEST_REMOVE=<that device>:<its rxe netdev> cargo test --test fabric_verbs -- --ignored"]
+fn hw_device_removed_and_taken_up_again() {
+    let Ok(spec) = std::env::var("RTRS_TEST_REMOVE") else {
+        eprintln!(
+            "SKIPPED hw_device_removed_and_taken_up_again: it deletes and re-adds a Soft-RoCE \
+             device; set RTRS_TEST_REMOVE=<rxe device>:<netdev> to run it"
+        );
+        return;
+    };
+    let (name, netdev) = spec
+        .split_once(':')
+        .expect("RTRS_TEST_REMOVE is <rxe device>:<netdev>");
+    let (fabric, a, b) = two_devices();
+    let dom = fabric.domain().expect("a session's domain");
+    let mut cq = dom.create_cq(256).expect("one CQ for both devices");
+    let share = cq.share();
+    let src = dom
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    let dst = dom
+        .register(
+            MemBuf::zeroed(1 << 16),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (mut ca, mut sa) = pair_in(&*dom, a, &share);
+    let (cb, sb) = pair_in(&*dom, b, &share);
+    let (ha, hb) = (ca.hca().unwrap(), cb.hca().unwrap());
+    assert_eq!(&*hb.name, name, "RTRS_TEST_ADDR2 is an address of {name}");
+    write_through(
+        &mut *ca, &mut *sa, &mut cq, &src, &dst, ha.index, 0, "a before",
+    );
+
+    // The device goes: its connections break, the kernel's removal completes once the
+    // fabric has let go of everything on it (its connections are dropped as they break).
+    let mut on_b = Some((cb, sb));
+    let mut broke = [false; 2];
+    let mut wc = [Wc::default(); 8];
+    run_while(&["rdma", "link", "delete", name], 60, || {
+        if let Some((c, s)) = on_b.as_mut() {
+            for (k, conn) in [c, s].into_iter().enumerate() {
+                if let Some(ev) = conn.poll_cm() {
+                    assert!(
+                        matches!(ev, CmEvent::Disconnected | CmEvent::Error { .. }),
+                        "{ev:?}"
+                    );
+                    broke[k] = true;
+                }
+                conn.poll_cq(&mut wc);
+            }
+            if broke == [true, true] {
+                on_b = None;
+            }
+        }
+        cq.poll(&mut wc);
+    });
+    assert!(on_b.is_none(), "both ends on {name} broke");
+    assert!(
+        !fabric.device_names().iter().any(|n| n == name),
+        "{name} is no longer the fabric's: {:?}",
+        fabric.device_names()
+    );
+    let refused = dom
+        .alloc_fast_mr_on(KeyScope::Connection, hb.index)
+        .expect_err("a window on a device that went");
+    assert!(refused.to_string().contains("no RDMA device"), "{refused}");
+    // The other device's connection never noticed.
+    write_through(
+        &mut *ca, &mut *sa, &mut cq, &src, &dst, ha.index, 512, "a during",
+    );
+    let late = dom
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .expect("a registration while one device is away");
+
+    // It comes back: a new connection over its address lives on it, with the keys of
+    // registrations made before it went, while it was away, and after.
+    run_while(
+        &["rdma", "link", "add", name, "type", "rxe", "netdev", netdev],
+        30,
+        || {},
+    );
+    let end = Instant::now() + Duration::from_secs(30);
+    let (mut cb, mut sb) = loop {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pair_in(&*dom, b, &share))) {
+            Ok(p) => break p,
+            Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    };
+    let hb2 = cb.hca().unwrap();
+    assert_eq!(&*hb2.name, name);
+    assert!(fabric.device_names().iter().any(|n| n == name));
+    write_through(
+        &mut *cb, &mut *sb, &mut cq, &src, &dst, hb2.index, 1024, "b again",
+    );
+    write_through(
+        &mut *cb, &mut *sb, &mut cq, &late, &dst, hb2.index, 2048, "b late",
+    );
+    let after = dom
+        .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+        .unwrap();
+    write_through(
+        &mut *cb, &mut *sb, &mut cq, &after, &dst, hb2.index, 3072, "b after",
+    );
+    write_through(
+        &mut *ca, &mut *sa, &mut cq, &after, &dst, ha.index, 3584, "a after",
+    );
+}

@@ -52,6 +52,10 @@ pub enum FabricError {
     AuthUnsupported { kind: FabricKind },
     #[error("completion queue: {reason}")]
     Cq { reason: String },
+    /// The RDMA device a resource was asked on is not the fabric's now (it has gone, or
+    /// never was): what lives on it cannot be made until it is back.
+    #[error("no RDMA device {device} in this fabric now (present: {present})")]
+    DeviceGone { device: u8, present: String },
     #[error("{call} failed: {source}")]
     Os {
         call: &'static str,

@@ -187,9 +187,9 @@ impl Backing {
 pub struct Mr {
     lkey: u32,
     rkey: u32,
-    /// The rkey on each device of a backend with several ([`Mr::rkey_on`]); empty where
-    /// there is one.
-    device_rkeys: Box<[u32]>,
+    /// The rkey on each device of a backend with several ([`Mr::rkey_on`]), kept
+    /// current by the backend as devices come and go; empty where there is one.
+    device_rkeys: Arc<[AtomicU32]>,
     access: super::Access,
     // Field order is drop order: the backend's registration goes before the memory.
     handle: Box<dyn Any + Send + Sync>,
@@ -209,7 +209,7 @@ impl Mr {
         Mr {
             lkey,
             rkey,
-            device_rkeys: Box::default(),
+            device_rkeys: Arc::new([]),
             access,
             handle,
             backing,
@@ -218,7 +218,7 @@ impl Mr {
 
     /// For backends with several devices: the rkey on each, by device index
     /// ([`super::Hca::index`]); [`Mr::rkey`] is device 0's.
-    pub fn with_device_rkeys(mut self, rkeys: Box<[u32]>) -> Mr {
+    pub fn with_device_rkeys(mut self, rkeys: Arc<[AtomicU32]>) -> Mr {
         self.device_rkeys = rkeys;
         self
     }
@@ -228,8 +228,7 @@ impl Mr {
     pub fn rkey_on(&self, device: u8) -> u32 {
         self.device_rkeys
             .get(usize::from(device))
-            .copied()
-            .unwrap_or(self.rkey)
+            .map_or(self.rkey, |k| k.load(Ordering::Relaxed))
     }
 
     /// For backends: their state, to check a registration is theirs.

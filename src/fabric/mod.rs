@@ -818,6 +818,12 @@ pub trait Conn: Send {
         None
     }
 
+    /// [`Hca::index`] of the connection's device (0 where it has none), without the
+    /// name [`Conn::hca`] builds: what a core asks when it makes keys for a path.
+    fn device_index(&self) -> u8 {
+        self.hca().map_or(0, |h| h.index)
+    }
+
     /// Why this end broke the connection, when it refused something of the peer's: a
     /// remote access error naming the operation, key and range, an invalid frame, an
     /// ack for operations never sent. `None` otherwise (a peer's disconnect, a network
@@ -842,7 +848,7 @@ pub struct Hca {
 
 /// The device index of `conn` ([`Hca::index`]; 0 where it has none).
 pub fn device_index(conn: &dyn Conn) -> u8 {
-    conn.hca().map_or(0, |h| h.index)
+    conn.device_index()
 }
 
 /// A listening endpoint.

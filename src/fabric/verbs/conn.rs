@@ -75,11 +75,14 @@ impl Slots {
     }
 
     /// The shared CQ's queue on the device of `shared`, or `None` for a connection with
-    /// its own CQ.
-    fn device_cq(&self, shared: &Shared) -> Option<Arc<sys::Cq>> {
+    /// its own CQ; an error when that device has gone.
+    pub(super) fn device_cq(&self, shared: &Shared) -> Result<Option<Arc<sys::Cq>>, String> {
         match self {
-            Slots::Own(_) => None,
-            Slots::Shared { share, .. } => Some(share.device_cq(shared)),
+            Slots::Own(_) => Ok(None),
+            Slots::Shared { share, .. } => share
+                .device_cq(shared)
+                .map(Some)
+                .ok_or_else(|| format!("the RDMA device {} has gone", shared.pd.device().name())),
         }
     }
 
@@ -136,8 +139,16 @@ impl VerbsConn {
         let slots = Slots::new(cq, caps).map_err(|reason| FabricError::Cq { reason })?;
         let channel = EventChannel::create().map_err(err)?;
         let id = CmId::create(&channel).map_err(err)?;
+        // Until the address is resolved, any present device stands in.
+        let shared = dom
+            .present()
+            .into_iter()
+            .next()
+            .ok_or_else(|| FabricError::Connect {
+                addr: dst,
+                reason: "no RDMA device is present now".into(),
+            })?;
         id.resolve_addr(src, dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
-        let shared = dom.per[0].clone();
         Ok(VerbsConn {
             lkeys: LkeyCache::new(shared.index, shared.keys.clone()),
             dom,
@@ -225,13 +236,21 @@ impl VerbsConn {
         status: i32,
         data: PrivateData,
     ) -> Option<CmEvent> {
+        if kind == super::sys::CmEventKind::DeviceRemoval && self.ep.id().is_bound() {
+            // Every domain lets the device go, so that the kernel can finish removing it.
+            self.dom.table.device_removed(
+                self.shared.index,
+                &self.shared.gone,
+                "a connection saw RDMA_CM_EVENT_DEVICE_REMOVAL",
+            );
+        }
         let (phase, step) = cm::on_event(self.phase, kind, status, data, self.passive);
         self.phase = phase;
         match step {
             Step::Nothing => None,
             Step::CreateQpThenResolveRoute => {
                 // The address is resolved: the connection lives on its device.
-                let Some(shared) = self.dom.on(self.ep.id()).cloned() else {
+                let Some(shared) = self.dom.on(self.ep.id()) else {
                     return Some(self.fail(
                         "the address resolved to an RDMA device this fabric did not open".into(),
                     ));
@@ -239,11 +258,14 @@ impl VerbsConn {
                 if let Err(reason) = super::check_caps(&shared, self.caps) {
                     return Some(self.fail(format!("{} ({})", reason, shared.pd.device().name())));
                 }
-                if shared.index != self.shared.index {
+                if !Arc::ptr_eq(&shared, &self.shared) {
                     self.lkeys = LkeyCache::new(shared.index, shared.keys.clone());
                     self.shared = shared;
                 }
-                let cq = self.slots.device_cq(&self.shared);
+                let cq = match self.slots.device_cq(&self.shared) {
+                    Ok(cq) => cq,
+                    Err(reason) => return Some(self.fail(reason)),
+                };
                 let res = self
                     .ep
                     .create_qp(
@@ -292,9 +314,33 @@ impl VerbsConn {
         }
     }
 
-    /// One send request checked and resolved to our handles.
-    fn resolve<'a>(&self, wr: &SendWr<'a>) -> Result<SendReq<'a>, PostErrorKind> {
-        if wr.sges.len() > self.caps.max_send_sge as usize {
+    /// Learns the keys (and the regions of bindings) that `wrs` name on this
+    /// connection's device, before they are resolved.
+    fn learn(&mut self, wrs: &[SendWr<'_>]) {
+        let translates = self.lkeys.prepare();
+        for wr in wrs {
+            if translates {
+                for sge in wr.sges {
+                    self.lkeys.learn(sge.lkey);
+                }
+            }
+            if let SendOp::RegMr { region, .. } = wr.op {
+                if let Some(r) = region.handle().downcast_ref::<Regions>() {
+                    self.lkeys.learn(r.id());
+                }
+            }
+        }
+    }
+
+    /// One send request checked and resolved to our handles (the regions of bindings
+    /// from `lkeys`, learnt before).
+    fn resolve<'a>(
+        caps: QpCaps,
+        shared: &Shared,
+        lkeys: &'a LkeyCache,
+        wr: &SendWr<'a>,
+    ) -> Result<SendReq<'a>, PostErrorKind> {
+        if wr.sges.len() > caps.max_send_sge as usize {
             return Err(PostErrorKind::TooManySge);
         }
         let op = match wr.op {
@@ -326,14 +372,15 @@ impl VerbsConn {
                 let mr = region
                     .handle()
                     .downcast_ref::<Regions>()
-                    .map(|r| r.on(self.shared.index));
+                    .filter(|r| lkeys.is_of(&shared.keys) && r.is_of(&shared.keys))
+                    .and_then(|r| lkeys.region(r.id()));
                 let (Some(mw), Some(mr)) = (mw, mr) else {
                     return Err(PostErrorKind::Invalid);
                 };
-                if !mw.is_in(&self.shared.pd) || !mr.is_in(&self.shared.pd) {
+                if !mw.is_in(&shared.pd) || !mr.is_in(&shared.pd) {
                     return Err(PostErrorKind::Invalid);
                 }
-                if u64::from(len) > self.shared.caps.max_mr_size {
+                if u64::from(len) > shared.caps.max_mr_size {
                     return Err(PostErrorKind::Invalid);
                 }
                 let access = wc::mw_access(access);
@@ -356,7 +403,7 @@ impl VerbsConn {
                     Some(mw) if mw.kind() == WindowKind::Type1 && mw.bound_mr().is_none() => {
                         return Err(PostErrorKind::Invalid)
                     }
-                    Some(mw) if mw.is_in(&self.shared.pd) => SendReqOp::Invalidate(mw),
+                    Some(mw) if mw.is_in(&shared.pd) => SendReqOp::Invalidate(mw),
                     _ => return Err(PostErrorKind::Invalid),
                 }
             }
@@ -380,11 +427,12 @@ impl Conn for VerbsConn {
         }
         for (c, chunk) in wrs.chunks(MAX_CHAIN).enumerate() {
             let base = c * MAX_CHAIN;
+            self.learn(chunk);
             let mut reqs = [SendReq::EMPTY; MAX_CHAIN];
             let mut bad = None;
             let mut n = 0;
             for wr in chunk {
-                match self.resolve(wr) {
+                match Self::resolve(self.caps, &self.shared, &self.lkeys, wr) {
                     Ok(r) => {
                         reqs[n] = r;
                         n += 1;
@@ -405,7 +453,7 @@ impl Conn for VerbsConn {
             };
             let full = n > room;
             let n = n.min(room);
-            let lkeys = &mut self.lkeys;
+            let lkeys = &self.lkeys;
             let posted = self.ep.post_send(&reqs[..n], &mut |k| lkeys.lkey(k));
             let accepted = match posted {
                 Ok(()) => n,
@@ -460,7 +508,12 @@ impl Conn for VerbsConn {
                 });
             };
             let n = chunk.len().min(room);
-            let lkeys = &mut self.lkeys;
+            if self.lkeys.prepare() {
+                for sge in chunk[..n].iter().filter_map(|w| w.sge) {
+                    self.lkeys.learn(sge.lkey);
+                }
+            }
+            let lkeys = &self.lkeys;
             let posted = self.ep.post_recv(&chunk[..n], &mut |k| lkeys.lkey(k));
             let accepted = match posted {
                 Ok(()) => n,
@@ -529,6 +582,10 @@ impl Conn for VerbsConn {
         if self.slots.take_failed() {
             self.on_cq_error();
         }
+        if self.ep.has_qp() && self.shared.is_gone() && self.phase != CmPhase::Closed {
+            let name = self.shared.pd.device().name().to_owned();
+            return Some(self.fail(format!("the RDMA device {name} has gone")));
+        }
         if let Some(ev) = self.pending.take() {
             return Some(ev);
         }
@@ -595,6 +652,10 @@ impl Conn for VerbsConn {
             .id()
             .local_addr()
             .filter(|a| !a.ip().is_unspecified())
+    }
+
+    fn device_index(&self) -> u8 {
+        self.shared.index
     }
 
     fn hca(&self) -> Option<Hca> {

@@ -15,12 +15,12 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::slots::QueueSlots;
 use super::sys::{self, AsyncEvent, PollBuf, RawWc};
-use super::{wc, DevInfo, Domain, Shared};
+use super::{wc, Domain, Shared, Table};
 use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
 use crate::sync::lock;
@@ -70,32 +70,76 @@ impl DeviceCq {
 }
 
 /// What the CQ and whoever makes connections on it share (the `CqRef`): one `ibv_cq`
-/// per device of the fabric (a queue pair reports to a CQ of its own device), all
-/// polled as one.
+/// per present device of the fabric (a queue pair reports to a CQ of its own device),
+/// all polled as one. A device that goes takes its queue with it; one that comes gets
+/// one (`Table`), and the poller follows (`generation`).
 pub(super) struct CqShare {
     /// The fabric's devices (identity: which fabric the CQ belongs to).
-    devices: Arc<[DevInfo]>,
+    table: Arc<Table>,
+    /// The domain whose protection domains made the queues.
+    domain: Weak<Domain>,
     /// By device index.
-    per: Box<[DeviceCq]>,
+    per: Box<[Mutex<Option<Arc<DeviceCq>>>]>,
+    /// Entries asked for on each device.
+    entries: u32,
+    /// Bumped when a device's queue comes or goes.
+    generation: AtomicU64,
     /// `IBV_EVENT_CQ_ERR` was seen: the CQ is in error.
     pub overrun: AtomicBool,
 }
 
 impl CqShare {
-    pub fn is_of(&self, devices: &Arc<[DevInfo]>) -> bool {
-        Arc::ptr_eq(&self.devices, devices)
+    pub fn is_of(&self, table: &Arc<Table>) -> bool {
+        Arc::ptr_eq(&self.table, table)
     }
 
-    /// The queue of the device of `shared`.
-    pub fn device_cq(&self, shared: &Shared) -> Arc<sys::Cq> {
-        self.per[usize::from(shared.index)].cq.clone()
+    pub fn domain(&self) -> &Weak<Domain> {
+        &self.domain
+    }
+
+    fn slot(&self, index: u8) -> Option<Arc<DeviceCq>> {
+        lock(self.per.get(usize::from(index))?).clone()
+    }
+
+    /// The queue of the device of `shared` (`None` once that device has gone).
+    pub fn device_cq(&self, shared: &Shared) -> Option<Arc<sys::Cq>> {
+        self.slot(shared.index).map(|d| d.cq.clone())
     }
 
     /// Queue pair `qp_num` of device `device` (with `shadow`) now reports to this CQ.
     pub fn bind(&self, device: u8, qp_num: u32, shadow: &Arc<ShadowCell>) {
-        let d = &self.per[usize::from(device)];
-        lock(&d.incoming).push((qp_num, shadow.clone()));
-        d.has_incoming.store(true, Ordering::Release);
+        if let Some(d) = self.slot(device) {
+            lock(&d.incoming).push((qp_num, shadow.clone()));
+            d.has_incoming.store(true, Ordering::Release);
+        }
+    }
+
+    /// Device `index` has gone: its queue goes once the poller and its queue pairs let
+    /// it go.
+    pub fn drop_device(&self, index: u8) {
+        let gone = lock(&self.per[usize::from(index)]).take();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        drop(gone);
+    }
+
+    /// Device `index` has come: a queue there, on `shared`'s protection domain.
+    pub fn add_device(&self, index: u8, shared: Arc<Shared>) -> Result<(), sys::SysError> {
+        let d = DeviceCq::new(shared, self.entries)?;
+        *lock(&self.per[usize::from(index)]) = Some(Arc::new(d));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+impl DeviceCq {
+    fn new(shared: Arc<Shared>, entries: u32) -> Result<DeviceCq, sys::SysError> {
+        let cq = sys::Cq::create(&shared.pd, entries, shared.attr.max_cqe)?;
+        Ok(DeviceCq {
+            shared,
+            cq,
+            incoming: Mutex::new(Vec::new()),
+            has_incoming: AtomicBool::new(false),
+        })
     }
 }
 
@@ -110,8 +154,10 @@ struct DevicePoll {
 /// A verbs CQ shared by connections.
 pub(super) struct VerbsCq {
     share: Arc<CqShare>,
-    /// By device index, as the share's queues.
-    polls: Box<[DevicePoll]>,
+    /// The poller's own view of the share's queues, by device index, with their
+    /// polling state; renewed when the share's generation moves.
+    view: Vec<Option<(Arc<DeviceCq>, DevicePoll)>>,
+    generation: u64,
     /// The device polled first next time (devices take turns at going first).
     first: usize,
     buf: PollBuf,
@@ -130,37 +176,62 @@ enum Route {
 }
 
 impl VerbsCq {
-    /// A CQ of at least `entries` on each device of `dom`'s fabric. Its entries are the
-    /// fewest a device gave (providers round up).
-    pub fn new(dom: &Domain, entries: u32) -> Result<VerbsCq, sys::SysError> {
-        let per = dom
-            .per
-            .iter()
-            .map(|sh| {
-                let cq = sys::Cq::create(&sh.pd, entries, sh.attr.max_cqe)?;
-                Ok(DeviceCq {
-                    shared: sh.clone(),
-                    cq,
-                    incoming: Mutex::new(Vec::new()),
-                    has_incoming: AtomicBool::new(false),
-                })
-            })
-            .collect::<Result<Box<[_]>, sys::SysError>>()?;
-        let granted = per.iter().map(|d| d.cq.entries()).min().unwrap_or(entries);
-        let n = per.len();
-        Ok(VerbsCq {
-            share: Arc::new(CqShare {
-                devices: dom.devices.clone(),
-                per,
-                overrun: AtomicBool::new(false),
-            }),
-            polls: (0..n).map(|_| DevicePoll::default()).collect(),
+    /// A CQ of at least `entries` on each present device of `dom`'s fabric. Its entries
+    /// are the fewest a device gave (providers round up).
+    pub fn new(dom: &Arc<Domain>, entries: u32) -> Result<VerbsCq, sys::SysError> {
+        // No device comes or goes meanwhile; one that comes later gets a queue too.
+        let mut st = lock(&dom.table.state);
+        let per: Box<[Mutex<Option<Arc<DeviceCq>>>]> =
+            (0..dom.table.slots).map(|_| Mutex::new(None)).collect();
+        let mut granted = None::<u32>;
+        for sh in dom.present() {
+            let d = DeviceCq::new(sh.clone(), entries)?;
+            let e = d.cq.entries();
+            granted = Some(granted.map_or(e, |g| g.min(e)));
+            *lock(&per[usize::from(sh.index)]) = Some(Arc::new(d));
+        }
+        let share = Arc::new(CqShare {
+            table: dom.table.clone(),
+            domain: Arc::downgrade(dom),
+            per,
+            entries,
+            generation: AtomicU64::new(0),
+            overrun: AtomicBool::new(false),
+        });
+        st.cqs.retain(|c| c.strong_count() > 0);
+        st.cqs.push(Arc::downgrade(&share));
+        drop(st);
+        let mut cq = VerbsCq {
+            view: Vec::new(),
+            generation: 0,
+            share,
             first: 0,
             buf: PollBuf::new(),
-            entries: granted,
+            entries: granted.unwrap_or(entries),
             event: None,
             poll_error_logged: false,
-        })
+        };
+        cq.renew_view();
+        Ok(cq)
+    }
+
+    /// Takes the share's queues as they are now: a queue that went (with the
+    /// completions that waited on it) is let go, one that came is polled.
+    fn renew_view(&mut self) {
+        self.generation = self.share.generation.load(Ordering::Acquire);
+        let n = self.share.per.len();
+        self.view.resize_with(n, || None);
+        for (i, v) in self.view.iter_mut().enumerate() {
+            let now = lock(&self.share.per[i]).clone();
+            let same = match (&now, &*v) {
+                (Some(a), Some((b, _))) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                *v = now.map(|d| (d, DevicePoll::default()));
+            }
+        }
     }
 
     /// Routes `raw` through its connection's shadow (held by `me`) or holds it back.
@@ -257,7 +328,7 @@ impl VerbsCq {
     /// CQs' are left with the fabric for their own poll.
     fn read_async_events(&mut self) {
         let mut overran = false;
-        for d in self.share.per.iter() {
+        for (d, _) in self.view.iter().flatten() {
             let mut others = lock(&d.shared.cq_errors);
             loop {
                 match d.shared.pd.device().next_async_event() {
@@ -289,7 +360,13 @@ impl VerbsCq {
 
 impl CqBackend for VerbsCq {
     fn poll(&mut self, wcs: &mut [Wc]) -> usize {
-        let n = self.polls.len();
+        if self.share.generation.load(Ordering::Acquire) != self.generation {
+            self.renew_view();
+        }
+        let n = self.view.len();
+        if n == 0 {
+            return 0;
+        }
         let first = self.first;
         self.first = (first + 1) % n;
         let mut filled = 0;
@@ -298,9 +375,12 @@ impl CqBackend for VerbsCq {
             if filled == wcs.len() {
                 break;
             }
+            let Some((dev, p)) = self.view[i].as_mut() else {
+                continue;
+            };
             filled += Self::poll_device(
-                &self.share.per[i],
-                &mut self.polls[i],
+                dev,
+                p,
                 &mut self.buf,
                 &mut self.poll_error_logged,
                 &mut wcs[filled..],

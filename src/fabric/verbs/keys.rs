@@ -1,79 +1,207 @@
-//! A registration on every device of a fabric, and the lkeys a connection on another
-//! device than the first uses in its place (`docs/ARCHITECTURE.md`, "Several RDMA
-//! devices").
+//! A domain's registrations on every device of its fabric, and the keys a connection
+//! uses in their place (`docs/ARCHITECTURE.md`, "Several RDMA devices" and "Devices that
+//! come and go").
 //!
-//! A [`crate::fabric::Mr`] carries one lkey, device 0's, and the layers above put it in
-//! their SGEs whatever the connection. A connection on device `d > 0` swaps each SGE's
-//! key for the same registration's key on `d` as it posts: it asks the domain's
-//! [`KeyMap`] once per registration and keeps the answer ([`LkeyCache`], the
-//! connection's own). A registration that goes bumps the map's generation, so no cache
-//! keeps a key the device may hand out again. Connections on device 0 translate
-//! nothing.
+//! A [`crate::fabric::Mr`] carries one lkey, its id here, and the layers above put it in
+//! their SGEs whatever the connection. Until the fabric's devices change, the id is the
+//! registration's lkey on device 0, so connections on device 0 translate nothing. A
+//! connection on another device swaps each SGE's id for the registration's key on its
+//! device as it posts, from a cache of its own ([`LkeyCache`]) filled from the domain's
+//! [`KeyMap`]. Once a device has been removed or added, ids are the map's own and every
+//! connection translates. Each change bumps the map's generation, so no cache keeps a
+//! key or a region that has gone.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use super::sys::MemRegion;
+use super::sys::{MemRegion, Pd};
+use crate::fabric::mem::Backing;
 use crate::sync::lock;
 
-/// A domain's registrations: each one's lkey on every device, by its lkey on device 0.
-#[derive(Default)]
+/// One registration: its memory and rights, and its region on each device.
+struct Entry {
+    backing: Arc<Backing>,
+    access: u32,
+    /// By device index; `None` where the device is absent.
+    per: Box<[Option<Arc<MemRegion>>]>,
+    /// The rkey on each device (0 where absent), shared with the `Mr`.
+    rkeys: Arc<[AtomicU32]>,
+}
+
+/// A domain's registrations, by id.
 pub(super) struct KeyMap {
-    by_first: Mutex<HashMap<u32, Box<[u32]>>>,
-    /// Bumped whenever a registration goes.
+    by_id: Mutex<HashMap<u32, Entry>>,
+    /// Device slots of the fabric (the length of each registration's tables).
+    slots: usize,
+    /// Bumped whenever a registration goes or a device's keys change.
     generation: AtomicU64,
+    /// The fabric's devices have changed: ids are the map's own, every connection
+    /// translates.
+    translate_all: AtomicBool,
+    next_id: AtomicU32,
 }
 
-/// The backend state of a verbs [`crate::fabric::Mr`]: its registration on each device
-/// of the fabric, by device index.
-pub(super) struct Regions {
-    per: Box<[Arc<MemRegion>]>,
-    /// Where the lkeys are known while it lives (absent with one device).
-    map: Option<Weak<KeyMap>>,
+/// A registration made: the id, the rkey on the first device it is on, the rkeys of
+/// every device, and the handle that removes it when dropped.
+pub(super) struct Made {
+    pub id: u32,
+    pub rkey: u32,
+    pub rkeys: Arc<[AtomicU32]>,
+    pub handle: Regions,
 }
 
-impl Regions {
-    /// `per` holds one registration per device of the fabric, device 0 first.
-    pub fn new(per: Vec<Arc<MemRegion>>, map: &Arc<KeyMap>) -> Regions {
-        let map = (per.len() > 1).then(|| {
-            let lkeys: Box<[u32]> = per.iter().map(|r| r.lkey()).collect();
-            lock(&map.by_first).insert(lkeys[0], lkeys);
-            Arc::downgrade(map)
-        });
-        Regions {
-            per: per.into(),
-            map,
+impl KeyMap {
+    pub fn new(slots: usize) -> KeyMap {
+        KeyMap {
+            by_id: Mutex::new(HashMap::new()),
+            slots,
+            generation: AtomicU64::new(0),
+            translate_all: AtomicBool::new(false),
+            next_id: AtomicU32::new(1),
         }
     }
 
-    /// The registration on device `index` (device 0's when there is none of that index,
-    /// which a post then refuses as of another protection domain).
-    pub fn on(&self, index: u8) -> &Arc<MemRegion> {
-        self.per.get(usize::from(index)).unwrap_or(&self.per[0])
+    /// Registers `backing` on each device with a protection domain in `pds` (by device
+    /// index). The caller holds the fabric's device lock, so no device comes or goes
+    /// meanwhile.
+    pub fn register(
+        self: &Arc<Self>,
+        pds: &[Option<Arc<Pd>>],
+        backing: Arc<Backing>,
+        access: u32,
+    ) -> Result<Made, String> {
+        let mut per: Box<[Option<Arc<MemRegion>>]> = (0..self.slots).map(|_| None).collect();
+        for (i, pd) in pds.iter().enumerate().take(self.slots) {
+            let Some(pd) = pd else { continue };
+            let region = MemRegion::register(pd, backing.clone(), access)
+                .map_err(|e| format!("{e} (on {})", pd.device().name()))?;
+            per[i] = Some(Arc::new(region));
+        }
+        let Some(first) = per.iter().flatten().next().cloned() else {
+            return Err("no RDMA device is present".into());
+        };
+        let rkeys: Arc<[AtomicU32]> = per
+            .iter()
+            .map(|r| AtomicU32::new(r.as_ref().map_or(0, |r| r.rkey())))
+            .collect();
+        let mut map = lock(&self.by_id);
+        let id = match &per[0] {
+            Some(r) if !self.translate_all.load(Ordering::Acquire) => r.lkey(),
+            _ => loop {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed).max(1);
+                if !map.contains_key(&id) {
+                    break id;
+                }
+            },
+        };
+        map.insert(
+            id,
+            Entry {
+                backing,
+                access,
+                per,
+                rkeys: rkeys.clone(),
+            },
+        );
+        Ok(Made {
+            id,
+            rkey: first.rkey(),
+            rkeys,
+            handle: Regions {
+                id,
+                map: self.clone(),
+            },
+        })
     }
 
-    /// The rkey on each device, by index.
-    pub fn rkeys(&self) -> Box<[u32]> {
-        self.per.iter().map(|r| r.rkey()).collect()
+    /// Device `index` has gone: every registration lets its region there go.
+    pub fn drop_device(&self, index: u8) {
+        let gone: Vec<Arc<MemRegion>> = {
+            let mut map = lock(&self.by_id);
+            self.translate_all.store(true, Ordering::Release);
+            map.values_mut()
+                .filter_map(|e| {
+                    e.rkeys[usize::from(index)].store(0, Ordering::Relaxed);
+                    e.per[usize::from(index)].take()
+                })
+                .collect()
+        };
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        // Deregistered outside the lock (a region a window still holds goes later).
+        drop(gone);
+    }
+
+    /// Device `index` has come (with `pd`): every registration is made there too. The
+    /// registrations that fail are named in the result; their connections on the
+    /// device fail their posts as with a key the device does not know.
+    pub fn add_device(&self, index: u8, pd: &Arc<Pd>) -> Vec<String> {
+        let mut failed = Vec::new();
+        {
+            let mut map = lock(&self.by_id);
+            self.translate_all.store(true, Ordering::Release);
+            for (id, e) in map.iter_mut() {
+                match MemRegion::register(pd, e.backing.clone(), e.access) {
+                    Ok(r) => {
+                        e.rkeys[usize::from(index)].store(r.rkey(), Ordering::Relaxed);
+                        e.per[usize::from(index)] = Some(Arc::new(r));
+                    }
+                    Err(err) => failed.push(format!("registration {id:#x}: {err}")),
+                }
+            }
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        failed
+    }
+
+    fn remove(&self, id: u32) {
+        let gone = lock(&self.by_id).remove(&id);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        drop(gone);
+    }
+
+    /// The key and region on device `index` of registration `id`.
+    fn find(&self, id: u32, index: u8) -> Option<(u32, Arc<MemRegion>)> {
+        let map = lock(&self.by_id);
+        let r = map.get(&id)?.per.get(usize::from(index))?.as_ref()?;
+        Some((r.lkey(), r.clone()))
+    }
+}
+
+/// The backend state of a verbs [`crate::fabric::Mr`]: its entry in its domain's map,
+/// removed (every device's region deregistered) when the `Mr` goes.
+pub(super) struct Regions {
+    id: u32,
+    map: Arc<KeyMap>,
+}
+
+impl Regions {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn is_of(&self, map: &Arc<KeyMap>) -> bool {
+        Arc::ptr_eq(&self.map, map)
     }
 }
 
 impl Drop for Regions {
     fn drop(&mut self) {
-        if let Some(map) = self.map.as_ref().and_then(Weak::upgrade) {
-            lock(&map.by_first).remove(&self.per[0].lkey());
-            map.generation.fetch_add(1, Ordering::Release);
-        }
+        self.map.remove(self.id);
     }
 }
 
-/// One connection's lkeys on its device, learnt from its domain's [`KeyMap`].
+/// One connection's keys and regions on its device, learnt from its domain's
+/// [`KeyMap`]. Learning (`learn`) takes `&mut`; looking up (`lkey`, `region`) does not,
+/// so a post learns what its requests name first and then reads while it builds them.
 pub(super) struct LkeyCache {
     index: u8,
     map: Arc<KeyMap>,
     generation: u64,
-    known: HashMap<u32, u32>,
+    /// Whether the post being built translates ([`LkeyCache::prepare`]): one answer for
+    /// all its requests, even if the devices change meanwhile.
+    translating: bool,
+    known: HashMap<u32, (u32, Arc<MemRegion>)>,
 }
 
 impl LkeyCache {
@@ -82,76 +210,51 @@ impl LkeyCache {
         LkeyCache {
             index,
             generation: map.generation.load(Ordering::Acquire),
+            translating: true,
             map,
             known: HashMap::new(),
         }
     }
 
-    /// The key on this device of the registration whose device-0 lkey is `first`;
-    /// `None` when the domain has no such registration (the post is refused, as a
-    /// device refuses a key it does not know).
-    pub fn lkey(&mut self, first: u32) -> Option<u32> {
-        if self.index == 0 {
-            return Some(first);
-        }
+    /// Starts a post: whether its SGE keys are translated (a connection on device 0 of a
+    /// fabric whose devices never changed uses the ids as they are), which the post's
+    /// lookups then keep to.
+    pub fn prepare(&mut self) -> bool {
+        self.translating = self.index != 0 || self.map.translate_all.load(Ordering::Acquire);
+        self.translating
+    }
+
+    /// Whether registrations of `map` are the ones this cache knows.
+    pub fn is_of(&self, map: &Arc<KeyMap>) -> bool {
+        Arc::ptr_eq(&self.map, map)
+    }
+
+    /// Learns registration `id` on this device, if the domain has it there.
+    pub fn learn(&mut self, id: u32) {
         let generation = self.map.generation.load(Ordering::Acquire);
         if generation != self.generation {
             self.known.clear();
             self.generation = generation;
         }
-        if let Some(&k) = self.known.get(&first) {
-            return Some(k);
+        if self.known.contains_key(&id) {
+            return;
         }
-        let k = lock(&self.map.by_first)
-            .get(&first)
-            .and_then(|keys| keys.get(usize::from(self.index)).copied())?;
-        self.known.insert(first, k);
-        Some(k)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map_with(first: u32, keys: &[u32]) -> Arc<KeyMap> {
-        let map = Arc::new(KeyMap::default());
-        lock(&map.by_first).insert(first, keys.into());
-        map
+        if let Some(found) = self.map.find(id, self.index) {
+            self.known.insert(id, found);
+        }
     }
 
-    #[test]
-    fn device_0_keeps_its_keys() {
-        let mut c = LkeyCache::new(0, Arc::new(KeyMap::default()));
-        assert_eq!(c.lkey(0x1234), Some(0x1234));
+    /// The key on this device of the registration `id` names; `None` when it is not
+    /// one learnt (the post is refused, as a device refuses a key it does not know).
+    pub fn lkey(&self, id: u32) -> Option<u32> {
+        if !self.translating {
+            return Some(id);
+        }
+        self.known.get(&id).map(|k| k.0)
     }
 
-    #[test]
-    fn another_device_takes_the_same_registrations_key_there() {
-        let map = map_with(0x100, &[0x100, 0x9900]);
-        let mut c = LkeyCache::new(1, map.clone());
-        assert_eq!(c.lkey(0x100), Some(0x9900));
-        // Learnt: answered again without the map.
-        lock(&map.by_first).clear();
-        assert_eq!(c.lkey(0x100), Some(0x9900));
-        // A key no registration of the domain has is refused, not passed through.
-        assert_eq!(c.lkey(0x200), None);
-    }
-
-    #[test]
-    fn a_registration_that_goes_is_forgotten_by_every_cache() {
-        let map = map_with(0x100, &[0x100, 0x9900]);
-        let mut c = LkeyCache::new(1, map.clone());
-        assert_eq!(c.lkey(0x100), Some(0x9900));
-        lock(&map.by_first).remove(&0x100);
-        map.generation.fetch_add(1, Ordering::Release);
-        assert_eq!(c.lkey(0x100), None);
-    }
-
-    #[test]
-    fn a_device_beyond_the_registrations_keys_is_refused() {
-        let map = map_with(0x100, &[0x100, 0x9900]);
-        let mut c = LkeyCache::new(2, map);
-        assert_eq!(c.lkey(0x100), None);
+    /// The region on this device of registration `id`, once learnt.
+    pub fn region(&self, id: u32) -> Option<&Arc<MemRegion>> {
+        self.known.get(&id).map(|k| &k.1)
     }
 }

@@ -7,10 +7,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::conn::{Slots, VerbsConn};
 use super::cq::CqShare;
-use super::sys::{CmId, Endpoint, EventChannel, RawEvent};
+use super::sys::{CmEventKind, CmId, Endpoint, EventChannel, RawEvent};
 use super::{Domain, Shared};
 use crate::fabric::{
     Conn, ConnRequest, CqRef, Fabric, FabricError, Hca, Listener, PendingConn, PrivateData, QpCaps,
@@ -20,45 +21,114 @@ use crate::fabric::{
 const BACKLOG: i32 = 64;
 /// Receiver-not-ready retries on accept; 7 means for ever.
 const RNR_RETRY_COUNT: u8 = 7;
+/// How often a listener whose device has gone tries to listen again.
+const RELISTEN_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) struct VerbsListener {
     /// The fabric's devices: a request is accepted on the device it arrived through.
     dom: Arc<Domain>,
-    id: CmId,
+    /// The listening id; `None` while the device of its address has gone.
+    id: Option<CmId>,
+    /// The device an address of one device listens on (`None` for a wildcard address,
+    /// which listens on every device, those that come later included).
+    shared: Option<Arc<Shared>>,
     local: SocketAddr,
+    /// When to try listening again, while `id` is `None`.
+    relisten_at: Instant,
     error_logged: bool,
+}
+
+/// A listening id on `addr`, with the device it is bound to.
+fn listen_on(dom: &Domain, addr: SocketAddr) -> Result<(CmId, Option<Arc<Shared>>), String> {
+    let channel = EventChannel::create().map_err(|e| e.to_string())?;
+    let id = CmId::create(&channel).map_err(|e| e.to_string())?;
+    id.bind_addr(addr).map_err(|e| e.to_string())?;
+    let shared = if id.is_bound() {
+        let Some(sh) = dom.on(&id) else {
+            let names: Vec<String> = dom
+                .present()
+                .iter()
+                .map(|s| s.pd.device().name().to_owned())
+                .collect();
+            return Err(format!(
+                "the address belongs to an RDMA device this fabric does not use (it has {})",
+                names.join(", ")
+            ));
+        };
+        Some(sh)
+    } else {
+        None
+    };
+    id.listen(BACKLOG).map_err(|e| e.to_string())?;
+    Ok((id, shared))
 }
 
 impl VerbsListener {
     /// Listens on `addr`: an address of one device listens on that device; a wildcard
     /// address on every device.
     pub fn bind(dom: Arc<Domain>, addr: SocketAddr) -> Result<VerbsListener, FabricError> {
-        let err = |reason: String| FabricError::Listen { addr, reason };
-        let channel = EventChannel::create().map_err(|e| err(e.to_string()))?;
-        let id = CmId::create(&channel).map_err(|e| err(e.to_string()))?;
-        id.bind_addr(addr).map_err(|e| err(e.to_string()))?;
-        if id.is_bound() && dom.on(&id).is_none() {
-            let names: Vec<&str> = dom.per.iter().map(|s| s.pd.device().name()).collect();
-            return Err(err(format!(
-                "the address belongs to an RDMA device this fabric did not open (it has {})",
-                names.join(", ")
-            )));
-        }
-        id.listen(BACKLOG).map_err(|e| err(e.to_string()))?;
+        let (id, shared) =
+            listen_on(&dom, addr).map_err(|reason| FabricError::Listen { addr, reason })?;
         let local = id.local_addr().unwrap_or(addr);
         Ok(VerbsListener {
             dom,
-            id,
+            id: Some(id),
+            shared,
             local,
+            relisten_at: Instant::now(),
             error_logged: false,
         })
+    }
+
+    /// Lets the listening id go when its device has gone, and listens again (on the
+    /// same address and port) once the address is on a device again. Whether it
+    /// listens now.
+    fn follow_device(&mut self) -> bool {
+        if self.id.is_some() && self.shared.as_ref().is_some_and(|s| s.is_gone()) {
+            let name = self
+                .shared
+                .as_ref()
+                .map(|s| s.pd.device().name().to_owned());
+            tracing::warn!(
+                addr = %self.local,
+                device = name.as_deref().unwrap_or(""),
+                "listener: its RDMA device has gone; listening again once the address is on a device"
+            );
+            self.id = None;
+            self.shared = None;
+            self.relisten_at = Instant::now();
+        }
+        if self.id.is_some() {
+            return true;
+        }
+        let now = Instant::now();
+        if now < self.relisten_at {
+            return false;
+        }
+        match listen_on(&self.dom, self.local) {
+            Ok((id, shared)) => {
+                tracing::info!(
+                    addr = %self.local,
+                    device = shared.as_ref().map_or("", |s| s.pd.device().name()),
+                    "listening again"
+                );
+                self.id = Some(id);
+                self.shared = shared;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(addr = %self.local, "not listening yet: {e}");
+                self.relisten_at = now + RELISTEN_EVERY;
+                false
+            }
+        }
     }
 
     /// Turns a CONNECT_REQUEST into a [`ConnRequest`] on the device it arrived through,
     /// or refuses it when that is none of the fabric's.
     fn request(&self, ev: RawEvent) -> Option<ConnRequest> {
         let mut id = ev.new_id?;
-        let Some(shared) = self.dom.on(&id).cloned() else {
+        let Some(shared) = self.dom.on(&id) else {
             tracing::warn!(
                 addr = %self.local,
                 "refusing a connect request that arrived through an RDMA device this fabric did not open"
@@ -87,14 +157,28 @@ impl VerbsListener {
 
 impl Listener for VerbsListener {
     fn poll(&mut self) -> Option<ConnRequest> {
+        if !self.follow_device() {
+            return None;
+        }
         loop {
-            let next = self.id.channel().next_event();
+            let next = self.id.as_ref()?.channel().next_event();
             match next {
                 Ok(None) => return None,
                 Ok(Some(ev)) if ev.new_id.is_some() => {
                     if let Some(req) = self.request(ev) {
                         return Some(req);
                     }
+                }
+                Ok(Some(ev)) if ev.kind == CmEventKind::DeviceRemoval => {
+                    if let Some(sh) = &self.shared {
+                        self.dom.table.device_removed(
+                            sh.index,
+                            &sh.gone,
+                            "a listener saw RDMA_CM_EVENT_DEVICE_REMOVAL",
+                        );
+                    }
+                    self.follow_device();
+                    return None;
                 }
                 Ok(Some(ev)) => {
                     tracing::debug!(kind = ?ev.kind, status = ev.status, "listener event ignored");
@@ -160,7 +244,19 @@ impl PendingConn for VerbsPending {
     ) -> Result<Box<dyn Conn>, FabricError> {
         match domain.as_any().downcast_ref::<super::VerbsFabric>() {
             Some(d) if d.dom.same_fabric(&self.dom) => {
-                self.shared = d.dom.per[usize::from(self.shared.index)].clone();
+                let Some(sh) = d
+                    .dom
+                    .shared(self.shared.index)
+                    .filter(|s| Arc::ptr_eq(&s.gone, &self.shared.gone))
+                else {
+                    return Err(FabricError::Accept {
+                        reason: format!(
+                            "the RDMA device {} has gone",
+                            self.shared.pd.device().name()
+                        ),
+                    });
+                };
+                self.shared = sh;
                 self.dom = d.dom.clone();
             }
             _ => {
@@ -206,7 +302,17 @@ impl VerbsPending {
                 return Err(FabricError::Cq { reason });
             }
         };
-        let raw_cq = cq.map(|c| c.device_cq(&self.shared));
+        let raw_cq = match cq.map(|c| c.device_cq(&self.shared)) {
+            None => None,
+            Some(Some(q)) => Some(q),
+            Some(None) => {
+                let _ = ep.id().reject(&PrivateData::empty());
+                return Err(err(format!(
+                    "the RDMA device {} has gone",
+                    self.shared.pd.device().name()
+                )));
+            }
+        };
         let granted = match ep.create_qp(
             &self.shared.pd,
             caps,

@@ -59,19 +59,26 @@ mod sys;
 mod wc;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{
     Access, Conn, ConnectOptions, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
     KeyScope, ListenOptions, Listener, MemBuf, Mr, PrivateData, QpCaps,
 };
+use crate::sync::lock;
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
 
 /// Devices a fabric uses at most: a connection's number carries its device's index in
 /// its top byte (`qp_tag`), and 0xff there is kept free for "no queue pair" markers.
 const MAX_DEVICES: usize = 255;
+/// Room for devices added after the fabric is opened, beyond those present then.
+const SPARE_SLOTS: usize = 8;
+/// How often the fabric looks for devices that came or went (`Table::rescan`).
+const RESCAN_EVERY: Duration = Duration::from_millis(250);
 
 /// One RDMA device of a fabric, as its domains share it.
 struct DevInfo {
@@ -80,7 +87,9 @@ struct DevInfo {
     caps: FabricCaps,
     /// `IBV_EVENT_CQ_ERR`s read by one shared CQ for another (by CQ address), until that
     /// one polls its events (`cq.rs`); the device's, shared by all its domains.
-    cq_errors: Arc<std::sync::Mutex<Vec<usize>>>,
+    cq_errors: Arc<Mutex<Vec<usize>>>,
+    /// The device has gone: its connections break and its listeners let it go.
+    gone: Arc<AtomicBool>,
 }
 
 /// What every connection, listener and registration of one domain on one device shares.
@@ -90,15 +99,21 @@ struct Shared {
     pd: Arc<sys::Pd>,
     attr: sys::DeviceAttr,
     caps: FabricCaps,
-    cq_errors: Arc<std::sync::Mutex<Vec<usize>>>,
-    /// The domain's registrations on every device, by their key on device 0.
+    cq_errors: Arc<Mutex<Vec<usize>>>,
+    /// The domain's registrations on every device.
     keys: Arc<keys::KeyMap>,
+    /// The device's: set when it has gone.
+    gone: Arc<AtomicBool>,
 }
 
 impl Shared {
     /// The connection number `qp_num` of this device reports as (see `qp_tag`).
     fn tag(&self, qp_num: u32) -> u32 {
         qp_tag(self.index, qp_num)
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 }
 
@@ -109,55 +124,337 @@ fn qp_tag(index: u8, qp_num: u32) -> u32 {
     (qp_num & 0x00ff_ffff) | (u32::from(index) << 24)
 }
 
-/// A protection domain on each device of the fabric.
+/// The fabric's devices, which may come and go while it runs (`docs/ARCHITECTURE.md`,
+/// "Devices that come and go"), with the domains and CQs that follow them.
+struct Table {
+    /// The smallest limits of the devices the fabric was opened on.
+    caps: FabricCaps,
+    /// Only the device of this name (a fabric opened on a named device).
+    only: Option<String>,
+    /// Device slots: the most devices the fabric has at once.
+    slots: usize,
+    state: Mutex<TableState>,
+}
+
+#[derive(Default)]
+struct TableState {
+    /// By device index.
+    devs: Vec<Option<Arc<DevInfo>>>,
+    /// The name each slot last had: a device added again takes its old slot.
+    names: Vec<Option<String>>,
+    domains: Vec<Weak<Domain>>,
+    cqs: Vec<Weak<cq::CqShare>>,
+    /// Devices that went while the host still lists them (name, kernel index): not
+    /// taken up again until the host stops listing them.
+    dying: Vec<(String, i32)>,
+    /// The host's devices at the last rescan (name, kernel index).
+    listed: Vec<(String, i32)>,
+    /// Devices the fabric could not take up (name, kernel index): not tried again.
+    unusable: Vec<(String, i32)>,
+}
+
+impl Table {
+    /// The present devices, by index.
+    fn present(&self) -> Vec<(u8, Arc<DevInfo>)> {
+        lock(&self.state)
+            .devs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| Some((i as u8, d.clone()?)))
+            .collect()
+    }
+
+    /// The device whose `gone` flag is `gone` has gone (a connection or listener saw
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`, or the host no longer lists it): every domain
+    /// lets its resources there go, so that the kernel can finish removing it.
+    fn device_removed(&self, index: u8, gone: &Arc<AtomicBool>, why: &str) {
+        let mut st = lock(&self.state);
+        let same =
+            matches!(st.devs.get(usize::from(index)), Some(Some(d)) if Arc::ptr_eq(&d.gone, gone));
+        if same {
+            Self::remove_locked(&mut st, index, why, true);
+        }
+    }
+
+    /// Lets device `index` go; `dying` when the host is removing it (it is not taken up
+    /// again while still listed).
+    fn remove_locked(st: &mut TableState, index: u8, why: &str, dying: bool) {
+        let Some(dev) = st.devs[usize::from(index)].take() else {
+            return;
+        };
+        dev.gone.store(true, Ordering::Release);
+        if dying {
+            st.dying
+                .push((dev.ctx.name().to_owned(), dev.ctx.kernel_index()));
+        }
+        tracing::warn!(
+            device = dev.ctx.name(),
+            index,
+            "RDMA device removed ({why}): its connections and listeners go; the fabric \
+             takes it up again when the host has it back"
+        );
+        st.domains.retain(|d| d.strong_count() > 0);
+        for d in st.domains.iter().filter_map(Weak::upgrade) {
+            lock(&d.per[usize::from(index)]).take();
+            d.keys.drop_device(index);
+        }
+        st.cqs.retain(|c| c.strong_count() > 0);
+        for c in st.cqs.iter().filter_map(Weak::upgrade) {
+            c.drop_device(index);
+        }
+    }
+
+    /// Takes up the device called `name` (when the fabric uses it and it is not one
+    /// that went): a slot, a protection domain in every domain, every registration made
+    /// there, a queue in every shared CQ. Its index, or `None`.
+    fn add_locked(&self, st: &mut TableState, name: &str) -> Option<u8> {
+        if self.only.as_deref().is_some_and(|o| o != name) {
+            return None;
+        }
+        if let Some(i) = st
+            .devs
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|d| d.ctx.name() == name))
+        {
+            return Some(i as u8);
+        }
+        let slot = st
+            .names
+            .iter()
+            .position(|n| n.as_deref() == Some(name))
+            .filter(|&i| st.devs[i].is_none())
+            .or_else(|| (0..self.slots).find(|&i| st.names[i].is_none()))
+            .or_else(|| (0..self.slots).find(|&i| st.devs[i].is_none()));
+        let kidx = sys::present_devices()
+            .ok()
+            .and_then(|l| l.into_iter().find(|(n, _)| n == name))
+            .map_or(-1, |(_, k)| k);
+        let Some(slot) = slot else {
+            tracing::warn!(
+                device = name,
+                "RDMA device not used: the fabric has no free device slot ({} in all)",
+                self.slots
+            );
+            st.unusable.push((name.to_owned(), kidx));
+            return None;
+        };
+        let dev = match open_device(name) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(device = name, "RDMA device not used: {e}");
+                st.unusable.push((name.to_owned(), kidx));
+                return None;
+            }
+        };
+        if st
+            .dying
+            .iter()
+            .any(|(n, k)| n == name && (*k < 0 || *k == dev.ctx.kernel_index()))
+        {
+            // The one that went, still listed: its context must not be used again.
+            return None;
+        }
+        let dev = Arc::new(dev);
+        let index = slot as u8;
+        st.domains.retain(|d| d.strong_count() > 0);
+        for d in st.domains.iter().filter_map(Weak::upgrade) {
+            let sh = match Domain::shared_on(&d.keys, index, &dev) {
+                Ok(sh) => sh,
+                Err(e) => {
+                    tracing::warn!(device = name, "RDMA device not used by a domain: {e}");
+                    continue;
+                }
+            };
+            for f in d.keys.add_device(index, &sh.pd) {
+                tracing::warn!(device = name, "not registered there: {f}");
+            }
+            *lock(&d.per[slot]) = Some(sh);
+        }
+        st.cqs.retain(|c| c.strong_count() > 0);
+        for c in st.cqs.iter().filter_map(Weak::upgrade) {
+            if let Some(d) = c.domain().upgrade() {
+                if let Some(sh) = d.shared(index) {
+                    if let Err(e) = c.add_device(index, sh) {
+                        tracing::warn!(device = name, "no completion queue there: {e}");
+                    }
+                }
+            }
+        }
+        tracing::info!(device = name, index, "RDMA device taken up");
+        st.devs[slot] = Some(dev);
+        st.names[slot] = Some(name.to_owned());
+        Some(index)
+    }
+
+    /// Takes up the device called `name` if it is new (a connection's address resolved
+    /// to it); its index.
+    ///
+    /// librdmacm before rdma-core 52 may hand out a new context for a device it already
+    /// had, after any change of the host's devices (its device list sort could overflow):
+    /// a device of that name whose context `is_ctx` does not accept is then stale. It is
+    /// let go (its connections break and reconnect on the new one) and the current
+    /// context taken up in its place.
+    fn add(&self, name: &str, is_ctx: impl Fn(&sys::Device) -> bool) -> Option<u8> {
+        let mut st = lock(&self.state);
+        let stale = st.devs.iter().position(|d| {
+            d.as_ref()
+                .is_some_and(|d| d.ctx.name() == name && !is_ctx(&d.ctx))
+        });
+        if let Some(i) = stale {
+            Self::remove_locked(
+                &mut st,
+                i as u8,
+                "librdmacm gave connections on it another context",
+                false,
+            );
+        }
+        self.add_locked(&mut st, name)
+    }
+
+    /// Compares the devices with those the host lists now: one no longer listed has
+    /// gone; one that went and is no longer listed lets librdmacm close its context;
+    /// one that is new is taken up.
+    fn rescan(&self) {
+        let Ok(listed) = sys::present_devices() else {
+            return;
+        };
+        let is_listed = |name: &str, kidx: i32| {
+            listed
+                .iter()
+                .any(|(n, k)| n == name && (kidx < 0 || *k < 0 || *k == kidx))
+        };
+        let mut st = lock(&self.state);
+        for i in 0..st.devs.len() {
+            let vanished = st.devs[i]
+                .as_ref()
+                .is_some_and(|d| !is_listed(d.ctx.name(), d.ctx.kernel_index()));
+            if vanished {
+                Self::remove_locked(&mut st, i as u8, "the host no longer lists it", true);
+            }
+        }
+        st.dying.retain(|(n, k)| is_listed(n, *k));
+        let shrank = st.listed.iter().any(|(n, k)| !is_listed(n, *k));
+        if shrank {
+            // A device the host listed is gone (ours or not: every list librdmacm hands
+            // out names every device). Lists taken before it went name it; new ones do
+            // not. Renewing them drops librdmacm's last hold on its context, and the
+            // kernel's removal completes.
+            for d in st.devs.iter().flatten() {
+                d.ctx.renew_list();
+            }
+            sys::sync_librdmacm();
+        }
+        for (name, kidx) in &listed {
+            let ours = st.devs.iter().flatten().any(|d| d.ctx.name() == name);
+            let known = |l: &[(String, i32)]| l.iter().any(|(n, k)| n == name && *k == *kidx);
+            if !ours && !known(&st.dying) && !known(&st.unusable) {
+                self.add_locked(&mut st, name);
+            }
+        }
+        st.listed = listed;
+    }
+
+    /// Rescans every [`RESCAN_EVERY`] while the table lives.
+    fn watch(table: &Arc<Table>) {
+        let weak = Arc::downgrade(table);
+        let spawned = std::thread::Builder::new()
+            .name("rtrs-rdma-devices".into())
+            .spawn(move || loop {
+                std::thread::sleep(RESCAN_EVERY);
+                let Some(t) = weak.upgrade() else { return };
+                t.rescan();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("RDMA devices that come and go are not followed: {e}");
+        }
+    }
+}
+
+/// A protection domain on each present device of the fabric.
 struct Domain {
-    /// The fabric's devices, shared by all its domains (identity tells a fabric apart).
-    devices: Arc<[DevInfo]>,
+    table: Arc<Table>,
     /// This domain's per-device state, by device index.
-    per: Box<[Arc<Shared>]>,
+    per: Box<[Mutex<Option<Arc<Shared>>>]>,
     keys: Arc<keys::KeyMap>,
 }
 
 impl Domain {
-    fn new(devices: Arc<[DevInfo]>) -> Result<Domain, FabricError> {
-        let keys = Arc::new(keys::KeyMap::default());
-        let per = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let pd = sys::Pd::alloc(&d.ctx).map_err(|e| FabricError::Os {
-                    call: e.call,
-                    source: e.source,
-                })?;
-                Ok(Arc::new(Shared {
-                    index: i as u8,
-                    pd,
-                    attr: d.attr,
-                    caps: d.caps,
-                    cq_errors: d.cq_errors.clone(),
-                    keys: keys.clone(),
-                }))
-            })
-            .collect::<Result<Box<[_]>, FabricError>>()?;
-        Ok(Domain { devices, per, keys })
+    fn new(table: Arc<Table>) -> Result<Arc<Domain>, FabricError> {
+        let keys = Arc::new(keys::KeyMap::new(table.slots));
+        let mut st = lock(&table.state);
+        let per = (0..table.slots).map(|_| Mutex::new(None)).collect();
+        let dom = Arc::new(Domain {
+            table: table.clone(),
+            per,
+            keys,
+        });
+        for (i, d) in st.devs.iter().enumerate() {
+            let Some(d) = d else { continue };
+            let sh = Self::shared_on(&dom.keys, i as u8, d).map_err(|e| FabricError::Os {
+                call: e.call,
+                source: e.source,
+            })?;
+            *lock(&dom.per[i]) = Some(sh);
+        }
+        st.domains.retain(|d| d.strong_count() > 0);
+        st.domains.push(Arc::downgrade(&dom));
+        Ok(dom)
     }
 
-    /// The per-device state of the device whose context librdmacm bound `id` to.
-    fn on(&self, id: &sys::CmId) -> Option<&Arc<Shared>> {
-        self.per
-            .iter()
-            .find(|s| id.is_on(s.pd.device()) == Some(true))
+    /// A protection domain on `dev`, as device `index` of a domain with `keys`.
+    fn shared_on(
+        keys: &Arc<keys::KeyMap>,
+        index: u8,
+        dev: &DevInfo,
+    ) -> Result<Arc<Shared>, sys::SysError> {
+        let pd = sys::Pd::alloc(&dev.ctx)?;
+        Ok(Arc::new(Shared {
+            index,
+            pd,
+            attr: dev.attr,
+            caps: dev.caps,
+            cq_errors: dev.cq_errors.clone(),
+            keys: keys.clone(),
+            gone: dev.gone.clone(),
+        }))
+    }
+
+    /// The per-device state of device `index`, while present.
+    fn shared(&self, index: u8) -> Option<Arc<Shared>> {
+        lock(self.per.get(usize::from(index))?).clone()
+    }
+
+    /// The per-device state of every present device.
+    fn present(&self) -> Vec<Arc<Shared>> {
+        self.per.iter().filter_map(|p| lock(p).clone()).collect()
+    }
+
+    /// The per-device state of the device whose context librdmacm bound `id` to; a
+    /// device the fabric has not seen yet, or whose context it holds is stale, is taken
+    /// up first (`Table::add`).
+    fn on(&self, id: &sys::CmId) -> Option<Arc<Shared>> {
+        let find = || {
+            self.present()
+                .into_iter()
+                .find(|s| id.is_on(s.pd.device()) == Some(true))
+        };
+        find().or_else(|| {
+            let name = id.device_name()?;
+            self.table.add(&name, |d| id.is_on(d) == Some(true))?;
+            find()
+        })
     }
 
     fn same_fabric(&self, other: &Domain) -> bool {
-        Arc::ptr_eq(&self.devices, &other.devices)
+        Arc::ptr_eq(&self.table, &other.table)
     }
 }
 
 /// A fabric over the RDMA devices of the host: each connection lives on the device its
 /// address belongs to (`rdma_cm` resolves it, as the kernel's RTRS does), and each
 /// registration is made on every device, so that a session's paths may span devices
-/// (`docs/ARCHITECTURE.md`, "Several RDMA devices").
+/// (`docs/ARCHITECTURE.md`, "Several RDMA devices"). Devices may come and go while it
+/// runs ("Devices that come and go").
 pub struct VerbsFabric {
     dom: Arc<Domain>,
 }
@@ -176,7 +473,9 @@ impl VerbsFabric {
     /// of the host when `None` (each connection then uses the device of its address),
     /// and allocates a protection domain on each.
     ///
-    /// The devices are those present now; one added later is not used by this fabric.
+    /// Devices that go while it runs take only their connections with them; devices
+    /// that come (or come back) are taken up (`docs/ARCHITECTURE.md`, "Devices that come
+    /// and go").
     ///
     /// # Errors
     /// [`FabricError::NoDevice`] when there is no device, the named one does not exist,
@@ -209,7 +508,7 @@ impl VerbsFabric {
         let mut devices = Vec::with_capacity(chosen.len());
         for name in &chosen {
             match open_device(name) {
-                Ok(d) => devices.push(d),
+                Ok(d) => devices.push(Some(Arc::new(d))),
                 // Of every device, those librdmacm can use; naming one, that one.
                 Err(e) if device.is_none() && chosen.len() > 1 => {
                     tracing::warn!(device = %name, "RDMA device not used: {e}");
@@ -223,35 +522,72 @@ impl VerbsFabric {
                 chosen.join(", ")
             )));
         }
-        let dom = Domain::new(devices.into())?;
-        Ok(VerbsFabric { dom: Arc::new(dom) })
+        let slots = if device.is_some() {
+            1
+        } else {
+            (devices.len() + SPARE_SLOTS).min(MAX_DEVICES)
+        };
+        let mut names: Vec<Option<String>> = devices
+            .iter()
+            .map(|d| d.as_ref().map(|d| d.ctx.name().to_owned()))
+            .collect();
+        devices.resize_with(slots, || None);
+        names.resize(slots, None);
+        let Some(mut caps) = devices.iter().flatten().next().map(|d| d.caps) else {
+            return Err(FabricError::NoDevice(format!(
+                " usable for connections among {}",
+                chosen.join(", ")
+            )));
+        };
+        for d in devices.iter().flatten() {
+            caps.max_send_wr = caps.max_send_wr.min(d.caps.max_send_wr);
+            caps.max_recv_wr = caps.max_recv_wr.min(d.caps.max_recv_wr);
+            caps.max_send_sge = caps.max_send_sge.min(d.caps.max_send_sge);
+            caps.max_mr_size = caps.max_mr_size.min(d.caps.max_mr_size);
+        }
+        let table = Arc::new(Table {
+            caps,
+            only: device.map(str::to_owned),
+            slots,
+            state: Mutex::new(TableState {
+                devs: devices,
+                names,
+                ..TableState::default()
+            }),
+        });
+        let dom = Domain::new(table.clone())?;
+        Table::watch(&table);
+        Ok(VerbsFabric { dom })
     }
 
-    /// Device 0's state: the device of a fabric opened on one device.
-    fn first(&self) -> &Arc<Shared> {
-        &self.dom.per[0]
+    /// The state of the first present device.
+    fn first(&self) -> Option<Arc<Shared>> {
+        self.dom.present().into_iter().next()
     }
 
-    /// The rdma-core name of the first device (the only one of a fabric opened on a
-    /// named device).
-    pub fn device_name(&self) -> &str {
-        self.first().pd.device().name()
+    /// The rdma-core name of the first present device (the only one of a fabric opened
+    /// on a named device); empty while none is.
+    pub fn device_name(&self) -> String {
+        self.first()
+            .map(|s| s.pd.device().name().to_owned())
+            .unwrap_or_default()
     }
 
-    /// The rdma-core names of the fabric's devices, by index.
+    /// The rdma-core names of the fabric's present devices, by index.
     pub fn device_names(&self) -> Vec<String> {
         self.dom
-            .devices
+            .table
+            .present()
             .iter()
-            .map(|d| d.ctx.name().to_owned())
+            .map(|(_, d)| d.ctx.name().to_owned())
             .collect()
     }
 
-    /// The first device's IEEE vendor id (`ibv_device_attr::vendor_id`); Soft-RoCE
-    /// (`rxe`) reports [`VerbsFabric::RXE_VENDOR_ID`]. Tests use it to tell a software
-    /// device's known deviations from what hardware must do.
+    /// The first present device's IEEE vendor id (`ibv_device_attr::vendor_id`);
+    /// Soft-RoCE (`rxe`) reports [`VerbsFabric::RXE_VENDOR_ID`]. Tests use it to tell a
+    /// software device's known deviations from what hardware must do.
     pub fn vendor_id(&self) -> u32 {
-        self.first().attr.vendor_id
+        self.first().map_or(0, |s| s.attr.vendor_id)
     }
 
     /// The vendor id the kernel's Soft-RoCE driver (`rdma_rxe`) reports.
@@ -265,8 +601,15 @@ impl VerbsFabric {
                 "REMOTE_WRITE needs LOCAL_WRITE on verbs (ibv_reg_mr refuses it alone)".into(),
             ));
         }
-        let mut regions = Vec::with_capacity(self.dom.per.len());
-        for sh in self.dom.per.iter() {
+        // No device comes or goes while the registration is made on each.
+        let _st = lock(&self.dom.table.state);
+        let pds: Vec<Option<Arc<sys::Pd>>> = self
+            .dom
+            .per
+            .iter()
+            .map(|p| lock(p).as_ref().map(|s| s.pd.clone()))
+            .collect();
+        for sh in self.dom.present() {
             if len as u64 > sh.caps.max_mr_size {
                 return Err(fail(format!(
                     "longer than the max_mr_size of {} bytes of {}",
@@ -274,16 +617,15 @@ impl VerbsFabric {
                     sh.pd.device().name()
                 )));
             }
-            let region = sys::MemRegion::register(&sh.pd, backing.clone(), wc::mr_access(access))
-                .map_err(|e| fail(format!("{e} (on {})", sh.pd.device().name())))?;
-            regions.push(Arc::new(region));
         }
-        let regions = keys::Regions::new(regions, &self.dom.keys);
-        let (lkey, rkey) = (regions.on(0).lkey(), regions.on(0).rkey());
-        let rkeys = regions.rkeys();
-        let mr = Mr::from_parts(lkey, rkey, access, Box::new(regions), backing);
-        Ok(if rkeys.len() > 1 {
-            mr.with_device_rkeys(rkeys)
+        let made = self
+            .dom
+            .keys
+            .register(&pds, backing.clone(), wc::mr_access(access))
+            .map_err(fail)?;
+        let mr = Mr::from_parts(made.id, made.rkey, access, Box::new(made.handle), backing);
+        Ok(if self.dom.table.slots > 1 {
+            mr.with_device_rkeys(made.rkeys)
         } else {
             mr
         })
@@ -321,7 +663,8 @@ fn open_device(name: &str) -> Result<DevInfo, FabricError> {
         ctx: Arc::new(dev),
         attr,
         caps,
-        cq_errors: Arc::new(std::sync::Mutex::new(Vec::new())),
+        cq_errors: Arc::new(Mutex::new(Vec::new())),
+        gone: Arc::new(AtomicBool::new(false)),
     })
 }
 
@@ -349,21 +692,15 @@ impl Fabric for VerbsFabric {
         FabricKind::Verbs
     }
 
-    /// The smallest limits of the fabric's devices.
+    /// The smallest limits of the devices the fabric was opened on (a device taken up
+    /// later is checked against each request as it is used).
     fn caps(&self) -> FabricCaps {
-        let mut caps = self.first().caps;
-        for sh in self.dom.per.iter().skip(1) {
-            caps.max_send_wr = caps.max_send_wr.min(sh.caps.max_send_wr);
-            caps.max_recv_wr = caps.max_recv_wr.min(sh.caps.max_recv_wr);
-            caps.max_send_sge = caps.max_send_sge.min(sh.caps.max_send_sge);
-            caps.max_mr_size = caps.max_mr_size.min(sh.caps.max_mr_size);
-        }
-        caps
+        self.dom.table.caps
     }
 
     fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
-        let dom = Domain::new(self.dom.devices.clone())?;
-        Ok(Arc::new(VerbsFabric { dom: Arc::new(dom) }))
+        let dom = Domain::new(self.dom.table.clone())?;
+        Ok(Arc::new(VerbsFabric { dom }))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -390,13 +727,10 @@ impl Fabric for VerbsFabric {
     }
 
     fn alloc_fast_mr_on(&self, scope: KeyScope, device: u8) -> Result<FastMr, FabricError> {
-        let Some(sh) = self.dom.per.get(usize::from(device)) else {
-            return Err(FabricError::Register {
-                len: 0,
-                reason: format!(
-                    "no RDMA device {device} in this fabric (it has {})",
-                    self.dom.per.len()
-                ),
+        let Some(sh) = self.dom.shared(device) else {
+            return Err(FabricError::DeviceGone {
+                device,
+                present: self.device_names().join(", "),
             });
         };
         let kind = match scope {
@@ -453,7 +787,7 @@ impl Fabric for VerbsFabric {
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
         let max = self
             .dom
-            .per
+            .present()
             .iter()
             .map(|s| s.attr.max_cqe)
             .min()
@@ -474,9 +808,9 @@ impl Fabric for VerbsFabric {
 /// [`check_caps`] against the device of the fabric with the largest limits: a request
 /// none of them can take fails at once, before any address is resolved.
 fn check_caps_any(dom: &Domain, caps: QpCaps) -> Result<(), String> {
-    let mut last = Ok(());
-    for sh in dom.per.iter() {
-        last = check_caps(sh, caps);
+    let mut last = Err("no RDMA device is present".to_owned());
+    for sh in dom.present() {
+        last = check_caps(&sh, caps);
         if last.is_ok() {
             return last;
         }
@@ -488,7 +822,7 @@ fn check_caps_any(dom: &Domain, caps: QpCaps) -> Result<(), String> {
 fn own_cq(dom: &Domain, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
     match cq.backend_arc().downcast::<cq::CqShare>() {
         // The fabric's CQs take connections of every protection domain of it.
-        Ok(v) if v.is_of(&dom.devices) => Ok(v),
+        Ok(v) if v.is_of(&dom.table) => Ok(v),
         Ok(_) => Err(FabricError::Cq {
             reason: "the completion queue belongs to another verbs fabric".into(),
         }),

@@ -106,22 +106,50 @@ impl SysError {
 
 /// Names of the RDMA devices libibverbs sees (`ibv_get_device_list`).
 pub(super) fn device_names() -> Result<Vec<String>, SysError> {
+    Ok(present_devices()?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// The RDMA devices libibverbs sees now, each with the kernel's index of it
+/// (`ibv_get_device_index`: a device that is removed and added again gets a new one;
+/// −1 where the kernel does not say).
+pub(super) fn present_devices() -> Result<Vec<(String, i32)>, SysError> {
     let mut n: libc::c_int = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed below.
     let list = unsafe { ffi::ibv_get_device_list(&mut n) };
     if list.is_null() {
         return Err(SysError::last("ibv_get_device_list"));
     }
-    let mut names = Vec::with_capacity(n.max(0) as usize);
+    let mut found = Vec::with_capacity(n.max(0) as usize);
     for i in 0..n.max(0) as usize {
         // SAFETY: the list holds `n` valid device pointers; the name is a NUL-terminated
         // string owned by the device, copied before the list is freed.
-        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(*list.add(i))) };
-        names.push(name.to_string_lossy().into_owned());
+        let (name, index) = unsafe {
+            let dev = *list.add(i);
+            (
+                CStr::from_ptr(ffi::ibv_get_device_name(dev)),
+                ffi::ibv_get_device_index(dev),
+            )
+        };
+        found.push((name.to_string_lossy().into_owned(), index));
     }
     // SAFETY: `list` came from ibv_get_device_list and is not used afterwards.
     unsafe { ffi::ibv_free_device_list(list) };
-    Ok(names)
+    Ok(found)
+}
+
+/// Lets librdmacm see the devices as they are now: a device that is gone is marked dead
+/// there, and librdmacm closes its context once nothing of ours refers to it (which the
+/// kernel waits for before it finishes removing a device).
+pub(super) fn sync_librdmacm() {
+    // SAFETY: a NULL count pointer is allowed; the list is freed at once.
+    let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
+    if !list.is_null() {
+        // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
+        unsafe { ffi::rdma_free_devices(list) };
+    }
 }
 
 /// Device limits from `ibv_query_device`.
@@ -136,17 +164,49 @@ pub(super) struct DeviceAttr {
 }
 
 /// A device context shared with librdmacm (from `rdma_get_devices`).
+///
+/// librdmacm keeps a device's context open while any list it handed out names the
+/// device; each `Device` holds one list (for its own context), and renews it when
+/// another device has gone ([`Device::renew_list`]), so that an old list does not keep
+/// the gone device's context open.
 pub(super) struct Device {
-    list: *mut *mut ffi::ibv_context,
+    list: std::sync::Mutex<ListPtr>,
     ctx: *mut ffi::ibv_context,
     name: String,
+    /// The kernel's index of the device (−1 where unknown).
+    kernel_index: i32,
 }
 
+/// A list from `rdma_get_devices`, freed with `rdma_free_devices`.
+struct ListPtr(*mut *mut ffi::ibv_context);
+
 // SAFETY: ibv_context is thread-safe for the calls made through it (verbs objects may
-// be created and destroyed from any thread); the list is only freed in Drop.
+// be created and destroyed from any thread); the list is only replaced under its mutex
+// and freed in Drop.
 unsafe impl Send for Device {}
-// SAFETY: as above; no interior state is mutated through `&Device`.
+// SAFETY: as above; the only state mutated through `&Device` is the list, under its
+// mutex.
 unsafe impl Sync for Device {}
+
+/// The context in `list` of the device called `name`, if librdmacm lists it.
+///
+/// # Safety
+/// `list` is a live list from `rdma_get_devices` of `n` entries.
+unsafe fn find_in(
+    list: *mut *mut ffi::ibv_context,
+    n: usize,
+    name: &str,
+) -> Option<*mut ffi::ibv_context> {
+    (0..n).find_map(|i| {
+        // SAFETY: the caller's promise: the list holds `n` open contexts; each has a
+        // valid device whose name is a NUL-terminated string.
+        let (ctx, found) = unsafe {
+            let ctx = *list.add(i);
+            (ctx, CStr::from_ptr(ffi::ibv_get_device_name((*ctx).device)))
+        };
+        (found.to_bytes() == name.as_bytes()).then_some(ctx)
+    })
+}
 
 impl Device {
     /// The context librdmacm uses for the device called `name`, or `None` when
@@ -159,26 +219,49 @@ impl Device {
         if list.is_null() {
             return Err(SysError::last("rdma_get_devices"));
         }
-        for i in 0..n.max(0) as usize {
-            // SAFETY: the list holds `n` open contexts; each has a valid device whose
-            // name is a NUL-terminated string.
-            let (ctx, found) = unsafe {
-                let ctx = *list.add(i);
-                (ctx, CStr::from_ptr(ffi::ibv_get_device_name((*ctx).device)))
-            };
-            if found.to_bytes() == name.as_bytes() {
-                let dev = Device {
-                    list,
-                    ctx,
-                    name: name.to_owned(),
-                };
-                dev.async_events_nonblocking()?;
-                return Ok(Some(dev));
-            }
+        // SAFETY: `list` is live and holds `n` entries.
+        let Some(ctx) = (unsafe { find_in(list, n.max(0) as usize, name) }) else {
+            // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
+            unsafe { ffi::rdma_free_devices(list) };
+            return Ok(None);
+        };
+        // SAFETY: `ctx` is open (the list holds it); its device pointer is valid.
+        let kernel_index = unsafe { ffi::ibv_get_device_index((*ctx).device) };
+        let dev = Device {
+            list: std::sync::Mutex::new(ListPtr(list)),
+            ctx,
+            name: name.to_owned(),
+            kernel_index,
+        };
+        dev.async_events_nonblocking()?;
+        Ok(Some(dev))
+    }
+
+    /// The kernel's index of the device (−1 where the kernel does not say).
+    pub fn kernel_index(&self) -> i32 {
+        self.kernel_index
+    }
+
+    /// Takes a new list from librdmacm for this device's context and frees the old one,
+    /// which may name devices that have gone since. `false` (the old list kept) when the
+    /// new one does not name this context.
+    pub fn renew_list(&self) -> bool {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            return false;
         }
-        // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
-        unsafe { ffi::rdma_free_devices(list) };
-        Ok(None)
+        // SAFETY: `list` is live and holds `n` entries.
+        let same = unsafe { find_in(list, n.max(0) as usize, &self.name) } == Some(self.ctx);
+        let old = if same {
+            std::mem::replace(&mut *crate::sync::lock(&self.list), ListPtr(list)).0
+        } else {
+            list
+        };
+        // SAFETY: `old` came from rdma_get_devices and is no longer referred to.
+        unsafe { ffi::rdma_free_devices(old) };
+        same
     }
 
     pub fn name(&self) -> &str {
@@ -272,8 +355,9 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // Last of all: every PD, CQ and QP of this context is gone (they hold an Arc).
+        let list = crate::sync::lock(&self.list).0;
         // SAFETY: `list` came from rdma_get_devices and is freed exactly once.
-        unsafe { ffi::rdma_free_devices(self.list) };
+        unsafe { ffi::rdma_free_devices(list) };
     }
 }
 

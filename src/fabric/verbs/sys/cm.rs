@@ -275,6 +275,20 @@ impl CmId {
         (!verbs.is_null()).then_some(verbs == dev.ctx)
     }
 
+    /// The name of the device librdmacm bound the id to (`None` while bound to none).
+    pub fn device_name(&self) -> Option<String> {
+        // SAFETY: the id is live; `verbs`, once set, is an open context whose device has
+        // a NUL-terminated name.
+        unsafe {
+            let verbs = (*self.raw).verbs;
+            (!verbs.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(ffi::ibv_get_device_name((*verbs).device))
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        }
+    }
+
     /// Whether librdmacm bound the id to a device (a wildcard listener is bound to none).
     pub fn is_bound(&self) -> bool {
         // SAFETY: the id is live; `verbs` is set by librdmacm once an address is bound.
