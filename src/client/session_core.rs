@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core_cq::{CoreCq, Hub};
-use super::cross_core::{Params, PathCmd, SessShared};
+use super::cross_core::{Params, PathCmd, PathShared, SessShared};
 use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
@@ -29,7 +29,7 @@ use super::request::{
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
-use crate::fabric::{device_index, Access, Fabric, KeyScope, MemBuf, Mr, Sge};
+use crate::fabric::{device_index, Access, Fabric, FabricError, KeyScope, MemBuf, Mr, Sge};
 use crate::sync::lock;
 use crate::Errno;
 
@@ -505,7 +505,7 @@ impl SessionCore {
                     // A connection this core still had of the path goes with its route.
                     self.drop_route(old.route);
                 }
-                let keys = self.read_keys(device_index(conn.con.conn()));
+                let keys = self.path_keys(device_index(conn.con.conn()), &path);
                 self.paths[slot] = Some(CorePath {
                     keys,
                     io: conn,
@@ -566,11 +566,11 @@ impl SessionCore {
         }
         // The READ keys were made for the old permits.
         for slot in 0..self.paths.len() {
-            if let Some(device) = self.paths[slot]
+            if let Some((device, path)) = self.paths[slot]
                 .as_ref()
-                .map(|cp| device_index(cp.io.con.conn()))
+                .map(|cp| (device_index(cp.io.con.conn()), cp.shared.clone()))
             {
-                let keys = self.read_keys(device);
+                let keys = self.path_keys(device, &path);
                 if let Some(cp) = self.paths[slot].as_mut() {
                     cp.keys = keys;
                 }
@@ -583,10 +583,13 @@ impl SessionCore {
         self.done.reserve(2 * n);
     }
 
-    /// A READ key slot per permit of this core, for a new connection on RDMA device
-    /// `device` (a key slot lives on the device of its connection). A core that cannot
-    /// have them cannot READ, and gets no permits (as when its buffers cannot be had).
-    fn read_keys(&mut self, device: u8) -> Vec<Option<ReadKey>> {
+    /// A READ key slot per permit of this core, for a connection of `path` on RDMA
+    /// device `device` (a key slot lives on the device of its connection). When the
+    /// device has gone meanwhile, the path breaks and reconnects by its policy (the other
+    /// paths keep this core's permits). A core that cannot have them otherwise cannot
+    /// READ, and gets no permits (as when its buffers cannot be had); while requests hold
+    /// permits, each READ tries for its key again when it is posted.
+    fn path_keys(&mut self, device: u8, path: &Arc<PathShared>) -> Vec<Option<ReadKey>> {
         let n = self.permits() as usize;
         let made: Result<Vec<_>, _> = (0..n)
             .map(|_| {
@@ -597,6 +600,11 @@ impl SessionCore {
             .collect();
         match made {
             Ok(keys) => keys,
+            Err(e @ FabricError::DeviceGone { .. }) => {
+                tracing::warn!(sess = %self.sess.sessname, core = self.core, "cannot make READ key slots: {e}; the path breaks and reconnects");
+                path.error.store(true, Ordering::Release);
+                (0..n).map(|_| None).collect()
+            }
             Err(e) if self.outstanding() == 0 => {
                 tracing::error!(sess = %self.sess.sessname, core = self.core, "cannot make READ key slots: {e}; this core gets no permits");
                 if let Some(p) = self.sizing.params() {
@@ -604,7 +612,6 @@ impl SessionCore {
                 }
                 Vec::new()
             }
-            // Requests hold permits: each READ tries for its key again when it is posted.
             Err(e) => {
                 tracing::warn!(sess = %self.sess.sessname, core = self.core, "cannot make READ key slots: {e}");
                 (0..n).map(|_| None).collect()
