@@ -152,6 +152,9 @@ impl Acceptor {
             Err(e) => return self.refuse(cx, req, Errno::ECONNRESET, &e.to_string()),
         };
         let hca = req.hca();
+        // Each step of a path's bring-up is logged at debug level (operators and the VM's
+        // bring-up rows follow a path by them).
+        tracing::debug!(peer = %req.peer, cid = msg.cid, cid_num = msg.cid_num, "connection request");
         let r = admit::Request {
             msg: &msg,
             peer: req.peer,

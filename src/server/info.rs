@@ -48,6 +48,7 @@ pub(crate) fn on_info_req(
         Ok(r) => String::from_utf8_lossy(r.pathname).into_owned(),
         Err(e) => return slot.close_path(sh, cx, format_args!("{e}")),
     };
+    tracing::debug!(pathname = %name, peer = ?slot.con.conn().peer_addr(), "INFO_REQ");
     if !lock(&path.present).iter().all(|&p| p) {
         return slot.close_path(
             sh,

@@ -182,6 +182,7 @@ impl Dispatcher {
                 if req.dir != Dir::Read || req.data.len() < OpenRsp::LEN {
                     return Outcome::Done(Err(Errno::EINVAL));
                 }
+                tracing::debug!(peer = ?req.peer, device = %String::from_utf8_lossy(open.dev_name), "OPEN request");
                 match sess.open_from(&open, req.peer, req.paths) {
                     Ok(rsp) => {
                         let mut b = [0u8; OpenRsp::LEN];
