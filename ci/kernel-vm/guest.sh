@@ -307,9 +307,11 @@ wait_connected() { wait_for "$2" all_connected "$1"; } # SESSNAME SECONDS
 # ---- groups ---------------------------------------------------------------------------------
 if want verbs; then
 	log "== verbs: the conformance suite and the hardware tests on rxe0"
-	RTRS_TEST_DEVICE=rxe0 RTRS_TEST_ADDR=$IP1 RTRS_TEST_ADDR2=$IP3 timeout 900 "$VERBS_TESTS" --ignored --test-threads=1 \
-		>"$OUT/verbs.log" 2>&1
+	# hw_device_removed_and_taken_up_again deletes rxe1 and adds it again (RTRS_TEST_REMOVE).
+	RTRS_TEST_DEVICE=rxe0 RTRS_TEST_ADDR=$IP1 RTRS_TEST_ADDR2=$IP3 RTRS_TEST_REMOVE=rxe1:dummy1 \
+		timeout 900 "$VERBS_TESTS" --ignored --test-threads=1 >"$OUT/verbs.log" 2>&1
 	rc=$?
+	rxe1_back verbs
 	n=0
 	while read -r _ t _ verdict; do
 		n=$((n + 1))
@@ -590,24 +592,38 @@ EOF
 	fi
 fi
 
-# ---- devices: every path on its own Soft-RoCE device, one device's link down and up ----------
-# Takes dummy1 (rxe1) down under IO, waits (bounded) for STATE, the sign that the fault was
-# seen, and brings it up again; then waits for rxe1's port to be active. Returns 0 when the
-# state was seen.
+# ---- devices: every path on its own Soft-RoCE device, one device removed and added again ----
+# Removes rxe1 under IO (`rdma link delete`, which returns once every process and module has
+# let the device go), waits (bounded) for STATE, the sign that the fault was seen, and for
+# the removal to finish, then adds rxe1 again on dummy1. Returns 0 when the state was seen
+# and the removal finished; a removal that does not finish fails NAME.rxe1-released (the
+# device comes back once the process holding it has exited: rxe1_back).
+RXE1_DEL=""
 link_fault() { # NAME PID SECONDS STATE...: PID is the process doing the IO
 	local name=$1 pid=$2 secs=$3 seen=0
 	shift 3
-	ip link set dummy1 down
-	log "$name: dummy1 down"
+	rdma link delete rxe1 >>"$OUT/$name.link.log" 2>&1 &
+	RXE1_DEL=$!
+	log "$name: rdma link delete rxe1"
 	wait_for -p "$pid" "$secs" "$@" || seen=1
-	ip link set dummy1 up
-	if ((seen == 0)); then
-		log "$name: dummy1 up (the fault was seen)"
-	else
-		log "$name: dummy1 up (the fault was not seen within $secs s, or the IO ended)"
+	if ! wait_for 60 gone "$RXE1_DEL"; then
+		fail "$name.rxe1-released" "rdma link delete rxe1 had not finished 60 s later; holding /dev/infiniband: $(ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c uverbs) descriptors"
+		return 1
 	fi
-	wait_for 20 port_active rxe1 || fail "$name.rxe1" "rxe1 did not come back to PORT_ACTIVE after dummy1 went up"
+	RXE1_DEL=""
+	rdma link add rxe1 type rxe netdev dummy1 >>"$OUT/$name.link.log" 2>&1
+	log "$name: rxe1 added again$( ((seen)) && echo ' (the fault was not seen within the wait, or the IO ended)')"
+	wait_for 20 port_active rxe1 || fail "$name.rxe1" "rxe1 did not come back to PORT_ACTIVE after rdma link add"
 	return $seen
+}
+# After a row: rxe1 exists and is active again (waits for a removal still under way).
+rxe1_back() { # NAME
+	[[ -z $RXE1_DEL ]] || wait_for 60 gone "$RXE1_DEL" || fail "$1.rxe1-released" "rdma link delete rxe1 still had not finished after the row"
+	RXE1_DEL=""
+	if ! rdma link show rxe1/1 >/dev/null 2>&1; then
+		rdma link add rxe1 type rxe netdev dummy1 >>"$OUT/$1.link.log" 2>&1 || fail "$1.rxe1" "rdma link add rxe1 failed"
+	fi
+	wait_for 20 port_active rxe1 || fail "$1.rxe1" "rxe1 is not PORT_ACTIVE after the row"
 }
 # The first warning about a path in a log (-v; SPDK's log), for a row's detail.
 path_warning() { grep -m1 -E 'connecting failed|path error' "$1" | sed 's/^.*\(connecting failed\|path error\)/\1/' | cut -c1-240; }
@@ -632,18 +648,18 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 	while [[ $1 != -- ]]; do up+=("$1"); shift; done
 	shift
 	bench "$name" --path "rdma://$IP1:$port?src=$IP2" --path "rdma://$IP3:$port?src=$IP4" \
-		--rw randrw --bs 4K --qd 16 --time 8s --verify --size 8M --json --require-all-paths \
+		--rw randrw --bs 4K --qd 16 --time $( ((LINK_FAULT)) && echo 25s || echo 8s) --verify --size 8M --json --require-all-paths \
 		--reconnect-delay 1s -v "$@" &
 	local bp=$!
 	wait_for -p $bp 120 "${up[@]}"
 	case $? in
 	0)
 		if ((LINK_FAULT == 0)); then
-			fault="a path on each device up (no link fault: see dev.link-fault)"
+			fault="a path on each device up (no device fault: RTRS_KVM_LINK_FAULT=0)"
 		elif link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
-			fault="the rxe1 path failed while dummy1 was down"
+			fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
 		else
-			fault="the rxe1 path did not fail while dummy1 was down"
+			fault="the rxe1 path did not fail when rxe1 was removed, or the removal did not finish"
 		fi
 		;;
 	1) fault="a path on each device was not up within 120 s" ;;
@@ -651,24 +667,65 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 	esac
 	wait $bp
 	rc=$?
+	rxe1_back "$name"
 	detail=$(bench_json devs "$OUT/$name.log" $( ((LINK_FAULT)) && echo fault))
 	ok=$?
 	warn=$(path_warning "$OUT/$name.log")
 	check "$name" $((rc + ok)) "rc $rc; $fault${SRV_SEEN:+ (the kernel server saw paths on: $SRV_SEEN)}; $detail${warn:+; first path warning: $warn}; last line: $(grep -v '^{' "$OUT/$name.log" | tail -n 1 | cut -c1-240)"
 }
 
+# One bring-up row (see the devices group): STEP is an extended regex of the target's
+# debug line for the step.
+bringup_cut() { # NAME PORT STEP
+	local name=$1 port=$2 step=$3 rc detail fault="the step was not logged within 60 s"
+	if ! start_target "$name" --listen rdma://$IP1:$port --listen rdma://$IP3:$port --export vol=ram:64M -v; then
+		fail "$name" "rtrs-target did not start: $(tail -n 2 "$OUT/$name.target.log" | tr '\n' ' ')"
+		drop_target
+		return
+	fi
+	bench "$name" --path "rdma://$IP1:$port?src=$IP2" --path "rdma://$IP3:$port?src=$IP4" \
+		--rw randrw --bs 4K --qd 8 --time 15s --verify --size 8M --json --require-all-paths \
+		--reconnect-delay 1s --connect-timeout 30s -v --device vol &
+	local bp=$!
+	if wait_for -p $bp 60 grep -qE "$step" "$OUT/$name.target.log"; then
+		kill -STOP "$TPID"
+		rdma link delete rxe1 >>"$OUT/$name.link.log" 2>&1 &
+		RXE1_DEL=$!
+		fault="rxe1 removed at the step: "
+		if wait_for -p $bp 30 bench_rxe1_failed "$OUT/$name.log" 0; then
+			fault+="the bench's rxe1 path failed"
+		else
+			fault+="the bench's rxe1 path did not fail within 30 s"
+		fi
+		kill -CONT "$TPID"
+		if wait_for 60 gone "$RXE1_DEL"; then
+			RXE1_DEL=""
+			rdma link add rxe1 type rxe netdev dummy1 >>"$OUT/$name.link.log" 2>&1
+			fault+="; removal finished, rxe1 added again"
+		else
+			fail "$name.rxe1-released" "rdma link delete rxe1 had not finished 60 s after the target ran again"
+		fi
+	fi
+	wait $bp
+	rc=$?
+	rxe1_back "$name"
+	stop_target "$name.target-exit"
+	detail=$(bench_json devs "$OUT/$name.log" fault)
+	check "$name" $((rc + $?)) "rc $rc; $fault; $detail"
+}
+
 SRV_SEEN=""
 if want devices; then
-	# The link fault (dummy1 down and up under IO) is opt-in: on Soft-RoCE, a link that goes
-	# down while a connection on it moves data leaves the rxe device unable to make any new
-	# connection until it is deleted and added again (6.1 and 6.12 alike; rdmacm-utils'
-	# ucmatose shows it with no project code involved, docs/INTEROP.md), so no path can come
-	# back on it. LINK_FAULT=1 (RTRS_KVM_LINK_FAULT=1 on the host) runs it anyway.
-	LINK_FAULT=${LINK_FAULT:-0}
+	# The fault is rxe1 removed under IO and added again (`rdma link delete`/`add`), not its
+	# link taken down: on Soft-RoCE a link that goes down while a connection on it moves data
+	# leaves the device unable to make any new connection until it is deleted and added
+	# again (6.1 and 6.12 alike; rdmacm-utils' ucmatose shows it with no project code
+	# involved, docs/INTEROP.md). RTRS_KVM_LINK_FAULT=0 on the host runs the rows without it.
+	LINK_FAULT=${LINK_FAULT:-1}
 	if ((LINK_FAULT == 0)); then
-		echo "SKIP dev.link-fault: Soft-RoCE cannot connect again on a device whose link went down under IO (docs/INTEROP.md); RTRS_KVM_LINK_FAULT=1 runs it" >>"$R"
+		echo "SKIP dev.link-fault: RTRS_KVM_LINK_FAULT=0" >>"$R"
 	fi
-	log "== devices: two paths, one on rxe0 (dummy0) and one on rxe1 (dummy1)$( ((LINK_FAULT)) && echo ', dummy1 down and up under IO')"
+	log "== devices: two paths, one on rxe0 (dummy0) and one on rxe1 (dummy1)$( ((LINK_FAULT)) && echo ', rxe1 removed and added again under IO')"
 	if start_target dev.loop --listen rdma://$IP1:1236 --listen rdma://$IP3:1236 --export vol=ram:256M; then
 		dev_bench dev.loop 1236 tgt_paths_up "$OUT/dev.loop.target.log" 1236 -- --device vol
 	else
@@ -676,6 +733,19 @@ if want devices; then
 		drop_target
 	fi
 	stop_target dev.loop.target-exit
+
+	# A path on rxe1 cut at each step of the session's bring-up: the target is stopped
+	# (SIGSTOP) when it logs the step for that path, so the bench's bring-up waits there;
+	# rxe1 is removed meanwhile (the removal finishes once both processes have let it go,
+	# the target once it runs again) and added back. The bench must end with both paths
+	# connected, 0 errors, 0 mismatches, and the rxe1 path reconnected.
+	if ((LINK_FAULT)); then
+		P4=${IP4//./\\.}
+		bringup_cut dev.bringup.cid0 1237 "connection request peer=$P4:[0-9]+ cid=0 "
+		bringup_cut dev.bringup.cid1 1238 "connection request peer=$P4:[0-9]+ cid=1 "
+		bringup_cut dev.bringup.info 1239 "INFO_REQ .*peer=Some\\($P4:"
+		bringup_cut dev.bringup.open 1240 "OPEN request"
+	fi
 
 	if "${MP[@]}" rnbd_server dev_search_path=/dev; then
 		SRV_SEEN=""
@@ -700,19 +770,25 @@ if want devices; then
 		FP=$!
 		fault="fio wrote nothing within 120 s"
 		if wait_for -p $FP 120 blk_written "$N" "$W" && ((LINK_FAULT == 0)); then
-			fault="fio running over both paths (no link fault: see dev.link-fault)"
+			fault="fio running over both paths (no device fault: RTRS_KVM_LINK_FAULT=0)"
 		elif ((LINK_FAULT)); then
 			if link_fault dev.from-kernel $FP 30 clt_rxe1_down dev2; then
-				fault="the rxe1 path went down with dummy1"
+				fault="the rxe1 path went down when rxe1 was removed; rxe1 added again"
 			else
-				fault="the rxe1 path stayed connected while dummy1 was down for 30 s"
+				fault="the rxe1 path stayed connected for 30 s after rxe1's removal began, or the removal did not finish"
 			fi
 		fi
 		wait $FP
 		rc=$?
-		# The kernel's client retries a failed path every 30 to 38 s (rnbd-client's
-		# RECONNECT_DELAY, rtrs-clt's jitter); a first try the target refuses leaves two
-		# more within the bound.
+		rxe1_back dev.from-kernel
+		# The kernel's client closes a path whose device was removed (rtrs-clt's
+		# DEVICE_REMOVAL handling) and leaves it closed: an operator reconnects it, as here,
+		# once the device is back. A path that failed otherwise is retried every 30 to 38 s
+		# (rnbd-client's RECONNECT_DELAY, rtrs-clt's jitter); a first try the target
+		# refuses leaves two more within the bound.
+		for p in /sys/class/rtrs-client/dev2/paths/*; do
+			path_is "$p" connected || echo 1 >"$p/reconnect" 2>/dev/null
+		done
 		wait_connected dev2 120 || rc=$((rc + 1))
 		hcas2=$(clt_hcas dev2)
 		[[ $hcas == "rxe0 rxe1" && $hcas2 == "rxe0 rxe1" ]] || rc=$((rc + 1))
@@ -738,7 +814,7 @@ if want devices; then
   {"method": "bdev_wait_for_examine"}]}]}
 EOF
 		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/dev-bdev.json" \
-			-q 16 -o 4096 -w verify -t 10 >"$OUT/dev.spdk-bdev.log" 2>&1 &
+			-q 16 -o 4096 -w verify -t $( ((LINK_FAULT)) && echo 25 || echo 10) >"$OUT/dev.spdk-bdev.log" 2>&1 &
 		BP=$!
 		SRV_SEEN=""
 		wait_for -p $BP 120 grep -q "Running I/O" "$OUT/dev.spdk-bdev.log" &&
@@ -748,11 +824,11 @@ EOF
 		case $up in
 		0)
 			if ((LINK_FAULT == 0)); then
-				fault="IO over a path on each device (no link fault: see dev.link-fault)"
+				fault="IO over a path on each device (no device fault: RTRS_KVM_LINK_FAULT=0)"
 			elif link_fault dev.spdk-bdev $BP 30 bench_rxe1_failed "$OUT/dev.spdk-bdev.log" "$(wc -l <"$OUT/dev.spdk-bdev.log")"; then
-				fault="the rxe1 path failed while dummy1 was down"
+				fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
 			else
-				fault="the rxe1 path did not fail while dummy1 was down"
+				fault="the rxe1 path did not fail when rxe1 was removed, or the removal did not finish"
 			fi
 			;;
 		1) fault="IO over a path on each device did not run within the wait" ;;
@@ -760,6 +836,7 @@ EOF
 		esac
 		wait $BP
 		rc=$?
+		rxe1_back dev.spdk-bdev
 		bdevperf_ok "$OUT/dev.spdk-bdev.log" "$TMPD/dev-bdevperf.txt"
 		ok=$?
 		((up == 0)) || ok=1
