@@ -316,7 +316,10 @@ if want verbs; then
 		if [[ $verdict == ok ]]; then
 			pass "verbs.$t"
 		else
-			sed -n "/^---- $t stdout ----/,/^$/p" "$OUT/verbs.log" >"$OUT/verbs.$t.log"
+			# The test's output runs from its header to the next one (its panic message
+			# follows a blank line).
+			awk -v h="---- $t stdout ----" '$0 == h { on = 1 } on && $0 != h && /^(---- |failures:$)/ { exit } on' \
+				"$OUT/verbs.log" >"$OUT/verbs.$t.log"
 			fail "verbs.$t" "see verbs.$t.log"
 		fi
 	done < <(grep -E '^test .* \.\.\. (ok|FAILED)$' "$OUT/verbs.log")
