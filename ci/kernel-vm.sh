@@ -19,7 +19,7 @@
 #   --release   test release binaries (built here); default: the debug binaries that
 #               `cargo test` builds (built here when missing)
 #   --only      comma-separated groups: verbs,loop,to-kernel,from-kernel,multipath,spdk,
-#               devices
+#               limits,devices
 #   --keep      keep the guest's output directory (always kept on failure)
 #
 # Environment: RTRS_KVM_WORK (work directory; default target/kernel-vm), RTRS_KVM_MEM
@@ -186,7 +186,7 @@ BIN=$REPO/target/$PROFILE
 
 SPDK=""
 PLUGIN=""
-if [[ ",$ONLY," =~ ,(all|spdk|devices), ]]; then
+if [[ ",$ONLY," =~ ,(all|spdk|limits|devices), ]]; then
 	. ci/spdk/lib.sh
 	SPDK_DIR=$(spdk_find)
 	if [[ -n "$SPDK_DIR" ]] && spdk_setup_paths >/dev/null 2>&1; then
@@ -216,7 +216,8 @@ if [[ -n $PLUGIN ]]; then
 	PLUGIN=$RUN/$(basename "$PLUGIN")
 fi
 
-OUT=$W/out
+# One output directory per series, so that one kernel's run leaves the other's logs.
+OUT=$W/out-$SERIES
 rm -rf "$OUT"
 mkdir -p "$OUT"
 cat >"$W/guest.env" <<EOF

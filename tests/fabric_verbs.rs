@@ -454,6 +454,43 @@ fn hw_disconnect_flushes_posted_receives() {
     assert_eq!(err.index, 0);
 }
 
+/// The series (major, minor) of a kernel release string such as `6.12.117+deb12-amd64`.
+fn kernel_series(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Soft-RoCE's deviations from what hardware must do in kernel series `series`, each
+/// with the series it was seen in (docs/INTEROP.md, "Soft-RoCE is not hardware"). A
+/// series between two that were tried gets only what both show: a deviation it lacks
+/// fails its scenario rather than pass unchecked.
+fn rxe_quirks(series: (u32, u32)) -> conformance::Quirks {
+    conformance::Quirks {
+        // 6.1 and 6.12: an unknown lkey is LOC_QP_OP_ERR, a short receive LOC_QP_OP_ERR
+        // (not LOC_LEN_ERR), no IBV_WC_WITH_INV, a refused SEND_WITH_INV succeeds at the
+        // sender.
+        unknown_lkey_as_qp_operation: true,
+        short_receive_as_qp_operation: true,
+        no_invalidated_rkey: true,
+        refused_inv_succeeds_at_sender: true,
+        // 6.12, not 6.1: the requester puts the queue pair in the error state before
+        // the failing request is completed, so the flush reports it as WR_FLUSH_ERR.
+        local_error_as_flush: series >= (6, 12),
+    }
+}
+
+#[test]
+fn rxe_quirks_follow_the_kernel_series() {
+    assert_eq!(kernel_series("6.12.117+deb12-amd64\n"), Some((6, 12)));
+    assert_eq!(kernel_series("6.1.0-56-amd64"), Some((6, 1)));
+    assert_eq!(kernel_series("6"), None);
+    assert!(!rxe_quirks((6, 1)).local_error_as_flush);
+    assert!(rxe_quirks((6, 12)).local_error_as_flush);
+    assert!(rxe_quirks((6, 1)).unknown_lkey_as_qp_operation);
+}
+
 /// The shared conformance suite over `RTRS_TEST_DEVICE`: one fabric serves as both hosts
 /// and the pair connects through the NIC to `RTRS_TEST_ADDR`.
 mod conformance_verbs {
@@ -491,13 +528,15 @@ mod conformance_verbs {
             SocketAddr::new(self.ip, 0)
         }
         fn quirks(&self) -> crate::conformance::Quirks {
-            let rxe = self.fabric.vendor_id() == VerbsFabric::RXE_VENDOR_ID;
-            crate::conformance::Quirks {
-                unknown_lkey_as_qp_operation: rxe,
-                short_receive_as_qp_operation: rxe,
-                no_invalidated_rkey: rxe,
-                refused_inv_succeeds_at_sender: rxe,
+            if self.fabric.vendor_id() != VerbsFabric::RXE_VENDOR_ID {
+                return crate::conformance::Quirks::default();
             }
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_else(|e| panic!("Soft-RoCE's quirks depend on the kernel: reading /proc/sys/kernel/osrelease: {e}"));
+            let series = super::kernel_series(&release).unwrap_or_else(|| {
+                panic!("Soft-RoCE's quirks depend on the kernel: no MAJOR.MINOR in release {release:?}")
+            });
+            super::rxe_quirks(series)
         }
     }
 

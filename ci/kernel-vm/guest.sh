@@ -318,7 +318,10 @@ if want verbs; then
 		if [[ $verdict == ok ]]; then
 			pass "verbs.$t"
 		else
-			sed -n "/^---- $t stdout ----/,/^$/p" "$OUT/verbs.log" >"$OUT/verbs.$t.log"
+			# The test's output runs from its header to the next one (its panic message
+			# follows a blank line).
+			awk -v h="---- $t stdout ----" '$0 == h { on = 1 } on && $0 != h && /^(---- |failures:$)/ { exit } on' \
+				"$OUT/verbs.log" >"$OUT/verbs.$t.log"
 			fail "verbs.$t" "see verbs.$t.log"
 		fi
 	done < <(grep -E '^test .* \.\.\. (ok|FAILED)$' "$OUT/verbs.log")
@@ -501,6 +504,105 @@ if want multipath; then
 	clean multipath "$OUT"/mp.*.log
 fi
 
+# ---- limits: what differs between kernel series ---------------------------------------------
+# Op 5 (a WRITE_ZEROES from Linux 6.8; unused and ignored before), the queue limits the
+# kernel's client checks at map time (6.9 and later refuse limits they find inconsistent
+# where earlier series clamped them), flush and FUA reaching the backing device, and
+# requests larger than one RTRS chunk, each way, against every kind of export.
+kernel_at_least() { printf '%s\n%s\n' "$1" "$(uname -r | cut -d- -f1)" | sort -V -C; } # SERIES
+queue_limits() { # /dev/rnbdN: the limits the kernel's client set at map, on one line
+	local n=${1#/dev/} a out=""
+	for a in logical_block_size physical_block_size max_hw_sectors_kb max_segments \
+		discard_max_bytes write_zeroes_max_bytes write_cache fua; do
+		out="$out $a=$(cat "/sys/block/$n/queue/$a" 2>/dev/null | tr ' ' _)"
+	done
+	echo "${out# } ro=$(cat "/sys/block/$n/ro")"
+}
+qlimit() { cat "/sys/block/${1#/dev/}/queue/$2" 2>/dev/null; } # /dev/rnbdN ATTR
+blk_flushes() { awk '{print $16}' "/sys/block/$1/stat"; } # NAME: flushes it completed
+map_ro() { # SESSNAME DEVICE DST: maps DEVICE read-only; echoes the device
+	local before
+	before=$(ls /sys/block | grep '^rnbd' | sort)
+	echo "sessname=$1 path=ip:$3 device_path=$2 access_mode=ro" >$RNBD_CTL || return 1
+	wait_for 20 rnbd_new "$before" >/dev/null && rnbd_new "$before"
+}
+# Write-zeroes as the kernel's client sends it for `blkdiscard -z` (op 5 from a 6.8+
+# client, zero-filled writes from an older one): 4 MiB of random data read back first, the
+# middle 2 MiB zeroed, then the zeroed range reads as zeros and the rest as the data.
+zeroes_check() { # DEV NAME
+	local dev=$1 l=$OUT/$2.log
+	dd if=/dev/urandom of="$TMPD/zpat" bs=1M count=4 status=none
+	dd if="$TMPD/zpat" of="$dev" bs=1M oflag=direct status=none 2>>"$l" &&
+		dd if="$dev" of="$TMPD/zback" bs=1M count=4 iflag=direct status=none 2>>"$l" &&
+		cmp "$TMPD/zpat" "$TMPD/zback" >>"$l" 2>&1 &&
+		blkdiscard -z -o $((1 << 20)) -l $((2 << 20)) "$dev" >>"$l" 2>&1 &&
+		dd if="$dev" of="$TMPD/zback" bs=1M count=4 iflag=direct status=none 2>>"$l" &&
+		cmp -n $((1 << 20)) "$TMPD/zpat" "$TMPD/zback" >>"$l" 2>&1 &&
+		cmp -n $((2 << 20)) -i $((1 << 20)) /dev/zero "$TMPD/zback" >>"$l" 2>&1 &&
+		cmp -i $((3 << 20)) "$TMPD/zpat" "$TMPD/zback" >>"$l" 2>&1
+}
+# 4 MiB in 1 MiB direct writes and 4 KiB at an odd offset read back (exports of 8 MiB and up).
+rw_check() { # DEV NAME
+	local dev=$1 l=$OUT/$2.log
+	dd if=/dev/urandom of="$TMPD/rwpat" bs=1M count=4 status=none
+	dd if="$TMPD/rwpat" of="$dev" bs=1M oflag=direct status=none 2>>"$l" &&
+		dd if="$TMPD/rwpat" of="$dev" bs=4k seek=1234 count=3 oflag=direct status=none 2>>"$l" &&
+		dd if="$dev" of="$TMPD/rwback" bs=1M count=4 iflag=direct status=none 2>>"$l" &&
+		cmp "$TMPD/rwpat" "$TMPD/rwback" >>"$l" 2>&1 &&
+		dd if="$dev" of="$TMPD/rwback" bs=4k skip=1234 count=3 iflag=direct status=none 2>>"$l" &&
+		cmp -n 12288 "$TMPD/rwpat" "$TMPD/rwback" >>"$l" 2>&1
+}
+# A mapped read-only export: its first MiB reads as WANT (a file; - reads anything), a
+# write is refused.
+ro_check() { # DEV NAME WANT
+	local l=$OUT/$2.log
+	dd if="$1" of="$TMPD/roback" bs=1M count=1 iflag=direct status=none 2>>"$l" &&
+		{ [[ $3 == - ]] || cmp "$3" "$TMPD/roback" >>"$l" 2>&1; } &&
+		! dd if=/dev/zero of="$1" bs=4k count=1 oflag=direct status=none 2>>"$l"
+}
+# The export, mapped by the kernel's client (SESSNAME, EXPORT; RO=1 read-only): the map
+# holds, rw_check passes (a read-only export reads as WANT and refuses writes), CHECK (a
+# function of the device, or :) holds; the row names the limits the client set.
+map_row() { # NAME SESSNAME EXPORT RO WANT CHECK...
+	local name=$1 sess=$2 exp=$3 ro=$4 want=$5 dev rc lim
+	shift 5
+	if [[ $ro == 1 ]]; then dev=$(map_ro "$sess" "$exp" $IP1); else dev=$(map "$sess" "$exp" $IP1); fi
+	if [[ -z $dev ]]; then
+		fail "$name" "map_device of $exp failed: $(dmesg | grep -E 'rnbd|rtrs' | tail -n 1)"
+		return
+	fi
+	lim=$(queue_limits "$dev")
+	if [[ $ro == 1 ]]; then
+		ro_check "$dev" "$name" "$want"
+	else
+		rw_check "$dev" "$name"
+	fi
+	rc=$?
+	"$@" "$dev" || rc=$((rc + 1))
+	unmap "$dev" || rc=$((rc + 1))
+	check "$name" $rc "$exp mapped ($lim), $([[ $ro == 1 ]] && echo 'read back, a write refused' || echo 'written and read back'), unmapped"
+}
+no_discard() { [[ $(qlimit "$1" discard_max_bytes) == 0 ]]; } # /dev/rnbdN
+is_4k() { [[ $(qlimit "$1" logical_block_size) == 4096 ]]; }
+LIMITS_FLUSH=""
+flush_fua_check() { # /dev/rnbdN: flushes and FUA writes reach $LIMITS_LOOP (its flush count);
+	# LIMITS_FLUSH says what was seen
+	local dev=$1 f0 f1 f2 l=$OUT/limits.flush-fua.log
+	[[ $(qlimit "$dev" write_cache) == "write back" && $(qlimit "$dev" fua) == 1 ]] || {
+		LIMITS_FLUSH="the client set write_cache '$(qlimit "$dev" write_cache)', fua '$(qlimit "$dev" fua)'"
+		return 1
+	}
+	f0=$(blk_flushes "$LIMITS_LOOP")
+	# conv=fsync: the client's flush (a PREFLUSH request) becomes the target's fdatasync.
+	dd if=/dev/urandom of="$dev" bs=4k count=8 oflag=direct conv=fsync status=none 2>>"$l" || return 1
+	f1=$(blk_flushes "$LIMITS_LOOP")
+	# oflag=dsync on O_DIRECT: each write carries FUA, the target's RWF_DSYNC write.
+	dd if=/dev/urandom of="$dev" bs=4k count=8 oflag=direct,dsync status=none 2>>"$l" || return 1
+	f2=$(blk_flushes "$LIMITS_LOOP")
+	LIMITS_FLUSH="backing $LIMITS_LOOP flushes: $f0, after a flush $f1, after 8 FUA writes $f2"
+	((f1 > f0 && f2 - f1 >= 8))
+}
+
 # Sets SPDK_WHY: why SPDK cannot run in the guest (empty when it can); the first call sets
 # SPDK up. Not in $(...): what it sets must stay.
 SPDK_WHY=unset
@@ -570,18 +672,102 @@ EOF
 		# Disconnected, then connected again (the first connect and at least one more).
 		[[ -n $CUT && $errs -ge 1 && $conns -ge 2 ]] || ok=1
 		check spdk.bdev-to-kernel $((rc + ok)) "bdevperf verify on an rtrs bdev over rdma to the kernel's rnbd-server, its path disconnected by the server once (exit status $rc; path ${CUT:-not disconnected}; path errors $errs, connects $conns): $(grep -E '^ *Total' "$TMPD/bdevperf.txt" | tail -n 1 | tr -s ' ')"
+		# The bdev's write_zeroes "native" over 4 MiB of data read back first: op 5 on a
+		# 6.8+ server (the session's writes carry no data), zero-filled writes by SPDK's
+		# bdev layer on an older one, whose OPEN_RSP announces no op-5 limit (the bdev
+		# then has no write-zeroes); zeros either way.
+		L=$OUT/spdk.zero-native.log
+		dd if=/dev/urandom of="$TMPD/zpat" bs=1M count=4 status=none
+		dd if="$TMPD/zpat" of="$LOOPDEV" bs=1M oflag=direct status=none 2>>"$L" &&
+			dd if="$LOOPDEV" of="$TMPD/zback" bs=1M count=4 iflag=direct status=none 2>>"$L" &&
+			cmp "$TMPD/zpat" "$TMPD/zback" >>"$L" 2>&1
+		rc=$?
+		cat >"$TMPD/zbdev.json" <<EOJ
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_rtrs_create", "params": {"name": "rtrs0", "sessname": "spdkz",
+   "paths": [{"transport": "rdma", "dst_addr": "$IP1", "port": 1234}],
+   "device": "$LOOPNAME", "access_mode": "rw", "write_zeroes": "native"}},
+  {"method": "bdev_wait_for_examine"}]}]}
+EOJ
+		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/zbdev.json" \
+			-q 1 -o 65536 -w write_zeroes -t 2 >>"$L" 2>&1 &
+		BP=$!
+		# The server's write requests and bytes, last seen while the session was up.
+		zst="0 0"
+		while kill -0 $BP 2>/dev/null; do
+			for p in $(srv_paths spdkz); do
+				read -r _ _ wc wb 2>/dev/null <"$p/stats/rdma" && ((wc > 0)) && zst="$wc $wb"
+			done
+			sleep 0.2
+		done
+		wait $BP
+		rc=$((rc + $?))
+		read -r zwc zwb <<<"$zst"
+		dd if="$LOOPDEV" of="$TMPD/zback" bs=1M count=1 iflag=direct status=none 2>>"$L" &&
+			cmp -n $((1 << 20)) /dev/zero "$TMPD/zback" >>"$L" 2>&1
+		rc=$((rc + $?))
+		# A write request's bytes are its message plus its data (docs/PROTOCOL.md §8).
+		if kernel_at_least 6.8; then
+			how="op 5"
+			((zwc > 0 && zwb / zwc < 4096)) || rc=$((rc + 1))
+		else
+			how="zero-filled writes"
+			((zwc > 0 && zwb / zwc >= 65536)) || rc=$((rc + 1))
+		fi
+		check spdk.zero-native $rc "bdev write_zeroes native over data: zeros read back, sent as $how (the server saw $zwc writes, $zwb bytes)"
+		# Requests larger than a chunk: the bdev layer splits them at the session's
+		# largest IO.
+		for bs in 128 512; do
+			sed -e "s/\"spdkz\"/\"spdk$bs\"/" -e 's/, "write_zeroes": "native"//' "$TMPD/zbdev.json" >"$TMPD/lbdev.json"
+			timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/lbdev.json" \
+				-q 4 -o $((bs << 10)) -w verify -t 2 >"$OUT/spdk.bdev-${bs}k.log" 2>&1
+			rc=$?
+			bdevperf_ok "$OUT/spdk.bdev-${bs}k.log" "$TMPD/lbp.txt"
+			check spdk.bdev-${bs}k $((rc + $?)) "bdevperf verify, ${bs} KiB requests, on an rtrs bdev to the kernel's rnbd-server: $(grep -E '^ *Total' "$TMPD/lbp.txt" | tail -n 1 | tr -s ' ')"
+		done
 		rmmod_server "$OUT/spdk.bdev-to-kernel.sysfs.log"
 		"${MP[@]}" rnbd_client
 		if app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" &&
 			rpc tgt bdev_malloc_create -b malloc0 64 512 >/dev/null &&
 			rpc tgt rtrs_target_listen -t rdma -a $IP1 -s 1234 &&
 			rpc tgt rtrs_target_export malloc0 -e vol -a rw &&
-			DEV=$(map spdk2 vol $IP1); then
-			dd_check "$DEV" spdk.target-from-kernel &&
-				fio_verify spdk.target-from-kernel.fio "$DEV" 4k randwrite 16 16M
+			VOLDEV=$(map spdk2 vol $IP1); then
+			dd_check "$VOLDEV" spdk.target-from-kernel &&
+				fio_verify spdk.target-from-kernel.fio "$VOLDEV" 4k randwrite 16 16M
 			rc=$?
-			unmap "$DEV"
-			check spdk.target-from-kernel $((rc + $?)) "map, dd, fio 4k verify, unmap against the plugin's target in spdk_tgt"
+			lim=$(queue_limits "$VOLDEV")
+			# Every kind of bdev maps with the limits the client checks: 4 KiB blocks (an
+			# AIO bdev over a file: the guest's SPDK has no memory left for a second
+			# malloc bdev beside one session's chunk pool), no unmap (null), read-only
+			# (null too). In the session of vol, whose mapping stays.
+			RL=$OUT/spdk.rpc.log
+			truncate -s 16M "$TMPD/a4k.img"
+			if rpc tgt bdev_aio_create "$TMPD/a4k.img" m4k 4096 >>"$RL" 2>&1 &&
+				rpc tgt bdev_null_create nul 64 4096 >>"$RL" 2>&1 &&
+				rpc tgt bdev_null_create nro 64 512 >>"$RL" 2>&1 &&
+				rpc tgt rtrs_target_export m4k -e s4k -a rw >>"$RL" 2>&1 &&
+				rpc tgt rtrs_target_export nul -e snul -a rw >>"$RL" 2>&1 &&
+				rpc tgt rtrs_target_export nro -e sro -a ro >>"$RL" 2>&1; then
+				map_row spdk.map-4k spdk2 s4k 0 - is_4k
+				# A null bdev keeps nothing: written and read, not compared.
+				if DEV=$(map spdk2 snul $IP1); then
+					lim2=$(queue_limits "$DEV")
+					L=$OUT/spdk.map-nodiscard.log
+					dd if=/dev/urandom of="$DEV" bs=64k count=16 oflag=direct status=none 2>>"$L" &&
+						dd if="$DEV" of=/dev/null bs=64k count=16 iflag=direct status=none 2>>"$L" &&
+						no_discard "$DEV"
+					rc2=$?
+					unmap "$DEV"
+					check spdk.map-nodiscard $((rc2 + $?)) "snul (null bdev, no unmap) mapped ($lim2), written and read, unmapped"
+				else
+					fail spdk.map-nodiscard "map_device of snul failed"
+				fi
+				map_row spdk.map-ro spdk2 sro 1 - :
+			else
+				fail spdk.map-4k "its bdevs or exports: $(grep -m1 '"message"' "$RL" | tr -s ' ' | cut -c1-240)"
+			fi
+			unmap "$VOLDEV"
+			check spdk.target-from-kernel $((rc + $?)) "map ($lim), dd, fio 4k verify, unmap against the plugin's target in spdk_tgt"
 		else
 			fail spdk.target-from-kernel "spdk_tgt, its RPCs or map_device failed"
 		fi
@@ -590,6 +776,75 @@ EOF
 		rmmod rnbd_client rtrs_client 2>/dev/null
 		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log
 	fi
+fi
+
+if want limits; then
+	log "== limits: op 5, the client's queue limits, flush and FUA, large IO ($(uname -r))"
+	# rtrs-bench -> the kernel's server: op 5 by the server's series, the largest request
+	# one chunk carries (124 KiB with the kernel's default 128 KiB chunks).
+	if "${MP[@]}" rnbd_server dev_search_path=/dev; then
+		D=(--path rdma://$IP1 --device "$LOOPNAME")
+		if kernel_at_least 6.8; then
+			bench_row limits.zero-native "${D[@]}" --size 8M --rw zero --write-zeroes native --bs 64K --qd 4 \
+				--time 2s --warmup-write --verify
+		else
+			# A 5.18 - 6.7 server announces no op-5 limit and would run op 5 as a READ:
+			# asked for native write-zeroes, the client refuses before any IO.
+			bench limits.zero-native "${D[@]}" --size 8M --rw zero --write-zeroes native --bs 64K --qd 4 \
+				--time 2s --warmup-write --verify
+			rc=$?
+			grep -q "takes write-zeroes of at most 0 bytes" "$OUT/limits.zero-native.log"
+			check limits.zero-native $(((rc == 0) + $?)) "refused (exit $rc), no op 5 sent: $(grep -m1 -o "device.*write-zeroes of at most [0-9]* bytes" "$OUT/limits.zero-native.log")"
+		fi
+		bench_row limits.to-kernel-124k "${D[@]}" --size $((64 * 124))K --rw randrw --bs 124K --qd 4 \
+			--time 2s --verify
+		rmmod_server "$OUT/limits.rmmod.log"
+	else
+		fail limits.zero-native "rnbd_server did not load"
+	fi
+	# The kernel's client -> rtrs-target: every kind of export maps with the limits the
+	# client checks; write-zeroes, discard, flush, FUA and large requests.
+	"${MP[@]}" rnbd_client || fail limits "rnbd_client did not load"
+	truncate -s 64M "$TMPD/file.img" "$TMPD/blk.img"
+	dd if=/dev/urandom of="$TMPD/ro.img" bs=1M count=1 status=none
+	truncate -s 64M "$TMPD/ro.img"
+	head -c $((1 << 20)) "$TMPD/ro.img" >"$TMPD/ro.head"
+	LIMITS_DEV=$(losetup -f --show "$TMPD/blk.img")
+	LIMITS_LOOP=${LIMITS_DEV#/dev/}
+	if start_target limits --listen rdma://$IP1 --export vol=ram:256M --export file=file:$TMPD/file.img \
+		--export blk=file:$LIMITS_DEV --export ro=file:$TMPD/ro.img:ro; then
+		map_row limits.map-ram l1 vol 0 - :
+		map_row limits.map-file l2 file 0 - :
+		map_row limits.map-ro l3 ro 1 "$TMPD/ro.head" :
+		map_row limits.map-blk l4 blk 0 - :
+		if DEV=$(map l6 blk $IP1); then
+			flush_fua_check "$DEV"
+			rc=$?
+			unmap "$DEV"
+			check limits.flush-fua $((rc + $?)) "$LIMITS_FLUSH"
+		else
+			fail limits.flush-fua "map_device of blk failed"
+		fi
+		if DEV=$(map l5 vol $IP1); then
+			zeroes_check "$DEV" limits.write-zeroes
+			check limits.write-zeroes $? "blkdiscard -z over data read back first: zeros there, the data around (write_zeroes_max_bytes $(qlimit "$DEV" write_zeroes_max_bytes))"
+			blkdiscard -o $((8 << 20)) -l $((4 << 20)) "$DEV" >"$OUT/limits.discard.log" 2>&1 &&
+				dd_check "$DEV" limits.discard
+			check limits.discard $? "blkdiscard of 4 MiB, then IO (discard_max_bytes $(qlimit "$DEV" discard_max_bytes))"
+			fio_row limits.fio-128k "$DEV" 128k write 4 8M
+			fio_row limits.fio-512k "$DEV" 512k write 4 16M
+			unmap "$DEV"
+		else
+			fail limits.write-zeroes "map_device failed"
+		fi
+	else
+		fail limits.map-ram "rtrs-target did not start: $(tail -n 2 "$OUT/limits.target.log" | tr '\n' ' ')"
+		drop_target
+	fi
+	stop_target limits.target-exit
+	losetup -d "$LIMITS_DEV"
+	rmmod rnbd_client rtrs_client 2>/dev/null
+	clean limits "$OUT"/limits.*.log
 fi
 
 # ---- devices: every path on its own Soft-RoCE device, one device removed and added again ----

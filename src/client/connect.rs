@@ -148,6 +148,8 @@ impl Ctl {
             CmEvent::Established { private_data } => private_data,
             CmEvent::Rejected { private_data } => {
                 let errno = ConnRsp::refusal(private_data.as_bytes());
+                let permanent = reject_kind(errno) == RejectKind::Permanent;
+                pc.shared.target_refused.store(permanent, Ordering::Release);
                 self.connect_failed(
                     pc,
                     now,
@@ -156,12 +158,13 @@ impl Ctl {
                         reject_reason(errno)
                     ),
                 );
-                if reject_kind(errno) == RejectKind::Permanent {
+                if permanent {
                     pc.refused = Some(errno);
                 }
                 return true;
             }
             CmEvent::Error { reason } => {
+                pc.shared.target_refused.store(false, Ordering::Release);
                 self.connect_failed(pc, now, &format!("cid {cid}: {reason}"));
                 return true;
             }
@@ -488,6 +491,7 @@ impl Ctl {
         }
         pc.failed_in_row = 0;
         *lock(&pc.shared.last_error) = None;
+        pc.shared.target_refused.store(false, Ordering::Release);
         let hca = con0.conn().hca();
         let on = hca
             .as_ref()

@@ -70,6 +70,10 @@ pub struct PathShared {
     /// Why the latest connection attempt failed or the connection was lost (`None` once
     /// connected).
     pub last_error: Mutex<Option<String>>,
+    /// The target refused the latest attempt for good (an errno trying again cannot
+    /// change): set before `last_error` says so, so that a reader of both never takes
+    /// the refusal for an unreachable target.
+    pub target_refused: AtomicBool,
     /// The RDMA device and port of the path's latest connection (the kernel's
     /// `hca_name`, `hca_port`); `None` before it or on the software fabrics.
     pub hca: Mutex<Option<Hca>>,
@@ -90,6 +94,7 @@ impl PathShared {
             core_stats: (0..cores).map(|_| CoreStats::default()).collect(),
             stats_base: Mutex::new(None),
             last_error: Mutex::new(None),
+            target_refused: AtomicBool::new(false),
             hca: Mutex::new(None),
         }
     }

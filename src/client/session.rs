@@ -167,6 +167,15 @@ impl Session {
         lock(&self.sess.refusal).clone()
     }
 
+    /// Whether the target refused some path's latest attempt for good: the session's
+    /// [`Session::refusal`] follows once every path is refused.
+    pub fn refused_by_target(&self) -> bool {
+        self.sess
+            .path_list()
+            .iter()
+            .any(|p| p.target_refused.load(Ordering::Acquire))
+    }
+
     /// Every path that is not connected, with why its latest connection attempt failed
     /// or its connection was lost (paths still on their first attempt are left out).
     pub fn path_errors(&self) -> Vec<(PathAddr, String)> {

@@ -283,6 +283,9 @@ fn flush_and_fua(f: Flavour) {
     let w = BlockIo::write(1, 4096, io_buf(&mem, 0, 4096)).with_flags(BlockFlags::FUA);
     assert_eq!(run_one(b, w), Ok(()));
     assert_eq!(run_one(b, BlockIo::flush(2)), Ok(()));
+    // A flush as the kernel's client sends it (op_is_flush sets RNBD_F_FUA).
+    let f = BlockIo::flush(9).with_flags(BlockFlags::FUA);
+    assert_eq!(run_one(b, f), Ok(()));
     let w = BlockIo::write(3, 65536, io_buf(&mem, 4096, 4096))
         .with_flags(BlockFlags::PREFLUSH | BlockFlags::FUA);
     assert_eq!(run_one(b, w), Ok(()));

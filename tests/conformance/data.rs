@@ -406,14 +406,16 @@ pub fn unsignaled_slots_held_until_a_completion(b: &dyn Backend) {
 
 /// `writer` writes `len` bytes of `seed`'s pattern into a new region of `reader` with
 /// RDMA_WRITE_WITH_IMM `imm` (send wr_id 2), into a receive posted there (wr_id 1);
-/// returns the region and the bytes.
+/// returns the written region, the bytes, and the writer's source region, which the
+/// caller keeps registered until the write completes: a device may read it at any time
+/// until then (rxe on Linux 6.12 reads it from a work queue, after the post returned).
 fn post_write_with_imm(
     writer: &mut Side,
     reader: &mut Side,
     len: usize,
     seed: u8,
     imm: u32,
-) -> (Mr, Vec<u8>) {
+) -> (Mr, Vec<u8>, Mr) {
     let dst = reader.reg(len, RW);
     let src = writer.reg(len, Access::NONE);
     let data = pattern(seed, len);
@@ -429,7 +431,7 @@ fn post_write_with_imm(
         imm,
     };
     writer.post_send(&[wr(2, op, &sges)]);
-    (dst, data)
+    (dst, data, src)
 }
 
 /// The reader's completion `wc` of [`post_write_with_imm`]: `data` with `imm` in `dst`.
@@ -446,7 +448,7 @@ fn expect_write_with_imm(wc: &Wc, dst: &Mr, data: &[u8], imm: u32, what: &str) {
 /// The acceptor writes into the connector's memory (RTRS's read path), with an imm.
 pub fn server_writes_into_client(b: &dyn Backend) {
     let mut p = connect(b);
-    let (dst, data) = post_write_with_imm(&mut p.server, &mut p.client, 65536, 15, 3);
+    let (dst, data, _src) = post_write_with_imm(&mut p.server, &mut p.client, 65536, 15, 3);
     let wc = wait_wr(&mut p.client, &mut p.server, 1);
     expect_write_with_imm(&wc, &dst, &data, 3, "server's write-with-imm");
     let wc = wait_wr(&mut p.server, &mut p.client, 2);
@@ -463,20 +465,33 @@ pub fn server_writes_into_client(b: &dyn Backend) {
 /// deliver it here).
 pub fn push_transmits_without_another_poll(b: &dyn Backend) {
     let mut p = connect(b);
-    let (dst, data) = post_write_with_imm(&mut p.client, &mut p.server, 4096, 21, 21);
+    let (dst, data, _src) = post_write_with_imm(&mut p.client, &mut p.server, 4096, 21, 21);
     p.client.conn.push();
     let start = std::time::Instant::now();
     while !p.server.pending_wcs().iter().any(|w| w.wr_id == 1) {
-        assert!(
-            start.elapsed() < super::DEADLINE,
-            "the pushed write never reached the peer polling alone"
-        );
+        if start.elapsed() >= super::DEADLINE {
+            // The writer's completions tell a write that was never sent from one that
+            // failed.
+            p.client.pump();
+            panic!(
+                "the pushed write never reached the peer polling alone; the writer's \
+                 completions, polled afterwards: {:?}",
+                p.client.pending_wcs()
+            );
+        }
         if !p.server.pump() {
             std::thread::yield_now();
         }
     }
     let wc = wait_wr(&mut p.server, &mut p.client, 1);
     expect_write_with_imm(&wc, &dst, &data, 21, "pushed write-with-imm");
+    let wc = wait_wr(&mut p.client, &mut p.server, 2);
+    expect(
+        &wc,
+        WcStatus::Success,
+        WcOpcode::RdmaWrite,
+        "pushed write's completion",
+    );
 }
 
 pub fn receive_not_ready_waits(b: &dyn Backend) {

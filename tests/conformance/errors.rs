@@ -127,8 +127,10 @@ pub fn write_without_remote_write_right_is_remote_access(b: &dyn Backend) {
 }
 
 /// A write whose local SGE is `bad(src)` completes with `status` (LocalProtection, but
-/// see [`super::Quirks`]) and writes nothing.
+/// see [`super::Quirks`]; a device that flushes a local error reports `WrFlush`) and
+/// writes nothing.
 fn local_violation(b: &dyn Backend, status: WcStatus, bad: impl Fn(&Mr) -> Sge) {
+    let status = b.quirks().local_error(status);
     let mut p = connect(b);
     let dst = p.server.reg(4096, RW);
     let src = p.client.reg(4096, Access::NONE);

@@ -314,7 +314,7 @@ pub fn bind_outside_region_fails(b: &dyn Backend) {
         let wc = wait_wr(&mut p.server, &mut p.client, 40);
         expect(
             &wc,
-            WcStatus::LocalQpOperation,
+            b.quirks().local_error(WcStatus::LocalQpOperation),
             WcOpcode::RegMr,
             "REG_MR past the region's end",
         );
@@ -342,7 +342,7 @@ pub fn rebinding_a_bound_slot_fails(b: &dyn Backend) {
     let wc = wait_wr(&mut p.server, &mut p.client, 50);
     expect(
         &wc,
-        WcStatus::LocalQpOperation,
+        b.quirks().local_error(WcStatus::LocalQpOperation),
         WcOpcode::RegMr,
         "REG_MR of a slot that is still bound",
     );

@@ -46,8 +46,12 @@ pub fn device(
             .all(|(_, s)| matches!(s, PathState::Closed | PathState::Dead));
         // Every path failed its first attempts (paths retry meanwhile, but nothing says
         // the target is there): an unreachable target is reported at once.
-        let unreachable =
-            !seen_up && session.paths_up() == 0 && session.path_errors().len() == paths.len();
+        // A target that refused for good is there: its refusal is reported above, at
+        // the control loop's next pass.
+        let unreachable = !seen_up
+            && session.paths_up() == 0
+            && session.path_errors().len() == paths.len()
+            && !session.refused_by_target();
         if closed || unreachable {
             // A path refused for good (authentication failed) says why.
             let failures: Vec<String> = paths

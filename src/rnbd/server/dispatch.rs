@@ -420,7 +420,9 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
     if datalen != 0 && datalen != io.bi_size as usize && !write_same {
         return Err(Errno::EINVAL);
     }
-    let offset = io.sector.checked_mul(SECTOR_SIZE).ok_or(Errno::EIO)?;
+    // Only ops with a range have a position: the kernel's client sends a flush with the
+    // block layer's flush request's sector, −1 (`rnbd_client_xfer_request`).
+    let offset = || io.sector.checked_mul(SECTOR_SIZE).ok_or(Errno::EIO);
     let mut flags = BlockFlags::NONE;
     if io.flags.contains(RnbdFlags::FUA) {
         flags = flags | BlockFlags::FUA;
@@ -442,7 +444,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
             return Err(Errno::EINVAL);
         }
         return Ok(Some(
-            BlockIo::write_same(req.tag, offset, io.bi_size, req.data).with_flags(flags),
+            BlockIo::write_same(req.tag, offset()?, io.bi_size, req.data).with_flags(flags),
         ));
     }
     let op = match io.op {
@@ -477,7 +479,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
             BlockIo {
                 tag: req.tag,
                 op,
-                offset,
+                offset: offset()?,
                 len: io.bi_size,
                 buf: Some(req.data),
                 flags: BlockFlags::NONE,
@@ -486,7 +488,7 @@ fn to_block_io(req: Request<'_>, io: &Io, mode: AccessMode) -> Result<Option<Blo
         ));
     }
     Ok(Some(
-        BlockIo::range(req.tag, op, offset, io.bi_size).with_flags(flags),
+        BlockIo::range(req.tag, op, offset()?, io.bi_size).with_flags(flags),
     ))
 }
 
@@ -545,6 +547,25 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(f.op, BlockOp::Flush);
+        // The kernel's client: its flush request's sector is -1, its PREFLUSH reads as
+        // FUA (`rq_to_rnbd_flags`); the write behind an empty PREFLUSH write likewise.
+        for (op, dir) in [(RnbdOp::Flush, Dir::Read), (RnbdOp::Write, Dir::Write)] {
+            let kernel = Io {
+                sector: u64::MAX,
+                ..io(op, RnbdFlags::FUA | RnbdFlags::SYNC, 0)
+            };
+            let f = to_block_io(req(dir, none), &kernel, rw).unwrap().unwrap();
+            assert_eq!((f.op, f.flags), (BlockOp::Flush, BlockFlags::FUA), "{op:?}");
+        }
+        // A range op with such a sector is refused.
+        let far = Io {
+            sector: u64::MAX,
+            ..io(RnbdOp::Discard, RnbdFlags::NONE, 512)
+        };
+        assert_eq!(
+            to_block_io(req(Dir::Write, none), &far, rw),
+            Err(Errno::EIO)
+        );
         let z = to_block_io(
             req(Dir::Write, none),
             &io(RnbdOp::WriteZeroes, RnbdFlags::NOUNMAP, 65536),
