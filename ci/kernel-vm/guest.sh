@@ -272,8 +272,15 @@ srv_written() { # SESSNAME BYTES: the session's paths together were written more
 }
 no_server_session() { [[ -z $(ls /sys/class/rtrs-server 2>/dev/null) ]]; }
 rmmod_server() { # LOG: once the kernel server has no session left (bounded), unloads it
-	wait_for 30 no_server_session ||
-		echo "sessions left after 30 s: $(ls /sys/class/rtrs-server | tr '\n' ' ')" >>"$1"
+	if ! wait_for 30 no_server_session; then
+		# rmmod would block in the kernel for as long as the session stays: the module
+		# stays loaded, and the row that left the session says so.
+		local left
+		left=$(ls /sys/class/rtrs-server | tr '\n' ' ')
+		echo "sessions left after 30 s: $left" >>"$1"
+		fail "$(basename "$1" .log).server-session" "the kernel's rnbd-server kept session(s) $left 30 s after our client had gone; not unloaded"
+		return 1
+	fi
 	rmmod rnbd_server rtrs_server >>"$1" 2>&1
 }
 srv_on_both() { # SESSNAME: a path on each device; SRV_SEEN: the devices last seen while
