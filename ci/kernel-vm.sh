@@ -244,7 +244,7 @@ fi
 say "booting the guest ($K, ${GUEST_MEM} MiB, TCG)"
 tv=$(date +%s)
 set +e
-timeout 1500 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$GUEST_MEM" -smp 2 \
+timeout 2700 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$GUEST_MEM" -smp 2 \
 	-kernel "$KIMG/boot/vmlinuz-$K" -initrd "$INITRD" \
 	-append "console=ttyS0 loglevel=4 panic=-1 rtrswork=$W rtrsrepo=$REPO rtrsspdk=$SPDK" \
 	-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
