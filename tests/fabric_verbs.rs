@@ -800,6 +800,36 @@ fn write_through(
 
 /// Runs `cmd` to its end, polling `tick` meanwhile (the kernel waits for this process to
 /// let a device go before `rdma link delete` returns); panics past `secs`.
+/// This process's open RDMA files (uverbs device files, rdma_cm) and its threads, for a
+/// failure message: what may still hold a device the kernel is removing.
+fn rdma_files() -> String {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            let t = t.to_string_lossy().into_owned();
+            if t.contains("infiniband") || t.contains("rdma") {
+                out.push(format!("fd {} -> {t}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for e in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(c) = std::fs::read_to_string(e.path().join("comm")) {
+            threads.push(c.trim().to_owned());
+        }
+    }
+    threads.sort();
+    format!("{}; threads: {}", out.join(", "), threads.join(" "))
+}
+
 fn run_while(cmd: &[&str], secs: u64, mut tick: impl FnMut()) {
     let mut child = std::process::Command::new(cmd[0])
         .args(&cmd[1..])
@@ -813,7 +843,11 @@ fn run_while(cmd: &[&str], secs: u64, mut tick: impl FnMut()) {
         }
         if Instant::now() > end {
             // Left running: the device stays held until this process exits.
-            panic!("{} did not finish within {secs} s", cmd.join(" "));
+            panic!(
+                "{} did not finish within {secs} s; this process has open: {}",
+                cmd.join(" "),
+                rdma_files()
+            );
         }
         tick();
         std::thread::sleep(Duration::from_millis(2));
@@ -834,6 +868,11 @@ fn hw_device_removed_and_taken_up_again() {
     let (name, netdev) = spec
         .split_once(':')
         .expect("RTRS_TEST_REMOVE is <rxe device>:<netdev>");
+    // The fabric's log of devices going and coming, shown when the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("rtrs_spdk::fabric=debug")
+        .with_test_writer()
+        .try_init();
     let (fabric, a, b) = two_devices();
     let dom = fabric.domain().expect("a session's domain");
     let mut cq = dom.create_cq(256).expect("one CQ for both devices");

@@ -878,10 +878,19 @@ link_fault() { # NAME PID SECONDS STATE...: PID is the process doing the IO
 	wait_for 20 port_active rxe1 || fail "$name.rxe1" "rxe1 did not come back to PORT_ACTIVE after rdma link add"
 	return $seen
 }
+no_rxe1_delete() { # no process runs "rdma link delete rxe1"
+	local f
+	for f in /proc/[0-9]*/cmdline; do
+		[[ $(tr '\0' ' ' <"$f" 2>/dev/null) == "rdma link delete rxe1"* ]] && return 1
+	done
+	return 0
+}
 # After a row: rxe1 exists and is active again (waits for a removal still under way).
 rxe1_back() { # NAME
 	[[ -z $RXE1_DEL ]] || wait_for 60 gone "$RXE1_DEL" || fail "$1.rxe1-released" "rdma link delete rxe1 still had not finished after the row"
 	RXE1_DEL=""
+	# A delete a test process left running (it finishes once that process has exited).
+	wait_for 60 no_rxe1_delete || fail "$1.rxe1-released" "an rdma link delete rxe1 left by the row had not finished after 60 s"
 	if ! rdma link show rxe1/1 >/dev/null 2>&1; then
 		rdma link add rxe1 type rxe netdev dummy1 >>"$OUT/$1.link.log" 2>&1 || fail "$1.rxe1" "rdma link add rxe1 failed"
 	fi

@@ -332,16 +332,17 @@ impl Table {
                 Self::remove_locked(&mut st, i as u8, "the host no longer lists it", true);
             }
         }
+        let dying = st.dying.len();
         st.dying.retain(|(n, k)| is_listed(n, *k));
-        let shrank = st.listed.iter().any(|(n, k)| !is_listed(n, *k));
+        let shrank = st.dying.len() < dying || st.listed.iter().any(|(n, k)| !is_listed(n, *k));
+        if listed != st.listed {
+            tracing::debug!(?listed, "the host's RDMA devices changed");
+        }
         if shrank {
-            // A device the host listed is gone (ours or not: every list librdmacm hands
-            // out names every device). Lists taken before it went name it; new ones do
-            // not. Renewing them drops librdmacm's last hold on its context, and the
-            // kernel's removal completes.
-            for d in st.devs.iter().flatten() {
-                d.ctx.renew_list();
-            }
+            // A device the host listed is gone: librdmacm marks it dead when it next
+            // looks at the host's devices, and closes its context once our last hold
+            // on it goes (a dead device's context is closed at once when nothing holds
+            // it), which the kernel waits for before it finishes removing it.
             sys::sync_librdmacm();
         }
         for (name, kidx) in &listed {
@@ -483,8 +484,11 @@ impl VerbsFabric {
     /// allocating a protection domain fails.
     pub fn open(device: Option<&str>) -> Result<VerbsFabric, FabricError> {
         let named = device.map(|d| format!(" named {d:?}")).unwrap_or_default();
-        let names = sys::device_names()
+        // The host's devices now: the first listing `Table::rescan` compares with (a
+        // device that goes before the first rescan is then noticed too).
+        let listed = sys::present_devices()
             .map_err(|e| FabricError::NoDevice(format!("{named}: {e}; {NO_DEVICE_HINT}")))?;
+        let names: Vec<String> = listed.iter().map(|(n, _)| n.clone()).collect();
         let chosen: Vec<String> = match device {
             Some(want) if names.iter().any(|n| n == want) => vec![want.to_owned()],
             Some(want) if names.is_empty() => {
@@ -552,6 +556,7 @@ impl VerbsFabric {
             state: Mutex::new(TableState {
                 devs: devices,
                 names,
+                listed,
                 ..TableState::default()
             }),
         });

@@ -104,14 +104,6 @@ impl SysError {
     }
 }
 
-/// Names of the RDMA devices libibverbs sees (`ibv_get_device_list`).
-pub(super) fn device_names() -> Result<Vec<String>, SysError> {
-    Ok(present_devices()?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect())
-}
-
 /// The RDMA devices libibverbs sees now, each with the kernel's index of it
 /// (`ibv_get_device_index`: a device that is removed and added again gets a new one;
 /// −1 where the kernel does not say).
@@ -166,46 +158,77 @@ pub(super) struct DeviceAttr {
 /// A device context shared with librdmacm (from `rdma_get_devices`).
 ///
 /// librdmacm keeps a device's context open while any list it handed out names the
-/// device; each `Device` holds one list (for its own context), and renews it when
-/// another device has gone ([`Device::renew_list`]), so that an old list does not keep
-/// the gone device's context open.
+/// device (and while a cm_id is bound to it), and closes a removed device's context
+/// once nothing holds it: the kernel waits for that before it finishes removing the
+/// device. So each `Device` keeps a list that names its own context alone
+/// ([`own_list`]): a list naming every device would hold a removed device on behalf
+/// of another (docs/ARCHITECTURE.md, "Devices that come and go").
 pub(super) struct Device {
-    list: std::sync::Mutex<ListPtr>,
+    /// A one-entry list from [`own_list`], freed in Drop.
+    list: *mut *mut ffi::ibv_context,
     ctx: *mut ffi::ibv_context,
     name: String,
     /// The kernel's index of the device (−1 where unknown).
     kernel_index: i32,
 }
 
-/// A list from `rdma_get_devices`, freed with `rdma_free_devices`.
-struct ListPtr(*mut *mut ffi::ibv_context);
-
 // SAFETY: ibv_context is thread-safe for the calls made through it (verbs objects may
-// be created and destroyed from any thread); the list is only replaced under its mutex
-// and freed in Drop.
+// be created and destroyed from any thread); the list is only read in Drop.
 unsafe impl Send for Device {}
-// SAFETY: as above; the only state mutated through `&Device` is the list, under its
-// mutex.
+// SAFETY: as above; nothing is mutated through `&Device`.
 unsafe impl Sync for Device {}
 
-/// The context in `list` of the device called `name`, if librdmacm lists it.
+/// The index in `list` of the context of the device called `name`, if librdmacm
+/// lists it.
 ///
 /// # Safety
 /// `list` is a live list from `rdma_get_devices` of `n` entries.
-unsafe fn find_in(
-    list: *mut *mut ffi::ibv_context,
-    n: usize,
-    name: &str,
-) -> Option<*mut ffi::ibv_context> {
-    (0..n).find_map(|i| {
+unsafe fn find_in(list: *mut *mut ffi::ibv_context, n: usize, name: &str) -> Option<usize> {
+    (0..n).find(|&i| {
         // SAFETY: the caller's promise: the list holds `n` open contexts; each has a
         // valid device whose name is a NUL-terminated string.
-        let (ctx, found) = unsafe {
-            let ctx = *list.add(i);
-            (ctx, CStr::from_ptr(ffi::ibv_get_device_name((*ctx).device)))
-        };
-        (found.to_bytes() == name.as_bytes()).then_some(ctx)
+        let found = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((**list.add(i)).device)) };
+        found.to_bytes() == name.as_bytes()
     })
+}
+
+/// Turns `list` (from `rdma_get_devices`, `n` entries) into a list that holds entry
+/// `keep` alone: the other entries are given back to librdmacm at once, through a list
+/// of their own, and `list` is cut to `[keep, NULL]`.
+///
+/// librdmacm counts one hold per list entry and `rdma_free_devices` gives back exactly
+/// the entries of the NULL-terminated array it is passed (then frees the array), so a
+/// list split in two is given back in two parts with the same effect as the whole.
+///
+/// # Safety
+/// `list` is a live list from `rdma_get_devices` of `n` entries, `keep < n`; afterwards
+/// it is a live list of one entry, to be freed with `rdma_free_devices`.
+unsafe fn own_list(list: *mut *mut ffi::ibv_context, n: usize, keep: usize) {
+    let bytes = std::mem::size_of::<*mut ffi::ibv_context>() * n;
+    // SAFETY: plain allocation; librdmacm frees the array with free().
+    let others = unsafe { libc::malloc(bytes.max(1)) }.cast::<*mut ffi::ibv_context>();
+    if others.is_null() {
+        // Keep every hold: the other devices stay open until this one goes (the
+        // behaviour of a whole list), which is safe, only less prompt.
+        return;
+    }
+    let mut k = 0;
+    for i in (0..n).filter(|&i| i != keep) {
+        // SAFETY: `i < n` entries of `list`; `others` has room for `n` entries and
+        // `k < n - 1` here.
+        unsafe { *others.add(k) = *list.add(i) };
+        k += 1;
+    }
+    // SAFETY: `k <= n - 1`, in bounds; NULL ends the array.
+    unsafe { *others.add(k) = std::ptr::null_mut() };
+    // SAFETY: `others` is malloc'd, NULL-terminated, and names only contexts `list`
+    // held, each once; it is not used afterwards.
+    unsafe { ffi::rdma_free_devices(others) };
+    // SAFETY: `list` has `n + 1 >= 2` slots.
+    unsafe {
+        *list = *list.add(keep);
+        *list.add(1) = std::ptr::null_mut();
+    }
 }
 
 impl Device {
@@ -214,54 +237,38 @@ impl Device {
     pub fn open(name: &str) -> Result<Option<Device>, SysError> {
         let mut n: libc::c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the list is kept until Drop (freeing it
-        // drops librdmacm's reference on the contexts).
+        // drops librdmacm's reference on the context).
         let list = unsafe { ffi::rdma_get_devices(&mut n) };
         if list.is_null() {
             return Err(SysError::last("rdma_get_devices"));
         }
+        let n = n.max(0) as usize;
         // SAFETY: `list` is live and holds `n` entries.
-        let Some(ctx) = (unsafe { find_in(list, n.max(0) as usize, name) }) else {
+        let Some(at) = (unsafe { find_in(list, n, name) }) else {
             // SAFETY: `list` came from rdma_get_devices and is not used afterwards.
             unsafe { ffi::rdma_free_devices(list) };
             return Ok(None);
         };
+        // SAFETY: `list` is live with `n` entries and `at < n`.
+        unsafe { own_list(list, n, at) };
+        // SAFETY: `list[0]` is now the device's context, held open by the list.
+        let ctx = unsafe { *list };
         // SAFETY: `ctx` is open (the list holds it); its device pointer is valid.
         let kernel_index = unsafe { ffi::ibv_get_device_index((*ctx).device) };
         let dev = Device {
-            list: std::sync::Mutex::new(ListPtr(list)),
+            list,
             ctx,
             name: name.to_owned(),
             kernel_index,
         };
         dev.async_events_nonblocking()?;
+        tracing::debug!(device = name, kernel_index, "RDMA device context held");
         Ok(Some(dev))
     }
 
     /// The kernel's index of the device (−1 where the kernel does not say).
     pub fn kernel_index(&self) -> i32 {
         self.kernel_index
-    }
-
-    /// Takes a new list from librdmacm for this device's context and frees the old one,
-    /// which may name devices that have gone since. `false` (the old list kept) when the
-    /// new one does not name this context.
-    pub fn renew_list(&self) -> bool {
-        let mut n: libc::c_int = 0;
-        // SAFETY: `n` is a valid out-pointer.
-        let list = unsafe { ffi::rdma_get_devices(&mut n) };
-        if list.is_null() {
-            return false;
-        }
-        // SAFETY: `list` is live and holds `n` entries.
-        let same = unsafe { find_in(list, n.max(0) as usize, &self.name) } == Some(self.ctx);
-        let old = if same {
-            std::mem::replace(&mut *crate::sync::lock(&self.list), ListPtr(list)).0
-        } else {
-            list
-        };
-        // SAFETY: `old` came from rdma_get_devices and is no longer referred to.
-        unsafe { ffi::rdma_free_devices(old) };
-        same
     }
 
     pub fn name(&self) -> &str {
@@ -355,9 +362,9 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // Last of all: every PD, CQ and QP of this context is gone (they hold an Arc).
-        let list = crate::sync::lock(&self.list).0;
-        // SAFETY: `list` came from rdma_get_devices and is freed exactly once.
-        unsafe { ffi::rdma_free_devices(list) };
+        // SAFETY: `list` is the one-entry list from `own_list`, freed exactly once.
+        unsafe { ffi::rdma_free_devices(self.list) };
+        tracing::debug!(device = self.name, "RDMA device context let go");
     }
 }
 
