@@ -52,7 +52,31 @@ impl Ctl {
         .expect("cid < cid_num <= 4096 checked at open")
     }
 
+    /// Whether another path may be creating the server session now: no path is up,
+    /// and a path that may create it (`first_conn`) has its first connection under way,
+    /// not yet accepted. (`pc`, the path asking, is out of `paths` meanwhile.)
+    fn session_being_created(&self) -> bool {
+        self.up == 0 && self.paths[..self.slots_hi].iter().flatten().any(|p| {
+            p.for_new_clt
+                && matches!(&p.phase, PathProgress::Connecting { conns, .. } if conns.is_empty())
+        })
+    }
+
+    /// Starts connecting `pc` (its cid 0), or holds it ([`PathProgress::Held`]) while
+    /// another path creates the server session: a session's paths create it one at a
+    /// time, as the kernel's client does (it brings its paths up one after the other).
+    /// The kernel's server looks a session up by `paths_uuid` and, finding none, creates
+    /// it without holding its lookup lock, so two first connections of one new session
+    /// at once make two server sessions of the same name; Linux 6.1 then fails the
+    /// second's sysfs folder and releases a reference twice (docs/INTEROP.md).
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
+        if pc.for_new_clt && self.session_being_created() {
+            if !matches!(pc.phase, PathProgress::Held) {
+                tracing::debug!(sess = %self.sess.sessname, path = %pc.shared.addr, "held until another path has created the server session");
+            }
+            pc.phase = PathProgress::Held;
+            return;
+        }
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);
         pc.attempts = pc.attempts.saturating_add(1);
         let pd = self.conn_req(pc, 0);

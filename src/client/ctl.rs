@@ -75,6 +75,10 @@ pub(super) enum PathProgress {
     Teardown { then: After },
     /// Reconnect due at `at`.
     Waiting { at: u64 },
+    /// Due to connect, but another path of the session is creating the server session
+    /// (its first connection not yet accepted): connects once that one is accepted or
+    /// has failed (`Ctl::start_connect`).
+    Held,
     /// Closed; only a manual reconnect or removal follows.
     Idle,
 }
@@ -328,6 +332,10 @@ impl Poller for Ctl {
                         pc.phase = PathProgress::Idle;
                     }
                     true
+                }
+                PathProgress::Held => {
+                    self.start_connect(&mut pc, now);
+                    !matches!(pc.phase, PathProgress::Held)
                 }
                 PathProgress::Waiting { .. } | PathProgress::Idle => false,
             };

@@ -134,7 +134,10 @@ impl Ctl {
                 conns.iter_mut().for_each(RtrsCon::disconnect);
             }
             PathProgress::Info { mut conns, .. } => conns.iter_mut().for_each(RtrsCon::disconnect),
-            PathProgress::Teardown { .. } | PathProgress::Waiting { .. } | PathProgress::Idle => {}
+            PathProgress::Teardown { .. }
+            | PathProgress::Waiting { .. }
+            | PathProgress::Held
+            | PathProgress::Idle => {}
         }
         let to = match then {
             After::Reconnect | After::ReconnectNow => PathState::Reconnecting,

@@ -244,3 +244,87 @@ fn a_path_lost_with_no_attempts_allowed_says_why() {
         st.to_json()
     );
 }
+
+/// A new session's paths create the server session one at a time, as the kernel's
+/// client brings its paths up: the second path's first connection request reaches the
+/// server only once the first path's has been accepted (the kernel's server, given two
+/// at once, may make two sessions of one name; docs/INTEROP.md).
+#[test]
+fn paths_of_a_new_session_create_it_one_at_a_time() {
+    let mut h = Harness::new(Setup {
+        paths: 3,
+        ..Setup::default()
+    });
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 3),
+        "{:?}",
+        h.sess.paths()
+    );
+    let log = h.srv.borrow().first_requests.clone();
+    assert_eq!(log.len(), 3, "one first connection per path: {log:?}");
+    assert_eq!(log[0].2, 0, "the first path's request came first: {log:?}");
+    for (i, &(_, first_conn, before)) in log.iter().enumerate() {
+        assert!(first_conn, "request {i} may create the session: {log:?}");
+        if i > 0 {
+            assert!(
+                before >= 1,
+                "request {i} came while no connection was accepted yet: {log:?}"
+            );
+        }
+    }
+    let st = h.sess.stats();
+    for p in &st.paths {
+        assert_eq!(
+            (p.reconnects_ok, p.reconnects_fail),
+            (0, 0),
+            "holding a path is no reconnect: {}",
+            st.to_json()
+        );
+    }
+    h.start_load(0);
+    assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 100));
+    h.drain(100_000, 1000);
+    clean(&h);
+}
+
+/// A path held behind another that is creating the session goes ahead as soon as that
+/// one fails: here the first request is refused, the second path creates the session,
+/// and the first comes back by its reconnect.
+#[test]
+fn a_held_path_goes_ahead_when_the_creating_path_fails() {
+    let mut h = Harness::new(Setup {
+        paths: 2,
+        ..Setup::default()
+    });
+    {
+        let mut s = h.srv.borrow_mut();
+        s.reject_next = 1;
+        s.reject_errno = -104; // ECONNRESET: transient, the path retries
+    }
+    assert!(
+        h.run_until(20_000, MS, |h| h.sess.paths_up() == 2),
+        "{:?}",
+        h.sess.paths()
+    );
+    let log = h.srv.borrow().first_requests.clone();
+    assert!(log.len() >= 3, "{log:?}");
+    assert_eq!(log[0], (0, true, 0), "the first path asked first: {log:?}");
+    assert_eq!(
+        log[1],
+        (1, true, 0),
+        "the second path asked once the first was refused, before any accept: {log:?}"
+    );
+    let st = h.sess.stats();
+    assert_eq!(
+        (st.paths[0].reconnects_ok, st.paths[0].reconnects_fail),
+        (1, 1),
+        "{}",
+        st.to_json()
+    );
+    assert_eq!(
+        (st.paths[1].reconnects_ok, st.paths[1].reconnects_fail),
+        (0, 0),
+        "{}",
+        st.to_json()
+    );
+}

@@ -9,7 +9,9 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+#[cfg(not(target_arch = "x86_64"))]
+use std::sync::atomic::Ordering;
 
 use io_uring::{opcode, squeue, types};
 
@@ -110,17 +112,24 @@ impl IoBuf {
     }
 }
 
-/// The words of `[offset, offset + len)` of a RAM disk's store. Every access to a store
-/// goes through this view, relaxed atomic loads and stores of 8 bytes, so the disk's
-/// instances on several cores copy into and out of the same bytes with no lock and no data
-/// race: IOs to overlapping ranges in flight together may each see some words of the
-/// other, as on any block device, but never a torn word (docs/ARCHITECTURE.md, "Who
-/// writes what per IO").
+// A RAM disk's store is shared by the disk's instances on several cores, which copy into
+// and out of the same bytes with no lock: IOs to overlapping ranges in flight together
+// may each see some bytes of the other, as on any block device (docs/ARCHITECTURE.md,
+// "Who writes what per IO"). Every access to a store's bytes after it is shared goes
+// through the four functions below, and all of them access it the same way, so that no
+// access is a data race:
+// - on x86_64, through the string instructions (`rep movsb`, `rep stosb`) in `asm!`
+//   blocks, which copy at memory speed; to the language an `asm!` block is opaque code
+//   whose effect here is that of a byte-wise relaxed atomic copy (each byte a
+//   single-copy-atomic access, which is what the processor guarantees for them);
+// - elsewhere, relaxed 8-byte atomic loads and stores.
+
+/// The address of `[offset, offset + len)` of `store`.
 ///
 /// # Panics
 /// When the range leaves `store`, or `offset` or `len` is not a multiple of 8 (a RAM disk
 /// validates block alignment first, and its blocks are 512 bytes or more).
-fn store_words(store: &MemBuf, offset: usize, len: usize) -> &[AtomicU64] {
+fn store_at(store: &MemBuf, offset: usize, len: usize) -> *mut u8 {
     assert!(
         offset % 8 == 0
             && len % 8 == 0
@@ -130,31 +139,99 @@ fn store_words(store: &MemBuf, offset: usize, len: usize) -> &[AtomicU64] {
                 .checked_add(len)
                 .is_some_and(|end| end <= store.len())
     );
-    // SAFETY: in bounds and aligned (asserted); `AtomicU64` has the size and alignment of
-    // `u64`, and a store's bytes are touched only through this view once it is shared
-    // (zeroed at allocation, before any instance exists), so no access to them is
-    // non-atomic while another is in progress.
-    unsafe { std::slice::from_raw_parts(store.as_ptr().add(offset).cast::<AtomicU64>(), len / 8) }
+    store.as_ptr().wrapping_add(offset)
+}
+
+/// Copies `len` bytes from `src` to `dst` as a byte-wise relaxed atomic copy.
+///
+/// # Safety
+/// Both ranges are valid for `len` bytes and do not overlap; bytes of a store are
+/// accessed only through this module's functions.
+#[cfg(target_arch = "x86_64")]
+unsafe fn racy_copy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller's promise; `rep movsb` moves `rcx` bytes from `[rsi]` to
+    // `[rdi]` upwards (the direction flag is clear on entry to any Rust code, as the
+    // ABI requires) and changes only those three registers.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rcx") len => _,
+            inout("rsi") src => _,
+            inout("rdi") dst => _,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// Sets `len` bytes at `dst` to zero as a byte-wise relaxed atomic store.
+///
+/// # Safety
+/// As [`racy_copy`], for `dst`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn racy_zero(dst: *mut u8, len: usize) {
+    // SAFETY: the caller's promise; `rep stosb` stores `al` into `rcx` bytes from
+    // `[rdi]` upwards.
+    unsafe {
+        std::arch::asm!(
+            "rep stosb",
+            inout("rcx") len => _,
+            inout("rdi") dst => _,
+            in("al") 0u8,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` through relaxed 8-byte atomic accesses of
+/// whichever side is a store (both may be).
+///
+/// # Safety
+/// As the x86_64 version; `len` is a multiple of 8 and a store's side is 8-aligned.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn racy_copy(dst: *mut u8, src: *const u8, len: usize) {
+    for i in (0..len).step_by(8) {
+        // SAFETY: in bounds (the caller's promise); an 8-aligned store word is only
+        // ever accessed atomically, and the other side is an IO buffer nobody else
+        // touches meanwhile, for which an atomic access is as good as a plain one.
+        unsafe {
+            let v = if src as usize % 8 == 0 {
+                (*src.add(i).cast::<AtomicU64>()).load(Ordering::Relaxed)
+            } else {
+                src.add(i).cast::<u64>().read_unaligned()
+            };
+            if dst as usize % 8 == 0 {
+                (*dst.add(i).cast::<AtomicU64>()).store(v, Ordering::Relaxed);
+            } else {
+                dst.add(i).cast::<u64>().write_unaligned(v);
+            }
+        }
+    }
+}
+
+/// Sets `len` bytes at `dst` (an 8-aligned store range) to zero.
+///
+/// # Safety
+/// As [`racy_copy`].
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn racy_zero(dst: *mut u8, len: usize) {
+    for i in (0..len).step_by(8) {
+        // SAFETY: in bounds and aligned (the caller's promise).
+        unsafe { (*dst.add(i).cast::<AtomicU64>()).store(0, Ordering::Relaxed) };
+    }
 }
 
 /// Copies `len` bytes of `store` at `offset` into `buf`.
 ///
 /// # Panics
-/// When the range leaves `store` or is not in whole words ([`store_words`]), or `buf`
-/// is shorter than `len`.
+/// When the range leaves `store` or is not in whole words ([`store_at`]), or `buf` is
+/// shorter than `len`.
 pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
     assert!(len <= buf.len);
-    for (i, w) in store_words(store, offset, len).iter().enumerate() {
-        // SAFETY: `i * 8 + 8 <= len <= buf.len` (asserted); `buf` is valid and exclusively
-        // ours until the IO completes (IoBuf::new's contract) and is not part of the
-        // store; it may be unaligned.
-        unsafe {
-            buf.ptr
-                .add(i * 8)
-                .cast::<u64>()
-                .write_unaligned(w.load(Ordering::Relaxed));
-        }
-    }
+    let at = store_at(store, offset, len);
+    // SAFETY: `at` is `len` bytes of the store (asserted); `buf` is valid for `len`
+    // bytes (asserted), exclusively ours until the IO completes (IoBuf::new's contract)
+    // and not part of the store.
+    unsafe { racy_copy(buf.ptr, at, len) }
 }
 
 /// Copies the first `len` bytes of `buf` into `store` at `offset`.
@@ -163,40 +240,36 @@ pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
 /// As [`ram_read`].
 pub(super) fn ram_write(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
     assert!(len <= buf.len);
-    for (i, w) in store_words(store, offset, len).iter().enumerate() {
-        // SAFETY: as in ram_read, reading instead of writing.
-        let v = unsafe { buf.ptr.add(i * 8).cast::<u64>().read_unaligned() };
-        w.store(v, Ordering::Relaxed);
-    }
+    let at = store_at(store, offset, len);
+    // SAFETY: as in ram_read, the other way.
+    unsafe { racy_copy(at, buf.ptr, len) }
 }
 
 /// Zeroes `len` bytes of `store` at `offset`.
 ///
 /// # Panics
-/// As [`store_words`].
+/// As [`store_at`].
 pub(super) fn ram_zero(store: &MemBuf, offset: usize, len: usize) {
-    for w in store_words(store, offset, len) {
-        w.store(0, Ordering::Relaxed);
-    }
+    let at = store_at(store, offset, len);
+    // SAFETY: `at` is `len` bytes of the store (asserted).
+    unsafe { racy_zero(at, len) }
 }
 
 /// Writes `block` (the pattern: all of it) over `len` bytes of `store` at `offset`, over
 /// and over (a write-same).
 ///
 /// # Panics
-/// As [`store_words`], or when `len` is not a multiple of the pattern's length, or the
+/// As [`store_at`], or when `len` is not a multiple of the pattern's length, or the
 /// pattern's length not one of 8 (callers validate first; this is the last guard).
 pub(super) fn ram_fill(store: &MemBuf, offset: usize, block: IoBuf, len: usize) {
     let bs = block.len;
     assert!(bs > 0 && bs % 8 == 0 && len % bs == 0);
-    let words = store_words(store, offset, len);
-    for (i, w) in words.iter().enumerate() {
-        let at = (i * 8) % bs;
-        // SAFETY: `at + 8 <= bs` (bs is a multiple of 8); `block` is valid and exclusively
-        // ours until the IO completes (IoBuf::new's contract) and is not part of the
-        // store.
-        let v = unsafe { block.ptr.add(at).cast::<u64>().read_unaligned() };
-        w.store(v, Ordering::Relaxed);
+    let at = store_at(store, offset, len);
+    for k in (0..len).step_by(bs) {
+        // SAFETY: `k + bs <= len`, within the store's range (asserted); `block` is valid
+        // for `bs` bytes, exclusively ours until the IO completes (IoBuf::new's
+        // contract) and not part of the store.
+        unsafe { racy_copy(at.add(k), block.ptr, bs) }
     }
 }
 

@@ -65,6 +65,10 @@ pub struct FakeServer {
     pub reject_errno: i32,
     /// Connection requests seen, accepted or not.
     pub requests: u64,
+    /// Every cid-0 request, in arrival order: (listener, `first_conn`, connections
+    /// accepted before the server polled it, on any listener: requests that arrive
+    /// together see the same count).
+    pub first_requests: Vec<(usize, bool, u64)>,
     /// Break a path at a step of its bring-up (loopback only).
     pub bringup_fault: Option<BringUpFault>,
     /// Bring-up faults injected so far.
@@ -150,6 +154,7 @@ impl FakeServer {
             reject_next: 0,
             reject_errno: -6,
             requests: 0,
+            first_requests: Vec::new(),
             bringup_fault: None,
             faults_hit: 0,
         };
@@ -244,8 +249,22 @@ impl FakeServer {
 
     pub fn poll(&mut self) -> bool {
         let mut busy = false;
+        // Every request waiting now, from every listener, before any is answered: what
+        // a client asks at once arrives in one batch (`first_requests` tells).
+        let mut batch = Vec::new();
         for li in 0..self.listeners.len() {
             while let Some(req) = self.listeners[li].as_mut().and_then(|l| l.poll()) {
+                if let Ok(cr) = ConnReq::decode(req.private_data.as_bytes()) {
+                    if cr.cid == 0 {
+                        self.first_requests
+                            .push((li, cr.first_conn, self.stats.accepted));
+                    }
+                }
+                batch.push((li, req));
+            }
+        }
+        for (li, req) in batch {
+            {
                 busy = true;
                 let Ok(cr) = ConnReq::decode(req.private_data.as_bytes()) else {
                     let _ = req.reject(&ConnRsp::reject(104).to_bytes().unwrap());
