@@ -8,8 +8,9 @@
 //! type first). Once the rule has dropped something, every socket of the path is killed
 //! with `ss -K` (both sides) and the rules removed. Meanwhile the other path is held at
 //! its first CM request, so the session is still being opened when the path breaks (as
-//! when the kernel's rnbd-server cut a path 0.35 s before the device was open). The
-//! steps:
+//! when the kernel's rnbd-server cut a path 0.35 s before the device was open); the
+//! client holds path 1 behind that first request for 2 s before it goes ahead on its
+//! own (`Ctl::start_connect`). The steps:
 //! - the control connection (cid 0) being established: its CM request held;
 //! - an IO connection (cid 1) being established, cid 0 up: its CM request held;
 //! - the INFO exchange, every connection up: INFO_REQ (the one SEND) held;

@@ -22,6 +22,10 @@ use crate::proto::constants::SERVICE_CON_QUEUE_DEPTH;
 use crate::proto::{ConnAccept, ConnReq, ConnRsp, InfoReq, InfoRsp, RkeyRsp};
 use crate::sync::lock;
 
+/// How long a path waits at most for another path to create the server session
+/// ([`Ctl::start_connect`]).
+pub(super) const HOLD_AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Ctl {
     pub(super) fn caps(&self, cid0: bool, qd: u16) -> QpCaps {
         let f = self.fabric.caps();
@@ -69,12 +73,23 @@ impl Ctl {
     /// it without holding its lookup lock, so two first connections of one new session
     /// at once make two server sessions of the same name; Linux 6.1 then fails the
     /// second's sysfs folder and releases a reference twice (docs/INTEROP.md).
+    ///
+    /// The hold lasts [`HOLD_AT_MOST`] at the most: a first connection that has not been
+    /// accepted by then has most likely been lost on the way (and a lost request races
+    /// with nothing), and an unreachable path must not keep the others out for its whole
+    /// connect timeout.
     pub(super) fn start_connect(&mut self, pc: &mut PathCtl, now: u64) {
-        if pc.for_new_clt && self.session_being_created() {
-            if !matches!(pc.phase, PathProgress::Held) {
+        let hold = match pc.phase {
+            PathProgress::Held { until } => now < until,
+            _ => true,
+        };
+        if hold && pc.for_new_clt && self.session_being_created() {
+            if !matches!(pc.phase, PathProgress::Held { .. }) {
                 tracing::debug!(sess = %self.sess.sessname, path = %pc.shared.addr, "held until another path has created the server session");
+                pc.phase = PathProgress::Held {
+                    until: now.saturating_add(ns(HOLD_AT_MOST)),
+                };
             }
-            pc.phase = PathProgress::Held;
             return;
         }
         pc.recon_cnt = pc.recon_cnt.wrapping_add(1);

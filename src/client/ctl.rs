@@ -77,8 +77,8 @@ pub(super) enum PathProgress {
     Waiting { at: u64 },
     /// Due to connect, but another path of the session is creating the server session
     /// (its first connection not yet accepted): connects once that one is accepted or
-    /// has failed (`Ctl::start_connect`).
-    Held,
+    /// has failed, or at `until` at the latest (`Ctl::start_connect`).
+    Held { until: u64 },
     /// Closed; only a manual reconnect or removal follows.
     Idle,
 }
@@ -333,9 +333,9 @@ impl Poller for Ctl {
                     }
                     true
                 }
-                PathProgress::Held => {
+                PathProgress::Held { .. } => {
                     self.start_connect(&mut pc, now);
-                    !matches!(pc.phase, PathProgress::Held)
+                    !matches!(pc.phase, PathProgress::Held { .. })
                 }
                 PathProgress::Waiting { .. } | PathProgress::Idle => false,
             };

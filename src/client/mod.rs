@@ -42,9 +42,9 @@
 //!   with [`SubmitError::Refused`] and [`Session::refusal`] says why.
 //! - A path may create the server session (`first_conn`) whenever the session has no
 //!   connected path, so one unreachable first path does not keep the others out; paths
-//!   create it one at a time, each held while another's first connection is under way
-//!   (the kernel's server mishandles two at once; docs/INTEROP.md, "A new session's
-//!   paths create it one at a time").
+//!   create it one at a time, each held while another's first connection is under way,
+//!   2 s at the most (the kernel's server mishandles two at once; docs/INTEROP.md, "A
+//!   new session's paths create it one at a time").
 //! - A path whose response came without remote invalidation gets a LOCAL_INV chained
 //!   before its permit's next binding rather than waited for; a slot whose state is
 //!   unknown after a failover is replaced by a fresh one.

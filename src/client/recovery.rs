@@ -136,7 +136,7 @@ impl Ctl {
             PathProgress::Info { mut conns, .. } => conns.iter_mut().for_each(RtrsCon::disconnect),
             PathProgress::Teardown { .. }
             | PathProgress::Waiting { .. }
-            | PathProgress::Held
+            | PathProgress::Held { .. }
             | PathProgress::Idle => {}
         }
         let to = match then {

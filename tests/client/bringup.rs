@@ -328,3 +328,36 @@ fn a_held_path_goes_ahead_when_the_creating_path_fails() {
         st.to_json()
     );
 }
+
+/// A path is held behind a creating path for two seconds at most: when the first path's
+/// connection requests go unanswered (lost on the way), the second creates the session
+/// long before the first's connect timeout (30 s), and the first joins it once its
+/// request is answered.
+#[test]
+fn a_path_whose_requests_go_unanswered_holds_the_others_two_seconds_at_most() {
+    let mut h = Harness::new(Setup {
+        paths: 2,
+        ..Setup::default()
+    });
+    h.srv.borrow_mut().ignore_listener = Some(0);
+    // Up to 5 s of virtual time: the hold (2 s) and path 1's bring-up fit, path 0's
+    // connect timeout (30 s) does not.
+    assert!(
+        h.run_until(5_000, MS, |h| h.sess.paths_up() == 1),
+        "{:?}",
+        h.sess.paths()
+    );
+    let paths = h.sess.paths();
+    assert_eq!(paths[1].1, PathState::Connected, "{paths:?}");
+    assert_ne!(paths[0].1, PathState::Connected, "{paths:?}");
+    h.srv.borrow_mut().ignore_listener = None;
+    assert!(
+        h.run_until(40_000, MS, |h| h.sess.paths_up() == 2),
+        "{:?}",
+        h.sess.paths()
+    );
+    h.start_load(0);
+    assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 100));
+    h.drain(100_000, 1000);
+    clean(&h);
+}

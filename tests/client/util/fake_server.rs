@@ -65,6 +65,9 @@ pub struct FakeServer {
     pub reject_errno: i32,
     /// Connection requests seen, accepted or not.
     pub requests: u64,
+    /// Leave the connection requests of this listener unanswered (a path whose
+    /// requests are lost on the way) until cleared.
+    pub ignore_listener: Option<usize>,
     /// Every cid-0 request, in arrival order: (listener, `first_conn`, connections
     /// accepted before the server polled it, on any listener: requests that arrive
     /// together see the same count).
@@ -154,6 +157,7 @@ impl FakeServer {
             reject_next: 0,
             reject_errno: -6,
             requests: 0,
+            ignore_listener: None,
             first_requests: Vec::new(),
             bringup_fault: None,
             faults_hit: 0,
@@ -253,6 +257,9 @@ impl FakeServer {
         // a client asks at once arrives in one batch (`first_requests` tells).
         let mut batch = Vec::new();
         for li in 0..self.listeners.len() {
+            if self.ignore_listener == Some(li) {
+                continue;
+            }
             while let Some(req) = self.listeners[li].as_mut().and_then(|l| l.poll()) {
                 if let Ok(cr) = ConnReq::decode(req.private_data.as_bytes()) {
                     if cr.cid == 0 {
