@@ -38,6 +38,14 @@ plugin_build || {
 	echo "plugin build failed"
 	exit 1
 }
+# The code that needs SPDK (the root crate's `spdk` feature, the plugin) under the lints
+# ci/test.sh gives the rest, which it cannot build without SPDK.
+echo "== clippy with SPDK: --features spdk and -p rtrs-spdk-plugin, every target, -D warnings"
+(cd "$REPO" && cargo clippy -q --features spdk --all-targets -- -D warnings &&
+	cargo clippy -q -p rtrs-spdk-plugin --all-targets -- -D warnings) || {
+	echo "clippy with SPDK failed"
+	exit 1
+}
 
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
 # Other SPDK applications may run on this machine: no core locks.
