@@ -223,6 +223,49 @@ scenario_verify() {
 	results_clean "$APP_DIR/r2.json"
 }
 
+# Interrupt mode (docs/ARCHITECTURE.md, "Interrupt mode"), whatever RTRS_SPDK_INTERRUPT
+# says: with a connected client and no IO, every poller of the target's threads sleeps on
+# a timer (none is run on each wake-up); a verify run is served from there (the readiness
+# set wakes them), and afterwards they sleep again.
+scenario_interrupt() {
+	local RTRS_SPDK_INTERRUPT=1 round
+	start_target tgt $((PB + 26)) || return 1
+	start_bdevperf bp $((PB + 26)) '' -q 8 -o 4096 -w verify -t 3 || return 1
+	for round in before after; do
+		if [[ $round == after ]]; then
+			bdevperf_perform bp 3 >"$APP_DIR/r1.json" || { tail -n 20 "$APP_DIR/bp.log"; return 1; }
+			results_clean "$APP_DIR/r1.json" || return 1
+		fi
+		local i ok=0
+		for i in $(seq 40); do
+			rpc tgt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
+			if python3 - "$APP_DIR/pollers.json" "$round" <<'PY'; then
+import json, sys
+d = json.load(open(sys.argv[1]))
+hz = d["tick_rate"]
+threads = [t for t in d["threads"] if t["name"].startswith("rtrs_target")]
+assert threads, "no rtrs_target thread: %s" % [t["name"] for t in d["threads"]]
+active = [p["name"] for t in threads for p in t.get("active_pollers", [])
+          if p["name"].startswith("rtrs")]
+timed = sorted({p["period_ticks"] * 1000 // hz for t in threads
+                for p in t.get("timed_pollers", []) if p["name"] == "rtrs"})
+if active or not timed:
+    print("   %s IO: rtrs pollers run on every wake-up: %s; timed (ms): %s" % (sys.argv[2], active, timed))
+    sys.exit(1)
+# The acceptor and each core's poller sleep 20 ms: their descriptors wake them.
+assert 20 in timed, "no poller sleeps the woken period (20 ms): %s" % timed
+print("%s IO: every rtrs poller of %d target thread(s) sleeps; periods %s ms" % (sys.argv[2], len(threads), timed))
+PY
+				ok=1
+				break
+			fi
+			sleep 0.25
+		done
+		[[ $ok -eq 1 ]] || { echo "the target's pollers did not go to sleep ($round IO)"; return 1; }
+	done
+	app_alive tgt && app_alive bp
+}
+
 # fio (Debian's) through SPDK's spdk_bdev plugin with the checked-in job and JSON config.
 scenario_fio() {
 	if [[ -z "$FIO_PLUGIN" ]]; then
@@ -1430,7 +1473,7 @@ run_scenario() {
 }
 
 ALL=(basic verify fio save_config path_flap unexport outage outage_timeout reset admission psk write_zeroes bad_params refused pace late_memory exit
-	openers force_close path_rpc reconnect_attempts raid_loss resize geometry bad_controls)
+	openers force_close path_rpc reconnect_attempts raid_loss resize geometry bad_controls interrupt)
 SELECTED=("$@")
 [[ ${#SELECTED[@]} -gt 0 ]] || SELECTED=("${ALL[@]}")
 for s in "${SELECTED[@]}"; do

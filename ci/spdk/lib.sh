@@ -88,7 +88,11 @@ app_start() {
 	shift 2
 	local sock="$APP_DIR/$name.sock"
 	rm -f "$sock"
-	LD_PRELOAD="$PLUGIN_SO${APP_PRELOAD:+ $APP_PRELOAD}" "$bin" -r "$sock" "$@" \
+	local intr=()
+	# RTRS_SPDK_INTERRUPT=1: every application in SPDK's interrupt mode (docs/ARCHITECTURE.md,
+	# "Interrupt mode"); the SPDK scenarios run so once more in ci/test.sh.
+	[[ "${RTRS_SPDK_INTERRUPT:-0}" == 1 ]] && intr=(--interrupt-mode)
+	LD_PRELOAD="$PLUGIN_SO${APP_PRELOAD:+ $APP_PRELOAD}" "$bin" -r "$sock" "${intr[@]}" "$@" \
 		>"$APP_DIR/$name.log" 2>&1 &
 	local pid=$!
 	echo "$pid" >"$APP_DIR/pids/$name"

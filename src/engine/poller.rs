@@ -150,6 +150,18 @@ pub trait Ctx {
     /// when it returns if it is the one running. Returns `false` if the id is stale or of
     /// another reactor. A poller may unregister itself ([`current`](Ctx::current)).
     fn unregister(&mut self, id: PollerId) -> bool;
+
+    /// Asks the driver to run the current poller at once whenever `fd` becomes readable,
+    /// until the poller is unregistered: for a driver that lets idle pollers sleep (SPDK
+    /// in interrupt mode, docs/ARCHITECTURE.md, "Interrupt mode"), the descriptor that
+    /// announces the poller's work ([`Cq::wait_fd`](crate::fabric::Cq::wait_fd)). The
+    /// poller keeps `fd` open while it is registered. Returns whether the driver watches
+    /// it; drivers that never let a poller sleep do not (the default), and a poller works
+    /// the same either way.
+    fn wake_on_readable(&mut self, fd: std::os::fd::RawFd) -> bool {
+        let _ = fd;
+        false
+    }
 }
 
 impl dyn Ctx + '_ {
@@ -204,6 +216,13 @@ pub trait Poller {
     /// A short name for logs.
     fn name(&self) -> &str {
         "poller"
+    }
+
+    /// Whether a driver may let this poller sleep after an idle spell (until a descriptor
+    /// it watches, a message or its idle period wakes it): `false` while work it started
+    /// may finish without anything waking it (IO at a backend). Default: `true`.
+    fn may_sleep(&self) -> bool {
+        true
     }
 }
 

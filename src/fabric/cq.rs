@@ -26,6 +26,7 @@
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -55,6 +56,10 @@ pub trait CqBackend: Send {
     /// What connections are made on (see [`CqRef`]): the backend's own type, found
     /// again by downcasting when a connection is made.
     fn share(&self) -> Arc<dyn Any + Send + Sync>;
+    /// See [`Cq::wait_fd`]. Default: none.
+    fn wait_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// A completion queue made by [`Fabric::create_cq`](crate::fabric::Fabric::create_cq).
@@ -106,6 +111,17 @@ impl Cq {
     /// How many completions the CQ holds before it overruns.
     pub fn entries(&self) -> u32 {
         self.inner.entries()
+    }
+
+    /// A descriptor that becomes readable when a connection of the CQ may have progress
+    /// to make (data arrived, a peer hung up), for a poller that sleeps when idle
+    /// (docs/ARCHITECTURE.md, "Interrupt mode"): the tcp fabric's epoll readiness set.
+    /// `None` where the backend has none (verbs, loopback, tcp without a set or with
+    /// io_uring readiness): such a CQ must be polled, on an idle period at least.
+    /// Connections the set does not watch yet (one just handed to the CQ's thread) are
+    /// found by that polling too.
+    pub fn wait_fd(&self) -> Option<RawFd> {
+        self.inner.wait_fd()
     }
 
     /// A reference to make connections on this CQ with

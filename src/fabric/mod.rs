@@ -857,6 +857,14 @@ pub trait Listener: Send {
     fn poll(&mut self) -> Option<ConnRequest>;
 
     fn local_addr(&self) -> SocketAddr;
+
+    /// A descriptor that becomes readable when [`poll`](Listener::poll) may have
+    /// progress to make (a connection came, a handshake's bytes arrived), for an acceptor
+    /// that sleeps when idle (docs/ARCHITECTURE.md, "Interrupt mode"); the same one for the
+    /// listener's life. `None` (the default): poll it on an idle period at least.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// An incoming connection request, answered by [`accept`](ConnRequest::accept) or

@@ -51,6 +51,9 @@ pub(crate) struct Acceptor {
     /// When the listeners are polled next.
     pacing: ListenPacing,
     done: bool,
+    /// The driver was asked to wake this poller on the listeners' descriptors (at the
+    /// first poll: a driver watches for the poller being run).
+    wake_asked: bool,
 }
 
 /// Listeners are polled every this many loops while connections arrive (a tcp listener
@@ -127,6 +130,7 @@ impl Acceptor {
             reap_every_ns: (timeout_ns.min(grace_ns) / 4).clamp(1_000_000, REAP_EVERY_NS),
             pacing: ListenPacing::new(),
             done: false,
+            wake_asked: false,
         }
     }
 
@@ -290,6 +294,14 @@ impl Poller for Acceptor {
             return PollResult::Idle;
         }
         let mut busy = PollResult::Idle;
+        if !self.wake_asked {
+            self.wake_asked = true;
+            for l in &self.listeners {
+                if let Some(fd) = l.wait_fd() {
+                    cx.wake_on_readable(fd);
+                }
+            }
+        }
         while let Some((core, m)) = self.pending.pop() {
             if let Err(e) = cx.send(core, m) {
                 self.pending.push((core, e.into_msg()));
@@ -341,6 +353,11 @@ impl Poller for Acceptor {
 
     fn name(&self) -> &str {
         "rtrs-srv-accept"
+    }
+
+    /// Not while connections wait for room in their core's mailbox.
+    fn may_sleep(&self) -> bool {
+        self.pending.is_empty()
     }
 }
 

@@ -87,6 +87,9 @@ pub(crate) struct ServerCore {
     /// ([`crate::process::release_free_memory`], at most every [`TRIM_EVERY_NS`]), and when.
     trim_due: bool,
     last_trim: u64,
+    /// The driver was asked to wake this poller on the CQ's descriptor (once, at the first
+    /// poll: a driver watches for the poller being run).
+    wake_asked: bool,
 }
 
 /// How often freed memory is handed back to the system, at most, while paths close.
@@ -123,6 +126,7 @@ impl ServerCore {
             polls: 0,
             trim_due: false,
             last_trim: 0,
+            wake_asked: false,
         }
     }
 
@@ -581,6 +585,12 @@ impl Poller for ServerCore {
         let mut busy = false;
         self.now = cx.now();
         self.polls = self.polls.wrapping_add(1);
+        if !self.wake_asked {
+            self.wake_asked = true;
+            if let Some(fd) = self.cq.as_ref().and_then(Cq::wait_fd) {
+                cx.wake_on_readable(fd);
+            }
+        }
         while let Some(work) = self.sh.inbox[self.core].pop() {
             self.on_work(cx, work);
             busy = true;
@@ -641,5 +651,11 @@ impl Poller for ServerCore {
 
     fn name(&self) -> &str {
         "rtrs-srv-core"
+    }
+
+    /// Not while requests are at the backend (their completions wake nothing) or paths
+    /// wait to be finalised.
+    fn may_sleep(&self) -> bool {
+        self.requests.is_idle() && self.closing.is_empty()
     }
 }

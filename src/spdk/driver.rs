@@ -13,6 +13,13 @@
 //! they find work, a longer one after an idle spell, and [`Driver::wake`] for work handed
 //! to them from elsewhere (docs/ARCHITECTURE.md, "The SPDK bdev: poll groups").
 //!
+//! In SPDK's interrupt mode ([`interrupt_mode`]) a spawned driver paces its untimed
+//! pollers ([`INTR_PACE`]): they run on every wake-up of their thread while they find
+//! work, and after an idle spell sleep on a timer until a descriptor they watch
+//! ([`Ctx::wake_on_readable`]), a message or the timer wakes them; a poller with work
+//! outstanding elsewhere ([`Poller::may_sleep`]) does not sleep (docs/ARCHITECTURE.md,
+//! "Interrupt mode").
+//!
 //! Each core's poller table is touched only by that core's thread: pollers need not be
 //! `Send`, as under our reactors. That is a property of the types, not of a debug check:
 //! the table is reached only through an [`OnCore`], which exists only on the core's own
@@ -24,12 +31,13 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
+use std::os::fd::RawFd;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::sys;
-use super::thread::{app_cores, loop_now_ns, SpdkThread};
+use super::thread::{app_cores, interrupt_mode, loop_now_ns, SpdkThread};
 use crate::engine::{
     Ctx, Msg, PaceState, PollPace, PollResult, Poller, PollerId, SendError, Timer,
 };
@@ -38,6 +46,24 @@ use crate::Errno;
 
 /// Depth of SPDK's per-thread message ring, reported in [`SendError::Full`].
 const MSG_RING: usize = 65_536;
+
+/// The pace of a spawned driver's untimed pollers in SPDK's interrupt mode: on every
+/// wake-up of the thread while they find work; after 2000 runs in a row without (a few
+/// milliseconds of spinning, far longer than the gap between the requests of a busy
+/// QD1 stream) every millisecond, which is how late the first request after an idle spell
+/// is seen on a queue without a descriptor to wake on (verbs, loopback); the tcp fabric's
+/// readiness set wakes its poller at once.
+pub const INTR_PACE: PollPace = PollPace {
+    active_us: 0,
+    idle_us: 1000,
+    slow_after: 2000,
+};
+
+/// The idle period (µs) of a paced poller that a descriptor wakes
+/// ([`Ctx::wake_on_readable`]): what remains for its timer is work that arrives neither
+/// on the descriptor nor by a message (the SPDK driver wakes a core's pollers after each
+/// message it runs), such as a disconnect asked for over RPC.
+pub const WOKEN_IDLE_US: u64 = 20_000;
 
 /// A set of SPDK threads the engine's pollers run on, indexed 0..n ("cores").
 pub struct Driver {
@@ -48,6 +74,8 @@ pub struct Driver {
     pace: PollPace,
     /// Cap on `pace.idle_us` ([`Driver::cap_idle`]); `u64::MAX`: none.
     idle_cap_us: AtomicU64,
+    /// Interrupt mode with paced pollers: each message run on a core wakes its pollers.
+    wake_on_msg: bool,
 }
 
 struct Core {
@@ -114,7 +142,23 @@ struct Registration {
     /// Where a poller on the driver's [`PollPace`] is in it (None: a timer, or a fixed
     /// pace).
     pace: Cell<Option<PaceState>>,
+    /// SPDK interrupts on descriptors that wake this poller ([`Ctx::wake_on_readable`]),
+    /// unregistered before the registration is freed.
+    wakes: RefCell<Vec<*mut sys::spdk_interrupt>>,
+    /// The idle period once a descriptor wakes the poller ([`WOKEN_IDLE_US`]).
+    idle_us: Cell<Option<u64>>,
     poller: RefCell<Box<dyn Poller>>,
+}
+
+impl Registration {
+    /// The driver's pace as it applies to this poller.
+    fn pace(&self) -> PollPace {
+        let mut p = self.driver.pace();
+        if let Some(us) = self.idle_us.get() {
+            p.idle_us = us.max(p.active_us);
+        }
+        p
+    }
 }
 
 /// Why a [`Driver`] could not be built.
@@ -129,7 +173,8 @@ pub enum DriverError {
 
 impl Driver {
     /// Creates one SPDK thread per core of the application's cpumask, named
-    /// `{prefix}_{core}`; core index `k` is the `k`-th core of the mask.
+    /// `{prefix}_{core}`; core index `k` is the `k`-th core of the mask. Untimed pollers
+    /// run on every loop, or on [`INTR_PACE`] in interrupt mode.
     ///
     /// # Errors
     /// [`DriverError::ThreadCreate`] (threads created before the failure are told to exit).
@@ -146,7 +191,12 @@ impl Driver {
                 }
             }
         }
-        Driver::adopt(&threads)
+        let pace = if interrupt_mode() {
+            INTR_PACE
+        } else {
+            PollPace::fixed(0)
+        };
+        Driver::adopt_paced(&threads, pace)
     }
 
     /// A driver over existing SPDK threads (core `k` is `threads[k]`).
@@ -182,6 +232,7 @@ impl Driver {
             cores,
             pace,
             idle_cap_us: AtomicU64::new(u64::MAX),
+            wake_on_msg: !pace.is_fixed() && interrupt_mode(),
         }))
     }
 
@@ -435,6 +486,8 @@ impl Driver {
             dead: Cell::new(false),
             spdk: Cell::new(ptr::null_mut()),
             pace: Cell::new(paced.then(PaceState::default)),
+            wakes: RefCell::new(Vec::new()),
+            idle_us: Cell::new(None),
             poller: RefCell::new(poller),
         });
         let raw = NonNull::from(Box::leak(slot));
@@ -480,7 +533,7 @@ impl Driver {
             let Some(mut st) = s.pace.get() else {
                 continue;
             };
-            if let Some(us) = st.wake(&self.pace()) {
+            if let Some(us) = st.wake(&s.pace()) {
                 // SAFETY: as above.
                 if !unsafe { repace(slot, us) } {
                     continue;
@@ -490,15 +543,50 @@ impl Driver {
         }
     }
 
-    fn unregister_on(&self, on: OnCore, id: PollerId) -> bool {
-        let slot = {
-            let t = self.table(on);
-            match t.entries.get(id.index as usize) {
-                Some(e) if e.gen == id.gen => e.slot,
-                _ => None,
-            }
+    /// The live registration `id` of `on`'s core.
+    fn slot_of(&self, on: OnCore, id: PollerId) -> Option<NonNull<Registration>> {
+        let t = self.table(on);
+        match t.entries.get(id.index as usize) {
+            Some(e) if e.gen == id.gen => e.slot,
+            _ => None,
+        }
+    }
+
+    /// [`Ctx::wake_on_readable`] for poller `id` of `on`'s core.
+    fn watch_on(&self, on: OnCore, id: PollerId, fd: RawFd) -> bool {
+        let Some(slot) = self.slot_of(on, id) else {
+            return false;
         };
-        let Some(slot) = slot else {
+        // SAFETY: a live slot of this core, used on its own thread.
+        let s = unsafe { slot.as_ref() };
+        if s.pace.get().is_none() {
+            // Never slowed: nothing to wake.
+            return false;
+        }
+        // SAFETY: `slot` stays valid until `free_slot` unregisters this interrupt first;
+        // registered on the calling thread, the core's, where SPDK runs `wake_slot`.
+        let intr = unsafe {
+            sys::spdk_interrupt_register(
+                fd,
+                Some(wake_slot),
+                slot.as_ptr().cast::<c_void>(),
+                c"rtrs_wake".as_ptr(),
+            )
+        };
+        if intr.is_null() {
+            tracing::warn!(
+                fd,
+                "spdk driver: spdk_interrupt_register refused a descriptor"
+            );
+            return false;
+        }
+        s.wakes.borrow_mut().push(intr);
+        s.idle_us.set(Some(WOKEN_IDLE_US));
+        true
+    }
+
+    fn unregister_on(&self, on: OnCore, id: PollerId) -> bool {
+        let Some(slot) = self.slot_of(on, id) else {
             return false;
         };
         if self.table(on).current == Some(id) {
@@ -517,6 +605,10 @@ impl Driver {
         let id = {
             // SAFETY: live per the contract.
             let s = unsafe { slot.as_ref() };
+            for mut intr in s.wakes.take() {
+                // SAFETY: our own interrupt, registered on this thread, unregistered once.
+                unsafe { sys::spdk_interrupt_unregister(&mut intr) };
+            }
             let mut p = s.spdk.get();
             if !p.is_null() {
                 // SAFETY: our own registered poller, unregistered once on its thread
@@ -584,6 +676,35 @@ impl Ctx for SpdkCtx<'_> {
         }
         self.driver.unregister_on(self.on, id)
     }
+
+    fn wake_on_readable(&mut self, fd: RawFd) -> bool {
+        match self.current() {
+            Some(id) => self.driver.watch_on(self.on, id, fd),
+            None => false,
+        }
+    }
+}
+
+/// A descriptor that a sleeping poller watches became readable: the poller goes back on
+/// its active period (no change while it is on it already).
+unsafe extern "C" fn wake_slot(arg: *mut c_void) -> c_int {
+    let Some(slot) = NonNull::new(arg.cast::<Registration>()) else {
+        return 0;
+    };
+    // SAFETY: `arg` is a live slot: `free_slot` unregisters this interrupt before freeing
+    // it, and SPDK runs the interrupt on the thread that registered it, the core's.
+    let s = unsafe { slot.as_ref() };
+    let Some(mut st) = s.pace.get().filter(|st| st.is_slow() && !s.dead.get()) else {
+        return 0;
+    };
+    if let Some(us) = st.wake(&s.pace()) {
+        // SAFETY: as above; the slot is not freed before this returns.
+        if !unsafe { repace(slot, us) } {
+            return 0;
+        }
+    }
+    s.pace.set(Some(st));
+    1
 }
 
 unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
@@ -600,16 +721,17 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
     let on = unsafe { OnCore::assume(s.id.core()) };
     let id = s.id;
     driver.table(on).current = Some(id);
-    let r = match s.poller.try_borrow_mut() {
+    let (r, stay) = match s.poller.try_borrow_mut() {
         Ok(mut p) => {
             let mut cx = SpdkCtx { driver, on };
-            p.poll(&mut cx)
+            let r = p.poll(&mut cx);
+            (r, s.pace.get().is_some() && !p.may_sleep())
         }
-        Err(_) => PollResult::Idle,
+        Err(_) => (PollResult::Idle, false),
     };
     driver.table(on).current = None;
     if let Some(mut st) = s.pace.get().filter(|_| !s.dead.get()) {
-        match st.after(&driver.pace(), r == PollResult::Busy) {
+        match st.after(&s.pace(), r == PollResult::Busy || stay) {
             // SAFETY: live slot of this core, on its thread, no longer borrowed.
             Some(us) if !unsafe { repace(slot, us) } => {}
             _ => s.pace.set(Some(st)),
@@ -670,6 +792,11 @@ unsafe extern "C" fn run_msg(arg: *mut c_void) {
         on,
     };
     msg.run(&mut cx);
+    // A message is work handed to the core (a connection to serve, a path to close):
+    // its pollers that slept go back on their active period.
+    if driver.wake_on_msg {
+        driver.wake_on(on);
+    }
 }
 
 impl std::fmt::Debug for Driver {

@@ -32,4 +32,6 @@ pub mod thread;
 pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
-pub use thread::{app_cores, loop_now_ns, now_ns, poll_until, MsgError, SpdkThread};
+pub use thread::{
+    app_cores, interrupt_mode, loop_now_ns, now_ns, poll_until, MsgError, SpdkThread,
+};

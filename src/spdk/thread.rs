@@ -159,7 +159,15 @@ pub fn now_ns() -> u64 {
 /// It stands still within a poll, so a caller that waits for time to pass inside one
 /// poll must use [`now_ns`]. Both clocks count the same ticks; comparisons between
 /// them are only ever off by the length of one poll.
+///
+/// In interrupt mode ([`interrupt_mode`]) it is [`now_ns`]: SPDK then runs a thread's
+/// pollers from its reactor's `epoll_wait` without passing through `spdk_thread_poll`,
+/// and the thread's last tick stays where its last such pass left it (seconds behind, for
+/// a thread that sleeps).
 pub fn loop_now_ns() -> u64 {
+    if interrupt_mode() {
+        return now_ns();
+    }
     match SpdkThread::current() {
         // SAFETY: the calling thread's own live SPDK thread; a plain field read.
         Some(t) => ticks_to_ns(unsafe { sys::spdk_thread_get_last_tsc(t.0.as_ptr()) }),
@@ -181,6 +189,14 @@ fn ticks_to_ns(t: u64) -> u64 {
         NS_PER_TICK_FP32.store(f, Ordering::Relaxed);
     }
     u64::try_from((u128::from(t) * u128::from(f)) >> 32).unwrap_or(u64::MAX)
+}
+
+/// Whether the application runs in SPDK's interrupt mode (`--interrupt-mode`): its
+/// threads sleep in `epoll_wait` when nothing is ready, and a poller registered without a
+/// period is run on every wake-up of its thread (docs/ARCHITECTURE.md, "Interrupt mode").
+pub fn interrupt_mode() -> bool {
+    // SAFETY: reads a flag set once at application start; no arguments.
+    unsafe { sys::spdk_interrupt_mode_is_enabled() }
 }
 
 /// Runs `f` every `period_us` microseconds on the calling SPDK thread until it returns

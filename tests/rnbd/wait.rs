@@ -120,6 +120,7 @@ fn io_submitted_while_disconnected_waits_for_the_reopen() {
     assert_eq!(rig.io(&mut c, vol, BlockRequest::write(0, 4096), &a), 0);
 
     lose(&mut rig, 21, &mut c, &mut o);
+    assert!(o.is_idle(), "a queue that holds no request is idle");
     let b = rig.mr(4096);
     b.write_at(0, &[0xb6; 4096]);
     let r = rig.mr(4096);
@@ -134,10 +135,13 @@ fn io_submitted_while_disconnected_waits_for_the_reopen() {
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
     assert_eq!(c.session().block_submits, 1);
     assert_eq!(o.session().block_submits, 0);
+    // A waiting request keeps the queue busy (its poller must not sleep).
+    assert!(!o.is_idle(), "a waiting request left the queue idle");
 
     regain(&mut rig, &mut c, &mut o);
     let (done, ev) = settle(&mut rig, &mut c, &mut o);
     assert_eq!(done, [(1, 0), (2, 0)], "{ev:?}");
+    assert!(o.is_idle(), "the queue still holds a completed request");
     assert_eq!(ev[0], ClientEvent::SessInfo(Ok(2)));
     assert_eq!(remapped(&ev), [(vol, 0)]);
     // Each was sent once, after the re-open.
@@ -313,8 +317,14 @@ fn requests_beyond_the_permits_wait_in_the_queue() {
         rig.cx(|cx| o.submit(cx.now(), vol, 100 + k as u64, &w, &sge(b, 4096)))
             .expect("accepted, not busy");
     }
+    // Two in flight, four waiting for a permit: busy.
+    assert!(!o.is_idle(), "requests in flight left the queue idle");
     let (done, _) = settle(&mut rig, &mut c, &mut o);
     assert_eq!(done, (0..6).map(|k| (100 + k, 0)).collect::<Vec<_>>());
+    assert!(
+        o.is_idle(),
+        "every request completed, the queue is not idle"
+    );
     for k in 0..6u8 {
         assert_eq!(
             read_back(&mut rig, &mut c, vol, u64::from(k) * 4096),

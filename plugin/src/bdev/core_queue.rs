@@ -176,6 +176,12 @@ impl CoreQueue {
         busy
     }
 
+    /// Whether nothing is outstanding here: no request held by the queue, no task in the
+    /// session core's inbox.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_idle() && self.sess.cores[self.core].inbox.is_empty()
+    }
+
     /// Whether the session is closed and this core's part of it done: the owner drops
     /// the queue.
     pub fn finished(&self) -> bool {

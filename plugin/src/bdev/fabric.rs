@@ -5,9 +5,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::tcp::{TcpFabric, TcpReadiness};
 use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::Fabric;
+use rtrs_spdk::spdk::interrupt_mode;
 
 use super::params::Transport;
 
@@ -44,7 +45,11 @@ pub fn client_fabric(transport: Transport) -> Result<Arc<ClientFabric>, String> 
         return Ok(Arc::clone(f));
     }
     let fabric: Arc<dyn Fabric> = match transport {
-        Transport::Tcp => Arc::new(TcpFabric::new()),
+        Transport::Tcp => Arc::new(TcpFabric::new_or(if interrupt_mode() {
+            TcpReadiness::Epoll
+        } else {
+            TcpReadiness::Uring
+        })),
         Transport::Rdma => Arc::new(VerbsFabric::open(None).map_err(|e| e.to_string())?),
     };
     let f = Arc::new(ClientFabric { fabric });

@@ -25,7 +25,7 @@
 //! are still polled by their one owner (the connection is then farther away, as a
 //! `bdev_nvme` qpair that follows its poll group).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
 use std::ptr;
@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
-use rtrs_spdk::engine::{Ctx, PollPace, PollResult, Poller};
-use rtrs_spdk::spdk::{loop_now_ns, sys, Driver, SpdkThread};
+use rtrs_spdk::engine::{Ctx, PaceState, PollPace, PollResult, Poller};
+use rtrs_spdk::spdk::{interrupt_mode, loop_now_ns, sys, Driver, SpdkThread};
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
@@ -131,6 +131,9 @@ pub struct GroupState {
     interest: Vec<Interest>,
     /// Requests refused at submission, completed at the next poll.
     failed: Vec<Finished>,
+    /// Tasks of this thread's channels submitted and not yet finished (whichever group
+    /// sends them): this group's poller does not sleep while any is out.
+    outstanding: usize,
 }
 
 impl GroupState {
@@ -142,7 +145,14 @@ impl GroupState {
             owned: Vec::new(),
             interest: Vec::new(),
             failed: Vec::new(),
+            outstanding: 0,
         }
+    }
+
+    /// Whether the group's poller may sleep: no task of its channels out, nothing held by
+    /// a queue it owns (another thread's IO included).
+    fn may_sleep(&self) -> bool {
+        self.outstanding == 0 && self.owned.iter().all(CoreQueue::is_idle)
     }
 
     pub fn shared(&self) -> &Arc<GroupShared> {
@@ -152,6 +162,7 @@ impl GroupState {
     /// Sends `task` on `sess`'s core `core`: directly when this group owns it, else
     /// through the session core's inbox.
     pub fn submit(&mut self, now: u64, sess: &Sess, core: usize, task: TaskRef) {
+        self.outstanding += 1;
         match self.owned.iter_mut().find(|q| q.is(sess, core)) {
             Some(q) => q.submit(now, task, &self.shared, &mut self.failed),
             None => sess.cores[core].push(task, &self.home),
@@ -279,6 +290,8 @@ impl GroupState {
             out.push(f);
         }
         out.append(&mut self.failed);
+        // Everything in `out` is a task of this thread's channels, finished once.
+        self.outstanding = self.outstanding.saturating_sub(out.len());
         busy | !out.is_empty()
     }
 
@@ -421,11 +434,71 @@ impl Poller for HomePoller {
     }
 }
 
+/// The pace of a group's poller in SPDK's interrupt mode (docs/ARCHITECTURE.md,
+/// "Interrupt mode"): on every wake-up of its thread while it finds work or has IO
+/// outstanding; after 2000 runs in a row without either, every 5 ms, until a submission
+/// on its thread wakes it. What only its timer finds: IO that another thread left in the
+/// inbox of a queue it owns, a gift, core 0's admin timers (each at most 5 ms late).
+const GROUP_PACE: PollPace = PollPace {
+    active_us: 0,
+    idle_us: 5000,
+    slow_after: 2000,
+};
+
 /// A poll group: the context of a channel of [`GROUP`] on a thread other than home's.
 struct Group {
     state: RefCell<GroupState>,
     out: RefCell<Vec<Finished>>,
-    poller: *mut sys::spdk_poller,
+    poller: Cell<*mut sys::spdk_poller>,
+    /// In interrupt mode: where the poller is in [`GROUP_PACE`].
+    pace: Cell<Option<PaceState>>,
+}
+
+impl Group {
+    /// Moves the poller to `period_us` (the new one first, so a failure leaves the old).
+    fn repace(&self, period_us: u64) -> bool {
+        let arg = ptr::from_ref(self).cast_mut().cast::<c_void>();
+        // SAFETY: `self` is the group's context, alive until group_destroy unregisters
+        // the poller that `self.poller` holds, which is this new one from here on; called
+        // on the group's thread (its poller or its channels' calls).
+        let new = unsafe { sys::spdk_poller_register(Some(group_poll), arg, period_us) };
+        if new.is_null() {
+            tracing::warn!("rtrs bdev: a poll group's poller could not move to {period_us} µs");
+            return false;
+        }
+        let mut old = self.poller.replace(new);
+        // SAFETY: our own poller on this thread, unregistered once (allowed from inside
+        // its own callback).
+        unsafe { sys::spdk_poller_unregister(&mut old) };
+        true
+    }
+
+    /// After a poll that found work (`busy`) or not: the pace's next period.
+    fn paced(&self, busy: bool) {
+        let Some(mut st) = self.pace.get() else {
+            return;
+        };
+        let stay = !self.state.borrow().may_sleep();
+        if let Some(us) = st.after(&GROUP_PACE, busy || stay) {
+            if !self.repace(us) {
+                return;
+            }
+        }
+        self.pace.set(Some(st));
+    }
+
+    /// Work was submitted on the group's thread: a sleeping poller runs again at once.
+    fn wake(&self) {
+        let Some(mut st) = self.pace.get() else {
+            return;
+        };
+        if let Some(us) = st.wake(&GROUP_PACE) {
+            if !self.repace(us) {
+                return;
+            }
+        }
+        self.pace.set(Some(st));
+    }
 }
 
 unsafe extern "C" fn group_create(_io_device: *mut c_void, ctx_buf: *mut c_void) -> c_int {
@@ -444,11 +517,14 @@ unsafe extern "C" fn group_create(_io_device: *mut c_void, ctx_buf: *mut c_void)
             Group {
                 state: RefCell::new(GroupState::new(shared, home, false)),
                 out: RefCell::new(Vec::with_capacity(256)),
-                poller: ptr::null_mut(),
+                poller: Cell::new(ptr::null_mut()),
+                pace: Cell::new(interrupt_mode().then(PaceState::default)),
             },
         );
-        (*ctx).poller = sys::spdk_poller_register(Some(group_poll), ctx_buf, 0);
-        if (*ctx).poller.is_null() {
+        (*ctx)
+            .poller
+            .set(sys::spdk_poller_register(Some(group_poll), ctx_buf, 0));
+        if (*ctx).poller.get().is_null() {
             ptr::drop_in_place(ctx);
             return Errno::ENOMEM.neg();
         }
@@ -461,7 +537,8 @@ unsafe extern "C" fn group_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void
     // SAFETY: the context written by group_create, destroyed once, on its thread; every
     // bdev channel holding it is gone, so it has left every session core.
     unsafe {
-        sys::spdk_poller_unregister(&mut (*ctx).poller);
+        let mut p = (*ctx).poller.replace(ptr::null_mut());
+        sys::spdk_poller_unregister(&mut p);
         {
             let mut st = (*ctx).state.borrow_mut();
             st.take_gifts();
@@ -483,6 +560,7 @@ unsafe extern "C" fn group_poll(arg: *mut c_void) -> c_int {
     complete_all(&mut out);
     g.out.replace(out);
     g.state.borrow_mut().push();
+    g.paced(busy);
     if busy {
         sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
     } else {
@@ -549,7 +627,9 @@ impl GroupRef {
                         .add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
                         .cast::<Group>()
                 };
-                f(Some(&mut g.state.borrow_mut()))
+                let r = f(Some(&mut g.state.borrow_mut()));
+                g.wake();
+                r
             }
         }
     }

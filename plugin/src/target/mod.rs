@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use rtrs_spdk::fabric::tcp::TcpFabric;
+use rtrs_spdk::fabric::tcp::{TcpFabric, TcpReadiness};
 use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::{Admission, Fabric, FabricError, Psk};
 use rtrs_spdk::rnbd::server::{
@@ -50,7 +50,7 @@ use rtrs_spdk::rnbd::server::{
 use rtrs_spdk::server::{ChunkAllocator, Server, ServerConfig, SessionId};
 use rtrs_spdk::spdk::dma::SpdkDmaChunks;
 use rtrs_spdk::spdk::export::BdevExport;
-use rtrs_spdk::spdk::{poll_until, sys, Driver, SpdkThread};
+use rtrs_spdk::spdk::{interrupt_mode, poll_until, sys, Driver, SpdkThread};
 use rtrs_spdk::sync::lock;
 use serde_json::{json, Value};
 
@@ -579,7 +579,11 @@ impl Target {
 /// The fabric's own error (for rdma: "no RDMA device found ...").
 fn open_fabric(transport: Transport) -> Result<Arc<dyn Fabric>, FabricError> {
     Ok(match transport {
-        Transport::Tcp => Arc::new(TcpFabric::new()),
+        Transport::Tcp => Arc::new(TcpFabric::new_or(if interrupt_mode() {
+            TcpReadiness::Epoll
+        } else {
+            TcpReadiness::Uring
+        })),
         Transport::Rdma => Arc::new(VerbsFabric::open(None)?),
     })
 }

@@ -6,6 +6,7 @@
 //! so every path of a session uses one fabric whatever address it came in on.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rtrs_spdk::fabric::{
@@ -16,9 +17,25 @@ use rtrs_spdk::sync::lock;
 
 /// The listeners of one transport, shared by the target (adds, removes) and the server's
 /// acceptor (polls).
-#[derive(Default)]
 pub struct Listeners {
     list: Mutex<Vec<Box<dyn Listener>>>,
+    /// An epoll set over the listeners' own descriptors ([`Listener::wait_fd`]), the set
+    /// the acceptor sleeps on in interrupt mode (docs/ARCHITECTURE.md, "Interrupt mode");
+    /// `None` if the kernel refused one.
+    wake: Option<OwnedFd>,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        // SAFETY: no pointer arguments.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        // SAFETY: a descriptor just returned by the kernel, owned by nobody else.
+        let wake = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) });
+        Listeners {
+            list: Mutex::new(Vec::new()),
+            wake,
+        }
+    }
 }
 
 impl Listeners {
@@ -26,8 +43,29 @@ impl Listeners {
         lock(&self.list)
     }
 
+    /// `EPOLL_CTL_ADD` or `EPOLL_CTL_DEL` of a listener's descriptor in the wake set.
+    fn watch(&self, l: &dyn Listener, op: libc::c_int) {
+        let (Some(ep), Some(fd)) = (&self.wake, l.wait_fd()) else {
+            return;
+        };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        // SAFETY: `ev` is a valid event the kernel only reads; both descriptors are open
+        // (the listener's lives as long as the listener, which is still in the list).
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            tracing::debug!(
+                "rtrs target: listener {}: epoll_ctl: {}",
+                l.local_addr(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
     /// Adds a bound listener.
     pub fn add(&self, l: Box<dyn Listener>) {
+        self.watch(&*l, libc::EPOLL_CTL_ADD);
         self.lock().push(l);
     }
 
@@ -35,13 +73,23 @@ impl Listeners {
     pub fn remove(&self, addr: SocketAddr) -> bool {
         let mut g = self.lock();
         let before = g.len();
-        g.retain(|l| l.local_addr() != addr);
+        g.retain(|l| {
+            let keep = l.local_addr() != addr;
+            if !keep {
+                self.watch(&**l, libc::EPOLL_CTL_DEL);
+            }
+            keep
+        });
         g.len() != before
     }
 
     /// Closes every listener.
     pub fn clear(&self) {
-        self.lock().clear();
+        let mut g = self.lock();
+        for l in g.iter() {
+            self.watch(&**l, libc::EPOLL_CTL_DEL);
+        }
+        g.clear();
     }
 }
 
@@ -159,5 +207,11 @@ impl Listener for MuxListener {
 
     fn local_addr(&self) -> SocketAddr {
         self.last
+    }
+
+    /// The set's epoll: readable when one of its listeners that has a descriptor may
+    /// make progress (listeners without one are polled on the acceptor's idle period).
+    fn wait_fd(&self) -> Option<RawFd> {
+        self.listeners.wake.as_ref().map(AsRawFd::as_raw_fd)
     }
 }

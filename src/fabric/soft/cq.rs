@@ -104,6 +104,11 @@ pub trait Readiness: Send {
     /// Calls `ready` with the key of every descriptor that became ready since the last
     /// call, without waiting.
     fn collect(&mut self, ready: &mut dyn FnMut(u64));
+    /// A descriptor readable while an event waits to be collected ([`Cq::wait_fd`]),
+    /// if the set has one that a sleeping thread can wait on. Default: none.
+    fn wait_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// A member's place in the readiness set.
@@ -635,6 +640,10 @@ impl<T: Member> CqBackend for SoftCq<T> {
 
     fn share(&self) -> Arc<dyn Any + Send + Sync> {
         self.shared.clone()
+    }
+
+    fn wait_fd(&self) -> Option<RawFd> {
+        self.core.ready.as_ref().and_then(|r| r.set.wait_fd())
     }
 }
 

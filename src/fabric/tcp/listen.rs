@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +28,7 @@ use super::conn::TcpConn;
 use super::frame::{cm_frame, CmPayload, Opcode, RejectReason};
 use super::handshake::{answer_and_close, Handshake, RefusalLog, Step};
 use super::ready::TcpReadiness;
+use super::sys;
 use super::TcpFabric;
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::{self, MrTable};
@@ -66,6 +68,9 @@ pub struct TcpListener {
     /// Messages about refused, timed-out or malformed sockets; its clock is `epoch`.
     log: RateLimit,
     epoch: Instant,
+    /// An epoll set over the listening socket and the sockets whose handshake is in
+    /// progress: [`Listener::wait_fd`] (none if the kernel refused one).
+    wake: Option<OwnedFd>,
 }
 
 impl TcpListener {
@@ -105,6 +110,10 @@ impl TcpListener {
             .map_err(|e| fail("set_nonblocking", e))?;
         let inner: std::net::TcpListener = sock.into();
         let local = inner.local_addr().map_err(|e| fail("getsockname", e))?;
+        let wake = sys::epoll_create()
+            .and_then(|ep| sys::epoll_add_level(ep.as_raw_fd(), inner.as_raw_fd()).map(|()| ep))
+            .map_err(|e| tracing::debug!(error = %e, "tcp fabric listener {local}: no epoll set to wake on"))
+            .ok();
         Ok(TcpListener {
             inner,
             local,
@@ -117,6 +126,7 @@ impl TcpListener {
             readiness,
             log: RateLimit::per_second(format!("tcp fabric listener {local}")),
             epoch: Instant::now(),
+            wake,
         })
     }
 
@@ -159,6 +169,10 @@ impl TcpListener {
                     }
                     if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
                         continue;
+                    }
+                    if let Some(ep) = &self.wake {
+                        // Refused: the handshake is still read on every poll.
+                        let _ = sys::epoll_add_level(ep.as_raw_fd(), stream.as_raw_fd());
                     }
                     self.incoming.push(Incoming {
                         stream,
@@ -231,6 +245,10 @@ impl Listener for TcpListener {
                     private_data,
                 } => {
                     let inc = incoming.swap_remove(i);
+                    if let Some(ep) = &self.wake {
+                        // The socket lives on in the connection: out of the set now.
+                        let _ = sys::epoll_del(ep.as_raw_fd(), inc.stream.as_raw_fd());
+                    }
                     let pending = TcpPending {
                         stream: Some(inc.stream),
                         table: self.table.clone(),
@@ -252,6 +270,10 @@ impl Listener for TcpListener {
 
     fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    fn wait_fd(&self) -> Option<RawFd> {
+        self.wake.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 

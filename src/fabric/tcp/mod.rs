@@ -76,7 +76,12 @@ impl TcpFabric {
     /// [`TcpReadiness::from_env`] says; [`LKEYS_ONLY_ENV`] set to `1` makes it
     /// [`lkeys_only`](Self::lkeys_only).
     pub fn new() -> TcpFabric {
-        let f = TcpFabric::with_readiness(TcpReadiness::from_env());
+        TcpFabric::new_or(TcpReadiness::Uring)
+    }
+
+    /// [`TcpFabric::new`] with `readiness` where [`READINESS_ENV`] says nothing.
+    pub fn new_or(readiness: TcpReadiness) -> TcpFabric {
+        let f = TcpFabric::with_readiness(TcpReadiness::from_env_or(readiness));
         if std::env::var(LKEYS_ONLY_ENV).is_ok_and(|v| v == "1") {
             f.lkeys_only()
         } else {

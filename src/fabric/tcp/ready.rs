@@ -62,12 +62,20 @@ impl TcpReadiness {
     /// The default: [`READINESS_ENV`] when set to a known mode, else `Uring` (see
     /// `docs/BENCHMARKS.md`, "tcp readiness on a shared CQ").
     pub fn from_env() -> TcpReadiness {
+        TcpReadiness::from_env_or(TcpReadiness::Uring)
+    }
+
+    /// [`READINESS_ENV`] when set to a known mode, else `default`: `Epoll` for pollers
+    /// that sleep when idle, whose thread waits on the set's descriptor
+    /// ([`Cq::wait_fd`](crate::fabric::Cq::wait_fd); a ring's readiness events wait for
+    /// task work of the polling thread, which a sleeping thread does not run).
+    pub fn from_env_or(default: TcpReadiness) -> TcpReadiness {
         match std::env::var(READINESS_ENV) {
             Ok(v) => TcpReadiness::parse(&v).unwrap_or_else(|| {
-                tracing::warn!(value = %v, "{READINESS_ENV}: unknown mode (uring, epoll, none); using uring");
-                TcpReadiness::Uring
+                tracing::warn!(value = %v, "{READINESS_ENV}: unknown mode (uring, epoll, none); using {default:?}");
+                default
             }),
-            Err(_) => TcpReadiness::Uring,
+            Err(_) => default,
         }
     }
 
@@ -523,6 +531,12 @@ impl Epoll {
 impl Readiness for Epoll {
     fn name(&self) -> &'static str {
         "epoll"
+    }
+
+    /// The epoll set itself: readable while one of its sockets has an event not yet
+    /// collected (edge-triggered sockets raise one per arrival).
+    fn wait_fd(&self) -> Option<RawFd> {
+        Some(self.ep.as_raw_fd())
     }
 
     fn watch(&mut self, fd: RawFd, key: u64) -> io::Result<()> {

@@ -227,6 +227,23 @@ pub(crate) fn epoll_add(ep: RawFd, fd: RawFd, key: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Adds `fd` to the epoll set `ep`, level-triggered for input (and hang-up): for a set
+/// whose owner may leave data unread, as a listener's handshake that waits for more.
+///
+/// # Errors
+/// The OS error.
+pub(crate) fn epoll_add_level(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        u64: 0,
+    };
+    // SAFETY: `ev` is a valid event the kernel only reads.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Removes `fd` from the epoll set `ep` (closing `fd` removes it too: errors are the
 /// caller's to ignore).
 ///

@@ -722,3 +722,155 @@ fn a_reset_or_eof_behind_data_is_seen_on_a_private_cq() {
         }
     }
 }
+
+// --- Descriptors a sleeping poller waits on ---
+
+/// Whether `fd` is readable within `ms` milliseconds (`poll`, as a sleeping thread's
+/// `epoll_wait` would see it).
+fn readable_within(fd: std::os::fd::RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn an_epoll_cq_wait_fd_is_readable_exactly_while_data_waits() {
+    let mut e = connected(TcpReadiness::Epoll);
+    exchange(&mut e, 3);
+    // Polled until quiet: the server's CQ has nothing to wait for.
+    for _ in 0..50 {
+        poll(&mut e, &mut Vec::new());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let fd = e.cqs[1]
+        .wait_fd()
+        .expect("an epoll CQ has a descriptor to wait on");
+    assert!(!readable_within(fd, 0), "readable with nothing arrived");
+    // The client writes; the server's descriptor wakes a sleeper without any poll of it.
+    let src = e.fabrics[0]
+        .register(MemBuf::zeroed(4096), RW)
+        .expect("register");
+    let dst = e.fabrics[1]
+        .register(MemBuf::zeroed(4096), RW)
+        .expect("register");
+    e.conns[1]
+        .post_recv(&[RecvWr {
+            wr_id: 5,
+            sge: None,
+        }])
+        .expect("post_recv");
+    let sge = [Sge {
+        addr: src.addr(),
+        len: 4096,
+        lkey: src.lkey(),
+    }];
+    e.conns[0]
+        .post_send(&[SendWr {
+            wr_id: 6,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+                imm: 11,
+            },
+            sges: &sge,
+            signaled: true,
+        }])
+        .expect("post_send");
+    // Only the client's CQ is polled (it transmits there), never the server's.
+    let start = Instant::now();
+    while !readable_within(fd, 10) {
+        assert!(
+            start.elapsed() < WAIT,
+            "the server's wait descriptor never woke"
+        );
+        let mut wcs = [Wc::default(); 16];
+        let _ = e.cqs[0].poll(&mut wcs);
+    }
+    // The poll it wakes finds the request, and the descriptor is quiet again after.
+    let mut got = Vec::new();
+    while !got
+        .iter()
+        .any(|w: &Wc| w.opcode == WcOpcode::RecvRdmaWithImm)
+    {
+        assert!(
+            start.elapsed() < WAIT,
+            "no completion after the wake: {got:?}"
+        );
+        let mut wcs = [Wc::default(); 16];
+        let n = e.cqs[1].poll(&mut wcs);
+        got.extend_from_slice(&wcs[..n]);
+        let _ = e.cqs[0].poll(&mut wcs);
+    }
+    for _ in 0..50 {
+        poll(&mut e, &mut Vec::new());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !readable_within(fd, 0),
+        "still readable after the data was read"
+    );
+}
+
+#[test]
+fn only_an_epoll_cq_offers_a_wait_fd() {
+    let uring = TcpFabric::with_readiness(TcpReadiness::Uring);
+    let none = TcpFabric::with_readiness(TcpReadiness::None);
+    // A ring's events need task work of the polling thread: no descriptor to sleep on.
+    assert!(uring.create_cq(64).expect("cq").wait_fd().is_none());
+    assert!(none.create_cq(64).expect("cq").wait_fd().is_none());
+    let epoll = TcpFabric::with_readiness(TcpReadiness::Epoll);
+    assert!(epoll.create_cq(64).expect("cq").wait_fd().is_some());
+}
+
+#[test]
+fn a_listener_wait_fd_wakes_for_a_connection_and_its_handshake() {
+    let fabric = std::sync::Arc::new(TcpFabric::with_readiness(TcpReadiness::Epoll));
+    let mut l = fabric
+        .listen(
+            "127.0.0.1:0".parse().expect("address"),
+            &ListenOptions::default(),
+        )
+        .expect("listen");
+    let fd = l
+        .wait_fd()
+        .expect("a tcp listener has a descriptor to wait on");
+    assert!(!readable_within(fd, 0), "readable before any connection");
+    assert!(l.poll().is_none());
+    // A bare TCP connection, no handshake bytes yet: the listening socket wakes it.
+    let mut raw = std::net::TcpStream::connect(l.local_addr()).expect("connect");
+    assert!(readable_within(fd, 5000), "no wake for a new connection");
+    assert!(l.poll().is_none(), "a request without its handshake");
+    // Accepted and waiting for its handshake: quiet until the peer sends.
+    assert!(
+        !readable_within(fd, 0),
+        "readable with the handshake not begun"
+    );
+    raw.write_all(&[0u8; 1]).expect("write");
+    assert!(
+        readable_within(fd, 5000),
+        "no wake for the handshake's bytes"
+    );
+    // A real client: its request is produced after a wake, with no busy polling.
+    let client = TcpFabric::with_readiness(TcpReadiness::Epoll);
+    let mut c = client
+        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
+        .expect("connect");
+    let start = Instant::now();
+    let req = loop {
+        assert!(start.elapsed() < WAIT, "no request");
+        c.poll_cm();
+        if readable_within(fd, 10) {
+            if let Some(r) = l.poll() {
+                break r;
+            }
+        }
+    };
+    drop(req);
+    drop(raw);
+}

@@ -165,6 +165,12 @@ pub struct RnbdQueue<S> {
 }
 
 impl<S: SessionHandle> RnbdQueue<S> {
+    /// Whether the queue holds no request: none in flight, none waiting, no admin
+    /// completion kept (a poller with nothing outstanding here may sleep).
+    pub fn is_idle(&self) -> bool {
+        self.free.len() == self.reqs.len() && self.admin_done.is_empty()
+    }
+
     /// Block IO over `session` for the devices of `table` (the admin's
     /// [`table`](super::RnbdAdmin::table)), waiting up to the session's
     /// [`io_wait_timeout`](SessionHandle::io_wait_timeout) for an unreachable device.
