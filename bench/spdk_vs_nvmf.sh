@@ -36,11 +36,15 @@
 #   soak    a --soak-minute bdevperf run over the rtrs bdev, sampling both sides' memory
 #
 #   bench/spdk_vs_nvmf.sh [--time S] [--sweep-time S] [--rounds N] [--soak MINUTES] [--only a,b]
-#                          [--workloads NAME,...] [--no-append]
+#                          [--workloads NAME,...] [--chunk-size BYTES] [--target-qd N] [--no-append]
 #
 # --workloads keeps only the named workloads (4k-randread-qd1, 4k-randread-qd32,
-# 4k-randwrite-qd1, 4k-randwrite-qd32, 128k-read-qd8) in every part; the goals of the
-# others read n/a.
+# 4k-randwrite-qd1, 4k-randwrite-qd32, 128k-read-qd8; and, only when named here,
+# 128k-write-qd8, 1m-read-qd4, 1m-write-qd4) in every part; the goals of the others read
+# n/a. --chunk-size and --target-qd set the RTRS target's chunk size and queue depth
+# (rtrs_target_set_options; 128 KiB and 512 by default, as the kernel's): a chunk larger
+# than an IO plus its header carries it whole, where the bdev layer splits it otherwise
+# (docs/BENCHMARKS.md, "Large IO, whole or split").
 #
 # Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
@@ -74,6 +78,8 @@ while [[ $# -gt 0 ]]; do
 	--soak) SOAK_MIN=${2:?}; shift 2 ;;
 	--only) ONLY=${2:?}; shift 2 ;;
 	--workloads) ONLY_WORKLOADS=${2:?}; shift 2 ;;
+	--chunk-size) CHUNK=${2:?}; shift 2 ;;
+	--target-qd) TARGET_QD=${2:?}; shift 2 ;;
 	--no-append) APPEND=0; shift ;;
 	*) usage ;;
 	esac
@@ -125,12 +131,18 @@ WORKLOADS=(
 	"4k-randwrite-qd32|32|4096|randwrite"
 	"128k-read-qd8|8|131072|read"
 )
+# Run only when --workloads names them.
+EXTRA_WORKLOADS=(
+	"128k-write-qd8|8|131072|write"
+	"1m-read-qd4|4|1048576|read"
+	"1m-write-qd4|4|1048576|write"
+)
 if [[ -n "${ONLY_WORKLOADS:-}" ]]; then
 	keep=()
 	for n in ${ONLY_WORKLOADS//,/ }; do
 		found=""
-		for w in "${WORKLOADS[@]}"; do [[ ${w%%|*} == "$n" ]] && found=$w; done
-		[[ -n $found ]] || { echo "--workloads: unknown workload '$n' (known: $(printf '%s ' "${WORKLOADS[@]%%|*}"))" >&2; exit 2; }
+		for w in "${WORKLOADS[@]}" "${EXTRA_WORKLOADS[@]}"; do [[ ${w%%|*} == "$n" ]] && found=$w; done
+		[[ -n $found ]] || { echo "--workloads: unknown workload '$n' (known: $(printf '%s ' "${WORKLOADS[@]%%|*}" "${EXTRA_WORKLOADS[@]%%|*}"))" >&2; exit 2; }
 		keep+=("$found")
 	done
 	WORKLOADS=("${keep[@]}")
@@ -210,6 +222,9 @@ fi
 echo "== target on core 0: null0 over RTRS (tcp :$RTRS_PORT) and NVMe-oF/TCP (:$NVMF_PORT)"
 app_start tgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" || exit 1
 rpc tgt bdev_null_create null0 1024 4096 >/dev/null || exit 1
+if [[ -n "${CHUNK:-}${TARGET_QD:-}" ]]; then
+	rpc tgt rtrs_target_set_options ${CHUNK:+--chunk-size "$CHUNK"} ${TARGET_QD:+--queue-depth "$TARGET_QD"} || exit 1
+fi
 rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $RTRS_PORT || exit 1
 rpc tgt rtrs_target_export null0 -a rw || exit 1
 rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
