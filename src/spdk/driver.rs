@@ -559,8 +559,9 @@ impl Driver {
         };
         // SAFETY: a live slot of this core, used on its own thread.
         let s = unsafe { slot.as_ref() };
-        if s.pace.get().is_none() {
-            // Never slowed: nothing to wake.
+        if s.pace.get().is_none() || !interrupt_mode() {
+            // Never slowed, or a polling thread (which has no descriptor set to add to):
+            // nothing to wake.
             return false;
         }
         // SAFETY: `slot` stays valid until `free_slot` unregisters this interrupt first;
