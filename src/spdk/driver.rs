@@ -143,10 +143,9 @@ struct Registration {
     /// pace).
     pace: Cell<Option<PaceState>>,
     /// SPDK interrupts on descriptors that wake this poller ([`Ctx::wake_on_readable`]),
-    /// unregistered before the registration is freed.
+    /// unregistered before the registration is freed. With any, the poller sleeps
+    /// [`WOKEN_IDLE_US`].
     wakes: RefCell<Vec<*mut sys::spdk_interrupt>>,
-    /// The idle period once a descriptor wakes the poller ([`WOKEN_IDLE_US`]).
-    idle_us: Cell<Option<u64>>,
     poller: RefCell<Box<dyn Poller>>,
 }
 
@@ -154,8 +153,8 @@ impl Registration {
     /// The driver's pace as it applies to this poller.
     fn pace(&self) -> PollPace {
         let mut p = self.driver.pace();
-        if let Some(us) = self.idle_us.get() {
-            p.idle_us = us.max(p.active_us);
+        if !self.wakes.borrow().is_empty() {
+            p.idle_us = WOKEN_IDLE_US.max(p.active_us);
         }
         p
     }
@@ -487,7 +486,6 @@ impl Driver {
             spdk: Cell::new(ptr::null_mut()),
             pace: Cell::new(paced.then(PaceState::default)),
             wakes: RefCell::new(Vec::new()),
-            idle_us: Cell::new(None),
             poller: RefCell::new(poller),
         });
         let raw = NonNull::from(Box::leak(slot));
@@ -582,7 +580,6 @@ impl Driver {
             return false;
         }
         s.wakes.borrow_mut().push(intr);
-        s.idle_us.set(Some(WOKEN_IDLE_US));
         true
     }
 
