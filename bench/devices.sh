@@ -132,13 +132,7 @@ for n in "${NS[@]}"; do
 done
 LOAD0=$(cut -d" " -f1-3 /proc/loadavg)
 
-SPDK_DIR=$(spdk_find)
-[[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
-export SPDK_DIR
-apps_init
-trap apps_cleanup EXIT
-trap 'exit 130' INT TERM
-spdk_setup_paths || exit 1
+spdk_bench_init
 [[ -n "$BDEVPERF_PY" ]] || { echo "bdevperf.py not found under $SPDK_DIR" >&2; exit 1; }
 echo "== building the plugin (release)"
 plugin_build || exit 1

@@ -36,13 +36,7 @@ done
 [[ "$IDLE" =~ ^[0-9]+$ && "$IDLE" -gt 0 ]] || { echo "--idle: '$IDLE' is not a number of seconds" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[0-9]+$ ]] || { echo "--rounds: '$ROUNDS' is not a number" >&2; exit 2; }
 [[ "$TIME" =~ ^[0-9]+$ && "$TIME" -gt 0 ]] || { echo "--time: '$TIME' is not a number of seconds" >&2; exit 2; }
-SPDK_DIR=$(spdk_find)
-[[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
-export SPDK_DIR
-apps_init
-trap apps_cleanup EXIT
-trap 'exit 130' INT TERM
-spdk_setup_paths || exit 1
+spdk_bench_init
 plugin_build || exit 1
 MEM=(--no-huge -s 1024 --disable-cpumask-locks)
 if [[ -n "${RTRS_TEST_PORT_BASE:-}" ]]; then
@@ -54,6 +48,13 @@ fi
 IO_TIME=3
 NQN=nqn.2016-06.io.spdk:rtrsidle
 TCK=$(getconf CLK_TCK)
+
+# aio_disk: bdev disk0 of the target, 64 MiB of a file by AIO (a bdev that sleeps in
+# interrupt mode).
+aio_disk() {
+	truncate -s 64M "$APP_DIR/disk0" &&
+		rpc tgt bdev_aio_create "$APP_DIR/disk0" disk0 4096 >/dev/null
+}
 
 # cpu_ticks NAME: user+system clock ticks of application NAME so far.
 cpu_ticks() {
@@ -79,16 +80,12 @@ for mode in $MODES; do
 	for kind in rtrs nvmf; do
 		# A target of its own per transport, so that each one's CPU is its own.
 		app_start tgt "$NVMF_TGT" -m 0x1 "${MEM[@]}" "${flag[@]}" || exit 1
-		truncate -s 64M "$APP_DIR/disk0"
-		rpc tgt bdev_aio_create "$APP_DIR/disk0" disk0 4096 >/dev/null || exit 1
+		aio_disk || exit 1
 		if [[ $kind == rtrs ]]; then
 			rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $RTRS_PORT || exit 1
 			rpc tgt rtrs_target_export disk0 -a rw || exit 1
 		else
-			rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
-			rpc tgt nvmf_create_subsystem $NQN -a -s RTRSIDLE0001 >/dev/null || exit 1
-			rpc tgt nvmf_subsystem_add_ns $NQN disk0 >/dev/null || exit 1
-			rpc tgt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $NVMF_PORT >/dev/null || exit 1
+			nvmf_export tgt disk0 $NQN RTRSIDLE0001 $NVMF_PORT || exit 1
 		fi
 		sleep 1
 		t0=$(idle_pct tgt)
@@ -111,16 +108,8 @@ for mode in $MODES; do
 			# holds a channel of the bdev (a poll group of the rtrs module on that
 			# thread); bdevperf (polling, core 1) reads through it for $IO_TIME s, goes,
 			# and both apps are measured idle again.
-			rpc clt nvmf_create_transport -t TCP >/dev/null || exit 1
-			rpc clt nvmf_create_subsystem $NQN -a -s RTRSIDLE0002 >/dev/null || exit 1
-			rpc clt nvmf_subsystem_add_ns $NQN r0 >/dev/null || exit 1
-			rpc clt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $REEXPORT_PORT >/dev/null || exit 1
-			cat >"$APP_DIR/re.json" <<JSON
-{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_nvme_attach_controller", "params": {"name": "re0", "trtype": "tcp",
-   "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$REEXPORT_PORT", "subnqn": "$NQN"}},
-  {"method": "bdev_wait_for_examine"}]}]}
-JSON
+			nvmf_export clt r0 $NQN RTRSIDLE0002 $REEXPORT_PORT || exit 1
+			nvme_bdev_json re0 $NQN $REEXPORT_PORT >"$APP_DIR/re.json"
 			app_start bp "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/re.json" -z || exit 1
 			python3 "$BDEVPERF_PY" -s "$APP_DIR/bp.sock" -t $((IO_TIME + 60)) perform_tests \
 				-q 4 -o 4096 -w randrw -M 50 -t "$IO_TIME" >"$APP_DIR/bp.out" ||
@@ -140,21 +129,12 @@ done
 # ---- QD1 latency, targets in interrupt mode ----
 [[ "$ROUNDS" -gt 0 ]] || exit 0
 app_start tgt "$NVMF_TGT" -m 0x1 "${MEM[@]}" --interrupt-mode || exit 1
-truncate -s 64M "$APP_DIR/disk0"
-rpc tgt bdev_aio_create "$APP_DIR/disk0" disk0 4096 >/dev/null || exit 1
+aio_disk || exit 1
 rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $RTRS_PORT || exit 1
 rpc tgt rtrs_target_export disk0 -a rw || exit 1
-rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
-rpc tgt nvmf_create_subsystem $NQN -a -s RTRSIDLE0001 >/dev/null || exit 1
-rpc tgt nvmf_subsystem_add_ns $NQN disk0 >/dev/null || exit 1
-rpc tgt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $NVMF_PORT >/dev/null || exit 1
+nvmf_export tgt disk0 $NQN RTRSIDLE0001 $NVMF_PORT || exit 1
 rtrs_bdev_json lat0 disk0 $RTRS_PORT >"$APP_DIR/rtrs.json"
-cat >"$APP_DIR/nvmf.json" <<JSON
-{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_nvme_attach_controller", "params": {"name": "nvme0", "trtype": "tcp",
-   "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$NVMF_PORT", "subnqn": "$NQN"}},
-  {"method": "bdev_wait_for_examine"}]}]}
-JSON
+nvme_bdev_json nvme0 $NQN $NVMF_PORT >"$APP_DIR/nvmf.json"
 declare -A LAT
 ratios=()
 for r in $(seq "$ROUNDS"); do

@@ -167,12 +167,7 @@ if want spdk; then
 		NQN=nqn.2016-06.io.spdk:rtrsscale
 		MEM=(--no-huge -s 4096 --disable-cpumask-locks)
 		rtrs_bdev_json scale0 null0 $RTRS_PORT '{"hb_interval_ms": 5000}' >"$APP_DIR/rtrs.json"
-		cat >"$APP_DIR/nvmf.json" <<EOF
-{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_nvme_attach_controller", "params": {"name": "nvme0", "trtype": "tcp",
-   "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$NVMF_PORT", "subnqn": "$NQN"}},
-  {"method": "bdev_wait_for_examine"}]}]}
-EOF
+		nvme_bdev_json nvme0 $NQN $NVMF_PORT >"$APP_DIR/nvmf.json"
 		# one KIND N ROUND: bdevperf -C on cores N..2N-1 against the target; prints its line.
 		one() {
 			local kind=$1 n=$2 k=$3 name="bp-$1-$2-$3" r
@@ -202,10 +197,7 @@ EOF
 			rpc tgt bdev_null_create null0 1024 4096 >/dev/null || exit 1
 			rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $RTRS_PORT || exit 1
 			rpc tgt rtrs_target_export null0 -a rw || exit 1
-			rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
-			rpc tgt nvmf_create_subsystem $NQN -a -s RTRSSCALE0001 >/dev/null || exit 1
-			rpc tgt nvmf_subsystem_add_ns $NQN null0 >/dev/null || exit 1
-			rpc tgt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $NVMF_PORT >/dev/null || exit 1
+			nvmf_export tgt null0 $NQN RTRSSCALE0001 $NVMF_PORT || exit 1
 			ra=() rb=() rr=()
 			for ((k = 1; k <= ROUNDS; k++)); do
 				if ((k % 2)); then

@@ -98,13 +98,7 @@ if want syscalls; then
 		{ echo "perf cannot read syscall tracepoints here (root, or kernel.perf_event_paranoid <= -1, and tracefs)" >&2; exit 1; }
 fi
 
-SPDK_DIR=$(spdk_find)
-[[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
-export SPDK_DIR
-apps_init
-trap apps_cleanup EXIT
-trap 'exit 130' INT TERM
-spdk_setup_paths || exit 1
+spdk_bench_init
 [[ -n "$BDEVPERF_PY" ]] || { echo "bdevperf.py not found under $SPDK_DIR" >&2; exit 1; }
 echo "== building the plugin and the binaries (release)"
 plugin_build || exit 1
@@ -227,19 +221,11 @@ if [[ -n "${CHUNK:-}${TARGET_QD:-}" ]]; then
 fi
 rpc tgt rtrs_target_listen -t tcp -a 127.0.0.1 -s $RTRS_PORT || exit 1
 rpc tgt rtrs_target_export null0 -a rw || exit 1
-rpc tgt nvmf_create_transport -t TCP >/dev/null || exit 1
-rpc tgt nvmf_create_subsystem $NQN -a -s RTRSBENCH0001 >/dev/null || exit 1
-rpc tgt nvmf_subsystem_add_ns $NQN null0 >/dev/null || exit 1
-rpc tgt nvmf_subsystem_add_listener $NQN -t tcp -a 127.0.0.1 -s $NVMF_PORT >/dev/null || exit 1
+nvmf_export tgt null0 $NQN RTRSBENCH0001 $NVMF_PORT || exit 1
 SPDK_VERSION=$(rpc tgt spdk_get_version | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
 
 rtrs_bdev_json bench0 null0 $RTRS_PORT '{"hb_interval_ms": 5000}' >"$APP_DIR/rtrs.json"
-cat >"$APP_DIR/nvmf.json" <<EOF
-{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_nvme_attach_controller", "params": {"name": "nvme0", "trtype": "tcp",
-   "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$NVMF_PORT", "subnqn": "$NQN"}},
-  {"method": "bdev_wait_for_examine"}]}]}
-EOF
+nvme_bdev_json nvme0 $NQN $NVMF_PORT >"$APP_DIR/nvmf.json"
 # shellcheck disable=SC2034 # read as ${!bdev_var} (BDEV_$kind)
 BDEV_rtrs=bench0 BDEV_nvmf=nvme0n1
 

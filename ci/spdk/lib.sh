@@ -214,6 +214,40 @@ hugepages_restore() {
 # every path then uses the first one. With DEVS=N (default 1), N bdevs share the session:
 # NAME over DEVICE, then NAME with 1..N-1 in place of its last digit over DEVICE likewise
 # (rtrs0 over malloc0, rtrs1 over malloc1, ...), all with NAME's sessname.
+# spdk_bench_init: for the benches: finds SPDK (exported SPDK_DIR), sets up the
+# applications' directory with its cleanup on exit, and the paths spdk_setup_paths sets;
+# exits with a message when any is missing.
+spdk_bench_init() {
+	SPDK_DIR=$(spdk_find)
+	[[ -n "$SPDK_DIR" ]] || { echo "SPDK not found: set SPDK_DIR (see README)" >&2; exit 1; }
+	export SPDK_DIR
+	apps_init
+	trap apps_cleanup EXIT
+	trap 'exit 130' INT TERM
+	spdk_setup_paths || exit 1
+}
+
+# nvmf_export APP BDEV NQN SERIAL PORT: exports bdev BDEV of application APP over
+# NVMe-oF/TCP as subsystem NQN on 127.0.0.1:PORT (the transport made here).
+nvmf_export() {
+	local app=$1 bdev=$2 nqn=$3 serial=$4 port=$5
+	rpc "$app" nvmf_create_transport -t TCP >/dev/null &&
+		rpc "$app" nvmf_create_subsystem "$nqn" -a -s "$serial" >/dev/null &&
+		rpc "$app" nvmf_subsystem_add_ns "$nqn" "$bdev" >/dev/null &&
+		rpc "$app" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" >/dev/null
+}
+
+# nvme_bdev_json NAME NQN PORT: a --json config attaching NVMe-oF/TCP controller NAME to
+# subsystem NQN at 127.0.0.1:PORT (its namespace is bdev NAMEn1).
+nvme_bdev_json() {
+	cat <<JSON
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_nvme_attach_controller", "params": {"name": "$1", "trtype": "tcp",
+   "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "$3", "subnqn": "$2"}},
+  {"method": "bdev_wait_for_examine"}]}]}
+JSON
+}
+
 rtrs_bdev_json() {
 	local name=$1 device=$2 ports=$3 extra=${4:-} keys=${5:-}
 	python3 - "$name" "$device" "$ports" "$extra" "$keys" "${DEVS:-1}" <<'PY'
