@@ -130,11 +130,11 @@ impl ServerConfig {
 
     /// The most memory one connection of a session may come to hold (an estimate, for
     /// the caps' arithmetic): its send queue grown to `5 × queue_depth + 1` slots (of up
-    /// to 256 bytes with their source lists, completions and credits), the tcp fabric's
-    /// READ staging area at its largest (2 MiB) and its frame buffers (256 KiB). About
-    /// 2.9 MiB at the default queue depth; an idle connection holds a few KiB of it.
+    /// to 256 bytes with their source lists, completions and credits) and its frame
+    /// buffers (256 KiB). About 0.9 MiB at the default queue depth; an idle connection
+    /// holds a few KiB of it.
     pub fn connection_bytes(&self) -> u64 {
-        (u64::from(self.queue_depth) * 5 + 1) * 256 + (2 << 20) + (256 << 10)
+        (u64::from(self.queue_depth) * 5 + 1) * 256 + (256 << 10)
     }
 
     /// The caps on connections in effect, in all and per source: `max_connections`, or

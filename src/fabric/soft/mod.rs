@@ -15,7 +15,6 @@
 
 pub mod cq;
 pub mod qp;
-mod stage;
 pub mod table;
 
 pub use qp::{

@@ -54,7 +54,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::stage::Stage;
 use super::table::{Leases, MemRef, MrTable, PendingBind};
 use crate::fabric::{
     Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
@@ -116,8 +115,6 @@ struct SqSlot {
     /// A REG_MR waiting for the bytes of the operations before it to leave their
     /// sources (see [`SoftQp::post_send`]); made, and completed, then.
     bind: Option<PendingBind>,
-    /// Some of `srcs` are copies in the staging area, which this mark releases.
-    staged: Option<u64>,
     srcs: Srcs,
 }
 
@@ -130,7 +127,6 @@ impl SqSlot {
             wire: None,
             status: None,
             bind: None,
-            staged: None,
             srcs: Srcs::with_capacity(max_send_sge as usize),
         }
     }
@@ -368,8 +364,6 @@ pub struct SoftQp {
     qp_num: u32,
     /// Handles on the registered memory this queue pair used recently (see [`Leases`]).
     leases: Leases,
-    /// Copies of source bytes a REG_MR would otherwise wait for (see `stage.rs`).
-    stage: Stage,
     caps: QpCaps,
     state: ConnState,
     disconnect_pending: bool,
@@ -398,7 +392,7 @@ pub struct SoftQp {
     /// Bounds `[lo, hi)` of every source of the slots a REG_MR's check may have to look
     /// at (from `sq_left.max(sq_done)` on): a REG_MR whose range lies outside them waits
     /// for nothing and looks at no slot. Emptied when a post finds no such slot before
-    /// it, widened by every source posted or staged after.
+    /// it, widened by every source posted after.
     src_span: (u64, u64),
     next_seq: u64,
     /// The last sequence number handed to the transport: no ack may go beyond it.
@@ -422,7 +416,6 @@ impl SoftQp {
             qp_num: table.next_qp_num(),
             table,
             leases: Leases::default(),
-            stage: Stage::default(),
             caps,
             state: ConnState::Connecting,
             disconnect_pending: false,
@@ -559,12 +552,10 @@ impl SoftQp {
         }
         let broken = self.state == ConnState::Disconnected;
         let seq = self.next_seq;
-        // A REG_MR exposing memory that an earlier operation still reads waits for it,
-        // unless those bytes can be copied aside now.
+        // A REG_MR exposing memory that an earlier operation still reads waits for it.
         let bytes_pending = match wr.op {
             SendOp::RegMr { addr, len, .. } => {
-                let range = (addr, addr.saturating_add(u64::from(len)));
-                self.earlier_bytes_pending(i, range) && !self.capture_before(i, range)
+                self.earlier_bytes_pending(i, (addr, addr.saturating_add(u64::from(len))))
             }
             _ => false,
         };
@@ -576,7 +567,6 @@ impl SoftQp {
         slot.wire = None;
         slot.status = None;
         slot.bind = None;
-        debug_assert!(slot.staged.is_none(), "a free send slot holds staged bytes");
         // A slot leaves the ring with its sources released (`advance`, `break_now`).
         debug_assert!(slot.srcs.is_empty(), "a free send slot holds sources");
         debug_assert!(
@@ -785,66 +775,45 @@ impl SoftQp {
 
     /// Whether a wire operation among the first `i` slots may still read source memory in
     /// `[range.0, range.1)`: handed to the transport or not, its bytes have not left (the
-    /// transport has not said so, the peer has not acked it, it did not complete).
+    /// transport has not said so, the peer has not acked it, it did not complete). The
+    /// newest slots are looked at first: the operation a REG_MR waits for is most often
+    /// the one posted just before it (a READ response's RDMA WRITE from the chunk).
     fn earlier_bytes_pending(&self, i: usize, range: (u64, u64)) -> bool {
         let (lo, hi) = range;
         if !(lo < self.src_span.1 && self.src_span.0 < hi) {
             return false;
         }
-        let gone = self.peer_acked.max(self.left_seq);
-        (self.sq_left.max(self.sq_done).min(i)..i).any(|j| {
-            let s = self.slot(j);
-            s.status.is_none()
-                && s.wire.is_some_and(|w| w.seq > gone)
-                && s.srcs.iter().any(|m| {
-                    let a = m.as_ptr() as u64;
-                    a < hi && lo < a + m.len() as u64
-                })
-        })
+        (self.sq_left.max(self.sq_done).min(i)..i)
+            .rev()
+            .any(|j| self.reads_pending(self.slot(j), range))
     }
 
-    /// Copies into the staging area every source among the first `i` slots that may
-    /// still be read and lies in `range`, so that a REG_MR exposing `range` can take
-    /// effect now. False when one does not fit (the REG_MR then waits; what was copied
-    /// stays copied, which is harmless).
-    fn capture_before(&mut self, i: usize, range: (u64, u64)) -> bool {
-        let (lo, hi) = range;
-        let from = self.sq_left.max(self.sq_done).min(i);
-        for j in from..i {
-            let at = (self.sq_head + j) & self.sq_mask;
-            let s = &mut self.sq[at];
-            let gone = self.peer_acked.max(self.left_seq);
-            if s.status.is_some() || !s.wire.is_some_and(|w| w.seq > gone) {
-                continue;
-            }
-            for src in s.srcs.iter_mut() {
-                let a = src.as_ptr() as u64;
-                if !(a < hi && lo < a + src.len() as u64) {
-                    continue;
-                }
-                match self.stage.capture(src) {
-                    Some(copy) => {
-                        widen(&mut self.src_span, &copy);
-                        *src = copy;
-                        s.staged = Some(self.stage.tail());
-                    }
-                    None => return false,
-                }
-            }
-        }
-        true
+    /// Whether `s` may still read source memory in `[range.0, range.1)`.
+    fn reads_pending(&self, s: &SqSlot, (lo, hi): (u64, u64)) -> bool {
+        let gone = self.peer_acked.max(self.left_seq);
+        s.status.is_none()
+            && s.wire.is_some_and(|w| w.seq > gone)
+            && s.srcs.iter().any(|m| {
+                let a = m.as_ptr() as u64;
+                a < hi && lo < a + m.len() as u64
+            })
     }
 
     /// Makes the waiting REG_MRs whose turn has come (no operation before them may still
     /// read the memory they expose), in send-queue order, stopping at the first that must
-    /// go on waiting. Returns whether one was made.
+    /// go on waiting. Returns whether one was made. One walk: the bounds of the sources
+    /// still pending before the slot at hand grow as it goes, and only a REG_MR whose
+    /// range meets them looks back at the slots.
     fn take_binds(&mut self) -> bool {
         self.advance_left();
         let mut made = false;
+        let mut pending = NO_SPAN;
+        let everything = (0, u64::MAX);
         let mut i = self.sq_left.max(self.sq_done);
         while self.binds_waiting > 0 && i < self.sq_len {
             if let Some(b) = self.slot(i).bind {
-                if self.earlier_bytes_pending(i, b.range()) {
+                let (lo, hi) = b.range();
+                if lo < pending.1 && pending.0 < hi && self.earlier_bytes_pending(i, (lo, hi)) {
                     break;
                 }
                 let status = match self.table.apply_bind(&b, self.qp_num) {
@@ -860,6 +829,10 @@ impl SoftQp {
                     self.break_now();
                     return true;
                 }
+            } else if self.reads_pending(self.slot(i), everything) {
+                for m in &self.slot(i).srcs {
+                    widen(&mut pending, m);
+                }
             }
             i += 1;
         }
@@ -874,7 +847,7 @@ impl SoftQp {
     /// of their sources (the tcp fabric: its batch is written into the socket): the
     /// REG_MRs waiting behind them are made now.
     pub fn sent_left(&mut self) {
-        self.sq_left = self.sq_sent;
+        self.left_seq = self.left_seq.max(self.sent_seq);
         self.take_binds();
     }
 
@@ -950,16 +923,10 @@ impl SoftQp {
                     Handed::Queued => {}
                     Handed::Executed => {
                         s.srcs.clear();
-                        if let Some(end) = s.staged.take() {
-                            self.stage.release(end);
-                        }
                         s.status = Some(WcStatus::Success);
                     }
                     Handed::Refused(status) => {
                         s.srcs.clear();
-                        if let Some(end) = s.staged.take() {
-                            self.stage.release(end);
-                        }
                         s.status = Some(status);
                         refused = true;
                         i += 1;
@@ -1078,9 +1045,6 @@ impl SoftQp {
             // Complete: its sources are needed no more (a transmitted operation's are
             // with the transport or the peer; a failed one's were never sent).
             s.srcs.clear();
-            if let Some(end) = s.staged.take() {
-                self.stage.release(end);
-            }
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
                     wr_id: s.wr_id,
@@ -1300,9 +1264,6 @@ impl SoftQp {
         for i in 0..self.sq_len {
             let s = self.slot_mut(i);
             s.srcs.clear();
-            if let Some(end) = s.staged.take() {
-                self.stage.release(end);
-            }
         }
         self.sq_len = 0;
         self.sq_done = 0;

@@ -57,31 +57,7 @@ impl std::fmt::Debug for MemRef {
 #[derive(Debug)]
 pub struct Keep(Arc<Backing>);
 
-impl Keep {
-    /// A queue pair's handle on memory of its own (its staging area).
-    pub(crate) fn own(buf: MemBuf) -> Arc<Keep> {
-        Arc::new(Keep(Arc::new(Backing::Owned(buf))))
-    }
-
-    /// The memory's first byte.
-    pub(crate) fn addr(&self) -> *mut u8 {
-        self.0.addr()
-    }
-}
-
 impl MemRef {
-    /// `[ptr, ptr+len)` inside the memory `keep` holds.
-    ///
-    /// # Safety
-    /// The range lies inside `keep`'s memory.
-    pub(crate) unsafe fn within(keep: &Arc<Keep>, ptr: *mut u8, len: usize) -> MemRef {
-        MemRef {
-            ptr,
-            len,
-            keep: keep.clone(),
-        }
-    }
-
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }

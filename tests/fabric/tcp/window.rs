@@ -217,16 +217,29 @@ fn a_key_rebound_behind_unsent_bytes_is_refused_until_they_left() {
     );
 }
 
-/// A small READ response: the bytes are copied aside at once and the key is live, but
-/// a write through it changes nothing of what the victim receives.
+/// A small READ response: the key waits for its bytes too, and goes live once the
+/// server's end has written them into its socket (the victim still reading nothing);
+/// what the victim receives is the chunk's bytes either way.
 #[test]
-fn a_key_rebound_behind_a_small_response_changes_nothing_sent() {
+fn a_key_rebound_behind_a_small_response_goes_live_once_its_bytes_are_written() {
     const LEN: usize = 4096;
-    let mut t = Scene::respond(LEN, 5);
-    assert_eq!(t.attack(), WcStatus::Success);
+    let mut early = Scene::respond(LEN, 5);
+    assert_eq!(
+        early.attack(),
+        WcStatus::RemoteAccess,
+        "the new key reached the chunk before its bytes were written"
+    );
+    assert_eq!(early.received(LEN), pattern(LEN, 5));
+    let mut t = Scene::respond(LEN, 6);
+    push(&mut t.vs, 1);
+    assert_eq!(
+        t.attack(),
+        WcStatus::Success,
+        "the key is live once the bytes are in the socket"
+    );
     assert_eq!(
         t.received(LEN),
-        pattern(LEN, 5),
+        pattern(LEN, 6),
         "the write through the new key reached the victim"
     );
 }

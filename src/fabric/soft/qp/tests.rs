@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::fabric::soft::Leases;
-use crate::fabric::{inc_rkey, FastMr, KeyScope, MemBuf, Mr};
+use crate::fabric::{inc_rkey, FastMr, KeyScope, MemBuf, Mr, Sge};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
@@ -861,11 +861,17 @@ fn local_operations_take_effect_at_post() {
 }
 
 /// A REG_MR posted behind an operation whose bytes have not left their source (the RTRS
-/// server's READ response: RDMA WRITE from a chunk, then the chunk's next key), when the
-/// source is too large to copy aside, takes effect only once they have: until then
-/// nobody can write the chunk through the key.
+/// server's READ response: RDMA WRITE from a chunk, then the chunk's next key), small or
+/// large, takes effect only once they have: until then nobody can write the chunk through
+/// the key.
 #[test]
 fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
+    for size in [64, 4096, 256 << 10] {
+        reg_mr_behind_unsent_bytes(size);
+    }
+}
+
+fn reg_mr_behind_unsent_bytes(size: usize) {
     const BIG: usize = 256 << 10;
     let mut p = pair(QpCaps::default());
     let chunk = buf(&p, BIG, RW);
@@ -873,7 +879,7 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
     chunk.write_at(0, &[9; 64]);
     let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
     let key = crate::fabric::next_rkey(slot.rkey());
-    let src = [chunk.sge(0, BIG)];
+    let src = [chunk.sge(0, size)];
     let write = SendOp::RdmaWrite {
         remote_addr: dst.addr(),
         rkey: dst.rkey(),
@@ -925,45 +931,6 @@ fn a_reg_mr_behind_unsent_bytes_waits_for_them() {
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
         [(2, WcStatus::Success)]
     );
-}
-
-/// A small source is copied aside at post instead: the REG_MR takes effect at once, and
-/// a write into the chunk through the new key changes nothing of what the WRITE before
-/// it carries.
-#[test]
-fn a_reg_mr_behind_a_small_unsent_source_copies_it_and_goes() {
-    let mut p = pair(QpCaps::default());
-    let chunk = buf(&p, 4096, RW);
-    let dst = buf(&p, 4096, RW);
-    chunk.write_at(0, &[9; 64]);
-    let slot = p.table.alloc_fast_mr(KeyScope::Domain).unwrap();
-    let key = crate::fabric::next_rkey(slot.rkey());
-    let src = [chunk.sge(0, 64)];
-    let write = SendOp::RdmaWrite {
-        remote_addr: dst.addr(),
-        rkey: dst.rkey(),
-    };
-    p.b.post_send(&[
-        wr(1, write, &src, false),
-        wr(2, bind_4k(&slot, &chunk, key), &[], false),
-        wr(3, SendOp::Send, &[], true),
-    ])
-    .unwrap();
-    assert_eq!(p.b.outbound().count(), 2, "nothing waits");
-    // Someone writes the chunk through the new key before the WRITE went out ...
-    p.table
-        .remote_write(&mut Leases::default(), 0, key, chunk.addr(), &[1; 64])
-        .expect("the key is live");
-    // ... and the WRITE carries what the chunk held when it was posted.
-    p.a.post_recv(&[RecvWr {
-        wr_id: 50,
-        sge: None,
-    }])
-    .unwrap();
-    assert_eq!(pump(&mut p.b, &mut p.a), (2, None));
-    let mut got = [0u8; 64];
-    dst.read_at(0, &mut got);
-    assert_eq!(got, [9; 64], "the bytes as posted");
 }
 
 /// The same ordering with a transport that only learns it from acks: the peer executing
@@ -1059,4 +1026,63 @@ fn only_unsent_bytes_of_the_exposed_range_hold_a_reg_mr() {
     assert!(reach(keys[1]), "made once every byte before it has left");
     p.b.post_send(&[wr(7, bind(2), &[], true)]).unwrap();
     assert!(reach(keys[2]), "nothing is pending: at once");
+}
+
+/// A batch of READ responses, each an RDMA WRITE from its own chunk and that chunk's next
+/// key: every REG_MR waits for its own WRITE, and as the transport says how far its write
+/// got, exactly the bindings whose WRITE has left are made, in send-queue order.
+#[test]
+fn a_batch_of_reg_mrs_is_made_as_far_as_the_bytes_have_left() {
+    const N: usize = 8;
+    let mut p = pair(QpCaps::default());
+    let chunks: Vec<Mr> = (0..N).map(|_| buf(&p, 4096, RW)).collect();
+    let dst = buf(&p, 4096, RW);
+    let slots: Vec<_> = (0..N)
+        .map(|_| p.table.alloc_fast_mr(KeyScope::Domain).unwrap())
+        .collect();
+    let keys: Vec<u32> = slots
+        .iter()
+        .map(|s| crate::fabric::next_rkey(s.rkey()))
+        .collect();
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    let srcs: Vec<[Sge; 1]> = chunks.iter().map(|c| [c.sge(0, 512)]).collect();
+    for k in 0..N {
+        let id = 3 * k as u64;
+        p.b.post_send(&[
+            wr(id + 1, write, &srcs[k], false),
+            wr(id + 2, bind_4k(&slots[k], &chunks[k], keys[k]), &[], true),
+            wr(id + 3, SendOp::Send, &[], false),
+        ])
+        .unwrap();
+    }
+    let table = p.table.clone();
+    let made = || {
+        (0..N)
+            .map(|k| writable(&table, keys[k], &chunks[k]))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(made(), [false; N], "every chunk's bytes are still in it");
+    let seqs: Vec<u64> = p.b.outbound().map(|(w, _)| w.seq).collect();
+    assert_eq!(seqs.len(), 2 * N, "every WRITE and SEND goes in one batch");
+    p.b.mark_transmitted(seqs.len());
+    // The socket took the first three responses and the fourth WRITE's header only.
+    p.b.left_through(seqs[5]);
+    let mut want = [false; N];
+    want[..3].fill(true);
+    assert_eq!(made(), want, "the first three WRITEs have left");
+    // Everything is in the socket now.
+    p.b.sent_left();
+    assert_eq!(made(), [true; N], "every WRITE has left");
+    // The REG_MRs complete, signaled, in order, once the peer acks what was before them.
+    p.b.on_ack(*seqs.last().unwrap()).unwrap();
+    let wcs = drain(&mut p.b);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..N)
+            .map(|k| (3 * k as u64 + 2, WcStatus::Success))
+            .collect::<Vec<_>>()
+    );
 }
