@@ -790,9 +790,12 @@ impl MrTable {
     ) -> Result<(), WcStatus> {
         let (index, gen) =
             self.remote_check(qp, rkey, addr, data.len() as u64, Access::REMOTE_WRITE)?;
-        let _keep = self
-            .keep(leases, index, gen)
-            .ok_or(WcStatus::RemoteAccess)?;
+        // The lease alone keeps the memory while the copy runs (`leases` is ours for
+        // the call): no handle is cloned and dropped per write.
+        if leases.holding(self.id, index, gen).is_none() {
+            self.keep(leases, index, gen)
+                .ok_or(WcStatus::RemoteAccess)?;
+        }
         // SAFETY: `[addr, addr + data.len())` is inside the region's registered range
         // (checked by `remote_check`), whose memory the lease keeps allocated. `copy`
         // (memmove) tolerates a source inside the same memory, as `MemRef::gather_from`
@@ -994,10 +997,17 @@ const LEASE_WAYS: usize = 8;
 impl Leases {
     #[inline]
     fn find(&self, table: u64, index: u32, gen: u32) -> Option<Arc<Keep>> {
+        self.holding(table, index, gen).map(Arc::clone)
+    }
+
+    /// The lease on region (`index`, `gen`) of `table`, if held: the memory stays
+    /// allocated while it is, with no handle of its own taken.
+    #[inline]
+    fn holding(&self, table: u64, index: u32, gen: u32) -> Option<&Arc<Keep>> {
         self.ways
             .iter()
             .find(|l| l.index == index && l.gen == gen && l.table == table)
-            .map(|l| l.keep.clone())
+            .map(|l| &l.keep)
     }
 
     #[cold]
