@@ -788,11 +788,16 @@ impl SoftQp {
             .any(|j| self.reads_pending(self.slot(j), range))
     }
 
+    /// Whether `s` may still read its sources: a wire operation not complete whose bytes
+    /// the transport has not said have left.
+    fn still_reading(&self, s: &SqSlot) -> bool {
+        let gone = self.peer_acked.max(self.left_seq);
+        s.status.is_none() && s.wire.is_some_and(|w| w.seq > gone)
+    }
+
     /// Whether `s` may still read source memory in `[range.0, range.1)`.
     fn reads_pending(&self, s: &SqSlot, (lo, hi): (u64, u64)) -> bool {
-        let gone = self.peer_acked.max(self.left_seq);
-        s.status.is_none()
-            && s.wire.is_some_and(|w| w.seq > gone)
+        self.still_reading(s)
             && s.srcs.iter().any(|m| {
                 let a = m.as_ptr() as u64;
                 a < hi && lo < a + m.len() as u64
@@ -808,7 +813,6 @@ impl SoftQp {
         self.advance_left();
         let mut made = false;
         let mut pending = NO_SPAN;
-        let everything = (0, u64::MAX);
         let mut i = self.sq_left.max(self.sq_done);
         while self.binds_waiting > 0 && i < self.sq_len {
             if let Some(b) = self.slot(i).bind {
@@ -829,7 +833,7 @@ impl SoftQp {
                     self.break_now();
                     return true;
                 }
-            } else if self.reads_pending(self.slot(i), everything) {
+            } else if self.still_reading(self.slot(i)) {
                 for m in &self.slot(i).srcs {
                     widen(&mut pending, m);
                 }

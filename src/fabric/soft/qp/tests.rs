@@ -108,6 +108,18 @@ fn bind_4k<'a>(slot: &'a FastMr, region: &'a Mr, rkey: u32) -> SendOp<'a> {
 }
 
 /// Whether a peer could write the first 64 bytes of `region` through `key` now.
+/// `n` domain-scope fast-registration slots and the next key of each.
+fn slots_with_next_keys(p: &Pair, n: usize) -> (Vec<FastMr>, Vec<u32>) {
+    let slots: Vec<FastMr> = (0..n)
+        .map(|_| p.table.alloc_fast_mr(KeyScope::Domain).unwrap())
+        .collect();
+    let keys = slots
+        .iter()
+        .map(|s| crate::fabric::next_rkey(s.rkey()))
+        .collect();
+    (slots, keys)
+}
+
 fn writable(table: &MrTable, key: u32, region: &Mr) -> bool {
     table
         .remote(
@@ -982,13 +994,7 @@ fn only_unsent_bytes_of_the_exposed_range_hold_a_reg_mr() {
     let chunk = buf(&p, BIG, RW);
     let other = buf(&p, BIG, RW);
     let dst = buf(&p, BIG, RW);
-    let slots: Vec<_> = (0..3)
-        .map(|_| p.table.alloc_fast_mr(KeyScope::Domain).unwrap())
-        .collect();
-    let keys: Vec<u32> = slots
-        .iter()
-        .map(|s| crate::fabric::next_rkey(s.rkey()))
-        .collect();
+    let (slots, keys) = slots_with_next_keys(&p, 3);
     let write = SendOp::RdmaWrite {
         remote_addr: dst.addr(),
         rkey: dst.rkey(),
@@ -1037,13 +1043,7 @@ fn a_batch_of_reg_mrs_is_made_as_far_as_the_bytes_have_left() {
     let mut p = pair(QpCaps::default());
     let chunks: Vec<Mr> = (0..N).map(|_| buf(&p, 4096, RW)).collect();
     let dst = buf(&p, 4096, RW);
-    let slots: Vec<_> = (0..N)
-        .map(|_| p.table.alloc_fast_mr(KeyScope::Domain).unwrap())
-        .collect();
-    let keys: Vec<u32> = slots
-        .iter()
-        .map(|s| crate::fabric::next_rkey(s.rkey()))
-        .collect();
+    let (slots, keys) = slots_with_next_keys(&p, N);
     let write = SendOp::RdmaWrite {
         remote_addr: dst.addr(),
         rkey: dst.rkey(),
