@@ -239,23 +239,7 @@ scenario_interrupt() {
 		local i ok=0
 		for i in $(seq 40); do
 			rpc tgt thread_get_pollers >"$APP_DIR/pollers.json" || return 1
-			if python3 - "$APP_DIR/pollers.json" "$round" <<'PY'; then
-import json, sys
-d = json.load(open(sys.argv[1]))
-hz = d["tick_rate"]
-threads = [t for t in d["threads"] if t["name"].startswith("rtrs_target")]
-assert threads, "no rtrs_target thread: %s" % [t["name"] for t in d["threads"]]
-active = [p["name"] for t in threads for p in t.get("active_pollers", [])
-          if p["name"].startswith("rtrs")]
-timed = sorted({p["period_ticks"] * 1000 // hz for t in threads
-                for p in t.get("timed_pollers", []) if p["name"] == "rtrs"})
-if active or not timed:
-    print("   %s IO: rtrs pollers run on every wake-up: %s; timed (ms): %s" % (sys.argv[2], active, timed))
-    sys.exit(1)
-# The acceptor and each core's poller sleep 20 ms: their descriptors wake them.
-assert 20 in timed, "no poller sleeps the woken period (20 ms): %s" % timed
-print("%s IO: every rtrs poller of %d target thread(s) sleeps; periods %s ms" % (sys.argv[2], len(threads), timed))
-PY
+			if python3 "$REPO/ci/spdk/pollers_asleep.py" "$APP_DIR/pollers.json" "$round IO"; then
 				ok=1
 				break
 			fi

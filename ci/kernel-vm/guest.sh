@@ -780,10 +780,50 @@ EOJ
 		else
 			fail spdk.target-from-kernel "spdk_tgt, its RPCs or map_device failed"
 		fi
+		app_stop tgt
+		# Interrupt mode over rdma (docs/ARCHITECTURE.md, "Interrupt mode"): the target's
+		# pollers sleep on the verbs fabric's descriptors (the CQ's completion channels, the
+		# listener's event channel), are woken by the kernel client's IO, and sleep again.
+		L=$OUT/spdk.interrupt.log
+		truncate -s 16M "$TMPD/intr.img"
+		if app_start itgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" --interrupt-mode &&
+			rpc itgt bdev_aio_create "$TMPD/intr.img" a0 512 >>"$L" 2>&1 &&
+			rpc itgt rtrs_target_listen -t rdma -a $IP1 -s 1234 >>"$L" 2>&1 &&
+			rpc itgt rtrs_target_export a0 -e ivol -a rw >>"$L" 2>&1 &&
+			IDEV=$(map spdk3 ivol $IP1); then
+			asleep() { # LABEL
+				local i
+				for i in $(seq 80); do
+					rpc itgt thread_get_pollers >"$TMPD/pollers.json" 2>>"$L" &&
+						python3 "$REPO/ci/spdk/pollers_asleep.py" "$TMPD/pollers.json" "$1" >>"$L" && return 0
+					sleep 0.25
+				done
+				return 1
+			}
+			# IO spaced so that the pollers sleep between requests: each is woken.
+			spaced() {
+				local i
+				for i in $(seq 8); do
+					sleep 0.3
+					dd if="$IDEV" of=/dev/null bs=4k count=1 skip=$((i * 7)) iflag=direct status=none 2>>"$L" || return 1
+				done
+			}
+			cpu() { awk '{ print $14 + $15 }' "/proc/$(app_pid itgt)/stat"; }
+			asleep "connected, before IO" && dd_check "$IDEV" spdk.interrupt && spaced &&
+				asleep "after IO"
+			rc=$?
+			c0=$(cpu)
+			sleep 5
+			c1=$(cpu)
+			unmap "$IDEV"
+			check spdk.interrupt $((rc + $?)) "spdk_tgt --interrupt-mode, rtrs target over rdma: pollers asleep before and after IO, dd verify and 8 spaced reads from the kernel's client; idle $(((c1 - c0) * 100 / ($(getconf CLK_TCK) * 5))) % of a core over 5 s ($(tail -n 1 "$L" | cut -c1-120))"
+		else
+			fail spdk.interrupt "spdk_tgt --interrupt-mode, its RPCs or map_device failed: $(tail -n 3 "$L" | tr -s ' \n' ' ' | cut -c1-200)"
+		fi
 		cp "$APP_DIR"/*.log "$OUT/" 2>/dev/null
 		apps_stop_all
 		rmmod rnbd_client rtrs_client 2>/dev/null
-		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log
+		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log "$OUT"/itgt.log
 	fi
 fi
 

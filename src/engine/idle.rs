@@ -179,6 +179,11 @@ impl PaceState {
         Some(pace.idle_us)
     }
 
+    /// Whether one more idle run would put the poller on its idle period.
+    pub fn slows_next(&self, pace: &PollPace) -> bool {
+        !pace.is_fixed() && !self.slow && self.idle_runs.saturating_add(1) >= pace.slow_after
+    }
+
     /// Work is on its way: the period the poller moves to, when it changes.
     pub fn wake(&mut self, pace: &PollPace) -> Option<u64> {
         self.idle_runs = 0;
@@ -222,11 +227,14 @@ mod tests {
         assert_eq!(st.after(&PACE, false), None);
         // A busy run starts the count again.
         assert_eq!(st.after(&PACE, true), None);
+        assert!(!st.slows_next(&PACE));
         assert_eq!(st.after(&PACE, false), None);
         assert_eq!(st.after(&PACE, false), None);
         assert!(!st.is_slow());
+        assert!(st.slows_next(&PACE));
         assert_eq!(st.after(&PACE, false), Some(100_000));
         assert!(st.is_slow());
+        assert!(!st.slows_next(&PACE));
         // Once slow, more idle runs change nothing.
         assert_eq!(st.after(&PACE, false), None);
         assert_eq!(st.after(&PACE, true), Some(1_000));

@@ -224,6 +224,15 @@ pub trait Poller {
     fn may_sleep(&self) -> bool {
         true
     }
+
+    /// Called by a driver that is about to let this poller sleep after an idle run (one
+    /// whose descriptors wake it, [`Ctx::wake_on_readable`]): ready them
+    /// ([`Cq::arm`](crate::fabric::Cq::arm)). `false` keeps it awake for one more run
+    /// (something may have come while arming); the driver asks again after that run if
+    /// it is idle too. Default: `true`.
+    fn before_sleep(&mut self) -> bool {
+        true
+    }
 }
 
 impl<F> Poller for F

@@ -60,6 +60,10 @@ pub trait CqBackend: Send {
     fn wait_fd(&self) -> Option<RawFd> {
         None
     }
+    /// See [`Cq::arm`]. Default: the descriptor needs no arming (`true`).
+    fn arm(&mut self) -> bool {
+        true
+    }
 }
 
 /// A completion queue made by [`Fabric::create_cq`](crate::fabric::Fabric::create_cq).
@@ -116,12 +120,24 @@ impl Cq {
     /// A descriptor that becomes readable when a connection of the CQ may have progress
     /// to make (data arrived, a peer hung up), for a poller that sleeps when idle
     /// (docs/ARCHITECTURE.md, "Interrupt mode"): the tcp fabric's epoll readiness set.
-    /// `None` where the backend has none (verbs, loopback, tcp without a set or with
-    /// io_uring readiness): such a CQ must be polled, on an idle period at least.
+    /// On verbs, the devices' completion channels, raised only once [`Cq::arm`]ed.
+    /// `None` where the backend has none (loopback, tcp without a set or with io_uring
+    /// readiness): such a CQ must be polled, on an idle period at least.
     /// Connections the set does not watch yet (one just handed to the CQ's thread) are
     /// found by that polling too.
     pub fn wait_fd(&self) -> Option<RawFd> {
         self.inner.wait_fd()
+    }
+
+    /// Readies [`Cq::wait_fd`] for a poller about to sleep: on verbs a completion channel
+    /// raises one event for the first completion after it is armed, so the CQ arms what
+    /// is not armed yet. `true` when sleeping now misses nothing (it was armed already,
+    /// and nothing came since, or the backend needs no arming); `false` when it armed
+    /// just now: a completion may have come before the arming without raising the
+    /// descriptor, so poll once more first. Cheap to call only before sleeping (on verbs
+    /// a system call per device).
+    pub fn arm(&mut self) -> bool {
+        self.inner.arm()
     }
 
     /// A reference to make connections on this CQ with

@@ -658,4 +658,9 @@ impl Poller for ServerCore {
     fn may_sleep(&self) -> bool {
         self.requests.is_idle() && self.closing.is_empty()
     }
+
+    /// Arms the shared CQ's descriptor (verbs' completion channels).
+    fn before_sleep(&mut self) -> bool {
+        self.cq.as_mut().map_or(true, Cq::arm)
+    }
 }

@@ -719,16 +719,24 @@ unsafe extern "C" fn poll_slot(arg: *mut c_void) -> c_int {
     let on = unsafe { OnCore::assume(s.id.core()) };
     let id = s.id;
     driver.table(on).current = Some(id);
-    let (r, stay) = match s.poller.try_borrow_mut() {
+    let (r, stay, hold) = match s.poller.try_borrow_mut() {
         Ok(mut p) => {
             let mut cx = SpdkCtx { driver, on };
             let r = p.poll(&mut cx);
-            (r, s.pace.get().is_some() && !p.may_sleep())
+            let stay = s.pace.get().is_some() && !p.may_sleep();
+            // About to sleep on its descriptors: they are readied first, and one more
+            // run follows if that readying may have missed something.
+            let hold = r == PollResult::Idle
+                && !stay
+                && !s.wakes.borrow().is_empty()
+                && s.pace.get().is_some_and(|st| st.slows_next(&s.pace()))
+                && !p.before_sleep();
+            (r, stay, hold)
         }
-        Err(_) => (PollResult::Idle, false),
+        Err(_) => (PollResult::Idle, false, false),
     };
     driver.table(on).current = None;
-    if let Some(mut st) = s.pace.get().filter(|_| !s.dead.get()) {
+    if let Some(mut st) = s.pace.get().filter(|_| !s.dead.get() && !hold) {
         match st.after(&s.pace(), r == PollResult::Busy || stay) {
             // SAFETY: live slot of this core, on its thread, no longer borrowed.
             Some(us) if !unsafe { repace(slot, us) } => {}

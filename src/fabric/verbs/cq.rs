@@ -12,6 +12,13 @@
 //! its next poll (as a private CQ's connection does at once). `IBV_EVENT_CQ_ERR`, read
 //! from the device's asynchronous events, is the overrun: [`CqEvent::Overrun`], and
 //! every connection of the CQ breaks.
+//!
+//! Each device's queue reports to a completion channel of its own, and the channels sit
+//! in one epoll set, the CQ's [`Cq::wait_fd`](crate::fabric::Cq::wait_fd), for a poller
+//! that sleeps when idle (docs/ARCHITECTURE.md, "Interrupt mode"). A channel raises an
+//! event only for the first completion after `ibv_req_notify_cq`: the poller arms the CQ
+//! before it sleeps ([`CqBackend::arm`]), and the events are read back once completions
+//! come, so the set is quiet again while the poller spins.
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -19,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::slots::QueueSlots;
-use super::sys::{self, AsyncEvent, PollBuf, RawWc};
+use super::sys::{self, AsyncEvent, PollBuf, RawWc, WakeSet};
 use super::{wc, Domain, Shared, Table};
 use crate::fabric::cq::{thread_token, OwnedByThread};
 use crate::fabric::{CqBackend, CqEvent, QpCaps, Wc};
@@ -133,7 +140,7 @@ impl CqShare {
 
 impl DeviceCq {
     fn new(shared: Arc<Shared>, entries: u32) -> Result<DeviceCq, sys::SysError> {
-        let cq = sys::Cq::create(&shared.pd, entries, shared.attr.max_cqe)?;
+        let cq = sys::Cq::create_notified(&shared.pd, entries, shared.attr.max_cqe)?;
         Ok(DeviceCq {
             shared,
             cq,
@@ -149,6 +156,8 @@ struct DevicePoll {
     by_qp: HashMap<u32, Arc<ShadowCell>>,
     /// Completions of connections another thread holds, oldest first.
     deferred: VecDeque<RawWc>,
+    /// The queue was armed (`ibv_req_notify_cq`) and its event not read back yet.
+    armed: bool,
 }
 
 /// A verbs CQ shared by connections.
@@ -164,6 +173,10 @@ pub(super) struct VerbsCq {
     entries: u32,
     event: Option<CqEvent>,
     poll_error_logged: bool,
+    /// The devices' completion channels in one set ([`CqBackend::wait_fd`]); `None` if
+    /// the set could not be made (the CQ is then polled on a timer when idle).
+    wake: Option<WakeSet>,
+    notify_error_logged: bool,
 }
 
 /// What becomes of one raw completion.
@@ -201,6 +214,9 @@ impl VerbsCq {
         st.cqs.retain(|c| c.strong_count() > 0);
         st.cqs.push(Arc::downgrade(&share));
         drop(st);
+        let wake = WakeSet::new()
+            .map_err(|e| tracing::warn!("verbs completion queue: no wake-up descriptor: {e}"))
+            .ok();
         let mut cq = VerbsCq {
             view: Vec::new(),
             generation: 0,
@@ -210,6 +226,8 @@ impl VerbsCq {
             entries: granted.unwrap_or(entries),
             event: None,
             poll_error_logged: false,
+            wake,
+            notify_error_logged: false,
         };
         cq.renew_view();
         Ok(cq)
@@ -229,6 +247,16 @@ impl VerbsCq {
                 _ => false,
             };
             if !same {
+                if let Some(w) = &self.wake {
+                    if let Some(fd) = v.as_ref().and_then(|(d, _)| d.cq.event_fd()) {
+                        w.remove(fd);
+                    }
+                    if let Some(fd) = now.as_ref().and_then(|d| d.cq.event_fd()) {
+                        if let Err(e) = w.add(fd) {
+                            tracing::warn!("verbs completion queue: {e}");
+                        }
+                    }
+                }
                 *v = now.map(|d| (d, DevicePoll::default()));
             }
         }
@@ -274,7 +302,11 @@ impl VerbsCq {
         wcs: &mut [Wc],
     ) -> usize {
         let me = thread_token();
-        let DevicePoll { by_qp, deferred } = p;
+        let DevicePoll {
+            by_qp,
+            deferred,
+            armed,
+        } = p;
         dev.take_incoming(by_qp);
         let mut filled = 0;
         // First what waited, in order; what still cannot go keeps its place.
@@ -321,7 +353,23 @@ impl VerbsCq {
                 }
             }
         }
+        if *armed && filled > 0 && Self::take_events(dev, poll_error_logged) > 0 {
+            // The completions that raised the event are here: the channel is quiet
+            // again until the next arming.
+            *armed = false;
+        }
         filled
+    }
+
+    /// Reads back the events of `dev`'s channel; how many there were.
+    fn take_events(dev: &DeviceCq, error_logged: &mut bool) -> u32 {
+        dev.cq.take_events().unwrap_or_else(|e| {
+            if !*error_logged {
+                *error_logged = true;
+                tracing::error!(device = dev.shared.pd.device().name(), "{e}");
+            }
+            0
+        })
     }
 
     /// Reads the devices' asynchronous events: this CQ's errors are kept here, other
@@ -400,5 +448,43 @@ impl CqBackend for VerbsCq {
 
     fn share(&self) -> Arc<dyn Any + Send + Sync> {
         self.share.clone()
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.wake.as_ref().map(WakeSet::fd)
+    }
+
+    /// Arms each device's queue that is not armed yet, first reading back the events
+    /// that came since (a channel left readable would wake the sleeper at once, for
+    /// ever). A queue that could not be armed is polled on the caller's timer.
+    fn arm(&mut self) -> bool {
+        if self.wake.is_none() {
+            return true;
+        }
+        if self.share.generation.load(Ordering::Acquire) != self.generation {
+            self.renew_view();
+        }
+        let mut anew = false;
+        for (dev, p) in self.view.iter_mut().flatten() {
+            if Self::take_events(dev, &mut self.poll_error_logged) > 0 {
+                p.armed = false;
+            }
+            if p.armed {
+                continue;
+            }
+            match dev.cq.arm() {
+                Ok(()) => {
+                    p.armed = true;
+                    anew = true;
+                }
+                Err(e) => {
+                    if !self.notify_error_logged {
+                        self.notify_error_logged = true;
+                        tracing::warn!(device = dev.shared.pd.device().name(), "{e}");
+                    }
+                }
+            }
+        }
+        !anew
     }
 }

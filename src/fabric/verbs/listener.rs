@@ -4,6 +4,10 @@
 //!
 //! Each request's new cm_id is moved at once to an event channel of its own
 //! (`rdma_migrate_id`), so every connection polls only its own events.
+//!
+//! The listening id's event channel sits in an epoll set, the listener's
+//! [`Listener::wait_fd`] for an acceptor that sleeps when idle: the same descriptor for
+//! the listener's life, whichever id listens (a new one after its device came back).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::conn::{Slots, VerbsConn};
 use super::cq::CqShare;
-use super::sys::{CmEventKind, CmId, Endpoint, EventChannel, RawEvent};
+use super::sys::{CmEventKind, CmId, Endpoint, EventChannel, RawEvent, WakeSet};
 use super::{Domain, Shared};
 use crate::fabric::{
     Conn, ConnRequest, CqRef, Fabric, FabricError, Hca, Listener, PendingConn, PrivateData, QpCaps,
@@ -36,6 +40,9 @@ pub(super) struct VerbsListener {
     /// When to try listening again, while `id` is `None`.
     relisten_at: Instant,
     error_logged: bool,
+    /// The listening id's event channel, when there is one (`None`: no epoll set could be
+    /// made; the listener is polled on the acceptor's timer).
+    wake: Option<WakeSet>,
 }
 
 /// A listening id on `addr`, with the device it is bound to.
@@ -70,14 +77,35 @@ impl VerbsListener {
         let (id, shared) =
             listen_on(&dom, addr).map_err(|reason| FabricError::Listen { addr, reason })?;
         let local = id.local_addr().unwrap_or(addr);
-        Ok(VerbsListener {
+        let wake = WakeSet::new()
+            .map_err(|e| tracing::warn!(%addr, "listener: no wake-up descriptor: {e}"))
+            .ok();
+        let mut l = VerbsListener {
             dom,
-            id: Some(id),
+            id: None,
             shared,
             local,
             relisten_at: Instant::now(),
             error_logged: false,
-        })
+            wake,
+        };
+        l.set_id(Some(id));
+        Ok(l)
+    }
+
+    /// Listens through `id` (none: not listening), its channel in the wake-up set.
+    fn set_id(&mut self, id: Option<CmId>) {
+        if let Some(w) = &self.wake {
+            if let Some(old) = &self.id {
+                w.remove(old.channel().fd());
+            }
+            if let Some(new) = &id {
+                if let Err(e) = w.add(new.channel().fd()) {
+                    tracing::warn!(addr = %self.local, "listener: {e}");
+                }
+            }
+        }
+        self.id = id;
     }
 
     /// Lets the listening id go when its device has gone, and listens again (on the
@@ -94,7 +122,7 @@ impl VerbsListener {
                 device = name.as_deref().unwrap_or(""),
                 "listener: its RDMA device has gone; listening again once the address is on a device"
             );
-            self.id = None;
+            self.set_id(None);
             self.shared = None;
             self.relisten_at = Instant::now();
         }
@@ -112,7 +140,7 @@ impl VerbsListener {
                     device = shared.as_ref().map_or("", |s| s.pd.device().name()),
                     "listening again"
                 );
-                self.id = Some(id);
+                self.set_id(Some(id));
                 self.shared = shared;
                 true
             }
@@ -196,6 +224,10 @@ impl Listener for VerbsListener {
 
     fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.wake.as_ref().map(WakeSet::fd)
     }
 }
 

@@ -20,6 +20,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
@@ -598,5 +599,48 @@ impl Drop for MemWindow {
             // SAFETY: as in `hold`: the one strong count `bound` owned.
             drop(unsafe { Arc::from_raw(held) });
         }
+    }
+}
+
+/// An epoll set, level-triggered for input, over descriptors the fabric owns elsewhere
+/// (completion channels, rdma_cm event channels): one descriptor that a sleeping poller
+/// waits on for all of them (`Cq::wait_fd`, `Listener::wait_fd`).
+pub(super) struct WakeSet(OwnedFd);
+
+impl WakeSet {
+    pub fn new() -> Result<WakeSet, SysError> {
+        // SAFETY: no pointer arguments.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(SysError::last("epoll_create1"));
+        }
+        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+        Ok(WakeSet(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Watches `fd` (open, and owned by the caller until [`WakeSet::remove`]).
+    pub fn add(&self, fd: RawFd) -> Result<(), SysError> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, "epoll_ctl(EPOLL_CTL_ADD)")
+    }
+
+    /// Stops watching `fd`; errors are ignored (closing `fd` removes it too).
+    pub fn remove(&self, fd: RawFd) {
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, "epoll_ctl(EPOLL_CTL_DEL)");
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, call: &'static str) -> Result<(), SysError> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        // SAFETY: `ev` is a valid event the kernel only reads; both descriptors are open.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(SysError::last(call));
+        }
+        Ok(())
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }

@@ -45,6 +45,12 @@ impl EventChannel {
         Ok(Arc::new(chan))
     }
 
+    /// The channel's descriptor: readable while an event waits to be read.
+    pub fn fd(&self) -> libc::c_int {
+        // SAFETY: the channel is live; its fd is set by rdma_create_event_channel.
+        unsafe { (*self.raw).fd }
+    }
+
     /// The next event, copied out and acknowledged; `None` when none is pending.
     pub fn next_event(self: &Arc<Self>) -> Result<Option<RawEvent>, SysError> {
         let mut ev: *mut ffi::rdma_cm_event = ptr::null_mut();

@@ -103,8 +103,49 @@ pub(in crate::fabric::verbs) struct RawWc {
 /// A completion queue, shared by the queue pairs created on it (each holds an `Arc`).
 pub(in crate::fabric::verbs) struct Cq {
     raw: *mut ffi::ibv_cq,
+    /// The completion channel the CQ reports to once armed ([`Cq::create_notified`]).
+    /// Destroyed after the CQ (`Drop`), which verbs requires.
+    channel: Option<CompChannel>,
     // Dropped after ibv_destroy_cq: the context goes last.
     _dev: Arc<Device>,
+}
+
+/// An `ibv_comp_channel` whose descriptor is non-blocking: readable while an event of an
+/// armed CQ waits to be read (`ibv_get_cq_event`).
+struct CompChannel(*mut ffi::ibv_comp_channel);
+
+impl CompChannel {
+    fn create(dev: &Device) -> Result<CompChannel, SysError> {
+        // SAFETY: the context is open (the caller holds the device).
+        let raw = unsafe { ffi::ibv_create_comp_channel(dev.ctx) };
+        if raw.is_null() {
+            return Err(SysError::last("ibv_create_comp_channel"));
+        }
+        let ch = CompChannel(raw);
+        let fd = ch.fd();
+        // SAFETY: fcntl on the channel's own descriptor; only the status flags change.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(SysError::last("fcntl(comp_channel, F_SETFL, O_NONBLOCK)"));
+        }
+        Ok(ch)
+    }
+
+    fn fd(&self) -> libc::c_int {
+        // SAFETY: the channel is live; `fd` is set by ibv_create_comp_channel.
+        unsafe { (*self.0).fd }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_comp_channel, destroyed once, after its CQ.
+        let ret = unsafe { ffi::ibv_destroy_comp_channel(self.0) };
+        if ret != 0 {
+            tracing::warn!(ret, "ibv_destroy_comp_channel failed");
+        }
+    }
 }
 
 // SAFETY: a CQ is only passed to verbs calls, which are thread-safe; polling needs
@@ -128,24 +169,88 @@ impl PollBuf {
 impl Cq {
     /// A CQ of `cqe` entries (clamped to 1..=`max_cqe`) on `pd`'s context.
     pub fn create(pd: &Arc<Pd>, cqe: u32, max_cqe: u32) -> Result<Arc<Cq>, SysError> {
+        Cq::make(pd, cqe, max_cqe, None)
+    }
+
+    /// As [`Cq::create`], with a completion channel of its own: [`Cq::event_fd`] becomes
+    /// readable at the first completion after [`Cq::arm`].
+    pub fn create_notified(pd: &Arc<Pd>, cqe: u32, max_cqe: u32) -> Result<Arc<Cq>, SysError> {
+        let ch = CompChannel::create(pd.device())?;
+        Cq::make(pd, cqe, max_cqe, Some(ch))
+    }
+
+    fn make(
+        pd: &Arc<Pd>,
+        cqe: u32,
+        max_cqe: u32,
+        channel: Option<CompChannel>,
+    ) -> Result<Arc<Cq>, SysError> {
         let cqe = cqe.clamp(1, max_cqe.max(1));
-        // SAFETY: the context is open (held by the PD); no completion channel.
+        let ch = channel.as_ref().map_or(ptr::null_mut(), |c| c.0);
+        // SAFETY: the context is open (held by the PD); the channel, if any, is of the
+        // same context and outlives the CQ (dropped after it).
         let raw = unsafe {
-            ffi::ibv_create_cq(
-                pd.device().ctx,
-                cqe as libc::c_int,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                0,
-            )
+            ffi::ibv_create_cq(pd.device().ctx, cqe as libc::c_int, ptr::null_mut(), ch, 0)
         };
         if raw.is_null() {
             return Err(SysError::last("ibv_create_cq"));
         }
         Ok(Arc::new(Cq {
             raw,
+            channel,
             _dev: pd.device().clone(),
         }))
+    }
+
+    /// The descriptor of the CQ's completion channel (none without one).
+    pub fn event_fd(&self) -> Option<libc::c_int> {
+        self.channel.as_ref().map(CompChannel::fd)
+    }
+
+    /// Asks for one event on the channel at the next completion (`ibv_req_notify_cq`,
+    /// every completion, not only solicited ones). Completions already in the CQ may not
+    /// raise it: poll once more after arming.
+    pub fn arm(&self) -> Result<(), SysError> {
+        if self.channel.is_none() {
+            return Err(SysError::invalid(
+                "ibv_req_notify_cq",
+                "the CQ has no completion channel",
+            ));
+        }
+        // SAFETY: the CQ is live.
+        let ret = unsafe { ffi::ibv_req_notify_cq(self.raw, 0) };
+        SysError::check("ibv_req_notify_cq", ret)
+    }
+
+    /// Reads and acknowledges every event waiting on the channel, without blocking; how
+    /// many there were (0 without a channel).
+    pub fn take_events(&self) -> Result<u32, SysError> {
+        let Some(ch) = &self.channel else {
+            return Ok(0);
+        };
+        let mut n = 0u32;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            // SAFETY: the channel is live and non-blocking; both out-pointers are valid.
+            let ret = unsafe { ffi::ibv_get_cq_event(ch.0, &mut cq, &mut ctx) };
+            if ret != 0 {
+                let e = std::io::Error::last_os_error();
+                if n > 0 {
+                    // SAFETY: `n` events of this CQ (the channel's only one) were read
+                    // and not yet acknowledged.
+                    unsafe { ffi::ibv_ack_cq_events(self.raw, n) };
+                }
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    return Ok(n);
+                }
+                return Err(SysError {
+                    call: "ibv_get_cq_event",
+                    source: e,
+                });
+            }
+            n += 1;
+        }
     }
 
     /// Whether `raw` (from an asynchronous event) names this CQ.
