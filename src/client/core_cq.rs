@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::cross_core::SessShared;
 use crate::fabric::cq::OwnedByThread;
-use crate::fabric::{Cq, CqEvent, CqRef, Fabric, FabricError, FabricKind, Wc};
+use crate::fabric::{Cq, CqEvent, CqRef, Fabric, FabricError, Wc};
 use crate::sync::lock;
 
 /// Completions taken from the CQ per loop (at most; fewer while some wait untaken).
@@ -46,16 +46,6 @@ const NO_QP: u32 = u32::MAX;
 /// Loops between looks at the CQ's events (overrun) and sweeps of dead routes; verbs
 /// reads its events with a system call.
 const EVENT_EVERY: u64 = 256;
-
-/// Entries of a core's CQ: a software CQ costs nothing per entry, so it takes the most
-/// there is (an overrun breaks every connection on it); a verbs CQ is device memory,
-/// sized for about twenty connections of queue depth 512 at once.
-pub(crate) fn core_cq_entries(kind: FabricKind) -> u32 {
-    match kind {
-        FabricKind::Verbs => 1 << 16,
-        _ => crate::fabric::soft::cq::MAX_CQ_ENTRIES,
-    }
-}
 
 /// One connection on the CQ: the session whose core holds it (its `qp_num` is in
 /// [`HubState::qps`]).
@@ -120,7 +110,7 @@ impl CoreCq {
     /// The fabric's, when it has no shared CQs ([`Fabric::create_cq`]): the core's
     /// sessions then keep a private CQ per connection, as when no `CoreCq` is attached.
     pub fn new(fabric: &dyn Fabric, core: usize) -> Result<CoreCq, FabricError> {
-        let cq = fabric.create_cq(core_cq_entries(fabric.kind()))?;
+        let cq = fabric.create_cq(fabric.caps().core_cq_entries)?;
         let share = cq.share();
         Ok(CoreCq {
             hub: Arc::new(Hub {

@@ -511,6 +511,11 @@ pub struct FabricCaps {
     /// false on verbs, where the NIC executes them in send-queue order and only their
     /// completion says they are done.
     pub local_ops_at_post: bool,
+    /// Entries of a CQ that the connections of one core share ([`Fabric::create_cq`]):
+    /// on verbs 65,536, or the device's `max_cqe` where that is lower (Soft-RoCE's is
+    /// 32,768), since each entry is memory the device keeps; on the software fabrics
+    /// their largest CQ, whose entries cost nothing until used.
+    pub core_cq_entries: u32,
 }
 
 /// How [`Fabric::listen`] listens.

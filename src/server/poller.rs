@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::common::{LinkEvent, RtrsCon};
 use crate::engine::{Ctx, PollResult, Poller};
-use crate::fabric::{CmEvent, ConnState, Cq, FabricKind, Wc, WcOpcode, WcStatus};
+use crate::fabric::{CmEvent, ConnState, Cq, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
 use crate::sync::lock;
 
@@ -39,16 +39,6 @@ const CQ_BATCH: usize = 64;
 /// Calls of the core's shared CQ per loop, at most, per connection on it (a round is
 /// one call per connection with completions, more for one with more than a batch).
 const CQ_CALLS_PER_CON: usize = 16;
-
-/// Entries of a core's shared CQ. A software CQ costs nothing per entry, so it takes the
-/// most there is (an overrun breaks every connection of the core); a verbs CQ is device
-/// memory, sized for about twenty connections of queue depth 512 at once.
-fn core_cq_entries(kind: FabricKind) -> u32 {
-    match kind {
-        FabricKind::Verbs => 1 << 16,
-        _ => crate::fabric::soft::cq::MAX_CQ_ENTRIES,
-    }
-}
 
 /// `": why"` when the fabric broke connection `con` because it refused the peer (a
 /// remote access error with its key and range, an invalid frame, a forged ack), else
@@ -99,7 +89,7 @@ impl ServerCore {
     pub fn new(sh: Arc<ServerState>, core: usize, handler: Box<dyn ServerHandler>) -> ServerCore {
         let qd = usize::from(sh.cfg.queue_depth);
         let max_hdr = sh.cfg.max_hdr as usize;
-        let cq = match sh.fabric.create_cq(core_cq_entries(sh.fabric.kind())) {
+        let cq = match sh.fabric.create_cq(sh.fabric.caps().core_cq_entries) {
             Ok(cq) => {
                 let _ = sh.cqs[core].set(cq.share());
                 Some(cq)

@@ -51,8 +51,8 @@ const MSG_RING: usize = 65_536;
 /// wake-up of the thread while they find work; after 2000 runs in a row without (a few
 /// milliseconds of spinning, far longer than the gap between the requests of a busy
 /// QD1 stream) every millisecond, which is how late the first request after an idle spell
-/// is seen on a queue without a descriptor to wake on (verbs, loopback); the tcp fabric's
-/// readiness set wakes its poller at once.
+/// is seen on a queue without a descriptor to wake on (loopback); the tcp fabric's
+/// readiness set and verbs' completion channels wake their poller at once.
 pub const INTR_PACE: PollPace = PollPace {
     active_us: 0,
     idle_us: 1000,

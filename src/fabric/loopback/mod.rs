@@ -225,6 +225,7 @@ impl Fabric for LoopbackFabric {
             max_send_sge: MAX_SGE as u32,
             max_mr_size: MAX_MR_SIZE,
             local_ops_at_post: true,
+            core_cq_entries: crate::fabric::soft::cq::MAX_CQ_ENTRIES,
         }
     }
 

@@ -55,6 +55,7 @@ pub const TCP_CAPS: FabricCaps = FabricCaps {
     max_send_sge: 32,
     max_mr_size: 1 << 30,
     local_ops_at_post: true,
+    core_cq_entries: soft::cq::MAX_CQ_ENTRIES,
 };
 
 /// The environment variable that makes [`TcpFabric::new`] answer local memory as verbs

@@ -75,6 +75,9 @@ const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma li
 /// Devices a fabric uses at most: a connection's number carries its device's index in
 /// its top byte (`qp_tag`), and 0xff there is kept free for "no queue pair" markers.
 const MAX_DEVICES: usize = 255;
+/// Entries of a core's shared CQ where the device allows as many
+/// ([`FabricCaps::core_cq_entries`]).
+const CORE_CQ_ENTRIES: u32 = 1 << 16;
 /// Room for devices added after the fabric is opened, beyond those present then.
 const SPARE_SLOTS: usize = 8;
 /// How often the fabric looks for devices that came or went (`Table::rescan`).
@@ -548,6 +551,7 @@ impl VerbsFabric {
             caps.max_recv_wr = caps.max_recv_wr.min(d.caps.max_recv_wr);
             caps.max_send_sge = caps.max_send_sge.min(d.caps.max_send_sge);
             caps.max_mr_size = caps.max_mr_size.min(d.caps.max_mr_size);
+            caps.core_cq_entries = caps.core_cq_entries.min(d.caps.core_cq_entries);
         }
         let table = Arc::new(Table {
             caps,
@@ -660,6 +664,7 @@ fn open_device(name: &str) -> Result<DevInfo, FabricError> {
         max_send_sge: attr.max_sge,
         max_mr_size: attr.max_mr_size,
         local_ops_at_post: false,
+        core_cq_entries: attr.max_cqe.min(CORE_CQ_ENTRIES),
     };
     if attr.max_mw == 0 {
         tracing::warn!(device = %name, "device reports no memory windows; fast registration will fail");

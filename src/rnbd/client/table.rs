@@ -28,6 +28,7 @@
 //! zero buffer of emulated write-zeroes ([`zeroes`](super::zeroes)) is registered once
 //! for every device and core of the session.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::device::{DevState, RnbdDevice};
@@ -93,6 +94,9 @@ pub struct DeviceTable {
     /// Devices the server answered −ENOTCONN for, with the table version the request
     /// was built at (see the module doc): written on that error only.
     closed: Mutex<Vec<(DevHandle, u64)>>,
+    /// `closed` may hold reports: what the admin's every step reads, so that it takes
+    /// the lock only when there is something to take.
+    has_closed: AtomicBool,
 }
 
 impl DeviceTable {
@@ -140,11 +144,17 @@ impl DeviceTable {
         if !c.contains(&(dev, version)) {
             c.push((dev, version));
         }
+        self.has_closed.store(true, Ordering::Release);
     }
 
     /// The reports since the last call.
     pub(super) fn take_closed(&self) -> Vec<(DevHandle, u64)> {
-        std::mem::take(&mut *lock(&self.closed))
+        if !self.has_closed.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut c = lock(&self.closed);
+        self.has_closed.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *c)
     }
 
     /// A new in-flight counter for one queue.
