@@ -19,7 +19,7 @@
 #   --release   test release binaries (built here); default: the debug binaries that
 #               `cargo test` builds (built here when missing)
 #   --only      comma-separated groups: verbs,loop,to-kernel,from-kernel,multipath,spdk,
-#               limits,devices
+#               spdk-intr,limits,devices
 #   --keep      keep the guest's output directory (always kept on failure)
 #
 # Environment: RTRS_KVM_WORK (work directory; default target/kernel-vm), RTRS_KVM_MEM
@@ -186,7 +186,7 @@ BIN=$REPO/target/$PROFILE
 
 SPDK=""
 PLUGIN=""
-if [[ ",$ONLY," =~ ,(all|spdk|limits|devices), ]]; then
+if [[ ",$ONLY," =~ ,(all|spdk|spdk-intr|limits|devices), ]]; then
 	. ci/spdk/lib.sh
 	SPDK_DIR=$(spdk_find)
 	if [[ -n "$SPDK_DIR" ]] && spdk_setup_paths >/dev/null 2>&1; then

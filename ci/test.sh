@@ -34,7 +34,7 @@ cargo build --benches -q
 phase "ci/kernel-vm.sh --kernel 6.1 (interop with the kernel's RTRS/RNBD over rxe)"
 ci/kernel-vm.sh --kernel 6.1
 phase "ci/kernel-vm.sh --kernel 6.12 (the groups that differ by kernel)"
-ci/kernel-vm.sh --kernel 6.12 --only verbs,to-kernel,from-kernel,limits,spdk
+ci/kernel-vm.sh --kernel 6.12 --only verbs,to-kernel,from-kernel,limits,spdk,spdk-intr
 # The SPDK plugin tests (one SKIPPED line when SPDK is not found).
 phase "ci/spdk-test.sh"
 ci/spdk-test.sh

@@ -780,13 +780,27 @@ EOJ
 		else
 			fail spdk.target-from-kernel "spdk_tgt, its RPCs or map_device failed"
 		fi
-		app_stop tgt
+		cp "$APP_DIR"/*.log "$OUT/" 2>/dev/null
+		apps_stop_all
+		rmmod rnbd_client rtrs_client 2>/dev/null
+		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log
+	fi
+fi
+
+if want spdk-intr; then
+	spdk_check
+	if [[ -n $SPDK_WHY ]]; then
+		echo "SKIP spdk-intr: $SPDK_WHY" >>"$R"
+	else
+		log "== spdk-intr: the plugin's target in SPDK's interrupt mode, over rdma, for the kernel's client"
+		"${MP[@]}" rnbd_client
 		# Interrupt mode over rdma (docs/ARCHITECTURE.md, "Interrupt mode"): the target's
 		# pollers sleep on the verbs fabric's descriptors (the CQ's completion channels, the
 		# listener's event channel), are woken by the kernel client's IO, and sleep again.
-		L=$OUT/spdk.interrupt.log
-		truncate -s 16M "$TMPD/intr.img"
-		if app_start itgt "$SPDK_TGT" -m 0x1 "${MEM[@]}" --interrupt-mode &&
+		L=$OUT/spdk-intr.log
+		# nvmf_tgt, not spdk_tgt: spdk_tgt's iSCSI poll group spins in interrupt mode.
+		truncate -s 64M "$TMPD/intr.img"
+		if [[ -n $NVMF_TGT ]] && app_start itgt "$NVMF_TGT" -m 0x1 "${MEM[@]}" --interrupt-mode &&
 			rpc itgt bdev_aio_create "$TMPD/intr.img" a0 512 >>"$L" 2>&1 &&
 			rpc itgt rtrs_target_listen -t rdma -a $IP1 -s 1234 >>"$L" 2>&1 &&
 			rpc itgt rtrs_target_export a0 -e ivol -a rw >>"$L" 2>&1 &&
@@ -809,21 +823,21 @@ EOJ
 				done
 			}
 			cpu() { awk '{ print $14 + $15 }' "/proc/$(app_pid itgt)/stat"; }
-			asleep "connected, before IO" && dd_check "$IDEV" spdk.interrupt && spaced &&
+			asleep "connected, before IO" && dd_check "$IDEV" spdk-intr && spaced &&
 				asleep "after IO"
 			rc=$?
 			c0=$(cpu)
 			sleep 5
 			c1=$(cpu)
 			unmap "$IDEV"
-			check spdk.interrupt $((rc + $?)) "spdk_tgt --interrupt-mode, rtrs target over rdma: pollers asleep before and after IO, dd verify and 8 spaced reads from the kernel's client; idle $(((c1 - c0) * 100 / ($(getconf CLK_TCK) * 5))) % of a core over 5 s ($(tail -n 1 "$L" | cut -c1-120))"
+			check spdk-intr.pollers $((rc + $?)) "nvmf_tgt --interrupt-mode, rtrs target over rdma: pollers asleep before and after IO, dd verify and 8 spaced reads from the kernel's client; idle $(((c1 - c0) * 100 / ($(getconf CLK_TCK) * 5))) % of a core over 5 s ($(tail -n 1 "$L" | cut -c1-120))"
 		else
-			fail spdk.interrupt "spdk_tgt --interrupt-mode, its RPCs or map_device failed: $(tail -n 3 "$L" | tr -s ' \n' ' ' | cut -c1-200)"
+			fail spdk-intr.pollers "nvmf_tgt ${NVMF_TGT:-(not found)} --interrupt-mode, its RPCs or map_device failed: $(tail -n 3 "$L" | tr -s ' \n' ' ' | cut -c1-200)"
 		fi
-		cp "$APP_DIR"/*.log "$OUT/" 2>/dev/null
+		cp "$APP_DIR"/itgt.log "$OUT/" 2>/dev/null
 		apps_stop_all
 		rmmod rnbd_client rtrs_client 2>/dev/null
-		clean spdk "$OUT"/spdk.*.log "$OUT"/tgt.log "$OUT"/itgt.log
+		clean spdk-intr "$OUT"/spdk-intr.log "$OUT"/itgt.log
 	fi
 fi
 
