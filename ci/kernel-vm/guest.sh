@@ -800,8 +800,18 @@ if want spdk-intr; then
 		L=$OUT/spdk-intr.log
 		# nvmf_tgt, not spdk_tgt: spdk_tgt's iSCSI poll group spins in interrupt mode.
 		truncate -s 64M "$TMPD/intr.img"
+		cpu() { awk '{ print $14 + $15 }' "/proc/$(app_pid itgt)/stat"; }
+		# The target's CPU over 5 s, in % of a core.
+		cpu5() {
+			local c0 c1
+			c0=$(cpu)
+			sleep 5
+			c1=$(cpu)
+			echo $(((c1 - c0) * 100 / ($(getconf CLK_TCK) * 5)))
+		}
 		if [[ -n $NVMF_TGT ]] && app_start itgt "$NVMF_TGT" -m 0x1 "${MEM[@]}" --interrupt-mode &&
 			rpc itgt bdev_aio_create "$TMPD/intr.img" a0 512 >>"$L" 2>&1 &&
+			FLOOR=$(cpu5) &&
 			rpc itgt rtrs_target_listen -t rdma -a $IP1 -s 1234 >>"$L" 2>&1 &&
 			rpc itgt rtrs_target_export a0 -e ivol -a rw >>"$L" 2>&1 &&
 			IDEV=$(map spdk3 ivol $IP1); then
@@ -822,15 +832,22 @@ if want spdk-intr; then
 					dd if="$IDEV" of=/dev/null bs=4k count=1 skip=$((i * 7)) iflag=direct status=none 2>>"$L" || return 1
 				done
 			}
-			cpu() { awk '{ print $14 + $15 }' "/proc/$(app_pid itgt)/stat"; }
+			# The client drops its path and connects it again: the sleeping acceptor is
+			# woken by the listener's channel, the old connections go on the timer.
+			reconnect() {
+				local p
+				for p in /sys/class/rtrs-client/spdk3/paths/*; do
+					echo 1 >"$p/reconnect" 2>>"$L" || return 1
+				done
+				sleep 1
+				wait_connected spdk3 60 && dd_check "$IDEV" spdk-intr
+			}
 			asleep "connected, before IO" && dd_check "$IDEV" spdk-intr && spaced &&
-				asleep "after IO"
+				asleep "after IO" && reconnect && asleep "after the client's reconnect"
 			rc=$?
-			c0=$(cpu)
-			sleep 5
-			c1=$(cpu)
+			IDLE=$(cpu5)
 			unmap "$IDEV"
-			check spdk-intr.pollers $((rc + $?)) "nvmf_tgt --interrupt-mode, rtrs target over rdma: pollers asleep before and after IO, dd verify and 8 spaced reads from the kernel's client; idle $(((c1 - c0) * 100 / ($(getconf CLK_TCK) * 5))) % of a core over 5 s ($(tail -n 1 "$L" | cut -c1-120))"
+			check spdk-intr.pollers $((rc + $?)) "nvmf_tgt --interrupt-mode, rtrs target over rdma: pollers asleep before and after IO and after the client reconnected its path, dd verify (before and after) and 8 spaced reads from the kernel's client; the target's CPU over 5 s (TCG): $IDLE % with the client connected and idle, $FLOOR % before the plugin listened ($(tail -n 1 "$L" | cut -c1-120))"
 		else
 			fail spdk-intr.pollers "nvmf_tgt ${NVMF_TGT:-(not found)} --interrupt-mode, its RPCs or map_device failed: $(tail -n 3 "$L" | tr -s ' \n' ' ' | cut -c1-200)"
 		fi
