@@ -179,7 +179,7 @@ fn server(o: &Opts, mode: TcpReadiness, addr_tx: mpsc::Sender<SocketAddr>, stop:
                 let addr = u64::from_le_bytes(pd[..8].try_into().expect("8 bytes"));
                 let rkey = u32::from_le_bytes(pd[8..12].try_into().expect("4 bytes"));
                 let mut c = match &cq {
-                    Some(cq) => req.accept_on(&cq.share(), caps(per), &[]),
+                    Some(cq) => req.accept_into(&fabric, Some(&cq.share()), caps(per), &[]),
                     None => req.accept(caps(per), &[]),
                 }
                 .expect("accept");

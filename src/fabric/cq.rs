@@ -3,7 +3,7 @@
 //!
 //! [`Cq`] is the handle a caller polls; each backend puts its own queue behind it
 //! ([`CqBackend`]). A connection made on a CQ ([`ConnectOptions::on`](super::ConnectOptions::on),
-//! [`ConnRequest::accept_on`]) reports its completions there, each carrying the
+//! [`ConnRequest::accept_into`]) reports its completions there, each carrying the
 //! connection's [`Conn::qp_num`] in [`Wc::qp_num`].
 //!
 //! Software backends keep the progress state of every connection of a CQ where the CQ
@@ -19,7 +19,7 @@
 //!
 //! [`Conn::release_thread`]: crate::fabric::Conn::release_thread
 //! [`Fabric::connect`]: crate::fabric::Fabric::connect
-//! [`ConnRequest::accept_on`]: crate::fabric::ConnRequest::accept_on
+//! [`ConnRequest::accept_into`]: crate::fabric::ConnRequest::accept_into
 //! [`Conn::qp_num`]: crate::fabric::Conn::qp_num
 //! [`PostErrorKind::WrongThread`]: crate::fabric::PostErrorKind::WrongThread
 
@@ -142,7 +142,7 @@ impl Cq {
 
     /// A reference to make connections on this CQ with
     /// ([`Fabric::connect`](crate::fabric::Fabric::connect) with a CQ,
-    /// [`ConnRequest::accept_on`](crate::fabric::ConnRequest::accept_on)), from this
+    /// [`ConnRequest::accept_into`](crate::fabric::ConnRequest::accept_into)), from this
     /// thread or another (a control thread making the connections a core will serve).
     pub fn share(&self) -> CqRef {
         CqRef {

@@ -70,7 +70,7 @@
 //! [`Conn::qp_num`] in [`Wc::qp_num`].
 //!
 //! **Shared completion queues.** [`Fabric::create_cq`] makes a [`Cq`] with a number of
-//! entries; [`ConnectOptions::on`] and [`ConnRequest::accept_on`] make a connection on
+//! entries; [`ConnectOptions::on`] and [`ConnRequest::accept_into`] make a connection on
 //! it. Its completions then come out of [`Cq::poll`] (never out of [`Conn::poll_cq`],
 //! which on such a connection only makes progress), tagged with its `qp_num`; on the
 //! software fabrics that one poll drives every connection of the CQ. A connection made
@@ -383,7 +383,7 @@ impl QpCaps {
     /// Checks the sizes against a fabric's or device's `limits` (`whose` names them in
     /// the error): at least one send WR, and nothing beyond a limit; the error names the
     /// field. Every fabric checks a new queue pair with this one rule.
-    pub fn check_within(&self, limits: &QpCaps, whose: &str) -> Result<(), String> {
+    pub fn check_within(&self, limits: &FabricCaps, whose: &str) -> Result<(), String> {
         let fields = [
             ("max_send_wr", self.max_send_wr, limits.max_send_wr, 1),
             ("max_recv_wr", self.max_recv_wr, limits.max_recv_wr, 0),
@@ -908,33 +908,19 @@ impl ConnRequest {
     /// [`FabricError::Accept`] when the connection cannot be created or the peer is gone.
     pub fn accept(self, caps: QpCaps, private_data: &[u8]) -> Result<Box<dyn Conn>, FabricError> {
         let pd = PrivateData::new(private_data)?;
-        self.pending.accept(caps, pd)
+        self.pending.accept(None, None, caps, pd)
     }
 
-    /// [`ConnRequest::accept`] with the connection's completions on `cq` (a CQ made by
-    /// the listener's fabric) instead of a private CQ. The connection is held by the
-    /// calling thread ([`Conn::release_thread`]).
+    /// [`ConnRequest::accept`] into protection domain `domain` ([`Fabric::domain`] of the
+    /// listener's fabric, or that fabric itself: the connection's remote accesses are
+    /// checked against `domain`'s keys), with the connection's completions on `cq` (a CQ
+    /// made by the listener's fabric) instead of a private CQ when one is given. A
+    /// connection on a shared CQ is held by the calling thread ([`Conn::release_thread`]).
     ///
     /// # Errors
-    /// As [`ConnRequest::accept`]; [`FabricError::Cq`] when `cq` is another fabric's or
-    /// is in error (overrun).
-    pub fn accept_on(
-        self,
-        cq: &CqRef,
-        caps: QpCaps,
-        private_data: &[u8],
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let pd = PrivateData::new(private_data)?;
-        self.pending.accept_on(cq, caps, pd)
-    }
-
-    /// [`ConnRequest::accept`] or [`ConnRequest::accept_on`] (with `cq`) into protection
-    /// domain `domain` ([`Fabric::domain`] of the listener's fabric, or that fabric
-    /// itself): the connection's remote accesses are checked against `domain`'s keys.
-    ///
-    /// # Errors
-    /// As [`ConnRequest::accept_on`]; [`FabricError::Accept`] when `domain` is not a
-    /// domain of the listener's device.
+    /// As [`ConnRequest::accept`]; [`FabricError::Accept`] when `domain` is not a domain of
+    /// the listener's device; [`FabricError::Cq`] when `cq` is another fabric's or is in
+    /// error (overrun).
     pub fn accept_into(
         self,
         domain: &dyn Fabric,
@@ -943,7 +929,7 @@ impl ConnRequest {
         private_data: &[u8],
     ) -> Result<Box<dyn Conn>, FabricError> {
         let pd = PrivateData::new(private_data)?;
-        self.pending.accept_into(domain, cq, caps, pd)
+        self.pending.accept(Some(domain), cq, caps, pd)
     }
 
     /// Rejects with `private_data` (≤ 56 bytes), which the initiator sees in
@@ -960,8 +946,12 @@ impl ConnRequest {
 
 /// Backend half of a [`ConnRequest`].
 pub trait PendingConn: Send {
+    /// Accepts ([`ConnRequest::accept_into`]): into `domain` (none: the listener's own),
+    /// on `cq` (none: a private CQ).
     fn accept(
         self: Box<Self>,
+        domain: Option<&dyn Fabric>,
+        cq: Option<&CqRef>,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError>;
@@ -973,29 +963,6 @@ pub trait PendingConn: Send {
     /// Whether the initiator proved a pre-shared key ([`ConnRequest::authenticated`]).
     fn authenticated(&self) -> bool {
         false
-    }
-    /// Accepts into protection domain `domain` ([`ConnRequest::accept_into`]).
-    fn accept_into(
-        self: Box<Self>,
-        domain: &dyn Fabric,
-        cq: Option<&CqRef>,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError>;
-    /// Accepts on a shared CQ; the default refuses (a backend without shared CQs).
-    fn accept_on(
-        self: Box<Self>,
-        cq: &CqRef,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let _ = (caps, private_data);
-        Err(FabricError::Cq {
-            reason: format!(
-                "the {} fabric cannot accept on a shared completion queue",
-                cq.kind()
-            ),
-        })
     }
 }
 
@@ -1028,10 +995,11 @@ mod tests {
 
     #[test]
     fn queue_sizes_are_checked_against_limits_naming_the_field() {
-        let limits = QpCaps {
+        let limits = FabricCaps {
             max_send_wr: 64,
             max_recv_wr: 64,
             max_send_sge: 2,
+            ..crate::fabric::tcp::TCP_CAPS
         };
         let ok = QpCaps {
             max_send_wr: 64,

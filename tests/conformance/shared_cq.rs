@@ -152,8 +152,8 @@ pub fn shared_pairs(
         };
         assert_eq!(req.private_data.as_bytes()[0], i as u8, "request {i}");
         let conn = req
-            .accept_on(&server.cq.share(), caps, &[])
-            .unwrap_or_else(|e| panic!("accept_on: {e}"));
+            .accept_into(&*server.fabric, Some(&server.cq.share()), caps, &[])
+            .unwrap_or_else(|e| panic!("accept on the server's CQ: {e}"));
         server.add(conn);
         let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
         pump_until(&mut client, &mut server, "Established", |c, s| {

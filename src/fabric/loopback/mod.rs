@@ -203,14 +203,19 @@ impl Names {
     }
 }
 
-/// Checks queue sizes against the loopback's limits ([`QpCaps::check_within`]).
+/// The loopback's limits.
+const LOOPBACK_CAPS: FabricCaps = FabricCaps {
+    max_send_wr: MAX_QUEUE_WR,
+    max_recv_wr: MAX_QUEUE_WR,
+    max_send_sge: MAX_SGE as u32,
+    max_mr_size: MAX_MR_SIZE,
+    local_ops_at_post: true,
+    core_cq_entries: crate::fabric::soft::cq::MAX_CQ_ENTRIES,
+};
+
+/// Checks queue sizes against [`LOOPBACK_CAPS`] ([`QpCaps::check_within`]).
 fn check_caps(caps: &QpCaps) -> Result<(), String> {
-    let limits = QpCaps {
-        max_send_wr: MAX_QUEUE_WR,
-        max_recv_wr: MAX_QUEUE_WR,
-        max_send_sge: MAX_SGE as u32,
-    };
-    caps.check_within(&limits, "the loopback's")
+    caps.check_within(&LOOPBACK_CAPS, "the loopback's")
 }
 
 impl Fabric for LoopbackFabric {
@@ -219,14 +224,7 @@ impl Fabric for LoopbackFabric {
     }
 
     fn caps(&self) -> FabricCaps {
-        FabricCaps {
-            max_send_wr: MAX_QUEUE_WR,
-            max_recv_wr: MAX_QUEUE_WR,
-            max_send_sge: MAX_SGE as u32,
-            max_mr_size: MAX_MR_SIZE,
-            local_ops_at_post: true,
-            core_cq_entries: crate::fabric::soft::cq::MAX_CQ_ENTRIES,
-        }
+        LOOPBACK_CAPS
     }
 
     fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
@@ -431,43 +429,31 @@ struct Pending {
 
 impl PendingConn for Pending {
     fn accept(
-        self: Box<Self>,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        Ok(Box::new(self.answer(caps, private_data)?))
-    }
-
-    fn accept_on(
-        self: Box<Self>,
-        cq: &CqRef,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        soft::cq::check::<LoopbackConn>(cq, &self.table)?;
-        let conn = self.answer(caps, private_data)?;
-        soft::cq::attach(cq, conn)
-    }
-
-    fn accept_into(
         mut self: Box<Self>,
-        domain: &dyn Fabric,
+        domain: Option<&dyn Fabric>,
         cq: Option<&CqRef>,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        match domain.as_any().downcast_ref::<LoopbackFabric>() {
-            Some(d) if d.table.same_device(&self.table) => self.table = d.table.clone(),
-            _ => {
-                return Err(FabricError::Accept {
-                    reason: "the protection domain is not one of the listener's loopback fabric"
-                        .into(),
-                })
+        if let Some(domain) = domain {
+            match domain.as_any().downcast_ref::<LoopbackFabric>() {
+                Some(d) if d.table.same_device(&self.table) => self.table = d.table.clone(),
+                _ => {
+                    return Err(FabricError::Accept {
+                        reason:
+                            "the protection domain is not one of the listener's loopback fabric"
+                                .into(),
+                    })
+                }
             }
         }
         match cq {
-            Some(cq) => self.accept_on(cq, caps, private_data),
-            None => self.accept(caps, private_data),
+            Some(cq) => {
+                soft::cq::check::<LoopbackConn>(cq, &self.table)?;
+                let conn = self.answer(caps, private_data)?;
+                soft::cq::attach(cq, conn)
+            }
+            None => Ok(Box::new(self.answer(caps, private_data)?)),
         }
     }
 

@@ -296,44 +296,34 @@ impl PendingConn for TcpPending {
 
     fn accept(
         mut self: Box<Self>,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let mode = self.readiness;
-        Ok(Box::new(
-            self.answer(caps, private_data)?.with_own_readiness(mode),
-        ))
-    }
-
-    fn accept_on(
-        mut self: Box<Self>,
-        cq: &CqRef,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        soft::cq::check::<TcpConn>(cq, &self.table)?;
-        let conn = self.answer(caps, private_data)?;
-        soft::cq::attach(cq, conn)
-    }
-
-    fn accept_into(
-        mut self: Box<Self>,
-        domain: &dyn Fabric,
+        domain: Option<&dyn Fabric>,
         cq: Option<&CqRef>,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        match domain.as_any().downcast_ref::<TcpFabric>() {
-            Some(d) if d.table().same_device(&self.table) => self.table = d.table().clone(),
-            _ => {
-                return Err(FabricError::Accept {
-                    reason: "the protection domain is not one of the listener's tcp fabric".into(),
-                })
+        if let Some(domain) = domain {
+            match domain.as_any().downcast_ref::<TcpFabric>() {
+                Some(d) if d.table().same_device(&self.table) => self.table = d.table().clone(),
+                _ => {
+                    return Err(FabricError::Accept {
+                        reason: "the protection domain is not one of the listener's tcp fabric"
+                            .into(),
+                    })
+                }
             }
         }
         match cq {
-            Some(cq) => self.accept_on(cq, caps, private_data),
-            None => self.accept(caps, private_data),
+            Some(cq) => {
+                soft::cq::check::<TcpConn>(cq, &self.table)?;
+                let conn = self.answer(caps, private_data)?;
+                soft::cq::attach(cq, conn)
+            }
+            None => {
+                let mode = self.readiness;
+                Ok(Box::new(
+                    self.answer(caps, private_data)?.with_own_readiness(mode),
+                ))
+            }
         }
     }
 

@@ -143,12 +143,7 @@ impl Default for TcpFabric {
 
 /// Checks queue sizes against [`TCP_CAPS`] ([`QpCaps::check_within`]).
 fn check_caps(caps: QpCaps) -> Result<(), String> {
-    let limits = QpCaps {
-        max_send_wr: TCP_CAPS.max_send_wr,
-        max_recv_wr: TCP_CAPS.max_recv_wr,
-        max_send_sge: TCP_CAPS.max_send_sge,
-    };
-    caps.check_within(&limits, "the tcp fabric's")
+    caps.check_within(&TCP_CAPS, "the tcp fabric's")
 }
 
 impl Fabric for TcpFabric {

@@ -241,21 +241,22 @@ struct VerbsPending {
 
 impl PendingConn for VerbsPending {
     fn accept(
-        self: Box<Self>,
+        mut self: Box<Self>,
+        domain: Option<&dyn Fabric>,
+        cq: Option<&CqRef>,
         caps: QpCaps,
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        (*self).answer(caps, private_data, None)
-    }
-
-    fn accept_on(
-        self: Box<Self>,
-        cq: &CqRef,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
-        let share = super::own_cq(&self.dom, cq)?;
-        (*self).answer(caps, private_data, Some(&share))
+        if let Some(domain) = domain {
+            self.move_into(domain)?;
+        }
+        match cq {
+            Some(cq) => {
+                let share = super::own_cq(&self.dom, cq)?;
+                (*self).answer(caps, private_data, Some(&share))
+            }
+            None => (*self).answer(caps, private_data, None),
+        }
     }
 
     fn hca(&self) -> Option<Hca> {
@@ -267,13 +268,19 @@ impl PendingConn for VerbsPending {
         })
     }
 
-    fn accept_into(
-        mut self: Box<Self>,
-        domain: &dyn Fabric,
-        cq: Option<&CqRef>,
-        caps: QpCaps,
-        private_data: PrivateData,
-    ) -> Result<Box<dyn Conn>, FabricError> {
+    fn reject(mut self: Box<Self>, private_data: PrivateData) {
+        if let Some(ep) = self.ep.take() {
+            if let Err(e) = ep.id().reject(&private_data) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+impl VerbsPending {
+    /// Moves the request into `domain`, a domain of the listener's fabric, on the device
+    /// the request arrived through.
+    fn move_into(&mut self, domain: &dyn Fabric) -> Result<(), FabricError> {
         match domain.as_any().downcast_ref::<super::VerbsFabric>() {
             Some(d) if d.dom.same_fabric(&self.dom) => {
                 let Some(sh) = d
@@ -297,22 +304,9 @@ impl PendingConn for VerbsPending {
                 })
             }
         }
-        match cq {
-            Some(cq) => self.accept_on(cq, caps, private_data),
-            None => self.accept(caps, private_data),
-        }
+        Ok(())
     }
 
-    fn reject(mut self: Box<Self>, private_data: PrivateData) {
-        if let Some(ep) = self.ep.take() {
-            if let Err(e) = ep.id().reject(&private_data) {
-                tracing::warn!("{e}");
-            }
-        }
-    }
-}
-
-impl VerbsPending {
     /// Creates the QP (on `cq`, or on its own CQ) and accepts.
     fn answer(
         mut self,

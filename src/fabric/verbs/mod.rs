@@ -680,12 +680,7 @@ fn open_device(name: &str) -> Result<DevInfo, FabricError> {
 
 /// Checks requested queue sizes against the device; the message names the field.
 fn check_caps(shared: &Shared, caps: QpCaps) -> Result<(), String> {
-    let limits = QpCaps {
-        max_send_wr: shared.caps.max_send_wr,
-        max_recv_wr: shared.caps.max_recv_wr,
-        max_send_sge: shared.caps.max_send_sge,
-    };
-    caps.check_within(&limits, "the device's")?;
+    caps.check_within(&shared.caps, "the device's")?;
     let cqe = u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr);
     if cqe > u64::from(shared.attr.max_cqe) {
         return Err(format!(

@@ -206,7 +206,9 @@ fn connected(mode: TcpReadiness) -> Ends {
         c.poll_cm();
         assert!(start.elapsed() < WAIT, "no request");
     };
-    let s = req.accept_on(&scq.share(), caps, &[]).expect("accept_on");
+    let s = req
+        .accept_into(&*server, Some(&scq.share()), caps, &[])
+        .expect("accept on the server's CQ");
     let mut est = [false, false];
     let mut e = Ends {
         cqs: [ccq, scq],
