@@ -1,5 +1,5 @@
 //! [`RnbdClient`]: an RNBD client session on one core, the [`RnbdAdmin`] together with
-//! that core's [`RnbdQueue`], for users that drive a session from one core (the CLI,
+//! that core's [`RnbdQueue`], for users that drive a session from one core (the
 //! tests). Other cores add their own queues over [`RnbdClient::table`]; the home core's
 //! block IO goes through its queue exactly as theirs does.
 //!
