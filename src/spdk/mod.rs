@@ -33,5 +33,6 @@ pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
 pub use thread::{
-    app_cores, interrupt_mode, loop_now_ns, now_ns, poll_until, MsgError, SpdkThread,
+    app_cores, interrupt_mode, io_channel_ctx, loop_now_ns, now_ns, poll_until, MsgError,
+    SpdkThread,
 };

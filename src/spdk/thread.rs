@@ -250,3 +250,13 @@ unsafe extern "C" fn run_until(arg: *mut c_void) -> std::ffi::c_int {
     }
     sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as std::ffi::c_int
 }
+
+/// The context of an I/O channel: the bytes SPDK allocates after the channel's header
+/// for the io_device's `ctx_size` (what `spdk_io_channel_get_ctx`, a static inline the
+/// bindings lack, computes). Only an address: reading it is the caller's to justify.
+pub fn io_channel_ctx<T>(ch: NonNull<sys::spdk_io_channel>) -> *mut T {
+    ch.as_ptr()
+        .cast::<u8>()
+        .wrapping_add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
+        .cast::<T>()
+}

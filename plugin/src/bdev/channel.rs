@@ -23,7 +23,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::{loop_now_ns, sys, BdevIo, BdevIoType, GotBuf};
+use rtrs_spdk::spdk::{io_channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, GotBuf};
 use rtrs_spdk::Errno;
 
 use super::disk::Disk;
@@ -162,12 +162,9 @@ unsafe extern "C" fn reset_poll(arg: *mut c_void) -> c_int {
 /// `ch` must be a live channel of our io_device, used on its thread: its context
 /// (written by chan_create, alive until chan_destroy) follows the channel header.
 unsafe fn ctx_of<'a>(ch: *mut sys::spdk_io_channel) -> &'a ChanCtx {
-    // SAFETY: per the contract (what spdk_io_channel_get_ctx, a static inline, computes).
-    unsafe {
-        &*ch.cast::<u8>()
-            .add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
-            .cast::<ChanCtx>()
-    }
+    // SAFETY: per the contract: `ch` is a live channel (so not null) whose context is a
+    // ChanCtx.
+    unsafe { &*io_channel_ctx::<ChanCtx>(ptr::NonNull::new_unchecked(ch)) }
 }
 
 /// `fn_table.submit_request`.

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::engine::{Ctx, PaceState, PollPace, PollResult, Poller};
-use rtrs_spdk::spdk::{interrupt_mode, loop_now_ns, sys, Driver, SpdkThread};
+use rtrs_spdk::spdk::{interrupt_mode, io_channel_ctx, loop_now_ns, sys, Driver, SpdkThread};
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
@@ -620,13 +620,9 @@ impl GroupRef {
         match self {
             GroupRef::Home(_) => f(None),
             GroupRef::Group(ch) => {
-                // SAFETY: a live channel of GROUP (held until `put`), used on its thread;
-                // its context follows the channel header.
-                let g = unsafe {
-                    &*ch.cast::<u8>()
-                        .add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
-                        .cast::<Group>()
-                };
+                // SAFETY: a live channel of GROUP (held until `put`, so not null), used on
+                // its thread; its context is a Group.
+                let g = unsafe { &*io_channel_ctx::<Group>(ptr::NonNull::new_unchecked(*ch)) };
                 let r = f(Some(&mut g.state.borrow_mut()));
                 g.wake();
                 r
