@@ -146,7 +146,7 @@ pub mod cq;
 mod error;
 pub mod mem;
 pub mod psk;
-pub mod soft;
+pub(crate) mod soft;
 
 pub mod loopback;
 pub mod tcp;

@@ -5,7 +5,7 @@
 //! - A [`LoopbackFabric`] is one protection domain with its own name table: addresses are
 //!   plain `SocketAddr` names registered in it (no sockets); connecting and listening
 //!   sides must use the same instance (clone it freely).
-//! - Every connection end is a soft RC queue pair ([`crate::fabric::soft`]); the two are
+//! - Every connection end is a soft RC queue pair (`src/fabric/soft`); the two are
 //!   joined by a link of bounded lock-free queues, so the ends may be polled from
 //!   different threads. The receiving end copies each payload straight from the
 //!   sender's registered memory into its place: one copy, no allocation per operation.

@@ -18,11 +18,11 @@ pub mod qp;
 pub mod table;
 
 pub use qp::{
-    recv_completion, recv_error, respond, BadAck, Handed, InboundError, Placed, PostedRecv,
-    Respond, SoftQp, WireKind, WireOp, SQ_INITIAL,
+    recv_completion, recv_error, respond, BadAck, Handed, InboundError, PostedRecv, Respond,
+    SoftQp, WireKind, WireOp,
 };
 pub(crate) use table::random_key_byte;
-pub use table::{Keep, Leases, MemRef, MrTable, PendingBind, TableFull, MAX_ENTRIES, MAX_MR_SIZE};
+pub use table::{Leases, MemRef, MrTable, TableFull, MAX_MR_SIZE};
 
 use std::sync::Arc;
 

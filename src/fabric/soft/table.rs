@@ -55,7 +55,10 @@ impl std::fmt::Debug for MemRef {
 /// One queue pair's handle on a registration's memory (see the module doc): cloned per
 /// operation by that queue pair alone.
 #[derive(Debug)]
-pub struct Keep(Arc<Backing>);
+pub struct Keep {
+    /// Held, never read: the memory stays while a handle does.
+    _memory: Arc<Backing>,
+}
 
 impl MemRef {
     pub fn as_ptr(&self) -> *mut u8 {
@@ -74,24 +77,6 @@ impl MemRef {
     /// (so that holding either keeps both ranges valid).
     pub fn shares_backing(&self, other: &MemRef) -> bool {
         Arc::ptr_eq(&self.keep, &other.keep)
-    }
-
-    /// The memory itself, for a caller that keeps it beyond the queue pair.
-    pub fn into_backing(self) -> Arc<Backing> {
-        self.keep.0.clone()
-    }
-
-    /// The first `len` bytes (`len` ≤ this range).
-    ///
-    /// # Panics
-    /// When `len` exceeds the range.
-    pub fn prefix(&self, len: usize) -> MemRef {
-        assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
-        MemRef {
-            ptr: self.ptr,
-            len,
-            keep: self.keep.clone(),
-        }
     }
 
     /// The first `len` bytes, consuming this reference (`len` ≤ this range).
@@ -120,6 +105,7 @@ impl MemRef {
     ///
     /// # Panics
     /// When the lengths differ.
+    #[cfg(test)]
     pub fn read_into(&self, out: &mut [u8]) {
         assert_eq!(out.len(), self.len);
         // SAFETY: as in write_at.
@@ -647,12 +633,6 @@ impl MrTable {
         Arc::ptr_eq(&reg.table, self).then_some(reg.index)
     }
 
-    /// Whether `mr` was registered through this table (a post naming another domain's
-    /// registration is invalid).
-    pub fn owns(self: &Arc<Self>, mr: &Mr) -> bool {
-        self.own_index(mr.handle()).is_some()
-    }
-
     /// The live region `index` of generation `gen`, if it still is one.
     fn region(&self, index: u32, gen: u32) -> Option<View> {
         let v = self.entry(index)?.read()?;
@@ -810,6 +790,7 @@ impl MrTable {
     ///
     /// # Errors
     /// As those two.
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub fn bind(
         self: &Arc<Self>,
@@ -1012,7 +993,7 @@ impl Leases {
 
     #[cold]
     fn insert(&mut self, table: u64, index: u32, gen: u32, memory: Arc<Backing>) -> Arc<Keep> {
-        let keep = Arc::new(Keep(memory));
+        let keep = Arc::new(Keep { _memory: memory });
         let lease = Lease {
             table,
             index,

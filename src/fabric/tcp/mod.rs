@@ -5,9 +5,9 @@
 //! cumulative ACKs, NAKs, and the connection manager's REQ/REP/REJ with 56 bytes of
 //! private data. The queue-pair semantics (key and bounds checks as a NIC makes them,
 //! receive matching, RNR, completions, flush) are the shared soft RC core's
-//! ([`crate::fabric::soft`]); this module only moves bytes and drives progress, inside
+//! (`src/fabric/soft`); this module only moves bytes and drives progress, inside
 //! `poll_cq`/`poll_cm` (or the poll of the shared CQ a connection was made on,
-//! [`crate::fabric::soft::cq`], which drives all its sockets and watches their readiness
+//! `soft::cq`, which drives all its sockets and watches their readiness
 //! at once, `ready`: an idle socket costs no system call), with no thread of its own.
 //!
 //! One [`TcpFabric`] is one protection domain (its own registration table), so two
