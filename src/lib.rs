@@ -27,6 +27,7 @@
 //!
 //! Each layer has its own precise error type; [`Error`] gathers them.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
 pub mod common;
