@@ -17,6 +17,11 @@ ci/setup.sh
 
 phase "cargo fmt --check"
 cargo fmt --check
+# No module of src/ imports one that imports it back (docs/ARCHITECTURE.md, "Layers and
+# who owns what").
+phase "ci/modcycles.py src (import circles between modules)"
+python3 ci/modcycles.py --self-test
+python3 ci/modcycles.py src
 phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
 # The API docs build without a broken or private link.

@@ -1,6 +1,6 @@
 //! Shared RPC glue: registering a method with `spdk_rpc_register_method` and turning a
 //! Rust handler `fn(RpcRequest, Value)` into the C callback SPDK calls; parameters are
-//! decoded with [`Params`] (errors name the field).
+//! decoded with [`RpcParams`] (errors name the field).
 
 use std::ffi::CStr;
 
@@ -10,6 +10,33 @@ use rtrs_spdk::spdk::sys;
 pub const STARTUP: u32 = sys::SPDK_RPC_STARTUP;
 /// The RPC may run once the application runs.
 pub const RUNTIME: u32 = sys::SPDK_RPC_RUNTIME;
+
+/// The fabric of a path or a listener, as every RPC names it (`trtype`-style: "tcp" or
+/// "rdma", either case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Rdma,
+}
+
+impl Transport {
+    /// The name `save_config` writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+
+    /// `s` as a transport; `None` for any other name (the caller's error names the field).
+    pub fn parse(s: &str) -> Option<Transport> {
+        match s {
+            "tcp" | "TCP" => Some(Transport::Tcp),
+            "rdma" | "RDMA" => Some(Transport::Rdma),
+            _ => None,
+        }
+    }
+}
 
 /// Registers `handler` as method `name` for the given states.
 pub fn register(name: &'static CStr, handler: sys::spdk_rpc_method_handler, state_mask: u32) {
@@ -36,4 +63,4 @@ macro_rules! rpc_handler {
 }
 pub(crate) use rpc_handler;
 
-pub use rtrs_spdk::spdk::json::Params;
+pub use rtrs_spdk::spdk::json::RpcParams;

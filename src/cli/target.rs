@@ -26,13 +26,13 @@ pub struct Listen {
 }
 
 /// A running target.
-pub struct Target {
+pub struct StandaloneTarget {
     /// One server per fabric, in the order the fabrics were given, with its scheme.
     pub servers: Vec<(&'static str, Server)>,
     /// `name (ram 1 GiB)` / `name (file PATH, 1 GiB, ro)`, in declaration order.
     pub described: Vec<String>,
     exports: Arc<Exports>,
-    /// Each server's RNBD sessions, for [`Target::control`].
+    /// Each server's RNBD sessions, for [`StandaloneTarget::control`].
     served: Vec<Served>,
 }
 
@@ -49,7 +49,7 @@ pub fn start_target(
     specs: &[ExportSpec],
     allow: &[(String, HostPattern)],
     config: ServerConfig,
-) -> Result<Target, String> {
+) -> Result<StandaloneTarget, String> {
     config.validate().map_err(|e| e.to_string())?;
     let exports = Exports::new(specs, &FileOptions::default()).map_err(|e| e.to_string())?;
     for (name, pattern) in allow {
@@ -81,7 +81,7 @@ pub fn start_target(
         })
         .collect();
     let exports = Arc::new(exports);
-    let mut target = Target {
+    let mut target = StandaloneTarget {
         servers: Vec::with_capacity(listen.len()),
         described,
         exports: Arc::clone(&exports),
@@ -115,7 +115,7 @@ pub fn start_target(
     Ok(target)
 }
 
-impl Target {
+impl StandaloneTarget {
     /// The operator's view of the target: openers, forced close, disconnects.
     pub fn control(&self) -> TargetControl {
         TargetControl::new(Arc::clone(&self.exports), self.served.clone())

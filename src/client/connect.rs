@@ -9,7 +9,7 @@
 use crate::fabric::ConnectOptions;
 use std::sync::atomic::Ordering;
 
-use super::cross_core::{IoConn, Params, PathCmd, SessShared};
+use super::cross_core::{IoConn, PathCmd, SessShared, SessionParams};
 use super::ctl::{ns, Ctl, PathCtl, PathProgress};
 use super::refusal::{reject_kind, reject_reason, RejectKind};
 use super::state::PathState;
@@ -119,7 +119,7 @@ impl Ctl {
 
     /// The path cannot connect as configured, and trying again would fail the same way
     /// (authentication failed): it is closed without a reconnect, and the reason is kept
-    /// for the user ([`super::Session::path_failure`]) until a manual reconnect.
+    /// for the user ([`super::ClientSession::path_failure`]) until a manual reconnect.
     pub(super) fn path_refused(&mut self, pc: &mut PathCtl, cid: u16, why: &str) {
         tracing::warn!(sess = %self.sess.sessname, path = %pc.shared.addr, "connecting cid {cid} failed: {why}; the path is closed (no reconnect)");
         if let PathProgress::Connecting { conns, cur, .. } = &mut pc.phase {
@@ -440,7 +440,7 @@ impl Ctl {
                 return true;
             }
         };
-        let params = Params {
+        let params = SessionParams {
             queue_depth: acc.queue_depth,
             max_io_size: acc.max_io_size,
             max_hdr_size: acc.max_hdr_size,
@@ -463,7 +463,7 @@ impl Ctl {
         cx: &mut dyn Ctx,
         pc: &mut PathCtl,
         conns: Vec<RtrsCon>,
-        params: Params,
+        params: SessionParams,
         rbuf: Vec<(u64, u32)>,
         now: u64,
     ) {

@@ -18,14 +18,14 @@ use super::config::PathAddr;
 use super::policy::{PolicyCell, MAX_PATHS};
 use super::refusal::Refusal;
 use super::state::{PathState, PathStateCell};
-use super::stats::{CoreStats, HomeStats, PathStats};
+use super::stats::{ClientPathStats, CoreStats, HomeStats};
 use crate::common::{IuPool, RtrsCon};
 use crate::fabric::{CqRef, Hca, Psk};
 use crate::proto::ImmLayout;
 
 /// Session limits learnt from the first connection's conn_rsp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
+pub struct SessionParams {
     pub queue_depth: u16,
     pub max_io_size: u32,
     pub max_hdr_size: u32,
@@ -34,7 +34,7 @@ pub struct Params {
     pub layout: ImmLayout,
 }
 
-impl Params {
+impl SessionParams {
     /// Largest user header: room for the READ trailer with one descriptor.
     pub fn max_usr_hdr(&self) -> u32 {
         self.max_hdr_size
@@ -60,8 +60,8 @@ pub struct PathShared {
     /// Per core.
     pub core_stats: Vec<CoreStats>,
     /// The snapshot taken at the last statistics reset, which later snapshots count
-    /// from ([`PathStats::since`]); control path only.
-    pub stats_base: Mutex<Option<PathStats>>,
+    /// from ([`ClientPathStats::since`]); control path only.
+    pub stats_base: Mutex<Option<ClientPathStats>>,
     /// The key that authenticates the path's connections (tcp fabric), if any.
     pub psk: Option<Psk>,
     /// Why the path stopped trying until a manual reconnect (a failed authentication, or
@@ -118,7 +118,7 @@ pub enum PathCmd {
     /// Path `path` is connected; this is the core's connection of it.
     Up {
         path: Arc<PathShared>,
-        params: Params,
+        params: SessionParams,
         conn: Box<IoConn>,
     },
     /// Drop the connection of slot `slot`, fail over its requests, then acknowledge.

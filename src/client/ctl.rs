@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::config::{ClientConfig, PathAddr};
-use super::cross_core::{Params, PathShared, SessCmd, SessShared};
+use super::cross_core::{PathShared, SessCmd, SessShared, SessionParams};
 use super::reconnect::Reconnect;
 use super::refusal::Refusal;
 use super::state::PathState;
@@ -111,7 +111,7 @@ pub(super) struct Ctl {
     pub(super) paths_uuid: Uuid,
     pub(super) paths: Vec<Option<PathCtl>>,
     pub(super) up: u32,
-    pub(super) params: Option<Params>,
+    pub(super) params: Option<SessionParams>,
     /// Calls of `poll` so far (paces the idle work of connected paths).
     pub(super) polls: u64,
     /// One past the highest path slot ever used (bounds the scan of every poll).

@@ -49,7 +49,7 @@ pub enum SubmitError {
     #[error("no path of the session is connected or coming back")]
     NoPath,
     /// The session never connected and the target refused every path for a reason a
-    /// retry will not change; `Session::refusal` says why.
+    /// retry will not change; `ClientSession::refusal` says why.
     #[error("the target refused the session: {errno}")]
     Refused { errno: Errno },
     /// Scatter-gather entry `index` (`len` bytes at `addr` under `lkey`) is not inside a

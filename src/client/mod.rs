@@ -2,10 +2,10 @@
 //! as pollers on reactor cores.
 //!
 //! # Shape
-//! - [`Session::open`] on the session's *home core* registers one poller that runs,
+//! - [`ClientSession::open`] on the session's *home core* registers one poller that runs,
 //!   for every path, the connection sequence (cid 0 then one IO connection per core,
 //!   CON_REQ/CON_RSP as CM private data, INFO_REQ/INFO_RSP on cid 0), the heartbeat
-//!   on cid 0, error recovery, reconnects and the runtime commands ([`Session`]).
+//!   on cid 0, error recovery, reconnects and the runtime commands ([`ClientSession`]).
 //! - One [`SessionCore`] per core carries that core's IO: its permits (a fixed slice
 //!   of the queue depth), its IO connection of every path (`cid = core + 1`), request
 //!   submission, completions and failover. Submit on core `k`, poll on core `k`: no
@@ -39,7 +39,7 @@
 //!   the session's first connected path through [`ClientEvents`]. When instead every
 //!   path of a session that never connected was refused for a reason a retry will not
 //!   change (ENOMEM, EPERM, ... in the REJ, see [`Refusal`]), requests fail at once
-//!   with [`SubmitError::Refused`] and [`Session::refusal`] says why.
+//!   with [`SubmitError::Refused`] and [`ClientSession::refusal`] says why.
 //! - A path may create the server session (`first_conn`) whenever the session has no
 //!   connected path, so one unreachable first path does not keep the others out; paths
 //!   create it one at a time, each held while another's first connection is under way,
@@ -84,7 +84,7 @@ pub use policy::{MpPolicy, PolicyParseError};
 pub use reconnect::ReconnectPolicy;
 pub use refusal::Refusal;
 pub use request::{ClientCompletion, ClientIo, Sgl, SglRef, MAX_SGL};
-pub use session::{check_sessname, Session};
+pub use session::{check_sessname, ClientSession};
 pub use session_core::SessionCore;
 pub use state::PathState;
 pub use stats::ClientStats;
@@ -97,7 +97,7 @@ mod tests {
     fn handles_cross_threads() {
         fn send_sync<T: Send + Sync>() {}
         fn send<T: Send>() {}
-        send_sync::<Session>();
+        send_sync::<ClientSession>();
         send::<SessionCore>();
         send_sync::<ClientStats>();
     }

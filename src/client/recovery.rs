@@ -207,7 +207,7 @@ impl Ctl {
 
     /// No reconnect attempts left (`max_reconnect_attempts`): the path is closed until a
     /// manual reconnect, and says so, with how many attempts failed and the last error
-    /// ([`super::Session::path_failure`], the statistics' `failure`).
+    /// ([`super::ClientSession::path_failure`], the statistics' `failure`).
     fn give_up(&mut self, pc: &mut PathCtl) {
         let last = lock(&pc.shared.last_error)
             .clone()

@@ -20,7 +20,7 @@
 //! are transient too.
 //!
 //! While a session has never been connected and the latest attempt of *every* path was
-//! refused permanently, the session is *refused*: [`super::Session::refusal`] says why,
+//! refused permanently, the session is *refused*: [`super::ClientSession::refusal`] says why,
 //! and requests (RNBD's SESS_INFO and OPEN among them) fail at once with
 //! [`super::SubmitError::Refused`] instead of waiting for a path. ENOMEM counts as
 //! permanent although memory may be freed later: the person creating the session

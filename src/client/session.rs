@@ -1,12 +1,12 @@
-//! [`Session`]: opening a client session and managing it at runtime — the kernel's
+//! [`ClientSession`]: opening a client session and managing it at runtime — the kernel's
 //! `rtrs_clt_open`, `rtrs_clt_close`, `rtrs_clt_query` and the sysfs controls
 //! (`add_path`, `remove_path`, `disconnect`, `reconnect`, `mpath_policy`,
 //! `max_reconnect_attempts`, `stats/`).
 //!
-//! [`Session::open`] runs on the session's home core: it registers the home-core
+//! [`ClientSession::open`] runs on the session's home core: it registers the home-core
 //! poller that connects every path (non-blocking) and returns one [`SessionCore`] per
-//! reactor core ([`Session::open_on_cores`]: as many as the caller asks for). The
-//! [`Session`] handle is cheap to clone and usable from any thread; management
+//! reactor core ([`ClientSession::open_on_cores`]: as many as the caller asks for). The
+//! [`ClientSession`] handle is cheap to clone and usable from any thread; management
 //! requests reach the home core through a queue.
 
 use std::sync::atomic::Ordering;
@@ -20,7 +20,7 @@ use super::policy::{MpPolicy, PolicyCell, MAX_PATHS};
 use super::refusal::Refusal;
 use super::session_core::SessionCore;
 use super::state::PathState;
-use super::stats::{ClientStats, PathStats};
+use super::stats::{ClientPathStats, ClientStats};
 use crate::common::random_uuid;
 use crate::engine::Ctx;
 use crate::fabric::{Fabric, Psk};
@@ -29,11 +29,11 @@ use crate::sync::lock;
 
 /// A client session handle (cheap to clone, usable from any thread).
 #[derive(Clone)]
-pub struct Session {
+pub struct ClientSession {
     sess: Arc<SessShared>,
 }
 
-impl std::fmt::Debug for Session {
+impl std::fmt::Debug for ClientSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("sessname", &self.sess.sessname)
@@ -63,7 +63,7 @@ pub fn check_sessname(name: &str) -> Result<(), ClientError> {
     Ok(())
 }
 
-impl Session {
+impl ClientSession {
     /// Opens a session: called on the home core (`cx`), with one IO connection per
     /// reactor core (`cx.cores()`) plus cid 0 per path. Returns at once; paths connect
     /// in the background, and `events` hears `Connected` when the first path is up.
@@ -77,9 +77,9 @@ impl Session {
         fabric: Arc<dyn Fabric>,
         config: ClientConfig,
         events: Box<dyn ClientEvents>,
-    ) -> Result<(Session, Vec<SessionCore>), ClientError> {
+    ) -> Result<(ClientSession, Vec<SessionCore>), ClientError> {
         let cores = cx.cores();
-        Session::open_on_cores(cx, cores, fabric, config, events)
+        ClientSession::open_on_cores(cx, cores, fabric, config, events)
     }
 
     /// [`open`](Self::open) with `cores` IO connections per path, whatever the number
@@ -98,7 +98,7 @@ impl Session {
         fabric: Arc<dyn Fabric>,
         config: ClientConfig,
         events: Box<dyn ClientEvents>,
-    ) -> Result<(Session, Vec<SessionCore>), ClientError> {
+    ) -> Result<(ClientSession, Vec<SessionCore>), ClientError> {
         check_sessname(&config.sessname)?;
         let sess = config.sessname.clone();
         if config.paths.is_empty() || config.paths.len() > MAX_PATHS {
@@ -139,7 +139,7 @@ impl Session {
             ctl.add_path(p, psk, now);
         }
         cx.register(Box::new(ctl));
-        Ok((Session { sess: shared }, handles))
+        Ok((ClientSession { sess: shared }, handles))
     }
 
     pub fn sessname(&self) -> &str {
@@ -168,7 +168,7 @@ impl Session {
     }
 
     /// Whether the target refused some path's latest attempt for good: the session's
-    /// [`Session::refusal`] follows once every path is refused.
+    /// [`ClientSession::refusal`] follows once every path is refused.
     pub fn refused_by_target(&self) -> bool {
         self.sess
             .path_list()
@@ -296,10 +296,10 @@ impl Session {
 }
 
 /// A path's counters as its cores and home have them, not counting from a reset.
-fn raw_stats(p: &PathShared) -> PathStats {
+fn raw_stats(p: &PathShared) -> ClientPathStats {
     let cores: Vec<_> = p.core_stats.iter().collect();
     let why = (lock(&p.failure).clone(), lock(&p.last_error).clone());
-    let mut s = PathStats::collect(
+    let mut s = ClientPathStats::collect(
         p.addr.to_string(),
         p.state.get().name().to_string(),
         why,

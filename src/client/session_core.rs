@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core_cq::{CoreCq, Hub};
-use super::cross_core::{Params, PathCmd, PathShared, SessShared};
+use super::cross_core::{PathCmd, PathShared, SessShared, SessionParams};
 use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
@@ -40,7 +40,7 @@ pub(super) enum Sizing {
     Unknown,
     /// The limits are known but this core's per-permit buffers could not be allocated:
     /// it has no permits, and submit answers `Busy` with capacity 0.
-    Starved(Params),
+    Starved(SessionParams),
     /// The limits and this core's permits with their buffers.
     Ready(Ready),
 }
@@ -49,14 +49,14 @@ pub(super) enum Sizing {
 /// the registered header, bounce area and fast-registration slot. A request exists only
 /// while it holds one of these permits.
 pub(super) struct Ready {
-    pub params: Params,
+    pub params: SessionParams,
     pub permits: Permits,
     pub res: Res,
 }
 
 impl Sizing {
     /// The session's limits, once known.
-    pub(super) fn params(&self) -> Option<Params> {
+    pub(super) fn params(&self) -> Option<SessionParams> {
         match self {
             Sizing::Unknown => None,
             Sizing::Starved(p) => Some(*p),
@@ -66,8 +66,8 @@ impl Sizing {
 }
 
 /// One core's handle of a session (see the module doc). Made by
-/// [`super::Session::open`], one per core: move each to its core and poll it there; or
-/// by [`super::Session::open_on_cores`], polled wherever its owner wants (one owner at
+/// [`super::ClientSession::open`], one per core: move each to its core and poll it there; or
+/// by [`super::ClientSession::open_on_cores`], polled wherever its owner wants (one owner at
 /// a time; once [`attach`](Self::attach)ed, on the thread that polls the CQ).
 pub struct SessionCore {
     pub(super) core: usize,
@@ -285,7 +285,7 @@ impl SessionCore {
         }
     }
 
-    /// Why the target refused the session, if it did (see `Session::refusal`).
+    /// Why the target refused the session, if it did (see `ClientSession::refusal`).
     pub fn refusal(&self) -> Option<super::Refusal> {
         lock(&self.sess.refusal).clone()
     }
@@ -526,7 +526,7 @@ impl SessionCore {
 
     /// (Re)sizes the per-permit state for new session limits. Requests waiting from
     /// before a queue-depth change cannot keep their permit and fail with −ECONNRESET.
-    fn setup(&mut self, params: Params, now: u64) {
+    fn setup(&mut self, params: SessionParams, now: u64) {
         let _ = now;
         while let Some(b) = self.wait.pop_front() {
             let i = usize::from(b - self.first_buf_id());

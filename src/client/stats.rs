@@ -13,7 +13,7 @@
 //! Counters of the data path live per (path, core) in `CoreStats`: only that core writes
 //! them (a relaxed load and store, no locked instruction); anyone may read them. A reset
 //! (the kernel's `reset_all`) writes none of them: it keeps the snapshot taken at the reset
-//! as the path's baseline, and later snapshots count from there ([`PathStats::since`]), so
+//! as the path's baseline, and later snapshots count from there ([`ClientPathStats::since`]), so
 //! every counter keeps its one writer. Snapshots serialise with serde
 //! ([`ClientStats::to_json`]); the JSON names follow the kernel's sysfs files (`rdma`,
 //! `reconnects`, `wc_completion`).
@@ -150,7 +150,7 @@ pub struct WcStats {
 
 /// A snapshot of one path's statistics.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PathStats {
+pub struct ClientPathStats {
     /// `src@dst` or `dst`.
     pub path: String,
     pub state: String,
@@ -181,7 +181,7 @@ pub struct PathStats {
     pub direct_reads: u64,
 }
 
-impl PathStats {
+impl ClientPathStats {
     /// Sums the per-core counters of a path; `why` is its `failure` and `last_error`.
     pub(crate) fn collect(
         path: String,
@@ -189,9 +189,9 @@ impl PathStats {
         why: (Option<String>, Option<String>),
         home: &HomeStats,
         cores: &[&CoreStats],
-    ) -> PathStats {
+    ) -> ClientPathStats {
         let (failure, last_error) = why;
-        let mut s = PathStats {
+        let mut s = ClientPathStats {
             path,
             state,
             failure,
@@ -201,7 +201,7 @@ impl PathStats {
             reconnects_fail: home.reconnect_fail.load(Ordering::Relaxed),
             sg_entries: vec![0; SG_BUCKETS],
             latency_hist: vec![0; LAT_BUCKETS],
-            ..PathStats::default()
+            ..ClientPathStats::default()
         };
         for c in cores {
             s.rdma.read_cnt += c.read_cnt.get();
@@ -230,7 +230,7 @@ impl PathStats {
     /// kernel's `reset_all`). Gauges are not counts and stay as they are: in-flight, the
     /// heartbeat latency and the most completions one poll returned; so do the path's
     /// state and failures.
-    pub fn since(mut self, base: &PathStats) -> PathStats {
+    pub fn since(mut self, base: &ClientPathStats) -> ClientPathStats {
         fn sub(a: &mut u64, b: u64) {
             *a = a.saturating_sub(b);
         }
@@ -274,7 +274,7 @@ impl PathStats {
     }
 }
 
-/// The JSON form of [`PathStats`]: the reconnect counters nest as the kernel's
+/// The JSON form of [`ClientPathStats`]: the reconnect counters nest as the kernel's
 /// `stats/reconnects` file names them, and the histogram's name gives its unit.
 #[derive(Serialize)]
 struct PathJson<'a> {
@@ -301,10 +301,10 @@ struct ReconnectsJson {
     failed: u64,
 }
 
-impl Serialize for PathStats {
+impl Serialize for ClientPathStats {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Destructured so a field added to PathStats cannot be left out of the JSON.
-        let PathStats {
+        let ClientPathStats {
             path,
             state,
             hca_name,
@@ -351,7 +351,7 @@ impl Serialize for PathStats {
 pub struct ClientStats {
     pub sessname: String,
     pub mp_policy: String,
-    pub paths: Vec<PathStats>,
+    pub paths: Vec<ClientPathStats>,
 }
 
 impl ClientStats {
@@ -380,7 +380,7 @@ mod tests {
         b.on_poll(5);
         a.on_latency(1500);
         home.reconnect_ok.fetch_add(1, Ordering::Relaxed);
-        let s = PathStats::collect(
+        let s = ClientPathStats::collect(
             "127.0.0.1:1234".into(),
             "connected".into(),
             (None, None),
@@ -427,7 +427,7 @@ mod tests {
         let home = HomeStats::default();
         let c = CoreStats::default();
         let snap = |c: &CoreStats| {
-            PathStats::collect("p".into(), "connected".into(), (None, None), &home, &[c])
+            ClientPathStats::collect("p".into(), "connected".into(), (None, None), &home, &[c])
         };
         c.on_post(true, 4096, 1);
         c.inflight.add(2);

@@ -11,17 +11,17 @@
 //! when code runs (that is [`crate::engine`]): [`Heartbeat`] is pure logic driven by the
 //! caller's timer, [`RtrsCon`] is driven by the caller's poller.
 
-mod con;
 mod heartbeat;
 mod ids;
 mod inbox;
 mod iu;
+mod rtrs_con;
 
-pub use con::{ConPostError, RtrsCon, RECV_BATCH};
 pub use heartbeat::{HbAction, HbConfig, Heartbeat};
 pub use ids::{random_u64, random_uuid, Uuid};
 pub use inbox::Inbox;
 pub use iu::IuPool;
+pub use rtrs_con::{ConPostError, RtrsCon, RECV_BATCH};
 
 /// Direction of an RTRS request, from the client's point of view (the kernel's
 /// `READ`/`WRITE` of `rtrs_clt_request`).

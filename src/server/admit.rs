@@ -29,7 +29,7 @@ use crate::sync::lock;
 use crate::Errno;
 
 use super::session::{
-    state_name, Path, SessEntry, Session, SessionId, Sessions, Usage, CONNECTING,
+    state_name, Path, ServerSession, SessEntry, SessionId, Sessions, Usage, CONNECTING,
 };
 use super::slots::Need;
 use super::state::ServerState;
@@ -138,7 +138,7 @@ fn new_entry(
 ) -> Result<SessEntry, (Errno, String)> {
     room_to_set_up(sh, t, req.peer, out)?;
     let source = admission::source_of(req.peer.ip());
-    let room = t.plan_room(&sh.caps, source, Need::Session, None)?;
+    let room = t.plan_room(&sh.caps, source, Need::ServerSession, None)?;
     let sess = new_session(sh, req.msg.paths_uuid).map_err(|w| (Errno::ENOMEM, w))?;
     if !room.victims.is_empty() {
         let paths = t.evict(&room);
@@ -224,7 +224,7 @@ fn admit_path(
     let (msg, peer, now) = (req.msg, req.peer, req.now);
     let sess = Arc::clone(&t.sessions[idx].sess);
     // Held until the new path is among them: an OPEN checking the session's paths runs
-    // wholly before this join's check or after the path is in (see `Session::peers`).
+    // wholly before this join's check or after the path is in (see `ServerSession::peers`).
     let mut peers = lock(&sess.peers);
     let e = &mut t.sessions[idx];
     if let Some(pi) = e.paths.iter().position(|p| p.sess_uuid == msg.sess_uuid) {
@@ -387,7 +387,7 @@ fn may_join(
     })
 }
 
-fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<Session>, String> {
+fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<ServerSession>, String> {
     let cfg = &sh.cfg;
     let (qd, cs) = (cfg.queue_depth, cfg.chunk_size);
     let layout = ImmLayout::new(qd, cs).map_err(|e| e.to_string())?;
@@ -409,7 +409,7 @@ fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<Session>, Strin
     })?;
     let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
     let home = sh.next_home.fetch_add(1, Ordering::Relaxed) % sh.ncores;
-    Ok(Arc::new(Session {
+    Ok(Arc::new(ServerSession {
         id: SessionId(id),
         paths_uuid,
         home,
@@ -423,7 +423,11 @@ fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<Session>, Strin
     }))
 }
 
-fn new_path(sh: &ServerState, sess: &Arc<Session>, req: &Request<'_>) -> Result<Arc<Path>, String> {
+fn new_path(
+    sh: &ServerState,
+    sess: &Arc<ServerSession>,
+    req: &Request<'_>,
+) -> Result<Arc<Path>, String> {
     let msg = req.msg;
     let fabric = &*sess.fabric;
     let qd = sess.queue_depth();

@@ -19,7 +19,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::session::{Path, SessionId};
+use super::session::{Path, SessionId, SessionUse};
 use crate::common::{Dir, LinkEvent};
 use crate::engine::Ctx;
 use crate::sync::lock;
@@ -205,24 +205,6 @@ impl Responses {
     pub fn drain(&mut self) -> std::vec::Drain<'_, Response> {
         self.buf.drain(..)
     }
-}
-
-/// The layer above's account of one session, which the server consults on its control
-/// path (connection requests, and about once a second): whether the session uses the
-/// slot it holds, and who may join it. Called with the server's session table locked:
-/// keep both cheap and free of calls back into the server.
-pub trait SessionUse: Send + Sync {
-    /// Whether the session is in use (RNBD: it has a device open). One that is not gives
-    /// way at the caps and is closed `open_grace` after it stopped being in use.
-    fn in_use(&self) -> bool;
-
-    /// Whether a new path from `peer` may join the session (RNBD: the host list of every
-    /// device it has open allows `peer`; `authenticated`: the connection proved the
-    /// listener's key). `Err` says why not, for the refusal (−EACCES) and its log line.
-    ///
-    /// # Errors
-    /// The reason the path is refused.
-    fn may_join(&self, peer: IpAddr, authenticated: bool) -> Result<(), String>;
 }
 
 /// The layer above: one instance per core, called on that core only.

@@ -61,9 +61,9 @@ pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
 pub use config::{
     ServerConfig, ServerError, DEFAULT_MAX_PATH_CONNECTIONS, DEFAULT_OPEN_GRACE, MAX_OPEN_GRACE,
 };
-pub use handler::{DataArea, IoId, Response, Responses, ServerHandler, SessionUse, SrvIo, SrvPath};
-pub use session::SessionId;
-pub use stats::{PathStats, ServerStats, SessionStats};
+pub use handler::{DataArea, IoId, Response, Responses, ServerHandler, SrvIo, SrvPath};
+pub use session::{SessionId, SessionUse};
+pub use stats::{ServerPathStats, ServerStats, SessionStats};
 
 use crate::engine::{Ctx, Engine, Msg};
 use crate::fabric::Fabric;

@@ -41,7 +41,7 @@ pub(crate) struct Op {
     pub ticket: u32,
     /// When the handler got it (ns).
     pub t0: u64,
-    /// It claimed its chunk ([`Session::try_own`](super::session::Session::try_own)
+    /// It claimed its chunk ([`ServerSession::try_own`](super::session::ServerSession::try_own)
     /// succeeded) and releases it when it ends.
     pub owns: bool,
 }

@@ -10,9 +10,9 @@
 //! **Buf-id ownership** (docs/PROTOCOL.md §6.2 [NOTE], docs/ARCHITECTURE.md, "Failover
 //! without double execution hazards"): `Path::busy` marks a buf id from the IO_REQ's
 //! arrival until its answer on that path (a second arrival is a broken client: the path
-//! closes). `Session::owner` names the path whose request is executing on a chunk; a
+//! closes). `ServerSession::owner` names the path whose request is executing on a chunk; a
 //! failed-over request finding its chunk owned by another (dying) path waits until that
-//! owner releases it, so two requests never use a chunk at once. `Session::done` counts,
+//! owner releases it, so two requests never use a chunk at once. `ServerSession::done` counts,
 //! per chunk, the requests that finished executing on it: a request that arrived before
 //! the latest of them finished is a failed-over copy of it (a client re-uses a buf id
 //! only once it has the answer, which comes later), so it is answered with that
@@ -30,7 +30,7 @@ use crate::sync::lock;
 use crate::Errno;
 
 use super::chunks::ChunkPool;
-use super::stats::{PathCounters, PathStats};
+use super::stats::{PathCounters, ServerPathStats};
 
 /// Identifies a server session (one client session, all its paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,7 +58,7 @@ pub(crate) fn state_name(s: u8) -> &'static str {
 }
 
 /// A client session on this server.
-pub(crate) struct Session {
+pub(crate) struct ServerSession {
     pub id: SessionId,
     pub paths_uuid: Uuid,
     /// Core polling cid 0 of every path (heartbeats, INFO, link events, teardown).
@@ -108,7 +108,7 @@ fn clear_flag(f: &AtomicBool) {
     f.store(false, Ordering::Release);
 }
 
-impl Session {
+impl ServerSession {
     pub fn chunk_size(&self) -> u32 {
         self.layout.chunk_size()
     }
@@ -127,7 +127,7 @@ impl Session {
         claim(&self.owner[usize::from(buf_id)], pid)
     }
 
-    /// Releases chunk `buf_id`, which the caller's request claimed ([`Session::try_own`]
+    /// Releases chunk `buf_id`, which the caller's request claimed ([`ServerSession::try_own`]
     /// succeeded for it and it has not released it since). A plain store: while a
     /// request owns the chunk nobody else writes its owner word (every other claim
     /// fails its compare-exchange), so no read-modify-write is needed; the release
@@ -137,7 +137,7 @@ impl Session {
     }
 
     /// The count of executions finished on chunk `buf_id`: a request takes it when it
-    /// arrives (see [`Session::executed_since`]).
+    /// arrives (see [`ServerSession::executed_since`]).
     pub fn done_ticket(&self, buf_id: u16) -> u32 {
         (self.done[usize::from(buf_id)].load(Ordering::Acquire) >> 32) as u32
     }
@@ -173,7 +173,7 @@ impl Session {
 pub(crate) struct Path {
     /// Unique, non-zero (chunk owner tag).
     pub id: u32,
-    pub sess: Arc<Session>,
+    pub sess: Arc<ServerSession>,
     pub sess_uuid: Uuid,
     pub cid_num: u16,
     pub recon_cnt: u16,
@@ -278,11 +278,11 @@ impl Path {
             .collect()
     }
 
-    pub fn stats(&self) -> PathStats {
+    pub fn stats(&self) -> ServerPathStats {
         let [read_cnt, read_bytes, write_cnt, write_bytes, failover_waits, failover_dups, rsp_queued, dropped] =
             self.counters.snapshot();
         let (handler_lat_us_log2, handler_lat_sum_ns) = self.counters.latency();
-        PathStats {
+        ServerPathStats {
             name: self.name(),
             addr: format!("{}@{}", self.peer, self.local),
             state: state_name(self.state()),
@@ -307,7 +307,7 @@ impl Path {
 
 /// A session with its paths, as kept in the table.
 pub(crate) struct SessEntry {
-    pub sess: Arc<Session>,
+    pub sess: Arc<ServerSession>,
     /// Paths found by sess_uuid (a stale path replaced by a reconnect leaves this list
     /// at once but stays in `all` until drained).
     pub paths: Vec<Arc<Path>>,
@@ -331,7 +331,25 @@ pub(crate) struct SessEntry {
     pub evicted: bool,
 }
 
-/// What the layer above says of a session's use ([`super::SessionUse`]).
+/// The layer above's account of one session, which the server consults on its control
+/// path (connection requests, and about once a second): whether the session uses the
+/// slot it holds, and who may join it. Called with the server's session table locked:
+/// keep both cheap and free of calls back into the server.
+pub trait SessionUse: Send + Sync {
+    /// Whether the session is in use (RNBD: it has a device open). One that is not gives
+    /// way at the caps and is closed `open_grace` after it stopped being in use.
+    fn in_use(&self) -> bool;
+
+    /// Whether a new path from `peer` may join the session (RNBD: the host list of every
+    /// device it has open allows `peer`; `authenticated`: the connection proved the
+    /// listener's key). `Err` says why not, for the refusal (−EACCES) and its log line.
+    ///
+    /// # Errors
+    /// The reason the path is refused.
+    fn may_join(&self, peer: IpAddr, authenticated: bool) -> Result<(), String>;
+}
+
+/// What the layer above says of a session's use ([`SessionUse`]).
 #[derive(Clone)]
 pub(crate) enum Usage {
     /// Not asked yet: being set up, or between its last path going down and the next
@@ -339,7 +357,7 @@ pub(crate) enum Usage {
     Unknown,
     /// The handler keeps no account: always in use, joins unchecked (the kernel's way).
     Always,
-    By(Arc<dyn super::SessionUse>),
+    By(Arc<dyn SessionUse>),
 }
 
 impl Usage {

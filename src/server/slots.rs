@@ -36,7 +36,7 @@ pub(crate) struct Caps {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Need {
     /// A session, and its chunk pool (asked at its first connection request).
-    Session,
+    ServerSession,
     /// A path's connections (its `cid_num`).
     Conns(usize),
 }
@@ -81,7 +81,7 @@ pub(crate) struct Room {
 
 impl Sessions {
     /// Which cap one more `need` from `source` would pass, not counting the sessions in
-    /// `gone` nor, for [`Need::Session`], session `except`: `(per source?, why)`.
+    /// `gone` nor, for [`Need::ServerSession`], session `except`: `(per source?, why)`.
     fn over(
         &self,
         caps: &Caps,
@@ -90,7 +90,7 @@ impl Sessions {
         except: Option<SessionId>,
         gone: &[usize],
     ) -> Option<(bool, String)> {
-        let except = if matches!(need, Need::Session) {
+        let except = if matches!(need, Need::ServerSession) {
             except
         } else {
             None
@@ -102,7 +102,7 @@ impl Sessions {
         };
         let source = source_of(source);
         match need {
-            Need::Session => {
+            Need::ServerSession => {
                 let all = counted().count();
                 if all >= caps.sessions {
                     return Some((

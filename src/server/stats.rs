@@ -137,7 +137,7 @@ impl PathCounters {
 
 /// One path's statistics (serialised with these field names, in this order).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct PathStats {
+pub struct ServerPathStats {
     /// The client's pathname from INFO_REQ (empty before it).
     pub name: String,
     /// The path's addresses as the kernel names its sysfs directory:
@@ -184,7 +184,7 @@ pub struct SessionStats {
     pub chunk_size: u32,
     /// Where the chunk pool's memory comes from (`"heap"`, `"spdk_dma"`).
     pub chunk_memory: &'static str,
-    pub paths: Vec<PathStats>,
+    pub paths: Vec<ServerPathStats>,
 }
 
 /// The whole server's statistics.
@@ -193,7 +193,7 @@ pub struct ServerStats {
     pub sessions: Vec<SessionStats>,
 }
 
-impl PathStats {
+impl ServerPathStats {
     /// The kernel's `stats/rdma` line: `read_cnt read_bytes write_cnt write_bytes`.
     pub fn rdma_line(&self) -> String {
         format!(
@@ -281,12 +281,12 @@ mod tests {
 
     #[test]
     fn rdma_line() {
-        let p = PathStats {
+        let p = ServerPathStats {
             read_cnt: 2,
             read_bytes: 100,
             write_cnt: 1,
             write_bytes: 7,
-            ..PathStats::default()
+            ..ServerPathStats::default()
         };
         assert_eq!(p.rdma_line(), "2 100 1 7");
     }

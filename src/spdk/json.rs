@@ -2,7 +2,7 @@
 //! token array) become a [`serde_json::Value`]; answers and `config_json` entries are
 //! written with `spdk_json_write_val_raw`. [`RpcRequest`] is a pending
 //! `spdk_jsonrpc_request` that must be answered exactly once, from any thread (the
-//! answer is posted to the thread that received the request). [`Params`] decodes an
+//! answer is posted to the thread that received the request). [`RpcParams`] decodes an
 //! RPC's parameter object with errors that name the method and the field.
 
 use std::ffi::{c_char, CString};
@@ -177,20 +177,20 @@ impl RpcRequest {
 }
 
 /// Typed access to an RPC's parameter object; every error names the field.
-pub struct Params<'a> {
+pub struct RpcParams<'a> {
     method: &'static str,
     obj: Option<&'a serde_json::Map<String, Value>>,
 }
 
-impl<'a> Params<'a> {
+impl<'a> RpcParams<'a> {
     /// The parameters of `method`; `null` counts as an empty object.
     ///
     /// # Errors
     /// A message saying the params must be an object.
-    pub fn new(method: &'static str, v: &'a Value) -> Result<Params<'a>, String> {
+    pub fn new(method: &'static str, v: &'a Value) -> Result<RpcParams<'a>, String> {
         match v {
-            Value::Null => Ok(Params { method, obj: None }),
-            Value::Object(m) => Ok(Params {
+            Value::Null => Ok(RpcParams { method, obj: None }),
+            Value::Object(m) => Ok(RpcParams {
                 method,
                 obj: Some(m),
             }),
@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn params_name_the_field() {
         let v = json!({"name": "x", "n": 70000, "b": 1, "s": 3});
-        let p = Params::new("m", &v).unwrap();
+        let p = RpcParams::new("m", &v).unwrap();
         assert_eq!(p.str("name").unwrap(), "x");
         assert_eq!(p.opt_str("none").unwrap(), None);
         assert_eq!(
@@ -352,9 +352,9 @@ mod tests {
             p.only(&["name", "n", "b"]).unwrap_err(),
             "m: unknown parameter 's' (known: name, n, b)"
         );
-        assert!(Params::new("m", &json!(null)).unwrap().only(&[]).is_ok());
+        assert!(RpcParams::new("m", &json!(null)).unwrap().only(&[]).is_ok());
         assert_eq!(
-            Params::new("m", &json!([1])).err().unwrap(),
+            RpcParams::new("m", &json!([1])).err().unwrap(),
             "m: params must be a JSON object"
         );
     }

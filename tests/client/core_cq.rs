@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rtrs_spdk::client::{ClientConfig, CoreCq, MpPolicy, PathAddr, PathState, Session};
+use rtrs_spdk::client::{ClientConfig, ClientSession, CoreCq, MpPolicy, PathAddr, PathState};
 use rtrs_spdk::engine::{Ctx, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::tcp::TcpFabric;
@@ -48,7 +48,7 @@ struct TwoSessions {
     sim: Simulation,
     /// Loopback only: to break the connections of one address.
     rec: Option<Arc<RecordingFabric>>,
-    sess: Vec<Session>,
+    sess: Vec<ClientSession>,
     loads: Vec<Rc<RefCell<Load>>>,
     cq: Rc<RefCell<CoreCq>>,
     addrs: Vec<SocketAddr>,
@@ -98,7 +98,7 @@ impl TwoSessions {
             let ev = Box::new(Events(Rc::new(RefCell::new(Vec::new()))));
             let (s, cores) = sim
                 .reactor(0)
-                .with_ctx(|cx| Session::open(cx, f, c, ev))
+                .with_ctx(|cx| ClientSession::open(cx, f, c, ev))
                 .expect("open");
             let mut core = cores.into_iter().next().expect("one core");
             assert!(core.attach(&cq.borrow()), "attached to its core's CQ");

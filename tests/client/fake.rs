@@ -504,7 +504,7 @@ fn duplicate_and_out_of_range_responses_are_ignored() {
 
 #[test]
 fn a_dropped_core_handle_does_not_hold_up_teardown() {
-    use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session};
+    use rtrs_spdk::client::{ClientCompletion, ClientConfig, ClientSession, PathAddr};
     use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
     use rtrs_spdk::fabric::loopback::LoopbackFabric;
     use std::cell::RefCell;
@@ -535,7 +535,9 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
     cfg.reconnect_delay = Duration::from_millis(100);
     let (sess, mut cores) = sim
         .reactor(0)
-        .with_ctx(|cx| Session::open(cx, lo.clone(), cfg, Box::new(Events(Default::default()))))
+        .with_ctx(|cx| {
+            ClientSession::open(cx, lo.clone(), cfg, Box::new(Events(Default::default())))
+        })
         .unwrap();
     let mut core0 = cores.remove(0);
     drop(cores);
@@ -572,7 +574,7 @@ fn a_dropped_core_handle_does_not_hold_up_teardown() {
 struct OneCore {
     sim: rtrs_spdk::engine::Simulation,
     srv: std::rc::Rc<std::cell::RefCell<util::FakeServer>>,
-    sess: rtrs_spdk::client::Session,
+    sess: rtrs_spdk::client::ClientSession,
     core: std::rc::Rc<std::cell::RefCell<rtrs_spdk::client::SessionCore>>,
     done: std::rc::Rc<std::cell::RefCell<Vec<rtrs_spdk::client::ClientCompletion>>>,
 }
@@ -583,7 +585,7 @@ impl OneCore {
         client_fabric: std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>,
         name: &str,
     ) -> OneCore {
-        use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session};
+        use rtrs_spdk::client::{ClientCompletion, ClientConfig, ClientSession, PathAddr};
         use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
         use std::cell::RefCell;
         use std::rc::Rc;
@@ -611,7 +613,7 @@ impl OneCore {
         let events = Box::new(Events(Default::default()));
         let (sess, mut cores) = sim
             .reactor(0)
-            .with_ctx(|cx| Session::open(cx, client_fabric, cfg, events))
+            .with_ctx(|cx| ClientSession::open(cx, client_fabric, cfg, events))
             .expect("the session opens");
         let core = Rc::new(RefCell::new(cores.remove(0)));
         let done = Rc::new(RefCell::new(Vec::<ClientCompletion>::new()));

@@ -3,7 +3,7 @@
 //! (scripts and the SPDK RPCs read these names), and names with quotes, backslashes and
 //! control characters still give valid JSON that parses back to the same text.
 
-use rtrs_spdk::client::stats::{PathStats as ClientPath, RdmaStats, WcStats};
+use rtrs_spdk::client::stats::{ClientPathStats as ClientPath, RdmaStats, WcStats};
 use rtrs_spdk::client::ClientStats;
 use serde_json::Value;
 

@@ -10,8 +10,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientIo, CoreCq, Dir, PathAddr, Session, SessionCore, Sgl,
-    SubmitError,
+    ClientCompletion, ClientConfig, ClientIo, ClientSession, CoreCq, Dir, PathAddr, SessionCore,
+    Sgl, SubmitError,
 };
 use rtrs_spdk::engine::{
     Adaptive, CpuMask, Ctx, Engine, EngineConfig, IdleStrategy, Msg, PollResult,
@@ -175,7 +175,7 @@ fn run(core_cq: bool) {
     .expect("server");
     let addr = server.local_addrs()[0];
     let counters = Arc::new(Counters::default());
-    let (tx, rx) = mpsc::channel::<Session>();
+    let (tx, rx) = mpsc::channel::<ClientSession>();
     let (f2, c2) = (fabric.clone(), counters.clone());
     let sent = engine.send(
         0,
@@ -187,7 +187,7 @@ fn run(core_cq: bool) {
             };
             let cfg = ClientConfig::new("threads", vec![path]);
             let events = Box::new(Events(Default::default()));
-            let (sess, cores) = Session::open(cx, f2.clone(), cfg, events).expect("open");
+            let (sess, cores) = ClientSession::open(cx, f2.clone(), cfg, events).expect("open");
             for (k, mut core) in cores.into_iter().enumerate() {
                 // Made and attached here, before the session connects; the core's
                 // thread takes it with its first poll.

@@ -16,8 +16,8 @@ use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    open_rnbd_session, BlockRequest, ClientCompletion, ClientEvent, RnbdClient, RnbdQueue,
-    RnbdSession,
+    open_rnbd_session, BlockRequest, ClientCompletion, ClientEvent, RnbdClient, RnbdClientSession,
+    RnbdQueue,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
@@ -99,7 +99,7 @@ fn a_path_lost_during_the_open_comes_back_and_the_open_completes() {
     ccfg.reconnect_delay = Duration::from_millis(10);
     ccfg.reconnect_jitter = Duration::from_millis(1);
     let f = Arc::clone(&fabric);
-    let RnbdSession {
+    let RnbdClientSession {
         session,
         admin,
         mut queues,

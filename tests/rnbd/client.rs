@@ -12,14 +12,14 @@ use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     msg, sess_info_done, BlockRequest, DevState, DeviceError, RnbdDevice, WriteZeroesMode,
 };
-use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSession};
+use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdServerSession};
 use rtrs_spdk::rnbd::Dir;
 use rtrs_spdk::Errno;
 
 /// One client session talking to one server core without RTRS in between.
 struct Link {
     disp: Dispatcher,
-    sess: RnbdSession,
+    sess: RnbdServerSession,
     mem: MemBuf,
 }
 
@@ -27,7 +27,7 @@ impl Link {
     fn new(ex: &Arc<Exports>, name: &str, core: usize) -> Link {
         Link {
             disp: Dispatcher::new(ex.clone(), core).unwrap(),
-            sess: RnbdSession::new(name, ex.clone()),
+            sess: RnbdServerSession::new(name, ex.clone()),
             mem: MemBuf::zeroed(1 << 20),
         }
     }
@@ -260,7 +260,7 @@ fn reconnect_reopens_and_adopts_the_new_device_id() {
     assert_eq!(ex.writers(ex.lookup(b"y").unwrap()), 0);
 
     // Reconnected: a new server session; re-open in another order, so ids change.
-    l.sess = RnbdSession::new("s", ex.clone());
+    l.sess = RnbdServerSession::new("s", ex.clone());
     l.handshake();
     assert_eq!(l.open(&mut y), Ok(0));
     assert_eq!(l.open(&mut x), Ok(1));

@@ -17,7 +17,7 @@ use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::backend::{BlockCompletion, IoBuf};
 use rtrs_spdk::rnbd::client::{
     completion, BlockRequest, ClientCompletion, ClientEvent, ClientIo, DevHandle, RnbdClient,
-    SendError, SessionHandle, Sgl,
+    RnbdSendError, SessionHandle, Sgl,
 };
 use rtrs_spdk::rnbd::server::{Dispatcher, Exports, Outcome, Request, RnbdSessions, SessionCache};
 use rtrs_spdk::rnbd::Dir;
@@ -162,7 +162,7 @@ unsafe fn sge_slice(s: &Sge) -> &mut [u8] {
 }
 
 impl SessionHandle for DirectPort {
-    fn submit(&mut self, _now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
+    fn submit(&mut self, _now: u64, io: ClientIo<'_>) -> Result<(), RnbdSendError> {
         if !io.admin {
             self.block_submits += 1;
             self.lists
@@ -177,7 +177,7 @@ impl SessionHandle for DirectPort {
             if !io.admin {
                 self.block_submits -= 1;
             }
-            return Err(SendError::Refused {
+            return Err(RnbdSendError::Refused {
                 errno: Errno::ENOTCONN,
                 reason: "no path".into(),
             });
@@ -189,7 +189,7 @@ impl SessionHandle for DirectPort {
             return Ok(());
         }
         let Some(i) = self.free.pop() else {
-            return Err(SendError::Busy);
+            return Err(RnbdSendError::Busy);
         };
         let len: usize = io.sgl.iter().map(|s| s.len as usize).sum();
         assert!(len <= CHUNK);
@@ -262,11 +262,11 @@ impl SessionHandle for DirectPort {
         self.wait
     }
 
-    fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
+    fn zero_region(&self, len: usize) -> Result<Mr, RnbdSendError> {
         let mr = self
             .fabric
             .register(MemBuf::zeroed(len), Access::NONE)
-            .map_err(|e| SendError::Refused {
+            .map_err(|e| RnbdSendError::Refused {
                 errno: Errno::ENOMEM,
                 reason: e.to_string(),
             })?;

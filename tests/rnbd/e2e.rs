@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtrs_spdk::client::{ClientConfig, ClientError, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientConfig, ClientError, ClientSession, PathAddr, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
@@ -18,8 +18,8 @@ use rtrs_spdk::proto::rnbd::{AccessMode, Io, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{ExportSpec, FileOptions};
 use rtrs_spdk::rnbd::client::{
     completion_result, open_rnbd_session, BlockRequest, BringUpError, ClientCompletion,
-    ClientEvent, ClientIo, DevHandle, DevState, RnbdAdmin, RnbdClient, RnbdQueue, RnbdSession,
-    SessionHandle, Sgl, WriteZeroesMode,
+    ClientEvent, ClientIo, DevHandle, DevState, RnbdAdmin, RnbdClient, RnbdClientSession,
+    RnbdQueue, SessionHandle, Sgl, WriteZeroesMode,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::rnbd::Dir;
@@ -39,7 +39,7 @@ struct Rig {
 }
 
 struct Clt {
-    session: Session,
+    session: ClientSession,
     /// Core 0, the session's home core: admin requests, link events, IO.
     rnbd: RnbdClient<SessionCore>,
     /// Core 1: IO of the same devices.
@@ -106,7 +106,7 @@ impl Rig {
         cfg.reconnect_delay = Duration::from_millis(10);
         cfg.reconnect_jitter = Duration::from_millis(1);
         let f = Arc::clone(&self.fabric);
-        let RnbdSession {
+        let RnbdClientSession {
             session,
             admin,
             mut queues,
@@ -582,7 +582,7 @@ fn more_queues_than_reactors_polled_on_one() {
     let mut rig = Rig::new();
     let cfg = ClientConfig::new("clt-3", vec![PathAddr::new(rig.addr)]);
     let f = Arc::clone(&rig.fabric);
-    let RnbdSession {
+    let RnbdClientSession {
         session,
         mut admin,
         mut queues,
@@ -655,7 +655,7 @@ fn more_queues_than_reactors_polled_on_one() {
     assert!(
         matches!(
             e,
-            BringUpError::Session(ClientError::Cores { cores: 0, .. })
+            BringUpError::ClientSession(ClientError::Cores { cores: 0, .. })
         ),
         "{e:?}"
     );

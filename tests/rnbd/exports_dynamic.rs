@@ -17,7 +17,7 @@ use rtrs_spdk::rnbd::backend::{
 };
 use rtrs_spdk::rnbd::server::{
     AccessError, Dir, Dispatcher, ExportBackend, Exports, ExportsError, Outcome, Request,
-    RnbdSession,
+    RnbdServerSession,
 };
 
 use rtrs_spdk::Errno;
@@ -101,11 +101,11 @@ fn area(len: usize) -> (MemBuf, IoBuf) {
     (mem, buf)
 }
 
-fn open(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<u32, Errno> {
+fn open(d: &mut Dispatcher, sess: &RnbdServerSession, name: &[u8]) -> Result<u32, Errno> {
     open_rsp(d, sess, name).map(|r| r.device_id)
 }
 
-fn open_rsp(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<OpenRsp, Errno> {
+fn open_rsp(d: &mut Dispatcher, sess: &RnbdServerSession, name: &[u8]) -> Result<OpenRsp, Errno> {
     let mut msg = [0u8; Open::LEN];
     Open {
         access_mode: AccessMode::ReadWrite,
@@ -138,13 +138,13 @@ fn open_rsp(d: &mut Dispatcher, sess: &RnbdSession, name: &[u8]) -> Result<OpenR
     }
 }
 
-fn write(d: &mut Dispatcher, sess: &RnbdSession, dev: u32, tag: u64, data: IoBuf) -> Outcome {
+fn write(d: &mut Dispatcher, sess: &RnbdServerSession, dev: u32, tag: u64, data: IoBuf) -> Outcome {
     write_at(d, sess, dev, tag, 0, data)
 }
 
 fn write_at(
     d: &mut Dispatcher,
-    sess: &RnbdSession,
+    sess: &RnbdServerSession,
     dev: u32,
     tag: u64,
     sector: u64,
@@ -189,7 +189,7 @@ fn reap(d: &mut Dispatcher, n: usize) -> Vec<BlockCompletion> {
 fn exports_come_and_go_under_a_dispatcher() {
     let exports = Arc::new(Exports::dynamic(8));
     let mut d = Dispatcher::new(Arc::clone(&exports), 0).unwrap();
-    let sess = RnbdSession::new("s", Arc::clone(&exports));
+    let sess = RnbdServerSession::new("s", Arc::clone(&exports));
     assert_eq!(open(&mut d, &sess, b"d"), Err(Errno::ENOENT));
 
     let first = disk(1 << 20);
@@ -296,7 +296,7 @@ fn a_grown_file_is_seen_at_the_next_open_and_served_to_its_new_end() {
     };
     let ex = Arc::new(Exports::new(&[spec], &FileOptions::default()).unwrap());
     let mut d = Dispatcher::new(Arc::clone(&ex), 0).unwrap();
-    let sess = RnbdSession::new("s", Arc::clone(&ex));
+    let sess = RnbdServerSession::new("s", Arc::clone(&ex));
     let first = open_rsp(&mut d, &sess, b"f").unwrap();
     assert_eq!(first.nsectors, 2048);
     let (_mem, buf) = area(4096);

@@ -10,14 +10,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientConfig, ClientSession, PathAddr, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
     open_rnbd_session, BlockRequest, ClientEvent, DevHandle, DeviceError, DeviceInfo, RnbdClient,
-    RnbdSession,
+    RnbdClientSession,
 };
 use rtrs_spdk::rnbd::server::{Exports, HostPattern, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
@@ -35,7 +35,7 @@ struct Rig {
 struct Client {
     rnbd: RnbdClient<SessionCore>,
     buf: Mr,
-    session: Session,
+    session: ClientSession,
 }
 
 impl Rig {
@@ -83,7 +83,7 @@ impl Rig {
         };
         let cfg = ClientConfig::new(sessname, vec![path]);
         let f = Arc::clone(&self.fabric);
-        let RnbdSession {
+        let RnbdClientSession {
             session,
             admin,
             mut queues,

@@ -10,13 +10,13 @@ use crate::counting;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rtrs_spdk::client::{ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientConfig, ClientSession, PathAddr, SessionCore};
 use rtrs_spdk::engine::Simulation;
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    open_rnbd_session, BlockRequest, ClientEvent, DevHandle, RnbdClient, RnbdSession,
+    open_rnbd_session, BlockRequest, ClientEvent, DevHandle, RnbdClient, RnbdClientSession,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{Server, ServerConfig};
@@ -32,7 +32,7 @@ struct Rig {
     dev: DevHandle,
     events: Vec<ClientEvent>,
     fabric: Arc<dyn Fabric>,
-    _session: Session,
+    _session: ClientSession,
     _server: Server,
 }
 
@@ -56,7 +56,7 @@ impl Rig {
         sim.run_until_idle(100);
         let ccfg = ClientConfig::new("alloc", vec![PathAddr::new(server.local_addrs()[0])]);
         let f = Arc::clone(&fabric);
-        let RnbdSession {
+        let RnbdClientSession {
             session,
             admin,
             mut queues,

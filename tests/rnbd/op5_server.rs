@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rtrs_spdk::fabric::mem::MemBuf;
 use rtrs_spdk::proto::rnbd::{AccessMode, Io, Open, OpenRsp, RnbdFlags, RnbdOp};
 use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
-use rtrs_spdk::rnbd::server::{Dir, Dispatcher, Exports, Outcome, Request, RnbdSession};
+use rtrs_spdk::rnbd::server::{Dir, Dispatcher, Exports, Outcome, Request, RnbdServerSession};
 use rtrs_spdk::Errno;
 
 const SIZE: usize = 1 << 20;
@@ -58,7 +58,7 @@ fn io_msg(device_id: u32, op: RnbdOp, sector: u64, bi_size: u32) -> [u8; 32] {
 
 /// Runs one request to its end (bounded wait) and returns its wire status (0 or a
 /// negative errno).
-fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
+fn run(d: &mut Dispatcher, s: &RnbdServerSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
     let req = Request {
         tag: 1,
         dir,
@@ -84,7 +84,7 @@ fn run(d: &mut Dispatcher, s: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -
     }
 }
 
-fn open(d: &mut Dispatcher, s: &RnbdSession) -> u32 {
+fn open(d: &mut Dispatcher, s: &RnbdServerSession) -> u32 {
     let mut msg = [0u8; Open::LEN];
     Open {
         access_mode: AccessMode::ReadWrite,
@@ -123,7 +123,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 fn op5_both_meanings(ex: Exports) {
     let ex = Arc::new(ex);
     let mut d = Dispatcher::new(ex.clone(), 0).unwrap();
-    let s = RnbdSession::new("s", ex);
+    let s = RnbdServerSession::new("s", ex);
     let id = open(&mut d, &s);
     let data = Area::new(SIZE);
     let mut model = pattern(1, SIZE);

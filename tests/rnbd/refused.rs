@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use rtrs_spdk::client::{ClientCompletion, ClientConfig, PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientCompletion, ClientConfig, ClientSession, PathAddr, SessionCore};
 use rtrs_spdk::engine::{
     Adaptive, CpuMask, Ctx, Engine, EngineConfig, IdleStrategy, Msg, PollResult,
 };
@@ -19,7 +19,7 @@ use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{Access, Fabric};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
-    open_rnbd_session, ClientEvent, LinkListener, RnbdClient, RnbdSession,
+    open_rnbd_session, ClientEvent, LinkListener, RnbdClient, RnbdClientSession,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
 use rtrs_spdk::server::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks, Server, ServerConfig};
@@ -90,7 +90,7 @@ fn open_vol(
     engine: &Engine,
     fabric: &Arc<dyn Fabric>,
     cfg: ClientConfig,
-) -> (Session, mpsc::Receiver<Result<u64, String>>) {
+) -> (ClientSession, mpsc::Receiver<Result<u64, String>>) {
     let (stx, srx) = mpsc::channel();
     let (otx, orx) = mpsc::channel();
     let fabric = Arc::clone(fabric);
@@ -98,7 +98,7 @@ fn open_vol(
         .send(
             0,
             Msg::new(move |cx: &mut dyn Ctx| {
-                let RnbdSession {
+                let RnbdClientSession {
                     session,
                     admin,
                     mut queues,
@@ -149,7 +149,7 @@ fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// Closes the session, waits for its paths, stops the server and the engine.
-fn finish(engine: Engine, server: Server, session: &Session) {
+fn finish(engine: Engine, server: Server, session: &ClientSession) {
     session.close();
     wait_until(WAIT, "session paths gone", || session.paths().is_empty());
     server.stop();
@@ -234,7 +234,8 @@ fn a_refused_session_connects_once_a_retry_gets_through() {
             0,
             Msg::new(move |cx: &mut dyn Ctx| {
                 let (session, mut cores) =
-                    Session::open(cx, f, cfg, Box::new(LinkListener::new())).expect("session");
+                    ClientSession::open(cx, f, cfg, Box::new(LinkListener::new()))
+                        .expect("session");
                 let mut core: SessionCore = cores.remove(0);
                 let mut comps = [ClientCompletion::default(); 4];
                 cx.register(Box::new(move |cx: &mut dyn Ctx| {
@@ -248,7 +249,7 @@ fn a_refused_session_connects_once_a_retry_gets_through() {
             }),
         )
         .expect("send to core 0");
-    let session: Session = srx.recv_timeout(WAIT).expect("session");
+    let session: ClientSession = srx.recv_timeout(WAIT).expect("session");
     wait_until(WAIT, "session refused", || session.refusal().is_some());
     assert_eq!(session.paths_up(), 0);
     alloc.fail.store(false, Ordering::Release);

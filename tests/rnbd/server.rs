@@ -11,7 +11,7 @@ use rtrs_spdk::proto::rnbd::{
 };
 use rtrs_spdk::rnbd::backend::{BlockCompletion, ExportSpec, FileOptions, IoBuf};
 use rtrs_spdk::rnbd::server::{
-    Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdSession, SessionView,
+    Dir, Dispatcher, Exports, ExportsError, Outcome, Request, RnbdServerSession, SessionView,
 };
 use rtrs_spdk::Errno;
 
@@ -89,7 +89,7 @@ fn req(usr: &[u8], dir: Dir, data: IoBuf) -> Request<'_> {
 /// Opens `name` in `mode` on `sess`: the errno and, on success, the reply.
 fn open(
     d: &mut Dispatcher,
-    sess: &RnbdSession,
+    sess: &RnbdServerSession,
     name: &[u8],
     mode: AccessMode,
 ) -> Result<OpenRsp, Errno> {
@@ -110,7 +110,7 @@ fn open(
 
 /// Runs one IO to completion (bounded wait) and returns its wire status (0 or a
 /// negative errno).
-fn run(d: &mut Dispatcher, sess: &RnbdSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
+fn run(d: &mut Dispatcher, sess: &RnbdServerSession, usr: &[u8], dir: Dir, data: IoBuf) -> i32 {
     match d.process(sess, req(usr, dir, data)) {
         Outcome::Done(r) => Errno::neg_of(r),
         Outcome::Submitted => wait_one(d),
@@ -142,7 +142,7 @@ fn setup() -> (Arc<Exports>, Dispatcher, Dispatcher) {
 #[test]
 fn sess_info_negotiates_and_checks_the_reply_space() {
     let (ex, mut d, _) = setup();
-    let s = RnbdSession::new("c1", ex);
+    let s = RnbdServerSession::new("c1", ex);
     let area = Area::new(64);
     area.fill(0xaa);
     let msg = SessInfo { ver: 5 }.to_bytes();
@@ -176,9 +176,9 @@ fn sess_info_negotiates_and_checks_the_reply_space() {
 #[test]
 fn access_modes_across_sessions() {
     let (ex, mut d0, mut d1) = setup();
-    let a = RnbdSession::new("a", ex.clone());
-    let b = RnbdSession::new("b", ex.clone());
-    let c = RnbdSession::new("c", ex.clone());
+    let a = RnbdServerSession::new("a", ex.clone());
+    let b = RnbdServerSession::new("b", ex.clone());
+    let c = RnbdServerSession::new("c", ex.clone());
     let disk0 = ex.lookup(b"disk0").unwrap();
 
     assert_eq!(
@@ -211,10 +211,10 @@ fn access_modes_across_sessions() {
             .device_id,
         1
     );
-    let b2 = RnbdSession::new("b2", ex.clone());
+    let b2 = RnbdServerSession::new("b2", ex.clone());
     assert!(open(&mut d0, &b2, b"disk0", AccessMode::Migration).is_ok());
     assert_eq!(ex.writers(disk0), 2);
-    let c2 = RnbdSession::new("c2", ex.clone());
+    let c2 = RnbdServerSession::new("c2", ex.clone());
     assert_eq!(
         open(&mut d1, &c2, b"disk0", AccessMode::Migration),
         Err(Errno::EPERM)
@@ -254,7 +254,7 @@ fn access_modes_across_sessions() {
 #[test]
 fn open_errors() {
     let (ex, mut d, _) = setup();
-    let s = RnbdSession::new("s", ex.clone());
+    let s = RnbdServerSession::new("s", ex.clone());
     assert_eq!(
         open(&mut d, &s, b"nope", AccessMode::ReadOnly),
         Err(Errno::ENOENT)
@@ -307,7 +307,7 @@ fn open_errors() {
 #[test]
 fn io_across_cores_on_one_ram_disk() {
     let (ex, mut d0, mut d1) = setup();
-    let s = RnbdSession::new("s", ex.clone());
+    let s = RnbdServerSession::new("s", ex.clone());
     let id = open(&mut d0, &s, b"disk0", AccessMode::ReadWrite)
         .unwrap()
         .device_id;
@@ -364,7 +364,7 @@ fn run_view(d: &mut Dispatcher, v: &mut SessionView, usr: &[u8], dir: Dir, data:
 #[test]
 fn each_core_sees_open_and_close_of_another() {
     let (ex, mut d0, mut d1) = setup();
-    let s = Arc::new(RnbdSession::new("s", ex.clone()));
+    let s = Arc::new(RnbdServerSession::new("s", ex.clone()));
     let mut v0 = SessionView::new(Arc::clone(&s));
     let mut v1 = SessionView::new(Arc::clone(&s));
     let buf = Area::new(4096);
@@ -417,7 +417,7 @@ fn each_core_sees_open_and_close_of_another() {
 #[test]
 fn io_errors() {
     let (ex, mut d, _) = setup();
-    let s = RnbdSession::new("s", ex.clone());
+    let s = RnbdServerSession::new("s", ex.clone());
     let id = open(&mut d, &s, b"disk1", AccessMode::ReadWrite)
         .unwrap()
         .device_id;
@@ -492,7 +492,7 @@ fn io_errors() {
 #[test]
 fn a_busy_backend_queues_and_everything_completes() {
     let (ex, mut d, _) = setup();
-    let s = RnbdSession::new("s", ex.clone());
+    let s = RnbdServerSession::new("s", ex.clone());
     let id = open(&mut d, &s, b"disk0", AccessMode::ReadWrite)
         .unwrap()
         .device_id;
@@ -576,7 +576,7 @@ fn file_exports_open_per_core() {
     let ex = Arc::new(Exports::new(&specs, &FileOptions::default()).unwrap());
     let mut d0 = Dispatcher::new(ex.clone(), 0).unwrap();
     let mut d1 = Dispatcher::new(ex.clone(), 1).unwrap();
-    let s = RnbdSession::new("s", ex.clone());
+    let s = RnbdServerSession::new("s", ex.clone());
     let id = open(&mut d0, &s, b"f", AccessMode::ReadWrite)
         .unwrap()
         .device_id;

@@ -11,7 +11,7 @@ use crate::rnbd_workload;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use rtrs_spdk::client::{ClientConfig, PathAddr, PathState, Session};
+use rtrs_spdk::client::{ClientConfig, ClientSession, PathAddr, PathState};
 use rtrs_spdk::engine::{Adaptive, CpuMask, Ctx, Engine, EngineConfig, IdleStrategy, Msg};
 use rtrs_spdk::fabric::tcp::TcpFabric;
 use rtrs_spdk::fabric::{Fabric, Psk};
@@ -124,7 +124,7 @@ fn a_wrong_key_closes_the_path_without_retrying() {
             0,
             Msg::new(move |cx: &mut dyn Ctx| {
                 let links = LinkListener::new();
-                let (s, _cores) = Session::open(cx, f, cfg, Box::new(links)).expect("open");
+                let (s, _cores) = ClientSession::open(cx, f, cfg, Box::new(links)).expect("open");
                 let _ = stx.send(s);
             }),
         )

@@ -40,7 +40,7 @@ fn two_paths_on(mut h: Harness) -> (Harness, TestPath, TestPath) {
     (h, a, b)
 }
 
-fn path_sum(h: &Harness, f: impl Fn(&rtrs_spdk::server::PathStats) -> u64) -> u64 {
+fn path_sum(h: &Harness, f: impl Fn(&rtrs_spdk::server::ServerPathStats) -> u64) -> u64 {
     h.server.stats().sessions[0].paths.iter().map(f).sum()
 }
 

@@ -3,7 +3,7 @@
 //! (scripts and the SPDK RPCs read these names), and names with quotes, backslashes and
 //! control characters still give valid JSON that parses back to the same text.
 
-use rtrs_spdk::server::{PathStats as ServerPath, ServerStats, SessionStats};
+use rtrs_spdk::server::{ServerPathStats as ServerPath, ServerStats, SessionStats};
 use serde_json::Value;
 
 /// Names a hand-written escaper tends to get wrong.

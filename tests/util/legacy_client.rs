@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientIo, PathAddr, Session, SessionCore, Sgl, SubmitError,
+    ClientCompletion, ClientConfig, ClientIo, ClientSession, PathAddr, SessionCore, Sgl,
+    SubmitError,
 };
 use rtrs_spdk::engine::{Ctx, Engine, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
@@ -192,7 +193,7 @@ pub fn write_same(
         let paths = addrs.iter().map(|&a| PathAddr::new(a)).collect();
         let cfg = ClientConfig::new(sessname, paths);
         let (session, mut cores) =
-            Session::open(cx, Arc::clone(&f), cfg, Box::new(LinkListener::new()))
+            ClientSession::open(cx, Arc::clone(&f), cfg, Box::new(LinkListener::new()))
                 .expect("session open");
         let mut other = cores.pop().expect("two cores");
         let buf = f

@@ -20,7 +20,7 @@ use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Mr};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
     completion_result, open_rnbd_session, BlockRequest, ClientCompletion, ClientEvent, DevHandle,
-    RnbdClient, RnbdQueue, RnbdSession,
+    RnbdClient, RnbdClientSession, RnbdQueue,
 };
 
 pub const BS: usize = 4096;
@@ -333,7 +333,7 @@ pub fn run_with(
     let (stx, srx) = mpsc::channel();
     let open_name = dev.to_string();
     let start = Msg::new(move |cx: &mut dyn Ctx| {
-        let RnbdSession {
+        let RnbdClientSession {
             session,
             admin,
             mut queues,

@@ -7,7 +7,7 @@
 //! A queue is polled by exactly one poll group at a time, its owner
 //! ([`super::group`]); it moves between groups as a value, through their mailboxes. IO
 //! submitted on another thread reaches it through its session core's inbox
-//! ([`super::sess::SessCore`]), which the owner drains at every poll.
+//! ([`super::sess::CoreInbox`]), which the owner drains at every poll.
 //!
 //! A request is kept in one place from submission to completion: the library's RNBD
 //! queue, which sends it when the session has a permit and its device is reachable (no

@@ -498,7 +498,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
                 Err(e) => {
                     return on_open(Err(CreateError::Invalid(format!(
                         "{M}: 'paths[0].transport' = {:?}: {e}",
-                        transport.name()
+                        transport.as_str()
                     ))));
                 }
             };

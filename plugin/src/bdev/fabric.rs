@@ -10,7 +10,7 @@ use rtrs_spdk::fabric::verbs::VerbsFabric;
 use rtrs_spdk::fabric::Fabric;
 use rtrs_spdk::spdk::interrupt_mode;
 
-use super::params::Transport;
+use crate::rpc::Transport;
 
 /// The client side's fabric of one transport (its device), shared by every rtrs bdev of
 /// the application using that transport.

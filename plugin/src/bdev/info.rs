@@ -3,7 +3,7 @@
 //! driver_specific (the device and its session), and the `bdev_rtrs_create` parameters
 //! that rebuild a bdev (`save_config`).
 
-use rtrs_spdk::client::Session;
+use rtrs_spdk::client::ClientSession;
 use serde_json::{json, Value};
 
 use super::disk::Disk;
@@ -89,7 +89,7 @@ fn session(sess: &Sess) -> Value {
             })
             .collect()
     });
-    let policy = s.map_or(sess.settings.mp_policy, Session::policy);
+    let policy = s.map_or(sess.settings.mp_policy, ClientSession::policy);
     let live = sess.live();
     json!({
         "sessname": sess.sessname,
@@ -97,7 +97,7 @@ fn session(sess: &Sess) -> Value {
         "max_reconnect_attempts": live.max_reconnect_attempts,
         "reconnect_delay_sec": live.reconnect_delay_sec,
         "loss_timeout_sec": live.loss_timeout_sec,
-        "paths_up": s.map_or(0, Session::paths_up),
+        "paths_up": s.map_or(0, ClientSession::paths_up),
         "paths": paths,
         "stats": stats,
     })

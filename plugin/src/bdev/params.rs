@@ -12,7 +12,8 @@ use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{check_dev_name, WriteZeroesMode};
 use serde_json::{json, Map, Value};
 
-use crate::rpc::Params;
+use crate::rpc::RpcParams;
+use crate::rpc::Transport;
 
 /// RNBD's default port.
 pub const DEFAULT_PORT: u16 = 1234;
@@ -38,22 +39,6 @@ pub fn req_str<'v>(method: &str, v: &'v Value, name: &str) -> Result<&'v str, St
         .ok_or_else(|| format!("{method}: missing required parameter '{name}'"))
 }
 
-/// The fabric a path uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    Rdma,
-}
-
-impl Transport {
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::Tcp => "tcp",
-            Transport::Rdma => "rdma",
-        }
-    }
-}
-
 /// One path as the RPC gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PathParam {
@@ -71,7 +56,7 @@ impl PathParam {
         }
         m.insert("dst_addr".into(), json!(self.addr.dst.ip().to_string()));
         m.insert("port".into(), json!(self.addr.dst.port()));
-        m.insert("transport".into(), json!(self.transport.name()));
+        m.insert("transport".into(), json!(self.transport.as_str()));
         // The key's name only: the key stays in the keyring (saved by its module).
         if let Some(k) = &self.psk {
             m.insert("psk".into(), json!(k));
@@ -197,13 +182,8 @@ pub fn parse_policy(method: &str, field: &str, s: &str) -> Result<MpPolicy, Stri
 }
 
 fn parse_transport(method: &str, field: &str, s: &str) -> Result<Transport, String> {
-    match s {
-        "tcp" => Ok(Transport::Tcp),
-        "rdma" => Ok(Transport::Rdma),
-        _ => Err(format!(
-            "{method}: '{field}' = {s:?} is not one of tcp, rdma"
-        )),
-    }
+    Transport::parse(s)
+        .ok_or_else(|| format!("{method}: '{field}' = {s:?} is not one of tcp, rdma"))
 }
 
 fn parse_ip(method: &str, field: &str, s: &str) -> Result<IpAddr, String> {
@@ -213,7 +193,7 @@ fn parse_ip(method: &str, field: &str, s: &str) -> Result<IpAddr, String> {
         .map_err(|_| format!("{method}: '{field}' = {s:?} is not an IPv4 or IPv6 address"))
 }
 
-fn parse_port(method: &str, field: &str, p: &Params<'_>) -> Result<u16, String> {
+fn parse_port(method: &str, field: &str, p: &RpcParams<'_>) -> Result<u16, String> {
     match p.opt_uint("port", u64::from(u16::MAX)) {
         Ok(Some(0)) => Err(format!("{method}: '{field}' must be 1..=65535, got 0")),
         Ok(Some(n)) => Ok(n as u16),
@@ -234,7 +214,7 @@ pub fn parse_path(method: &'static str, prefix: &str, v: &Value) -> Result<PathP
             prefix.trim_end_matches('.')
         ));
     }
-    let p = Params::new(method, v)?;
+    let p = RpcParams::new(method, v)?;
     p.only(&["transport", "dst_addr", "port", "src_addr", "psk"])
         .map_err(|e| format!("{e} (in '{}')", prefix.trim_end_matches('.')))?;
     let f = |name: &str| format!("{prefix}{name}");
@@ -304,7 +284,7 @@ impl CreateParams {
     /// A message naming the missing, unknown or bad field.
     pub fn decode(v: &Value) -> Result<CreateParams, String> {
         const M: &str = "bdev_rtrs_create";
-        let p = Params::new(M, v)?;
+        let p = RpcParams::new(M, v)?;
         p.only(CREATE_FIELDS)?;
         let name = req_str(M, v, "name")?.to_string();
         if name.is_empty() {
@@ -341,8 +321,8 @@ impl CreateParams {
                 if first.transport != path.transport {
                     return Err(format!(
                         "{M}: 'paths[{i}].transport' = {} differs from paths[0]'s {}: one session uses one transport",
-                        path.transport.name(),
-                        first.transport.name()
+                        path.transport.as_str(),
+                        first.transport.as_str()
                     ));
                 }
             }
@@ -472,7 +452,7 @@ pub fn decode_path_rpc(
     v: &Value,
     with_psk: bool,
 ) -> Result<(String, PathParam), String> {
-    let p = Params::new(method, v)?;
+    let p = RpcParams::new(method, v)?;
     let mut known = vec!["name", "transport", "dst_addr", "port", "src_addr"];
     if with_psk {
         known.push("psk");

@@ -25,7 +25,7 @@ use super::params::{
     path_keys, req_str, CreateParams, PathParam,
 };
 use super::sess;
-use crate::rpc::{register, rpc_handler, Params, RUNTIME};
+use crate::rpc::{register, rpc_handler, RpcParams, RUNTIME};
 
 rpc_handler!(c_create => create);
 rpc_handler!(c_delete => delete);
@@ -92,7 +92,7 @@ fn create(req: RpcRequest, v: Value) {
 
 /// The open disk named by the `name` parameter.
 fn named(method: &'static str, v: &Value, known: &[&str]) -> Result<Arc<Disk>, String> {
-    let p = Params::new(method, v)?;
+    let p = RpcParams::new(method, v)?;
     p.only(known)?;
     let name = req_str(method, v, "name")?;
     find(name).ok_or_else(|| format!("{method}: 'name' = {name:?}: no rtrs bdev of that name"))
@@ -144,7 +144,7 @@ fn delete(req: RpcRequest, v: Value) {
 
 fn get_sessions(req: RpcRequest, v: Value) {
     const M: &str = "bdev_rtrs_get_sessions";
-    let p = match Params::new(M, &v) {
+    let p = match RpcParams::new(M, &v) {
         Ok(p) => p,
         Err(e) => return req.invalid(&e),
     };
@@ -208,7 +208,7 @@ fn add_path(req: RpcRequest, v: Value) {
     if let Err(e) = client_fabric(path.transport) {
         return req.invalid(&format!(
             "{M}: 'transport' = {:?}: {e}",
-            path.transport.name()
+            path.transport.as_str()
         ));
     }
     let psk = match path_keys(std::slice::from_ref(&path), |_| String::new()) {
@@ -226,8 +226,8 @@ fn add_path(req: RpcRequest, v: Value) {
     if paths.first().is_some_and(|p| p.transport != path.transport) {
         return req.invalid(&format!(
             "{M}: 'transport' = {}: the session's paths use {}",
-            path.transport.name(),
-            paths[0].transport.name()
+            path.transport.as_str(),
+            paths[0].transport.as_str()
         ));
     }
     s.add_path_psk(path.addr, psk);
@@ -382,7 +382,7 @@ fn set_session_options(req: RpcRequest, v: Value) {
                 "loss_timeout_sec",
             ],
         )?;
-        let p = Params::new(M, &v)?;
+        let p = RpcParams::new(M, &v)?;
         let mut live = d.sess.live();
         if let Some(n) = parse_reconnect_attempts(M, v.get("max_reconnect_attempts"))? {
             live.max_reconnect_attempts = n;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crossbeam_queue::SegQueue;
-use rtrs_spdk::client::{PathAddr, Session, SessionCore};
+use rtrs_spdk::client::{ClientSession, PathAddr, SessionCore};
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Fabric, Psk};
 use rtrs_spdk::rnbd::client::{
@@ -40,7 +40,7 @@ use super::task::TaskRef;
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
 
 /// One core of the session as the groups see it.
-pub struct SessCore {
+pub struct CoreInbox {
     /// Tasks submitted on threads that do not own the core's queue.
     pub inbox: SegQueue<TaskRef>,
     /// Groups that may own the queue, first come first served (see `super::group`).
@@ -49,7 +49,7 @@ pub struct SessCore {
     at_home: AtomicBool,
 }
 
-impl SessCore {
+impl CoreInbox {
     /// Leaves `task` for the queue's owner.
     pub fn push(&self, task: TaskRef, home: &Home) {
         self.inbox.push(task);
@@ -101,8 +101,8 @@ pub struct Sess {
     pub mem: MemMap,
     /// The CPU of each core.
     pub cpus: Vec<u32>,
-    pub cores: Box<[SessCore]>,
-    session: OnceLock<Session>,
+    pub cores: Box<[CoreInbox]>,
+    session: OnceLock<ClientSession>,
     pub home: Arc<Home>,
     cmds: SegQueue<AdminCmd>,
     /// Devices opening, open or closing over the session.
@@ -125,7 +125,7 @@ pub fn all() -> Vec<Arc<Sess>> {
 }
 
 impl Sess {
-    pub fn session(&self) -> Option<&Session> {
+    pub fn session(&self) -> Option<&ClientSession> {
         self.session.get()
     }
 
@@ -207,7 +207,7 @@ impl Sess {
             mem,
             cpus,
             cores: (0..n)
-                .map(|_| SessCore {
+                .map(|_| CoreInbox {
                     inbox: SegQueue::new(),
                     claims: Mutex::new(Vec::new()),
                     at_home: AtomicBool::new(true),
@@ -559,7 +559,10 @@ impl Sess {
         }
         let s = &self.settings;
         let live = self.live();
-        let policy = self.session.get().map_or(s.mp_policy, Session::policy);
+        let policy = self
+            .session
+            .get()
+            .map_or(s.mp_policy, ClientSession::policy);
         let differs: &[(&str, String, String)] = &[
             (
                 "mp_policy",

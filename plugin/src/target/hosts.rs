@@ -10,7 +10,7 @@
 use rtrs_spdk::rnbd::server::{HostList, HostPattern, Opener};
 use serde_json::{json, Value};
 
-use super::Target;
+use super::SpdkTarget;
 
 /// Parses `allowed_hosts` (an array of pattern strings) for `method`; errors name the
 /// entry (`'allowed_hosts[1]'`).
@@ -63,7 +63,7 @@ pub fn initial(list: Option<Vec<HostPattern>>) -> HostList {
     }
 }
 
-impl Target {
+impl SpdkTarget {
     fn host_list(&self, method: &str, export_name: &str) -> Result<&HostList, String> {
         self.exports
             .lookup(export_name.as_bytes())

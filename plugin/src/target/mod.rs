@@ -27,7 +27,7 @@
 //!   OPEN; its geometry (write cache and FUA, physical block, unmap granularity, largest
 //!   transfer) goes into every OPEN_RSP ([`BdevExport`]).
 //!
-//! State lives in one [`Target`] behind a mutex: RPCs, `config_json`, hot-remove events
+//! State lives in one [`SpdkTarget`] behind a mutex: RPCs, `config_json`, hot-remove events
 //! and the subsystem's init/fini run on the application thread; the data path never
 //! takes it.
 
@@ -56,6 +56,7 @@ use serde_json::{json, Value};
 
 pub use rpc::register_rpcs;
 
+use crate::rpc::Transport;
 use mux::{Listeners, MuxFabric};
 
 /// Most exports over the life of the application (ids are not reused).
@@ -123,34 +124,18 @@ impl TargetOptions {
     }
 }
 
-/// A transport of `rtrs_target_listen`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    Rdma,
-}
-
-impl Transport {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Transport::Tcp => "tcp",
-            Transport::Rdma => "rdma",
-        }
-    }
-}
-
 /// `rtrs_target_export`'s access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub enum ExportAccess {
     Ro,
     Rw,
 }
 
-impl Access {
+impl ExportAccess {
     pub fn as_str(self) -> &'static str {
         match self {
-            Access::Ro => "ro",
-            Access::Rw => "rw",
+            ExportAccess::Ro => "ro",
+            ExportAccess::Rw => "rw",
         }
     }
 }
@@ -171,7 +156,7 @@ pub struct ListenerEntry {
 pub struct ExportEntry {
     pub bdev_name: String,
     pub export_name: String,
-    pub access: Access,
+    pub access: ExportAccess,
 }
 
 /// The RTRS server of one transport; `server` is set once it started on the threads.
@@ -187,7 +172,7 @@ pub struct Running {
 }
 
 /// Everything the target has been told, and what runs.
-pub struct Target {
+pub struct SpdkTarget {
     options: TargetOptions,
     /// Whether `rtrs_target_set_options` was called (so `config_json` re-emits it).
     options_set: bool,
@@ -200,9 +185,9 @@ pub struct Target {
     stopping: bool,
 }
 
-impl Default for Target {
+impl Default for SpdkTarget {
     fn default() -> Self {
-        Target {
+        SpdkTarget {
             options: TargetOptions::default(),
             options_set: false,
             exports: Arc::new(Exports::dynamic(MAX_EXPORTS)),
@@ -215,15 +200,15 @@ impl Default for Target {
     }
 }
 
-static TARGET: Mutex<Option<Target>> = Mutex::new(None);
+static TARGET: Mutex<Option<SpdkTarget>> = Mutex::new(None);
 
 /// Runs `f` on the target state (created on first use).
-pub fn with_target<R>(f: impl FnOnce(&mut Target) -> R) -> R {
-    let mut g: MutexGuard<'_, Option<Target>> = lock(&TARGET);
-    f(g.get_or_insert_with(Target::default))
+pub fn with_target<R>(f: impl FnOnce(&mut SpdkTarget) -> R) -> R {
+    let mut g: MutexGuard<'_, Option<SpdkTarget>> = lock(&TARGET);
+    f(g.get_or_insert_with(SpdkTarget::default))
 }
 
-impl Target {
+impl SpdkTarget {
     /// Whether a server has been started (options are then fixed).
     pub fn started(&self) -> bool {
         !self.running.is_empty()
@@ -292,7 +277,7 @@ impl Target {
             ));
         }
         let name = e.export_name.clone();
-        let bdev = BdevExport::open(&e.bdev_name, e.access == Access::Ro, move || {
+        let bdev = BdevExport::open(&e.bdev_name, e.access == ExportAccess::Ro, move || {
             with_target(|t| t.hot_removed(&name));
         })
         .map_err(|why| format!("{M}: bdev_name: {why}"))?;
@@ -300,7 +285,7 @@ impl Target {
             .add_with_hosts(
                 &e.export_name,
                 Arc::new(bdev),
-                e.access == Access::Ro,
+                e.access == ExportAccess::Ro,
                 hosts::initial(allowed),
             )
             .map_err(|why| format!("{M}: export_name: {why}"))?;

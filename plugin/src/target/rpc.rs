@@ -1,5 +1,5 @@
 //! The `rtrs_target_*` RPC methods: decode the parameters (every error names the
-//! field), call the [`Target`](super::Target), answer. Registered for the runtime state,
+//! field), call the [`SpdkTarget`](super::SpdkTarget), answer. Registered for the runtime state,
 //! except `rtrs_target_set_options`, which may also run before the framework starts.
 
 use std::net::{IpAddr, SocketAddr};
@@ -8,8 +8,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::hosts::{parse_allowed, parse_host};
-use super::{with_target, Access, ExportEntry, TargetOptions, Transport};
-use crate::rpc::{register, rpc_handler, Params, RUNTIME, STARTUP};
+use super::{with_target, ExportAccess, ExportEntry, TargetOptions};
+use crate::rpc::Transport;
+use crate::rpc::{register, rpc_handler, RpcParams, RUNTIME, STARTUP};
 use rtrs_spdk::spdk::RpcRequest;
 
 /// RTRS's default port.
@@ -64,7 +65,7 @@ fn answer(req: RpcRequest, r: Result<(), String>) {
 fn set_options(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_set_options";
     let r = (|| -> Result<(), String> {
-        let p = Params::new(M, &v)?;
+        let p = RpcParams::new(M, &v)?;
         p.only(&[
             "always_invalidate",
             "queue_depth",
@@ -131,19 +132,14 @@ fn endpoint(
     v: &Value,
     extra: &[&str],
 ) -> Result<(Transport, String, u16, SocketAddr), String> {
-    let p = Params::new(m, v)?;
+    let p = RpcParams::new(m, v)?;
     let mut known = vec!["transport", "addr", "port"];
     known.extend_from_slice(extra);
     p.only(&known)?;
-    let transport = match p.str("transport")? {
-        "tcp" | "TCP" => Transport::Tcp,
-        "rdma" | "RDMA" => Transport::Rdma,
-        other => {
-            return Err(format!(
-                "{m}: 'transport' must be \"tcp\" or \"rdma\", got \"{other}\""
-            ))
-        }
-    };
+    let transport = p.str("transport")?;
+    let transport = Transport::parse(transport).ok_or_else(|| {
+        format!("{m}: 'transport' must be \"tcp\" or \"rdma\", got \"{transport}\"")
+    })?;
     let addr = p.str("addr")?.to_string();
     let ip: IpAddr = addr
         .trim_start_matches('[')
@@ -176,7 +172,7 @@ fn psk_param(
     v: &Value,
     transport: Transport,
 ) -> Result<Option<(String, rtrs_spdk::fabric::Psk)>, String> {
-    let p = Params::new(m, v)?;
+    let p = RpcParams::new(m, v)?;
     let Some(name) = p.opt_str("psk")? else {
         return Ok(None);
     };
@@ -201,13 +197,13 @@ fn stop_listener(req: RpcRequest, v: Value) {
 fn export(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_export";
     let r = (|| -> Result<(), String> {
-        let p = Params::new(M, &v)?;
+        let p = RpcParams::new(M, &v)?;
         p.only(&["bdev_name", "export_name", "access", "allowed_hosts"])?;
         let bdev_name = p.str("bdev_name")?.to_string();
         let export_name = p.opt_str("export_name")?.unwrap_or(&bdev_name).to_string();
         let access = match p.opt_str("access")? {
-            None | Some("rw") => Access::Rw,
-            Some("ro") => Access::Ro,
+            None | Some("rw") => ExportAccess::Rw,
+            Some("ro") => ExportAccess::Ro,
             Some(other) => {
                 return Err(format!(
                     "{M}: 'access' must be \"ro\" or \"rw\", got \"{other}\""
@@ -234,7 +230,7 @@ fn export(req: RpcRequest, v: Value) {
 
 fn unexport(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_unexport";
-    let r = Params::new(M, &v).and_then(|p| {
+    let r = RpcParams::new(M, &v).and_then(|p| {
         p.only(&["export_name"])?;
         let name = p.str("export_name")?;
         with_target(|t| t.unexport(name))
@@ -247,7 +243,7 @@ fn export_host(
     m: &'static str,
     v: &Value,
 ) -> Result<(String, rtrs_spdk::rnbd::server::HostPattern), String> {
-    let p = Params::new(m, v)?;
+    let p = RpcParams::new(m, v)?;
     p.only(&["export_name", "host"])?;
     let name = p.str("export_name")?.to_string();
     let host = parse_host(m, "host", p.str("host")?)?;
@@ -268,7 +264,7 @@ fn export_remove_host(req: RpcRequest, v: Value) {
 
 fn get_exports(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_get_exports";
-    let r = Params::new(M, &v).and_then(|p| {
+    let r = RpcParams::new(M, &v).and_then(|p| {
         p.only(&["export_name"])?;
         let name = p.opt_str("export_name")?.map(str::to_string);
         with_target(|t| t.get_exports(name.as_deref()))
@@ -280,7 +276,7 @@ fn get_exports(req: RpcRequest, v: Value) {
 }
 
 fn get_sessions(req: RpcRequest, v: Value) {
-    if let Err(e) = Params::new("rtrs_target_get_sessions", &v).and_then(|p| p.only(&[])) {
+    if let Err(e) = RpcParams::new("rtrs_target_get_sessions", &v).and_then(|p| p.only(&[])) {
         return req.invalid(&e);
     }
     req.ok(with_target(|t| t.sessions()));
@@ -291,7 +287,7 @@ fn get_sessions(req: RpcRequest, v: Value) {
 /// Answers the mappings closed.
 fn force_close(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_force_close";
-    let r = Params::new(M, &v).and_then(|p| {
+    let r = RpcParams::new(M, &v).and_then(|p| {
         p.only(&["export_name", "sessname"])?;
         let export = p.str("export_name")?;
         let sessname = p.str("sessname")?;
@@ -307,7 +303,7 @@ fn force_close(req: RpcRequest, v: Value) {
 /// `client@server` address or the client's address). Answers how many paths close.
 fn disconnect(req: RpcRequest, v: Value) {
     const M: &str = "rtrs_target_disconnect";
-    let r = Params::new(M, &v).and_then(|p| {
+    let r = RpcParams::new(M, &v).and_then(|p| {
         p.only(&["sessname", "path"])?;
         let sessname = p.str("sessname")?;
         let path = p.opt_str("path")?;

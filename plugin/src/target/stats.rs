@@ -4,7 +4,7 @@
 //! kernel's sysfs do) and adds the transport; the other names are the library's.
 
 use rtrs_spdk::rnbd::server::Opener;
-use rtrs_spdk::server::{PathStats, ServerStats, SessionStats};
+use rtrs_spdk::server::{ServerPathStats, ServerStats, SessionStats};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -46,8 +46,8 @@ struct PathJson<'a> {
 // Both views destructure the library's types, so a statistic added there cannot be left
 // out of the RPC answer unnoticed.
 impl<'a> PathJson<'a> {
-    fn new(p: &'a PathStats) -> Self {
-        let PathStats {
+    fn new(p: &'a ServerPathStats) -> Self {
+        let ServerPathStats {
             name,
             addr,
             state,

@@ -67,7 +67,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rtrs_spdk::client::{ClientConfig, MpPolicy, PathAddr, PathState, Session};
+use rtrs_spdk::client::{ClientConfig, ClientSession, MpPolicy, PathAddr, PathState};
 use rtrs_spdk::engine::{CpuMask, Engine};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
@@ -76,7 +76,7 @@ use rtrs_spdk::rnbd::backend::ExportSpec;
 use rtrs_spdk::rnbd::client::{WriteZeroesMode, WriteZeroesParseError};
 use rtrs_spdk::server::ServerConfig;
 
-use cli::target::{Listen, Target};
+use cli::target::{Listen, StandaloneTarget};
 use cli::url::{parse_url, FabricUrl};
 use cli::{fail, Idle, EXIT_FAILED, EXIT_USAGE};
 use progress::Progress;
@@ -241,8 +241,8 @@ fn main() -> ExitCode {
 /// Everything that must be stopped on the way out, in order.
 struct Teardown {
     engine: Option<Engine>,
-    target: Option<Target>,
-    session: Option<Session>,
+    target: Option<StandaloneTarget>,
+    session: Option<ClientSession>,
     setup: Option<Arc<Setup>>,
 }
 

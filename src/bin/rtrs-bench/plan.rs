@@ -3,7 +3,7 @@
 
 use rtrs_spdk::rnbd::client::DeviceInfo;
 
-use crate::worker::Plan;
+use crate::worker::JobPlan;
 use crate::{usage, Failure};
 
 /// Checks the run against the device and splits it: the region used, and per reactor
@@ -15,7 +15,7 @@ pub fn plan(
     size: Option<u64>,
     qd: usize,
     cores: usize,
-) -> Result<(u64, Vec<Option<Plan>>), Failure> {
+) -> Result<(u64, Vec<Option<JobPlan>>), Failure> {
     if bs % info.logical_block_size != 0 {
         return Err(usage(format!(
             "--bs {bs} is not a multiple of device '{device}''s {}-byte logical block",
@@ -50,7 +50,7 @@ pub fn plan(
     let plans = (0..cores)
         .map(|k| {
             let k64 = k as u64;
-            (k < active).then(|| Plan {
+            (k < active).then(|| JobPlan {
                 start: k64 * units / a * bs,
                 units: (k64 + 1) * units / a - k64 * units / a,
                 qd: qd / active + usize::from(k < qd % active),
@@ -88,7 +88,7 @@ mod tests {
         let d = dev(1 << 20, 512, 126_976);
         let (region, p) = plan(&d, "v", 4096, None, 5, 2).unwrap();
         assert_eq!(region, 1 << 20);
-        let p: Vec<Plan> = p.into_iter().flatten().collect();
+        let p: Vec<JobPlan> = p.into_iter().flatten().collect();
         assert_eq!(p.len(), 2);
         assert_eq!((p[0].start, p[0].units, p[0].qd), (0, 128, 3));
         assert_eq!((p[1].start, p[1].units, p[1].qd), (128 * 4096, 128, 2));

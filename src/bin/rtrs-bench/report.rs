@@ -260,7 +260,7 @@ struct JsonReport<'a> {
     verify_mismatches: u64,
     first_bad_offset: Option<u64>,
     interrupted: bool,
-    /// The session's statistics at the end of the run (`Session::stats`).
+    /// The session's statistics at the end of the run (`ClientSession::stats`).
     client_stats: &'a serde_json::Value,
 }
 
@@ -405,14 +405,15 @@ mod tests {
     /// connected one is not; the JSON keeps its keys.
     #[test]
     fn paths_not_connected_are_named_with_why() {
-        use rtrs_spdk::client::stats::PathStats;
-        let path = |name: &str, state: &str, failure: Option<&str>, last: Option<&str>| PathStats {
-            path: name.into(),
-            state: state.into(),
-            failure: failure.map(Into::into),
-            last_error: last.map(Into::into),
-            ..PathStats::default()
-        };
+        use rtrs_spdk::client::stats::ClientPathStats;
+        let path =
+            |name: &str, state: &str, failure: Option<&str>, last: Option<&str>| ClientPathStats {
+                path: name.into(),
+                state: state.into(),
+                failure: failure.map(Into::into),
+                last_error: last.map(Into::into),
+                ..ClientPathStats::default()
+            };
         let stats = ClientStats {
             sessname: "s".into(),
             mp_policy: "min-inflight".into(),

@@ -8,18 +8,18 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use rtrs_spdk::client::{ClientCompletion, ClientConfig, CoreCq, Session, SessionCore};
+use rtrs_spdk::client::{ClientCompletion, ClientConfig, ClientSession, CoreCq, SessionCore};
 use rtrs_spdk::engine::{Ctx, Msg, PollResult};
 use rtrs_spdk::fabric::{Access, Fabric, MemBuf, Sge};
 use rtrs_spdk::proto::rnbd::AccessMode;
 use rtrs_spdk::rnbd::client::{
     completion_result, open_rnbd_session, BlockRequest, ClientEvent, DevHandle, DeviceError,
-    DeviceInfo, RnbdAdmin, RnbdQueue, RnbdSession,
+    DeviceInfo, RnbdAdmin, RnbdClientSession, RnbdQueue,
 };
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
-use crate::worker::{CoreReport, JobSpec, Live, Plan, Worker};
+use crate::worker::{CoreReport, JobPlan, JobSpec, Live, Worker};
 
 const BATCH: usize = 64;
 
@@ -34,7 +34,7 @@ pub struct Setup {
     handle: Mutex<Option<DevHandle>>,
     /// One plan per core (`None`: the core has no share), set by the main thread
     /// before `go`.
-    pub plans: Mutex<Vec<Option<Plan>>>,
+    pub plans: Mutex<Vec<Option<JobPlan>>>,
     pub go: AtomicBool,
     /// The main thread asks core 0 to unmap the device (run over or aborted).
     pub unmap: AtomicBool,
@@ -281,7 +281,7 @@ impl CoreRun {
 pub fn start_msg(
     setup: Arc<Setup>,
     config: ClientConfig,
-    tx: mpsc::Sender<Result<Session, String>>,
+    tx: mpsc::Sender<Result<ClientSession, String>>,
 ) -> Msg {
     Msg::new(move |cx: &mut dyn Ctx| {
         let cores = cx.cores();
@@ -292,7 +292,7 @@ pub fn start_msg(
                 return;
             }
         };
-        let RnbdSession {
+        let RnbdClientSession {
             session,
             mut admin,
             queues,

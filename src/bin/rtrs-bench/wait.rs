@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rtrs_spdk::client::{PathState, Session};
+use rtrs_spdk::client::{ClientSession, PathState};
 use rtrs_spdk::rnbd::client::DeviceInfo;
 use rtrs_spdk::sync::lock;
 
@@ -16,7 +16,7 @@ use crate::{failed, Failure, EXIT_INTERRUPTED};
 /// no answer in time, interrupted).
 pub fn device(
     setup: &Setup,
-    session: &Session,
+    session: &ClientSession,
     stop: &AtomicBool,
     targets: &str,
     connect_timeout: Duration,

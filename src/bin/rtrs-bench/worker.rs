@@ -84,7 +84,7 @@ pub struct JobSpec {
 
 /// One core's share: `units` IO units of `bs` bytes from `start`, `qd` in flight.
 #[derive(Clone, Copy, Debug)]
-pub struct Plan {
+pub struct JobPlan {
     pub start: u64,
     pub units: u64,
     pub qd: usize,
@@ -149,7 +149,7 @@ pub type SubmitFn<'a> = dyn FnMut(u64, u64, &BlockRequest, &[Sge]) -> Result<(),
 
 pub struct Worker {
     spec: JobSpec,
-    plan: Plan,
+    plan: JobPlan,
     buf: Arc<Mr>,
     slots: Vec<Issued>,
     free: Vec<usize>,
@@ -178,7 +178,7 @@ impl Worker {
     /// A worker over `buf` (registered, at least `plan.qd × spec.bs` bytes).
     pub fn new(
         spec: JobSpec,
-        plan: Plan,
+        plan: JobPlan,
         buf: Arc<Mr>,
         seed: u64,
         live: Arc<Live>,

@@ -96,7 +96,7 @@ pub(crate) fn open(mode: TcpReadiness) -> Option<Box<dyn Readiness>> {
     static LOGGED: Once = Once::new();
     let set: Option<Box<dyn Readiness>> = match mode {
         TcpReadiness::None => None,
-        TcpReadiness::Uring => match Uring::new() {
+        TcpReadiness::Uring => match ReadyUring::new() {
             Ok(u) => Some(Box::new(u)),
             Err(e) => {
                 tracing::debug!(error = %e, "tcp fabric: io_uring unavailable; readiness by epoll");
@@ -131,7 +131,7 @@ fn removal(key: u64) -> io_uring::squeue::Entry {
 const RING_ENTRIES: u32 = 256;
 
 /// The io_uring backend (see the module doc).
-pub(crate) struct Uring {
+pub(crate) struct ReadyUring {
     ring: IoUring,
     /// The key and descriptor watched in each slot (the key's low half).
     slots: Vec<Option<(u64, RawFd)>>,
@@ -163,18 +163,18 @@ fn thread_id() -> u64 {
     })
 }
 
-impl Uring {
-    pub(crate) fn new() -> io::Result<Uring> {
-        Uring::with_entries(RING_ENTRIES)
+impl ReadyUring {
+    pub(crate) fn new() -> io::Result<ReadyUring> {
+        ReadyUring::with_entries(RING_ENTRIES)
     }
 
     /// A ring of `entries` submission entries.
-    fn with_entries(entries: u32) -> io::Result<Uring> {
+    fn with_entries(entries: u32) -> io::Result<ReadyUring> {
         let ring = IoUring::builder()
             .setup_coop_taskrun()
             .setup_taskrun_flag()
             .build(entries)?;
-        Ok(Uring {
+        Ok(ReadyUring {
             ring,
             slots: Vec::new(),
             queued: false,
@@ -261,7 +261,7 @@ impl Uring {
     }
 }
 
-impl Readiness for Uring {
+impl Readiness for ReadyUring {
     fn name(&self) -> &'static str {
         "uring"
     }
@@ -370,7 +370,7 @@ const OWN_RING_ENTRIES: u32 = 8;
 /// for the former thread to enter the kernel. The old poll's late completions carry a
 /// key no longer watched and are dropped.
 pub(crate) struct Own {
-    ring: Option<Uring>,
+    ring: Option<ReadyUring>,
     /// The socket watched (in `ring`), and the generation of its key.
     fd: Option<RawFd>,
     gen: u32,
@@ -409,7 +409,7 @@ impl Own {
             return false;
         }
         if self.ring.is_none() {
-            match Uring::with_entries(OWN_RING_ENTRIES) {
+            match ReadyUring::with_entries(OWN_RING_ENTRIES) {
                 Ok(r) => self.ring = Some(r),
                 Err(e) => {
                     tracing::debug!(error = %e, "tcp fabric: no io_uring for a private connection; it reads on every poll");

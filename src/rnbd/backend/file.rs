@@ -12,10 +12,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::error::{BlockSubmitError, OpenError};
-use super::plan::{FileKind, Plan};
+use super::plan::{FileKind, IoPlan};
 use super::pool::Pool;
 use super::ram::{check_block_size, check_queue_depth, MAX_BLOCK_SIZE};
-use super::uring::Uring;
+use super::uring::BackendUring;
 use super::{
     sys, BlockBackend, BlockCompletion, BlockIo, Geometry, DEFAULT_MAX_DISCARD,
     DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH,
@@ -59,7 +59,7 @@ impl Default for FileOptions {
 }
 
 enum Engine {
-    Uring(Box<Uring>),
+    BackendUring(Box<BackendUring>),
     Pool(Pool),
 }
 
@@ -151,9 +151,9 @@ impl FileBackend {
         let depth = opts.queue_depth;
         let engine = match opts.mode {
             IoMode::ThreadPool => Engine::Pool(Pool::new(fd, depth, opts.threads)?),
-            IoMode::IoUring => Engine::Uring(Box::new(Uring::new(fd, depth)?)),
-            IoMode::Auto => match Uring::new(fd, depth) {
-                Ok(ring) => Engine::Uring(Box::new(ring)),
+            IoMode::IoUring => Engine::BackendUring(Box::new(BackendUring::new(fd, depth)?)),
+            IoMode::Auto => match BackendUring::new(fd, depth) {
+                Ok(ring) => Engine::BackendUring(Box::new(ring)),
                 Err(e) => {
                     tracing::info!("{}: {e}; using worker threads", path.display());
                     Engine::Pool(Pool::new(fd, depth, opts.threads)?)
@@ -161,7 +161,7 @@ impl FileBackend {
             },
         };
         let aux = match (&engine, kind) {
-            (Engine::Uring(_), FileKind::Block) if geometry.max_discard > 0 => {
+            (Engine::BackendUring(_), FileKind::Block) if geometry.max_discard > 0 => {
                 Some(Pool::new(fd, depth, 1)?)
             }
             _ => None,
@@ -182,7 +182,7 @@ impl FileBackend {
     /// The engine actually in use: [`IoMode::IoUring`] or [`IoMode::ThreadPool`].
     pub fn mode(&self) -> IoMode {
         match self.engine {
-            Engine::Uring(_) => IoMode::IoUring,
+            Engine::BackendUring(_) => IoMode::IoUring,
             Engine::Pool(_) => IoMode::ThreadPool,
         }
     }
@@ -274,10 +274,10 @@ impl BlockBackend for FileBackend {
         if self.in_flight >= self.depth {
             return Err(BlockSubmitError::Busy { depth: self.depth });
         }
-        let plan = Plan::new(io, self.kind);
+        let plan = IoPlan::new(io, self.kind);
         let started = match (&mut self.engine, &mut self.aux) {
             (_, Some(aux)) if plan.needs_thread() => aux.start(plan),
-            (Engine::Uring(ring), _) => ring.start(plan),
+            (Engine::BackendUring(ring), _) => ring.start(plan),
             (Engine::Pool(pool), _) => pool.start(plan),
         };
         if let Err(failed) = started {
@@ -297,7 +297,7 @@ impl BlockBackend for FileBackend {
             n += 1;
         }
         n += match &mut self.engine {
-            Engine::Uring(ring) => ring.poll(&mut out[n..]),
+            Engine::BackendUring(ring) => ring.poll(&mut out[n..]),
             Engine::Pool(pool) => pool.poll(&mut out[n..]),
         };
         if let Some(aux) = &mut self.aux {
@@ -313,7 +313,7 @@ impl BlockBackend for FileBackend {
             FileKind::Block => "block device",
         };
         let mode = match self.engine {
-            Engine::Uring(_) => "io_uring",
+            Engine::BackendUring(_) => "io_uring",
             Engine::Pool(_) => "threads",
         };
         format!("{what} {} ({mode})", self.path.display())

@@ -31,7 +31,7 @@ const MAX_RETRIES: u8 = 16;
 
 /// One IO in progress.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Plan {
+pub(crate) struct IoPlan {
     pub(crate) tag: u64,
     op: BlockOp,
     flags: BlockFlags,
@@ -47,12 +47,12 @@ pub(crate) struct Plan {
     retries: u8,
 }
 
-impl Plan {
+impl IoPlan {
     /// A plan for an IO that has passed validation.
-    pub(crate) fn new(io: BlockIo, kind: FileKind) -> Plan {
+    pub(crate) fn new(io: BlockIo, kind: FileKind) -> IoPlan {
         let preflush = io.flags.contains(BlockFlags::PREFLUSH)
             && !matches!(io.op, BlockOp::Read | BlockOp::Flush);
-        Plan {
+        IoPlan {
             tag: io.tag,
             op: io.op,
             flags: io.flags,
@@ -216,7 +216,7 @@ mod tests {
     use super::*;
     use crate::rnbd::backend::step::{same_iovecs, SAME_IOVS};
 
-    fn run(plan: &mut Plan, results: &[i32]) -> (Vec<Step>, Option<i32>) {
+    fn run(plan: &mut IoPlan, results: &[i32]) -> (Vec<Step>, Option<i32>) {
         let mut steps = Vec::new();
         for &r in results {
             steps.push(plan.step());
@@ -232,7 +232,7 @@ mod tests {
         let mut mem = vec![0u8; 4096];
         // SAFETY: the plan is only stepped, never executed; no memory is touched.
         let buf = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
-        let mut plan = Plan::new(BlockIo::read(7, 8192, buf), FileKind::Regular);
+        let mut plan = IoPlan::new(BlockIo::read(7, 8192, buf), FileKind::Regular);
         let (steps, res) = run(&mut plan, &[1000, 3096]);
         assert_eq!(res, Some(0));
         assert_eq!(
@@ -251,7 +251,7 @@ mod tests {
         // SAFETY: as above.
         let buf = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
         let io = BlockIo::write(1, 0, buf).with_flags(BlockFlags::FUA | BlockFlags::PREFLUSH);
-        let mut plan = Plan::new(io, FileKind::Regular);
+        let mut plan = IoPlan::new(io, FileKind::Regular);
         let (steps, res) = run(&mut plan, &[0, 512]);
         assert_eq!(res, Some(0));
         assert_eq!(steps[0], Step::Sync);
@@ -262,7 +262,7 @@ mod tests {
     fn write_zeroes_falls_back_to_punch_and_reallocates_for_nounmap() {
         let io =
             BlockIo::write_zeroes(2, 4096, 4096).with_flags(BlockFlags::NOUNMAP | BlockFlags::FUA);
-        let mut plan = Plan::new(io, FileKind::Regular);
+        let mut plan = IoPlan::new(io, FileKind::Regular);
         let (steps, res) = run(&mut plan, &[-libc::EOPNOTSUPP, 0, 0, 0]);
         assert_eq!(res, Some(0));
         let modes: Vec<_> = steps
@@ -282,7 +282,7 @@ mod tests {
         // SAFETY: as above.
         let block = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
         let io = BlockIo::write_same(8, 4096, 512 * 300, block).with_flags(BlockFlags::FUA);
-        let mut plan = Plan::new(io, FileKind::Regular);
+        let mut plan = IoPlan::new(io, FileKind::Regular);
         let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -314,14 +314,14 @@ mod tests {
 
     #[test]
     fn errors_end_the_plan_and_eof_is_eio() {
-        let mut plan = Plan::new(BlockIo::flush(3), FileKind::Regular);
+        let mut plan = IoPlan::new(BlockIo::flush(3), FileKind::Regular);
         assert_eq!(run(&mut plan, &[-libc::EIO]).1, Some(-libc::EIO));
         let mut mem = vec![0u8; 512];
         // SAFETY: as above.
         let buf = unsafe { IoBuf::new(mem.as_mut_ptr(), mem.len()) };
-        let mut plan = Plan::new(BlockIo::read(4, 0, buf), FileKind::Regular);
+        let mut plan = IoPlan::new(BlockIo::read(4, 0, buf), FileKind::Regular);
         assert_eq!(run(&mut plan, &[0]).1, Some(-libc::EIO));
-        let plan = Plan::new(BlockIo::discard(5, 0, 512), FileKind::Block);
+        let plan = IoPlan::new(BlockIo::discard(5, 0, 512), FileKind::Block);
         assert!(plan.needs_thread());
         assert_eq!(
             plan.step(),
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn eintr_is_retried_a_bounded_number_of_times() {
-        let mut plan = Plan::new(BlockIo::flush(6), FileKind::Regular);
+        let mut plan = IoPlan::new(BlockIo::flush(6), FileKind::Regular);
         let results = vec![-libc::EINTR; MAX_RETRIES as usize + 1];
         assert_eq!(run(&mut plan, &results).1, Some(-libc::EINTR));
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use super::error::OpenError;
-use super::plan::Plan;
+use super::plan::IoPlan;
 use super::{sys, BlockCompletion};
 use crate::Errno;
 
@@ -23,7 +23,7 @@ const PARK_TIMEOUT: Duration = Duration::from_millis(100);
 
 struct Shared {
     fd: RawFd,
-    jobs: ArrayQueue<Plan>,
+    jobs: ArrayQueue<IoPlan>,
     done: ArrayQueue<BlockCompletion>,
     idle: Vec<AtomicBool>,
     stop: AtomicBool,
@@ -66,7 +66,7 @@ impl Pool {
 
     /// Hands `plan` to a worker. The caller keeps the in-flight count within the depth,
     /// so the queue has room; otherwise the IO comes back as a failed completion.
-    pub(crate) fn start(&mut self, plan: Plan) -> Result<(), BlockCompletion> {
+    pub(crate) fn start(&mut self, plan: IoPlan) -> Result<(), BlockCompletion> {
         if let Err(plan) = self.shared.jobs.push(plan) {
             return Err(BlockCompletion::new(plan.tag, Err(Errno::EBUSY)));
         }

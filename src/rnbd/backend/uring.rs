@@ -1,7 +1,7 @@
 //! The io_uring engine of the file backend: one ring per backend, one slot per IO in
 //! flight (the slot index is the entry's `user_data`), one entry per IO in the kernel at
-//! a time (steps of a [`Plan`] are chained from the completions). Submission happens in
-//! [`Uring::poll`], batching whatever was queued since the last poll — the shape of
+//! a time (steps of a [`IoPlan`] are chained from the completions). Submission happens in
+//! [`BackendUring::poll`], batching whatever was queued since the last poll — the shape of
 //! SPDK's `bdev_uring` poller.
 
 use std::io;
@@ -10,16 +10,16 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, IoUring, Probe};
 
 use super::error::OpenError;
-use super::plan::Plan;
+use super::plan::IoPlan;
 use super::step::{Step, SAME_IOVS};
 use super::sys::{self, PushFailed};
 use super::BlockCompletion;
 use crate::Errno;
 
-pub(crate) struct Uring {
+pub(crate) struct BackendUring {
     ring: IoUring,
     fd: RawFd,
-    slots: Vec<Option<Plan>>,
+    slots: Vec<Option<IoPlan>>,
     /// Per slot, the iovecs of a write-same step, allocated at the slot's first
     /// write-same and kept (so steady state allocates nothing).
     iovs: Vec<Option<Box<[libc::iovec]>>>,
@@ -27,9 +27,9 @@ pub(crate) struct Uring {
     in_flight: usize,
 }
 
-impl Uring {
+impl BackendUring {
     /// A ring for `depth` IOs on `fd`, after checking the kernel has every opcode used.
-    pub(crate) fn new(fd: RawFd, depth: usize) -> Result<Uring, OpenError> {
+    pub(crate) fn new(fd: RawFd, depth: usize) -> Result<BackendUring, OpenError> {
         let entries = (depth as u32).next_power_of_two();
         let ring = IoUring::new(entries).map_err(|source| OpenError::IoUring { source })?;
         let mut probe = Probe::new();
@@ -47,7 +47,7 @@ impl Uring {
                 return Err(OpenError::IoUringOpcode { opcode });
             }
         }
-        Ok(Uring {
+        Ok(BackendUring {
             ring,
             fd,
             slots: vec![None; depth],
@@ -60,7 +60,7 @@ impl Uring {
     /// Queues the first step of `plan`. The caller keeps the in-flight count below the
     /// depth, so a slot is free. An IO that cannot be queued comes back as its failed
     /// completion, for the caller to report on the next poll.
-    pub(crate) fn start(&mut self, plan: Plan) -> Result<(), BlockCompletion> {
+    pub(crate) fn start(&mut self, plan: IoPlan) -> Result<(), BlockCompletion> {
         let Some(slot) = self.free.pop() else {
             return Err(BlockCompletion::new(plan.tag, Err(Errno::EBUSY)));
         };
@@ -188,7 +188,7 @@ impl Uring {
     }
 }
 
-impl Drop for Uring {
+impl Drop for BackendUring {
     fn drop(&mut self) {
         self.drain();
     }

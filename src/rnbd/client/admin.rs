@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::config::WriteZeroesMode;
 use super::device::{sess_info_done, DevState, DeviceError, RnbdDevice};
-use super::handle::{SendError, SessionHandle};
+use super::handle::{RnbdSendError, SessionHandle};
 use super::msg::{self, DeviceInfo};
 use super::queue::{DevHandle, IoError, RnbdQueue, ADMIN_TAG};
 use super::rtrs::{completion_result, LinkListener};
@@ -392,8 +392,8 @@ impl RnbdAdmin {
                         self.sess_info_inflight = true;
                     }
                 }
-                Err(SendError::Busy) => break,
-                Err(SendError::Refused { errno, reason }) => {
+                Err(RnbdSendError::Busy) => break,
+                Err(RnbdSendError::Refused { errno, reason }) => {
                     self.queued.pop_front();
                     self.not_sent(q, op, errno, reason);
                 }

@@ -13,7 +13,7 @@ use super::admin::{RnbdAdmin, REPLY_SLOT};
 use super::device::DeviceError;
 use super::queue::RnbdQueue;
 use super::rtrs::LinkListener;
-use crate::client::{ClientConfig, ClientError, Session, SessionCore};
+use crate::client::{ClientConfig, ClientError, ClientSession, SessionCore};
 use crate::engine::Ctx;
 use crate::fabric::{Access, Fabric, FabricError, MemBuf};
 
@@ -25,8 +25,8 @@ const _: () = assert!(REPLY_BUFFER >= REPLY_SLOT);
 /// (listening to the session's link events) and one RNBD queue per core over the
 /// admin's device table; `queues[0]` is the one the admin sends through.
 #[derive(Debug)]
-pub struct RnbdSession {
-    pub session: Session,
+pub struct RnbdClientSession {
+    pub session: ClientSession,
     pub admin: RnbdAdmin,
     pub queues: Vec<RnbdQueue<SessionCore>>,
 }
@@ -36,7 +36,7 @@ pub struct RnbdSession {
 #[non_exhaustive]
 pub enum BringUpError {
     #[error("opening the RTRS session: {0}")]
-    Session(#[source] ClientError),
+    ClientSession(#[source] ClientError),
     #[error("session {sess}: registering the RNBD admin's {len}-byte reply buffer: {source}")]
     ReplyBuffer {
         sess: String,
@@ -53,31 +53,31 @@ pub enum BringUpError {
 }
 
 /// Opens an RNBD client session on `cx`'s core with `cores` IO cores
-/// ([`Session::open_on_cores`]), its link events going to the admin
+/// ([`ClientSession::open_on_cores`]), its link events going to the admin
 /// ([`RnbdAdmin::listen`]), the admin's 4 KiB reply buffer registered with `fabric`
 /// (local write), and one [`RnbdQueue`] per core over the admin's device table, in core
 /// order. The caller drives the admin through `queues[0]` and polls every queue, each
-/// by one owner at a time (see [`Session::open_on_cores`]). On a failure after the
+/// by one owner at a time (see [`ClientSession::open_on_cores`]). On a failure after the
 /// session opened, the session is closed.
 ///
 /// # Errors
-/// The step that failed: [`BringUpError::Session`] (a bad configuration or core count),
+/// The step that failed: [`BringUpError::ClientSession`] (a bad configuration or core count),
 /// [`BringUpError::ReplyBuffer`], [`BringUpError::Admin`].
 pub fn open_rnbd_session(
     cx: &mut dyn Ctx,
     cores: usize,
     fabric: Arc<dyn Fabric>,
     config: ClientConfig,
-) -> Result<RnbdSession, BringUpError> {
+) -> Result<RnbdClientSession, BringUpError> {
     let links = LinkListener::new();
-    let (session, cores) = Session::open_on_cores(
+    let (session, cores) = ClientSession::open_on_cores(
         cx,
         cores,
         Arc::clone(&fabric),
         config,
         Box::new(links.clone()),
     )
-    .map_err(BringUpError::Session)?;
+    .map_err(BringUpError::ClientSession)?;
     let fail = |e: BringUpError| {
         session.close();
         e
@@ -103,7 +103,7 @@ pub fn open_rnbd_session(
         .into_iter()
         .map(|sc| RnbdQueue::new(sc, Arc::clone(table)))
         .collect();
-    Ok(RnbdSession {
+    Ok(RnbdClientSession {
         session,
         admin,
         queues,

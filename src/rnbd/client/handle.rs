@@ -16,7 +16,7 @@ use crate::Errno;
 /// Why a session handle refused a request (nothing was sent).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum SendError {
+pub enum RnbdSendError {
     /// No free permit now: submit again after completions were polled.
     #[error("no free permit: retry after completions")]
     Busy,
@@ -31,8 +31,8 @@ pub trait SessionHandle {
     /// `now`: the reactor's clock (ns).
     ///
     /// # Errors
-    /// [`SendError::Busy`] to retry later, [`SendError::Refused`] otherwise.
-    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError>;
+    /// [`RnbdSendError::Busy`] to retry later, [`RnbdSendError::Refused`] otherwise.
+    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), RnbdSendError>;
 
     /// Makes progress and moves finished requests into `out`; returns how many.
     fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize;
@@ -55,8 +55,8 @@ pub trait SessionHandle {
     /// Called once per session.
     ///
     /// # Errors
-    /// [`SendError::Refused`] naming why the memory could not be registered.
-    fn zero_region(&self, len: usize) -> Result<Mr, SendError>;
+    /// [`RnbdSendError::Refused`] naming why the memory could not be registered.
+    fn zero_region(&self, len: usize) -> Result<Mr, RnbdSendError>;
 
     /// Tells this core's handle that its requests will name `mr` (the zero buffer), so
     /// it can resolve their segments against it without asking the fabric (the verbs

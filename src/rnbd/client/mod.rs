@@ -18,8 +18,8 @@ mod device;
 mod handle;
 mod queue;
 mod request;
+mod rnbd_client;
 mod rtrs;
-mod session;
 mod table;
 mod zeroes;
 
@@ -27,12 +27,12 @@ mod zeroes;
 pub use crate::client::{ClientCompletion, ClientIo, Sgl, SglRef};
 
 pub use admin::{ClientEvent, RnbdAdmin, REPLY_SLOT};
-pub use bringup::{open_rnbd_session, BringUpError, RnbdSession};
+pub use bringup::{open_rnbd_session, BringUpError, RnbdClientSession};
 pub use config::{WriteZeroesMode, WriteZeroesParseError};
 pub use device::{check_dev_name, sess_info_done, DevState, DeviceError, RnbdDevice};
-pub use handle::{SendError, SessionHandle};
+pub use handle::{RnbdSendError, SessionHandle};
 pub use msg::{BlockRequest, DeviceInfo, ReqFlags};
 pub use queue::{DevHandle, IoError, RnbdQueue, ADMIN_TAG};
+pub use rnbd_client::RnbdClient;
 pub use rtrs::{completion, completion_result, LinkListener};
-pub use session::RnbdClient;
 pub use table::{DeviceTable, Snapshot};

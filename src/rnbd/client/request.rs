@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::device::DeviceError;
-use super::handle::SendError;
+use super::handle::RnbdSendError;
 use crate::Errno;
 
 /// Tags with this bit are the admin's requests; block IO tags must not use it.
@@ -35,7 +35,7 @@ pub enum IoError {
     #[error(transparent)]
     Device(#[from] DeviceError),
     #[error("rtrs: {0}")]
-    Send(#[from] SendError),
+    Send(#[from] RnbdSendError),
     /// A request waited `io_wait_timeout` for its device to be reachable (a path up and
     /// the device re-opened after a reconnect) and failed with −ENOTCONN.
     #[error("device '{name}' unreachable for {} s: {reason}", waited.as_secs_f64())]
@@ -49,7 +49,7 @@ pub enum IoError {
 impl IoError {
     /// Whether to submit again later (the session has no free permit now).
     pub fn is_busy(&self) -> bool {
-        matches!(self, IoError::Send(SendError::Busy))
+        matches!(self, IoError::Send(RnbdSendError::Busy))
     }
 
     /// The errno for a block layer.
@@ -58,8 +58,8 @@ impl IoError {
             IoError::NoDevice => Errno::ENODEV,
             IoError::BadTag { .. } | IoError::SglLength { .. } => Errno::EINVAL,
             IoError::Device(e) => e.errno(),
-            IoError::Send(SendError::Busy) => Errno::EAGAIN,
-            IoError::Send(SendError::Refused { errno, .. }) => *errno,
+            IoError::Send(RnbdSendError::Busy) => Errno::EAGAIN,
+            IoError::Send(RnbdSendError::Refused { errno, .. }) => *errno,
             IoError::Unreachable { .. } => Errno::ENOTCONN,
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::Inbox;
 
-use super::handle::{SendError, SessionHandle};
+use super::handle::{RnbdSendError, SessionHandle};
 use crate::client::{ClientCompletion, ClientEvents, ClientIo, SessionCore, SubmitError};
 use crate::common::LinkEvent;
 use crate::engine::Ctx;
@@ -29,20 +29,22 @@ pub fn completion(tag: u64, result: Result<(), Errno>) -> ClientCompletion {
 }
 
 impl SessionHandle for SessionCore {
-    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
+    fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), RnbdSendError> {
         match SessionCore::submit(self, now, io) {
             Ok(()) => Ok(()),
-            Err(SubmitError::Busy { .. }) => Err(SendError::Busy),
+            Err(SubmitError::Busy { .. }) => Err(RnbdSendError::Busy),
             // Not connected yet (limits unknown): wait for the first Connected.
-            Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => Err(SendError::Busy),
+            Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => {
+                Err(RnbdSendError::Busy)
+            }
             // Never connected and refused for good: say why, at once.
-            Err(e @ SubmitError::Refused { errno }) => Err(SendError::Refused {
+            Err(e @ SubmitError::Refused { errno }) => Err(RnbdSendError::Refused {
                 errno,
                 reason: self
                     .refusal()
                     .map_or_else(|| e.to_string(), |r| r.to_string()),
             }),
-            Err(e) => Err(SendError::Refused {
+            Err(e) => Err(RnbdSendError::Refused {
                 errno: match e {
                     SubmitError::NoPath => Errno::ENOTCONN,
                     _ => Errno::EINVAL,
@@ -72,11 +74,11 @@ impl SessionHandle for SessionCore {
         SessionCore::add_region(self, mr);
     }
 
-    fn zero_region(&self, len: usize) -> Result<Mr, SendError> {
+    fn zero_region(&self, len: usize) -> Result<Mr, RnbdSendError> {
         MemBuf::try_zeroed(len)
             .map_err(crate::fabric::FabricError::from)
             .and_then(|b| self.fabric().register(b, Access::NONE))
-            .map_err(|e| SendError::Refused {
+            .map_err(|e| RnbdSendError::Refused {
                 errno: Errno::ENOMEM,
                 reason: format!("registering {len} bytes of zeros for write-zeroes: {e}"),
             })
@@ -84,7 +86,7 @@ impl SessionHandle for SessionCore {
 }
 
 /// Link events of an RTRS client session, queued by the session's control poller for the
-/// [`RnbdAdmin`](super::RnbdAdmin) (give a clone to `Session::open` and one to
+/// [`RnbdAdmin`](super::RnbdAdmin) (give a clone to `ClientSession::open` and one to
 /// [`RnbdAdmin::listen`](super::RnbdAdmin::listen), as
 /// [`open_rnbd_session`](super::open_rnbd_session) does). Lock-free, so the admin may run on
 /// another thread than the control poller (an SPDK disk's).

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
 
 use super::exports::{Exports, ExportsError};
-use super::session::{lookup_fresh, RnbdSession, SessionView};
+use super::session::{lookup_fresh, RnbdServerSession, SessionView};
 use super::ExportId;
 use crate::proto::rnbd::{AccessMode, Io, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfoRsp};
 use crate::ratelimit::{log_limited, process_ns, RateLimit};
@@ -144,13 +144,13 @@ impl Dispatcher {
 
     /// As [`process_view`](Self::process_view) for a caller that keeps no per-core copy:
     /// an IO looks its device up under the session's lock.
-    pub fn process(&mut self, sess: &RnbdSession, req: Request<'_>) -> Outcome {
+    pub fn process(&mut self, sess: &RnbdServerSession, req: Request<'_>) -> Outcome {
         self.handle(sess, req, |id| sess.lookup(id))
     }
 
     fn handle(
         &mut self,
-        sess: &RnbdSession,
+        sess: &RnbdServerSession,
         req: Request<'_>,
         lookup: impl FnOnce(u32) -> Option<(ExportId, AccessMode)>,
     ) -> Outcome {
@@ -225,7 +225,7 @@ impl Dispatcher {
     #[inline]
     fn start_io(
         &mut self,
-        sess: &RnbdSession,
+        sess: &RnbdServerSession,
         req: Request<'_>,
         io: &Io,
         device: Option<(ExportId, AccessMode)>,

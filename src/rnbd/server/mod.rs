@@ -3,7 +3,7 @@
 //!
 //! - [`Exports`]: every exported name with its backend, writer count and host list
 //!   ([`HostList`]), shared by all cores and sessions (`rnbd_srv_dev`).
-//! - [`RnbdSession`]: one client session's device table (`rnbd_srv_session`), shared by
+//! - [`RnbdServerSession`]: one client session's device table (`rnbd_srv_session`), shared by
 //!   the cores serving that session, published as versioned snapshots that each core
 //!   copies into its [`SessionView`].
 //! - [`Dispatcher`]: one core's request processor (`rnbd_srv_rdma_ev`): SESS_INFO, OPEN,
@@ -30,4 +30,4 @@ pub use exports::{AccessError, ExportBackend, ExportId, Exports, ExportsError};
 pub use handler::RnbdServer;
 pub use hosts::{Host, HostList, HostPattern, HostPatternError};
 pub use registry::{RnbdSessions, SessionCache};
-pub use session::{Devices, Mapping, RnbdSession, SessionView};
+pub use session::{Devices, Mapping, RnbdServerSession, SessionView};

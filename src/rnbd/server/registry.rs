@@ -9,14 +9,14 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::exports::Exports;
-use super::session::{RnbdSession, SessionView};
+use super::session::{RnbdServerSession, SessionView};
 
 use crate::sync::lock;
 
 /// RNBD sessions by RTRS session key, shared by all cores.
 pub struct RnbdSessions<K> {
     exports: Arc<Exports>,
-    map: Mutex<HashMap<K, Arc<RnbdSession>>>,
+    map: Mutex<HashMap<K, Arc<RnbdServerSession>>>,
 }
 
 impl<K: Copy + Eq + Hash> RnbdSessions<K> {
@@ -34,22 +34,23 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
     /// The session of `key`, created (named `name`) if there is none: on the RTRS
     /// session's first path coming up, or on its first request should that arrive on
     /// a core before the link event was handled.
-    pub fn get_or_create(&self, key: K, name: &str) -> Arc<RnbdSession> {
+    pub fn get_or_create(&self, key: K, name: &str) -> Arc<RnbdServerSession> {
         let mut map = self.lock();
         Arc::clone(
-            map.entry(key)
-                .or_insert_with(|| Arc::new(RnbdSession::new(name, Arc::clone(&self.exports)))),
+            map.entry(key).or_insert_with(|| {
+                Arc::new(RnbdServerSession::new(name, Arc::clone(&self.exports)))
+            }),
         )
     }
 
-    pub fn get(&self, key: K) -> Option<Arc<RnbdSession>> {
+    pub fn get(&self, key: K) -> Option<Arc<RnbdServerSession>> {
         self.lock().get(&key).cloned()
     }
 
     /// The RTRS session's last path went away: the RNBD session ends (every mapping
     /// closed, writers released) and leaves the table. Cores still caching it see it
     /// ended and drop it.
-    pub fn remove(&self, key: K) -> Option<Arc<RnbdSession>> {
+    pub fn remove(&self, key: K) -> Option<Arc<RnbdServerSession>> {
         let sess = self.lock().remove(&key);
         if let Some(s) = &sess {
             s.end();
@@ -58,7 +59,7 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
     }
 
     /// Every session with its key (a copy of the table: for listing, not per IO).
-    pub fn all(&self) -> Vec<(K, Arc<RnbdSession>)> {
+    pub fn all(&self) -> Vec<(K, Arc<RnbdServerSession>)> {
         self.lock()
             .iter()
             .map(|(k, s)| (*k, Arc::clone(s)))
@@ -73,7 +74,7 @@ impl<K: Copy + Eq + Hash> RnbdSessions<K> {
         self.lock().is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<RnbdSession>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<RnbdServerSession>>> {
         // Inserts and removes leave the map consistent at every step.
         lock(&self.map)
     }

@@ -4,7 +4,7 @@
 //! RTRS session's first path comes up, destroyed (closing every mapping) when the last
 //! one goes. Shared by the cores serving the session's connections.
 //!
-//! A forced close by the target's operator ([`RnbdSession::force_close`], the kernel's
+//! A forced close by the target's operator ([`RnbdServerSession::force_close`], the kernel's
 //! sysfs `force_close`) empties a mapping's slot but keeps its id reserved, since the
 //! client still uses it: its IO gets −ENOTCONN, and the id is freed by the client's
 //! CLOSE of it, a new OPEN of the same name, or the session's end.
@@ -98,7 +98,7 @@ impl Table {
 }
 
 /// A session's device table and negotiated version.
-pub struct RnbdSession {
+pub struct RnbdServerSession {
     name: String,
     exports: Arc<Exports>,
     /// `min(client ver, 2)`; 0 until SESS_INFO.
@@ -113,10 +113,10 @@ pub struct RnbdSession {
     ended: AtomicBool,
 }
 
-impl RnbdSession {
+impl RnbdServerSession {
     /// A session named after its RTRS session, with no devices.
-    pub fn new(name: &str, exports: Arc<Exports>) -> RnbdSession {
-        RnbdSession {
+    pub fn new(name: &str, exports: Arc<Exports>) -> RnbdServerSession {
+        RnbdServerSession {
             name: name.to_string(),
             exports,
             ver: AtomicU8::new(0),
@@ -162,13 +162,13 @@ impl RnbdSession {
         self.open_from(open, addr, &[])
     }
 
-    /// [`RnbdSession::open`] for a session whose paths come from `paths` (the OPEN's
+    /// [`RnbdServerSession::open`] for a session whose paths come from `paths` (the OPEN's
     /// own among them, or not): a host list must allow each of them, since every path
     /// can carry the device's IO ([`AccessError::PathDenied`] names the first it does
     /// not).
     ///
     /// # Errors
-    /// As [`RnbdSession::open`].
+    /// As [`RnbdServerSession::open`].
     pub fn open_from(
         &self,
         open: &Open<'_>,
@@ -371,7 +371,7 @@ impl RnbdSession {
 /// The RTRS server's account of the session (docs/ARCHITECTURE.md, "Session slots"): in
 /// use while a device is mapped; a new path may join while every mapped export's host
 /// list admits it ([`super::HostList::admits_path`]).
-impl SessionUse for RnbdSession {
+impl SessionUse for RnbdServerSession {
     fn in_use(&self) -> bool {
         self.mapped.load(Ordering::Acquire) > 0
     }
@@ -408,18 +408,18 @@ impl SessionUse for RnbdSession {
 /// devices, refreshed only when the published version moved (see the module doc).
 #[derive(Clone, Debug)]
 pub struct SessionView {
-    sess: Arc<RnbdSession>,
+    sess: Arc<RnbdServerSession>,
     devices: Arc<Devices>,
 }
 
 impl SessionView {
     /// A view of `sess` holding its current snapshot.
-    pub fn new(sess: Arc<RnbdSession>) -> SessionView {
+    pub fn new(sess: Arc<RnbdServerSession>) -> SessionView {
         let devices = sess.devices();
         SessionView { sess, devices }
     }
 
-    pub fn session(&self) -> &Arc<RnbdSession> {
+    pub fn session(&self) -> &Arc<RnbdServerSession> {
         &self.sess
     }
 
@@ -432,7 +432,7 @@ impl SessionView {
 
     /// The session and this core's copy, borrowed apart (the dispatcher reads the one and
     /// refreshes the other).
-    pub(super) fn parts(&mut self) -> (&RnbdSession, &mut Arc<Devices>) {
+    pub(super) fn parts(&mut self) -> (&RnbdServerSession, &mut Arc<Devices>) {
         (&self.sess, &mut self.devices)
     }
 }
@@ -440,7 +440,7 @@ impl SessionView {
 /// `device_id` in `devices`, a copy of `sess`'s snapshot taken again first if stale.
 #[inline]
 pub(super) fn lookup_fresh(
-    sess: &RnbdSession,
+    sess: &RnbdServerSession,
     devices: &mut Arc<Devices>,
     device_id: u32,
 ) -> Option<(ExportId, AccessMode)> {
@@ -451,27 +451,27 @@ pub(super) fn lookup_fresh(
 }
 
 impl Deref for SessionView {
-    type Target = RnbdSession;
+    type Target = RnbdServerSession;
 
-    fn deref(&self) -> &RnbdSession {
+    fn deref(&self) -> &RnbdServerSession {
         &self.sess
     }
 }
 
-impl From<Arc<RnbdSession>> for SessionView {
-    fn from(sess: Arc<RnbdSession>) -> SessionView {
+impl From<Arc<RnbdServerSession>> for SessionView {
+    fn from(sess: Arc<RnbdServerSession>) -> SessionView {
         SessionView::new(sess)
     }
 }
 
-impl Drop for RnbdSession {
-    /// A session dropped without [`end`](RnbdSession::end) still gives its writers back.
+impl Drop for RnbdServerSession {
+    /// A session dropped without [`end`](RnbdServerSession::end) still gives its writers back.
     fn drop(&mut self) {
         self.end();
     }
 }
 
-impl std::fmt::Debug for RnbdSession {
+impl std::fmt::Debug for RnbdServerSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RnbdSession")
             .field("name", &self.name)
@@ -495,7 +495,7 @@ mod tests {
     #[test]
     fn ids_lowest_free_and_idempotent_reopen() {
         let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096), ("c", 8192)]).unwrap());
-        let s = RnbdSession::new("s1", ex.clone());
+        let s = RnbdServerSession::new("s1", ex.clone());
         assert_eq!(s.set_client_ver(7), 2);
         assert_eq!(
             s.open(&open(b"a", AccessMode::ReadWrite), None)
@@ -547,9 +547,9 @@ mod tests {
     fn drop_releases_writers() {
         let ex = Arc::new(Exports::ram(&[("a", 4096)]).unwrap());
         let a = ex.lookup(b"a").unwrap();
-        let s1 = RnbdSession::new("s1", ex.clone());
+        let s1 = RnbdServerSession::new("s1", ex.clone());
         s1.open(&open(b"a", AccessMode::ReadWrite), None).unwrap();
-        let s2 = RnbdSession::new("s2", ex.clone());
+        let s2 = RnbdServerSession::new("s2", ex.clone());
         assert_eq!(
             s2.open(&open(b"a", AccessMode::ReadWrite), None)
                 .unwrap_err()
@@ -566,7 +566,7 @@ mod tests {
         let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096)]).unwrap());
         let a = ex.lookup(b"a").unwrap();
         let b = ex.lookup(b"b").unwrap();
-        let s = Arc::new(RnbdSession::new("s", ex.clone()));
+        let s = Arc::new(RnbdServerSession::new("s", ex.clone()));
         let mut core0 = SessionView::new(Arc::clone(&s));
         let mut core1 = SessionView::from(Arc::clone(&s));
         assert_eq!(core1.lookup(0), None);
@@ -610,8 +610,8 @@ mod tests {
     fn force_close_keeps_the_id_until_the_client_lets_go() {
         let ex = Arc::new(Exports::ram(&[("a", 4096), ("b", 4096)]).unwrap());
         let a = ex.lookup(b"a").unwrap();
-        let s1 = RnbdSession::new("s1", ex.clone());
-        let s2 = RnbdSession::new("s2", ex.clone());
+        let s1 = RnbdServerSession::new("s1", ex.clone());
+        let s2 = RnbdServerSession::new("s2", ex.clone());
         let id = s1
             .open(&open(b"a", AccessMode::ReadWrite), None)
             .unwrap()
@@ -680,7 +680,7 @@ mod tests {
     fn reopen_after_the_export_was_replaced() {
         let ex = Arc::new(Exports::dynamic(4));
         let old = ex.add("d", ram(4096), false).unwrap();
-        let sess = RnbdSession::new("s", Arc::clone(&ex));
+        let sess = RnbdServerSession::new("s", Arc::clone(&ex));
         let first = sess.open(&open(b"d", AccessMode::ReadWrite), None).unwrap();
         assert_eq!(
             sess.lookup(first.device_id),

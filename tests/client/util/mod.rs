@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rtrs_spdk::client::{
-    ClientCompletion, ClientConfig, ClientEvents, ClientIo, CoreCq, Dir, LinkEvent, PathAddr,
-    Session, SessionCore, Sgl, SubmitError,
+    ClientCompletion, ClientConfig, ClientEvents, ClientIo, ClientSession, CoreCq, Dir, LinkEvent,
+    PathAddr, SessionCore, Sgl, SubmitError,
 };
 use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
@@ -312,7 +312,7 @@ impl Load {
 /// target.
 pub struct Rig {
     pub sim: Simulation,
-    pub sess: Session,
+    pub sess: ClientSession,
     pub loads: Vec<Rc<RefCell<Load>>>,
     pub events: Rc<RefCell<Vec<LinkEvent>>>,
     pub paths: Vec<PathAddr>,
@@ -440,7 +440,7 @@ impl Rig {
         let ev = Box::new(Events(events.clone()));
         let (sess, cores) = sim
             .reactor(0)
-            .with_ctx(|cx| Session::open(cx, f, cfg, ev))
+            .with_ctx(|cx| ClientSession::open(cx, f, cfg, ev))
             .expect("open");
         let mut loads = Vec::new();
         let mut core_cqs = Vec::new();

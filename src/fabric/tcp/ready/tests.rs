@@ -18,7 +18,7 @@ const WAIT: Duration = Duration::from_secs(5);
 
 fn backends() -> Vec<Box<dyn Readiness>> {
     vec![
-        Box::new(Uring::new().expect("io_uring (kernel.io_uring_disabled = 0)")),
+        Box::new(ReadyUring::new().expect("io_uring (kernel.io_uring_disabled = 0)")),
         Box::new(Epoll::new().expect("epoll")),
     ]
 }
@@ -147,7 +147,7 @@ fn stale_events_of_a_slot_reused_are_ignored() {
 
 #[test]
 fn uring_rearms_a_multishot_poll_that_ended() {
-    let mut set = Uring::new().expect("io_uring");
+    let mut set = ReadyUring::new().expect("io_uring");
     let (mut a, mut b) = pair();
     let k = key(1, 1);
     set.watch(a.as_raw_fd(), k).expect("watch");
@@ -322,7 +322,7 @@ fn uring_events_follow_the_collecting_thread() {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let spin = done.clone();
     let armer = std::thread::spawn(move || {
-        let mut set = Uring::new().expect("io_uring");
+        let mut set = ReadyUring::new().expect("io_uring");
         set.watch(fd, k).expect("watch");
         set.collect(&mut |_| {});
         tx.send(set).expect("the test waits");

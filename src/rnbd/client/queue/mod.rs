@@ -49,7 +49,7 @@ mod wait;
 use self::wait::waits_for_device;
 use super::config::WriteZeroesMode;
 use super::device::{DevState, DeviceError, RnbdDevice};
-use super::handle::{SendError, SessionHandle};
+use super::handle::{RnbdSendError, SessionHandle};
 use super::msg::BlockRequest;
 pub use super::request::{DevHandle, IoError, ADMIN_TAG};
 use super::rtrs::{completion, completion_result};
@@ -313,7 +313,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
 
     /// Sends an admin request (its tag has [`ADMIN_TAG`]); its completion is kept for
     /// [`take_admin`](Self::take_admin).
-    pub(super) fn submit_admin(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SendError> {
+    pub(super) fn submit_admin(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), RnbdSendError> {
         debug_assert!(io.admin && io.tag & ADMIN_TAG != 0);
         self.session.submit(now, io)
     }
@@ -364,7 +364,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     }
                     // The caller's request waits here for a permit; a write-zeroes
                     // piece is held back by its write-zeroes instead.
-                    Err(SendError::Busy) if !piece && wait => {
+                    Err(RnbdSendError::Busy) if !piece && wait => {
                         self.wait_permit(i);
                         Ok(())
                     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{look, Look, RnbdQueue, Stage};
 use crate::client::{ClientCompletion, ClientIo, Sgl};
 use crate::rnbd::client::device::DevState;
-use crate::rnbd::client::handle::{SendError, SessionHandle};
+use crate::rnbd::client::handle::{RnbdSendError, SessionHandle};
 use crate::rnbd::client::rtrs::completion;
 use crate::rnbd::client::IoError;
 use crate::Errno;
@@ -65,12 +65,12 @@ impl<S: SessionHandle> RnbdQueue<S> {
                                 self.mark_sent(i);
                                 continue;
                             }
-                            Err(SendError::Busy) => {
+                            Err(RnbdSendError::Busy) => {
                                 busy = true;
                                 permit = true;
                                 Err(None)
                             }
-                            Err(SendError::Refused { errno, .. }) => Err(Some(errno)),
+                            Err(RnbdSendError::Refused { errno, .. }) => Err(Some(errno)),
                         }
                     }
                     Look::Send(..) => {
