@@ -1,29 +1,16 @@
-//! Poll groups: one per SPDK thread that has rtrs bdev channels, as `bdev_nvme`'s
-//! `nvme_poll_group` (docs/ARCHITECTURE.md, "The SPDK bdev: poll groups"). A group
-//! is the context of an IO channel of the module's own io_device ([`GROUP`]); the bdev
-//! channels of its thread hold that channel, and its one poller polls every session core
-//! queue ([`CoreQueue`]) the thread owns, of every session and every bdev, and completes
-//! the bdev IO of its thread's channels.
+//! Poll groups, as `bdev_nvme`'s `nvme_poll_group` (docs/ARCHITECTURE.md, "The SPDK bdev:
+//! poll groups"): a group is the context of an IO channel of the module's io_device
+//! ([`GROUP`]), one per SPDK thread with rtrs bdev channels; its one poller polls every
+//! session core queue ([`CoreQueue`]) the group owns and completes its channels' IO.
 //!
-//! The *home* group runs on the thread that created the first rtrs bdev (the
-//! application thread, or fio's initialisation thread), on the module's engine driver
-//! ([`Home`]), whose pollers are paced so that such a thread can sleep: it runs the
-//! sessions' control pollers and owns every session core that no group claimed.
-//!
-//! Who owns a session core: a group whose thread runs on that core's CPU (or, for a
-//! thread off the application's cores such as fio's job threads, core 0) claims it when
-//! its first channel of the session is created, in the session core's claim list; home
-//! hands the queue to the first claimer, and takes it back when that claimer's last
-//! channel of the session goes, to hand it to the next one. Queues move as values
-//! through the groups' mailboxes ([`GroupShared`]), and every decision is home's, so a
-//! queue is never polled by two threads and never lost between them. IO submitted on a
-//! thread whose group does not own its core goes through the session core's inbox, which
-//! the owner drains at every poll; a task finished by a group that is not its channel's
-//! goes back to the channel's group through that group's `done` queue.
-//!
-//! A thread that SPDK's scheduler moves to another CPU keeps the queues it owns: they
-//! are still polled by their one owner (the connection is then farther away, as a
-//! `bdev_nvme` qpair that follows its poll group).
+//! What holds here: a queue has one owner at a time, a group or *home* ([`Home`]: the
+//! first create's thread, which runs the sessions' control pollers on timed periods so
+//! that it may sleep). Every hand-over is home's decision and moves the queue as a value
+//! through the groups' mailboxes ([`GroupShared`]), so no queue is polled by two threads
+//! or lost between them. IO from a thread that does not own its core goes through the
+//! core's inbox ([`CoreInbox`](super::sess::CoreInbox)); a task finished by another group
+//! goes back through its own group's `done` queue. A thread SPDK moves to another CPU
+//! keeps its queues.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
@@ -49,12 +36,10 @@ fn group_key() -> *mut c_void {
     ptr::addr_of!(GROUP).cast_mut().cast()
 }
 
-/// Period (µs) of home's pollers while they find work. Under fio's `spdk_bdev` plugin
-/// every period is a wake-up of its initialisation thread, which takes a CPU from the job
-/// or from the target: at 100 µs that cost fio's QD1 reads 3–5 µs of p99 and 8–24 % of
-/// IOPS against 1 ms (docs/BENCHMARKS.md). Each control step of a session (a connect
-/// handshake step, OPEN, CLOSE, a re-open) may wait up to a period; work handed to home
-/// from another thread wakes it ([`GroupShared::kick`]).
+/// Period (µs) of home's pollers while they find work: a control step of a session may
+/// wait up to one period, and work handed to home wakes it ([`GroupShared::kick`]). Each
+/// period wakes fio's initialisation thread, so shorter ones cost fio's jobs
+/// (docs/BENCHMARKS.md, "The disk's own pollers under fio").
 const HOME_POLL_US: u64 = 1000;
 /// Runs in a row without work after which home moves to its idle period.
 const HOME_SLOW_AFTER: u32 = 100;

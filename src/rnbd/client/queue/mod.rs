@@ -1,45 +1,23 @@
-//! One core's block IO of an RNBD client session ([`RnbdQueue`]): the kernel's
-//! per-hardware-queue `rnbd_queue_rq` and `msg_io_conf`, the same on every core. It owns
-//! the core's RTRS session handle ([`SessionHandle`]), sends block requests on it, hands
-//! their completions back, and keeps the requests that find the device unreachable until
-//! it is reachable again. The devices it reads are the [`RnbdAdmin`](super::RnbdAdmin)'s
-//! published [`Snapshot`] (see [`table`](super::table)); the admin sends its own
-//! requests through the queue of the core it runs on, whose poll keeps their completions
-//! for it.
+//! One core's block IO of an RNBD client session ([`RnbdQueue`]; the kernel's
+//! `rnbd_queue_rq` and `msg_io_conf`): it owns the core's RTRS session handle
+//! ([`SessionHandle`]), sends block requests on it and hands their completions back
+//! (docs/ARCHITECTURE.md, "One request, one owner").
 //!
-//! # Waiting for the device
-//! A device is unreachable while its session has lost every path, is reconnecting, or
-//! has reconnected but not re-opened the device yet (MAPPED_DISCONNECTED). A request
-//! submitted then is accepted and waits here. A request in flight when the session lost
-//! its paths comes back from the new server session with −ENOTCONN (it carries the id of
-//! the old one) or from RTRS with −ECONNRESET (dropped at a queue-depth change); it waits
-//! here too. A waiting request is sent again, built with the device's new id, once the
-//! device is open again (one the server answered with −ENOTCONN only once the device
-//! table has changed since it was sent: an id the server did not know is not tried
-//! twice). A request still waiting `io_wait_timeout` after its submission fails with
-//! −ENOTCONN; [`IoError::Unreachable`] says why (kept for `last_wait_error`, logged at
-//! most once a second). A device closed meanwhile fails its waiting requests at once.
-//! Every request completes exactly once.
-//!
-//! A request the session has no free permit for waits in the same queue, in order,
-//! and goes out as permits free up: the caller hands a request over once and gets it
-//! back once, whatever it waited for.
-//!
-//! Every request handed to the session has an entry here ([`Request`]), whose index is
-//! its tag on the session and which keeps what sending it again needs: the block
-//! request and its scatter-gather list — the caller's, where it lies
-//! ([`submit_held`](RnbdQueue::submit_held)), or one copy made at
-//! [`submit`](RnbdQueue::submit); the session is handed a view of that one list, never a
-//! copy (docs/ARCHITECTURE.md, "One request, one owner"). Entries, their lists and the
-//! waiting queue keep their memory once grown, so nothing is allocated per request in
-//! steady state. Per
-//! request the device table costs one Acquire load (its version); the waiting queue is
-//! looked at only when the table changed, a wait ends, or a re-send found no free
-//! permit.
-//!
-//! An emulated write-zeroes ([`zeroes`](super::zeroes)) is split into WRITE pieces that
-//! take entries here like any request, marked as pieces: their ends go to the
-//! write-zeroes, whose own end is handed back with the caller's tag.
+//! What holds here:
+//! - Every request handed to the session has one entry ([`Request`], whose index is its
+//!   tag) from submission to completion, and completes exactly once whatever it waited
+//!   for: a free permit (in order), or its device while unreachable (no path,
+//!   reconnecting, re-open pending; a request back with −ENOTCONN or −ECONNRESET waits
+//!   too). One still waiting `io_wait_timeout` after submission fails with −ENOTCONN
+//!   ([`IoError::Unreachable`] says why); a device closed meanwhile fails its waiters.
+//! - An id the server did not know is not tried twice: a −ENOTCONN is retried only once
+//!   the device table has changed since the request went out.
+//! - The scatter list is the caller's ([`submit_held`](RnbdQueue::submit_held)) or one
+//!   copy made at [`submit`](RnbdQueue::submit), never copied again; nothing is allocated
+//!   per request in steady state; the device table (the [`RnbdAdmin`](super::RnbdAdmin)'s
+//!   published [`Snapshot`]) costs one Acquire load per request.
+//! - The admin's own requests and the WRITE pieces of an emulated write-zeroes
+//!   ([`zeroes`](super::zeroes)) take entries like any request.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
