@@ -46,6 +46,12 @@ echo "== clippy with SPDK: --features spdk and -p rtrs-spdk-plugin, every target
 	echo "clippy with SPDK failed"
 	exit 1
 }
+echo "== cargo doc with SPDK: --features spdk, and the plugin's private items, -D warnings"
+(cd "$REPO" && RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q --features spdk &&
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p rtrs-spdk-plugin --document-private-items) || {
+	echo "cargo doc with SPDK failed"
+	exit 1
+}
 
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-240}
 # Other SPDK applications may run on this machine: no core locks.

@@ -8,6 +8,9 @@
 //!
 //! `shim.c` holds SPDK's registration macros and calls the `extern "C"` functions here;
 //! SPDK symbols are left undefined and resolved by the host application.
+// A shared library loaded by SPDK: its documentation is of its private modules
+// (`cargo doc -p rtrs-spdk-plugin --document-private-items`).
+#![allow(rustdoc::private_intra_doc_links)]
 
 mod bdev;
 mod rpc;

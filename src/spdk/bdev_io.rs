@@ -1,5 +1,5 @@
 //! A bdev IO as a bdev module sees it: the `spdk_bdev_io` SPDK hands to a module's
-//! `submit_request` (the initiator side; [`bdev`](super::bdev) wraps the other side, a
+//! `submit_request` (the initiator side; [`export`](super::export) wraps the other side, a
 //! bdev used as an export's backend). [`BdevIo`] reads the request's fields — type,
 //! offset and length in blocks, the data buffer's iovecs — asks the bdev layer for a
 //! buffer when a READ came without one (`spdk_bdev_io_get_buf`), gives the module's

@@ -22,7 +22,7 @@
 //!
 //! Each core's poller table is touched only by that core's thread: pollers need not be
 //! `Send`, as under our reactors. That is a property of the types, not of a debug check:
-//! the table is reached only through an [`OnCore`], which exists only on the core's own
+//! the table is reached only through an `OnCore`, which exists only on the core's own
 //! thread (made by comparing the calling SPDK thread with the core's, or inside a poller
 //! or message of that core, which SPDK runs on that thread) and cannot leave it. Code
 //! working for a core from another SPDK thread gets the clock ([`Driver::now`]) and

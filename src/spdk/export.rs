@@ -26,6 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::poller::{SpdkPoll, SpdkPoller};
 use super::sys;
 use super::thread::SpdkThread;
 use crate::rnbd::backend::{
@@ -253,7 +254,6 @@ struct ChanState {
     wait_armed: bool,
     wait: sys::spdk_bdev_io_wait_entry,
     in_flight: usize,
-    drain: *mut sys::spdk_poller,
     /// Times the bdev layer answered −ENOMEM and the channel waited.
     nomem_waits: u64,
     name: String,
@@ -289,7 +289,6 @@ impl BdevChannel {
             wait_armed: false,
             wait: sys::spdk_bdev_io_wait_entry::default(),
             in_flight: 0,
-            drain: std::ptr::null_mut(),
             nomem_waits: 0,
             name: name.to_string(),
         });
@@ -606,32 +605,26 @@ impl Drop for BdevChannel {
             return;
         }
         // IO still in flight: a poller frees the state once it completed.
-        // SAFETY: `st` stays valid until drain_channel frees it; the poller is
-        // registered on this thread, which owns the channel.
-        unsafe {
-            (*st).drain = sys::spdk_poller_register_named(
-                Some(drain_channel),
-                st.cast::<c_void>(),
-                1000,
-                c"rtrs_bdev_drain".as_ptr(),
-            );
+        let run = move || {
+            // SAFETY: the state of a dropped channel, freed only here, used on this thread
+            // (the poller's and the IO callbacks' thread).
+            unsafe {
+                if (*st).in_flight > 0 || (*st).wait_armed {
+                    return SpdkPoll::Idle;
+                }
+                if !(*st).ch.is_null() {
+                    sys::spdk_put_io_channel((*st).ch);
+                }
+                drop(Box::from_raw(st));
+            }
+            SpdkPoll::Stop
+        };
+        match SpdkPoller::start(c"rtrs_bdev_drain", 1000, run) {
+            Some(p) => p.detach(),
+            None => tracing::error!(
+                "spdk bdev {}: no poller to free a channel dropped with IO in flight; its state is leaked",
+                self.name
+            ),
         }
     }
-}
-
-unsafe extern "C" fn drain_channel(arg: *mut c_void) -> c_int {
-    let st = arg.cast::<ChanState>();
-    // SAFETY: the state of a dropped channel, only used on this thread.
-    unsafe {
-        if (*st).in_flight > 0 || (*st).wait_armed {
-            return sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int;
-        }
-        let mut p = (*st).drain;
-        sys::spdk_poller_unregister(&mut p);
-        if !(*st).ch.is_null() {
-            sys::spdk_put_io_channel((*st).ch);
-        }
-        drop(Box::from_raw(st));
-    }
-    sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
 }

@@ -13,7 +13,7 @@
 //!   drivers") with no threads of ours.
 //! - [`keyring`]: pre-shared keys by name from SPDK's keyring (`keyring_file_add_key`).
 //! - [`json`]: RPC parameters to [`serde_json::Value`], answers and `config_json`
-//!   entries written back, and the pending [`RpcRequest`](json::RpcRequest).
+//!   entries written back, and the pending [`RpcRequest`].
 //! - [`log`]: `tracing` events into SPDK's log.
 //!
 //! The plugin crate (`plugin/`) builds the shared library on top of these; SPDK's
@@ -26,12 +26,14 @@ pub mod export;
 pub mod json;
 pub mod keyring;
 pub mod log;
+pub mod poller;
 pub mod sys;
 pub mod thread;
 
 pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
+pub use poller::{SpdkPoll, SpdkPoller};
 pub use thread::{
     app_cores, interrupt_mode, io_channel_ctx, loop_now_ns, now_ns, poll_until, MsgError,
     SpdkThread,

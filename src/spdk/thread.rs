@@ -200,55 +200,26 @@ pub fn interrupt_mode() -> bool {
 }
 
 /// Runs `f` every `period_us` microseconds on the calling SPDK thread until it returns
-/// `true` (a plain `spdk_poller`, for control work outside a [`Driver`](super::Driver)
-/// such as waiting for a stop on the application thread).
+/// `true` (a detached [`SpdkPoller`](super::SpdkPoller), for control work outside a
+/// [`Driver`](super::Driver) such as waiting for a stop on the application thread).
 ///
 /// # Errors
 /// `false` when the caller is not an SPDK thread or SPDK refused the poller.
-pub fn poll_until<F: FnMut() -> bool + 'static>(period_us: u64, f: F) -> bool {
-    if SpdkThread::current().is_none() {
-        return false;
-    }
-    let state = Box::into_raw(Box::new(Until {
-        f: Box::new(f),
-        poller: std::ptr::null_mut(),
-    }));
-    // SAFETY: `state` lives until `run_until` frees it after unregistering the poller.
-    let p = unsafe {
-        sys::spdk_poller_register_named(
-            Some(run_until),
-            state.cast::<c_void>(),
-            period_us,
-            c"rtrs_until".as_ptr(),
-        )
-    };
-    if p.is_null() {
-        // SAFETY: not handed to SPDK.
-        drop(unsafe { Box::from_raw(state) });
-        return false;
-    }
-    // SAFETY: registered on this thread; the poller runs only on a later loop.
-    unsafe { (*state).poller = p };
-    true
-}
-
-struct Until {
-    f: Box<dyn FnMut() -> bool>,
-    poller: *mut sys::spdk_poller,
-}
-
-unsafe extern "C" fn run_until(arg: *mut c_void) -> std::ffi::c_int {
-    let state = arg.cast::<Until>();
-    // SAFETY: live until freed below, only used on this thread.
-    unsafe {
-        if !((*state).f)() {
-            return sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as std::ffi::c_int;
+pub fn poll_until<F: FnMut() -> bool + 'static>(period_us: u64, mut f: F) -> bool {
+    let run = move || {
+        if f() {
+            super::SpdkPoll::Stop
+        } else {
+            super::SpdkPoll::Idle
         }
-        let mut p = (*state).poller;
-        sys::spdk_poller_unregister(&mut p);
-        drop(Box::from_raw(state));
+    };
+    match super::SpdkPoller::start(c"rtrs_until", period_us, run) {
+        Some(p) => {
+            p.detach();
+            true
+        }
+        None => false,
     }
-    sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as std::ffi::c_int
 }
 
 /// The context of an I/O channel: the bytes SPDK allocates after the channel's header

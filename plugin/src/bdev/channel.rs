@@ -23,7 +23,9 @@ use std::ptr;
 use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::{io_channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, GotBuf};
+use rtrs_spdk::spdk::{
+    io_channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, GotBuf, SpdkPoll, SpdkPoller,
+};
 use rtrs_spdk::Errno;
 
 use super::disk::Disk;
@@ -43,7 +45,8 @@ struct ChanCtx {
     /// Resets waiting for the bdev's requests to drain, with their deadlines (ns), and
     /// the poller watching them while there are any.
     resets: RefCell<Vec<(BdevIo, u64)>>,
-    reset_poller: RefCell<*mut sys::spdk_poller>,
+    /// Runs while a reset is pending (see [`reset_poll`]).
+    reset_poller: RefCell<Option<SpdkPoller>>,
 }
 
 pub fn chan_ctx_size() -> u32 {
@@ -83,7 +86,7 @@ pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_voi
                 core,
                 group,
                 resets: RefCell::new(Vec::new()),
-                reset_poller: RefCell::new(ptr::null_mut()),
+                reset_poller: RefCell::new(None),
             },
         );
     }
@@ -96,10 +99,7 @@ pub unsafe extern "C" fn chan_destroy(_io_device: *mut c_void, ctx_buf: *mut c_v
     // SAFETY: the context written by chan_create, destroyed once, on its thread.
     unsafe {
         let c = ptr::read(ctx);
-        let mut p = c.reset_poller.replace(ptr::null_mut());
-        if !p.is_null() {
-            sys::spdk_poller_unregister(&mut p);
-        }
+        drop(c.reset_poller.take());
         c.group.with(|g| {
             if let Some(g) = g {
                 g.leave(&c.disk.sess, c.core);
@@ -110,12 +110,10 @@ pub unsafe extern "C" fn chan_destroy(_io_device: *mut c_void, ctx_buf: *mut c_v
     }
 }
 
-/// The reset poller: completes the resets whose requests have drained, fails those past
-/// their deadline, and unregisters itself once none is left.
-unsafe extern "C" fn reset_poll(arg: *mut c_void) -> c_int {
-    // SAFETY: the channel context this poller was registered with, alive until destroy
-    // (which unregisters it) or until it unregisters itself below.
-    let ctx = unsafe { &*arg.cast::<ChanCtx>() };
+/// The reset poller's run: completes the resets whose requests have drained, fails those
+/// past their deadline, and drops the poller once none is left (before completing them,
+/// so that a reset submitted from a completion starts a poller of its own).
+fn reset_poll(ctx: &ChanCtx) -> SpdkPoll {
     let drained = ctx.disk.outstanding() == 0;
     let now = loop_now_ns();
     let mut finished = Vec::new();
@@ -138,10 +136,8 @@ unsafe extern "C" fn reset_poll(arg: *mut c_void) -> c_int {
         }
         *resets = waiting;
         if resets.is_empty() {
-            let mut p = ctx.reset_poller.replace(ptr::null_mut());
-            // SAFETY: this poller, registered by submit_request; unregistering itself
-            // from its own callback is allowed.
-            unsafe { sys::spdk_poller_unregister(&mut p) };
+            // Dropped from inside its own run: it runs no more (SpdkPoller's contract).
+            drop(ctx.reset_poller.take());
         }
     }
     let any = !finished.is_empty();
@@ -149,11 +145,7 @@ unsafe extern "C" fn reset_poll(arg: *mut c_void) -> c_int {
         // A reset of this channel, completed once, here, on its thread.
         io.complete(errno);
     }
-    if any {
-        sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
-    } else {
-        sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int
-    }
+    SpdkPoll::from_busy(any)
 }
 
 /// The context of one of our channels.
@@ -181,10 +173,26 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
             .borrow_mut()
             .push((io, loop_now_ns().saturating_add(wait)));
         let mut p = ctx.reset_poller.borrow_mut();
-        if p.is_null() {
-            let arg = ptr::from_ref(ctx).cast_mut().cast::<c_void>();
-            // SAFETY: the channel context outlives the poller (destroy unregisters it).
-            *p = unsafe { sys::spdk_poller_register(Some(reset_poll), arg, RESET_POLL_US) };
+        if p.is_none() {
+            let chan = ptr::from_ref(ctx);
+            let run = move || {
+                // SAFETY: the channel context outlives its poller (chan_destroy drops the
+                // poller first), which runs on the channel's thread only.
+                let ctx = unsafe { &*chan };
+                reset_poll(ctx)
+            };
+            *p = SpdkPoller::start(c"rtrs_reset", RESET_POLL_US, run);
+            if p.is_none() {
+                drop(p);
+                tracing::error!(
+                    "rtrs bdev {}: reset: SPDK refused the poller that waits for the requests to drain",
+                    ctx.disk.params.name
+                );
+                let last = ctx.resets.borrow_mut().pop();
+                if let Some((io, _)) = last {
+                    io.complete(Errno::ENOMEM.neg());
+                }
+            }
         }
         return;
     }

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::engine::{Ctx, PaceState, PollPace, PollResult, Poller};
-use rtrs_spdk::spdk::{interrupt_mode, io_channel_ctx, loop_now_ns, sys, Driver, SpdkThread};
+use rtrs_spdk::spdk::{
+    interrupt_mode, io_channel_ctx, loop_now_ns, sys, Driver, SpdkPoll, SpdkPoller, SpdkThread,
+};
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
@@ -434,28 +436,23 @@ const GROUP_PACE: PollPace = PollPace {
 struct Group {
     state: RefCell<GroupState>,
     out: RefCell<Vec<Finished>>,
-    poller: Cell<*mut sys::spdk_poller>,
+    /// Set once at creation, dropped first at destruction.
+    poller: Option<SpdkPoller>,
     /// In interrupt mode: where the poller is in [`GROUP_PACE`].
     pace: Cell<Option<PaceState>>,
 }
 
 impl Group {
-    /// Moves the poller to `period_us` (the new one first, so a failure leaves the old).
+    /// Moves the poller to `period_us` (a failure leaves the old period).
     fn repace(&self, period_us: u64) -> bool {
-        let arg = ptr::from_ref(self).cast_mut().cast::<c_void>();
-        // SAFETY: `self` is the group's context, alive until group_destroy unregisters
-        // the poller that `self.poller` holds, which is this new one from here on; called
-        // on the group's thread (its poller or its channels' calls).
-        let new = unsafe { sys::spdk_poller_register(Some(group_poll), arg, period_us) };
-        if new.is_null() {
+        let moved = self
+            .poller
+            .as_ref()
+            .is_some_and(|p| p.set_period(period_us));
+        if !moved {
             tracing::warn!("rtrs bdev: a poll group's poller could not move to {period_us} µs");
-            return false;
         }
-        let mut old = self.poller.replace(new);
-        // SAFETY: our own poller on this thread, unregistered once (allowed from inside
-        // its own callback).
-        unsafe { sys::spdk_poller_unregister(&mut old) };
-        true
+        moved
     }
 
     /// After a poll that found work (`busy`) or not: the pace's next period.
@@ -502,18 +499,26 @@ unsafe extern "C" fn group_create(_io_device: *mut c_void, ctx_buf: *mut c_void)
             Group {
                 state: RefCell::new(GroupState::new(shared, home, false)),
                 out: RefCell::new(Vec::with_capacity(256)),
-                poller: Cell::new(ptr::null_mut()),
+                poller: None,
                 pace: Cell::new(interrupt_mode().then(PaceState::default)),
             },
         );
-        (*ctx)
-            .poller
-            .set(sys::spdk_poller_register(Some(group_poll), ctx_buf, 0));
-        if (*ctx).poller.get().is_null() {
-            ptr::drop_in_place(ctx);
-            return Errno::ENOMEM.neg();
-        }
     }
+    let group = ctx.cast_const();
+    let run = move || {
+        // SAFETY: the group outlives its poller (group_destroy drops the poller first),
+        // which runs on the group's thread only.
+        let g = unsafe { &*group };
+        group_poll(g)
+    };
+    let poller = SpdkPoller::start(c"rtrs_group", 0, run);
+    let Some(poller) = poller else {
+        // SAFETY: written above, not yet shared with anyone.
+        unsafe { ptr::drop_in_place(ctx) };
+        return Errno::ENOMEM.neg();
+    };
+    // SAFETY: the group's own context, on its thread; the poller runs only on a later loop.
+    unsafe { (*ctx).poller = Some(poller) };
     0
 }
 
@@ -522,8 +527,7 @@ unsafe extern "C" fn group_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void
     // SAFETY: the context written by group_create, destroyed once, on its thread; every
     // bdev channel holding it is gone, so it has left every session core.
     unsafe {
-        let mut p = (*ctx).poller.replace(ptr::null_mut());
-        sys::spdk_poller_unregister(&mut p);
+        drop((*ctx).poller.take());
         {
             let mut st = (*ctx).state.borrow_mut();
             st.take_gifts();
@@ -536,21 +540,15 @@ unsafe extern "C" fn group_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void
     }
 }
 
-unsafe extern "C" fn group_poll(arg: *mut c_void) -> c_int {
-    // SAFETY: the group this poller was registered with, alive until destroy
-    // unregisters the poller.
-    let g = unsafe { &*arg.cast::<Group>() };
+/// A run of a group's poller.
+fn group_poll(g: &Group) -> SpdkPoll {
     let mut out = g.out.take();
     let busy = g.state.borrow_mut().poll(loop_now_ns(), &mut out);
     complete_all(&mut out);
     g.out.replace(out);
     g.state.borrow_mut().push();
     g.paced(busy);
-    if busy {
-        sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int
-    } else {
-        sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int
-    }
+    SpdkPoll::from_busy(busy)
 }
 
 /// Registers the groups' io_device (module init).
