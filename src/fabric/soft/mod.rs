@@ -29,6 +29,43 @@ use std::sync::Arc;
 use crate::fabric::mem::Backing;
 use crate::fabric::{Access, FabricError, FabricKind, FastMr, KeyScope, MemBuf, Mr, Sge};
 
+/// The `Fabric` methods both software fabrics answer alike, inside their `impl Fabric`:
+/// `domain` (the backend's `new_domain`), `as_any`, and `register`, `register_raw` and
+/// `alloc_fast_mr` through the backend's [`Registrations`] (`registrations()`).
+/// `local_memory` stays the backend's own (the tcp fabric can refuse local keys). The
+/// names it uses (`Arc`, `Fabric`, `FabricError`, `MemBuf`, `Access`, `Mr`, `KeyScope`,
+/// `FastMr`) are the calling module's imports.
+macro_rules! soft_fabric_methods {
+    () => {
+        fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
+            Ok(Arc::new(self.new_domain()))
+        }
+
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+
+        fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
+            self.registrations().register(buf, access)
+        }
+
+        unsafe fn register_raw(
+            &self,
+            addr: *mut u8,
+            len: usize,
+            access: Access,
+        ) -> Result<Mr, FabricError> {
+            // SAFETY: the caller's promise (this method's contract), passed on.
+            unsafe { self.registrations().register_raw(addr, len, access) }
+        }
+
+        fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
+            self.registrations().alloc_fast_mr(scope)
+        }
+    };
+}
+pub(crate) use soft_fabric_methods;
+
 /// The registration entry points of a software fabric over its table: the
 /// `Fabric::register`, `register_raw`, `alloc_fast_mr` and `local_memory` of both the
 /// tcp and the loopback fabric.

@@ -155,31 +155,7 @@ impl Fabric for TcpFabric {
         TCP_CAPS
     }
 
-    fn domain(&self) -> Result<Arc<dyn Fabric>, FabricError> {
-        Ok(Arc::new(self.new_domain()))
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn register(&self, buf: MemBuf, access: Access) -> Result<Mr, FabricError> {
-        self.registrations().register(buf, access)
-    }
-
-    unsafe fn register_raw(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<Mr, FabricError> {
-        // SAFETY: the caller's promise (this method's contract), passed on.
-        unsafe { self.registrations().register_raw(addr, len, access) }
-    }
-
-    fn alloc_fast_mr(&self, scope: KeyScope) -> Result<FastMr, FabricError> {
-        self.registrations().alloc_fast_mr(scope)
-    }
+    crate::fabric::soft::soft_fabric_methods!();
 
     fn local_memory(&self, sge: &crate::fabric::Sge, need: Access) -> Option<Arc<Backing>> {
         if self.lkeys_only {
