@@ -33,8 +33,7 @@ pub mod thread;
 pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
 pub use json::RpcRequest;
-pub use poller::{SpdkPoll, SpdkPoller};
+pub use poller::{poll_until, SpdkPoll, SpdkPoller};
 pub use thread::{
-    app_cores, interrupt_mode, io_channel_ctx, loop_now_ns, now_ns, poll_until, MsgError,
-    SpdkThread,
+    app_cores, interrupt_mode, io_channel_ctx, loop_now_ns, now_ns, MsgError, SpdkThread,
 };

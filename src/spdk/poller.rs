@@ -1,7 +1,7 @@
 //! [`SpdkPoller`]: a plain SPDK poller owned as a value, for the control work that runs
 //! outside a [`Driver`](super::Driver) (a channel's reset, a poll group, an export's
-//! drain, a wait on the application thread). The driver keeps its own table of pollers;
-//! every other poller of the project is one of these.
+//! drain, a wait on the application thread: [`poll_until`]). The driver keeps its own
+//! table of pollers; every other poller of the project is one of these.
 //!
 //! What holds: a poller is registered and unregistered on one SPDK thread (the handle is
 //! neither `Send` nor `Sync`); its function never runs after the handle is dropped or
@@ -188,5 +188,28 @@ unsafe extern "C" fn trampoline(arg: *mut c_void) -> c_int {
     match r {
         SpdkPoll::Busy => sys::spdk_thread_poller_rc_SPDK_POLLER_BUSY as c_int,
         SpdkPoll::Idle | SpdkPoll::Stop => sys::spdk_thread_poller_rc_SPDK_POLLER_IDLE as c_int,
+    }
+}
+
+/// Runs `f` every `period_us` microseconds on the calling SPDK thread until it returns
+/// `true` (a detached [`SpdkPoller`], for control work outside a
+/// [`Driver`](super::Driver) such as waiting for a stop on the application thread).
+///
+/// # Errors
+/// `false` when the caller is not an SPDK thread or SPDK refused the poller.
+pub fn poll_until<F: FnMut() -> bool + 'static>(period_us: u64, mut f: F) -> bool {
+    let run = move || {
+        if f() {
+            SpdkPoll::Stop
+        } else {
+            SpdkPoll::Idle
+        }
+    };
+    match SpdkPoller::start(c"rtrs_until", period_us, run) {
+        Some(p) => {
+            p.detach();
+            true
+        }
+        None => false,
     }
 }

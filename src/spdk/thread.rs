@@ -199,29 +199,6 @@ pub fn interrupt_mode() -> bool {
     unsafe { sys::spdk_interrupt_mode_is_enabled() }
 }
 
-/// Runs `f` every `period_us` microseconds on the calling SPDK thread until it returns
-/// `true` (a detached [`SpdkPoller`](super::SpdkPoller), for control work outside a
-/// [`Driver`](super::Driver) such as waiting for a stop on the application thread).
-///
-/// # Errors
-/// `false` when the caller is not an SPDK thread or SPDK refused the poller.
-pub fn poll_until<F: FnMut() -> bool + 'static>(period_us: u64, mut f: F) -> bool {
-    let run = move || {
-        if f() {
-            super::SpdkPoll::Stop
-        } else {
-            super::SpdkPoll::Idle
-        }
-    };
-    match super::SpdkPoller::start(c"rtrs_until", period_us, run) {
-        Some(p) => {
-            p.detach();
-            true
-        }
-        None => false,
-    }
-}
-
 /// The context of an I/O channel: the bytes SPDK allocates after the channel's header
 /// for the io_device's `ctx_size` (what `spdk_io_channel_get_ctx`, a static inline the
 /// bindings lack, computes). Only an address: reading it is the caller's to justify.
