@@ -575,8 +575,8 @@ fn connect_io(
             &ConnectOptions::new(caps, req).from(src).psk(psk).on(&cq),
         ) {
             Ok(c) => return Ok((c, true)),
-            Err(FabricError::Cq { reason }) => {
-                tracing::warn!(sess = %sess.sessname, core, "core's completion queue refused a connection ({reason}): private completion queues from now on");
+            Err(FabricError::Cq { cause }) => {
+                tracing::warn!(sess = %sess.sessname, core, "core's completion queue refused a connection ({cause}): private completion queues from now on");
                 sess.forget_cq(core);
             }
             Err(e) => return Err(e),

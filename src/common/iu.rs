@@ -7,6 +7,7 @@
 //! header buffers. The memory is shared with the fabric, so it is only reached by
 //! copying or through `unsafe` borrows whose callers own the slot at that moment.
 
+use crate::fabric::SetupCause;
 use crate::fabric::{Access, Fabric, FabricError, MemBuf, Mr, RecvWr, Sge};
 
 /// `count` slots of `size` bytes in one registration.
@@ -41,7 +42,9 @@ impl IuPool {
             .filter(|&l| l <= isize::MAX as usize)
             .ok_or(FabricError::Register {
                 len: usize::MAX,
-                reason: format!("{count} message buffers of {size} bytes overflow"),
+                cause: SetupCause::refused(format!(
+                    "{count} message buffers of {size} bytes overflow"
+                )),
             })?;
         let mr = fabric.register(MemBuf::try_zeroed(len)?, access)?;
         Ok(IuPool { mr, size, count })

@@ -157,7 +157,7 @@ use std::net::SocketAddr;
 
 pub use admission::Admission;
 pub use cq::{Cq, CqBackend, CqEvent, CqRef};
-pub use error::{FabricError, PostError, PostErrorKind};
+pub use error::{CapsError, FabricError, PostError, PostErrorKind, SetupCause};
 pub use mem::{FastMr, MemBuf, Mr};
 pub use psk::{Psk, PskError};
 
@@ -383,17 +383,24 @@ impl QpCaps {
     /// Checks the sizes against a fabric's or device's `limits` (`whose` names them in
     /// the error): at least one send WR, and nothing beyond a limit; the error names the
     /// field. Every fabric checks a new queue pair with this one rule.
-    pub fn check_within(&self, limits: &FabricCaps, whose: &str) -> Result<(), String> {
+    ///
+    /// # Errors
+    /// [`CapsError::Field`] naming the first field out of range.
+    pub fn check_within(&self, limits: &FabricCaps, whose: &'static str) -> Result<(), CapsError> {
         let fields = [
             ("max_send_wr", self.max_send_wr, limits.max_send_wr, 1),
             ("max_recv_wr", self.max_recv_wr, limits.max_recv_wr, 0),
             ("max_send_sge", self.max_send_sge, limits.max_send_sge, 0),
         ];
-        for (field, want, max, min) in fields {
-            if want < min || want > max {
-                return Err(format!(
-                    "{field} {want} is outside {min}..={max} ({whose} limit)"
-                ));
+        for (field, asked, max, min) in fields {
+            if asked < min || asked > max {
+                return Err(CapsError::Field {
+                    field,
+                    asked,
+                    min,
+                    max,
+                    whose,
+                });
             }
         }
         Ok(())
@@ -545,7 +552,7 @@ impl ListenOptions {
     pub fn check_plain(&self, addr: SocketAddr, kind: FabricKind) -> Result<(), FabricError> {
         self.admission.validate().map_err(|e| FabricError::Listen {
             addr,
-            reason: format!("admission limits: {e}"),
+            cause: e.into(),
         })?;
         match self.psk {
             None => Ok(()),
@@ -756,7 +763,10 @@ pub trait Fabric: Send + Sync {
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
         let _ = entries;
         Err(FabricError::Cq {
-            reason: format!("the {} fabric has no shared completion queues", self.kind()),
+            cause: SetupCause::refused(format!(
+                "the {} fabric has no shared completion queues",
+                self.kind()
+            )),
         })
     }
 }
@@ -1012,7 +1022,9 @@ mod tests {
             ..ok
         };
         assert_eq!(
-            no_send.check_within(&limits, "the test's"),
+            no_send
+                .check_within(&limits, "the test's")
+                .map_err(|e| e.to_string()),
             Err("max_send_wr 0 is outside 1..=64 (the test's limit)".to_string())
         );
         let sges = QpCaps {
@@ -1021,7 +1033,13 @@ mod tests {
         };
         assert_eq!(
             sges.check_within(&limits, "the test's"),
-            Err("max_send_sge 3 is outside 0..=2 (the test's limit)".to_string())
+            Err(CapsError::Field {
+                field: "max_send_sge",
+                asked: 3,
+                min: 0,
+                max: 2,
+                whose: "the test's",
+            })
         );
     }
 }

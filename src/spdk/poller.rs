@@ -132,11 +132,6 @@ impl SpdkPoller {
         self.register(period_us)
     }
 
-    /// Whether the function returned [`SpdkPoll::Stop`] (it runs no more).
-    pub fn stopped(&self) -> bool {
-        self.inner().raw.get().is_null()
-    }
-
     /// Lets the poller run until its function returns [`SpdkPoll::Stop`], with no handle.
     pub fn detach(self) {
         let inner = self.inner();
@@ -180,9 +175,11 @@ unsafe extern "C" fn trampoline(arg: *mut c_void) -> c_int {
     if r == SpdkPoll::Stop {
         inner.unregister();
     }
-    if inner.orphaned.get() && (r == SpdkPoll::Stop || inner.raw.get().is_null()) {
-        // SAFETY: no handle is left and the poller is unregistered: this was the last
-        // call; the state was made by Box::leak and is freed once, here.
+    // Unregistered (by Stop just now, or by a Drop during the run) with no handle left:
+    // this was the last call.
+    if inner.orphaned.get() && inner.raw.get().is_null() {
+        // SAFETY: no handle is left and the poller is unregistered, so SPDK makes no
+        // further call with it; the state was made by Box::leak and is freed once, here.
         drop(unsafe { Box::from_raw(inner_ptr) });
     }
     match r {

@@ -831,7 +831,7 @@ impl rtrs_spdk::fabric::Fabric for Restricted {
         }
         Err(rtrs_spdk::fabric::FabricError::Register {
             len: 0,
-            reason: "no fast-registration slot left (test)".into(),
+            cause: rtrs_spdk::fabric::SetupCause::refused("no fast-registration slot left (test)"),
         })
     }
     fn listen(

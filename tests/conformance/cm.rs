@@ -1,6 +1,8 @@
 //! Connection-manager scenarios: private data on REQ, REP and REJ, addresses, states.
 
-use rtrs_spdk::fabric::{CmEvent, ConnState, FabricError, PrivateData, PRIVATE_DATA_LEN};
+use rtrs_spdk::fabric::{
+    CapsError, CmEvent, ConnState, FabricError, PrivateData, QpCaps, SetupCause, PRIVATE_DATA_LEN,
+};
 use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
 
 use super::{connect_with, pattern, start_connect, wait_cm, wait_request, Backend, Side};
@@ -197,6 +199,55 @@ pub fn connect_to_nobody_fails(b: &dyn Backend) {
         "connect to {dst} with no listener: {ev:?}"
     );
     assert_ne!(client.conn.state(), ConnState::Connected);
+}
+
+/// Set-up errors keep their cause typed: queue sizes out of range name the field, and a
+/// second listener on a taken address says so, with the OS's error whole where the
+/// fabric asked the OS.
+pub fn setup_errors_keep_their_cause(b: &dyn Backend) {
+    let dst = b.listen_addr();
+    let no_send = QpCaps {
+        max_send_wr: 0,
+        ..b.caps()
+    };
+    let err = b
+        .client_fabric()
+        .connect(dst, &ConnectOptions::new(no_send, b"no send queue"))
+        .err()
+        .expect("a connection with no send work requests is refused at once");
+    assert!(matches!(err, FabricError::Connect { .. }), "{err:?}");
+    let Some(cause @ SetupCause::Caps(CapsError::Field { field, asked, .. })) = err.cause() else {
+        panic!("connect with max_send_wr 0: {err:?}");
+    };
+    assert_eq!((*field, *asked), ("max_send_wr", 0), "{err}");
+    let source = std::error::Error::source(&err).expect("the cause is the error's source");
+    assert_eq!(source.to_string(), cause.to_string());
+
+    let fabric = b.server_fabric();
+    let first = fabric
+        .listen(b.listen_addr(), &ListenOptions::default())
+        .expect("listen");
+    let taken = first.local_addr();
+    let err = fabric
+        .listen(taken, &ListenOptions::default())
+        .err()
+        .expect("a second listener on a taken address");
+    let FabricError::Listen { addr, cause } = &err else {
+        panic!("second listen on {taken}: {err:?}");
+    };
+    assert_eq!(*addr, taken, "{err}");
+    match &**cause {
+        SetupCause::Os { source, .. } | SetupCause::OnDevice { source, .. } => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+            // The whole chain, as a reporter walks it: error, cause, the OS's error.
+            let below = std::error::Error::source(&err)
+                .and_then(|cause| cause.source())
+                .expect("the OS error is the cause's source");
+            assert!(below.is::<std::io::Error>(), "{err:?}");
+        }
+        SetupCause::Refused(why) => assert!(why.contains("in use"), "{err}"),
+        other => panic!("second listen on {taken}: unexpected cause {other:?}"),
+    }
 }
 
 /// The next CM event of a side with no peer to poll.

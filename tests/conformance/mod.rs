@@ -173,6 +173,7 @@ macro_rules! conformance_tests {
             cm::connections_are_independent,
             cm::dropped_request_rejects,
             cm::connect_to_nobody_fails,
+            cm::setup_errors_keep_their_cause,
             data::send_into_posted_receive,
             data::send_with_imm_reports_imm,
             data::write_then_imm_is_ordered,

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rtrs_spdk::fabric::SetupCause;
 use rtrs_spdk::fabric::{
     mem, Access, Conn, ConnRequest, ConnectOptions, Cq, Fabric, FabricCaps, FabricError,
     FabricKind, FastMr, KeyScope, ListenOptions, Listener, MemBuf, Mr, Sge,
@@ -173,7 +174,9 @@ impl Fabric for MuxFabric {
             // Each real listener has its own key (rtrs_target_listen's 'psk').
             return Err(FabricError::Listen {
                 addr,
-                reason: "keys are set per listener, not on the server's listener set".into(),
+                cause: SetupCause::refused(
+                    "keys are set per listener, not on the server's listener set",
+                ),
             });
         }
         Ok(Box::new(MuxListener {

@@ -35,6 +35,7 @@ use super::{
     FabricKind, FastMr, KeyScope, ListenOptions, Listener, MemBuf, Mr, PendingConn, PrivateData,
     QpCaps,
 };
+use super::{CapsError, SetupCause};
 
 use crate::sync::lock;
 
@@ -214,7 +215,7 @@ const LOOPBACK_CAPS: FabricCaps = FabricCaps {
 };
 
 /// Checks queue sizes against [`LOOPBACK_CAPS`] ([`QpCaps::check_within`]).
-fn check_caps(caps: &QpCaps) -> Result<(), String> {
+fn check_caps(caps: &QpCaps) -> Result<(), CapsError> {
     caps.check_within(&LOOPBACK_CAPS, "the loopback's")
 }
 
@@ -245,14 +246,14 @@ impl Fabric for LoopbackFabric {
                 .free_port(addr.ip(), FIRST_LISTEN_PORT, names.next_listen_port)
                 .ok_or_else(|| FabricError::Listen {
                     addr,
-                    reason: "no free port left".into(),
+                    cause: SetupCause::refused("no free port left"),
                 })?;
             names.next_listen_port = port.checked_add(1).unwrap_or(FIRST_LISTEN_PORT);
             SocketAddr::new(addr.ip(), port)
         } else if names.taken(&addr) {
             return Err(FabricError::Listen {
                 addr,
-                reason: "address already in use in this loopback fabric".into(),
+                cause: SetupCause::refused("address already in use in this loopback fabric"),
             });
         } else {
             addr
@@ -307,14 +308,14 @@ impl LoopbackFabric {
         private_data: &[u8],
     ) -> Result<LoopbackConn, FabricError> {
         let private_data = PrivateData::new(private_data)?;
-        let fail = |reason: String| FabricError::Connect { addr: dst, reason };
-        check_caps(&caps).map_err(fail)?;
+        let fail = |cause: Box<SetupCause>| FabricError::Connect { addr: dst, cause };
+        check_caps(&caps).map_err(|e| fail(e.into()))?;
         let mut names = self.inner.names();
         let ip = match src {
             Some(src) if src.is_ipv4() != dst.is_ipv4() => {
-                return Err(fail(format!(
+                return Err(fail(SetupCause::refused(format!(
                     "source {src} and destination differ in IP version"
-                )));
+                ))));
             }
             Some(src) => src.ip(),
             None if dst.is_ipv4() => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -322,13 +323,15 @@ impl LoopbackFabric {
         };
         let local = match src.filter(|s| s.port() != 0) {
             Some(src) if names.taken(&src) => {
-                return Err(fail(format!("source {src}: address in use")));
+                return Err(fail(SetupCause::refused(format!(
+                    "source {src}: address in use"
+                ))));
             }
             Some(src) => src,
             None => {
                 let port = names
                     .free_port(ip, FIRST_EPHEMERAL_PORT, names.next_ephemeral_port)
-                    .ok_or_else(|| fail("no free local port left".into()))?;
+                    .ok_or_else(|| fail(SetupCause::refused("no free local port left")))?;
                 names.next_ephemeral_port = port.checked_add(1).unwrap_or(FIRST_EPHEMERAL_PORT);
                 SocketAddr::new(ip, port)
             }
@@ -416,9 +419,9 @@ impl PendingConn for Pending {
                 Some(d) if d.table.same_device(&self.table) => self.table = d.table.clone(),
                 _ => {
                     return Err(FabricError::Accept {
-                        reason:
-                            "the protection domain is not one of the listener's loopback fabric"
-                                .into(),
+                        cause: SetupCause::refused(
+                            "the protection domain is not one of the listener's loopback fabric",
+                        ),
                     })
                 }
             }
@@ -444,11 +447,14 @@ impl PendingConn for Pending {
 impl Pending {
     /// Accepts: the accepting end, established at once.
     fn answer(&self, caps: QpCaps, private_data: PrivateData) -> Result<LoopbackConn, FabricError> {
-        check_caps(&caps).map_err(|reason| FabricError::Accept { reason })?;
+        check_caps(&caps).map_err(|e| FabricError::Accept { cause: e.into() })?;
         let mut hs = self.link.handshake();
         if !matches!(*hs, Handshake::Requested) {
             return Err(FabricError::Accept {
-                reason: format!("the connecting end {} went away", self.link.addrs[CLIENT]),
+                cause: SetupCause::refused(format!(
+                    "the connecting end {} went away",
+                    self.link.addrs[CLIENT]
+                )),
             });
         }
         // Each direction holds at most its sender's max_send_wr frames. The request is

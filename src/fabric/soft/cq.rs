@@ -55,6 +55,7 @@ use std::sync::{Arc, Mutex};
 
 use super::MrTable;
 use crate::fabric::cq::{thread_token, OwnedByThread, ThreadToken};
+use crate::fabric::SetupCause;
 use crate::fabric::{
     CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
     PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
@@ -542,7 +543,9 @@ pub fn create_with<T: Member>(
 ) -> Result<Cq, FabricError> {
     if entries == 0 || entries > MAX_CQ_ENTRIES {
         return Err(FabricError::Cq {
-            reason: format!("{entries} entries is outside 1..={MAX_CQ_ENTRIES}"),
+            cause: SetupCause::refused(format!(
+                "{entries} entries is outside 1..={MAX_CQ_ENTRIES}"
+            )),
         });
     }
     let core = Core::<T> {
@@ -583,20 +586,20 @@ pub fn create_with<T: Member>(
 pub fn check<T: Member>(cq: &CqRef, table: &Arc<MrTable>) -> Result<(), FabricError> {
     match cq.backend().downcast_ref::<Shared<T>>() {
         Some(shared) if !shared.table.same_device(table) => Err(FabricError::Cq {
-            reason: format!(
+            cause: SetupCause::refused(format!(
                 "the {} completion queue belongs to another fabric instance",
                 cq.kind()
-            ),
+            )),
         }),
         Some(shared) if shared.broken.load(Ordering::Relaxed) => Err(FabricError::Cq {
-            reason: "the completion queue overran and is in error".into(),
+            cause: SetupCause::refused("the completion queue overran and is in error"),
         }),
         Some(_) => Ok(()),
         None => Err(FabricError::Cq {
-            reason: format!(
+            cause: SetupCause::refused(format!(
                 "a {} completion queue cannot take a connection of this fabric",
                 cq.kind()
-            ),
+            )),
         }),
     }
 }
@@ -610,7 +613,7 @@ pub fn attach<T: Member>(cq: &CqRef, conn: T) -> Result<Box<dyn Conn>, FabricErr
     check::<T>(cq, conn.table())?;
     let Some(shared) = cq.backend().downcast_ref::<Shared<T>>() else {
         return Err(FabricError::Cq {
-            reason: "not a software completion queue".into(),
+            cause: SetupCause::refused("not a software completion queue"),
         });
     };
     let (qp_num, caps) = (conn.qp_num(), conn.caps());

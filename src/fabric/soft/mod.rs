@@ -27,6 +27,7 @@ pub use table::{Leases, MemRef, MrTable, TableFull, MAX_MR_SIZE};
 use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
+use crate::fabric::SetupCause;
 use crate::fabric::{Access, FabricError, FabricKind, FastMr, KeyScope, MemBuf, Mr, Sge};
 
 /// The `Fabric` methods both software fabrics answer alike, inside their `impl Fabric`:
@@ -81,10 +82,10 @@ impl Registrations<'_> {
         if len == 0 || len as u64 > self.max_len {
             return Err(FabricError::Register {
                 len,
-                reason: format!(
+                cause: SetupCause::refused(format!(
                     "{} fabric registrations must be 1..={} bytes (max_mr_size)",
                     self.kind, self.max_len
-                ),
+                )),
             });
         }
         Ok(())
@@ -93,7 +94,7 @@ impl Registrations<'_> {
     fn full(len: usize, e: TableFull) -> FabricError {
         FabricError::Register {
             len,
-            reason: e.to_string(),
+            cause: SetupCause::refused(e.to_string()),
         }
     }
 
@@ -117,7 +118,7 @@ impl Registrations<'_> {
         if addr.is_null() {
             return Err(FabricError::Register {
                 len,
-                reason: "null address".into(),
+                cause: SetupCause::refused("null address"),
             });
         }
         self.table

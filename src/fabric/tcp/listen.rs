@@ -32,6 +32,7 @@ use super::sys;
 use super::TcpFabric;
 use crate::fabric::admission::{self, Admission};
 use crate::fabric::soft::{self, MrTable};
+use crate::fabric::SetupCause;
 use crate::fabric::{
     Conn, ConnRequest, CqRef, Fabric, FabricError, Listener, PendingConn, PrivateData, Psk, QpCaps,
 };
@@ -87,13 +88,13 @@ impl TcpListener {
         psk: Option<Psk>,
         readiness: TcpReadiness,
     ) -> Result<TcpListener, FabricError> {
-        let fail = |call: &str, e: io::Error| FabricError::Listen {
+        let fail = |call: &'static str, e: io::Error| FabricError::Listen {
             addr,
-            reason: format!("{call}: {e}"),
+            cause: SetupCause::os(call, e),
         };
         admission.validate().map_err(|e| FabricError::Listen {
             addr,
-            reason: format!("admission limits: {e}"),
+            cause: e.into(),
         })?;
         let sock = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -306,8 +307,9 @@ impl PendingConn for TcpPending {
                 Some(d) if d.table().same_device(&self.table) => self.table = d.table().clone(),
                 _ => {
                     return Err(FabricError::Accept {
-                        reason: "the protection domain is not one of the listener's tcp fabric"
-                            .into(),
+                        cause: SetupCause::refused(
+                            "the protection domain is not one of the listener's tcp fabric",
+                        ),
                     })
                 }
             }
@@ -335,9 +337,9 @@ impl PendingConn for TcpPending {
 impl TcpPending {
     /// Accepts: CM_REP goes out and the connection is established.
     fn answer(&mut self, caps: QpCaps, private_data: PrivateData) -> Result<TcpConn, FabricError> {
-        check_caps(caps).map_err(|reason| FabricError::Accept { reason })?;
+        check_caps(caps).map_err(|e| FabricError::Accept { cause: e.into() })?;
         let stream = self.stream.take().ok_or_else(|| FabricError::Accept {
-            reason: "the connect request was already answered".into(),
+            cause: SetupCause::refused("the connect request was already answered"),
         })?;
         Ok(TcpConn::accepted(
             stream,

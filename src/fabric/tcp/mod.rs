@@ -43,6 +43,8 @@ pub use ready::{TcpReadiness, READINESS_ENV};
 
 use crate::fabric::mem::Backing;
 use crate::fabric::soft::{self, MrTable};
+use crate::fabric::CapsError;
+use crate::fabric::SetupCause;
 use crate::fabric::{
     Access, Conn, ConnectOptions, Cq, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
     KeyScope, ListenOptions, Listener, MemBuf, Mr, PrivateData, Psk, QpCaps,
@@ -142,7 +144,7 @@ impl Default for TcpFabric {
 }
 
 /// Checks queue sizes against [`TCP_CAPS`] ([`QpCaps::check_within`]).
-fn check_caps(caps: QpCaps) -> Result<(), String> {
+fn check_caps(caps: QpCaps) -> Result<(), CapsError> {
     caps.check_within(&TCP_CAPS, "the tcp fabric's")
 }
 
@@ -214,26 +216,25 @@ impl TcpFabric {
         psk: Option<&Psk>,
     ) -> Result<TcpConn, FabricError> {
         let pd = PrivateData::new(private_data)?;
-        let fail = |reason: String| FabricError::Connect { addr: dst, reason };
-        check_caps(caps).map_err(fail)?;
+        let fail = |cause: Box<SetupCause>| FabricError::Connect { addr: dst, cause };
+        let os = |call| move |e| fail(SetupCause::os(call, e));
+        check_caps(caps).map_err(|e| fail(e.into()))?;
         let sock = socket2::Socket::new(
             socket2::Domain::for_address(dst),
             socket2::Type::STREAM,
             Some(socket2::Protocol::TCP),
         )
-        .map_err(|e| fail(format!("socket: {e}")))?;
-        sock.set_nonblocking(true)
-            .map_err(|e| fail(format!("set_nonblocking: {e}")))?;
-        sock.set_tcp_nodelay(true)
-            .map_err(|e| fail(format!("TCP_NODELAY: {e}")))?;
+        .map_err(os("socket"))?;
+        sock.set_nonblocking(true).map_err(os("set_nonblocking"))?;
+        sock.set_tcp_nodelay(true).map_err(os("TCP_NODELAY"))?;
         if let Some(src) = src {
             if src.is_ipv4() != dst.is_ipv4() {
-                return Err(fail(format!(
+                return Err(fail(SetupCause::refused(format!(
                     "source {src} and destination differ in IP version"
-                )));
+                ))));
             }
             sock.bind(&src.into())
-                .map_err(|e| fail(format!("bind to source {src}: {e}")))?;
+                .map_err(|source| fail(Box::new(SetupCause::Bind { addr: src, source })))?;
         }
         let connect_error = match sock.connect(&dst.into()) {
             Ok(()) => None,

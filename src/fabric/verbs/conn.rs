@@ -14,6 +14,7 @@ use super::sys::{
     self, CmId, Endpoint, EventChannel, MemWindow, SendReq, SendReqOp, WindowKind, MAX_CHAIN,
 };
 use super::{wc, Domain, Shared};
+use crate::fabric::SetupCause;
 use crate::fabric::{
     CmEvent, Conn, ConnState, FabricError, Hca, PostError, PostErrorKind, PrivateData, QpCaps,
     RecvWr, SendOp, SendWr, Wc,
@@ -61,12 +62,12 @@ pub(super) enum Slots {
 
 impl Slots {
     /// A shadow for a connection with queues of `caps`, on `cq` or on its own CQ.
-    pub(super) fn new(cq: Option<&Arc<CqShare>>, caps: QpCaps) -> Result<Slots, String> {
+    pub(super) fn new(cq: Option<&Arc<CqShare>>, caps: QpCaps) -> Result<Slots, Box<SetupCause>> {
         match cq {
             None => Ok(Slots::Own(QueueSlots::new(caps))),
-            Some(s) if s.overrun.load(Ordering::Relaxed) => {
-                Err("the completion queue overran and is in error".into())
-            }
+            Some(s) if s.overrun.load(Ordering::Relaxed) => Err(SetupCause::refused(
+                "the completion queue overran and is in error",
+            )),
             Some(s) => Ok(Slots::Shared {
                 share: s.clone(),
                 cell: shadow(caps),
@@ -134,9 +135,9 @@ impl VerbsConn {
     ) -> Result<VerbsConn, FabricError> {
         let err = |e: super::sys::SysError| FabricError::Connect {
             addr: dst,
-            reason: e.to_string(),
+            cause: e.into(),
         };
-        let slots = Slots::new(cq, caps).map_err(|reason| FabricError::Cq { reason })?;
+        let slots = Slots::new(cq, caps).map_err(|cause| FabricError::Cq { cause })?;
         let channel = EventChannel::create().map_err(err)?;
         let id = CmId::create(&channel).map_err(err)?;
         // Until the address is resolved, any present device stands in.
@@ -146,7 +147,7 @@ impl VerbsConn {
             .next()
             .ok_or_else(|| FabricError::Connect {
                 addr: dst,
-                reason: "no RDMA device is present now".into(),
+                cause: SetupCause::refused("no RDMA device is present now"),
             })?;
         id.resolve_addr(src, dst, RESOLVE_TIMEOUT_MS).map_err(err)?;
         Ok(VerbsConn {

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use super::sys::{MemRegion, Pd};
 use crate::fabric::mem::Backing;
+use crate::fabric::SetupCause;
 use crate::sync::lock;
 
 /// One registration: its memory and rights, and its region on each device.
@@ -70,16 +71,16 @@ impl KeyMap {
         pds: &[Option<Arc<Pd>>],
         backing: Arc<Backing>,
         access: u32,
-    ) -> Result<Made, String> {
+    ) -> Result<Made, Box<SetupCause>> {
         let mut per: Box<[Option<Arc<MemRegion>>]> = (0..self.slots).map(|_| None).collect();
         for (i, pd) in pds.iter().enumerate().take(self.slots) {
             let Some(pd) = pd else { continue };
             let region = MemRegion::register(pd, backing.clone(), access)
-                .map_err(|e| format!("{e} (on {})", pd.device().name()))?;
+                .map_err(|e| e.on(pd.device().name()))?;
             per[i] = Some(Arc::new(region));
         }
         let Some(first) = per.iter().flatten().next().cloned() else {
-            return Err("no RDMA device is present".into());
+            return Err(SetupCause::refused("no RDMA device is present"));
         };
         let rkeys: Arc<[AtomicU32]> = per
             .iter()

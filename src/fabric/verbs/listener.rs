@@ -17,6 +17,7 @@ use super::conn::{Slots, VerbsConn};
 use super::cq::CqShare;
 use super::sys::{CmEventKind, CmId, Endpoint, EventChannel, RawEvent, WakeSet};
 use super::{Domain, Shared};
+use crate::fabric::SetupCause;
 use crate::fabric::{
     Conn, ConnRequest, CqRef, Fabric, FabricError, Hca, Listener, PendingConn, PrivateData, QpCaps,
 };
@@ -46,10 +47,13 @@ pub(super) struct VerbsListener {
 }
 
 /// A listening id on `addr`, with the device it is bound to.
-fn listen_on(dom: &Domain, addr: SocketAddr) -> Result<(CmId, Option<Arc<Shared>>), String> {
-    let channel = EventChannel::create().map_err(|e| e.to_string())?;
-    let id = CmId::create(&channel).map_err(|e| e.to_string())?;
-    id.bind_addr(addr).map_err(|e| e.to_string())?;
+fn listen_on(
+    dom: &Domain,
+    addr: SocketAddr,
+) -> Result<(CmId, Option<Arc<Shared>>), Box<SetupCause>> {
+    let channel = EventChannel::create()?;
+    let id = CmId::create(&channel)?;
+    id.bind_addr(addr)?;
     let shared = if id.is_bound() {
         let Some(sh) = dom.on(&id) else {
             let names: Vec<String> = dom
@@ -57,16 +61,16 @@ fn listen_on(dom: &Domain, addr: SocketAddr) -> Result<(CmId, Option<Arc<Shared>
                 .iter()
                 .map(|s| s.pd.device().name().to_owned())
                 .collect();
-            return Err(format!(
+            return Err(SetupCause::refused(format!(
                 "the address belongs to an RDMA device this fabric does not use (it has {})",
                 names.join(", ")
-            ));
+            )));
         };
         Some(sh)
     } else {
         None
     };
-    id.listen(BACKLOG).map_err(|e| e.to_string())?;
+    id.listen(BACKLOG)?;
     Ok((id, shared))
 }
 
@@ -75,7 +79,7 @@ impl VerbsListener {
     /// address on every device.
     pub fn bind(dom: Arc<Domain>, addr: SocketAddr) -> Result<VerbsListener, FabricError> {
         let (id, shared) =
-            listen_on(&dom, addr).map_err(|reason| FabricError::Listen { addr, reason })?;
+            listen_on(&dom, addr).map_err(|cause| FabricError::Listen { addr, cause })?;
         let local = id.local_addr().unwrap_or(addr);
         let wake = WakeSet::new()
             .map_err(|e| tracing::warn!(%addr, "listener: no wake-up descriptor: {e}"))
@@ -289,10 +293,10 @@ impl VerbsPending {
                     .filter(|s| Arc::ptr_eq(&s.gone, &self.shared.gone))
                 else {
                     return Err(FabricError::Accept {
-                        reason: format!(
+                        cause: SetupCause::refused(format!(
                             "the RDMA device {} has gone",
                             self.shared.pd.device().name()
-                        ),
+                        )),
                     });
                 };
                 self.shared = sh;
@@ -300,7 +304,9 @@ impl VerbsPending {
             }
             _ => {
                 return Err(FabricError::Accept {
-                    reason: "the protection domain is not one of the listener's fabric".into(),
+                    cause: SetupCause::refused(
+                        "the protection domain is not one of the listener's fabric",
+                    ),
                 })
             }
         }
@@ -314,18 +320,18 @@ impl VerbsPending {
         private_data: PrivateData,
         cq: Option<&Arc<CqShare>>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let err = |reason: String| FabricError::Accept { reason };
+        let err = |cause: Box<SetupCause>| FabricError::Accept { cause };
         // On this error `self` is dropped, which rejects the request.
-        super::check_caps(&self.shared, caps).map_err(err)?;
+        super::check_caps(&self.shared, caps).map_err(|e| err(e.into()))?;
         let mut ep = self
             .ep
             .take()
-            .ok_or_else(|| err("request already answered".to_owned()))?;
+            .ok_or_else(|| err(SetupCause::refused("request already answered")))?;
         let slots = match Slots::new(cq, caps) {
             Ok(s) => s,
-            Err(reason) => {
+            Err(cause) => {
                 let _ = ep.id().reject(&PrivateData::empty());
-                return Err(FabricError::Cq { reason });
+                return Err(FabricError::Cq { cause });
             }
         };
         let raw_cq = match cq.map(|c| c.device_cq(&self.shared)) {
@@ -333,10 +339,10 @@ impl VerbsPending {
             Some(Some(q)) => Some(q),
             Some(None) => {
                 let _ = ep.id().reject(&PrivateData::empty());
-                return Err(err(format!(
+                return Err(err(SetupCause::refused(format!(
                     "the RDMA device {} has gone",
                     self.shared.pd.device().name()
-                )));
+                ))));
             }
         };
         let granted = match ep.create_qp(
@@ -348,12 +354,12 @@ impl VerbsPending {
             Ok(granted) => granted,
             Err(e) => {
                 let _ = ep.id().reject(&PrivateData::empty());
-                return Err(err(e.to_string()));
+                return Err(err(e.into()));
             }
         };
         ep.id()
             .accept(&private_data, RNR_RETRY_COUNT)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         Ok(Box::new(VerbsConn::accepted(
             self.dom.clone(),
             self.shared.clone(),

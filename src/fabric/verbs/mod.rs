@@ -68,6 +68,7 @@ use crate::fabric::{
     Access, Conn, ConnectOptions, Cq, CqRef, Fabric, FabricCaps, FabricError, FabricKind, FastMr,
     KeyScope, ListenOptions, Listener, MemBuf, Mr, PrivateData, QpCaps,
 };
+use crate::fabric::{CapsError, SetupCause};
 use crate::sync::lock;
 
 const NO_DEVICE_HINT: &str = "is an RDMA NIC or rxe/siw configured (see `rdma link show`)?";
@@ -604,11 +605,11 @@ impl VerbsFabric {
 
     fn register_backing(&self, backing: Arc<Backing>, access: Access) -> Result<Mr, FabricError> {
         let len = backing.len();
-        let fail = |reason: String| FabricError::Register { len, reason };
+        let fail = |cause: Box<SetupCause>| FabricError::Register { len, cause };
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
-            return Err(fail(
-                "REMOTE_WRITE needs LOCAL_WRITE on verbs (ibv_reg_mr refuses it alone)".into(),
-            ));
+            return Err(fail(SetupCause::refused(
+                "REMOTE_WRITE needs LOCAL_WRITE on verbs (ibv_reg_mr refuses it alone)",
+            )));
         }
         // No device comes or goes while the registration is made on each.
         let _st = lock(&self.dom.table.state);
@@ -620,11 +621,11 @@ impl VerbsFabric {
             .collect();
         for sh in self.dom.present() {
             if len as u64 > sh.caps.max_mr_size {
-                return Err(fail(format!(
+                return Err(fail(SetupCause::refused(format!(
                     "longer than the max_mr_size of {} bytes of {}",
                     sh.caps.max_mr_size,
                     sh.pd.device().name()
-                )));
+                ))));
             }
         }
         let made = self
@@ -679,15 +680,14 @@ fn open_device(name: &str) -> Result<DevInfo, FabricError> {
 }
 
 /// Checks requested queue sizes against the device; the message names the field.
-fn check_caps(shared: &Shared, caps: QpCaps) -> Result<(), String> {
+fn check_caps(shared: &Shared, caps: QpCaps) -> Result<(), CapsError> {
     caps.check_within(&shared.caps, "the device's")?;
     let cqe = u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr);
     if cqe > u64::from(shared.attr.max_cqe) {
-        return Err(format!(
-            "max_send_wr + max_recv_wr = {cqe} exceeds the device's max_cqe of {} (one CQ \
-             serves both queues)",
-            shared.attr.max_cqe
-        ));
+        return Err(CapsError::Cqe {
+            cqe,
+            max_cqe: shared.attr.max_cqe,
+        });
     }
     Ok(())
 }
@@ -742,12 +742,10 @@ impl Fabric for VerbsFabric {
             KeyScope::Domain => sys::WindowKind::Type1,
             KeyScope::Connection => sys::WindowKind::Type2,
         };
+        // The call named is ibv_alloc_mw, for a `scope`-scope fast-registration slot.
         let mw = sys::MemWindow::alloc(&sh.pd, kind).map_err(|e| FabricError::Register {
             len: 0,
-            reason: format!(
-                "{e} (a {scope:?}-scope fast-registration slot on {})",
-                sh.pd.device().name()
-            ),
+            cause: e.on(sh.pd.device().name()),
         })?;
         Ok(FastMr::from_parts(mw.rkey(), Box::new(mw)))
     }
@@ -773,8 +771,10 @@ impl Fabric for VerbsFabric {
         let data = PrivateData::new(o.private_data)?;
         // Checked against the device the address resolves to once it is known; here
         // against what no device of the fabric can give.
-        check_caps_any(&self.dom, o.caps)
-            .map_err(|reason| FabricError::Connect { addr: dst, reason })?;
+        check_caps_any(&self.dom, o.caps).map_err(|e| FabricError::Connect {
+            addr: dst,
+            cause: e.into(),
+        })?;
         let share = match o.cq {
             Some(cq) => Some(own_cq(&self.dom, cq)?),
             None => None,
@@ -799,7 +799,9 @@ impl Fabric for VerbsFabric {
             .unwrap_or(0);
         if entries == 0 || entries > max {
             return Err(FabricError::Cq {
-                reason: format!("{entries} entries is outside 1..={max} (the device's max_cqe)"),
+                cause: SetupCause::refused(format!(
+                    "{entries} entries is outside 1..={max} (the device's max_cqe)"
+                )),
             });
         }
         let cq = cq::VerbsCq::new(&self.dom, entries).map_err(|e| FabricError::Os {
@@ -812,8 +814,8 @@ impl Fabric for VerbsFabric {
 
 /// [`check_caps`] against the device of the fabric with the largest limits: a request
 /// none of them can take fails at once, before any address is resolved.
-fn check_caps_any(dom: &Domain, caps: QpCaps) -> Result<(), String> {
-    let mut last = Err("no RDMA device is present".to_owned());
+fn check_caps_any(dom: &Domain, caps: QpCaps) -> Result<(), CapsError> {
+    let mut last = Err(CapsError::NoDevice);
     for sh in dom.present() {
         last = check_caps(&sh, caps);
         if last.is_ok() {
@@ -829,13 +831,13 @@ fn own_cq(dom: &Domain, cq: &CqRef) -> Result<Arc<cq::CqShare>, FabricError> {
         // The fabric's CQs take connections of every protection domain of it.
         Ok(v) if v.is_of(&dom.table) => Ok(v),
         Ok(_) => Err(FabricError::Cq {
-            reason: "the completion queue belongs to another verbs fabric".into(),
+            cause: SetupCause::refused("the completion queue belongs to another verbs fabric"),
         }),
         Err(_) => Err(FabricError::Cq {
-            reason: format!(
+            cause: SetupCause::refused(format!(
                 "a {} completion queue cannot take a verbs connection",
                 cq.kind()
-            ),
+            )),
         }),
     }
 }

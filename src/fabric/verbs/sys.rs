@@ -27,6 +27,7 @@ use std::sync::Arc;
 use rdma_sys as ffi;
 
 use crate::fabric::mem::Backing;
+use crate::fabric::SetupCause;
 
 mod cm;
 mod qp;
@@ -73,7 +74,22 @@ impl std::fmt::Display for SysError {
     }
 }
 
+impl From<SysError> for Box<SetupCause> {
+    fn from(e: SysError) -> Self {
+        SetupCause::os(e.call, e.source)
+    }
+}
+
 impl SysError {
+    /// The cause of a set-up failure on the RDMA device `device`.
+    pub fn on(self, device: &str) -> Box<SetupCause> {
+        Box::new(SetupCause::OnDevice {
+            call: self.call,
+            device: device.to_owned(),
+            source: self.source,
+        })
+    }
+
     /// From `errno` after a call that returned -1 or NULL.
     fn last(call: &'static str) -> SysError {
         let mut source = io::Error::last_os_error();
