@@ -4,6 +4,8 @@
 //! - [`thread`]: SPDK threads, the application's cores, messages, ticks.
 //! - [`export`]: an SPDK bdev as an RNBD export backend (descriptor, per-thread channel,
 //!   IO submission with `spdk_bdev_queue_io_wait` on −ENOMEM, hot remove).
+//! - [`io_device`]: io_devices whose channel contexts are Rust values, made and dropped
+//!   on the channel's thread ([`IoDevice`], [`IoChannel`]).
 //! - [`bdev_io`]: the other side, a bdev IO handed to a bdev module (fields, buffer,
 //!   per-IO context, completion).
 //! - [`dma`]: session chunk pools from SPDK DMA memory (the server's chunk allocator
@@ -23,6 +25,7 @@ pub mod bdev_io;
 pub mod dma;
 pub mod driver;
 pub mod export;
+pub mod io_device;
 pub mod json;
 pub mod keyring;
 pub mod log;
@@ -32,8 +35,7 @@ pub mod thread;
 
 pub use bdev_io::{BdevIo, BdevIoType, GotBuf};
 pub use driver::{Driver, DriverError};
+pub use io_device::{channel_ctx, ChannelCtx, IoChannel, IoDevice};
 pub use json::RpcRequest;
 pub use poller::{poll_until, SpdkPoll, SpdkPoller};
-pub use thread::{
-    app_cores, interrupt_mode, io_channel_ctx, loop_now_ns, now_ns, MsgError, SpdkThread,
-};
+pub use thread::{app_cores, interrupt_mode, loop_now_ns, now_ns, MsgError, SpdkThread};

@@ -198,13 +198,3 @@ pub fn interrupt_mode() -> bool {
     // SAFETY: reads a flag set once at application start; no arguments.
     unsafe { sys::spdk_interrupt_mode_is_enabled() }
 }
-
-/// The context of an I/O channel: the bytes SPDK allocates after the channel's header
-/// for the io_device's `ctx_size` (what `spdk_io_channel_get_ctx`, a static inline the
-/// bindings lack, computes). Only an address: reading it is the caller's to justify.
-pub fn io_channel_ctx<T>(ch: NonNull<sys::spdk_io_channel>) -> *mut T {
-    ch.as_ptr()
-        .cast::<u8>()
-        .wrapping_add(sys::SPDK_IO_CHANNEL_STRUCT_SIZE as usize)
-        .cast::<T>()
-}

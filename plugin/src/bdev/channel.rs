@@ -17,14 +17,12 @@
 //! the channel's watches it meanwhile.
 
 use std::cell::RefCell;
-use std::ffi::{c_int, c_void};
-use std::mem::size_of;
 use std::ptr;
 use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
 use rtrs_spdk::spdk::{
-    io_channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, GotBuf, SpdkPoll, SpdkPoller,
+    channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, ChannelCtx, GotBuf, SpdkPoll, SpdkPoller,
 };
 use rtrs_spdk::Errno;
 
@@ -36,7 +34,7 @@ use super::task::{ChanShared, TaskRef};
 const RESET_POLL_US: u64 = 100;
 
 /// The channel context (in SPDK's channel memory). Used on the channel's thread only.
-struct ChanCtx {
+pub struct ChanCtx {
     disk: Arc<Disk>,
     shared: Arc<ChanShared>,
     /// The session's core on this CPU core.
@@ -49,64 +47,50 @@ struct ChanCtx {
     reset_poller: RefCell<Option<SpdkPoller>>,
 }
 
-pub fn chan_ctx_size() -> u32 {
-    size_of::<ChanCtx>() as u32
-}
+impl ChannelCtx for ChanCtx {
+    type Device = Disk;
 
-/// `spdk_io_device_register`'s create callback; `io_device` is the disk.
-pub unsafe extern "C" fn chan_create(io_device: *mut c_void, ctx_buf: *mut c_void) -> c_int {
-    // SAFETY: the io_device is the address of a disk kept alive by the bdev (see
-    // module::register), which outlives its channels.
-    let disk = unsafe {
-        Arc::increment_strong_count(io_device as *const Disk);
-        Arc::from_raw(io_device as *const Disk)
-    };
-    let group = match GroupRef::get() {
-        Ok(g) => g,
-        Err(e) => return e.neg(),
-    };
-    // SAFETY: plain query of the calling thread's core.
-    let cpu = unsafe { sys::spdk_env_get_current_core() };
-    let core = disk.sess.core_of_cpu(cpu);
-    group.with(|g| {
-        if let Some(g) = g {
-            g.join(&disk.sess, core);
-        }
-    });
-    let shared = Arc::new(ChanShared::new(group.shared()));
-    disk.add_channel(&shared);
-    let ctx = ctx_buf.cast::<ChanCtx>();
-    // SAFETY: SPDK gives `chan_ctx_size()` bytes, suitably aligned, ours until destroy.
-    unsafe {
-        ptr::write(
-            ctx,
-            ChanCtx {
-                disk,
-                shared,
-                core,
-                group,
-                resets: RefCell::new(Vec::new()),
-                reset_poller: RefCell::new(None),
-            },
-        );
-    }
-    0
-}
-
-/// `spdk_io_device_register`'s destroy callback.
-pub unsafe extern "C" fn chan_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void) {
-    let ctx = ctx_buf.cast::<ChanCtx>();
-    // SAFETY: the context written by chan_create, destroyed once, on its thread.
-    unsafe {
-        let c = ptr::read(ctx);
-        drop(c.reset_poller.take());
-        c.group.with(|g| {
+    /// A channel of `disk` on the calling thread: joins its thread's poll group for the
+    /// session's core of this CPU.
+    fn create(disk: &Arc<Disk>) -> Result<ChanCtx, Errno> {
+        let group = GroupRef::get()?;
+        // SAFETY: plain query of the calling thread's core.
+        let cpu = unsafe { sys::spdk_env_get_current_core() };
+        let core = disk.sess.core_of_cpu(cpu);
+        group.with(|g| {
             if let Some(g) = g {
-                g.leave(&c.disk.sess, c.core);
+                g.join(&disk.sess, core);
             }
         });
-        c.disk.remove_channel(&c.shared);
-        c.group.put();
+        let shared = Arc::new(ChanShared::new(group.shared()));
+        disk.add_channel(&shared);
+        Ok(ChanCtx {
+            disk: Arc::clone(disk),
+            shared,
+            core,
+            group,
+            resets: RefCell::new(Vec::new()),
+            reset_poller: RefCell::new(None),
+        })
+    }
+
+    /// The bdev was destructed and its last channel is gone: the disk closes.
+    fn device_gone(disk: Arc<Disk>) {
+        disk.close();
+    }
+}
+
+impl Drop for ChanCtx {
+    /// The channel goes (on its thread): its reset poller first, then its place in the
+    /// poll group and the disk; the group's channel is put with the field.
+    fn drop(&mut self) {
+        drop(self.reset_poller.take());
+        self.group.with(|g| {
+            if let Some(g) = g {
+                g.leave(&self.disk.sess, self.core);
+            }
+        });
+        self.disk.remove_channel(&self.shared);
     }
 }
 
@@ -151,12 +135,10 @@ fn reset_poll(ctx: &ChanCtx) -> SpdkPoll {
 /// The context of one of our channels.
 ///
 /// # Safety
-/// `ch` must be a live channel of our io_device, used on its thread: its context
-/// (written by chan_create, alive until chan_destroy) follows the channel header.
+/// `ch` must be a live channel of a disk's io_device, used on its thread.
 unsafe fn ctx_of<'a>(ch: *mut sys::spdk_io_channel) -> &'a ChanCtx {
-    // SAFETY: per the contract: `ch` is a live channel (so not null) whose context is a
-    // ChanCtx.
-    unsafe { &*io_channel_ctx::<ChanCtx>(ptr::NonNull::new_unchecked(ch)) }
+    // SAFETY: per the contract: the disk's io_device is an IoDevice<ChanCtx>.
+    unsafe { channel_ctx::<ChanCtx>(ch) }
 }
 
 /// `fn_table.submit_request`.
@@ -176,7 +158,7 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
         if p.is_none() {
             let chan = ptr::from_ref(ctx);
             let run = move || {
-                // SAFETY: the channel context outlives its poller (chan_destroy drops the
+                // SAFETY: the channel context outlives its poller (its Drop drops the
                 // poller first), which runs on the channel's thread only.
                 let ctx = unsafe { &*chan };
                 reset_poll(ctx)

@@ -1,6 +1,6 @@
 //! Poll groups, as `bdev_nvme`'s `nvme_poll_group` (docs/ARCHITECTURE.md, "The SPDK bdev:
 //! poll groups"): a group is the context of an IO channel of the module's io_device
-//! ([`GROUP`]), one per SPDK thread with rtrs bdev channels; its one poller polls every
+//! ([`GROUPS`]), one per SPDK thread with rtrs bdev channels; its one poller polls every
 //! session core queue ([`CoreQueue`]) the group owns and completes its channels' IO.
 //!
 //! What holds here: a queue has one owner at a time, a group or *home* ([`Home`]: the
@@ -12,9 +12,7 @@
 //! goes back through its own group's `done` queue. A thread SPDK moves to another CPU
 //! keeps its queues.
 
-use std::cell::{Cell, RefCell};
-use std::ffi::{c_int, c_void};
-use std::mem::size_of;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_queue::SegQueue;
 use rtrs_spdk::engine::{Ctx, PaceState, PollPace, PollResult, Poller};
 use rtrs_spdk::spdk::{
-    interrupt_mode, io_channel_ctx, loop_now_ns, sys, Driver, SpdkPoll, SpdkPoller, SpdkThread,
+    interrupt_mode, loop_now_ns, sys, ChannelCtx, Driver, IoChannel, IoDevice, SpdkPoll,
+    SpdkPoller, SpdkThread,
 };
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
@@ -31,12 +30,9 @@ use super::core_queue::{CoreQueue, Finished};
 use super::sess::Sess;
 use super::task::TaskRef;
 
-/// The module's io_device whose channels are the poll groups (its address is the key).
-static GROUP: u8 = 0;
-
-fn group_key() -> *mut c_void {
-    ptr::addr_of!(GROUP).cast_mut().cast()
-}
+/// The module's io_device whose channels are the poll groups (registered from module
+/// init to fini).
+static GROUPS: Mutex<Option<IoDevice<Group>>> = Mutex::new(None);
 
 /// Period (µs) of home's pollers while they find work: a control step of a session may
 /// wait up to one period, and work handed to home wakes it ([`GroupShared::kick`]). Each
@@ -432,12 +428,12 @@ const GROUP_PACE: PollPace = PollPace {
     slow_after: 2000,
 };
 
-/// A poll group: the context of a channel of [`GROUP`] on a thread other than home's.
-struct Group {
+/// A poll group: the context of a channel of [`GROUPS`] on a thread other than home's.
+pub struct Group {
     state: RefCell<GroupState>,
     out: RefCell<Vec<Finished>>,
-    /// Set once at creation, dropped first at destruction.
-    poller: Option<SpdkPoller>,
+    /// Set once the group is in place, dropped first at destruction.
+    poller: OnceCell<SpdkPoller>,
     /// In interrupt mode: where the poller is in [`GROUP_PACE`].
     pace: Cell<Option<PaceState>>,
 }
@@ -445,10 +441,7 @@ struct Group {
 impl Group {
     /// Moves the poller to `period_us` (a failure leaves the old period).
     fn repace(&self, period_us: u64) -> bool {
-        let moved = self
-            .poller
-            .as_ref()
-            .is_some_and(|p| p.set_period(period_us));
+        let moved = self.poller.get().is_some_and(|p| p.set_period(period_us));
         if !moved {
             tracing::warn!("rtrs bdev: a poll group's poller could not move to {period_us} µs");
         }
@@ -483,60 +476,51 @@ impl Group {
     }
 }
 
-unsafe extern "C" fn group_create(_io_device: *mut c_void, ctx_buf: *mut c_void) -> c_int {
-    // Home exists: a group is made only for a bdev channel, after a bdev was created.
-    let Some(home) = Home::existing() else {
-        tracing::error!("rtrs bdev: a poll group before any rtrs bdev");
-        return Errno::ENODEV.neg();
-    };
-    let shared = Arc::new(GroupShared::new(None));
-    let ctx = ctx_buf.cast::<Group>();
-    // SAFETY: SPDK gives `size_of::<Group>()` bytes, suitably aligned, ours until
-    // destroy.
-    unsafe {
-        ptr::write(
-            ctx,
-            Group {
-                state: RefCell::new(GroupState::new(shared, home, false)),
-                out: RefCell::new(Vec::with_capacity(256)),
-                poller: None,
-                pace: Cell::new(interrupt_mode().then(PaceState::default)),
-            },
-        );
+impl ChannelCtx for Group {
+    type Device = ();
+
+    fn create(_: &Arc<()>) -> Result<Group, Errno> {
+        // Home exists: a group is made only for a bdev channel, after a bdev was created.
+        let Some(home) = Home::existing() else {
+            tracing::error!("rtrs bdev: a poll group before any rtrs bdev");
+            return Err(Errno::ENODEV);
+        };
+        let shared = Arc::new(GroupShared::new(None));
+        Ok(Group {
+            state: RefCell::new(GroupState::new(shared, home, false)),
+            out: RefCell::new(Vec::with_capacity(256)),
+            poller: OnceCell::new(),
+            pace: Cell::new(interrupt_mode().then(PaceState::default)),
+        })
     }
-    let group = ctx.cast_const();
-    let run = move || {
-        // SAFETY: the group outlives its poller (group_destroy drops the poller first),
-        // which runs on the group's thread only.
-        let g = unsafe { &*group };
-        group_poll(g)
-    };
-    let poller = SpdkPoller::start(c"rtrs_group", 0, run);
-    let Some(poller) = poller else {
-        // SAFETY: written above, not yet shared with anyone.
-        unsafe { ptr::drop_in_place(ctx) };
-        return Errno::ENOMEM.neg();
-    };
-    // SAFETY: the group's own context, on its thread; the poller runs only on a later loop.
-    unsafe { (*ctx).poller = Some(poller) };
-    0
+
+    /// Starts the group's poller, which knows the group by its address (now final).
+    fn placed(&self) -> Result<(), Errno> {
+        let group = ptr::from_ref(self);
+        let run = move || {
+            // SAFETY: the group outlives its poller (its Drop drops the poller first),
+            // which runs on the group's thread only.
+            let g = unsafe { &*group };
+            group_poll(g)
+        };
+        let poller = SpdkPoller::start(c"rtrs_group", 0, run).ok_or(Errno::ENOMEM)?;
+        // Set once: SPDK places a context once.
+        let _ = self.poller.set(poller);
+        Ok(())
+    }
 }
 
-unsafe extern "C" fn group_destroy(_io_device: *mut c_void, ctx_buf: *mut c_void) {
-    let ctx = ctx_buf.cast::<Group>();
-    // SAFETY: the context written by group_create, destroyed once, on its thread; every
-    // bdev channel holding it is gone, so it has left every session core.
-    unsafe {
-        drop((*ctx).poller.take());
-        {
-            let mut st = (*ctx).state.borrow_mut();
-            st.take_gifts();
-            let owned = std::mem::take(&mut st.owned);
-            for q in owned {
-                st.give_home(q);
-            }
+impl Drop for Group {
+    /// On the group's thread, once every bdev channel holding it is gone (so it has left
+    /// every session core): the poller first, then the queues it still owns go home.
+    fn drop(&mut self) {
+        drop(self.poller.take());
+        let mut st = self.state.borrow_mut();
+        st.take_gifts();
+        let owned = std::mem::take(&mut st.owned);
+        for q in owned {
+            st.give_home(q);
         }
-        ptr::drop_in_place(ctx);
     }
 }
 
@@ -553,31 +537,22 @@ fn group_poll(g: &Group) -> SpdkPoll {
 
 /// Registers the groups' io_device (module init).
 pub fn register_groups() {
-    // SAFETY: our static's address as the io_device key, with our callbacks; registered
-    // once, unregistered at module fini.
-    unsafe {
-        sys::spdk_io_device_register(
-            group_key(),
-            Some(group_create),
-            Some(group_destroy),
-            size_of::<Group>() as u32,
-            c"rtrs_poll_group".as_ptr(),
-        );
-    }
+    *lock(&GROUPS) = Some(IoDevice::register(&Arc::new(()), c"rtrs_poll_group"));
 }
 
 /// Unregisters the groups' io_device (module fini, once every bdev channel is gone).
 pub fn unregister_groups() {
-    // SAFETY: registered by `register_groups`; no channel of it is left.
-    unsafe { sys::spdk_io_device_unregister(group_key(), None) };
+    if let Some(d) = lock(&GROUPS).take() {
+        d.unregister();
+    }
 }
 
-/// A bdev channel's hold on its thread's group: the channel of [`GROUP`], or home.
+/// A bdev channel's hold on its thread's group: the channel of [`GROUPS`], or home.
 pub enum GroupRef {
     /// The channel runs on home's thread: its IO goes through the session cores' inboxes
     /// and home's poller completes it.
     Home(Arc<Home>),
-    Group(*mut sys::spdk_io_channel),
+    Group(IoChannel<Group>),
 }
 
 impl GroupRef {
@@ -590,11 +565,7 @@ impl GroupRef {
         if home.is_current() {
             return Ok(GroupRef::Home(home));
         }
-        // SAFETY: our registered io_device; the channel is put in `put`.
-        let ch = unsafe { sys::spdk_get_io_channel(group_key()) };
-        if ch.is_null() {
-            return Err(Errno::ENOMEM);
-        }
+        let ch = lock(&GROUPS).as_ref().ok_or(Errno::ENODEV)?.channel()?;
         Ok(GroupRef::Group(ch))
     }
 
@@ -602,10 +573,7 @@ impl GroupRef {
     pub fn with<R>(&self, f: impl FnOnce(Option<&mut GroupState>) -> R) -> R {
         match self {
             GroupRef::Home(_) => f(None),
-            GroupRef::Group(ch) => {
-                // SAFETY: a live channel of GROUP (held until `put`, so not null), used on
-                // its thread; its context is a Group.
-                let g = unsafe { &*io_channel_ctx::<Group>(ptr::NonNull::new_unchecked(*ch)) };
+            GroupRef::Group(g) => {
                 let r = f(Some(&mut g.state.borrow_mut()));
                 g.wake();
                 r
@@ -618,14 +586,6 @@ impl GroupRef {
         match self {
             GroupRef::Home(h) => Arc::clone(&h.shared),
             GroupRef::Group(_) => self.with(|g| Arc::clone(g.expect("a group").shared())),
-        }
-    }
-
-    /// Gives the channel back (the bdev channel is destroyed).
-    pub fn put(self) {
-        if let GroupRef::Group(ch) = self {
-            // SAFETY: the channel got in `get`, put once, on its thread.
-            unsafe { sys::spdk_put_io_channel(ch) };
         }
     }
 }

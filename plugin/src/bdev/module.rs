@@ -5,14 +5,14 @@
 //! [`register`], which turns an opened disk into a registered `spdk_bdev` whose
 //! io_device is the disk (its channels are [`super::channel`]'s).
 
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::sync::{Arc, OnceLock};
 
 use rtrs_spdk::spdk::json::write_value;
-use rtrs_spdk::spdk::{sys, BdevIoType};
+use rtrs_spdk::spdk::{sys, BdevIoType, IoChannel, IoDevice};
 use serde_json::json;
 
-use super::channel;
+use super::channel::{self, ChanCtx};
 use super::disk::{self, errno_str, BdevPtr, Disk};
 use super::fabric;
 use super::group::{self, Home};
@@ -139,29 +139,25 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
     let me = Arc::into_raw(Arc::clone(disk)).cast_mut().cast::<c_void>();
     b.ctxt = me;
     let bdev = Box::into_raw(b);
-    // SAFETY: `me` is the disk, kept alive by the reference held in `ctxt` until the
-    // bdev is released; the callbacks are ours; the name is copied.
-    unsafe {
-        sys::spdk_io_device_register(
-            me,
-            Some(channel::chan_create),
-            Some(channel::chan_destroy),
-            channel::chan_ctx_size(),
-            (*bdev).name,
-        );
-    }
+    // The disk's channels; its key is the disk's address, as `ctxt` is (`destruct` and
+    // `get_io_channel` find it by that).
+    // SAFETY: the name was just set from a CString, alive until the bdev is freed.
+    let io_device = IoDevice::<ChanCtx>::register(disk, unsafe { CStr::from_ptr((*bdev).name) });
     // SAFETY: a fully set up bdev, registered once on the application thread.
     let rc = unsafe { sys::spdk_bdev_register(bdev) };
     if rc != 0 {
+        // Dropped: unregistered with no device_gone (nothing was opened on it).
+        drop(io_device);
         // SAFETY: registration failed, so SPDK keeps nothing of the bdev; the reference
         // `ctxt` held is given back.
         unsafe {
-            sys::spdk_io_device_unregister(me, None);
             free_bdev(bdev);
             drop(Arc::from_raw(me.cast_const().cast::<Disk>()));
         }
         return Err(format!("spdk_bdev_register failed: {}", errno_str(rc)));
     }
+    // Taken back by `destruct` (the same address as `ctxt`).
+    let _key = io_device.into_key();
     let registered = Registered(bdev);
     disk.set_bdev(Some(BdevPtr(bdev)));
     disk.set_open(Box::new(move || registered.release()));
@@ -221,17 +217,12 @@ unsafe fn free_bdev(bdev: *mut sys::spdk_bdev) {
 }
 
 /// `destruct` (application thread): unregister the io_device; once its channels are
-/// gone the disk closes.
+/// gone the disk closes ([`ChanCtx`]'s `device_gone`).
 unsafe extern "C" fn destruct(ctx: *mut c_void) -> c_int {
-    // SAFETY: our io_device (the bdev's ctxt); the callback runs once every channel is
-    // gone.
-    unsafe { sys::spdk_io_device_unregister(ctx, Some(io_device_gone)) };
+    // SAFETY: the bdev's ctxt is the key `register` left with `into_key`, taken back
+    // once: SPDK destructs a bdev once.
+    unsafe { IoDevice::<ChanCtx>::from_key(ctx) }.unregister();
     1
-}
-
-unsafe extern "C" fn io_device_gone(io_device: *mut c_void) {
-    // SAFETY: the disk's address; the bdev's reference keeps it alive until released.
-    unsafe { disk_of(io_device) }.close();
 }
 
 unsafe extern "C" fn io_type_supported(ctx: *mut c_void, ty: sys::spdk_bdev_io_type) -> bool {
@@ -247,8 +238,14 @@ unsafe extern "C" fn io_type_supported(ctx: *mut c_void, ty: sys::spdk_bdev_io_t
 }
 
 unsafe extern "C" fn get_io_channel(ctx: *mut c_void) -> *mut sys::spdk_io_channel {
-    // SAFETY: the disk is our io_device (registered before the bdev).
-    unsafe { sys::spdk_get_io_channel(ctx) }
+    // SAFETY: the bdev's ctxt is the key `register` left, registered until `destruct`
+    // (SPDK asks for no channel after it); the bdev layer puts the channel itself.
+    unsafe {
+        IoDevice::<ChanCtx>::with_key(ctx, |d| {
+            d.channel()
+                .map_or(std::ptr::null_mut(), IoChannel::into_raw)
+        })
+    }
 }
 
 unsafe extern "C" fn dump_info_json(ctx: *mut c_void, w: *mut sys::spdk_json_write_ctx) -> c_int {
