@@ -22,12 +22,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{IuPool, Uuid};
 use crate::fabric::admission::{self, victim};
-use crate::fabric::{next_rkey, Access, Hca, KeyScope};
+use crate::fabric::{next_rkey, Access, FabricError, Hca, KeyScope};
 use crate::proto::constants::MAX_PATHS_NUM;
-use crate::proto::{ConnReq, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
+use crate::proto::{ConnReq, EncodeError, ImmLayout, InfoReq, InfoRsp, RkeyRsp};
 use crate::sync::lock;
 use crate::Errno;
 
+use super::chunks::ChunkError;
 use super::session::{
     state_name, Path, ServerSession, SessEntry, SessionId, Sessions, Usage, CONNECTING,
 };
@@ -139,7 +140,7 @@ fn new_entry(
     room_to_set_up(sh, t, req.peer, out)?;
     let source = admission::source_of(req.peer.ip());
     let room = t.plan_room(&sh.caps, source, Need::ServerSession, None)?;
-    let sess = new_session(sh, req.msg.paths_uuid).map_err(|w| (Errno::ENOMEM, w))?;
+    let sess = new_session(sh, req.msg.paths_uuid).map_err(|e| (Errno::ENOMEM, e.to_string()))?;
     if !room.victims.is_empty() {
         let paths = t.evict(&room);
         out.evicted.push((
@@ -279,7 +280,7 @@ fn admit_path(
         Need::Conns(usize::from(msg.cid_num)),
         Some(e.sess.id),
     )?;
-    let path = new_path(sh, &sess, req).map_err(|why| (Errno::ENOMEM, why))?;
+    let path = new_path(sh, &sess, req).map_err(|e| (Errno::ENOMEM, e.to_string()))?;
     if !room.victims.is_empty() {
         let paths = t.evict(&room);
         out.evicted.push((
@@ -387,26 +388,47 @@ fn may_join(
     })
 }
 
-fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<ServerSession>, String> {
+/// What a new session or path could not have: its REJ says ENOMEM, the log this.
+#[derive(Debug, thiserror::Error)]
+enum NoResources {
+    #[error("imm layout: {0}")]
+    Layout(#[source] EncodeError),
+    #[error("protection domain: {0}")]
+    Domain(#[source] FabricError),
+    #[error("chunk pool of {qd} x {cs} bytes ({kind} memory): {source}")]
+    Chunks {
+        qd: u16,
+        cs: u32,
+        kind: &'static str,
+        #[source]
+        source: ChunkError,
+    },
+    #[error("chunk keys: {0}")]
+    Keys(#[source] FabricError),
+    #[error("message buffers: {0}")]
+    Buffers(#[source] FabricError),
+}
+
+fn new_session(sh: &ServerState, paths_uuid: Uuid) -> Result<Arc<ServerSession>, NoResources> {
     let cfg = &sh.cfg;
     let (qd, cs) = (cfg.queue_depth, cfg.chunk_size);
-    let layout = ImmLayout::new(qd, cs).map_err(|e| e.to_string())?;
+    let layout = ImmLayout::new(qd, cs).map_err(NoResources::Layout)?;
     let access = if cfg.always_invalidate {
         Access::LOCAL_WRITE
     } else {
         Access::LOCAL_WRITE | Access::REMOTE_WRITE
     };
     let len = usize::from(qd) * cs as usize;
-    let fabric = sh
-        .fabric
-        .domain()
-        .map_err(|e| format!("protection domain: {e}"))?;
-    let chunks = cfg.chunk_alloc.alloc(&*fabric, len, access).map_err(|e| {
-        format!(
-            "chunk pool of {qd} x {cs} bytes ({} memory): {e}",
-            cfg.chunk_alloc.kind()
-        )
-    })?;
+    let fabric = sh.fabric.domain().map_err(NoResources::Domain)?;
+    let chunks = cfg
+        .chunk_alloc
+        .alloc(&*fabric, len, access)
+        .map_err(|source| NoResources::Chunks {
+            qd,
+            cs,
+            kind: cfg.chunk_alloc.kind(),
+            source,
+        })?;
     let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
     let home = sh.next_home.fetch_add(1, Ordering::Relaxed) % sh.ncores;
     Ok(Arc::new(ServerSession {
@@ -427,7 +449,7 @@ fn new_path(
     sh: &ServerState,
     sess: &Arc<ServerSession>,
     req: &Request<'_>,
-) -> Result<Arc<Path>, String> {
+) -> Result<Arc<Path>, NoResources> {
     let msg = req.msg;
     let fabric = &*sess.fabric;
     let qd = sess.queue_depth();
@@ -439,11 +461,12 @@ fn new_path(
         (0..qd)
             .map(|_| fabric.alloc_fast_mr_on(KeyScope::Domain, device))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("chunk keys: {e}"))?
+            .map_err(NoResources::Keys)?
     } else {
         Vec::new()
     };
-    let io = |n, size| IuPool::new(fabric, n, size, Access::LOCAL_WRITE).map_err(|e| e.to_string());
+    let io =
+        |n, size| IuPool::new(fabric, n, size, Access::LOCAL_WRITE).map_err(NoResources::Buffers);
     let rkey_ius = if ai {
         Some(io(usize::from(qd), RkeyRsp::LEN)?)
     } else {

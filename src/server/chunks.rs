@@ -10,7 +10,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::fabric::{Access, Fabric, MemBuf, Mr};
+use crate::fabric::{Access, Fabric, FabricError, MemBuf, Mr};
 
 /// A session's registered chunk pool, with whatever keeps foreign memory alive.
 ///
@@ -66,6 +66,30 @@ impl fmt::Debug for ChunkPool {
     }
 }
 
+/// Why a chunk pool could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChunkError {
+    /// A pool of no bytes was asked for.
+    #[error("chunk pool of 0 bytes")]
+    Empty,
+    /// The memory could not be allocated (`what` names the allocator and the call).
+    #[error("{what}")]
+    NoMemory { what: String },
+    /// The memory is not usable as asked (`what` names the check that failed).
+    #[error("{what}")]
+    Unusable { what: String },
+    /// The fabric refused to allocate or register it.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+impl From<crate::fabric::mem::AllocError> for ChunkError {
+    fn from(e: crate::fabric::mem::AllocError) -> ChunkError {
+        ChunkError::Fabric(e.into())
+    }
+}
+
 /// Allocates and registers session chunk pools.
 pub trait ChunkAlloc: Send + Sync {
     /// The memory's name in statistics (`"heap"`, `"spdk_dma"`).
@@ -74,8 +98,13 @@ pub trait ChunkAlloc: Send + Sync {
     /// `len` zeroed bytes, 4 KiB aligned, registered with `fabric` with `access`.
     ///
     /// # Errors
-    /// A message naming what failed (allocation, registration, a check of the memory).
-    fn alloc(&self, fabric: &dyn Fabric, len: usize, access: Access) -> Result<ChunkPool, String>;
+    /// [`ChunkError`]: what failed (allocation, registration, a check of the memory).
+    fn alloc(
+        &self,
+        fabric: &dyn Fabric,
+        len: usize,
+        access: Access,
+    ) -> Result<ChunkPool, ChunkError>;
 }
 
 /// The default: page-aligned heap memory ([`MemBuf`]) owned by the registration.
@@ -87,12 +116,17 @@ impl ChunkAlloc for HeapChunks {
         "heap"
     }
 
-    fn alloc(&self, fabric: &dyn Fabric, len: usize, access: Access) -> Result<ChunkPool, String> {
+    fn alloc(
+        &self,
+        fabric: &dyn Fabric,
+        len: usize,
+        access: Access,
+    ) -> Result<ChunkPool, ChunkError> {
         if len == 0 {
-            return Err("chunk pool of 0 bytes".into());
+            return Err(ChunkError::Empty);
         }
-        let buf = MemBuf::try_zeroed(len).map_err(|e| e.to_string())?;
-        let mr = fabric.register(buf, access).map_err(|e| e.to_string())?;
+        let buf = MemBuf::try_zeroed(len)?;
+        let mr = fabric.register(buf, access)?;
         Ok(ChunkPool::owned(mr, self.kind()))
     }
 }
@@ -120,7 +154,7 @@ impl ChunkAllocator {
         fabric: &dyn Fabric,
         len: usize,
         access: Access,
-    ) -> Result<ChunkPool, String> {
+    ) -> Result<ChunkPool, ChunkError> {
         self.0.alloc(fabric, len, access)
     }
 }

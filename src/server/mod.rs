@@ -57,7 +57,7 @@ use crate::common::Inbox;
 use crate::sync::lock;
 
 pub use crate::common::{Dir, HbConfig, LinkEvent};
-pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks};
+pub use chunks::{ChunkAlloc, ChunkAllocator, ChunkError, ChunkPool, HeapChunks};
 pub use config::{
     ServerConfig, ServerError, DEFAULT_MAX_PATH_CONNECTIONS, DEFAULT_OPEN_GRACE, MAX_OPEN_GRACE,
 };

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use crate::fabric::{Access, Fabric};
-use crate::server::{ChunkAlloc, ChunkPool};
+use crate::server::{ChunkAlloc, ChunkError, ChunkPool};
 
 use super::sys;
 
@@ -42,7 +42,7 @@ unsafe impl Send for DmaBuf {}
 unsafe impl Sync for DmaBuf {}
 
 impl DmaBuf {
-    fn zeroed(len: usize) -> Result<DmaBuf, String> {
+    fn zeroed(len: usize) -> Result<DmaBuf, ChunkError> {
         // SAFETY: plain allocation call; a null result is handled below.
         let raw = unsafe {
             sys::spdk_zmalloc(
@@ -55,17 +55,17 @@ impl DmaBuf {
         };
         NonNull::new(raw.cast::<u8>())
             .map(|ptr| DmaBuf { ptr, len })
-            .ok_or_else(|| {
-                format!(
+            .ok_or_else(|| ChunkError::NoMemory {
+                what: format!(
                     "spdk_zmalloc({len} bytes, SPDK_MALLOC_DMA) failed: SPDK's memory is \
                      exhausted (start the application with more memory, -s/--mem-size, or \
                      lower rtrs_target_set_options queue_depth/chunk_size)"
-                )
+                ),
             })
     }
 
     /// Checks that `spdk_vtophys` translates every byte of the buffer.
-    fn check_translated(&self) -> Result<(), String> {
+    fn check_translated(&self) -> Result<(), ChunkError> {
         let mut off = 0usize;
         while off < self.len {
             let mut size = (self.len - off) as u64;
@@ -75,11 +75,13 @@ impl DmaBuf {
                 sys::spdk_vtophys(self.ptr.as_ptr().add(off).cast::<c_void>(), &mut size)
             };
             if pa == VTOPHYS_ERROR || size == 0 {
-                return Err(format!(
-                    "spdk_vtophys cannot translate byte {off} of the {}-byte pool at {:p}: \
-                     the memory is not DMA-able, so bdevs doing DMA could not use it",
-                    self.len, self.ptr
-                ));
+                return Err(ChunkError::Unusable {
+                    what: format!(
+                        "spdk_vtophys cannot translate byte {off} of the {}-byte pool at {:p}: \
+                         the memory is not DMA-able, so bdevs doing DMA could not use it",
+                        self.len, self.ptr
+                    ),
+                });
             }
             off = off.saturating_add(size as usize);
         }
@@ -100,9 +102,14 @@ impl ChunkAlloc for SpdkDmaChunks {
         KIND
     }
 
-    fn alloc(&self, fabric: &dyn Fabric, len: usize, access: Access) -> Result<ChunkPool, String> {
+    fn alloc(
+        &self,
+        fabric: &dyn Fabric,
+        len: usize,
+        access: Access,
+    ) -> Result<ChunkPool, ChunkError> {
         if len == 0 {
-            return Err("chunk pool of 0 bytes".into());
+            return Err(ChunkError::Empty);
         }
         let buf = DmaBuf::zeroed(len)?;
         buf.check_translated()?;
@@ -110,8 +117,7 @@ impl ChunkAlloc for SpdkDmaChunks {
         // ChunkPool drops `buf`, which it does after dropping the registration; the
         // server drops the pool only with its session, after every path (and so every
         // operation on the pool) is gone. Nothing holds a Rust reference to it.
-        let mr = unsafe { fabric.register_raw(buf.ptr.as_ptr(), len, access) }
-            .map_err(|e| format!("registering SPDK DMA memory with the fabric: {e}"))?;
+        let mr = unsafe { fabric.register_raw(buf.ptr.as_ptr(), len, access) }?;
         Ok(ChunkPool::foreign(mr, Box::new(buf), KIND))
     }
 }

@@ -22,7 +22,9 @@ use rtrs_spdk::rnbd::client::{
     open_rnbd_session, ClientEvent, LinkListener, RnbdClient, RnbdClientSession,
 };
 use rtrs_spdk::rnbd::server::{Exports, RnbdServer};
-use rtrs_spdk::server::{ChunkAlloc, ChunkAllocator, ChunkPool, HeapChunks, Server, ServerConfig};
+use rtrs_spdk::server::{
+    ChunkAlloc, ChunkAllocator, ChunkError, ChunkPool, HeapChunks, Server, ServerConfig,
+};
 
 /// Far below the session's own 30 s timeouts: an answer within it came from the refusal.
 const WAIT: Duration = Duration::from_secs(10);
@@ -39,9 +41,16 @@ impl ChunkAlloc for Failing {
         "test"
     }
 
-    fn alloc(&self, fabric: &dyn Fabric, len: usize, access: Access) -> Result<ChunkPool, String> {
+    fn alloc(
+        &self,
+        fabric: &dyn Fabric,
+        len: usize,
+        access: Access,
+    ) -> Result<ChunkPool, ChunkError> {
         if self.fail.load(Ordering::Acquire) {
-            return Err(format!("{len} bytes: out of memory (test allocator)"));
+            return Err(ChunkError::NoMemory {
+                what: format!("{len} bytes: out of memory (test allocator)"),
+            });
         }
         HeapChunks.alloc(fabric, len, access)
     }
