@@ -26,8 +26,8 @@ use rtrs_spdk::spdk::{
 };
 use rtrs_spdk::Errno;
 
-use super::disk::Disk;
 use super::group::GroupRef;
+use super::sess::disk::Disk;
 use super::task::{ChanShared, TaskRef};
 
 /// How often (µs) a channel with a reset pending looks whether its requests drained.
@@ -255,7 +255,7 @@ fn prepare(ctx: &ChanCtx, io: BdevIo) {
     let sess = &ctx.disk.sess;
     ctx.group.with(|g| match g {
         Some(g) => g.submit(loop_now_ns(), sess, ctx.core, task),
-        None => sess.cores[ctx.core].push(task, &sess.home),
+        None => sess.cores[ctx.core].push(task, &*sess.home),
     });
 }
 

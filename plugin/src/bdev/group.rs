@@ -26,9 +26,9 @@ use rtrs_spdk::spdk::{
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
-use super::core_queue::{CoreQueue, Finished};
-use super::sess::Sess;
-use super::task::TaskRef;
+use super::sess::core_queue::{CoreQueue, Finished};
+use super::sess::{QueueTaker, Sess, SessHome};
+use super::task::{ReturnTo, TaskRef};
 
 /// The module's io_device whose channels are the poll groups (registered from module
 /// init to fini).
@@ -98,6 +98,18 @@ impl GroupShared {
     }
 }
 
+impl ReturnTo for GroupShared {
+    fn finished(&self, task: TaskRef, result: Result<(), Errno>) {
+        GroupShared::finished(self, task, result);
+    }
+}
+
+impl QueueTaker for GroupShared {
+    fn give(&self, q: Box<CoreQueue>) {
+        GroupShared::give(self, q);
+    }
+}
+
 /// A session core's channels on one group: the queue is wanted while `count` > 0.
 struct Interest {
     sess: Arc<Sess>,
@@ -147,8 +159,8 @@ impl GroupState {
     pub fn submit(&mut self, now: u64, sess: &Sess, core: usize, task: TaskRef) {
         self.outstanding += 1;
         match self.owned.iter_mut().find(|q| q.is(sess, core)) {
-            Some(q) => q.submit(now, task, &self.shared, &mut self.failed),
-            None => sess.cores[core].push(task, &self.home),
+            Some(q) => q.submit(now, task, &*self.shared, &mut self.failed),
+            None => sess.cores[core].push(task, &*self.home),
         }
     }
 
@@ -168,7 +180,7 @@ impl GroupState {
             count: 1,
         });
         if !self.is_home {
-            lock(&sess.cores[core].claims).push(Arc::clone(&self.shared));
+            lock(&sess.cores[core].claims).push(Arc::clone(&self.shared) as Arc<dyn QueueTaker>);
             self.home.shared.ask(sess, core);
         }
     }
@@ -195,7 +207,7 @@ impl GroupState {
             // Under the claims lock: home hands queues out holding it, so a gift made
             // before this group left its claim is in `gifts` now, and none comes after.
             let mut claims = lock(&sess.cores[core].claims);
-            claims.retain(|g| !Arc::ptr_eq(g, &self.shared));
+            claims.retain(|g| !std::ptr::addr_eq(Arc::as_ptr(g), Arc::as_ptr(&self.shared)));
             self.take_gifts();
         }
         if let Some(k) = self.owned.iter().position(|q| q.is(sess, core)) {
@@ -254,13 +266,13 @@ impl GroupState {
         }
         let mut busy = false;
         for q in &mut self.owned {
-            busy |= q.poll(now, &self.shared, out);
+            busy |= q.poll(now, &*self.shared, out);
         }
         let mut i = 0;
         while i < self.owned.len() {
             if self.owned[i].finished() {
                 let q = self.owned.swap_remove(i);
-                q.fail_waiting(&self.shared, out);
+                q.fail_waiting(&*self.shared, out);
                 let (sess, core) = (Arc::clone(&q.sess), q.core);
                 drop(q);
                 sess.core_done(core);
@@ -395,6 +407,32 @@ impl Home {
         home.accel.put();
         home.driver.shutdown_core();
         home.driver.drop_core();
+    }
+}
+
+impl SessHome for Home {
+    fn thread(&self) -> SpdkThread {
+        self.thread
+    }
+
+    fn is_current(&self) -> bool {
+        Home::is_current(self)
+    }
+
+    fn driver(&self) -> &Arc<Driver> {
+        &self.driver
+    }
+
+    fn give(&self, q: Box<CoreQueue>) {
+        self.shared.give(q);
+    }
+
+    fn kick(&self) {
+        self.shared.kick();
+    }
+
+    fn keep_heartbeat(&self, hb_interval_ms: u64) {
+        Home::keep_heartbeat(self, hb_interval_ms);
     }
 }
 

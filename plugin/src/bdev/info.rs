@@ -6,8 +6,8 @@
 use rtrs_spdk::client::ClientSession;
 use serde_json::{json, Value};
 
-use super::disk::Disk;
 use super::params::access_name;
+use super::sess::disk::Disk;
 use super::sess::Sess;
 
 /// `bdev_rtrs_create`'s params as they would rebuild this disk now (over its session's

@@ -3,20 +3,21 @@
 //! SPDK's `module/bdev/null` and `passthru`: one module with init/fini/ctx_size/
 //! config_json, one poller per IO channel, RPC handlers in their own file).
 //!
-//! The modules, leaf first (each uses only those before it, save the session and its
-//! devices, which know each other):
+//! The modules, leaf first (each uses only those before it; `ci/modcycles.py` checks it):
 //! - [`params`]: `bdev_rtrs_*` parameters, decoded with errors naming the field;
 //!   [`memmap`]: SPDK memory registered with a session's fabric domain, as SPDK maps it;
 //!   [`fabric`]: one client fabric per transport for the whole application.
 //! - [`task`]: one bdev IO's request in its `driver_ctx` and the typed handle
-//!   ([`task::TaskRef`]) that carries it to a session core's queue and back.
-//! - [`core_queue`]: one core of a session: the library's `RnbdQueue` over connection
-//!   `k+1` of every path, carrying the IO of all the session's devices; core 0's also
-//!   carries the session's `RnbdAdmin`.
+//!   ([`task::TaskRef`]) that carries it to a session core's queue and back; where a task
+//!   finished on another thread returns ([`task::ReturnTo`]).
+//! - [`sess`]: a client session shared by the devices of one `sessname`, with its parts:
+//!   [`sess::core_queue`], one core of the session (the library's `RnbdQueue` over
+//!   connection `k+1` of every path, carrying the IO of all its devices; core 0's also
+//!   the session's `RnbdAdmin`), and [`sess::disk`], one bdev, a device over the session,
+//!   and its life. What it needs of the groups above it is two traits it defines
+//!   ([`sess::SessHome`], [`sess::QueueTaker`]).
 //! - [`group`]: poll groups, one per SPDK thread with rtrs bdev channels (as
 //!   `bdev_nvme`'s), and home, the module's control thread; who owns which session core.
-//! - [`sess`]: a client session shared by the devices of one `sessname`; [`disk`]: one
-//!   bdev, a device over a session, and its life.
 //! - [`channel`]: IO channels, `submit_request`, resets.
 //! - [`info`]: what sessions and bdevs say of themselves (`bdev_rtrs_get_sessions`,
 //!   `config_json`).
@@ -28,8 +29,6 @@
 //! followed by `--json` rebuilds it.
 
 mod channel;
-mod core_queue;
-mod disk;
 mod fabric;
 mod group;
 mod info;

@@ -13,10 +13,10 @@ use rtrs_spdk::spdk::{sys, BdevIoType, IoChannel, IoDevice};
 use serde_json::json;
 
 use super::channel::{self, ChanCtx};
-use super::disk::{self, errno_str, BdevPtr, Disk};
 use super::fabric;
 use super::group::{self, Home};
 use super::info;
+use super::sess::disk::{self, errno_str, BdevPtr, Disk};
 use super::task;
 
 extern "C" {
@@ -160,6 +160,7 @@ pub fn register(disk: &Arc<Disk>) -> Result<(), String> {
     let _key = io_device.into_key();
     let registered = Registered(bdev);
     disk.set_bdev(Some(BdevPtr(bdev)));
+    disk.set_unregister(unregister);
     disk.set_open(Box::new(move || registered.release()));
     tracing::info!(
         "rtrs bdev {}: {} blocks of {} B, max IO {} B",

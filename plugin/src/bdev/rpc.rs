@@ -16,15 +16,16 @@ use rtrs_spdk::spdk::{sys, RpcRequest};
 use rtrs_spdk::sync::lock;
 use serde_json::{json, Value};
 
-use super::disk::{self, errno_str, find, CreateError, Disk};
 use super::fabric::client_fabric;
+use super::group::Home;
 use super::info::describe_session;
 use super::module::{self, module_ptr};
 use super::params::{
     decode_path_rpc, opt_str, parse_loss_timeout, parse_policy, parse_reconnect_attempts,
     path_keys, req_str, CreateParams, PathParam,
 };
-use super::sess;
+use super::sess::disk::{self, errno_str, find, CreateError, Disk};
+use super::sess::{self, SessHome};
 use crate::rpc::{register, rpc_handler, RpcParams, RUNTIME};
 
 rpc_handler!(c_create => create);
@@ -72,6 +73,7 @@ fn create(req: RpcRequest, v: Value) {
     let name = params.name.clone();
     disk::create(
         params,
+        || Home::get().map(|h| h as Arc<dyn SessHome>),
         Box::new(move |opened| {
             let registered = opened.and_then(|d| {
                 module::register(d).map_err(|why| {
@@ -233,7 +235,7 @@ fn add_path(req: RpcRequest, v: Value) {
     s.add_path_psk(path.addr, psk);
     acted(M, &d, &format!("path {} added", path.addr));
     paths.push(path);
-    d.sess.home.shared.kick();
+    d.sess.home.kick();
     req.ok(json!(true));
 }
 
@@ -274,7 +276,7 @@ fn remove_path(req: RpcRequest, v: Value) {
     s.remove_path(paths[i].addr);
     acted(M, &d, &format!("path {} removed", paths[i].addr));
     paths.remove(i);
-    d.sess.home.shared.kick();
+    d.sess.home.kick();
     req.ok(json!(true));
 }
 
@@ -353,7 +355,7 @@ fn path_now(req: RpcRequest, v: Value, reconnect: bool) {
         s.disconnect_path(addr);
         acted(m, &d, &format!("path {addr} disconnected"));
     }
-    d.sess.home.shared.kick();
+    d.sess.home.kick();
     req.ok(json!(true));
 }
 

@@ -19,8 +19,6 @@ use rtrs_spdk::spdk::{sys, BdevIo};
 use rtrs_spdk::sync::SoloCounter;
 use rtrs_spdk::Errno;
 
-use super::group::GroupShared;
-
 /// Most iovecs one bdev IO may have (the bdev layer splits larger ones: `max_num_segments`).
 pub const MAX_IOVS: u32 = 16;
 /// An iovec becomes at most two SGEs (it may straddle two fabric registrations).
@@ -138,8 +136,8 @@ impl TaskRef {
     }
 
     /// Whether the task's channel is served by `group` (runs on its thread).
-    pub fn is_on(&self, group: &GroupShared) -> bool {
-        std::ptr::eq(&*self.chan().group, group)
+    pub fn is_on(&self, group: &dyn ReturnTo) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.chan().group), group)
     }
 
     /// Hands the finished task back to its channel's group, which completes it on its
@@ -180,17 +178,24 @@ impl std::ops::DerefMut for TaskRef {
     }
 }
 
+/// Where a task finished on another thread goes: the poll group of its channel's thread
+/// (the module's `group::GroupShared`), which completes it there.
+pub trait ReturnTo: Send + Sync {
+    /// `task` is over with `result`; complete it on the group's thread.
+    fn finished(&self, task: TaskRef, result: Result<(), Errno>);
+}
+
 /// What a channel shares with the session cores that carry its IO and with resets.
 pub struct ChanShared {
     /// The poll group of the channel's thread: a task another group finished goes there.
-    group: Arc<GroupShared>,
+    group: Arc<dyn ReturnTo>,
     /// Bdev IO taken (resets aside) and completed; written by the channel's thread only.
     submitted: SoloCounter,
     completed: SoloCounter,
 }
 
 impl ChanShared {
-    pub fn new(group: Arc<GroupShared>) -> ChanShared {
+    pub fn new(group: Arc<dyn ReturnTo>) -> ChanShared {
         ChanShared {
             group,
             submitted: SoloCounter::new(0),

@@ -6,7 +6,7 @@
 //! Life, all of it in [`Life`] (touched on control events only, never per IO):
 //! [`create`] joins the session of its `sessname` or opens one, and leaves its OPEN with
 //! the session's admin (*opening*); OPEN's answer hands the disk to the creator's
-//! callback on home's thread, which registers the bdev ([`super::module::register`])
+//! callback on home's thread, which registers the bdev ([`crate::bdev::module::register`])
 //! and makes it *open*; a failure reaches the same callback as an error. Deleting goes
 //! through `spdk_bdev_unregister` → `destruct` → the io_device is unregistered →
 //! [`Disk::close`] (*closing*): the admin sends CLOSE; its answer (or a deadline) makes
@@ -29,11 +29,10 @@ use rtrs_spdk::rnbd::client::{DevHandle, DeviceInfo};
 use rtrs_spdk::spdk::sys;
 use rtrs_spdk::sync::lock;
 
-use super::fabric::client_fabric;
-use super::group::Home;
-use super::params::{path_keys, CreateParams};
-use super::sess::{self, Sess};
-use super::task::ChanShared;
+use crate::bdev::fabric::client_fabric;
+use crate::bdev::params::{path_keys, CreateParams};
+use crate::bdev::sess::{self, Sess, SessHome};
+use crate::bdev::task::ChanShared;
 
 mod follow;
 
@@ -108,6 +107,8 @@ pub struct Disk {
     chans: Mutex<Vec<Arc<ChanShared>>>,
     /// The creator's callback, until called.
     on_open: Mutex<Option<OnOpen>>,
+    /// Unregisters the disk's bdev (set by the bdev module when it registers one).
+    unregister: OnceLock<fn(&Arc<Disk>)>,
 }
 
 /// Every rtrs bdev, including those still opening or closing, and the module's fini
@@ -194,6 +195,12 @@ impl Disk {
     }
 
     /// The bdev was registered (`Some`) or is being released (`None`).
+    /// How the disk's bdev is unregistered when the disk loses its target for good
+    /// ([`Disk::lost`]); set once, by the module that registered the bdev.
+    pub fn set_unregister(&self, unregister: fn(&Arc<Disk>)) {
+        let _ = self.unregister.set(unregister);
+    }
+
     pub fn set_bdev(&self, bdev: Option<BdevPtr>) {
         *lock(&self.bdev) = bdev;
     }
@@ -259,7 +266,13 @@ impl Disk {
         let Some(disk) = self.me.upgrade() else {
             return false;
         };
-        if self.sess.home.thread.send(move || disk.announce()).is_err() {
+        if self
+            .sess
+            .home
+            .thread()
+            .send(move || disk.announce())
+            .is_err()
+        {
             self.open_failed("could not reach home's thread to register the bdev");
             if let Some(d) = self.me.upgrade() {
                 self.sess.close_device(&d);
@@ -314,7 +327,7 @@ impl Disk {
             let call = move || cb(Err(CreateError::OpenFailed(m)));
             if self.sess.home.is_current() {
                 call();
-            } else if self.sess.home.thread.send(call).is_err() {
+            } else if self.sess.home.thread().send(call).is_err() {
                 tracing::error!(
                     "rtrs bdev {}: the create's answer could not be posted",
                     self.params.name
@@ -351,7 +364,7 @@ impl Disk {
     /// the disk is neither (no timer is left behind an open or closed disk).
     fn watch(self: &Arc<Self>, limit: Duration) {
         let d = Arc::clone(self);
-        let armed = self.sess.home.driver.run_on(0, move |cx: &mut dyn Ctx| {
+        let armed = self.sess.home.driver().run_on(0, move |cx: &mut dyn Ctx| {
             let until = cx.now().saturating_add(limit.as_nanos() as u64);
             cx.every(WATCH_EVERY, move |cx: &mut dyn Ctx| {
                 let over = cx.now() >= until;
@@ -423,7 +436,7 @@ impl Disk {
         };
         if self.sess.home.is_current() {
             finish();
-        } else if self.sess.home.thread.send(finish).is_err() {
+        } else if self.sess.home.thread().send(finish).is_err() {
             tracing::error!(
                 "rtrs bdev {}: could not post its end to home",
                 self.params.name
@@ -456,7 +469,11 @@ pub fn errno_str(rc: i32) -> String {
 /// paths' keys, joins the open session of its `sessname` (same paths and settings) or
 /// opens a new one, and sends OPEN. `on_open` is called once, on home's thread: at once
 /// when the disk cannot be created, else with OPEN's outcome.
-pub fn create(params: CreateParams, on_open: OnOpen) {
+pub fn create(
+    params: CreateParams,
+    home: impl FnOnce() -> Result<Arc<dyn SessHome>, String>,
+    on_open: OnOpen,
+) {
     const M: &str = "bdev_rtrs_create";
     let name = params.name.clone();
     if registry().stopping {
@@ -477,7 +494,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
             "{M}: 'name' = {name:?}: a bdev with this name exists"
         ))));
     }
-    let home = match Home::get() {
+    let home = match home() {
         Ok(h) => h,
         Err(e) => return on_open(Err(CreateError::NoMemory(format!("{M}: {e}")))),
     };
@@ -521,6 +538,7 @@ pub fn create(params: CreateParams, on_open: OnOpen) {
         life: Mutex::new(Life::Opening),
         chans: Mutex::new(Vec::new()),
         on_open: Mutex::new(Some(on_open)),
+        unregister: OnceLock::new(),
     });
     registry().disks.push(Arc::clone(&disk));
     if !sess.add(&disk) {

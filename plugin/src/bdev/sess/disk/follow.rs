@@ -36,7 +36,7 @@ impl Disk {
     /// answered.
     pub fn reopened(self: &Arc<Self>, info: DeviceInfo, remap: bool) {
         let d = Arc::clone(self);
-        let post = self.sess.home.thread.send(move || {
+        let post = self.sess.home.thread().send(move || {
             let r = d.apply_info(info);
             if let Err(e) = &r {
                 tracing::error!("rtrs bdev {}: {e}", d.name());
@@ -56,7 +56,11 @@ impl Disk {
     /// A remap failed (the target refused the OPEN, or it could not be sent).
     pub fn remap_failed(self: &Arc<Self>, why: String) {
         let d = Arc::clone(self);
-        let post = self.sess.home.thread.send(move || d.remap_done(&Err(why)));
+        let post = self
+            .sess
+            .home
+            .thread()
+            .send(move || d.remap_done(&Err(why)));
         if post.is_err() {
             tracing::error!("rtrs bdev {}: could not post a remap's answer", self.name());
         }
@@ -110,7 +114,7 @@ impl Disk {
     /// bdev is unregistered (on home's thread) so the layers above can act.
     pub fn lost(self: &Arc<Self>) {
         let d = Arc::clone(self);
-        let post = self.sess.home.thread.send(move || {
+        let post = self.sess.home.thread().send(move || {
             if !d.is_open() {
                 return;
             }
@@ -120,7 +124,13 @@ impl Disk {
                 d.name(),
                 d.sess.live().loss_timeout_sec
             );
-            crate::bdev::module::unregister(&d);
+            match d.unregister.get() {
+                Some(unregister) => unregister(&d),
+                None => tracing::error!(
+                    "rtrs bdev {}: lost before its bdev was registered",
+                    d.name()
+                ),
+            }
         });
         if post.is_err() {
             tracing::error!("rtrs bdev {}: could not post its loss to home", self.name());

@@ -5,9 +5,9 @@
 //! kernel's `rnbd_clt_session` and its `link_ev`) — which sends its requests through it.
 //!
 //! A queue is polled by exactly one poll group at a time, its owner
-//! ([`super::group`]); it moves between groups as a value, through their mailboxes. IO
+//! (the module's `group`); it moves between groups as a value, through their mailboxes. IO
 //! submitted on another thread reaches it through its session core's inbox
-//! ([`super::sess::CoreInbox`]), which the owner drains at every poll.
+//! ([`super::CoreInbox`]), which the owner drains at every poll.
 //!
 //! A request is kept in one place from submission to completion: the library's RNBD
 //! queue, which sends it when the session has a permit and its device is reachable (no
@@ -26,9 +26,8 @@ use rtrs_spdk::rnbd::client::{
 };
 use rtrs_spdk::Errno;
 
-use super::group::GroupShared;
-use super::sess::Sess;
-use super::task::TaskRef;
+use super::Sess;
+use crate::bdev::task::{ReturnTo, TaskRef};
 
 const BATCH: usize = 64;
 
@@ -89,7 +88,7 @@ impl CoreQueue {
     /// Sends `task` (on the owner's thread). From here the library's RNBD queue keeps
     /// it — waiting for a permit, for its device, or in flight — until its one
     /// completion, within the session's one `io_wait_timeout` (`io_timeout_sec`).
-    pub fn submit(&mut self, now: u64, task: TaskRef, me: &GroupShared, out: &mut Vec<Finished>) {
+    pub fn submit(&mut self, now: u64, task: TaskRef, me: &dyn ReturnTo, out: &mut Vec<Finished>) {
         // Its buffer may lie in memory SPDK registered since the last poll.
         self.sync_memory();
         let s = task.into_submission();
@@ -104,7 +103,7 @@ impl CoreQueue {
     }
 
     /// Sends the tasks other threads left in the session core's inbox.
-    fn pump(&mut self, now: u64, me: &GroupShared, out: &mut Vec<Finished>) -> bool {
+    fn pump(&mut self, now: u64, me: &dyn ReturnTo, out: &mut Vec<Finished>) -> bool {
         let mut busy = false;
         while let Some(t) = self.sess.cores[self.core].inbox.pop() {
             self.submit(now, t, me, out);
@@ -114,7 +113,7 @@ impl CoreQueue {
     }
 
     /// Takes finished requests from the queue and hands their tasks back.
-    fn reap(&mut self, now: u64, me: &GroupShared, out: &mut Vec<Finished>) -> bool {
+    fn reap(&mut self, now: u64, me: &dyn ReturnTo, out: &mut Vec<Finished>) -> bool {
         let mut busy = false;
         loop {
             let n = self.queue.poll(now, &mut self.comps);
@@ -158,7 +157,7 @@ impl CoreQueue {
 
     /// Makes progress: the memory map's changes, waiting tasks, completions (the owner's
     /// own go to `out`, others back to their group), and on core 0 the admin.
-    pub fn poll(&mut self, now: u64, me: &GroupShared, out: &mut Vec<Finished>) -> bool {
+    pub fn poll(&mut self, now: u64, me: &dyn ReturnTo, out: &mut Vec<Finished>) -> bool {
         self.sync_memory();
         let mut busy = self.pump(now, me, out);
         busy |= self.reap(now, me, out);
@@ -189,7 +188,7 @@ impl CoreQueue {
     }
 
     /// Fails the tasks still in the inbox (the session is going).
-    pub fn fail_waiting(&self, me: &GroupShared, out: &mut Vec<Finished>) {
+    pub fn fail_waiting(&self, me: &dyn ReturnTo, out: &mut Vec<Finished>) {
         while let Some(t) = self.sess.cores[self.core].inbox.pop() {
             finish(out, t, Err(Errno::ENODEV), me);
         }
@@ -198,7 +197,7 @@ impl CoreQueue {
 
 /// A request is over: into `out` when its channel is on this group's thread, else handed
 /// back to its group.
-fn finish(out: &mut Vec<Finished>, task: TaskRef, result: Result<(), Errno>, me: &GroupShared) {
+fn finish(out: &mut Vec<Finished>, task: TaskRef, result: Result<(), Errno>, me: &dyn ReturnTo) {
     if task.is_on(me) {
         out.push((task, result));
     } else {

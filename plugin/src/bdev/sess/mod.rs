@@ -3,7 +3,7 @@
 //! opens the device over that session). One RTRS session, one protection domain with
 //! SPDK's memory registered in it ([`MemMap`]), one RNBD admin, and one queue per core
 //! ([`CoreQueue`]) carrying the IO of all its devices; the session's control poller runs
-//! on home ([`Home`]), its cores' queues on the poll groups ([`super::group`]).
+//! on home ([`SessHome`]), its cores' queues on the poll groups (the module's `group`).
 //!
 //! Life: the first device of a `sessname` opens the session (on home's driver:
 //! [`rtrs_spdk::rnbd::client::open_rnbd_session`]); every device sends its OPEN and its
@@ -26,15 +26,17 @@ use rtrs_spdk::fabric::{Fabric, Psk};
 use rtrs_spdk::rnbd::client::{
     open_rnbd_session, ClientEvent, DevHandle, DevState, DeviceTable, RnbdAdmin, RnbdQueue,
 };
-use rtrs_spdk::spdk::app_cores;
+use rtrs_spdk::spdk::{app_cores, Driver, SpdkThread};
 use rtrs_spdk::sync::lock;
 
-use super::core_queue::CoreQueue;
-use super::disk::Disk;
-use super::group::{GroupShared, Home};
+use self::core_queue::CoreQueue;
+use self::disk::Disk;
 use super::memmap::MemMap;
 use super::params::{CreateParams, LiveSettings, PathParam};
 use super::task::TaskRef;
+
+pub mod core_queue;
+pub mod disk;
 
 /// How long a closing session waits for its paths to go (ns).
 const CLOSE_WAIT_NS: u64 = 3_000_000_000;
@@ -44,23 +46,46 @@ pub struct CoreInbox {
     /// Tasks submitted on threads that do not own the core's queue.
     pub inbox: SegQueue<TaskRef>,
     /// Groups that may own the queue, first come first served (see `super::group`).
-    pub claims: Mutex<Vec<Arc<GroupShared>>>,
+    pub claims: Mutex<Vec<Arc<dyn QueueTaker>>>,
     /// Whether home owns the queue (home must then be woken for the inbox).
     at_home: AtomicBool,
 }
 
 impl CoreInbox {
     /// Leaves `task` for the queue's owner.
-    pub fn push(&self, task: TaskRef, home: &Home) {
+    pub fn push(&self, task: TaskRef, home: &dyn SessHome) {
         self.inbox.push(task);
         if self.at_home.load(Ordering::Acquire) {
-            home.shared.kick();
+            home.kick();
         }
     }
 
     pub fn set_at_home(&self, yes: bool) {
         self.at_home.store(yes, Ordering::Release);
     }
+}
+
+/// Home as a session sees it (the module's `group::Home`): the thread and driver its
+/// control pollers run on, and the owner of the queues no poll group claims.
+pub trait SessHome: Send + Sync {
+    /// Home's SPDK thread.
+    fn thread(&self) -> SpdkThread;
+    /// Whether the caller runs on home's thread.
+    fn is_current(&self) -> bool;
+    /// The engine driver on home's thread (the RTRS sessions' control pollers).
+    fn driver(&self) -> &Arc<Driver>;
+    /// Takes `q`; home owns it until a group claims it.
+    fn give(&self, q: Box<CoreQueue>);
+    /// Wakes home's poller for work handed to it.
+    fn kick(&self);
+    /// A session's heartbeat interval (ms): home polls often enough for it.
+    fn keep_heartbeat(&self, hb_interval_ms: u64);
+}
+
+/// A poll group as a session core's claims hold it (the module's `group::GroupShared`).
+pub trait QueueTaker: Send + Sync {
+    /// Hands `q` to the group.
+    fn give(&self, q: Box<CoreQueue>);
 }
 
 /// Work for the admin, from any thread.
@@ -103,7 +128,7 @@ pub struct Sess {
     pub cpus: Vec<u32>,
     pub cores: Box<[CoreInbox]>,
     session: OnceLock<ClientSession>,
-    pub home: Arc<Home>,
+    pub home: Arc<dyn SessHome>,
     cmds: SegQueue<AdminCmd>,
     /// Devices opening, open or closing over the session.
     devices: Mutex<Vec<Arc<Disk>>>,
@@ -186,7 +211,7 @@ impl Sess {
         params: &CreateParams,
         psks: Vec<(PathAddr, Psk)>,
         fabric: &Arc<dyn Fabric>,
-        home: Arc<Home>,
+        home: Arc<dyn SessHome>,
     ) -> Result<Arc<Sess>, String> {
         let domain = fabric
             .domain()
@@ -224,7 +249,7 @@ impl Sess {
         });
         lock(&SESSIONS).push(Arc::clone(&sess));
         let s = Arc::clone(&sess);
-        if let Err(e) = sess.home.driver.run_on(0, move |cx| s.start(cx)) {
+        if let Err(e) = sess.home.driver().run_on(0, move |cx| s.start(cx)) {
             sess.forget();
             return Err(format!("could not reach the module's home thread: {e}"));
         }
@@ -263,7 +288,7 @@ impl Sess {
 
     fn give_to_home(&self, q: CoreQueue) {
         self.cores[q.core].set_at_home(true);
-        self.home.shared.give(Box::new(q));
+        self.home.give(Box::new(q));
     }
 
     /// Adds `disk` to the session and sends its OPEN; false when the session is closing
@@ -288,7 +313,7 @@ impl Sess {
     fn command(&self, c: AdminCmd) {
         self.cmds.push(c);
         if self.cores[0].at_home.load(Ordering::Acquire) {
-            self.home.shared.kick();
+            self.home.kick();
         }
     }
 
@@ -488,10 +513,10 @@ impl Sess {
         let Some(me) = self.me.upgrade() else {
             return;
         };
-        let post = self.home.thread.send(move || {
+        let post = self.home.thread().send(move || {
             lock(&SESSIONS).retain(|s| !Arc::ptr_eq(s, &me));
             drop(me);
-            super::disk::maybe_finish();
+            disk::maybe_finish();
         });
         if post.is_err() {
             tracing::error!(
