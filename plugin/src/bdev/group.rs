@@ -7,7 +7,8 @@
 //! first create's thread, which runs the sessions' control pollers on timed periods so
 //! that it may sleep). Every hand-over is home's decision and moves the queue as a value
 //! through the groups' mailboxes ([`GroupShared`]), so no queue is polled by two threads
-//! or lost between them. IO from a thread that does not own its core goes through the
+//! or lost between them. Who wants which queue is home's alone to know: groups tell it by
+//! message (a claim, a leave), and no lock is shared. IO from a thread that does not own its core goes through the
 //! core's inbox ([`CoreInbox`](super::sess::CoreInbox)); a task finished by another group
 //! goes back through its own group's `done` queue. A thread SPDK moves to another CPU
 //! keeps its queues.
@@ -27,7 +28,7 @@ use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
 use super::sess::core_queue::{CoreQueue, Finished};
-use super::sess::{QueueTaker, Sess, SessHome};
+use super::sess::{Sess, SessHome};
 use super::task::{ReturnTo, TaskRef};
 
 /// The module's io_device whose channels are the poll groups (registered from module
@@ -52,8 +53,8 @@ pub struct GroupShared {
     gifts: SegQueue<Box<CoreQueue>>,
     /// Tasks of this group's channels finished by another group.
     done: SegQueue<Finished>,
-    /// Home only: session cores whose claims changed.
-    asks: SegQueue<(Arc<Sess>, usize)>,
+    /// Home only: groups claiming session cores and leaving them.
+    asks: SegQueue<Ask>,
     /// Home only: its driver, to wake its paced poller for work handed to it.
     driver: Option<Arc<Driver>>,
 }
@@ -85,9 +86,9 @@ impl GroupShared {
         }
     }
 
-    /// Asks home to look at `sess`'s core `core` again (its claims changed).
-    fn ask(&self, sess: &Arc<Sess>, core: usize) {
-        self.asks.push((Arc::clone(sess), core));
+    /// Tells home (this is home's) of a claim or a leave.
+    fn ask(&self, ask: Ask) {
+        self.asks.push(ask);
         self.kick();
     }
 
@@ -104,10 +105,21 @@ impl ReturnTo for GroupShared {
     }
 }
 
-impl QueueTaker for GroupShared {
-    fn give(&self, q: Box<CoreQueue>) {
-        GroupShared::give(self, q);
-    }
+/// What a group tells home of a session core: it has channels for it now (`claim`: it
+/// wants the queue) or none any more.
+struct Ask {
+    sess: Arc<Sess>,
+    core: usize,
+    group: Arc<GroupShared>,
+    claim: bool,
+}
+
+/// Home's record of the groups that want one session core's queue, first come first
+/// served (home's thread only).
+struct Claims {
+    sess: Arc<Sess>,
+    core: usize,
+    groups: Vec<Arc<GroupShared>>,
 }
 
 /// A session core's channels on one group: the queue is wanted while `count` > 0.
@@ -124,6 +136,8 @@ pub struct GroupState {
     is_home: bool,
     owned: Vec<CoreQueue>,
     interest: Vec<Interest>,
+    /// Home only: who wants which session core's queue.
+    claims: Vec<Claims>,
     /// Requests refused at submission, completed at the next poll.
     failed: Vec<Finished>,
     /// Tasks of this thread's channels submitted and not yet finished (whichever group
@@ -139,6 +153,7 @@ impl GroupState {
             is_home,
             owned: Vec::new(),
             interest: Vec::new(),
+            claims: Vec::new(),
             failed: Vec::new(),
             outstanding: 0,
         }
@@ -180,8 +195,7 @@ impl GroupState {
             count: 1,
         });
         if !self.is_home {
-            lock(&sess.cores[core].claims).push(Arc::clone(&self.shared) as Arc<dyn QueueTaker>);
-            self.home.shared.ask(sess, core);
+            self.tell_home(sess, core, true);
         }
     }
 
@@ -203,17 +217,25 @@ impl GroupState {
         if self.is_home {
             return;
         }
-        {
-            // Under the claims lock: home hands queues out holding it, so a gift made
-            // before this group left its claim is in `gifts` now, and none comes after.
-            let mut claims = lock(&sess.cores[core].claims);
-            claims.retain(|g| !std::ptr::addr_eq(Arc::as_ptr(g), Arc::as_ptr(&self.shared)));
-            self.take_gifts();
-        }
+        self.tell_home(sess, core, false);
+        // A gift home made before it read the leave is here or on its way: taken here (and
+        // given back) or, once home reads the leave, taken back by home from this
+        // group's mailbox (see `Home::left`).
+        self.take_gifts();
         if let Some(k) = self.owned.iter().position(|q| q.is(sess, core)) {
             let q = self.owned.swap_remove(k);
             self.give_home(q);
         }
+    }
+
+    /// Tells home this group claims (`claim`) or leaves `sess`'s core `core`.
+    fn tell_home(&self, sess: &Arc<Sess>, core: usize, claim: bool) {
+        self.home.shared.ask(Ask {
+            sess: Arc::clone(sess),
+            core,
+            group: Arc::clone(&self.shared),
+            claim,
+        });
     }
 
     fn give_home(&self, q: CoreQueue) {
@@ -240,13 +262,69 @@ impl GroupState {
         }
     }
 
+    /// Home: the groups that claim `sess`'s core `core`.
+    fn claims_of(&mut self, sess: &Arc<Sess>, core: usize) -> Option<&mut Vec<Arc<GroupShared>>> {
+        self.claims
+            .iter_mut()
+            .find(|c| Arc::ptr_eq(&c.sess, sess) && c.core == core)
+            .map(|c| &mut c.groups)
+    }
+
+    /// Home: records a claim or a leave. After a leave, takes back what home gave the
+    /// group and it did not take (a gift sent before home read the leave, which a group
+    /// already gone would never take); what it still claims goes back to it.
+    fn on_ask(&mut self, ask: Ask) {
+        let Ask {
+            sess,
+            core,
+            group,
+            claim,
+        } = ask;
+        if claim {
+            match self.claims_of(&sess, core) {
+                Some(groups) => groups.push(group),
+                None => self.claims.push(Claims {
+                    sess: Arc::clone(&sess),
+                    core,
+                    groups: vec![group],
+                }),
+            }
+            self.rebalance(&sess, core);
+            return;
+        }
+        if let Some(groups) = self.claims_of(&sess, core) {
+            if let Some(k) = groups.iter().position(|g| Arc::ptr_eq(g, &group)) {
+                groups.remove(k);
+            }
+        }
+        self.claims.retain(|c| !c.groups.is_empty());
+        for _ in 0..group.gifts.len() {
+            let Some(q) = group.gifts.pop() else {
+                break;
+            };
+            let (qs, qc) = (Arc::clone(&q.sess), q.core);
+            let still = self
+                .claims_of(&qs, qc)
+                .is_some_and(|gs| gs.iter().any(|g| Arc::ptr_eq(g, &group)));
+            if still {
+                group.gifts.push(q);
+            } else {
+                qs.cores[qc].set_at_home(true);
+                self.owned.push(*q);
+                self.rebalance(&qs, qc);
+            }
+        }
+    }
+
     /// Home: hands `sess`'s core `core` to its first claimer, if home has it.
     fn rebalance(&mut self, sess: &Arc<Sess>, core: usize) {
         let Some(i) = self.owned.iter().position(|q| q.is(sess, core)) else {
             return;
         };
-        let claims = lock(&sess.cores[core].claims);
-        let Some(g) = claims.first() else {
+        let Some(g) = self
+            .claims_of(sess, core)
+            .and_then(|gs| gs.first().cloned())
+        else {
             return;
         };
         let q = self.owned.swap_remove(i);
@@ -260,8 +338,8 @@ impl GroupState {
     fn poll(&mut self, now: u64, out: &mut Vec<Finished>) -> bool {
         self.take_gifts();
         if self.is_home {
-            while let Some((sess, core)) = self.shared.asks.pop() {
-                self.rebalance(&sess, core);
+            while let Some(ask) = self.shared.asks.pop() {
+                self.on_ask(ask);
             }
         }
         let mut busy = false;

@@ -14,8 +14,8 @@
 //!   [`sess::core_queue`], one core of the session (the library's `RnbdQueue` over
 //!   connection `k+1` of every path, carrying the IO of all its devices; core 0's also
 //!   the session's `RnbdAdmin`), and [`sess::disk`], one bdev, a device over the session,
-//!   and its life. What it needs of the groups above it is two traits it defines
-//!   ([`sess::SessHome`], [`sess::QueueTaker`]).
+//!   and its life. What it needs of home above it is a trait it defines
+//!   ([`sess::SessHome`]).
 //! - [`group`]: poll groups, one per SPDK thread with rtrs bdev channels (as
 //!   `bdev_nvme`'s), and home, the module's control thread; who owns which session core.
 //! - [`channel`]: IO channels, `submit_request`, resets.

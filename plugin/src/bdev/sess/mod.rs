@@ -45,8 +45,6 @@ const CLOSE_WAIT_NS: u64 = 3_000_000_000;
 pub struct CoreInbox {
     /// Tasks submitted on threads that do not own the core's queue.
     pub inbox: SegQueue<TaskRef>,
-    /// Groups that may own the queue, first come first served (see `super::group`).
-    pub claims: Mutex<Vec<Arc<dyn QueueTaker>>>,
     /// Whether home owns the queue (home must then be woken for the inbox).
     at_home: AtomicBool,
 }
@@ -80,12 +78,6 @@ pub trait SessHome: Send + Sync {
     fn kick(&self);
     /// A session's heartbeat interval (ms): home polls often enough for it.
     fn keep_heartbeat(&self, hb_interval_ms: u64);
-}
-
-/// A poll group as a session core's claims hold it (the module's `group::GroupShared`).
-pub trait QueueTaker: Send + Sync {
-    /// Hands `q` to the group.
-    fn give(&self, q: Box<CoreQueue>);
 }
 
 /// Work for the admin, from any thread.
@@ -234,7 +226,6 @@ impl Sess {
             cores: (0..n)
                 .map(|_| CoreInbox {
                     inbox: SegQueue::new(),
-                    claims: Mutex::new(Vec::new()),
                     at_home: AtomicBool::new(true),
                 })
                 .collect(),
