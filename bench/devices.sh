@@ -63,6 +63,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 1
 # shellcheck source=ci/spdk/lib.sh
 . ci/spdk/lib.sh
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 REPORT=(python3 "$REPO/bench/perf_report.py")
 
 DEVICES=16,64
@@ -734,18 +736,7 @@ if want iops; then
 fi
 
 # ---- tables, goals ---------------------------------------------------------------------------
-verdict() { python3 -c '
-import sys
-try:
-    v, g = float(sys.argv[1]), float(sys.argv[2])
-except ValueError:
-    print("n/a")
-else:
-    print("PASS" if (v >= g if sys.argv[3] == ">=" else v <= g) else "MISS")' "$@"; }
-GOALS=()
-goal() { # goal TEXT VALUE OP TARGET: PASS/MISS from the measure
-	GOALS+=("| $1 | $2 | $3 $4 | $(verdict "$2" "$4" "$3") |")
-}
+GOALS=() # goal TEXT VALUE OP TARGET (bench/lib.sh) adds to it
 if want iops; then
 	if [[ $IOPS_OK == 1 ]]; then
 		med=$("${REPORT[@]}" median "${rr[@]}")

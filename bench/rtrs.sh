@@ -11,6 +11,8 @@
 #   RTRS_BENCH_OUT=/tmp/x.md bench/rtrs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 time_=${RTRS_BENCH_TIME:-10s}
 out=${RTRS_BENCH_OUT:-docs/BENCHMARKS.md}
@@ -32,9 +34,6 @@ trap cleanup EXIT INT TERM
 
 # The runs: pattern, block size, queue depth.
 runs=("randread 4K 1" "randread 4K 32" "randwrite 4K 1" "randwrite 4K 32" "read 128K 8")
-
-# A JSON field of rtrs-bench's one-line output.
-field() { sed -E "s/.*\"$2\":\"?([^,\"}]*).*/\1/" <<<"$1"; }
 
 rows=()
 cmds=()

@@ -57,6 +57,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 1
 # shellcheck source=ci/spdk/lib.sh
 . ci/spdk/lib.sh
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 REPORT=(python3 "$REPO/bench/perf_report.py")
 
 TIME=10
@@ -512,23 +514,12 @@ fi
 
 # ---- tables, goals, plots ------------------------------------------------------------------
 ratio() { "${REPORT[@]}" ratio "$1" "$2"; }
-verdict() { python3 -c '
-import sys
-try:
-    v, g = float(sys.argv[1]), float(sys.argv[2])
-except ValueError:
-    print("n/a")
-else:
-    print("PASS" if (v >= g if sys.argv[3] == ">=" else v <= g) else "MISS")' "$@"; }
-GOALS=()
-goal() { # goal TEXT VALUE OP TARGET [AIM]: a done-when ratio, PASS/MISS from the measure
-	GOALS+=("| $1 | $2 | $3 $4${5:+ (aim $5)} | $(verdict "$2" "$4" "$3") |")
-}
+GOALS=() # goal TEXT VALUE OP TARGET [AIM] (bench/lib.sh): a done-when ratio, PASS/MISS
 reported() { # reported TEXT VALUE [AIM]: a figure shown beside the goals, without a verdict
 	GOALS+=("| $1 | $2 | ${3:-—} | — |")
 }
-# The first field of RES[KEY] (or the Nth: field KEY N); empty when the part did not run.
-field() { local f; read -r -a f <<<"${RES[$1]:-}"; echo "${f[${2:-1} - 1]:-}"; }
+# The first word of RES[KEY] (or the Nth: res_word KEY N); empty when the part did not run.
+res_word() { local f; read -r -a f <<<"${RES[$1]:-}"; echo "${f[${2:-1} - 1]:-}"; }
 
 if want pairs; then
 	{
@@ -542,15 +533,15 @@ if want pairs; then
 		done
 	} >"$APP_DIR/pairs.md"
 	goal "4 KiB randread QD32: IOPS rtrs / NVMe-oF/TCP" \
-		"$(ratio "$(field rtrs-4k-randread-qd32)" "$(field nvmf-4k-randread-qd32)")" ">=" 1.00 1.25
+		"$(ratio "$(res_word rtrs-4k-randread-qd32)" "$(res_word nvmf-4k-randread-qd32)")" ">=" 1.00 1.25
 	goal "4 KiB randwrite QD32: IOPS rtrs / NVMe-oF/TCP" \
-		"$(ratio "$(field rtrs-4k-randwrite-qd32)" "$(field nvmf-4k-randwrite-qd32)")" ">=" 1.00 1.25
-	goal "4 KiB randread QD1: avg latency rtrs / NVMe-oF/TCP (bdevperf; p99 $(field rtrs-4k-randread-qd1 5) / $(field nvmf-4k-randread-qd1 5) µs)" \
-		"$(ratio "$(field rtrs-4k-randread-qd1 3)" "$(field nvmf-4k-randread-qd1 3)")" "<=" 1.00 0.80
+		"$(ratio "$(res_word rtrs-4k-randwrite-qd32)" "$(res_word nvmf-4k-randwrite-qd32)")" ">=" 1.00 1.25
+	goal "4 KiB randread QD1: avg latency rtrs / NVMe-oF/TCP (bdevperf; p99 $(res_word rtrs-4k-randread-qd1 5) / $(res_word nvmf-4k-randread-qd1 5) µs)" \
+		"$(ratio "$(res_word rtrs-4k-randread-qd1 3)" "$(res_word nvmf-4k-randread-qd1 3)")" "<=" 1.00 0.80
 	reported "4 KiB randread QD1: p99 latency rtrs / NVMe-oF/TCP (bdevperf)" \
-		"$(ratio "$(field rtrs-4k-randread-qd1 5)" "$(field nvmf-4k-randread-qd1 5)")"
+		"$(ratio "$(res_word rtrs-4k-randread-qd1 5)" "$(res_word nvmf-4k-randread-qd1 5)")"
 	goal "128 KiB read QD8: MiB/s rtrs / NVMe-oF/TCP" \
-		"$(ratio "$(field rtrs-128k-read-qd8 2)" "$(field nvmf-128k-read-qd8 2)")" ">=" 1.00 1.25
+		"$(ratio "$(res_word rtrs-128k-read-qd8 2)" "$(res_word nvmf-128k-read-qd8 2)")" ">=" 1.00 1.25
 fi
 if want floor; then
 	# Ratios to the floor: IOPS (≤ 1: the share of the floor reached) and average latency
@@ -561,16 +552,16 @@ if want floor; then
 		for w in "${WORKLOADS[@]}"; do
 			IFS='|' read -r name _ _ _ <<<"$w"
 			read -r fio fl f99 fc fs <<<"${RES[floor-$name]}"
-			echo "| $name | $fio | $fl | $f99 | $fc, $fs | $(ratio "$(field "rtrs-$name")" "$fio") | $(ratio "$(field "nvmf-$name")" "$fio") | $(ratio "$(field "rtrs-$name" 3)" "$fl") | $(ratio "$(field "nvmf-$name" 3)" "$fl") |"
+			echo "| $name | $fio | $fl | $f99 | $fc, $fs | $(ratio "$(res_word "rtrs-$name")" "$fio") | $(ratio "$(res_word "nvmf-$name")" "$fio") | $(ratio "$(res_word "rtrs-$name" 3)" "$fl") | $(ratio "$(res_word "nvmf-$name" 3)" "$fl") |"
 		done
 	} >"$APP_DIR/floor.md"
 	if want pairs; then
 		for name in 4k-randread-qd32 4k-randwrite-qd32 128k-read-qd8; do
-			reported "$name: IOPS / plain-TCP floor ($(field "floor-$name") IOPS), rtrs; NVMe-oF/TCP" \
-				"$(ratio "$(field "rtrs-$name")" "$(field "floor-$name")"); $(ratio "$(field "nvmf-$name")" "$(field "floor-$name")")" "aim rtrs >= 0.90"
+			reported "$name: IOPS / plain-TCP floor ($(res_word "floor-$name") IOPS), rtrs; NVMe-oF/TCP" \
+				"$(ratio "$(res_word "rtrs-$name")" "$(res_word "floor-$name")"); $(ratio "$(res_word "nvmf-$name")" "$(res_word "floor-$name")")" "aim rtrs >= 0.90"
 		done
-		reported "4k-randread-qd1: avg latency / plain-TCP floor ($(field floor-4k-randread-qd1 2) µs, p99 $(field floor-4k-randread-qd1 3) µs), rtrs; NVMe-oF/TCP" \
-			"$(ratio "$(field rtrs-4k-randread-qd1 3)" "$(field floor-4k-randread-qd1 2)"); $(ratio "$(field nvmf-4k-randread-qd1 3)" "$(field floor-4k-randread-qd1 2)")"
+		reported "4k-randread-qd1: avg latency / plain-TCP floor ($(res_word floor-4k-randread-qd1 2) µs, p99 $(res_word floor-4k-randread-qd1 3) µs), rtrs; NVMe-oF/TCP" \
+			"$(ratio "$(res_word rtrs-4k-randread-qd1 3)" "$(res_word floor-4k-randread-qd1 2)"); $(ratio "$(res_word nvmf-4k-randread-qd1 3)" "$(res_word floor-4k-randread-qd1 2)")"
 	fi
 fi
 if want syscalls; then
@@ -581,7 +572,7 @@ if want syscalls; then
 			IFS='|' read -r name _ _ _ <<<"$w"
 			for side in tgt ini; do
 				rs=${RES[sc-rtrs-$name-$side]} ns=${RES[sc-nvmf-$name-$side]}
-				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | ${rs%% *} | ${ns%% *} | $(ratio "${rs%% *}" "${ns%% *}") | ${rs#* } | ${ns#* } | $(field "sc-rtrs-$name"); $(field "sc-nvmf-$name") |"
+				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | ${rs%% *} | ${ns%% *} | $(ratio "${rs%% *}" "${ns%% *}") | ${rs#* } | ${ns#* } | $(res_word "sc-rtrs-$name"); $(res_word "sc-nvmf-$name") |"
 			done
 		done
 		echo
@@ -598,8 +589,8 @@ if want syscalls; then
 	} >"$APP_DIR/syscalls.md"
 	for w in "${WORKLOADS[@]}"; do
 		IFS='|' read -r name _ _ _ <<<"$w"
-		rt=$(field "sc-rtrs-$name-tgt") nt=$(field "sc-nvmf-$name-tgt")
-		ri=$(field "sc-rtrs-$name-ini") ni=$(field "sc-nvmf-$name-ini")
+		rt=$(res_word "sc-rtrs-$name-tgt") nt=$(res_word "sc-nvmf-$name-tgt")
+		ri=$(res_word "sc-rtrs-$name-ini") ni=$(res_word "sc-nvmf-$name-ini")
 		# Both sides must hold: the measure is the larger of the two sides' ratios.
 		worst=$(python3 -c '
 import sys
@@ -637,7 +628,7 @@ if want sweep; then
 	echo "wrote docs/perf-iops-qd.svg"
 fi
 if want split; then
-	nv=$(field nvmf-4k-randread-qd32)
+	nv=$(res_word nvmf-4k-randread-qd32)
 	{
 		echo "| 4 KiB randread QD32, IOPS (ratio to NVMe-oF/TCP${nv:+, $nv}) | standalone rtrs-target | spdk_tgt (rtrs target backend) |"
 		echo "|---|---:|---:|"

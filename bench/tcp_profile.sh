@@ -16,6 +16,8 @@
 # the *_ok and sendmsg columns are comparable between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 time_=${RTRS_PROFILE_TIME:-3s}
 if [ -z "${RTRS_PROFILE_BIN:-}" ]; then
@@ -59,8 +61,6 @@ stop_target() {
     wait "$target_pid" || true
     target_pid=
 }
-
-field() { sed -E "s/.*\"$2\":\"?([^,\"}]*).*/\1/" <<<"$1"; }
 
 # per_io FILE IOS: the perf stat counts of FILE divided by IOS.
 per_io() {

@@ -27,9 +27,16 @@
 # target listens on RTRS_TEST_PORT_BASE + 90 (the port after ci/spdk-test.sh's), or a
 # random port in 20000..39999 when that is unset. Every wait is bounded. Ends with "spdk
 # target tests: N passed, M failed".
+#
+# The target is application "tgt" of ci/spdk/lib.sh: started with app_start, stopped with
+# app_wait, talked to with rpc_result (raw requests) and rpc (rpc.py: save_config), and gone
+# at the end (apps_cleanup).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+REPO=$(pwd)
+# shellcheck source=ci/spdk/lib.sh
+. ci/spdk/lib.sh
 SPDK_DIR=${SPDK_DIR:-/opt/spdk}
 if [ ! -f "$SPDK_DIR/include/spdk/bdev_module.h" ]; then
     echo "SKIPPED: SPDK target tests (SPDK_DIR not set and /opt/spdk not found) — see README"
@@ -44,98 +51,42 @@ if [ -z "$TGT" ]; then
     echo "SKIPPED: SPDK target tests (no spdk_tgt under $SPDK_DIR/build/bin or $SPDK_DIR/bin)"
     exit 0
 fi
-export LD_LIBRARY_PATH="$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib:$SPDK_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+spdk_setup_rpc || exit 1
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 MASK=${SPDK_TGT_MASK:-0x3}
-WORK=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
-SOCK=$WORK/tgt.sock
+APP_DIR=$(mktemp -d /tmp/rtrs-spdk-target.XXXXXX)
+apps_init
+WORK=$APP_DIR
+# Every start of the target adds to one log, $WORK/tgt.log; never in interrupt mode.
+APP_LOG_APPEND=1
+RTRS_SPDK_INTERRUPT=0
 if [ -n "${RTRS_TEST_PORT_BASE:-}" ]; then
     PORT=$((RTRS_TEST_PORT_BASE + 90))
 else
     PORT=$((20000 + RANDOM % 20000))
 fi
-TGT_PID=""
 FAILS=0
 OKS=0
 
 cleanup() {
-    if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
-        kill -INT "$TGT_PID" 2>/dev/null || true
-        for _ in $(seq 1 100); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$TGT_PID" 2>/dev/null || true
-    fi
+    set +e
+    apps_stop_all
     [ -n "${KEEP_LOG:-}" ] && cp "$WORK/tgt.log" "$KEEP_LOG" 2>/dev/null
-    rm -rf "$WORK"
+    apps_cleanup
 }
 trap cleanup EXIT
 
 echo "== building the plugin and the test client"
-cargo build -q -p rtrs-spdk-plugin
+PLUGIN_PROFILE=debug plugin_build || exit 1
 cargo test -q --test spdk_target --no-run
 cargo build -q --bin rtrs-bench
-PLUGIN=$TARGET_DIR/debug/librtrs_spdk.so
 
-# rpc METHOD [JSON]: prints the result; exit 1 (message on stdout) on a JSON-RPC error.
-rpc() {
-    python3 - "$SOCK" "$1" "${2:-}" <<'EOF'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(30)
-s.connect(sys.argv[1])
-req = {"jsonrpc": "2.0", "id": 1, "method": sys.argv[2]}
-if sys.argv[3]:
-    req["params"] = json.loads(sys.argv[3])
-s.sendall(json.dumps(req).encode())
-buf = b""
-while True:
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-    try:
-        rsp = json.loads(buf)
-        break
-    except ValueError:
-        continue
-if "error" in rsp:
-    print(rsp["error"]["message"])
-    sys.exit(1)
-print(json.dumps(rsp["result"]))
-EOF
-}
+# trpc METHOD [JSON]: one raw request to the target (rpc_result): prints the result as one
+# line of JSON, or the error's message and returns 1.
+trpc() { rpc_result tgt "$@"; }
 
-# save_config: what `rpc.py save_config` writes (rpc.py builds it on the client side from
-# framework_get_subsystems + framework_get_config).
-save_config() {
-    python3 - "$SOCK" <<'EOF'
-import json, socket, sys
-def call(method, params=None):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(30)
-    s.connect(sys.argv[1])
-    req = {"jsonrpc": "2.0", "id": 1, "method": method}
-    if params is not None:
-        req["params"] = params
-    s.sendall(json.dumps(req).encode())
-    buf = b""
-    while True:
-        buf += s.recv(65536)
-        try:
-            rsp = json.loads(buf)
-            break
-        except ValueError:
-            continue
-    s.close()
-    if "error" in rsp:
-        sys.exit("%s: %s" % (method, rsp["error"]["message"]))
-    return rsp["result"]
-subsystems = [
-    {"subsystem": s["subsystem"], "config": call("framework_get_config", {"name": s["subsystem"]})}
-    for s in call("framework_get_subsystems")
-]
-print(json.dumps({"subsystems": subsystems}, indent=2))
-EOF
-}
+# save_config: the target's config as `rpc.py save_config` writes it.
+save_config() { rpc tgt save_config; }
 
 ok() { echo "  ok: $*"; OKS=$((OKS + 1)); }
 fail() { echo "  FAIL: $*"; FAILS=$((FAILS + 1)); }
@@ -143,7 +94,7 @@ fail() { echo "  FAIL: $*"; FAILS=$((FAILS + 1)); }
 # expect_err METHOD JSON WORD...: the call fails and its message contains every WORD.
 expect_err() {
     local out w
-    if out=$(rpc "$1" "$2"); then
+    if out=$(trpc "$1" "$2"); then
         fail "$1 $2 succeeded: $out"
         return
     fi
@@ -158,35 +109,33 @@ expect_err() {
 
 expect_ok() {
     local out
-    if out=$(rpc "$1" "${2:-}"); then ok "$1 ${2:-}"; else fail "$1 ${2:-}: $out"; fi
+    if out=$(trpc "$1" "${2:-}"); then ok "$1 ${2:-}"; else fail "$1 ${2:-}: $out"; fi
 }
 
+# start_target [ARGS...]: spdk_tgt with the plugin (app_start), up to framework_wait_init
+# (to its RPC server only with --wait-for-rpc); exits with its log when it does not come up.
 start_target() {
-    rm -f "$SOCK"
     # No core locks: other SPDK applications may share this machine's cores.
-    LD_PRELOAD=$PLUGIN "$TGT" --no-huge -s 1024 -m "$MASK" -r "$SOCK" --disable-cpumask-locks "$@" \
-        >>"$WORK/tgt.log" 2>&1 &
-    TGT_PID=$!
-    local ready=framework_wait_init
-    [ "${1:-}" = --wait-for-rpc ] && ready=spdk_get_version
-    for _ in $(seq 1 120); do
-        if [ -S "$SOCK" ] && rpc $ready >/dev/null 2>&1; then return 0; fi
-        kill -0 "$TGT_PID" 2>/dev/null || break
-        sleep 0.25
-    done
+    if app_start tgt "$TGT" --no-huge -s 1024 -m "$MASK" --disable-cpumask-locks "$@" &&
+        { [ "${1:-}" = --wait-for-rpc ] || trpc framework_wait_init >/dev/null 2>&1; }; then
+        return 0
+    fi
     echo "spdk_tgt did not come up; log:"; tail -20 "$WORK/tgt.log"; exit 1
 }
 
+# stop_target: SIGINT; the target must exit within 20 s with status 0.
 stop_target() {
-    kill -INT "$TGT_PID"
-    local rc=0
-    for _ in $(seq 1 200); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$TGT_PID" 2>/dev/null; then
-        fail "spdk_tgt still running 20 s after SIGINT"; kill -KILL "$TGT_PID"
+    local pid rc=0
+    pid=$(app_pid tgt)
+    kill -INT "$pid"
+    if app_wait tgt 20; then
+        rc=$APP_STATUS
+    else
+        fail "spdk_tgt still running 20 s after SIGINT"; kill -KILL "$pid"
+        wait "$pid" || rc=$?
+        rm -f "$APP_DIR/pids/tgt"
     fi
-    wait "$TGT_PID" || rc=$?
     [ "$rc" = 0 ] && ok "spdk_tgt exited cleanly" || fail "spdk_tgt exit code $rc"
-    TGT_PID=""
 }
 
 # client [ENV=VALUE...]: verified IO against the target (tests/spdk_target.rs), core 1.
@@ -219,15 +168,7 @@ attack() {
 # in_log WHAT WORD...: some line of the target's log has every WORD.
 in_log() {
     local what=$1 line; shift
-    line=$(python3 - "$WORK/tgt.log" "$@" <<'EOF'
-import sys
-words = sys.argv[2:]
-for l in open(sys.argv[1], errors="replace"):
-    if all(w in l for w in words):
-        print(l.strip()[:300])
-        break
-EOF
-)
+    line=$(python3 ci/spdk/log_line.py "$WORK/tgt.log" "$@")
     if [ -n "$line" ]; then ok "log: $what: $line"; else fail "log: no line for $what (${*})"; fi
 }
 
@@ -238,7 +179,7 @@ expect_client() {
 }
 
 alive() {
-    if rpc spdk_get_version >/dev/null; then ok "application still running"; else fail "application gone"; fi
+    if trpc spdk_get_version >/dev/null; then ok "application still running"; else fail "application gone"; fi
 }
 
 echo "== spdk_tgt -m $MASK with the plugin (log: $WORK/tgt.log)"
@@ -298,7 +239,7 @@ client RTRS_TARGET_ROUNDS=100 >"$WORK/long.out" &
 LONG=$!
 seen=""
 for _ in $(seq 1 100); do
-    s=$(rpc rtrs_target_get_sessions || true)
+    s=$(trpc rtrs_target_get_sessions || true)
     if [[ "$s" == *'"sessname": "spdk-target-test"'* && "$s" == *'"connected"'* ]]; then seen=$s; break; fi
     sleep 0.1
 done
@@ -343,10 +284,10 @@ expect_ok rtrs_target_export_add_host '{"export_name":"hl","host":"sess:hl-sess"
 expect_err rtrs_target_export_add_host '{"export_name":"hl","host":"sess:hl-sess"}' "already"
 expect_ok rtrs_target_export_add_host '{"export_name":"hl","host":"[fd00::]/64"}'
 expect_client "verified 256 blocks" RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.3 RTRS_TARGET_SESSNAME=hl-sess
-out=$(rpc rtrs_target_get_exports '{"export_name":"hl"}' || true)
+out=$(trpc rtrs_target_get_exports '{"export_name":"hl"}' || true)
 [[ "$out" == *'"allow_any_host": false'* && "$out" == *'"allowed_hosts": ["127.0.0.2", "sess:hl-sess", "[fd00::]/64"]'* ]] &&
     ok "get_exports: $out" || fail "get_exports: $out"
-out=$(rpc rtrs_target_get_exports '{"export_name":"vol"}' || true)
+out=$(trpc rtrs_target_get_exports '{"export_name":"vol"}' || true)
 [[ "$out" == *'"allow_any_host": true'* ]] && ok "get_exports: vol open to any host" || fail "get_exports vol: $out"
 expect_err rtrs_target_get_exports '{"export_name":"nope"}' export_name
 # Removing a host keeps the device it has open (a long run from 127.0.0.2 goes on);
@@ -354,7 +295,7 @@ expect_err rtrs_target_get_exports '{"export_name":"nope"}' export_name
 client RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127.0.0.2 RTRS_TARGET_SESSNAME=hl-long RTRS_TARGET_ROUNDS=40 >"$WORK/hl.out" &
 HL=$!
 for _ in $(seq 1 100); do
-    [[ "$(rpc rtrs_target_get_sessions || true)" == *'"sessname": "hl-long"'* ]] && break
+    [[ "$(trpc rtrs_target_get_sessions || true)" == *'"sessname": "hl-long"'* ]] && break
     sleep 0.1
 done
 sleep 0.5
@@ -367,11 +308,7 @@ expect_client 'name: "hl", errno: EACCES' RTRS_TARGET_DEV=hl RTRS_TARGET_SRC=127
 
 echo "== save_config -> spdk_tgt --json"
 save_config >"$WORK/config.json"
-python3 -c "
-import json,sys
-c = json.load(open('$WORK/config.json'))
-print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtrs_target'][0]))
-" >"$WORK/rtrs1.json"
+python3 ci/spdk/subsystem_config.py rtrs_target "$WORK/config.json" >"$WORK/rtrs1.json"
 echo "  rtrs_target config: $(cat "$WORK/rtrs1.json")"
 grep -q '"handshake_timeout_ms": 3000' "$WORK/rtrs1.json" && ok "save_config keeps handshake_timeout_ms" ||
     fail "handshake_timeout_ms missing from the saved config"
@@ -379,11 +316,7 @@ grep -q '"allowed_hosts": \["sess:hl-sess", "\[fd00::\]/64"\]' "$WORK/rtrs1.json
     fail "allowed_hosts missing from the saved config"
 stop_target
 start_target --json "$WORK/config.json"
-save_config | python3 -c "
-import json,sys
-c = json.load(sys.stdin)
-print(json.dumps([s['config'] for s in c['subsystems'] if s['subsystem'] == 'rtrs_target'][0]))
-" >"$WORK/rtrs2.json"
+save_config | python3 ci/spdk/subsystem_config.py rtrs_target >"$WORK/rtrs2.json"
 cmp -s "$WORK/rtrs1.json" "$WORK/rtrs2.json" && ok "rtrs_target config identical after replay" ||
     fail "config differs: $(cat "$WORK/rtrs2.json")"
 expect_client "verified 256 blocks"
@@ -435,7 +368,7 @@ io_fails_cleanly() {
     client RTRS_TARGET_ROUNDS=100000 RTRS_TARGET_EXPECT=fail >"$WORK/$name.out" &
     pid=$!
     for _ in $(seq 1 100); do
-        [[ "$(rpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
+        [[ "$(trpc rtrs_target_get_sessions || true)" == *'"connected"'* ]] && break
         sleep 0.1
     done
     sleep 0.5
@@ -468,7 +401,7 @@ echo "== a tiny bdev_io pool: -ENOMEM waits with spdk_bdev_queue_io_wait, data s
 start_target --wait-for-rpc
 expect_ok bdev_set_options '{"bdev_io_pool_size":8,"bdev_io_cache_size":1}'
 expect_ok framework_start_init
-rpc framework_wait_init >/dev/null
+trpc framework_wait_init >/dev/null
 expect_ok bdev_malloc_create '{"name":"Malloc0","num_blocks":16384,"block_size":4096}'
 expect_ok rtrs_target_listen "{\"transport\":\"tcp\",\"addr\":\"127.0.0.1\",\"port\":$PORT}"
 expect_ok rtrs_target_export '{"bdev_name":"Malloc0","export_name":"vol"}'

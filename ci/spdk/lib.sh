@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Helpers for ci/spdk-test.sh and bench/spdk_vs_nvmf.sh: find SPDK, build the plugin, start
-# SPDK applications with the plugin preloaded, talk JSON-RPC to them, and make sure every
-# application a script started is gone when it ends (trap). Sourced, not run.
+# Helpers for ci/spdk-test.sh, ci/spdk-target-test.sh and the benches: find SPDK, build the
+# plugin, start SPDK applications with the plugin preloaded, talk JSON-RPC to them, and make
+# sure every application a script started is gone when it ends (trap). Sourced, not run.
 
 # Where SPDK is: $SPDK_DIR, else the README's default. Empty when neither exists.
 spdk_find() {
@@ -32,8 +32,14 @@ spdk_setup_paths() {
 	NVMF_TGT=$(spdk_path build/bin/nvmf_tgt bin/nvmf_tgt) || NVMF_TGT=
 	BDEVPERF=$(spdk_path build/examples/bdevperf bin/bdevperf build/bin/bdevperf) || { echo "bdevperf not found under $SPDK_DIR" >&2; return 1; }
 	BDEVPERF_PY=$(spdk_path examples/bdev/bdevperf/bdevperf.py scripts/bdevperf.py bin/bdevperf.py) || BDEVPERF_PY=
-	RPC_PY=$(spdk_path scripts/rpc.py bin/spdk_rpc.py bin/rpc.py) || { echo "rpc.py not found under $SPDK_DIR" >&2; return 1; }
 	FIO_PLUGIN=$(spdk_path build/fio/spdk_bdev lib/spdk_bdev build/fio/spdk_bdev.so) || FIO_PLUGIN=
+	spdk_setup_rpc
+}
+
+# What app_start and rpc need, and no more (ci/spdk-target-test.sh runs only spdk_tgt):
+# RPC_PY, PYTHONPATH (SPDK's python package and plugin/python) and LD_LIBRARY_PATH.
+spdk_setup_rpc() {
+	RPC_PY=$(spdk_path scripts/rpc.py bin/spdk_rpc.py bin/rpc.py) || { echo "rpc.py not found under $SPDK_DIR" >&2; return 1; }
 	local pyd
 	pyd=$(spdk_path python) || pyd=
 	PYTHONPATH="$REPO/plugin/python${pyd:+:$pyd}${PYTHONPATH:+:$PYTHONPATH}"
@@ -88,12 +94,14 @@ app_start() {
 	shift 2
 	local sock="$APP_DIR/$name.sock"
 	rm -f "$sock"
+	# APP_LOG_APPEND=1: the log goes on after the previous run's of the same NAME.
+	[[ "${APP_LOG_APPEND:-0}" == 1 ]] || : >"$APP_DIR/$name.log"
 	local intr=()
 	# RTRS_SPDK_INTERRUPT=1: every application in SPDK's interrupt mode (docs/ARCHITECTURE.md,
 	# "Interrupt mode"); the SPDK scenarios run so once more in ci/test.sh.
 	[[ "${RTRS_SPDK_INTERRUPT:-0}" == 1 ]] && intr=(--interrupt-mode)
 	LD_PRELOAD="$PLUGIN_SO${APP_PRELOAD:+ $APP_PRELOAD}" "$bin" -r "$sock" "${intr[@]}" "$@" \
-		>"$APP_DIR/$name.log" 2>&1 &
+		>>"$APP_DIR/$name.log" 2>&1 &
 	local pid=$!
 	echo "$pid" >"$APP_DIR/pids/$name"
 	local i
@@ -177,6 +185,12 @@ rpc() {
 # rpc_raw NAME METHOD JSON-PARAMS : one raw request; prints the response object.
 rpc_raw() {
 	python3 "$REPO/ci/spdk/rpc_raw.py" "$APP_DIR/$1.sock" "$2" "$3"
+}
+
+# rpc_result NAME METHOD [JSON-PARAMS] : one raw request (no params when JSON-PARAMS is
+# empty); prints the result as one line of JSON, or the error's message and returns 1.
+rpc_result() {
+	python3 "$REPO/ci/spdk/rpc_raw.py" --result "$APP_DIR/$1.sock" "$2" "${3:--}"
 }
 
 # bdevperf_perform NAME SECONDS : bdevperf.py perform_tests; prints the JSON result.

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Send one raw JSON-RPC request to an SPDK application and print the response object.
 
-Usage: rpc_raw.py SOCKET METHOD PARAMS_JSON   (PARAMS_JSON "-" sends no params)
+Usage: rpc_raw.py [--result] SOCKET METHOD PARAMS_JSON   (PARAMS_JSON "-" sends no params)
+
+With --result it prints the result as one line of JSON (exit status 0), or the error's
+message (exit status 1).
 
 rpc.py validates arguments before sending; the bad-parameter tests need to send what a
 careless client would, so this talks to the socket directly.
@@ -12,7 +15,11 @@ import sys
 
 
 def main():
-    sock_path, method, params = sys.argv[1:4]
+    args = sys.argv[1:]
+    result = args[:1] == ["--result"]
+    if result:
+        args = args[1:]
+    sock_path, method, params = args[:3]
     req = {"jsonrpc": "2.0", "id": 1, "method": method}
     if params != "-":
         req["params"] = json.loads(params)
@@ -31,9 +38,18 @@ def main():
             obj, _ = dec.raw_decode(buf.decode())
         except ValueError:
             continue
-        print(json.dumps(obj))
+        if not result:
+            print(json.dumps(obj))
+            return 0
+        if "error" in obj:
+            print(obj["error"]["message"])
+            return 1
+        print(json.dumps(obj["result"]))
         return 0
-    print(json.dumps({"error": {"code": 0, "message": "connection closed without a response"}}))
+    if result:
+        print("connection closed without a response")
+    else:
+        print(json.dumps({"error": {"code": 0, "message": "connection closed without a response"}}))
     return 1
 
 
