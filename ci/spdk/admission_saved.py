@@ -7,18 +7,16 @@ Usage: admission_saved.py SAVED_CONFIG.json
 import json
 import sys
 
+import check
+
 
 def main():
     c = json.load(open(sys.argv[1]))
-    calls = [e for s in c["subsystems"] if s["subsystem"] == "rtrs_target" for e in s["config"] or []]
-    o = [e["params"] for e in calls if e["method"] == "rtrs_target_set_options"]
+    o = check.calls(c, "rtrs_target_set_options")
     assert o and o[0]["handshake_timeout_ms"] == 1500 and o[0]["max_pending"] == 64 \
         and o[0]["max_pending_per_source"] == 8, o
     print("save_config keeps", o[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("admission_saved: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: basic_bdev.py BDEV_GET_BDEVS.json
 import json
 import sys
 
+import check
+
 
 def main():
     b = json.load(open(sys.argv[1]))[0]
@@ -19,7 +21,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("basic_bdev: %s" % e)
+    check.run(main)

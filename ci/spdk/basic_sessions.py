@@ -7,6 +7,8 @@ Usage: basic_sessions.py SESSIONS.json
 import json
 import sys
 
+import check
+
 
 def main():
     s = json.load(open(sys.argv[1]))
@@ -16,7 +18,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("basic_sessions: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: basic_target_sessions.py TARGET_SESSIONS.json
 import json
 import sys
 
+import check
+
 
 def main():
     s = [x for x in json.load(open(sys.argv[1])) if x["sessname"] == "basic-sess"]
@@ -15,7 +17,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("basic_target_sessions: %s" % e)
+    check.run(main)

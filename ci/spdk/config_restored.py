@@ -7,6 +7,8 @@ Usage: config_restored.py SESSIONS.json
 import json
 import sys
 
+import check
+
 
 def main():
     s = json.load(open(sys.argv[1]))
@@ -17,7 +19,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("config_restored: %s" % e)
+    check.run(main)

@@ -8,6 +8,8 @@ Usage: controls_unchanged.py SESSIONS.json EXPORTS.json
 import json
 import sys
 
+import check
+
 
 def main():
     s = json.load(open(sys.argv[1]))[0]
@@ -20,7 +22,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("controls_unchanged: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: flap_reconnects.py SESSIONS.json PORT0 BREAKS0 PORT1 BREAKS1
 import json
 import sys
 
+import check
+
 
 def main():
     paths = json.load(open(sys.argv[1]))[0]["stats"]["paths"]
@@ -28,7 +30,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("flap_reconnects: %s" % e)
+    check.run(main)

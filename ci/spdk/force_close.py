@@ -9,6 +9,8 @@ Usage: force_close.py CLOSED.json EXPORTS.json RESULT.json SESSIONS.json
 import json
 import sys
 
+import check
+
 
 def main():
     closed = json.load(open(sys.argv[1]))
@@ -25,7 +27,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("force_close: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: geometry.py BDEV_GET_BDEVS.json
 import json
 import sys
 
+import check
+
 
 def main():
     b = json.load(open(sys.argv[1]))[0]
@@ -22,7 +24,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("geometry: %s" % e)
+    check.run(main)

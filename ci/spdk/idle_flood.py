@@ -7,6 +7,8 @@ Usage: idle_flood.py PORT
 """
 import socket
 import sys
+
+import check
 import time
 
 
@@ -43,7 +45,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("idle_flood: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: late_memory_log.py BDEVPERF.log
 import re
 import sys
 
+import check
+
 
 def main():
     log = open(sys.argv[1], errors="replace").read().splitlines()
@@ -19,7 +21,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("late_memory_log: %s" % e)
+    check.run(main)

@@ -9,6 +9,8 @@ Usage: openers.py EXPORTS.json TARGET_SESSIONS.json T0 T1 PORT
 import json
 import sys
 
+import check
+
 
 def main():
     exports = {e["export_name"]: e for e in json.load(open(sys.argv[1]))}
@@ -35,7 +37,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("openers: %s" % e)
+    check.run(main)

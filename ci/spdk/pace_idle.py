@@ -8,6 +8,8 @@ Usage: pace_idle.py THREAD_GET_POLLERS.json
 import json
 import sys
 
+import check
+
 
 def main():
     d = json.load(open(sys.argv[1]))
@@ -24,7 +26,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("pace_idle: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: pace_one_left.py THREAD_GET_POLLERS.json
 import json
 import sys
 
+import check
+
 
 def main():
     d = json.load(open(sys.argv[1]))
@@ -18,7 +20,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("pace_one_left: %s" % e)
+    check.run(main)

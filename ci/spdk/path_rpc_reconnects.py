@@ -7,6 +7,8 @@ Usage: path_rpc_reconnects.py SESSIONS.json A B
 import json
 import sys
 
+import check
+
 
 def main():
     paths = {p["path"].rsplit(":", 1)[1]: p for p in json.load(open(sys.argv[1]))[0]["stats"]["paths"]}
@@ -18,7 +20,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("path_rpc_reconnects: %s" % e)
+    check.run(main)

@@ -7,6 +7,8 @@ Usage: raid_config.py A B
 import json
 import sys
 
+import check
+
 
 def main():
     def rtrs(name, port):
@@ -23,7 +25,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("raid_config: %s" % e)
+    check.run(main)

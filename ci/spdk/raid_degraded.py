@@ -7,6 +7,8 @@ Usage: raid_degraded.py RAID_BDEVS.json
 import json
 import sys
 
+import check
+
 
 def main():
     r = [x for x in json.load(open(sys.argv[1])) if x["name"] == "raid1"][0]
@@ -15,7 +17,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("raid_degraded: %s" % e)
+    check.run(main)

@@ -8,6 +8,8 @@ Usage: reset_result.py RESULT.json
 import json
 import sys
 
+import check
+
 
 def main():
     r = json.load(open(sys.argv[1]))
@@ -19,7 +21,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("reset_result: %s" % e)
+    check.run(main)

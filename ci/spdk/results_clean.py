@@ -7,6 +7,8 @@ Usage: results_clean.py RESULT.json
 import json
 import sys
 
+import check
+
 
 def main():
     r = json.load(open(sys.argv[1]))
@@ -18,7 +20,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("results_clean: %s" % e)
+    check.run(main)

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import check
+
 
 def main():
     l = socket.socket(); l.bind(("127.0.0.3", 0)); l.listen(1)
@@ -25,7 +27,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("sock_destroy_works: %s" % e)
+    check.run(main)

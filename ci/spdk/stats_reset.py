@@ -8,6 +8,8 @@ Usage: stats_reset.py BEFORE.json AFTER.json
 import json
 import sys
 
+import check
+
 
 def main():
     def counts(f):
@@ -20,7 +22,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("stats_reset: %s" % e)
+    check.run(main)

@@ -8,6 +8,8 @@ Usage: write_zeroes_wire.py TARGET_SESSIONS.json MODE
 import json
 import sys
 
+import check
+
 
 def main():
     sessions, mode = json.load(open(sys.argv[1])), sys.argv[2]
@@ -23,7 +25,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        sys.exit("write_zeroes_wire: %s" % e)
+    check.run(main)

@@ -8,10 +8,10 @@
 //! that it may sleep). Every hand-over is home's decision and moves the queue as a value
 //! through the groups' mailboxes ([`GroupShared`]), so no queue is polled by two threads
 //! or lost between them. Who wants which queue is home's alone to know: groups tell it by
-//! message (a claim, a leave), and no lock is shared. IO from a thread that does not own its core goes through the
-//! core's inbox ([`CoreInbox`](super::sess::CoreInbox)); a task finished by another group
-//! goes back through its own group's `done` queue. A thread SPDK moves to another CPU
-//! keeps its queues.
+//! message (a claim, a leave), and no lock is shared. IO from a thread that does not own
+//! its core goes through the core's inbox ([`CoreInbox`](super::sess::CoreInbox)); a task
+//! finished by another group goes back through its own group's `done` queue. A thread
+//! SPDK moves to another CPU keeps its queues.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::ptr;
@@ -220,7 +220,7 @@ impl GroupState {
         self.tell_home(sess, core, false);
         // A gift home made before it read the leave is here or on its way: taken here (and
         // given back) or, once home reads the leave, taken back by home from this
-        // group's mailbox (see `Home::left`).
+        // group's mailbox (see `GroupState::on_ask`).
         self.take_gifts();
         if let Some(k) = self.owned.iter().position(|q| q.is(sess, core)) {
             let q = self.owned.swap_remove(k);
