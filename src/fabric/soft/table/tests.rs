@@ -270,12 +270,16 @@ fn concurrent_rebinding_is_seen_whole_or_not_at_all() {
     let (lo, hi) = (mr.addr(), mr.addr() + (1 << 15));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let key = Arc::new(AtomicU32::new(0));
+    // The reader's rounds so far: the owner goes on until both ran together a while,
+    // however the threads are scheduled.
+    let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reader = {
-        let (t, stop, key) = (t.clone(), stop.clone(), key.clone());
+        let (t, stop, key, rounds) = (t.clone(), stop.clone(), key.clone(), rounds.clone());
         std::thread::spawn(move || {
             let mut l = Leases::default();
             let (mut ok, mut refused) = (0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
+                rounds.fetch_add(1, Ordering::Relaxed);
                 let k = key.load(Ordering::Relaxed);
                 for (base, other) in [(lo, hi), (hi, lo)] {
                     // A whole half is reachable only through the key bound to it.
@@ -295,7 +299,9 @@ fn concurrent_rebinding_is_seen_whole_or_not_at_all() {
             (ok, refused)
         })
     };
-    for i in 0..20_000u32 {
+    let mut i = 0u32;
+    while i < 20_000 || rounds.load(Ordering::Relaxed) < 1_000 {
+        i = i.wrapping_add(1);
         let base = if i % 2 == 0 { lo } else { hi };
         let k = next_rkey(slot.rkey());
         t.bind(&slot, &mr, base, 1 << 15, RW, k, QP).unwrap();
