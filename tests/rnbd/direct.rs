@@ -121,7 +121,7 @@ impl DirectPort {
                 usr: &usr,
                 sgl: Sgl::Copy(&sgl),
                 admin: false,
-                deadline: None,
+                wait: rtrs_spdk::client::PathWait::Session,
             };
             self.submit(now, io).unwrap();
             // Nor listed twice.
@@ -326,10 +326,18 @@ impl Rig {
         self.sim.reactor(0).with_ctx(f)
     }
 
-    /// Polls until `want` events came (bounded).
+    /// Polls until `want` events came (bounded: 10,000 polls and 10 s, as a file
+    /// export completes on threads of its own that a busy machine may run late).
     pub fn events(&mut self, c: &mut RnbdClient<DirectPort>, want: usize) -> Vec<ClientEvent> {
         let mut got = Vec::new();
-        for _ in 0..10_000 {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        for i in 0.. {
+            if i >= 10_000 && std::time::Instant::now() >= end {
+                break;
+            }
+            if i >= 10_000 {
+                std::thread::yield_now();
+            }
             let mut out = vec![
                 ClientEvent::Io {
                     tag: 0,
