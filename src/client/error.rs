@@ -48,6 +48,12 @@ pub enum SubmitError {
     /// within the wait, or the session is closed.
     #[error("no path of the session is connected or coming back")]
     NoPath,
+    /// No path of this core can carry the request now, and one may come back (the
+    /// session is connecting or reconnecting): for a request that waits with its caller
+    /// ([`PathWait::Caller`](super::PathWait::Caller)). Send it again once
+    /// [`path_epoch`](super::SessionCore::path_epoch) moved.
+    #[error("no path of the session can carry the request on this core now")]
+    Unreachable,
     /// The session never connected and the target refused every path for a reason a
     /// retry will not change; `ClientSession::refusal` says why.
     #[error("the target refused the session: {errno}")]

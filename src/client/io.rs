@@ -644,7 +644,9 @@ impl SessionCore {
     }
 
     /// Retries waiting requests; those past their deadline, or with no path that could
-    /// come back, fail with −ENOTCONN.
+    /// come back, fail with −ENOTCONN; one that waits with its caller goes back to it at
+    /// once, with −ECONNRESET (its path died,
+    /// [`PathWait::Caller`](super::PathWait::Caller)).
     pub(super) fn drive_wait(&mut self, out: &mut Out<'_>, now: u64) {
         let live = self.sess.live();
         for _ in 0..self.wait.len() {
@@ -660,7 +662,12 @@ impl SessionCore {
                 }
                 Posted::Retry => self.wait.push_back(b),
                 Posted::NoPath => {
-                    if now >= self.reqs[i].deadline || !live {
+                    let Some(deadline) = self.reqs[i].deadline else {
+                        let c = self.finish(i, Err(Errno::ECONNRESET), now);
+                        out.put(c, &mut self.done);
+                        continue;
+                    };
+                    if now >= deadline || !live {
                         let c = self.finish(i, Err(Errno::ENOTCONN), now);
                         out.put(c, &mut self.done);
                     } else {

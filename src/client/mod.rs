@@ -20,7 +20,9 @@
 //!
 //! # Differences from the kernel, on purpose
 //! - While no path is connected, requests wait up to `io_wait_timeout` for one to come
-//!   back, then fail with −ENOTCONN (the kernel fails them at once).
+//!   back, then fail with −ENOTCONN (the kernel fails them at once); a caller that keeps
+//!   its own waiting requests (the RNBD queue) has them refused instead
+//!   ([`PathWait::Caller`]): a request waits in one place.
 //! - Reconnect jitter is uniformly random up to `reconnect_jitter` (500 ms by default),
 //!   not 0–7 ms; a changed queue depth on reconnect is re-negotiated once no other path
 //!   uses the old one (requests waiting at that moment fail with −ECONNRESET).
@@ -83,7 +85,7 @@ pub use error::{ClientError, SubmitError};
 pub use policy::{MpPolicy, PolicyParseError};
 pub use reconnect::ReconnectPolicy;
 pub use refusal::Refusal;
-pub use request::{ClientCompletion, ClientIo, Sgl, SglRef, MAX_SGL};
+pub use request::{ClientCompletion, ClientIo, PathWait, Sgl, SglRef, MAX_SGL};
 pub use session::{check_sessname, ClientSession};
 pub use session_core::SessionCore;
 pub use state::PathState;

@@ -116,16 +116,34 @@ pub struct ClientIo<'a> {
     /// An administrative request (RNBD's SESS_INFO/OPEN/CLOSE). Carried like any other
     /// request on this core's connection (see the module doc of `client`).
     pub admin: bool,
-    /// When the request fails (−ENOTCONN) at the latest while no path can carry it, in
-    /// ns of the caller's clock; `None`: the session's `io_wait_timeout` after this
-    /// submission. Failing over does not move it: a request has one deadline, set by
-    /// whoever owns it from the start (the RNBD queue: its submission plus the wait).
-    pub deadline: Option<u64>,
+    /// Where the request waits while no path of this core can carry it.
+    pub wait: PathWait,
+}
+
+/// Where a request waits while no path of its core can carry it: in the session, up to a
+/// deadline, or with its caller. One place per request, so one timer: a caller that keeps
+/// its own waiting requests (the RNBD queue) asks for [`PathWait::Caller`] and the session
+/// keeps none of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathWait {
+    /// In the session, up to its `io_wait_timeout` after this submission; then −ENOTCONN.
+    #[default]
+    Session,
+    /// In the session, until this time (ns of the caller's clock); then −ENOTCONN.
+    /// Failing over does not move it.
+    Until(u64),
+    /// With the caller: [`submit`](super::SessionCore::submit) refuses the request with
+    /// [`SubmitError::Unreachable`](super::SubmitError::Unreachable) while no path is
+    /// usable, and a request whose path dies when no other can take it completes with
+    /// −ECONNRESET. [`SessionCore::path_epoch`](super::SessionCore::path_epoch) says
+    /// when sending again may find a path.
+    Caller,
 }
 
 /// A finished request: the server's status, or why the client failed it (`ENOTCONN`
 /// when no path came back within the wait, `EINVAL` when it no longer fits the session,
-/// `ECONNRESET` when a queue-depth change dropped it while it waited).
+/// `ECONNRESET` when a queue-depth change dropped it while it waited, or when its path
+/// died with no other to take it and it waits with its caller, [`PathWait::Caller`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientCompletion {
     pub tag: u64,
@@ -202,7 +220,9 @@ pub(super) struct Req {
     pub path: usize,
     pub policy: MpPolicy,
     pub start_ns: u64,
-    pub deadline: u64,
+    /// Until when it may wait in the session for a path (ns); `None`: not at all, it
+    /// waits with its caller ([`PathWait::Caller`]).
+    pub deadline: Option<u64>,
     pub failed_over: bool,
     /// The READ reply went straight into the caller's registered region.
     pub direct: bool,
@@ -229,7 +249,7 @@ impl Req {
         path: 0,
         policy: MpPolicy::MinInflight,
         start_ns: 0,
-        deadline: 0,
+        deadline: None,
         failed_over: false,
         direct: false,
         kept: false,

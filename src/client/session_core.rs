@@ -10,9 +10,10 @@
 //! scatter lists and completions live in arrays sized once from the queue depth.
 //!
 //! While no path is usable a request waits (keeping its permit) until a path comes
-//! back or `io_wait_timeout` passes, then fails with −ENOTCONN. When a path dies, the
-//! requests in flight on it on this core are re-sent on this core over another path
-//! with the same permit (failover); each completes exactly once.
+//! back or `io_wait_timeout` passes, then fails with −ENOTCONN; one that waits with its
+//! caller ([`PathWait::Caller`]) is refused instead and never waits here. When a path
+//! dies, the requests in flight on it on this core are re-sent on this core over another
+//! path with the same permit (failover); each completes exactly once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -24,8 +25,8 @@ use super::error::SubmitError;
 use super::permit::{partition, Permits};
 use super::policy::{Candidate, MpPolicy, Selector, MAX_PATHS};
 use super::request::{
-    covers, slot_sgl, ClientCompletion, ClientIo, CorePath, Out, PollScratch, Posted, RState,
-    ReadKey, Regions, Req, Res, Sgl, MAX_SGL, NO_ROUTE,
+    covers, slot_sgl, ClientCompletion, ClientIo, CorePath, Out, PathWait, PollScratch, Posted,
+    RState, ReadKey, Regions, Req, Res, Sgl, MAX_SGL, NO_ROUTE,
 };
 use crate::common::{Dir, IuPool};
 use crate::fabric::mem::Backing;
@@ -82,7 +83,10 @@ pub struct SessionCore {
     pub(super) paths: Vec<Option<CorePath>>,
     pub(super) cands: Vec<Candidate>,
     pub(super) sel: Selector,
+    /// Requests waiting for a usable path or for send-queue room, by buf_id.
     pub(super) wait: VecDeque<u16>,
+    /// Paths this core was given so far (see [`path_epoch`](Self::path_epoch)).
+    pub(super) path_epoch: u64,
     /// `MAX_SGL` entries per permit: the registrations a READ's reply is copied into,
     /// held from submit to completion (see [`Req::kept`]).
     pub(super) keep: Vec<Held>,
@@ -170,6 +174,7 @@ impl SessionCore {
             cands: vec![Candidate::default(); MAX_PATHS],
             sel: Selector::new(),
             wait: VecDeque::new(),
+            path_epoch: 0,
             done: VecDeque::new(),
             max_send_sge: 1,
             nslots: 0,
@@ -290,6 +295,13 @@ impl SessionCore {
         lock(&self.sess.refusal).clone()
     }
 
+    /// How many connections of paths this core was given so far (a first connect, a
+    /// reconnect, another path): a request refused with
+    /// [`SubmitError::Unreachable`] may find a path once this moved.
+    pub fn path_epoch(&self) -> u64 {
+        self.path_epoch
+    }
+
     /// Requests submitted here and not yet completed.
     pub fn outstanding(&self) -> u32 {
         match &self.sizing {
@@ -303,18 +315,22 @@ impl SessionCore {
     /// # Errors
     /// [`SubmitError::Busy`] when this core's permits are all in use (retry after
     /// completions); `TooLarge`, `HeaderTooLarge`, `TooManySegments` for a request the
-    /// session cannot carry; `NoPath` when the session is closed, has no path that may
-    /// come back, or has not connected yet (wait for the `Connected` link event);
-    /// `Refused` when it never connected and the target refused every path for good
-    /// ([`refusal`](Self::refusal) says why).
+    /// session cannot carry; `NoPath` when the session is closed, or has not connected
+    /// yet (wait for the `Connected` link event); `Unreachable`, for a request that waits
+    /// with its caller ([`PathWait::Caller`]), when no path can carry it now but the
+    /// session is open (not yet connected included); `Refused` when it never connected
+    /// and the target refused every path for good ([`refusal`](Self::refusal) says why).
     pub fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), SubmitError> {
+        let caller_waits = io.wait == PathWait::Caller;
+        let closed = self.sess.closed.load(Ordering::Acquire);
         let Some(p) = self.sizing.params() else {
             return Err(match self.refusal() {
                 Some(r) => SubmitError::Refused { errno: r.errno },
+                None if caller_waits && !closed => SubmitError::Unreachable,
                 None => SubmitError::NoPath,
             });
         };
-        if self.sess.closed.load(Ordering::Acquire) {
+        if closed {
             return Err(SubmitError::NoPath);
         }
         if io.usr.len() > p.max_usr_hdr() as usize {
@@ -415,7 +431,11 @@ impl SessionCore {
             path: 0,
             policy: MpPolicy::MinInflight,
             start_ns: now,
-            deadline: io.deadline.unwrap_or(now.saturating_add(self.io_wait_ns)),
+            deadline: match io.wait {
+                PathWait::Session => Some(now.saturating_add(self.io_wait_ns)),
+                PathWait::Until(t) => Some(t),
+                PathWait::Caller => None,
+            },
             failed_over: false,
             direct: false,
             kept,
@@ -427,6 +447,11 @@ impl SessionCore {
             Posted::Invalid => {
                 let c = self.finish(i, Err(Errno::EINVAL), now);
                 self.done.push_back(c);
+            }
+            Posted::NoPath if caller_waits => {
+                // Nothing was posted: the request is the caller's again.
+                let _ = self.finish(i, Err(Errno::ENOTCONN), now);
+                return Err(SubmitError::Unreachable);
             }
             Posted::NoPath | Posted::Retry => self.wait.push_back(buf_id),
         }
@@ -498,6 +523,7 @@ impl SessionCore {
                 if self.sizing.params() != Some(params) {
                     self.setup(params, now);
                 }
+                self.path_epoch += 1;
                 self.max_send_sge = conn.con.conn().caps().max_send_sge;
                 let slot = path.slot;
                 self.nslots = self.nslots.max(slot + 1);

@@ -707,7 +707,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             usr: &[0; 8],
             sgl: Sgl::Copy(&sgl),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         assert_eq!(
             core.borrow_mut().submit(now, io),
@@ -751,7 +751,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
             usr: &[0; 8],
             sgl: Sgl::Copy(&sgl),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         core.borrow_mut().submit(now, io).unwrap();
     }
@@ -886,7 +886,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
             usr: &[0; 8],
             sgl: Sgl::Copy(&sgl),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         assert_eq!(
             core.borrow_mut().submit(0, io),
@@ -944,7 +944,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
         usr: &[0; 8],
         sgl: Sgl::Copy(sgl),
         admin: false,
-        deadline: None,
+        wait: rtrs_spdk::client::PathWait::Session,
     };
     for sgl in [&one[..], &two[..]] {
         assert!(
@@ -991,10 +991,9 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
     );
 }
 
-/// A request has one deadline, set when it is submitted (`ClientIo::deadline`, the RNBD
-/// queue's submission plus its wait): when its path dies and no other comes back, it
-/// fails with −ENOTCONN at that deadline, not `io_wait_timeout` (30 s here) after the
-/// failover. In virtual time.
+/// A request has one deadline, set when it is submitted (`PathWait::Until`): when its
+/// path dies and no other comes back, it fails with −ENOTCONN at that deadline, not
+/// `io_wait_timeout` (30 s here) after the failover. In virtual time.
 #[test]
 fn a_failed_over_request_keeps_its_deadline() {
     use rtrs_spdk::client::{ClientIo, Dir, Sgl};
@@ -1023,7 +1022,7 @@ fn a_failed_over_request_keeps_its_deadline() {
         usr: &[0; 8],
         sgl: Sgl::Copy(&sgl),
         admin: false,
-        deadline: Some(t0 + 3_000 * MS),
+        wait: rtrs_spdk::client::PathWait::Until(t0 + 3_000 * MS),
     };
     core.borrow_mut().submit(t0, io).unwrap();
     // The server goes before it answers: the request fails over and waits for a path.
@@ -1045,4 +1044,85 @@ fn a_failed_over_request_keeps_its_deadline() {
         "ended {} ms after its submission",
         after / MS
     );
+}
+
+/// A request that waits with its caller (`PathWait::Caller`, the RNBD queue's) never
+/// waits in the session: refused `Unreachable` while no path is usable, its permit free
+/// again; back with −ECONNRESET as soon as its path dies, long before the session's
+/// `io_wait_timeout` (30 s); `path_epoch` moves when the core gets a path. In virtual
+/// time.
+#[test]
+fn a_request_waiting_with_its_caller_never_waits_in_the_session() {
+    use rtrs_spdk::client::{ClientIo, Dir, PathWait, Sgl, SubmitError};
+    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
+
+    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
+    let OneCore {
+        mut sim,
+        srv,
+        sess: _sess,
+        core,
+        done,
+    } = OneCore::connect(lo.clone(), lo.clone(), "caller");
+    assert!(core.borrow().max_io_size() > 0, "the session connected");
+    assert_eq!(core.borrow().path_epoch(), 1, "one path given to the core");
+    let mr = lo
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let sgl = [mr.sge(0, 4096)];
+    let io = |tag| ClientIo {
+        tag,
+        dir: Dir::Read,
+        usr: &[0; 8],
+        sgl: Sgl::Copy(&sgl),
+        admin: false,
+        wait: PathWait::Caller,
+    };
+    let t0 = sim.now();
+    core.borrow_mut().submit(t0, io(1)).unwrap();
+    // The server goes before it answers: no other path, so the request is the caller's
+    // again at once, with −ECONNRESET.
+    srv.borrow_mut().stop();
+    let mut ended = None;
+    for _ in 0..40_000 {
+        sim.advance(MS);
+        sim.step();
+        if let Some(c) = done.borrow().first() {
+            ended = Some((sim.now() - t0, *c));
+            break;
+        }
+    }
+    let (after, c) = ended.expect("the request came back");
+    assert_eq!((c.tag, c.result), (1, Err(rtrs_spdk::Errno::ECONNRESET)));
+    assert!(
+        after < 10_000 * MS,
+        "back {} ms after its submission, as its path died (the session's wait is 30 s)",
+        after / MS
+    );
+    assert_eq!(
+        core.borrow().outstanding(),
+        0,
+        "nothing kept in the session"
+    );
+    // No path now: refused, nothing held, nothing completes later.
+    let now = sim.now();
+    assert_eq!(
+        core.borrow_mut().submit(now, io(2)),
+        Err(SubmitError::Unreachable)
+    );
+    assert_eq!(core.borrow().outstanding(), 0, "the permit is free again");
+    let before = core.borrow().path_epoch();
+    for _ in 0..100 {
+        sim.advance(MS);
+        sim.step();
+    }
+    assert_eq!(
+        done.borrow().len(),
+        1,
+        "the refused request never completes"
+    );
+    assert_eq!(core.borrow().path_epoch(), before, "no path came");
 }

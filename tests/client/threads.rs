@@ -67,7 +67,7 @@ impl Worker {
             usr: &off,
             sgl: Sgl::Copy(&sgl),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         match self.core.submit(cx.now(), io) {
             Ok(()) => true,

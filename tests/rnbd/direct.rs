@@ -54,9 +54,15 @@ pub struct DirectPort {
     /// tag → (chunk, dir, the client's SGEs)
     inflight: HashMap<u64, (usize, Dir, Vec<Sge>)>,
     done: VecDeque<ClientCompletion>,
-    /// While set, block requests are kept (as RTRS keeps IO while no path is up) and
-    /// sent by `replay`.
+    /// While set, block requests are kept (as RTRS keeps IO in flight on a path that
+    /// stopped answering) and sent by `replay`.
     pub hold: bool,
+    /// While set, block requests are refused `Unreachable` (no path on this core now),
+    /// counted in `unreachable_refused`.
+    pub unreachable: bool,
+    pub unreachable_refused: usize,
+    /// What `path_epoch` reports.
+    pub epoch: u64,
     held: Vec<(u64, Dir, Vec<u8>, Vec<Sge>)>,
     /// This many next block requests end with −ECONNRESET unexecuted (RTRS drops a
     /// waiting request at a queue-depth change).
@@ -98,6 +104,9 @@ impl DirectPort {
             done: VecDeque::new(),
             hold: false,
             held: Vec::new(),
+            unreachable: false,
+            unreachable_refused: 0,
+            epoch: 0,
             reset_next: 0,
             block_submits: 0,
             lists: Vec::new(),
@@ -172,6 +181,11 @@ impl SessionHandle for DirectPort {
             self.held
                 .push((io.tag, io.dir, io.usr.to_vec(), io.sgl.to_vec()));
             return Ok(());
+        }
+        if self.unreachable && !io.admin {
+            self.block_submits -= 1;
+            self.unreachable_refused += 1;
+            return Err(RnbdSendError::Unreachable);
         }
         if !self.connected {
             if !io.admin {
@@ -252,6 +266,10 @@ impl SessionHandle for DirectPort {
             k += 1;
         }
         k
+    }
+
+    fn path_epoch(&self) -> u64 {
+        self.epoch
     }
 
     fn max_io_size(&self) -> u32 {

@@ -206,7 +206,7 @@ impl Rig {
                 usr,
                 sgl: Sgl::Copy(sgl),
                 admin,
-                deadline: None,
+                wait: rtrs_spdk::client::PathWait::Session,
             };
             SessionHandle::submit(c.rnbd.session_mut(), cx.now(), io).unwrap()
         });
@@ -401,7 +401,7 @@ fn modes_data_and_close_over_rtrs() {
             usr: &b_usr,
             sgl: Sgl::Copy(&sge),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         SessionHandle::submit(b.rnbd.session_mut(), cx.now(), io).unwrap()
     });

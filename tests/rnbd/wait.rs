@@ -3,7 +3,8 @@
 //! home core's `RnbdClient` and another core's `RnbdQueue`: IO submitted while the session
 //! is down waits and completes after the re-open; IO in flight when the session dropped
 //! comes back from the new server session with −ENOTCONN and is sent again, once, to the
-//! re-opened device; −ECONNRESET is sent again at once; a wait that runs out fails with
+//! re-opened device; −ECONNRESET is sent again at once; IO the session has no path for
+//! waits in the queue until the session gets one; a wait that runs out fails with
 //! −ENOTCONN and an error saying how long the device was unreachable; closing the device
 //! fails its waiting IO at once. Every request completes exactly once.
 
@@ -273,6 +274,59 @@ fn a_wait_that_runs_out_fails_and_says_why() {
     assert_eq!(rig.io(&mut c, vol, BlockRequest::write(0, 4096), &buf), 0);
     assert_eq!(read_back(&mut rig, &mut c, vol, 0), [0x77; 4096]);
     assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
+}
+
+/// No path on a core while the device stays mapped (the session refuses the request
+/// `Unreachable`): the request waits in the queue, its one place, and is not offered
+/// again until the session got a path (`path_epoch` moved); then it goes once and
+/// completes. One whose wait runs out fails with −ENOTCONN, saying no path was there.
+#[test]
+fn io_without_a_path_waits_in_the_queue_for_one() {
+    let mut rig = Rig::new();
+    let (mut c, mut o, vol) = setup(&mut rig, 25);
+    let buf = rig.mr(4096);
+    buf.write_at(0, &[0x5a; 4096]);
+    o.session_mut().unreachable = true;
+    let w = BlockRequest::write(8192, 4096);
+    rig.cx(|cx| o.submit(cx.now(), vol, 11, &w, &sge(&buf, 4096)))
+        .unwrap();
+    assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
+    rig.sim.advance(WAIT_NS / 2);
+    assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
+    assert_eq!(
+        o.session().unreachable_refused,
+        1,
+        "not offered again while no path came"
+    );
+    // A path: sent once, done.
+    o.session_mut().unreachable = false;
+    o.session_mut().epoch += 1;
+    assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![(11, 0)], vec![]));
+    assert_eq!(
+        (o.session().unreachable_refused, o.session().block_submits),
+        (1, 1)
+    );
+    assert_eq!(read_back(&mut rig, &mut c, vol, 8192), [0x5a; 4096]);
+    // No path again, and none comes within the wait.
+    o.session_mut().unreachable = true;
+    let rd = BlockRequest::read(0, 4096);
+    rig.cx(|cx| o.submit(cx.now(), vol, 12, &rd, &sge(&buf, 4096)))
+        .unwrap();
+    rig.sim.advance(WAIT_NS - MS);
+    assert_eq!(settle(&mut rig, &mut c, &mut o), (vec![], vec![]));
+    rig.sim.advance(2 * MS);
+    assert_eq!(
+        settle(&mut rig, &mut c, &mut o),
+        (vec![(12, -libc::ENOTCONN)], vec![])
+    );
+    assert_eq!(
+        o.last_wait_error().map(ToString::to_string).as_deref(),
+        Some(
+            "device 'vol' unreachable for 2 s: no path of the session connected on this core \
+             (waiting for one)"
+        )
+    );
+    assert_eq!(o.session().unreachable_refused, 2);
 }
 
 #[test]

@@ -57,7 +57,7 @@ impl Legacy {
             usr,
             sgl: Sgl::Copy(if len == 0 { &[] } else { &sge }),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         match self.core.submit(cx.now(), io) {
             Ok(()) => Ok(true),

@@ -28,7 +28,7 @@ use super::msg::{self, DeviceInfo};
 use super::queue::{DevHandle, IoError, RnbdQueue, ADMIN_TAG};
 use super::rtrs::{completion_result, LinkListener};
 use super::table::DeviceTable;
-use crate::client::{ClientIo, Sgl};
+use crate::client::{ClientIo, PathWait, Sgl};
 use crate::common::LinkEvent;
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{AccessMode, OpenRsp, SessInfo};
@@ -382,7 +382,7 @@ impl RnbdAdmin {
                 usr,
                 sgl: Sgl::Copy(sgl),
                 admin: true,
-                deadline: None,
+                wait: PathWait::Session,
             };
             match q.submit_admin(now, io) {
                 Ok(()) => {
@@ -392,7 +392,7 @@ impl RnbdAdmin {
                         self.sess_info_inflight = true;
                     }
                 }
-                Err(RnbdSendError::Busy) => break,
+                Err(RnbdSendError::Busy | RnbdSendError::Unreachable) => break,
                 Err(RnbdSendError::Refused { errno, reason }) => {
                     self.queued.pop_front();
                     self.not_sent(q, op, errno, reason);

@@ -20,6 +20,10 @@ pub enum RnbdSendError {
     /// No free permit now: submit again after completions were polled.
     #[error("no free permit: retry after completions")]
     Busy,
+    /// No path of the session can carry the request now, and one may come back: submit
+    /// again once [`path_epoch`](SessionHandle::path_epoch) moved.
+    #[error("no path of the session can carry the request now")]
+    Unreachable,
     /// The request cannot be carried; `errno` for the block layer.
     #[error("{reason}")]
     Refused { errno: Errno, reason: String },
@@ -30,9 +34,21 @@ pub trait SessionHandle {
     /// Sends `io`; its completion comes out of [`poll`](Self::poll) on this core.
     /// `now`: the reactor's clock (ns).
     ///
+    /// A request with [`PathWait::Caller`](crate::client::PathWait::Caller) (every block
+    /// request of the RNBD queue) does not wait in the handle for a path: it is refused
+    /// with `Unreachable`, or completes with −ECONNRESET when its path dies.
+    ///
     /// # Errors
-    /// [`RnbdSendError::Busy`] to retry later, [`RnbdSendError::Refused`] otherwise.
+    /// [`RnbdSendError::Busy`] or [`RnbdSendError::Unreachable`] to retry later,
+    /// [`RnbdSendError::Refused`] otherwise.
     fn submit(&mut self, now: u64, io: ClientIo<'_>) -> Result<(), RnbdSendError>;
+
+    /// Moves whenever this core's handle got a path (connected, reconnected, added): a
+    /// request refused `Unreachable` is worth sending again then. Constant for a handle
+    /// that never answers `Unreachable`.
+    fn path_epoch(&self) -> u64 {
+        0
+    }
 
     /// Makes progress and moves finished requests into `out`; returns how many.
     fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize;
@@ -44,10 +60,9 @@ pub trait SessionHandle {
     /// Largest data size of one request (0 while unknown).
     fn max_io_size(&self) -> u32;
 
-    /// How long a block request may wait for the device to be reachable: for a path (the
-    /// session's own wait) and, above it, for the device's re-open after a reconnect (the
-    /// RNBD client's per-core queue, [`RnbdQueue`](super::RnbdQueue)). Zero: requests fail
-    /// at once.
+    /// How long a block request may wait for the device to be reachable (for a path, for
+    /// the device's re-open after a reconnect, for a permit), all in the RNBD client's
+    /// per-core queue, [`RnbdQueue`](super::RnbdQueue). Zero: requests fail at once.
     fn io_wait_timeout(&self) -> Duration;
 
     /// Registers `len` bytes of zeros with the session's fabric: the source of the

@@ -59,6 +59,7 @@ impl IoError {
             IoError::BadTag { .. } | IoError::SglLength { .. } => Errno::EINVAL,
             IoError::Device(e) => e.errno(),
             IoError::Send(RnbdSendError::Busy) => Errno::EAGAIN,
+            IoError::Send(RnbdSendError::Unreachable) => Errno::ENOTCONN,
             IoError::Send(RnbdSendError::Refused { errno, .. }) => *errno,
             IoError::Unreachable { .. } => Errno::ENOTCONN,
         }

@@ -33,6 +33,7 @@ impl SessionHandle for SessionCore {
         match SessionCore::submit(self, now, io) {
             Ok(()) => Ok(()),
             Err(SubmitError::Busy { .. }) => Err(RnbdSendError::Busy),
+            Err(SubmitError::Unreachable) => Err(RnbdSendError::Unreachable),
             // Not connected yet (limits unknown): wait for the first Connected.
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => {
                 Err(RnbdSendError::Busy)
@@ -56,6 +57,10 @@ impl SessionHandle for SessionCore {
 
     fn poll(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
         SessionCore::poll(self, now, out)
+    }
+
+    fn path_epoch(&self) -> u64 {
+        SessionCore::path_epoch(self)
     }
 
     fn push(&mut self) {

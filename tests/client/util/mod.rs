@@ -171,7 +171,7 @@ impl Load {
             usr: &usr,
             sgl: Sgl::Copy(&sgl[..n]),
             admin: false,
-            deadline: None,
+            wait: rtrs_spdk::client::PathWait::Session,
         };
         if let Some(m) = self.measure {
             m(true);

@@ -8,8 +8,10 @@
 //!   tag) from submission to completion, and completes exactly once whatever it waited
 //!   for: a free permit (in order), or its device while unreachable (no path,
 //!   reconnecting, re-open pending; a request back with −ENOTCONN or −ECONNRESET waits
-//!   too). One still waiting `io_wait_timeout` after submission fails with −ENOTCONN
-//!   ([`IoError::Unreachable`] says why); a device closed meanwhile fails its waiters.
+//!   too). It waits here and nowhere else: the session refuses what it has no path for
+//!   ([`PathWait::Caller`]). One still waiting `io_wait_timeout` after submission fails
+//!   with −ENOTCONN ([`IoError::Unreachable`] says why); a device closed meanwhile fails
+//!   its waiters.
 //! - An id the server did not know is not tried twice: a −ENOTCONN is retried only once
 //!   the device table has changed since the request went out.
 //! - The scatter list is the caller's ([`submit_held`](RnbdQueue::submit_held)) or one
@@ -33,7 +35,7 @@ pub use super::request::{DevHandle, IoError, ADMIN_TAG};
 use super::rtrs::{completion, completion_result};
 use super::table::{DeviceTable, InFlight, Snapshot};
 use super::zeroes::{PieceSink, ZeroWrites};
-use crate::client::{ClientCompletion, ClientIo, Sgl, SglRef};
+use crate::client::{ClientCompletion, ClientIo, PathWait, Sgl, SglRef};
 use crate::fabric::{Mr, Sge};
 use crate::proto::rnbd::{Io, RnbdOp};
 use crate::rnbd::Dir;
@@ -64,6 +66,17 @@ fn look(d: &RnbdDevice, req: &BlockRequest, wait: bool) -> Look {
     }
 }
 
+/// Why a request waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// Its device is disconnected: the re-open after a reconnect.
+    Device,
+    /// No path of the session could carry it on this core.
+    NoPath,
+    /// It came back with this errno (−ENOTCONN, −ECONNRESET).
+    Back(Errno),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
     Free,
@@ -88,8 +101,10 @@ struct Request {
     since: u64,
     /// The device table's version when last sent.
     version: u64,
-    /// Why it waits: `None` (the device was disconnected) or the errno it came back with.
-    cause: Option<Errno>,
+    /// The session's `path_epoch` when it last found no path.
+    epoch: u64,
+    /// Why it waits (or last waited).
+    why: Why,
     /// It waits for a free permit of the session (not for its device).
     for_permit: bool,
     /// A piece of an emulated write-zeroes (`tag` is the piece's).
@@ -127,6 +142,8 @@ pub struct RnbdQueue<S> {
     wait_ns: u64,
     /// The table's version when the waiting queue was last looked at.
     seen: u64,
+    /// The session's [`path_epoch`](SessionHandle::path_epoch) then.
+    epoch_seen: u64,
     /// Look at the waiting queue again at the next poll.
     again: bool,
     /// The earliest end of a wait in the queue (ns).
@@ -156,9 +173,11 @@ impl<S: SessionHandle> RnbdQueue<S> {
         let in_flight = table.in_flight_counter();
         let wait_ns = u64::try_from(session.io_wait_timeout().as_nanos()).unwrap_or(u64::MAX);
         let snap = table.snapshot();
+        let epoch_seen = session.path_epoch();
         RnbdQueue {
             session,
             seen: snap.version(),
+            epoch_seen,
             snap,
             table,
             in_flight,
@@ -333,7 +352,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     usr: &usr,
                     sgl: Sgl::Held(self.reqs[i].sgl()),
                     admin: false,
-                    deadline: wait.then(|| self.end(i)),
+                    wait: PathWait::Caller,
                 };
                 match self.session.submit(now, io) {
                     Ok(()) => {
@@ -346,6 +365,13 @@ impl<S: SessionHandle> RnbdQueue<S> {
                         self.wait_permit(i);
                         Ok(())
                     }
+                    // No path now: it waits here for one (without a wait configured, it
+                    // fails at the next poll).
+                    Err(RnbdSendError::Unreachable) => {
+                        self.reqs[i].epoch = self.session.path_epoch();
+                        self.wait(i, Why::NoPath);
+                        Ok(())
+                    }
                     Err(e) => {
                         self.free_request(i);
                         Err(e.into())
@@ -354,7 +380,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
             }
             Look::Wait => {
                 let i = self.take_request(tag, dev, req, sgl, now, piece);
-                self.wait(i, None);
+                self.wait(i, Why::Device);
                 Ok(())
             }
             Look::Fail(e) => Err(e.into()),
@@ -453,15 +479,17 @@ impl<S: SessionHandle> RnbdQueue<S> {
             if result == Err(Errno::ENOTCONN) {
                 self.maybe_server_closed(i);
             }
-            if self.wait_ns > 0 && waits_for_device(result) {
-                if now < self.end(i) {
-                    self.wait(i, result.err());
-                    // The device may be open (−ECONNRESET, or a table changed already).
-                    self.again = true;
-                    continue;
+            if let Err(e) = result.map_err(Why::Back) {
+                if waits_for_device(result) {
+                    if now < self.end(i) {
+                        self.wait(i, e);
+                        // The device may be open (−ECONNRESET, or a table changed already).
+                        self.again = true;
+                        continue;
+                    }
+                    self.reqs[i].why = e;
+                    result = Err(self.ran_out(i, now));
                 }
-                self.reqs[i].cause = result.err();
-                result = Err(self.ran_out(i, now));
             }
             self.finish_request(i, result, out, &mut n);
         }
@@ -519,7 +547,8 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     own: Vec::new(),
                     since: 0,
                     version: 0,
-                    cause: None,
+                    epoch: 0,
+                    why: Why::Device,
                     for_permit: false,
                     piece: false,
                 });
@@ -540,7 +569,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
             }
         }
         s.since = now;
-        s.cause = None;
+        s.why = Why::Device;
         s.for_permit = false;
         s.piece = piece;
         i

@@ -1,12 +1,13 @@
 //! Requests that wait for their device or for a free permit (see "Waiting for the
 //! device" in the [`queue`](super) module doc): the waiting queue is looked at when the
-//! published device table changed, a wait ends, or a send found no free permit; what the
-//! device allows again is sent, what it refuses or what waited `io_wait_timeout` fails.
+//! published device table changed, the session got a path, a wait ends, or a send found
+//! no free permit; what the device allows again is sent, what it refuses or what waited
+//! `io_wait_timeout` fails.
 
 use std::time::Duration;
 
-use super::{look, Look, RnbdQueue, Stage};
-use crate::client::{ClientCompletion, ClientIo, Sgl};
+use super::{look, Look, RnbdQueue, Stage, Why};
+use crate::client::{ClientCompletion, ClientIo, PathWait, Sgl};
 use crate::rnbd::client::device::DevState;
 use crate::rnbd::client::handle::{RnbdSendError, SessionHandle};
 use crate::rnbd::client::rtrs::completion;
@@ -26,10 +27,12 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// allows again, fails what it refuses or what waited too long (into `out`).
     pub(super) fn drive(&mut self, now: u64, out: &mut [ClientCompletion]) -> usize {
         let version = self.snap.version();
-        if version == self.seen && !self.again && now < self.next_end {
+        let epoch = self.session.path_epoch();
+        if version == self.seen && epoch == self.epoch_seen && !self.again && now < self.next_end {
             return 0;
         }
         self.seen = version;
+        self.epoch_seen = epoch;
         self.again = false;
         self.next_end = u64::MAX;
         let mut k = 0;
@@ -44,10 +47,17 @@ impl<S: SessionHandle> RnbdQueue<S> {
                 self.permit_waits -= 1;
             }
             let s = &self.reqs[i];
-            // An id the server did not know is tried again only with a newer table.
-            let may_send = !busy && (s.cause != Some(Errno::ENOTCONN) || s.version != version);
-            // Whether it goes on waiting for a permit (not for its device).
+            // An id the server did not know is tried again only with a newer table, a
+            // request no path could carry only once the session got a path.
+            let may_send = !busy
+                && match s.why {
+                    Why::Back(Errno::ENOTCONN) => s.version != version,
+                    Why::NoPath => s.epoch != epoch,
+                    Why::Device | Why::Back(_) => true,
+                };
+            // Whether it goes on waiting for a permit (not for its device), or for a path.
             let mut permit = false;
+            let mut no_path = false;
             let result: Result<(), Option<Errno>> = match self.snap.device(s.dev) {
                 None => Err(Some(Errno::ENODEV)),
                 Some(d) => match look(d, &s.req, true) {
@@ -58,7 +68,7 @@ impl<S: SessionHandle> RnbdQueue<S> {
                             usr: &usr,
                             sgl: Sgl::Held(s.sgl()),
                             admin: false,
-                            deadline: Some(s.since.saturating_add(self.wait_ns)),
+                            wait: PathWait::Caller,
                         };
                         match self.session.submit(now, io) {
                             Ok(()) => {
@@ -68,6 +78,10 @@ impl<S: SessionHandle> RnbdQueue<S> {
                             Err(RnbdSendError::Busy) => {
                                 busy = true;
                                 permit = true;
+                                Err(None)
+                            }
+                            Err(RnbdSendError::Unreachable) => {
+                                no_path = true;
                                 Err(None)
                             }
                             Err(RnbdSendError::Refused { errno, .. }) => Err(Some(errno)),
@@ -81,6 +95,10 @@ impl<S: SessionHandle> RnbdQueue<S> {
                     Look::Fail(e) => Err(Some(e.errno())),
                 },
             };
+            if no_path {
+                self.reqs[i].why = Why::NoPath;
+                self.reqs[i].epoch = epoch;
+            }
             let errno = match result {
                 Err(None) if now < self.end(i) => {
                     self.next_end = self.next_end.min(self.end(i));
@@ -128,27 +146,30 @@ impl<S: SessionHandle> RnbdQueue<S> {
     /// fails; returns its errno.
     pub(super) fn ran_out(&mut self, i: usize, now: u64) -> Errno {
         let s = &self.reqs[i];
-        let cause = s.cause;
         let Some(d) = self.snap.device(s.dev) else {
             return Errno::ENODEV;
         };
         let (name, state) = (d.name().to_string(), d.state());
-        // The OS's text of the last errno, as the log has always shown it.
-        let last = || std::io::Error::from_raw_os_error(cause.map_or(0, Errno::get)).to_string();
-        let reason = match state {
+        // The OS's text of the errno, as the log has always shown it.
+        let text = |e: Errno| std::io::Error::from_raw_os_error(e.get()).to_string();
+        let reason = match (s.why, state) {
             _ if s.for_permit => {
                 "no free request slot on the session (all of its queue depth in use)".to_string()
             }
-            DevState::MappedDisconnected if cause.is_none() => {
+            (Why::Device | Why::NoPath, DevState::MappedDisconnected) => {
                 "no connection to the server (waiting for a reconnect and the device's re-open)"
                     .to_string()
             }
-            DevState::MappedDisconnected => format!(
+            (Why::Back(e), DevState::MappedDisconnected) => format!(
                 "no connection to the server (waiting for a reconnect and the device's \
                  re-open; last attempt: {})",
-                last()
+                text(e)
             ),
-            _ => format!("every attempt failed: {}", last()),
+            (Why::NoPath, _) => {
+                "no path of the session connected on this core (waiting for one)".to_string()
+            }
+            (Why::Device, _) => "the device was disconnected (waiting for its re-open)".to_string(),
+            (Why::Back(e), _) => format!("every attempt failed: {}", text(e)),
         };
         let e = IoError::Unreachable {
             name,
@@ -179,15 +200,15 @@ impl<S: SessionHandle> RnbdQueue<S> {
 
     /// Entry `i` waits for a free permit, behind the others that do.
     pub(super) fn wait_permit(&mut self, i: usize) {
-        self.wait(i, None);
+        self.wait(i, Why::Device);
         self.reqs[i].for_permit = true;
         self.permit_waits += 1;
         self.again = true;
     }
 
-    pub(super) fn wait(&mut self, i: usize, cause: Option<Errno>) {
+    pub(super) fn wait(&mut self, i: usize, why: Why) {
         self.reqs[i].stage = Stage::Waiting;
-        self.reqs[i].cause = cause;
+        self.reqs[i].why = why;
         self.next_end = self.next_end.min(self.end(i));
         self.waiting.push_back(i as u32);
     }
