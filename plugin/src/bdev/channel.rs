@@ -10,28 +10,20 @@
 //! goes through that core's inbox to the queue's owner; the group's poller completes it
 //! on this thread either way.
 //!
-//! Reset: SPDK freezes every channel of the bdev before it submits a reset, so nothing new
-//! arrives while it waits. The reset completes once every channel's requests have come
-//! back, counted by two counters per channel that only the channel's thread writes
-//! (plain stores, no read-modify-write), or fails after `io_timeout_sec`; a poller of
-//! the channel's watches it meanwhile.
+//! A reset waits in the channel's poll group ([`reset`](super::reset)) for the disk's
+//! requests, counted by two counters per channel that only the channel's thread writes
+//! (plain stores, no read-modify-write).
 
-use std::cell::RefCell;
-use std::ptr;
 use std::sync::Arc;
 
 use rtrs_spdk::rnbd::client::BlockRequest;
-use rtrs_spdk::spdk::{
-    channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, ChannelCtx, GotBuf, SpdkPoll, SpdkPoller,
-};
+use rtrs_spdk::spdk::{channel_ctx, loop_now_ns, sys, BdevIo, BdevIoType, ChannelCtx, GotBuf};
 use rtrs_spdk::Errno;
 
 use super::group::GroupRef;
+use super::reset::Reset;
 use super::sess::disk::Disk;
 use super::task::{ChanShared, TaskRef};
-
-/// How often (µs) a channel with a reset pending looks whether its requests drained.
-const RESET_POLL_US: u64 = 100;
 
 /// The channel context (in SPDK's channel memory). Used on the channel's thread only.
 pub struct ChanCtx {
@@ -40,11 +32,6 @@ pub struct ChanCtx {
     /// The session's core on this CPU core.
     core: usize,
     group: GroupRef,
-    /// Resets waiting for the bdev's requests to drain, with their deadlines (ns), and
-    /// the poller watching them while there are any.
-    resets: RefCell<Vec<(BdevIo, u64)>>,
-    /// Runs while a reset is pending (see [`reset_poll`]).
-    reset_poller: RefCell<Option<SpdkPoller>>,
 }
 
 impl ChannelCtx for ChanCtx {
@@ -69,8 +56,6 @@ impl ChannelCtx for ChanCtx {
             shared,
             core,
             group,
-            resets: RefCell::new(Vec::new()),
-            reset_poller: RefCell::new(None),
         })
     }
 
@@ -81,10 +66,10 @@ impl ChannelCtx for ChanCtx {
 }
 
 impl Drop for ChanCtx {
-    /// The channel goes (on its thread): its reset poller first, then its place in the
-    /// poll group and the disk; the group's channel is put with the field.
+    /// The channel goes (on its thread, with no IO of its own out, resets included):
+    /// its place in the poll group and the disk; the group's channel is put with the
+    /// field.
     fn drop(&mut self) {
-        drop(self.reset_poller.take());
         self.group.with(|g| {
             if let Some(g) = g {
                 g.leave(&self.disk.sess, self.core);
@@ -92,44 +77,6 @@ impl Drop for ChanCtx {
         });
         self.disk.remove_channel(&self.shared);
     }
-}
-
-/// The reset poller's run: completes the resets whose requests have drained, fails those
-/// past their deadline, and drops the poller once none is left (before completing them,
-/// so that a reset submitted from a completion starts a poller of its own).
-fn reset_poll(ctx: &ChanCtx) -> SpdkPoll {
-    let drained = ctx.disk.outstanding() == 0;
-    let now = loop_now_ns();
-    let mut finished = Vec::new();
-    {
-        let mut resets = ctx.resets.borrow_mut();
-        let mut waiting = Vec::with_capacity(resets.len());
-        for (io, deadline) in resets.drain(..) {
-            if drained {
-                finished.push((io, 0));
-            } else if now >= deadline {
-                tracing::error!(
-                    "rtrs bdev {}: reset: requests still outstanding after io_timeout_sec = {} s",
-                    ctx.disk.params.name,
-                    ctx.disk.params.io_timeout_sec
-                );
-                finished.push((io, Errno::ETIMEDOUT.neg()));
-            } else {
-                waiting.push((io, deadline));
-            }
-        }
-        *resets = waiting;
-        if resets.is_empty() {
-            // Dropped from inside its own run: it runs no more (SpdkPoller's contract).
-            drop(ctx.reset_poller.take());
-        }
-    }
-    let any = !finished.is_empty();
-    for (io, errno) in finished {
-        // A reset of this channel, completed once, here, on its thread.
-        io.complete(errno);
-    }
-    SpdkPoll::from_busy(any)
 }
 
 /// The context of one of our channels.
@@ -150,32 +97,8 @@ pub unsafe extern "C" fn submit_request(ch: *mut sys::spdk_io_channel, io: *mut 
         return;
     };
     if io.io_type() == BdevIoType::Reset {
-        let wait = ctx.disk.params.io_timeout_sec.saturating_mul(1_000_000_000);
-        ctx.resets
-            .borrow_mut()
-            .push((io, loop_now_ns().saturating_add(wait)));
-        let mut p = ctx.reset_poller.borrow_mut();
-        if p.is_none() {
-            let chan = ptr::from_ref(ctx);
-            let run = move || {
-                // SAFETY: the channel context outlives its poller (its Drop drops the
-                // poller first), which runs on the channel's thread only.
-                let ctx = unsafe { &*chan };
-                reset_poll(ctx)
-            };
-            *p = SpdkPoller::start(c"rtrs_reset", RESET_POLL_US, run);
-            if p.is_none() {
-                drop(p);
-                tracing::error!(
-                    "rtrs bdev {}: reset: SPDK refused the poller that waits for the requests to drain",
-                    ctx.disk.params.name
-                );
-                let last = ctx.resets.borrow_mut().pop();
-                if let Some((io, _)) = last {
-                    io.complete(Errno::ENOMEM.neg());
-                }
-            }
-        }
+        ctx.group
+            .reset(Reset::new(io, Arc::clone(&ctx.disk), loop_now_ns()));
         return;
     }
     ctx.shared.count_submitted();

@@ -27,6 +27,7 @@ use rtrs_spdk::spdk::{
 use rtrs_spdk::sync::lock;
 use rtrs_spdk::Errno;
 
+use super::reset::{self, Ended, Reset, Resets};
 use super::sess::core_queue::{CoreQueue, Finished};
 use super::sess::{Sess, SessHome};
 use super::task::{ReturnTo, TaskRef};
@@ -55,6 +56,8 @@ pub struct GroupShared {
     done: SegQueue<Finished>,
     /// Home only: groups claiming session cores and leaving them.
     asks: SegQueue<Ask>,
+    /// Home only: resets submitted on channels of home's thread.
+    resets: SegQueue<Reset>,
     /// Home only: its driver, to wake its paced poller for work handed to it.
     driver: Option<Arc<Driver>>,
 }
@@ -65,6 +68,7 @@ impl GroupShared {
             gifts: SegQueue::new(),
             done: SegQueue::new(),
             asks: SegQueue::new(),
+            resets: SegQueue::new(),
             driver,
         }
     }
@@ -143,6 +147,10 @@ pub struct GroupState {
     /// Tasks of this thread's channels submitted and not yet finished (whichever group
     /// sends them): this group's poller does not sleep while any is out.
     outstanding: usize,
+    /// Resets of this thread's channels waiting for their disk to drain, and those that
+    /// ended, completed by the caller of `poll`.
+    resets: Resets,
+    ended: Vec<Ended>,
 }
 
 impl GroupState {
@@ -156,13 +164,15 @@ impl GroupState {
             claims: Vec::new(),
             failed: Vec::new(),
             outstanding: 0,
+            resets: Resets::default(),
+            ended: Vec::new(),
         }
     }
 
     /// Whether the group's poller may sleep: no task of its channels out, nothing held by
     /// a queue it owns (another thread's IO included).
     fn may_sleep(&self) -> bool {
-        self.outstanding == 0 && self.owned.iter().all(CoreQueue::is_idle)
+        self.outstanding == 0 && self.resets.is_empty() && self.owned.iter().all(CoreQueue::is_idle)
     }
 
     pub fn shared(&self) -> &Arc<GroupShared> {
@@ -332,14 +342,18 @@ impl GroupState {
         g.give(Box::new(q));
     }
 
-    /// One poll: queues handed over, every owned queue, tasks handed back. Finished
-    /// tasks of this thread's channels go to `out`, completed by the caller once this
-    /// state is no longer borrowed (a completion may submit again).
+    /// One poll: queues handed over, every owned queue, tasks handed back, resets.
+    /// Finished tasks of this thread's channels go to `out`, ended resets to `ended`,
+    /// completed by the caller once this state is no longer borrowed (a completion may
+    /// submit again). Busy while a reset waits.
     fn poll(&mut self, now: u64, out: &mut Vec<Finished>) -> bool {
         self.take_gifts();
         if self.is_home {
             while let Some(ask) = self.shared.asks.pop() {
                 self.on_ask(ask);
+            }
+            while let Some(r) = self.shared.resets.pop() {
+                self.resets.add(r);
             }
         }
         let mut busy = false;
@@ -365,7 +379,16 @@ impl GroupState {
         out.append(&mut self.failed);
         // Everything in `out` is a task of this thread's channels, finished once.
         self.outstanding = self.outstanding.saturating_sub(out.len());
+        if !self.resets.is_empty() {
+            self.resets.poll(now, &mut self.ended);
+            busy = true;
+        }
         busy | !out.is_empty()
+    }
+
+    /// The resets that ended in the last poll, to complete.
+    fn take_ended(&mut self) -> Vec<Ended> {
+        std::mem::take(&mut self.ended)
     }
 
     /// Transmits what the poll and the completions after it posted (docs/ARCHITECTURE.md,
@@ -524,6 +547,7 @@ impl Poller for HomePoller {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         let busy = self.state.poll(cx.now(), &mut self.out);
         complete_all(&mut self.out);
+        reset::finish(&mut self.state.take_ended());
         self.state.push();
         if busy {
             PollResult::Busy
@@ -646,6 +670,8 @@ fn group_poll(g: &Group) -> SpdkPoll {
     let busy = g.state.borrow_mut().poll(loop_now_ns(), &mut out);
     complete_all(&mut out);
     g.out.replace(out);
+    let mut ended = g.state.borrow_mut().take_ended();
+    reset::finish(&mut ended);
     g.state.borrow_mut().push();
     g.paced(busy);
     SpdkPoll::from_busy(busy)
@@ -693,6 +719,21 @@ impl GroupRef {
                 let r = f(Some(&mut g.state.borrow_mut()));
                 g.wake();
                 r
+            }
+        }
+    }
+
+    /// A reset of one of this thread's channels waits in the thread's group (home's
+    /// through its mailbox), whose poller ends it.
+    pub fn reset(&self, r: Reset) {
+        match self {
+            GroupRef::Home(h) => {
+                h.shared.resets.push(r);
+                h.shared.kick();
+            }
+            GroupRef::Group(g) => {
+                g.state.borrow_mut().resets.add(r);
+                g.wake();
             }
         }
     }

@@ -16,9 +16,11 @@
 //!   the session's `RnbdAdmin`), and [`sess::disk`], one bdev, a device over the session,
 //!   and its life. What it needs of home above it is a trait it defines
 //!   ([`sess::SessHome`]).
+//! - [`reset`]: a bdev reset waiting for its disk's requests to drain, in its thread's
+//!   poll group.
 //! - [`group`]: poll groups, one per SPDK thread with rtrs bdev channels (as
 //!   `bdev_nvme`'s), and home, the module's control thread; who owns which session core.
-//! - [`channel`]: IO channels, `submit_request`, resets.
+//! - [`channel`]: IO channels, `submit_request`.
 //! - [`info`]: what sessions and bdevs say of themselves (`bdev_rtrs_get_sessions`,
 //!   `config_json`).
 //! - [`module`]: the SPDK module's callbacks, the bdevs' function table, and the
@@ -35,6 +37,7 @@ mod info;
 mod memmap;
 mod module;
 mod params;
+mod reset;
 mod rpc;
 mod sess;
 mod task;
