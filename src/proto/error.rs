@@ -80,6 +80,36 @@ impl fmt::Display for Expected {
     }
 }
 
+/// A name in a fixed-size string field that is malformed (received) or cannot be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}.{field}: {problem} (byte {pos})")]
+pub struct BadString {
+    /// Message name, e.g. `"info_req"`.
+    pub msg: &'static str,
+    /// Field name, e.g. `"pathname"`.
+    pub field: &'static str,
+    /// What is wrong, e.g. `"contains '/'"`.
+    pub problem: &'static str,
+    /// Offset inside the field where the problem was found.
+    pub pos: usize,
+}
+
+impl BadString {
+    pub(crate) fn new(
+        msg: &'static str,
+        field: &'static str,
+        problem: &'static str,
+        pos: usize,
+    ) -> Self {
+        BadString {
+            msg,
+            field,
+            problem,
+            pos,
+        }
+    }
+}
+
 /// Why bytes received from a peer were refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -121,17 +151,8 @@ pub enum DecodeError {
         expected: Expected,
     },
     /// A fixed-size string field is malformed.
-    #[error("{msg}.{field}: {problem} (byte {pos})")]
-    BadString {
-        /// Message name, e.g. `"info_req"`.
-        msg: &'static str,
-        /// Field name, e.g. `"pathname"`.
-        field: &'static str,
-        /// What is wrong, e.g. `"contains '/'"`.
-        problem: &'static str,
-        /// Offset inside the field where the problem was found.
-        pos: usize,
-    },
+    #[error(transparent)]
+    BadString(#[from] BadString),
 }
 
 impl DecodeError {
@@ -155,7 +176,7 @@ impl DecodeError {
             DecodeError::Truncated { msg, .. }
             | DecodeError::BadField { msg, .. }
             | DecodeError::BadDesc { msg, .. }
-            | DecodeError::BadString { msg, .. } => msg,
+            | DecodeError::BadString(BadString { msg, .. }) => msg,
         }
     }
 
@@ -165,7 +186,7 @@ impl DecodeError {
             DecodeError::Truncated { .. } => None,
             DecodeError::BadField { field, .. }
             | DecodeError::BadDesc { field, .. }
-            | DecodeError::BadString { field, .. } => Some(field),
+            | DecodeError::BadString(BadString { field, .. }) => Some(field),
         }
     }
 }
@@ -197,17 +218,8 @@ pub enum EncodeError {
         expected: Expected,
     },
     /// A string value cannot be sent.
-    #[error("{msg}.{field}: {problem} (byte {pos})")]
-    BadString {
-        /// Message name.
-        msg: &'static str,
-        /// Field name.
-        field: &'static str,
-        /// What is wrong.
-        problem: &'static str,
-        /// Offset inside the string.
-        pos: usize,
-    },
+    #[error(transparent)]
+    BadString(#[from] BadString),
 }
 
 impl EncodeError {

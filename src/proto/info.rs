@@ -6,7 +6,7 @@
 //! `process_info_rsp`. See docs/PROTOCOL.md §2.4, §2.5, §3.5, §3.6, §9.3 and §9.4.
 
 use super::constants::{ceil_log2, chunk_bits, MsgType, IMM_PAYLOAD_BITS};
-use super::error::{DecodeError, EncodeError, Expected};
+use super::error::{BadString, DecodeError, EncodeError, Expected};
 use super::wire::{
     c_name, check_c_name, get_u16, get_u32, get_u64, head, head_mut, put_u16, put_u32, put_u64,
 };
@@ -86,14 +86,7 @@ impl<'a> InfoReq<'a> {
     /// refuses such names locally).
     pub fn encode(&self, out: &mut [u8]) -> Result<usize, EncodeError> {
         check_c_name(self.pathname, Self::PATHNAME_LEN, "info_req", "pathname")?;
-        if let Some(pos) = self.pathname.iter().position(|&c| c == b'/' || c == b'.') {
-            return Err(EncodeError::BadString {
-                msg: "info_req",
-                field: "pathname",
-                problem: "contains '/' or '.'",
-                pos,
-            });
-        }
+        no_slash_or_dot(self.pathname)?;
         let b = head_mut::<INFO_REQ_LEN>(out, "info_req")?;
         *b = [0; INFO_REQ_LEN];
         put_u16(b, 0, MsgType::InfoReq as u16);
@@ -111,15 +104,21 @@ impl<'a> InfoReq<'a> {
         let b = head::<INFO_REQ_LEN>(buf, "info_req")?;
         MsgType::expect(get_u16(b, 0), MsgType::InfoReq, "info_req")?;
         let name = c_name(&b[2..2 + Self::PATHNAME_LEN], "info_req", "pathname")?;
-        if let Some(pos) = name.iter().position(|&c| c == b'/' || c == b'.') {
-            return Err(DecodeError::BadString {
-                msg: "info_req",
-                field: "pathname",
-                problem: "contains '/' or '.'",
-                pos,
-            });
-        }
+        no_slash_or_dot(name)?;
         Ok(InfoReq { pathname: name })
+    }
+}
+
+/// Refuses a session name with `/` or `.` (the kernel client refuses such names locally).
+fn no_slash_or_dot(name: &[u8]) -> Result<(), BadString> {
+    match name.iter().position(|&c| c == b'/' || c == b'.') {
+        Some(pos) => Err(BadString::new(
+            "info_req",
+            "pathname",
+            "contains '/' or '.'",
+            pos,
+        )),
+        None => Ok(()),
     }
 }
 
@@ -321,7 +320,7 @@ mod tests {
         t[2..257].fill(b'a'); // no NUL inside the field; reserved byte 257 is zero
         assert!(matches!(
             InfoReq::decode(&t),
-            Err(DecodeError::BadString { pos: 255, .. })
+            Err(DecodeError::BadString(BadString { pos: 255, .. }))
         ));
         t[256] = 0; // 254 characters then NUL
         assert_eq!(InfoReq::decode(&t).unwrap().pathname.len(), 254);
@@ -332,7 +331,7 @@ mod tests {
         t[5] = b'/';
         assert!(matches!(
             InfoReq::decode(&t),
-            Err(DecodeError::BadString { pos: 3, .. })
+            Err(DecodeError::BadString(BadString { pos: 3, .. }))
         ));
         let mut t = b;
         t[3] = b'.';

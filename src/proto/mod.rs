@@ -59,7 +59,7 @@ mod wire;
 
 pub use conn::{ConnAccept, ConnReject, ConnReq, ConnRsp};
 pub use constants::{ceil_log2, chunk_bits, fits_imm_budget, mem_bits, signal_interval, MsgType};
-pub use error::{DecodeError, EncodeError, Expected};
+pub use error::{BadString, DecodeError, EncodeError, Expected};
 pub use imm::{
     imm_payload, imm_type_code, to_imm, Imm, ImmLayout, ImmType, IoReq, IoRsp, HB_ACK_IMM,
     HB_MSG_IMM, RSP_MAX_ERRNO, RSP_MAX_MSG_ID,

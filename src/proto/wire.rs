@@ -4,7 +4,7 @@
 //! Decoders first take a fixed-size view of the input with [`head`] (which fails with
 //! [`DecodeError::Truncated`]), then read fields at constant offsets of that array.
 
-use super::error::{DecodeError, EncodeError};
+use super::error::{BadString, DecodeError, EncodeError};
 
 /// The first `N` bytes of `buf` as an array, or `Truncated` naming `msg`.
 #[inline]
@@ -73,20 +73,16 @@ pub(crate) fn c_name<'a>(
     field: &'static str,
 ) -> Result<&'a [u8], DecodeError> {
     let Some(end) = field_bytes.iter().position(|&c| c == 0) else {
-        return Err(DecodeError::BadString {
+        return Err(BadString::new(
             msg,
             field,
-            problem: "no NUL terminator inside the field",
-            pos: field_bytes.len(),
-        });
+            "no NUL terminator inside the field",
+            field_bytes.len(),
+        )
+        .into());
     };
     if end == 0 {
-        return Err(DecodeError::BadString {
-            msg,
-            field,
-            problem: "empty name",
-            pos: 0,
-        });
+        return Err(BadString::new(msg, field, "empty name", 0).into());
     }
     Ok(&field_bytes[..end])
 }
@@ -99,28 +95,19 @@ pub(crate) fn check_c_name(
     field: &'static str,
 ) -> Result<(), EncodeError> {
     if name.is_empty() {
-        return Err(EncodeError::BadString {
-            msg,
-            field,
-            problem: "empty name",
-            pos: 0,
-        });
+        return Err(BadString::new(msg, field, "empty name", 0).into());
     }
     if name.len() >= cap {
-        return Err(EncodeError::BadString {
+        return Err(BadString::new(
             msg,
             field,
-            problem: "name too long for the field (the NUL must fit)",
-            pos: cap - 1,
-        });
+            "name too long for the field (the NUL must fit)",
+            cap - 1,
+        )
+        .into());
     }
     if let Some(pos) = name.iter().position(|&c| c == 0) {
-        return Err(EncodeError::BadString {
-            msg,
-            field,
-            problem: "name contains a NUL byte",
-            pos,
-        });
+        return Err(BadString::new(msg, field, "name contains a NUL byte", pos).into());
     }
     Ok(())
 }

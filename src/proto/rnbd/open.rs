@@ -235,6 +235,7 @@ impl OpenRsp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::error::BadString;
 
     fn rsp() -> OpenRsp {
         OpenRsp {
@@ -267,7 +268,7 @@ mod tests {
         t[6..261].fill(b'x');
         assert!(matches!(
             Open::decode(&t),
-            Err(DecodeError::BadString { pos: 255, .. })
+            Err(DecodeError::BadString(BadString { pos: 255, .. }))
         ));
         t[260] = 0;
         assert_eq!(Open::decode(&t).unwrap().dev_name.len(), 254);
