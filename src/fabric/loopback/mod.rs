@@ -112,6 +112,11 @@ impl LoopbackFabric {
         }
     }
 
+    /// The protection domain's registrations.
+    fn table(&self) -> &Arc<MrTable> {
+        &self.table
+    }
+
     fn registrations(&self) -> soft::Registrations<'_> {
         soft::Registrations {
             table: &self.table,
@@ -276,21 +281,8 @@ impl Fabric for LoopbackFabric {
         o: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
         o.check_no_key(self.kind())?;
-        match o.cq {
-            Some(cq) => {
-                // The connection is made only once the CQ is known to take it, so a
-                // refusal leaves no request behind at the listener.
-                soft::cq::check::<LoopbackConn>(cq, &self.table)?;
-                let conn = self.start_connect(o.src, dst, o.caps, o.private_data)?;
-                soft::cq::attach(cq, conn)
-            }
-            None => Ok(Box::new(self.start_connect(
-                o.src,
-                dst,
-                o.caps,
-                o.private_data,
-            )?)),
-        }
+        let start = || self.start_connect(o.src, dst, o.caps, o.private_data);
+        soft::cq::make_on(o.cq, &self.table, start, |c| Box::new(c))
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
@@ -415,25 +407,11 @@ impl PendingConn for Pending {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
         if let Some(domain) = domain {
-            match domain.as_any().downcast_ref::<LoopbackFabric>() {
-                Some(d) if d.table.same_device(&self.table) => self.table = d.table.clone(),
-                _ => {
-                    return Err(FabricError::Accept {
-                        cause: SetupCause::refused(
-                            "the protection domain is not one of the listener's loopback fabric",
-                        ),
-                    })
-                }
-            }
+            self.table =
+                soft::accept_domain(domain, &self.table, LoopbackFabric::table, "loopback")?;
         }
-        match cq {
-            Some(cq) => {
-                soft::cq::check::<LoopbackConn>(cq, &self.table)?;
-                let conn = self.answer(caps, private_data)?;
-                soft::cq::attach(cq, conn)
-            }
-            None => Ok(Box::new(self.answer(caps, private_data)?)),
-        }
+        let answer = || self.answer(caps, private_data);
+        soft::cq::make_on(cq, &self.table, answer, |c| Box::new(c))
     }
 
     fn reject(self: Box<Self>, private_data: PrivateData) {

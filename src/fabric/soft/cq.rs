@@ -604,6 +604,24 @@ pub fn check<T: Member>(cq: &CqRef, table: &Arc<MrTable>) -> Result<(), FabricEr
     }
 }
 
+/// The connection `make` makes, on `cq` where one is given, else boxed by `own`. The CQ
+/// is checked first, so a refusal makes no connection and leaves no request behind at
+/// the peer.
+pub fn make_on<T: Member>(
+    cq: Option<&CqRef>,
+    table: &Arc<MrTable>,
+    make: impl FnOnce() -> Result<T, FabricError>,
+    own: impl FnOnce(T) -> Box<dyn Conn>,
+) -> Result<Box<dyn Conn>, FabricError> {
+    match cq {
+        Some(cq) => {
+            check::<T>(cq, table)?;
+            attach(cq, make()?)
+        }
+        None => Ok(own(make()?)),
+    }
+}
+
 /// Puts `conn` on `cq` (a [`SoftCq`] of `conn`'s fabric, see [`check`]) and returns
 /// its handle, held by the calling thread.
 ///

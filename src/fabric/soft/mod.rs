@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::fabric::mem::Backing;
 use crate::fabric::SetupCause;
-use crate::fabric::{Access, FabricError, FabricKind, FastMr, KeyScope, MemBuf, Mr, Sge};
+use crate::fabric::{Access, Fabric, FabricError, FabricKind, FastMr, KeyScope, MemBuf, Mr, Sge};
 
 /// The `Fabric` methods both software fabrics answer alike, inside their `impl Fabric`:
 /// `domain` (the backend's `new_domain`), `as_any`, and `register`, `register_raw` and
@@ -66,6 +66,25 @@ macro_rules! soft_fabric_methods {
     };
 }
 pub(crate) use soft_fabric_methods;
+
+/// The table of the protection domain a connection request that arrived at a listener
+/// over `table` is accepted into: `domain`'s (read by `table_of`) where it is a fabric
+/// `F` over the same device; `name` names that fabric in a refusal.
+pub(crate) fn accept_domain<F: 'static>(
+    domain: &dyn Fabric,
+    table: &Arc<MrTable>,
+    table_of: fn(&F) -> &Arc<MrTable>,
+    name: &str,
+) -> Result<Arc<MrTable>, FabricError> {
+    match domain.as_any().downcast_ref::<F>().map(table_of) {
+        Some(t) if t.same_device(table) => Ok(t.clone()),
+        _ => Err(FabricError::Accept {
+            cause: SetupCause::refused(format!(
+                "the protection domain is not one of the listener's {name} fabric"
+            )),
+        }),
+    }
+}
 
 /// The registration entry points of a software fabric over its table: the
 /// `Fabric::register`, `register_raw`, `alloc_fast_mr` and `local_memory` of both the

@@ -303,30 +303,11 @@ impl PendingConn for TcpPending {
         private_data: PrivateData,
     ) -> Result<Box<dyn Conn>, FabricError> {
         if let Some(domain) = domain {
-            match domain.as_any().downcast_ref::<TcpFabric>() {
-                Some(d) if d.table().same_device(&self.table) => self.table = d.table().clone(),
-                _ => {
-                    return Err(FabricError::Accept {
-                        cause: SetupCause::refused(
-                            "the protection domain is not one of the listener's tcp fabric",
-                        ),
-                    })
-                }
-            }
+            self.table = soft::accept_domain(domain, &self.table, TcpFabric::table, "tcp")?;
         }
-        match cq {
-            Some(cq) => {
-                soft::cq::check::<TcpConn>(cq, &self.table)?;
-                let conn = self.answer(caps, private_data)?;
-                soft::cq::attach(cq, conn)
-            }
-            None => {
-                let mode = self.readiness;
-                Ok(Box::new(
-                    self.answer(caps, private_data)?.with_own_readiness(mode),
-                ))
-            }
-        }
+        let (table, mode) = (self.table.clone(), self.readiness);
+        let own = |c: TcpConn| -> Box<dyn Conn> { Box::new(c.with_own_readiness(mode)) };
+        soft::cq::make_on(cq, &table, || self.answer(caps, private_data), own)
     }
 
     fn reject(mut self: Box<Self>, private_data: PrivateData) {

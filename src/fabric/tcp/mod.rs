@@ -185,14 +185,9 @@ impl Fabric for TcpFabric {
         dst: SocketAddr,
         o: &ConnectOptions<'_>,
     ) -> Result<Box<dyn Conn>, FabricError> {
-        let conn = |s: &Self| s.start_connect(o.src, dst, o.caps, o.private_data, o.psk);
-        match o.cq {
-            Some(cq) => {
-                soft::cq::check::<TcpConn>(cq, &self.table)?;
-                soft::cq::attach(cq, conn(self)?)
-            }
-            None => Ok(Box::new(conn(self)?.with_own_readiness(self.readiness))),
-        }
+        let start = || self.start_connect(o.src, dst, o.caps, o.private_data, o.psk);
+        let own = |c: TcpConn| -> Box<dyn Conn> { Box::new(c.with_own_readiness(self.readiness)) };
+        soft::cq::make_on(o.cq, &self.table, start, own)
     }
 
     fn create_cq(&self, entries: u32) -> Result<Cq, FabricError> {
