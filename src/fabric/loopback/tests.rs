@@ -9,15 +9,21 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().expect("test address")
 }
 
+fn listen(f: &LoopbackFabric, at: &str) -> Box<dyn Listener> {
+    f.listen(addr(at), &ListenOptions::default()).unwrap()
+}
+
+/// A connection to `to` with default queue sizes and no private data.
+fn connect(f: &LoopbackFabric, to: SocketAddr) -> Box<dyn Conn> {
+    f.connect(to, &ConnectOptions::new(QpCaps::default(), &[]))
+        .unwrap()
+}
+
 #[test]
 fn listen_port_zero_picks_distinct_ports() {
     let f = LoopbackFabric::new();
-    let a = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
-    let b = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
+    let a = listen(&f, "127.0.0.1:0");
+    let b = listen(&f, "127.0.0.1:0");
     assert_ne!(a.local_addr(), b.local_addr());
     assert_ne!(a.local_addr().port(), 0);
     let err = f
@@ -53,9 +59,7 @@ fn connect_to_nobody_is_a_cm_error() {
 #[test]
 fn caps_beyond_the_limits_are_refused() {
     let f = LoopbackFabric::new();
-    let l = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
+    let l = listen(&f, "127.0.0.1:0");
     let caps = QpCaps {
         max_send_sge: MAX_SGE as u32 + 1,
         ..QpCaps::default()
@@ -70,15 +74,9 @@ fn caps_beyond_the_limits_are_refused() {
 #[test]
 fn dropped_request_and_dropped_listener_reject() {
     let f = LoopbackFabric::new();
-    let mut l = f
-        .listen(addr("[::1]:0"), &ListenOptions::default())
-        .unwrap();
-    let mut c1 = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
-    let mut c2 = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
+    let mut l = listen(&f, "[::1]:0");
+    let mut c1 = connect(&f, l.local_addr());
+    let mut c2 = connect(&f, l.local_addr());
     assert!(c1.local_addr().unwrap().is_ipv6());
     drop(l.poll().expect("first request"));
     drop(l);
@@ -93,12 +91,8 @@ fn dropped_request_and_dropped_listener_reject() {
 #[test]
 fn accept_after_the_client_left_fails() {
     let f = LoopbackFabric::new();
-    let mut l = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
-    let mut c = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
+    let mut l = listen(&f, "127.0.0.1:0");
+    let mut c = connect(&f, l.local_addr());
     let req = l.poll().expect("request");
     c.disconnect();
     let err = req
@@ -111,12 +105,8 @@ fn accept_after_the_client_left_fails() {
 #[test]
 fn faults_are_found_from_either_end() {
     let f = LoopbackFabric::new();
-    let mut l = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
-    let c = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
+    let mut l = listen(&f, "127.0.0.1:0");
+    let c = connect(&f, l.local_addr());
     let s = l.poll().unwrap().accept(QpCaps::default(), &[]).unwrap();
     let fc = f.faults(&*c).expect("client end");
     let fs = f.faults(&*s).expect("server end");
@@ -130,12 +120,8 @@ fn faults_are_found_from_either_end() {
 #[test]
 fn connecting_ends_release_their_address() {
     let f = LoopbackFabric::new();
-    let l = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
-    let c = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
+    let l = listen(&f, "127.0.0.1:0");
+    let c = connect(&f, l.local_addr());
     let local = c.local_addr().unwrap();
     assert!(f.inner.names().ephemeral.contains(&local));
     drop(c);
@@ -173,12 +159,8 @@ fn a_closing_end_waits_for_the_peers_copy() {
 fn a_client_that_leaves_before_the_answer_keeps_what_was_executed() {
     use crate::fabric::{RecvWr, SendOp, SendWr, Wc, WcStatus};
     let f = LoopbackFabric::new();
-    let mut l = f
-        .listen(addr("127.0.0.1:0"), &ListenOptions::default())
-        .unwrap();
-    let mut c = f
-        .connect(l.local_addr(), &ConnectOptions::new(QpCaps::default(), &[]))
-        .unwrap();
+    let mut l = listen(&f, "127.0.0.1:0");
+    let mut c = connect(&f, l.local_addr());
     c.post_recv(&[
         RecvWr {
             wr_id: 1,

@@ -1,6 +1,5 @@
 //! The readiness set's backends, and a shared tcp CQ that reads no idle socket.
 
-use crate::fabric::{ConnectOptions, ListenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -10,8 +9,8 @@ use super::*;
 use crate::fabric::tcp::rx::READS;
 use crate::fabric::tcp::{TcpConn, TcpFabric};
 use crate::fabric::{
-    Access, CmEvent, Conn, Cq, Fabric, MemBuf, QpCaps, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode,
-    WcStatus,
+    Access, CmEvent, Conn, ConnRequest, ConnectOptions, Cq, Fabric, ListenOptions, Listener,
+    MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -172,11 +171,67 @@ struct Ends {
     fabrics: [std::sync::Arc<TcpFabric>; 2],
 }
 
-fn poll(e: &mut Ends, got: &mut Vec<Wc>) {
-    let mut wcs = [Wc::default(); 16];
-    for cq in &mut e.cqs {
-        let n = cq.poll(&mut wcs);
-        got.extend_from_slice(&wcs[..n]);
+/// A connected client and server, on shared ([`Ends`]) or private ([`Private`]) CQs.
+trait Pair {
+    fn fabrics(&self) -> &[std::sync::Arc<TcpFabric>; 2];
+    /// Client's, server's.
+    fn conns(&mut self) -> [&mut dyn Conn; 2];
+    /// Polls both ends' CQs once, adding their completions to `got`.
+    fn poll(&mut self, got: &mut Vec<Wc>);
+}
+
+impl Pair for Ends {
+    fn fabrics(&self) -> &[std::sync::Arc<TcpFabric>; 2] {
+        &self.fabrics
+    }
+
+    fn conns(&mut self) -> [&mut dyn Conn; 2] {
+        let [c, s] = &mut self.conns;
+        [c.as_mut(), s.as_mut()]
+    }
+
+    fn poll(&mut self, got: &mut Vec<Wc>) {
+        let mut wcs = [Wc::default(); 16];
+        for cq in &mut self.cqs {
+            let n = cq.poll(&mut wcs);
+            got.extend_from_slice(&wcs[..n]);
+        }
+    }
+}
+
+fn listen(server: &TcpFabric) -> Box<dyn Listener> {
+    server
+        .listen(
+            "127.0.0.1:0".parse().expect("address"),
+            &ListenOptions::default(),
+        )
+        .expect("listen")
+}
+
+/// Polls `l` (and `c`'s CM, which sends the request) until `c`'s request arrives.
+fn await_request(l: &mut dyn Listener, c: &mut dyn Conn) -> ConnRequest {
+    let start = Instant::now();
+    loop {
+        if let Some(r) = l.poll() {
+            return r;
+        }
+        c.poll_cm();
+        assert!(start.elapsed() < WAIT, "no request");
+    }
+}
+
+/// Polls both ends until both are established (bounded).
+fn establish(p: &mut impl Pair) {
+    let start = Instant::now();
+    let mut est = [false, false];
+    while !(est[0] && est[1]) {
+        assert!(start.elapsed() < WAIT, "not established");
+        p.poll(&mut Vec::new());
+        for (conn, est) in p.conns().into_iter().zip(&mut est) {
+            while let Some(ev) = conn.poll_cm() {
+                *est |= matches!(ev, CmEvent::Established { .. });
+            }
+        }
     }
 }
 
@@ -185,12 +240,7 @@ fn connected(mode: TcpReadiness) -> Ends {
     let server = std::sync::Arc::new(TcpFabric::with_readiness(mode));
     let ccq = client.create_cq(256).expect("client cq");
     let scq = server.create_cq(256).expect("server cq");
-    let mut l = server
-        .listen(
-            "127.0.0.1:0".parse().expect("address"),
-            &ListenOptions::default(),
-        )
-        .expect("listen");
+    let mut l = listen(&server);
     let caps = QpCaps::default();
     let mut c = client
         .connect(
@@ -198,72 +248,63 @@ fn connected(mode: TcpReadiness) -> Ends {
             &ConnectOptions::new(caps, &[]).on(&ccq.share()),
         )
         .expect("connect_on");
-    let start = Instant::now();
-    let req = loop {
-        if let Some(r) = l.poll() {
-            break r;
-        }
-        c.poll_cm();
-        assert!(start.elapsed() < WAIT, "no request");
-    };
-    let s = req
+    let s = await_request(l.as_mut(), c.as_mut())
         .accept_into(&*server, Some(&scq.share()), caps, &[])
         .expect("accept on the server's CQ");
-    let mut est = [false, false];
     let mut e = Ends {
         cqs: [ccq, scq],
         conns: [c, s],
         fabrics: [client, server],
     };
-    while !(est[0] && est[1]) {
-        assert!(start.elapsed() < WAIT, "not established");
-        poll(&mut e, &mut Vec::new());
-        for (conn, est) in e.conns.iter_mut().zip(&mut est) {
-            while let Some(ev) = conn.poll_cm() {
-                *est |= matches!(ev, CmEvent::Established { .. });
-            }
-        }
-    }
+    establish(&mut e);
     e
 }
 
-/// One 64 KiB RDMA_WRITE_WITH_IMM client → server, both completions awaited.
-fn exchange(e: &mut Ends, imm: u32) {
-    let src = e.fabrics[0]
-        .register(MemBuf::zeroed(64 * 1024), RW)
+/// Registers `len` bytes on each side, the client's filled with `imm`'s low byte, and
+/// posts a receive on the server and an RDMA_WRITE_WITH_IMM of it all from the client.
+/// Returns the client's and the server's registration.
+fn post_write_imm(p: &mut impl Pair, len: u32, imm: u32) -> (Mr, Mr) {
+    let [client, server] = p.fabrics().clone();
+    let src = client
+        .register(MemBuf::zeroed(len as usize), RW)
         .expect("register");
-    src.write_at(0, &vec![imm as u8; 64 * 1024]);
-    let dst = e.fabrics[1]
-        .register(MemBuf::zeroed(64 * 1024), RW)
+    src.write_at(0, &vec![imm as u8; len as usize]);
+    let dst = server
+        .register(MemBuf::zeroed(len as usize), RW)
         .expect("register");
-    e.conns[1]
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sge: None,
-        }])
-        .expect("post_recv");
+    let [c, s] = p.conns();
+    s.post_recv(&[RecvWr {
+        wr_id: 1,
+        sge: None,
+    }])
+    .expect("post_recv");
     let sge = [Sge {
         addr: src.addr(),
-        len: 64 * 1024,
+        len,
         lkey: src.lkey(),
     }];
-    e.conns[0]
-        .post_send(&[SendWr {
-            wr_id: 2,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: dst.addr(),
-                rkey: dst.rkey(),
-                imm,
-            },
-            sges: &sge,
-            signaled: true,
-        }])
-        .expect("post_send");
+    c.post_send(&[SendWr {
+        wr_id: 2,
+        op: SendOp::RdmaWriteWithImm {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey(),
+            imm,
+        },
+        sges: &sge,
+        signaled: true,
+    }])
+    .expect("post_send");
+    (src, dst)
+}
+
+/// One 64 KiB RDMA_WRITE_WITH_IMM client → server, both completions awaited (bounded).
+fn exchange(p: &mut impl Pair, imm: u32) {
+    let (_src, dst) = post_write_imm(p, 64 * 1024, imm);
     let mut got = Vec::new();
     let start = Instant::now();
     while got.len() < 2 {
         assert!(start.elapsed() < WAIT, "exchange {imm}: {got:?}");
-        poll(e, &mut got);
+        p.poll(&mut got);
     }
     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
     let recv = got
@@ -280,32 +321,40 @@ fn exchange(e: &mut Ends, imm: u32) {
     assert!(back.iter().all(|&b| b == imm as u8), "payload landed");
 }
 
-fn idle_reads(mode: TcpReadiness) -> u64 {
-    let mut e = connected(mode);
-    exchange(&mut e, 7);
-    // Let the last ACK arrive and be read.
+/// Lets the last ACKs arrive and be read.
+fn settle(p: &mut impl Pair) {
     for _ in 0..50 {
-        poll(&mut e, &mut Vec::new());
+        p.poll(&mut Vec::new());
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Socket reads of 1000 idle polls of both ends after an exchange, then a check that
+/// the next arrival is still seen.
+fn idle_reads(mut p: impl Pair) -> u64 {
+    exchange(&mut p, 7);
+    settle(&mut p);
     let before = READS.with(|r| r.get());
     for _ in 0..1000 {
-        poll(&mut e, &mut Vec::new());
+        p.poll(&mut Vec::new());
     }
     let reads = READS.with(|r| r.get()) - before;
-    // Still alive: the next arrival is seen.
-    exchange(&mut e, 9);
+    exchange(&mut p, 9);
     reads
 }
 
 #[test]
 fn an_idle_shared_cq_reads_no_socket() {
     for mode in [TcpReadiness::Uring, TcpReadiness::Epoll] {
-        assert_eq!(idle_reads(mode), 0, "{mode:?}: reads of 1000 idle polls");
+        assert_eq!(
+            idle_reads(connected(mode)),
+            0,
+            "{mode:?}: reads of 1000 idle polls"
+        );
     }
     // The counter does count: without a set every poll reads both sockets.
     assert!(
-        idle_reads(TcpReadiness::None) >= 2000,
+        idle_reads(connected(TcpReadiness::None)) >= 2000,
         "none: every poll reads"
     );
 }
@@ -421,148 +470,56 @@ struct Private {
     fabrics: [std::sync::Arc<TcpFabric>; 2],
 }
 
-impl Private {
+impl Pair for Private {
+    fn fabrics(&self) -> &[std::sync::Arc<TcpFabric>; 2] {
+        &self.fabrics
+    }
+
     fn conns(&mut self) -> [&mut dyn Conn; 2] {
         [&mut self.client, self.server.as_mut()]
     }
-}
 
-fn ppoll(conns: [&mut dyn Conn; 2], got: &mut Vec<Wc>) {
-    let mut wcs = [Wc::default(); 16];
-    for c in conns {
-        let n = c.poll_cq(&mut wcs);
-        got.extend_from_slice(&wcs[..n]);
+    fn poll(&mut self, got: &mut Vec<Wc>) {
+        let mut wcs = [Wc::default(); 16];
+        for c in self.conns() {
+            let n = c.poll_cq(&mut wcs);
+            got.extend_from_slice(&wcs[..n]);
+        }
     }
 }
 
 fn private_pair(mode: TcpReadiness) -> Private {
     let client = std::sync::Arc::new(TcpFabric::with_readiness(mode));
     let server = std::sync::Arc::new(TcpFabric::with_readiness(mode));
-    let mut l = server
-        .listen(
-            "127.0.0.1:0".parse().expect("address"),
-            &ListenOptions::default(),
-        )
-        .expect("listen");
+    let mut l = listen(&server);
     let caps = QpCaps::default();
     let mut c = client
         .start_connect(None, l.local_addr(), caps, &[], None)
         .expect("connect")
         .with_own_readiness(mode);
-    let start = Instant::now();
-    let req = loop {
-        if let Some(r) = l.poll() {
-            break r;
-        }
-        c.poll_cm();
-        assert!(start.elapsed() < WAIT, "no request");
-    };
-    let s = req.accept(caps, &[]).expect("accept");
+    let s = await_request(l.as_mut(), &mut c)
+        .accept(caps, &[])
+        .expect("accept");
     let mut p = Private {
         client: c,
         server: s,
         fabrics: [client, server],
     };
-    let mut est = [false, false];
-    while !(est[0] && est[1]) {
-        assert!(start.elapsed() < WAIT, "not established");
-        for (conn, est) in p.conns().into_iter().zip(&mut est) {
-            while let Some(ev) = conn.poll_cm() {
-                *est |= matches!(ev, CmEvent::Established { .. });
-            }
-        }
-    }
+    establish(&mut p);
     p
-}
-
-/// One 64 KiB RDMA_WRITE_WITH_IMM client → server over private CQs, both completions
-/// awaited (bounded).
-fn pexchange(p: &mut Private, imm: u32) {
-    let src = p.fabrics[0]
-        .register(MemBuf::zeroed(64 * 1024), RW)
-        .expect("register");
-    src.write_at(0, &vec![imm as u8; 64 * 1024]);
-    let dst = p.fabrics[1]
-        .register(MemBuf::zeroed(64 * 1024), RW)
-        .expect("register");
-    p.server
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sge: None,
-        }])
-        .expect("post_recv");
-    let sge = [Sge {
-        addr: src.addr(),
-        len: 64 * 1024,
-        lkey: src.lkey(),
-    }];
-    p.client
-        .post_send(&[SendWr {
-            wr_id: 2,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: dst.addr(),
-                rkey: dst.rkey(),
-                imm,
-            },
-            sges: &sge,
-            signaled: true,
-        }])
-        .expect("post_send");
-    let mut got = Vec::new();
-    let start = Instant::now();
-    while got.len() < 2 {
-        assert!(start.elapsed() < WAIT, "exchange {imm}: {got:?}");
-        ppoll(p.conns(), &mut got);
-    }
-    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
-    let recv = got
-        .iter()
-        .find(|w| w.opcode == WcOpcode::RecvRdmaWithImm)
-        .expect("the server's completion");
-    assert_eq!(
-        (recv.imm, recv.byte_len),
-        (Some(imm), 64 * 1024),
-        "{recv:?}"
-    );
-    let mut back = vec![0u8; 64 * 1024];
-    dst.read_at(0, &mut back);
-    assert!(back.iter().all(|&b| b == imm as u8), "payload landed");
-}
-
-/// Lets the last ACKs arrive and be read.
-fn settle(p: &mut Private) {
-    for _ in 0..50 {
-        ppoll(p.conns(), &mut Vec::new());
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Socket reads of 1000 idle polls of both ends, then a check that the next arrival is
-/// still seen.
-fn private_idle_reads(mode: TcpReadiness) -> u64 {
-    let mut p = private_pair(mode);
-    pexchange(&mut p, 7);
-    settle(&mut p);
-    let before = READS.with(|r| r.get());
-    for _ in 0..1000 {
-        ppoll(p.conns(), &mut Vec::new());
-    }
-    let reads = READS.with(|r| r.get()) - before;
-    pexchange(&mut p, 9);
-    reads
 }
 
 #[test]
 fn an_idle_private_cq_reads_no_socket() {
     assert_eq!(
-        private_idle_reads(TcpReadiness::Uring),
+        idle_reads(private_pair(TcpReadiness::Uring)),
         0,
         "uring: reads of 1000 idle polls"
     );
     // Epoll gains nothing on a private CQ: it reads on every poll, as does none.
     for mode in [TcpReadiness::Epoll, TcpReadiness::None] {
         assert!(
-            private_idle_reads(mode) >= 2000,
+            idle_reads(private_pair(mode)) >= 2000,
             "{mode:?}: every poll reads"
         );
     }
@@ -588,7 +545,7 @@ fn await_cm(conn: &mut dyn Conn, want: fn(&CmEvent) -> bool, what: &str) {
 fn an_idle_private_cq_sees_eof_and_reset() {
     // EOF: the peer half-closes its socket (no frame).
     let mut p = private_pair(TcpReadiness::Uring);
-    pexchange(&mut p, 1);
+    exchange(&mut p, 1);
     settle(&mut p);
     p.client.shutdown_socket(std::net::Shutdown::Write);
     await_cm(
@@ -601,7 +558,7 @@ fn an_idle_private_cq_sees_eof_and_reset() {
     // Reset: the peer disconnects (a reset); and the gated side closing its socket is
     // seen by its peer at once (the ring let go of the socket before it closed).
     let mut p = private_pair(TcpReadiness::Uring);
-    pexchange(&mut p, 2);
+    exchange(&mut p, 2);
     settle(&mut p);
     p.client.disconnect();
     await_cm(
@@ -610,7 +567,7 @@ fn an_idle_private_cq_sees_eof_and_reset() {
         "reset",
     );
     let mut p = private_pair(TcpReadiness::Uring);
-    pexchange(&mut p, 3);
+    exchange(&mut p, 3);
     settle(&mut p);
     p.server.disconnect();
     await_cm(
@@ -629,7 +586,7 @@ fn a_private_cq_polled_from_another_thread_gets_its_data() {
     let spin = done.clone();
     let armer = std::thread::spawn(move || {
         let mut p = private_pair(TcpReadiness::Uring);
-        pexchange(&mut p, 4);
+        exchange(&mut p, 4);
         settle(&mut p);
         p.client.release_thread();
         p.server.release_thread();
@@ -640,16 +597,16 @@ fn a_private_cq_polled_from_another_thread_gets_its_data() {
     });
     let mut p = rx.recv().expect("the pair");
     for imm in 5..10 {
-        pexchange(&mut p, imm);
+        exchange(&mut p, imm);
     }
     // Idle here too, once moved.
     settle(&mut p);
     let before = READS.with(|r| r.get());
     for _ in 0..1000 {
-        ppoll(p.conns(), &mut Vec::new());
+        p.poll(&mut Vec::new());
     }
     assert_eq!(READS.with(|r| r.get()) - before, 0, "idle after the move");
-    pexchange(&mut p, 10);
+    exchange(&mut p, 10);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     armer.join().expect("armer");
 }
@@ -690,12 +647,12 @@ fn a_reset_behind_data_is_seen_on_a_shared_cq() {
     for mode in [TcpReadiness::Uring, TcpReadiness::Epoll] {
         let mut e = connected(mode);
         post_bulk(e.conns[0].as_mut(), &e.fabrics);
-        poll(&mut e, &mut Vec::new());
+        e.poll(&mut Vec::new());
         e.conns[0].disconnect();
         let start = Instant::now();
         while e.conns[1].state() != crate::fabric::ConnState::Disconnected {
             assert!(start.elapsed() < WAIT, "{mode:?}: the reset was not seen");
-            poll(&mut e, &mut Vec::new());
+            e.poll(&mut Vec::new());
         }
     }
 }
@@ -706,11 +663,11 @@ fn a_reset_or_eof_behind_data_is_seen_on_a_private_cq() {
     for eof in [false, true] {
         let mut p = private_pair(TcpReadiness::Uring);
         post_bulk(&mut p.client, &p.fabrics);
-        ppoll(p.conns(), &mut Vec::new());
+        p.poll(&mut Vec::new());
         if eof {
             // The client keeps sending what it can, then half-closes.
             for _ in 0..20 {
-                ppoll(p.conns(), &mut Vec::new());
+                p.poll(&mut Vec::new());
             }
             p.client.shutdown_socket(std::net::Shutdown::Write);
         } else {
@@ -746,44 +703,13 @@ fn an_epoll_cq_wait_fd_is_readable_exactly_while_data_waits() {
     let mut e = connected(TcpReadiness::Epoll);
     exchange(&mut e, 3);
     // Polled until quiet: the server's CQ has nothing to wait for.
-    for _ in 0..50 {
-        poll(&mut e, &mut Vec::new());
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    settle(&mut e);
     let fd = e.cqs[1]
         .wait_fd()
         .expect("an epoll CQ has a descriptor to wait on");
     assert!(!readable_within(fd, 0), "readable with nothing arrived");
     // The client writes; the server's descriptor wakes a sleeper without any poll of it.
-    let src = e.fabrics[0]
-        .register(MemBuf::zeroed(4096), RW)
-        .expect("register");
-    let dst = e.fabrics[1]
-        .register(MemBuf::zeroed(4096), RW)
-        .expect("register");
-    e.conns[1]
-        .post_recv(&[RecvWr {
-            wr_id: 5,
-            sge: None,
-        }])
-        .expect("post_recv");
-    let sge = [Sge {
-        addr: src.addr(),
-        len: 4096,
-        lkey: src.lkey(),
-    }];
-    e.conns[0]
-        .post_send(&[SendWr {
-            wr_id: 6,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: dst.addr(),
-                rkey: dst.rkey(),
-                imm: 11,
-            },
-            sges: &sge,
-            signaled: true,
-        }])
-        .expect("post_send");
+    let _mrs = post_write_imm(&mut e, 4096, 11);
     // Only the client's CQ is polled (it transmits there), never the server's.
     let start = Instant::now();
     while !readable_within(fd, 10) {
@@ -809,10 +735,7 @@ fn an_epoll_cq_wait_fd_is_readable_exactly_while_data_waits() {
         got.extend_from_slice(&wcs[..n]);
         let _ = e.cqs[0].poll(&mut wcs);
     }
-    for _ in 0..50 {
-        poll(&mut e, &mut Vec::new());
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    settle(&mut e);
     assert!(
         !readable_within(fd, 0),
         "still readable after the data was read"
@@ -833,12 +756,7 @@ fn only_an_epoll_cq_offers_a_wait_fd() {
 #[test]
 fn a_listener_wait_fd_wakes_for_a_connection_and_its_handshake() {
     let fabric = std::sync::Arc::new(TcpFabric::with_readiness(TcpReadiness::Epoll));
-    let mut l = fabric
-        .listen(
-            "127.0.0.1:0".parse().expect("address"),
-            &ListenOptions::default(),
-        )
-        .expect("listen");
+    let mut l = listen(&fabric);
     let fd = l
         .wait_fd()
         .expect("a tcp listener has a descriptor to wait on");

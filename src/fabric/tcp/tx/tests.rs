@@ -3,7 +3,7 @@ use crate::fabric::soft::MrTable;
 use crate::fabric::tcp::frame::{
     cm_frame, CmPayload, Header as H, RejectReason, CM_FRAME_LEN, VERSION,
 };
-use crate::fabric::{Access, MemBuf, PrivateData, QpCaps, SendOp, SendWr};
+use crate::fabric::{Access, MemBuf, Mr, PrivateData, QpCaps, SendOp, SendWr};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -20,6 +20,22 @@ fn read_all(b: &mut UnixStream) -> Vec<u8> {
         out.extend_from_slice(&buf[..n]);
     }
     out
+}
+
+/// A socket pair whose first end (the sender's) does not block.
+fn pair() -> (UnixStream, UnixStream) {
+    let (a, b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    (a, b)
+}
+
+/// A 4 KiB registration of `table` that starts with `bytes`.
+fn mr_holding(table: &Arc<MrTable>, bytes: &[u8]) -> Mr {
+    let mr = table
+        .register_buf(MemBuf::zeroed(4096), Access::NONE)
+        .unwrap();
+    mr.write_at(0, bytes);
+    mr
 }
 
 fn header(bytes: &[u8]) -> H {
@@ -46,13 +62,9 @@ fn qp_owing_an_ack(table: &Arc<MrTable>) -> SoftQp {
 
 #[test]
 fn a_batch_carries_cm_frame_headers_payloads_and_the_ack() {
-    let (a, mut b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
+    let (a, mut b) = pair();
     let table = MrTable::new();
-    let mr = table
-        .register_buf(MemBuf::zeroed(4096), Access::NONE)
-        .unwrap();
-    mr.write_at(0, b"hello world!");
+    let mr = mr_holding(&table, b"hello world!");
     let mut qp = qp_owing_an_ack(&table);
     let two = [mr.sge(0, 5), mr.sge(5, 7)];
     let one = [mr.sge(0, 3)];
@@ -112,8 +124,7 @@ fn a_batch_carries_cm_frame_headers_payloads_and_the_ack() {
 #[test]
 fn a_batch_keeps_one_handle_per_registration_and_finishes_after_they_are_dropped() {
     const LEN: usize = 64 * 1024;
-    let (a, mut b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
+    let (a, mut b) = pair();
     let table = MrTable::new();
     let mrs: Vec<_> = (0..2u8)
         .map(|i| {
@@ -183,8 +194,7 @@ fn a_batch_keeps_one_handle_per_registration_and_finishes_after_they_are_dropped
 
 #[test]
 fn a_lone_ack_waits_for_a_frame_or_the_delay() {
-    let (a, mut b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
+    let (a, mut b) = pair();
     let table = MrTable::new();
     let mut qp = qp_owing_an_ack(&table);
     let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
@@ -208,8 +218,7 @@ fn a_lone_ack_waits_for_a_frame_or_the_delay() {
 
 #[test]
 fn a_small_send_queue_gets_its_acks_at_once() {
-    let (a, mut b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
+    let (a, mut b) = pair();
     let table = MrTable::new();
     let mut qp = qp_owing_an_ack(&table);
     // Four send slots: an ack covering one frame is a quarter of the queue.
@@ -221,13 +230,9 @@ fn a_small_send_queue_gets_its_acks_at_once() {
 
 #[test]
 fn a_break_finishes_only_the_frame_in_flight() {
-    let (a, mut b) = UnixStream::pair().unwrap();
-    a.set_nonblocking(true).unwrap();
+    let (a, mut b) = pair();
     let table = MrTable::new();
-    let mr = table
-        .register_buf(MemBuf::zeroed(4096), Access::NONE)
-        .unwrap();
-    mr.write_at(0, b"0123456789ab");
+    let mr = mr_holding(&table, b"0123456789ab");
     let mut qp = SoftQp::new(table.clone(), QpCaps::default());
     qp.set_connected();
     let s = [mr.sge(0, 12)];
