@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
-use crate::fabric::{CmEvent, Conn, ConnState, PostError, RecvWr, SendOp, SendWr, Wc, WcOpcode};
+use crate::fabric::{CmEvent, Conn, ConnState, PostError, RecvWr, SendWr, Wc, WcOpcode};
 
 /// Receives posted per `post_recv` call by [`RtrsCon::post_recv_empty`].
 pub const RECV_BATCH: usize = 32;
@@ -279,16 +279,7 @@ impl RtrsCon {
     /// # Errors
     /// As [`RtrsCon::post_send`].
     pub fn post_imm_empty(&mut self, wr_id: u64, imm: u32) -> Result<(), ConPostError> {
-        self.post_send(&[SendWr {
-            wr_id,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: 0,
-                rkey: 0,
-                imm,
-            },
-            sges: &[],
-            signaled: false,
-        }])
+        self.post_send(&[SendWr::imm_only(wr_id, imm)])
     }
 
     /// Posts `n` receives without a buffer, all with `wr_id`, in batches of
@@ -433,14 +424,8 @@ mod tests {
         let (mut c, mut s) = pair(64);
         s.post_recv_empty(RECV_BATCH as u32 * 2 + 3, 0).unwrap();
         c.post_send(&[SendWr {
-            wr_id: 77,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: 0,
-                rkey: 0,
-                imm: 1,
-            },
-            sges: &[],
             signaled: true,
+            ..SendWr::imm_only(77, 1)
         }])
         .unwrap();
         assert_eq!(c.sq_avail(), 63);

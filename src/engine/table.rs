@@ -212,29 +212,21 @@ impl Table {
 
     /// Takes out slot `index`'s poller if it is a started, every-loop poller.
     pub(crate) fn take_active(&mut self, index: usize) -> Option<Taken> {
-        let slot = self.slots.get_mut(index)?;
-        let gen = slot.gen;
-        let entry = slot.entry.as_mut()?;
-        if entry.pending || !matches!(entry.kind, Kind::Active) {
-            return None;
-        }
-        let poller = entry.poller.take()?;
-        Some(Taken {
-            id: PollerId {
-                core: self.core,
-                index: index as u32,
-                gen,
-            },
-            poller,
-        })
+        self.take(index, true)
     }
 
     /// Takes out the poller of a started poller or timer, whatever its kind (shutdown).
     pub(crate) fn take_any(&mut self, index: usize) -> Option<Taken> {
+        self.take(index, false)
+    }
+
+    /// Takes out slot `index`'s poller if it is started (and, with `active_only`, an
+    /// every-loop poller).
+    fn take(&mut self, index: usize, active_only: bool) -> Option<Taken> {
         let slot = self.slots.get_mut(index)?;
         let gen = slot.gen;
         let entry = slot.entry.as_mut()?;
-        if entry.pending {
+        if entry.pending || (active_only && !matches!(entry.kind, Kind::Active)) {
             return None;
         }
         let poller = entry.poller.take()?;

@@ -306,6 +306,22 @@ pub struct SendWr<'a> {
     pub signaled: bool,
 }
 
+impl SendWr<'_> {
+    /// An unsignaled RDMA_WRITE_WITH_IMM with no data: the peer sees only `imm`.
+    pub fn imm_only(wr_id: u64, imm: u32) -> SendWr<'static> {
+        SendWr {
+            wr_id,
+            op: SendOp::RdmaWriteWithImm {
+                remote_addr: 0,
+                rkey: 0,
+                imm,
+            },
+            sges: &[],
+            signaled: false,
+        }
+    }
+}
+
 /// A receive work request: no buffer, or one small buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvWr {

@@ -536,16 +536,7 @@ impl Requests {
                     signaled: false,
                 });
             }
-            _ => chain.push(SendWr {
-                wr_id: rsp_id,
-                op: SendOp::RdmaWriteWithImm {
-                    remote_addr: 0,
-                    rkey: 0,
-                    imm,
-                },
-                sges: &[],
-                signaled: false,
-            }),
+            _ => chain.push(SendWr::imm_only(rsp_id, imm)),
         }
         let Some(slot) = env.cons[ci].as_mut() else {
             self.ops.get_mut(idx).path = Some(path);

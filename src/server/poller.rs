@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::common::{LinkEvent, RtrsCon};
+use crate::common::{ConPostError, LinkEvent, RtrsCon};
 use crate::engine::{Ctx, PollResult, Poller};
 use crate::fabric::{CmEvent, ConnState, Cq, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
@@ -136,6 +136,23 @@ impl ServerCore {
     /// Closes the path of connection `i` with a reason.
     fn close_con_path(&self, cx: &mut dyn Ctx, i: usize, why: std::fmt::Arguments<'_>) {
         close_path_of(&self.sh, cx, &self.cons, i, why);
+    }
+
+    /// Closes the path of connection `i`, whose repost of `reposts` receives failed with
+    /// `e`. The usual case: the peer went away right after these requests (a client
+    /// closing or dying resets its sockets); say so, not "post refused".
+    fn close_after_repost(&self, cx: &mut dyn Ctx, i: usize, reposts: u32, e: ConPostError) {
+        match self.cons.get(i).and_then(Option::as_ref) {
+            Some(slot) if slot.con.state() == ConnState::Disconnected => {
+                let (cid, why) = (slot.con.cid(), broke(&slot.con));
+                self.close_con_path(
+                    cx,
+                    i,
+                    format_args!("connection cid {cid}: Disconnected{why}"),
+                );
+            }
+            _ => self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}")),
+        }
     }
 
     fn on_work(&mut self, cx: &mut dyn Ctx, work: PathWork) {
@@ -275,17 +292,7 @@ impl ServerCore {
                 // Its completions are left unhandled, as poll_con leaves them.
                 slot.repost_failed = true;
                 failed = true;
-                // As in poll_con: say Disconnected when that is what happened.
-                if slot.con.state() == ConnState::Disconnected {
-                    let (cid, why) = (slot.con.cid(), broke(&slot.con));
-                    self.close_con_path(
-                        cx,
-                        i,
-                        format_args!("connection cid {cid}: Disconnected{why}"),
-                    );
-                } else {
-                    self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
-                }
+                self.close_after_repost(cx, i, reposts, e);
             }
         }
         for k in 0..n {
@@ -367,18 +374,7 @@ impl ServerCore {
         slot.cm_due = failed;
         if reposts > 0 {
             if let Err(e) = slot.con.post_recv_empty(reposts, WrId::Recv.encode()) {
-                // The usual case: the peer went away right after these requests (a
-                // client closing or dying resets its sockets); say so, not "post refused".
-                if slot.con.state() == ConnState::Disconnected {
-                    let (cid, why) = (slot.con.cid(), broke(&slot.con));
-                    self.close_con_path(
-                        cx,
-                        i,
-                        format_args!("connection cid {cid}: Disconnected{why}"),
-                    );
-                } else {
-                    self.close_con_path(cx, i, format_args!("reposting {reposts} receives: {e}"));
-                }
+                self.close_after_repost(cx, i, reposts, e);
                 return true;
             }
         }

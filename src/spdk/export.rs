@@ -30,7 +30,8 @@ use super::poller::{SpdkPoll, SpdkPoller};
 use super::sys;
 use super::thread::SpdkThread;
 use crate::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, Geometry,
+    drain_completions, BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp,
+    BlockSubmitError, Geometry,
 };
 use crate::rnbd::server::ExportBackend;
 use crate::sync::lock;
@@ -571,19 +572,9 @@ impl BlockBackend for BdevChannel {
 
     fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
         let st = self.state.as_ptr();
-        let mut n = 0;
         // SAFETY: on the owning thread; completions are pushed by callbacks on this
-        // same thread, never during this loop.
-        unsafe {
-            while n < out.len() {
-                let Some(c) = (*st).done.pop_front() else {
-                    break;
-                };
-                out[n] = c;
-                n += 1;
-            }
-        }
-        n
+        // same thread, never during this call.
+        unsafe { drain_completions(&mut (*st).done, out) }
     }
 
     fn describe(&self) -> String {

@@ -175,16 +175,10 @@ impl AdminRun {
 fn fail_core(setup: &Setup, why: String) {
     tracing::error!("{why}");
     let r = CoreReport {
-        reads: 0,
-        writes: 0,
-        bytes: 0,
         errors: 1,
         first_errno: Errno::ENOMEM.neg(),
-        first_error: None,
-        mismatches: 0,
-        first_bad: None,
         elapsed_ns: 1,
-        hist: crate::hist::Hist::new(),
+        ..CoreReport::empty()
     };
     let _ = lock(&setup.reports).send(r);
 }

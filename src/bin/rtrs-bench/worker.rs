@@ -124,6 +124,24 @@ pub struct CoreReport {
     pub hist: Hist,
 }
 
+impl CoreReport {
+    /// A report with nothing counted yet.
+    pub fn empty() -> CoreReport {
+        CoreReport {
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            errors: 0,
+            first_errno: 0,
+            first_error: None,
+            mismatches: 0,
+            first_bad: None,
+            elapsed_ns: 0,
+            hist: Hist::new(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum JobPhase {
     Prefill,
@@ -220,18 +238,7 @@ impl Worker {
             live,
             stop,
             tx,
-            r: CoreReport {
-                reads: 0,
-                writes: 0,
-                bytes: 0,
-                errors: 0,
-                first_errno: 0,
-                first_error: None,
-                mismatches: 0,
-                first_bad: None,
-                elapsed_ns: 0,
-                hist: Hist::new(),
-            },
+            r: CoreReport::empty(),
         }
     }
 
@@ -358,21 +365,7 @@ impl Worker {
 
     fn finish(&mut self) {
         self.phase = JobPhase::Done;
-        let r = std::mem::replace(
-            &mut self.r,
-            CoreReport {
-                reads: 0,
-                writes: 0,
-                bytes: 0,
-                errors: 0,
-                first_errno: 0,
-                first_error: None,
-                mismatches: 0,
-                first_bad: None,
-                elapsed_ns: 0,
-                hist: Hist::new(),
-            },
-        );
+        let r = std::mem::replace(&mut self.r, CoreReport::empty());
         let _ = self.tx.send(r);
     }
 

@@ -17,7 +17,7 @@ use super::pool::Pool;
 use super::ram::{check_block_size, check_queue_depth, MAX_BLOCK_SIZE};
 use super::uring::BackendUring;
 use super::{
-    sys, BlockBackend, BlockCompletion, BlockIo, Geometry, DEFAULT_MAX_DISCARD,
+    drain_completions, sys, BlockBackend, BlockCompletion, BlockIo, Geometry, DEFAULT_MAX_DISCARD,
     DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH,
 };
 
@@ -288,14 +288,7 @@ impl BlockBackend for FileBackend {
     }
 
     fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            let Some(c) = self.early.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
+        let mut n = drain_completions(&mut self.early, out);
         n += match &mut self.engine {
             Engine::BackendUring(ring) => ring.poll(&mut out[n..]),
             Engine::Pool(pool) => pool.poll(&mut out[n..]),

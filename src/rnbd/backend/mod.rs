@@ -45,6 +45,7 @@ pub use ram::RamBackend;
 pub use spec::{parse_size, BackendSpec, ExportSpec, MAX_NAME_LEN, RAM_BLOCK_SIZE};
 pub use sys::IoBuf;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::ops::BitOr;
 
@@ -255,6 +256,18 @@ impl BlockCompletion {
             result: Errno::result_from_neg(rc),
         }
     }
+}
+
+/// Moves queued completions into `out`, oldest first, as many as fit; returns how many.
+pub(crate) fn drain_completions(
+    queue: &mut VecDeque<BlockCompletion>,
+    out: &mut [BlockCompletion],
+) -> usize {
+    let n = queue.len().min(out.len());
+    for (slot, c) in out.iter_mut().zip(queue.drain(..n)) {
+        *slot = c;
+    }
+    n
 }
 
 /// Size and limits of a backend: what `rnbd_msg_open_rsp` reports. All sizes in bytes.

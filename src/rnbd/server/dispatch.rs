@@ -21,8 +21,8 @@ use super::ExportId;
 use crate::proto::rnbd::{AccessMode, Io, OpenRsp, RnbdFlags, RnbdMsg, RnbdOp, SessInfoRsp};
 use crate::ratelimit::{log_limited, process_ns, RateLimit};
 use crate::rnbd::backend::{
-    BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp, BlockSubmitError, IoBuf,
-    SECTOR_SIZE,
+    drain_completions, BlockBackend, BlockCompletion, BlockFlags, BlockIo, BlockOp,
+    BlockSubmitError, IoBuf, SECTOR_SIZE,
 };
 use crate::rnbd::Dir;
 use crate::Errno;
@@ -342,14 +342,7 @@ impl Dispatcher {
         if self.closing || self.exports.generation() != self.seen_gen {
             self.sync_exports();
         }
-        let mut n = 0;
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
+        let mut n = drain_completions(&mut self.ready, out);
         // Straight into `out`: the backend's completion is the one the wire gets.
         for backend in self.backends.iter_mut().flatten() {
             if n == out.len() {
@@ -373,14 +366,7 @@ impl Dispatcher {
                 Err(e) => self.finish_early(io.tag, e),
             }
         }
-        while n < out.len() {
-            let Some(c) = self.ready.pop_front() else {
-                break;
-            };
-            out[n] = c;
-            n += 1;
-        }
-        n
+        n + drain_completions(&mut self.ready, &mut out[n..])
     }
 
     fn finish_early(&mut self, tag: u64, e: BlockSubmitError) {
