@@ -72,9 +72,18 @@ pub(crate) unsafe fn recv_scatter(fd: RawFd, iov: &[IoVec]) -> io::Result<usize>
 /// # Errors
 /// The OS error of `poll`.
 pub(crate) fn poll_writable(fd: RawFd) -> io::Result<bool> {
+    poll_now(
+        fd,
+        libc::POLLOUT,
+        libc::POLLOUT | libc::POLLERR | libc::POLLHUP,
+    )
+}
+
+/// Whether `fd`, polled for `events` without waiting, reports any of `any`.
+fn poll_now(fd: RawFd, events: libc::c_short, any: libc::c_short) -> io::Result<bool> {
     let mut p = libc::pollfd {
         fd,
-        events: libc::POLLOUT,
+        events,
         revents: 0,
     };
     // SAFETY: one valid pollfd, zero timeout.
@@ -82,7 +91,7 @@ pub(crate) fn poll_writable(fd: RawFd) -> io::Result<bool> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(r > 0 && p.revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0)
+    Ok(r > 0 && p.revents & any != 0)
 }
 
 /// A growable list of iovecs that may move between threads with the connection owning
@@ -143,17 +152,11 @@ impl IoVecs {
 /// # Errors
 /// The OS error of `poll`.
 pub(crate) fn peer_hung_up(fd: RawFd) -> io::Result<bool> {
-    let mut p = libc::pollfd {
+    poll_now(
         fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+        libc::POLLRDHUP,
+        libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR,
+    )
 }
 
 impl IoVecs {

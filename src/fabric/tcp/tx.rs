@@ -183,14 +183,8 @@ impl Tx {
                     Err(e) => return Err(e),
                 }
             }
-            self.iov.clear();
-            self.keep.clear();
-            self.frame_ends.clear();
-            self.op_ends.clear();
-            self.op_left = 0;
+            self.forget_batch();
             self.nhdrs = 0;
-            self.pos = 0;
-            self.partial = false;
             if !self.build(qp.as_deref_mut()) {
                 return Ok(());
             }
@@ -222,6 +216,18 @@ impl Tx {
         // SAFETY: pieces of the batch in flight point into our header buffers or at
         // source memory kept alive by `self.keep`, which is only released below.
         unsafe { self.iov.copy_out(self.pos, cut, &mut self.tail) };
+        self.forget_batch();
+        if !self.tail.is_empty() {
+            // The tail is not touched again until this batch is written.
+            self.iov.push(self.tail.as_ptr(), self.tail.len());
+            self.frame_ends.push(1);
+        }
+        true
+    }
+
+    /// Drops the batch in flight: its pieces, the sources they keep alive and its
+    /// progress (the header slots stay the caller's to reuse).
+    fn forget_batch(&mut self) {
         self.iov.clear();
         self.keep.clear();
         self.frame_ends.clear();
@@ -229,12 +235,6 @@ impl Tx {
         self.op_left = 0;
         self.pos = 0;
         self.partial = false;
-        if !self.tail.is_empty() {
-            // The tail is not touched again until this batch is written.
-            self.iov.push(self.tail.as_ptr(), self.tail.len());
-            self.frame_ends.push(1);
-        }
-        true
     }
 
     /// One more poll with the owed ack and nothing to send: whether it has waited

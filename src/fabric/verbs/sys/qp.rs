@@ -552,6 +552,14 @@ impl Endpoint {
         Ok(granted)
     }
 
+    /// The queue pair to post on; `ENOTCONN` for the first request before it exists.
+    fn posting_qp(&mut self) -> Result<&mut Qp, PostFailure> {
+        self.qp.as_mut().ok_or(PostFailure {
+            index: 0,
+            errno: libc::ENOTCONN,
+        })
+    }
+
     /// Posts up to [`MAX_CHAIN`] send requests as one chain. A request with more SGEs
     /// than the QP allows is refused (with the ones before it posted). Windows bound by
     /// accepted requests record their new key and hold the region they were bound over.
@@ -560,12 +568,7 @@ impl Endpoint {
         reqs: &[SendReq<'_>],
         lkey: &mut dyn FnMut(u32) -> Option<u32>,
     ) -> Result<(), PostFailure> {
-        let Some(qp) = self.qp.as_mut() else {
-            return Err(PostFailure {
-                index: 0,
-                errno: libc::ENOTCONN,
-            });
-        };
+        let qp = self.posting_qp()?;
         let per = qp.caps.max_send_sge.max(1) as usize;
         let n = reqs
             .iter()
@@ -592,12 +595,7 @@ impl Endpoint {
         wrs: &[RecvWr],
         lkey: &mut dyn FnMut(u32) -> Option<u32>,
     ) -> Result<(), PostFailure> {
-        let Some(qp) = self.qp.as_mut() else {
-            return Err(PostFailure {
-                index: 0,
-                errno: libc::ENOTCONN,
-            });
-        };
+        let qp = self.posting_qp()?;
         let mut n = wrs.len().min(MAX_CHAIN);
         if let Some(bad) = wrs[..n]
             .iter()
