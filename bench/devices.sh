@@ -403,17 +403,6 @@ def mib(a, b):
     return None if a is None or b is None else (b - a) / 1024.0
 
 
-def verdict(v, op, goal, failed, judged=True):
-    """PASS or MISS; a mode whose goals are not judged reports the same in brackets."""
-    if failed:
-        res = "MISS"
-    elif v is None:
-        res = "n/a"
-    else:
-        res = "PASS" if (v <= goal if op == "<=" else v >= goal) else "MISS"
-    return res if judged else "(reported: %s)" % res
-
-
 def short(text, most=200):
     text = text.replace("|", "/").replace("\n", " ")
     return text if len(text) <= most else text[:most - 1] + "…"
@@ -423,7 +412,8 @@ MEMS = {"huge": "hugepages", "nohuge": "--no-huge"}
 
 
 def report(d, mode, mem, judged, *ns):
-    """Per N: DIR/create-MEM-N.md (the table) and DIR/goals-MEM-N.md (the goal rows). MODE:
+    """Per N: DIR/create-MEM-N.md (the table) and DIR/goals-MEM-N.tsv (the goals, whose
+    verdicts bench/lib.sh's goal_rows gives). MODE:
     one (one sessname) or each (a sessname per bdev); MEM: huge or nohuge, the memory mode
     measured; JUDGED: the mode whose goals are judged (the others' are reported)."""
     judged = mem == judged
@@ -511,10 +501,9 @@ def report(d, mode, mem, judged, *ns):
             ("%s rtrs bdevs, %s: client memory added by the 2nd create above a 2nd null bdev's (MiB; that added %s)" % (n, on, fmt(nv["r2"], "%+.1f")),
              fmt(above(v["r2"], nv["r2"]), "%.1f"), "<=", 1, v["r2"] is None or nv["r2"] is None),
         ]
-        with open(os.path.join(d, "goals-%s-%s.md" % (mem, n)), "w") as f:
+        with open(os.path.join(d, "goals-%s-%s.tsv" % (mem, n)), "w") as f:
             for text, val, op, goal, bad in goals:
-                num = None if val == "n/a" else float(val)
-                f.write("| %s | %s | %s %s | %s |\n" % (text, val, op, goal, verdict(num, op, goal, bad, judged)))
+                f.write("%s\t%s\t%s\t%s\t%d\t%d\n" % (text.replace("\t", " "), val, op, goal, bad, judged))
 
 
 cmds = {"batch": batch, "wait-bdevs": wait_bdevs, "measure": measure, "delete": delete,
@@ -779,7 +768,7 @@ fi
 	echo "|---|---:|---:|---|"
 	if want create; then
 		for m in "${MEM_MODES[@]}"; do
-			for n in "${NS[@]}"; do cat "$APP_DIR/goals-$m-$n.md"; done
+			for n in "${NS[@]}"; do goal_rows "$APP_DIR/goals-$m-$n.tsv"; done
 		done
 	fi
 	[[ ${#GOALS[@]} -gt 0 ]] && printf '%s\n' "${GOALS[@]}"
