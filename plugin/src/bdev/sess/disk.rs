@@ -31,7 +31,7 @@ use rtrs_spdk::sync::lock;
 
 use crate::bdev::fabric::client_fabric;
 use crate::bdev::params::{path_keys, CreateParams};
-use crate::bdev::sess::{self, Sess, SessHome};
+use crate::bdev::sess::{self, on_home, Sess, SessHome};
 use crate::bdev::task::ChanShared;
 
 mod follow;
@@ -325,9 +325,7 @@ impl Disk {
         if let Some(cb) = cb {
             let m = msg.clone();
             let call = move || cb(Err(CreateError::OpenFailed(m)));
-            if self.sess.home.is_current() {
-                call();
-            } else if self.sess.home.thread().send(call).is_err() {
+            if !on_home(&*self.sess.home, call) {
                 tracing::error!(
                     "rtrs bdev {}: the create's answer could not be posted",
                     self.params.name
@@ -434,9 +432,7 @@ impl Disk {
             }
             maybe_finish();
         };
-        if self.sess.home.is_current() {
-            finish();
-        } else if self.sess.home.thread().send(finish).is_err() {
+        if !on_home(&*self.sess.home, finish) {
             tracing::error!(
                 "rtrs bdev {}: could not post its end to home",
                 self.params.name

@@ -80,6 +80,17 @@ pub trait SessHome: Send + Sync {
     fn keep_heartbeat(&self, hb_interval_ms: u64);
 }
 
+/// Runs `f` on home's thread: now when the caller is on it, else by message. False when
+/// the message could not be posted (`f` is dropped unrun).
+pub fn on_home(home: &dyn SessHome, f: impl FnOnce() + Send + 'static) -> bool {
+    if home.is_current() {
+        f();
+        true
+    } else {
+        home.thread().send(f).is_ok()
+    }
+}
+
 /// Work for the admin, from any thread.
 enum AdminCmd {
     Open(Arc<Disk>),
