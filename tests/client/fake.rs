@@ -991,30 +991,32 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
     );
 }
 
-/// A request has one deadline, set when it is submitted (`PathWait::Until`): when its
-/// path dies and no other comes back, it fails with −ENOTCONN at that deadline, not
-/// `io_wait_timeout` (30 s here) after the failover. In virtual time.
-#[test]
-fn a_failed_over_request_keeps_its_deadline() {
+/// Over a one-core loopback session: a 4 KiB READ (tag 9) submitted with `wait` (given
+/// the submission time), then the server stopped before it answers; steps in virtual
+/// time until the READ ends. The session, the buffer, the time from the submission to the
+/// end and the completion.
+fn read_as_the_server_stops(
+    name: &str,
+    wait: impl FnOnce(u64) -> rtrs_spdk::client::PathWait,
+) -> (
+    OneCore,
+    rtrs_spdk::fabric::Mr,
+    u64,
+    rtrs_spdk::client::ClientCompletion,
+) {
     use rtrs_spdk::client::{ClientIo, Dir, Sgl};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
-    let OneCore {
-        mut sim,
-        srv,
-        sess: _sess,
-        core,
-        done,
-    } = OneCore::connect(lo.clone(), lo.clone(), "deadline");
-    assert!(core.borrow().max_io_size() > 0, "the session connected");
+    let mut one = OneCore::connect(lo.clone(), lo.clone(), name);
+    assert!(one.core.borrow().max_io_size() > 0, "the session connected");
     let mr = lo
         .register(
             MemBuf::zeroed(4096),
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
         .unwrap();
-    let t0 = sim.now();
+    let t0 = one.sim.now();
     let sgl = [mr.sge(0, 4096)];
     let io = ClientIo {
         tag: 9,
@@ -1022,21 +1024,31 @@ fn a_failed_over_request_keeps_its_deadline() {
         usr: &[0; 8],
         sgl: Sgl::Copy(&sgl),
         admin: false,
-        wait: rtrs_spdk::client::PathWait::Until(t0 + 3_000 * MS),
+        wait: wait(t0),
     };
-    core.borrow_mut().submit(t0, io).unwrap();
-    // The server goes before it answers: the request fails over and waits for a path.
-    srv.borrow_mut().stop();
+    one.core.borrow_mut().submit(t0, io).unwrap();
+    one.srv.borrow_mut().stop();
     let mut ended = None;
     for _ in 0..40_000 {
-        sim.advance(MS);
-        sim.step();
-        if let Some(c) = done.borrow().first() {
-            ended = Some((sim.now() - t0, *c));
+        one.sim.advance(MS);
+        one.sim.step();
+        if let Some(c) = one.done.borrow().first() {
+            ended = Some((one.sim.now() - t0, *c));
             break;
         }
     }
     let (after, c) = ended.expect("the request ended");
+    (one, mr, after, c)
+}
+
+/// A request has one deadline, set when it is submitted (`PathWait::Until`): when its
+/// path dies and no other comes back, it fails over, waits, and fails with −ENOTCONN at
+/// that deadline, not `io_wait_timeout` (30 s here) after the failover. In virtual time.
+#[test]
+fn a_failed_over_request_keeps_its_deadline() {
+    use rtrs_spdk::client::PathWait;
+    let (_one, _mr, after, c) =
+        read_as_the_server_stops("deadline", |t0| PathWait::Until(t0 + 3_000 * MS));
     assert_eq!(c.tag, 9);
     assert_eq!(c.result, Err(rtrs_spdk::Errno::ENOTCONN));
     assert!(
@@ -1047,82 +1059,51 @@ fn a_failed_over_request_keeps_its_deadline() {
 }
 
 /// A request that waits with its caller (`PathWait::Caller`, the RNBD queue's) never
-/// waits in the session: refused `Unreachable` while no path is usable, its permit free
-/// again; back with −ECONNRESET as soon as its path dies, long before the session's
-/// `io_wait_timeout` (30 s); `path_epoch` moves when the core gets a path. In virtual
-/// time.
+/// waits in the session: back with −ECONNRESET as soon as its path dies (no other path),
+/// long before the session's `io_wait_timeout` (30 s); refused `Unreachable` while no
+/// path is usable, its permit free again; `path_epoch` moves only when the core gets a
+/// path. In virtual time.
 #[test]
 fn a_request_waiting_with_its_caller_never_waits_in_the_session() {
     use rtrs_spdk::client::{ClientIo, Dir, PathWait, Sgl, SubmitError};
-    use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
-
-    let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
-    let OneCore {
-        mut sim,
-        srv,
-        sess: _sess,
-        core,
-        done,
-    } = OneCore::connect(lo.clone(), lo.clone(), "caller");
-    assert!(core.borrow().max_io_size() > 0, "the session connected");
-    assert_eq!(core.borrow().path_epoch(), 1, "one path given to the core");
-    let mr = lo
-        .register(
-            MemBuf::zeroed(4096),
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        )
-        .unwrap();
-    let sgl = [mr.sge(0, 4096)];
-    let io = |tag| ClientIo {
-        tag,
-        dir: Dir::Read,
-        usr: &[0; 8],
-        sgl: Sgl::Copy(&sgl),
-        admin: false,
-        wait: PathWait::Caller,
-    };
-    let t0 = sim.now();
-    core.borrow_mut().submit(t0, io(1)).unwrap();
-    // The server goes before it answers: no other path, so the request is the caller's
-    // again at once, with −ECONNRESET.
-    srv.borrow_mut().stop();
-    let mut ended = None;
-    for _ in 0..40_000 {
-        sim.advance(MS);
-        sim.step();
-        if let Some(c) = done.borrow().first() {
-            ended = Some((sim.now() - t0, *c));
-            break;
-        }
-    }
-    let (after, c) = ended.expect("the request came back");
-    assert_eq!((c.tag, c.result), (1, Err(rtrs_spdk::Errno::ECONNRESET)));
+    let (mut one, mr, after, c) = read_as_the_server_stops("caller", |_| PathWait::Caller);
+    assert_eq!((c.tag, c.result), (9, Err(rtrs_spdk::Errno::ECONNRESET)));
     assert!(
         after < 10_000 * MS,
         "back {} ms after its submission, as its path died (the session's wait is 30 s)",
         after / MS
     );
+    let core = &one.core;
+    assert_eq!(core.borrow().path_epoch(), 1, "one path given to the core");
     assert_eq!(
         core.borrow().outstanding(),
         0,
         "nothing kept in the session"
     );
     // No path now: refused, nothing held, nothing completes later.
-    let now = sim.now();
+    let sgl = [mr.sge(0, 4096)];
+    let io = ClientIo {
+        tag: 2,
+        dir: Dir::Read,
+        usr: &[0; 8],
+        sgl: Sgl::Copy(&sgl),
+        admin: false,
+        wait: PathWait::Caller,
+    };
+    let now = one.sim.now();
     assert_eq!(
-        core.borrow_mut().submit(now, io(2)),
+        core.borrow_mut().submit(now, io),
         Err(SubmitError::Unreachable)
     );
     assert_eq!(core.borrow().outstanding(), 0, "the permit is free again");
-    let before = core.borrow().path_epoch();
     for _ in 0..100 {
-        sim.advance(MS);
-        sim.step();
+        one.sim.advance(MS);
+        one.sim.step();
     }
     assert_eq!(
-        done.borrow().len(),
+        one.done.borrow().len(),
         1,
         "the refused request never completes"
     );
-    assert_eq!(core.borrow().path_epoch(), before, "no path came");
+    assert_eq!(core.borrow().path_epoch(), 1, "no path came");
 }

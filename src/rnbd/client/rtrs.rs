@@ -34,7 +34,9 @@ impl SessionHandle for SessionCore {
             Ok(()) => Ok(()),
             Err(SubmitError::Busy { .. }) => Err(RnbdSendError::Busy),
             Err(SubmitError::Unreachable) => Err(RnbdSendError::Unreachable),
-            // Not connected yet (limits unknown): wait for the first Connected.
+            // Not connected yet (limits unknown), a request that waits in the session (the
+            // admin's; a block request is refused `Unreachable`): retry after the first
+            // Connected.
             Err(SubmitError::NoPath) if SessionCore::max_io_size(self) == 0 => {
                 Err(RnbdSendError::Busy)
             }

@@ -469,16 +469,7 @@ impl FakeServer {
                 signaled: false,
             });
         } else {
-            chain.push(SendWr {
-                wr_id: 0,
-                op: SendOp::RdmaWriteWithImm {
-                    remote_addr: 0,
-                    rkey: 0,
-                    imm,
-                },
-                sges: &[],
-                signaled: false,
-            });
+            chain.push(SendWr::imm_only(0, imm));
         }
         if evil == Some(Evil::Duplicate) {
             let last = *chain.last().unwrap();
