@@ -18,7 +18,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crossbeam_queue::SegQueue;
+use rtrs_spdk::common::Inbox;
 use rtrs_spdk::engine::{Ctx, PaceState, PollPace, PollResult, Poller};
 use rtrs_spdk::spdk::{
     interrupt_mode, loop_now_ns, sys, ChannelCtx, Driver, IoChannel, IoDevice, SpdkPoll,
@@ -51,13 +51,13 @@ const HOME_IDLE_US: u64 = 62_500;
 /// What other threads hand a group.
 pub struct GroupShared {
     /// Session core queues given to this group.
-    gifts: SegQueue<Box<CoreQueue>>,
+    gifts: Inbox<Box<CoreQueue>>,
     /// Tasks of this group's channels finished by another group.
-    done: SegQueue<Finished>,
+    done: Inbox<Finished>,
     /// Home only: groups claiming session cores and leaving them.
-    asks: SegQueue<Ask>,
+    asks: Inbox<Ask>,
     /// Home only: resets submitted on channels of home's thread.
-    resets: SegQueue<Reset>,
+    resets: Inbox<Reset>,
     /// Home only: its driver, to wake its paced poller for work handed to it.
     driver: Option<Arc<Driver>>,
 }
@@ -65,10 +65,10 @@ pub struct GroupShared {
 impl GroupShared {
     fn new(driver: Option<Arc<Driver>>) -> GroupShared {
         GroupShared {
-            gifts: SegQueue::new(),
-            done: SegQueue::new(),
-            asks: SegQueue::new(),
-            resets: SegQueue::new(),
+            gifts: Inbox::new(),
+            done: Inbox::new(),
+            asks: Inbox::new(),
+            resets: Inbox::new(),
             driver,
         }
     }

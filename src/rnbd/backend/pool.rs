@@ -86,7 +86,9 @@ impl Pool {
 
     pub(crate) fn poll(&mut self, out: &mut [BlockCompletion]) -> usize {
         let mut n = 0;
-        while n < out.len() {
+        // `pop` on an empty queue fences; two plain loads say first whether it is empty
+        // (a completion pushed meanwhile is taken by the next poll).
+        while n < out.len() && !self.shared.done.is_empty() {
             let Some(c) = self.shared.done.pop() else {
                 break;
             };

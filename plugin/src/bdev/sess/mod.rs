@@ -19,8 +19,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crossbeam_queue::SegQueue;
 use rtrs_spdk::client::{ClientSession, PathAddr, SessionCore};
+use rtrs_spdk::common::Inbox;
 use rtrs_spdk::engine::Ctx;
 use rtrs_spdk::fabric::{Fabric, Psk};
 use rtrs_spdk::rnbd::client::{
@@ -44,7 +44,7 @@ const CLOSE_WAIT_NS: u64 = 3_000_000_000;
 /// One core of the session as the groups see it.
 pub struct CoreInbox {
     /// Tasks submitted on threads that do not own the core's queue.
-    pub inbox: SegQueue<TaskRef>,
+    pub inbox: Inbox<TaskRef>,
     /// Whether home owns the queue (home must then be woken for the inbox).
     at_home: AtomicBool,
 }
@@ -132,7 +132,7 @@ pub struct Sess {
     pub cores: Box<[CoreInbox]>,
     session: OnceLock<ClientSession>,
     pub home: Arc<dyn SessHome>,
-    cmds: SegQueue<AdminCmd>,
+    cmds: Inbox<AdminCmd>,
     /// Devices opening, open or closing over the session.
     devices: Mutex<Vec<Arc<Disk>>>,
     life: Mutex<Life>,
@@ -236,13 +236,13 @@ impl Sess {
             cpus,
             cores: (0..n)
                 .map(|_| CoreInbox {
-                    inbox: SegQueue::new(),
+                    inbox: Inbox::new(),
                     at_home: AtomicBool::new(true),
                 })
                 .collect(),
             session: OnceLock::new(),
             home,
-            cmds: SegQueue::new(),
+            cmds: Inbox::new(),
             devices: Mutex::new(Vec::new()),
             life: Mutex::new(Life::Up),
             down: AtomicBool::new(false),
