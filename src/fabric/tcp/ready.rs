@@ -9,7 +9,10 @@
 //!   `io_uring_enter` when the kernel flagged pending work (`IORING_SQ_TASKRUN`: with
 //!   cooperative task running the kernel never interrupts the polling thread, it raises
 //!   the flag), when a poll must be re-armed, or when a socket joins or leaves. An idle
-//!   poll makes none.
+//!   poll makes none. When the flag is all the ring has, the socket of the last event is
+//!   read first instead (its read's return to user space runs the task work), and the
+//!   next poll takes the completions: at one request in flight the enter is then off the
+//!   data's path.
 //! - `epoll`: one epoll set per CQ, sockets edge-triggered, one `epoll_wait(0)` per poll.
 //!
 //! A poll's wake-ups are completed by task work of the thread that armed it: a ring
@@ -20,7 +23,7 @@
 //! ready, which is harmless, and is what re-arms it).
 //!
 //! A socket that hung up or failed (its event carried `POLLRDHUP`, `POLLHUP` or
-//! `POLLERR`) is reported ready again on every collect until it leaves the set. Its
+//! `POLLERR`) is reported ready again on every collect (but an early read's) until it leaves the set. Its
 //! receive side closes its gate after a short read, taking the socket for drained; but
 //! when the peer's FIN or reset came before that read, the EOF or the error waits behind
 //! the data it returned, and no later event would announce it (both backends report
@@ -143,9 +146,14 @@ pub(crate) struct ReadyUring {
     unremoved: Vec<u64>,
     /// The thread that armed the polls ([`thread_id`]; 0: none yet).
     armer: u64,
-    /// Keys of sockets that hung up or failed, reported on every collect (see the
-    /// module doc).
+    /// Keys of sockets that hung up or failed, reported on every collect that takes the
+    /// ring's events (see the module doc).
     hung_up: Vec<u64>,
+    /// The socket of the last event taken: where the next one most likely is.
+    hot: Option<u64>,
+    /// The last collect reported `hot` on pending task work alone (see
+    /// [`ReadyUring::early_guess`]); the next one takes the ring's events in any case.
+    early: bool,
 }
 
 /// A number for the calling thread, unique in the process and never 0 (a thread-local
@@ -182,6 +190,8 @@ impl ReadyUring {
             unremoved: Vec::new(),
             armer: 0,
             hung_up: Vec::new(),
+            hot: None,
+            early: false,
         })
     }
 
@@ -251,6 +261,87 @@ impl ReadyUring {
         sq.taskrun() && !sq.cq_overflow()
     }
 
+    /// The socket to read now without entering the kernel, if the ring has nothing but
+    /// task work for us and a socket had the last event: most likely its poll woke, and
+    /// the read's own return to user space runs the task work, whose completions the
+    /// next collect takes (always: no two guesses in a row). A right guess keeps the
+    /// enter off the data's path; a wrong one costs one empty read, and the socket that
+    /// did wake is reported by the next collect, one poll later. With one request in
+    /// flight this is every arrival (`docs/BENCHMARKS.md`, "tcp readiness on a shared
+    /// CQ").
+    fn early_guess(&mut self) -> Option<u64> {
+        if std::mem::take(&mut self.early) {
+            return None;
+        }
+        let hot = self.hot?;
+        if self.watched(hot).is_none() || !self.only_task_work() {
+            return None;
+        }
+        self.early = true;
+        Some(hot)
+    }
+
+    /// Takes the ring's events (entering the kernel first if it has work for us) and
+    /// reports each watched socket they name, then those that hung up.
+    fn take_events(&mut self, ready: &mut dyn FnMut(u64)) {
+        self.follow_thread();
+        let pending = {
+            let sq = self.ring.submission();
+            sq.taskrun() || sq.cq_overflow()
+        };
+        if pending || self.queued {
+            self.submit();
+        }
+        let slots = &self.slots;
+        let hung_up = &mut self.hung_up;
+        for cqe in self.ring.completion() {
+            let key = cqe.user_data();
+            if key & REMOVE_BIT != 0 {
+                // A poll whose wake-up is under way (its task work not run yet) cannot
+                // be removed: it would stay armed, holding its socket, or stay with the
+                // thread that armed it. Try again.
+                if cqe.result() == -libc::EALREADY {
+                    self.unremoved.push(key & !REMOVE_BIT);
+                }
+                continue;
+            }
+            if watched(slots, key).is_none() {
+                continue;
+            }
+            ready(key);
+            self.hot = Some(key);
+            if sys::hung_up(cqe.result()) && !hung_up.contains(&key) {
+                hung_up.push(key);
+            }
+            if !cqueue::more(cqe.flags()) {
+                self.rearm.push(key);
+            }
+        }
+        self.hung_up.retain(|&k| watched(slots, k).is_some());
+        for &k in &self.hung_up {
+            ready(k);
+        }
+        while let Some(key) = self.unremoved.pop() {
+            if let Err(e) = self.push(&removal(key)) {
+                tracing::debug!(error = %e, "tcp fabric: io_uring poll removal failed");
+                self.unremoved.push(key);
+                break;
+            }
+        }
+        while let Some(key) = self.rearm.pop() {
+            if let Some(fd) = self.watched(key) {
+                if let Err(e) = self.arm(fd, key) {
+                    tracing::debug!(error = %e, "tcp fabric: io_uring re-arm failed");
+                    self.rearm.push(key);
+                    break;
+                }
+            }
+        }
+        if self.queued {
+            self.submit();
+        }
+    }
+
     /// Test hook: ends `key`'s multishot poll as the kernel may (the poll is removed,
     /// its last completion lacks `IORING_CQE_F_MORE`), without forgetting the socket.
     #[cfg(test)]
@@ -297,60 +388,11 @@ impl Readiness for ReadyUring {
 
     fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
         self.follow_thread();
-        let pending = {
-            let sq = self.ring.submission();
-            sq.taskrun() || sq.cq_overflow()
-        };
-        if pending || self.queued {
-            self.submit();
+        if let Some(hot) = self.early_guess() {
+            ready(hot);
+            return;
         }
-        let slots = &self.slots;
-        let hung_up = &mut self.hung_up;
-        for cqe in self.ring.completion() {
-            let key = cqe.user_data();
-            if key & REMOVE_BIT != 0 {
-                // A poll whose wake-up is under way (its task work not run yet) cannot
-                // be removed: it would stay armed, holding its socket, or stay with the
-                // thread that armed it. Try again.
-                if cqe.result() == -libc::EALREADY {
-                    self.unremoved.push(key & !REMOVE_BIT);
-                }
-                continue;
-            }
-            if watched(slots, key).is_none() {
-                continue;
-            }
-            ready(key);
-            if sys::hung_up(cqe.result()) && !hung_up.contains(&key) {
-                hung_up.push(key);
-            }
-            if !cqueue::more(cqe.flags()) {
-                self.rearm.push(key);
-            }
-        }
-        self.hung_up.retain(|&k| watched(slots, k).is_some());
-        for &k in &self.hung_up {
-            ready(k);
-        }
-        while let Some(key) = self.unremoved.pop() {
-            if let Err(e) = self.push(&removal(key)) {
-                tracing::debug!(error = %e, "tcp fabric: io_uring poll removal failed");
-                self.unremoved.push(key);
-                break;
-            }
-        }
-        while let Some(key) = self.rearm.pop() {
-            if let Some(fd) = self.watched(key) {
-                if let Err(e) = self.arm(fd, key) {
-                    tracing::debug!(error = %e, "tcp fabric: io_uring re-arm failed");
-                    self.rearm.push(key);
-                    break;
-                }
-            }
-        }
-        if self.queued {
-            self.submit();
-        }
+        self.take_events(ready);
     }
 }
 
@@ -493,7 +535,7 @@ impl Own {
                 return true;
             }
             self.early = false;
-            r.collect(&mut |k| ready |= k == key);
+            r.take_events(&mut |k| ready |= k == key);
         }
         ready
     }
