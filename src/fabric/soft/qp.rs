@@ -1104,8 +1104,8 @@ impl SoftQp {
     }
 
     /// [`SoftQp::execute`] for a transport that holds the whole `payload` in a buffer of
-    /// its own (the tcp fabric's staging buffer): a remote write is checked and copied
-    /// under the table's lock, with no [`MemRef`] made for it.
+    /// its own (the tcp fabric's staging buffer): a remote write is checked and copied at
+    /// once, held by the queue pair's lease, with no [`MemRef`] made for it.
     ///
     /// # Errors
     /// As [`SoftQp::inbound`]; nothing is written then.
