@@ -12,6 +12,23 @@ use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState};
 use rtrs_spdk::Errno;
 use util::{Harness, Setup, MS};
 
+/// A plain request of 8 header bytes whose segments are copied at submit.
+fn copy_io(
+    tag: u64,
+    dir: rtrs_spdk::client::Dir,
+    sgl: &[rtrs_spdk::fabric::Sge],
+    wait: rtrs_spdk::client::PathWait,
+) -> rtrs_spdk::client::ClientIo<'_> {
+    rtrs_spdk::client::ClientIo {
+        tag,
+        dir,
+        usr: &[0; 8],
+        sgl: rtrs_spdk::client::Sgl::Copy(sgl),
+        admin: false,
+        wait,
+    }
+}
+
 fn clean(h: &Harness) {
     let t = h.total();
     assert!(t.errors.is_empty(), "errors: {:?}", t.errors);
@@ -701,14 +718,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
     ];
     for (what, dir, sgl, index) in cases {
         let bad = sgl[index];
-        let io = ClientIo {
-            tag: 1,
-            dir,
-            usr: &[0; 8],
-            sgl: Sgl::Copy(&sgl),
-            admin: false,
-            wait: rtrs_spdk::client::PathWait::Session,
-        };
+        let io = copy_io(1, dir, &sgl, rtrs_spdk::client::PathWait::Session);
         assert_eq!(
             core.borrow_mut().submit(now, io),
             Err(SubmitError::BadSge {
@@ -745,14 +755,7 @@ fn segments_outside_registrations_are_refused_at_submit() {
     // The same requests with good segments go through and complete.
     for (tag, dir) in [(2, Dir::Write), (3, Dir::Read)] {
         let sgl = [good, mr.sge(4096, 512)];
-        let io = ClientIo {
-            tag,
-            dir,
-            usr: &[0; 8],
-            sgl: Sgl::Copy(&sgl),
-            admin: false,
-            wait: rtrs_spdk::client::PathWait::Session,
-        };
+        let io = copy_io(tag, dir, &sgl, rtrs_spdk::client::PathWait::Session);
         core.borrow_mut().submit(now, io).unwrap();
     }
     for _ in 0..20_000 {
@@ -855,7 +858,7 @@ impl rtrs_spdk::fabric::Fabric for Restricted {
 /// nothing panics; the session itself stays connected.
 #[test]
 fn a_core_without_buffers_answers_busy_with_no_capacity() {
-    use rtrs_spdk::client::{ClientIo, Dir, Sgl, SubmitError};
+    use rtrs_spdk::client::{Dir, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -880,14 +883,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
         .unwrap();
     let sgl = [mr.sge(0, 4096)];
     for dir in [Dir::Read, Dir::Write] {
-        let io = ClientIo {
-            tag: 7,
-            dir,
-            usr: &[0; 8],
-            sgl: Sgl::Copy(&sgl),
-            admin: false,
-            wait: rtrs_spdk::client::PathWait::Session,
-        };
+        let io = copy_io(7, dir, &sgl, rtrs_spdk::client::PathWait::Session);
         assert_eq!(
             core.borrow_mut().submit(0, io),
             Err(SubmitError::Busy { capacity: 0 }),
@@ -912,7 +908,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
 /// added to the core, the same READ lands in it; once removed, it is refused again.
 #[test]
 fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
-    use rtrs_spdk::client::{ClientCompletion, ClientIo, Dir, Sgl, SubmitError};
+    use rtrs_spdk::client::{ClientCompletion, Dir, SubmitError};
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -938,14 +934,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
     );
     let one = [mr.sge(0, 4096)];
     let two = [mr.sge(0, 2048), mr.sge(4096, 2048)];
-    let read = |tag, sgl| ClientIo {
-        tag,
-        dir: Dir::Read,
-        usr: &[0; 8],
-        sgl: Sgl::Copy(sgl),
-        admin: false,
-        wait: rtrs_spdk::client::PathWait::Session,
-    };
+    let read = |tag, sgl| copy_io(tag, Dir::Read, sgl, rtrs_spdk::client::PathWait::Session);
     for sgl in [&one[..], &two[..]] {
         assert!(
             matches!(
@@ -1004,7 +993,7 @@ fn read_as_the_server_stops(
     u64,
     rtrs_spdk::client::ClientCompletion,
 ) {
-    use rtrs_spdk::client::{ClientIo, Dir, Sgl};
+    use rtrs_spdk::client::Dir;
     use rtrs_spdk::fabric::{Access, Fabric, MemBuf};
 
     let lo = std::sync::Arc::new(rtrs_spdk::fabric::loopback::LoopbackFabric::new());
@@ -1018,14 +1007,7 @@ fn read_as_the_server_stops(
         .unwrap();
     let t0 = one.sim.now();
     let sgl = [mr.sge(0, 4096)];
-    let io = ClientIo {
-        tag: 9,
-        dir: Dir::Read,
-        usr: &[0; 8],
-        sgl: Sgl::Copy(&sgl),
-        admin: false,
-        wait: wait(t0),
-    };
+    let io = copy_io(9, Dir::Read, &sgl, wait(t0));
     one.core.borrow_mut().submit(t0, io).unwrap();
     one.srv.borrow_mut().stop();
     let mut ended = None;
@@ -1065,7 +1047,7 @@ fn a_failed_over_request_keeps_its_deadline() {
 /// path. In virtual time.
 #[test]
 fn a_request_waiting_with_its_caller_never_waits_in_the_session() {
-    use rtrs_spdk::client::{ClientIo, Dir, PathWait, Sgl, SubmitError};
+    use rtrs_spdk::client::{Dir, PathWait, SubmitError};
     let (mut one, mr, after, c) = read_as_the_server_stops("caller", |_| PathWait::Caller);
     assert_eq!((c.tag, c.result), (9, Err(rtrs_spdk::Errno::ECONNRESET)));
     assert!(
@@ -1082,14 +1064,7 @@ fn a_request_waiting_with_its_caller_never_waits_in_the_session() {
     );
     // No path now: refused, nothing held, nothing completes later.
     let sgl = [mr.sge(0, 4096)];
-    let io = ClientIo {
-        tag: 2,
-        dir: Dir::Read,
-        usr: &[0; 8],
-        sgl: Sgl::Copy(&sgl),
-        admin: false,
-        wait: PathWait::Caller,
-    };
+    let io = copy_io(2, Dir::Read, &sgl, PathWait::Caller);
     let now = one.sim.now();
     assert_eq!(
         core.borrow_mut().submit(now, io),
