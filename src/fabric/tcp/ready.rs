@@ -23,8 +23,9 @@
 //! ready, which is harmless, and is what re-arms it).
 //!
 //! A socket that hung up or failed (its event carried `POLLRDHUP`, `POLLHUP` or
-//! `POLLERR`) is reported ready again on every collect (but an early read's) until it leaves the set. Its
-//! receive side closes its gate after a short read, taking the socket for drained; but
+//! `POLLERR`) is reported ready again on every collect (but an early read's) until it
+//! leaves the set. Its receive side closes its gate after a short read, taking the
+//! socket for drained; but
 //! when the peer's FIN or reset came before that read, the EOF or the error waits behind
 //! the data it returned, and no later event would announce it (both backends report
 //! edges). Reported until unwatched, it is read on every poll until the connection sees
@@ -149,7 +150,8 @@ pub(crate) struct ReadyUring {
     /// Keys of sockets that hung up or failed, reported on every collect that takes the
     /// ring's events (see the module doc).
     hung_up: Vec<u64>,
-    /// The socket of the last event taken: where the next one most likely is.
+    /// The socket of the last event taken (or the first watched, before any): where the
+    /// next one most likely is.
     hot: Option<u64>,
     /// The last collect reported `hot` on pending task work alone (see
     /// [`ReadyUring::early_guess`]); the next one takes the ring's events in any case.
@@ -367,6 +369,11 @@ impl Readiness for ReadyUring {
         // Queued, it will be armed: from here on the slot is watched (and removed by
         // `unwatch`), even if this submission has to wait for the next poll.
         self.slots[slot] = Some((key, fd));
+        // Until an event says otherwise, the socket to read first is one still here (a
+        // private ring's only one from its first poll on).
+        if !self.hot.is_some_and(|h| self.watched(h).is_some()) {
+            self.hot = Some(key);
+        }
         self.submit();
         Ok(())
     }
@@ -387,7 +394,8 @@ impl Readiness for ReadyUring {
     }
 
     fn collect(&mut self, ready: &mut dyn FnMut(u64)) {
-        self.follow_thread();
+        // No guess while the polls are another thread's (`only_task_work`): taking the
+        // events moves them here first.
         if let Some(hot) = self.early_guess() {
             ready(hot);
             return;
@@ -419,9 +427,6 @@ pub(crate) struct Own {
     /// The ring could not be made or refused the socket: the connection reads on every
     /// poll, for good (no failing call per poll).
     refused: bool,
-    /// The last collect reported the socket on pending task work alone (see
-    /// [`Own::collect`]); the next one takes the ring's completions in any case.
-    early: bool,
 }
 
 impl Own {
@@ -431,7 +436,6 @@ impl Own {
             fd: None,
             gen: 0,
             refused: false,
-            early: false,
         }
     }
 
@@ -525,17 +529,9 @@ impl Own {
         }
         let key = self.key();
         if let Some(r) = self.ring.as_mut() {
-            if !ready && !self.early && r.only_task_work() {
-                // Task work is pending, and this ring's only poll is on our socket: an
-                // event is on its way. Read now rather than enter the kernel to run it
-                // first: the read's own return to user space runs it, and the
-                // completion it posts is taken by the next collect (a spare wake-up,
-                // one empty read, after the data). The enter is off the data's path.
-                self.early = true;
-                return true;
-            }
-            self.early = false;
-            r.take_events(&mut |k| ready |= k == key);
+            // Task work alone pending is, with our socket the ring's only one, its event
+            // on the way: read now (`ReadyUring::early_guess`).
+            r.collect(&mut |k| ready |= k == key);
         }
         ready
     }
