@@ -392,7 +392,7 @@ impl End {
             // Checked, copied straight from the sender's memory, and completed in one
             // step (see `SoftQp::execute`).
             let srcs = &frame.srcs;
-            match qp.execute(&frame.op, |dst| dst.gather_from(srcs)) {
+            match qp.execute(&frame.op, srcs) {
                 Ok(()) => {
                     // The sender's memory is no longer needed; the emptied list goes
                     // back with the slot.

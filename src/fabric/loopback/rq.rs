@@ -31,7 +31,7 @@ use super::ring::{Consumer, Producer};
 use crate::fabric::soft::qp::Srcs;
 use crate::fabric::soft::WireOp;
 use crate::fabric::soft::{
-    recv_completion, recv_error, respond, Leases, MrTable, PostedRecv, Respond,
+    recv_completion, recv_error, respond, Leases, MrTable, Payload, PostedRecv, Respond,
 };
 use crate::fabric::{Wc, WcStatus};
 
@@ -126,11 +126,16 @@ pub unsafe fn execute_at_post(
                 None
             };
             let wr_id = recv.as_ref().map_or(0, |r| r.wr_id);
-            let (wc, outcome) = match respond(&rq.table, leases, rq.qp_num, recv, op, None) {
+            let (wc, outcome) = match respond(
+                &rq.table,
+                leases,
+                rq.qp_num,
+                recv,
+                op,
+                Payload::Gather(srcs),
+            ) {
                 Ok(placed) => {
-                    if let Some(dst) = placed.place {
-                        dst.gather_from(srcs);
-                    }
+                    debug_assert!(placed.place.is_none(), "a gathered payload left to place");
                     if !consumes {
                         return AtPost::Done;
                     }

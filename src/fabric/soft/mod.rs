@@ -18,8 +18,8 @@ pub mod qp;
 pub mod table;
 
 pub use qp::{
-    recv_completion, recv_error, respond, BadAck, Handed, InboundError, PostedRecv, Respond,
-    SoftQp, WireKind, WireOp,
+    recv_completion, recv_error, respond, BadAck, Handed, InboundError, Payload, PostedRecv,
+    Respond, SoftQp, WireKind, WireOp,
 };
 pub(crate) use table::random_key_byte;
 pub use table::{Leases, MemRef, MrTable, TableFull, MAX_MR_SIZE};

@@ -169,10 +169,24 @@ pub enum Respond {
     },
 }
 
+/// Where an incoming operation's payload is, as [`respond`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub enum Payload<'a> {
+    /// Not at hand: the caller places it where [`Placed::place`] says.
+    Later,
+    /// Whole, in a buffer of the transport's own (the tcp fabric's staging buffer), of
+    /// the operation's length.
+    Staged(&'a [u8]),
+    /// In the sender's registered memory, these ranges in order, of the operation's
+    /// length in all (the loopback copies straight from them).
+    Gather(&'a [MemRef]),
+}
+
 /// Where [`respond`] placed an operation.
 #[derive(Debug)]
 pub struct Placed {
-    /// Where the payload goes (`None` when it carries none).
+    /// Where the payload goes: `None` when it carries none or `respond` placed it
+    /// (every payload but [`Payload::Later`]).
     pub place: Option<MemRef>,
     /// The rkey a SEND_WITH_INV invalidated.
     pub invalidated: Option<u32>,
@@ -189,9 +203,10 @@ pub struct Placed {
 /// [`Respond::NotReady`] when the kind needs a receive and `recv` is `None`;
 /// [`Respond::Refuse`] when the responder refuses it.
 ///
-/// With `payload` (the whole payload, at hand, of the operation's length), a remote
-/// placement is written at once under the table's lock ([`MrTable::remote_write`]) and
-/// `place` comes back `None`; a receive's buffer still comes back for the caller to fill.
+/// With the payload at hand ([`Payload::Staged`], [`Payload::Gather`]) `respond` places
+/// it: a remote placement is written under the lease alone ([`MrTable::remote_write`],
+/// [`MrTable::remote_gather`]), with no handle made for it, and a receive's buffer is
+/// filled; `place` then comes back `None`.
 ///
 /// `leases` and `qp` are the responder's: its queue pair's handles on registered memory
 /// and its number (a `Connection` key is valid only on the queue pair that bound it).
@@ -202,7 +217,7 @@ pub fn respond(
     qp: u32,
     recv: Option<&mut PostedRecv>,
     op: &WireOp,
-    payload: Option<&[u8]>,
+    payload: Payload<'_>,
 ) -> Result<Placed, Respond> {
     let mut invalidated = None;
     let place = if op.kind.consumes_recv() {
@@ -233,12 +248,23 @@ pub fn respond(
                     }
                     invalidated = Some(op.inv_rkey);
                 }
-                // The receive's buffer moves to the caller (the receive needs it no
-                // more): no reference count touched.
-                if op.len > 0 {
+                // The receive's buffer moves out (the receive needs it no more): no
+                // reference count touched.
+                let b = if op.len > 0 {
                     buf.take().map(|b| b.truncate(op.len as usize))
                 } else {
                     None
+                };
+                match (b, payload) {
+                    (Some(b), Payload::Staged(data)) => {
+                        b.write_at(0, data);
+                        None
+                    }
+                    (Some(b), Payload::Gather(srcs)) => {
+                        b.gather_from(srcs);
+                        None
+                    }
+                    (b, _) => b,
                 }
             }
             Ok(_) => remote_place(table, leases, qp, op, payload)?,
@@ -254,7 +280,7 @@ fn remote_place(
     leases: &mut Leases,
     qp: u32,
     op: &WireOp,
-    payload: Option<&[u8]>,
+    payload: Payload<'_>,
 ) -> Result<Option<MemRef>, Respond> {
     if op.len == 0 {
         return Ok(None);
@@ -262,11 +288,16 @@ fn remote_place(
     let refused = |status| Respond::Refuse { status, recv: None };
     match payload {
         // `execute_staged` checked that the payload is the operation's length.
-        Some(data) => table
+        Payload::Staged(data) => table
             .remote_write(leases, qp, op.rkey, op.remote_addr, data)
             .map(|()| None)
             .map_err(refused),
-        None => table
+        // The sender made the operation's length the sum of its sources'.
+        Payload::Gather(srcs) => table
+            .remote_gather(leases, qp, op.rkey, op.remote_addr, op.len, srcs)
+            .map(|()| None)
+            .map_err(refused),
+        Payload::Later => table
             .remote(
                 leases,
                 qp,
@@ -926,7 +957,9 @@ impl SoftQp {
                 match handed {
                     Handed::Queued => {}
                     Handed::Executed => {
-                        s.srcs.clear();
+                        // The sources are let go when the slot is freed (`advance`, at
+                        // the next settle): not here, where the copy's stores are still
+                        // draining and the handles' atomic decrements would wait on them.
                         s.status = Some(WcStatus::Success);
                     }
                     Handed::Refused(status) => {
@@ -1077,7 +1110,7 @@ impl SoftQp {
     /// [`InboundError::Refuse`] when the responder refuses it (the queue pair is then
     /// broken).
     pub fn inbound(&mut self, op: &WireOp) -> Result<Option<MemRef>, InboundError> {
-        let (place, invalidated) = self.accept(op, None)?;
+        let (place, invalidated) = self.accept(op, Payload::Later)?;
         self.in_progress = Some(InProgress {
             seq: op.seq,
             invalidated,
@@ -1085,20 +1118,21 @@ impl SoftQp {
         Ok(place)
     }
 
-    /// [`SoftQp::inbound`], the placement of the payload by `fill` (called with the
-    /// destination when the operation carries a payload), and [`SoftQp::inbound_done`]
-    /// in one step: for a transport that has the payload at hand when the operation
-    /// arrives (the loopback fabric copies it from the sender's memory), so nothing is
-    /// kept in between.
+    /// [`SoftQp::inbound`], the payload gathered from the sender's memory `srcs` (of the
+    /// operation's length in all), and [`SoftQp::inbound_done`] in one step: for a
+    /// transport that has the payload at hand when the operation arrives (the loopback
+    /// fabric copies it from the sender's memory), so nothing is kept in between and no
+    /// handle is made for the destination.
     ///
     /// # Errors
-    /// As [`SoftQp::inbound`]; `fill` is then not called.
+    /// As [`SoftQp::inbound`]; nothing is written then.
+    ///
+    /// # Panics
+    /// When the sources' total length is not the operation's (a transport bug).
     #[inline]
-    pub fn execute(&mut self, op: &WireOp, fill: impl FnOnce(MemRef)) -> Result<(), InboundError> {
-        let (place, invalidated) = self.accept(op, None)?;
-        if let Some(dst) = place {
-            fill(dst);
-        }
+    pub fn execute(&mut self, op: &WireOp, srcs: &[MemRef]) -> Result<(), InboundError> {
+        let (place, invalidated) = self.accept(op, Payload::Gather(srcs))?;
+        debug_assert!(place.is_none(), "a gathered payload was left to place");
         self.finish(op, invalidated);
         Ok(())
     }
@@ -1113,11 +1147,8 @@ impl SoftQp {
         if payload.len() != op.len as usize {
             return Err(self.refuse(WcStatus::RemoteInvalidRequest));
         }
-        let (place, invalidated) = self.accept(op, Some(payload))?;
-        if let Some(dst) = place {
-            // A receive's buffer, cut to the payload's length by the checks.
-            dst.write_at(0, payload);
-        }
+        let (place, invalidated) = self.accept(op, Payload::Staged(payload))?;
+        debug_assert!(place.is_none(), "a staged payload was left to place");
         self.finish(op, invalidated);
         Ok(())
     }
@@ -1127,7 +1158,7 @@ impl SoftQp {
     fn accept(
         &mut self,
         op: &WireOp,
-        payload: Option<&[u8]>,
+        payload: Payload<'_>,
     ) -> Result<(Option<MemRef>, Option<u32>), InboundError> {
         if self.state == ConnState::Disconnected {
             return Err(InboundError::Refuse(WcStatus::WrFlush));

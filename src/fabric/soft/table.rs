@@ -118,28 +118,38 @@ impl MemRef {
     /// # Panics
     /// When the lengths differ.
     pub fn gather_from(&self, sources: &[MemRef]) {
-        if let [s] = sources {
-            // The common case, one source: no sum, one copy.
-            assert_eq!(
-                s.len, self.len,
-                "gather of {} bytes into {}",
-                s.len, self.len
-            );
-            // SAFETY: as below, with `s.len == self.len`.
-            unsafe { std::ptr::copy(s.ptr, self.ptr, s.len) }
-            return;
-        }
-        let total: usize = sources.iter().map(|s| s.len).sum();
-        assert_eq!(total, self.len, "gather of {total} bytes into {}", self.len);
-        let mut at = 0;
-        for s in sources {
-            // SAFETY: both ranges are checked registered memory kept alive by their
-            // handles; `at + s.len <= self.len` by the sum above. Source and destination
-            // may be the same memory only if the user aims an operation at its own
-            // source, which `copy` (memmove) tolerates.
-            unsafe { std::ptr::copy(s.ptr, self.ptr.add(at), s.len) }
-            at += s.len;
-        }
+        // SAFETY: `[ptr, ptr + len)` is checked registered memory kept alive by `keep`.
+        unsafe { gather(self.ptr, self.len, sources) }
+    }
+}
+
+/// Writes the concatenation of `sources` (their total length must be `len`) to
+/// `[dst, dst + len)`.
+///
+/// # Panics
+/// When the lengths differ.
+///
+/// # Safety
+/// `[dst, dst + len)` is registered memory, valid for writes and kept allocated for the
+/// call (by a [`MemRef`] or a lease of the caller's).
+unsafe fn gather(dst: *mut u8, len: usize, sources: &[MemRef]) {
+    if let [s] = sources {
+        // The common case, one source: no sum, one copy.
+        assert_eq!(s.len, len, "gather of {} bytes into {len}", s.len);
+        // SAFETY: as below, with `s.len == len`.
+        unsafe { std::ptr::copy(s.ptr, dst, len) }
+        return;
+    }
+    let total: usize = sources.iter().map(|s| s.len).sum();
+    assert_eq!(total, len, "gather of {total} bytes into {len}");
+    let mut at = 0;
+    for s in sources {
+        // SAFETY: the sources are checked registered memory kept alive by their handles,
+        // the destination is the caller's; `at + s.len <= len` by the sum above. Source
+        // and destination may be the same memory only if the user aims an operation at
+        // its own source, which `copy` (memmove) tolerates.
+        unsafe { std::ptr::copy(s.ptr, dst.add(at), s.len) }
+        at += s.len;
     }
 }
 
@@ -768,19 +778,54 @@ impl MrTable {
         addr: u64,
         data: &[u8],
     ) -> Result<(), WcStatus> {
-        let (index, gen) =
-            self.remote_check(qp, rkey, addr, data.len() as u64, Access::REMOTE_WRITE)?;
-        // The lease alone keeps the memory while the copy runs (`leases` is ours for
-        // the call): no handle is cloned and dropped per write.
+        self.lease_for_write(leases, qp, rkey, addr, data.len() as u64)?;
+        // SAFETY: `[addr, addr + data.len())` is inside the region's registered range
+        // (checked by `lease_for_write`), whose memory the lease keeps allocated. `copy`
+        // (memmove) tolerates a source inside the same memory, as `gather` does.
+        unsafe { std::ptr::copy(data.as_ptr(), addr as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    /// [`MrTable::remote_write`] of the concatenation of `sources` (registered memory of
+    /// the sender's, `len` bytes in all), copied straight from them: the loopback's
+    /// one copy per operation, with no [`MemRef`] made for the destination.
+    ///
+    /// # Errors
+    /// [`WcStatus::RemoteAccess`], nothing written.
+    ///
+    /// # Panics
+    /// When the sources' total length is not `len`.
+    pub fn remote_gather(
+        &self,
+        leases: &mut Leases,
+        qp: u32,
+        rkey: u32,
+        addr: u64,
+        len: u32,
+        sources: &[MemRef],
+    ) -> Result<(), WcStatus> {
+        self.lease_for_write(leases, qp, rkey, addr, len.into())?;
+        // SAFETY: as in `remote_write`: checked, and kept by the lease.
+        unsafe { gather(addr as *mut u8, len as usize, sources) };
+        Ok(())
+    }
+
+    /// The checks of a remote write of `len` bytes at `addr` under `rkey`, and a lease on
+    /// the memory in `leases`: the lease alone keeps the memory while the caller copies
+    /// (`leases` is the caller's for the call), no handle cloned and dropped per write.
+    fn lease_for_write(
+        &self,
+        leases: &mut Leases,
+        qp: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+    ) -> Result<(), WcStatus> {
+        let (index, gen) = self.remote_check(qp, rkey, addr, len, Access::REMOTE_WRITE)?;
         if leases.holding(self.id, index, gen).is_none() {
             self.keep(leases, index, gen)
                 .ok_or(WcStatus::RemoteAccess)?;
         }
-        // SAFETY: `[addr, addr + data.len())` is inside the region's registered range
-        // (checked by `remote_check`), whose memory the lease keeps allocated. `copy`
-        // (memmove) tolerates a source inside the same memory, as `MemRef::gather_from`
-        // does.
-        unsafe { std::ptr::copy(data.as_ptr(), addr as *mut u8, data.len()) };
         Ok(())
     }
 

@@ -46,7 +46,7 @@ fn pump_with(from: &mut SoftQp, to: &mut SoftQp, how: Exec) -> (usize, Option<(u
     let mut nak = None;
     for (op, srcs) in &ops {
         let result = match how {
-            Exec::OneStep => to.execute(op, |p| p.gather_from(srcs)),
+            Exec::OneStep => to.execute(op, srcs),
             Exec::Staged => {
                 let mut payload = Vec::new();
                 for s in srcs {
