@@ -1,12 +1,15 @@
 //! The shared-memory habits every layer uses, written once: locks that ignore poisoning
 //! ([`lock`], [`read`], [`write`](fn@write)), a counter with one writer ([`SoloCounter`]),
 //! and a value published as immutable versions that IO cores read without a lock
-//! ([`Published`]).
+//! ([`Published`]); and a barrier pair for a handshake with one hot side
+//! ([`membarrier`]).
 //!
 //! How they fit the per-core rule (docs/ARCHITECTURE.md, "Who writes what per IO"): locks
 //! are for control work only; a word the data path writes per IO has one writer, its
 //! core, and is a `SoloCounter` or plain core-owned memory; what other cores read of it
 //! is a snapshot.
+
+pub mod membarrier;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -22,7 +22,7 @@ use super::rq::RecvQueue;
 use crate::fabric::soft::qp::Srcs;
 use crate::fabric::soft::{WireKind, WireOp};
 use crate::fabric::{PrivateData, QpCaps, Wc, WcStatus};
-use crate::sync::lock;
+use crate::sync::{lock, membarrier};
 
 /// Most SGEs a loopback work request may carry: every frame's source list is allocated
 /// for this many when the ring is made, so a transfer never allocates.
@@ -206,6 +206,9 @@ impl EndState {
         if tell {
             self.closed.store(true, Ordering::SeqCst);
         }
+        // The rare side of the handshake: a peer that marked itself busy before this
+        // barrier is seen busy below, one after it sees us gone (`sync::membarrier`).
+        membarrier::heavy();
         while peer.busy.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
@@ -223,7 +226,10 @@ impl EndState {
     /// Marks this end busy until the guard drops (also on unwinding, so a panicking
     /// peer cannot leave us waiting for ever).
     pub fn busy_guard(&self) -> BusyGuard<'_> {
-        self.busy.store(true, Ordering::SeqCst);
+        self.busy.store(true, Ordering::Relaxed);
+        // The hot side of the handshake, once per post: no locked instruction where the
+        // kernel has the expedited barrier (`sync::membarrier`, `close_and_quiesce`).
+        membarrier::light();
         BusyGuard(&self.busy)
     }
 

@@ -134,6 +134,9 @@ impl std::fmt::Debug for LoopbackFabric {
 
 impl LoopbackFabric {
     pub fn new() -> LoopbackFabric {
+        // The ends' busy handshake registers its barrier once, here rather than on a
+        // first post (`link::EndState::busy_guard`).
+        crate::sync::membarrier::prepare();
         let names = Names {
             next_listen_port: FIRST_LISTEN_PORT,
             next_ephemeral_port: FIRST_EPHEMERAL_PORT,
