@@ -2,8 +2,10 @@
 # Scaling with cores, measured in one invocation (docs/BENCHMARKS.md, "Scaling with cores").
 #
 # Parts (both by default; --only picks one):
-#   inline  rtrs-bench --inline-target ram:1G (target and client in one process over the
-#           loopback fabric), 4 KiB randread QD32, on 1..M reactors (M: every core). Each
+#   inline  rtrs-bench --inline-target ram:1G --warmup-write (target and client in one
+#           process over the loopback fabric; the export written once first, so that reads
+#           come from memory, not the kernel's zero page), 4 KiB randread QD32, on 1..M
+#           reactors (M: every core). Each
 #           round runs every reactor count once, in an order that reverses from one round
 #           to the next; a count's result is the median of its rounds, and its speed-up
 #           the median over rounds of (IOPS at N) / (IOPS at 1 in the same round).
@@ -108,20 +110,20 @@ CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 
 # ---- inline: the engine alone on 1..M reactors ---------------------------------------------
 if want inline; then
-	echo "== inline: rtrs-bench --inline-target ram:1G, 4 KiB randread QD32, reactors ${INLINE_N[*]}, $ROUNDS rounds of ${TIME} s"
+	echo "== inline: rtrs-bench --inline-target ram:1G --warmup-write, 4 KiB randread QD32, reactors ${INLINE_N[*]}, $ROUNDS rounds of ${TIME} s"
 	declare -A IN
 	for ((k = 1; k <= ROUNDS; k++)); do
 		order=("${INLINE_N[@]}")
 		((k % 2 == 0)) && mapfile -t order < <(printf '%s\n' "${INLINE_N[@]}" | sort -rn)
 		for n in "${order[@]}"; do
-			line=$("$BIN/rtrs-bench" --inline-target ram:1G --rw randread --bs 4K --qd 32 \
-				--time "${TIME}s" -m "$(mask 0 "$n")" --json) || { echo "inline on $n reactors failed" >&2; exit 1; }
+			line=$("$BIN/rtrs-bench" --inline-target ram:1G --warmup-write --rw randread --bs 4K \
+				--qd 32 --time "${TIME}s" -m "$(mask 0 "$n")" --json) || { echo "inline on $n reactors failed" >&2; exit 1; }
 			IN[$n-$k]=$("${REPORT[@]}" rtrs-bench "$line")
 			echo "   round $k, $n reactors: ${IN[$n-$k]} IOPS"
 		done
 	done
 	{
-		echo "rtrs-bench --inline-target ram:1G --rw randread --bs 4K --qd 32 --time ${TIME}s -m MASK, $ROUNDS rounds:"
+		echo "rtrs-bench --inline-target ram:1G --warmup-write --rw randread --bs 4K --qd 32 --time ${TIME}s -m MASK, $ROUNDS rounds:"
 		echo
 		echo "| reactors | IOPS (median) | rounds | × 1 reactor (median of the rounds' ratios) |"
 		echo "|---:|---:|---|---:|"
