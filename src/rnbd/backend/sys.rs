@@ -234,9 +234,10 @@ pub(super) fn ram_read(store: &MemBuf, offset: usize, buf: IoBuf, len: usize) {
     unsafe { racy_copy(buf.ptr, at, len) }
 }
 
-/// How much of a read [`ram_prefetch`] asks for: the first 4 KiB, enough for the
-/// processor's own prefetcher to follow a longer one.
-const PREFETCH_BYTES: usize = 4096;
+/// How much of a read [`ram_prefetch`] asks for: the first 1 KiB, after which the
+/// processor's own prefetcher follows; asking for more fills the line fill buffers and
+/// stalls the asking (`docs/BENCHMARKS.md`, "A RAM disk's reads fetched ahead").
+const PREFETCH_BYTES: usize = 1024;
 
 /// Asks the memory system for the first bytes of `[offset, offset + len)` of `store`, for
 /// a [`ram_read`] to come: a hint, which reads nothing the program sees.
