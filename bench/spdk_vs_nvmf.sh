@@ -30,8 +30,10 @@
 #           rtrs-target (a RAM export, core 0, run before spdk_tgt) and against spdk_tgt
 #           (--rounds rounds of the two back to back, the order alternating; the goal:
 #           bdevperf ≥ 0.97 × rtrs-bench, the round of the median ratio)
-#   inline  rtrs-bench --inline-target (loopback fabric, one reactor, 4 KiB randread QD32)
-#           vs bdevperf on a malloc bdev on one core
+#   inline  rtrs-bench --inline-target (loopback fabric, one reactor, 4 KiB randread QD32,
+#           the RAM export written first) vs bdevperf on a 256 MiB malloc bdev on one core
+#           (--rounds rounds of the two back to back, the order alternating; the round of
+#           the median ratio is reported)
 #   memory  resident memory of the target per connected session and of the client per bdev
 #   soak    a --soak-minute bdevperf run over the rtrs bdev, sampling both sides' memory
 #
@@ -424,21 +426,43 @@ fi
 
 # ---- engine cost without a network -----------------------------------------------------------
 if want inline; then
-	echo "== inline: rtrs-bench --inline-target on one reactor vs bdevperf on a malloc bdev (core 1)"
-	line=$("$BIN/rtrs-bench" --inline-target ram:256M --rw randread --bs 4K --qd 32 -m 0x2 \
-		--warmup-write --time "${TIME}s" --json) || exit 1
-	RES[inline-rtrs]=$("${REPORT[@]}" rtrs-bench "$line")
+	echo "== inline: rtrs-bench --inline-target on one reactor vs bdevperf on a malloc bdev (core 1), $ROUNDS rounds"
 	cat >"$APP_DIR/malloc.json" <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_malloc_create", "params": {"name": "malloc0", "num_blocks": 65536, "block_size": 4096}},
   {"method": "bdev_wait_for_examine"}]}]}
 EOF
-	app_start bp-malloc "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/malloc.json" -z -l \
-		-q 1 -o 4096 -w randread -t "$TIME" || exit 1
-	r=$(perform bp-malloc 32 4096 randread "$TIME" "$APP_DIR/malloc.json.out") || exit 1
-	app_stop bp-malloc
-	RES[inline-malloc]=${r%% *}
-	echo "   rtrs-bench inline: ${RES[inline-rtrs]} IOPS; bdevperf malloc: ${RES[inline-malloc]} IOPS"
+	inline_rtrs() {
+		local line
+		line=$("$BIN/rtrs-bench" --inline-target ram:256M --rw randread --bs 4K --qd 32 -m 0x2 \
+			--warmup-write --time "${TIME}s" --json) || return 1
+		"${REPORT[@]}" rtrs-bench "$line"
+	}
+	inline_malloc() {
+		local r
+		app_start "bp-malloc-$1" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/malloc.json" -z -l \
+			-q 1 -o 4096 -w randread -t "$TIME" >&2 || return 1
+		r=$(perform "bp-malloc-$1" 32 4096 randread "$TIME" "$APP_DIR/malloc-$1.json.out") || return 1
+		app_stop "bp-malloc-$1" >&2
+		echo "${r%% *}"
+	}
+	# Each round runs both back to back, the order alternating (as the split part does);
+	# the round whose ratio is the median is reported.
+	in_rtrs=() in_malloc=() in_ratios=()
+	for ((k = 1; k <= ROUNDS; k++)); do
+		if ((k % 2)); then
+			a=$(inline_rtrs) || exit 1
+			b=$(inline_malloc "$k") || exit 1
+		else
+			b=$(inline_malloc "$k") || exit 1
+			a=$(inline_rtrs) || exit 1
+		fi
+		in_rtrs+=("$a") in_malloc+=("$b") in_ratios+=("$("${REPORT[@]}" ratio "$a" "$b")")
+		echo "   inline round $k: rtrs-bench inline $a IOPS, bdevperf malloc $b IOPS, ratio ${in_ratios[-1]}"
+	done
+	med=$(printf '%s\n' "${in_ratios[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#in_ratios[@]}" 'NR == int((n + 1) / 2) {print $1}')
+	RES[inline-rtrs]=${in_rtrs[$med]} RES[inline-malloc]=${in_malloc[$med]} RES[inline-ratios]="${in_ratios[*]}"
+	echo "   rtrs-bench inline: ${RES[inline-rtrs]} IOPS; bdevperf malloc: ${RES[inline-malloc]} IOPS (round of the median ratio)"
 fi
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -639,7 +663,7 @@ if want split; then
 		"$(ratio "${RES[split-bdev-st]}" "${RES[split-bench-st]}")" ">=" 0.97
 fi
 if want inline; then
-	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"))" \
+	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"); round of the median ratio, every round: ${RES[inline-ratios]})" \
 		"$(ratio "${RES[inline-rtrs]}" "${RES[inline-malloc]}")" ">=" 0.60 0.80
 fi
 if want soak; then
@@ -655,7 +679,7 @@ report() { # report PART...: the run's report with those parts' tables
 	echo
 	# The command as it ran: options of parts that did not run are left out.
 	cmd="bench/spdk_vs_nvmf.sh --time $TIME"
-	want pairs && cmd+=" --rounds $ROUNDS"
+	{ want pairs || want split || want inline; } && cmd+=" --rounds $ROUNDS"
 	want sweep && cmd+=" --sweep-time $SWEEP_TIME"
 	want soak && cmd+=" --soak $SOAK_MIN"
 	cmd+=" --only $ONLY"
