@@ -31,7 +31,8 @@
 #           (--rounds rounds of the two back to back, the order alternating; the goal:
 #           bdevperf ≥ 0.97 × rtrs-bench, the round of the median ratio)
 #   inline  rtrs-bench --inline-target (loopback fabric, one reactor, 4 KiB randread QD32,
-#           the RAM export written first) vs bdevperf on a 256 MiB malloc bdev on one core
+#           the RAM export written first, on transparent huge pages) vs bdevperf on a 256 MiB
+#           malloc bdev on one core (on hugepages where root can reserve them)
 #           (--rounds rounds of the two back to back, the order alternating; the round of
 #           the median ratio is reported)
 #   memory  resident memory of the target per connected session and of the client per bdev
@@ -432,6 +433,15 @@ if want inline; then
   {"method": "bdev_malloc_create", "params": {"name": "malloc0", "num_blocks": 65536, "block_size": 4096}},
   {"method": "bdev_wait_for_examine"}]}]}
 EOF
+	# The RAM disk behind rtrs-bench asks for transparent huge pages; bdevperf's malloc bdev
+	# gets SPDK's own hugepages where they can be had, so that neither side pays a TLB miss
+	# per IO the other does not (docs/BENCHMARKS.md, "A RAM disk on huge pages").
+	if hugepages_ensure 640; then
+		IN_MEM=(-s 1024 --disable-cpumask-locks) RES[inline-mem]="bdevperf on 2 MiB hugepages"
+	else
+		IN_MEM=("${MEM[@]}") RES[inline-mem]="bdevperf without hugepages (none could be reserved)"
+	fi
+	echo "   ${RES[inline-mem]}; rtrs-bench's RAM disk on transparent huge pages ($(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo "none here"))"
 	inline_rtrs() {
 		local line
 		line=$("$BIN/rtrs-bench" --inline-target ram:256M --rw randread --bs 4K --qd 32 -m 0x2 \
@@ -440,7 +450,7 @@ EOF
 	}
 	inline_malloc() {
 		local r
-		app_start "bp-malloc-$1" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/malloc.json" -z -l \
+		app_start "bp-malloc-$1" "$BDEVPERF" -m 0x2 "${IN_MEM[@]}" --json "$APP_DIR/malloc.json" -z -l \
 			-q 1 -o 4096 -w randread -t "$TIME" >&2 || return 1
 		r=$(perform "bp-malloc-$1" 32 4096 randread "$TIME" "$APP_DIR/malloc-$1.json.out") || return 1
 		app_stop "bp-malloc-$1" >&2
@@ -463,6 +473,7 @@ EOF
 	med=$(printf '%s\n' "${in_ratios[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#in_ratios[@]}" 'NR == int((n + 1) / 2) {print $1}')
 	RES[inline-rtrs]=${in_rtrs[$med]} RES[inline-malloc]=${in_malloc[$med]} RES[inline-ratios]="${in_ratios[*]}"
 	echo "   rtrs-bench inline: ${RES[inline-rtrs]} IOPS; bdevperf malloc: ${RES[inline-malloc]} IOPS (round of the median ratio)"
+	hugepages_restore
 fi
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -663,7 +674,7 @@ if want split; then
 		"$(ratio "${RES[split-bdev-st]}" "${RES[split-bench-st]}")" ">=" 0.97
 fi
 if want inline; then
-	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"); round of the median ratio, every round: ${RES[inline-ratios]})" \
+	goal "inline engine (rtrs-bench, loopback, 1 reactor) / bdevperf malloc (1 core), 4 KiB randread QD32 IOPS ($(printf '%s / %s' "${RES[inline-rtrs]}" "${RES[inline-malloc]}"); round of the median ratio, every round: ${RES[inline-ratios]}; ${RES[inline-mem]})" \
 		"$(ratio "${RES[inline-rtrs]}" "${RES[inline-malloc]}")" ">=" 0.60 0.80
 fi
 if want soak; then
@@ -720,7 +731,8 @@ if [[ $APPEND -eq 1 ]]; then
 `bench/spdk_vs_nvmf.sh`: one spdk_tgt on core 0 serves the same null bdev over RTRS
 (tcp fabric, 127.0.0.1) and over SPDK's NVMe-oF/TCP; bdevperf (and fio's spdk_bdev plugin)
 on core 1 runs each workload against the rtrs bdev, then against bdev_nvme. SPDK runs
-without hugepages (`--no-huge`), except fio's plugin, which needs them. Ratios are rtrs
+without hugepages (`--no-huge`), except fio's plugin, which needs them, and the inline
+part's bdevperf on a malloc bdev, against a RAM disk on transparent huge pages. Ratios are rtrs
 over NVMe-oF/TCP, measured in the same invocation.
 EOF
 	"${REPORT[@]}" append docs/BENCHMARKS.md "## SPDK: rtrs vs NVMe-oF/TCP" "$APP_DIR/intro.md" "$OUT.doc"

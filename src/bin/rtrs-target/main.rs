@@ -85,7 +85,9 @@ struct Args {
     /// omitted; 0 picks a free one, printed in the ready line). Repeatable.
     #[arg(long, value_name = "URL", required = true, value_parser = listen_arg)]
     listen: Vec<FabricUrl>,
-    /// An export: NAME=ram:SIZE or NAME=file:PATH[:ro]. Repeatable.
+    /// An export: NAME=ram:SIZE (zero-filled memory, on transparent huge pages where the
+    /// kernel has them, committed 2 MiB at a time as it is written) or
+    /// NAME=file:PATH[:ro]. Repeatable.
     #[arg(long, value_name = "SPEC", required = true, value_parser = export_arg)]
     export: Vec<ExportSpec>,
     /// Chunks per session (the server's queue depth, the kernel's sess_queue_depth).

@@ -110,6 +110,8 @@ pub enum OpenError {
     IoUringOpcode { opcode: &'static str },
     #[error("starting IO worker thread: {source}")]
     Spawn { source: io::Error },
+    #[error("cannot allocate the {len} bytes of a RAM disk")]
+    NoMemory { len: usize },
 }
 
 /// A bad `NAME=ram:SIZE` / `NAME=file:PATH[:ro]` export spec.

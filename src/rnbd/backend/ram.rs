@@ -90,7 +90,9 @@ impl RamBackend {
         if size == 0 || size % u64::from(block_size) != 0 || size > isize::MAX as u64 {
             return Err(bad);
         }
-        let mem = MemBuf::zeroed(usize::try_from(size).map_err(|_| bad)?);
+        let len = usize::try_from(size).map_err(|_| bad)?;
+        // Random 4 KiB accesses all over the disk: on huge pages where the kernel has them.
+        let mem = MemBuf::try_zeroed_huge(len).map_err(|e| OpenError::NoMemory { len: e.len })?;
         let store = Arc::new(Store { mem });
         let granularity = block_size.max(4096);
         Ok(RamBackend {
@@ -230,6 +232,20 @@ impl BlockBackend for RamBackend {
 mod tests {
     use super::*;
     use crate::rnbd::backend::IoBuf;
+
+    #[test]
+    fn the_disk_is_on_huge_pages_where_the_kernel_has_them() {
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+            eprintln!("SKIPPED: this kernel has no transparent huge pages");
+            return;
+        }
+        let disk = RamBackend::new(8 << 20, 4096).unwrap();
+        let flags = crate::fabric::mem::vm_flags(disk.store.mem.as_ptr() as usize);
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "the RAM disk did not ask for huge pages: {flags}"
+        );
+    }
 
     #[test]
     fn shared_instances_see_one_memory() {
