@@ -256,14 +256,18 @@ impl End {
             // The ring holds the sender's max_send_wr frames and every frame holds a
             // send slot until acked, so it cannot be full; stop rather than lose. The
             // sources move into the frame (the slot needs them no more) by a swap with
-            // the frame's emptied list, so neither list ever allocates: every list of
-            // this direction was made for at least the sender's max_send_sge.
+            // the list the ring slot's last frame left, so neither list ever allocates:
+            // every list of this direction was made for at least the sender's
+            // max_send_sge. That list still holds the handles of the last frame's sources
+            // (the receiver leaves them): they are dropped here, by the thread that took
+            // them (docs/ARCHITECTURE.md, "Who writes what per IO").
             let queued = tx.push_with(|frame| {
                 frame.op = *op;
                 std::mem::swap(&mut frame.srcs, srcs);
                 true
             });
             if queued {
+                srcs.clear();
                 Handed::Queued
             } else {
                 Handed::Stop
@@ -394,9 +398,8 @@ impl End {
             let srcs = &frame.srcs;
             match qp.execute(&frame.op, srcs) {
                 Ok(()) => {
-                    // The sender's memory is no longer needed; the emptied list goes
-                    // back with the slot.
-                    frame.srcs.clear();
+                    // The sender's memory is no longer needed; its handles go back with
+                    // the slot, for the sender's thread to drop (see `transmit`).
                     inbox.pop();
                 }
                 // The operation stays at the front until a receive is posted.
@@ -407,7 +410,6 @@ impl End {
                     // operation at post time.
                     mine.gone.store(true, Ordering::SeqCst);
                     mine.set_nak(frame.op.seq, status);
-                    frame.srcs.clear();
                     inbox.pop();
                     return;
                 }

@@ -33,8 +33,10 @@ pub const CLIENT: usize = 0;
 pub const SERVER: usize = 1;
 
 /// One operation in flight: the header and the sender's source memory, kept alive by the
-/// `MemRef`s' Arcs until the receiver has copied from it. A frame lives in a ring slot:
-/// the sender fills it in place and the receiver empties it in place.
+/// `MemRef`s' handles until the receiver has copied from it. A frame lives in a ring
+/// slot: the sender fills it in place, the receiver executes it in place and hands the
+/// slot back with the handles still in it, and the sender drops them when it fills the
+/// slot again (a handle's count is written by its own queue pair's thread only).
 pub struct Frame {
     pub op: WireOp,
     pub srcs: Srcs,

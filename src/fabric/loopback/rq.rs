@@ -152,12 +152,11 @@ pub unsafe fn execute_at_post(
                     AtPost::Refused(status),
                 ),
             };
-            // The receive is consumed: its buffer (if still there) goes now, the slot
-            // goes back to its owner, the completion into the peer's ring (room was
-            // checked above; the peer drains it on its own polls).
-            if let Some(r) = c.front() {
-                r.buf = Ok(None);
-            }
+            // The receive is consumed: the slot goes back to its owner with the buffer's
+            // handle still in it (the owner drops it when it posts into the slot again,
+            // so that only the owner's thread ever moves its handle counts:
+            // docs/ARCHITECTURE.md, "Who writes what per IO"), the completion into the
+            // peer's ring (room was checked above; the peer drains it on its own polls).
             c.pop();
             wcs.push_with(|slot| {
                 *slot = wc;
