@@ -11,14 +11,18 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   rtrs-bench LINE               -> "IOPS" of an rtrs-bench --json line
   floor LINE                    -> "IOPS AVG_US P99_US CLIENT_SC SERVER_SC" of a tcp_floor
                                    line (SC: that side's syscalls per IO)
-  window SOCK BDEV SECS SIZE PERF:PID...
+  window SOCK BDEV SECS SIZE PERF:PID[:APPSOCK]...
                                 -> IOs of SIZE bytes bdev BDEV of the SPDK application at
                                    SOCK completed (its bytes moved / SIZE: a split IO counts
                                    once) while the perf stat instances PERF (fifo prefixes:
                                    PERF.ctl, PERF.ack; started with -D -1) counted, for SECS;
                                    the user and system CPU time of process PID over the same
-                                   window goes to PERF.cpu ("USER_S SYS_S")
+                                   window goes to PERF.cpu ("USER_S SYS_S"), and with APPSOCK
+                                   (that process's RPC socket) the busy share of its busiest
+                                   SPDK thread over the window to PERF.busy ("SHARE NAME":
+                                   thread_get_stats, busy ticks over busy and idle)
   cpu PERF.cpu IOS              -> "USER_US SYS_US": CPU time per IO of that window
+  busy PERF.busy                -> "SHARE NAME" of that window ("n/a -" without one)
   syscalls PERF.csv IOS         -> "ALL BREAKDOWN": syscalls per IO of a perf stat -x, file
                                    and the main calls per IO ("recvfrom 1.20 (0.50 data), ...")
   ratio A B                     -> A / B with two decimals (0.00 when B is 0, n/a when
@@ -82,8 +86,10 @@ def rpc_call(sock_path, method, params):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)
     s.connect(sock_path)
-    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
-                          "params": params}).encode())
+    req = {"jsonrpc": "2.0", "id": 1, "method": method}
+    if params is not None:
+        req["params"] = params
+    s.sendall(json.dumps(req).encode())
     buf, dec = b"", json.JSONDecoder()
     while True:
         chunk = s.recv(65536)
@@ -123,20 +129,54 @@ def perf_ctl(prefix, cmd):
         a.readline()
 
 
+def thread_ticks(app_sock):
+    """{thread id: (name, busy ticks, idle ticks)} of the SPDK application at APP_SOCK
+    (thread_get_stats); empty without a socket."""
+    if not app_sock:
+        return {}
+    threads = rpc_call(app_sock, "thread_get_stats", None)["threads"]
+    return {t["id"]: (t["name"], t["busy"], t["idle"]) for t in threads}
+
+
+def busiest(t0, t1):
+    """(busy share, name) of the thread with the most busy ticks between two
+    thread_ticks snapshots: the thread that carries the IO."""
+    best = None
+    for tid, (name, busy, idle) in t1.items():
+        if tid not in t0:
+            continue
+        b, i = busy - t0[tid][1], idle - t0[tid][2]
+        if b + i > 0 and (best is None or b > best[0]):
+            best = (b, b / (b + i), name)
+    return (best[1], best[2]) if best else None
+
+
 def window(sock_path, bdev, secs, size, *specs):
-    perfs = [spec.rsplit(":", 1) for spec in specs]
+    perfs = [(spec.split(":") + [""])[:3] for spec in specs]
     before = bdev_bytes(sock_path, bdev)
-    for p, _ in perfs:
+    for p, _, _ in perfs:
         perf_ctl(p, "enable")
-    cpu0 = [cpu_seconds(pid) for _, pid in perfs]
+    cpu0 = [cpu_seconds(pid) for _, pid, _ in perfs]
+    ticks0 = [thread_ticks(app) for _, _, app in perfs]
     time.sleep(float(secs))
-    cpu1 = [cpu_seconds(pid) for _, pid in perfs]
-    for p, _ in perfs:
+    cpu1 = [cpu_seconds(pid) for _, pid, _ in perfs]
+    ticks1 = [thread_ticks(app) for _, _, app in perfs]
+    for p, _, _ in perfs:
         perf_ctl(p, "disable")
-    for (p, _), a, b in zip(perfs, cpu0, cpu1):
+    for (p, _, _), a, b, t0, t1 in zip(perfs, cpu0, cpu1, ticks0, ticks1):
         with open(p + ".cpu", "w") as f:
             f.write("%.2f %.2f\n" % (b[0] - a[0], b[1] - a[1]))
+        top = busiest(t0, t1)
+        with open(p + ".busy", "w") as f:
+            f.write("%.3f %s\n" % top if top else "n/a -\n")
     print((bdev_bytes(sock_path, bdev) - before) // int(size))
+
+
+def busy(path):
+    try:
+        print(open(path).read().strip() or "n/a -")
+    except FileNotFoundError:
+        print("n/a -")
 
 
 def cpu(path, ios):
@@ -381,7 +421,7 @@ def append(doc, section, intro, run):
 
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
-            "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu,
+            "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu, "busy": busy,
             "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median,
             "append": append}
     if len(argv) < 2 or argv[1] not in cmds:

@@ -272,7 +272,8 @@ syscalls_run() {
 	bp=$!
 	sleep 1
 	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" "$size" \
-		"$APP_DIR/sc-tgt:$(app_pid tgt)" "$APP_DIR/sc-ini:$(app_pid "bp-$kind")") || ios=
+		"$APP_DIR/sc-tgt:$(app_pid tgt):$APP_DIR/tgt.sock" \
+		"$APP_DIR/sc-ini:$(app_pid "bp-$kind"):$APP_DIR/bp-$kind.sock") || ios=
 	wait $bp || { echo "$kind $name: perform_tests under perf failed" >&2; ios=; }
 	app_stop perf-tgt
 	app_stop perf-ini
@@ -280,6 +281,7 @@ syscalls_run() {
 	for side in tgt ini; do
 		RES[sc-$kind-$name-$side]=$("${REPORT[@]}" syscalls "$APP_DIR/sc-$side.perf" "$ios")
 		RES[cpu-$kind-$name-$side]=$("${REPORT[@]}" cpu "$APP_DIR/sc-$side.cpu" "$ios")
+		RES[busy-$kind-$name-$side]=$("${REPORT[@]}" busy "$APP_DIR/sc-$side.busy")
 	done
 	RES[sc-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/sc-$kind-$name.json")
 }
@@ -331,6 +333,7 @@ run_side() {
 			echo "   $kind $name syscalls per IO: target ${RES[sc-$kind-$name-tgt]}"
 			echo "   $kind $name syscalls per IO: initiator ${RES[sc-$kind-$name-ini]}"
 			echo "   $kind $name CPU µs per IO (user sys): target ${RES[cpu-$kind-$name-tgt]}, initiator ${RES[cpu-$kind-$name-ini]}"
+			echo "   $kind $name busy share of the busiest SPDK thread (thread_get_stats): target ${RES[busy-$kind-$name-tgt]}, initiator ${RES[busy-$kind-$name-ini]}"
 		done
 	fi
 	if want sweep; then
@@ -611,16 +614,22 @@ if want syscalls; then
 			done
 		done
 		echo
-		echo "| workload | side | rtrs user µs/IO | NVMe-oF/TCP user µs/IO | rtrs / nvmf, user | rtrs system µs/IO | NVMe-oF/TCP system µs/IO | rtrs / nvmf, system |"
-		echo "|---|---|---:|---:|---:|---:|---:|---:|"
+		echo "| workload | side | rtrs user µs/IO | NVMe-oF/TCP user µs/IO | rtrs / nvmf, user | rtrs system µs/IO | NVMe-oF/TCP system µs/IO | rtrs / nvmf, system | busy share of the IO thread, rtrs; NVMe-oF/TCP |"
+		echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
 		for w in "${WORKLOADS[@]}"; do
 			IFS='|' read -r name _ _ _ <<<"$w"
 			for side in tgt ini; do
 				read -r ru rs <<<"${RES[cpu-rtrs-$name-$side]}"
 				read -r nu ns <<<"${RES[cpu-nvmf-$name-$side]}"
-				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | $ru | $nu | $(ratio "$ru" "$nu") | $rs | $ns | $(ratio "$rs" "$ns") |"
+				rb=${RES[busy-rtrs-$name-$side]:-n/a} nb=${RES[busy-nvmf-$name-$side]:-n/a}
+				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | $ru | $nu | $(ratio "$ru" "$nu") | $rs | $ns | $(ratio "$rs" "$ns") | ${rb%% *}; ${nb%% *} |"
 			done
 		done
+		echo
+		echo "The busy share is SPDK's own count (\`thread_get_stats\`) of the ticks its busiest thread spent in"
+		echo "polls that found work over the window: the side near 1.00 is the one that bounds the rate."
+		echo "At QD1 both spin between IOs, rtrs in user space and NVMe-oF/TCP in \`epoll_wait\`, so the"
+		echo "user and system split says where each idles rather than what an IO costs."
 	} >"$APP_DIR/syscalls.md"
 	for w in "${WORKLOADS[@]}"; do
 		IFS='|' read -r name _ _ _ <<<"$w"
