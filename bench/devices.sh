@@ -729,7 +729,7 @@ GOALS=() # goal TEXT VALUE OP TARGET (bench/lib.sh) adds to it
 if want iops; then
 	if [[ $IOPS_OK == 1 ]]; then
 		med=$("${REPORT[@]}" median "${rr[@]}")
-		picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
+		picked=$("${REPORT[@]}" median-index "${rr[@]}")
 		goal "IOPS over $NMANY rtrs bdevs, $MANY (QD$((QD / NMANY)) each) / over 1 rtrs bdev (QD$QD), bdevperf on one core, 4 KiB randread (median of $ROUNDS rounds: $(printf '%.0f' "${rb[$picked]%% *}") / $(printf '%.0f' "${ra[$picked]%% *}"))" \
 			"$(printf '%.2f' "$med")" ">=" 0.90
 		if [[ ${#nr[@]} -gt 0 ]]; then

@@ -33,6 +33,8 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   svg-cores SCALING.tsv OUT.svg -> IOPS vs cores per side, one line per side (bench/scaling.sh)
   median V...                   -> the median of the numbers (the lower middle one of an
                                    even count)
+  median-index V...             -> the position (from 0) of that median among the numbers
+                                   (a run of rounds reports the round of its median ratio)
   append DOC SECTION INTRO RUN  -> puts RUN (a file) at the end of section SECTION of DOC
 
 SWEEP.tsv has lines "side<TAB>qd<TAB>iops", SCALING.tsv "side<TAB>cores<TAB>iops".
@@ -393,6 +395,22 @@ def median(*vals):
     print(v[(len(v) - 1) // 2])
 
 
+def median_index(*vals):
+    """The position (from 0) of the median of the numbers, the lower middle one of an
+    even count; ties keep their order, and what is not a number ("n/a") sorts first."""
+    if not vals:
+        raise SystemExit("median-index: no values")
+
+    def key(i):
+        try:
+            return (1, float(vals[i]))
+        except ValueError:
+            return (0, 0.0)
+
+    order = sorted(range(len(vals)), key=key)
+    print(order[(len(vals) - 1) // 2])
+
+
 def append(doc, section, intro, run):
     run = open(run).read().rstrip("\n") + "\n"
     intro = open(intro).read().rstrip("\n") + "\n"
@@ -422,7 +440,7 @@ def append(doc, section, intro, run):
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
             "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu, "busy": busy,
-            "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median,
+            "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median, "median-index": median_index,
             "append": append}
     if len(argv) < 2 or argv[1] not in cmds:
         sys.stderr.write(__doc__)

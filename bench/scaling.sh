@@ -212,7 +212,7 @@ if want spdk; then
 				ra+=("$a") rb+=("$b") rr+=("$("${REPORT[@]}" ratio "${a%% *}" "${b%% *}")")
 				echo "   round $k: rtrs $a; nvmf $b; IOPS ratio ${rr[-1]} (IOPS MiB/s avg-µs failed p99-µs)"
 			done
-			picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
+			picked=$("${REPORT[@]}" median-index "${rr[@]}")
 			read -r ai _ _ af _ <<<"${ra[$picked]}"
 			read -r bi _ _ bf _ <<<"${rb[$picked]}"
 			printf 'rtrs\t%s\t%.0f\nnvmf\t%s\t%.0f\n' "$n" "$ai" "$n" "$bi" >>"$TSV"

@@ -311,7 +311,7 @@ run_pairs() {
 			echo "   round $k $name: rtrs $a; nvmf $b; IOPS ratio ${rr[-1]}"
 		done
 		# The index of the median ratio (the lower middle one for an even count).
-		picked=$(printf '%s\n' "${rr[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#rr[@]}" 'NR == int((n + 1) / 2) {print $1}')
+		picked=$("${REPORT[@]}" median-index "${rr[@]}")
 		RES[rtrs-$name]=${ra[$picked]}
 		RES[nvmf-$name]=${rb[$picked]}
 		RES[rounds-$name]=${rr[*]}
@@ -364,7 +364,7 @@ if want split; then
 		st_bench+=("${a%% *}") st_bdev+=("$b") st_ratios+=("$("${REPORT[@]}" ratio "$b" "${a%% *}")")
 		echo "   split round $k: rtrs-bench -> spdk_tgt ${a%% *} IOPS, bdevperf (rtrs bdev) -> spdk_tgt $b IOPS, ratio ${st_ratios[-1]}"
 	done
-	med=$(printf '%s\n' "${st_ratios[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#st_ratios[@]}" 'NR == int((n + 1) / 2) {print $1}')
+	med=$("${REPORT[@]}" median-index "${st_ratios[@]}")
 	RES[split-bench-st]=${st_bench[$med]} RES[split-bdev-st]=${st_bdev[$med]} RES[split-ratios]="${st_ratios[*]}"
 fi
 
@@ -473,7 +473,7 @@ EOF
 		in_rtrs+=("$a") in_malloc+=("$b") in_ratios+=("$("${REPORT[@]}" ratio "$a" "$b")")
 		echo "   inline round $k: rtrs-bench inline $a IOPS, bdevperf malloc $b IOPS, ratio ${in_ratios[-1]}"
 	done
-	med=$(printf '%s\n' "${in_ratios[@]}" | awk '{print NR-1, $1}' | sort -g -k2 | awk -v n="${#in_ratios[@]}" 'NR == int((n + 1) / 2) {print $1}')
+	med=$("${REPORT[@]}" median-index "${in_ratios[@]}")
 	RES[inline-rtrs]=${in_rtrs[$med]} RES[inline-malloc]=${in_malloc[$med]} RES[inline-ratios]="${in_ratios[*]}"
 	echo "   rtrs-bench inline: ${RES[inline-rtrs]} IOPS; bdevperf malloc: ${RES[inline-malloc]} IOPS (round of the median ratio)"
 	hugepages_restore
