@@ -428,9 +428,15 @@ impl fmt::Debug for FastMr {
     }
 }
 
-/// For tests: the `VmFlags` of the mapping that holds `addr` (`/proc/self/smaps`).
+/// For tests: whether the mapping that holds `addr` asked for transparent huge pages
+/// (`hg` among its `VmFlags` in `/proc/self/smaps`); `None` (said on stderr) where the
+/// kernel has none.
 #[cfg(test)]
-pub(crate) fn vm_flags(addr: usize) -> String {
+pub(crate) fn asks_huge_pages(addr: usize) -> Option<bool> {
+    if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+        eprintln!("SKIPPED: this kernel has no transparent huge pages");
+        return None;
+    }
     let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
     let mut inside = false;
     for line in smaps.lines() {
@@ -447,7 +453,7 @@ pub(crate) fn vm_flags(addr: usize) -> String {
         }
         if inside {
             if let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.to_string();
+                return Some(flags.split_whitespace().any(|f| f == "hg"));
             }
         }
     }
@@ -501,31 +507,25 @@ mod tests {
 
     #[test]
     fn a_huge_membuf_asks_for_huge_pages_and_only_it() {
-        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
-            eprintln!("SKIPPED: this kernel has no transparent huge pages");
-            return;
-        }
         let huge = MemBuf::try_zeroed_huge(4 * HUGE_PAGE).expect("8 MiB");
-        let flags = super::vm_flags(huge.as_ptr() as usize);
-        assert!(
-            flags.split_whitespace().any(|f| f == "hg"),
-            "MADV_HUGEPAGE not on the mapping: {flags}"
-        );
+        let Some(asks) = super::asks_huge_pages(huge.as_ptr() as usize) else {
+            return;
+        };
+        assert!(asks, "MADV_HUGEPAGE not on the mapping");
         // SAFETY: freshly allocated, exclusively owned here.
         let s = unsafe { std::slice::from_raw_parts_mut(huge.as_ptr(), huge.len()) };
         s[3 * HUGE_PAGE + 5] = 9;
         assert!(s[..HUGE_PAGE].iter().all(|&x| x == 0));
         assert_eq!(s[3 * HUGE_PAGE + 5], 9);
         let plain = MemBuf::try_zeroed(4 * HUGE_PAGE).expect("8 MiB");
-        let flags = super::vm_flags(plain.as_ptr() as usize);
-        assert!(
-            !flags.split_whitespace().any(|f| f == "hg"),
-            "an ordinary pool asked for huge pages: {flags}"
+        assert_eq!(
+            super::asks_huge_pages(plain.as_ptr() as usize),
+            Some(false),
+            "an ordinary pool asked for huge pages"
         );
         // Below the huge page size there is nothing to ask for.
         let small = MemBuf::try_zeroed_huge(MMAP_MIN).expect("256 KiB");
-        let flags = super::vm_flags(small.as_ptr() as usize);
-        assert!(!flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        assert_eq!(super::asks_huge_pages(small.as_ptr() as usize), Some(false));
     }
 
     #[test]
