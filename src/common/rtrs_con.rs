@@ -30,7 +30,9 @@ use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
-use crate::fabric::{CmEvent, Conn, ConnState, PostError, RecvWr, SendWr, Wc, WcOpcode};
+use crate::fabric::{
+    CmEvent, Conn, ConnState, FastMr, PostError, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
+};
 
 /// Receives posted per `post_recv` call by [`RtrsCon::post_recv_empty`].
 pub const RECV_BATCH: usize = 32;
@@ -202,6 +204,13 @@ impl RtrsCon {
     /// Starts a graceful disconnect; outstanding work then flushes.
     pub fn disconnect(&mut self) {
         self.conn.disconnect();
+    }
+
+    /// Retires `slot`'s key at once where the fabric can without a work request
+    /// (`Conn::invalidate_now`: the software fabrics); `None`: post a LOCAL_INV. Takes no
+    /// send slot and touches no signaling account.
+    pub fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+        self.conn.invalidate_now(slot)
     }
 
     /// Posts a chain of send work requests, choosing which are signaled (see the module

@@ -802,6 +802,19 @@ pub trait Conn: Send {
     /// [`PostError`] with the index of the first receive not accepted.
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError>;
 
+    /// Retires `slot`'s current rkey now, as a LOCAL_INV posted on this connection
+    /// does where local operations take effect at post
+    /// ([`FabricCaps::local_ops_at_post`]), but without a work request: no send-queue
+    /// slot, no completion, nothing counted toward a signaling interval. `Some(Ok(()))`:
+    /// the key is retired; `Some(Err(status))`: what the LOCAL_INV's completion would
+    /// have reported, with the same effect on the connection (a failure other than a
+    /// flush breaks it). `None` (the default, verbs): no such path here (a connection
+    /// held by another thread included), post the LOCAL_INV.
+    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+        let _ = slot;
+        None
+    }
+
     /// Makes progress and moves up to `wcs.len()` completions into `wcs`. On a
     /// connection made on a shared [`Cq`] it only makes progress and returns 0: the
     /// completions come out of that CQ.

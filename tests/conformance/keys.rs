@@ -199,6 +199,57 @@ pub fn local_ops_take_effect_at_post(b: &dyn Backend) {
     write_refused(&mut p, &region, 0, r1);
 }
 
+/// `Conn::invalidate_now`: where local operations take effect at post, a slot's key is
+/// retired at once with no work request (no completion follows it; the next REG_MR's is
+/// the first), the slot binds again, and a slot that is not bound fails as a LOCAL_INV
+/// of it would, breaking the connection. Elsewhere there is no such path.
+pub fn invalidate_now_retires_key_without_a_work_request(b: &dyn Backend) {
+    for scope in SCOPES {
+        let mut p = connect(b);
+        let slot = slot(&p, scope);
+        if !p.server.fabric.caps().local_ops_at_post {
+            assert_eq!(p.server.conn.invalidate_now(&slot), None);
+            return;
+        }
+        let region = p.server.reg(8192, RW);
+        let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+        write_ok(&mut p, &region, 0, r1, 7);
+        assert_eq!(
+            p.server.conn.invalidate_now(&slot),
+            Some(Ok(())),
+            "{scope:?}"
+        );
+        let r2 = inc_rkey(r1);
+        let op = SendOp::RegMr {
+            slot: &slot,
+            region: &region,
+            addr: region.addr() + 4096,
+            len: 4096,
+            access: RW,
+            rkey: r2,
+        };
+        p.server.post_send(&[wr(3, op, &[])]);
+        let wc = next_wc(
+            &mut p.server,
+            &mut p.client,
+            "the REG_MR after the invalidation",
+        );
+        assert_eq!(wc.wr_id, 3, "a completion before the REG_MR's: {wc:?}");
+        expect(&wc, WcStatus::Success, WcOpcode::RegMr, "REG_MR");
+        write_ok(&mut p, &region, 4096, r2, 8);
+        write_refused(&mut p, &region, 0, r1);
+
+        let mut p = connect(b);
+        let unbound = self::slot(&p, scope);
+        assert_eq!(
+            p.server.conn.invalidate_now(&unbound),
+            Some(Err(WcStatus::LocalQpOperation)),
+            "a slot never bound ({scope:?})"
+        );
+        wait_both_disconnected(&mut p);
+    }
+}
+
 pub fn send_with_inv_retires_peer_rkey(b: &dyn Backend) {
     let mut p = connect(b);
     let region = p.server.reg(4096, RW);

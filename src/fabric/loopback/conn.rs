@@ -30,8 +30,8 @@ use super::rq::{execute_at_post, AtPost, RecvQueue};
 use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{recv_error, Handed, InboundError, MrTable, PostedRecv, SoftQp};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendWr, Wc,
-    WcStatus,
+    CmEvent, Conn, ConnState, FastMr, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr,
+    SendWr, Wc, WcStatus,
 };
 
 /// Most peer operations executed per poll, so one poll stays short.
@@ -466,6 +466,17 @@ impl End {
 }
 
 impl Conn for LoopbackConn {
+    /// Not a post: an injected post refusal (`Faults::fail_posts`) does not count it.
+    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+        let (end, link) = (&mut self.end, &*self.link);
+        end.check_broken(link);
+        let done = end.qp.invalidate_now(slot);
+        if done.is_err() {
+            end.publish(link);
+        }
+        Some(done)
+    }
+
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let (end, link) = (&mut self.end, &*self.link);
         end.injected(link)?;

@@ -57,8 +57,8 @@ use super::MrTable;
 use crate::fabric::cq::{thread_token, OwnedByThread, ThreadToken};
 use crate::fabric::SetupCause;
 use crate::fabric::{
-    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
-    PostErrorKind, QpCaps, RecvWr, SendWr, Wc,
+    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, FastMr,
+    PostError, PostErrorKind, QpCaps, RecvWr, SendWr, Wc, WcStatus,
 };
 use crate::sync::lock;
 
@@ -696,6 +696,10 @@ impl<T: Member> Conn for CqConn<T> {
 
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
         self.with(|c| c.post_recv(wrs)).unwrap_or(Err(WRONG_THREAD))
+    }
+
+    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+        self.with(|c| c.invalidate_now(slot)).flatten()
     }
 
     fn poll_cq(&mut self, _wcs: &mut [Wc]) -> usize {

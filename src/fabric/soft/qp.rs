@@ -56,8 +56,8 @@ use std::sync::Arc;
 
 use super::table::{Leases, MemRef, MrTable, PendingBind};
 use crate::fabric::{
-    Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
-    WcStatus,
+    Access, ConnState, FastMr, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc,
+    WcOpcode, WcStatus,
 };
 
 /// What a wire operation does at the responder.
@@ -555,6 +555,25 @@ impl SoftQp {
                 return refuse(PostErrorKind::Invalid);
             };
             self.push_send(wr, len);
+        }
+        Ok(())
+    }
+
+    /// A LOCAL_INV of `slot` done at once, with no send-queue slot and no completion
+    /// (`Conn::invalidate_now`): what [`SoftQp::push_send`] does for a posted one, whose
+    /// effect is at post too.
+    ///
+    /// # Errors
+    /// The status the LOCAL_INV would complete with: `WrFlush` on a broken connection;
+    /// `LocalQpOperation` for a slot of another table or not bound, which breaks the
+    /// connection as a failed local operation does.
+    pub fn invalidate_now(&mut self, slot: &FastMr) -> Result<(), WcStatus> {
+        if self.state != ConnState::Connected {
+            return Err(WcStatus::WrFlush);
+        }
+        if self.table.invalidate_slot(slot).is_err() {
+            self.break_now();
+            return Err(WcStatus::LocalQpOperation);
         }
         Ok(())
     }

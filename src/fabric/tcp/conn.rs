@@ -33,7 +33,8 @@ use super::tx::Tx;
 use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{MrTable, SoftQp, WireKind, WireOp};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc, WcStatus,
+    CmEvent, Conn, ConnState, FastMr, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc,
+    WcStatus,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -651,6 +652,10 @@ impl Conn for TcpConn {
 
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
         self.qp.post_recv(wrs)
+    }
+
+    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+        Some(self.qp.invalidate_now(slot))
     }
 
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize {
