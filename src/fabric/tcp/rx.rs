@@ -33,6 +33,10 @@ const BULK_PAYLOAD: u32 = 16 * 1024;
 /// How far a bulk stream reads ahead into the staging buffer: a few headers, little of
 /// the next payload (which would have to be copied out of the staging buffer again).
 const BULK_READ_AHEAD: usize = 512;
+/// Small payloads a bulk stream stays bulk through: a large READ's response is the data
+/// then small frames (an RTRS response's SEND_WITH_INV and its 8-byte RKEY_RSP), and the
+/// next response's data should still be read into place.
+const BULK_SMALL_FRAMES: u8 = 8;
 
 enum State {
     Header,
@@ -99,8 +103,10 @@ pub(crate) struct Rx {
     start: usize,
     end: usize,
     state: State,
-    /// The last payload was large ([`BULK_PAYLOAD`]): read ahead little.
-    bulk: bool,
+    /// Small payloads left before the stream stops being bulk: set by a large payload
+    /// ([`BULK_PAYLOAD`]), counted down by each small one ([`BULK_SMALL_FRAMES`]);
+    /// while not 0, read ahead little.
+    bulk: u8,
     /// Payload bytes copied out of the staging buffer (the rest was read in place).
     copied: u64,
 }
@@ -172,7 +178,7 @@ impl Rx {
             start: 0,
             end: 0,
             state: State::Header,
-            bulk: false,
+            bulk: 0,
             copied: 0,
         }
     }
@@ -181,11 +187,21 @@ impl Rx {
     /// read (a full buffer); after a large payload only a little, so that the next large
     /// payload is read straight into place instead of staged and copied.
     fn read_limit(&self) -> usize {
-        if self.bulk {
+        if self.bulk > 0 {
             BULK_READ_AHEAD
         } else {
             STAGE_LEN
         }
+    }
+
+    /// A payload of `len` (> 0) bytes started: a large one makes the stream bulk, a
+    /// small one counts it down.
+    fn count_payload(&mut self, len: u32) {
+        self.bulk = if len >= BULK_PAYLOAD {
+            BULK_SMALL_FRAMES
+        } else {
+            self.bulk.saturating_sub(1)
+        };
     }
 
     fn staged(&self) -> usize {
@@ -393,12 +409,12 @@ impl Rx {
             Ok(None) if staged => {
                 self.copied += len as u64;
                 self.start += len;
-                self.bulk = op.len >= BULK_PAYLOAD;
+                self.count_payload(op.len);
                 self.state = State::Header;
                 None
             }
             Ok(Some(dest)) if dest.len() == len && len > 0 => {
-                self.bulk = op.len >= BULK_PAYLOAD;
+                self.count_payload(op.len);
                 self.state = State::Payload { op, dest, done: 0 };
                 None
             }

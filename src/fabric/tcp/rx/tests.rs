@@ -120,7 +120,7 @@ fn after_a_large_payload_reads_stay_short() {
         ));
     };
     progress(&mut s);
-    assert!(s.rx.bulk, "a 20 KB payload makes the stream bulk");
+    assert!(s.rx.bulk > 0, "a 20 KB payload makes the stream bulk");
     // The next large payload and a small frame: only a little is read ahead into the
     // staging buffer, the rest of the large payload goes straight into place.
     write_frame(&mut s.peer, write_op(2, &dst, 32_768, len, None), &large);
@@ -132,7 +132,11 @@ fn after_a_large_payload_reads_stay_short() {
         copied <= (BULK_READ_AHEAD + small.len()) as u64,
         "{copied} payload bytes went through the staging buffer"
     );
-    assert!(!s.rx.bulk, "a small payload ends bulk mode");
+    assert_eq!(
+        s.rx.bulk,
+        BULK_SMALL_FRAMES - 1,
+        "a small payload counts bulk mode down"
+    );
     let mut out = vec![0u8; large.len()];
     for at in [0, 32_768] {
         dst.read_at(at, &mut out);
@@ -142,6 +146,82 @@ fn after_a_large_payload_reads_stay_short() {
     dst.read_at(65_536, &mut out);
     assert_eq!(out, small);
     assert_eq!(s.qp.take_ack(), Some(3));
+}
+
+/// Large READ responses one after another: each one's data, then its small frames (a
+/// zero-length SEND_WITH_INV and an 8-byte SEND_WITH_IMM). The small frames keep the
+/// stream bulk, so every response's data is read into place, not through the staging
+/// buffer; a run of small payloads alone ends bulk mode.
+#[test]
+fn small_frames_between_large_payloads_keep_the_stream_bulk() {
+    let mut s = setup();
+    let dst = s.table.register_buf(MemBuf::zeroed(1 << 20), RW).unwrap();
+    let large: Vec<u8> = (0..20_000u32).map(|i| (i % 249) as u8).collect();
+    let rbuf = s.table.register_buf(MemBuf::zeroed(4096), RW).unwrap();
+    let len = large.len() as u32;
+    let progress = |s: &mut Setup| {
+        let stop =
+            s.rx.progress(&mut s.ours, &mut s.qp, &mut ReadGate::default());
+        assert!(matches!(stop, RxStop::Idle), "{stop:?}");
+    };
+    write_frame(&mut s.peer, write_op(1, &dst, 0, len, None), &large);
+    progress(&mut s);
+    assert_eq!(s.rx.bulk, BULK_SMALL_FRAMES);
+    // Each response arrives after the previous one was read (the socket empty between
+    // them, as a READ at a time finds it).
+    let mut seq = 2;
+    let mut copied = 0;
+    for round in 0..3u64 {
+        let recvs: Vec<RecvWr> = (0..2)
+            .map(|k| RecvWr {
+                wr_id: round * 2 + k,
+                sge: Some(rbuf.sge(16 * (round * 2 + k) as usize, 16)),
+            })
+            .collect();
+        s.qp.post_recv(&recvs).unwrap();
+        let rsp = Header {
+            seq: seq + 2,
+            imm: 7,
+            len: 8,
+            ..Header::new(Opcode::SendWithImm)
+        };
+        let inv = Header {
+            seq: seq + 1,
+            ..Header::new(Opcode::Send)
+        };
+        let at = 32_768 * (round as usize + 1);
+        write_frame(&mut s.peer, write_op(seq, &dst, at, len, None), &large);
+        write_frame(&mut s.peer, inv, &[]);
+        write_frame(&mut s.peer, rsp, b"rkey-rsp");
+        seq += 3;
+        let before = s.rx.copied;
+        progress(&mut s);
+        copied += s.rx.copied - before;
+    }
+    // Per response at most the read-ahead of a large payload, and the 8-byte frame.
+    assert!(
+        copied <= 3 * (BULK_READ_AHEAD as u64 + 8),
+        "{copied} payload bytes of three responses went through the staging buffer"
+    );
+    assert_eq!(s.qp.take_ack(), Some(seq - 1), "every frame executed");
+    let mut out = vec![0u8; large.len()];
+    for round in 0..3 {
+        dst.read_at(32_768 * (round + 1), &mut out);
+        assert!(out == large, "response {round}'s data corrupted");
+    }
+    assert_eq!(
+        s.rx.bulk,
+        BULK_SMALL_FRAMES - 1,
+        "after the last 8-byte frame"
+    );
+    // Small payloads alone: bulk mode ends after BULK_SMALL_FRAMES of them.
+    for _ in 0..BULK_SMALL_FRAMES {
+        write_frame(&mut s.peer, write_op(seq, &dst, 0, 64, None), &large[..64]);
+        seq += 1;
+    }
+    progress(&mut s);
+    assert_eq!(s.rx.bulk, 0, "small payloads alone end bulk mode");
+    assert_eq!(s.qp.take_ack(), Some(seq - 1));
 }
 
 #[test]
