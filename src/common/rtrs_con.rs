@@ -20,6 +20,10 @@
 //! anything is posted: the caller queues it and retries after polling (the kernel's
 //! `rsp_wr_wait_list`). Nothing here allocates after construction.
 //!
+//! Unsignaled LOCAL_INVs and REG_MRs at the head of a chain are done at once where the
+//! fabric can ([`Conn::local_now`]: the software fabrics, where a posted one takes
+//! effect at post anyway) and take no slot; the rest of the chain is posted.
+//!
 //! # On a core's shared completion queue
 //! A `RtrsCon` made with [`RtrsCon::on_shared_cq`] does not poll a CQ of its own: the core polls
 //! its shared CQ once per loop, finds each completion's connection by `qp_num` and has
@@ -31,7 +35,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use crate::fabric::{
-    CmEvent, Conn, ConnState, FastMr, PostError, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
+    CmEvent, Conn, ConnState, PostError, RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
 };
 
 /// Receives posted per `post_recv` call by [`RtrsCon::post_recv_empty`].
@@ -49,6 +53,15 @@ pub enum ConPostError {
         cid: u16,
         #[source]
         source: PostError,
+    },
+    /// The local operation at `index` of the chain, done at once
+    /// ([`Conn::local_now`]), failed with `status`: the connection is broken; the
+    /// requests before it were done, none after it posted.
+    #[error("connection cid {cid}: local operation {index} of the chain failed: {status:?}")]
+    Local {
+        cid: u16,
+        index: usize,
+        status: WcStatus,
     },
 }
 
@@ -206,21 +219,16 @@ impl RtrsCon {
         self.conn.disconnect();
     }
 
-    /// Retires `slot`'s key at once where the fabric can without a work request
-    /// (`Conn::invalidate_now`: the software fabrics); `None`: post a LOCAL_INV. Takes no
-    /// send slot and touches no signaling account.
-    pub fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
-        self.conn.invalidate_now(slot)
-    }
-
     /// Posts a chain of send work requests, choosing which are signaled (see the module
     /// doc). The chain is copied (inline up to 8 requests) to set the flags; the data
     /// path uses [`post_chain`](Self::post_chain), which sets them in place.
     ///
     /// # Errors
     /// [`ConPostError::Budget`] when the chain does not fit the free slots (nothing is
-    /// posted); [`ConPostError::Post`] when the fabric refuses (requests before the
-    /// error's index were posted and are accounted for).
+    /// posted); [`ConPostError::Local`] when a local operation done at once failed;
+    /// [`ConPostError::Post`] when the fabric refuses (requests before the error's index
+    /// of what was posted, after the local operations done at once, were posted and are
+    /// accounted for).
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), ConPostError> {
         let mut chain: SmallVec<[SendWr<'_>; 8]> = SmallVec::from_slice(wrs);
         self.post_chain(&mut chain)
@@ -232,9 +240,6 @@ impl RtrsCon {
     /// # Errors
     /// As [`post_send`](Self::post_send).
     pub fn post_chain(&mut self, chain: &mut [SendWr<'_>]) -> Result<(), ConPostError> {
-        let Some(last) = chain.len().checked_sub(1) else {
-            return Ok(());
-        };
         if chain.len() > self.sq_avail as usize {
             return Err(ConPostError::Budget {
                 cid: self.cid,
@@ -242,6 +247,31 @@ impl RtrsCon {
                 avail: self.sq_avail,
             });
         }
+        // Unsignaled LOCAL_INVs and REG_MRs at the head of the chain are done at once
+        // where the fabric can, with no work request (`Conn::local_now`; docs/
+        // ARCHITECTURE.md, "always_invalidate on the software fabrics"): what posting
+        // them first would do. One behind a wire operation is posted, to wait its turn.
+        let mut first = 0;
+        while let Some(wr) = chain.get(first) {
+            if wr.signaled || !matches!(wr.op, SendOp::LocalInv { .. } | SendOp::RegMr { .. }) {
+                break;
+            }
+            match self.conn.local_now(&wr.op) {
+                None => break,
+                Some(Ok(())) => first += 1,
+                Some(Err(status)) => {
+                    return Err(ConPostError::Local {
+                        cid: self.cid,
+                        index: first,
+                        status,
+                    })
+                }
+            }
+        }
+        let chain = &mut chain[first..];
+        let Some(last) = chain.len().checked_sub(1) else {
+            return Ok(());
+        };
         // One pass sets the flags and accounts the whole chain as posted (the usual
         // case); a refused post rolls back to the prefix the fabric accepted.
         let (pending0, avail0, credits0) = (self.pending, self.sq_avail, self.credits.len());
@@ -348,7 +378,10 @@ mod tests {
     use crate::fabric::{Fabric, QpCaps, WcStatus};
 
     fn pair(send_wr: u32) -> (RtrsCon, RtrsCon) {
-        let f = LoopbackFabric::new();
+        pair_on(&LoopbackFabric::new(), send_wr)
+    }
+
+    fn pair_on(f: &LoopbackFabric, send_wr: u32) -> (RtrsCon, RtrsCon) {
         let mut l = f
             .listen("127.0.0.1:0".parse().unwrap(), &ListenOptions::default())
             .unwrap();
@@ -376,6 +409,67 @@ mod tests {
         }
         assert!(est, "client never established");
         (RtrsCon::new(0, c, 512), s)
+    }
+
+    /// Unsignaled LOCAL_INVs and REG_MRs at the head of a chain are done at once where
+    /// the fabric can (the loopback): no send slot; behind a wire operation, or signaled,
+    /// they are posted and take one.
+    #[test]
+    fn local_operations_at_the_head_of_a_chain_take_no_slot() {
+        let f = LoopbackFabric::new();
+        let (mut c, _s) = pair_on(&f, 64);
+        let region = f
+            .register(
+                crate::fabric::MemBuf::zeroed(4096),
+                crate::fabric::Access::LOCAL_WRITE | crate::fabric::Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        let slot = f.alloc_fast_mr(crate::fabric::KeyScope::Domain).unwrap();
+        let bind = |rkey| SendWr {
+            wr_id: 1,
+            op: SendOp::RegMr {
+                slot: &slot,
+                region: &region,
+                addr: region.addr(),
+                len: 4096,
+                access: crate::fabric::Access::REMOTE_WRITE,
+                rkey,
+            },
+            sges: &[],
+            signaled: false,
+        };
+        let inv = |signaled| SendWr {
+            wr_id: 2,
+            op: SendOp::LocalInv { slot: &slot },
+            sges: &[],
+            signaled,
+        };
+        let send = SendWr::imm_only(3, 7);
+        let avail = c.sq_avail();
+        let k1 = crate::fabric::next_rkey(slot.rkey());
+        c.post_chain(&mut [bind(k1), send]).unwrap();
+        assert_eq!(slot.rkey(), k1);
+        assert_eq!(
+            avail - c.sq_avail(),
+            1,
+            "the REG_MR at the head took no slot"
+        );
+        c.post_chain(&mut [inv(false)]).unwrap();
+        assert_eq!(avail - c.sq_avail(), 1, "nor an invalidation alone");
+        let k2 = crate::fabric::next_rkey(k1);
+        c.post_chain(&mut [send, bind(k2)]).unwrap();
+        assert_eq!(slot.rkey(), k2);
+        assert_eq!(
+            avail - c.sq_avail(),
+            3,
+            "behind a wire operation it is posted"
+        );
+        c.post_chain(&mut [inv(true)]).unwrap();
+        assert_eq!(avail - c.sq_avail(), 4, "a signaled one is posted");
+        // A failure done at once is the connection's end, named as such.
+        let e = c.post_chain(&mut [inv(false), send]).unwrap_err();
+        assert!(matches!(e, ConPostError::Local { index: 0, .. }), "{e}");
+        assert_eq!(avail - c.sq_avail(), 4, "nothing after it posted");
     }
 
     #[test]

@@ -802,16 +802,19 @@ pub trait Conn: Send {
     /// [`PostError`] with the index of the first receive not accepted.
     fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError>;
 
-    /// Retires `slot`'s current rkey now, as a LOCAL_INV posted on this connection
-    /// does where local operations take effect at post
+    /// Does the local operation `op` (a [`SendOp::LocalInv`] or [`SendOp::RegMr`]) now,
+    /// as posting it on this connection does where local operations take effect at post
     /// ([`FabricCaps::local_ops_at_post`]), but without a work request: no send-queue
-    /// slot, no completion, nothing counted toward a signaling interval. `Some(Ok(()))`:
-    /// the key is retired; `Some(Err(status))`: what the LOCAL_INV's completion would
-    /// have reported, with the same effect on the connection (a failure other than a
-    /// flush breaks it). `None` (the default, verbs): no such path here (a connection
-    /// held by another thread included), post the LOCAL_INV.
-    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
-        let _ = slot;
+    /// slot, no completion, nothing counted toward a signaling interval.
+    /// `Some(Ok(()))`: done (the key retired, or bound with the slot's new rkey);
+    /// `Some(Err(status))`: what the operation's completion would have reported, with
+    /// the same effect on the connection (a failure other than a flush breaks it).
+    /// `None`: not done, post it: the default (verbs), a connection held by another
+    /// thread, any other operation, and a REG_MR that has to wait its turn in the send
+    /// queue (an operation posted before it still reads the memory it exposes, or an
+    /// earlier REG_MR still waits).
+    fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
+        let _ = op;
         None
     }
 

@@ -194,27 +194,9 @@ impl Requests {
         // Where the post itself retires the key (docs/ARCHITECTURE.md, "always_invalidate
         // on the software fabrics") the request goes on at once and its completion is not
         // asked for: a failure completes all the same, and one the connection's signaling
-        // interval asks for finds the request past this stage. There the fabric retires
-        // it without a work request at all where it can.
+        // interval asks for finds the request past this stage (and `RtrsCon::post_chain`
+        // does an unsignaled LOCAL_INV without a work request where the fabric can).
         let at_post = env.sh.inv_at_post;
-        if at_post {
-            let done = match self.ops.get(idx).path.as_ref() {
-                Some(path) => slot.con.invalidate_now(&path.mrs[buf_id]),
-                None => return true,
-            };
-            match done {
-                Some(Ok(())) => {
-                    self.after_inv(cx, env, idx);
-                    return true;
-                }
-                Some(Err(status)) => {
-                    self.ops.end(idx, false);
-                    env.close(cx, i, format_args!("LOCAL_INV of chunk key: {status:?}"));
-                    return true;
-                }
-                None => {}
-            }
-        }
         let posted = {
             let Some(path) = self.ops.get(idx).path.as_ref() else {
                 return true;

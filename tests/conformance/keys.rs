@@ -199,40 +199,51 @@ pub fn local_ops_take_effect_at_post(b: &dyn Backend) {
     write_refused(&mut p, &region, 0, r1);
 }
 
-/// `Conn::invalidate_now`: where local operations take effect at post, a slot's key is
-/// retired at once with no work request (no completion follows it; the next REG_MR's is
-/// the first), the slot binds again, and a slot that is not bound fails as a LOCAL_INV
-/// of it would, breaking the connection. Elsewhere there is no such path.
-pub fn invalidate_now_retires_key_without_a_work_request(b: &dyn Backend) {
+/// `Conn::local_now`: where local operations take effect at post, a slot is bound and
+/// its key retired at once with no work request (no completion follows either; the next
+/// posted REG_MR's is the first), a write through the key works in between and is
+/// refused after, and a slot that is not bound fails as a LOCAL_INV of it would,
+/// breaking the connection. Elsewhere there is no such path.
+pub fn local_ops_done_at_once_without_a_work_request(b: &dyn Backend) {
     for scope in SCOPES {
         let mut p = connect(b);
         let slot = slot(&p, scope);
+        let region = p.server.reg(8192, RW);
+        let r1 = inc_rkey(slot.rkey());
+        let reg = |rkey, offset: u64| SendOp::RegMr {
+            slot: &slot,
+            region: &region,
+            addr: region.addr() + offset,
+            len: 4096,
+            access: RW,
+            rkey,
+        };
         if !p.server.fabric.caps().local_ops_at_post {
-            assert_eq!(p.server.conn.invalidate_now(&slot), None);
+            assert_eq!(p.server.conn.local_now(&reg(r1, 0)), None);
+            assert_eq!(
+                p.server.conn.local_now(&SendOp::LocalInv { slot: &slot }),
+                None
+            );
             return;
         }
-        let region = p.server.reg(8192, RW);
-        let r1 = bind(&mut p, &slot, &region, 0, 4096, 1);
+        assert_eq!(
+            p.server.conn.local_now(&reg(r1, 0)),
+            Some(Ok(())),
+            "{scope:?}"
+        );
+        assert_eq!(slot.rkey(), r1);
         write_ok(&mut p, &region, 0, r1, 7);
         assert_eq!(
-            p.server.conn.invalidate_now(&slot),
+            p.server.conn.local_now(&SendOp::LocalInv { slot: &slot }),
             Some(Ok(())),
             "{scope:?}"
         );
         let r2 = inc_rkey(r1);
-        let op = SendOp::RegMr {
-            slot: &slot,
-            region: &region,
-            addr: region.addr() + 4096,
-            len: 4096,
-            access: RW,
-            rkey: r2,
-        };
-        p.server.post_send(&[wr(3, op, &[])]);
+        p.server.post_send(&[wr(3, reg(r2, 4096), &[])]);
         let wc = next_wc(
             &mut p.server,
             &mut p.client,
-            "the REG_MR after the invalidation",
+            "the REG_MR after the local ones",
         );
         assert_eq!(wc.wr_id, 3, "a completion before the REG_MR's: {wc:?}");
         expect(&wc, WcStatus::Success, WcOpcode::RegMr, "REG_MR");
@@ -242,7 +253,9 @@ pub fn invalidate_now_retires_key_without_a_work_request(b: &dyn Backend) {
         let mut p = connect(b);
         let unbound = self::slot(&p, scope);
         assert_eq!(
-            p.server.conn.invalidate_now(&unbound),
+            p.server
+                .conn
+                .local_now(&SendOp::LocalInv { slot: &unbound }),
             Some(Err(WcStatus::LocalQpOperation)),
             "a slot never bound ({scope:?})"
         );

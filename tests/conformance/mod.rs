@@ -199,7 +199,7 @@ macro_rules! conformance_tests {
             keys::reg_mr_binds_new_rkey,
             keys::local_inv_retires_rkey,
             keys::local_ops_take_effect_at_post,
-            keys::invalidate_now_retires_key_without_a_work_request,
+            keys::local_ops_done_at_once_without_a_work_request,
             keys::send_with_inv_retires_peer_rkey,
             keys::send_with_inv_of_unknown_rkey_is_refused,
             keys::send_with_inv_of_a_domain_key_is_refused,

@@ -30,7 +30,7 @@ use super::rq::{execute_at_post, AtPost, RecvQueue};
 use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{recv_error, Handed, InboundError, MrTable, PostedRecv, SoftQp};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, FastMr, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr,
+    CmEvent, Conn, ConnState, PostError, PostErrorKind, PrivateData, QpCaps, RecvWr, SendOp,
     SendWr, Wc, WcStatus,
 };
 
@@ -467,14 +467,14 @@ impl End {
 
 impl Conn for LoopbackConn {
     /// Not a post: an injected post refusal (`Faults::fail_posts`) does not count it.
-    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
+    fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
         let (end, link) = (&mut self.end, &*self.link);
         end.check_broken(link);
-        let done = end.qp.invalidate_now(slot);
-        if done.is_err() {
+        let done = end.qp.local_now(op);
+        if matches!(done, Some(Err(_))) {
             end.publish(link);
         }
-        Some(done)
+        done
     }
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {

@@ -57,8 +57,8 @@ use super::MrTable;
 use crate::fabric::cq::{thread_token, OwnedByThread, ThreadToken};
 use crate::fabric::SetupCause;
 use crate::fabric::{
-    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, FastMr,
-    PostError, PostErrorKind, QpCaps, RecvWr, SendWr, Wc, WcStatus,
+    CmEvent, Conn, ConnState, Cq, CqBackend, CqEvent, CqRef, FabricError, FabricKind, PostError,
+    PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcStatus,
 };
 use crate::sync::lock;
 
@@ -698,8 +698,8 @@ impl<T: Member> Conn for CqConn<T> {
         self.with(|c| c.post_recv(wrs)).unwrap_or(Err(WRONG_THREAD))
     }
 
-    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
-        self.with(|c| c.invalidate_now(slot)).flatten()
+    fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
+        self.with(|c| c.local_now(op)).flatten()
     }
 
     fn poll_cq(&mut self, _wcs: &mut [Wc]) -> usize {

@@ -56,8 +56,8 @@ use std::sync::Arc;
 
 use super::table::{Leases, MemRef, MrTable, PendingBind};
 use crate::fabric::{
-    Access, ConnState, FastMr, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc,
-    WcOpcode, WcStatus,
+    Access, ConnState, PostError, PostErrorKind, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
+    WcStatus,
 };
 
 /// What a wire operation does at the responder.
@@ -559,23 +559,51 @@ impl SoftQp {
         Ok(())
     }
 
-    /// A LOCAL_INV of `slot` done at once, with no send-queue slot and no completion
-    /// (`Conn::invalidate_now`): what [`SoftQp::push_send`] does for a posted one, whose
-    /// effect is at post too.
-    ///
-    /// # Errors
-    /// The status the LOCAL_INV would complete with: `WrFlush` on a broken connection;
-    /// `LocalQpOperation` for a slot of another table or not bound, which breaks the
-    /// connection as a failed local operation does.
-    pub fn invalidate_now(&mut self, slot: &FastMr) -> Result<(), WcStatus> {
-        if self.state != ConnState::Connected {
-            return Err(WcStatus::WrFlush);
-        }
-        if self.table.invalidate_slot(slot).is_err() {
+    /// A LOCAL_INV or REG_MR done at once, with no send-queue slot and no completion
+    /// (`Conn::local_now`): what [`SoftQp::push_send`] does for a posted one, whose
+    /// effect is at post too. `Some(Err(status))` is the status the operation would
+    /// complete with: `WrFlush` on a broken connection; a failed check (a slot or region
+    /// of another table, a slot not bound or already bound, a range outside the region)
+    /// breaks the connection as a failed local operation does. `None` for a REG_MR that
+    /// must wait (as [`SoftQp::push_send`] makes it wait: bytes posted before it still
+    /// read the range; or an earlier REG_MR waits, and bindings go in order) and for any
+    /// other operation: post it.
+    pub fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
+        let done = match *op {
+            SendOp::LocalInv { .. } | SendOp::RegMr { .. }
+                if self.state != ConnState::Connected =>
+            {
+                return Some(Err(WcStatus::WrFlush));
+            }
+            SendOp::LocalInv { slot } => self
+                .table
+                .invalidate_slot(slot)
+                .map_err(|()| WcStatus::LocalQpOperation),
+            SendOp::RegMr {
+                slot,
+                region,
+                addr,
+                len,
+                access,
+                rkey,
+            } => {
+                let range = (addr, addr.saturating_add(u64::from(len)));
+                if self.binds_waiting > 0 || self.earlier_bytes_pending(self.sq_len, range) {
+                    return None;
+                }
+                self.table
+                    .check_bind(slot, region, addr, len, access, rkey)
+                    .and_then(|b| {
+                        slot.set_rkey(rkey);
+                        self.table.apply_bind(&b, self.qp_num)
+                    })
+            }
+            _ => return None,
+        };
+        if done.is_err() {
             self.break_now();
-            return Err(WcStatus::LocalQpOperation);
         }
-        Ok(())
+        Some(done)
     }
 
     /// Moves the send requests completed at post time to the CQ. Every earlier change

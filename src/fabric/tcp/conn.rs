@@ -33,7 +33,7 @@ use super::tx::Tx;
 use crate::fabric::soft::cq::Member;
 use crate::fabric::soft::{MrTable, SoftQp, WireKind, WireOp};
 use crate::fabric::{
-    CmEvent, Conn, ConnState, FastMr, PostError, PrivateData, Psk, QpCaps, RecvWr, SendWr, Wc,
+    CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendOp, SendWr, Wc,
     WcStatus,
 };
 
@@ -654,8 +654,8 @@ impl Conn for TcpConn {
         self.qp.post_recv(wrs)
     }
 
-    fn invalidate_now(&mut self, slot: &FastMr) -> Option<Result<(), WcStatus>> {
-        Some(self.qp.invalidate_now(slot))
+    fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
+        self.qp.local_now(op)
     }
 
     fn poll_cq(&mut self, wcs: &mut [Wc]) -> usize {

@@ -588,6 +588,98 @@ fn local_invalidate_of_an_unbound_slot_fails_and_breaks() {
     assert_eq!(p.a.state(), ConnState::Disconnected);
 }
 
+/// `SoftQp::local_now`: a REG_MR and a LOCAL_INV done at once have the effect a posted
+/// one has at post, with no send slot and no completion; a REG_MR that a posted one
+/// would make wait (bytes still to leave the range it exposes, or an earlier REG_MR
+/// waiting) and any other operation are left to be posted (`None`); a failed check
+/// breaks the connection as a failed posted one does.
+#[test]
+fn local_operations_done_at_once_as_posted_ones_are_at_post() {
+    let mut p = pair(QpCaps::default());
+    let chunk = buf(&p, 8192, RW);
+    let dst = buf(&p, 8192, RW);
+    let (slots, keys) = slots_with_next_keys(&p, 3);
+    let bind = |i: usize, region: &'static str| {
+        let r = if region == "chunk" { &chunk } else { &dst };
+        SendOp::RegMr {
+            slot: &slots[i],
+            region: r,
+            addr: r.addr(),
+            len: 4096,
+            access: RW,
+            rkey: keys[i],
+        }
+    };
+    assert_eq!(p.b.local_now(&bind(0, "chunk")), Some(Ok(())));
+    assert_eq!(slots[0].rkey(), keys[0]);
+    assert!(writable(&p.table, keys[0], &chunk), "bound at once");
+    assert_eq!(
+        p.b.local_now(&SendOp::LocalInv { slot: &slots[0] }),
+        Some(Ok(()))
+    );
+    assert!(!writable(&p.table, keys[0], &chunk), "retired at once");
+    assert!(drain(&mut p.b).is_empty(), "no completion for either");
+    assert!(!p.b.has_outbound(), "no send slot for either");
+    assert_eq!(p.b.local_now(&SendOp::Send), None, "not a local operation");
+
+    // An RDMA WRITE from the chunk not yet handed over: a REG_MR exposing the chunk
+    // must wait for its bytes, one exposing other memory need not.
+    let src = [chunk.sge(0, 64)];
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr() + 4096,
+        rkey: dst.rkey(),
+    };
+    p.b.post_send(&[wr(1, write, &src, false)]).unwrap();
+    assert_eq!(
+        p.b.local_now(&bind(1, "chunk")),
+        None,
+        "bytes still in the chunk"
+    );
+    assert!(!writable(&p.table, keys[1], &chunk));
+    assert_eq!(p.b.local_now(&bind(2, "dst")), Some(Ok(())), "other memory");
+    assert!(writable(&p.table, keys[2], &dst));
+    // Posted, the chunk's REG_MR waits; a REG_MR behind it, whatever it exposes, too.
+    p.b.post_send(&[wr(2, bind(1, "chunk"), &[], false)])
+        .unwrap();
+    assert_eq!(
+        p.b.local_now(&SendOp::LocalInv { slot: &slots[2] }),
+        Some(Ok(())),
+        "an invalidation does not wait"
+    );
+    let (more_slots, more_keys) = slots_with_next_keys(&p, 1);
+    let other = SendOp::RegMr {
+        slot: &more_slots[0],
+        region: &dst,
+        addr: dst.addr(),
+        len: 64,
+        access: RW,
+        rkey: more_keys[0],
+    };
+    assert_eq!(p.b.local_now(&other), None, "an earlier REG_MR waits");
+    assert_eq!(pump(&mut p.b, &mut p.a).0, 1, "the WRITE");
+    p.b.sent_left();
+    assert!(
+        writable(&p.table, keys[1], &chunk),
+        "made once the bytes left"
+    );
+    assert_eq!(p.b.local_now(&other), Some(Ok(())), "nothing waits now");
+    assert_eq!(p.b.state(), ConnState::Connected);
+
+    // A slot bound already: the REG_MR fails and breaks the connection.
+    assert_eq!(
+        p.b.local_now(&other),
+        Some(Err(WcStatus::LocalQpOperation)),
+        "rebinding a bound slot"
+    );
+    assert_eq!(p.b.state(), ConnState::Disconnected);
+    assert_eq!(
+        p.b.local_now(&SendOp::LocalInv { slot: &slots[1] }),
+        Some(Err(WcStatus::WrFlush)),
+        "nothing is done on a broken connection"
+    );
+    assert!(writable(&p.table, keys[1], &chunk), "and the key stays");
+}
+
 #[test]
 fn fail_flushes_transmitted_but_unacked_sends() {
     let mut p = pair(QpCaps::default());
