@@ -599,18 +599,8 @@ fn local_operations_done_at_once_as_posted_ones_are_at_post() {
     let chunk = buf(&p, 8192, RW);
     let dst = buf(&p, 8192, RW);
     let (slots, keys) = slots_with_next_keys(&p, 3);
-    let bind = |i: usize, region: &'static str| {
-        let r = if region == "chunk" { &chunk } else { &dst };
-        SendOp::RegMr {
-            slot: &slots[i],
-            region: r,
-            addr: r.addr(),
-            len: 4096,
-            access: RW,
-            rkey: keys[i],
-        }
-    };
-    assert_eq!(p.b.local_now(&bind(0, "chunk")), Some(Ok(())));
+    let bind = |i: usize, region| bind_4k(&slots[i], region, keys[i]);
+    assert_eq!(p.b.local_now(&bind(0, &chunk)), Some(Ok(())));
     assert_eq!(slots[0].rkey(), keys[0]);
     assert!(writable(&p.table, keys[0], &chunk), "bound at once");
     assert_eq!(
@@ -631,15 +621,15 @@ fn local_operations_done_at_once_as_posted_ones_are_at_post() {
     };
     p.b.post_send(&[wr(1, write, &src, false)]).unwrap();
     assert_eq!(
-        p.b.local_now(&bind(1, "chunk")),
+        p.b.local_now(&bind(1, &chunk)),
         None,
         "bytes still in the chunk"
     );
     assert!(!writable(&p.table, keys[1], &chunk));
-    assert_eq!(p.b.local_now(&bind(2, "dst")), Some(Ok(())), "other memory");
+    assert_eq!(p.b.local_now(&bind(2, &dst)), Some(Ok(())), "other memory");
     assert!(writable(&p.table, keys[2], &dst));
     // Posted, the chunk's REG_MR waits; a REG_MR behind it, whatever it exposes, too.
-    p.b.post_send(&[wr(2, bind(1, "chunk"), &[], false)])
+    p.b.post_send(&[wr(2, bind(1, &chunk), &[], false)])
         .unwrap();
     assert_eq!(
         p.b.local_now(&SendOp::LocalInv { slot: &slots[2] }),
