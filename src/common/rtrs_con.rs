@@ -374,8 +374,8 @@ impl RtrsCon {
 mod tests {
     use super::*;
     use crate::fabric::loopback::LoopbackFabric;
+    use crate::fabric::{next_rkey, Access, Fabric, KeyScope, MemBuf, QpCaps, WcStatus};
     use crate::fabric::{ConnectOptions, ListenOptions};
-    use crate::fabric::{Fabric, QpCaps, WcStatus};
 
     fn pair(send_wr: u32) -> (RtrsCon, RtrsCon) {
         pair_on(&LoopbackFabric::new(), send_wr)
@@ -420,11 +420,11 @@ mod tests {
         let (mut c, _s) = pair_on(&f, 64);
         let region = f
             .register(
-                crate::fabric::MemBuf::zeroed(4096),
-                crate::fabric::Access::LOCAL_WRITE | crate::fabric::Access::REMOTE_WRITE,
+                MemBuf::zeroed(4096),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
             )
             .unwrap();
-        let slot = f.alloc_fast_mr(crate::fabric::KeyScope::Domain).unwrap();
+        let slot = f.alloc_fast_mr(KeyScope::Domain).unwrap();
         let bind = |rkey| SendWr {
             wr_id: 1,
             op: SendOp::RegMr {
@@ -432,7 +432,7 @@ mod tests {
                 region: &region,
                 addr: region.addr(),
                 len: 4096,
-                access: crate::fabric::Access::REMOTE_WRITE,
+                access: Access::REMOTE_WRITE,
                 rkey,
             },
             sges: &[],
@@ -446,7 +446,7 @@ mod tests {
         };
         let send = SendWr::imm_only(3, 7);
         let avail = c.sq_avail();
-        let k1 = crate::fabric::next_rkey(slot.rkey());
+        let k1 = next_rkey(slot.rkey());
         c.post_chain(&mut [bind(k1), send]).unwrap();
         assert_eq!(slot.rkey(), k1);
         assert_eq!(
@@ -456,7 +456,7 @@ mod tests {
         );
         c.post_chain(&mut [inv(false)]).unwrap();
         assert_eq!(avail - c.sq_avail(), 1, "nor an invalidation alone");
-        let k2 = crate::fabric::next_rkey(k1);
+        let k2 = next_rkey(k1);
         c.post_chain(&mut [send, bind(k2)]).unwrap();
         assert_eq!(slot.rkey(), k2);
         assert_eq!(

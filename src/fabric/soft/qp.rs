@@ -366,6 +366,56 @@ struct InProgress {
 /// An empty [`SoftQp::src_span`].
 const NO_SPAN: (u64, u64) = (u64::MAX, 0);
 
+/// What a LOCAL_INV or REG_MR does at post on queue pair `qp_num` (a posted one in
+/// [`SoftQp::push_send`], one done at once in [`SoftQp::local_now`]).
+enum Local {
+    /// Done, with this status (a failure breaks the connection: the caller's part).
+    Done(WcStatus),
+    /// A REG_MR checked, its key on the slot, to be made once the bytes posted before it
+    /// have left their sources.
+    Wait(PendingBind),
+}
+
+/// The effect of the local operation `op` (anything else fails as a local operation
+/// that cannot be done). A REG_MR exposes its range to the peer: as a NIC's ordered send
+/// queue does, it takes effect only once the operations posted before it have taken
+/// their bytes out of their sources (a READ response's RDMA WRITE from the very chunk
+/// being rebound, say), at once when none is waiting (`wait` false).
+fn local_effect(table: &Arc<MrTable>, qp_num: u32, op: &SendOp<'_>, wait: bool) -> Local {
+    Local::Done(match *op {
+        SendOp::LocalInv { slot } => match table.invalidate_slot(slot) {
+            Ok(()) => WcStatus::Success,
+            Err(()) => WcStatus::LocalQpOperation,
+        },
+        SendOp::RegMr {
+            slot,
+            region,
+            addr,
+            len,
+            access,
+            rkey,
+        } => match table.check_bind(slot, region, addr, len, access, rkey) {
+            Err(status) => status,
+            Ok(b) => {
+                slot.set_rkey(rkey);
+                if wait {
+                    return Local::Wait(b);
+                }
+                match table.apply_bind(&b, qp_num) {
+                    Ok(()) => WcStatus::Success,
+                    Err(status) => status,
+                }
+            }
+        },
+        _ => WcStatus::LocalQpOperation,
+    })
+}
+
+/// The end of the range `[addr, addr + len)` a REG_MR exposes.
+fn end(addr: u64, len: u32) -> u64 {
+    addr.saturating_add(u64::from(len))
+}
+
 /// Widens `span` to cover the bytes of `src`.
 fn widen(span: &mut (u64, u64), src: &MemRef) {
     let a = src.as_ptr() as u64;
@@ -561,49 +611,36 @@ impl SoftQp {
 
     /// A LOCAL_INV or REG_MR done at once, with no send-queue slot and no completion
     /// (`Conn::local_now`): what [`SoftQp::push_send`] does for a posted one, whose
-    /// effect is at post too. `Some(Err(status))` is the status the operation would
-    /// complete with: `WrFlush` on a broken connection; a failed check (a slot or region
-    /// of another table, a slot not bound or already bound, a range outside the region)
-    /// breaks the connection as a failed local operation does. `None` for a REG_MR that
-    /// must wait (as [`SoftQp::push_send`] makes it wait: bytes posted before it still
-    /// read the range; or an earlier REG_MR waits, and bindings go in order) and for any
-    /// other operation: post it.
+    /// effect is at post too ([`local_effect`], shared by the two). `Some(Err(status))`
+    /// is the status the operation would complete with: `WrFlush` on a broken
+    /// connection; a failed check breaks the connection as a failed posted one does.
+    /// `None` for a REG_MR that a posted one would leave waiting (bytes posted before it
+    /// still read its range) or, more cautious than a post, one behind a REG_MR still
+    /// waiting; and for any other operation: post it.
     pub fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
-        let done = match *op {
-            SendOp::LocalInv { .. } | SendOp::RegMr { .. }
-                if self.state != ConnState::Connected =>
-            {
-                return Some(Err(WcStatus::WrFlush));
-            }
-            SendOp::LocalInv { slot } => self
-                .table
-                .invalidate_slot(slot)
-                .map_err(|()| WcStatus::LocalQpOperation),
-            SendOp::RegMr {
-                slot,
-                region,
-                addr,
-                len,
-                access,
-                rkey,
-            } => {
-                let range = (addr, addr.saturating_add(u64::from(len)));
-                if self.binds_waiting > 0 || self.earlier_bytes_pending(self.sq_len, range) {
-                    return None;
-                }
-                self.table
-                    .check_bind(slot, region, addr, len, access, rkey)
-                    .and_then(|b| {
-                        slot.set_rkey(rkey);
-                        self.table.apply_bind(&b, self.qp_num)
-                    })
+        let wait = match *op {
+            SendOp::LocalInv { .. } => false,
+            SendOp::RegMr { addr, len, .. } => {
+                self.binds_waiting > 0
+                    || self.earlier_bytes_pending(self.sq_len, (addr, end(addr, len)))
             }
             _ => return None,
         };
-        if done.is_err() {
-            self.break_now();
+        if self.state != ConnState::Connected {
+            return Some(Err(WcStatus::WrFlush));
         }
-        Some(done)
+        if wait {
+            return None;
+        }
+        match local_effect(&self.table, self.qp_num, op, false) {
+            Local::Done(WcStatus::Success) => Some(Ok(())),
+            Local::Done(status) => {
+                self.break_now();
+                Some(Err(status))
+            }
+            // Not without `wait`.
+            Local::Wait(_) => None,
+        }
     }
 
     /// Moves the send requests completed at post time to the CQ. Every earlier change
@@ -633,7 +670,7 @@ impl SoftQp {
         // A REG_MR exposing memory that an earlier operation still reads waits for it.
         let bytes_pending = match wr.op {
             SendOp::RegMr { addr, len, .. } => {
-                self.earlier_bytes_pending(i, (addr, addr.saturating_add(u64::from(len))))
+                self.earlier_bytes_pending(i, (addr, end(addr, len)))
             }
             _ => false,
         };
@@ -663,54 +700,27 @@ impl SoftQp {
                 rkey,
                 imm,
             } => (WireKind::RdmaWriteWithImm, remote_addr, rkey, imm, 0),
-            SendOp::RegMr {
-                slot: fmr,
-                region,
-                addr,
-                len,
-                access,
-                rkey,
-            } => {
-                slot.opcode = WcOpcode::RegMr;
-                if broken {
-                    slot.status = Some(WcStatus::WrFlush);
-                    return;
-                }
-                // The binding exposes its range to the peer: as a NIC's ordered send
-                // queue does, it takes effect only once the operations posted before
-                // it have taken their bytes out of their sources (a READ response's
-                // RDMA WRITE from the very chunk being rebound, say), at post when
-                // none is waiting.
-                slot.status = Some(
-                    match table.check_bind(fmr, region, addr, len, access, rkey) {
-                        Err(s) => s,
-                        Ok(b) => {
-                            fmr.set_rkey(rkey);
-                            if bytes_pending {
-                                slot.bind = Some(b);
-                                self.binds_waiting += 1;
-                                return;
-                            }
-                            match table.apply_bind(&b, qp_num) {
-                                Ok(()) => WcStatus::Success,
-                                Err(s) => s,
-                            }
-                        }
-                    },
-                );
-                self.break_on_local_error(i);
-                return;
-            }
-            SendOp::LocalInv { slot: fmr } => {
-                slot.opcode = WcOpcode::LocalInv;
-                slot.status = Some(if broken {
-                    WcStatus::WrFlush
-                } else if table.invalidate_slot(fmr).is_ok() {
-                    WcStatus::Success
+            SendOp::RegMr { .. } | SendOp::LocalInv { .. } => {
+                slot.opcode = if matches!(wr.op, SendOp::RegMr { .. }) {
+                    WcOpcode::RegMr
                 } else {
-                    WcStatus::LocalQpOperation
-                });
-                self.break_on_local_error(i);
+                    WcOpcode::LocalInv
+                };
+                let effect = if broken {
+                    Local::Done(WcStatus::WrFlush)
+                } else {
+                    local_effect(table, qp_num, &wr.op, bytes_pending)
+                };
+                match effect {
+                    Local::Wait(b) => {
+                        slot.bind = Some(b);
+                        self.binds_waiting += 1;
+                    }
+                    Local::Done(status) => {
+                        slot.status = Some(status);
+                        self.break_on_local_error(i);
+                    }
+                }
                 return;
             }
         };
