@@ -22,6 +22,9 @@ cargo fmt --check
 phase "ci/modcycles.py src plugin/src (import circles between modules)"
 python3 ci/modcycles.py --self-test
 python3 ci/modcycles.py src plugin/src
+# The interop checks' one known kernel fault is told from any other (docs/INTEROP.md).
+phase "ci/kernel-vm/faults.sh --self-test (the kernel faults the interop checks know)"
+bash ci/kernel-vm/faults.sh --self-test
 phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
 # The API docs build without a broken or private link.
