@@ -1000,8 +1000,6 @@ rxe1_back() { # NAME
 }
 # The first warning about a path in a log (-v; SPDK's log), for a row's detail.
 path_warning() { grep -m1 -E 'connecting failed|path error' "$1" | sed 's/^.*\(connecting failed\|path error\)/\1/' | cut -c1-240; }
-# A bench's path through rxe1 failed: -v logs its errors, naming the path src@dst; only
-# the lines after the first SKIP count (those from before the fault do not).
 rxe1_ups() { grep -c "path connected on rxe1" "$1"; } # LOG: the bench's rxe1 paths up so far (-vv)
 rxe1_ups_beyond() { (($(rxe1_ups "$1") > $2)); } # LOG N
 srv_rxe1_io() { # SESSNAME: a path of the kernel server's session on rxe1 has carried IO
@@ -1012,6 +1010,8 @@ srv_rxe1_io() { # SESSNAME: a path of the kernel server's session on rxe1 has ca
 	done
 	return 1
 }
+# A bench's path through rxe1 failed: -v logs its errors, naming the path src@dst; only
+# the lines after the first SKIP count (those from before the fault do not).
 bench_rxe1_failed() { tail -n +$(($2 + 1)) "$1" | grep -F "@$IP3:" | grep -qiE 'error|fail|closed|disconnect'; } # LOG SKIP
 tgt_paths_up() { # LOG PORT: the target logged a connected path on each device
 	grep -qF "@$IP1:$2 connected" "$1" && grep -qF "@$IP3:$2 connected" "$1"
