@@ -282,8 +282,8 @@ srv_written_now() { # SESSNAME: bytes written over the session's paths now
 	done
 	echo "$total"
 }
-paths_up() { grep -c "path connected" "$1"; } # LOG: paths connected so far by a bench (-vv)
-paths_up_beyond() { (($(paths_up "$1") > $2)); } # LOG N
+paths_up() { grep -c "path connected${2:+ on $2}" "$1"; } # LOG [DEVICE]: a bench's (-vv) so far
+paths_up_beyond() { (($(paths_up "$1" "${3:-}") > $2)); } # LOG N [DEVICE]
 srv_written() { (($(srv_written_now "$1") > $2)); } # SESSNAME BYTES: written more than BYTES
 no_server_session() { [[ -z $(ls /sys/class/rtrs-server 2>/dev/null) ]]; }
 rmmod_server() { # LOG: once the kernel server has no session left (bounded), unloads it
@@ -1000,8 +1000,6 @@ rxe1_back() { # NAME
 }
 # The first warning about a path in a log (-v; SPDK's log), for a row's detail.
 path_warning() { grep -m1 -E 'connecting failed|path error' "$1" | sed 's/^.*\(connecting failed\|path error\)/\1/' | cut -c1-240; }
-rxe1_ups() { grep -c "path connected on rxe1" "$1"; } # LOG: the bench's rxe1 paths up so far (-vv)
-rxe1_ups_beyond() { (($(rxe1_ups "$1") > $2)); } # LOG N
 srv_rxe1_io() { # SESSNAME: a path of the kernel server's session on rxe1 has carried IO
 	local p rc rb wc wb
 	for p in $(srv_paths "$1"); do
@@ -1041,13 +1039,13 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 	wait_for -p $bp 120 "${up[@]}"
 	case $? in
 	0)
-		ups=$(rxe1_ups "$OUT/$name.log")
+		ups=$(paths_up "$OUT/$name.log" rxe1)
 		if ((LINK_FAULT == 0)); then
 			fault="a path on each device up (no device fault: RTRS_KVM_LINK_FAULT=0)"
 		elif link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
 			fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
 			if [[ -n ${DEV_SRV_SESS:-} ]]; then
-				if wait_for -p $bp 120 rxe1_ups_beyond "$OUT/$name.log" "$ups" &&
+				if wait_for -p $bp 120 paths_up_beyond "$OUT/$name.log" "$ups" rxe1 &&
 					wait_for -p $bp 60 srv_rxe1_io "$DEV_SRV_SESS"; then
 					pkill -INT -P $bp # the bench's timeout, which hands the signal on
 					ended=1
