@@ -25,6 +25,13 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   busy PERF.busy                -> "SHARE NAME" of that window ("n/a -" without one)
   syscalls PERF.csv IOS         -> "ALL BREAKDOWN": syscalls per IO of a perf stat -x, file
                                    and the main calls per IO ("recvfrom 1.20 (0.50 data), ...")
+  layers PERF.data PERF.cpu IOS -> "KERNEL_NS USER_NS GROUP=NS;..." of a perf record of one
+                                   process over a window: nanoseconds of CPU per IO in the
+                                   kernel, in user space, and in each user-space layer (this
+                                   project's modules by path, SPDK and other libraries by
+                                   name), largest first: each group's share of the samples
+                                   times the process's CPU time of the window (PERF.cpu),
+                                   over IOS
   ratio A B                     -> A / B with two decimals (0.00 when B is 0, n/a when
                                    either is not a number)
   svg-qd SWEEP.tsv OUT.svg      -> IOPS vs queue depth, one line per side
@@ -36,6 +43,8 @@ Subcommands (each prints one line the shell script reads, or writes a file):
   median-index V...             -> the position (from 0) of that median among the numbers
                                    (a run of rounds reports the round of its median ratio)
   append DOC SECTION INTRO RUN  -> puts RUN (a file) at the end of section SECTION of DOC
+  self-test                     -> checks the layer names and the per-IO costs of `layers`
+                                   on fixed input (ci/test.sh runs it)
 
 SWEEP.tsv has lines "side<TAB>qd<TAB>iops", SCALING.tsv "side<TAB>cores<TAB>iops".
 """
@@ -45,6 +54,7 @@ import math
 import os
 import re
 import socket
+import subprocess
 import sys
 import time
 
@@ -216,6 +226,94 @@ def syscalls(path, ios):
     if total - named > 0.005 * ios:
         parts.append("other %.2f" % ((total - named) / ios))
     print("%.2f %s" % (total / ios, ", ".join(parts) or "-"))
+
+
+def layer_of(dso, sym, kernel):
+    """The layer a sample's function belongs to (see `layers`)."""
+    if kernel:
+        return "kernel"
+    if dso.startswith("librtrs_spdk") or dso in ("rtrs-bench", "rtrs-target"):
+        m = re.search(r"rtrs_spdk::(\w+)(?:::(\w+))?", sym)
+        if not m:
+            return "rtrs other"
+        # The fabric by backend (soft queue pair, tcp framing, ...), the rest by module.
+        return "rtrs " + (m.group(1) + " " + (m.group(2) or "") if m.group(1) == "fabric" else m.group(1)).strip()
+    if dso.startswith("libc.so"):
+        return "libc"
+    if dso.startswith("ld-linux"):
+        return "ld.so"
+    m = re.match(r"lib(spdk_\w+?)\.so", dso)
+    return m.group(1) if m else dso
+
+
+def layer_costs(report, cpu_s, ios):
+    """(kernel ns, user ns, [(layer, ns)] largest first) per IO from the text of
+    `perf report --no-children --sort dso,sym -g none` of one process, whose CPU time
+    over the samples' window was CPU_S seconds, for IOS IOs."""
+    shares = {}
+    for line in report.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.*)", line)
+        if not m:
+            continue
+        g = layer_of(m.group(2), m.group(4), m.group(3) == "k")
+        shares[g] = shares.get(g, 0.0) + float(m.group(1)) / 100
+    total = sum(shares.values())
+    if not ios or not total:
+        return None
+    # Shares of the samples of the window, scaled to the CPU time the process used in it.
+    ns = {g: v / total * cpu_s / ios * 1e9 for g, v in shares.items()}
+    kernel = ns.pop("kernel", 0.0)
+    return kernel, sum(ns.values()), sorted(ns.items(), key=lambda kv: -kv[1])
+
+
+def layers(data, cpu_path, ios):
+    user_s, sys_s = (float(v) for v in open(cpu_path).read().split())
+    out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso,sym",
+                          "-g", "none", "--percent-limit", "0"],
+                         capture_output=True, text=True, check=False).stdout
+    costs = layer_costs(out, user_s + sys_s, float(ios))
+    if costs is None:
+        print("n/a n/a -")
+        return
+    kernel, user, groups = costs
+    text = ";".join("%s=%.0f" % (g.replace(" ", "_"), v) for g, v in groups if v >= 0.5)
+    print("%.0f %.0f %s" % (kernel, user, text or "-"))
+
+
+def self_test():
+    """Checks the parts of this script that no bench run checks (ci/test.sh runs it)."""
+    cases = [
+        ("librtrs_spdk.so", "rtrs_spdk::fabric::soft::qp::SoftQp::push_send", False, "rtrs fabric soft"),
+        ("librtrs_spdk.so", "<rtrs_spdk::server::poller::ServerCore as rtrs_spdk::engine::poller::Poller>::poll",
+         False, "rtrs server"),
+        ("rtrs-bench", "rtrs_spdk::client::io::take_recvs", False, "rtrs client"),
+        ("librtrs_spdk.so", "0x00005555", False, "rtrs other"),
+        ("libspdk_nvmf.so.21.0", "nvmf_tcp_req_process", False, "spdk_nvmf"),
+        ("libc.so.6", "__memmove_avx_unaligned_erms", False, "libc"),
+        ("ld-linux-x86-64.so.2", "__tls_get_addr", False, "ld.so"),
+        ("[kernel.kallsyms]", "_copy_from_iter", True, "kernel"),
+        ("bdevperf", "main", False, "bdevperf"),
+    ]
+    bad = [(d, s, want, layer_of(d, s, k)) for d, s, k, want in cases if layer_of(d, s, k) != want]
+    report = """# comment
+    60.00%  [kernel.kallsyms]  [k] _copy_from_iter
+    25.00%  librtrs_spdk.so    [.] rtrs_spdk::fabric::soft::qp::SoftQp::push_send
+    10.00%  librtrs_spdk.so    [.] rtrs_spdk::fabric::tcp::tx::Tx::flush
+     5.00%  libc.so.6          [.] memcpy
+"""
+    # 2 s of CPU over 1,000,000 IOs: 2,000 ns per IO, of which 60 % in the kernel.
+    kernel, user, groups = layer_costs(report, 2.0, 1e6)
+    want = (1200, 800, [("rtrs fabric soft", 500), ("rtrs fabric tcp", 200), ("libc", 100)])
+    got = (round(kernel), round(user), [(g, round(v)) for g, v in groups])
+    if got != want:
+        bad.append(("layer_costs", report.count("%"), want, got))
+    if layer_costs("nothing here", 2.0, 1e6) is not None or layer_costs(report, 2.0, 0) is not None:
+        bad.append(("layer_costs", "empty", None, "a result"))
+    for b in bad:
+        sys.stderr.write("perf_report self-test: %r: expected %r, got %r\n" % (b[0:2], b[2], b[3]))
+    if bad:
+        raise SystemExit(1)
+    print("perf_report self-test: %d layer names and the per-IO costs as expected" % len(cases))
 
 
 def fio_read(path):
@@ -439,9 +537,9 @@ def append(doc, section, intro, run):
 
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
-            "floor": floor, "window": window, "syscalls": syscalls, "cpu": cpu, "busy": busy,
+            "floor": floor, "window": window, "syscalls": syscalls, "layers": layers, "cpu": cpu, "busy": busy,
             "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median, "median-index": median_index,
-            "append": append}
+            "append": append, "self-test": self_test}
     if len(argv) < 2 or argv[1] not in cmds:
         sys.stderr.write(__doc__)
         return 2

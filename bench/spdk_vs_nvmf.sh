@@ -22,6 +22,11 @@
 #           and to bdevperf, counting only in the middle of the run: syscalls per IO of the
 #           target and of the initiator, for rtrs and for NVMe-oF/TCP, and over the same
 #           window each process's user and system CPU time per IO (/proc/PID/stat)
+#   layers  every pair once more with `perf record` (cpu-clock samples) attached to spdk_tgt
+#           and to bdevperf over the same middle window: each side's CPU per IO in the
+#           kernel and in user space, the latter by layer (this project's modules, SPDK's
+#           libraries), in nanoseconds (each layer's share of the samples times the
+#           process's CPU time in the window, over the IOs the bdev moved in it)
 #   sweep   4 KiB randread IOPS at QD 1..128, both sides → docs/perf-iops-qd.svg
 #   fio     4 KiB randread QD1 through fio's spdk_bdev plugin: avg, p50, p99, p99.9 for both
 #           sides → docs/perf-qd1-latency.svg (needs hugepages, which root can reserve)
@@ -49,7 +54,7 @@
 # than an IO plus its header carries it whole, where the bdev layer splits it otherwise
 # (docs/BENCHMARKS.md, "Large IO, whole or split").
 #
-# Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls part. Prints every pair,
+# Needs SPDK ($SPDK_DIR or /opt/spdk), and perf for the syscalls and layers parts. Prints every pair,
 # the ratios to the floor, syscalls per IO, every goal's ratio with PASS or MISS, writes
 # the plots, and writes the run into docs/BENCHMARKS.md under "## SPDK: rtrs vs NVMe-oF/TCP",
 # in place of the previous run.
@@ -68,7 +73,7 @@ TIME=10
 SWEEP_TIME=5
 SOAK_MIN=10
 ROUNDS=3
-PARTS=floor,pairs,syscalls,split,sweep,fio,inline,memory,soak
+PARTS=floor,pairs,syscalls,layers,split,sweep,fio,inline,memory,soak
 ONLY=$PARTS
 APPEND=1
 usage() {
@@ -101,6 +106,12 @@ if want syscalls; then
 	command -v perf >/dev/null || { echo "the syscalls part needs perf (linux-perf); leave it out with --only" >&2; exit 1; }
 	perf stat -e raw_syscalls:sys_enter -x, -o /dev/null true 2>/dev/null ||
 		{ echo "perf cannot read syscall tracepoints here (root, or kernel.perf_event_paranoid <= -1, and tracefs)" >&2; exit 1; }
+fi
+
+if want layers; then
+	command -v perf >/dev/null || { echo "the layers part needs perf (linux-perf); leave it out with --only" >&2; exit 1; }
+	perf record -e cpu-clock -o /dev/null true >/dev/null 2>&1 ||
+		{ echo "perf cannot record here (root, or kernel.perf_event_paranoid <= 1)" >&2; exit 1; }
 fi
 
 spdk_bench_init
@@ -286,6 +297,41 @@ syscalls_run() {
 	RES[sc-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/sc-$kind-$name.json")
 }
 
+# ly_perf SIDE PID OUT: perf record of PID's samples (cpu-clock, 4 kHz, no call chains),
+# disabled until the window (fifo control, as sc_perf).
+ly_perf() {
+	local side=$1 pid=$2 out=$3
+	rm -f "$APP_DIR/ly-$side.ctl" "$APP_DIR/ly-$side.ack"
+	mkfifo "$APP_DIR/ly-$side.ctl" "$APP_DIR/ly-$side.ack" || return 1
+	perf record -e cpu-clock -F 4000 -D -1 --control "fifo:$APP_DIR/ly-$side.ctl,$APP_DIR/ly-$side.ack" \
+		-o "$out" -p "$pid" >"$APP_DIR/perf-ly-$side.log" 2>&1 &
+	echo $! >"$APP_DIR/pids/perf-ly-$side"
+}
+
+# layers_run KIND NAME QD SIZE RW: perform_tests once more with perf record attached to
+# spdk_tgt and to bdevperf for the counting window (SC_WIN); sets RES[ly-KIND-NAME-SIDE]
+# to "KERNEL_NS USER_NS GROUP=NS;..." per IO (perf_report.py layers) and
+# RES[ly-KIND-NAME] to the run's bdevperf line.
+layers_run() {
+	local kind=$1 name=$2 qd=$3 size=$4 rw=$5 bdev_var=BDEV_$1 bp ios side
+	ly_perf tgt "$(app_pid tgt)" "$APP_DIR/ly-$kind-$name-tgt.data" || return 1
+	ly_perf ini "$(app_pid "bp-$kind")" "$APP_DIR/ly-$kind-$name-ini.data" || return 1
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-$kind.sock" -t $((SC_WIN + 62)) perform_tests \
+		-q "$qd" -o "$size" -w "$rw" -t $((SC_WIN + 2)) >"$APP_DIR/ly-$kind-$name.json" &
+	bp=$!
+	sleep 1
+	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" "$size" \
+		"$APP_DIR/ly-tgt:$(app_pid tgt)" "$APP_DIR/ly-ini:$(app_pid "bp-$kind")") || ios=
+	wait $bp || { echo "$kind $name: perform_tests under perf record failed" >&2; ios=; }
+	app_stop perf-ly-tgt # SIGINT: perf record writes its file and exits
+	app_stop perf-ly-ini
+	[[ -n "$ios" ]] || return 1
+	for side in tgt ini; do
+		RES[ly-$kind-$name-$side]=$("${REPORT[@]}" layers "$APP_DIR/ly-$kind-$name-$side.data" "$APP_DIR/ly-$side.cpu" "$ios")
+	done
+	RES[ly-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/ly-$kind-$name.json")
+}
+
 # pair_once KIND NAME QD SIZE RW OUT: one bdevperf of its own on core 1, one run; prints
 # its result line.
 pair_once() {
@@ -336,6 +382,15 @@ run_side() {
 			echo "   $kind $name busy share of the busiest SPDK thread (thread_get_stats): target ${RES[busy-$kind-$name-tgt]}, initiator ${RES[busy-$kind-$name-ini]}"
 		done
 	fi
+	if want layers; then
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name qd size rw <<<"$w"
+			layers_run "$kind" "$name" "$qd" "$size" "$rw" || return 1
+			echo "   $kind $name under perf record: ${RES[ly-$kind-$name]} (IOPS MiB/s avg-µs failed p99-µs)"
+			echo "   $kind $name ns per IO (kernel user layers...): target ${RES[ly-$kind-$name-tgt]}"
+			echo "   $kind $name ns per IO (kernel user layers...): initiator ${RES[ly-$kind-$name-ini]}"
+		done
+	fi
 	if want sweep; then
 		for qd in "${SWEEP_QDS[@]}"; do
 			local r
@@ -372,7 +427,7 @@ if want pairs; then
 	echo "== bdevperf on core 1, the pairs: $ROUNDS rounds of rtrs then NVMe-oF/TCP"
 	run_pairs || exit 1
 fi
-if want sweep || want syscalls; then
+if want sweep || want syscalls || want layers; then
 	echo "== bdevperf on core 1 over the rtrs bdev"
 	run_side rtrs || exit 1
 	echo "== bdevperf on core 1 over NVMe-oF/TCP"
@@ -645,6 +700,26 @@ except (ValueError, ZeroDivisionError):
 		goal "$name: syscalls per IO rtrs / NVMe-oF/TCP, larger of target ($rt / $nt) and initiator ($ri / $ni)" "$worst" "<=" 1.00
 	done
 fi
+# The first six "GROUP=NS" of a layers line, as text.
+top_layers() { tr ';' '\n' <<<"$1" | head -n 6 | tr '\n' ' ' | sed 's/ $//; s/ /, /g; s/_/ /g'; }
+if want layers; then
+	{
+		echo "| workload | side | rtrs kernel ns/IO | NVMe-oF/TCP kernel ns/IO | rtrs user ns/IO | NVMe-oF/TCP user ns/IO | rtrs / nvmf, user | rtrs user, largest layers (ns/IO) | NVMe-oF/TCP user, largest layers (ns/IO) |"
+		echo "|---|---|---:|---:|---:|---:|---:|---|---|"
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name _ _ _ <<<"$w"
+			for side in tgt ini; do
+				read -r rk ru rg <<<"${RES[ly-rtrs-$name-$side]:-n/a n/a -}"
+				read -r nk nu ng <<<"${RES[ly-nvmf-$name-$side]:-n/a n/a -}"
+				echo "| $name | $([[ $side == tgt ]] && echo target || echo initiator) | $rk | $nk | $ru | $nu | $(ratio "$ru" "$nu") | $(top_layers "$rg") | $(top_layers "$ng") |"
+			done
+		done
+		echo
+		echo "CPU per IO from \`perf record\` (cpu-clock samples) of each process over the counting window:"
+		echo "a layer's share of the samples times the process's CPU time in the window, over the IOs."
+		echo "A side that idles (busy share below 1.00) counts its idle polling in its user or kernel time."
+	} >"$APP_DIR/layers.md"
+fi
 if [[ $FIO_OK -eq 1 ]]; then
 	{
 		echo "| fio spdk_bdev, 4 KiB randread QD1 | IOPS | avg µs | p50 µs | p99 µs | p99.9 µs |"
@@ -717,6 +792,10 @@ report() { # report PART...: the run's report with those parts' tables
 		echo
 		echo "System calls and CPU time per IO of each side: in the bench's printed report."
 	fi
+	if [[ -s "$APP_DIR/layers.md" && " $* " != *" layers "* ]]; then
+		echo
+		echo "CPU per IO of each side by layer: in the bench's printed report."
+	fi
 	if want memory; then
 		echo
 		echo "Memory ($NMEM sessions, one bdev each): target +$mts MiB RSS and +$mtd MiB SPDK DMA heap per connected session; client +$mcb MiB RSS and +$mcd MiB SPDK DMA heap per bdev."
@@ -730,7 +809,7 @@ report() { # report PART...: the run's report with those parts' tables
 		echo "Plots of this run: [IOPS vs queue depth](perf-iops-qd.svg), [QD1 latency distribution](perf-qd1-latency.svg)."
 	fi
 }
-report pairs floor syscalls split fio sweep >"$OUT"
+report pairs floor syscalls layers split fio sweep >"$OUT"
 report pairs floor split fio sweep >"$OUT.doc"
 echo
 cat "$OUT"

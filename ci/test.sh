@@ -25,6 +25,9 @@ python3 ci/modcycles.py src plugin/src
 # The interop checks' one known kernel fault is told from any other (docs/INTEROP.md).
 phase "ci/kernel-vm/faults.sh --self-test (the kernel faults the interop checks know)"
 bash ci/kernel-vm/faults.sh --self-test
+# The bench's report helper: what no bench run checks (layer names, per-IO costs).
+phase "bench/perf_report.py self-test"
+python3 bench/perf_report.py self-test
 phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -q -- -D warnings
 # The API docs build without a broken or private link.
