@@ -3,22 +3,29 @@
 every WORD (an empty WORD is in every message).
 
 Usage: rpc_error.py RESPONSE_JSON WORD...; exit status 0 when it is, 1 (saying what the
-message lacks) when not.
+message lacks) when not. `missing_words` is also used by rpc_errors.py.
 """
 import json
 import sys
 
 
-def main():
-    r = json.loads(sys.argv[1])
-    words = sys.argv[2:]
+def missing_words(r, words):
+    """None when response object `r` is an error whose message contains every word, else
+    what is wrong."""
     e = r.get("error") or {}
+    if not e:
+        return "not an error response"
     m = e.get("message", "")
-    if not r.get("error"):
-        sys.exit("rpc_error: not an error response")
     missing = [w for w in words if w not in m]
     if missing:
-        sys.exit("rpc_error: the message does not contain %s" % ", ".join(repr(w) for w in missing))
+        return "the message does not contain %s" % ", ".join(repr(w) for w in missing)
+    return None
+
+
+def main():
+    why = missing_words(json.loads(sys.argv[1]), sys.argv[2:])
+    if why:
+        sys.exit("rpc_error: " + why)
 
 
 if __name__ == "__main__":

@@ -53,18 +53,10 @@ results_clean() {
 }
 
 # Rows on stdin: app|method|params|field the message must name[|text it must also
-# contain]; each request must be refused so. Returns 1 if any was not.
+# contain]; each request must be refused so (all from one Python process:
+# ci/spdk/rpc_errors.py). Returns 1 if any was not.
 expect_errors() {
-	local bad=0 app method params field text resp
-	while IFS='|' read -r app method params field text; do
-		[[ -n "$app" && "$app" != \#* ]] || continue
-		resp=$(rpc_raw "$app" "$method" "$params")
-		if ! python3 "$REPO/ci/spdk/rpc_error.py" "$resp" "$field" "$text"; then
-			echo "  $method $params: expected an error naming '$field'${text:+ and saying '$text'}, got $resp"
-			bad=1
-		fi
-	done
-	return $bad
+	python3 "$REPO/ci/spdk/rpc_errors.py" "$APP_DIR"
 }
 
 # The state of the client's path to port $3 in bdev $2's session of app $1 ("" if none).
