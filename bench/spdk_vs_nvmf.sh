@@ -23,7 +23,8 @@
 #           target and of the initiator, for rtrs and for NVMe-oF/TCP, and over the same
 #           window each process's user and system CPU time per IO (/proc/PID/stat)
 #   layers  every pair once more with `perf record` (cpu-clock samples) attached to spdk_tgt
-#           and to bdevperf over the same middle window: each side's CPU per IO in the
+#           and to bdevperf over the same middle window (each workload over rtrs and then
+#           over NVMe-oF/TCP, seconds apart): each side's CPU per IO in the
 #           kernel and in user space, the latter by layer (this project's modules, SPDK's
 #           libraries), in nanoseconds (each layer's share of the samples times the
 #           process's CPU time in the window, over the IOs the bdev moved in it)
@@ -382,15 +383,6 @@ run_side() {
 			echo "   $kind $name busy share of the busiest SPDK thread (thread_get_stats): target ${RES[busy-$kind-$name-tgt]}, initiator ${RES[busy-$kind-$name-ini]}"
 		done
 	fi
-	if want layers; then
-		for w in "${WORKLOADS[@]}"; do
-			IFS='|' read -r name qd size rw <<<"$w"
-			layers_run "$kind" "$name" "$qd" "$size" "$rw" || return 1
-			echo "   $kind $name under perf record: ${RES[ly-$kind-$name]} (IOPS MiB/s avg-µs failed p99-µs)"
-			echo "   $kind $name ns per IO (kernel user layers...): target ${RES[ly-$kind-$name-tgt]}"
-			echo "   $kind $name ns per IO (kernel user layers...): initiator ${RES[ly-$kind-$name-ini]}"
-		done
-	fi
 	if want sweep; then
 		for qd in "${SWEEP_QDS[@]}"; do
 			local r
@@ -427,11 +419,28 @@ if want pairs; then
 	echo "== bdevperf on core 1, the pairs: $ROUNDS rounds of rtrs then NVMe-oF/TCP"
 	run_pairs || exit 1
 fi
-if want sweep || want syscalls || want layers; then
+if want sweep || want syscalls; then
 	echo "== bdevperf on core 1 over the rtrs bdev"
 	run_side rtrs || exit 1
 	echo "== bdevperf on core 1 over NVMe-oF/TCP"
 	run_side nvmf || exit 1
+fi
+# The layers: each workload over rtrs and then over NVMe-oF/TCP, a bdevperf of its own for
+# each, so that the two profiles of a workload are taken within seconds of each other.
+if want layers; then
+	echo "== perf record of both sides, each workload over rtrs then NVMe-oF/TCP"
+	for w in "${WORKLOADS[@]}"; do
+		IFS='|' read -r name qd size rw <<<"$w"
+		for kind in rtrs nvmf; do
+			app_start "bp-$kind" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$kind.json" -z -l \
+				-q 1 -o 4096 -w randread -t "$TIME" || exit 1
+			layers_run "$kind" "$name" "$qd" "$size" "$rw" || exit 1
+			app_stop "bp-$kind"
+			echo "   $kind $name under perf record: ${RES[ly-$kind-$name]} (IOPS MiB/s avg-µs failed p99-µs)"
+			echo "   $kind $name ns per IO (kernel user layers...): target ${RES[ly-$kind-$name-tgt]}"
+			echo "   $kind $name ns per IO (kernel user layers...): initiator ${RES[ly-$kind-$name-ini]}"
+		done
+	done
 fi
 
 # ---- fio through SPDK's spdk_bdev plugin: QD1 latency percentiles ---------------------------
