@@ -237,7 +237,9 @@ def layer_of(dso, sym, kernel):
         if not m:
             return "rtrs other"
         # The fabric by backend (soft queue pair, tcp framing, ...), the rest by module.
-        return "rtrs " + (m.group(1) + " " + (m.group(2) or "") if m.group(1) == "fabric" else m.group(1)).strip()
+        if m.group(1) == "fabric" and m.group(2):
+            return "rtrs fabric " + m.group(2)
+        return "rtrs " + m.group(1)
     if dso.startswith("libc.so"):
         return "libc"
     if dso.startswith("ld-linux"):

@@ -260,36 +260,65 @@ SC_EVENTS=(-e raw_syscalls:sys_enter
 # Counting window of a syscalls run: from 1 s after perform_tests starts, SC_WIN seconds.
 SC_WIN=$((TIME > 3 ? TIME - 2 : 1))
 
-# sc_perf SIDE PID: perf stat attached to PID with its events disabled until the window.
+# The perf instances of a counting window, one per side (tgt: spdk_tgt, ini: bdevperf),
+# each started disabled (-D -1) with fifo control at $APP_DIR/TAG-SIDE.ctl and .ack and
+# its pid in pids/perf-TAG-SIDE, for window_run to switch on and off.
+perf_fifos() { # TAG SIDE: the control fifos, made anew; prints perf's --control argument
+	local f=$APP_DIR/$1-$2
+	rm -f "$f.ctl" "$f.ack"
+	mkfifo "$f.ctl" "$f.ack" && echo "fifo:$f.ctl,$f.ack"
+}
+# sc_perf SIDE PID: perf stat of PID's syscall tracepoints, to $APP_DIR/sc-SIDE.perf.
 sc_perf() {
-	local side=$1 pid=$2
-	rm -f "$APP_DIR/sc-$side.ctl" "$APP_DIR/sc-$side.ack"
-	mkfifo "$APP_DIR/sc-$side.ctl" "$APP_DIR/sc-$side.ack" || return 1
-	perf stat -D -1 --control "fifo:$APP_DIR/sc-$side.ctl,$APP_DIR/sc-$side.ack" -x, \
-		-o "$APP_DIR/sc-$side.perf" "${SC_EVENTS[@]}" -p "$pid" 2>"$APP_DIR/perf-$side.log" &
-	echo $! >"$APP_DIR/pids/perf-$side"
+	local ctl
+	ctl=$(perf_fifos sc "$1") || return 1
+	perf stat -D -1 --control "$ctl" -x, -o "$APP_DIR/sc-$1.perf" "${SC_EVENTS[@]}" -p "$2" \
+		2>"$APP_DIR/perf-sc-$1.log" &
+	echo $! >"$APP_DIR/pids/perf-sc-$1"
+}
+# ly_perf SIDE PID OUT: perf record of PID's samples (cpu-clock, 4 kHz, no call chains).
+ly_perf() {
+	local ctl
+	ctl=$(perf_fifos ly "$1") || return 1
+	perf record -e cpu-clock -F 4000 -D -1 --control "$ctl" -o "$3" -p "$2" \
+		>"$APP_DIR/perf-ly-$1.log" 2>&1 &
+	echo $! >"$APP_DIR/pids/perf-ly-$1"
 }
 
-# syscalls_run KIND NAME QD SIZE RW: perform_tests once more with perf stat attached to
-# spdk_tgt and to bdevperf; sets RES[sc-KIND-NAME-tgt] and RES[sc-KIND-NAME-ini] to
-# "ALL BREAKDOWN" (syscalls per IO, the IOs being the bytes the bdev moved in the counting
-# window over the IO size, so that an IO the bdev layer splits counts once), and
-# RES[cpu-KIND-NAME-SIDE] to "USER_US SYS_US" per IO of that side's process.
-syscalls_run() {
-	local kind=$1 name=$2 qd=$3 size=$4 rw=$5 bdev_var=BDEV_$1 bp ios side
-	sc_perf tgt "$(app_pid tgt)" || return 1
-	sc_perf ini "$(app_pid "bp-$kind")" || return 1
+# window_run TAG KIND NAME QD SIZE RW: perform_tests once more on bdevperf bp-KIND while
+# the perf instances TAG-tgt and TAG-ini (started by the caller) count over the middle
+# SC_WIN seconds, then stops them (SIGINT: perf writes its file and exits). The result goes
+# to $APP_DIR/TAG-KIND-NAME.json; each side's CPU time and busy share of the window to
+# $APP_DIR/TAG-SIDE.cpu and .busy (perf_report.py window). Sets WIN_IOS to the IOs the
+# bdev moved in the window (its bytes over the IO size, so that an IO the bdev layer
+# splits counts once); fails when the run or the window did. Not in a subshell: the perf
+# instances are this shell's children, which app_stop waits for.
+window_run() {
+	local tag=$1 kind=$2 name=$3 qd=$4 size=$5 rw=$6 bdev_var=BDEV_$2 bp ios
 	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-$kind.sock" -t $((SC_WIN + 62)) perform_tests \
-		-q "$qd" -o "$size" -w "$rw" -t $((SC_WIN + 2)) >"$APP_DIR/sc-$kind-$name.json" &
+		-q "$qd" -o "$size" -w "$rw" -t $((SC_WIN + 2)) >"$APP_DIR/$tag-$kind-$name.json" &
 	bp=$!
 	sleep 1
 	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" "$size" \
-		"$APP_DIR/sc-tgt:$(app_pid tgt):$APP_DIR/tgt.sock" \
-		"$APP_DIR/sc-ini:$(app_pid "bp-$kind"):$APP_DIR/bp-$kind.sock") || ios=
-	wait $bp || { echo "$kind $name: perform_tests under perf failed" >&2; ios=; }
-	app_stop perf-tgt
-	app_stop perf-ini
-	[[ -n "$ios" ]] || return 1
+		"$APP_DIR/$tag-tgt:$(app_pid tgt):$APP_DIR/tgt.sock" \
+		"$APP_DIR/$tag-ini:$(app_pid "bp-$kind"):$APP_DIR/bp-$kind.sock") || ios=
+	wait $bp || { echo "$kind $name: perform_tests under perf ($tag) failed" >&2; ios=; }
+	app_stop "perf-$tag-tgt"
+	app_stop "perf-$tag-ini"
+	WIN_IOS=$ios
+	[[ -n "$ios" ]]
+}
+
+# syscalls_run KIND NAME QD SIZE RW: a window_run with perf stat's syscall tracepoints;
+# sets RES[sc-KIND-NAME-SIDE] to "ALL BREAKDOWN" (syscalls per IO), RES[cpu-KIND-NAME-SIDE]
+# to "USER_US SYS_US" per IO and RES[busy-KIND-NAME-SIDE] for each side, and
+# RES[sc-KIND-NAME] to the run's bdevperf line.
+syscalls_run() {
+	local kind=$1 name=$2 ios side
+	sc_perf tgt "$(app_pid tgt)" || return 1
+	sc_perf ini "$(app_pid "bp-$kind")" || return 1
+	window_run sc "$@" || return 1
+	ios=$WIN_IOS
 	for side in tgt ini; do
 		RES[sc-$kind-$name-$side]=$("${REPORT[@]}" syscalls "$APP_DIR/sc-$side.perf" "$ios")
 		RES[cpu-$kind-$name-$side]=$("${REPORT[@]}" cpu "$APP_DIR/sc-$side.cpu" "$ios")
@@ -298,35 +327,15 @@ syscalls_run() {
 	RES[sc-$kind-$name]=$("${REPORT[@]}" bdevperf "$APP_DIR/sc-$kind-$name.json")
 }
 
-# ly_perf SIDE PID OUT: perf record of PID's samples (cpu-clock, 4 kHz, no call chains),
-# disabled until the window (fifo control, as sc_perf).
-ly_perf() {
-	local side=$1 pid=$2 out=$3
-	rm -f "$APP_DIR/ly-$side.ctl" "$APP_DIR/ly-$side.ack"
-	mkfifo "$APP_DIR/ly-$side.ctl" "$APP_DIR/ly-$side.ack" || return 1
-	perf record -e cpu-clock -F 4000 -D -1 --control "fifo:$APP_DIR/ly-$side.ctl,$APP_DIR/ly-$side.ack" \
-		-o "$out" -p "$pid" >"$APP_DIR/perf-ly-$side.log" 2>&1 &
-	echo $! >"$APP_DIR/pids/perf-ly-$side"
-}
-
-# layers_run KIND NAME QD SIZE RW: perform_tests once more with perf record attached to
-# spdk_tgt and to bdevperf for the counting window (SC_WIN); sets RES[ly-KIND-NAME-SIDE]
-# to "KERNEL_NS USER_NS GROUP=NS;..." per IO (perf_report.py layers) and
-# RES[ly-KIND-NAME] to the run's bdevperf line.
+# layers_run KIND NAME QD SIZE RW: a window_run with perf record; sets
+# RES[ly-KIND-NAME-SIDE] to "KERNEL_NS USER_NS GROUP=NS;..." per IO (perf_report.py
+# layers) and RES[ly-KIND-NAME] to the run's bdevperf line.
 layers_run() {
-	local kind=$1 name=$2 qd=$3 size=$4 rw=$5 bdev_var=BDEV_$1 bp ios side
+	local kind=$1 name=$2 ios side
 	ly_perf tgt "$(app_pid tgt)" "$APP_DIR/ly-$kind-$name-tgt.data" || return 1
 	ly_perf ini "$(app_pid "bp-$kind")" "$APP_DIR/ly-$kind-$name-ini.data" || return 1
-	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-$kind.sock" -t $((SC_WIN + 62)) perform_tests \
-		-q "$qd" -o "$size" -w "$rw" -t $((SC_WIN + 2)) >"$APP_DIR/ly-$kind-$name.json" &
-	bp=$!
-	sleep 1
-	ios=$("${REPORT[@]}" window "$APP_DIR/bp-$kind.sock" "${!bdev_var}" "$SC_WIN" "$size" \
-		"$APP_DIR/ly-tgt:$(app_pid tgt)" "$APP_DIR/ly-ini:$(app_pid "bp-$kind")") || ios=
-	wait $bp || { echo "$kind $name: perform_tests under perf record failed" >&2; ios=; }
-	app_stop perf-ly-tgt # SIGINT: perf record writes its file and exits
-	app_stop perf-ly-ini
-	[[ -n "$ios" ]] || return 1
+	window_run ly "$@" || return 1
+	ios=$WIN_IOS
 	for side in tgt ini; do
 		RES[ly-$kind-$name-$side]=$("${REPORT[@]}" layers "$APP_DIR/ly-$kind-$name-$side.data" "$APP_DIR/ly-$side.cpu" "$ios")
 	done

@@ -1008,6 +1008,18 @@ srv_rxe1_io() { # SESSNAME: a path of the kernel server's session on rxe1 has ca
 	done
 	return 1
 }
+# After the rxe1 fault of a run against the kernel's server: waits (up to 120 s) for more
+# than N "path connected on rxe1" lines in LOG and then (up to 60 s) for IO on the server's
+# rxe1 path of SESSNAME, while PID runs; appends what it saw to the caller's $fault.
+# Returns 0 when the path came back: the caller then ends the run.
+rxe1_path_back() { # PID LOG N SESSNAME
+	if wait_for -p "$1" 120 paths_up_beyond "$2" "$3" rxe1 && wait_for -p "$1" 60 srv_rxe1_io "$4"; then
+		fault="$fault; the rxe1 path back and carrying IO on the server, the run ended"
+		return 0
+	fi
+	fault="$fault; the rxe1 path not back with IO on the server within 180 s"
+	return 1
+}
 # A bench's path through rxe1 failed: -v logs its errors, naming the path src@dst; only
 # the lines after the first SKIP count (those from before the fault do not).
 bench_rxe1_failed() { tail -n +$(($2 + 1)) "$1" | grep -F "@$IP3:" | grep -qiE 'error|fail|closed|disconnect'; } # LOG SKIP
@@ -1044,15 +1056,9 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 			fault="a path on each device up (no device fault: RTRS_KVM_LINK_FAULT=0)"
 		elif link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
 			fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
-			if [[ -n ${DEV_SRV_SESS:-} ]]; then
-				if wait_for -p $bp 120 paths_up_beyond "$OUT/$name.log" "$ups" rxe1 &&
-					wait_for -p $bp 60 srv_rxe1_io "$DEV_SRV_SESS"; then
-					pkill -INT -P $bp # the bench's timeout, which hands the signal on
-					ended=1
-					fault="$fault; the rxe1 path back and carrying IO on the server, the run ended"
-				else
-					fault="$fault; the rxe1 path not back with IO on the server within 180 s"
-				fi
+			if [[ -n ${DEV_SRV_SESS:-} ]] && rxe1_path_back $bp "$OUT/$name.log" "$ups" "$DEV_SRV_SESS"; then
+				pkill -INT -P $bp # the bench's timeout, which hands the signal on
+				ended=1
 			fi
 		else
 			fault="the rxe1 path did not fail when rxe1 was removed, or the removal did not finish"
@@ -1231,13 +1237,9 @@ EOF
 				back=1
 			elif link_fault dev.spdk-bdev $BP 30 bench_rxe1_failed "$OUT/dev.spdk-bdev.log" "$(wc -l <"$OUT/dev.spdk-bdev.log")"; then
 				fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
-				if wait_for -p $BP 120 paths_up_beyond "$OUT/dev.spdk-bdev.log" "$ups" rxe1 &&
-					wait_for -p $BP 60 srv_rxe1_io dev3; then
+				if rxe1_path_back $BP "$OUT/dev.spdk-bdev.log" "$ups" dev3; then
 					kill -INT $BP # timeout hands it to bdevperf
 					back=1
-					fault="$fault; the rxe1 path back and carrying IO on the server, the run ended"
-				else
-					fault="$fault; the rxe1 path not back with IO on the server within 180 s"
 				fi
 			else
 				fault="the rxe1 path did not fail when rxe1 was removed, or the removal did not finish"

@@ -28,9 +28,10 @@ def main():
         resp = request(os.path.join(app_dir, app + ".sock"), method, params)
         why = missing_words(resp, words)
         if why:
-            said = " and saying " + ", ".join("'%s'" % w for w in words[1:] if w) if words[1:] else ""
+            field, texts = (words[0] if words else ""), [w for w in words[1:] if w]
+            said = " and saying " + ", ".join("'%s'" % w for w in texts) if texts else ""
             print("  %s %s: expected an error naming '%s'%s, got %s (%s)"
-                  % (method, params, words[0] if words else "", said, json.dumps(resp), why))
+                  % (method, params, field, said, json.dumps(resp), why))
             bad = 1
     return bad
 
