@@ -6,12 +6,15 @@
 //! WRITE: `[data][usr][rdma_write]` in one RDMA_WRITE_WITH_IMM at chunk offset 0; the
 //! data goes straight from the caller's single segment, or from the permit's bounce
 //! area when there are several. READ: the permit's fast-registration slot is bound to
-//! its bounce area (REG_MR with a new rkey), `[usr][rdma_read{desc, NEED_INVAL}]` goes
-//! to chunk offset `data_len`, the server writes the reply there and invalidates the
-//! key with SEND_WITH_INV; the reply is copied into the caller's segments on
-//! completion. A slot whose invalidation was not seen (error, failover) is replaced by
-//! a fresh one before its next use, so a binding is never stacked on a live one and a
-//! stale server operation can never reach memory under a new key.
+//! its bounce area (REG_MR with a new rkey), `[usr][rdma_read{desc}]` goes to chunk
+//! offset `data_len`, the server writes the reply there, and the key is retired before
+//! the request completes: on verbs the READ asks for it (`NEED_INVAL_F`) and the
+//! server's SEND_WITH_INV does it, on the software fabrics the response's handling does
+//! it at once ([`retire_key`]; docs/ARCHITECTURE.md, "always_invalidate on the software
+//! fabrics"); the reply is copied into the caller's segments on completion. A slot
+//! whose invalidation was not seen (error, failover) is replaced by a fresh one before
+//! its next use, so a binding is never stacked on a live one and a stale server
+//! operation can never reach memory under a new key.
 
 use std::sync::atomic::Ordering;
 
@@ -42,6 +45,32 @@ struct Seen {
     received: bool,
     /// A failed (or flushed) completion.
     flushed: bool,
+}
+
+/// Retires READ key `i` of path `slot`, whose response arrived: the server's
+/// SEND_WITH_INV did (`w_inv`), else it is invalidated here at once
+/// ([`Conn::local_now`](crate::fabric::Conn::local_now)), before the request completes,
+/// as the kernel's client does with a LOCAL_INV when no remote invalidation came. False
+/// only when the fabric could not do it at once (the key still live). A connection that
+/// broke meanwhile counts as done: the key is of that connection alone, so nothing
+/// reaches the memory through it any more, and a slot left bound is replaced before its
+/// next use.
+fn retire_key(paths: &mut [Option<CorePath>], slot: usize, i: usize, w_inv: bool) -> bool {
+    let Some(cp) = paths.get_mut(slot).and_then(Option::as_mut) else {
+        return true;
+    };
+    let Some(key) = cp.keys.get_mut(i).and_then(Option::as_mut) else {
+        return true;
+    };
+    if !w_inv {
+        match cp.io.con.local_now(&SendOp::LocalInv { slot: &key.slot }) {
+            Some(Ok(())) => {}
+            Some(Err(_)) => return true,
+            None => return false,
+        }
+    }
+    key.bound = false;
+    true
 }
 
 /// Copies the first bytes of every successful receive among `wcs` into `payloads` (same
@@ -255,7 +284,7 @@ impl SessionCore {
                 let trailer = RdmaRead {
                     usr_len: r.usr_len,
                     desc,
-                    need_inval: desc.is_some(),
+                    need_inval: desc.is_some() && !self.inv_local,
                 };
                 let mut t = [0u8; crate::proto::RDMA_READ_MAX_TRAILER_LEN];
                 let n = trailer.encode(&mut t).map_err(|_| PostFail::Invalid)?;
@@ -512,17 +541,27 @@ impl SessionCore {
             );
             return;
         }
-        let res = &mut rd.res;
-        if rsp.w_inv() {
-            // Retired by the server's SEND_WITH_INV on this path's connection.
-            if let Some(key) = self.paths[slot]
-                .as_mut()
-                .and_then(|cp| cp.keys.get_mut(i))
-                .and_then(Option::as_mut)
-            {
-                key.bound = false;
-            }
+        if r.has_desc() && !rsp.w_inv() && !self.inv_local {
+            // Asked for, and a server always sends it (docs/PROTOCOL.md §4.5): without it
+            // the server could still write through the key after the request completed.
+            self.protocol_error(
+                slot,
+                format_args!(
+                    "IO_RSP for msg_id {buf_id}, whose key the server was asked to invalidate"
+                ),
+            );
+            return;
         }
+        if r.has_desc() && !retire_key(&mut self.paths, slot, i, rsp.w_inv()) {
+            // Not reached on a fabric that does local operations at once; never complete
+            // a READ whose key may still be live.
+            self.protocol_error(
+                slot,
+                format_args!("the key of msg_id {buf_id} could not be invalidated locally"),
+            );
+            return;
+        }
+        let res = &mut rd.res;
         let mut result = Errno::result_from_neg(rsp.errno());
         if result.is_ok() && r.has_desc() && !r.direct {
             let mut off = i * params.max_io_size as usize;

@@ -29,13 +29,20 @@
 //! - A request names memory by SGE only, and a fast registration needs the region: a
 //!   single-segment READ into a region the caller announced with
 //!   [`SessionCore::add_region`] is fast-registered in place (zero copy, as the kernel);
-//!   any other READ lands in the permit's registered bounce area (fast-registered with
-//!   NEED_INVAL the same way) and is copied to the caller's segments.
+//!   any other READ lands in the permit's registered bounce area (fast-registered the
+//!   same way) and is copied to the caller's segments.
+//! - On the software fabrics a READ asks no remote invalidation of its key
+//!   (`NEED_INVAL_F`, which the kernel's client always sets): the client retires the key
+//!   itself at once when the response arrives, before the request completes, which
+//!   saves a frame and a receive per READ. On verbs it asks, as the kernel's client does.
+//! - Unknown imm types, malformed RKEY_RSPs and IO_RSP_W_INV for a request that asked
+//!   no invalidation are path errors (docs/PROTOCOL.md §9.6 "Add"), and so is IO_RSP
+//!   for a READ that asked for one (the kernel's client invalidates locally instead):
+//!   every server sends it (§4.5), and without it the key would stay live after the
+//!   request completed.
 //! - Administrative requests (`ClientIo::admin`) travel on the submitting core's IO
 //!   connection like other requests; the server treats all connections alike, and this
 //!   keeps every completion on its submitting core.
-//! - Unknown imm types, malformed RKEY_RSPs and IO_RSP_W_INV for a request that asked
-//!   no invalidation are path errors (docs/PROTOCOL.md §9.6 "Add").
 //! - Opening never fails because a path cannot connect: the path retries under the
 //!   reconnect policy (the kernel fails the whole open), and the layer above learns of
 //!   the session's first connected path through [`ClientEvents`]. When instead every

@@ -74,6 +74,11 @@ pub struct SessionCore {
     pub(super) core: usize,
     pub(super) sess: Arc<SessShared>,
     pub(super) fabric: Arc<dyn Fabric>,
+    /// The fabric does LOCAL_INV at once ([`FabricCaps::local_ops_at_post`](crate::fabric::FabricCaps)):
+    /// a READ asks no remote invalidation of its key, which the response's handling
+    /// retires itself before the request completes (docs/ARCHITECTURE.md, "always_invalidate
+    /// on the software fabrics").
+    pub(super) inv_local: bool,
     pub(super) io_wait_ns: u64,
     /// The session's limits as this core knows them, and what it built from them.
     pub(super) sizing: Sizing,
@@ -164,6 +169,7 @@ impl SessionCore {
         SessionCore {
             core,
             sess,
+            inv_local: fabric.caps().local_ops_at_post,
             fabric,
             io_wait_ns,
             sizing: Sizing::Unknown,

@@ -204,6 +204,12 @@ impl RtrsCon {
         &*self.conn
     }
 
+    /// A LOCAL_INV or REG_MR done at once where the fabric can ([`Conn::local_now`]): no
+    /// work request, no slot of the budget. `None`: the fabric cannot (verbs).
+    pub fn local_now(&mut self, op: &SendOp<'_>) -> Option<Result<(), WcStatus>> {
+        self.conn.local_now(op)
+    }
+
     /// The connection manager's view of the connection.
     pub fn state(&self) -> ConnState {
         self.conn.state()

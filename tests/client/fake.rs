@@ -5,7 +5,7 @@
 
 use crate::util;
 
-use rtrs_spdk::fabric::{ConnectOptions, ListenOptions};
+use rtrs_spdk::fabric::{ConnectOptions, ListenOptions, WcStatus};
 use std::time::Duration;
 
 use rtrs_spdk::client::{LinkEvent, MpPolicy, PathState};
@@ -432,6 +432,103 @@ fn reads_answered_without_remote_invalidation_are_invalidated_locally() {
     }
 }
 
+/// On a fabric that does local operations at once a READ asks no remote invalidation,
+/// and its key is retired when the response is handled, before the request completes:
+/// a server writing through it afterwards is refused, for a bounce area and for a
+/// caller's own registered memory alike.
+#[test]
+fn a_read_key_is_retired_before_its_request_completes() {
+    for (new_rkey, direct) in [(false, false), (true, false), (false, true)] {
+        let mut h = Harness::new(Setup {
+            paths: 1,
+            new_rkey,
+            direct,
+            load_qd: 1,
+            sizes: vec![4096],
+            ..Setup::default()
+        });
+        h.connect();
+        h.start_load(0);
+        assert!(
+            h.run_until(100_000, 1000, |h| h.total().verified >= 20),
+            "{:?}",
+            h.total()
+        );
+        let st = h.srv.borrow().stats.clone();
+        assert!(st.reads > 0, "{st:?}");
+        assert_eq!(
+            st.reads_need_inval, 0,
+            "no remote invalidation asked: {st:?}"
+        );
+        h.srv.borrow_mut().late_write = true;
+        let srv = h.srv.clone();
+        assert!(
+            h.run_until(100_000, 1000, |_| srv.borrow().late_status.is_some()),
+            "no late write was made"
+        );
+        assert_eq!(
+            h.srv.borrow().late_status,
+            Some(WcStatus::RemoteAccess),
+            "a write through the key of a completed READ (new_rkey {new_rkey}, direct {direct})"
+        );
+        // The refusal broke the path; it comes back and the load goes on, verified.
+        let v = h.total().verified;
+        assert!(
+            h.run_until(2_000_000, 1000, |h| h.total().verified >= v + 20),
+            "{:?}",
+            h.total()
+        );
+        h.drain(100_000, 1000);
+        clean(&h);
+    }
+}
+
+/// Where local operations are posted work requests (verbs), a READ asks the server to
+/// invalidate its key (`NEED_INVAL_F`), as the kernel's client does, and a response
+/// without that invalidation is a path error: the key would stay live after the request
+/// completed. The requests go on once the server answers as asked again.
+#[test]
+fn a_read_answered_without_the_invalidation_it_asked_for_is_a_path_error() {
+    let mut h = Harness::new(Setup {
+        paths: 1,
+        load_qd: 1,
+        sizes: vec![4096],
+        client_fabric: Some(|inner| {
+            std::sync::Arc::new(Restricted {
+                inner,
+                fast_mr: true,
+                local_ops: false,
+            })
+        }),
+        ..Setup::default()
+    });
+    h.connect();
+    h.start_load(0);
+    assert!(
+        h.run_until(100_000, 1000, |h| h.total().verified >= 20),
+        "{:?}",
+        h.total()
+    );
+    let st = h.srv.borrow().stats.clone();
+    assert!(st.reads > 0, "{st:?}");
+    assert_eq!(st.reads_need_inval, st.reads, "every READ asked: {st:?}");
+    h.srv.borrow_mut().no_inv = true;
+    assert!(
+        h.run_until(100_000, 1000, |h| h.events.borrow().len() > 1),
+        "the path stayed up"
+    );
+    assert_eq!(h.events.borrow()[1], LinkEvent::Disconnected);
+    h.srv.borrow_mut().no_inv = false;
+    let v = h.total().verified;
+    assert!(
+        h.run_until(2_000_000, 1000, |h| h.total().verified >= v + 20),
+        "{:?}",
+        h.total()
+    );
+    h.drain(100_000, 1000);
+    clean(&h);
+}
+
 #[test]
 fn rejected_connects_are_retried_then_succeed() {
     let mut h = Harness::new(Setup {
@@ -784,18 +881,33 @@ fn segments_outside_registrations_are_refused_at_submit() {
 
 /// A loopback fabric as verbs resolves local memory (`local_memory`, left to the trait's
 /// default, answers nothing), and, with `fast_mr` false, without a fast-registration slot
-/// to give (a core cannot allocate its per-permit buffers).
+/// to give (a core cannot allocate its per-permit buffers); with `local_ops` false it
+/// says, as verbs does, that its local operations are posted work requests, and only
+/// that (local memory resolved as on the loopback).
 struct Restricted {
     inner: std::sync::Arc<dyn rtrs_spdk::fabric::Fabric>,
     fast_mr: bool,
+    local_ops: bool,
 }
 
 impl rtrs_spdk::fabric::Fabric for Restricted {
     fn kind(&self) -> rtrs_spdk::fabric::FabricKind {
         self.inner.kind()
     }
+    fn local_memory(
+        &self,
+        sge: &rtrs_spdk::fabric::Sge,
+        need: rtrs_spdk::fabric::Access,
+    ) -> Option<std::sync::Arc<rtrs_spdk::fabric::mem::Backing>> {
+        if self.local_ops {
+            return None;
+        }
+        self.inner.local_memory(sge, need)
+    }
     fn caps(&self) -> rtrs_spdk::fabric::FabricCaps {
-        self.inner.caps()
+        let mut caps = self.inner.caps();
+        caps.local_ops_at_post &= self.local_ops;
+        caps
     }
     fn domain(
         &self,
@@ -804,6 +916,7 @@ impl rtrs_spdk::fabric::Fabric for Restricted {
         Ok(std::sync::Arc::new(Restricted {
             inner,
             fast_mr: self.fast_mr,
+            local_ops: self.local_ops,
         }))
     }
     fn as_any(&self) -> &dyn std::any::Any {
@@ -865,6 +978,7 @@ fn a_core_without_buffers_answers_busy_with_no_capacity() {
     let starved = std::sync::Arc::new(Restricted {
         inner: lo.clone(),
         fast_mr: false,
+        local_ops: true,
     });
     let mut one = OneCore::connect(lo.clone(), starved, "starved");
     let (core, done) = (one.core.clone(), one.done.clone());
@@ -915,6 +1029,7 @@ fn reads_into_memory_the_core_was_not_given_fail_on_a_verbs_like_fabric() {
     let client: std::sync::Arc<dyn Fabric> = std::sync::Arc::new(Restricted {
         inner: lo.clone(),
         fast_mr: true,
+        local_ops: true,
     });
     let OneCore {
         mut sim,

@@ -14,6 +14,7 @@ use rtrs_spdk::common::{IuPool, RtrsCon};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::{
     Access, CmEvent, Fabric, Listener, MemBuf, Mr, QpCaps, RecvWr, SendOp, SendWr, Wc, WcOpcode,
+    WcStatus,
 };
 use rtrs_spdk::proto::{
     ChunkOp, ChunkReq, ConnReq, ConnRsp, Imm, ImmLayout, InfoRsp, IoRsp, RkeyRsp, SgDesc,
@@ -28,12 +29,17 @@ pub struct SConn {
     info: Option<IuPool>,
 }
 
+/// `wr_id` of [`FakeServer::late_write`]'s write.
+const LATE_WR: u64 = 0x1a7e;
+
 /// Counters the tests look at.
 #[derive(Debug, Default, Clone)]
 pub struct FakeStats {
     pub accepted: u64,
     pub writes: u64,
     pub reads: u64,
+    /// READs whose trailer asked for remote invalidation (`NEED_INVAL_F`).
+    pub reads_need_inval: u64,
     pub hb_acks: u64,
     pub info: u64,
 }
@@ -60,6 +66,13 @@ pub struct FakeServer {
     pub evil: Option<Evil>,
     /// Answer READs without SEND_WITH_INV (the client then invalidates locally).
     pub no_inv: bool,
+    /// Hostile: after answering the next READ with a descriptor, write through its key
+    /// once more at the next poll, when the client has seen the response.
+    pub late_write: bool,
+    /// The late write waiting for the next poll: (connection, address, key, length).
+    late: Option<(usize, u64, u32, u32)>,
+    /// How the late write completed.
+    pub late_status: Option<WcStatus>,
     /// Reject this many connection requests with `reject_errno`.
     pub reject_next: u32,
     pub reject_errno: i32,
@@ -154,6 +167,9 @@ impl FakeServer {
             mute_hb: false,
             evil: None,
             no_inv: false,
+            late_write: false,
+            late: None,
+            late_status: None,
             reject_next: 0,
             reject_errno: -6,
             requests: 0,
@@ -316,6 +332,19 @@ impl FakeServer {
                 }
             }
         }
+        if let Some((ci, addr, rkey, len)) = self.late.take() {
+            let mr = self.chunks.as_ref().unwrap();
+            let sge = [mr.sge(0, len as usize)];
+            let _ = self.conns[ci].con.post_send(&[SendWr {
+                wr_id: LATE_WR,
+                op: SendOp::RdmaWrite {
+                    remote_addr: addr,
+                    rkey,
+                },
+                sges: &sge,
+                signaled: true,
+            }]);
+        }
         let mut wcs = [Wc::default(); 32];
         for ci in 0..self.conns.len() {
             if !self.conns[ci].alive {
@@ -332,6 +361,9 @@ impl FakeServer {
             let alive = self.conns[ci].alive;
             for wc in &wcs[..n] {
                 busy = true;
+                if wc.wr_id == LATE_WR {
+                    self.late_status = Some(wc.status);
+                }
                 if wc.status.is_ok() && alive {
                     self.on_wc(ci, wc);
                 }
@@ -411,8 +443,12 @@ impl FakeServer {
             }
             ChunkOp::Read { desc, need_inval } => {
                 self.stats.reads += 1;
+                self.stats.reads_need_inval += u64::from(need_inval);
                 mr.write_at(base, &self.disk[disk_off..disk_off + len]);
                 if let Some(d) = desc {
+                    if std::mem::take(&mut self.late_write) {
+                        self.late = Some((ci, d.addr, d.key, d.len));
+                    }
                     sge = [mr.sge(base, d.len as usize)];
                     chain.push(SendWr {
                         wr_id: 0,

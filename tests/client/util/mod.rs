@@ -349,7 +349,13 @@ pub struct Setup {
     /// Each core's IO connections on one shared CQ per core ([`CoreCq`]), polled once
     /// per loop before the core's workload.
     pub core_cq: bool,
+    /// Wraps the client's fabric (the server keeps the plain one), e.g. to change what
+    /// the fabric says of itself.
+    pub client_fabric: Option<WrapFabric>,
 }
+
+/// What [`Setup::client_fabric`] holds.
+pub type WrapFabric = fn(Arc<dyn Fabric>) -> Arc<dyn Fabric>;
 
 impl Default for Setup {
     fn default() -> Self {
@@ -365,6 +371,7 @@ impl Default for Setup {
             tcp: false,
             direct: false,
             core_cq: false,
+            client_fabric: None,
         }
     }
 }
@@ -397,6 +404,7 @@ impl Harness {
             }
         }));
         let addrs = srv.borrow().addrs.clone();
+        let fabric = s.client_fabric.map_or(fabric.clone(), |wrap| wrap(fabric));
         let rig = Rig::open(sim, fabric, &addrs, &s);
         Harness { rig, srv }
     }
