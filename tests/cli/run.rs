@@ -4,7 +4,8 @@
 //! (`?src=`) and a `--sessname`, both seen by the target; file exports, read-write and
 //! read-only;
 //! `--inline-target`; the text output; the target stopping with exit code 0 on SIGTERM
-//! and SIGINT; the bench ending early on SIGINT. Reactors sleep when idle
+//! and SIGINT; the bench ending early on SIGINT, with its report also when the signal
+//! is delivered twice (as `timeout` does). Reactors sleep when idle
 //! (`--idle adaptive`) to share the machine. Waits are bounded; nothing is timed.
 
 use crate::cli_util;
@@ -312,6 +313,73 @@ fn bench_sigint_ends_the_run_early_with_code_130() {
         assert_eq!(v["interrupted"], true, "{v}");
         assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
     }
+}
+
+/// `timeout(1)` sends its signal to the bench and then to the bench's process group: one
+/// request to stop, seen twice. The run still ends with its report (JSON, `interrupted`),
+/// not with the "second signal" exit that reports nothing. The target is stopped
+/// (SIGSTOP) meanwhile, so the bench is still draining its IO when the second signal
+/// lands, 50 ms after the first; it is continued after that.
+#[test]
+fn bench_a_signal_delivered_twice_still_reports() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let t = start_target(&["vol=ram:8M"], &[]);
+    let url = format!("tcp://127.0.0.1:{}", t.port);
+    let child = Command::new(BENCH)
+        .args([
+            "--idle", "adaptive", "--path", &url, "--device", "vol", "--rw", "randread", "--time",
+            "10m", "--json", "-vv", "-m", "0x2",
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rtrs-bench");
+    let mut kid = cli_util::Kid(Some(child));
+    let child = kid.0.as_mut().expect("child");
+    let mut out = child.stdout.take().expect("stdout");
+    let err = child.stderr.take().expect("stderr");
+    // stderr: the log, read until the timed run has begun, then drained.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::thread::spawn(move || {
+        let mut r = BufReader::new(err);
+        let mut all = String::new();
+        let mut line = String::new();
+        while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if line.contains("the timed run begins") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            line.clear();
+        }
+        all
+    });
+    let begun = rx.recv_timeout(LIMIT).is_ok();
+    assert!(begun, "the timed run did not begin within {LIMIT:?}");
+    let (pid, tpid) = (kid.pid().to_string(), t.kid.pid().to_string());
+    let st = Command::new("sh")
+        .args([
+            "-c",
+            "kill -STOP $2 && kill -INT $1 && sleep 0.05 && kill -INT $1 && sleep 0.2; kill -CONT $2",
+            "sh",
+            &pid,
+            &tpid,
+        ])
+        .status()
+        .expect("run sh");
+    assert!(st.success(), "kill failed");
+    let status = kid.wait(LIMIT);
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).expect("stdout");
+    let stderr = log.join().expect("log reader");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {stdout:?}; log:\n{stderr}"));
+    assert_eq!(v["interrupted"], true, "{v}");
+    assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
+    assert!(v["ios"].as_u64().unwrap_or(0) > 0, "{v}");
 }
 
 #[test]

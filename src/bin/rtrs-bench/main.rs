@@ -34,8 +34,9 @@
 //! Output: a live progress line on stderr when it is a terminal; at the end IOPS, MiB/s,
 //! latency (average, p50, p99, p99.9, max; from a log-linear histogram), errors and
 //! verify mismatches, as text or (`--json`) one JSON object on stdout.
-//! SIGINT or SIGTERM ends the run early: what was measured is reported (a second one
-//! exits at once).
+//! SIGINT or SIGTERM ends the run early: what was measured is reported (another one, a
+//! second or more later, exits at once; one within that second is the same signal delivered
+//! again, as `timeout` does: to its child and then to the child's process group).
 //! A path that fails, while the session is being set up or later, is reconnected after
 //! `--reconnect-delay`, up to `--max-reconnect-attempts` times in a row (for ever by
 //! default); the summary warns about every `--path` not connected at the end, with why
@@ -91,6 +92,39 @@ const INLINE_DEVICE: &str = "bench";
 const INLINE_CHUNK: u32 = 256 << 10;
 /// Exit code after SIGINT/SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
+
+/// Signals closer than this to the first are that signal delivered again, not a second one.
+const SIGNAL_AGAIN: Duration = Duration::from_secs(1);
+
+/// SIGINT/SIGTERM: the first sets `stop` (the run ends, what was measured is reported);
+/// another, [`SIGNAL_AGAIN`] or more after it, exits at once with [`EXIT_INTERRUPTED`].
+/// `timeout(1)` sends its signal to the child and then to its process group, so the child
+/// may see it twice within microseconds: that is one request to stop, not two.
+fn watch_signals(stop: Arc<AtomicBool>) -> Result<(), Failure> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| failed(format!("installing the SIGINT/SIGTERM handler: {e}")))?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut first: Option<Instant> = None;
+            for sig in signals.forever() {
+                match first {
+                    None => {
+                        first = Some(Instant::now());
+                        stop.store(true, Ordering::Release);
+                    }
+                    Some(at) if at.elapsed() >= SIGNAL_AGAIN => {
+                        eprintln!("{PROG}: signal {sig} again: exiting at once, nothing reported");
+                        signal_hook::low_level::exit(i32::from(EXIT_INTERRUPTED));
+                    }
+                    Some(_) => {}
+                }
+            }
+        })
+        .map_err(|e| failed(format!("starting the signal thread: {e}")))?;
+    Ok(())
+}
 
 /// Block IO benchmark over RTRS/RNBD.
 #[derive(Parser, Debug)]
@@ -419,11 +453,7 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     };
     let (rtx, rrx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal exits at once; the first ends the run.
-        let _ = signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop));
-        let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
-    }
+    watch_signals(Arc::clone(&stop))?;
     // The session's own protection domain: its buffers are registered there and its
     // connections made from it, so no other session's keys reach them.
     let fabric = fabric
@@ -486,6 +516,12 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     let active = plans.iter().flatten().count();
     *lock(&setup.plans) = plans;
     setup.go.store(true, Ordering::Release);
+    tracing::info!(
+        "the timed run begins: {} for {:?} on {active} core(s), qd {} each",
+        args.rw.name(),
+        args.time,
+        args.qd
+    );
 
     // Progress until every active core reported.
     // Waiting IO completes within the wait: only a longer silence is a stall.
