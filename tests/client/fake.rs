@@ -157,8 +157,7 @@ fn io_waits_through_target_restart() {
         "{:?}",
         h.sess.paths()
     );
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.drain(100_000, 1000);
     clean(&h);
     assert_eq!(
@@ -245,19 +244,16 @@ fn runtime_path_management() {
     h.sess.disconnect_path(h.paths[1]);
     assert!(h.run_until(100_000, 1000, |h| h.sess.path_state(h.paths[1])
         == Some(PathState::Closed)));
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.sess.reconnect_path(h.paths[1]);
     assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 2));
     h.sess.remove_path(h.paths[0]);
     assert!(h.run_until(100_000, 1000, |h| h.sess.paths().len() == 1));
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.sess.add_path(h.paths[0]);
     assert!(h.run_until(100_000, 1000, |h| h.sess.paths_up() == 2));
     h.sess.set_policy(MpPolicy::MinLatency);
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.drain(100_000, 1000);
     clean(&h);
 }
@@ -317,8 +313,7 @@ fn protocol_violations_are_path_errors_and_io_survives() {
             "{:?}",
             h.sess.paths()
         );
-        let v = h.total().verified;
-        assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+        h.verify_more(50, 100_000);
         h.drain(100_000, 1000);
         clean(&h);
     }
@@ -363,8 +358,7 @@ fn queue_depth_change_is_renegotiated() {
     );
     let errs = t.errors.len();
     h.start_load(0);
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.drain(100_000, 1000);
     assert_eq!(h.total().errors.len(), errs);
     assert_eq!(h.total().mismatches, 0);
@@ -472,12 +466,7 @@ fn a_read_key_is_retired_before_its_request_completes() {
             "a write through the key of a completed READ (new_rkey {new_rkey}, direct {direct})"
         );
         // The refusal broke the path; it comes back and the load goes on, verified.
-        let v = h.total().verified;
-        assert!(
-            h.run_until(2_000_000, 1000, |h| h.total().verified >= v + 20),
-            "{:?}",
-            h.total()
-        );
+        h.verify_more(20, 2_000_000);
         h.drain(100_000, 1000);
         clean(&h);
     }
@@ -519,12 +508,7 @@ fn a_read_answered_without_the_invalidation_it_asked_for_is_a_path_error() {
     );
     assert_eq!(h.events.borrow()[1], LinkEvent::Disconnected);
     h.srv.borrow_mut().no_inv = false;
-    let v = h.total().verified;
-    assert!(
-        h.run_until(2_000_000, 1000, |h| h.total().verified >= v + 20),
-        "{:?}",
-        h.total()
-    );
+    h.verify_more(20, 2_000_000);
     h.drain(100_000, 1000);
     clean(&h);
 }

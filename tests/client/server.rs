@@ -82,18 +82,13 @@ fn two_paths_one_broken_under_load() {
         h.break_path(0);
         assert!(h.run_until(100_000, 1000, |h| h.sess.path_state(h.paths[0])
             != Some(PathState::Connected)));
-        let v = h.total().verified;
-        assert!(
-            h.run_until(200_000, 1000, |h| h.total().verified >= v + 200),
-            "IO continues"
-        );
+        h.verify_more(200, 200_000);
         assert!(
             h.run_until(40_000, MS, |h| h.sess.paths_up() == 2),
             "path comes back: {:?}",
             h.sess.paths()
         );
-        let v = h.total().verified;
-        assert!(h.run_until(200_000, 1000, |h| h.total().verified >= v + 200));
+        h.verify_more(200, 200_000);
         h.drain(200_000, 1000);
         clean(&h);
         let st = h.sess.stats();
@@ -125,8 +120,7 @@ fn target_restart_io_completes_after_reconnect() {
         "{:?}",
         h.sess.paths()
     );
-    let v = h.total().verified;
-    assert!(h.run_until(200_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 200_000);
     h.drain(200_000, 1000);
     clean(&h);
     assert_eq!(
@@ -205,8 +199,7 @@ fn blackholed_path_dead_within_heartbeat_bound() {
     );
     assert_eq!(h.sess.path_state(h.paths[0]), Some(PathState::Connected));
     // Requests stuck on the silent path were failed over; all complete, intact.
-    let v = h.total().verified;
-    assert!(h.run_until(100_000, 1000, |h| h.total().verified >= v + 50));
+    h.verify_more(50, 100_000);
     h.drain(100_000, 1000);
     clean(&h);
     let st = h.sess.stats();
@@ -258,8 +251,7 @@ fn zero_copy_reads_into_registered_regions() {
         assert!(h.run_until(200_000, 1000, |h| h.total().verified >= 300));
         // Failover of zero-copy reads too.
         h.break_path(1);
-        let v = h.total().verified;
-        assert!(h.run_until(200_000, 1000, |h| h.total().verified >= v + 300));
+        h.verify_more(300, 200_000);
         h.drain(200_000, 1000);
         clean(&h);
         let st = h.sess.stats();

@@ -307,7 +307,6 @@ impl Load {
     }
 }
 
-/// A client session on `cores` simulated reactors against a [`FakeServer`].
 /// A client session on simulated reactors with a per-core workload, whatever the
 /// target.
 pub struct Rig {
@@ -481,6 +480,18 @@ impl Rig {
             paths,
             core_cqs,
         }
+    }
+
+    /// Steps (at most `max_steps` of 1 µs) until the load has verified `more` requests
+    /// beyond what it had; panics with the totals if it has not.
+    #[track_caller]
+    pub fn verify_more(&mut self, more: u64, max_steps: usize) {
+        let v = self.total().verified;
+        assert!(
+            self.run_until(max_steps, 1000, |h| h.total().verified >= v + more),
+            "the load did not verify {more} more requests: {:?}",
+            self.total()
+        );
     }
 
     /// Steps with `tick_ns` of virtual time per step until `cond` or `max_steps`.
