@@ -128,7 +128,17 @@ fn watch_signals(stop: Arc<AtomicBool>) -> Result<(), Failure> {
 
 /// Block IO benchmark over RTRS/RNBD.
 #[derive(Parser, Debug)]
-#[command(name = "rtrs-bench", version, about, max_term_width = 100)]
+#[command(
+    name = "rtrs-bench",
+    version,
+    about,
+    max_term_width = 100,
+    after_help = "SIGINT or SIGTERM ends the run early and reports what was measured (exit \
+                  code 130); another one, a second or more later, exits at once.\n\
+                  Exit codes: 0 success; 1 IO errors, verify mismatches, the target \
+                  unreachable, the device refused, or a path not connected at the end with \
+                  --require-all-paths; 2 bad arguments; 130 interrupted."
+)]
 struct Args {
     /// A path to the target, tcp://HOST[:PORT] or rdma://HOST[:PORT] (port 1234 when
     /// omitted), with ?src=ADDR to bind the local address. Repeatable (multipath; one
