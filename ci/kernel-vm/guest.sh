@@ -163,7 +163,8 @@ bench_row() { # NAME ARGS...
 # beside it), checked as MODE says; prints the figures, fails when the check does not hold.
 #   mp:   "reconnects errors mismatches" summed over the paths (the caller judges)
 #   devs: two paths, one on rxe0 and one on rxe1, each connected at the end and each
-#         having carried IO; errors and mismatches 0; with the link fault (LINK_FAULT=1)
+#         having carried IO; the timed run did IO; errors and mismatches 0; with the
+#         link fault (LINK_FAULT=1)
 #         the rxe1 path also reconnected at least once
 cat >"$TMPD/bench_json.py" <<'EOF'
 import json, sys
@@ -185,6 +186,8 @@ if mode == "mp":
 why = []
 if d["errors"] != 0 or d["verify_mismatches"] != 0:
     why.append("IO failed")
+if d["ios"] == 0:
+    why.append("the timed run did no IO")
 hcas = sorted(str(p.get("hca_name")) for p in paths)
 if hcas != ["rxe0", "rxe1"]:
     why.append("paths' hca_name %s, not rxe0 and rxe1" % hcas)
@@ -1000,14 +1003,16 @@ rxe1_back() { # NAME
 }
 # The first warning about a path in a log (-v; SPDK's log), for a row's detail.
 path_warning() { grep -m1 -E 'connecting failed|path error' "$1" | sed 's/^.*\(connecting failed\|path error\)/\1/' | cut -c1-240; }
-srv_rxe1_io() { # SESSNAME: a path of the kernel server's session on rxe1 has carried IO
-	local p rc rb wc wb
+srv_rxe1_ops() { # SESSNAME: the reads and writes the server's paths on rxe1 have carried
+	local p rc rb wc wb n=0
 	for p in $(srv_paths "$1"); do
 		[[ $(cat "$p/hca_name" 2>/dev/null) == rxe1 ]] || continue
-		read -r rc rb wc wb 2>/dev/null <"$p/stats/rdma" && ((rc + wc > 0)) && return 0
+		read -r rc rb wc wb 2>/dev/null <"$p/stats/rdma" && n=$((n + rc + wc))
 	done
-	return 1
+	echo $n
 }
+srv_rxe1_beyond() { (($(srv_rxe1_ops "$1") > $2)); } # SESSNAME N
+srv_rxe1_io() { srv_rxe1_beyond "$1" 0; } # SESSNAME: its rxe1 path has carried IO
 # After the rxe1 fault of a run against the kernel's server: waits (up to 120 s) for more
 # than N "path connected on rxe1" lines in LOG and then (up to 60 s) for IO on the server's
 # rxe1 path of SESSNAME, while PID runs; appends what it saw to the caller's $fault.
@@ -1019,6 +1024,22 @@ rxe1_path_back() { # PID LOG N SESSNAME
 	fi
 	fault="$fault; the rxe1 path not back with IO on the server within 180 s"
 	return 1
+}
+# After rxe1_path_back, for a bench (-vv): waits (up to 120 s) for its timed run to begin
+# (the path may be back during the prefill of --verify) and then (up to 60 s) for the
+# server's rxe1 path to carry more IO, while PID runs; appends what it saw to $fault.
+timed_rxe1_io() { # PID LOG SESSNAME
+	local ops
+	if ! wait_for -p "$1" 120 grep -q "the timed run begins" "$2"; then
+		fault="$fault; the timed run had not begun 120 s after that"
+		return 1
+	fi
+	ops=$(srv_rxe1_ops "$3")
+	if ! wait_for -p "$1" 60 srv_rxe1_beyond "$3" "$ops"; then
+		fault="$fault; the rxe1 path carried none of the timed run's IO within 60 s"
+		return 1
+	fi
+	fault="$fault (IO of the timed run too)"
 }
 # A bench's path through rxe1 failed: -v logs its errors, naming the path src@dst; only
 # the lines after the first SKIP count (those from before the fault do not).
@@ -1036,10 +1057,11 @@ clt_rxe1_down() { # SESSNAME: the kernel client's path on rxe1 is not connected
 # The two-device bench of dev.loop and dev.to-kernel, with the fault once both paths are up
 # (UP: a command that says so); the row passes on exit status 0 and bench_json devs.
 # With DEV_SRV_SESS (the kernel server's session name) the run lasts until the rxe1 path is
-# back and has carried IO on the server, then is ended (SIGINT, exit 130): the kernel's
-# server may hold the cut path 50 s (docs/INTEROP.md, "A kernel fault the checks know").
+# back and has carried IO of the timed run on the server, then is ended (SIGINT, exit 130):
+# the kernel's server may hold the cut path 50 s (docs/INTEROP.md, "A kernel fault the
+# checks know"); not seeing that within the waits fails the row.
 dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
-	local name=$1 port=$2 up=() rc detail fault ok warn time=8s ups ended=0
+	local name=$1 port=$2 up=() rc detail fault ok warn time=8s ups ended=0 missed=0
 	shift 2
 	while [[ $1 != -- ]]; do up+=("$1"); shift; done
 	shift
@@ -1056,9 +1078,14 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 			fault="a path on each device up (no device fault: RTRS_KVM_LINK_FAULT=0)"
 		elif link_fault "$name" $bp 30 bench_rxe1_failed "$OUT/$name.log" "$(wc -l <"$OUT/$name.log")"; then
 			fault="the rxe1 path failed when rxe1 was removed; rxe1 added again"
-			if [[ -n ${DEV_SRV_SESS:-} ]] && rxe1_path_back $bp "$OUT/$name.log" "$ups" "$DEV_SRV_SESS"; then
+			if [[ -z ${DEV_SRV_SESS:-} ]]; then
+				:
+			elif rxe1_path_back $bp "$OUT/$name.log" "$ups" "$DEV_SRV_SESS" &&
+				timed_rxe1_io $bp "$OUT/$name.log" "$DEV_SRV_SESS"; then
 				pkill -INT -P $bp # the bench's timeout, which hands the signal on
 				ended=1
+			else
+				missed=1
 			fi
 		else
 			fault="the rxe1 path did not fail when rxe1 was removed, or the removal did not finish"
@@ -1074,7 +1101,7 @@ dev_bench() { # NAME PORT UP... -- BENCH-ARGS...
 	detail=$(bench_json devs "$OUT/$name.log" $( ((LINK_FAULT)) && echo fault))
 	ok=$?
 	warn=$(path_warning "$OUT/$name.log")
-	check "$name" $((rc + ok)) "rc $rc; $fault${SRV_SEEN:+ (the kernel server saw paths on: $SRV_SEEN)}; $detail${warn:+; first path warning: $warn}; last line: $(grep -v '^{' "$OUT/$name.log" | tail -n 1 | cut -c1-240)"
+	check "$name" $((rc + ok + missed)) "rc $rc; $fault${SRV_SEEN:+ (the kernel server saw paths on: $SRV_SEEN)}; $detail${warn:+; first path warning: $warn}; last line: $(grep -v '^{' "$OUT/$name.log" | tail -n 1 | cut -c1-240)"
 }
 
 # One bring-up row (see the devices group): STEP is an extended regex of the target's

@@ -527,10 +527,15 @@ fn run(args: Args) -> Result<ExitCode, Failure> {
     *lock(&setup.plans) = plans;
     setup.go.store(true, Ordering::Release);
     tracing::info!(
-        "the timed run begins: {} for {:?} on {active} core(s), qd {} each",
+        "IO begins: {} for {:?} on {active} core(s), qd {} each{}",
         args.rw.name(),
         args.time,
-        args.qd
+        args.qd,
+        if job.prefills() {
+            ", after a prefill"
+        } else {
+            ""
+        }
     );
 
     // Progress until every active core reported.

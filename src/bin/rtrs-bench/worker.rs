@@ -82,6 +82,14 @@ pub struct JobSpec {
     pub write_zeroes: WriteZeroesMode,
 }
 
+impl JobSpec {
+    /// Whether the region is written once before the timed run: `--warmup-write`, or
+    /// `--verify` with reads or discards, so that every read has something to check.
+    pub fn prefills(&self) -> bool {
+        self.warmup || (self.verify && (self.rw.reads() || self.rw == Rw::Trim))
+    }
+}
+
 /// One core's share: `units` IO units of `bs` bytes from `start`, `qd` in flight.
 #[derive(Clone, Copy, Debug)]
 pub struct JobPlan {
@@ -203,8 +211,7 @@ impl Worker {
         stop: Arc<AtomicBool>,
         tx: mpsc::Sender<CoreReport>,
     ) -> Worker {
-        let prefill = spec.rw.reads() || spec.rw == Rw::Trim;
-        let phase = if spec.warmup || (spec.verify && prefill) {
+        let phase = if spec.prefills() {
             JobPhase::Prefill
         } else {
             JobPhase::Run
@@ -325,6 +332,10 @@ impl Worker {
                 }
                 JobPhase::Run => {
                     if !self.running {
+                        tracing::info!(
+                            "the timed run begins on this core, qd {}",
+                            self.slots.len()
+                        );
                         self.running = true;
                         self.start = now;
                         self.deadline = now + self.spec.time_ns;
