@@ -17,7 +17,7 @@ use super::{wc, Domain, Shared};
 use crate::fabric::SetupCause;
 use crate::fabric::{
     CmEvent, Conn, ConnState, FabricError, Hca, PostError, PostErrorKind, PrivateData, QpCaps,
-    RecvWr, SendOp, SendWr, Wc,
+    RecvWr, SendOp, SendWr, Sge, Wc,
 };
 
 /// Address and route resolution timeout (the kernel's `RTRS_CONNECT_TIMEOUT_MS`).
@@ -46,6 +46,9 @@ pub(super) struct VerbsConn {
     pending: Option<CmEvent>,
     /// A failed `ibv_poll_cq` is logged once per connection, not per poll.
     poll_error_logged: bool,
+    /// A post refused for another reason than a full queue or a broken connection is
+    /// logged once per connection, with its cause (the layers above see only the kind).
+    refusal_logged: bool,
     slots: Slots,
 }
 
@@ -162,6 +165,7 @@ impl VerbsConn {
             passive: false,
             pending: None,
             poll_error_logged: false,
+            refusal_logged: false,
             slots,
         })
     }
@@ -188,6 +192,7 @@ impl VerbsConn {
             passive: true,
             pending: None,
             poll_error_logged: false,
+            refusal_logged: false,
             slots,
         }
     }
@@ -340,9 +345,12 @@ impl VerbsConn {
         shared: &Shared,
         lkeys: &'a LkeyCache,
         wr: &SendWr<'a>,
-    ) -> Result<SendReq<'a>, PostErrorKind> {
+    ) -> Result<SendReq<'a>, (PostErrorKind, &'static str)> {
         if wr.sges.len() > caps.max_send_sge as usize {
-            return Err(PostErrorKind::TooManySge);
+            return Err((
+                PostErrorKind::TooManySge,
+                "more SGEs than the queue pair takes",
+            ));
         }
         let op = match wr.op {
             SendOp::Send => SendReqOp::Send,
@@ -367,7 +375,7 @@ impl VerbsConn {
                 rkey,
             } => {
                 if !wr.sges.is_empty() {
-                    return Err(PostErrorKind::TooManySge);
+                    return Err((PostErrorKind::TooManySge, "a REG_MR with SGEs"));
                 }
                 let mw = slot.handle().downcast_ref::<MemWindow>();
                 let mr = region
@@ -375,14 +383,29 @@ impl VerbsConn {
                     .downcast_ref::<Regions>()
                     .filter(|r| lkeys.is_of(&shared.keys) && r.is_of(&shared.keys))
                     .and_then(|r| lkeys.region(r.id()));
-                let (Some(mw), Some(mr)) = (mw, mr) else {
-                    return Err(PostErrorKind::Invalid);
+                let Some(mw) = mw else {
+                    return Err((
+                        PostErrorKind::Invalid,
+                        "REG_MR of a slot not of this fabric",
+                    ));
+                };
+                let Some(mr) = mr else {
+                    return Err((
+                        PostErrorKind::Invalid,
+                        "REG_MR over a registration this domain has not on the connection's device",
+                    ));
                 };
                 if !mw.is_in(&shared.pd) || !mr.is_in(&shared.pd) {
-                    return Err(PostErrorKind::Invalid);
+                    return Err((
+                        PostErrorKind::Invalid,
+                        "REG_MR of a slot or region of another device or protection domain",
+                    ));
                 }
                 if u64::from(len) > shared.caps.max_mr_size {
-                    return Err(PostErrorKind::Invalid);
+                    return Err((
+                        PostErrorKind::Invalid,
+                        "REG_MR longer than the device's max_mr_size",
+                    ));
                 }
                 let access = wc::mw_access(access);
                 SendReqOp::BindMw {
@@ -396,16 +419,27 @@ impl VerbsConn {
             }
             SendOp::LocalInv { slot } => {
                 if !wr.sges.is_empty() {
-                    return Err(PostErrorKind::TooManySge);
+                    return Err((PostErrorKind::TooManySge, "a LOCAL_INV with SGEs"));
                 }
                 match slot.handle().downcast_ref::<MemWindow>() {
                     // A type-1 window never bound has nothing to unbind (and its
                     // unbinding would name no region).
                     Some(mw) if mw.kind() == WindowKind::Type1 && mw.bound_mr().is_none() => {
-                        return Err(PostErrorKind::Invalid)
+                        return Err((PostErrorKind::Invalid, "LOCAL_INV of a slot never bound"))
                     }
                     Some(mw) if mw.is_in(&shared.pd) => SendReqOp::Invalidate(mw),
-                    _ => return Err(PostErrorKind::Invalid),
+                    Some(_) => {
+                        return Err((
+                            PostErrorKind::Invalid,
+                            "LOCAL_INV of a slot of another device or protection domain",
+                        ))
+                    }
+                    None => {
+                        return Err((
+                            PostErrorKind::Invalid,
+                            "LOCAL_INV of a slot not of this fabric",
+                        ))
+                    }
                 }
             }
         };
@@ -415,6 +449,48 @@ impl VerbsConn {
             sges: wr.sges,
             signaled: wr.signaled,
         })
+    }
+
+    /// Logs (once per connection) why the provider or the key cache refused work
+    /// request `index` of a post: an SGE key this domain has no registration for on the
+    /// connection's device, or the provider's errno. Full queues and broken connections
+    /// are the layers' own business and are not logged.
+    fn log_refusal(
+        &mut self,
+        what: &str,
+        index: usize,
+        kind: PostErrorKind,
+        errno: i32,
+        sges: &[Sge],
+    ) {
+        if matches!(kind, PostErrorKind::QueueFull | PostErrorKind::NotConnected) {
+            return;
+        }
+        let unknown = sges.iter().find(|s| self.lkeys.lkey(s.lkey).is_none());
+        let cause = match unknown {
+            Some(s) => format!(
+                "SGE key {:#x}: this domain has no registration of that id on device {}",
+                s.lkey,
+                self.shared.pd.device().name()
+            ),
+            None => format!(
+                "the provider refused it: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+        };
+        self.log_refused(index, kind, &format!("{what} post: {cause}"));
+    }
+
+    fn log_refused(&mut self, index: usize, kind: PostErrorKind, why: &str) {
+        if self.refusal_logged {
+            return;
+        }
+        self.refusal_logged = true;
+        tracing::warn!(
+            conn = %self.describe(),
+            device = self.shared.pd.device().name(),
+            "post refused at work request {index} ({kind:?}): {why}"
+        );
     }
 }
 
@@ -472,9 +548,12 @@ impl Conn for VerbsConn {
                 }
             }
             if let Err(f) = posted {
+                let kind = wc::post_error_kind(f.errno);
+                let sges = chunk.get(f.index).map_or(&[][..], |wr| wr.sges);
+                self.log_refusal("send", base + f.index, kind, f.errno, sges);
                 return Err(PostError {
                     index: base + f.index,
-                    kind: wc::post_error_kind(f.errno),
+                    kind,
                 });
             }
             if full {
@@ -483,7 +562,8 @@ impl Conn for VerbsConn {
                     kind: PostErrorKind::QueueFull,
                 });
             }
-            if let Some(kind) = bad {
+            if let Some((kind, why)) = bad {
+                self.log_refused(base + n, kind, why);
                 return Err(PostError {
                     index: base + n,
                     kind,
@@ -525,10 +605,15 @@ impl Conn for VerbsConn {
                     s.recv_posted(w.wr_id);
                 }
             });
-            posted.map_err(|f| PostError {
-                index: base + f.index,
-                kind: wc::post_error_kind(f.errno),
-            })?;
+            if let Err(f) = posted {
+                let kind = wc::post_error_kind(f.errno);
+                let sge = chunk.get(f.index).and_then(|w| w.sge);
+                self.log_refusal("receive", base + f.index, kind, f.errno, sge.as_slice());
+                return Err(PostError {
+                    index: base + f.index,
+                    kind,
+                });
+            }
             if n < chunk.len() {
                 return Err(PostError {
                     index: base + n,
