@@ -753,6 +753,104 @@ fn hw_two_devices_one_domain_one_cq() {
     }
 }
 
+/// A post learns the keys of the registrations its requests name, then builds them. While
+/// another thread makes and lets go of registrations of the same domain (each a change of
+/// its key map, as a device's removal is), a connection that translates its keys (one
+/// not on device 0) posts writes of two SGEs from two registrations: none may be
+/// refused, and each lands whole. A key cache that looked at the map's generation
+/// between the two ids of one post forgot the first and refused it; a device removed
+/// under IO showed it (docs/ARCHITECTURE.md, "Several RDMA devices").
+#[test]
+#[ignore = "needs two RDMA devices: RTRS_TEST_ADDR=<ip of one> RTRS_TEST_ADDR2=<ip of another> cargo test --test fabric_verbs -- --ignored"]
+fn hw_two_devices_posts_keep_their_keys_while_registrations_change() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let (fabric, a, b) = two_devices();
+    let dom = fabric.domain().expect("a session's domain");
+    let cq = dom.create_cq(256).expect("a CQ");
+    let share = cq.share();
+    let srcs: Vec<_> = (0..2)
+        .map(|_| {
+            dom.register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+                .unwrap()
+        })
+        .collect();
+    let dst = dom
+        .register(
+            MemBuf::zeroed(4096),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (mut client, _server, hca) = [a, b]
+        .into_iter()
+        .map(|ip| {
+            let (c, s) = pair_in(&*dom, ip, &share);
+            let hca = c.hca().expect("a verbs connection names its device");
+            (c, s, hca)
+        })
+        .find(|(_, _, hca)| hca.index != 0)
+        .expect("a connection on a device other than device 0");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (dom, stop) = (Arc::clone(&dom), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut changes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mr = dom
+                    .register(MemBuf::zeroed(4096), Access::LOCAL_WRITE)
+                    .expect("a registration of the churning thread");
+                drop(mr);
+                changes += 1;
+            }
+            changes
+        })
+    };
+    // Bounded in time, not a performance figure: as many posts as fit.
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut posts = 0u64;
+    let mut got = [0u8; 16];
+    while Instant::now() < end {
+        srcs[0].write_at(0, &posts.to_le_bytes());
+        srcs[1].write_at(0, &(!posts).to_le_bytes());
+        let sges = [srcs[0].sge(0, 8), srcs[1].sge(0, 8)];
+        let posted = client.post_send(&[SendWr {
+            wr_id: posts,
+            op: SendOp::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey_on(hca.index),
+            },
+            sges: &sges,
+            signaled: true,
+        }]);
+        if let Err(e) = posted {
+            stop.store(true, Ordering::Relaxed);
+            panic!(
+                "post {posts} on {} refused while registrations changed: {e}",
+                hca.name
+            );
+        }
+        let wc = wait_wc(client.as_mut(), "a two-SGE write");
+        assert_eq!((wc.wr_id, wc.status), (posts, WcStatus::Success));
+        dst.read_at(0, &mut got);
+        assert_eq!(got[..8], posts.to_le_bytes(), "write {posts}, first SGE");
+        assert_eq!(
+            got[8..],
+            (!posts).to_le_bytes(),
+            "write {posts}, second SGE"
+        );
+        posts += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let changes = churn.join().expect("the churning thread");
+    assert!(posts > 0 && changes > 0, "{posts} posts, {changes} changes");
+    eprintln!(
+        "{posts} two-SGE writes on {}, {changes} registrations made and let go meanwhile",
+        hca.name
+    );
+}
+
 /// Whether `fd` is readable within `ms` milliseconds.
 fn readable_within(fd: std::os::fd::RawFd, ms: i32) -> bool {
     let mut p = libc::pollfd {

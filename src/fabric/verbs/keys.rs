@@ -198,11 +198,10 @@ impl Drop for Regions {
 pub(super) struct LkeyCache {
     index: u8,
     map: Arc<KeyMap>,
-    generation: u64,
     /// Whether the post being built translates ([`LkeyCache::prepare`]): one answer for
     /// all its requests, even if the devices change meanwhile.
     translating: bool,
-    known: HashMap<u32, (u32, Arc<MemRegion>)>,
+    known: Learnt<(u32, Arc<MemRegion>)>,
 }
 
 impl LkeyCache {
@@ -210,17 +209,20 @@ impl LkeyCache {
     pub fn new(index: u8, map: Arc<KeyMap>) -> LkeyCache {
         LkeyCache {
             index,
-            generation: map.generation.load(Ordering::Acquire),
+            known: Learnt::new(map.generation.load(Ordering::Acquire)),
             translating: true,
             map,
-            known: HashMap::new(),
         }
     }
 
     /// Starts a post: whether its SGE keys are translated (a connection on device 0 of a
     /// fabric whose devices never changed uses the ids as they are), which the post's
-    /// lookups then keep to.
+    /// lookups then keep to; and forgets what was learnt if the map has changed since.
+    /// The map's generation is looked at here only, once per post: a change while the
+    /// post learns its ids must not make it forget the ones it learnt first.
     pub fn prepare(&mut self) -> bool {
+        self.known
+            .begin(self.map.generation.load(Ordering::Acquire));
         self.translating = self.index != 0 || self.map.translate_all.load(Ordering::Acquire);
         self.translating
     }
@@ -230,19 +232,12 @@ impl LkeyCache {
         Arc::ptr_eq(&self.map, map)
     }
 
-    /// Learns registration `id` on this device, if the domain has it there.
+    /// Learns registration `id` on this device, if the domain has it there (after
+    /// [`LkeyCache::prepare`]). A region learnt stays registered while the cache holds
+    /// it, so a post may still use one its registration let go of meanwhile.
     pub fn learn(&mut self, id: u32) {
-        let generation = self.map.generation.load(Ordering::Acquire);
-        if generation != self.generation {
-            self.known.clear();
-            self.generation = generation;
-        }
-        if self.known.contains_key(&id) {
-            return;
-        }
-        if let Some(found) = self.map.find(id, self.index) {
-            self.known.insert(id, found);
-        }
+        let (map, index) = (&self.map, self.index);
+        self.known.learn(id, || map.find(id, index));
     }
 
     /// The key on this device of the registration `id` names; `None` when it is not
@@ -251,11 +246,80 @@ impl LkeyCache {
         if !self.translating {
             return Some(id);
         }
-        self.known.get(&id).map(|k| k.0)
+        self.known.get(id).map(|k| k.0)
     }
 
     /// The region on this device of registration `id`, once learnt.
     pub fn region(&self, id: u32) -> Option<&Arc<MemRegion>> {
-        self.known.get(&id).map(|k| &k.1)
+        self.known.get(id).map(|k| &k.1)
+    }
+}
+
+/// What a connection learnt of its domain's registrations, by id, as of one generation
+/// of the map: forgotten when a post begins after the map changed, never while one is
+/// being built.
+struct Learnt<V> {
+    generation: u64,
+    by_id: HashMap<u32, V>,
+}
+
+impl<V> Learnt<V> {
+    fn new(generation: u64) -> Learnt<V> {
+        Learnt {
+            generation,
+            by_id: HashMap::new(),
+        }
+    }
+
+    /// A post begins with the map at `generation`.
+    fn begin(&mut self, generation: u64) {
+        if generation != self.generation {
+            self.by_id.clear();
+            self.generation = generation;
+        }
+    }
+
+    /// Learns `id` from `find` unless it is known.
+    fn learn(&mut self, id: u32, find: impl FnOnce() -> Option<V>) {
+        if self.by_id.contains_key(&id) {
+            return;
+        }
+        if let Some(v) = find() {
+            self.by_id.insert(id, v);
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&V> {
+        self.by_id.get(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Learnt;
+
+    /// The race a device removal exposed: the map changed (another thread let a device
+    /// or a registration go) between two ids of one post; the post must still find both,
+    /// and the next post learns afresh.
+    #[test]
+    fn a_change_while_a_post_learns_forgets_nothing_of_that_post() {
+        let mut map_gen = 7;
+        let mut known = Learnt::new(map_gen);
+        known.begin(map_gen);
+        known.learn(1, || Some("a@7"));
+        map_gen += 1; // another thread's change, seen between the two learns
+        known.learn(2, || Some("b@8"));
+        assert_eq!((known.get(1), known.get(2)), (Some(&"a@7"), Some(&"b@8")));
+
+        // The next post begins at the new generation: everything is learnt again.
+        known.begin(map_gen);
+        assert_eq!(known.get(1), None);
+        known.learn(1, || Some("a@8"));
+        assert_eq!(known.get(1), Some(&"a@8"));
+        // An unchanged map keeps what was learnt, and an id the map lacks stays unknown.
+        known.begin(map_gen);
+        known.learn(1, || panic!("a known id is not looked up again"));
+        known.learn(3, || None);
+        assert_eq!((known.get(1), known.get(3)), (Some(&"a@8"), None));
     }
 }
