@@ -302,6 +302,14 @@ if ((failed > 0)); then
 	done
 	grep -A40 '^FAIL guest' "$R" | tail -n +2 || true
 fi
+# How long each group took, from the guest's stamped group headers ("[guest T] == NAME:"),
+# for the suite's budget (ci/test.sh): "groups: verbs 83 s, loop 41 s, ...".
+if [[ -f $OUT/guest.log ]]; then
+	sed -nE 's/^\[guest ([0-9]{2}):([0-9]{2}):([0-9]{2})\] (== ([a-z0-9-]+):)?.*/\1 \2 \3 \5/p' "$OUT/guest.log" |
+		awk '{ t = $1 * 3600 + $2 * 60 + $3 + off; if (t < last) { off += 86400; t += 86400 }; last = t
+			if ($4 != "") { if (g != "") { out = out sep g " " (t - start) " s"; sep = ", " }; g = $4; start = t } }
+			END { if (g != "") print "groups: " out sep g " " (last - start) " s" }' || true
+fi
 echo "(guest output: $OUT; $(($(date +%s) - T0)) s in all)"
 echo "interop: $passed passed, $failed failed"
 if ((failed == 0)) && ((KEEP == 0)); then
