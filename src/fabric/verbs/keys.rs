@@ -297,27 +297,30 @@ impl<V> Learnt<V> {
 #[cfg(test)]
 mod tests {
     use super::Learnt;
+    use std::cell::Cell;
 
-    /// The race a device removal exposed: the map changed (another thread let a device
-    /// or a registration go) between two ids of one post; the post must still find both,
-    /// and the next post learns afresh.
+    /// The race a device removal exposed: the map changes (another thread lets a device
+    /// or a registration go) while a post learns its ids, here inside the first lookup.
+    /// The post must still find every id it learnt, and the next post learns afresh.
     #[test]
     fn a_change_while_a_post_learns_forgets_nothing_of_that_post() {
-        let mut map_gen = 7;
-        let mut known = Learnt::new(map_gen);
-        known.begin(map_gen);
-        known.learn(1, || Some("a@7"));
-        map_gen += 1; // another thread's change, seen between the two learns
+        let map_gen = Cell::new(7);
+        let mut known = Learnt::new(map_gen.get());
+        known.begin(map_gen.get());
+        known.learn(1, || {
+            map_gen.set(map_gen.get() + 1);
+            Some("a@7")
+        });
         known.learn(2, || Some("b@8"));
         assert_eq!((known.get(1), known.get(2)), (Some(&"a@7"), Some(&"b@8")));
 
         // The next post begins at the new generation: everything is learnt again.
-        known.begin(map_gen);
+        known.begin(map_gen.get());
         assert_eq!(known.get(1), None);
         known.learn(1, || Some("a@8"));
         assert_eq!(known.get(1), Some(&"a@8"));
         // An unchanged map keeps what was learnt, and an id the map lacks stays unknown.
-        known.begin(map_gen);
+        known.begin(map_gen.get());
         known.learn(1, || panic!("a known id is not looked up again"));
         known.learn(3, || None);
         assert_eq!((known.get(1), known.get(3)), (Some(&"a@8"), None));
