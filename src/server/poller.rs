@@ -511,6 +511,13 @@ impl ServerCore {
     }
 
     /// Home core: finalises drained paths (link event, removal, session release).
+    /// Writes what was posted on every connection since its last push.
+    fn push_all(&mut self) {
+        for slot in self.cons.iter_mut().flatten() {
+            slot.con.push();
+        }
+    }
+
     fn finalize(&mut self, cx: &mut dyn Ctx) -> bool {
         let mut busy = false;
         let mut k = 0;
@@ -585,6 +592,17 @@ impl Poller for ServerCore {
         if stopping {
             self.stop_all(cx);
         }
+        // Answers first: what the backend finished since the last loop is posted and
+        // pushed before this loop reads its sockets, so that a read finding nothing (the
+        // stale readiness of data an early read took) is not on a response's way
+        // (docs/ARCHITECTURE.md, "Posting and pushing").
+        {
+            let (requests, mut env) = self.split();
+            if requests.poll_handler(cx, &mut env) {
+                busy = true;
+                self.push_all();
+            }
+        }
         busy |= self.poll_cq(cx);
         for i in 0..self.cons.len() {
             busy |= self.poll_con(cx, i);
@@ -604,9 +622,7 @@ impl Poller for ServerCore {
         }
         // What this loop posted (responses, RKEY_RSPs, acks) goes out now, not at the
         // next loop's poll of the CQ (docs/ARCHITECTURE.md, "Posting and pushing").
-        for slot in self.cons.iter_mut().flatten() {
-            slot.con.push();
-        }
+        self.push_all();
         if stopping {
             if self.cons.iter().all(Option::is_none)
                 && self.requests.is_idle()
