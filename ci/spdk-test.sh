@@ -92,7 +92,7 @@ done
 # ---- runner -----------------------------------------------------------------------------
 
 run_scenario() {
-	local name=$1 rc
+	local name=$1 rc t0=$SECONDS took
 	echo "== $name"
 	(scenario_"$name") &
 	local sub=$!
@@ -121,18 +121,20 @@ run_scenario() {
 		fi
 	done
 	apps_stop_all
+	# Each scenario's time, for the suite's budget (ci/test.sh).
+	took="($((SECONDS - t0)) s)"
 	case $rc in
 	0)
-		echo "PASS $name"
+		echo "PASS $name $took"
 		PASSED=$((PASSED + 1))
 		;;
 	2)
-		echo "SKIP $name"
+		echo "SKIP $name $took"
 		SKIPPED=$((SKIPPED + 1))
 		SKIPPED_NAMES+=("$name")
 		;;
 	*)
-		echo "FAIL $name (rc $rc); logs in $APP_DIR"
+		echo "FAIL $name (rc $rc) $took; logs in $APP_DIR"
 		KEEP_APP_DIR=1
 		FAILED=$((FAILED + 1))
 		FAILED_NAMES+=("$name")
