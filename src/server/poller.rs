@@ -510,7 +510,6 @@ impl ServerCore {
         path.live_cons.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Home core: finalises drained paths (link event, removal, session release).
     /// Writes what was posted on every connection since its last push.
     fn push_all(&mut self) {
         for slot in self.cons.iter_mut().flatten() {
@@ -518,6 +517,7 @@ impl ServerCore {
         }
     }
 
+    /// Home core: finalises drained paths (link event, removal, session release).
     fn finalize(&mut self, cx: &mut dyn Ctx) -> bool {
         let mut busy = false;
         let mut k = 0;
