@@ -68,6 +68,7 @@ spdk_setup_rpc() {
 	# Installed layouts keep SPDK's libraries in lib/; source trees in build/lib and dpdk.
 	local libs="$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib:$SPDK_DIR/lib"
 	export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	rpc_resident_start
 }
 
 # fio for SPDK's fio plugin: sets FIO_BIN and returns 0, or sets FIO_WHY and returns 1.
@@ -105,6 +106,56 @@ plugin_build() {
 apps_init() {
 	APP_DIR=${APP_DIR:-$(mktemp -d /tmp/rtrs-spdk.XXXXXX)}
 	mkdir -p "$APP_DIR/pids"
+	rpc_resident_start
+}
+
+# rpc_resident_start: once RPC_PY and APP_DIR are known (spdk_setup_rpc and apps_init,
+# whichever comes last), starts ci/spdk/rpc_resident.py, rpc.py kept resident: `rpc`,
+# `rpc_raw` and `rpc_result` then cost no Python start (see rpc_call). Call it from the
+# script's own shell, not a subshell: the resident ends when its parent does. Without it
+# (it failed to start) the commands run their scripts as before.
+rpc_resident_start() {
+	[[ -n ${RPC_PY:-} && -n ${APP_DIR:-} && -d ${APP_DIR:-} && -z ${RPC_RESIDENT_PID:-} ]] || return 0
+	rm -f "$APP_DIR/rpc.port" "$APP_DIR/rpc.token"
+	python3 "$REPO/ci/spdk/rpc_resident.py" "$RPC_PY" "$APP_DIR" >>"$APP_DIR/rpc_resident.log" 2>&1 &
+	RPC_RESIDENT_PID=$!
+	local i
+	for ((i = 0; i < 200; i++)); do
+		if [[ -s "$APP_DIR/rpc.port" ]]; then
+			RPC_RESIDENT_PORT=$(<"$APP_DIR/rpc.port")
+			RPC_RESIDENT_TOKEN=$(<"$APP_DIR/rpc.token")
+			return 0
+		fi
+		kill -0 "$RPC_RESIDENT_PID" 2>/dev/null || break
+		sleep 0.05
+	done
+	echo "rpc_resident.py did not start (each rpc starts rpc.py); its log:" >&2
+	tail -n 5 "$APP_DIR/rpc_resident.log" >&2
+	kill "$RPC_RESIDENT_PID" 2>/dev/null
+}
+
+# rpc_call KIND ARGS... : one command of the resident rpc.py (KIND rpc: rpc.py's command
+# line; raw: rpc_raw.py's), over 127.0.0.1 with bash's /dev/tcp: its output, its error
+# output and its exit status. 255 when no command was run (no resident, or it did not
+# take the command): the caller runs the script itself.
+rpc_call() {
+	local kind=$1 fd st out err
+	shift
+	[[ -n ${RPC_RESIDENT_PORT:-} ]] || return 255
+	exec {fd}<>"/dev/tcp/127.0.0.1/$RPC_RESIDENT_PORT" || return 255
+	{
+		printf '%s\0' "$RPC_RESIDENT_TOKEN" "$kind" "$#"
+		(($# == 0)) || printf '%s\0' "$@"
+	} >&"$fd"
+	if ! { IFS= read -r -d '' st && IFS= read -r -d '' out && IFS= read -r -d '' err; } <&"$fd"; then
+		exec {fd}>&-
+		echo "rpc: the resident rpc.py answered nothing to: $kind $*" >&2
+		return 1
+	fi
+	exec {fd}>&-
+	printf '%s' "$out"
+	[[ -z $err ]] || printf '%s' "$err" >&2
+	return "$st"
 }
 
 # app_start NAME BINARY ARGS... : start an SPDK application with the plugin preloaded, its
@@ -126,7 +177,7 @@ app_start() {
 	local pid=$!
 	echo "$pid" >"$APP_DIR/pids/$name"
 	local i
-	for ((i = 0; i < ${APP_START_WAIT:-300}; i++)); do
+	for ((i = 0; i < 2 * ${APP_START_WAIT:-300}; i++)); do
 		if ! kill -0 "$pid" 2>/dev/null; then
 			echo "app $name exited during start-up; log:" >&2
 			tail -n 30 "$APP_DIR/$name.log" >&2
@@ -135,7 +186,7 @@ app_start() {
 		if [[ -S "$sock" ]] && rpc "$name" -t 5 spdk_get_version >/dev/null 2>&1; then
 			return 0
 		fi
-		sleep 0.1
+		sleep 0.05
 	done
 	echo "app $name: RPC socket $sock did not come up within $((${APP_START_WAIT:-300} / 10)) s" >&2
 	return 1
@@ -167,50 +218,81 @@ app_wait() {
 	rm -f "$APP_DIR/pids/$name"
 }
 
-# app_stop NAME: SIGINT (SPDK's clean shutdown), then SIGKILL after 10 s.
+# app_stop NAME... : SIGINT (SPDK's clean shutdown) to each, then SIGKILL to any still
+# running 10 s later, saying so; returns 1 when one had to be killed.
 app_stop() {
-	local name=$1 pid i
-	pid=$(app_pid "$name") || return 0
-	kill -INT "$pid" 2>/dev/null
-	for ((i = 0; i < 100; i++)); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
+	local name pid i live names=() pids=() rc=0
+	for name; do
+		pid=$(app_pid "$name") || continue
+		kill -INT "$pid" 2>/dev/null
+		names+=("$name") pids+=("$pid")
 	done
-	kill -KILL "$pid" 2>/dev/null
-	wait "$pid" 2>/dev/null
-	rm -f "$APP_DIR/pids/$name"
+	# Together: each SPDK application takes about half a second to stop, most of it SPDK's
+	# own, and the applications of a test stop as well side by side.
+	for ((i = 0; i < 500; i++)); do
+		live=0
+		for pid in "${pids[@]}"; do
+			kill -0 "$pid" 2>/dev/null && live=1 && break
+		done
+		((live)) || break
+		sleep 0.02
+	done
+	for i in "${!pids[@]}"; do
+		if kill -KILL "${pids[i]}" 2>/dev/null; then
+			echo "app ${names[i]}: still running 10 s after SIGINT; killed" >&2
+			rc=1
+		fi
+		wait "${pids[i]}" 2>/dev/null
+		rm -f "$APP_DIR/pids/${names[i]}"
+	done
+	return $rc
 }
 
+# apps_stop_all: app_stop of every application still recorded, all at once.
 apps_stop_all() {
-	local f
+	local f names=()
 	for f in "$APP_DIR"/pids/*; do
-		[[ -e "$f" ]] || continue
-		app_stop "$(basename "$f")"
+		[[ -e "$f" ]] && names+=("$(basename "$f")")
 	done
+	((${#names[@]} == 0)) || app_stop "${names[@]}"
 }
 
 # The trap of every script using these helpers: no SPDK application survives it.
 apps_cleanup() {
 	apps_stop_all
+	if [[ -n ${RPC_RESIDENT_PID:-} ]]; then
+		kill "$RPC_RESIDENT_PID" 2>/dev/null
+		wait "$RPC_RESIDENT_PID" 2>/dev/null
+		RPC_RESIDENT_PID= RPC_RESIDENT_PORT=
+	fi
 	hugepages_restore
 	[[ "${KEEP_APP_DIR:-0}" == 1 ]] || rm -rf "$APP_DIR"
 }
 
 # rpc NAME ARGS... : scripts/rpc.py with the rtrs plugin against application NAME.
 rpc() {
-	local name=$1
+	local name=$1 st
 	shift
+	rpc_call rpc -s "$APP_DIR/$name.sock" --plugin rtrs_rpc "$@"
+	st=$?
+	((st == 255)) || return $st
 	python3 "$RPC_PY" -s "$APP_DIR/$name.sock" --plugin rtrs_rpc "$@"
 }
 
 # rpc_raw NAME METHOD JSON-PARAMS : one raw request; prints the response object.
 rpc_raw() {
+	rpc_call raw "$APP_DIR/$1.sock" "$2" "$3"
+	local st=$?
+	((st == 255)) || return $st
 	python3 "$REPO/ci/spdk/rpc_raw.py" "$APP_DIR/$1.sock" "$2" "$3"
 }
 
 # rpc_result NAME METHOD [JSON-PARAMS] : one raw request (no params when JSON-PARAMS is
 # empty); prints the result as one line of JSON, or the error's message and returns 1.
 rpc_result() {
+	rpc_call raw --result "$APP_DIR/$1.sock" "$2" "${3:--}"
+	local st=$?
+	((st == 255)) || return $st
 	python3 "$REPO/ci/spdk/rpc_raw.py" --result "$APP_DIR/$1.sock" "$2" "${3:--}"
 }
 

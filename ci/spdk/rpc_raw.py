@@ -46,8 +46,8 @@ def request(sock_path, method, params):
     return CLOSED
 
 
-def main():
-    args = sys.argv[1:]
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else list(argv)
     result = args[:1] == ["--result"]
     if result:
         args = args[1:]
