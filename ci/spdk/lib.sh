@@ -142,7 +142,8 @@ rpc_call() {
 	local kind=$1 fd st out err
 	shift
 	[[ -n ${RPC_RESIDENT_PORT:-} ]] || return 255
-	exec {fd}<>"/dev/tcp/127.0.0.1/$RPC_RESIDENT_PORT" || return 255
+	# (The group keeps bash's own "connection refused" lines out of the caller's output.)
+	{ exec {fd}<>"/dev/tcp/127.0.0.1/$RPC_RESIDENT_PORT"; } 2>/dev/null || return 255
 	{
 		printf '%s\0' "$RPC_RESIDENT_TOKEN" "$kind" "$#"
 		(($# == 0)) || printf '%s\0' "$@"
