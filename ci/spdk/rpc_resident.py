@@ -15,8 +15,8 @@ One command per connection, each field ending in a NUL byte:
     reply:    EXIT-STATUS, STDOUT, STDERR
 `rpc` runs rpc.py's command line (`-s SOCKET --plugin rtrs_rpc METHOD ...`) as rpc.py
 itself would, with the same output and exit status (1 for an error the application
-answered, 2 for a bad command line); `raw` runs rpc_raw.py's; status 255 says the command was not run (see `NOT_HERE`). A request without the
-token is dropped unanswered. Connections are served in threads of their own, so a call
+answered, 2 for a bad command line); `raw` runs rpc_raw.py's; status 255 says the
+command was not run (see `NOT_HERE`). A request without the token is dropped unanswered. Connections are served in threads of their own, so a call
 that waits (a create that connects, a reset) does not hold back the others; each
 thread's output is its own. No command reads standard input (it is empty here).
 
@@ -120,7 +120,6 @@ def serve_one(conn, token, kinds):
     with conn:
         conn.settimeout(None)
         f = conn.makefile("rb")
-        fields = []
 
         def field():
             b = bytearray()

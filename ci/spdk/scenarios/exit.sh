@@ -45,7 +45,7 @@ exit_within() {
 io_flowing() {
 	local i
 	for ((i = 0; i < 300; i++)); do
-		rpc "$1" bdev_get_iostat -b "$2" 2>/dev/null | python3 "$REPO/ci/spdk/bdev_io_done.py" --writes && return 0
+		rpc "$1" bdev_get_iostat -b "$2" 2>/dev/null | python3 "$REPO/ci/spdk/bdev_io_done.py" && return 0
 		sleep 0.1
 	done
 	return 1
