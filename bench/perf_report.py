@@ -32,6 +32,18 @@ Subcommands (each prints one line the shell script reads, or writes a file):
                                    name), largest first: each group's share of the samples
                                    times the process's CPU time of the window (PERF.cpu),
                                    over IOS
+  timeline SCRIPT.txt TARGET_PID
+                                -> "REQ_US TGT_US RESP_US INI_US CYCLE_US N": at QD1, from
+                                   `perf script -F comm,pid,tid,time,event,trace --ns` of
+                                   raw_syscalls:sys_enter/sys_exit of the target (TARGET_PID)
+                                   and the initiator, the median of each phase of an IO over
+                                   N whole cycles: the request's way (the initiator's send
+                                   entered to the target's last receive of it returned), the
+                                   target's work (that return to its answer's send entered),
+                                   the answer's way (to the initiator's last receive of it
+                                   returned) and the initiator's work (that return to its next
+                                   send entered); sends are sendmsg, sendto, writev and write,
+                                   receives recvfrom, recvmsg, readv and read returning data
   ratio A B                     -> A / B with two decimals (0.00 when B is 0, n/a when
                                    either is not a number)
   svg-qd SWEEP.tsv OUT.svg      -> IOPS vs queue depth, one line per side
@@ -44,7 +56,7 @@ Subcommands (each prints one line the shell script reads, or writes a file):
                                    (a run of rounds reports the round of its median ratio)
   append DOC SECTION INTRO RUN  -> puts RUN (a file) at the end of section SECTION of DOC
   self-test                     -> checks the layer names and the per-IO costs of `layers`
-                                   on fixed input (ci/test.sh runs it)
+                                   and the phases of `timeline` on fixed input (ci/test.sh runs it)
 
 SWEEP.tsv has lines "side<TAB>qd<TAB>iops", SCALING.tsv "side<TAB>cores<TAB>iops".
 """
@@ -228,6 +240,61 @@ def syscalls(path, ios):
     print("%.2f %s" % (total / ios, ", ".join(parts) or "-"))
 
 
+# Syscall numbers (x86_64) of the sends and the receives `timeline` follows.
+TL_SEND = {46, 44, 20, 1}
+TL_RECV = {45, 47, 19, 0}
+TL_LINE = re.compile(r"\s*\S+\s+(\d+)/\d+\s+([\d.]+):\s+raw_syscalls:sys_(enter|exit):\s+NR (\d+) (.*)")
+
+
+def timeline_phases(lines, target):
+    """The phases of each whole QD1 cycle in `lines` (see `timeline`), as lists of µs."""
+    target = int(target)
+    phases = ([], [], [], [])
+    state, t_send, t_rx, t_tsend, c_rx = 0, 0.0, 0.0, 0.0, 0.0
+    for line in lines:
+        m = TL_LINE.match(line)
+        if not m:
+            continue
+        pid, t, kind, nr = int(m.group(1)), float(m.group(2)) * 1e6, m.group(3), int(m.group(4))
+        tgt = pid == target
+        if kind == "enter":
+            if nr not in TL_SEND:
+                continue
+            if not tgt and state in (0, 4):
+                if state == 4:
+                    phases[3].append(t - c_rx)
+                state, t_send = 1, t
+            elif tgt and state == 2:
+                phases[0].append(t_rx - t_send)
+                phases[1].append(t - t_rx)
+                state, t_tsend = 3, t
+            continue
+        words = m.group(5).split("=", 1)[-1].split()
+        ret = int(words[0]) if words and words[0].lstrip("-").isdigit() else 0
+        if nr not in TL_RECV or ret <= 0:
+            continue
+        if tgt and state in (1, 2):
+            state, t_rx = 2, t
+        elif not tgt and state in (3, 4):
+            if state == 3:
+                phases[2].append(t - t_tsend)
+            state, c_rx = 4, t
+    # The last cycle's answer has no initiator work after it.
+    n = len(phases[3])
+    return [p[:n] for p in phases]
+
+
+def timeline(path, target):
+    phases = timeline_phases(open(path, errors="replace"), target)
+    n = len(phases[3])
+    if n < 100:
+        print("n/a n/a n/a n/a n/a %d" % n)
+        return
+    meds = [sorted(p)[n // 2] for p in phases]
+    cycles = sorted(sum(p[i] for p in phases) for i in range(n))
+    print("%.2f %.2f %.2f %.2f %.2f %d" % (*meds, cycles[n // 2], n))
+
+
 def layer_of(dso, sym, kernel):
     """The layer a sample's function belongs to (see `layers`)."""
     if kernel:
@@ -311,11 +378,29 @@ def self_test():
         bad.append(("layer_costs", report.count("%"), want, got))
     if layer_costs("nothing here", 2.0, 1e6) is not None or layer_costs(report, 2.0, 0) is not None:
         bad.append(("layer_costs", "empty", None, "a result"))
+    # 101 QD1 cycles, target 10, initiator 20: the initiator's send, the target's
+    # receives (an empty one, then the request in two reads) and its send, the
+    # initiator's receive, an empty one and its next send; times in seconds.
+    def ev(pid, t, kind, nr, tail):
+        return "   reactor_0 %d/%d %.9f: raw_syscalls:sys_%s: NR %d %s" % (pid, pid, t, kind, nr, tail)
+    trace = []
+    for c in range(101):
+        b = 1.0 + c * 10e-6
+        trace += [ev(20, b, "enter", 46, "(5, 0, 0)"), ev(20, b + 2e-6, "exit", 46, "= 136"),
+                  ev(10, b + 2.5e-6, "exit", 45, "= -11"), ev(10, b + 3e-6, "exit", 45, "= 40"),
+                  ev(10, b + 3.5e-6, "exit", 19, "= 96"),
+                  ev(10, b + 4.5e-6, "enter", 46, "(7, 0, 0)"), ev(10, b + 7e-6, "exit", 46, "= 4224"),
+                  ev(20, b + 7.5e-6, "exit", 45, "= 4224"), ev(20, b + 8e-6, "enter", 45, "(5, 0, 0)"),
+                  ev(20, b + 8.2e-6, "exit", 45, "= -11"), "unrelated line"]
+    got = [[round(v, 3) for v in p] for p in timeline_phases(trace, 10)]
+    want = [[3.5] * 100, [1.0] * 100, [3.0] * 100, [2.5] * 100]
+    if got != want:
+        bad.append(("timeline", len(trace), [(len(p), p[:1]) for p in want], [(len(p), p[:1]) for p in got]))
     for b in bad:
         sys.stderr.write("perf_report self-test: %r: expected %r, got %r\n" % (b[0:2], b[2], b[3]))
     if bad:
         raise SystemExit(1)
-    print("perf_report self-test: %d layer names and the per-IO costs as expected" % len(cases))
+    print("perf_report self-test: %d layer names, the per-IO costs and a QD1 timeline as expected" % len(cases))
 
 
 def fio_read(path):
@@ -539,7 +624,7 @@ def append(doc, section, intro, run):
 
 def main(argv):
     cmds = {"bdevperf": bdevperf, "fio": fio, "rtrs-bench": rtrs_bench, "ratio": ratio,
-            "floor": floor, "window": window, "syscalls": syscalls, "layers": layers, "cpu": cpu, "busy": busy,
+            "floor": floor, "window": window, "timeline": timeline, "syscalls": syscalls, "layers": layers, "cpu": cpu, "busy": busy,
             "svg-qd": svg_qd, "svg-lat": svg_lat, "svg-cores": svg_cores, "median": median, "median-index": median_index,
             "append": append, "self-test": self_test}
     if len(argv) < 2 or argv[1] not in cmds:

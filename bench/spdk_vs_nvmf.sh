@@ -28,6 +28,15 @@
 #           kernel and in user space, the latter by layer (this project's modules, SPDK's
 #           libraries), in nanoseconds (each layer's share of the samples times the
 #           process's CPU time in the window, over the IOs the bdev moved in it)
+#   timeline  each QD1 workload, --rounds rounds of rtrs then NVMe-oF/TCP: the system calls
+#           of spdk_tgt and bdevperf traced together for 0.3 s (perf record of
+#           raw_syscalls), and each IO cut into four phases by them, the median of each:
+#           the request's way (the initiator's send to the target's receive returning),
+#           the target's work (to its answer's send), the answer's way (to the initiator's
+#           receive returning) and the initiator's work (to its next send, bdevperf's
+#           included). At QD1 both sides spin between IOs, so CPU time cannot say what an IO
+#           costs each side; the two "work" phases do (user space between two system calls,
+#           plus what the application's loop does in between)
 #   sweep   4 KiB randread IOPS at QD 1..128, both sides → docs/perf-iops-qd.svg
 #   fio     4 KiB randread QD1 through fio's spdk_bdev plugin: avg, p50, p99, p99.9 for both
 #           sides → docs/perf-qd1-latency.svg (needs hugepages, which root can reserve)
@@ -74,7 +83,7 @@ TIME=10
 SWEEP_TIME=5
 SOAK_MIN=10
 ROUNDS=3
-PARTS=floor,pairs,syscalls,layers,split,sweep,fio,inline,memory,soak
+PARTS=floor,pairs,syscalls,layers,timeline,split,sweep,fio,inline,memory,soak
 ONLY=$PARTS
 APPEND=1
 usage() {
@@ -107,6 +116,12 @@ if want syscalls; then
 	command -v perf >/dev/null || { echo "the syscalls part needs perf (linux-perf); leave it out with --only" >&2; exit 1; }
 	perf stat -e raw_syscalls:sys_enter -x, -o /dev/null true 2>/dev/null ||
 		{ echo "perf cannot read syscall tracepoints here (root, or kernel.perf_event_paranoid <= -1, and tracefs)" >&2; exit 1; }
+fi
+
+if want timeline; then
+	command -v perf >/dev/null || { echo "the timeline part needs perf (linux-perf); leave it out with --only" >&2; exit 1; }
+	perf record -q -e raw_syscalls:sys_enter -o /dev/null true >/dev/null 2>&1 ||
+		{ echo "perf cannot record syscall tracepoints here (root, or kernel.perf_event_paranoid <= -1, and tracefs)" >&2; exit 1; }
 fi
 
 if want layers; then
@@ -452,6 +467,49 @@ if want layers; then
 	done
 fi
 
+# ---- timeline: each QD1 IO cut into its phases by both sides' system calls -----------------
+# timeline_once KIND NAME SIZE RW ROUND: a fresh bdevperf over KIND runs the workload at QD1
+# while perf records the system calls of spdk_tgt and of it for TL_WIN seconds; prints
+# perf_report.py timeline's line ("REQ TGT RESP INI CYCLE N", µs).
+TL_WIN=0.3
+timeline_once() {
+	local kind=$1 name=$2 size=$3 rw=$4 f=$APP_DIR/tl-$1-$2-$5 bp line
+	app_start "bp-$kind" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$APP_DIR/$kind.json" -z \
+		-q 1 -o 4096 -w randread -t "$TIME" >&2 || return 1
+	python3 "$BDEVPERF_PY" -s "$APP_DIR/bp-$kind.sock" -t 65 perform_tests \
+		-q 1 -o "$size" -w "$rw" -t 3 >"$f.json" &
+	bp=$!
+	sleep 1
+	perf record -q -e raw_syscalls:sys_enter -e raw_syscalls:sys_exit \
+		-p "$(app_pid tgt),$(app_pid "bp-$kind")" -o "$f.perf" -- sleep "$TL_WIN" >"$f.log" 2>&1
+	if ! wait $bp; then
+		echo "timeline $kind $name: perform_tests failed" >&2
+		app_stop "bp-$kind" >&2
+		return 1
+	fi
+	app_stop "bp-$kind" >&2
+	perf script -i "$f.perf" -F comm,pid,tid,time,event,trace --ns >"$f.txt" 2>>"$f.log" ||
+		{ echo "timeline $kind $name: perf script failed (see $f.log)" >&2; return 1; }
+	line=$("${REPORT[@]}" timeline "$f.txt" "$(app_pid tgt)") || return 1
+	rm -f "$f.perf" "$f.txt"
+	echo "$line"
+}
+if want timeline; then
+	echo "== timeline: each QD1 workload's IO cut into phases by both sides' system calls, $ROUNDS rounds of rtrs then NVMe-oF/TCP"
+	for w in "${WORKLOADS[@]}"; do
+		IFS='|' read -r name qd size rw <<<"$w"
+		[[ $qd == 1 ]] || continue
+		for kind in rtrs nvmf; do RES[tl-$kind-$name]=""; done
+		for ((k = 1; k <= ROUNDS; k++)); do
+			for kind in rtrs nvmf; do
+				line=$(timeline_once "$kind" "$name" "$size" "$rw" "$k") || exit 1
+				RES[tl-$kind-$name]+="$line;"
+				echo "   round $k $name $kind: $line (request's way, target's work, answer's way, initiator's work, cycle µs; cycles)"
+			done
+		done
+	done
+fi
+
 # ---- fio through SPDK's spdk_bdev plugin: QD1 latency percentiles ---------------------------
 FIO_OK=0
 if want fio; then
@@ -738,6 +796,44 @@ if want layers; then
 		echo "A side that idles (busy share below 1.00) counts its idle polling in its user or kernel time."
 	} >"$APP_DIR/layers.md"
 fi
+# tl_median KIND NAME FIELD: the median over the rounds of field FIELD (1-6) of the timeline.
+tl_median() {
+	local v=() r line fs
+	IFS=';' read -r -a r <<<"${RES[tl-$1-$2]:-}"
+	for line in "${r[@]}"; do
+		read -r -a fs <<<"$line"
+		v+=("${fs[$3 - 1]:-n/a}")
+	done
+	((${#v[@]})) && "${REPORT[@]}" median "${v[@]}" 2>/dev/null || echo n/a
+}
+if want timeline; then
+	{
+		echo "| QD1 workload | transport | request's way µs | target's work µs | answer's way µs | initiator's work µs | cycle µs | every round (target's; initiator's work) |"
+		echo "|---|---|---:|---:|---:|---:|---:|---|"
+		for w in "${WORKLOADS[@]}"; do
+			IFS='|' read -r name qd _ _ <<<"$w"
+			[[ $qd == 1 ]] || continue
+			for kind in rtrs nvmf; do
+				rounds=$(tr ';' '\n' <<<"${RES[tl-$kind-$name]}" | awk 'NF {printf "%s%s; %s", sep, $2, $4; sep=" · "}')
+				echo "| $name | $kind | $(tl_median $kind "$name" 1) | $(tl_median $kind "$name" 2) | $(tl_median $kind "$name" 3) | $(tl_median $kind "$name" 4) | $(tl_median $kind "$name" 5) | $rounds |"
+			done
+		done
+		echo
+		echo "Medians over the rounds of each round's median phase, from the system calls of both"
+		echo "sides traced together for ${TL_WIN} s at QD1 (the tracing lengthens the system calls, not"
+		echo "the work between them). The target's work runs from its last receive of the request to"
+		echo "the send of its answer, the initiator's from its last receive of the answer to the send"
+		echo "of the next request (the bdev layer and bdevperf included, as for both transports)."
+	} >"$APP_DIR/timeline.md"
+	for w in "${WORKLOADS[@]}"; do
+		IFS='|' read -r name qd _ _ <<<"$w"
+		[[ $qd == 1 ]] || continue
+		for f in 2:target 4:initiator; do
+			r=$(tl_median rtrs "$name" "${f%%:*}") n=$(tl_median nvmf "$name" "${f%%:*}")
+			goal "$name: the ${f#*:}'s work per IO (timeline) rtrs / NVMe-oF/TCP ($r / $n µs)" "$(ratio "$r" "$n")" "<=" 1.00
+		done
+	done
+fi
 if [[ $FIO_OK -eq 1 ]]; then
 	{
 		echo "| fio spdk_bdev, 4 KiB randread QD1 | IOPS | avg µs | p50 µs | p99 µs | p99.9 µs |"
@@ -827,8 +923,8 @@ report() { # report PART...: the run's report with those parts' tables
 		echo "Plots of this run: [IOPS vs queue depth](perf-iops-qd.svg), [QD1 latency distribution](perf-qd1-latency.svg)."
 	fi
 }
-report pairs floor syscalls layers split fio sweep >"$OUT"
-report pairs floor split fio sweep >"$OUT.doc"
+report pairs floor syscalls layers timeline split fio sweep >"$OUT"
+report pairs floor timeline split fio sweep >"$OUT.doc"
 echo
 cat "$OUT"
 
