@@ -44,7 +44,10 @@
 //! reads only after the set reported it ready ([`Member::set_readable`]), so an idle poll
 //! reads no socket. Events are kept per slot until the member's thread holds it, so none is
 //! lost while a member is held elsewhere; a slot's generation, part of the key, makes
-//! events of a member that left harmless.
+//! events of a member that left harmless. Where no thread sleeps on the set (it has no
+//! wait descriptor), a member whose progress left completions leaves it and is read on
+//! every poll until it has found none for [`DIRECT_IDLE_POLLS`] polls (`docs/ARCHITECTURE.md`,
+//! "A busy socket is read on every poll").
 
 use std::any::Any;
 use std::io;
@@ -126,6 +129,10 @@ struct Slot {
     gen: u32,
     used: bool,
     ready: bool,
+    /// Out of the set and read on every poll while it finds work (see [`Ready::active`]),
+    /// with its descriptor; polls since it last found some.
+    direct: Option<RawFd>,
+    idle: u32,
 }
 
 impl Slot {
@@ -151,12 +158,33 @@ struct Ready {
     set: Box<dyn Readiness>,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// No thread sleeps on the set (it has no wait descriptor): an active member may
+    /// leave it and be read on every poll.
+    direct_ok: bool,
 }
+
+/// Polls without work after which a connection read on every poll goes back to its
+/// readiness set (a shared CQ's members here, a private tcp connection its own ring).
+pub(crate) const DIRECT_IDLE_POLLS: u32 = 4096;
 
 impl Ready {
     /// Takes the set's events into the slots.
     fn collect(&mut self) {
         let slots = &mut self.slots;
+        for (i, s) in slots.iter_mut().enumerate() {
+            let Some(fd) = s.direct else { continue };
+            s.idle += 1;
+            if s.idle <= DIRECT_IDLE_POLLS {
+                s.ready = true;
+                continue;
+            }
+            // Idle: back in the set, read once more for what came before it was armed.
+            if self.set.watch(fd, s.key(i as u32)).is_ok() {
+                s.direct = None;
+            }
+            s.ready = true;
+            s.idle = 0;
+        }
         self.set.collect(&mut |key| {
             let (gen, slot) = ((key >> 32) as u32, key as u32);
             if let Some(s) = slots.get_mut(slot as usize) {
@@ -199,8 +227,23 @@ impl Ready {
         let key = s.key(w.slot);
         s.used = false;
         s.ready = false;
-        self.set.unwatch(w.fd, key);
+        s.idle = 0;
+        if s.direct.take().is_none() {
+            self.set.unwatch(w.fd, key);
+        }
         self.free.push(w.slot);
+    }
+
+    /// `w`'s member found work: where no thread sleeps on the set, it leaves the set
+    /// and is read on every poll until it has found none for [`DIRECT_IDLE_POLLS`] polls.
+    fn active(&mut self, w: Watch) {
+        let s = &mut self.slots[w.slot as usize];
+        s.idle = 0;
+        if self.direct_ok && s.direct.is_none() && s.used {
+            let key = s.key(w.slot);
+            s.direct = Some(w.fd);
+            self.set.unwatch(w.fd, key);
+        }
     }
 
     /// Whether an event waits for `w`'s member (and forgets it).
@@ -360,8 +403,14 @@ impl<T: Member> Shared<T> {
                         }
                     }
                     t.progress();
+                    let q = t.queued();
+                    if q > 0 {
+                        if let (Some(r), Some(w)) = (ready.as_mut(), *watch) {
+                            r.active(w);
+                        }
+                    }
                     reconcile(ready, watch, refused, t);
-                    t.queued()
+                    q
                 })
             });
             match queued {
@@ -552,6 +601,7 @@ pub fn create_with<T: Member>(
         entries: entries as usize,
         members: Vec::new(),
         ready: readiness.map(|set| Ready {
+            direct_ok: set.wait_fd().is_none(),
             set,
             slots: Vec::new(),
             free: Vec::new(),

@@ -31,6 +31,7 @@ use super::rx::{CmIn, CmReadError, ReadGate, Rx, RxStop};
 use super::sys;
 use super::tx::Tx;
 use crate::fabric::soft::cq::Member;
+use crate::fabric::soft::cq::DIRECT_IDLE_POLLS;
 use crate::fabric::soft::{MrTable, SoftQp, WireKind, WireOp};
 use crate::fabric::{
     CmEvent, Conn, ConnState, PostError, PrivateData, Psk, QpCaps, RecvWr, SendOp, SendWr, Wc,
@@ -77,6 +78,9 @@ pub struct TcpConn {
     gate: ReadGate,
     /// With a private CQ: the connection's own readiness source, if its mode has one.
     own: Option<Own>,
+    /// Polls without work since the socket left its own ring to be read on every poll
+    /// (see [`TcpConn::pace_own`]); `None` while it is in the ring.
+    own_direct: Option<u32>,
     events: VecDeque<CmEvent>,
     peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
@@ -106,6 +110,7 @@ impl TcpConn {
             rx: Rx::new(version),
             gate: ReadGate::default(),
             own: None,
+            own_direct: None,
             events: VecDeque::with_capacity(4),
             peer: None,
             local: None,
@@ -222,7 +227,11 @@ impl TcpConn {
             (Some(s), TcpConnPhase::Connected) => Some(s.as_raw_fd()),
             _ => None,
         };
+        if want.is_none() {
+            self.own_direct = None;
+        }
         match (own.watching(), want) {
+            (false, Some(_)) if self.own_direct.is_some() => {}
             (false, Some(fd)) if own.join(fd) => self.gate.set_watched(true),
             (true, None) => self.leave_own(),
             _ => {}
@@ -328,7 +337,33 @@ impl TcpConn {
         if self.qp.take_disconnect() {
             self.events.push_back(CmEvent::Disconnected);
         }
+        self.pace_own();
         self.reconcile_own();
+    }
+
+    /// A connection that found work leaves its own ring and reads on every poll, until
+    /// it has found none for [`DIRECT_IDLE_POLLS`] polls: its ring's poll would cost the
+    /// peer's send a wake-up and this thread a task work per arrival (`docs/BENCHMARKS.md`,
+    /// "A QD1 IO in phases").
+    fn pace_own(&mut self) {
+        if self.own.is_none() {
+            return;
+        }
+        let busy = self.qp.queued() > 0;
+        match self.own_direct {
+            None if busy && self.gate.watched() => {
+                self.leave_own();
+                self.own_direct = Some(0);
+            }
+            Some(_) if busy => self.own_direct = Some(0),
+            Some(n) if n >= DIRECT_IDLE_POLLS => {
+                // Back in the ring (`reconcile_own`), read once for what came meanwhile.
+                self.own_direct = None;
+                self.gate.set_readable();
+            }
+            Some(n) => self.own_direct = Some(n + 1),
+            None => {}
+        }
     }
 
     fn check_connected(&mut self) {

@@ -230,8 +230,58 @@ fn scripted(refuse: bool) -> (super::Ready, Script) {
         set: Box::new(s),
         slots: Vec::new(),
         free: Vec::new(),
+        direct_ok: false,
     };
     (r, handle)
+}
+
+/// Where no thread sleeps on the set, a member that found work leaves it and is read on
+/// every poll; after `DIRECT_IDLE_POLLS` polls without work it is watched again (and read
+/// once more); leaving the CQ meanwhile asks the set for nothing.
+#[test]
+fn an_active_member_is_read_on_every_poll_until_idle() {
+    let (mut r, s) = scripted(false);
+    let w = r.join(10).expect("watched");
+    let key = s.watched.lock().unwrap()[0];
+    r.active(w);
+    assert_eq!(
+        *s.watched.lock().unwrap(),
+        vec![key],
+        "a set a thread may sleep on keeps it"
+    );
+
+    r.direct_ok = true;
+    r.active(w);
+    assert!(s.watched.lock().unwrap().is_empty(), "out of the set");
+    for i in 0..super::DIRECT_IDLE_POLLS {
+        r.collect();
+        assert!(r.take(w), "read on poll {i} without an event");
+    }
+    r.collect();
+    assert_eq!(*s.watched.lock().unwrap(), vec![key], "idle: watched again");
+    assert!(r.take(w), "read once more on the way back");
+    r.collect();
+    assert!(!r.take(w), "watched: read only on an event");
+    s.events.lock().unwrap().push(key);
+    r.collect();
+    assert!(r.take(w), "its event");
+
+    // Work found again, then the member leaves while read on every poll.
+    r.active(w);
+    r.collect();
+    r.active(w);
+    assert!(s.watched.lock().unwrap().is_empty(), "out of the set again");
+    r.leave(w);
+    assert!(s.watched.lock().unwrap().is_empty());
+    assert_eq!(r.free, vec![w.slot], "the slot is free");
+    r.collect();
+    let again = r.join(11).expect("watched");
+    assert_eq!(again.slot, w.slot);
+    r.collect();
+    assert!(
+        !r.take(again),
+        "a new member starts in the set, not read on every poll"
+    );
 }
 
 #[test]

@@ -472,18 +472,31 @@ fn settle(p: &mut impl Pair) {
     }
 }
 
-/// Socket reads of 1000 idle polls of both ends after an exchange, then a check that
-/// the next arrival is still seen.
-fn idle_reads(mut p: impl Pair) -> u64 {
+/// Socket reads of 100 polls of both ends right after an exchange, and of 1000 idle
+/// polls once the connections have found no work for `DIRECT_IDLE_POLLS` polls (until
+/// then, where no thread sleeps on the readiness set, a connection that found work is
+/// read on every poll); then a check that the next arrival is still seen.
+fn busy_and_idle_reads(mut p: impl Pair) -> (u64, u64) {
     exchange(&mut p, 7);
+    let count = |p: &mut dyn FnMut(), n: u32| {
+        let before = READS.with(|r| r.get());
+        for _ in 0..n {
+            p();
+        }
+        READS.with(|r| r.get()) - before
+    };
+    let busy = count(&mut || p.poll(&mut Vec::new()), 100);
     settle(&mut p);
-    let before = READS.with(|r| r.get());
-    for _ in 0..1000 {
+    for _ in 0..=crate::fabric::soft::cq::DIRECT_IDLE_POLLS {
         p.poll(&mut Vec::new());
     }
-    let reads = READS.with(|r| r.get()) - before;
+    let idle = count(&mut || p.poll(&mut Vec::new()), 1000);
     exchange(&mut p, 9);
-    reads
+    (busy, idle)
+}
+
+fn idle_reads(p: impl Pair) -> u64 {
+    busy_and_idle_reads(p).1
 }
 
 #[test]
@@ -495,6 +508,10 @@ fn an_idle_shared_cq_reads_no_socket() {
             "{mode:?}: reads of 1000 idle polls"
         );
     }
+    // Until idle, the ring's connections that found work are read on every poll (no
+    // thread sleeps on a ring); an epoll set, which a thread may sleep on, keeps them.
+    let (busy, _) = busy_and_idle_reads(connected(TcpReadiness::Uring));
+    assert!(busy >= 100, "uring: {busy} reads in 100 polls after work");
     // The counter does count: without a set every poll reads both sockets.
     assert!(
         idle_reads(connected(TcpReadiness::None)) >= 2000,
@@ -654,11 +671,9 @@ fn private_pair(mode: TcpReadiness) -> Private {
 
 #[test]
 fn an_idle_private_cq_reads_no_socket() {
-    assert_eq!(
-        idle_reads(private_pair(TcpReadiness::Uring)),
-        0,
-        "uring: reads of 1000 idle polls"
-    );
+    let (busy, idle) = busy_and_idle_reads(private_pair(TcpReadiness::Uring));
+    assert_eq!(idle, 0, "uring: reads of 1000 idle polls");
+    assert!(busy >= 100, "uring: {busy} reads in 100 polls after work");
     // Epoll gains nothing on a private CQ: it reads on every poll, as does none.
     for mode in [TcpReadiness::Epoll, TcpReadiness::None] {
         assert!(
@@ -744,6 +759,9 @@ fn a_private_cq_polled_from_another_thread_gets_its_data() {
     }
     // Idle here too, once moved.
     settle(&mut p);
+    for _ in 0..=crate::fabric::soft::cq::DIRECT_IDLE_POLLS {
+        p.poll(&mut Vec::new());
+    }
     let before = READS.with(|r| r.get());
     for _ in 0..1000 {
         p.poll(&mut Vec::new());
