@@ -242,8 +242,11 @@ impl TcpConn {
     /// the socket is closed.
     fn leave_own(&mut self) {
         if let Some(own) = self.own.as_mut() {
-            if own.watching() {
-                own.leave();
+            // A ring kept while the socket was read on every poll goes too (a removal
+            // it could not finish would hold the socket).
+            let watching = own.watching();
+            own.leave();
+            if watching {
                 self.gate.set_watched(false);
             }
         }
@@ -352,8 +355,13 @@ impl TcpConn {
         let busy = self.qp.queued() > 0;
         match self.own_direct {
             None if busy && self.gate.watched() => {
-                self.leave_own();
-                self.own_direct = Some(0);
+                if let Some(own) = self.own.as_mut() {
+                    if own.watching() {
+                        own.pause();
+                        self.gate.set_watched(false);
+                        self.own_direct = Some(0);
+                    }
+                }
             }
             Some(_) if busy => self.own_direct = Some(0),
             Some(n) if n >= DIRECT_IDLE_POLLS => {

@@ -507,6 +507,15 @@ impl Own {
         self.ring = None;
     }
 
+    /// Takes the socket out of the ring and keeps the ring, for a connection read on
+    /// every poll for a while (`TcpConn::pace_own`): [`Own::join`] arms it again.
+    pub(crate) fn pause(&mut self) {
+        let key = self.key();
+        if let (Some(fd), Some(r)) = (self.fd.take(), self.ring.as_mut()) {
+            r.unwatch(fd, key);
+        }
+    }
+
     /// Reports whether the socket may be readable since the last call (an event, or a
     /// move to this thread).
     pub(crate) fn collect(&mut self) -> bool {
