@@ -161,6 +161,9 @@ struct Ready {
     /// No thread sleeps on the set (it has no wait descriptor): an active member may
     /// leave it and be read on every poll.
     direct_ok: bool,
+    /// The slots out of the set and read on every poll (`Slot::direct` set), so that a
+    /// poll looks at those only.
+    direct: Vec<u32>,
 }
 
 /// Polls without work after which a connection read on every poll goes back to its
@@ -171,20 +174,23 @@ impl Ready {
     /// Takes the set's events into the slots.
     fn collect(&mut self) {
         let slots = &mut self.slots;
-        for (i, s) in slots.iter_mut().enumerate() {
-            let Some(fd) = s.direct else { continue };
+        let set = &mut self.set;
+        self.direct.retain(|&i| {
+            let s = &mut slots[i as usize];
+            let Some(fd) = s.direct else { return false };
+            s.ready = true;
             s.idle += 1;
             if s.idle <= DIRECT_IDLE_POLLS {
-                s.ready = true;
-                continue;
+                return true;
             }
             // Idle: back in the set, read once more for what came before it was armed.
-            if self.set.watch(fd, s.key(i as u32)).is_ok() {
-                s.direct = None;
-            }
-            s.ready = true;
             s.idle = 0;
-        }
+            if set.watch(fd, s.key(i)).is_err() {
+                return true;
+            }
+            s.direct = None;
+            false
+        });
         self.set.collect(&mut |key| {
             let (gen, slot) = ((key >> 32) as u32, key as u32);
             if let Some(s) = slots.get_mut(slot as usize) {
@@ -228,7 +234,9 @@ impl Ready {
         s.used = false;
         s.ready = false;
         s.idle = 0;
-        if s.direct.take().is_none() {
+        if s.direct.take().is_some() {
+            self.direct.retain(|&i| i != w.slot);
+        } else {
             self.set.unwatch(w.fd, key);
         }
         self.free.push(w.slot);
@@ -242,6 +250,7 @@ impl Ready {
         if self.direct_ok && s.direct.is_none() && s.used {
             let key = s.key(w.slot);
             s.direct = Some(w.fd);
+            self.direct.push(w.slot);
             self.set.unwatch(w.fd, key);
         }
     }
@@ -605,6 +614,7 @@ pub fn create_with<T: Member>(
             set,
             slots: Vec::new(),
             free: Vec::new(),
+            direct: Vec::new(),
         }),
         next: 0,
         owed: 0,

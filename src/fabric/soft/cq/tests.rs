@@ -231,6 +231,7 @@ fn scripted(refuse: bool) -> (super::Ready, Script) {
         slots: Vec::new(),
         free: Vec::new(),
         direct_ok: false,
+        direct: Vec::new(),
     };
     (r, handle)
 }
@@ -274,6 +275,7 @@ fn an_active_member_is_read_on_every_poll_until_idle() {
     r.leave(w);
     assert!(s.watched.lock().unwrap().is_empty());
     assert_eq!(r.free, vec![w.slot], "the slot is free");
+    assert!(r.direct.is_empty(), "no longer read on every poll");
     r.collect();
     let again = r.join(11).expect("watched");
     assert_eq!(again.slot, w.slot);

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::fabric::soft::cq::DIRECT_IDLE_POLLS;
 use crate::fabric::tcp::rx::READS;
 use crate::fabric::tcp::{TcpConn, TcpFabric};
 use crate::fabric::{
@@ -487,7 +488,7 @@ fn busy_and_idle_reads(mut p: impl Pair) -> (u64, u64) {
     };
     let busy = count(&mut || p.poll(&mut Vec::new()), 100);
     settle(&mut p);
-    for _ in 0..=crate::fabric::soft::cq::DIRECT_IDLE_POLLS {
+    for _ in 0..=DIRECT_IDLE_POLLS {
         p.poll(&mut Vec::new());
     }
     let idle = count(&mut || p.poll(&mut Vec::new()), 1000);
@@ -759,7 +760,7 @@ fn a_private_cq_polled_from_another_thread_gets_its_data() {
     }
     // Idle here too, once moved.
     settle(&mut p);
-    for _ in 0..=crate::fabric::soft::cq::DIRECT_IDLE_POLLS {
+    for _ in 0..=DIRECT_IDLE_POLLS {
         p.poll(&mut Vec::new());
     }
     let before = READS.with(|r| r.get());
