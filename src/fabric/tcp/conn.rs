@@ -210,10 +210,12 @@ impl TcpConn {
     /// Takes in the own ring's events (before the connection reads).
     fn collect_own(&mut self) {
         let Some(own) = self.own.as_mut() else { return };
-        if own.collect() {
+        // Read on every poll (`pace_own`): the gate opens once per poll and a short read
+        // closes it, so a poll that drained the socket makes no empty read after it.
+        if own.collect() || self.own_direct.is_some() {
             self.gate.set_readable();
         }
-        if !own.watching() && self.gate.watched() {
+        if !own.watching() && self.gate.watched() && self.own_direct.is_none() {
             // The ring gave up the socket (a move to this thread failed): ungated.
             self.gate.set_watched(false);
         }
@@ -232,7 +234,11 @@ impl TcpConn {
         }
         match (own.watching(), want) {
             (false, Some(_)) if self.own_direct.is_some() => {}
-            (false, Some(fd)) if own.join(fd) => self.gate.set_watched(true),
+            (false, Some(fd)) => {
+                // Refused: read on every poll, ungated, for good.
+                let joined = own.join(fd);
+                self.gate.set_watched(joined);
+            }
             (true, None) => self.leave_own(),
             _ => {}
         }
@@ -244,9 +250,10 @@ impl TcpConn {
         if let Some(own) = self.own.as_mut() {
             // A ring kept while the socket was read on every poll goes too (a removal
             // it could not finish would hold the socket).
-            let watching = own.watching();
+            // The gate stays watched while the socket is read on every poll: ungated now.
             own.leave();
-            if watching {
+            self.own_direct = None;
+            if self.gate.watched() {
                 self.gate.set_watched(false);
             }
         }
@@ -357,8 +364,8 @@ impl TcpConn {
             None if busy && self.gate.watched() => {
                 if let Some(own) = self.own.as_mut() {
                     if own.watching() {
+                        // The gate stays watched, opened by each poll (`collect_own`).
                         own.pause();
-                        self.gate.set_watched(false);
                         self.own_direct = Some(0);
                     }
                 }

@@ -443,26 +443,60 @@ fn post_write_imm(p: &mut impl Pair, len: u32, imm: u32) -> (Mr, Mr) {
 
 /// One 64 KiB RDMA_WRITE_WITH_IMM client → server, both completions awaited (bounded).
 fn exchange(p: &mut impl Pair, imm: u32) {
-    let (_src, dst) = post_write_imm(p, 64 * 1024, imm);
+    exchange_of(p, 64 * 1024, imm);
+}
+
+/// One RDMA_WRITE_WITH_IMM of `len` bytes client → server, both completions awaited
+/// (bounded); the polls it took.
+fn exchange_of(p: &mut impl Pair, len: u32, imm: u32) -> u64 {
+    let (_src, dst) = post_write_imm(p, len, imm);
     let mut got = Vec::new();
     let start = Instant::now();
+    let mut polls = 0;
     while got.len() < 2 {
         assert!(start.elapsed() < WAIT, "exchange {imm}: {got:?}");
         p.poll(&mut got);
+        polls += 1;
     }
     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
     let recv = got
         .iter()
         .find(|w| w.opcode == WcOpcode::RecvRdmaWithImm)
         .expect("the server's completion");
-    assert_eq!(
-        (recv.imm, recv.byte_len),
-        (Some(imm), 64 * 1024),
-        "{recv:?}"
-    );
-    let mut back = vec![0u8; 64 * 1024];
+    assert_eq!((recv.imm, recv.byte_len), (Some(imm), len), "{recv:?}");
+    let mut back = vec![0u8; len as usize];
     dst.read_at(0, &mut back);
     assert!(back.iter().all(|&b| b == imm as u8), "payload landed");
+    polls
+}
+
+/// Reads per poll of connections read on every poll: small frames, each taken whole by
+/// one read, cost each connection at most one read per poll (a short read closes the
+/// gate until the next poll: no empty read after the data). `connections` is how many
+/// sockets a poll of the pair reads.
+fn reads_while_busy(mut p: impl Pair, connections: u64) -> (u64, u64) {
+    // The first exchange takes both connections out of their readiness sources.
+    exchange_of(&mut p, 4096, 1);
+    let before = READS.with(|r| r.get());
+    let mut polls = 0;
+    for imm in 2..50 {
+        polls += exchange_of(&mut p, 4096, imm);
+    }
+    (READS.with(|r| r.get()) - before, polls * connections)
+}
+
+#[test]
+fn a_busy_socket_is_read_once_per_poll_that_drains_it() {
+    let (reads, most) = reads_while_busy(connected(TcpReadiness::Uring), 2);
+    assert!(reads <= most, "shared CQ: {reads} reads, at most {most}");
+    let (reads, most) = reads_while_busy(private_pair(TcpReadiness::Uring), 2);
+    assert!(reads <= most, "private CQs: {reads} reads, at most {most}");
+    // The count can exceed it: ungated, a poll that finds data reads once more.
+    let (reads, most) = reads_while_busy(private_pair(TcpReadiness::None), 2);
+    assert!(
+        reads > most,
+        "ungated: {reads} reads, {most} polls × connections"
+    );
 }
 
 /// Lets the last ACKs arrive and be read.
