@@ -82,7 +82,7 @@ impl IuPool {
     ///
     /// # Panics
     /// If `i >= count` or `len > size`.
-    #[inline]
+    #[inline(always)]
     pub fn sge(&self, i: usize, len: usize) -> Sge {
         assert!(
             i < self.count && len <= self.size,

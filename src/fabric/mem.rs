@@ -305,6 +305,10 @@ impl Mr {
     ///
     /// # Panics
     /// When the range is outside the registration or `len` exceeds `u32::MAX`.
+    // Inlined: an SGE returned through memory from a call, written in narrow stores and
+    // read back in one wide load, stalls the caller (docs/BENCHMARKS.md, "Small values
+    // returned through memory").
+    #[inline(always)]
     pub fn sge(&self, offset: usize, len: usize) -> super::Sge {
         self.check(offset, len);
         super::Sge {
@@ -368,13 +372,21 @@ impl Mr {
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr().add(offset), len) }
     }
 
+    #[inline]
     fn check(&self, offset: usize, len: usize) {
-        let end = offset.checked_add(len).expect("Mr range overflows");
-        assert!(
-            end <= self.len() && len <= u32::MAX as usize,
-            "range {offset}..{end} outside registration of {} bytes",
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() && len <= u32::MAX as usize => {}
+            _ => self.out_of_range(offset, len),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&self, offset: usize, len: usize) -> ! {
+        panic!(
+            "range {offset}..+{len} outside registration of {} bytes",
             self.len()
-        );
+        )
     }
 }
 

@@ -308,6 +308,7 @@ pub struct SendWr<'a> {
 
 impl SendWr<'_> {
     /// An unsignaled RDMA_WRITE_WITH_IMM with no data: the peer sees only `imm`.
+    #[inline]
     pub fn imm_only(wr_id: u64, imm: u32) -> SendWr<'static> {
         SendWr {
             wr_id,

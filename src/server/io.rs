@@ -37,7 +37,7 @@ use super::state::ServerState;
 use super::wr::WrId;
 use crate::common::Dir;
 use crate::engine::Ctx;
-use crate::fabric::{next_rkey, Access, SendOp, SendWr, WcStatus};
+use crate::fabric::{next_rkey, Access, SendOp, SendWr, Sge, WcStatus};
 use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN};
 use crate::Errno;
 
@@ -62,8 +62,14 @@ impl<'a> Chain<'a> {
         }
     }
 
-    fn push(&mut self, wr: SendWr<'a>) {
-        self.buf[self.len] = wr;
+    /// Appends an unsignaled request, written in place.
+    #[inline(always)]
+    fn push_op(&mut self, wr_id: u64, op: SendOp<'a>, sges: &'a [Sge]) {
+        let wr = &mut self.buf[self.len];
+        wr.wr_id = wr_id;
+        wr.op = op;
+        wr.sges = sges;
+        wr.signaled = false;
         self.len += 1;
     }
 
@@ -481,63 +487,57 @@ impl Requests {
         let rkey_sge;
         let mut chain = Chain::new();
         let rsp_id = WrId::Rsp.encode();
-        // Each request is written once, straight into the chain.
-        let reg = |rkey| SendWr {
-            wr_id: rsp_id,
-            op: SendOp::RegMr {
-                slot: &path.mrs[usize::from(buf_id)],
-                region: &sess.chunks,
-                addr: chunk_addr,
-                len: sess.chunk_size(),
-                access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                rkey,
-            },
-            sges: &[],
-            signaled: false,
-        };
-        let inv = |rkey| SendWr {
-            wr_id: rsp_id,
-            op: SendOp::SendWithInv { rkey },
-            sges: &[],
-            signaled: false,
-        };
+        // Each request is written once, straight into the chain, made where it is pushed:
+        // one returned from a call would be stored in pieces and loaded back whole, a
+        // stall per request (docs/BENCHMARKS.md, "Small values returned through memory").
+        let reg = new_rkey.map(|rkey| SendOp::RegMr {
+            slot: &path.mrs[usize::from(buf_id)],
+            region: &sess.chunks,
+            addr: chunk_addr,
+            len: sess.chunk_size(),
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            rkey,
+        });
         if let (true, Some(d)) = (case_b, desc) {
             data_sge = [sess.chunks.sge(base, d.len as usize)];
-            chain.push(SendWr {
-                wr_id: rsp_id,
-                op: SendOp::RdmaWrite {
+            chain.push_op(
+                rsp_id,
+                SendOp::RdmaWrite {
                     remote_addr: d.addr,
                     rkey: d.key,
                 },
-                sges: &data_sge,
-                signaled: false,
-            });
-            if let Some(rkey) = new_rkey {
-                chain.push(reg(rkey));
+                &data_sge,
+            );
+            if let Some(op) = reg {
+                chain.push_op(rsp_id, op, &[]);
             }
             if need_inval {
-                chain.push(inv(d.key));
+                chain.push_op(rsp_id, SendOp::SendWithInv { rkey: d.key }, &[]);
             }
         } else {
             if let Some(d) = desc.filter(|_| need_inval) {
-                chain.push(inv(d.key));
+                chain.push_op(rsp_id, SendOp::SendWithInv { rkey: d.key }, &[]);
             }
-            if let Some(rkey) = new_rkey {
-                chain.push(reg(rkey));
+            if let Some(op) = reg {
+                chain.push_op(rsp_id, op, &[]);
             }
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
                 ius.write(usize::from(buf_id), &RkeyRsp { buf_id, rkey }.to_bytes());
                 rkey_sge = [ius.sge(usize::from(buf_id), RkeyRsp::LEN)];
-                chain.push(SendWr {
-                    wr_id: rsp_id,
-                    op: SendOp::SendWithImm { imm },
-                    sges: &rkey_sge,
-                    signaled: false,
-                });
+                chain.push_op(rsp_id, SendOp::SendWithImm { imm }, &rkey_sge);
             }
-            _ => chain.push(SendWr::imm_only(rsp_id, imm)),
+            // `SendWr::imm_only`'s request, written in place.
+            _ => chain.push_op(
+                rsp_id,
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm,
+                },
+                &[],
+            ),
         }
         let Some(slot) = env.cons[ci].as_mut() else {
             self.ops.get_mut(idx).path = Some(path);

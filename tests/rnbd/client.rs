@@ -79,9 +79,9 @@ impl Link {
     /// Runs a block request; `data` is the payload of a write, the result the bytes of
     /// a read.
     fn io(&mut self, dev: &RnbdDevice, req: BlockRequest, data: &[u8]) -> Result<Vec<u8>, i32> {
-        let (usr, dir) = dev.io_msg(&req).map_err(|e| e.errno().neg())?;
+        let (msg, dir) = dev.io_msg(&req).map_err(|e| e.errno().neg())?;
         assert_eq!(dir, req.dir());
-        let (e, back) = self.send(&usr, dir, req.data_len() as usize, data);
+        let (e, back) = self.send(&msg.to_bytes(), dir, req.data_len() as usize, data);
         if e == 0 {
             Ok(back)
         } else {
@@ -209,10 +209,11 @@ fn data_flush_discard_write_zeroes() {
     assert_eq!(bad(BlockRequest::read(0, 0)), -libc::EINVAL);
     assert_eq!(bad(BlockRequest::secure_erase(0, 512)), -libc::EOPNOTSUPP);
     // The header the device builds is what the server decodes.
-    let (usr, dir) = dev
+    let (msg, dir) = dev
         .io_msg(&BlockRequest::write_zeroes(4096, 8192).nounmap().fua())
         .unwrap();
     assert_eq!(dir, Dir::Write);
+    let usr = msg.to_bytes();
     let io = Io::decode(&usr).unwrap();
     assert_eq!(
         (io.op, io.sector, io.bi_size),

@@ -398,7 +398,7 @@ fn modes_data_and_close_over_rtrs() {
         let io = ClientIo {
             tag: 6,
             dir: Dir::Read,
-            usr: &b_usr,
+            usr: &b_usr.to_bytes(),
             sgl: Sgl::Copy(&sge),
             admin: false,
             wait: rtrs_spdk::client::PathWait::Session,

@@ -190,6 +190,9 @@ pub struct Placed {
     pub place: Option<MemRef>,
     /// The rkey a SEND_WITH_INV invalidated.
     pub invalidated: Option<u32>,
+    /// The receive's buffer, filled by `respond`: the caller lets go of it later, not
+    /// right after the copy (docs/BENCHMARKS.md, "Handles after the copy").
+    pub spent: Option<MemRef>,
 }
 
 /// The responder's checks of one incoming operation, given the receive at the front of
@@ -220,6 +223,7 @@ pub fn respond(
     payload: Payload<'_>,
 ) -> Result<Placed, Respond> {
     let mut invalidated = None;
+    let mut spent = None;
     let place = if op.kind.consumes_recv() {
         let Some(recv) = recv else {
             return Err(Respond::NotReady);
@@ -258,10 +262,12 @@ pub fn respond(
                 match (b, payload) {
                     (Some(b), Payload::Staged(data)) => {
                         b.write_at(0, data);
+                        spent = Some(b);
                         None
                     }
                     (Some(b), Payload::Gather(srcs)) => {
                         b.gather_from(srcs);
+                        spent = Some(b);
                         None
                     }
                     (b, _) => b,
@@ -272,7 +278,11 @@ pub fn respond(
     } else {
         remote_place(table, leases, qp, op, payload)?
     };
-    Ok(Placed { place, invalidated })
+    Ok(Placed {
+        place,
+        invalidated,
+        spent,
+    })
 }
 
 fn remote_place(
@@ -381,6 +391,9 @@ enum Local {
 /// queue does, it takes effect only once the operations posted before it have taken
 /// their bytes out of their sources (a READ response's RDMA WRITE from the very chunk
 /// being rebound, say), at once when none is waiting (`wait` false).
+// Always inlined into its one caller: its result, returned through memory, stalled the
+// caller's wide load of it (docs/BENCHMARKS.md, "Small values returned through memory").
+#[inline(always)]
 fn local_effect(table: &Arc<MrTable>, qp_num: u32, op: &SendOp<'_>, wait: bool) -> Local {
     Local::Done(match *op {
         SendOp::LocalInv { slot } => match table.invalidate_slot(slot) {
@@ -484,7 +497,16 @@ pub struct SoftQp {
     executed: u64,
     ack_sent: u64,
     in_progress: Option<InProgress>,
+    /// Receive buffers filled by the last progress, let go at the next
+    /// ([`SoftQp::release_spent`]): a handle dropped right after the copy into its memory
+    /// would make its atomic decrement wait for the copy's stores (docs/BENCHMARKS.md,
+    /// "Handles after the copy").
+    spent: Vec<MemRef>,
 }
+
+/// Receive buffers [`SoftQp::accept`] keeps before it lets go of the oldest ones anyway
+/// (a transport that never calls [`SoftQp::release_spent`] keeps no more than this).
+const SPENT_MAX: usize = 64;
 
 impl SoftQp {
     pub fn new(table: Arc<MrTable>, caps: QpCaps) -> SoftQp {
@@ -519,6 +541,7 @@ impl SoftQp {
             executed: 0,
             ack_sent: 0,
             in_progress: None,
+            spent: Vec::new(),
         }
     }
 
@@ -1231,7 +1254,15 @@ impl SoftQp {
             op,
             payload,
         ) {
-            Ok(p) => Ok((p.place, p.invalidated)),
+            Ok(p) => {
+                if let Some(b) = p.spent {
+                    if self.spent.len() >= SPENT_MAX {
+                        self.spent.clear();
+                    }
+                    self.spent.push(b);
+                }
+                Ok((p.place, p.invalidated))
+            }
             Err(Respond::NotReady) => Err(InboundError::NotReady),
             Err(Respond::Refuse { status, recv }) => {
                 if let Some(recv_status) = recv {
@@ -1245,6 +1276,13 @@ impl SoftQp {
     fn refuse(&mut self, status: WcStatus) -> InboundError {
         self.break_now();
         InboundError::Refuse(status)
+    }
+
+    /// Lets go of the receive buffers filled since the last call: a transport calls it
+    /// once per progress, before it reads (their copies long done by then).
+    #[inline]
+    pub fn release_spent(&mut self) {
+        self.spent.clear();
     }
 
     /// The payload of the operation [`SoftQp::inbound`] placed is in memory: consume its

@@ -83,10 +83,14 @@ impl MemRef {
     ///
     /// # Panics
     /// When `len` exceeds the range.
-    pub fn truncate(mut self, len: usize) -> MemRef {
+    #[inline(always)]
+    pub fn truncate(self, len: usize) -> MemRef {
         assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
-        self.len = len;
-        self
+        // Rebuilt field by field: a length stored into the old value and the value then
+        // copied whole stalled the copy (docs/BENCHMARKS.md, "Small values returned
+        // through memory").
+        let MemRef { ptr, keep, .. } = self;
+        MemRef { ptr, len, keep }
     }
 
     /// Copies `data` into the range at `offset`.
@@ -671,7 +675,10 @@ impl MrTable {
     ///
     /// # Errors
     /// [`WcStatus::LocalProtection`].
-    #[inline]
+    // Always inlined into its two callers (a post's sources, a receive's buffer): a
+    // handle returned through memory stalled both (docs/BENCHMARKS.md, "Small values
+    // returned through memory").
+    #[inline(always)]
     pub fn local(&self, leases: &mut Leases, sge: &Sge, need: Access) -> Result<MemRef, WcStatus> {
         let bad = WcStatus::LocalProtection;
         let index = sge.lkey >> 8;
@@ -859,6 +866,7 @@ impl MrTable {
     ///
     /// # Errors
     /// [`WcStatus::LocalQpOperation`].
+    #[inline]
     pub fn check_bind(
         self: &Arc<Self>,
         slot: &FastMr,

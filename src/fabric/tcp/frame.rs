@@ -229,6 +229,10 @@ impl Header {
     ///
     /// # Errors
     /// The first [`FrameError`] found, in the order above.
+    // Always inlined into the receive path: a header returned through memory, and the
+    // version passed as a wide load beside bytes just stored, stalled it
+    // (docs/BENCHMARKS.md, "Small values returned through memory").
+    #[inline(always)]
     pub fn decode_as(buf: &[u8; HEADER_LEN], version: u8) -> Result<Header, FrameError> {
         let magic = get_u32(buf, off::MAGIC);
         if magic != MAGIC {

@@ -242,6 +242,7 @@ impl Rx {
         }
     }
 
+    #[inline(always)]
     fn take_header(&mut self) -> Result<Header, FrameError> {
         let mut b = [0u8; HEADER_LEN];
         b.copy_from_slice(&self.stage[self.start..self.start + HEADER_LEN]);

@@ -375,15 +375,17 @@ impl RnbdDevice {
         msg
     }
 
-    /// The IO user header (32 bytes) and RTRS direction of `req`, after checking it
-    /// against the device: open, writable if it writes, block-aligned, in range, within
-    /// the limits.
+    /// The IO message (its 32 bytes: [`Io::to_bytes`]) and RTRS direction of `req`,
+    /// after checking it against the device: open, writable if it writes, block-aligned,
+    /// in range, within the limits. The message's bytes are made where they are sent:
+    /// made here and copied out whole, they stalled the copy (docs/BENCHMARKS.md, "Small
+    /// values returned through memory").
     ///
     /// # Errors
     /// Why the request cannot be sent; [`DeviceError::errno`] is the block status. A
     /// write-zeroes of a device in [`WriteZeroesMode::Emulate`] is
     /// [`DeviceError::Emulated`]: it has no message of its own.
-    pub fn io_msg(&self, req: &BlockRequest) -> Result<([u8; Io::LEN], Dir), DeviceError> {
+    pub fn io_msg(&self, req: &BlockRequest) -> Result<(Io, Dir), DeviceError> {
         let info = self.check(req)?;
         if req.op == RnbdOp::WriteZeroes && self.write_zeroes == WriteZeroesMode::Emulate {
             return Err(DeviceError::Emulated {
@@ -398,7 +400,7 @@ impl RnbdDevice {
             bi_size: req.len,
             prio: req.prio,
         };
-        Ok((io.to_bytes(), req.dir()))
+        Ok((io, req.dir()))
     }
 
     /// Checks `req` against the device (open, writable if it writes, block-aligned, in

@@ -1168,3 +1168,50 @@ fn a_batch_of_reg_mrs_is_made_as_far_as_the_bytes_have_left() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A receive buffer filled from a payload at hand is held until the next
+/// `release_spent` (not dropped right after the copy), never more than `SPENT_MAX` of
+/// them; its data is in place either way.
+#[test]
+fn filled_receive_buffers_are_let_go_at_the_next_release() {
+    for how in [Exec::OneStep, Exec::Staged] {
+        let mut p = pair(QpCaps {
+            max_recv_wr: 256,
+            max_send_wr: 256,
+            ..QpCaps::default()
+        });
+        let src = buf(&p, 64, Access::NONE);
+        let dst = buf(&p, 64 * 100, RW);
+        src.write_at(0, b"ping");
+        let sends = |p: &mut Pair, n: u64, first: u64| {
+            for i in first..first + n {
+                p.b.post_recv(&[RecvWr {
+                    wr_id: i,
+                    sge: Some(dst.sge(64 * i as usize, 64)),
+                }])
+                .unwrap();
+                p.a.post_send(&[wr(i, SendOp::Send, &[src.sge(0, 4)], true)])
+                    .unwrap();
+            }
+            assert_eq!(pump_with(&mut p.a, &mut p.b, how), (n as usize, None));
+        };
+        sends(&mut p, 3, 0);
+        assert_eq!(p.b.spent.len(), 3, "{how:?}: held after the copies");
+        p.b.release_spent();
+        assert!(p.b.spent.is_empty(), "{how:?}: let go at the release");
+        sends(&mut p, 90, 3);
+        assert!(
+            p.b.spent.len() <= SPENT_MAX,
+            "{how:?}: {} held",
+            p.b.spent.len()
+        );
+        assert_eq!(
+            drain_all(&mut p.b).len(),
+            93,
+            "{how:?}: every receive completed"
+        );
+        let mut out = [0u8; 4];
+        dst.read_at(64 * 92, &mut out);
+        assert_eq!(&out, b"ping", "{how:?}: the last payload landed");
+    }
+}

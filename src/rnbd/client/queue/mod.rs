@@ -44,7 +44,7 @@ use crate::Errno;
 /// What a device allows for a request now.
 enum Look {
     /// Send it: the IO message and the RTRS direction.
-    Send([u8; Io::LEN], Dir),
+    Send(Io, Dir),
     /// Disconnected: wait for the re-open.
     Wait,
     Fail(DeviceError),
@@ -344,8 +344,9 @@ impl<S: SessionHandle> RnbdQueue<S> {
                 self.wait_permit(i);
                 Ok(())
             }
-            Look::Send(usr, dir) => {
+            Look::Send(msg, dir) => {
                 let i = self.take_request(tag, dev, req, sgl, now, piece);
+                let usr = msg.to_bytes();
                 let io = ClientIo {
                     tag: i as u64,
                     dir,

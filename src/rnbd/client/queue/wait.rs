@@ -61,7 +61,8 @@ impl<S: SessionHandle> RnbdQueue<S> {
             let result: Result<(), Option<Errno>> = match self.snap.device(s.dev) {
                 None => Err(Some(Errno::ENODEV)),
                 Some(d) => match look(d, &s.req, true) {
-                    Look::Send(usr, dir) if may_send => {
+                    Look::Send(msg, dir) if may_send => {
+                        let usr = msg.to_bytes();
                         let io = ClientIo {
                             tag: i as u64,
                             dir,
