@@ -306,17 +306,25 @@ pub struct SendWr<'a> {
     pub signaled: bool,
 }
 
+impl SendOp<'_> {
+    /// An RDMA_WRITE_WITH_IMM with no data: the peer sees only `imm`.
+    #[inline]
+    pub fn imm_only(imm: u32) -> SendOp<'static> {
+        SendOp::RdmaWriteWithImm {
+            remote_addr: 0,
+            rkey: 0,
+            imm,
+        }
+    }
+}
+
 impl SendWr<'_> {
     /// An unsignaled RDMA_WRITE_WITH_IMM with no data: the peer sees only `imm`.
     #[inline]
     pub fn imm_only(wr_id: u64, imm: u32) -> SendWr<'static> {
         SendWr {
             wr_id,
-            op: SendOp::RdmaWriteWithImm {
-                remote_addr: 0,
-                rkey: 0,
-                imm,
-            },
+            op: SendOp::imm_only(imm),
             sges: &[],
             signaled: false,
         }

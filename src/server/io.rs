@@ -42,16 +42,16 @@ use crate::proto::{ChunkOp, ChunkReq, IoRsp, RkeyRsp, RDMA_READ_MAX_TRAILER_LEN}
 use crate::Errno;
 
 /// A response chain (at most RDMA_WRITE, REG_MR, SEND_WITH_INV and the imm): built in
-/// place on the stack.
+/// place on the stack, every request unsignaled under one work request id.
 struct Chain<'a> {
     buf: [SendWr<'a>; 4],
     len: usize,
 }
 
 impl<'a> Chain<'a> {
-    fn new() -> Chain<'a> {
+    fn new(wr_id: u64) -> Chain<'a> {
         let empty = SendWr {
-            wr_id: 0,
+            wr_id,
             op: SendOp::Send,
             sges: &[],
             signaled: false,
@@ -62,14 +62,14 @@ impl<'a> Chain<'a> {
         }
     }
 
-    /// Appends an unsignaled request, written in place.
+    /// Appends a request, written in place: one made elsewhere and copied in whole was
+    /// a store-forwarding stall per request (docs/BENCHMARKS.md, "Small values returned
+    /// through memory").
     #[inline(always)]
-    fn push_op(&mut self, wr_id: u64, op: SendOp<'a>, sges: &'a [Sge]) {
+    fn push(&mut self, op: SendOp<'a>, sges: &'a [Sge]) {
         let wr = &mut self.buf[self.len];
-        wr.wr_id = wr_id;
         wr.op = op;
         wr.sges = sges;
-        wr.signaled = false;
         self.len += 1;
     }
 
@@ -485,11 +485,7 @@ impl Requests {
         let new_rkey = ai.then(|| next_rkey(path.mrs[usize::from(buf_id)].rkey()));
         let data_sge;
         let rkey_sge;
-        let mut chain = Chain::new();
-        let rsp_id = WrId::Rsp.encode();
-        // Each request is written once, straight into the chain, made where it is pushed:
-        // one returned from a call would be stored in pieces and loaded back whole, a
-        // stall per request (docs/BENCHMARKS.md, "Small values returned through memory").
+        let mut chain = Chain::new(WrId::Rsp.encode());
         let reg = new_rkey.map(|rkey| SendOp::RegMr {
             slot: &path.mrs[usize::from(buf_id)],
             region: &sess.chunks,
@@ -500,8 +496,7 @@ impl Requests {
         });
         if let (true, Some(d)) = (case_b, desc) {
             data_sge = [sess.chunks.sge(base, d.len as usize)];
-            chain.push_op(
-                rsp_id,
+            chain.push(
                 SendOp::RdmaWrite {
                     remote_addr: d.addr,
                     rkey: d.key,
@@ -509,35 +504,26 @@ impl Requests {
                 &data_sge,
             );
             if let Some(op) = reg {
-                chain.push_op(rsp_id, op, &[]);
+                chain.push(op, &[]);
             }
             if need_inval {
-                chain.push_op(rsp_id, SendOp::SendWithInv { rkey: d.key }, &[]);
+                chain.push(SendOp::SendWithInv { rkey: d.key }, &[]);
             }
         } else {
             if let Some(d) = desc.filter(|_| need_inval) {
-                chain.push_op(rsp_id, SendOp::SendWithInv { rkey: d.key }, &[]);
+                chain.push(SendOp::SendWithInv { rkey: d.key }, &[]);
             }
             if let Some(op) = reg {
-                chain.push_op(rsp_id, op, &[]);
+                chain.push(op, &[]);
             }
         }
         match (new_rkey, &path.rkey_ius) {
             (Some(rkey), Some(ius)) => {
                 ius.write(usize::from(buf_id), &RkeyRsp { buf_id, rkey }.to_bytes());
                 rkey_sge = [ius.sge(usize::from(buf_id), RkeyRsp::LEN)];
-                chain.push_op(rsp_id, SendOp::SendWithImm { imm }, &rkey_sge);
+                chain.push(SendOp::SendWithImm { imm }, &rkey_sge);
             }
-            // `SendWr::imm_only`'s request, written in place.
-            _ => chain.push_op(
-                rsp_id,
-                SendOp::RdmaWriteWithImm {
-                    remote_addr: 0,
-                    rkey: 0,
-                    imm,
-                },
-                &[],
-            ),
+            _ => chain.push(SendOp::imm_only(imm), &[]),
         }
         let Some(slot) = env.cons[ci].as_mut() else {
             self.ops.get_mut(idx).path = Some(path);

@@ -249,8 +249,8 @@ impl TcpConn {
     fn leave_own(&mut self) {
         if let Some(own) = self.own.as_mut() {
             // A ring kept while the socket was read on every poll goes too (a removal
-            // it could not finish would hold the socket).
-            // The gate stays watched while the socket is read on every poll: ungated now.
+            // it could not finish would hold the socket), and the gate, watched then
+            // too, opens for good.
             own.leave();
             self.own_direct = None;
             if self.gate.watched() {
