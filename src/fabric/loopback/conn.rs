@@ -130,6 +130,7 @@ impl End {
     }
 
     fn progress(&mut self, link: &Link) {
+        self.qp.release_spent();
         self.check_answer(link);
         self.drain_incoming();
         self.check_broken(link);

@@ -396,7 +396,7 @@ enum Local {
 #[inline(always)]
 fn local_effect(table: &Arc<MrTable>, qp_num: u32, op: &SendOp<'_>, wait: bool) -> Local {
     Local::Done(match *op {
-        SendOp::LocalInv { slot } => match table.invalidate_slot(slot) {
+        SendOp::LocalInv { slot } => match table.invalidate_slot(slot, qp_num) {
             Ok(()) => WcStatus::Success,
             Err(()) => WcStatus::LocalQpOperation,
         },
@@ -497,15 +497,16 @@ pub struct SoftQp {
     executed: u64,
     ack_sent: u64,
     in_progress: Option<InProgress>,
-    /// Receive buffers filled by the last progress, let go at the next
-    /// ([`SoftQp::release_spent`]): a handle dropped right after the copy into its memory
+    /// Receive buffers filled and sources of sends completed by the last progress, let
+    /// go at the next ([`SoftQp::release_spent`]): a handle dropped right after a copy
     /// would make its atomic decrement wait for the copy's stores (docs/BENCHMARKS.md,
     /// "Handles after the copy").
     spent: Vec<MemRef>,
 }
 
-/// Receive buffers [`SoftQp::accept`] keeps before it lets go of the oldest ones anyway
-/// (a transport that never calls [`SoftQp::release_spent`] keeps no more than this).
+/// Handles [`SoftQp::accept`] and [`SoftQp::advance`] keep before they let go of the
+/// oldest ones anyway (a transport that never calls [`SoftQp::release_spent`] keeps no
+/// more than this).
 const SPENT_MAX: usize = 64;
 
 impl SoftQp {
@@ -1160,8 +1161,12 @@ impl SoftQp {
             };
             done += 1;
             // Complete: its sources are needed no more (a transmitted operation's are
-            // with the transport or the peer; a failed one's were never sent).
-            s.srcs.clear();
+            // with the transport or the peer; a failed one's were never sent). Let go
+            // at the next release, as filled receive buffers are.
+            if self.spent.len() + s.srcs.len() > SPENT_MAX {
+                self.spent.clear();
+            }
+            self.spent.append(&mut s.srcs);
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
                     wr_id: s.wr_id,
@@ -1278,8 +1283,9 @@ impl SoftQp {
         InboundError::Refuse(status)
     }
 
-    /// Lets go of the receive buffers filled since the last call: a transport calls it
-    /// once per progress, before it reads (their copies long done by then).
+    /// Lets go of the receive buffers filled and the sources of sends completed since
+    /// the last call: a transport calls it once per progress, before it reads (their
+    /// copies long done by then).
     #[inline]
     pub fn release_spent(&mut self) {
         self.spent.clear();

@@ -15,7 +15,8 @@
 //! odd, writes, and makes it even again; a reader copies the fields and keeps the copy
 //! only if the sequence was even and unchanged around it. A remote access is such a
 //! read by the thread that received the operation, and a binding or invalidation is one
-//! uncontended update of the slot's own entry.
+//! uncontended update of the slot's own entry, made with plain stores by the connection
+//! that owns the slot ([`Entry::write`]).
 //!
 //! Memory is kept alive by leases ([`Leases`]): each queue pair holds, per registration
 //! it has used recently, one handle ([`Keep`]) on that registration's memory, taken under
@@ -25,12 +26,12 @@
 //! stops matching at once (its generation moves on); its memory goes when the last lease
 //! lets go. See `docs/ARCHITECTURE.md`, "The registration table".
 
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::fabric::mem::Backing;
 use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
-use crate::sync::lock;
+use crate::sync::{lock, membarrier};
 
 /// A checked range of registered memory, valid while the `MemRef` lives.
 #[derive(Clone)]
@@ -201,6 +202,14 @@ fn meta(key: u8, kind: Kind, valid: bool, scope: KeyScope, access: Access) -> u3
 struct Entry {
     /// Even when stable, odd while its writer changes it.
     seq: AtomicU32,
+    /// Who writes the entry, and how ([`Entry::write`]): [`UNCLAIMED`], a queue pair's
+    /// number (the entry is biased to it), [`LOCKED`] or [`SHARED`].
+    writer: AtomicU32,
+    /// Set by the queue pair the entry is biased to around each of its writes.
+    busy: AtomicBool,
+    /// Owners the entry had since its allocation after the first ([`MAX_MOVES`]);
+    /// written under [`LOCKED`].
+    moves: AtomicU8,
     meta: AtomicU32,
     /// A region's registration generation (moves on at every registration and
     /// retirement of the index); for a bound slot, the generation of the region it is
@@ -294,18 +303,108 @@ impl Entry {
         None
     }
 
-    /// Writes `v` as the entry's new state, unless another writer is at it (then
-    /// false: two threads binding one slot at once, which the contract forbids).
-    fn write(&self, v: &View) -> bool {
-        let s = self.seq.load(Ordering::Relaxed);
-        if s & 1 == 1
-            || self
-                .seq
-                .compare_exchange(s, s.wrapping_add(1), Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-        {
+    /// Writes `v` as the entry's new state on behalf of `by`; false when another writer
+    /// holds the entry (two threads binding one slot at once, which the contract
+    /// forbids; a [`By::Control`] writer waits instead).
+    ///
+    /// The first queue pair to write a fresh entry claims it, and from then on writes it
+    /// with no locked instruction: it raises `busy`, issues the light side of
+    /// [`membarrier`], checks that the entry is still its own, and writes. Any other
+    /// writer takes the entry away ([`Entry::lock`]: the heavy side, then a wait for the
+    /// owner's write in flight) and writes it under [`LOCKED`]. A queue pair that takes
+    /// it becomes its owner once ([`MAX_MOVES`]: a slot bound first on the service
+    /// connection, then by the connection its IO runs on); after that the entry is
+    /// [`SHARED`], each writer taking [`LOCKED`] in turn, until a new allocation. A
+    /// slot's binder is nearly always one connection, so a binding or an invalidation
+    /// costs no atomic read-modify-write; a slot used from several connections pays at
+    /// most two system calls per allocation (`docs/ARCHITECTURE.md`, "The registration
+    /// table").
+    // Always inlined, as are the two below: a view built by the caller and read back
+    // here from memory stalled the read (docs/BENCHMARKS.md, "Small values returned
+    // through memory").
+    #[inline(always)]
+    fn write(&self, v: &View, by: By) -> bool {
+        if let By::Qp(qp) = by {
+            let w = self.writer.load(Ordering::Relaxed);
+            let mine = w == qp
+                || (w == UNCLAIMED
+                    && self
+                        .writer
+                        .compare_exchange(UNCLAIMED, qp, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok());
+            if mine && self.write_biased(v, qp) {
+                return true;
+            }
+        }
+        let Some(was) = self.lock(matches!(by, By::Control)) else {
+            return false;
+        };
+        self.store(v);
+        let moves = self.moves.load(Ordering::Relaxed);
+        let next = match by {
+            By::Qp(qp) if is_owner(was) && moves < MAX_MOVES => {
+                self.moves.store(moves + 1, Ordering::Relaxed);
+                qp
+            }
+            _ => SHARED,
+        };
+        self.writer.store(next, Ordering::Release);
+        true
+    }
+
+    /// The owner's write (see [`Entry::write`]); false when the entry was taken away.
+    #[inline(always)]
+    fn write_biased(&self, v: &View, qp: u32) -> bool {
+        self.busy.store(true, Ordering::Relaxed);
+        membarrier::light();
+        if self.writer.load(Ordering::Relaxed) != qp {
+            self.busy.store(false, Ordering::Release);
             return false;
         }
+        self.store(v);
+        self.busy.store(false, Ordering::Release);
+        true
+    }
+
+    /// Takes the entry for a writer other than its owner: [`LOCKED`], from any other
+    /// state; from a queue pair's, once that queue pair can no longer start a write and
+    /// has finished the one it was making. The state it was in; `None` when another
+    /// writer holds it and `wait` is not set.
+    #[cold]
+    fn lock(&self, wait: bool) -> Option<u32> {
+        loop {
+            let w = self.writer.load(Ordering::Relaxed);
+            if w == LOCKED {
+                if !wait {
+                    return None;
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            if self
+                .writer
+                .compare_exchange_weak(w, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if is_owner(w) {
+                // The owner either sees LOCKED at its check, or raised `busy` where the
+                // barrier makes it visible here; it never waits while `busy` is up.
+                membarrier::heavy();
+                while self.busy.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+            }
+            return Some(w);
+        }
+    }
+
+    /// Writes the fields as a seqlock's writer (the caller is the entry's one writer).
+    #[inline(always)]
+    fn store(&self, v: &View) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
         self.meta.store(
             meta(v.key, v.kind, v.valid, v.scope, v.access),
@@ -317,8 +416,40 @@ impl Entry {
         self.base.store(v.base, Ordering::Relaxed);
         self.len.store(v.len, Ordering::Relaxed);
         self.seq.store(s.wrapping_add(2), Ordering::Release);
-        true
     }
+
+    /// A new allocation's first write (under the control lock): the entry becomes
+    /// claimable by the first queue pair that writes it.
+    fn write_fresh(&self, v: &View) {
+        self.lock(true);
+        self.store(v);
+        self.moves.store(0, Ordering::Relaxed);
+        self.writer.store(UNCLAIMED, Ordering::Release);
+    }
+}
+
+/// [`Entry::writer`]: no writer yet (a queue pair's first write claims the entry).
+const UNCLAIMED: u32 = 0;
+/// [`Entry::writer`]: a writer other than the owner holds the entry.
+const LOCKED: u32 = u32::MAX;
+/// [`Entry::writer`]: no owner; writers take [`LOCKED`] in turn. Queue-pair numbers are
+/// 24 bits and never 0, so no queue pair has these values.
+const SHARED: u32 = u32::MAX - 1;
+/// How many times a queue pair may take an entry from another and own it in turn.
+const MAX_MOVES: u8 = 1;
+
+/// Whether `writer` names a queue pair that owns the entry.
+fn is_owner(writer: u32) -> bool {
+    !matches!(writer, UNCLAIMED | LOCKED | SHARED)
+}
+
+/// Who writes an entry.
+#[derive(Clone, Copy, Debug)]
+enum By {
+    /// The queue pair of this number, executing a binding or an invalidation.
+    Qp(u32),
+    /// The table's control path (registration, retirement), under the control lock.
+    Control,
 }
 
 struct Segment {
@@ -543,8 +674,7 @@ impl MrTable {
         let old = e.read().map_or(0, |o| o.gen);
         v.gen = old.wrapping_add(1);
         v.key = random_key_byte(0);
-        let written = e.write(&v);
-        debug_assert!(written, "a free entry has no other writer");
+        e.write_fresh(&v);
         ctl.memory[index as usize] = memory;
         Some((index, index << 8 | u32::from(v.key)))
     }
@@ -570,10 +700,8 @@ impl MrTable {
             len: 0,
         };
         // A slot being bound right now by a connection (against the contract, as the
-        // slot is being dropped) only delays this: retry until it is done.
-        while !e.write(&free) {
-            std::hint::spin_loop();
-        }
+        // slot is being dropped) only delays this.
+        e.write(&free, By::Control);
         ctl.memory[index as usize] = None;
         ctl.free.push(index);
     }
@@ -930,26 +1058,26 @@ impl MrTable {
             len: u64::from(b.len),
             ..cur
         };
-        if e.write(&bound) {
+        if e.write(&bound, By::Qp(qp)) {
             Ok(())
         } else {
             Err(bad)
         }
     }
 
-    /// Retires `slot`'s current rkey (a LOCAL_INV).
+    /// Retires `slot`'s current rkey (a LOCAL_INV executed by queue pair `qp`).
     ///
     /// # Errors
     /// `Err(())` when the slot is another table's or not bound; the caller turns it into
     /// the status its operation reports.
     #[allow(clippy::result_unit_err)]
-    pub fn invalidate_slot(self: &Arc<Self>, slot: &FastMr) -> Result<(), ()> {
+    pub fn invalidate_slot(self: &Arc<Self>, slot: &FastMr, qp: u32) -> Result<(), ()> {
         let index = self.own_index(slot.handle()).ok_or(())?;
         let rkey = slot.rkey();
         if rkey >> 8 != index {
             return Err(());
         }
-        self.invalidate(rkey, None)
+        self.invalidate(rkey, qp, false)
     }
 
     /// Retires the rkey a peer's SEND_WITH_INV names, arriving on queue pair `qp`: only
@@ -959,18 +1087,16 @@ impl MrTable {
     /// As [`MrTable::invalidate_slot`].
     #[allow(clippy::result_unit_err)]
     pub fn invalidate_remote(&self, rkey: u32, qp: u32) -> Result<(), ()> {
-        self.invalidate(rkey, Some(qp))
+        self.invalidate(rkey, qp, true)
     }
 
-    /// Retires a slot's current rkey on behalf of its owner (`by` `None`: any slot) or
-    /// of a peer on queue pair `by` (only a `Connection` slot that `by` bound).
-    fn invalidate(&self, rkey: u32, by: Option<u32>) -> Result<(), ()> {
+    /// Retires a slot's current rkey, executed by queue pair `qp`: on behalf of the
+    /// slot's owner (any slot) or, `remote`, of the peer on `qp` (only a `Connection`
+    /// slot that `qp` bound).
+    fn invalidate(&self, rkey: u32, qp: u32, remote: bool) -> Result<(), ()> {
         let e = self.entry(rkey >> 8).ok_or(())?;
         let cur = e.read().ok_or(())?;
-        let allowed = match by {
-            None => true,
-            Some(qp) => cur.scope == KeyScope::Connection && cur.qp == qp,
-        };
+        let allowed = !remote || (cur.scope == KeyScope::Connection && cur.qp == qp);
         if cur.kind != Kind::Slot || !cur.valid || cur.key != rkey as u8 || !allowed {
             return Err(());
         }
@@ -979,7 +1105,7 @@ impl MrTable {
             valid: false,
             ..cur
         };
-        if e.write(&dead) {
+        if e.write(&dead, By::Qp(qp)) {
             Ok(())
         } else {
             Err(())

@@ -1169,11 +1169,11 @@ fn a_batch_of_reg_mrs_is_made_as_far_as_the_bytes_have_left() {
     );
 }
 
-/// A receive buffer filled from a payload at hand is held until the next
-/// `release_spent` (not dropped right after the copy), never more than `SPENT_MAX` of
-/// them; its data is in place either way.
+/// A receive buffer filled from a payload at hand, and the sources of a completed send,
+/// are held until the next `release_spent` (not dropped right after the copy or at the
+/// completion), never more than `SPENT_MAX` of them; the data is in place either way.
 #[test]
-fn filled_receive_buffers_are_let_go_at_the_next_release() {
+fn filled_receive_buffers_and_sent_sources_are_let_go_at_the_next_release() {
     for how in [Exec::OneStep, Exec::Staged] {
         let mut p = pair(QpCaps {
             max_recv_wr: 256,
@@ -1197,14 +1197,22 @@ fn filled_receive_buffers_are_let_go_at_the_next_release() {
         };
         sends(&mut p, 3, 0);
         assert_eq!(p.b.spent.len(), 3, "{how:?}: held after the copies");
+        assert_eq!(p.a.spent.len(), 3, "{how:?}: sources held after completion");
         p.b.release_spent();
+        p.a.release_spent();
         assert!(p.b.spent.is_empty(), "{how:?}: let go at the release");
-        sends(&mut p, 90, 3);
         assert!(
-            p.b.spent.len() <= SPENT_MAX,
-            "{how:?}: {} held",
-            p.b.spent.len()
+            p.a.spent.is_empty(),
+            "{how:?}: sources let go at the release"
         );
+        sends(&mut p, 90, 3);
+        for (side, q) in [("receiver", &p.b), ("sender", &p.a)] {
+            assert!(
+                (1..=SPENT_MAX).contains(&q.spent.len()),
+                "{how:?}: the {side} holds {}",
+                q.spent.len()
+            );
+        }
         assert_eq!(
             drain_all(&mut p.b).len(),
             93,

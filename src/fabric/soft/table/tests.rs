@@ -177,12 +177,12 @@ fn slot_binding_and_invalidation() {
         t.bind(&slot, &mr, mr.addr(), 4096, RW, k2, QP).is_err(),
         "still bound"
     );
-    t.invalidate_slot(&slot).unwrap();
+    t.invalidate_slot(&slot, QP).unwrap();
     assert!(remote(&t, k1, mr.addr() + 4096, 1).is_err(), "retired");
     t.bind(&slot, &mr, mr.addr(), 4096, RW, k2, QP).unwrap();
     assert!(remote(&t, k1, mr.addr(), 1).is_err(), "superseded key");
-    t.invalidate_slot(&slot).unwrap();
-    assert!(t.invalidate_slot(&slot).is_err(), "twice");
+    t.invalidate_slot(&slot, QP).unwrap();
+    assert!(t.invalidate_slot(&slot, QP).is_err(), "twice");
     assert!(
         t.invalidate_remote(mr.rkey(), QP).is_err(),
         "regions are not invalidated remotely"
@@ -239,7 +239,7 @@ fn foreign_registrations_are_refused() {
         a.bind(&slot, &mr, mr.addr(), 64, RW, k, QP),
         Err(WcStatus::LocalQpOperation)
     );
-    assert!(b.invalidate_slot(&slot).is_err());
+    assert!(b.invalidate_slot(&slot, QP).is_err());
 }
 
 #[test]
@@ -306,9 +306,93 @@ fn concurrent_rebinding_is_seen_whole_or_not_at_all() {
         let k = next_rkey(slot.rkey());
         t.bind(&slot, &mr, base, 1 << 15, RW, k, QP).unwrap();
         key.store(k, Ordering::Relaxed);
-        t.invalidate_slot(&slot).unwrap();
+        t.invalidate_slot(&slot, QP).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let (ok, refused) = reader.join().unwrap();
     assert!(ok + refused > 0, "the reader ran");
+}
+
+/// A slot's first writer writes it without a locked instruction; another queue pair
+/// writing it takes it away, whatever the owner is doing at that moment. In each round
+/// a fresh slot's owner rewrites it until it finds it taken, while the other queue pair
+/// writes it once: the entry ends as the other's write left it, whole and readable,
+/// never with a field of the owner's write that was in flight, and owned by the other;
+/// taken once more, it has no owner.
+#[test]
+fn a_slot_taken_from_its_owner_is_never_torn() {
+    const ROUNDS: u32 = 2_000;
+    const OWNER: u32 = 5;
+    const OTHER: u32 = 6;
+    let t = MrTable::new();
+    let mut owner_writes = 0u64;
+    for round in 0..ROUNDS {
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let e = t.entry(slot.rkey() >> 8).unwrap();
+        let cur = e.read().unwrap();
+        let mine = View {
+            valid: true,
+            key: 1,
+            region: 1,
+            gen: 1,
+            base: 0x1000,
+            len: 0x1000,
+            ..cur
+        };
+        let theirs = View {
+            valid: true,
+            key: 2,
+            region: 2,
+            gen: 2,
+            base: 0x9000,
+            len: 0x3000,
+            ..cur
+        };
+        assert!(e.write(&mine, By::Qp(OWNER)));
+        assert_eq!(
+            e.writer.load(Ordering::Relaxed),
+            OWNER,
+            "claimed by its first writer"
+        );
+        owner_writes += std::thread::scope(|s| {
+            let owner = s.spawn(|| {
+                let mut n = 0u64;
+                while e.write_biased(&mine, OWNER) {
+                    n += 1;
+                }
+                n
+            });
+            s.spawn(|| {
+                for _ in 0..(round % 32) * 16 {
+                    std::hint::spin_loop();
+                }
+                assert!(e.write(&theirs, By::Qp(OTHER)), "the other's write");
+            });
+            owner.join().unwrap()
+        });
+        let v = e
+            .read()
+            .expect("the entry is readable (no writer left it odd)");
+        assert_eq!(
+            (v.key, v.region, v.gen, v.base, v.len),
+            (2, 2, 2, 0x9000, 0x3000),
+            "the other's write, whole"
+        );
+        assert_eq!(
+            e.writer.load(Ordering::Relaxed),
+            OTHER,
+            "the other owns it now"
+        );
+        // Taken once more (MAX_MOVES): no owner any more, each writer in turn.
+        assert!(e.write(&mine, By::Qp(OWNER)));
+        assert_eq!(e.writer.load(Ordering::Relaxed), SHARED, "taken for good");
+        assert!(e.write(&theirs, By::Qp(OTHER)) && e.write(&mine, By::Control));
+        assert_eq!(e.writer.load(Ordering::Relaxed), SHARED);
+        let v = e.read().unwrap();
+        assert_eq!((v.key, v.base), (1, 0x1000), "the last write");
+    }
+    assert!(
+        owner_writes > 0,
+        "the owner never wrote while the other was about to"
+    );
 }
