@@ -309,6 +309,10 @@ impl ChunkReq {
     /// # Errors
     /// [`DecodeError`] naming the field. The kernel closes the path for a bad offset or
     /// type and silently drops a READ with a bad `sg_cnt`.
+    // Always inlined into the server's one call per IO: the request returned through
+    // memory stalled the caller's read of it (docs/BENCHMARKS.md, "Small values returned
+    // through memory").
+    #[inline(always)]
     pub fn decode(trailer: &[u8], offset: u32, chunk_size: u32) -> Result<ChunkReq, DecodeError> {
         if offset >= chunk_size {
             return Err(DecodeError::field(
