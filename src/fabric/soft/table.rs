@@ -324,7 +324,9 @@ impl Entry {
     // through memory").
     #[inline(always)]
     fn write(&self, v: &View, by: By) -> bool {
-        if let By::Qp(qp) = by {
+        // A number that is one of the states (never a queue pair's) can own nothing.
+        let owner = by.filter_owner();
+        if let By::Qp(qp) = owner {
             let w = self.writer.load(Ordering::Relaxed);
             let mine = w == qp
                 || (w == UNCLAIMED
@@ -341,7 +343,7 @@ impl Entry {
         };
         self.store(v);
         let moves = self.moves.load(Ordering::Relaxed);
-        let next = match by {
+        let next = match owner {
             By::Qp(qp) if is_owner(was) && moves < MAX_MOVES => {
                 self.moves.store(moves + 1, Ordering::Relaxed);
                 qp
@@ -450,6 +452,18 @@ enum By {
     Qp(u32),
     /// The table's control path (registration, retirement), under the control lock.
     Control,
+}
+
+impl By {
+    /// `self`, or [`By::Control`] for a queue-pair number that could not own an entry
+    /// (one of the states' values).
+    #[inline(always)]
+    fn filter_owner(self) -> By {
+        match self {
+            By::Qp(qp) if !is_owner(qp) => By::Control,
+            by => by,
+        }
+    }
 }
 
 struct Segment {

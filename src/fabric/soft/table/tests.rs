@@ -396,3 +396,28 @@ fn a_slot_taken_from_its_owner_is_never_torn() {
         "the owner never wrote while the other was about to"
     );
 }
+
+/// A queue-pair number equal to one of the writer states (none is ever given out) owns
+/// no slot: its write locks the slot like a stranger's and leaves no owner behind.
+#[test]
+fn a_number_that_is_a_writer_state_owns_nothing() {
+    let t = MrTable::new();
+    for qp in [UNCLAIMED, SHARED, LOCKED] {
+        let slot = t.alloc_fast_mr(KeyScope::Domain).unwrap();
+        let e = t.entry(slot.rkey() >> 8).unwrap();
+        let v = View {
+            valid: true,
+            base: 0x1000,
+            len: 0x1000,
+            ..e.read().unwrap()
+        };
+        assert_eq!(e.writer.load(Ordering::Relaxed), UNCLAIMED);
+        assert!(e.write(&v, By::Qp(qp)), "{qp:#x} writes");
+        assert_eq!(
+            e.writer.load(Ordering::Relaxed),
+            SHARED,
+            "{qp:#x} owns nothing"
+        );
+        assert_eq!(e.read().unwrap().base, 0x1000);
+    }
+}
