@@ -702,11 +702,16 @@ if want spdk; then
 		# flight, and the verify ends with no failed IO. The same recovery covers rxe under
 		# TCG failing the server's fast-reg now and then ("rxe_reg_fast_mr: mr->lkey ...
 		# not free", then "REG MR failed"), after which the server closes the session.
+		# A cut that lands inside a WRITE's packets makes the server hold the path, and
+		# refuse it again, until its close has waited 50 s for the chunk (docs/INTEROP.md,
+		# "A kernel fault the checks know"): IO waits up to 90 s for the path
+		# (io_timeout_sec; 30 by default).
 		cat >"$TMPD/bdev.json" <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_rtrs_create", "params": {"name": "rtrs0", "sessname": "spdk1",
    "paths": [{"transport": "rdma", "dst_addr": "$IP1", "port": 1234}],
-   "device": "$LOOPNAME", "access_mode": "rw", "reconnect_delay_sec": 1}},
+   "device": "$LOOPNAME", "access_mode": "rw", "reconnect_delay_sec": 1,
+   "io_timeout_sec": 90}},
   {"method": "bdev_wait_for_examine"}]}]}
 EOF
 		timeout 300 env LD_PRELOAD="$PLUGIN_SO" "$BDEVPERF" -m 0x2 "${MEM[@]}" --json "$TMPD/bdev.json" \
