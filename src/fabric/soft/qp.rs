@@ -509,6 +509,15 @@ pub struct SoftQp {
 /// more than this).
 const SPENT_MAX: usize = 64;
 
+/// Makes room in a queue pair's `spent` list for `n` more handles: lets go of what it
+/// holds when they would take it past [`SPENT_MAX`].
+#[inline]
+fn spent_room(spent: &mut Vec<MemRef>, n: usize) {
+    if spent.len() + n > SPENT_MAX {
+        spent.clear();
+    }
+}
+
 impl SoftQp {
     pub fn new(table: Arc<MrTable>, caps: QpCaps) -> SoftQp {
         let sq_cap = caps.max_send_wr.max(1) as usize;
@@ -1163,9 +1172,7 @@ impl SoftQp {
             // Complete: its sources are needed no more (a transmitted operation's are
             // with the transport or the peer; a failed one's were never sent). Let go
             // at the next release, as filled receive buffers are.
-            if self.spent.len() + s.srcs.len() > SPENT_MAX {
-                self.spent.clear();
-            }
+            spent_room(&mut self.spent, s.srcs.len());
             self.spent.append(&mut s.srcs);
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
@@ -1261,9 +1268,7 @@ impl SoftQp {
         ) {
             Ok(p) => {
                 if let Some(b) = p.spent {
-                    if self.spent.len() >= SPENT_MAX {
-                        self.spent.clear();
-                    }
+                    spent_room(&mut self.spent, 1);
                     self.spent.push(b);
                 }
                 Ok((p.place, p.invalidated))
