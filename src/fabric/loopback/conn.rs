@@ -130,7 +130,6 @@ impl End {
     }
 
     fn progress(&mut self, link: &Link) {
-        self.qp.release_spent();
         self.check_answer(link);
         self.drain_incoming();
         self.check_broken(link);
@@ -328,12 +327,19 @@ impl End {
                 }
             }
             let r = self.qp.check_recv(wr);
-            // Fewer than `max_recv_wr` receives are outstanding, so the ring has room.
+            // Fewer than `max_recv_wr` receives are outstanding, so the ring has room. The
+            // slot still holds the receive it last carried (the peer leaves the buffer's
+            // handle in it): that handle goes back to our lease, on our thread
+            // (docs/ARCHITECTURE.md, "Who writes what per IO").
+            let mut old = None;
             if !self.rq.push_with(|slot| {
-                *slot = r;
+                old = Some(std::mem::replace(slot, r));
                 true
             }) {
                 return refuse(PostErrorKind::QueueFull);
+            }
+            if let Some(old) = old {
+                self.qp.recycle_recv(old);
             }
             self.posted += 1;
         }

@@ -190,14 +190,12 @@ pub struct Placed {
     pub place: Option<MemRef>,
     /// The rkey a SEND_WITH_INV invalidated.
     pub invalidated: Option<u32>,
-    /// The receive's buffer, filled by `respond`: the caller lets go of it later, not
-    /// right after the copy (docs/BENCHMARKS.md, "Handles after the copy").
-    pub spent: Option<MemRef>,
 }
 
 /// The responder's checks of one incoming operation, given the receive at the front of
 /// its receive queue (`None` when none is posted): where the payload goes, or why not.
-/// On success a SEND's buffer is moved out of `recv`; the caller then consumes `recv`
+/// On success a SEND's buffer is filled in place, or moved out of `recv` for the caller
+/// to fill ([`Payload::Later`]); the caller then consumes `recv`
 /// (if the kind consumes one) with the completion [`recv_completion`] describes. The
 /// same checks whoever runs them: the responder's queue pair for an operation that
 /// arrived ([`SoftQp::execute`]), or the loopback sender executing at post time.
@@ -223,7 +221,6 @@ pub fn respond(
     payload: Payload<'_>,
 ) -> Result<Placed, Respond> {
     let mut invalidated = None;
-    let mut spent = None;
     let place = if op.kind.consumes_recv() {
         let Some(recv) = recv else {
             return Err(Respond::NotReady);
@@ -252,25 +249,21 @@ pub fn respond(
                     }
                     invalidated = Some(op.inv_rkey);
                 }
-                // The receive's buffer moves out (the receive needs it no more): no
-                // reference count touched.
-                let b = if op.len > 0 {
-                    buf.take().map(|b| b.truncate(op.len as usize))
-                } else {
-                    None
-                };
-                match (b, payload) {
+                // The payload at hand fills the buffer where it is: its handle stays
+                // with the receive, for the receive's owner to take back (no count
+                // moves here, nor on another thread). Else the buffer moves out for
+                // the caller to fill: no count touched either.
+                match (buf.as_ref(), payload) {
+                    _ if op.len == 0 => None,
                     (Some(b), Payload::Staged(data)) => {
                         b.write_at(0, data);
-                        spent = Some(b);
                         None
                     }
                     (Some(b), Payload::Gather(srcs)) => {
-                        b.gather_from(srcs);
-                        spent = Some(b);
+                        b.gather_prefix(op.len as usize, srcs);
                         None
                     }
-                    (b, _) => b,
+                    _ => buf.take().map(|b| b.truncate(op.len as usize)),
                 }
             }
             Ok(_) => remote_place(table, leases, qp, op, payload)?,
@@ -278,11 +271,7 @@ pub fn respond(
     } else {
         remote_place(table, leases, qp, op, payload)?
     };
-    Ok(Placed {
-        place,
-        invalidated,
-        spent,
-    })
+    Ok(Placed { place, invalidated })
 }
 
 fn remote_place(
@@ -497,25 +486,6 @@ pub struct SoftQp {
     executed: u64,
     ack_sent: u64,
     in_progress: Option<InProgress>,
-    /// Receive buffers filled and sources of sends completed by the last progress, let
-    /// go at the next ([`SoftQp::release_spent`]): a handle dropped right after a copy
-    /// would make its atomic decrement wait for the copy's stores (docs/BENCHMARKS.md,
-    /// "Handles after the copy").
-    spent: Vec<MemRef>,
-}
-
-/// Handles [`SoftQp::accept`] and [`SoftQp::advance`] keep before they let go of the
-/// oldest ones anyway (a transport that never calls [`SoftQp::release_spent`] keeps no
-/// more than this).
-const SPENT_MAX: usize = 64;
-
-/// Makes room in a queue pair's `spent` list for `n` more handles: lets go of what it
-/// holds when they would take it past [`SPENT_MAX`].
-#[inline]
-fn spent_room(spent: &mut Vec<MemRef>, n: usize) {
-    if spent.len() + n > SPENT_MAX {
-        spent.clear();
-    }
 }
 
 impl SoftQp {
@@ -551,7 +521,6 @@ impl SoftQp {
             executed: 0,
             ack_sent: 0,
             in_progress: None,
-            spent: Vec::new(),
         }
     }
 
@@ -1170,10 +1139,9 @@ impl SoftQp {
             };
             done += 1;
             // Complete: its sources are needed no more (a transmitted operation's are
-            // with the transport or the peer; a failed one's were never sent). Let go
-            // at the next release, as filled receive buffers are.
-            spent_room(&mut self.spent, s.srcs.len());
-            self.spent.append(&mut s.srcs);
+            // with the transport or the peer; a failed one's were never sent). Their
+            // handles go back to the leases they came from, no count moved.
+            self.leases.recycle_all(&mut s.srcs);
             if s.signaled || !status.is_ok() {
                 self.cq.push_back(Wc {
                     wr_id: s.wr_id,
@@ -1266,13 +1234,7 @@ impl SoftQp {
             op,
             payload,
         ) {
-            Ok(p) => {
-                if let Some(b) = p.spent {
-                    spent_room(&mut self.spent, 1);
-                    self.spent.push(b);
-                }
-                Ok((p.place, p.invalidated))
-            }
+            Ok(p) => Ok((p.place, p.invalidated)),
             Err(Respond::NotReady) => Err(InboundError::NotReady),
             Err(Respond::Refuse { status, recv }) => {
                 if let Some(recv_status) = recv {
@@ -1288,12 +1250,20 @@ impl SoftQp {
         InboundError::Refuse(status)
     }
 
-    /// Lets go of the receive buffers filled and the sources of sends completed since
-    /// the last call: a transport calls it once per progress, before it reads (their
-    /// copies long done by then).
+    /// Takes back a handle this queue pair made and needs no more (a payload's
+    /// destination placed by the transport): see [`Leases::recycle`].
     #[inline]
-    pub fn release_spent(&mut self) {
-        self.spent.clear();
+    pub fn recycle(&mut self, m: MemRef) {
+        self.leases.recycle(m);
+    }
+
+    /// Takes back the buffer of a receive this queue pair checked ([`SoftQp::check_recv`])
+    /// once it is consumed or replaced: see [`Leases::recycle`].
+    #[inline]
+    pub fn recycle_recv(&mut self, r: PostedRecv) {
+        if let Ok(Some(b)) = r.buf {
+            self.leases.recycle(b);
+        }
     }
 
     /// The payload of the operation [`SoftQp::inbound`] placed is in memory: consume its
@@ -1345,8 +1315,10 @@ impl SoftQp {
         inv: Option<u32>,
     ) {
         if let Some(r) = self.rq.pop_front() {
+            let wr_id = r.wr_id;
+            self.recycle_recv(r);
             let wc = Wc {
-                wr_id: r.wr_id,
+                wr_id,
                 status,
                 opcode,
                 byte_len,

@@ -117,14 +117,16 @@ impl MemRef {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr(), self.len) }
     }
 
-    /// Fills this range with the concatenation of `sources` (their total length must
-    /// equal this range's): the one copy a software fabric makes per operation.
+    /// Fills the first `len` bytes of this range with the concatenation of `sources`
+    /// (their total length must be `len`).
     ///
     /// # Panics
-    /// When the lengths differ.
-    pub fn gather_from(&self, sources: &[MemRef]) {
-        // SAFETY: `[ptr, ptr + len)` is checked registered memory kept alive by `keep`.
-        unsafe { gather(self.ptr, self.len, sources) }
+    /// When `len` exceeds the range, or the sources' total length is not `len`.
+    pub fn gather_prefix(&self, len: usize, sources: &[MemRef]) {
+        assert!(len <= self.len, "prefix {len} of a {}-byte range", self.len);
+        // SAFETY: `[ptr, ptr + len)` lies in the checked registered memory kept alive by
+        // `keep` (asserted above).
+        unsafe { gather(self.ptr, len, sources) }
     }
 }
 
@@ -746,7 +748,7 @@ impl MrTable {
             table: self.clone(),
             index,
         };
-        Ok(Mr::from_parts(key, key, access, Box::new(reg), backing))
+        Ok(Mr::from_parts(key, key, access, Box::new(reg), backing).with_owner(self.id, index))
     }
 
     /// Registers an owned buffer.
@@ -781,12 +783,8 @@ impl MrTable {
                 table: self.clone(),
                 index,
             }),
-        ))
-    }
-
-    fn own_index(self: &Arc<Self>, handle: &(dyn std::any::Any + Send + Sync)) -> Option<u32> {
-        let reg = handle.downcast_ref::<Registration>()?;
-        Arc::ptr_eq(&reg.table, self).then_some(reg.index)
+        )
+        .with_owner(self.id, index))
     }
 
     /// The live region `index` of generation `gen`, if it still is one.
@@ -1019,8 +1017,8 @@ impl MrTable {
         rkey: u32,
     ) -> Result<PendingBind, WcStatus> {
         let bad = WcStatus::LocalQpOperation;
-        let slot_index = self.own_index(slot.handle()).ok_or(bad)?;
-        let region_index = self.own_index(region.handle()).ok_or(bad)?;
+        let slot_index = slot.owned_by(self.id).ok_or(bad)?;
+        let region_index = region.owned_by(self.id).ok_or(bad)?;
         if rkey >> 8 != slot_index {
             return Err(bad);
         }
@@ -1086,7 +1084,7 @@ impl MrTable {
     /// the status its operation reports.
     #[allow(clippy::result_unit_err)]
     pub fn invalidate_slot(self: &Arc<Self>, slot: &FastMr, qp: u32) -> Result<(), ()> {
-        let index = self.own_index(slot.handle()).ok_or(())?;
+        let index = slot.owned_by(self.id).ok_or(())?;
         let rkey = slot.rkey();
         if rkey >> 8 != index {
             return Err(());
@@ -1150,10 +1148,20 @@ impl PendingBind {
 /// A queue pair's leases on the memory of the registrations it used recently (see the
 /// module doc): a few ways, the oldest replaced on a miss. Only its queue pair (one
 /// thread at a time) touches them.
+///
+/// Each lease also keeps the handles its queue pair let go of ([`Leases::recycle`]) and
+/// hands them out again ([`MrTable::local`] and the others): a handle's count then moves
+/// once per lease, not twice per operation, and no locked instruction waits behind a
+/// copy's stores (docs/ARCHITECTURE.md, "Who writes what per IO"). The spare handles keep
+/// nothing alive that the lease itself does not: they go with it.
 #[derive(Debug, Default)]
 pub struct Leases {
     ways: Vec<Lease>,
     next: usize,
+    /// Handles made (a new lease's, or a clone of a lease's; not those taken from its
+    /// spares): for tests.
+    #[cfg(test)]
+    pub(crate) cloned: u64,
 }
 
 #[derive(Debug)]
@@ -1162,16 +1170,38 @@ struct Lease {
     index: u32,
     gen: u32,
     keep: Arc<Keep>,
+    /// Clones of `keep` let go of by the queue pair, to be handed out again.
+    spare: Vec<Arc<Keep>>,
 }
 
 /// Leases a queue pair keeps: the regions one IO touches (its header, its data, the
 /// peer's chunk) with room to spare.
 const LEASE_WAYS: usize = 8;
 
+/// Spare handles a lease keeps, allocated with it and never grown (a handle given back
+/// to a full lease is dropped): as many as a queue pair of the usual depths holds on one
+/// registration at once (its send slots' sources and its receives).
+const SPARE_MAX: usize = 128;
+
 impl Leases {
+    /// A handle on region (`index`, `gen`) of `table` if it is leased: a spare one when
+    /// there is one, else a new clone of the lease's.
     #[inline]
-    fn find(&self, table: u64, index: u32, gen: u32) -> Option<Arc<Keep>> {
-        self.holding(table, index, gen).map(Arc::clone)
+    fn find(&mut self, table: u64, index: u32, gen: u32) -> Option<Arc<Keep>> {
+        let l = self
+            .ways
+            .iter_mut()
+            .find(|l| l.index == index && l.gen == gen && l.table == table)?;
+        Some(match l.spare.pop() {
+            Some(k) => k,
+            None => {
+                #[cfg(test)]
+                {
+                    self.cloned += 1;
+                }
+                Arc::clone(&l.keep)
+            }
+        })
     }
 
     /// The lease on region (`index`, `gen`) of `table`, if held: the memory stays
@@ -1186,12 +1216,17 @@ impl Leases {
 
     #[cold]
     fn insert(&mut self, table: u64, index: u32, gen: u32, memory: Arc<Backing>) -> Arc<Keep> {
+        #[cfg(test)]
+        {
+            self.cloned += 1;
+        }
         let keep = Arc::new(Keep { _memory: memory });
         let lease = Lease {
             table,
             index,
             gen,
             keep: keep.clone(),
+            spare: Vec::with_capacity(SPARE_MAX),
         };
         if self.ways.len() < LEASE_WAYS {
             self.ways.push(lease);
@@ -1200,6 +1235,27 @@ impl Leases {
             self.next = (self.next + 1) % LEASE_WAYS;
         }
         keep
+    }
+
+    /// Takes back a handle this queue pair made (through these leases) and needs no
+    /// more: kept for reuse while its lease is held, dropped otherwise (a lease replaced
+    /// or cleared since, or a handle of another queue pair's).
+    #[inline]
+    pub fn recycle(&mut self, m: MemRef) {
+        if let Some(l) = self.ways.iter_mut().find(|l| Arc::ptr_eq(&l.keep, &m.keep)) {
+            if l.spare.len() < SPARE_MAX {
+                l.spare.push(m.keep);
+            }
+        }
+    }
+
+    /// [`Leases::recycle`] of every handle in `list`, which is left empty (its capacity
+    /// kept).
+    #[inline]
+    pub fn recycle_all(&mut self, list: &mut Vec<MemRef>) {
+        for m in list.drain(..) {
+            self.recycle(m);
+        }
     }
 
     /// Lets go of every lease (their memory may go once no MemRef holds it).

@@ -331,7 +331,6 @@ impl TcpConn {
 
     /// Drives the connection: connect, CM answer, frames in and out, closing.
     fn progress(&mut self) {
-        self.qp.release_spent();
         self.collect_own();
         if self.phase == TcpConnPhase::TcpConnecting {
             self.check_connected();

@@ -332,7 +332,12 @@ impl Rx {
                     }
                     if *done == len {
                         let op = *op;
-                        self.state = State::Header;
+                        // The destination's handle goes back to the queue pair's lease.
+                        if let State::Payload { dest, .. } =
+                            std::mem::replace(&mut self.state, State::Header)
+                        {
+                            qp.recycle(dest);
+                        }
                         qp.inbound_done(&op);
                     }
                 }

@@ -115,6 +115,43 @@ fn a_lease_keeps_memory_alive_after_its_registration_goes() {
     assert!(backing.upgrade().is_none(), "released with the last lease");
 }
 
+/// A handle given back while its lease is held is handed out again, no new clone made;
+/// one given back after its lease went is dropped, and the memory goes with the last.
+#[test]
+fn a_handle_given_back_is_reused_while_its_lease_lasts() {
+    let t = MrTable::new();
+    let mut leases = Leases::default();
+    let mr = reg(&t, 4096, RW);
+    let x = t.local(&mut leases, &mr.sge(0, 8), Access::NONE).unwrap();
+    let y = t.local(&mut leases, &mr.sge(8, 8), Access::NONE).unwrap();
+    assert_eq!(leases.cloned, 2);
+    leases.recycle(x);
+    leases.recycle(y);
+    for k in 0..10 {
+        let z = t.local(&mut leases, &mr.sge(16, 8), Access::NONE).unwrap();
+        z.write_at(0, &[k]);
+        leases.recycle(z);
+    }
+    assert_eq!(leases.cloned, 2, "spare handles reused");
+    // A handle of another queue pair's is not taken in.
+    let mut other = Leases::default();
+    let foreign = t.local(&mut other, &mr.sge(0, 8), Access::NONE).unwrap();
+    leases.recycle(foreign);
+    let _ = t.local(&mut leases, &mr.sge(0, 8), Access::NONE).unwrap();
+    let _ = t.local(&mut leases, &mr.sge(0, 8), Access::NONE).unwrap();
+    let _ = t.local(&mut leases, &mr.sge(0, 8), Access::NONE).unwrap();
+    assert_eq!(leases.cloned, 3, "two spares, then a clone");
+    // After the lease goes, a handle given back is dropped: the memory follows.
+    let held = t.local(&mut leases, &mr.sge(0, 8), Access::NONE).unwrap();
+    let backing = Arc::downgrade(mr.backing());
+    drop(mr);
+    other.clear();
+    leases.clear();
+    assert!(backing.upgrade().is_some(), "held by the handle");
+    leases.recycle(held);
+    assert!(backing.upgrade().is_none(), "let go with the last handle");
+}
+
 #[test]
 fn memrefs_of_one_region_share_one_handle_per_queue_pair() {
     let t = MrTable::new();
@@ -240,6 +277,28 @@ fn foreign_registrations_are_refused() {
         Err(WcStatus::LocalQpOperation)
     );
     assert!(b.invalidate_slot(&slot, QP).is_err());
+    // Registrations assembled outside the table, naming its keys, are not its own either.
+    let own = reg(&a, 64, RW);
+    let forged = Mr::from_parts(
+        own.lkey(),
+        own.rkey(),
+        RW,
+        Box::new(()),
+        own.backing().clone(),
+    );
+    let forged_slot = FastMr::from_parts(slot.rkey(), Box::new(()));
+    let k = next_rkey(slot.rkey());
+    assert_eq!(
+        a.bind(&slot, &forged, own.addr(), 64, RW, k, QP),
+        Err(WcStatus::LocalQpOperation)
+    );
+    assert_eq!(
+        a.bind(&forged_slot, &own, own.addr(), 64, RW, k, QP),
+        Err(WcStatus::LocalQpOperation)
+    );
+    assert!(a.invalidate_slot(&forged_slot, QP).is_err());
+    assert_eq!(a.bind(&slot, &own, own.addr(), 64, RW, k, QP), Ok(()));
+    assert!(a.invalidate_slot(&slot, QP).is_ok());
 }
 
 #[test]
@@ -254,7 +313,7 @@ fn memref_gather_concatenates() {
     let d = t
         .remote(&mut l, QP, dst.rkey(), dst.addr() + 10, 11, RW)
         .unwrap();
-    d.gather_from(&[a, b]);
+    d.gather_prefix(d.len(), &[a, b]);
     let mut out = [0u8; 11];
     dst.read_at(10, &mut out);
     assert_eq!(&out, b"hello world");
