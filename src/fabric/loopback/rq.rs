@@ -153,8 +153,9 @@ pub unsafe fn execute_at_post(
                 ),
             };
             // The receive is consumed: the slot goes back to its owner with the buffer's
-            // handle still in it (the owner drops it when it posts into the slot again,
-            // so that only the owner's thread ever moves its handle counts:
+            // handle still in it (filled in place by `respond`; the owner gives it back
+            // to its lease when it posts into the slot again, so that only the owner's
+            // thread ever touches its handles:
             // docs/ARCHITECTURE.md, "Who writes what per IO"), the completion into the
             // peer's ring (room was checked above; the peer drains it on its own polls).
             c.pop();
