@@ -222,9 +222,8 @@ pub struct Mr {
     /// current by the backend as devices come and go; empty where there is one.
     device_rkeys: Arc<[AtomicU32]>,
     access: super::Access,
-    /// Which table of the crate's own backends made it, and its index there
-    /// ([`Mr::owned_by`]): `(0, 0)` for any other.
-    owner: (u64, u32),
+    /// Which of the crate's own tables made it ([`Owner`]); `None` for any other.
+    pub(crate) owner: Option<Owner>,
     // Field order is drop order: the backend's registration goes before the memory.
     handle: Box<dyn Any + Send + Sync>,
     backing: Arc<Backing>,
@@ -245,24 +244,10 @@ impl Mr {
             rkey,
             device_rkeys: Arc::new([]),
             access,
-            owner: (0, 0),
+            owner: None,
             handle,
             backing,
         }
-    }
-
-    /// For the crate's own backends: names the table (`table`, never 0) and index it
-    /// holds, so that the table knows its own registration from the registration alone,
-    /// without reaching for the handle (docs/ARCHITECTURE.md, "The registration table").
-    pub(crate) fn with_owner(mut self, table: u64, index: u32) -> Mr {
-        self.owner = (table, index);
-        self
-    }
-
-    /// The index this registration has in table `table`, if that table made it.
-    #[inline]
-    pub(crate) fn owned_by(&self, table: u64) -> Option<u32> {
-        (table != 0 && self.owner.0 == table).then_some(self.owner.1)
     }
 
     /// For backends with several devices: the rkey on each, by device index
@@ -420,12 +405,23 @@ impl fmt::Debug for Mr {
     }
 }
 
+/// Which of the crate's own tables made an [`Mr`] or [`FastMr`], and the index it has
+/// there: set only by that table (the field is the crate's), so that the table knows its
+/// own from the object alone, without reaching through the backend's handle
+/// (docs/ARCHITECTURE.md, "The registration table").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The table's id (ids start at 1).
+    pub table: std::num::NonZeroU64,
+    pub index: u32,
+}
+
 /// A fast-registration slot (an rkey with no memory until bound by
 /// [`super::SendOp::RegMr`]). Its current rkey advances with every binding.
 pub struct FastMr {
     rkey: AtomicU32,
-    /// As [`Mr`]'s: which of the crate's tables made it, and its index there.
-    owner: (u64, u32),
+    /// As [`Mr`]'s.
+    pub(crate) owner: Option<Owner>,
     handle: Box<dyn Any + Send + Sync>,
 }
 
@@ -434,21 +430,9 @@ impl FastMr {
     pub fn from_parts(rkey: u32, handle: Box<dyn Any + Send + Sync>) -> FastMr {
         FastMr {
             rkey: AtomicU32::new(rkey),
-            owner: (0, 0),
+            owner: None,
             handle,
         }
-    }
-
-    /// As [`Mr::with_owner`].
-    pub(crate) fn with_owner(mut self, table: u64, index: u32) -> FastMr {
-        self.owner = (table, index);
-        self
-    }
-
-    /// As [`Mr::owned_by`].
-    #[inline]
-    pub(crate) fn owned_by(&self, table: u64) -> Option<u32> {
-        (table != 0 && self.owner.0 == table).then_some(self.owner.1)
     }
 
     /// For backends.

@@ -29,7 +29,7 @@
 use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fabric::mem::Backing;
+use crate::fabric::mem::{Backing, Owner};
 use crate::fabric::{Access, FastMr, KeyScope, MemBuf, Mr, Sge, WcStatus};
 use crate::sync::{lock, membarrier};
 
@@ -748,7 +748,9 @@ impl MrTable {
             table: self.clone(),
             index,
         };
-        Ok(Mr::from_parts(key, key, access, Box::new(reg), backing).with_owner(self.id, index))
+        let mut mr = Mr::from_parts(key, key, access, Box::new(reg), backing);
+        mr.owner = Some(self.owner(index));
+        Ok(mr)
     }
 
     /// Registers an owned buffer.
@@ -777,14 +779,28 @@ impl MrTable {
             len: 0,
         };
         let (index, key) = self.alloc(v, None).ok_or(TableFull)?;
-        Ok(FastMr::from_parts(
+        let mut slot = FastMr::from_parts(
             key,
             Box::new(Registration {
                 table: self.clone(),
                 index,
             }),
-        )
-        .with_owner(self.id, index))
+        );
+        slot.owner = Some(self.owner(index));
+        Ok(slot)
+    }
+
+    /// The name entry `index` of this table gives its registration or slot.
+    fn owner(&self, index: u32) -> Owner {
+        Owner {
+            table: std::num::NonZeroU64::new(self.id).expect("table ids start at 1"),
+            index,
+        }
+    }
+
+    /// The index of a registration or slot named `owner`, if this table made it.
+    fn own_index(&self, owner: Option<Owner>) -> Option<u32> {
+        owner.filter(|o| o.table.get() == self.id).map(|o| o.index)
     }
 
     /// The live region `index` of generation `gen`, if it still is one.
@@ -1017,8 +1033,8 @@ impl MrTable {
         rkey: u32,
     ) -> Result<PendingBind, WcStatus> {
         let bad = WcStatus::LocalQpOperation;
-        let slot_index = slot.owned_by(self.id).ok_or(bad)?;
-        let region_index = region.owned_by(self.id).ok_or(bad)?;
+        let slot_index = self.own_index(slot.owner).ok_or(bad)?;
+        let region_index = self.own_index(region.owner).ok_or(bad)?;
         if rkey >> 8 != slot_index {
             return Err(bad);
         }
@@ -1084,7 +1100,7 @@ impl MrTable {
     /// the status its operation reports.
     #[allow(clippy::result_unit_err)]
     pub fn invalidate_slot(self: &Arc<Self>, slot: &FastMr, qp: u32) -> Result<(), ()> {
-        let index = slot.owned_by(self.id).ok_or(())?;
+        let index = self.own_index(slot.owner).ok_or(())?;
         let rkey = slot.rkey();
         if rkey >> 8 != index {
             return Err(());
