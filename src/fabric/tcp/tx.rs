@@ -7,7 +7,9 @@
 //! pieces pointing straight at the source memory (no copy). The batch keeps a handle on
 //! the registered memory of every source (one per registration), so a frame that is half
 //! written when the queue pair breaks (and flushes its requests) can still be finished,
-//! which keeps the stream parseable for the NAK or DISCONNECT that follows it. A new
+//! which keeps the stream parseable for the NAK or DISCONNECT that follows it. The
+//! handles outlive their batch, for the next ones (mostly over the same registrations,
+//! so that no reference count moves per batch, at QD1 per IO), up to [`KEEP_MAX`]. A new
 //! batch is built only when the previous one is completely written.
 
 use std::io;
@@ -22,6 +24,10 @@ use crate::fabric::soft::{MemRef, SoftQp, WireKind, WireOp};
 const MAX_FRAMES: usize = 256;
 /// Iovecs per batch.
 const IOV_CAP: usize = sys::IOV_MAX;
+/// Handles on registrations kept between batches; beyond, all are let go at the end of a
+/// batch (as many as a queue pair's leases).
+const KEEP_MAX: usize = 8;
+
 /// Header slots and iovecs a batch keeps for the ack and the closing frame.
 const RESERVED: usize = 2;
 /// Largest rest of a half-written frame [`Tx::detach`] copies.
@@ -62,7 +68,11 @@ pub(crate) struct Tx {
     /// sequence number; the first `op_left` were reported wholly written.
     op_ends: Vec<(usize, u64)>,
     op_left: usize,
+    /// One handle per registration the batches read (see the module doc).
     keep: Vec<MemRef>,
+    /// Handles `keep` took: for tests.
+    #[cfg(test)]
+    kept: u64,
     /// The rest of the frame in flight when the connection broke (see [`Tx::detach`]).
     tail: Vec<u8>,
     /// Cumulative ack owed to the peer, not yet in a batch.
@@ -124,7 +134,9 @@ impl Tx {
             frame_ends: Vec::with_capacity(MAX_FRAMES + 1),
             op_ends: Vec::with_capacity(MAX_FRAMES + 1),
             op_left: 0,
-            keep: Vec::with_capacity(IOV_CAP),
+            keep: Vec::with_capacity(IOV_CAP + KEEP_MAX),
+            #[cfg(test)]
+            kept: 0,
             tail: Vec::new(),
             ack: None,
             ack_since: None,
@@ -214,7 +226,7 @@ impl Tx {
         self.tail.clear();
         self.tail.reserve(rest);
         // SAFETY: pieces of the batch in flight point into our header buffers or at
-        // source memory kept alive by `self.keep`, which is only released below.
+        // source memory kept alive by `self.keep`, not released before the copy.
         unsafe { self.iov.copy_out(self.pos, cut, &mut self.tail) };
         self.forget_batch();
         if !self.tail.is_empty() {
@@ -225,11 +237,14 @@ impl Tx {
         true
     }
 
-    /// Drops the batch in flight: its pieces, the sources they keep alive and its
-    /// progress (the header slots stay the caller's to reuse).
+    /// Drops the batch in flight: its pieces and its progress (the header slots stay the
+    /// caller's to reuse); the handles on its sources stay for the next batches unless
+    /// there are more than [`KEEP_MAX`].
     fn forget_batch(&mut self) {
         self.iov.clear();
-        self.keep.clear();
+        if self.keep.len() > KEEP_MAX {
+            self.keep.clear();
+        }
         self.frame_ends.clear();
         self.op_ends.clear();
         self.op_left = 0;
@@ -308,6 +323,10 @@ impl Tx {
                     // holds a few distinct ones, not a reference count per piece.
                     if !self.keep.iter().any(|k| k.shares_backing(s)) {
                         self.keep.push(s.clone());
+                        #[cfg(test)]
+                        {
+                            self.kept += 1;
+                        }
                     }
                 }
                 self.frame_ends.push(self.iov.len());

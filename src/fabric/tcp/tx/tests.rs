@@ -192,6 +192,38 @@ fn a_batch_keeps_one_handle_per_registration_and_finishes_after_they_are_dropped
     }
 }
 
+/// Batch after batch over the same registrations, the handles taken by the first are
+/// kept: no reference count moves per batch (at QD1, per IO).
+#[test]
+fn later_batches_over_the_same_registrations_take_no_new_handle() {
+    let (a, mut b) = pair();
+    let table = MrTable::new();
+    let mrs = [mr_holding(&table, b"one"), mr_holding(&table, b"two")];
+    let mut qp = SoftQp::new(table.clone(), QpCaps::default());
+    qp.set_connected();
+    let mut tx = Tx::new(QpCaps::default().max_send_wr, VERSION);
+    let mut buf = vec![0u8; 4096];
+    for round in 0..20u64 {
+        let sges = [mrs[0].sge(0, 3), mrs[1].sge(0, 3)];
+        let wr = SendWr {
+            wr_id: round,
+            op: SendOp::RdmaWrite {
+                remote_addr: 0x1000,
+                rkey: 0x300,
+            },
+            sges: &sges,
+            signaled: true,
+        };
+        qp.post_send(&[wr]).unwrap();
+        tx.flush(a.as_raw_fd(), Some(&mut qp)).unwrap();
+        assert!(tx.drained(), "round {round}: the batch is written");
+        let n = b.read(&mut buf).unwrap();
+        assert_eq!(n, HEADER_LEN + 6, "round {round}");
+        assert_eq!(&buf[HEADER_LEN..n], b"onetwo", "round {round}");
+        assert_eq!(tx.kept, 2, "round {round}: handles taken in all");
+    }
+}
+
 #[test]
 fn a_lone_ack_waits_for_a_frame_or_the_delay() {
     let (a, mut b) = pair();
