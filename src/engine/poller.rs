@@ -162,6 +162,17 @@ pub trait Ctx {
         let _ = fd;
         false
     }
+
+    /// Whether every loop runs each of this reactor's pollers once, the most recently
+    /// registered first: SPDK runs a thread's active pollers so, and outside interrupt
+    /// mode runs every one on every loop. A poller registered before code that registers
+    /// pollers of its own (an SPDK bdev channel, which completes IO in its poller) then
+    /// runs after those in every loop, and sees what they finished in the same loop
+    /// (docs/ARCHITECTURE.md, "Answers in the loop that completed them"). Default:
+    /// `false` (our reactors run pollers in the order of their slots).
+    fn runs_newest_first(&self) -> bool {
+        false
+    }
 }
 
 impl dyn Ctx + '_ {

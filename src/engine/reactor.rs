@@ -46,6 +46,8 @@ pub struct Reactor {
     clock: Arc<dyn Clock>,
     last_start: Option<u64>,
     last_busy: bool,
+    /// Every-loop pollers run newest first ([`Reactor::run_newest_first`]).
+    newest_first: bool,
 }
 
 /// The [`Ctx`] our reactor gives its pollers and messages.
@@ -61,6 +63,7 @@ struct ReactorCtx<'a> {
     current: Option<PollerId>,
     /// Inside a loop, registrations wait for the loop's end.
     in_loop: bool,
+    newest_first: bool,
 }
 
 impl Ctx for ReactorCtx<'_> {
@@ -96,6 +99,10 @@ impl Ctx for ReactorCtx<'_> {
     fn unregister(&mut self, id: PollerId) -> bool {
         self.table.remove(id)
     }
+
+    fn runs_newest_first(&self) -> bool {
+        self.newest_first
+    }
 }
 
 impl Reactor {
@@ -116,7 +123,18 @@ impl Reactor {
             clock,
             last_start: None,
             last_busy: false,
+            newest_first: false,
         }
+    }
+
+    /// From now on each loop runs the every-loop pollers in the reverse order of their
+    /// registration, as SPDK runs a thread's active pollers (and
+    /// [`Ctx::runs_newest_first`] says so): for simulations of code that depends on that
+    /// order. Freed slots are no longer reused (a reactor in this mode grows by one slot
+    /// per registration: for tests, not for long-running engines).
+    pub fn run_newest_first(&mut self) {
+        self.newest_first = true;
+        self.table.keep_registration_order();
     }
 
     /// This reactor's index.
@@ -182,6 +200,7 @@ impl Reactor {
             clock: &*self.clock,
             current,
             in_loop: loop_now.is_some(),
+            newest_first: self.newest_first,
         }
     }
 
@@ -211,7 +230,9 @@ impl Reactor {
             busy = PollResult::Busy;
         }
 
-        for index in 0..self.table.slot_count() {
+        let slots = self.table.slot_count();
+        for k in 0..slots {
+            let index = if self.newest_first { slots - 1 - k } else { k };
             let Some(taken) = self.table.take_active(index) else {
                 continue;
             };

@@ -51,6 +51,14 @@ impl Simulation {
         }
     }
 
+    /// Every reactor runs its every-loop pollers newest first, as SPDK does
+    /// ([`Reactor::run_newest_first`]).
+    pub fn run_newest_first(&mut self) {
+        for r in &mut self.reactors {
+            r.run_newest_first();
+        }
+    }
+
     /// The shared clock (clone it to give pollers or fabrics the same timeline).
     pub fn clock(&self) -> &VirtualClock {
         &self.clock

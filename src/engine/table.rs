@@ -62,6 +62,9 @@ pub(crate) struct Table {
     /// Heap entries whose timer was cancelled.
     stale: usize,
     live: usize,
+    /// Freed slots are not reused: slot order is registration order
+    /// ([`Table::keep_registration_order`]).
+    no_reuse: bool,
 }
 
 /// Below this many stale heap entries the heap is never swept.
@@ -78,7 +81,15 @@ impl Table {
             seq: 0,
             stale: 0,
             live: 0,
+            no_reuse: false,
         }
+    }
+
+    /// From now on a poller gets a slot of its own, never a freed one, so that the slots'
+    /// order is the order of registration (a reactor that runs its pollers newest first).
+    pub(crate) fn keep_registration_order(&mut self) {
+        self.no_reuse = true;
+        self.free.clear();
     }
 
     /// Number of live pollers and timers.
@@ -191,7 +202,9 @@ impl Table {
             self.stale += 1;
         }
         slot.gen = slot.gen.wrapping_add(1);
-        self.free.push(id.index);
+        if !self.no_reuse {
+            self.free.push(id.index);
+        }
         self.live -= 1;
         drop(entry);
         self.maybe_sweep();

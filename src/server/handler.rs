@@ -233,4 +233,23 @@ pub trait ServerHandler {
         let _ = (cx, out);
         false
     }
+
+    /// Called once on the handler's core, just after the factory made it and before the
+    /// core's server first polls: a handler whose backends complete IO in pollers of
+    /// their own registers those here (as an SPDK bdev channel registers its poller when
+    /// the factory opens it), so that where the driver runs pollers newest first the
+    /// core's answers run after them in each loop (docs/ARCHITECTURE.md, "Answers in the
+    /// loop that completed them"). The default registers nothing.
+    fn start(&mut self, cx: &mut dyn Ctx) {
+        let _ = cx;
+    }
+
+    /// How many backends the handler has opened on this core so far (at its making and
+    /// since): an SPDK bdev channel registers its poller when it opens, so where the
+    /// driver runs pollers newest first the core's server moves its whole poll ahead of
+    /// the new one when this changes (docs/ARCHITECTURE.md, "Answers in the loop that
+    /// completed them"). One call per loop: a field's load. The default: none.
+    fn backends_opened(&self) -> u64 {
+        0
+    }
 }

@@ -153,9 +153,7 @@ impl Server {
         for core in 0..ncores {
             let (sh2, f2) = (Arc::clone(&sh), Arc::clone(&factory));
             let msg = Msg::new(move |cx: &mut dyn Ctx| {
-                let handler = f2(cx.core());
-                let p = poller::ServerCore::new(sh2, cx.core(), handler);
-                cx.register(Box::new(p));
+                poller::register_core(cx, sh2, |cx| f2(cx.core()));
             });
             if let Err(e) = cx.send(core, msg) {
                 sh.stop.store(true, Ordering::Release);

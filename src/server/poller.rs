@@ -9,11 +9,13 @@
 //! ([`Requests`], with the op table), the service connection's control work
 //! ([`super::info`]); completions are told apart by their [`WrId`].
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::common::{ConPostError, LinkEvent, RtrsCon};
-use crate::engine::{Ctx, PollResult, Poller};
+use crate::engine::{Ctx, PollResult, Poller, PollerId};
 use crate::fabric::{CmEvent, ConnState, Cq, Wc, WcOpcode, WcStatus};
 use crate::proto::{Imm, HB_ACK_IMM};
 use crate::sync::lock;
@@ -80,6 +82,11 @@ pub(crate) struct ServerCore {
     /// The driver was asked to wake this poller on the CQ's descriptor (once, at the first
     /// poll: a driver watches for the poller being run).
     wake_asked: bool,
+    /// The core's [`Answers`] poller, where it has one: unregistered with this one.
+    answers: Option<PollerId>,
+    /// The handler's [`ServerHandler::backends_opened`] when the whole poll was last
+    /// registered (with [`Answers`] only).
+    opened_seen: u64,
 }
 
 /// How often freed memory is handed back to the system, at most, while paths close.
@@ -117,6 +124,8 @@ impl ServerCore {
             trim_due: false,
             last_trim: 0,
             wake_asked: false,
+            answers: None,
+            opened_seen: 0,
         }
     }
 
@@ -570,6 +579,128 @@ impl ServerCore {
     }
 }
 
+/// A core's [`ServerCore`] reached by its two pollers where the driver runs pollers
+/// newest first (docs/ARCHITECTURE.md, "Answers in the loop that completed them"): empty
+/// until the core is made. Both run on the core's thread, one at a time, and never
+/// inside one another, so the borrow always succeeds.
+type SharedCore = Rc<RefCell<Option<ServerCore>>>;
+
+/// Registers the server of the calling core, its handler made by `handler`. Where the
+/// driver runs pollers newest first ([`Ctx::runs_newest_first`]: SPDK), the core gets
+/// two: [`Answers`], registered before the handler opens its backends (whose SPDK bdev
+/// channels complete IO in pollers of their own, registered then), so that it runs after
+/// them in each loop and sends what they completed in that loop; and the whole poll,
+/// registered after them, so that it runs before them and they see the requests it
+/// submitted in the same loop. Elsewhere the one poller does both.
+pub(crate) fn register_core(
+    cx: &mut dyn Ctx,
+    sh: Arc<ServerState>,
+    handler: impl FnOnce(&mut dyn Ctx) -> Box<dyn ServerHandler>,
+) {
+    let core = cx.core();
+    if !cx.runs_newest_first() {
+        let mut h = handler(cx);
+        h.start(cx);
+        cx.register(Box::new(ServerCore::new(sh, core, h)));
+        return;
+    }
+    let shared: SharedCore = Rc::new(RefCell::new(None));
+    let answers = cx.register(Box::new(Answers(Rc::clone(&shared))));
+    let mut h = handler(cx);
+    h.start(cx);
+    let mut server = ServerCore::new(sh, core, h);
+    server.answers = Some(answers);
+    server.opened_seen = server.handler.backends_opened();
+    *shared.borrow_mut() = Some(server);
+    cx.register(Box::new(Whole(shared)));
+}
+
+impl ServerCore {
+    /// Sends what the handler finished since the core's last poll, and pushes it out.
+    fn answer(&mut self, cx: &mut dyn Ctx) -> PollResult {
+        if self.done {
+            return PollResult::Idle;
+        }
+        self.now = cx.now();
+        let (requests, mut env) = self.split();
+        if requests.poll_handler(cx, &mut env) {
+            self.push_all();
+            PollResult::Busy
+        } else {
+            PollResult::Idle
+        }
+    }
+}
+
+/// The core's answers, run after the pollers its handler's backends registered
+/// ([`register_core`]).
+struct Answers(SharedCore);
+
+impl Poller for Answers {
+    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
+        match self.0.try_borrow_mut().as_deref_mut() {
+            Ok(Some(server)) => server.answer(cx),
+            _ => PollResult::Idle,
+        }
+    }
+
+    fn name(&self) -> &str {
+        "rtrs-srv-answers"
+    }
+}
+
+/// The core's whole poll where it shares the core with [`Answers`] ([`register_core`]).
+struct Whole(SharedCore);
+
+impl Whole {
+    fn with<R>(&self, f: impl FnOnce(&mut ServerCore) -> R, idle: R) -> R {
+        match self.0.try_borrow_mut().as_deref_mut() {
+            Ok(Some(server)) => f(server),
+            _ => idle,
+        }
+    }
+}
+
+impl Poller for Whole {
+    /// The core's poll; then, when the handler opened a backend since this poller was
+    /// registered (its pollers now run first), registers the whole poll again, newest.
+    fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
+        let (r, moved) = self.with(
+            |s| {
+                let r = s.poll(cx);
+                let n = s.handler.backends_opened();
+                let moved = !s.done && n != s.opened_seen;
+                s.opened_seen = n;
+                (r, moved)
+            },
+            (PollResult::Idle, false),
+        );
+        if moved {
+            if let Some(id) = cx.current() {
+                cx.unregister(id);
+            }
+            cx.register(Box::new(Whole(Rc::clone(&self.0))));
+        }
+        r
+    }
+
+    fn shutdown(&mut self, cx: &mut dyn Ctx) {
+        self.with(|s| s.shutdown(cx), ());
+    }
+
+    fn name(&self) -> &str {
+        "rtrs-srv-core"
+    }
+
+    fn may_sleep(&self) -> bool {
+        self.with(|s| s.may_sleep(), true)
+    }
+
+    fn before_sleep(&mut self) -> bool {
+        self.with(|s| s.before_sleep(), true)
+    }
+}
+
 impl Poller for ServerCore {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
         if self.done {
@@ -631,6 +762,9 @@ impl Poller for ServerCore {
                 self.done = true;
                 self.sh.pollers.fetch_sub(1, Ordering::AcqRel);
                 if let Some(id) = cx.current() {
+                    cx.unregister(id);
+                }
+                if let Some(id) = self.answers.take() {
                     cx.unregister(id);
                 }
             } else {

@@ -681,6 +681,13 @@ impl Ctx for SpdkCtx<'_> {
             None => false,
         }
     }
+
+    /// SPDK runs a thread's active pollers newest first (`spdk_thread_poll` walks its
+    /// list from the tail, where registration puts them); ours are active on every loop
+    /// unless the driver paces them (interrupt mode, or a paced bdev thread).
+    fn runs_newest_first(&self) -> bool {
+        self.driver.pace.is_fixed() && self.driver.pace.active_us == 0
+    }
 }
 
 /// A descriptor that a sleeping poller watches became readable: the poller goes back on

@@ -20,6 +20,7 @@ static GLOBAL: counting::Counting = counting::Counting;
 #[path = "../util/server/mod.rs"]
 mod server_util;
 
+mod answers;
 mod failover;
 mod heartbeat;
 mod hostile;

@@ -89,6 +89,8 @@ pub struct Dispatcher {
     bad_headers: u64,
     /// IOs the backend refused as invalid (logged at powers of two).
     refused: u64,
+    /// Backends opened on this core so far ([`Dispatcher::opened`]).
+    opened: u64,
 }
 
 impl Dispatcher {
@@ -99,6 +101,7 @@ impl Dispatcher {
     pub fn new(exports: Arc<Exports>, core: usize) -> Result<Dispatcher, ExportsError> {
         let seen_gen = exports.generation();
         let backends = exports.open_core(core)?;
+        let opened = backends.iter().flatten().count() as u64;
         Ok(Dispatcher {
             exports,
             core,
@@ -110,6 +113,7 @@ impl Dispatcher {
             ready: VecDeque::with_capacity(READY_CAPACITY),
             bad_headers: 0,
             refused: 0,
+            opened,
         })
     }
 
@@ -119,6 +123,12 @@ impl Dispatcher {
 
     pub fn core(&self) -> usize {
         self.core
+    }
+
+    /// How many backends this core has opened so far (at its making and for exports
+    /// added since): each may have registered pollers of its own (an SPDK bdev channel).
+    pub fn opened(&self) -> u64 {
+        self.opened
     }
 
     /// Requests submitted and not yet returned by [`poll`](Self::poll).
@@ -281,7 +291,10 @@ impl Dispatcher {
         }
         if self.backends[index].is_none() {
             match self.exports.open_slot(export, self.core) {
-                Ok(b) => self.backends[index] = b,
+                Ok(b) => {
+                    self.opened += u64::from(b.is_some());
+                    self.backends[index] = b;
+                }
                 Err(e) => {
                     self.open_failures += 1;
                     if self.open_failures.is_power_of_two() {

@@ -161,6 +161,10 @@ impl ServerHandler for RnbdServer {
         Some(s)
     }
 
+    fn backends_opened(&self) -> u64 {
+        self.core.as_ref().map_or(0, |c| c.disp.opened())
+    }
+
     fn poll(&mut self, _cx: &mut dyn Ctx, out: &mut Responses) -> bool {
         let Some(Core { disp, done, .. }) = &mut self.core else {
             return false;
