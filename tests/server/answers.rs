@@ -4,7 +4,6 @@
 //! that same loop (docs/ARCHITECTURE.md, "Answers in the loop that completed them").
 
 use std::cell::RefCell;
-use std::net::SocketAddr;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,10 +11,10 @@ use std::sync::Arc;
 use rtrs_spdk::engine::{Ctx, PollResult, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
-use rtrs_spdk::server::{IoId, LinkEvent, Responses, Server, ServerHandler, SessionId, SrvIo};
+use rtrs_spdk::server::{IoId, LinkEvent, Responses, ServerHandler, SessionId, SrvIo};
 
 use crate::server_util::client::Ids;
-use crate::server_util::{Driver, Harness, TestPath, MAX_STEPS};
+use crate::server_util::{Harness, TestPath, MAX_STEPS};
 
 /// The loops, counted by a poller registered before the server: on a reactor that runs
 /// pollers newest first it runs last in each loop, so every poller of one loop reads the
@@ -113,29 +112,10 @@ impl ServerHandler for Deferred {
     }
 }
 
-struct Setup {
-    sim: Simulation,
-    fabric: LoopbackFabric,
-    server: Server,
-    addr: SocketAddr,
-    counts: Arc<Counts>,
-}
-
-impl Driver for Setup {
-    fn step(&mut self) {
-        self.sim.step();
-    }
-    fn client_fabric(&self) -> Arc<dyn Fabric> {
-        Arc::new(self.fabric.clone())
-    }
-    fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
 /// A server on one simulated reactor that runs its pollers newest first (or not), with
-/// the deferred handler; the loop counter registered before it.
-fn setup(newest_first: bool, lazy: bool) -> Setup {
+/// the deferred handler; the loop counter registered before it. The counts of its
+/// answers.
+fn setup(newest_first: bool, lazy: bool) -> (Harness, Arc<Counts>) {
     let mut sim = Simulation::new(1, 4096);
     if newest_first {
         sim.run_newest_first();
@@ -147,78 +127,64 @@ fn setup(newest_first: bool, lazy: bool) -> Setup {
         PollResult::Idle
     }));
     let counts = Arc::new(Counts::default());
-    let (c, lf) = (Arc::clone(&counts), Arc::clone(&loops));
+    let c = Arc::clone(&counts);
     let fabric = LoopbackFabric::new();
     let f: Arc<dyn Fabric> = Arc::new(fabric.clone());
-    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let server = sim
-        .reactor(0)
-        .with_ctx(|cx| {
-            Server::start(cx, f, &[listen], Harness::config(true), move |_| {
-                Box::new(Deferred {
-                    loops: Arc::clone(&lf),
-                    counts: Arc::clone(&c),
-                    backend: Rc::default(),
-                    lazy,
-                    opened: 0,
-                })
-            })
+    let h = Harness::start_on(sim, Harness::config(true), fabric, f, move |_| {
+        Box::new(Deferred {
+            loops: Arc::clone(&loops),
+            counts: Arc::clone(&c),
+            backend: Rc::default(),
+            lazy,
+            opened: 0,
         })
-        .expect("server start");
-    let addr = server.local_addrs()[0];
-    sim.run_until_idle(100);
-    Setup {
-        sim,
-        fabric,
-        server,
-        addr,
-        counts,
-    }
+    });
+    (h, counts)
 }
 
 /// Writes and reads through every buf id; returns the answers given in the loop that
 /// read their request and those given later.
-fn traffic(s: &mut Setup) -> (usize, usize) {
-    let mut p = TestPath::connect(s, "answers", 2, Ids::random(), true)
+fn traffic(h: &mut Harness, counts: &Counts) -> (usize, usize) {
+    let mut p = TestPath::connect(h, "answers", 2, Ids::random(), true)
         .unwrap_or_else(|e| panic!("connect: errno {e}"));
     for k in 0..32u16 {
-        assert_eq!(p.write(s, 1, k % 16, 0, &[k as u8; 512]), 0);
-        let (e, _) = p.read(s, 1, (k + 1) % 16, 0, 512, k % 2 == 0);
+        assert_eq!(p.write(h, 1, k % 16, 0, &[k as u8; 512]), 0);
+        let (e, _) = p.read(h, 1, (k + 1) % 16, 0, 512, k % 2 == 0);
         assert_eq!(e, 0);
     }
     (
-        s.counts.same_loop.load(Ordering::Relaxed),
-        s.counts.later.load(Ordering::Relaxed),
+        counts.same_loop.load(Ordering::Relaxed),
+        counts.later.load(Ordering::Relaxed),
     )
 }
 
 /// Steps until the server and the backend's poller are gone: only the loop counter is
 /// left on the reactor.
-fn stop(mut s: Setup) {
-    s.server.stop();
+fn stop(mut h: Harness) {
+    h.server.stop();
     for _ in 0..MAX_STEPS {
-        s.sim.step();
-        if s.server.is_stopped() && s.sim.reactor(0).pollers() == 1 {
+        h.sim.step();
+        if h.server.is_stopped() && h.sim.reactor(0).pollers() == 1 {
             return;
         }
     }
     panic!(
         "server stopped: {}, pollers left: {}",
-        s.server.is_stopped(),
-        s.sim.reactor(0).pollers()
+        h.server.is_stopped(),
+        h.sim.reactor(0).pollers()
     );
 }
 
 #[test]
 fn newest_first_answers_in_the_loop_the_backend_completed() {
-    let mut s = setup(true, false);
-    let (same, later) = traffic(&mut s);
+    let (mut h, counts) = setup(true, false);
+    let (same, later) = traffic(&mut h, &counts);
     assert_eq!(
         (same, later),
         (64, 0),
         "answers in the loop that read the request, and later"
     );
-    stop(s);
+    stop(h);
 }
 
 #[test]
@@ -226,14 +192,14 @@ fn newest_first_answers_in_that_loop_for_a_backend_opened_later() {
     // The backend's poller comes after the server's: the whole poll moves ahead of it.
     // The first request, submitted before the backend's poller ran at all, is answered
     // a loop later.
-    let mut s = setup(true, true);
-    let (same, later) = traffic(&mut s);
+    let (mut h, counts) = setup(true, true);
+    let (same, later) = traffic(&mut h, &counts);
     assert_eq!(
         (same, later),
         (63, 1),
         "answers in the loop that read the request, and later"
     );
-    stop(s);
+    stop(h);
 }
 
 #[test]
@@ -241,8 +207,8 @@ fn in_slot_order_a_backend_of_its_own_answers_a_loop_later() {
     // Our reactors run pollers in registration order: the backend's poller before the
     // server's, which submits after it and answers at the next loop. Their backends
     // complete in the handler's poll instead (the RAM disk, files through io_uring).
-    let mut s = setup(false, false);
-    let (same, later) = traffic(&mut s);
+    let (mut h, counts) = setup(false, false);
+    let (same, later) = traffic(&mut h, &counts);
     assert_eq!((same, later), (0, 64));
-    stop(s);
+    stop(h);
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use rtrs_spdk::engine::{CpuMask, Engine, EngineConfig, IdleStrategy, Simulation};
 use rtrs_spdk::fabric::loopback::LoopbackFabric;
 use rtrs_spdk::fabric::Fabric;
-use rtrs_spdk::server::{Server, ServerConfig};
+use rtrs_spdk::server::{Server, ServerConfig, ServerHandler};
 
 pub use client::{Event, TestPath};
 pub use handler::{RamHandler, Shared};
@@ -77,17 +77,28 @@ impl Harness {
         fabric: LoopbackFabric,
         f: Arc<dyn Fabric>,
     ) -> Harness {
-        let mut sim = Simulation::new(cores, 4096);
         let shared = Arc::new(Shared::default());
         let sh = Arc::clone(&shared);
+        let mut h = Harness::start_on(Simulation::new(cores, 4096), cfg, fabric, f, move |core| {
+            Box::new(RamHandler::new(core, Arc::clone(&sh)))
+        });
+        h.shared = shared;
+        h
+    }
+
+    /// A server started on `sim` (its reactor 0 listening) with the handlers `factory`
+    /// makes; `shared` is a fresh one the handlers do not see.
+    pub fn start_on(
+        mut sim: Simulation,
+        cfg: ServerConfig,
+        fabric: LoopbackFabric,
+        f: Arc<dyn Fabric>,
+        factory: impl Fn(usize) -> Box<dyn ServerHandler> + Send + Sync + 'static,
+    ) -> Harness {
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let server = sim
             .reactor(0)
-            .with_ctx(|cx| {
-                Server::start(cx, f, &[listen, listen], cfg, move |core| {
-                    Box::new(RamHandler::new(core, Arc::clone(&sh)))
-                })
-            })
+            .with_ctx(|cx| Server::start(cx, f, &[listen, listen], cfg, factory))
             .expect("server start");
         let addr = server.local_addrs()[0];
         let addr2 = server.local_addrs()[1];
@@ -98,7 +109,7 @@ impl Harness {
             server,
             addr,
             addr2,
-            shared,
+            shared: Arc::default(),
         }
     }
 
