@@ -616,19 +616,23 @@ pub(crate) fn register_core(
 }
 
 impl ServerCore {
-    /// Sends what the handler finished since the core's last poll, and pushes it out.
-    fn answer(&mut self, cx: &mut dyn Ctx) -> PollResult {
-        if self.done {
-            return PollResult::Idle;
-        }
-        self.now = cx.now();
+    /// Sends what the handler finished since the last call, and pushes it out; whether
+    /// there was any.
+    fn answer_now(&mut self, cx: &mut dyn Ctx) -> bool {
         let (requests, mut env) = self.split();
-        if requests.poll_handler(cx, &mut env) {
+        let any = requests.poll_handler(cx, &mut env);
+        if any {
             self.push_all();
-            PollResult::Busy
-        } else {
-            PollResult::Idle
         }
+        any
+    }
+}
+
+/// `f` on the core's server; `idle` before it is made (or were it ever borrowed).
+fn with_core<R>(core: &SharedCore, f: impl FnOnce(&mut ServerCore) -> R, idle: R) -> R {
+    match core.try_borrow_mut().as_deref_mut() {
+        Ok(Some(server)) => f(server),
+        _ => idle,
     }
 }
 
@@ -638,9 +642,18 @@ struct Answers(SharedCore);
 
 impl Poller for Answers {
     fn poll(&mut self, cx: &mut dyn Ctx) -> PollResult {
-        match self.0.try_borrow_mut().as_deref_mut() {
-            Ok(Some(server)) => server.answer(cx),
-            _ => PollResult::Idle,
+        let answered = with_core(
+            &self.0,
+            |s| {
+                s.now = cx.now();
+                !s.done && s.answer_now(cx)
+            },
+            false,
+        );
+        if answered {
+            PollResult::Busy
+        } else {
+            PollResult::Idle
         }
     }
 
@@ -654,10 +667,7 @@ struct Whole(SharedCore);
 
 impl Whole {
     fn with<R>(&self, f: impl FnOnce(&mut ServerCore) -> R, idle: R) -> R {
-        match self.0.try_borrow_mut().as_deref_mut() {
-            Ok(Some(server)) => f(server),
-            _ => idle,
-        }
+        with_core(&self.0, f, idle)
     }
 }
 
@@ -727,13 +737,7 @@ impl Poller for ServerCore {
         // pushed before this loop reads its sockets, so that a read finding nothing (the
         // stale readiness of data an early read took) is not on a response's way
         // (docs/ARCHITECTURE.md, "Posting and pushing").
-        {
-            let (requests, mut env) = self.split();
-            if requests.poll_handler(cx, &mut env) {
-                busy = true;
-                self.push_all();
-            }
-        }
+        busy |= self.answer_now(cx);
         busy |= self.poll_cq(cx);
         for i in 0..self.cons.len() {
             busy |= self.poll_con(cx, i);
